@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Sets up, builds and runs every test; then the sanitizer build (ASan+UBSan,
+# CPU code only). Prints test counts and per-phase times.
+# SKIP_SANITIZE=1 skips the sanitizer phase.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+declare -a PHASES=()
+phase() { local name=$1; shift; local t0=$SECONDS; "$@"; PHASES+=("$(printf '%-28s %5ds' "$name" $((SECONDS - t0)))"); }
+
+phase "setup" ./scripts/setup.sh
+phase "build" ./scripts/build.sh
+phase "test" ctest --test-dir build --output-on-failure -j "$(nproc)"
+if [ "${SKIP_SANITIZE:-0}" != 1 ]; then
+  phase "build (asan+ubsan)" env BUILD_DIR=build-asan BUILD_TYPE=RelWithDebInfo ./scripts/build.sh \
+    -DFP8KV_SANITIZE=ON -DFP8KV_CUDA=OFF -DFP8KV_BENCH=OFF
+  phase "test (asan+ubsan)" env ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --test-dir build-asan --output-on-failure -j "$(nproc)" -LE slow
+fi
+echo
+echo "== phase times"
+printf '%s\n' "${PHASES[@]}"

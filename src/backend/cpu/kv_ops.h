@@ -1,0 +1,56 @@
+// CPU reference for the paged KV cache: the store (quantize on write) and
+// paged attention (reads K/V back from the cache). Every CUDA kernel is
+// checked against these. Math in fp32, fixed reduction order (results do not
+// depend on the thread count).
+#pragma once
+#include <cstdint>
+
+#include "kv/layout.h"
+
+namespace fp8kv {
+
+// Observer attached at the single store point (calibration, kvstats). Sees
+// exactly the values about to be quantized: K after k_norm and RoPE, V as
+// projected, Q after q_norm and RoPE. Arrays are [num_tokens][heads][head_dim].
+class StoreObserver {
+ public:
+  virtual ~StoreObserver() = default;
+  virtual void observe(int layer, const float* q, int num_q_heads, const float* k, const float* v,
+                       int num_kv_heads, int head_dim, int num_tokens) = 0;
+};
+
+// Writes num_tokens tokens of K and V ([T][num_kv_heads][head_dim], fp32)
+// into the caches at slot_mapping[t] (skipped when < 0). fp8 caches store
+// saturate(rne(x / scale)); bf16 caches store bf16(x) and ignore the scales.
+void store_kv_cpu(const KvCacheLayout& layout, void* k_cache, void* v_cache, const float* k, const float* v,
+                  const int64_t* slot_mapping, int num_tokens, ScaleRef k_scale, ScaleRef v_scale);
+
+struct PagedAttentionArgs {
+  KvCacheLayout layout;
+  const void* k_cache = nullptr;
+  const void* v_cache = nullptr;
+  const int32_t* block_table = nullptr;  // logical block -> physical block (-1: freed, never read)
+  int context_len = 0;                   // keys at positions [0, context_len)
+  int window = 0;                        // 0: full attention; else key j visible from i iff i - j < window
+  float softmax_scale = 1.0f;
+  float logit_softcap = 0.0f;            // 0: none; else s = cap * tanh(s / cap)
+  ScaleRef k_scale;                      // per tensor or per KV head (ignored for bf16)
+  ScaleRef v_scale;
+  // Optional fp8 Q (the fp8-MMA kernel path): q is quantized to the cache's
+  // fp8 format with q_scale, scores use softmax_scale * k_scale * q_scale.
+  bool quantize_q = false;
+  ScaleRef q_scale;                      // per tensor or per query head
+};
+
+// Causal paged attention for one sequence. q: [num_q][num_heads][head_dim],
+// q_pos[i]: absolute position of query i (keys at positions <= q_pos[i] are
+// visible, within the window). out: [num_q][num_heads][head_dim].
+// Scales are folded: scores use softmax_scale * k_scale, the output is
+// multiplied by v_scale once at the end.
+void paged_attention_cpu(const PagedAttentionArgs& args, const float* q, const int32_t* q_pos, int num_q,
+                         int num_heads, float* out);
+
+// Reads one stored element back as float (dequantized without the scale).
+float load_cache_elem(const KvCacheLayout& layout, const void* cache, int64_t elem_offset);
+
+}  // namespace fp8kv

@@ -1,0 +1,31 @@
+// Subcommand registration. Each cmd_*.cpp defines a static Registrar that adds
+// its subcommand to the CLI::App and sets a callback returning the exit code.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "numerics/version.h"
+
+namespace fp8kv::cli {
+
+using RegisterFn = std::function<void(CLI::App&)>;
+std::vector<RegisterFn>& registry();
+struct Registrar {
+  explicit Registrar(RegisterFn f) { registry().push_back(std::move(f)); }
+};
+
+// Bad input or usage: exit code 2, message printed as one line on stderr.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Sets the action run when `sub` was selected; the action returns the exit
+// code. Exceptions map to exit codes: UsageError / std::invalid_argument /
+// fp8kv::InputError -> 2, anything else -> 1.
+void set_action(CLI::App* sub, std::function<int()> action);
+int run_selected(CLI::App& app);
+
+}  // namespace fp8kv::cli

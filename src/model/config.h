@@ -1,0 +1,88 @@
+// ModelConfig: what the forward pass and the KV planner need from an HF
+// config.json, for llama, mistral, qwen2, qwen3 and gemma3_text (and the text
+// part of gemma3 multimodal configs). Parsing mirrors transformers' rules.
+#pragma once
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace fp8kv {
+
+enum class ModelFamily { llama, mistral, qwen2, qwen3, gemma3 };
+enum class LayerType { full_attention, sliding_attention };
+std::string_view layer_type_name(LayerType t);  // HF vocabulary
+
+// RoPE parameters for one layer type. `type`: default | linear | llama3 | yarn
+// | dynamic (dynamic: accepted, treated as default at lengths <= original).
+struct RopeParams {
+  std::string type = "default";
+  double theta = 10000.0;
+  double factor = 1.0;
+  // llama3
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int original_max_position_embeddings = 0;
+  // yarn
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  std::optional<double> attention_factor;
+  double partial_rotary_factor = 1.0;
+};
+
+struct ModelConfig {
+  std::string architecture;  // architectures[0]
+  std::string model_type;    // "llama", "qwen3", "gemma3_text", ...
+  ModelFamily family = ModelFamily::llama;
+
+  int hidden_size = 0;
+  int intermediate_size = 0;
+  int num_layers = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int vocab_size = 0;
+  int max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+  std::string hidden_act = "silu";  // silu | gelu_pytorch_tanh | gelu
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;  // q/k/v bias (qwen2: always true)
+  bool qk_norm = false;         // qwen3, gemma3: per-head RMSNorm on q and k
+
+  // One entry per layer; sliding layers use `sliding_window`.
+  std::vector<LayerType> layer_types;
+  std::optional<int> sliding_window;  // tokens; key j visible from i when i - j < window
+
+  RopeParams rope_full;     // rope for full_attention layers
+  RopeParams rope_sliding;  // rope for sliding_attention layers (gemma3: local base)
+
+  // gemma3 specifics
+  double query_pre_attn_scalar = 0.0;  // 0: use head_dim
+  std::optional<double> attn_logit_softcapping;
+  std::optional<double> final_logit_softcapping;
+  bool gemma_norm_plus_one = false;     // RMSNorm weight applied as (1 + w)
+  bool embed_scale_sqrt_hidden = false; // embeddings * sqrt(hidden)
+  bool sandwich_norms = false;          // pre/post attention and ffn norms
+
+  std::vector<int> eos_token_ids;
+  std::optional<int> bos_token_id;
+  std::string torch_dtype;  // as declared ("bfloat16", ...), may be empty
+
+  int num_sliding_layers() const;
+  bool is_sliding(int layer) const { return layer_types[layer] == LayerType::sliding_attention; }
+  int window_for_layer(int layer) const { return is_sliding(layer) ? *sliding_window : 0; }  // 0 = full
+  const RopeParams& rope_for_layer(int layer) const { return is_sliding(layer) ? rope_sliding : rope_full; }
+  // Softmax scale: 1/sqrt(head_dim) or 1/sqrt(query_pre_attn_scalar) (gemma3).
+  float attention_scale() const;
+};
+
+// Parses config.json content. `source` names the file in errors. Throws
+// InputError naming the field and what was expected; an unsupported
+// architecture names the supported ones.
+ModelConfig parse_model_config(const nlohmann::json& j, const std::string& source);
+// Loads <dir>/config.json, or the file itself when given a .json path.
+ModelConfig load_model_config(const std::filesystem::path& dir_or_file);
+
+}  // namespace fp8kv

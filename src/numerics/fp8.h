@@ -1,0 +1,71 @@
+// fp8 (e4m3fn, e5m2) and bf16 <-> float conversions, saturating quantize.
+//
+// Convention (DESIGN.md): stored = saturate(rne(x / scale)), the division is
+// an IEEE fp32 division (no reciprocal), dequantized = stored * scale.
+// e4m3fn: max finite 448, no infinities, NaN only S.1111.111.
+// e5m2:   max finite 57344, inf S.11111.00, NaN S.11111.{01,10,11}.
+// Saturation: |x| beyond the max finite (inf included) stores as +-max; NaN
+// stays NaN. This matches CUDA's __nv_cvt_float_to_fp8(x, __NV_SATFINITE, .).
+#pragma once
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace fp8kv {
+
+// Element type of a KV cache (and of fp8 tensors generally).
+enum class KvDtype : uint8_t { bf16 = 0, fp8_e4m3 = 1, fp8_e5m2 = 2 };
+
+// "bf16" | "fp8_e4m3" | "fp8_e5m2".
+std::string_view kv_dtype_name(KvDtype d);
+// Accepts bf16, bfloat16, fp8 (= e4m3), fp8_e4m3, fp8_e5m2. Throws
+// std::invalid_argument naming the accepted values otherwise. ("auto" is
+// resolved by the caller, which knows the checkpoint.)
+KvDtype parse_kv_dtype(std::string_view s);
+inline constexpr int kv_dtype_bytes(KvDtype d) { return d == KvDtype::bf16 ? 2 : 1; }
+inline constexpr bool kv_dtype_is_fp8(KvDtype d) { return d != KvDtype::bf16; }
+// Max finite value of an fp8 format (448 or 57344); bf16 -> 3.3895314e38.
+float kv_dtype_max(KvDtype d);
+
+inline uint32_t f32_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+inline float bits_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+
+// ---- bf16 ----
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u = f32_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even (overflow -> inf, as IEEE)
+  return static_cast<uint16_t>(u >> 16);
+}
+inline float bf16_to_f32(uint16_t h) { return bits_f32(static_cast<uint32_t>(h) << 16); }
+inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+// ---- fp8 ----
+// Saturating, round-to-nearest-even conversions.
+uint8_t f32_to_e4m3(float f);
+uint8_t f32_to_e5m2(float f);
+float e4m3_to_f32(uint8_t v);
+float e5m2_to_f32(uint8_t v);
+
+inline uint8_t f32_to_fp8(float f, KvDtype d) {
+  return d == KvDtype::fp8_e5m2 ? f32_to_e5m2(f) : f32_to_e4m3(f);
+}
+inline float fp8_to_f32(uint8_t v, KvDtype d) {
+  return d == KvDtype::fp8_e5m2 ? e5m2_to_f32(v) : e4m3_to_f32(v);
+}
+
+// Quantize x / scale into an fp8 format (d must be an fp8 dtype).
+void quantize_fp8(std::span<const float> x, float scale, KvDtype d, std::span<uint8_t> out);
+// out = stored * scale.
+void dequantize_fp8(std::span<const uint8_t> q, float scale, KvDtype d, std::span<float> out);
+// bf16 store (no scale: a bf16 cache stores x rounded to bf16).
+void quantize_bf16(std::span<const float> x, std::span<uint16_t> out);
+void dequantize_bf16(std::span<const uint16_t> q, std::span<float> out);
+
+// Round trip through a cache dtype: what attention reads back after a store.
+// bf16 ignores the scale; fp8 computes fp8(x / scale) * scale.
+float roundtrip(float x, float scale, KvDtype d);
+
+}  // namespace fp8kv
