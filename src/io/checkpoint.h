@@ -26,10 +26,15 @@ class Checkpoint {
   std::vector<float> to_f32(const std::string& name) const;
   const TensorInfo* find(const std::string& name) const;
   std::vector<std::string> tensor_names() const;  // sorted
+  // The file holding `name` (nullptr when absent).
+  const std::filesystem::path* file_of(const std::string& name) const;
+  // True when the directory has model.safetensors.index.json.
+  bool has_index() const { return has_index_; }
   uint64_t total_tensor_bytes() const;
 
  private:
   std::filesystem::path dir_;
+  bool has_index_ = false;
   std::vector<std::filesystem::path> file_paths_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, size_t> where_;  // tensor name -> file index

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -79,14 +80,18 @@ class SafetensorsFile {
   const std::byte* map_ = nullptr;
   size_t map_size_ = 0;
   std::map<std::string, size_t> index_;
+  mutable std::mutex copies_mutex_;  // view() may be called from several threads
   mutable std::map<std::string, std::unique_ptr<std::byte[]>> copies_;  // misaligned tensors
 };
 
+bool is_float_dtype(DType d);  // F16, BF16, F32, F64, F8_E4M3, F8_E5M2
 // Converts a view of any float dtype to float32 (throws InputError otherwise).
 void tensor_to_f32(const TensorView& v, std::span<float> out);
 
-// Writing: header JSON + data, each tensor's data aligned to 8 bytes (header
-// padded with spaces, as the Python library does).
+// Writing: header JSON + data. As the Python library: the header is padded
+// with spaces so the data region starts 8-aligned, tensors are ordered by
+// dtype size (largest first) then name, so each tensor is aligned to its
+// dtype size with no padding between tensors (no holes).
 struct TensorToWrite {
   std::string name;
   DType dtype;

@@ -1,0 +1,135 @@
+#include "io/fs_util.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <vector>
+
+#include <fmt/format.h>
+#include <openssl/evp.h>
+
+#include "io/errors.h"
+
+namespace fp8kv {
+
+namespace {
+
+std::string errno_text() { return std::strerror(errno); }
+
+// Retries short writes and EINTR.
+bool write_all(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+struct EvpCtx {
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  ~EvpCtx() { EVP_MD_CTX_free(ctx); }
+};
+
+std::string to_hex(const unsigned char* d, unsigned n) {
+  static const char* digits = "0123456789abcdef";
+  std::string s(2 * n, '0');
+  for (unsigned i = 0; i < n; ++i) {
+    s[2 * i] = digits[d[i] >> 4];
+    s[2 * i + 1] = digits[d[i] & 15];
+  }
+  return s;
+}
+
+}  // namespace
+
+std::string read_file(const std::filesystem::path& p) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(p, ec)) throw InputError(fmt::format("{}: is a directory, expected a file", p.string()));
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw InputError(fmt::format("{}: cannot open: {}", p.string(), errno_text()));
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw InputError(fmt::format("{}: read error", p.string()));
+  return s;
+}
+
+void atomic_write_file(const std::filesystem::path& p, std::string_view content) {
+  const std::filesystem::path dir = p.has_parent_path() ? p.parent_path() : std::filesystem::path(".");
+  std::random_device rd;
+  const std::string tmp =
+      fmt::format("{}.tmp.{}.{:08x}", p.string(), static_cast<long>(::getpid()), static_cast<unsigned>(rd()));
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) throw InputError(fmt::format("{}: cannot create temporary file {}: {}", p.string(), tmp, errno_text()));
+  auto fail = [&](const std::string& what) {
+    const std::string msg = fmt::format("{}: {}: {}", p.string(), what, errno_text());
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw InputError(msg);
+  };
+  if (!write_all(fd, content.data(), content.size())) fail("write failed");
+  if (::fsync(fd) != 0) fail("fsync failed");
+  if (::close(fd) != 0) {
+    const std::string msg = fmt::format("{}: close failed: {}", p.string(), errno_text());
+    ::unlink(tmp.c_str());
+    throw InputError(msg);
+  }
+  // rename() replaces the directory entry: a hard link to the old file keeps
+  // the old content, and readers see either the old or the new file.
+  if (::rename(tmp.c_str(), p.c_str()) != 0) {
+    const std::string msg = fmt::format("{}: rename from {} failed: {}", p.string(), tmp, errno_text());
+    ::unlink(tmp.c_str());
+    throw InputError(msg);
+  }
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) throw InputError(fmt::format("{}: cannot open directory to fsync: {}", dir.string(), errno_text()));
+  const int rc = ::fsync(dfd);
+  const int saved = errno;
+  ::close(dfd);
+  if (rc != 0) throw InputError(fmt::format("{}: fsync of directory failed: {}", dir.string(), std::strerror(saved)));
+}
+
+std::string sha256_hex(std::span<const std::byte> data) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned len = 0;
+  if (EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr) != 1)
+    throw std::runtime_error("EVP_Digest(sha256) failed");
+  return to_hex(md, len);
+}
+
+std::string sha256_file_hex(const std::filesystem::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw InputError(fmt::format("{}: cannot open: {}", p.string(), errno_text()));
+  EvpCtx c;
+  if (!c.ctx || EVP_DigestInit_ex(c.ctx, EVP_sha256(), nullptr) != 1) {
+    ::close(fd);
+    throw std::runtime_error("EVP_DigestInit_ex(sha256) failed");
+  }
+  std::vector<char> buf(1 << 20);
+  for (;;) {
+    const ssize_t r = ::read(fd, buf.data(), buf.size());
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      const std::string msg = fmt::format("{}: read error: {}", p.string(), errno_text());
+      ::close(fd);
+      throw InputError(msg);
+    }
+    if (r == 0) break;
+    EVP_DigestUpdate(c.ctx, buf.data(), static_cast<size_t>(r));
+  }
+  ::close(fd);
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned len = 0;
+  if (EVP_DigestFinal_ex(c.ctx, md, &len) != 1) throw std::runtime_error("EVP_DigestFinal_ex failed");
+  return to_hex(md, len);
+}
+
+}  // namespace fp8kv
