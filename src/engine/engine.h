@@ -1,0 +1,171 @@
+// The inference engine: a model (weights + config) on a paged KV cache
+// (bf16 / fp8_e4m3 / fp8_e5m2) with per-layer KvScales, driven by a
+// continuous-batching step loop. This is the API calibration, evaluation,
+// the CLI and the server call.
+//
+// Threading: an Engine is driven by one thread at a time; the math inside a
+// call is parallelized with OpenMP (num_threads), and results do not depend on
+// the thread count (fixed reduction order).
+//
+// Typical use:
+//   EngineOptions o; o.kv_cache_dtype = "fp8";
+//   auto eng = Engine::load("models/tiny", o);
+//   eng->set_kv_scales(scales);                 // optional (default unity)
+//   ScoreResult r = eng->score(ids, {}, [&](int pos, std::span<const float> logits) { ... });
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/kv_ops.h"  // StoreObserver
+#include "kv/kv_scales.h"
+#include "kv/planner.h"
+#include "model/config.h"
+#include "numerics/fp8.h"
+
+namespace fp8kv {
+
+class ModelWeights;  // model/weights.h
+
+struct EngineOptions {
+  // auto | bf16 | fp8 (= fp8_e4m3) | fp8_e4m3 | fp8_e5m2. auto: bf16 unless the
+  // checkpoint declares an fp8 KV scheme (config.json
+  // quantization_config.kv_cache_scheme, or hf_quant_config.json
+  // kv_cache_quant_algo).
+  std::string kv_cache_dtype = "auto";
+  // KV pool budget in bytes (per rank). 0: enough for max_num_seqs requests of
+  // max_model_len (pages are allocated lazily by the OS, so a large pool costs
+  // nothing until used).
+  uint64_t kv_memory_bytes = 0;
+  int max_model_len = 0;             // 0: the model's max_position_embeddings
+  int block_size = 16;               // tokens per KV page
+  int num_threads = 0;               // 0: OpenMP default
+  int max_num_seqs = 8;              // sequences in one step (continuous batching)
+  int max_num_batched_tokens = 2048; // tokens in one step; also the max prefill chunk
+  std::string backend = "auto";      // auto | cpu | cuda (cuda: error unless built)
+};
+
+// Resolves "auto"/"fp8"/... against a checkpoint directory (see EngineOptions).
+// Throws InputError on an unknown name.
+KvDtype resolve_kv_cache_dtype(std::string_view requested, const std::filesystem::path& model_dir);
+
+struct ScoreOptions {
+  int chunk_size = 0;  // prefill chunk (tokens per forward); 0: max_num_batched_tokens
+};
+
+// Teacher-forced scoring of one sequence of n tokens.
+struct ScoreResult {
+  std::vector<int> token_ids;
+  std::vector<std::optional<double>> logprobs;  // [i] = log P(token_i | tokens < i); [0] = nullopt
+  std::vector<std::optional<int>> top1_ids;     // argmax of that distribution (ties: lowest id); [0] = nullopt
+};
+
+// Called once per position i in [0, n) of a scored sequence, in order, with
+// the full logits row (after any final softcapping) of the distribution of
+// token i+1 given tokens[0..i] (for i = n-1: the next, unseen token). The span
+// is valid only during the call.
+using LogitsCallback = std::function<void(int position, std::span<const float> logits)>;
+using BatchLogitsCallback = std::function<void(int sequence, int position, std::span<const float> logits)>;
+
+struct SamplingParams {
+  float temperature = 0.0f;  // 0: greedy (argmax, ties -> lowest id)
+  float top_p = 1.0f;        // (0, 1]
+  int top_k = 0;             // 0: off
+  uint64_t seed = 0;
+};
+
+struct GenerateOptions {
+  int max_tokens = 256;            // new tokens at most
+  SamplingParams sampling;
+  bool stop_at_eos = true;         // config eos_token_ids
+  std::vector<int> stop_token_ids; // extra stop ids
+  int chunk_size = 0;              // prompt prefill chunk; 0: max_num_batched_tokens
+};
+
+enum class FinishReason { stop, length, cancelled };
+std::string_view finish_reason_name(FinishReason r);  // "stop" | "length" | "cancelled"
+
+struct GenerateResult {
+  std::vector<int> tokens;  // generated ids (a stop token, when hit, is included)
+  FinishReason finish = FinishReason::length;
+  int prompt_tokens = 0;
+  double prefill_seconds = 0.0;  // wall time until the first token was sampled
+  double decode_seconds = 0.0;   // wall time of the remaining steps
+};
+
+// Per generated token; return false to stop (finish = cancelled).
+using TokenCallback = std::function<bool(int token)>;
+
+// ---- Continuous batching (the server drives this) ----
+using RequestId = uint64_t;
+struct Request {
+  std::vector<int> prompt;
+  GenerateOptions options;
+};
+struct StepEvent {
+  RequestId id = 0;
+  int token = -1;                       // the token produced this step
+  std::optional<FinishReason> finished; // set on the request's last event
+};
+
+class Engine {
+ public:
+  // Loads config, weights and (with a fitting tokenizer elsewhere) sizes the
+  // KV pool with plan_kv_cache and logs one line:
+  //   KV cache: N tokens (M blocks of B), max concurrency X at max_model_len L, dtype D
+  // Throws InputError naming the file/tensor on a bad checkpoint, or when the
+  // weights would not fit in memory.
+  static std::unique_ptr<Engine> load(const std::filesystem::path& model_dir, const EngineOptions& opts);
+  // From in-memory weights (tests). kv_cache_dtype must not be "auto" (auto -> bf16 here).
+  static std::unique_ptr<Engine> create(ModelConfig cfg, std::shared_ptr<const ModelWeights> weights,
+                                        const EngineOptions& opts);
+  virtual ~Engine() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  virtual KvDtype kv_dtype() const = 0;
+  virtual const KvPlan& kv_plan() const = 0;
+  virtual int max_model_len() const = 0;
+
+  // Scales default to unity. Throws InputError when the layer count or a
+  // per-head count does not match the model, or a value is not finite and > 0.
+  virtual void set_kv_scales(KvScales scales) = 0;
+  virtual const KvScales& kv_scales() const = 0;
+
+  // Called at the single store point of every layer (not owned; nullptr detaches).
+  virtual void set_store_observer(StoreObserver* observer) = 0;
+
+  // Teacher-forced scoring with chunked prefill. A sequence longer than
+  // max_model_len, empty, or with ids outside the vocabulary -> InputError.
+  virtual ScoreResult score(std::span<const int> tokens, const ScoreOptions& opts = {},
+                            const LogitsCallback& on_logits = {}) = 0;
+  // Several sequences scored together (batched steps); results equal scoring
+  // each alone (within fp32 rounding of the batched GEMMs).
+  virtual std::vector<ScoreResult> score_batch(std::span<const std::vector<int>> sequences,
+                                               const ScoreOptions& opts = {},
+                                               const BatchLogitsCallback& on_logits = {}) = 0;
+
+  // Generation from prompt ids (greedy by default). The prompt plus max_tokens
+  // is clipped to max_model_len (finish = length); an empty prompt or one
+  // longer than max_model_len - 1 -> InputError.
+  virtual GenerateResult generate(std::span<const int> prompt, const GenerateOptions& opts = {},
+                                  const TokenCallback& on_token = {}) = 0;
+
+  // Continuous batching: submit requests, then call step() until idle. Each
+  // step runs one forward over all running sequences (prefill chunks and
+  // decodes mixed, at most max_num_batched_tokens tokens) and returns the
+  // tokens produced. Requests wait when the KV pool is full.
+  virtual RequestId submit(Request request) = 0;
+  virtual void cancel(RequestId id) = 0;
+  virtual std::vector<StepEvent> step() = 0;
+  virtual bool idle() const = 0;
+
+  // KV pool state (tests, server metrics).
+  virtual int64_t free_kv_blocks() const = 0;
+};
+
+}  // namespace fp8kv
