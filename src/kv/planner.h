@@ -4,6 +4,9 @@
 // (one attention type per group: full, or one sliding window); all groups
 // draw equally sized pages from one pool. A page (one "block") holds
 // block_size tokens of K and V for every layer of a group.
+//
+// What is mirrored from vLLM (vllm/v1/core/kv_cache_utils.py,
+// vllm/v1/kv_cache_interface.py) and where we differ: docs/capacity.md.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -46,6 +49,21 @@ struct KvPlan {
   double max_concurrency = 0.0;   // requests of max_model_len that fit
   int64_t tokens = 0;             // floor(max_concurrency * max_model_len)
   uint64_t bytes_per_token = 0;   // per rank, all attention layers (marginal cost of a token)
+
+  // Added fields (compatible extension).
+  uint64_t kv_memory_bytes = 0;   // the budget the plan was made for
+  int max_num_batched_tokens = 0;
+  int tensor_parallel_size = 1;
+  // Bytes of one layer's K (or V) block: block_size x kv_heads_per_rank x
+  // head_dim x dtype bytes (KvCacheLayout::block_bytes()). page_bytes =
+  // 2 x group_size x layer_block_bytes.
+  uint64_t layer_block_bytes = 0;
+  // num_blocks x page_bytes: what the engine allocates (<= kv_memory_bytes).
+  uint64_t pool_bytes() const { return static_cast<uint64_t>(num_blocks) * page_bytes; }
+  // What vLLM logs as "GPU KV cache size: N tokens":
+  // num_blocks / num_groups * block_size (integer division). Equals `tokens`
+  // for a dense model whose max_model_len is a multiple of block_size.
+  int64_t vllm_logged_tokens = 0;
 };
 
 // Throws InputError (with what would fit) on bad settings or when memory is
@@ -54,5 +72,36 @@ KvPlan plan_kv_cache(const ModelConfig& cfg, const KvPlanSettings& s);
 
 // "80GiB", "512MiB" (binary), "80GB" (decimal), plain bytes. Throws InputError.
 uint64_t parse_size(const std::string& s);
+
+// ---- helpers shared by the engine and `fp8kv capacity` ----
+
+// The line the engine logs after sizing its pool, e.g.
+// "KV cache: 131072 tokens (8192 blocks of 16), max concurrency 1.00x at
+// max_model_len 131072, dtype bf16". Both sides print it from the same plan.
+std::string kv_plan_log_line(const KvPlan& p);
+
+// KV heads held by one rank: max(1, num_kv_heads / tp), as vLLM. When tp >
+// num_kv_heads each KV head is replicated on tp / num_kv_heads ranks. Throws
+// InputError when tp does not divide num_kv_heads (tp <= kv heads), kv heads
+// do not divide tp (tp > kv heads), or tp does not divide num_heads.
+int kv_heads_per_rank(const ModelConfig& cfg, int tensor_parallel_size);
+
+// Bytes one request of s.max_model_len holds at most (blocks_per_request x
+// page_bytes): the least kv_memory_bytes for which plan_kv_cache succeeds.
+// Throws InputError on bad settings (not on too little memory).
+uint64_t kv_memory_needed(const ModelConfig& cfg, const KvPlanSettings& s);
+
+// Largest max_model_len (<= s.max_model_len, or the model's limit when 0)
+// whose single request fits in s.kv_memory_bytes; 0 when not even one token
+// fits. Mirrors vLLM's estimate_max_model_len (binary search).
+int max_model_len_that_fits(const ModelConfig& cfg, const KvPlanSettings& s);
+
+// The longest max_model_len the planner accepts for this model: its
+// max_position_embeddings (scaled by the RoPE factor for linear / dynamic /
+// yarn scaling, as vLLM derives it).
+int model_max_len(const ModelConfig& cfg);
+
+// Human-readable size with binary units ("1.50 GiB"), for messages.
+std::string format_bytes(uint64_t bytes);
 
 }  // namespace fp8kv

@@ -1,0 +1,337 @@
+// KV capacity planner: vLLM's hybrid-allocator arithmetic, token-exact.
+// Mirrored functions (vllm/v1/core/kv_cache_utils.py, kv_cache_interface.py):
+//   _get_kv_cache_groups_uniform_page_size  -> group_layers()
+//   AttentionSpec.page_size_bytes           -> layer_block_bytes x 2
+//   get_num_blocks                          -> kv_memory / page_bytes
+//   FullAttentionSpec / SlidingWindowSpec .max_memory_usage_bytes
+//                                           -> group_blocks_per_request()
+//   get_max_concurrency_for_kv_cache_config -> num_blocks / blocks_per_request
+//   estimate_max_model_len                  -> max_model_len_that_fits()
+// See docs/capacity.md for the reasoning and the differences.
+#include "kv/planner.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <limits>
+
+#include "io/errors.h"
+
+namespace fp8kv {
+
+namespace {
+
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// One attention type: full (window 0) or one sliding window size.
+struct TypeLayers {
+  int window = 0;
+  std::vector<int> layers;
+};
+
+void check_model(const ModelConfig& cfg) {
+  if (cfg.num_layers <= 0)
+    throw InputError(fmt::format("model config: num_hidden_layers must be > 0 (got {})", cfg.num_layers));
+  if (cfg.num_kv_heads <= 0)
+    throw InputError(fmt::format("model config: num_key_value_heads must be > 0 (got {})", cfg.num_kv_heads));
+  if (cfg.head_dim <= 0)
+    throw InputError(fmt::format("model config: head_dim must be > 0 (got {})", cfg.head_dim));
+  if (static_cast<int>(cfg.layer_types.size()) != cfg.num_layers)
+    throw InputError(fmt::format("model config: layer_types has {} entries, expected num_hidden_layers = {}",
+                                 cfg.layer_types.size(), cfg.num_layers));
+  for (int i = 0; i < cfg.num_layers; ++i) {
+    if (cfg.layer_types[static_cast<size_t>(i)] == LayerType::sliding_attention &&
+        (!cfg.sliding_window || *cfg.sliding_window <= 0))
+      throw InputError(fmt::format("model config: layer {} is sliding_attention but sliding_window is {}", i,
+                                   cfg.sliding_window ? std::to_string(*cfg.sliding_window) : "unset"));
+  }
+}
+
+int resolved_max_model_len(const ModelConfig& cfg, const KvPlanSettings& s) {
+  const int limit = model_max_len(cfg);
+  if (s.max_model_len < 0) throw InputError(fmt::format("--max-model-len must be >= 1 (got {})", s.max_model_len));
+  if (s.max_model_len == 0) {
+    if (limit <= 0)
+      throw InputError("model config has no max_position_embeddings: give --max-model-len");
+    return limit;
+  }
+  if (limit > 0 && s.max_model_len > limit)
+    throw InputError(fmt::format("--max-model-len {} exceeds the model's maximum context length {} "
+                                 "(max_position_embeddings{}); use at most {}",
+                                 s.max_model_len, limit,
+                                 limit != cfg.max_position_embeddings ? " x rope factor" : "", limit));
+  return s.max_model_len;
+}
+
+void check_settings(const KvPlanSettings& s) {
+  if (s.block_size <= 0) throw InputError(fmt::format("--block-size must be >= 1 (got {})", s.block_size));
+  if (s.max_num_batched_tokens <= 0)
+    throw InputError(fmt::format("--max-num-batched-tokens must be >= 1 (got {})", s.max_num_batched_tokens));
+  if (s.max_num_seqs <= 0) throw InputError(fmt::format("--max-num-seqs must be >= 1 (got {})", s.max_num_seqs));
+  if (s.tensor_parallel_size <= 0)
+    throw InputError(fmt::format("--tensor-parallel-size must be >= 1 (got {})", s.tensor_parallel_size));
+}
+
+// Layers grouped by attention type, types in order of first appearance (as
+// vLLM's dict of same-type layers), layers in model order.
+std::vector<TypeLayers> layers_by_type(const ModelConfig& cfg) {
+  std::vector<TypeLayers> types;
+  for (int i = 0; i < cfg.num_layers; ++i) {
+    const int w = cfg.window_for_layer(i);
+    auto it = std::find_if(types.begin(), types.end(), [&](const TypeLayers& t) { return t.window == w; });
+    if (it == types.end()) {
+      types.push_back({w, {}});
+      it = types.end() - 1;
+    }
+    it->layers.push_back(i);
+  }
+  return types;
+}
+
+// vLLM's group size: the smallest layer count among the types (the "1" of an
+// n:1 pattern), or the largest when largest < 1.5 x smallest (less padding).
+int choose_group_size(const std::vector<TypeLayers>& types) {
+  size_t mn = std::numeric_limits<size_t>::max(), mx = 0;
+  for (const auto& t : types) {
+    mn = std::min(mn, t.layers.size());
+    mx = std::max(mx, t.layers.size());
+  }
+  // max < 1.5 * min, in integers: 2 * max < 3 * min.
+  return static_cast<int>(2 * mx < 3 * mn ? mx : mn);
+}
+
+int64_t group_blocks_per_request(int window, int64_t max_model_len, int64_t max_num_batched_tokens,
+                                 int64_t block_size) {
+  if (window == 0) return cdiv(max_model_len, block_size);
+  // SlidingWindowSpec: the last window-1 computed tokens plus the tokens
+  // scheduled in this step, never more than max_model_len; +1 because the
+  // window need not start at a block boundary.
+  const int64_t tokens = std::min<int64_t>(window - 1 + max_num_batched_tokens, max_model_len);
+  return cdiv(tokens, block_size) + 1;
+}
+
+int64_t total_blocks_per_request(const KvPlan& p, int64_t max_model_len, int64_t mnbt) {
+  int64_t total = 0;
+  for (const auto& g : p.groups) total += group_blocks_per_request(g.window, max_model_len, mnbt, p.block_size);
+  return total;
+}
+
+// Everything except num_blocks and what depends on it.
+KvPlan plan_structure(const ModelConfig& cfg, const KvPlanSettings& s) {
+  check_settings(s);
+  check_model(cfg);
+  KvPlan p;
+  p.dtype = s.dtype;
+  p.block_size = s.block_size;
+  p.max_model_len = resolved_max_model_len(cfg, s);
+  p.max_num_batched_tokens = s.max_num_batched_tokens;
+  p.tensor_parallel_size = s.tensor_parallel_size;
+  p.kv_memory_bytes = s.kv_memory_bytes;
+  p.kv_heads_per_rank = kv_heads_per_rank(cfg, s.tensor_parallel_size);
+  p.head_dim = cfg.head_dim;
+
+  const uint64_t token_layer_bytes =  // one token, one layer, K or V
+      static_cast<uint64_t>(p.kv_heads_per_rank) * static_cast<uint64_t>(cfg.head_dim) *
+      static_cast<uint64_t>(kv_dtype_bytes(s.dtype));
+  p.layer_block_bytes = token_layer_bytes * static_cast<uint64_t>(s.block_size);
+  p.bytes_per_token = 2 * token_layer_bytes * static_cast<uint64_t>(cfg.num_layers);
+
+  const auto types = layers_by_type(cfg);
+  p.group_size = choose_group_size(types);
+  p.page_bytes = 2 * p.layer_block_bytes * static_cast<uint64_t>(p.group_size);
+  for (const auto& t : types) {
+    // Each type split into cdiv(n, group_size) groups, layer i of the type
+    // going to group i % num_groups (vLLM: layers[i::num_groups]); groups
+    // shorter than group_size are padded.
+    const size_t n = t.layers.size();
+    const size_t num_groups = static_cast<size_t>(cdiv(static_cast<int64_t>(n), p.group_size));
+    for (size_t gi = 0; gi < num_groups; ++gi) {
+      KvGroupPlan g;
+      g.type = t.window == 0 ? LayerType::full_attention : LayerType::sliding_attention;
+      g.window = t.window;
+      for (size_t i = gi; i < n; i += num_groups) g.layers.push_back(t.layers[i]);
+      g.bytes_per_token = 2 * token_layer_bytes * g.layers.size();
+      g.blocks_per_request =
+          group_blocks_per_request(t.window, p.max_model_len, s.max_num_batched_tokens, s.block_size);
+      p.blocks_per_request += g.blocks_per_request;
+      p.groups.push_back(std::move(g));
+    }
+  }
+  return p;
+}
+
+}  // namespace
+
+int model_max_len(const ModelConfig& cfg) {
+  // vLLM _get_and_verify_max_len: rope scaling other than llama3 / longrope
+  // extends the derived length by its factor (yarn: from the original length).
+  const RopeParams& r = cfg.rope_full;
+  double len = cfg.max_position_embeddings;
+  if (r.type == "linear" || r.type == "dynamic" || r.type == "yarn") {
+    if (r.type == "yarn" && r.original_max_position_embeddings > 0) len = r.original_max_position_embeddings;
+    len *= r.factor;
+  }
+  if (len > std::numeric_limits<int>::max()) return std::numeric_limits<int>::max();
+  return static_cast<int>(len);
+}
+
+int kv_heads_per_rank(const ModelConfig& cfg, int tp) {
+  if (tp <= 0) throw InputError(fmt::format("--tensor-parallel-size must be >= 1 (got {})", tp));
+  const int kv = cfg.num_kv_heads;
+  if (kv <= 0) throw InputError(fmt::format("model config: num_key_value_heads must be > 0 (got {})", kv));
+  if (cfg.num_heads > 0 && cfg.num_heads % tp != 0)
+    throw InputError(fmt::format("--tensor-parallel-size {} does not divide num_attention_heads {}", tp,
+                                 cfg.num_heads));
+  if (tp <= kv) {
+    if (kv % tp != 0)
+      throw InputError(fmt::format("--tensor-parallel-size {} does not divide num_key_value_heads {}", tp, kv));
+    return kv / tp;
+  }
+  // tp > kv heads: each KV head replicated on tp / kv ranks (vLLM's
+  // QKVParallelLinear); needs kv | tp.
+  if (tp % kv != 0)
+    throw InputError(fmt::format("--tensor-parallel-size {} > num_key_value_heads {} must be a multiple of it "
+                                 "(each KV head is then replicated on tp / kv ranks)",
+                                 tp, kv));
+  return 1;
+}
+
+uint64_t kv_memory_needed(const ModelConfig& cfg, const KvPlanSettings& s) {
+  const KvPlan p = plan_structure(cfg, s);
+  return static_cast<uint64_t>(p.blocks_per_request) * p.page_bytes;
+}
+
+int max_model_len_that_fits(const ModelConfig& cfg, const KvPlanSettings& s) {
+  const KvPlan p = plan_structure(cfg, s);
+  const int64_t avail_blocks = static_cast<int64_t>(s.kv_memory_bytes / p.page_bytes);
+  auto fits = [&](int64_t len) {
+    return total_blocks_per_request(p, len, s.max_num_batched_tokens) <= avail_blocks;
+  };
+  int64_t lo = 1, hi = p.max_model_len, best = 0;
+  if (!fits(1)) return 0;
+  while (lo <= hi) {  // blocks_per_request is monotone in max_model_len
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (fits(mid)) {
+      best = mid;
+      lo = mid + 1;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return static_cast<int>(best);
+}
+
+KvPlan plan_kv_cache(const ModelConfig& cfg, const KvPlanSettings& s) {
+  KvPlan p = plan_structure(cfg, s);
+  p.num_blocks = static_cast<int64_t>(s.kv_memory_bytes / p.page_bytes);
+  if (p.num_blocks < p.blocks_per_request) {
+    const uint64_t needed = static_cast<uint64_t>(p.blocks_per_request) * p.page_bytes;
+    const int fit = max_model_len_that_fits(cfg, s);
+    std::string what_fits =
+        fit > 0 ? fmt::format("the largest max_model_len that fits is {}", fit)
+                : fmt::format("not even a 1-token request fits (one page is {} bytes)", p.page_bytes);
+    throw InputError(fmt::format(
+        "KV memory {} ({} bytes) is too small for one request of max_model_len {} with {} KV cache: "
+        "it needs {} blocks of {} bytes = {} bytes ({}); {}",
+        format_bytes(s.kv_memory_bytes), s.kv_memory_bytes, p.max_model_len, kv_dtype_name(p.dtype),
+        p.blocks_per_request, p.page_bytes, needed, format_bytes(needed), what_fits));
+  }
+  p.max_concurrency = static_cast<double>(p.num_blocks) / static_cast<double>(p.blocks_per_request);
+  // floor(num_blocks * max_model_len / blocks_per_request), exactly.
+  const unsigned __int128 num = static_cast<unsigned __int128>(p.num_blocks) * static_cast<uint64_t>(p.max_model_len);
+  p.tokens = static_cast<int64_t>(num / static_cast<uint64_t>(p.blocks_per_request));
+  p.vllm_logged_tokens = p.num_blocks / static_cast<int64_t>(p.groups.size()) * p.block_size;
+  return p;
+}
+
+std::string kv_plan_log_line(const KvPlan& p) {
+  return fmt::format("KV cache: {} tokens ({} blocks of {}), max concurrency {:.2f}x at max_model_len {}, dtype {}",
+                     p.tokens, p.num_blocks, p.block_size, p.max_concurrency, p.max_model_len,
+                     kv_dtype_name(p.dtype));
+}
+
+std::string format_bytes(uint64_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024.0 && u < 5) {
+    v /= 1024.0;
+    ++u;
+  }
+  if (u == 0) return fmt::format("{} B", b);
+  return fmt::format("{:.2f} {}", v, units[u]);
+}
+
+uint64_t parse_size(const std::string& text) {
+  auto bad = [&](const std::string& why) {
+    return InputError(fmt::format("invalid size '{}': {} (expected e.g. 80GiB, 512MiB, 80GB or plain bytes)",
+                                  text, why));
+  };
+  size_t i = 0;
+  const size_t n = text.size();
+  while (i < n && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+  if (i < n && (text[i] == '-' || text[i] == '+')) {
+    if (text[i] == '-') throw bad("sizes cannot be negative");
+    ++i;
+  }
+  unsigned __int128 int_part = 0;
+  bool any_digit = false;
+  const unsigned __int128 cap = static_cast<unsigned __int128>(1) << 64;  // x unit (< 2^40) stays < 2^128
+  while (i < n && std::isdigit(static_cast<unsigned char>(text[i]))) {
+    int_part = int_part * 10 + static_cast<unsigned>(text[i] - '0');
+    if (int_part > cap) throw bad("too large");
+    any_digit = true;
+    ++i;
+  }
+  unsigned __int128 frac = 0, frac_den = 1;
+  if (i < n && text[i] == '.') {
+    ++i;
+    while (i < n && std::isdigit(static_cast<unsigned char>(text[i]))) {
+      if (frac_den < static_cast<unsigned __int128>(1) << 60) {  // ignore digits past ~18
+        frac = frac * 10 + static_cast<unsigned>(text[i] - '0');
+        frac_den *= 10;
+      }
+      any_digit = true;
+      ++i;
+    }
+  }
+  if (!any_digit) throw bad("no number");
+  while (i < n && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+  std::string unit;
+  for (; i < n; ++i) {
+    if (std::isspace(static_cast<unsigned char>(text[i]))) break;
+    unit.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(text[i]))));
+  }
+  while (i < n && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+  if (i != n) throw bad("unexpected trailing text");
+
+  struct Unit {
+    const char* name;
+    uint64_t mult;
+  };
+  static const Unit units[] = {
+      {"", 1},
+      {"b", 1},
+      {"kib", 1ull << 10},
+      {"mib", 1ull << 20},
+      {"gib", 1ull << 30},
+      {"tib", 1ull << 40},
+      {"kb", 1000ull},
+      {"mb", 1000ull * 1000},
+      {"gb", 1000ull * 1000 * 1000},
+      {"tb", 1000ull * 1000 * 1000 * 1000},
+  };
+  const Unit* u = nullptr;
+  for (const auto& c : units)
+    if (unit == c.name) u = &c;
+  if (!u) throw bad(fmt::format("unknown unit '{}' (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)", unit));
+  const unsigned __int128 bytes = int_part * u->mult + frac * u->mult / frac_den;
+  if (frac != 0 && (frac * u->mult) % frac_den != 0)
+    throw bad("not a whole number of bytes");
+  if (bytes > std::numeric_limits<uint64_t>::max()) throw bad("too large");
+  return static_cast<uint64_t>(bytes);
+}
+
+}  // namespace fp8kv
