@@ -14,6 +14,7 @@ namespace fp8kv {
 enum class ModelFamily { llama, mistral, qwen2, qwen3, gemma3 };
 enum class LayerType { full_attention, sliding_attention };
 std::string_view layer_type_name(LayerType t);  // HF vocabulary
+std::string_view family_name(ModelFamily f);      // "llama", "mistral", "qwen2", "qwen3", "gemma3"
 
 // RoPE parameters for one layer type. `type`: default | linear | llama3 | yarn
 // | dynamic (dynamic: accepted, treated as default at lengths <= original).
@@ -29,6 +30,8 @@ struct RopeParams {
   double beta_fast = 32.0;
   double beta_slow = 1.0;
   std::optional<double> attention_factor;
+  std::optional<double> mscale, mscale_all_dim;  // yarn (DeepSeek-style mscale), when given
+  bool truncate = true;                           // yarn: round the correction range (transformers default)
   double partial_rotary_factor = 1.0;
 };
 
@@ -49,6 +52,8 @@ struct ModelConfig {
   std::string hidden_act = "silu";  // silu | gelu_pytorch_tanh | gelu
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v bias (qwen2: always true)
+  bool o_proj_bias = false;     // o_proj bias (llama/qwen3/gemma3: = attention_bias; qwen2/mistral: never)
+  bool mlp_bias = false;        // gate/up/down bias (llama: mlp_bias)
   bool qk_norm = false;         // qwen3, gemma3: per-head RMSNorm on q and k
 
   // One entry per layer; sliding layers use `sliding_window`.
@@ -82,7 +87,9 @@ struct ModelConfig {
 // InputError naming the field and what was expected; an unsupported
 // architecture names the supported ones.
 ModelConfig parse_model_config(const nlohmann::json& j, const std::string& source);
-// Loads <dir>/config.json, or the file itself when given a .json path.
+// Loads <dir>/config.json, or the file itself when given a .json path. When
+// <dir>/generation_config.json declares eos_token_id, it takes precedence
+// (as in transformers' generate).
 ModelConfig load_model_config(const std::filesystem::path& dir_or_file);
 
 }  // namespace fp8kv
