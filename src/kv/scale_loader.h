@@ -1,0 +1,87 @@
+// KV (and Q) scales from a checkpoint: every naming convention in DESIGN.md
+// maps into one per-layer KvScales with provenance; values are validated at
+// load (finite, > 0, scalar or per head), coverage is computed by presence
+// (never by value), and `--kv-cache-dtype auto` is resolved from the
+// checkpoint's declared KV scheme. docs/kv_scales.md has the name mapping.
+#pragma once
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kv/kv_scales.h"
+#include "numerics/fp8.h"
+
+namespace fp8kv {
+
+class Checkpoint;
+
+enum class ScaleStream : uint8_t { k, v, q, kv, prob };  // kv: deprecated single scale (both k and v)
+
+// A recognised KV scale tensor name.
+struct KvScaleName {
+  std::string prefix;  // text before "layers.N." ("model.", "model.language_model.", ...)
+  int layer = 0;
+  ScaleStream stream = ScaleStream::k;
+  std::string_view convention;  // the suffix after "layers.N.", e.g. "self_attn.attn.k_scale"
+};
+// Parses a checkpoint tensor name; nullopt when it is not a KV scale name.
+std::optional<KvScaleName> parse_kv_scale_name(std::string_view name);
+
+// Names written by `fp8kv inject`.
+enum class KvScaleNaming { hf, vllm_runtime };  // self_attn.{k,v,q}_scale | self_attn.attn.{k,v,q}_scale
+// Throws std::invalid_argument for anything but "hf" / "vllm-runtime".
+KvScaleNaming parse_kv_scale_naming(std::string_view s);
+std::string kv_scale_tensor_name(std::string_view prefix, int layer, ScaleStream stream, KvScaleNaming naming);
+
+// Shapes the loader needs (a ModelConfig has them; tests can fill them in).
+struct KvScaleShape {
+  int num_layers = 0;
+  int num_heads = 0;     // query heads
+  int num_kv_heads = 0;
+};
+
+// Checks one scale tensor's values: every value finite and > 0, count 1 or
+// `heads`. Throws InputError naming `tensor`, e.g.
+// "model.layers.1.self_attn.v_scale is NaN".
+void validate_scale_values(const std::string& tensor, const std::vector<float>& values, int heads,
+                           std::string_view heads_what);
+
+// Reads every KV scale tensor of the checkpoint into per-layer KvScales.
+// Streams without a tensor stay 1.0 with from_checkpoint = false. Throws
+// InputError naming the tensor on: non-float dtype, bad shape, non-finite or
+// non-positive values, layer index out of range, or two tensors giving
+// different values for the same layer and stream.
+KvScales load_kv_scales(const Checkpoint& ckpt, const KvScaleShape& shape);
+
+// Which layers have k/v/q scales from the checkpoint, among the layers whose
+// KV cache runs quantized (all attention layers of the model).
+struct KvScaleCoverage {
+  int quantized_layers = 0;
+  std::vector<int> k_missing, v_missing, q_missing;  // layers running at 1.0 (no tensor)
+  int k_present() const { return quantized_layers - static_cast<int>(k_missing.size()); }
+  int v_present() const { return quantized_layers - static_cast<int>(v_missing.size()); }
+  int q_present() const { return quantized_layers - static_cast<int>(q_missing.size()); }
+};
+KvScaleCoverage kv_scale_coverage(const KvScales& scales);
+
+// The load-time warning (one line) when an fp8 cache runs with v_scale
+// coverage short of the quantized layers; nullopt when coverage is complete
+// or the cache is bf16. Decided by presence, never by value.
+std::optional<std::string> kv_scale_coverage_warning(const KvScaleCoverage& cov, KvDtype cache_dtype);
+
+// Loads, validates and, when the cache is fp8 and v_scale coverage is short,
+// logs the coverage warning once on stderr. What the engine calls at load.
+KvScales load_kv_scales_for_run(const Checkpoint& ckpt, const KvScaleShape& shape, KvDtype cache_dtype);
+
+// True when the checkpoint declares an fp8 KV cache: config.json has
+// quantization_config.kv_cache_scheme (compressed-tensors) or a
+// kv_cache_quant_algo FP8 (ModelOpt, in config.json's quantization_config or
+// in hf_quant_config.json). Malformed JSON -> InputError naming the file.
+bool checkpoint_declares_fp8_kv(const std::filesystem::path& model_dir);
+// `--kv-cache-dtype` resolution: auto -> fp8_e4m3 when the checkpoint declares
+// an fp8 KV scheme, else bf16; anything else as parse_kv_dtype.
+KvDtype resolve_kv_cache_dtype(std::string_view requested, const std::filesystem::path& model_dir);
+
+}  // namespace fp8kv

@@ -1,0 +1,315 @@
+// KV scale loading: every naming convention, validation by tensor name,
+// coverage by presence, and the auto kv-cache-dtype resolution.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <random>
+#include <string>
+
+#include "io/checkpoint.h"
+#include "io/errors.h"
+#include "io/safetensors.h"
+#include "kv/scale_loader.h"
+
+namespace fs = std::filesystem;
+using namespace fp8kv;
+
+namespace {
+
+class TempDir {
+ public:
+  TempDir() {
+    std::random_device rd;
+    path_ = fs::temp_directory_path() / ("fp8kv_scale_loader_" + std::to_string(rd()) + std::to_string(rd()));
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+constexpr KvScaleShape kShape{/*num_layers=*/4, /*num_heads=*/8, /*num_kv_heads=*/2};
+
+// A checkpoint with one weight per layer plus the given extra tensors.
+std::unique_ptr<Checkpoint> make_ckpt(const fs::path& dir, std::vector<TensorToWrite> extra) {
+  std::vector<TensorToWrite> t;
+  const float w[4] = {0.5f, -1.f, 2.f, 0.25f};
+  for (int l = 0; l < kShape.num_layers; ++l)
+    t.push_back(make_f32_tensor("model.layers." + std::to_string(l) + ".self_attn.q_proj.weight", {2, 2}, w));
+  for (auto& e : extra) t.push_back(std::move(e));
+  write_safetensors(dir / "model.safetensors", t);
+  return Checkpoint::open(dir);
+}
+
+TensorToWrite scalar(const std::string& name, float v, std::vector<int64_t> shape = {}) {
+  return make_f32_tensor(name, std::move(shape), std::span<const float>(&v, 1));
+}
+
+// Expects load_kv_scales to throw InputError whose message contains every needle.
+void expect_refused(std::vector<TensorToWrite> extra, const std::vector<std::string>& needles) {
+  TempDir d;
+  auto ck = make_ckpt(d.path(), std::move(extra));
+  try {
+    load_kv_scales(*ck, kShape);
+    FAIL() << "expected InputError mentioning " << needles[0];
+  } catch (const InputError& e) {
+    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+
+TEST(KvScaleName, ParsesEveryConvention) {
+  struct Case {
+    const char* name;
+    int layer;
+    ScaleStream stream;
+  } cases[] = {
+      {"model.layers.3.self_attn.k_scale", 3, ScaleStream::k},
+      {"model.layers.3.self_attn.v_scale", 3, ScaleStream::v},
+      {"model.layers.3.self_attn.q_scale", 3, ScaleStream::q},
+      {"model.layers.12.self_attn.attn.k_scale", 12, ScaleStream::k},
+      {"model.layers.12.self_attn.attn.v_scale", 12, ScaleStream::v},
+      {"model.layers.12.self_attn.attn.q_scale", 12, ScaleStream::q},
+      {"model.layers.0.self_attn.k_proj.output_scale", 0, ScaleStream::k},
+      {"model.layers.0.self_attn.v_proj.output_scale", 0, ScaleStream::v},
+      {"model.layers.0.self_attn.q_proj.output_scale", 0, ScaleStream::q},
+      {"model.layers.1.self_attn.k_proj.k_scale", 1, ScaleStream::k},
+      {"model.layers.1.self_attn.v_proj.v_scale", 1, ScaleStream::v},
+      {"model.layers.2.self_attn.prob_output_scale", 2, ScaleStream::prob},
+      {"model.layers.2.self_attn.attn.prob_scale", 2, ScaleStream::prob},
+      {"model.layers.5.self_attn.kv_scale", 5, ScaleStream::kv},
+      {"model.language_model.layers.7.self_attn.k_scale", 7, ScaleStream::k},
+      {"model.llm.layers.7.self_attn.attn.v_scale", 7, ScaleStream::v},
+  };
+  for (const auto& c : cases) {
+    const auto p = parse_kv_scale_name(c.name);
+    ASSERT_TRUE(p) << c.name;
+    EXPECT_EQ(p->layer, c.layer) << c.name;
+    EXPECT_EQ(p->stream, c.stream) << c.name;
+  }
+  EXPECT_EQ(parse_kv_scale_name("model.language_model.layers.7.self_attn.k_scale")->prefix, "model.language_model.");
+  for (const char* n : {"model.layers.3.self_attn.k_proj.weight", "model.layers.3.self_attn.k_proj.weight_scale",
+                        "model.layers.x.self_attn.k_scale", "model.layers.3.mlp.k_scale", "lm_head.weight",
+                        "vision_tower.encoder.layers.1.self_attn.k_scale", "model.sublayers.1.self_attn.k_scale"})
+    EXPECT_FALSE(parse_kv_scale_name(n)) << n;
+}
+
+TEST(KvScaleName, WriteNamesRoundTrip) {
+  EXPECT_EQ(kv_scale_tensor_name("model.", 4, ScaleStream::v, KvScaleNaming::hf), "model.layers.4.self_attn.v_scale");
+  EXPECT_EQ(kv_scale_tensor_name("model.", 4, ScaleStream::q, KvScaleNaming::vllm_runtime),
+            "model.layers.4.self_attn.attn.q_scale");
+  EXPECT_EQ(parse_kv_scale_naming("vllm-runtime"), KvScaleNaming::vllm_runtime);
+  EXPECT_THROW(parse_kv_scale_naming("vllm"), std::invalid_argument);
+  for (auto s : {ScaleStream::k, ScaleStream::v, ScaleStream::q})
+    for (auto n : {KvScaleNaming::hf, KvScaleNaming::vllm_runtime}) {
+      const auto p = parse_kv_scale_name(kv_scale_tensor_name("model.", 2, s, n));
+      ASSERT_TRUE(p);
+      EXPECT_EQ(p->stream, s);
+      EXPECT_EQ(p->layer, 2);
+    }
+}
+
+TEST(KvScaleLoader, NoScalesIsUnityWithoutProvenance) {
+  TempDir d;
+  auto ck = make_ckpt(d.path(), {});
+  const KvScales s = load_kv_scales(*ck, kShape);
+  ASSERT_EQ(s.layers.size(), 4u);
+  for (const auto& l : s.layers) {
+    EXPECT_FALSE(l.k.from_checkpoint);
+    EXPECT_FALSE(l.v.from_checkpoint);
+    EXPECT_EQ(l.v.values, std::vector<float>{1.0f});
+  }
+  const auto cov = kv_scale_coverage(s);
+  EXPECT_EQ(cov.v_present(), 0);
+  EXPECT_EQ(cov.v_missing, (std::vector<int>{0, 1, 2, 3}));
+}
+
+TEST(KvScaleLoader, MixedConventionsMapToOneKvScales) {
+  TempDir d;
+  const float kv_heads[2] = {1.5f, 2.5f};
+  const float q_heads[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  auto ck = make_ckpt(d.path(), {
+                                    scalar("model.layers.0.self_attn.k_scale", 0.25f),
+                                    scalar("model.layers.0.self_attn.v_scale", 3.0f, {1}),
+                                    scalar("model.layers.1.self_attn.attn.k_scale", 0.5f),
+                                    make_f32_tensor("model.layers.1.self_attn.attn.v_scale", {2}, kv_heads),
+                                    make_f32_tensor("model.layers.1.self_attn.attn.q_scale", {8}, q_heads),
+                                    scalar("model.layers.2.self_attn.k_proj.output_scale", 0.75f),
+                                    scalar("model.layers.2.self_attn.v_proj.v_scale", 1.25f),
+                                    scalar("model.layers.2.self_attn.q_proj.output_scale", 2.0f),
+                                    scalar("model.layers.3.self_attn.kv_scale", 1.0f),
+                                    scalar("model.layers.3.self_attn.attn.prob_scale", 1.0f / 448),
+                                });
+  const KvScales s = load_kv_scales(*ck, kShape);
+  EXPECT_EQ(s.layers[0].k.values, std::vector<float>{0.25f});
+  EXPECT_EQ(s.layers[0].k.source_tensor, "model.layers.0.self_attn.k_scale");
+  EXPECT_EQ(s.layers[0].v.values, std::vector<float>{3.0f});
+  EXPECT_FALSE(s.layers[0].q.from_checkpoint);
+  EXPECT_EQ(s.layers[1].v.values, (std::vector<float>{1.5f, 2.5f}));
+  EXPECT_FLOAT_EQ(s.layers[1].v.at(1), 2.5f);
+  EXPECT_EQ(s.layers[1].q.values.size(), 8u);
+  EXPECT_EQ(s.layers[1].q.source_tensor, "model.layers.1.self_attn.attn.q_scale");
+  EXPECT_EQ(s.layers[2].k.values, std::vector<float>{0.75f});
+  EXPECT_EQ(s.layers[2].v.source_tensor, "model.layers.2.self_attn.v_proj.v_scale");
+  EXPECT_EQ(s.layers[2].q.values, std::vector<float>{2.0f});
+  // Deprecated kv_scale covers both k and v.
+  EXPECT_TRUE(s.layers[3].k.from_checkpoint);
+  EXPECT_TRUE(s.layers[3].v.from_checkpoint);
+  EXPECT_EQ(s.layers[3].v.source_tensor, "model.layers.3.self_attn.kv_scale");
+  const auto cov = kv_scale_coverage(s);
+  EXPECT_EQ(cov.v_present(), 4);
+  EXPECT_EQ(cov.k_present(), 4);
+  EXPECT_EQ(cov.q_missing, (std::vector<int>{0, 3}));
+}
+
+TEST(KvScaleLoader, Bf16AndF16ScalesConvert) {
+  TempDir d;
+  TensorToWrite t{"model.layers.0.self_attn.v_scale", DType::BF16, {}, {}};
+  const uint16_t b = f32_to_bf16(3.0f);
+  t.data.resize(2);
+  std::memcpy(t.data.data(), &b, 2);
+  auto ck = make_ckpt(d.path(), {std::move(t)});
+  EXPECT_EQ(load_kv_scales(*ck, kShape).layers[0].v.values, std::vector<float>{3.0f});
+}
+
+TEST(KvScaleLoader, RefusesBadValuesByName) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  expect_refused({scalar("model.layers.1.self_attn.v_scale", nan)}, {"model.layers.1.self_attn.v_scale is NaN"});
+  expect_refused({scalar("model.layers.2.self_attn.k_scale", inf)}, {"model.layers.2.self_attn.k_scale is inf"});
+  expect_refused({scalar("model.layers.2.self_attn.k_scale", -inf)}, {"model.layers.2.self_attn.k_scale is -inf"});
+  expect_refused({scalar("model.layers.0.self_attn.attn.v_scale", 0.0f)}, {"model.layers.0.self_attn.attn.v_scale is 0"});
+  expect_refused({scalar("model.layers.0.self_attn.attn.v_scale", -0.0f)}, {"model.layers.0.self_attn.attn.v_scale is 0"});
+  expect_refused({scalar("model.layers.3.self_attn.q_scale", -2.0f)}, {"model.layers.3.self_attn.q_scale is negative"});
+  expect_refused({scalar("model.layers.3.self_attn.kv_scale", nan)}, {"model.layers.3.self_attn.kv_scale is NaN"});
+  expect_refused({scalar("model.layers.3.self_attn.attn.prob_scale", -1.f)}, {"model.layers.3.self_attn.attn.prob_scale"});
+  // One bad head in a per-head vector.
+  const float heads[2] = {1.0f, nan};
+  expect_refused({make_f32_tensor("model.layers.1.self_attn.v_scale", {2}, heads)},
+                 {"model.layers.1.self_attn.v_scale[1] is NaN"});
+  // A denormal is finite and > 0: accepted.
+  TempDir d;
+  auto ck = make_ckpt(d.path(), {scalar("model.layers.0.self_attn.v_scale", 1e-40f)});
+  EXPECT_EQ(load_kv_scales(*ck, kShape).layers[0].v.values[0], 1e-40f);
+}
+
+TEST(KvScaleLoader, RefusesBadShapesByName) {
+  const float three[3] = {1, 1, 1}, four[4] = {1, 1, 1, 1};
+  // k/v per KV head is [2]; [3] and [8] (query heads) are wrong.
+  expect_refused({make_f32_tensor("model.layers.1.self_attn.k_scale", {3}, three)},
+                 {"model.layers.1.self_attn.k_scale has shape [3]", "KV head [2]"});
+  expect_refused({make_f32_tensor("model.layers.1.self_attn.v_scale", {2, 2}, four)},
+                 {"model.layers.1.self_attn.v_scale has shape [2, 2]"});
+  // q per query head is [8]; [2] is wrong.
+  expect_refused({make_f32_tensor("model.layers.1.self_attn.q_scale", {2}, std::span<const float>(four, 2))},
+                 {"model.layers.1.self_attn.q_scale has shape [2]", "query head [8]"});
+  // Empty tensor.
+  expect_refused({make_f32_tensor("model.layers.1.self_attn.v_scale", {0}, std::span<const float>())},
+                 {"model.layers.1.self_attn.v_scale has shape [0]"});
+}
+
+TEST(KvScaleLoader, RefusesBadDtypeAndLayerByName) {
+  TensorToWrite t{"model.layers.0.self_attn.k_scale", DType::I32, {}, std::vector<std::byte>(4)};
+  expect_refused({std::move(t)}, {"model.layers.0.self_attn.k_scale has dtype I32"});
+  TensorToWrite f8{"model.layers.0.self_attn.k_scale", DType::F8_E4M3, {}, std::vector<std::byte>(1, std::byte{0x38})};
+  expect_refused({std::move(f8)}, {"model.layers.0.self_attn.k_scale has dtype F8_E4M3"});
+  expect_refused({scalar("model.layers.4.self_attn.v_scale", 1.0f)},
+                 {"model.layers.4.self_attn.v_scale names layer 4", "4 layers"});
+}
+
+TEST(KvScaleLoader, RefusesConflictingDuplicates) {
+  expect_refused({scalar("model.layers.1.self_attn.v_scale", 2.0f), scalar("model.layers.1.self_attn.attn.v_scale", 3.0f)},
+                 {"model.layers.1.self_attn.attn.v_scale", "model.layers.1.self_attn.v_scale", "different values"});
+  // Agreeing duplicates are accepted.
+  TempDir d;
+  auto ck = make_ckpt(d.path(), {scalar("model.layers.1.self_attn.v_scale", 2.0f),
+                                 scalar("model.layers.1.self_attn.attn.v_scale", 2.0f)});
+  EXPECT_EQ(load_kv_scales(*ck, kShape).layers[1].v.values, std::vector<float>{2.0f});
+}
+
+TEST(KvScaleCoverage, WarnsOnlyWhenVCoverageIsShortAndFp8) {
+  TempDir d;
+  auto ck = make_ckpt(d.path(), {scalar("model.layers.0.self_attn.v_scale", 2.0f),
+                                 scalar("model.layers.1.self_attn.v_scale", 2.0f),
+                                 scalar("model.layers.0.self_attn.k_scale", 2.0f)});
+  const auto cov = kv_scale_coverage(load_kv_scales(*ck, kShape));
+  EXPECT_EQ(cov.v_present(), 2);
+  const auto w = kv_scale_coverage_warning(cov, KvDtype::fp8_e4m3);
+  ASSERT_TRUE(w);
+  EXPECT_NE(w->find("v_scale"), std::string::npos) << *w;
+  EXPECT_NE(w->find("2 of 4"), std::string::npos) << *w;
+  EXPECT_NE(w->find("layers 2-3"), std::string::npos) << *w;
+  EXPECT_NE(w->find("1.0"), std::string::npos) << *w;
+  EXPECT_FALSE(kv_scale_coverage_warning(cov, KvDtype::bf16));
+}
+
+TEST(KvScaleCoverage, CompleteCoverageNeverWarnsEvenAtOne) {
+  // Calibrated values equal to 1.0 are still present: decided by presence.
+  TempDir d;
+  std::vector<TensorToWrite> t;
+  for (int l = 0; l < 4; ++l) t.push_back(scalar("model.layers." + std::to_string(l) + ".self_attn.v_scale", 1.0f));
+  auto ck = make_ckpt(d.path(), std::move(t));
+  const auto cov = kv_scale_coverage(load_kv_scales(*ck, kShape));
+  EXPECT_EQ(cov.v_present(), 4);
+  EXPECT_FALSE(kv_scale_coverage_warning(cov, KvDtype::fp8_e4m3));
+  EXPECT_FALSE(kv_scale_coverage_warning(cov, KvDtype::fp8_e5m2));
+}
+
+TEST(KvScaleLoader, ForRunWarnsOnceOnStderrNotStdout) {
+  TempDir d;
+  auto ck = make_ckpt(d.path(), {scalar("model.layers.0.self_attn.v_scale", 2.0f)});
+  testing::internal::CaptureStderr();
+  testing::internal::CaptureStdout();
+  load_kv_scales_for_run(*ck, kShape, KvDtype::fp8_e4m3);
+  const std::string out = testing::internal::GetCapturedStdout();
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(out.empty()) << out;
+  size_t n = 0;
+  for (size_t p = err.find("warning:"); p != std::string::npos; p = err.find("warning:", p + 1)) ++n;
+  EXPECT_NE(err.find("v_scale"), std::string::npos) << err;
+  EXPECT_EQ(n, 1u) << err;
+  testing::internal::CaptureStderr();
+  load_kv_scales_for_run(*ck, kShape, KvDtype::bf16);
+  EXPECT_TRUE(testing::internal::GetCapturedStderr().empty());
+}
+
+namespace {
+void write_text(const fs::path& p, const std::string& s) { std::ofstream(p) << s; }
+}  // namespace
+
+TEST(KvCacheDtype, AutoResolution) {
+  TempDir d;
+  write_text(d.path() / "config.json", R"({"model_type": "llama"})");
+  EXPECT_EQ(resolve_kv_cache_dtype("auto", d.path()), KvDtype::bf16);
+  EXPECT_EQ(resolve_kv_cache_dtype("fp8", d.path()), KvDtype::fp8_e4m3);
+  EXPECT_EQ(resolve_kv_cache_dtype("fp8_e5m2", d.path()), KvDtype::fp8_e5m2);
+  EXPECT_THROW(resolve_kv_cache_dtype("int8", d.path()), std::invalid_argument);
+
+  write_text(d.path() / "config.json",
+             R"({"quantization_config": {"quant_method": "compressed-tensors", "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor"}}})");
+  EXPECT_EQ(resolve_kv_cache_dtype("auto", d.path()), KvDtype::fp8_e4m3);
+  // kv_cache_scheme null: not declared.
+  write_text(d.path() / "config.json", R"({"quantization_config": {"kv_cache_scheme": null}})");
+  EXPECT_EQ(resolve_kv_cache_dtype("auto", d.path()), KvDtype::bf16);
+
+  write_text(d.path() / "hf_quant_config.json", R"({"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}})");
+  EXPECT_EQ(resolve_kv_cache_dtype("auto", d.path()), KvDtype::fp8_e4m3);
+  write_text(d.path() / "hf_quant_config.json", R"({"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": null}})");
+  EXPECT_EQ(resolve_kv_cache_dtype("auto", d.path()), KvDtype::bf16);
+  write_text(d.path() / "hf_quant_config.json", "{not json");
+  try {
+    resolve_kv_cache_dtype("auto", d.path());
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("hf_quant_config.json"), std::string::npos);
+  }
+}
