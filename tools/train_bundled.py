@@ -545,14 +545,15 @@ def sliding_selftest(torch, Qwen3Config, Qwen3ForCausalLM, cfg, dev):
         x = torch.randint(1, cfg.vocab_size, (2, 64), device=dev)
         y = x.clone()
         y[:, 0] = (y[:, 0] % (cfg.vocab_size - 2)) + 1
-        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.no_grad():  # fp32: outputs past the window must not move at all
             a_ = mm(input_ids=x, use_cache=False).logits.float()
             b_ = mm(input_ids=y, use_cache=False).logits.float()
         diff_far = (a_[:, w:] - b_[:, w:]).abs().max().item()
         diff_near = (a_[:, 1:w - 1] - b_[:, 1:w - 1]).abs().max().item()
         log(f"sliding self-test {lt}: max change at pos>={w}: {diff_far:.3g}, at pos<{w}: {diff_near:.3g}")
         assert diff_near > 0, "self-test perturbation had no effect"
-        assert (diff_far > 0) == expect_change, f"{lt}: sliding window not honoured by the sdpa path"
+        changed = diff_far > 1e-2 * diff_near
+        assert changed == expect_change, f"{lt}: sliding window not honoured by the sdpa path"
         del mm
 
 
