@@ -1,0 +1,60 @@
+// The BPE model of tokenizer.json (`tokenizers::models::bpe`): vocab, merges
+// (["a","b"] or "a b"), unk / fuse_unk, byte_fallback, ignore_merges,
+// continuing_subword_prefix, end_of_word_suffix. Merging uses a rank-ordered
+// priority queue over a linked list of symbols; results are cached per word.
+#pragma once
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "tokenizer/pipeline.h"
+
+namespace fp8kv::tok {
+
+struct SvHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+};
+using StrIdMap = std::unordered_map<std::string, int, SvHash, std::equal_to<>>;
+
+class BpeModel {
+ public:
+  BpeModel(const json& model, const std::string& ctx);
+  // Appends the ids of one pre-tokenized word.
+  void tokenize(std::string_view word, std::vector<int>& out) const;
+  size_t vocab_size() const { return vocab_.size(); }
+  // One past the largest model id.
+  int end_id() const { return static_cast<int>(id_to_token_.size()); }
+  std::optional<int> token_to_id(std::string_view token) const;
+  const std::string* id_to_token(int id) const;
+
+ private:
+  void merge_word(std::string_view w, std::vector<int>& out) const;
+  int unk_id() const;
+
+  struct MergeInfo {
+    uint32_t rank;
+    int new_id;
+  };
+  static uint64_t pair_key(int a, int b) { return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b); }
+
+  StrIdMap vocab_;
+  std::vector<std::string> id_to_token_;
+  std::vector<bool> has_id_;
+  std::unordered_map<uint64_t, MergeInfo> merges_;
+  std::optional<std::string> unk_token_;
+  std::string prefix_, suffix_;
+  bool has_prefix_ = false, has_suffix_ = false;
+  bool fuse_unk_ = false, byte_fallback_ = false, ignore_merges_ = false;
+  int byte_ids_[256];  // <0xHH> ids for byte_fallback, -1 when absent
+
+  static constexpr size_t kCacheCapacity = 10000;
+  mutable std::mutex cache_mu_;
+  mutable std::unordered_map<std::string, std::vector<int>, SvHash, std::equal_to<>> cache_;
+};
+
+}  // namespace fp8kv::tok

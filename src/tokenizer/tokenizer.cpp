@@ -1,0 +1,496 @@
+// tokenizer.json loading and the encode / decode pipeline, mirroring
+// `tokenizers`' Tokenizer::encode (added tokens split out first, then the
+// normalizer, normalized added tokens, pre-tokenizer, model, post-processor).
+#include "tokenizer/tokenizer.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "io/errors.h"
+#include "tokenizer/hf_tokenizer.h"
+#include "tokenizer/utf8.h"
+
+namespace fp8kv {
+namespace tok {
+
+// ---- TokenMatcher -----------------------------------------------------------
+
+void TokenMatcher::add(const std::string& pattern, int value) {
+  if (pattern.empty()) return;
+  int n = 0;
+  for (unsigned char c : pattern) {
+    int child = -1;
+    for (auto& [k, v] : nodes_[n].next)
+      if (k == c) child = v;
+    if (child < 0) {
+      child = static_cast<int>(nodes_.size());
+      nodes_[n].next.emplace_back(c, child);
+      nodes_.emplace_back();
+    }
+    n = child;
+  }
+  if (nodes_[n].value < 0) nodes_[n].value = value;
+  first_[static_cast<unsigned char>(pattern[0])] = true;
+}
+
+std::pair<size_t, int> TokenMatcher::longest_at(std::string_view s, size_t i) const {
+  std::pair<size_t, int> best{0, -1};
+  int n = 0;
+  for (size_t k = i; k < s.size(); ++k) {
+    int child = -1;
+    for (auto& [c, v] : nodes_[n].next)
+      if (c == static_cast<unsigned char>(s[k])) child = v;
+    if (child < 0) break;
+    n = child;
+    if (nodes_[n].value >= 0) best = {k + 1 - i, nodes_[n].value};
+  }
+  return best;
+}
+
+// ---- loading ---------------------------------------------------------------
+
+HfTokenizer::HfTokenizer(const json& j, const std::string& source) : source_(source) {
+  if (!j.is_object()) throw InputError(fmt::format("{}: expected a JSON object at the top level", source));
+  const json& model = req(j, "model", source);
+  std::string mctx = source + ": model";
+  if (!model.is_object()) throw InputError(fmt::format("{}: must be an object", mctx));
+  std::string type;
+  if (model.contains("type")) {
+    type = req_str(model, "type", mctx);
+  } else if (model.contains("merges")) {
+    type = "BPE";  // older files omit the type
+  } else {
+    throw InputError(fmt::format("{}: missing field \"type\"", mctx));
+  }
+  if (type != "BPE")
+    throw InputError(fmt::format("{}: model type \"{}\" is unsupported (fp8kv supports BPE tokenizers: byte-level and "
+                                 "SentencePiece-style)",
+                                 mctx, type));
+  model_ = std::make_unique<BpeModel>(model, mctx);
+  auto get = [&](const char* key) -> const json& {
+    static const json null_json;
+    auto it = j.find(key);
+    return it == j.end() ? null_json : *it;
+  };
+  normalizer_ = make_normalizer(get("normalizer"), source + ": normalizer");
+  pre_ = make_pre_tokenizer(get("pre_tokenizer"), source + ": pre_tokenizer");
+  decoder_ = make_decoder(get("decoder"), source + ": decoder");
+  post_ = make_post_processor(get("post_processor"), source + ": post_processor");
+  if (post_) {
+    auto p = post_->prefix();
+    if (!p.empty()) bos_id_ = p.front();
+  }
+  const json& added = get("added_tokens");
+  if (!added.is_null()) build_added(added, source + ": added_tokens");
+
+  const json& trunc = get("truncation");
+  if (!trunc.is_null()) {
+    std::string c = source + ": truncation";
+    const json& ml = req(trunc, "max_length", c);
+    if (!ml.is_number_unsigned()) throw InputError(fmt::format("{}: \"max_length\" must be a non-negative integer", c));
+    trunc_max_ = ml.get<size_t>();
+    if (trunc.contains("direction") && trunc["direction"] == "Left") trunc_left_ = true;
+  }
+  const json& pad = get("padding");
+  if (!pad.is_null()) {
+    std::string c = source + ": padding";
+    const json& strat = req(pad, "strategy", c);
+    if (strat.is_object() && strat.contains("Fixed") && strat["Fixed"].is_number_unsigned())
+      pad_fixed_ = strat["Fixed"].get<size_t>();
+    else if (strat == "BatchLongest")
+      pad_batch_longest_ = true;
+    else
+      throw InputError(fmt::format("{}: \"strategy\" must be \"BatchLongest\" or {{\"Fixed\": N}}", c));
+    pad_left_ = pad.contains("direction") && pad["direction"] == "Left";
+    if (pad.contains("pad_to_multiple_of") && pad["pad_to_multiple_of"].is_number_unsigned())
+      pad_multiple_ = pad["pad_to_multiple_of"].get<size_t>();
+    if (pad.contains("pad_id") && pad["pad_id"].is_number_unsigned()) pad_id_ = pad["pad_id"].get<int>();
+  }
+}
+
+void HfTokenizer::build_added(const json& arr, const std::string& ctx) {
+  if (!arr.is_array()) throw InputError(fmt::format("{}: must be an array", ctx));
+  std::vector<AddedToken> in_order;
+  for (size_t i = 0; i < arr.size(); ++i) {
+    std::string c = fmt::format("{}[{}]", ctx, i);
+    const json& e = arr[i];
+    AddedToken t;
+    t.content = req_str(e, "content", c);
+    t.special = opt_bool(e, "special", false, c);
+    t.single_word = opt_bool(e, "single_word", false, c);
+    t.lstrip = opt_bool(e, "lstrip", false, c);
+    t.rstrip = opt_bool(e, "rstrip", false, c);
+    t.normalized = opt_bool(e, "normalized", !t.special, c);
+    const json& id = req(e, "id", c);
+    if (!id.is_number_unsigned() || id.get<unsigned long long>() > (1ULL << 26))
+      throw InputError(fmt::format("{}: \"id\" must be a non-negative integer", c));
+    t.id = id.get<int>();
+    if (t.content.empty()) continue;  // `tokenizers` ignores empty added tokens
+    in_order.push_back(std::move(t));
+  }
+  // Ids as AddedVocabulary::add_tokens assigns them: the existing id of the
+  // content (added or model vocab), else the next free id past the vocab.
+  int model_size = static_cast<int>(model_->vocab_size());
+  for (auto& t : in_order) {
+    int want = t.id;
+    int id;
+    if (auto it = added_ids_.find(t.content); it != added_ids_.end()) {
+      id = it->second;
+    } else if (auto m = model_->token_to_id(t.content)) {
+      id = *m;
+    } else {
+      int mx = -1;
+      for (auto& [k, v] : added_ids_) mx = std::max(mx, v);
+      id = mx < 0 ? model_size : ((mx >= model_size || model_size == 0) ? mx + 1 : model_size);
+    }
+    if (id != want)
+      std::fprintf(stderr, "warning: %s: token \"%s\" was expected to have id %d but was given id %d\n", ctx.c_str(),
+                   t.content.c_str(), want, id);
+    t.id = id;
+    added_ids_[t.content] = id;
+    if (t.special) special_contents_.insert(t.content);
+  }
+  for (int pass = 0; pass < 2; ++pass)
+    for (auto& t : in_order)
+      if (t.special == (pass == 0)) added_.push_back(t);
+  for (size_t k = 0; k < added_.size(); ++k) {
+    added_by_id_[added_[k].id] = k;  // the last definition of an id wins
+    if (!added_[k].normalized) {
+      raw_matcher_.add(added_[k].content, static_cast<int>(k));
+    } else {
+      std::string n = added_[k].content;
+      if (normalizer_) normalizer_->normalize(n);
+      norm_matcher_.add(n, static_cast<int>(k));
+    }
+  }
+}
+
+// ---- encode ----------------------------------------------------------------
+
+namespace {
+bool ends_with_word(std::string_view s) {
+  if (s.empty()) return false;
+  return utf8::is_word_char(utf8::prev_cp(s, s.size()));
+}
+bool starts_with_word(std::string_view s) {
+  if (s.empty()) return false;
+  size_t i = 0;
+  return utf8::is_word_char(utf8::next_cp(s, i));
+}
+// Start of the trailing whitespace run of s.
+size_t space_leftmost_at_end(std::string_view s) {
+  size_t e = s.size();
+  while (e > 0) {
+    size_t st = 0;
+    if (!utf8::is_whitespace(utf8::prev_cp(s, e, &st))) break;
+    e = st;
+  }
+  return e;
+}
+size_t space_rightmost_at_start(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t n = i;
+    if (!utf8::is_whitespace(utf8::next_cp(s, n))) break;
+    i = n;
+  }
+  return i;
+}
+}  // namespace
+
+std::vector<Segment> HfTokenizer::find_matches(std::string_view s, const TokenMatcher& m) const {
+  std::vector<Segment> out;
+  if (s.empty()) return out;
+  size_t start_offset = 0;
+  size_t i = 0;
+  if (!m.empty()) {
+    while (i < s.size()) {
+      if (!m.may_start(static_cast<unsigned char>(s[i]))) {
+        ++i;
+        continue;
+      }
+      auto [len, k] = m.longest_at(s, i);
+      if (len == 0) {
+        ++i;
+        continue;
+      }
+      size_t start = i, stop = i + len;
+      i = stop;  // matches never overlap, whether kept or discarded
+      const AddedToken& t = added_[k];
+      if (split_special_ && t.special) continue;
+      if (t.single_word) {
+        bool start_space = start == 0 || !ends_with_word(s.substr(0, start));
+        bool stop_space = stop == s.size() || !starts_with_word(s.substr(stop));
+        if (!start_space || !stop_space) continue;
+      }
+      if (t.lstrip) start = std::max(space_leftmost_at_end(s.substr(0, start)), start_offset);
+      if (t.rstrip) stop += space_rightmost_at_start(s.substr(stop));
+      if (start_offset < start) out.push_back(Segment{start_offset, start, -1});
+      out.push_back(Segment{start, stop, static_cast<int>(k)});
+      start_offset = stop;
+    }
+  }
+  if (start_offset < s.size()) out.push_back(Segment{start_offset, s.size(), -1});
+  return out;
+}
+
+void HfTokenizer::encode_segment(std::string_view raw, bool at_start, std::vector<int>& ids) const {
+  std::string norm(raw);
+  if (normalizer_) normalizer_->normalize(norm);
+  std::vector<Piece> pieces;
+  for (const Segment& sg : find_matches(norm, norm_matcher_)) {
+    if (sg.token >= 0) {
+      ids.push_back(added_[sg.token].id);
+      continue;
+    }
+    if (sg.end == sg.begin) continue;
+    pieces.clear();
+    pieces.push_back(Piece{norm.substr(sg.begin, sg.end - sg.begin), at_start && sg.begin == 0});
+    if (pre_) pre_->pre_tokenize(pieces);
+    for (const Piece& p : pieces)
+      if (!p.text.empty()) model_->tokenize(p.text, ids);
+  }
+}
+
+std::vector<int> HfTokenizer::encode(std::string_view text, bool add_special_tokens) const {
+  size_t bad = utf8::first_invalid(text);
+  if (bad != std::string_view::npos)
+    throw InputError(fmt::format("input text is not valid UTF-8 (first invalid byte 0x{:02X} at offset {})",
+                                 static_cast<unsigned char>(text[bad]), bad));
+  std::vector<int> ids;
+  for (const Segment& sg : find_matches(text, raw_matcher_)) {
+    if (sg.token >= 0)
+      ids.push_back(added_[sg.token].id);
+    else
+      encode_segment(text.substr(sg.begin, sg.end - sg.begin), sg.begin == 0, ids);
+  }
+  if (trunc_max_) {
+    size_t added = add_special_tokens && post_ ? post_->added_tokens() : 0;
+    size_t keep = *trunc_max_ > added ? *trunc_max_ - added : 0;
+    if (ids.size() > keep) {
+      if (trunc_left_)
+        ids.erase(ids.begin(), ids.end() - static_cast<std::ptrdiff_t>(keep));
+      else
+        ids.resize(keep);
+    }
+  }
+  if (add_special_tokens && post_) post_->process(ids);
+  if (pad_fixed_ || pad_batch_longest_) {
+    size_t target = pad_fixed_ ? std::max(*pad_fixed_, ids.size()) : ids.size();
+    if (pad_multiple_ > 0 && target % pad_multiple_ != 0) target += pad_multiple_ - target % pad_multiple_;
+    if (target > ids.size()) {
+      size_t n = target - ids.size();
+      if (pad_left_)
+        ids.insert(ids.begin(), n, pad_id_);
+      else
+        ids.insert(ids.end(), n, pad_id_);
+    }
+  }
+  return ids;
+}
+
+// ---- decode & vocab -----------------------------------------------------------
+
+std::optional<std::string> HfTokenizer::id_to_token(int id) const {
+  if (auto it = added_by_id_.find(id); it != added_by_id_.end()) return added_[it->second].content;
+  if (const std::string* t = model_->id_to_token(id)) return *t;
+  return std::nullopt;
+}
+
+std::string HfTokenizer::decode(std::span<const int> ids, bool skip_special_tokens) const {
+  std::vector<std::string> toks;
+  toks.reserve(ids.size());
+  for (int id : ids) {
+    const std::string* t = nullptr;
+    if (auto it = added_by_id_.find(id); it != added_by_id_.end())
+      t = &added_[it->second].content;
+    else
+      t = model_->id_to_token(id);
+    if (!t) continue;  // unknown ids are dropped, as in `tokenizers`
+    if (skip_special_tokens && special_contents_.count(*t)) continue;
+    toks.push_back(*t);
+  }
+  std::string out;
+  if (decoder_) {
+    decoder_->decode_chain(toks);
+    for (auto& t : toks) out += t;
+  } else {
+    for (size_t k = 0; k < toks.size(); ++k) {
+      if (k) out.push_back(' ');
+      out += toks[k];
+    }
+  }
+  return out;
+}
+
+int HfTokenizer::vocab_size() const {
+  int n = model_->end_id();
+  for (auto& [c, id] : added_ids_) n = std::max(n, id + 1);
+  return n;
+}
+
+std::optional<int> HfTokenizer::token_to_id(std::string_view token) const {
+  if (auto it = added_ids_.find(token); it != added_ids_.end()) return it->second;
+  return model_->token_to_id(token);
+}
+
+bool HfTokenizer::is_special(int id) const {
+  auto it = added_by_id_.find(id);
+  return it != added_by_id_.end() && added_[it->second].special;
+}
+
+std::optional<int> HfTokenizer::bos_id() const { return bos_id_; }
+
+void HfTokenizer::set_bos_eos(std::optional<int> bos, std::optional<int> eos) {
+  std::vector<int> pre, post;
+  if (bos) pre.push_back(*bos);
+  if (eos) post.push_back(*eos);
+  post_ = make_bos_eos_processor(std::move(pre), std::move(post));
+  bos_id_ = bos;
+}
+
+}  // namespace tok
+
+// ---- public API --------------------------------------------------------------
+
+namespace {
+tok::json read_json(const std::filesystem::path& p) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(p, ec))
+    throw InputError(fmt::format("{}: no such file", p.string()));
+  std::ifstream f(p, std::ios::binary);
+  if (!f) throw InputError(fmt::format("{}: cannot open", p.string()));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  try {
+    return tok::json::parse(ss.str());
+  } catch (const tok::json::exception& e) {
+    throw InputError(fmt::format("{}: not valid JSON: {}", p.string(), e.what()));
+  }
+}
+
+// "bos_token": "<s>" or {"content": "<s>", ...} or null.
+std::optional<std::string> config_token(const tok::json& cfg, const char* key) {
+  auto it = cfg.find(key);
+  if (it == cfg.end() || it->is_null()) return std::nullopt;
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_object() && it->contains("content") && (*it)["content"].is_string())
+    return (*it)["content"].get<std::string>();
+  return std::nullopt;
+}
+
+bool config_bool(const tok::json& cfg, const char* key, const std::string& ctx) {
+  auto it = cfg.find(key);
+  if (it == cfg.end() || it->is_null()) return false;
+  if (!it->is_boolean()) throw InputError(fmt::format("{}: \"{}\" must be true or false", ctx, key));
+  return it->get<bool>();
+}
+}  // namespace
+
+std::unique_ptr<Tokenizer> Tokenizer::from_file(const std::filesystem::path& tokenizer_json) {
+  tok::json j = read_json(tokenizer_json);
+  return std::make_unique<tok::HfTokenizer>(j, tokenizer_json.string());
+}
+
+// transformers 5 (TokenizersBackend.__init__ / update_post_processor): when
+// tokenizer_config.json sets add_bos_token or add_eos_token explicitly, or
+// tokenizer.json has no post-processor, the post-processor is replaced by
+// "[bos] $A [eos]" with each flag defaulting to false and bos/eos taken from
+// the config's bos_token / eos_token (a missing token turns its flag off).
+// Otherwise tokenizer.json's post-processor is kept as is.
+std::unique_ptr<Tokenizer> Tokenizer::from_dir(const std::filesystem::path& dir) {
+  auto tj = dir / "tokenizer.json";
+  auto tok = std::make_unique<tok::HfTokenizer>(read_json(tj), tj.string());
+  auto cfg_path = dir / "tokenizer_config.json";
+  std::error_code ec;
+  tok::json cfg = tok::json::object();
+  if (std::filesystem::exists(cfg_path, ec)) cfg = read_json(cfg_path);
+  if (!cfg.is_object()) throw InputError(fmt::format("{}: expected a JSON object", cfg_path.string()));
+  tok::json stmap = tok::json::object();
+  auto st_path = dir / "special_tokens_map.json";
+  if (std::filesystem::exists(st_path, ec)) stmap = read_json(st_path);
+  if (!stmap.is_object()) stmap = tok::json::object();
+  std::string ctx = cfg_path.string();
+
+  bool explicit_flags = cfg.contains("add_bos_token") || cfg.contains("add_eos_token");
+  if (explicit_flags || !tok->has_post_processor()) {
+    bool add_bos = config_bool(cfg, "add_bos_token", ctx);
+    bool add_eos = config_bool(cfg, "add_eos_token", ctx);
+    auto resolve = [&](const char* key, bool wanted) -> std::optional<int> {
+      if (!wanted) return std::nullopt;
+      auto name = config_token(cfg, key);
+      if (!name) name = config_token(stmap, key);
+      if (!name) return std::nullopt;
+      auto id = tok->token_to_id(*name);
+      if (!id)
+        throw InputError(fmt::format("{}: {} {:?} is not a token of {}", ctx, key, *name, tj.string()));
+      return id;
+    };
+    tok->set_bos_eos(resolve("bos_token", add_bos), resolve("eos_token", add_eos));
+  }
+  if (config_bool(cfg, "split_special_tokens", ctx)) tok->set_split_special_tokens(true);
+  return tok;
+}
+
+std::unique_ptr<Tokenizer> Tokenizer::load(const std::filesystem::path& dir_or_file) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(dir_or_file, ec)) return from_dir(dir_or_file);
+  if (!std::filesystem::exists(dir_or_file, ec))
+    throw InputError(fmt::format("{}: no such file or directory", dir_or_file.string()));
+  return from_file(dir_or_file);
+}
+
+// ---- IncrementalDecoder ---------------------------------------------------------
+// The window approach of HF's DecodeStream / vLLM: decode ids[prefix:read] and
+// ids[prefix:], emit the difference once it no longer ends in U+FFFD (an
+// incomplete UTF-8 sequence). Keeping one already-emitted token in the window
+// preserves the spaces decoders strip from a sequence's first token.
+
+IncrementalDecoder::IncrementalDecoder(const Tokenizer& tok, bool skip_special_tokens)
+    : tok_(tok), skip_special_(skip_special_tokens) {}
+
+std::string IncrementalDecoder::step(bool final) {
+  std::span<const int> all(ids_);
+  std::string prefix_text = tok_.decode(all.subspan(prefix_offset_, read_offset_ - prefix_offset_), skip_special_);
+  std::string new_text = tok_.decode(all.subspan(prefix_offset_), skip_special_);
+  bool extends = new_text.size() >= prefix_text.size() && new_text.compare(0, prefix_text.size(), prefix_text) == 0;
+  if (!final) {
+    if (!extends || new_text.size() == prefix_text.size()) return {};
+    if (new_text.size() >= 3 && new_text.compare(new_text.size() - 3, 3, utf8::kReplacement) == 0) return {};
+  }
+  std::string out;
+  if (extends) {
+    out = new_text.substr(prefix_text.size());
+  } else {
+    // The decoder rewrote already emitted text; emit what follows the common
+    // prefix (cut at a character boundary) so nothing is lost.
+    size_t k = 0;
+    while (k < prefix_text.size() && k < new_text.size() && prefix_text[k] == new_text[k]) ++k;
+    while (k > 0 && (static_cast<unsigned char>(new_text[k]) & 0xC0) == 0x80) --k;
+    out = new_text.substr(k);
+  }
+  prefix_offset_ = read_offset_;
+  read_offset_ = ids_.size();
+  if (prefix_offset_ > 64) {  // drop ids no longer in the window
+    ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(prefix_offset_));
+    read_offset_ -= prefix_offset_;
+    prefix_offset_ = 0;
+  }
+  return out;
+}
+
+std::string IncrementalDecoder::push(int id) {
+  ids_.push_back(id);
+  return step(false);
+}
+
+std::string IncrementalDecoder::flush() {
+  if (read_offset_ == ids_.size()) return {};
+  return step(true);
+}
+
+}  // namespace fp8kv
