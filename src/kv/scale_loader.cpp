@@ -38,7 +38,9 @@ constexpr Convention kConventions[] = {
     {"self_attn.v_proj.v_scale", ScaleStream::v},
     {"self_attn.prob_output_scale", ScaleStream::prob},
     {"self_attn.attn.prob_scale", ScaleStream::prob},
+    {"self_attn.prob_scale", ScaleStream::prob},
     {"self_attn.kv_scale", ScaleStream::kv},
+    {"self_attn.attn.kv_scale", ScaleStream::kv},
 };
 
 std::string fmt_float(float f) { return fmt::format("{:.9g}", f); }
@@ -250,11 +252,6 @@ bool checkpoint_declares_fp8_kv(const std::filesystem::path& model_dir) {
     }
   }
   return false;
-}
-
-KvDtype resolve_kv_cache_dtype(std::string_view requested, const std::filesystem::path& model_dir) {
-  if (requested == "auto") return checkpoint_declares_fp8_kv(model_dir) ? KvDtype::fp8_e4m3 : KvDtype::bf16;
-  return parse_kv_dtype(requested);
 }
 
 }  // namespace fp8kv

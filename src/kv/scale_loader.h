@@ -76,12 +76,11 @@ std::optional<std::string> kv_scale_coverage_warning(const KvScaleCoverage& cov,
 KvScales load_kv_scales_for_run(const Checkpoint& ckpt, const KvScaleShape& shape, KvDtype cache_dtype);
 
 // True when the checkpoint declares an fp8 KV cache: config.json has
-// quantization_config.kv_cache_scheme (compressed-tensors) or a
+// quantization_config.kv_cache_scheme (compressed-tensors, non-null) or a
 // kv_cache_quant_algo FP8 (ModelOpt, in config.json's quantization_config or
 // in hf_quant_config.json). Malformed JSON -> InputError naming the file.
 bool checkpoint_declares_fp8_kv(const std::filesystem::path& model_dir);
-// `--kv-cache-dtype` resolution: auto -> fp8_e4m3 when the checkpoint declares
-// an fp8 KV scheme, else bf16; anything else as parse_kv_dtype.
-KvDtype resolve_kv_cache_dtype(std::string_view requested, const std::filesystem::path& model_dir);
+// (`--kv-cache-dtype auto` is resolved by resolve_kv_cache_dtype in
+// engine/engine.h with the same rules.)
 
 }  // namespace fp8kv

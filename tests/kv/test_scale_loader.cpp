@@ -88,6 +88,8 @@ TEST(KvScaleName, ParsesEveryConvention) {
       {"model.layers.2.self_attn.prob_output_scale", 2, ScaleStream::prob},
       {"model.layers.2.self_attn.attn.prob_scale", 2, ScaleStream::prob},
       {"model.layers.5.self_attn.kv_scale", 5, ScaleStream::kv},
+      {"model.layers.5.self_attn.attn.kv_scale", 5, ScaleStream::kv},
+      {"model.layers.2.self_attn.prob_scale", 2, ScaleStream::prob},
       {"model.language_model.layers.7.self_attn.k_scale", 7, ScaleStream::k},
       {"model.llm.layers.7.self_attn.attn.v_scale", 7, ScaleStream::v},
   };
@@ -286,28 +288,25 @@ namespace {
 void write_text(const fs::path& p, const std::string& s) { std::ofstream(p) << s; }
 }  // namespace
 
-TEST(KvCacheDtype, AutoResolution) {
+TEST(KvCacheDtype, DeclaredFp8Scheme) {
   TempDir d;
   write_text(d.path() / "config.json", R"({"model_type": "llama"})");
-  EXPECT_EQ(resolve_kv_cache_dtype("auto", d.path()), KvDtype::bf16);
-  EXPECT_EQ(resolve_kv_cache_dtype("fp8", d.path()), KvDtype::fp8_e4m3);
-  EXPECT_EQ(resolve_kv_cache_dtype("fp8_e5m2", d.path()), KvDtype::fp8_e5m2);
-  EXPECT_THROW(resolve_kv_cache_dtype("int8", d.path()), std::invalid_argument);
+  EXPECT_FALSE(checkpoint_declares_fp8_kv(d.path()));
 
   write_text(d.path() / "config.json",
              R"({"quantization_config": {"quant_method": "compressed-tensors", "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor"}}})");
-  EXPECT_EQ(resolve_kv_cache_dtype("auto", d.path()), KvDtype::fp8_e4m3);
+  EXPECT_TRUE(checkpoint_declares_fp8_kv(d.path()));
   // kv_cache_scheme null: not declared.
   write_text(d.path() / "config.json", R"({"quantization_config": {"kv_cache_scheme": null}})");
-  EXPECT_EQ(resolve_kv_cache_dtype("auto", d.path()), KvDtype::bf16);
+  EXPECT_FALSE(checkpoint_declares_fp8_kv(d.path()));
 
   write_text(d.path() / "hf_quant_config.json", R"({"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}})");
-  EXPECT_EQ(resolve_kv_cache_dtype("auto", d.path()), KvDtype::fp8_e4m3);
+  EXPECT_TRUE(checkpoint_declares_fp8_kv(d.path()));
   write_text(d.path() / "hf_quant_config.json", R"({"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": null}})");
-  EXPECT_EQ(resolve_kv_cache_dtype("auto", d.path()), KvDtype::bf16);
+  EXPECT_FALSE(checkpoint_declares_fp8_kv(d.path()));
   write_text(d.path() / "hf_quant_config.json", "{not json");
   try {
-    resolve_kv_cache_dtype("auto", d.path());
+    checkpoint_declares_fp8_kv(d.path());
     FAIL();
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("hf_quant_config.json"), std::string::npos);
