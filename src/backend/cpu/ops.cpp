@@ -1,0 +1,149 @@
+#include "backend/cpu/ops.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include "numerics/fp8.h"
+
+namespace fp8kv {
+
+namespace {
+// Output rows per GEMM tile. Fixed (never derived from the thread count), so
+// every output element is computed by the same sgemm call whatever the
+// number of threads.
+constexpr int64_t kTileRows = 128;
+}  // namespace
+
+void set_cpu_threads(int n) {
+  if (n > 0) omp_set_num_threads(n);
+  openblas_set_num_threads(1);
+}
+
+int cpu_threads() { return omp_get_max_threads(); }
+
+void matrix_rows_to_f32(const MatrixRef& W, int64_t r0, int64_t n, float* out) {
+  const int64_t count = n * W.cols;
+  if (W.type == WeightType::f32) {
+    std::memcpy(out, static_cast<const float*>(W.data) + r0 * W.cols, sizeof(float) * count);
+  } else {
+    const uint16_t* src = static_cast<const uint16_t*>(W.data) + r0 * W.cols;
+    for (int64_t i = 0; i < count; ++i) out[i] = bf16_to_f32(src[i]);
+  }
+}
+
+void linear_cpu(const float* x, int64_t T, const MatrixRef& W, const float* bias, float* y) {
+  if (T <= 0) return;
+  const int64_t rows = W.rows, cols = W.cols;
+  const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
+#pragma omp parallel
+  {
+    std::vector<float> buf;
+    if (W.type != WeightType::f32) buf.resize(static_cast<size_t>(kTileRows * cols));
+#pragma omp for schedule(static)
+    for (int64_t tile = 0; tile < tiles; ++tile) {
+      const int64_t r0 = tile * kTileRows;
+      const int64_t n = std::min(kTileRows, rows - r0);
+      const float* w;
+      if (W.type == WeightType::f32) {
+        w = static_cast<const float*>(W.data) + r0 * cols;
+      } else {
+        matrix_rows_to_f32(W, r0, n, buf.data());
+        w = buf.data();
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(T), static_cast<int>(n),
+                  static_cast<int>(cols), 1.0f, x, static_cast<int>(cols), w, static_cast<int>(cols), 0.0f, y + r0,
+                  static_cast<int>(rows));
+      if (bias) {
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t r = 0; r < n; ++r) y[t * rows + r0 + r] += bias[r0 + r];
+      }
+    }
+  }
+}
+
+void rmsnorm_cpu(const float* x, int64_t rows, int64_t n, const float* w, float eps, float* y) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    float* yr = y + r * n;
+    float ss = 0.0f;
+    for (int64_t i = 0; i < n; ++i) ss += xr[i] * xr[i];
+    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+    for (int64_t i = 0; i < n; ++i) yr[i] = (xr[i] * inv) * w[i];
+  }
+}
+
+void rope_cpu(float* x, int64_t T, int heads, int head_dim, int rot_dim, const float* cos, const float* sin) {
+  const int half = rot_dim / 2;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t) {
+    const float* c = cos + t * half;
+    const float* s = sin + t * half;
+    for (int h = 0; h < heads; ++h) {
+      float* v = x + (t * heads + h) * head_dim;
+      for (int i = 0; i < half; ++i) {
+        const float a = v[i], b = v[i + half];
+        // HF: q * cos + rotate_half(q) * sin, rotate_half(q) = [-q2, q1].
+        const float lo = a * c[i] + (-b) * s[i];
+        const float hi = b * c[i] + a * s[i];
+        v[i] = lo;
+        v[i + half] = hi;
+      }
+    }
+  }
+}
+
+void gated_act_cpu(Activation act, const float* gate, const float* up, float* out, int64_t n) {
+  switch (act) {
+    case Activation::silu:
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        const float g = gate[i];
+        out[i] = (g / (1.0f + std::exp(-g))) * up[i];
+      }
+      break;
+    case Activation::gelu_tanh: {
+      const float k0 = 0.7978845608028654f;  // sqrt(2/pi)
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        const float g = gate[i];
+        const float inner = k0 * (g + 0.044715f * g * g * g);
+        out[i] = (0.5f * g * (1.0f + std::tanh(inner))) * up[i];
+      }
+      break;
+    }
+    case Activation::gelu:
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        const float g = gate[i];
+        out[i] = (0.5f * g * (1.0f + std::erf(g * 0.7071067811865476f))) * up[i];
+      }
+      break;
+  }
+}
+
+void embedding_cpu(const MatrixRef& E, const int* ids, int64_t T, float scale, float* out) {
+  for (int64_t t = 0; t < T; ++t) {
+    if (ids[t] < 0 || ids[t] >= E.rows) throw std::out_of_range("embedding_cpu: token id outside the vocabulary");
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t) {
+    float* o = out + t * E.cols;
+    matrix_rows_to_f32(E, ids[t], 1, o);
+    if (scale != 1.0f)
+      for (int64_t i = 0; i < E.cols; ++i) o[i] *= scale;
+  }
+}
+
+void add_inplace_cpu(float* x, const float* y, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+}  // namespace fp8kv

@@ -1,0 +1,52 @@
+// CPU reference ops for the forward pass: fp32 math, weights fp32 or bf16
+// (bf16 converted per use, tile by tile). Every op parallelizes over
+// independent outputs only, with a fixed reduction order, so results do not
+// depend on the thread count.
+#pragma once
+#include <cstdint>
+
+namespace fp8kv {
+
+enum class WeightType : uint8_t { f32, bf16 };
+
+// Row-major matrix [rows][cols] of fp32 or bf16 (uint16) elements.
+struct MatrixRef {
+  const void* data = nullptr;
+  WeightType type = WeightType::f32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+// Sets the OpenMP thread count used by the ops (n <= 0: leave the default) and
+// keeps OpenBLAS single-threaded inside our own parallel loops.
+void set_cpu_threads(int n);
+int cpu_threads();
+
+// y[t][r] = sum_c x[t][c] * W[r][c] (+ bias[r]). x: [T][W.cols], y: [T][W.rows].
+// W is split into fixed tiles of output rows (independent of the thread
+// count); each tile is one single-threaded sgemm.
+void linear_cpu(const float* x, int64_t T, const MatrixRef& W, const float* bias, float* y);
+
+// y = x * rsqrt(mean(x^2) + eps) * w, per row of n elements (w already holds
+// 1 + w for Gemma-style norms). y may alias x.
+void rmsnorm_cpu(const float* x, int64_t rows, int64_t n, const float* w, float eps, float* y);
+
+// Rotary embedding (rotate_half / NeoX convention, as Hugging Face): for each
+// token t and head h, the first rot_dim dims of x[t][h] are rotated by
+// cos/sin [T][rot_dim/2]; the remaining dims pass through.
+void rope_cpu(float* x, int64_t T, int heads, int head_dim, int rot_dim, const float* cos, const float* sin);
+
+// out[i] = act(gate[i]) * up[i] for [T][n] operands (row strides given).
+enum class Activation : uint8_t { silu, gelu_tanh, gelu };
+void gated_act_cpu(Activation act, const float* gate, const float* up, float* out, int64_t n);
+
+// out[t] = E[ids[t]] * scale (fp32).
+void embedding_cpu(const MatrixRef& E, const int* ids, int64_t T, float scale, float* out);
+
+// x[i] += y[i].
+void add_inplace_cpu(float* x, const float* y, int64_t n);
+
+// Converts rows [r0, r0 + n) of W to fp32 (out: [n][W.cols]).
+void matrix_rows_to_f32(const MatrixRef& W, int64_t r0, int64_t n, float* out);
+
+}  // namespace fp8kv

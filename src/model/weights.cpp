@@ -1,0 +1,237 @@
+#include "model/weights.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "io/checkpoint.h"
+#include "io/errors.h"
+#include "model/weights_spec.h"
+#include "numerics/fp8.h"
+
+namespace fp8kv {
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+class Binder {
+ public:
+  Binder(std::shared_ptr<const Checkpoint> ckpt, std::string prefix) : ckpt_(std::move(ckpt)), prefix_(std::move(prefix)) {}
+
+  bool has(const std::string& name) const { return ckpt_->has(prefix_ + name); }
+
+  void check_shape(const std::string& full, const std::vector<int64_t>& got, const std::vector<int64_t>& want) const {
+    if (got != want)
+      throw InputError(fmt::format("{}: tensor {} has shape {}, expected {}", ckpt_->dir().string(), full,
+                                   shape_str(got), shape_str(want)));
+  }
+
+  WeightMatrix matrix(const std::string& name, int64_t rows, int64_t cols, bool with_prefix = true) const {
+    const std::string full = with_prefix ? prefix_ + name : name;
+    TensorView v = ckpt_->view(full);
+    check_shape(full, v.shape(), {rows, cols});
+    WeightMatrix m;
+    m.rows = rows;
+    m.cols = cols;
+    if (v.dtype() == DType::BF16 || v.dtype() == DType::F32) {
+      m.bf16 = v.dtype() == DType::BF16;
+      m.data = v.data;
+      m.owner = ckpt_;  // views live as long as the checkpoint
+    } else if (v.dtype() == DType::F16) {
+      auto buf = std::shared_ptr<float[]>(new float[static_cast<size_t>(rows * cols)]);
+      tensor_to_f32(v, std::span<float>(buf.get(), static_cast<size_t>(rows * cols)));
+      m.data = buf.get();
+      m.owner = std::shared_ptr<const void>(buf, buf.get());
+    } else {
+      throw InputError(fmt::format("{}: tensor {} has dtype {}, expected BF16, F16 or F32", ckpt_->dir().string(), full,
+                                   dtype_name(v.dtype())));
+    }
+    return m;
+  }
+
+  std::vector<float> vec(const std::string& name, int64_t n, bool plus_one = false) const {
+    const std::string full = prefix_ + name;
+    TensorView v = ckpt_->view(full);
+    check_shape(full, v.shape(), {n});
+    std::vector<float> out(static_cast<size_t>(n));
+    tensor_to_f32(v, out);
+    if (plus_one)
+      for (auto& x : out) x = 1.0f + x;  // Gemma3RMSNorm: (1.0 + weight.float()) in fp32
+    return out;
+  }
+
+ private:
+  std::shared_ptr<const Checkpoint> ckpt_;
+  std::string prefix_;
+};
+
+uint64_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+}
+
+}  // namespace
+
+size_t ModelWeights::matrix_bytes() const {
+  size_t b = embed.bytes() + (lm_head ? lm_head->bytes() : 0);
+  for (const auto& l : layers)
+    b += l.q_proj.bytes() + l.k_proj.bytes() + l.v_proj.bytes() + l.o_proj.bytes() + l.gate_proj.bytes() +
+         l.up_proj.bytes() + l.down_proj.bytes();
+  return b;
+}
+
+std::shared_ptr<ModelWeights> ModelWeights::load(std::shared_ptr<const Checkpoint> ckpt, const ModelConfig& c) {
+  // Refuse up front when the weights cannot fit: bf16/fp32 stay as stored,
+  // fp16 doubles (converted to fp32).
+  uint64_t need = 0;
+  for (const auto& n : ckpt->tensor_names()) {
+    const TensorInfo* t = ckpt->find(n);
+    need += t->dtype == DType::F16 ? 2 * t->nbytes() : t->nbytes();
+  }
+  const uint64_t have = physical_memory_bytes();
+  if (have > 0 && need > have / 10 * 9)
+    throw InputError(fmt::format("{}: the weights need {:.1f} GiB of memory and this machine has {:.1f} GiB",
+                                 ckpt->dir().string(), need / 1073741824.0, have / 1073741824.0));
+
+  const WeightNaming naming = detect_weight_naming(c, *ckpt);
+  Binder b(ckpt, naming.prefix);
+  const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads, I = c.intermediate_size,
+                V = c.vocab_size;
+  const bool p1 = c.gemma_norm_plus_one;
+  auto w = std::make_shared<ModelWeights>();
+  w->embed = b.matrix("embed_tokens.weight", V, H);
+  if (!c.tie_word_embeddings) {
+    if (!ckpt->has(naming.lm_head))
+      throw InputError(fmt::format("{}: missing tensor {} (tie_word_embeddings is false)", ckpt->dir().string(),
+                                   naming.lm_head));
+    w->lm_head = b.matrix(naming.lm_head, V, H, /*with_prefix=*/false);
+  }
+  w->final_norm = b.vec("norm.weight", H, p1);
+  if (c.embed_scale_sqrt_hidden) {
+    // transformers multiplies by sqrt(H) cast to the embedding dtype.
+    const float s = std::sqrt(static_cast<float>(H));
+    w->embed_scale = w->embed.bf16 ? round_bf16(s) : s;
+  }
+  w->layers.resize(c.num_layers);
+  for (int i = 0; i < c.num_layers; ++i) {
+    LayerWeights& L = w->layers[i];
+    const std::string p = fmt::format("layers.{}.", i);
+    L.input_norm = b.vec(p + "input_layernorm.weight", H, p1);
+    L.q_proj = b.matrix(p + "self_attn.q_proj.weight", Hq * D, H);
+    L.k_proj = b.matrix(p + "self_attn.k_proj.weight", Hkv * D, H);
+    L.v_proj = b.matrix(p + "self_attn.v_proj.weight", Hkv * D, H);
+    L.o_proj = b.matrix(p + "self_attn.o_proj.weight", H, Hq * D);
+    if (c.attention_bias) {
+      L.q_bias = b.vec(p + "self_attn.q_proj.bias", Hq * D);
+      L.k_bias = b.vec(p + "self_attn.k_proj.bias", Hkv * D);
+      L.v_bias = b.vec(p + "self_attn.v_proj.bias", Hkv * D);
+    }
+    if (c.o_proj_bias) L.o_bias = b.vec(p + "self_attn.o_proj.bias", H);
+    if (c.qk_norm) {
+      L.q_norm = b.vec(p + "self_attn.q_norm.weight", D, p1);
+      L.k_norm = b.vec(p + "self_attn.k_norm.weight", D, p1);
+    }
+    L.post_attention_norm = b.vec(p + "post_attention_layernorm.weight", H, p1);
+    if (c.sandwich_norms) {
+      L.pre_ffn_norm = b.vec(p + "pre_feedforward_layernorm.weight", H, p1);
+      L.post_ffn_norm = b.vec(p + "post_feedforward_layernorm.weight", H, p1);
+    }
+    L.gate_proj = b.matrix(p + "mlp.gate_proj.weight", I, H);
+    L.up_proj = b.matrix(p + "mlp.up_proj.weight", I, H);
+    L.down_proj = b.matrix(p + "mlp.down_proj.weight", H, I);
+    if (c.mlp_bias) {
+      L.gate_bias = b.vec(p + "mlp.gate_proj.bias", I);
+      L.up_bias = b.vec(p + "mlp.up_proj.bias", I);
+      L.down_bias = b.vec(p + "mlp.down_proj.bias", H);
+    }
+  }
+  return w;
+}
+
+namespace {
+
+WeightMatrix random_matrix(std::mt19937_64& rng, int64_t rows, int64_t cols, float std, bool bf16) {
+  std::normal_distribution<float> nd(0.0f, std);
+  WeightMatrix m;
+  m.rows = rows;
+  m.cols = cols;
+  m.bf16 = bf16;
+  const size_t n = static_cast<size_t>(rows * cols);
+  if (bf16) {
+    auto buf = std::shared_ptr<uint16_t[]>(new uint16_t[n]);
+    for (size_t i = 0; i < n; ++i) buf[i] = f32_to_bf16(nd(rng));
+    m.data = buf.get();
+    m.owner = std::shared_ptr<const void>(buf, buf.get());
+  } else {
+    auto buf = std::shared_ptr<float[]>(new float[n]);
+    for (size_t i = 0; i < n; ++i) buf[i] = nd(rng);
+    m.data = buf.get();
+    m.owner = std::shared_ptr<const void>(buf, buf.get());
+  }
+  return m;
+}
+
+std::vector<float> random_vec(std::mt19937_64& rng, int64_t n, float mean, float std) {
+  std::normal_distribution<float> nd(mean, std);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+}  // namespace
+
+std::shared_ptr<ModelWeights> ModelWeights::random(const ModelConfig& c, uint64_t seed, float std, bool bf16) {
+  std::mt19937_64 rng(seed);
+  const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads, I = c.intermediate_size,
+                V = c.vocab_size;
+  auto w = std::make_shared<ModelWeights>();
+  w->embed = random_matrix(rng, V, H, std, bf16);
+  if (!c.tie_word_embeddings) w->lm_head = random_matrix(rng, V, H, std, bf16);
+  w->final_norm = random_vec(rng, H, 1.0f, 0.1f);
+  if (c.embed_scale_sqrt_hidden) {
+    const float s = std::sqrt(static_cast<float>(H));
+    w->embed_scale = bf16 ? round_bf16(s) : s;
+  }
+  w->layers.resize(c.num_layers);
+  for (auto& L : w->layers) {
+    L.input_norm = random_vec(rng, H, 1.0f, 0.1f);
+    L.q_proj = random_matrix(rng, Hq * D, H, std, bf16);
+    L.k_proj = random_matrix(rng, Hkv * D, H, std, bf16);
+    L.v_proj = random_matrix(rng, Hkv * D, H, std, bf16);
+    L.o_proj = random_matrix(rng, H, Hq * D, std, bf16);
+    if (c.attention_bias) {
+      L.q_bias = random_vec(rng, Hq * D, 0.0f, std);
+      L.k_bias = random_vec(rng, Hkv * D, 0.0f, std);
+      L.v_bias = random_vec(rng, Hkv * D, 0.0f, std);
+    }
+    if (c.o_proj_bias) L.o_bias = random_vec(rng, H, 0.0f, std);
+    if (c.qk_norm) {
+      L.q_norm = random_vec(rng, D, 1.0f, 0.1f);
+      L.k_norm = random_vec(rng, D, 1.0f, 0.1f);
+    }
+    L.post_attention_norm = random_vec(rng, H, 1.0f, 0.1f);
+    if (c.sandwich_norms) {
+      L.pre_ffn_norm = random_vec(rng, H, 1.0f, 0.1f);
+      L.post_ffn_norm = random_vec(rng, H, 1.0f, 0.1f);
+    }
+    L.gate_proj = random_matrix(rng, I, H, std, bf16);
+    L.up_proj = random_matrix(rng, I, H, std, bf16);
+    L.down_proj = random_matrix(rng, H, I, std, bf16);
+    if (c.mlp_bias) {
+      L.gate_bias = random_vec(rng, I, 0.0f, std);
+      L.up_bias = random_vec(rng, I, 0.0f, std);
+      L.down_bias = random_vec(rng, H, 0.0f, std);
+    }
+  }
+  return w;
+}
+
+}  // namespace fp8kv
