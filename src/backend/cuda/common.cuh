@@ -1,0 +1,113 @@
+// Device helpers shared by the CUDA kernels: error checks, MMA wrappers,
+// fp8 / bf16 / f16 packing. Small on purpose (compile time).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#define FP8KV_CUDA_CHECK(call)                                                                       \
+  do {                                                                                               \
+    const cudaError_t err_ = (call);                                                                 \
+    if (err_ != cudaSuccess)                                                                         \
+      throw std::runtime_error(std::string(#call) + " failed at " + __FILE__ + ":" +                \
+                               std::to_string(__LINE__) + ": " + cudaGetErrorString(err_) +          \
+                               " (hint: run the failing test under compute-sanitizer)");             \
+  } while (0)
+
+namespace fp8kv::cuda::detail {
+
+// Cache element codes used as template parameters (= KvDtype values).
+constexpr int kBf16 = 0, kE4m3 = 1, kE5m2 = 2;
+
+__device__ __forceinline__ float load_act(const void* p, int64_t i, bool bf16) {
+  return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]) : static_cast<const float*>(p)[i];
+}
+__device__ __forceinline__ void store_act(void* p, int64_t i, float x, bool bf16) {
+  if (bf16) static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(x);
+  else static_cast<float*>(p)[i] = x;
+}
+
+// Packs two floats into the MMA operand type: f16 for fp8 caches, bf16 for bf16.
+template <int DT>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (DT == kBf16) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+// Two fp8 codes (low 16 bits of w: element 0 in the low byte) -> f16x2
+// (element 0 in the low half). Both fp8 formats are exact in f16.
+template <int DT>
+__device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t w) {
+  if constexpr (DT == kE5m2) {
+    // e5m2 is the high byte of an f16.
+    return __byte_perm(w, 0u, 0x1404);
+  } else {
+    uint32_t r;
+    const uint16_t h = static_cast<uint16_t>(w);
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(h));
+    return r;
+  }
+}
+
+// D(16x8, f32) += A(16x16) * B(16x8); A row-major, B column-major; operand
+// type f16 (fp8 caches) or bf16 (bf16 caches).
+template <int DT>
+__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  if constexpr (DT == kBf16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+// Read-only streaming 16-byte load (KV is read once per launch).
+__device__ __forceinline__ uint4 ld_stream16(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint2 ld_stream8(const void* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+
+// Loads N bytes (8, 16, 32 or 64) into N/4 words.
+template <int N>
+__device__ __forceinline__ void ld_words(const uint8_t* p, uint32_t* w) {
+  if constexpr (N == 8) {
+    const uint2 v = ld_stream8(p);
+    w[0] = v.x; w[1] = v.y;
+  } else {
+#pragma unroll
+    for (int i = 0; i < N / 16; ++i) {
+      const uint4 v = ld_stream16(p + 16 * i);
+      w[4 * i] = v.x; w[4 * i + 1] = v.y; w[4 * i + 2] = v.z; w[4 * i + 3] = v.w;
+    }
+  }
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+}  // namespace fp8kv::cuda::detail

@@ -1,0 +1,231 @@
+// CUDA store / decode / prefill vs the CPU reference (backend/cpu/kv_ops).
+// Fresh random inputs every run (seed printed; FP8KV_SEED replays one).
+#include <cmath>
+#include <cstdio>
+
+#include "cuda_test_util.h"
+
+namespace fp8kv::cudatest {
+namespace {
+
+const KvDtype kDtypes[] = {KvDtype::bf16, KvDtype::fp8_e4m3, KvDtype::fp8_e5m2};
+
+// ---- store ---------------------------------------------------------------
+
+TEST(CudaStore, BitExactWithCpuIncludingSpecialValues) {
+  FP8KV_REQUIRE_GPU();
+  const uint64_t seed = test_seed();
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  for (KvDtype dt : kDtypes)
+    for (int D : {64, 128, 256})
+      for (bool bf16_in : {false, true})
+        for (ScaleMode mode : {ScaleMode::unity, ScaleMode::per_tensor, ScaleMode::per_head}) {
+          KvCacheLayout L{.num_blocks = 9, .block_size = 16, .num_kv_heads = 3, .head_dim = D, .dtype = dt};
+          const int T = 100;
+          const int64_t row = static_cast<int64_t>(L.num_kv_heads) * D;
+          std::normal_distribution<float> nd(0.0f, 1.0f);
+          std::uniform_int_distribution<int> pick(0, 40);
+          std::vector<float> k(T * row), v(T * row);
+          const float specials[] = {INFINITY, -INFINITY, NAN, -NAN, 1e30f, -1e30f, 1e-30f, -1e-30f,
+                                    0.0f, -0.0f, 448.0f, 464.0f, 57344.0f, 61440.0f, 1e-3f, 2e-3f};
+          for (int64_t i = 0; i < T * row; ++i) {
+            const int r = pick(rng);
+            k[i] = r < 16 ? specials[r] : nd(rng) * std::ldexp(1.0f, pick(rng) % 24 - 12);
+            v[i] = nd(rng) * std::ldexp(1.0f, pick(rng) % 20 - 10);
+            if (bf16_in) { k[i] = round_bf16(k[i]); v[i] = round_bf16(v[i]); }
+          }
+          std::vector<int64_t> slots(T);
+          std::vector<int64_t> all(L.num_blocks * L.block_size);
+          for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
+          std::shuffle(all.begin(), all.end(), rng);
+          for (int t = 0; t < T; ++t) slots[t] = t % 7 == 3 ? -1 : all[t];
+          std::vector<float> ks{1.0f}, vs{1.0f};
+          std::uniform_real_distribution<float> ud(0.01f, 3.0f);
+          if (mode == ScaleMode::per_tensor) { ks = {ud(rng)}; vs = {ud(rng)}; }
+          if (mode == ScaleMode::per_head) {
+            ks.clear(); vs.clear();
+            for (int h = 0; h < L.num_kv_heads; ++h) { ks.push_back(ud(rng)); vs.push_back(ud(rng)); }
+          }
+          std::vector<uint8_t> kc(L.cache_bytes()), vc(L.cache_bytes());
+          for (auto& x : kc) x = static_cast<uint8_t>(rng());
+          for (auto& x : vc) x = static_cast<uint8_t>(rng());
+          DevBuf dkc(kc), dvc(vc), dslots(slots), dks(ks), dvs(vs);
+          store_kv_cpu(L, kc.data(), vc.data(), k.data(), v.data(), slots.data(), T,
+                       ScaleRef{ks.data(), static_cast<int>(ks.size())}, ScaleRef{vs.data(), static_cast<int>(vs.size())});
+          DevBuf dk, dv;
+          if (bf16_in) {
+            std::vector<uint16_t> kb(k.size()), vb(v.size());
+            for (size_t i = 0; i < k.size(); ++i) { kb[i] = f32_to_bf16(k[i]); vb[i] = f32_to_bf16(v[i]); }
+            dk = DevBuf(kb); dv = DevBuf(vb);
+          } else {
+            dk = DevBuf(k); dv = DevBuf(v);
+          }
+          std::vector<float> zeros_k(L.num_kv_heads, 0.0f);
+          DevBuf kmax(zeros_k), vmax(zeros_k);
+          cuda::StoreKvArgs a;
+          a.layout = L;
+          a.k_cache = dkc.get(); a.v_cache = dvc.get();
+          a.k = dk.get(); a.v = dv.get();
+          a.input_dtype = bf16_in ? cuda::ActDtype::bf16 : cuda::ActDtype::f32;
+          a.slot_mapping = dslots.as<int64_t>();
+          a.num_tokens = T;
+          a.k_scale = {dks.as<float>(), static_cast<int>(ks.size())};
+          a.v_scale = {dvs.as<float>(), static_cast<int>(vs.size())};
+          a.k_absmax = kmax.as<float>();
+          a.v_absmax = vmax.as<float>();
+          cuda::store_kv(a, nullptr);
+          const auto gk = dkc.download<uint8_t>(), gv = dvc.download<uint8_t>();
+          size_t bad = 0, first_bad = 0;
+          for (size_t i = 0; i < kc.size(); ++i)
+            if (gk[i] != kc[i] || gv[i] != vc[i]) { if (!bad) first_bad = i; ++bad; }
+          EXPECT_EQ(bad, 0u) << kv_dtype_name(dt) << " D=" << D << " bf16_in=" << bf16_in << " mode=" << int(mode)
+                             << " first mismatch at byte " << first_bad << ": gpu k " << int(gk[first_bad])
+                             << " cpu k " << int(kc[first_bad]);
+          // Observation: absmax over all tokens (NaN ignored, inf counts).
+          const auto gkm = kmax.download<float>(), gvm = vmax.download<float>();
+          for (int h = 0; h < L.num_kv_heads; ++h) {
+            float ek = 0, ev = 0;
+            for (int t = 0; t < T; ++t)
+              for (int d = 0; d < D; ++d) {
+                const float xk = std::fabs(k[t * row + h * D + d]), xv = std::fabs(v[t * row + h * D + d]);
+                if (!std::isnan(xk)) ek = std::max(ek, xk);
+                if (!std::isnan(xv)) ev = std::max(ev, xv);
+              }
+            EXPECT_EQ(gkm[h], ek);
+            EXPECT_EQ(gvm[h], ev);
+          }
+        }
+}
+
+// ---- decode --------------------------------------------------------------
+
+struct DecodeCase {
+  KvDtype dt;
+  int D, group, num_kv_heads, block_size, window;
+  ScaleMode mode;
+  float softcap;
+};
+
+std::vector<int> mixed_lengths(std::mt19937_64& rng, int block_size, int window) {
+  std::vector<int> c = {1, block_size - 1, block_size, block_size + 1, 5 * block_size + 7};
+  std::uniform_int_distribution<int> u(1, 1300);
+  c.push_back(u(rng));
+  c.push_back(u(rng));
+  if (window > 0) { c.push_back(window); c.push_back(window + 1); c.push_back(window + block_size + 3); }
+  std::shuffle(c.begin(), c.end(), rng);
+  return c;
+}
+
+// Returns max |err| / tol over the batch (<= 1 passes).
+double run_decode_case(std::mt19937_64& rng, const DecodeCase& c, int split_tokens_override, bool check_single) {
+  const std::vector<int> ctx = mixed_lengths(rng, c.block_size, c.window);
+  Scenario s = make_scenario(rng, c.D, c.num_kv_heads, c.block_size, c.dt, c.mode, ctx);
+  EXPECT_TRUE(s.k_cache_gpu == s.k_cache && s.v_cache_gpu == s.v_cache) << "CUDA store bytes differ from CPU store";
+  const int B = s.batch(), H = c.num_kv_heads * c.group, D = c.D;
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> q(static_cast<size_t>(B) * H * D);
+  for (auto& x : q) x = nd(rng);
+  const float sm = 1.0f / std::sqrt(static_cast<float>(D));
+  int maxc = 0;
+  for (int x : ctx) maxc = std::max(maxc, x);
+  DevBuf dq(q), dout(q.size() * sizeof(float));
+  dout.fill(0xff);  // NaN poison
+  cuda::DecodeArgs a;
+  a.kv = s.paged();
+  a.batch = B;
+  a.num_heads = H;
+  a.max_context_len = maxc;
+  a.window = c.window;
+  a.softmax_scale = sm;
+  a.logit_softcap = c.softcap;
+  a.q = dq.get();
+  a.out = dout.get();
+  a.plan = cuda::plan_decode(B, H, c.num_kv_heads, D, maxc, c.window, cuda::device_sm_count(), split_tokens_override);
+  DevBuf ws(std::max<size_t>(a.plan.workspace_bytes, 4));
+  a.workspace = ws.get();
+  cuda::paged_decode(a, nullptr);
+  const auto out = dout.download<float>();
+  double worst = 0;
+  std::vector<float> ref(static_cast<size_t>(H) * D);
+  for (int b = 0; b < B; ++b) {
+    PagedAttentionArgs ca = s.cpu_args(b);
+    ca.window = c.window;
+    ca.softmax_scale = sm;
+    ca.logit_softcap = c.softcap;
+    const int32_t pos = ctx[b] - 1;
+    paged_attention_cpu(ca, q.data() + static_cast<size_t>(b) * H * D, &pos, 1, H, ref.data());
+    for (int h = 0; h < H; ++h) {
+      const double tol = attention_bound(s, b, q.data() + (static_cast<size_t>(b) * H + h) * D, h / c.group, pos,
+                                         c.window, sm);
+      for (int d = 0; d < D; ++d) {
+        const float g = out[(static_cast<size_t>(b) * H + h) * D + d], r = ref[h * D + d];
+        if (!std::isfinite(g)) { ADD_FAILURE() << "non-finite output b=" << b << " h=" << h << " d=" << d; return 1e9; }
+        const double e = std::fabs(g - r) / tol;
+        if (e > 1.0) {
+          ADD_FAILURE() << kv_dtype_name(c.dt) << " D=" << D << " group=" << c.group << " bs=" << c.block_size
+                        << " window=" << c.window << " ctx=" << ctx[b] << " b=" << b << " h=" << h << " d=" << d
+                        << " gpu " << g << " cpu " << r << " tol " << tol;
+          return e;
+        }
+        worst = std::max(worst, e);
+      }
+    }
+  }
+  if (check_single) {
+    // Each sequence alone, same plan: bitwise equal to its row of the batch.
+    for (int b = 0; b < B; ++b) {
+      std::vector<float> q1(q.begin() + static_cast<size_t>(b) * H * D, q.begin() + static_cast<size_t>(b + 1) * H * D);
+      std::vector<int32_t> bt1(s.block_tables.begin() + b * s.max_blocks, s.block_tables.begin() + (b + 1) * s.max_blocks);
+      std::vector<int32_t> c1 = {ctx[b]};
+      DevBuf dq1(q1), dbt1(bt1), dc1(c1), do1(q1.size() * sizeof(float));
+      do1.fill(0xff);
+      cuda::DecodeArgs a1 = a;
+      a1.kv.block_tables = dbt1.as<int32_t>();
+      a1.kv.context_lens = dc1.as<int32_t>();
+      a1.batch = 1;
+      a1.q = dq1.get();
+      a1.out = do1.get();
+      cuda::paged_decode(a1, nullptr);
+      const auto o1 = do1.download<float>();
+      EXPECT_EQ(0, std::memcmp(o1.data(), out.data() + static_cast<size_t>(b) * H * D, o1.size() * sizeof(float)))
+          << "batched != single for b=" << b << " ctx=" << ctx[b];
+    }
+  }
+  return worst;
+}
+
+TEST(CudaDecode, MatchesCpuReferenceAcrossShapesDtypesScales) {
+  FP8KV_REQUIRE_GPU();
+  const uint64_t seed = test_seed();
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  int n = 0;
+  for (KvDtype dt : kDtypes) {
+    double worst = 0;
+    for (int D : {64, 128, 256})
+      for (int group : {1, 4, 8})
+        for (int bs : {16, 32}) {
+          const ScaleMode mode = static_cast<ScaleMode>(n % 3);
+          const int window = (n % 2) ? 0 : (n % 4 == 0 ? 100 : 33);
+          DecodeCase c{dt, D, group, 2, bs, window, mode, n % 5 == 4 ? 30.0f : 0.0f};
+          // Alternate forced small splits (many splits + reduction) and the auto plan.
+          worst = std::max(worst, run_decode_case(rng, c, (n % 2) ? 64 : 0, n % 3 == 0));
+          ++n;
+          if (HasFailure()) return;
+        }
+    std::printf("decode %-8s worst |err|/tol = %.3f\n", std::string(kv_dtype_name(dt)).c_str(), worst);
+  }
+}
+
+TEST(CudaDecode, LargeGroupsSplitIntoChunks) {
+  FP8KV_REQUIRE_GPU();
+  std::mt19937_64 rng(test_seed());
+  for (KvDtype dt : kDtypes) {
+    run_decode_case(rng, DecodeCase{dt, 128, 12, 1, 16, 0, ScaleMode::per_head, 0.0f}, 0, true);
+    run_decode_case(rng, DecodeCase{dt, 64, 16, 2, 32, 57, ScaleMode::per_tensor, 0.0f}, 128, false);
+  }
+}
+
+}  // namespace
+}  // namespace fp8kv::cudatest
