@@ -1,0 +1,106 @@
+// `fp8kv tokenize` and `fp8kv detokenize`: Hugging Face tokenizer.json (or a
+// model directory) encode / decode, result as JSON on stdout.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "io/errors.h"
+#include "tokenizer/tokenizer.h"
+
+namespace fp8kv::cli {
+namespace {
+
+std::string read_file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw InputError(fmt::format("{}: cannot open --text-file", path));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// "1,2,3" (spaces allowed) or a JSON array "[1, 2, 3]".
+std::vector<int> parse_ids(const std::string& s) {
+  std::string body = s;
+  size_t b = body.find_first_not_of(" \t\n");
+  if (b != std::string::npos && body[b] == '[') {
+    size_t e = body.find_last_of(']');
+    if (e == std::string::npos || e < b) throw UsageError("--ids: unbalanced '['");
+    body = body.substr(b + 1, e - b - 1);
+  }
+  std::vector<int> ids;
+  size_t pos = 0;
+  while (pos <= body.size()) {
+    size_t comma = body.find(',', pos);
+    std::string item = body.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    size_t i0 = item.find_first_not_of(" \t\n"), i1 = item.find_last_not_of(" \t\n");
+    if (i0 == std::string::npos) {
+      if (comma == std::string::npos && ids.empty() && pos == 0) break;  // empty list
+      throw UsageError(fmt::format("--ids: empty item in {:?}", s));
+    }
+    item = item.substr(i0, i1 - i0 + 1);
+    long long v = 0;
+    for (char c : item) {
+      if (c < '0' || c > '9') throw UsageError(fmt::format("--ids: {:?} is not a non-negative integer", item));
+      v = v * 10 + (c - '0');
+      if (v > INT32_MAX) throw UsageError(fmt::format("--ids: {:?} is out of range", item));
+    }
+    ids.push_back(static_cast<int>(v));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return ids;
+}
+
+void print_json(nlohmann::json& j) {
+  j["fp8kv_version"] = version_string();
+  std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+}
+
+Registrar reg_tokenize([](CLI::App& app) {
+  auto* sub = app.add_subcommand("tokenize", "Encode text with a Hugging Face tokenizer.json or model directory");
+  auto path = std::make_shared<std::string>();
+  auto text = std::make_shared<std::string>();
+  auto text_file = std::make_shared<std::string>();
+  auto no_special = std::make_shared<bool>(false);
+  sub->add_option("path", *path, "Model directory or tokenizer.json")->required();
+  auto* o_text = sub->add_option("--text", *text, "Literal text to encode");
+  auto* o_file = sub->add_option("--text-file", *text_file, "File whose bytes (UTF-8) are encoded");
+  o_text->excludes(o_file);
+  sub->add_flag("--no-special", *no_special, "Do not add the post-processor's special tokens (BOS/EOS)");
+  set_action(sub, [=]() {
+    if (o_text->count() == 0 && o_file->count() == 0) throw UsageError("tokenize: give --text or --text-file");
+    std::string input = o_file->count() ? read_file_bytes(*text_file) : *text;
+    auto tok = Tokenizer::load(*path);
+    auto ids = tok->encode(input, !*no_special);
+    nlohmann::json out;
+    out["ids"] = ids;
+    print_json(out);
+    return 0;
+  });
+});
+
+Registrar reg_detokenize([](CLI::App& app) {
+  auto* sub = app.add_subcommand("detokenize", "Decode token ids with a Hugging Face tokenizer.json or model directory");
+  auto path = std::make_shared<std::string>();
+  auto ids = std::make_shared<std::string>();
+  auto skip_special = std::make_shared<bool>(false);
+  sub->add_option("path", *path, "Model directory or tokenizer.json")->required();
+  sub->add_option("--ids", *ids, "Comma-separated token ids, e.g. 1,2,3")->required();
+  sub->add_flag("--skip-special", *skip_special, "Drop special tokens from the text");
+  set_action(sub, [=]() {
+    auto list = parse_ids(*ids);
+    auto tok = Tokenizer::load(*path);
+    nlohmann::json out;
+    out["text"] = tok->decode(list, *skip_special);
+    print_json(out);
+    return 0;
+  });
+});
+
+}  // namespace
+}  // namespace fp8kv::cli
