@@ -1,0 +1,279 @@
+// Kernel benchmarks for the paged KV cache (one GPU run, JSON lines on stdout):
+//   copy    : cudaMemcpy D2D bandwidth (bytes read + written), the ceiling
+//   decode  : paged decode, Llama-3-8B attention shape (32 q heads, 8 KV heads,
+//             head_dim 128), batch x context, bf16 and fp8 e4m3 caches
+//   prefill : 8K causal prefill from the paged cache (if built with prefill)
+//   store   : store of 64K tokens, bf16 input, bf16 vs fp8 cache
+// Working sets are rotated among several caches so that each launch reads
+// well past the 60 MB L2. CUDA events, warm-up, medians.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/kernels.h"
+
+using namespace fp8kv;
+using namespace fp8kv::cuda;
+
+#define CK(x)                                                                                     \
+  do {                                                                                            \
+    cudaError_t e_ = (x);                                                                         \
+    if (e_ != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));     \
+      std::exit(1);                                                                               \
+    }                                                                                             \
+  } while (0)
+
+namespace {
+
+constexpr int kH = 32, kHkv = 8, kD = 128, kBlock = 16;
+
+// Finite random bytes: fp8 codes with the top exponent bit cleared (no NaN),
+// bf16 values of magnitude < 2.
+__global__ void fill_kernel(uint8_t* p, size_t n, uint32_t seed, int bf16) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n / 4; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    x ^= x >> 15; x *= 2246822519u; x ^= x >> 13; x *= 3266489917u; x ^= x >> 16;
+    reinterpret_cast<uint32_t*>(p)[i] = bf16 ? (x & 0xbfffbfffu) & 0x3fff3fffu | (x & 0x80008000u) : x & 0xf7f7f7f7u;
+  }
+}
+void fill(void* p, size_t n, uint32_t seed, bool bf16) {
+  fill_kernel<<<1024, 256>>>(static_cast<uint8_t*>(p), n, seed, bf16 ? 1 : 0);
+  CK(cudaGetLastError());
+}
+
+template <class F>
+double median_ms(F&& launch, int warmup, int reps) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < warmup; ++i) launch(i);
+  CK(cudaDeviceSynchronize());
+  std::vector<float> t;
+  for (int i = 0; i < reps; ++i) {
+    CK(cudaEventRecord(a));
+    launch(warmup + i);
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+double bench_copy() {
+  const size_t n = size_t(2) << 30;
+  void *a, *b;
+  CK(cudaMalloc(&a, n));
+  CK(cudaMalloc(&b, n));
+  fill(a, n, 1, false);
+  const double ms = median_ms([&](int) { CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice)); }, 3, 15);
+  CK(cudaFree(a));
+  CK(cudaFree(b));
+  const double gbs = 2.0 * n / (ms * 1e-3) / 1e9;
+  std::printf("{\"kind\":\"copy\",\"bytes\":%zu,\"ms\":%.4f,\"GBps\":%.1f}\n", 2 * n, ms, gbs);
+  return gbs;
+}
+
+// A set of paged caches (rotated) for `batch` sequences of `ctx` tokens.
+struct CacheSet {
+  KvCacheLayout L;
+  std::vector<void*> k, v;
+  int32_t* block_tables = nullptr;
+  int32_t* ctx_lens = nullptr;
+  int max_blocks = 0;
+  CacheSet(KvDtype dt, int batch, int ctx, size_t min_total_bytes) {
+    max_blocks = (ctx + kBlock - 1) / kBlock;
+    L = KvCacheLayout{.num_blocks = batch * max_blocks, .block_size = kBlock, .num_kv_heads = kHkv, .head_dim = kD, .dtype = dt};
+    const size_t bytes = L.cache_bytes();
+    const int copies = static_cast<int>(std::clamp<size_t>((min_total_bytes + 2 * bytes - 1) / (2 * bytes), 1, 64));
+    for (int c = 0; c < copies; ++c) {
+      void *pk, *pv;
+      CK(cudaMalloc(&pk, bytes));
+      CK(cudaMalloc(&pv, bytes));
+      fill(pk, bytes, 17 + c, dt == KvDtype::bf16);
+      fill(pv, bytes, 91 + c, dt == KvDtype::bf16);
+      k.push_back(pk);
+      v.push_back(pv);
+    }
+    std::vector<int32_t> bt(static_cast<size_t>(batch) * max_blocks);
+    std::iota(bt.begin(), bt.end(), 0);
+    std::mt19937 rng(5);
+    std::shuffle(bt.begin(), bt.end(), rng);  // pages scattered as in a live pool
+    CK(cudaMalloc(&block_tables, bt.size() * 4));
+    CK(cudaMemcpy(block_tables, bt.data(), bt.size() * 4, cudaMemcpyHostToDevice));
+    std::vector<int32_t> cl(batch, ctx);
+    CK(cudaMalloc(&ctx_lens, cl.size() * 4));
+    CK(cudaMemcpy(ctx_lens, cl.data(), cl.size() * 4, cudaMemcpyHostToDevice));
+  }
+  ~CacheSet() {
+    for (void* p : k) cudaFree(p);
+    for (void* p : v) cudaFree(p);
+    cudaFree(block_tables);
+    cudaFree(ctx_lens);
+  }
+  PagedKv paged(int i, const float* scales) const {
+    PagedKv p;
+    p.layout = L;
+    p.k_cache = k[i % k.size()];
+    p.v_cache = v[i % v.size()];
+    p.block_tables = block_tables;
+    p.max_blocks_per_seq = max_blocks;
+    p.context_lens = ctx_lens;
+    p.k_scale = {scales, 1};
+    p.v_scale = {scales + 1, 1};
+    return p;
+  }
+};
+
+void bench_decode(double copy_gbs, const float* scales) {
+  const int batches[] = {1, 8, 32, 64};
+  const int ctxs[] = {1024, 4096, 16384, 65536};
+  for (KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3})
+    for (int B : batches)
+      for (int C : ctxs) {
+        CacheSet cs(dt, B, C, size_t(1) << 30);
+        void *q, *out, *ws;
+        CK(cudaMalloc(&q, size_t(B) * kH * kD * 2));
+        CK(cudaMalloc(&out, size_t(B) * kH * kD * 2));
+        fill(q, size_t(B) * kH * kD * 2, 3, true);
+        DecodeArgs a;
+        a.batch = B;
+        a.num_heads = kH;
+        a.max_context_len = C;
+        a.softmax_scale = 0.088388f;
+        a.q = q;
+        a.q_dtype = ActDtype::bf16;
+        a.out = out;
+        a.out_dtype = ActDtype::bf16;
+        a.plan = plan_decode(B, kH, kHkv, kD, C, 0, device_sm_count());
+        CK(cudaMalloc(&ws, std::max<size_t>(a.plan.workspace_bytes, 16)));
+        a.workspace = ws;
+        const double kv_bytes = 2.0 * B * C * kHkv * kD * kv_dtype_bytes(dt);
+        const int reps = kv_bytes > 4e9 ? 10 : 30;
+        const double ms = median_ms([&](int i) { a.kv = cs.paged(i, scales); paged_decode(a, nullptr); }, 3, reps);
+        const double gbs = kv_bytes / (ms * 1e-3) / 1e9;
+        std::printf("{\"kind\":\"decode\",\"dtype\":\"%s\",\"batch\":%d,\"ctx\":%d,\"ms\":%.4f,\"kv_bytes\":%.0f,"
+                    "\"GBps\":%.1f,\"frac_copy\":%.3f,\"split_tokens\":%d,\"splits\":%d,\"copies\":%zu}\n",
+                    std::string(kv_dtype_name(dt)).c_str(), B, C, ms, kv_bytes, gbs, gbs / copy_gbs,
+                    a.plan.split_tokens, a.plan.max_splits, cs.k.size());
+        std::fflush(stdout);
+        CK(cudaFree(q));
+        CK(cudaFree(out));
+        CK(cudaFree(ws));
+      }
+}
+
+#ifdef FP8KV_BENCH_PREFILL
+void bench_prefill(const float* scales) {
+  const int S = 8192;
+  for (KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3}) {
+    CacheSet cs(dt, 1, S, size_t(256) << 20);
+    void *q, *out;
+    int32_t* qs;
+    CK(cudaMalloc(&q, size_t(S) * kH * kD * 2));
+    CK(cudaMalloc(&out, size_t(S) * kH * kD * 2));
+    fill(q, size_t(S) * kH * kD * 2, 7, true);
+    const int32_t qs_h[2] = {0, S};
+    CK(cudaMalloc(&qs, 8));
+    CK(cudaMemcpy(qs, qs_h, 8, cudaMemcpyHostToDevice));
+    PrefillArgs a;
+    a.batch = 1;
+    a.num_heads = kH;
+    a.max_query_len = S;
+    a.softmax_scale = 0.088388f;
+    a.q_start = qs;
+    a.q = q;
+    a.q_dtype = ActDtype::bf16;
+    a.out = out;
+    a.out_dtype = ActDtype::bf16;
+    const double ms = median_ms([&](int i) { a.kv = cs.paged(i, scales); paged_prefill(a, nullptr); }, 3, 20);
+    const double flops = 4.0 * kH * kD * (double(S) * (S + 1) / 2);
+    std::printf("{\"kind\":\"prefill\",\"dtype\":\"%s\",\"seq\":%d,\"ms\":%.4f,\"TFLOPs\":%.1f}\n",
+                std::string(kv_dtype_name(dt)).c_str(), S, ms, flops / (ms * 1e-3) / 1e12);
+    std::fflush(stdout);
+    CK(cudaFree(q));
+    CK(cudaFree(out));
+    CK(cudaFree(qs));
+  }
+}
+#endif
+
+void bench_store(const float* scales) {
+  const int T = 65536;
+  const size_t in_bytes = size_t(T) * kHkv * kD * 2;
+  void *k, *v;
+  int64_t* slots;
+  CK(cudaMalloc(&k, in_bytes));
+  CK(cudaMalloc(&v, in_bytes));
+  fill(k, in_bytes, 11, true);
+  fill(v, in_bytes, 12, true);
+  std::vector<int64_t> sl(T);
+  std::iota(sl.begin(), sl.end(), 0);
+  std::mt19937 rng(9);
+  // Whole blocks in shuffled order (a prefill writes runs of 16 slots).
+  std::vector<int64_t> blocks(T / kBlock);
+  std::iota(blocks.begin(), blocks.end(), 0);
+  std::shuffle(blocks.begin(), blocks.end(), rng);
+  for (int t = 0; t < T; ++t) sl[t] = blocks[t / kBlock] * kBlock + t % kBlock;
+  CK(cudaMalloc(&slots, T * 8));
+  CK(cudaMemcpy(slots, sl.data(), T * 8, cudaMemcpyHostToDevice));
+  for (KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3}) {
+    KvCacheLayout L{.num_blocks = T / kBlock, .block_size = kBlock, .num_kv_heads = kHkv, .head_dim = kD, .dtype = dt};
+    void *kc, *vc;
+    CK(cudaMalloc(&kc, L.cache_bytes()));
+    CK(cudaMalloc(&vc, L.cache_bytes()));
+    StoreKvArgs a;
+    a.layout = L;
+    a.k_cache = kc;
+    a.v_cache = vc;
+    a.k = k;
+    a.v = v;
+    a.input_dtype = ActDtype::bf16;
+    a.slot_mapping = slots;
+    a.num_tokens = T;
+    a.k_scale = {scales, 1};
+    a.v_scale = {scales + 1, 1};
+    const double ms = median_ms([&](int) { store_kv(a, nullptr); }, 3, 30);
+    const double bytes = 2.0 * in_bytes + 2.0 * L.cache_bytes() + T * 8.0;
+    std::printf("{\"kind\":\"store\",\"dtype\":\"%s\",\"tokens\":%d,\"ms\":%.4f,\"GBps\":%.1f}\n",
+                std::string(kv_dtype_name(dt)).c_str(), T, ms, bytes / (ms * 1e-3) / 1e9);
+    std::fflush(stdout);
+    CK(cudaFree(kc));
+    CK(cudaFree(vc));
+  }
+  CK(cudaFree(k));
+  CK(cudaFree(v));
+  CK(cudaFree(slots));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string only = argc > 1 ? argv[1] : "all";
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::fprintf(stderr, "device %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+  float* scales;
+  const float hs[2] = {0.05f, 0.03f};
+  CK(cudaMalloc(&scales, 8));
+  CK(cudaMemcpy(scales, hs, 8, cudaMemcpyHostToDevice));
+  const double copy_gbs = bench_copy();
+  if (only == "all" || only == "store") bench_store(scales);
+#ifdef FP8KV_BENCH_PREFILL
+  if (only == "all" || only == "prefill") bench_prefill(scales);
+#endif
+  if (only == "all" || only == "decode") bench_decode(copy_gbs, scales);
+  CK(cudaFree(scales));
+  return 0;
+}

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""PyTorch peer for bench/cuda/bench_attention (runs on the GPU machine).
+
+  python3 tools/bench_sdpa.py                 # JSON lines: sdpa decode/prefill, cuBLAS bf16 GEMM
+  python3 tools/bench_sdpa.py --table OURS.jsonl SDPA.jsonl   # the summary table
+
+Decode: F.scaled_dot_product_attention(q[B,32,1,128], k/v[B,8,C,128] bf16,
+contiguous, enable_gqa=True); prefill: 8K causal, same heads. Working sets are
+rotated among copies to stay well past the 60 MB L2; CUDA events, warm-up,
+medians (same method as the C++ bench).
+"""
+import json
+import sys
+
+H, HKV, D = 32, 8, 128
+
+
+def median_ms(fn, warmup, reps):
+    import torch
+    for i in range(warmup):
+        fn(i)
+    torch.cuda.synchronize()
+    ts = []
+    for i in range(reps):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn(warmup + i)
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def run():
+    import torch
+    import torch.nn.functional as F
+    dev = "cuda"
+    torch.manual_seed(0)
+    print(json.dumps({"kind": "env", "torch": torch.__version__, "device": torch.cuda.get_device_name()}), flush=True)
+    # cuBLAS bf16 GEMM ceiling.
+    n = 8192
+    a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+    ms = median_ms(lambda i: a @ b, 3, 10)
+    print(json.dumps({"kind": "gemm", "n": n, "ms": ms, "TFLOPs": 2 * n**3 / (ms * 1e-3) / 1e12}), flush=True)
+    del a, b
+    # Prefill 8K causal.
+    S = 8192
+    q = torch.randn(1, H, S, D, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(1, HKV, S, D, device=dev, dtype=torch.bfloat16)
+    v = torch.randn(1, HKV, S, D, device=dev, dtype=torch.bfloat16)
+    ms = median_ms(lambda i: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True), 3, 20)
+    flops = 4.0 * H * D * (S * (S + 1) / 2)
+    print(json.dumps({"kind": "sdpa_prefill", "seq": S, "ms": ms, "TFLOPs": flops / (ms * 1e-3) / 1e12}), flush=True)
+    del q, k, v
+    # Decode.
+    for B in (1, 8, 32, 64):
+        for C in (1024, 4096, 16384, 65536):
+            kv_bytes = 2 * B * C * HKV * D * 2
+            copies = max(1, min(64, -(-(1 << 30) // kv_bytes)))
+            ks = [torch.randn(B, HKV, C, D, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
+            vs = [torch.randn(B, HKV, C, D, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
+            q = torch.randn(B, H, 1, D, device=dev, dtype=torch.bfloat16)
+            reps = 10 if kv_bytes > 4e9 else 30
+            ms = median_ms(lambda i: F.scaled_dot_product_attention(q, ks[i % copies], vs[i % copies], enable_gqa=True),
+                           3, reps)
+            print(json.dumps({"kind": "sdpa_decode", "batch": B, "ctx": C, "ms": ms, "kv_bytes": kv_bytes,
+                              "GBps": kv_bytes / (ms * 1e-3) / 1e9}), flush=True)
+            del ks, vs, q
+            torch.cuda.empty_cache()
+
+
+def load(path):
+    rows = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith("{"):
+                rows.append(json.loads(line))
+    return rows
+
+
+def table(ours_path, sdpa_path):
+    ours, sdpa = load(ours_path), load(sdpa_path)
+    copy = next((r["GBps"] for r in ours if r["kind"] == "copy"), float("nan"))
+    sd = {(r["batch"], r["ctx"]): r for r in sdpa if r["kind"] == "sdpa_decode"}
+    dec = {(r["dtype"], r["batch"], r["ctx"]): r for r in ours if r["kind"] == "decode"}
+    print(f"copy D2D (read+write): {copy:.0f} GB/s")
+    for r in sdpa:
+        if r["kind"] == "gemm":
+            print(f"cuBLAS bf16 GEMM 8192^3: {r['TFLOPs']:.0f} TFLOP/s")
+    print("decode, Llama-3-8B shape (32/8 heads, d128), times in us; GB/s = KV bytes / time")
+    print(f"{'B':>3} {'ctx':>6} | {'sdpa':>8} | {'bf16':>8} {'GB/s':>6} {'x sdpa':>6} | {'fp8':>8} {'GB/s':>6} {'%copy':>6} "
+          f"{'t/sdpa':>6} {'fp8/bf16':>8}")
+    for (B, C), s in sorted(sd.items()):
+        b = dec.get(("bf16", B, C))
+        e = dec.get(("fp8_e4m3", B, C))
+        if not b or not e:
+            continue
+        print(f"{B:>3} {C:>6} | {s['ms']*1e3:8.1f} | {b['ms']*1e3:8.1f} {b['GBps']:6.0f} {s['ms']/b['ms']:6.2f} | "
+              f"{e['ms']*1e3:8.1f} {e['GBps']:6.0f} {100*e['GBps']/copy:6.1f} {e['ms']/s['ms']:6.2f} "
+              f"{e['ms']/b['ms']:8.2f}")
+    sp = next((r for r in sdpa if r["kind"] == "sdpa_prefill"), None)
+    for r in ours:
+        if r["kind"] == "prefill":
+            extra = f", {r['TFLOPs']/sp['TFLOPs']:.2f}x SDPA bf16 ({sp['TFLOPs']:.0f})" if sp else ""
+            print(f"prefill 8K causal {r['dtype']}: {r['ms']:.3f} ms, {r['TFLOPs']:.0f} TFLOP/s{extra}")
+    st = {r["dtype"]: r for r in ours if r["kind"] == "store"}
+    if "bf16" in st and "fp8_e4m3" in st:
+        print(f"store 64K tokens: bf16 {st['bf16']['ms']*1e3:.1f} us, fp8 {st['fp8_e4m3']['ms']*1e3:.1f} us "
+              f"(fp8/bf16 {st['fp8_e4m3']['ms']/st['bf16']['ms']:.3f})")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--table":
+        table(sys.argv[2], sys.argv[3])
+    else:
+        run()
