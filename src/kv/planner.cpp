@@ -166,10 +166,12 @@ KvPlan plan_structure(const ModelConfig& cfg, const KvPlanSettings& s) {
 
 int model_max_len(const ModelConfig& cfg) {
   // vLLM _get_and_verify_max_len: rope scaling other than llama3 / longrope
-  // extends the derived length by its factor (yarn: from the original length).
+  // extends the derived length by its factor (yarn: from the original length),
+  // except for gemma3, whose max_position_embeddings is already scaled.
   const RopeParams& r = cfg.rope_full;
   double len = cfg.max_position_embeddings;
-  if (r.type == "linear" || r.type == "dynamic" || r.type == "yarn") {
+  const bool gemma3 = cfg.family == ModelFamily::gemma3 || cfg.model_type.find("gemma3") != std::string::npos;
+  if (!gemma3 && (r.type == "linear" || r.type == "dynamic" || r.type == "yarn")) {
     if (r.type == "yarn" && r.original_max_position_embeddings > 0) len = r.original_max_position_embeddings;
     len *= r.factor;
   }

@@ -1,0 +1,364 @@
+// `fp8kv capacity`: KV pool size, max concurrency and tokens for a model and
+// serving settings, exact to the token (the engine sizes its pool with the
+// same plan_kv_cache). docs/capacity.md has the method.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+
+#include "cli/commands.h"
+#include "io/checkpoint.h"
+#include "io/errors.h"
+#include "kv/planner.h"
+#include "engine/engine.h"  // resolve_kv_cache_dtype
+#include "model/config.h"
+#include "numerics/version.h"
+
+namespace fp8kv::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct CapacityArgs {
+  std::string model;
+  std::string kv_memory, gpu_memory;
+  double gpu_memory_utilization = 0.9;
+  int max_model_len = 0;
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 2048;
+  int block_size = 16;
+  std::string kv_cache_dtype = "auto";
+  int tensor_parallel_size = 1;
+  bool compare = false;
+  bool json_out = false;
+};
+
+int dtype_bytes_of(const std::string& torch_dtype) {
+  if (torch_dtype == "float32" || torch_dtype == "fp32") return 4;
+  if (torch_dtype == "float8_e4m3fn" || torch_dtype == "float8_e5m2") return 1;
+  return 2;  // bfloat16 / float16 / unspecified
+}
+
+// Parameters of the architectures ModelConfig covers (llama-style blocks).
+uint64_t estimate_parameters(const ModelConfig& c) {
+  const uint64_t h = static_cast<uint64_t>(c.hidden_size), hd = static_cast<uint64_t>(c.head_dim);
+  const uint64_t q = static_cast<uint64_t>(c.num_heads) * hd, kv = static_cast<uint64_t>(c.num_kv_heads) * hd;
+  const uint64_t embed = static_cast<uint64_t>(c.vocab_size) * h;
+  uint64_t layer = h * (q + 2 * kv) + q * h + 3 * h * static_cast<uint64_t>(c.intermediate_size);
+  if (c.attention_bias) layer += q + 2 * kv;
+  if (c.qk_norm) layer += 2 * hd;
+  layer += (c.sandwich_norms ? 4 : 2) * h;
+  return embed * (c.tie_word_embeddings ? 1 : 2) + layer * static_cast<uint64_t>(c.num_layers) + h;
+}
+
+// Peak activation estimate of one profiling step (docs/capacity.md): the
+// live bf16 tensors of one layer for max_num_batched_tokens tokens (residual
+// + normed hidden, q/k/v, attention output, gate/up and their product), plus
+// fp32 logits for max_num_seqs sampled positions.
+uint64_t estimate_activation_bytes(const ModelConfig& c, int mnbt, int max_num_seqs, int tp) {
+  const uint64_t t = static_cast<uint64_t>(tp);
+  const uint64_t hd = static_cast<uint64_t>(c.head_dim);
+  const uint64_t per_token = 2 * static_cast<uint64_t>(c.hidden_size) +
+                             (2 * static_cast<uint64_t>(c.num_heads) + 2 * static_cast<uint64_t>(c.num_kv_heads)) *
+                                 hd / t +
+                             3 * static_cast<uint64_t>(c.intermediate_size) / t;
+  return static_cast<uint64_t>(mnbt) * per_token * 2 +
+         static_cast<uint64_t>(max_num_seqs) * static_cast<uint64_t>(c.vocab_size) * 4;
+}
+
+struct Budget {
+  uint64_t kv_memory = 0;
+  // --gpu-memory mode only:
+  bool from_gpu = false;
+  uint64_t gpu_memory = 0;
+  double utilization = 0.0;
+  uint64_t weights = 0;
+  std::string weights_source;  // "checkpoint" | "estimate"
+  uint64_t activations = 0;
+};
+
+struct Weights {
+  uint64_t bytes = 0;  // whole model
+  std::string source;
+};
+
+Weights model_weights(const fs::path& model, const ModelConfig& cfg) {
+  std::error_code ec;
+  if (fs::is_directory(model, ec) &&
+      (fs::exists(model / "model.safetensors", ec) || fs::exists(model / "model.safetensors.index.json", ec))) {
+    const auto ckpt = Checkpoint::open(model);
+    return {ckpt->total_tensor_bytes(), "checkpoint"};
+  }
+  return {estimate_parameters(cfg) * static_cast<uint64_t>(dtype_bytes_of(cfg.torch_dtype)), "estimate"};
+}
+
+Budget make_budget(const CapacityArgs& a, const ModelConfig& cfg, const std::optional<Weights>& w, int mnbt) {
+  Budget b;
+  if (!a.kv_memory.empty()) {
+    b.kv_memory = parse_size(a.kv_memory);
+    return b;
+  }
+  b.from_gpu = true;
+  b.gpu_memory = parse_size(a.gpu_memory);
+  b.utilization = a.gpu_memory_utilization;
+  b.weights = w->bytes / static_cast<uint64_t>(a.tensor_parallel_size);
+  b.weights_source = w->source;
+  b.activations = estimate_activation_bytes(cfg, mnbt, a.max_num_seqs, a.tensor_parallel_size);
+  const auto usable = static_cast<uint64_t>(std::floor(static_cast<long double>(b.gpu_memory) * b.utilization));
+  const uint64_t non_kv = b.weights + b.activations;
+  if (usable <= non_kv)
+    throw InputError(fmt::format(
+        "--gpu-memory {} x --gpu-memory-utilization {} = {} leaves nothing for the KV cache: weights {} per rank "
+        "({}) + activations {} (max_num_batched_tokens {}) need {}; give at least {} of GPU memory, or "
+        "--kv-memory directly",
+        a.gpu_memory, b.utilization, format_bytes(usable), format_bytes(b.weights), b.weights_source,
+        format_bytes(b.activations), mnbt, format_bytes(non_kv),
+        format_bytes(static_cast<uint64_t>(std::ceil(static_cast<long double>(non_kv) / b.utilization)) + 1)));
+  b.kv_memory = usable - non_kv;
+  return b;
+}
+
+KvPlanSettings settings_for(const CapacityArgs& a, KvDtype d, uint64_t kv_memory, int mml, int mnbt) {
+  KvPlanSettings s;
+  s.kv_memory_bytes = kv_memory;
+  s.max_model_len = mml;
+  s.max_num_seqs = a.max_num_seqs;
+  s.max_num_batched_tokens = mnbt;
+  s.block_size = a.block_size;
+  s.dtype = d;
+  s.tensor_parallel_size = a.tensor_parallel_size;
+  return s;
+}
+
+std::string group_type_label(const KvGroupPlan& g) {
+  return g.window == 0 ? std::string("full") : fmt::format("sliding({})", g.window);
+}
+
+// Blocks of the pool a group holds when the pool is full of max-length requests.
+int64_t group_pool_share(const KvPlan& p, const KvGroupPlan& g) {
+  const unsigned __int128 n = static_cast<unsigned __int128>(p.num_blocks) * static_cast<uint64_t>(g.blocks_per_request);
+  return static_cast<int64_t>(n / static_cast<uint64_t>(p.blocks_per_request));
+}
+
+json plan_json(const KvPlan& p) {
+  json groups = json::array();
+  for (const auto& g : p.groups) {
+    const int64_t share = group_pool_share(p, g);
+    groups.push_back({
+        {"attention_type", std::string(layer_type_name(g.type))},
+        {"sliding_window", g.window == 0 ? json(nullptr) : json(g.window)},
+        {"layers", g.layers},
+        {"num_layers", g.layers.size()},
+        {"padding_layers", p.group_size - static_cast<int>(g.layers.size())},
+        {"bytes_per_token", g.bytes_per_token},
+        {"blocks_per_request", g.blocks_per_request},
+        {"tokens_per_request", g.blocks_per_request * p.block_size},
+        {"pool_blocks", share},
+        {"pool_tokens", share * p.block_size},
+        {"max_concurrency", p.max_concurrency},
+    });
+  }
+  return {
+      {"kv_cache_dtype", std::string(kv_dtype_name(p.dtype))},
+      {"block_size", p.block_size},
+      {"max_model_len", p.max_model_len},
+      {"max_num_batched_tokens", p.max_num_batched_tokens},
+      {"tensor_parallel_size", p.tensor_parallel_size},
+      {"kv_heads_per_rank", p.kv_heads_per_rank},
+      {"head_dim", p.head_dim},
+      {"kv_memory_bytes", p.kv_memory_bytes},
+      {"bytes_per_token", p.bytes_per_token},
+      {"group_size", p.group_size},
+      {"page_bytes", p.page_bytes},
+      {"num_blocks", p.num_blocks},
+      {"pool_bytes", p.pool_bytes()},
+      {"blocks_per_request", p.blocks_per_request},
+      {"max_concurrency", p.max_concurrency},
+      {"tokens", p.tokens},
+      {"vllm_logged_tokens", p.vllm_logged_tokens},
+      {"groups", groups},
+  };
+}
+
+struct GridPoint {
+  int max_model_len = 0, mnbt = 0;
+  std::optional<KvPlan> bf16, fp8;
+  uint64_t kv_memory = 0;
+};
+
+std::optional<KvPlan> try_plan(const ModelConfig& cfg, const KvPlanSettings& s) {
+  // Only "does not fit" becomes an empty cell; any other error is the user's.
+  if (kv_memory_needed(cfg, s) > s.kv_memory_bytes) return std::nullopt;
+  return plan_kv_cache(cfg, s);
+}
+
+std::vector<GridPoint> compare_grid(const CapacityArgs& a, const ModelConfig& cfg, const std::optional<Weights>& w,
+                                    int chosen_mml) {
+  const int limit = model_max_len(cfg);
+  std::set<int> lens{chosen_mml};
+  for (int l : {4096, 8192, 32768, 131072, 524288, 1048576})
+    if (l <= limit) lens.insert(l);
+  std::set<int> batched{a.max_num_batched_tokens, 2048, 8192, 16384};
+  std::vector<GridPoint> out;
+  for (int l : lens) {
+    for (int t : batched) {
+      GridPoint g;
+      g.max_model_len = l;
+      g.mnbt = t;
+      // With --gpu-memory the activation estimate (hence the KV budget)
+      // follows max_num_batched_tokens, as vLLM's profiling run does.
+      g.kv_memory = make_budget(a, cfg, w, t).kv_memory;
+      g.bf16 = try_plan(cfg, settings_for(a, KvDtype::bf16, g.kv_memory, l, t));
+      g.fp8 = try_plan(cfg, settings_for(a, KvDtype::fp8_e4m3, g.kv_memory, l, t));
+      out.push_back(std::move(g));
+    }
+  }
+  return out;
+}
+
+std::optional<double> gain_pct(const GridPoint& g) {
+  if (!g.bf16 || !g.fp8 || g.bf16->tokens == 0) return std::nullopt;
+  return 100.0 * (static_cast<double>(g.fp8->tokens) - static_cast<double>(g.bf16->tokens)) /
+         static_cast<double>(g.bf16->tokens);
+}
+
+void print_text(const CapacityArgs& a, const ModelConfig& cfg, const Budget& b, const KvPlan& p,
+                const std::vector<GridPoint>* grid) {
+  std::string o;
+  o += fmt::format("model: {} ({}, {}, {} layers)\n", a.model, cfg.architecture, cfg.model_type, cfg.num_layers);
+  if (b.from_gpu)
+    o += fmt::format("KV memory per rank: {} ({} bytes) = {} x {} - weights {} ({}) - activations {}\n",
+                     format_bytes(b.kv_memory), b.kv_memory, format_bytes(b.gpu_memory), b.utilization,
+                     format_bytes(b.weights), b.weights_source, format_bytes(b.activations));
+  else
+    o += fmt::format("KV memory per rank: {} ({} bytes)\n", format_bytes(b.kv_memory), b.kv_memory);
+  o += fmt::format(
+      "dtype {}, block_size {}, max_model_len {}, max_num_batched_tokens {}, tensor_parallel_size {} "
+      "({} KV heads x head_dim {} per rank)\n",
+      kv_dtype_name(p.dtype), p.block_size, p.max_model_len, p.max_num_batched_tokens, p.tensor_parallel_size,
+      p.kv_heads_per_rank, p.head_dim);
+  o += fmt::format("bytes per token per rank (all layers): {}\n", p.bytes_per_token);
+  o += fmt::format("page: {} tokens x {} layers x K+V = {} bytes; pool: {} blocks ({})\n", p.block_size,
+                   p.group_size, p.page_bytes, p.num_blocks, format_bytes(p.pool_bytes()));
+  o += fmt::format("{:<6}{:<16}{:>7}{:>14}{:>16}{:>18}{:>14}\n", "group", "type", "layers", "bytes/token",
+                   "blocks/request", "pool blocks held", "pool tokens");
+  for (size_t i = 0; i < p.groups.size(); ++i) {
+    const auto& g = p.groups[i];
+    const int64_t share = group_pool_share(p, g);
+    o += fmt::format("{:<6}{:<16}{:>7}{:>14}{:>16}{:>18}{:>14}\n", i, group_type_label(g), g.layers.size(),
+                     g.bytes_per_token, g.blocks_per_request, share, share * p.block_size);
+  }
+  o += fmt::format("{:<6}{:<16}{:>7}{:>14}{:>16}\n", "total", "", cfg.num_layers, p.bytes_per_token,
+                   p.blocks_per_request);
+  o += fmt::format("max concurrency: {:.2f}x requests of {} tokens\n", p.max_concurrency, p.max_model_len);
+  o += fmt::format("tokens: {}\n", p.tokens);
+  o += kv_plan_log_line(p) + "\n";
+  if (grid) {
+    o += "\nbf16 vs fp8 (same memory):\n";
+    o += fmt::format("{:>14}{:>16}{:>14}{:>14}{:>10}\n", "max_model_len", "batched tokens", "bf16 tokens",
+                     "fp8 tokens", "gain");
+    for (const auto& g : *grid) {
+      const auto gain = gain_pct(g);
+      o += fmt::format("{:>14}{:>16}{:>14}{:>14}{:>10}\n", g.max_model_len, g.mnbt,
+                       g.bf16 ? std::to_string(g.bf16->tokens) : "no fit",
+                       g.fp8 ? std::to_string(g.fp8->tokens) : "no fit",
+                       gain ? fmt::format("{:+.1f}%", *gain) : "-");
+    }
+  }
+  std::fputs(o.c_str(), stdout);
+}
+
+int run_capacity(const CapacityArgs& a) {
+  if (a.kv_memory.empty() == a.gpu_memory.empty())
+    throw UsageError("give exactly one of --kv-memory SIZE (the KV budget itself) or --gpu-memory SIZE");
+  if (!(a.gpu_memory_utilization > 0.0 && a.gpu_memory_utilization <= 1.0))
+    throw UsageError(fmt::format("--gpu-memory-utilization must be in (0, 1] (got {})", a.gpu_memory_utilization));
+  const fs::path model(a.model);
+  const ModelConfig cfg = load_model_config(model);
+  std::error_code ec;
+  const fs::path model_dir = fs::is_directory(model, ec) ? model : model.parent_path();
+  const KvDtype dtype = resolve_kv_cache_dtype(a.kv_cache_dtype, model_dir.empty() ? fs::path(".") : model_dir);
+
+  std::optional<Weights> weights;
+  if (!a.gpu_memory.empty()) weights = model_weights(model, cfg);
+  const Budget budget = make_budget(a, cfg, weights, a.max_num_batched_tokens);
+  const KvPlan plan =
+      plan_kv_cache(cfg, settings_for(a, dtype, budget.kv_memory, a.max_model_len, a.max_num_batched_tokens));
+  std::fprintf(stderr, "%s\n", kv_plan_log_line(plan).c_str());
+
+  std::vector<GridPoint> grid;
+  if (a.compare) grid = compare_grid(a, cfg, weights, plan.max_model_len);
+
+  if (!a.json_out) {
+    print_text(a, cfg, budget, plan, a.compare ? &grid : nullptr);
+    return 0;
+  }
+  json j = plan_json(plan);
+  j["fp8kv_version"] = version_string();
+  j["model"] = a.model;
+  j["architecture"] = cfg.architecture;
+  j["model_type"] = cfg.model_type;
+  j["max_num_seqs"] = a.max_num_seqs;
+  json mem = {{"kv_memory_bytes", budget.kv_memory}};
+  if (budget.from_gpu) {
+    mem["gpu_memory_bytes"] = budget.gpu_memory;
+    mem["gpu_memory_utilization"] = budget.utilization;
+    mem["weights_bytes_per_rank"] = budget.weights;
+    mem["weights_source"] = budget.weights_source;
+    mem["activation_bytes"] = budget.activations;
+  }
+  j["memory"] = mem;
+  j["log_line"] = kv_plan_log_line(plan);
+  if (a.compare) {
+    json rows = json::array();
+    for (const auto& g : grid) {
+      const auto gain = gain_pct(g);
+      rows.push_back({
+          {"max_model_len", g.max_model_len},
+          {"max_num_batched_tokens", g.mnbt},
+          {"kv_memory_bytes", g.kv_memory},
+          {"bf16", g.bf16 ? g.bf16->tokens : 0},
+          {"fp8", g.fp8 ? g.fp8->tokens : 0},
+          {"bf16_max_concurrency", g.bf16 ? g.bf16->max_concurrency : 0.0},
+          {"fp8_max_concurrency", g.fp8 ? g.fp8->max_concurrency : 0.0},
+          {"gain_pct", gain ? json(*gain) : json(nullptr)},
+      });
+    }
+    j["grid"] = rows;
+  }
+  std::fputs((j.dump(2) + "\n").c_str(), stdout);
+  return 0;
+}
+
+const Registrar reg([](CLI::App& app) {
+  auto args = std::make_shared<CapacityArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "capacity", "KV cache capacity (blocks, tokens, max concurrency) for a model and serving settings");
+  sub->add_option("model", args->model, "model directory or config.json")->required();
+  auto* kvm = sub->add_option("--kv-memory", args->kv_memory,
+                              "KV cache budget per rank (80GiB, 512MiB, 80GB or bytes)");
+  auto* gpu = sub->add_option("--gpu-memory", args->gpu_memory,
+                              "GPU memory per rank; weights and an activation estimate are subtracted");
+  kvm->excludes(gpu);
+  gpu->excludes(kvm);
+  sub->add_option("--gpu-memory-utilization", args->gpu_memory_utilization,
+                  "fraction of --gpu-memory the engine may use (default 0.9)");
+  sub->add_option("--max-model-len", args->max_model_len, "default: the model's max_position_embeddings");
+  sub->add_option("--max-num-seqs", args->max_num_seqs, "default 256");
+  sub->add_option("--max-num-batched-tokens", args->max_num_batched_tokens, "default 2048");
+  sub->add_option("--block-size", args->block_size, "tokens per block (default 16)");
+  sub->add_option("--kv-cache-dtype", args->kv_cache_dtype, "auto|bf16|fp8|fp8_e4m3|fp8_e5m2 (default auto)");
+  sub->add_option("--tensor-parallel-size,--tp", args->tensor_parallel_size, "default 1");
+  sub->add_flag("--compare", args->compare, "bf16 vs fp8 over a grid of max_model_len x max_num_batched_tokens");
+  sub->add_flag("--json", args->json_out, "print JSON");
+  set_action(sub, [args] { return run_capacity(*args); });
+});
+
+}  // namespace
+}  // namespace fp8kv::cli
