@@ -174,7 +174,7 @@ void bench_decode(double copy_gbs, const float* scales) {
       }
 }
 
-#ifdef FP8KV_BENCH_PREFILL
+
 void bench_prefill(const float* scales) {
   const int S = 8192;
   for (KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3}) {
@@ -207,7 +207,7 @@ void bench_prefill(const float* scales) {
     CK(cudaFree(qs));
   }
 }
-#endif
+
 
 void bench_store(const float* scales) {
   const int T = 65536;
@@ -270,9 +270,9 @@ int main(int argc, char** argv) {
   CK(cudaMemcpy(scales, hs, 8, cudaMemcpyHostToDevice));
   const double copy_gbs = bench_copy();
   if (only == "all" || only == "store") bench_store(scales);
-#ifdef FP8KV_BENCH_PREFILL
+
   if (only == "all" || only == "prefill") bench_prefill(scales);
-#endif
+
   if (only == "all" || only == "decode") bench_decode(copy_gbs, scales);
   CK(cudaFree(scales));
   return 0;

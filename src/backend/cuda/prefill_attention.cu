@@ -1,0 +1,330 @@
+// Paged prefill / chunked-prefill attention (FlashAttention-2 style on
+// mma.sync m16n8k16). One CTA = 64 queries of one head of one sequence,
+// 4 warps x 16 query rows; K/V tiles of KT keys are gathered through the
+// block table, fp8 dequantized (exactly, to f16) into shared memory, and read
+// with ldmatrix. The next tile's global loads are issued into registers
+// before the current tile's math (register-staged pipeline).
+// fp8 caches: f16 MMAs (Q, P rounded to f16); bf16 caches: bf16 MMAs.
+// k_scale folds into the score scale, v_scale multiplies the output once.
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace fp8kv::cuda {
+namespace {
+using namespace detail;
+
+constexpr int kQTile = 64;
+constexpr int kThreads = 128;
+
+struct PrefillParams {
+  const void* q;
+  void* out;
+  bool q_bf16, out_bf16;
+  const uint8_t* k_cache;
+  const uint8_t* v_cache;
+  const int32_t* block_tables;
+  int max_blocks_per_seq;
+  const int32_t* context_lens;
+  const int32_t* q_start;
+  const float* k_scale;
+  const float* v_scale;
+  int k_scale_count, v_scale_count;
+  int num_heads, num_kv_heads, group, block_size, window, num_q_tiles;
+  float softmax_scale, softcap;
+};
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+
+template <int D>
+__host__ __device__ constexpr int kv_tile() { return D == 256 ? 32 : 64; }
+
+template <int D, int DT>
+__global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams p) {
+  constexpr int KT = kv_tile<D>();
+  constexpr int EB = DT == kBf16 ? 2 : 1;
+  constexpr int CH = D * EB / 16;             // 16-byte chunks per key row (global)
+  constexpr int LOADS = KT * CH / kThreads;   // chunks per thread per tensor
+  constexpr int PITCH = D + 8;                // smem row pitch in 16-bit elements
+  constexpr int KS = D / 16;
+  constexpr int NT = KT / 8;                  // score n-tiles per warp
+  constexpr int ONT = D / 8;                  // output n-tiles
+  static_assert(KT * CH % kThreads == 0, "tile/thread mismatch");
+
+  extern __shared__ __align__(16) uint16_t smem[];
+  uint16_t* sk = smem;
+  uint16_t* sv = smem + KT * PITCH;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int qtile = p.num_q_tiles - 1 - blockIdx.x;  // longest (latest) tiles first
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int q0 = p.q_start[b], nq = p.q_start[b + 1] - q0;
+  if (qtile * kQTile >= nq) return;
+  const int ctx = p.context_lens[b];
+  const int pos0 = ctx - nq;  // position of query 0
+  const int kvh = h / p.group;
+  const int64_t row_bytes = static_cast<int64_t>(p.num_kv_heads) * D * EB;
+  const int64_t head_off = static_cast<int64_t>(kvh) * D * EB;
+  const int32_t* bt = p.block_tables + static_cast<int64_t>(b) * p.max_blocks_per_seq;
+
+  // This warp's rows: queries qtile*64 + warp*16 + {g, g+8}.
+  const int qi0 = qtile * kQTile + warp * 16 + g;
+  const int qpos[2] = {pos0 + qi0, pos0 + qi0 + 8};
+  const bool qvalid[2] = {qi0 < nq, qi0 + 8 < nq};
+  // Keys any query of the CTA can see: [kv_lo, kv_hi).
+  const int cta_first_q = pos0 + qtile * kQTile;
+  const int cta_last_q = pos0 + min(nq, (qtile + 1) * kQTile) - 1;
+  const int kv_lo = p.window > 0 ? max(0, cta_first_q - p.window + 1) : 0;
+  const int kv_hi = cta_last_q + 1;
+  const int tile_lo = kv_lo / KT * KT;
+
+  uint32_t qa[KS][4];
+#pragma unroll
+  for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const int d = ks * 16 + half * 8 + 2 * t;
+        float x0 = 0.0f, x1 = 0.0f;
+        if (qvalid[rr]) {
+          const int64_t off = (static_cast<int64_t>(q0 + qi0 + rr * 8) * p.num_heads + h) * D + d;
+          x0 = load_act(p.q, off, p.q_bf16);
+          x1 = load_act(p.q, off + 1, p.q_bf16);
+        }
+        qa[ks][half * 2 + rr] = pack2<DT>(x0, x1);
+      }
+  const float ks_ = DT == kBf16 ? 1.0f : p.k_scale[p.k_scale_count == 1 ? 0 : kvh];
+  const bool softcap = p.softcap > 0.0f;
+  const float score_mul = softcap ? p.softmax_scale * ks_ / p.softcap : p.softmax_scale * ks_ * kLog2e;
+
+  float o[ONT][4];
+#pragma unroll
+  for (int i = 0; i < ONT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+  // Register stage: this thread's chunks of the next K and V tile.
+  uint4 rk[LOADS], rv[LOADS];
+  auto load_tile = [&](int j0) {
+#pragma unroll
+    for (int i = 0; i < LOADS; ++i) {
+      const int c = tid + i * kThreads, key = c / CH, ch = c % CH, j = j0 + key;
+      if (j >= kv_lo && j < kv_hi) {
+        const int64_t blk = bt[j / p.block_size];
+        const int64_t off = (blk * p.block_size + j % p.block_size) * row_bytes + head_off + ch * 16;
+        rk[i] = ld_stream16(p.k_cache + off);
+        rv[i] = ld_stream16(p.v_cache + off);
+      } else {
+        rk[i] = rv[i] = make_uint4(0, 0, 0, 0);  // never read: unwritten / freed slots may hold NaN
+      }
+    }
+  };
+  auto store_tile = [&]() {
+#pragma unroll
+    for (int i = 0; i < LOADS; ++i) {
+      const int c = tid + i * kThreads, key = c / CH, ch = c % CH;
+      if constexpr (DT == kBf16) {
+        *reinterpret_cast<uint4*>(sk + key * PITCH + ch * 8) = rk[i];
+        *reinterpret_cast<uint4*>(sv + key * PITCH + ch * 8) = rv[i];
+      } else {
+        const uint32_t wk[4] = {rk[i].x, rk[i].y, rk[i].z, rk[i].w};
+        const uint32_t wv[4] = {rv[i].x, rv[i].y, rv[i].z, rv[i].w};
+        uint32_t hk[8], hv[8];
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          hk[2 * w] = fp8x2_to_f16x2<DT>(wk[w]);
+          hk[2 * w + 1] = fp8x2_to_f16x2<DT>(wk[w] >> 16);
+          hv[2 * w] = fp8x2_to_f16x2<DT>(wv[w]);
+          hv[2 * w + 1] = fp8x2_to_f16x2<DT>(wv[w] >> 16);
+        }
+        uint4* dk = reinterpret_cast<uint4*>(sk + key * PITCH + ch * 16);
+        uint4* dv = reinterpret_cast<uint4*>(sv + key * PITCH + ch * 16);
+        dk[0] = make_uint4(hk[0], hk[1], hk[2], hk[3]);
+        dk[1] = make_uint4(hk[4], hk[5], hk[6], hk[7]);
+        dv[0] = make_uint4(hv[0], hv[1], hv[2], hv[3]);
+        dv[1] = make_uint4(hv[4], hv[5], hv[6], hv[7]);
+      }
+    }
+  };
+
+  load_tile(tile_lo);
+  for (int j0 = tile_lo; j0 < kv_hi; j0 += KT) {
+    __syncthreads();  // previous tile's readers are done
+    store_tile();
+    __syncthreads();
+    if (j0 + KT < kv_hi) load_tile(j0 + KT);  // in flight during the math below
+
+    float s[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+      for (int nb = 0; nb < NT / 2; ++nb) {
+        uint32_t bk[4];
+        const int mi = lane >> 3, row = lane & 7;
+        ldsm_x4(bk, sk + (nb * 16 + (mi >> 1) * 8 + row) * PITCH + ks * 16 + (mi & 1) * 8);
+        mma16816<DT>(s[2 * nb], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], bk[0], bk[1]);
+        mma16816<DT>(s[2 * nb + 1], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], bk[2], bk[3]);
+      }
+    // Scale, mask (causal, window, range), online softmax per row.
+    const bool full_tile = j0 >= kv_lo && j0 + KT - 1 <= qpos[0] &&
+                           (p.window == 0 || qpos[1] - j0 < p.window) && qvalid[1];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float v = s[n][rr * 2 + e] * score_mul;
+          if (softcap) v = p.softcap * tanhf(v) * kLog2e;
+          if (!full_tile) {
+            const int j = j0 + n * 8 + 2 * t + e;
+            const bool vis = j <= qpos[rr] && (p.window == 0 || qpos[rr] - j < p.window);
+            v = vis ? v : -INFINITY;
+          }
+          s[n][rr * 2 + e] = v;
+          mx = fmaxf(mx, v);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[rr], mx);
+      const float mref = m_new == -INFINITY ? 0.0f : m_new;
+      const float alpha = exp2f(m[rr] - mref);
+      m[rr] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pe = exp2f(s[n][rr * 2 + e] - mref);
+          s[n][rr * 2 + e] = pe;
+          sum += pe;
+        }
+      l[rr] = l[rr] * alpha + sum;
+#pragma unroll
+      for (int i = 0; i < ONT; ++i) { o[i][rr * 2] *= alpha; o[i][rr * 2 + 1] *= alpha; }
+    }
+    // O += P V.
+#pragma unroll
+    for (int kk = 0; kk < KT / 16; ++kk) {
+      const uint32_t a0 = pack2<DT>(s[2 * kk][0], s[2 * kk][1]);
+      const uint32_t a1 = pack2<DT>(s[2 * kk][2], s[2 * kk][3]);
+      const uint32_t a2 = pack2<DT>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      const uint32_t a3 = pack2<DT>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int dn = 0; dn < ONT / 2; ++dn) {
+        uint32_t bv[4];
+        const int mi = lane >> 3, row = lane & 7;
+        ldsm_x4_t(bv, sv + (kk * 16 + (mi & 1) * 8 + row) * PITCH + dn * 16 + (mi >> 1) * 8);
+        mma16816<DT>(o[2 * dn], a0, a1, a2, a3, bv[0], bv[1]);
+        mma16816<DT>(o[2 * dn + 1], a0, a1, a2, a3, bv[2], bv[3]);
+      }
+    }
+  }
+
+  const float vs = DT == kBf16 ? 1.0f : p.v_scale[p.v_scale_count == 1 ? 0 : kvh];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float L = l[rr];
+    L += __shfl_xor_sync(0xffffffffu, L, 1);
+    L += __shfl_xor_sync(0xffffffffu, L, 2);
+    if (!qvalid[rr]) continue;
+    const float f = L > 0.0f ? vs / L : 0.0f;
+    const int64_t base = (static_cast<int64_t>(q0 + qi0 + rr * 8) * p.num_heads + h) * D;
+#pragma unroll
+    for (int i = 0; i < ONT; ++i) {
+      const int d = i * 8 + 2 * t;
+      if (p.out_bf16) {
+        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.out) + base + d) =
+            __floats2bfloat162_rn(o[i][rr * 2] * f, o[i][rr * 2 + 1] * f);
+      } else {
+        *reinterpret_cast<float2*>(static_cast<float*>(p.out) + base + d) =
+            make_float2(o[i][rr * 2] * f, o[i][rr * 2 + 1] * f);
+      }
+    }
+  }
+}
+
+template <int D, int DT>
+void launch_prefill_t(const PrefillParams& p, dim3 grid, cudaStream_t stream) {
+  constexpr int smem = 2 * kv_tile<D>() * (D + 8) * 2;
+  static bool configured = false;
+  if (!configured) {
+    FP8KV_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<D, DT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    configured = true;
+  }
+  prefill_kernel<D, DT><<<grid, kThreads, smem, stream>>>(p);
+  FP8KV_CUDA_CHECK(cudaGetLastError());
+}
+
+template <int D>
+void launch_prefill(const PrefillParams& p, KvDtype dt, dim3 grid, cudaStream_t stream) {
+  switch (dt) {
+    case KvDtype::bf16: launch_prefill_t<D, kBf16>(p, grid, stream); break;
+    case KvDtype::fp8_e4m3: launch_prefill_t<D, kE4m3>(p, grid, stream); break;
+    case KvDtype::fp8_e5m2: launch_prefill_t<D, kE5m2>(p, grid, stream); break;
+  }
+}
+
+}  // namespace
+
+void paged_prefill(const PrefillArgs& a, cudaStream_t stream) {
+  const KvCacheLayout& L = a.kv.layout;
+  if (L.head_dim != 64 && L.head_dim != 128 && L.head_dim != 256)
+    throw std::invalid_argument("paged_prefill: head_dim must be 64, 128 or 256, got " + std::to_string(L.head_dim));
+  if (L.block_size <= 0 || L.block_size % 16 != 0)
+    throw std::invalid_argument("paged_prefill: block_size must be a multiple of 16, got " + std::to_string(L.block_size));
+  if (a.num_heads <= 0 || L.num_kv_heads <= 0 || a.num_heads % L.num_kv_heads != 0)
+    throw std::invalid_argument("paged_prefill: num_heads must be a multiple of num_kv_heads");
+  if (a.batch <= 0 || a.max_query_len <= 0) return;
+  if (!a.q || !a.out || !a.q_start || !a.kv.k_cache || !a.kv.v_cache || !a.kv.block_tables || !a.kv.context_lens)
+    throw std::invalid_argument("paged_prefill: null pointer argument");
+  const bool fp8 = kv_dtype_is_fp8(L.dtype);
+  if (fp8 && (!a.kv.k_scale.values || !a.kv.v_scale.values))
+    throw std::invalid_argument("paged_prefill: fp8 cache needs k/v scales");
+  PrefillParams p{};
+  p.q = a.q;
+  p.out = a.out;
+  p.q_bf16 = a.q_dtype == ActDtype::bf16;
+  p.out_bf16 = a.out_dtype == ActDtype::bf16;
+  p.k_cache = static_cast<const uint8_t*>(a.kv.k_cache);
+  p.v_cache = static_cast<const uint8_t*>(a.kv.v_cache);
+  p.block_tables = a.kv.block_tables;
+  p.max_blocks_per_seq = a.kv.max_blocks_per_seq;
+  p.context_lens = a.kv.context_lens;
+  p.q_start = a.q_start;
+  p.k_scale = fp8 ? a.kv.k_scale.values : nullptr;
+  p.v_scale = fp8 ? a.kv.v_scale.values : nullptr;
+  p.k_scale_count = a.kv.k_scale.count;
+  p.v_scale_count = a.kv.v_scale.count;
+  p.num_heads = a.num_heads;
+  p.num_kv_heads = L.num_kv_heads;
+  p.group = a.num_heads / L.num_kv_heads;
+  p.block_size = L.block_size;
+  p.window = a.window;
+  p.softmax_scale = a.softmax_scale;
+  p.softcap = a.logit_softcap;
+  p.num_q_tiles = (a.max_query_len + kQTile - 1) / kQTile;
+  const dim3 grid(p.num_q_tiles, a.num_heads, a.batch);
+  switch (L.head_dim) {
+    case 64: launch_prefill<64>(p, L.dtype, grid, stream); break;
+    case 128: launch_prefill<128>(p, L.dtype, grid, stream); break;
+    case 256: launch_prefill<256>(p, L.dtype, grid, stream); break;
+  }
+}
+
+}  // namespace fp8kv::cuda
