@@ -1,0 +1,195 @@
+#include "calib/report.h"
+
+#include <cmath>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "io/errors.h"
+#include "numerics/version.h"
+
+namespace fp8kv {
+
+namespace {
+
+nlohmann::json values_json(const std::vector<float>& v, bool per_head) {
+  if (!per_head) return json_f32(v.empty() ? 0.0f : v[0]);
+  nlohmann::json a = nlohmann::json::array();
+  for (float f : v) a.push_back(json_f32(f));
+  return a;
+}
+
+std::vector<float> scales_for(const std::vector<float>& amax, const ScaleRule& rule, KvDtype target) {
+  std::vector<float> s;
+  s.reserve(amax.size());
+  for (float a : amax) s.push_back(rule.scale_for(a, target));
+  return s;
+}
+
+}  // namespace
+
+nlohmann::json CalibrationReport::to_json() const {
+  nlohmann::json j;
+  j["fp8kv_version"] = version_string();
+  j["status"] = complete ? "complete" : "failed";
+  if (!complete) j["reason"] = reason;
+  j["model"] = model;
+  j["rule"] = rule.name();
+  j["target"] = std::string(kv_dtype_name(target));
+  j["per_head"] = per_head;
+  j["tokens_observed"] = tokens_observed;
+  j["corpus"] = corpus;
+  j["context"] = context;
+  nlohmann::json layers_j = nlohmann::json::array();
+  for (const auto& l : layers) {
+    nlohmann::json e;
+    e["layer"] = l.layer;
+    e["q_amax"] = values_json(l.q_amax, per_head);
+    e["k_amax"] = values_json(l.k_amax, per_head);
+    e["v_amax"] = values_json(l.v_amax, per_head);
+    e["q_p9999"] = json_f32(l.q_p9999);
+    e["k_p9999"] = json_f32(l.k_p9999);
+    e["v_p9999"] = json_f32(l.v_p9999);
+    e["q_scale"] = values_json(l.q_scale, per_head);
+    e["k_scale"] = values_json(l.k_scale, per_head);
+    e["v_scale"] = values_json(l.v_scale, per_head);
+    e["observations"] = l.observations;
+    layers_j.push_back(std::move(e));
+  }
+  j["layers"] = std::move(layers_j);
+  return j;
+}
+
+CalibrationReport build_report(const CalibrationObserver& obs, const ScaleRule& rule, KvDtype target, bool per_head) {
+  CalibrationReport r;
+  r.rule = rule;
+  r.target = target;
+  r.per_head = per_head;
+  std::vector<std::string> problems;
+  std::vector<int> unobserved;
+  for (int l = 0; l < obs.num_layers(); ++l) {
+    const LayerStats& s = obs.layer(l);
+    if (s.tokens == 0) {
+      unobserved.push_back(l);
+      continue;
+    }
+    for (const auto& [name, st] : {std::pair<const char*, const StreamStats*>{"Q", &s.q}, {"K", &s.k}, {"V", &s.v}})
+      if (st->nonfinite)
+        problems.push_back(fmt::format("layer {} {}: {} non-finite value(s) at the store point", l, name, st->nonfinite));
+    LayerCalibration c;
+    c.layer = l;
+    c.observations = s.tokens;
+    auto pick = [&](const StreamStats& st) {
+      return per_head ? st.head_amax : std::vector<float>{st.amax()};
+    };
+    c.q_amax = pick(s.q);
+    c.k_amax = pick(s.k);
+    c.v_amax = pick(s.v);
+    c.q_p9999 = s.q.percentile(0.9999);
+    c.k_p9999 = s.k.percentile(0.9999);
+    c.v_p9999 = s.v.percentile(0.9999);
+    if (c.q_amax.empty()) c.q_amax = {0.0f};  // engine did not pass Q (never in practice)
+    c.q_scale = scales_for(c.q_amax, rule, target);
+    c.k_scale = scales_for(c.k_amax, rule, target);
+    c.v_scale = scales_for(c.v_amax, rule, target);
+    r.layers.push_back(std::move(c));
+    r.tokens_observed = std::max(r.tokens_observed, s.tokens);
+  }
+  if (obs.num_layers() == 0) {
+    r.reason = "the model has no attention layers";
+  } else if (r.tokens_observed == 0) {
+    r.reason = "no token was observed (empty corpus?)";
+  } else if (!unobserved.empty()) {
+    std::string list;
+    for (int l : unobserved) list += fmt::format("{}{}", list.empty() ? "" : ",", l);
+    r.reason = fmt::format("layer(s) {} were never observed", list);
+  } else if (!problems.empty()) {
+    r.reason = problems.size() > 1 ? fmt::format("{} (and {} more)", problems[0], problems.size() - 1) : problems[0];
+  }
+  r.complete = r.reason.empty();
+  return r;
+}
+
+namespace {
+
+std::vector<float> read_scale(const nlohmann::json& e, const std::string& where, const char* field, int heads,
+                              const char* heads_what) {
+  if (!e.contains(field)) throw InputError(fmt::format("{}: missing field {}", where, field));
+  const auto& v = e[field];
+  std::vector<const nlohmann::json*> items;
+  if (v.is_array()) {
+    for (const auto& x : v) items.push_back(&x);
+    if (static_cast<int>(items.size()) != heads && items.size() != 1)
+      throw InputError(fmt::format("{}.{} has {} values (expected a number, or one per {}: {})", where, field,
+                                   items.size(), heads_what, heads));
+  } else {
+    items.push_back(&v);
+  }
+  std::vector<float> out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const auto& x = *items[i];
+    const std::string at = v.is_array() ? fmt::format("{}.{}[{}]", where, field, i) : fmt::format("{}.{}", where, field);
+    if (!x.is_number())
+      throw InputError(fmt::format("{} is {} (expected a finite number > 0)", at, x.is_null() ? "null" : x.type_name()));
+    const double d = x.get<double>();
+    if (!std::isfinite(d)) throw InputError(fmt::format("{} is not finite (a KV scale must be finite and > 0)", at));
+    if (d <= 0.0) throw InputError(fmt::format("{} is {} (a KV scale must be finite and > 0)", at, d));
+    const float f = static_cast<float>(d);
+    if (!std::isfinite(f)) throw InputError(fmt::format("{} = {} overflows float32", at, d));
+    if (f <= 0.0f) throw InputError(fmt::format("{} = {} underflows float32 to 0", at, d));
+    out.push_back(f);
+  }
+  return out;
+}
+
+}  // namespace
+
+ReportScales parse_report_for_inject(const nlohmann::json& j, const std::string& source, const KvScaleShape& shape) {
+  if (!j.is_object()) throw InputError(fmt::format("{}: expected a JSON object (a calibration report)", source));
+  if (!j.contains("status") || !j["status"].is_string())
+    throw InputError(fmt::format("{}: missing field status (not a calibration report?)", source));
+  const std::string status = j["status"].get<std::string>();
+  if (status != "complete") {
+    std::string reason;
+    if (j.contains("reason") && j["reason"].is_string()) reason = fmt::format(": {}", j["reason"].get<std::string>());
+    throw InputError(fmt::format("{}: status is '{}'{}; inject needs a complete calibration report", source, status, reason));
+  }
+  ReportScales r;
+  if (j.contains("target")) {
+    if (!j["target"].is_string()) throw InputError(fmt::format("{}: target must be a string", source));
+    try {
+      r.target = parse_kv_dtype(j["target"].get<std::string>());
+    } catch (const std::invalid_argument& e) {
+      throw InputError(fmt::format("{}: target: {}", source, e.what()));
+    }
+    if (!kv_dtype_is_fp8(r.target)) throw InputError(fmt::format("{}: target must be fp8_e4m3 or fp8_e5m2", source));
+  }
+  if (j.contains("rule") && j["rule"].is_string()) r.rule = j["rule"].get<std::string>();
+  if (!j.contains("layers") || !j["layers"].is_array())
+    throw InputError(fmt::format("{}: missing array layers", source));
+  const auto& layers = j["layers"];
+  if (static_cast<int>(layers.size()) != shape.num_layers)
+    throw InputError(fmt::format("{}: {} layer entries, but the model has {} layers", source, layers.size(),
+                                 shape.num_layers));
+  r.scales = KvScales::unity(shape.num_layers);
+  std::vector<bool> seen(static_cast<size_t>(shape.num_layers), false);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const auto& e = layers[i];
+    const std::string where = fmt::format("{}: layers[{}]", source, i);
+    if (!e.is_object() || !e.contains("layer") || !e["layer"].is_number_integer())
+      throw InputError(fmt::format("{}: missing integer field layer", where));
+    const int64_t l = e["layer"].get<int64_t>();
+    if (l < 0 || l >= shape.num_layers)
+      throw InputError(fmt::format("{}: layer {} is out of range (the model has {} layers)", where, l, shape.num_layers));
+    if (seen[static_cast<size_t>(l)]) throw InputError(fmt::format("{}: layer {} appears twice", where, l));
+    seen[static_cast<size_t>(l)] = true;
+    const std::string lw = fmt::format("{} (layer {})", where, l);
+    auto& dst = r.scales.layers[static_cast<size_t>(l)];
+    dst.k.values = read_scale(e, lw, "k_scale", shape.num_kv_heads, "KV head");
+    dst.v.values = read_scale(e, lw, "v_scale", shape.num_kv_heads, "KV head");
+    dst.q.values = read_scale(e, lw, "q_scale", shape.num_heads, "query head");
+  }
+  return r;
+}
+
+}  // namespace fp8kv

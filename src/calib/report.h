@@ -1,0 +1,68 @@
+// The calibration report (REPORT.json): written by `fp8kv calibrate`, read by
+// `fp8kv inject`. Layout (docs/kv_scales.md):
+//   {"fp8kv_version", "status": "complete"|"failed", ["reason"], "model",
+//    "rule": "safety:1.3", "target": "fp8_e4m3", "per_head": false,
+//    "tokens_observed": N, "corpus": [...], "context": N,
+//    "layers": [{"layer", "q_amax", "k_amax", "v_amax", "q_p9999", "k_p9999",
+//                "v_p9999", "q_scale", "k_scale", "v_scale", "observations"}]}
+// One layer entry per attention layer; "observations" counts tokens observed.
+// With per_head, amax and scale values are arrays (k/v per KV head, q per
+// query head). Floats are written as the double of the exact float32 value,
+// so they parse back to the same float32 bits.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "calib/observer.h"
+#include "calib/scale_rule.h"
+#include "kv/scale_loader.h"
+#include "numerics/fp8.h"
+
+namespace fp8kv {
+
+struct LayerCalibration {
+  int layer = 0;
+  std::vector<float> q_amax, k_amax, v_amax;     // 1 value, or one per head (per_head)
+  float q_p9999 = 0, k_p9999 = 0, v_p9999 = 0;   // per tensor
+  std::vector<float> q_scale, k_scale, v_scale;  // as the amax vectors
+  uint64_t observations = 0;                     // tokens observed
+};
+
+struct CalibrationReport {
+  bool complete = false;
+  std::string reason;  // why it failed (empty when complete)
+  std::string model;
+  ScaleRule rule;
+  KvDtype target = KvDtype::fp8_e4m3;
+  bool per_head = false;
+  uint64_t tokens_observed = 0;
+  std::vector<std::string> corpus;
+  int context = 0;
+  std::vector<LayerCalibration> layers;
+
+  nlohmann::json to_json() const;
+};
+
+// Builds the report from what the observer saw. status is failed (with the
+// reason) when no token was observed, a layer was never observed, or a
+// non-finite value reached the store point.
+CalibrationReport build_report(const CalibrationObserver& obs, const ScaleRule& rule, KvDtype target, bool per_head);
+
+// What inject needs from a report, validated against the model: status
+// complete, one entry per layer 0..n-1, every scale a finite float32 > 0 with
+// 1 or per-head values. Throws InputError naming `source`, the layer and the
+// field on anything else.
+struct ReportScales {
+  KvDtype target = KvDtype::fp8_e4m3;
+  std::string rule;
+  KvScales scales;  // from_checkpoint = false; source_tensor empty
+};
+ReportScales parse_report_for_inject(const nlohmann::json& report, const std::string& source, const KvScaleShape& shape);
+
+// JSON number holding exactly the float32 value (no NaN/inf: callers check).
+inline nlohmann::json json_f32(float f) { return nlohmann::json(static_cast<double>(f)); }
+
+}  // namespace fp8kv

@@ -1,0 +1,86 @@
+// `fp8kv inject MODEL_DIR --report REPORT.json (--output NEW_DIR | --in-place)`:
+// writes calibrated KV scales into a checkpoint as their own shard, with the
+// index as the commit point (src/calib/inject.h, docs/kv_scales.md).
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "calib/inject.h"
+#include "cli/commands.h"
+#include "io/errors.h"
+#include "io/fs_util.h"
+#include "numerics/version.h"
+
+namespace fp8kv::cli {
+namespace {
+
+struct InjectArgs {
+  std::string model, report, output;
+  bool in_place = false;
+  std::string naming = "hf";
+  bool declare = false;
+  bool no_q = false;
+};
+
+int env_slow_ms() {
+  const char* s = std::getenv("FP8KV_INJECT_SLOW_MS");
+  if (!s || !*s) return 0;
+  char* end = nullptr;
+  const long v = std::strtol(s, &end, 10);
+  if (*end != '\0' || v < 0 || v > 600000) throw UsageError(fmt::format("FP8KV_INJECT_SLOW_MS='{}': expected milliseconds", s));
+  return static_cast<int>(v);
+}
+
+int run_inject(const InjectArgs& a) {
+  if (a.in_place == !a.output.empty()) throw UsageError("inject: give exactly one of --output NEW_DIR or --in-place");
+  InjectOptions o;
+  o.model_dir = a.model;
+  if (!a.output.empty()) o.output_dir = a.output;
+  o.report_source = a.report;
+  o.naming = parse_kv_scale_naming(a.naming);
+  o.declare_kv_scheme = a.declare;
+  o.write_q_scale = !a.no_q;
+  o.slow_ms = env_slow_ms();
+  nlohmann::json report;
+  try {
+    report = nlohmann::json::parse(read_file(a.report));
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(fmt::format("{}: invalid JSON: {}", a.report, e.what()));
+  }
+  const InjectResult r = inject_kv_scales(o, report);
+  std::fprintf(stderr, "inject: wrote %zu scale tensors to %s/%s%s\n", r.tensors.size(), r.dir.c_str(),
+               r.scales_file.c_str(), r.created_index ? " (created model.safetensors.index.json)" : "");
+  nlohmann::json out;
+  out["fp8kv_version"] = version_string();
+  out["model"] = a.model;
+  out["output"] = r.dir.string();
+  out["in_place"] = a.in_place;
+  out["scales_file"] = r.scales_file;
+  out["tensors"] = r.tensors.size();
+  out["naming"] = a.naming;
+  out["created_index"] = r.created_index;
+  out["declared_kv_scheme"] = a.declare;
+  std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+}
+
+const Registrar reg([](CLI::App& app) {
+  auto args = std::make_shared<InjectArgs>();
+  CLI::App* sub = app.add_subcommand("inject", "write calibrated KV scales (a calibrate report) into a checkpoint");
+  sub->add_option("model", args->model, "checkpoint directory")->required();
+  sub->add_option("--report", args->report, "REPORT.json written by fp8kv calibrate")->required();
+  sub->add_option("--output", args->output, "new checkpoint directory (must not exist, or be empty)");
+  sub->add_flag("--in-place", args->in_place, "modify MODEL_DIR (the index is the commit point)");
+  sub->add_option("--naming", args->naming, "hf: self_attn.{k,v,q}_scale (default) | vllm-runtime: self_attn.attn.*");
+  sub->add_flag("--declare-kv-scheme", args->declare,
+                "record kv_cache_quant_algo FP8 in hf_quant_config.json (so --kv-cache-dtype auto picks fp8)");
+  sub->add_flag("--no-q-scale", args->no_q, "write only k and v scales");
+  set_action(sub, [args] { return run_inject(*args); });
+});
+
+}  // namespace
+}  // namespace fp8kv::cli
