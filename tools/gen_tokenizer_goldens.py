@@ -260,10 +260,10 @@ def base_texts():
 def long_text(rng):
     pool = ("The quick brown fox jumps over the lazy dog. 1234 calibrated FP8 scales, per-layer KV cache; "
             "naïve café 你好世界 😀👩‍💻 Привет мир\n\n    indented code();\t\ttabs\r\n").split(" ")
-    return " ".join(rng.choice(pool) for _ in range(700))
+    return " ".join(rng.choice(pool) for _ in range(400))
 
 
-def random_texts(rng, n=40):
+def random_texts(rng, n=30):
     pool = (list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,;:!?'\"()[]{}<>-_/\\@#$%^&*+=~`|")
             + list("  \t\n\r") + ["\u00e9", "\u00df", "\u00f1", "\u0301", "\u0308", "\u4e2d", "\u6587", "\u3042",
                                   "\uac00", "\u0416", "\u03a9", "\u05d0", "\u0627", "\u0915", "\u094d", "\u0e01",
@@ -328,9 +328,9 @@ def main():
         texts = common + specific_texts(name, tok)
         vocab_n = tok.get_vocab_size(with_added_tokens=True)
         drng = random.Random(sum(map(ord, name)))
-        rand_ids = [[drng.randrange(0, vocab_n) for _ in range(drng.randint(1, 24))] for _ in range(60)]
+        rand_ids = [[drng.randrange(0, vocab_n) for _ in range(drng.randint(1, 24))] for _ in range(40)]
         added_ids = sorted(tok.get_added_tokens_decoder().keys())
-        rand_ids += [[drng.choice(added_ids + list(range(0, min(vocab_n, 400)))) for _ in range(8)] for _ in range(20)]
+        rand_ids += [[drng.choice(added_ids + list(range(0, min(vocab_n, 400)))) for _ in range(8)] for _ in range(15)]
         kind = "file"
         lib = f"tokenizers {tokenizers.__version__}"
         enc = lambda t, s: encode_ids(tok, t, s)

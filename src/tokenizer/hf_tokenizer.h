@@ -15,6 +15,7 @@ namespace fp8kv::tok {
 
 struct AddedToken {
   std::string content;
+  std::string decode_form;  // what decode() feeds the decoder (normalized content when normalized)
   int id = -1;
   bool single_word = false, lstrip = false, rstrip = false, normalized = true, special = false;
 };
@@ -56,9 +57,6 @@ class HfTokenizer final : public Tokenizer {
   std::optional<std::string> id_to_token(int id) const override;
   std::optional<int> bos_id() const override;
 
-  // transformers' TokenizersBackend.update_post_processor.
-  void set_bos_eos(std::optional<int> bos, std::optional<int> eos);
-  bool has_post_processor() const { return post_ != nullptr; }
   // transformers' split_special_tokens: special tokens in text are not matched.
   void set_split_special_tokens(bool v) { split_special_ = v; }
 

@@ -56,10 +56,6 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const json& j, const std::strin
 std::unique_ptr<Decoder> make_decoder(const json& j, const std::string& ctx);
 std::unique_ptr<PostProcessor> make_post_processor(const json& j, const std::string& ctx);
 
-// A TemplateProcessing "$A" with optional bos/eos, as transformers'
-// update_post_processor builds it.
-std::unique_ptr<PostProcessor> make_bos_eos_processor(std::vector<int> prefix, std::vector<int> suffix);
-
 // SplitDelimiterBehavior of `tokenizers`.
 enum class SplitBehavior { Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous };
 SplitBehavior parse_behavior(const std::string& name, const std::string& ctx);

@@ -95,10 +95,6 @@ std::unique_ptr<PostProcessor> make_template(const json& j, const std::string& c
 
 }  // namespace
 
-std::unique_ptr<PostProcessor> make_bos_eos_processor(std::vector<int> prefix, std::vector<int> suffix) {
-  return std::make_unique<AffixProcessor>(std::move(prefix), std::move(suffix));
-}
-
 std::unique_ptr<PostProcessor> make_post_processor(const json& j, const std::string& ctx) {
   if (j.is_null()) return nullptr;
   std::string type = req_str(j, "type", ctx);

@@ -159,12 +159,15 @@ void HfTokenizer::build_added(const json& arr, const std::string& ctx) {
       if (t.special == (pass == 0)) added_.push_back(t);
   for (size_t k = 0; k < added_.size(); ++k) {
     added_by_id_[added_[k].id] = k;  // the last definition of an id wins
+    added_[k].decode_form = added_[k].content;
     if (!added_[k].normalized) {
       raw_matcher_.add(added_[k].content, static_cast<int>(k));
     } else {
       std::string n = added_[k].content;
       if (normalizer_) normalizer_->normalize(n);
       norm_matcher_.add(n, static_cast<int>(k));
+      // `tokenizers` decodes a normalized added token from its normalized form.
+      added_[k].decode_form = n;
     }
   }
 }
@@ -307,7 +310,7 @@ std::string HfTokenizer::decode(std::span<const int> ids, bool skip_special_toke
   for (int id : ids) {
     const std::string* t = nullptr;
     if (auto it = added_by_id_.find(id); it != added_by_id_.end())
-      t = &added_[it->second].content;
+      t = &added_[it->second].decode_form;
     else
       t = model_->id_to_token(id);
     if (!t) continue;  // unknown ids are dropped, as in `tokenizers`
@@ -345,14 +348,6 @@ bool HfTokenizer::is_special(int id) const {
 
 std::optional<int> HfTokenizer::bos_id() const { return bos_id_; }
 
-void HfTokenizer::set_bos_eos(std::optional<int> bos, std::optional<int> eos) {
-  std::vector<int> pre, post;
-  if (bos) pre.push_back(*bos);
-  if (eos) post.push_back(*eos);
-  post_ = make_bos_eos_processor(std::move(pre), std::move(post));
-  bos_id_ = bos;
-}
-
 }  // namespace tok
 
 // ---- public API --------------------------------------------------------------
@@ -373,16 +368,6 @@ tok::json read_json(const std::filesystem::path& p) {
   }
 }
 
-// "bos_token": "<s>" or {"content": "<s>", ...} or null.
-std::optional<std::string> config_token(const tok::json& cfg, const char* key) {
-  auto it = cfg.find(key);
-  if (it == cfg.end() || it->is_null()) return std::nullopt;
-  if (it->is_string()) return it->get<std::string>();
-  if (it->is_object() && it->contains("content") && (*it)["content"].is_string())
-    return (*it)["content"].get<std::string>();
-  return std::nullopt;
-}
-
 bool config_bool(const tok::json& cfg, const char* key, const std::string& ctx) {
   auto it = cfg.find(key);
   if (it == cfg.end() || it->is_null()) return false;
@@ -396,43 +381,29 @@ std::unique_ptr<Tokenizer> Tokenizer::from_file(const std::filesystem::path& tok
   return std::make_unique<tok::HfTokenizer>(j, tokenizer_json.string());
 }
 
-// transformers 5 (TokenizersBackend.__init__ / update_post_processor): when
-// tokenizer_config.json sets add_bos_token or add_eos_token explicitly, or
-// tokenizer.json has no post-processor, the post-processor is replaced by
-// "[bos] $A [eos]" with each flag defaulting to false and bos/eos taken from
-// the config's bos_token / eos_token (a missing token turns its flag off).
-// Otherwise tokenizer.json's post-processor is kept as is.
+// A model directory as transformers 5's AutoTokenizer loads it (checked
+// against transformers 5.17 by the goldens): when tokenizer.json is present,
+// PreTrainedTokenizerBase.from_pretrained pops add_bos_token / add_eos_token
+// from tokenizer_config.json before the class is built, so TokenizersBackend
+// keeps tokenizer.json's post-processor (a missing one becomes "$A", i.e. no
+// special tokens). Decoding of BPE models skips clean_up_tokenization_spaces.
+// What is honored from tokenizer_config.json: split_special_tokens.
+// Not emulated: model-specific tokenizer classes with their own __init__
+// (e.g. a "LlamaTokenizer" class that rebuilds the pipeline from the vocab).
 std::unique_ptr<Tokenizer> Tokenizer::from_dir(const std::filesystem::path& dir) {
   auto tj = dir / "tokenizer.json";
+  std::error_code ec;
+  if (!std::filesystem::exists(tj, ec))
+    throw InputError(fmt::format("{}: no tokenizer.json in this directory (fp8kv reads the Hugging Face "
+                                 "tokenizer.json format only)",
+                                 dir.string()));
   auto tok = std::make_unique<tok::HfTokenizer>(read_json(tj), tj.string());
   auto cfg_path = dir / "tokenizer_config.json";
-  std::error_code ec;
-  tok::json cfg = tok::json::object();
-  if (std::filesystem::exists(cfg_path, ec)) cfg = read_json(cfg_path);
-  if (!cfg.is_object()) throw InputError(fmt::format("{}: expected a JSON object", cfg_path.string()));
-  tok::json stmap = tok::json::object();
-  auto st_path = dir / "special_tokens_map.json";
-  if (std::filesystem::exists(st_path, ec)) stmap = read_json(st_path);
-  if (!stmap.is_object()) stmap = tok::json::object();
-  std::string ctx = cfg_path.string();
-
-  bool explicit_flags = cfg.contains("add_bos_token") || cfg.contains("add_eos_token");
-  if (explicit_flags || !tok->has_post_processor()) {
-    bool add_bos = config_bool(cfg, "add_bos_token", ctx);
-    bool add_eos = config_bool(cfg, "add_eos_token", ctx);
-    auto resolve = [&](const char* key, bool wanted) -> std::optional<int> {
-      if (!wanted) return std::nullopt;
-      auto name = config_token(cfg, key);
-      if (!name) name = config_token(stmap, key);
-      if (!name) return std::nullopt;
-      auto id = tok->token_to_id(*name);
-      if (!id)
-        throw InputError(fmt::format("{}: {} {:?} is not a token of {}", ctx, key, *name, tj.string()));
-      return id;
-    };
-    tok->set_bos_eos(resolve("bos_token", add_bos), resolve("eos_token", add_eos));
+  if (std::filesystem::exists(cfg_path, ec)) {
+    tok::json cfg = read_json(cfg_path);
+    if (!cfg.is_object()) throw InputError(fmt::format("{}: expected a JSON object", cfg_path.string()));
+    if (config_bool(cfg, "split_special_tokens", cfg_path.string())) tok->set_split_special_tokens(true);
   }
-  if (config_bool(cfg, "split_special_tokens", ctx)) tok->set_split_special_tokens(true);
   return tok;
 }
 

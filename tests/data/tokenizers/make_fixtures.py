@@ -127,7 +127,8 @@ meta["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_sch
 meta["decoder"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": True}
 write("metaspace_first.json", meta)
 
-# ---- model directory: no post-processor in tokenizer.json, bos+eos from config
+# ---- model directory: no post-processor in tokenizer.json; the config's add_bos/add_eos are
+# ignored by transformers 5 when tokenizer.json is present
 d = json.loads(json.dumps(spm))
 d["post_processor"] = None
 write("llama2_dir/tokenizer.json", d)
