@@ -1,0 +1,162 @@
+// `fp8kv inspect MODEL_DIR [--json]`: what the engine would load, and whether
+// it can. Exit 0 when config.json parses, the weights open and every tensor
+// the family needs is present with the right shape; exit 2 with one line
+// naming the file / tensor otherwise. Unexpected tensors are warnings.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "io/checkpoint.h"
+#include "io/errors.h"
+#include "kv/scale_loader.h"
+#include "model/config.h"
+#include "model/weights_spec.h"
+#include "numerics/version.h"
+
+namespace fp8kv::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// Tensors of a multimodal checkpoint that the text engine does not use.
+bool is_non_text_tensor(const std::string& name) {
+  for (const char* p : {"vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                        "model.multi_modal_projector."})
+    if (name.rfind(p, 0) == 0) return true;
+  return false;
+}
+
+struct Summary {
+  uint64_t num_parameters = 0;
+  std::string weight_dtype;  // safetensors dtype of the weights, or "mixed (A, B)"
+};
+
+Summary summarize(const ModelConfig& cfg, const Checkpoint& ckpt, const WeightNaming& naming) {
+  Summary s;
+  std::map<std::string, uint64_t> bytes_by_dtype;
+  for (const auto& spec : expected_tensors(cfg, naming)) {
+    const TensorInfo* t = ckpt.find(spec.name);
+    s.num_parameters += static_cast<uint64_t>(t->numel());
+    bytes_by_dtype[std::string(dtype_name(t->dtype))] += t->nbytes();
+  }
+  if (bytes_by_dtype.size() == 1) {
+    s.weight_dtype = bytes_by_dtype.begin()->first;
+  } else {
+    std::string list;
+    for (const auto& [d, b] : bytes_by_dtype) list += (list.empty() ? "" : ", ") + d;
+    s.weight_dtype = "mixed (" + list + ")";
+  }
+  return s;
+}
+
+int run_inspect(const std::string& model_dir, bool json_out) {
+  const fs::path dir(model_dir);
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw InputError(fmt::format("{}: not a directory (expected a model directory)", model_dir));
+  const ModelConfig cfg = load_model_config(dir);
+  const auto ckpt = Checkpoint::open(dir);
+  const WeightNaming naming = detect_weight_naming(cfg, *ckpt);
+  const auto unexpected_all = check_weights(cfg, *ckpt, naming);
+
+  std::vector<std::string> warnings;
+  std::vector<std::string> unexpected;
+  int non_text = 0;
+  for (const auto& n : unexpected_all) {
+    if (cfg.architecture == "Gemma3ForConditionalGeneration" && is_non_text_tensor(n)) ++non_text;
+    else unexpected.push_back(n);
+  }
+  if (!unexpected.empty()) {
+    std::string list;
+    for (size_t i = 0; i < unexpected.size() && i < 8; ++i) list += (i ? ", " : "") + unexpected[i];
+    if (unexpected.size() > 8) list += fmt::format(", ... ({} more)", unexpected.size() - 8);
+    warnings.push_back(fmt::format("{} unexpected tensor(s) not used by {}: {}", unexpected.size(),
+                                   cfg.architecture, list));
+  }
+
+  // KV scales present in the checkpoint (validated: malformed scales are bad input).
+  const KvScales scales = load_kv_scales(*ckpt, KvScaleShape{cfg.num_layers, cfg.num_heads, cfg.num_kv_heads});
+  const KvScaleCoverage cov = kv_scale_coverage(scales);
+  const bool declares_fp8 = checkpoint_declares_fp8_kv(dir);
+  if (auto w = kv_scale_coverage_warning(cov, KvDtype::fp8_e4m3); w && (declares_fp8 || cov.k_present() + cov.v_present() > 0))
+    warnings.push_back(*w);
+
+  const Summary sum = summarize(cfg, *ckpt, naming);
+  // K + V, every attention layer, one token.
+  const uint64_t kv_elems = 2ull * static_cast<uint64_t>(cfg.num_layers) * cfg.num_kv_heads * cfg.head_dim;
+  std::vector<std::string> layer_types;
+  for (auto t : cfg.layer_types) layer_types.emplace_back(layer_type_name(t));
+
+  for (const auto& w : warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+
+  if (json_out) {
+    json j;
+    j["model"] = model_dir;
+    j["architecture"] = cfg.architecture;
+    j["model_type"] = cfg.model_type;
+    j["family"] = std::string(family_name(cfg.family));
+    j["num_layers"] = cfg.num_layers;
+    j["layer_types"] = layer_types;
+    j["sliding_window"] = cfg.sliding_window ? json(*cfg.sliding_window) : json(nullptr);
+    j["hidden_size"] = cfg.hidden_size;
+    j["intermediate_size"] = cfg.intermediate_size;
+    j["num_heads"] = cfg.num_heads;
+    j["num_kv_heads"] = cfg.num_kv_heads;
+    j["head_dim"] = cfg.head_dim;
+    j["vocab_size"] = cfg.vocab_size;
+    j["max_position_embeddings"] = cfg.max_position_embeddings;
+    j["tie_word_embeddings"] = cfg.tie_word_embeddings;
+    j["weight_dtype"] = sum.weight_dtype;
+    j["num_parameters"] = sum.num_parameters;
+    j["kv_bytes_per_token"] = {{"bf16", kv_elems * 2}, {"fp8_e4m3", kv_elems}, {"fp8_e5m2", kv_elems}};
+    j["weight_files"] = json::array();
+    for (const auto& f : ckpt->files()) j["weight_files"].push_back(f.filename().string());
+    j["kv_scales"] = {{"declares_fp8_kv", declares_fp8},
+                      {"quantized_layers", cov.quantized_layers},
+                      {"k_scale_layers", cov.k_present()},
+                      {"v_scale_layers", cov.v_present()},
+                      {"q_scale_layers", cov.q_present()}};
+    j["unexpected_tensors"] = unexpected;
+    j["warnings"] = warnings;
+    j["fp8kv_version"] = version_string();
+    // Tensor names come from the file: never let invalid UTF-8 abort the output.
+    std::printf("%s\n", j.dump(2, ' ', false, json::error_handler_t::replace).c_str());
+    return 0;
+  }
+
+  std::string out;
+  out += fmt::format("model:            {}\n", model_dir);
+  out += fmt::format("architecture:     {} (model_type {})\n", cfg.architecture, cfg.model_type);
+  out += fmt::format("layers:           {} ({} full, {} sliding{})\n", cfg.num_layers,
+                     cfg.num_layers - cfg.num_sliding_layers(), cfg.num_sliding_layers(),
+                     cfg.sliding_window ? fmt::format(", window {}", *cfg.sliding_window) : std::string());
+  out += fmt::format("hidden / ffn:     {} / {}\n", cfg.hidden_size, cfg.intermediate_size);
+  out += fmt::format("heads:            {} query, {} kv, head_dim {}\n", cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+  out += fmt::format("vocab:            {}{}\n", cfg.vocab_size, cfg.tie_word_embeddings ? " (tied embeddings)" : "");
+  out += fmt::format("weights:          {} parameters, {}, {} file(s)\n", sum.num_parameters, sum.weight_dtype,
+                     ckpt->files().size());
+  out += fmt::format("KV bytes / token: bf16 {}, fp8_e4m3 {}, fp8_e5m2 {}\n", kv_elems * 2, kv_elems, kv_elems);
+  out += fmt::format("KV scales:        k {}/{}, v {}/{}, q {}/{} layers{}\n", cov.k_present(), cov.quantized_layers,
+                     cov.v_present(), cov.quantized_layers, cov.q_present(), cov.quantized_layers,
+                     declares_fp8 ? " (checkpoint declares an fp8 KV cache)" : "");
+  if (non_text) out += fmt::format("non-text tensors: {} (vision tower / projector, not loaded)\n", non_text);
+  out += fmt::format("fp8kv:            {}\n", version_string());
+  std::fputs(out.c_str(), stdout);
+  return 0;
+}
+
+const Registrar reg([](CLI::App& app) {
+  auto* sub = app.add_subcommand("inspect", "Show a model's architecture, layer types, KV size; check it loads");
+  auto dir = std::make_shared<std::string>();
+  auto json_out = std::make_shared<bool>(false);
+  sub->add_option("MODEL_DIR", *dir, "Hugging Face checkpoint directory")->required();
+  sub->add_flag("--json", *json_out, "Print JSON");
+  set_action(sub, [dir, json_out] { return run_inspect(*dir, *json_out); });
+});
+
+}  // namespace
+}  // namespace fp8kv::cli
