@@ -1,0 +1,92 @@
+#include "calib/calibrate.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "io/errors.h"
+
+namespace fp8kv {
+
+CalibrationReport calibrate(Engine& engine, const std::vector<std::vector<int>>& chunks, const CalibrateOptions& o,
+                            const CalibrateProgress& progress) {
+  if (engine.kv_dtype() != KvDtype::bf16)
+    throw InputError(fmt::format("calibrate: the engine runs a {} cache; calibration observes a bf16 cache",
+                                 kv_dtype_name(engine.kv_dtype())));
+  CalibrationObserver obs(engine.config().num_layers);
+  uint64_t total = 0, done = 0;
+  for (const auto& c : chunks) total += c.size();
+  engine.set_store_observer(&obs);
+  try {
+    for (const auto& c : chunks) {
+      if (c.empty()) continue;
+      engine.score(c);
+      done += c.size();
+      if (progress) progress(done, total);
+    }
+  } catch (...) {
+    engine.set_store_observer(nullptr);
+    throw;
+  }
+  engine.set_store_observer(nullptr);
+  return build_report(obs, o.rule, o.target, o.per_head);
+}
+
+void append_chunks(const std::vector<int>& ids, int context, uint64_t& budget, bool limited,
+                   std::vector<std::vector<int>>& chunks) {
+  if (context <= 0) throw std::invalid_argument("context must be > 0");
+  for (size_t i = 0; i < ids.size(); i += static_cast<size_t>(context)) {
+    size_t n = std::min(static_cast<size_t>(context), ids.size() - i);
+    if (limited) {
+      if (budget == 0) return;
+      n = std::min<uint64_t>(n, budget);
+      budget -= n;
+    }
+    chunks.emplace_back(ids.begin() + static_cast<std::ptrdiff_t>(i), ids.begin() + static_cast<std::ptrdiff_t>(i + n));
+  }
+}
+
+namespace {
+std::string fmt_vals(const std::vector<float>& v) {
+  if (v.size() == 1) return fmt::format("{:.4g}", v[0]);
+  float m = 0;
+  for (float x : v) m = std::max(m, x);
+  return fmt::format("max {:.4g}", m);
+}
+}  // namespace
+
+std::string calibration_summary(const CalibrationReport& r) {
+  std::string s = fmt::format("calibration {} ({} tokens, rule {}, target {}{})\n", r.complete ? "complete" : "FAILED",
+                              r.tokens_observed, r.rule.name(), kv_dtype_name(r.target), r.per_head ? ", per head" : "");
+  if (!r.complete) s += fmt::format("  reason: {}\n", r.reason);
+  s += fmt::format("  {:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "layer", "q_amax", "k_amax", "v_amax", "q_scale",
+                   "k_scale", "v_scale");
+  std::vector<int> moved;
+  float best = -1;
+  std::string where;
+  for (const auto& l : r.layers) {
+    const bool v_moved = std::any_of(l.v_scale.begin(), l.v_scale.end(), [](float x) { return x != 1.0f; });
+    s += fmt::format("  {:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}{}\n", l.layer, fmt_vals(l.q_amax),
+                     fmt_vals(l.k_amax), fmt_vals(l.v_amax), fmt_vals(l.q_scale), fmt_vals(l.k_scale), fmt_vals(l.v_scale),
+                     v_moved ? "  <- v_scale != 1" : "");
+    if (v_moved) moved.push_back(l.layer);
+    for (const auto& [name, vals] : {std::pair<const char*, const std::vector<float>*>{"Q", &l.q_amax},
+                                     {"K", &l.k_amax},
+                                     {"V", &l.v_amax}}) {
+      for (size_t h = 0; h < vals->size(); ++h)
+        if ((*vals)[h] > best) {
+          best = (*vals)[h];
+          where = vals->size() > 1 ? fmt::format("{} at layer {} head {}", name, l.layer, h)
+                                   : fmt::format("{} at layer {}", name, l.layer);
+        }
+    }
+  }
+  std::string list;
+  for (int l : moved) list += fmt::format("{}{}", list.empty() ? "" : ",", l);
+  s += fmt::format("  v_scale left 1.0 in {} of {} layers{}{}\n", moved.size(), r.layers.size(), moved.empty() ? "" : ": ",
+                   list);
+  if (best >= 0) s += fmt::format("  largest amax: {:.6g} ({})\n", best, where);
+  return s;
+}
+
+}  // namespace fp8kv

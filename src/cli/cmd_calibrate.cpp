@@ -1,0 +1,171 @@
+// `fp8kv calibrate MODEL_DIR --corpus FILE [--corpus FILE ...] --output REPORT.json`:
+// runs the model with a bf16 cache over the corpus, observes Q/K/V at the
+// store point and writes per-layer amax, p99.99 and scales (src/calib/,
+// docs/kv_scales.md). Exit: 0 complete; 2 bad input or empty corpus / non-finite
+// activations (report written with status failed); 1 internal.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "calib/calibrate.h"
+#include "cli/commands.h"
+#include "engine/engine.h"
+#include "io/errors.h"
+#include "io/fs_util.h"
+#include "numerics/version.h"
+#include "tokenizer/tokenizer.h"
+
+namespace fp8kv::cli {
+namespace {
+
+struct CalibrateArgs {
+  std::string model, output, rule = "safety:1.3", target = "fp8_e4m3", kv_memory, backend = "auto";
+  std::vector<std::string> corpus, corpus_ids;
+  int context = 0;
+  int64_t max_corpus_tokens = 0;
+  bool per_head = false;
+  int threads = 0;
+};
+
+class Progress {
+ public:
+  void operator()(uint64_t done, uint64_t total) {
+    const auto now = std::chrono::steady_clock::now();
+    const bool last = done >= total;
+    if (!last && now - shown_ < std::chrono::milliseconds(tty_ ? 200 : 5000)) return;
+    shown_ = now;
+    const double secs = std::chrono::duration<double>(now - start_).count();
+    const int width = 30, fill = total ? static_cast<int>(width * done / total) : width;
+    std::fprintf(stderr, "%scalibrate [%s%s] %llu/%llu tokens, %.0f tok/s%s", tty_ ? "\r" : "",
+                 std::string(fill, '#').c_str(), std::string(width - fill, ' ').c_str(),
+                 static_cast<unsigned long long>(done), static_cast<unsigned long long>(total),
+                 secs > 0 ? done / secs : 0.0, tty_ && !last ? "" : "\n");
+    std::fflush(stderr);
+  }
+
+ private:
+  bool tty_ = ::isatty(2) != 0;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now(), shown_{};
+};
+
+// A JSON array of token ids, or an array of such arrays (as `fp8kv score`).
+std::vector<std::vector<int>> read_token_ids(const std::string& path, int vocab) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(fmt::format("{}: invalid JSON: {}", path, e.what()));
+  }
+  if (!j.is_array()) throw InputError(fmt::format("{}: expected an array of token ids or of arrays", path));
+  std::vector<std::vector<int>> out;
+  auto one = [&](const nlohmann::json& a, size_t seq) {
+    std::vector<int> ids;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (!a[i].is_number_integer() || a[i].get<int64_t>() < 0 || a[i].get<int64_t>() >= vocab)
+        throw InputError(fmt::format("{}: sequence {} item {} is not a token id in [0, {})", path, seq, i, vocab));
+      ids.push_back(a[i].get<int>());
+    }
+    out.push_back(std::move(ids));
+  };
+  if (!j.empty() && j[0].is_array()) {
+    for (size_t s = 0; s < j.size(); ++s) {
+      if (!j[s].is_array()) throw InputError(fmt::format("{}: item {} is not an array", path, s));
+      one(j[s], s);
+    }
+  } else {
+    one(j, 0);
+  }
+  return out;
+}
+
+int run_calibrate(const CalibrateArgs& a) {
+  if (a.corpus.empty() && a.corpus_ids.empty()) throw UsageError("calibrate: give --corpus FILE (or --corpus-ids-file IDS.json)");
+  CalibrateOptions o;
+  o.rule = ScaleRule::parse(a.rule);
+  o.target = parse_kv_dtype(a.target);
+  if (!kv_dtype_is_fp8(o.target)) throw UsageError("--target: expected fp8_e4m3 or fp8_e5m2");
+  o.per_head = a.per_head;
+  if (a.context < 0) throw UsageError("--context: expected a positive number of tokens");
+  if (a.max_corpus_tokens < 0) throw UsageError("--max-corpus-tokens: expected a positive number");
+
+  EngineOptions eo;
+  eo.kv_cache_dtype = "bf16";  // observe unquantized values
+  eo.backend = a.backend;
+  eo.num_threads = a.threads;
+  if (!a.kv_memory.empty()) eo.kv_memory_bytes = parse_size(a.kv_memory);
+  eo.max_num_seqs = 1;
+  auto engine = Engine::load(a.model, eo);
+  const int context = a.context > 0 ? a.context : std::min(engine->max_model_len(), 4096);
+  if (context > engine->max_model_len())
+    throw UsageError(fmt::format("--context {} exceeds max_model_len {}", context, engine->max_model_len()));
+
+  std::vector<std::vector<int>> chunks;
+  uint64_t budget = static_cast<uint64_t>(a.max_corpus_tokens);
+  const bool limited = a.max_corpus_tokens > 0;
+  if (!a.corpus.empty()) {
+    auto tok = Tokenizer::load(a.model);
+    for (const auto& f : a.corpus) append_chunks(tok->encode(read_file(f)), context, budget, limited, chunks);
+  }
+  for (const auto& f : a.corpus_ids) {
+    for (const auto& seq : read_token_ids(f, engine->config().vocab_size))
+      append_chunks(seq, context, budget, limited, chunks);
+  }
+  Progress progress;
+  CalibrationReport rep = calibrate(*engine, chunks, o, std::ref(progress));
+  rep.model = a.model;
+  rep.corpus = a.corpus;
+  rep.context = context;
+  const nlohmann::json j = rep.to_json();
+  atomic_write_file(a.output, j.dump(2) + "\n");
+  std::fputs(calibration_summary(rep).c_str(), stderr);
+
+  nlohmann::json out;
+  out["fp8kv_version"] = version_string();
+  out["status"] = j["status"];
+  if (!rep.complete) out["reason"] = rep.reason;
+  out["output"] = a.output;
+  out["tokens_observed"] = rep.tokens_observed;
+  nlohmann::json moved = nlohmann::json::array();
+  for (const auto& l : rep.layers)
+    for (float v : l.v_scale)
+      if (v != 1.0f) {
+        moved.push_back(l.layer);
+        break;
+      }
+  out["layers_with_v_scale_not_1"] = moved;
+  std::printf("%s\n", out.dump(2).c_str());
+  if (!rep.complete) {
+    std::fprintf(stderr, "error: calibration failed: %s (report written to %s with status failed)\n", rep.reason.c_str(),
+                 a.output.c_str());
+    return rep.tokens_observed == 0 || rep.reason.find("non-finite") != std::string::npos ? 2 : 1;
+  }
+  return 0;
+}
+
+const Registrar reg([](CLI::App& app) {
+  auto args = std::make_shared<CalibrateArgs>();
+  CLI::App* sub = app.add_subcommand("calibrate", "measure per-layer Q/K/V ranges at the KV store point and derive scales");
+  sub->add_option("model", args->model, "checkpoint directory")->required();
+  sub->add_option("--corpus", args->corpus, "text file (repeatable)");
+  sub->add_option("--corpus-ids-file", args->corpus_ids, "JSON token ids (array, or array of arrays; repeatable)");
+  sub->add_option("--output", args->output, "REPORT.json to write")->required();
+  sub->add_option("--rule", args->rule, "safety:M (default safety:1.3) | amax | modelopt");
+  sub->add_option("--context", args->context, "tokens per chunk (default min(max_model_len, 4096))");
+  sub->add_option("--max-corpus-tokens", args->max_corpus_tokens, "stop after this many tokens (default: all)");
+  sub->add_flag("--per-head", args->per_head, "per-head amax and scales (k/v per KV head, q per query head)");
+  sub->add_option("--target", args->target, "fp8_e4m3 (default) | fp8_e5m2");
+  sub->add_option("--kv-memory", args->kv_memory, "KV pool budget (e.g. 512MiB)");
+  sub->add_option("--backend", args->backend, "auto | cpu | cuda");
+  sub->add_option("--threads", args->threads, "CPU threads (0: default)");
+  set_action(sub, [args] { return run_calibrate(*args); });
+});
+
+}  // namespace
+}  // namespace fp8kv::cli

@@ -1,0 +1,84 @@
+// A tiny llama checkpoint on disk for calibration / inject tests: random fp32
+// weights for every tensor weights_spec expects, with an optional planted V
+// outlier (one output row of one layer's v_proj scaled up, so that layer's V
+// exceeds the e4m3 range at unity scale).
+#pragma once
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "io/fs_util.h"
+#include "io/safetensors.h"
+#include "model/config.h"
+#include "model/weights_spec.h"
+
+namespace fp8kv::testing {
+
+inline nlohmann::json tiny_llama_config() {
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"hidden_size", 64},
+          {"intermediate_size", 96},
+          {"num_hidden_layers", 3},
+          {"num_attention_heads", 4},
+          {"num_key_value_heads", 2},
+          {"vocab_size", 97},
+          {"max_position_embeddings", 256},
+          {"rms_norm_eps", 1e-6},
+          {"rope_theta", 10000.0},
+          {"tie_word_embeddings", false},
+          {"eos_token_id", 2},
+          {"bos_token_id", 1},
+          {"torch_dtype", "float32"}};
+}
+
+struct TinyCheckpointOptions {
+  int outlier_layer = -1;     // layer whose v_proj gets a planted outlier row
+  float outlier_gain = 0.0f;  // that row is multiplied by this
+  bool sharded = false;       // two shards + index instead of model.safetensors
+  uint64_t seed = 1;
+};
+
+inline void write_tiny_checkpoint(const std::filesystem::path& dir, const TinyCheckpointOptions& o = {}) {
+  std::filesystem::create_directories(dir);
+  const auto cfg_json = tiny_llama_config();
+  atomic_write_file(dir / "config.json", cfg_json.dump(2));
+  const ModelConfig cfg = parse_model_config(cfg_json, "tiny config");
+  std::mt19937_64 rng(o.seed);
+  std::normal_distribution<float> nd(0.0f, 0.08f);
+  std::vector<TensorToWrite> a, b;
+  int i = 0;
+  for (const auto& spec : expected_tensors(cfg)) {
+    int64_t n = 1;
+    for (auto d : spec.shape) n *= d;
+    std::vector<float> v(static_cast<size_t>(n));
+    const bool norm = spec.shape.size() == 1;
+    for (auto& x : v) x = norm ? 1.0f + 0.1f * nd(rng) : nd(rng);
+    if (o.outlier_layer >= 0 &&
+        spec.name == "model.layers." + std::to_string(o.outlier_layer) + ".self_attn.v_proj.weight") {
+      const int64_t cols = spec.shape[1], row = 5;  // KV head 0, channel 5
+      for (int64_t c = 0; c < cols; ++c) v[static_cast<size_t>(row * cols + c)] *= o.outlier_gain;
+    }
+    auto t = make_f32_tensor(spec.name, spec.shape, v);
+    (o.sharded && (i++ % 2) ? b : a).push_back(std::move(t));
+  }
+  if (!o.sharded) {
+    write_safetensors(dir / "model.safetensors", a);
+    return;
+  }
+  write_safetensors(dir / "model-00001-of-00002.safetensors", a);
+  write_safetensors(dir / "model-00002-of-00002.safetensors", b);
+  nlohmann::json idx;
+  idx["metadata"] = {{"total_size", 0}};
+  for (const auto& t : a) idx["weight_map"][t.name] = "model-00001-of-00002.safetensors";
+  for (const auto& t : b) idx["weight_map"][t.name] = "model-00002-of-00002.safetensors";
+  atomic_write_file(dir / "model.safetensors.index.json", idx.dump(2));
+}
+
+}  // namespace fp8kv::testing
