@@ -98,7 +98,10 @@ Weights model_weights(const fs::path& model, const ModelConfig& cfg) {
   return {estimate_parameters(cfg) * static_cast<uint64_t>(dtype_bytes_of(cfg.torch_dtype)), "estimate"};
 }
 
-Budget make_budget(const CapacityArgs& a, const ModelConfig& cfg, const std::optional<Weights>& w, int mnbt) {
+// probe: when given, the settings whose one request of max_model_len must fit
+// (the error then says which --gpu-memory or --max-model-len would).
+Budget make_budget(const CapacityArgs& a, const ModelConfig& cfg, const std::optional<Weights>& w, int mnbt,
+                   const KvPlanSettings* probe = nullptr) {
   Budget b;
   if (!a.kv_memory.empty()) {
     b.kv_memory = parse_size(a.kv_memory);
@@ -112,15 +115,30 @@ Budget make_budget(const CapacityArgs& a, const ModelConfig& cfg, const std::opt
   b.activations = estimate_activation_bytes(cfg, mnbt, a.max_num_seqs, a.tensor_parallel_size);
   const auto usable = static_cast<uint64_t>(std::floor(static_cast<long double>(b.gpu_memory) * b.utilization));
   const uint64_t non_kv = b.weights + b.activations;
+  const uint64_t kv_needed = probe ? kv_memory_needed(cfg, *probe) : 0;
+  // GPU memory that would hold the weights, activations and one request.
+  const auto gpu_needed = [&] {
+    return static_cast<uint64_t>(std::ceil(static_cast<long double>(non_kv + kv_needed) / b.utilization));
+  };
   if (usable <= non_kv)
     throw InputError(fmt::format(
         "--gpu-memory {} x --gpu-memory-utilization {} = {} leaves nothing for the KV cache: weights {} per rank "
-        "({}) + activations {} (max_num_batched_tokens {}) need {}; give at least {} of GPU memory, or "
-        "--kv-memory directly",
+        "({}) + activations {} (max_num_batched_tokens {}) need {}; one request of max_model_len needs at least "
+        "--gpu-memory {} ({} bytes), or give --kv-memory directly",
         a.gpu_memory, b.utilization, format_bytes(usable), format_bytes(b.weights), b.weights_source,
-        format_bytes(b.activations), mnbt, format_bytes(non_kv),
-        format_bytes(static_cast<uint64_t>(std::ceil(static_cast<long double>(non_kv) / b.utilization)) + 1)));
+        format_bytes(b.activations), mnbt, format_bytes(non_kv), format_bytes(gpu_needed()), gpu_needed()));
   b.kv_memory = usable - non_kv;
+  if (kv_needed > b.kv_memory) {
+    KvPlanSettings fit = *probe;
+    fit.kv_memory_bytes = b.kv_memory;
+    throw InputError(fmt::format(
+        "--gpu-memory {} leaves {} ({} bytes) for the KV cache after weights {} ({}) and activations {}; one "
+        "request of max_model_len needs {} ({} bytes): give --gpu-memory of at least {} ({} bytes), or a "
+        "--max-model-len of at most {}",
+        a.gpu_memory, format_bytes(b.kv_memory), b.kv_memory, format_bytes(b.weights), b.weights_source,
+        format_bytes(b.activations), format_bytes(kv_needed), kv_needed, format_bytes(gpu_needed()), gpu_needed(),
+        max_model_len_that_fits(cfg, fit)));
+  }
   return b;
 }
 
@@ -287,7 +305,8 @@ int run_capacity(const CapacityArgs& a) {
 
   std::optional<Weights> weights;
   if (!a.gpu_memory.empty()) weights = model_weights(model, cfg);
-  const Budget budget = make_budget(a, cfg, weights, a.max_num_batched_tokens);
+  const KvPlanSettings probe = settings_for(a, dtype, 0, a.max_model_len, a.max_num_batched_tokens);
+  const Budget budget = make_budget(a, cfg, weights, a.max_num_batched_tokens, &probe);
   const KvPlan plan =
       plan_kv_cache(cfg, settings_for(a, dtype, budget.kv_memory, a.max_model_len, a.max_num_batched_tokens));
   std::fprintf(stderr, "%s\n", kv_plan_log_line(plan).c_str());
