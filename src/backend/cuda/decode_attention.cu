@@ -110,22 +110,32 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
   const int64_t head_off = static_cast<int64_t>(kvh) * D * EB;
   const int ntiles = (s_end - s_begin + kTile - 1) / kTile;
 
-  for (int it = warp; it < ntiles; it += kWarps) {
+  // Register-staged pipeline: the next tile's K/V loads are in flight while
+  // this tile's math runs (when the registers allow: fp8 up to D=128, bf16 up
+  // to D=64; else one tile at a time).
+  constexpr bool kPrefetch = D * EB <= 128;
+  const int vtok[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
+  auto load_tile = [&](int it, uint32_t (&kw)[2][KW], uint32_t (&vw)[4][VW]) {
     const int j0 = s_begin + it * kTile;
     const int64_t blk = bt[j0 / p.block_size];
     const int64_t row0 = blk * p.block_size + j0 % p.block_size;  // the tile stays inside one block
     const uint8_t* kb = p.k_cache + row0 * row_bytes + head_off;
     const uint8_t* vb = p.v_cache + row0 * row_bytes + head_off;
-    uint32_t kw[2][KW];
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int c = 0; c < KW / 4; ++c)
         ld_words<16>(kb + (nt * 8 + r) * row_bytes + (c * 4 + t) * 16, &kw[nt][4 * c]);
-    uint32_t vw[4][VW];
-    const int vtok[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
 #pragma unroll
     for (int i = 0; i < 4; ++i) ld_words<VBYTES>(vb + vtok[i] * row_bytes + r * VBYTES, vw[i]);
+  };
+  uint32_t kw[2][KW], vw[4][VW];
+  if (warp < ntiles) load_tile(warp, kw, vw);
+  for (int it = warp; it < ntiles; it += kWarps) {
+    const int j0 = s_begin + it * kTile;
+    const bool has_next = it + kWarps < ntiles;
+    uint32_t kn[2][KW], vn[4][VW];
+    if (kPrefetch && has_next) load_tile(it + kWarps, kn, vn);
 
     // S = Q K^T for keys j0 + nt*8 + (0..7).
     float s[2][4];
@@ -206,6 +216,20 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
         }
       }
       mma16816<DT>(o[i], pa0, 0u, pa2, 0u, b0, b1);
+    }
+    if (has_next) {
+      if constexpr (kPrefetch) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int w = 0; w < KW; ++w) kw[nt][w] = kn[nt][w];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int w = 0; w < VW; ++w) vw[i][w] = vn[i][w];
+      } else {
+        load_tile(it + kWarps, kw, vw);
+      }
     }
   }
 
@@ -301,10 +325,11 @@ DecodePlan plan_decode(int batch, int num_heads, int num_kv_heads, int head_dim,
   const int span = std::max(1, span_tokens(max_context_len, window));
   const int gchunks = (num_heads / num_kv_heads + kMaxGroup - 1) / kMaxGroup;
   if (split_tokens <= 0) {
-    // Aim at ~4 CTAs of 4 warps per SM; splits of at least 256 keys so the
-    // partial results stay small against the KV bytes read.
+    // Aim at ~8 CTAs of 4 warps per SM (several waves of 2-3 resident CTAs,
+    // so the tail wave is small); splits of at least 256 keys so the partial
+    // results (G x (D+1) floats per split) stay ~3% of the KV bytes read.
     const int64_t base = static_cast<int64_t>(batch) * num_kv_heads * gchunks;
-    const int64_t want = std::max<int64_t>(1, (static_cast<int64_t>(num_sms) * 4 + base - 1) / base);
+    const int64_t want = std::max<int64_t>(1, (static_cast<int64_t>(num_sms) * 8 + base - 1) / base);
     split_tokens = static_cast<int>(std::max<int64_t>(256, (span + want - 1) / want));
   }
   DecodePlan plan;

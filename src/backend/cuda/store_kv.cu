@@ -1,6 +1,7 @@
 // Store kernel: K/V for a batch of tokens -> paged cache through a slot
 // mapping. One thread quantizes 8 consecutive elements of one head row (16 or
 // 32 bytes read, 8 (fp8) or 16 (bf16) bytes written).
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -11,13 +12,23 @@ namespace fp8kv::cuda {
 namespace {
 using namespace detail;
 
-// saturate(rne(x / s)), IEEE division; NaN keeps its sign as the CPU does.
+// saturate(rne(x / s)), IEEE division. A NaN input stores sign(x)|0x7f as
+// the CPU reference does (the GPU's own NaN results are canonical, sign lost).
 template <int DT>
 __device__ __forceinline__ uint32_t quant_fp8(float x, float s) {
   const float y = __fdiv_rn(x, s);
   uint32_t r = __nv_cvt_float_to_fp8(y, __NV_SATFINITE, DT == kE5m2 ? __NV_E5M2 : __NV_E4M3);
-  if (isnan(y)) r = (signbit(y) ? 0x80u : 0u) | 0x7fu;
+  if (isnan(x)) r = (__float_as_uint(x) >> 24 & 0x80u) | 0x7fu;
   return r;
+}
+
+// fp32 -> bf16 bits exactly as numerics/fp8.h f32_to_bf16 (RNE, NaN keeps
+// sign and top payload bits, quieted).
+__device__ __forceinline__ uint32_t bf16_bits(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return u >> 16;
 }
 
 __device__ __forceinline__ void load8(const void* src, int64_t elem, bool bf16, float (&x)[8]) {
@@ -37,50 +48,51 @@ __device__ __forceinline__ void load8(const void* src, int64_t elem, bool bf16, 
 }
 
 struct StoreParams {
-  uint8_t* cache[2];
-  const void* src[2];
-  const float* scale[2];
-  int scale_count[2];
+  uint8_t* k_cache;
+  uint8_t* v_cache;
+  const void* k;
+  const void* v;
+  const float* k_scale;
+  const float* v_scale;
+  int k_scale_count, v_scale_count;
   const int64_t* slots;
-  int num_tokens, num_kv_heads, head_dim, block_size;
+  int num_tokens, num_kv_heads, head_dim;
   int64_t capacity;
   bool bf16_in;
 };
 
+// One block per token (grid-stride); thread c < chunks stores K chunk c,
+// chunks <= c < 2 chunks stores V. No 64-bit division, no indexed parameter
+// arrays (they would go to local memory).
 template <int DT>
 __global__ void __launch_bounds__(256) store_kernel(const StoreParams p) {
-  const int chunks_per_row = p.num_kv_heads * p.head_dim / 8;  // per token, per tensor
-  const int64_t items = static_cast<int64_t>(p.num_tokens) * 2 * chunks_per_row;
-  for (int64_t it = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; it < items;
-       it += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int chunk = static_cast<int>(it % chunks_per_row);
-    const int kv = static_cast<int>((it / chunks_per_row) & 1);
-    const int64_t tok = it / (2 * chunks_per_row);
-    const int64_t slot = p.slots[tok];
-    if (slot < 0 || slot >= p.capacity) continue;  // host checked the range when it could
-    const int elem = chunk * 8;                   // within the token row
-    const int head = elem / p.head_dim;
-    float x[8];
-    load8(p.src[kv], tok * chunks_per_row * 8 + elem, p.bf16_in, x);
-    // slot = block * block_size + off; row layout [block][off][head][d] = slot * row + elem.
-    const int64_t dst = slot * chunks_per_row * 8 + elem;
-    if constexpr (DT == kBf16) {
-      uint32_t w[4];
+  const int chunks = p.num_kv_heads * p.head_dim / 8;  // 8-element chunks per token row
+  for (int tok = blockIdx.x; tok < p.num_tokens; tok += gridDim.x) {
+    for (int c = threadIdx.x; c < 2 * chunks; c += blockDim.x) {
+      const bool is_v = c >= chunks;
+      const int elem = (is_v ? c - chunks : c) * 8;
+      float x[8];
+      load8(is_v ? p.v : p.k, static_cast<int64_t>(tok) * chunks * 8 + elem, p.bf16_in, x);
+      const int64_t slot = p.slots[tok];
+      if (slot < 0 || slot >= p.capacity) continue;  // host cannot see device slots; skip out-of-range
+      const int64_t dst = slot * chunks * 8 + elem;  // [block][off][head][d] == slot * row + elem
+      uint8_t* cache = is_v ? p.v_cache : p.k_cache;
+      if constexpr (DT == kBf16) {
+        uint32_t w[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        __nv_bfloat162 b = __floats2bfloat162_rn(x[2 * i], x[2 * i + 1]);
-        w[i] = *reinterpret_cast<uint32_t*>(&b);
-      }
-      *reinterpret_cast<uint4*>(p.cache[kv] + dst * 2) = make_uint4(w[0], w[1], w[2], w[3]);
-    } else {
-      const float s = p.scale[kv][p.scale_count[kv] == 1 ? 0 : head];
-      uint32_t lo = 0, hi = 0;
+        for (int i = 0; i < 4; ++i) w[i] = bf16_bits(x[2 * i]) | (bf16_bits(x[2 * i + 1]) << 16);
+        *reinterpret_cast<uint4*>(cache + dst * 2) = make_uint4(w[0], w[1], w[2], w[3]);
+      } else {
+        const int head = elem / p.head_dim;
+        const float s = is_v ? p.v_scale[p.v_scale_count == 1 ? 0 : head] : p.k_scale[p.k_scale_count == 1 ? 0 : head];
+        uint32_t lo = 0, hi = 0;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        lo |= quant_fp8<DT>(x[i], s) << (8 * i);
-        hi |= quant_fp8<DT>(x[4 + i], s) << (8 * i);
+        for (int i = 0; i < 4; ++i) {
+          lo |= quant_fp8<DT>(x[i], s) << (8 * i);
+          hi |= quant_fp8<DT>(x[4 + i], s) << (8 * i);
+        }
+        *reinterpret_cast<uint2*>(cache + dst) = make_uint2(lo, hi);
       }
-      *reinterpret_cast<uint2*>(p.cache[kv] + dst) = make_uint2(lo, hi);
     }
   }
 }
@@ -131,24 +143,23 @@ void store_kv(const StoreKvArgs& a, cudaStream_t stream) {
                                     std::to_string(L.num_kv_heads) + "), got " + std::to_string(s->count));
   }
   StoreParams p{};
-  p.cache[0] = static_cast<uint8_t*>(a.k_cache);
-  p.cache[1] = static_cast<uint8_t*>(a.v_cache);
-  p.src[0] = a.k;
-  p.src[1] = a.v;
-  p.scale[0] = a.k_scale.values;
-  p.scale[1] = a.v_scale.values;
-  p.scale_count[0] = a.k_scale.count;
-  p.scale_count[1] = a.v_scale.count;
+  p.k_cache = static_cast<uint8_t*>(a.k_cache);
+  p.v_cache = static_cast<uint8_t*>(a.v_cache);
+  p.k = a.k;
+  p.v = a.v;
+  p.k_scale = a.k_scale.values;
+  p.v_scale = a.v_scale.values;
+  p.k_scale_count = a.k_scale.count;
+  p.v_scale_count = a.v_scale.count;
   p.slots = a.slot_mapping;
   p.num_tokens = a.num_tokens;
   p.num_kv_heads = L.num_kv_heads;
   p.head_dim = L.head_dim;
-  p.block_size = L.block_size;
   p.capacity = static_cast<int64_t>(L.num_blocks) * L.block_size;
   p.bf16_in = a.input_dtype == ActDtype::bf16;
-  const int64_t items = static_cast<int64_t>(a.num_tokens) * 2 * L.num_kv_heads * L.head_dim / 8;
-  const int threads = 256;
-  const int grid = static_cast<int>(std::min<int64_t>((items + threads - 1) / threads, 132 * 16));
+  const int chunks2 = 2 * L.num_kv_heads * L.head_dim / 8;
+  const int threads = std::min(256, (chunks2 + 31) / 32 * 32);
+  const int grid = std::min(a.num_tokens, 132 * 32);
   switch (L.dtype) {
     case KvDtype::bf16: store_kernel<kBf16><<<grid, threads, 0, stream>>>(p); break;
     case KvDtype::fp8_e4m3: store_kernel<kE4m3><<<grid, threads, 0, stream>>>(p); break;
