@@ -43,6 +43,8 @@ phase sdpa
 python3 tools/bench_sdpa.py 2>&1 | tee "$OUT/sdpa.jsonl"
 phase sass
 cuobjdump --dump-resource-usage $BENCH 2>/dev/null | grep -E "decode_kernel|prefill" -A1 | grep -oE "(REG|STACK|SHARED|LOCAL):[0-9]+|Function [^ ]+" | paste -sd' ' | head -c 3000 > "$OUT/resources.txt"
+cuobjdump -sass $BENCH 2>/dev/null | awk '/Function :/ {f=$3} /HMMA/ {h[f]++} /LDG.E.128|LDG.E.ENL2.128|LDG.E.CONSTANT.128/ {g[f]++} /LDL|STL/ {l[f]++} END {for (k in h) printf "%s HMMA=%d LDG128=%d LDL/STL=%d\n", k, h[k], g[k], l[k]}' | grep -E "decode|prefill" | sed -E 's/_ZN5fp8kv4cuda[0-9A-Za-z_]*(decode_kernel|prefill_kernel)ILi([0-9]+)ELi([0-9])E.*( HMMA)/\1<D=\2,dt=\3>\4/' | sort > "$OUT/sass.txt"
+cat "$OUT/sass.txt"
 phase table
 python3 tools/bench_sdpa.py --table "$OUT/bench.jsonl" "$OUT/sdpa.jsonl" | tee "$OUT/table.txt"
 grep -E "^\[  (PASSED|FAILED) |tests ran|worst" "$OUT/test_cuda.log"
