@@ -31,6 +31,16 @@ python3 -c "import json,sys; j=json.load(open('$T/stdout')); assert j['tensors']
 (cd "$T/out" && sha256sum -c --quiet SHA256SUMS) || fail "SHA256SUMS"
 "$BIN" inspect "$T/out" --json > "$T/inspect.json" 2> "$T/inspect.err" || { cat "$T/inspect.err"; fail "inspect out"; }
 grep -q "v_scale" "$T/inspect.err" && fail "coverage warning on a fully calibrated checkpoint"
+python3 - "$T/inspect.json" <<'PY' || fail "inspect kv_scales"
+import json, sys
+j = json.load(open(sys.argv[1]))
+s = j["kv_scales"]
+assert [e["layer"] for e in s] == [0, 1, 2], s
+assert s[1]["v_scale"] == 3.5 and s[2]["k_scale"] == 0.5 and s[0]["q_scale"] == 1.0, s
+assert j["kv_scale_coverage"]["v_scale_layers"] == 3 and j["warnings"] == [], j
+PY
+"$BIN" inspect "$T/m" --json > "$T/inspect0.json" 2> /dev/null || fail "inspect m"
+python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['kv_scales']; assert all(e['k_scale'] is None and e['v_scale'] is None and e['q_scale'] is None for e in s) and len(s)==3, s" "$T/inspect0.json" || fail "inspect nulls"
 
 # --in-place on a single-file checkpoint: creates the index; re-inject replaces.
 "$BIN" inject "$T/single" --report "$T/r.json" --in-place > /dev/null 2> "$T/stderr" || { cat "$T/stderr"; fail "inject --in-place"; }
