@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "io/checkpoint.h"
 #include "io/fs_util.h"
@@ -110,4 +111,56 @@ TEST(TinyCheckpoints, TinyLlamaMatchesRecipe) {
   // A norm weight decodes to 1 + small noise, as written.
   const auto norm = c->to_f32("model.norm.weight");
   for (float v : norm) EXPECT_LE(std::fabs(v - 1.0f), 0.1f + 1.0f / 128);  // bf16 rounding near 1: 2^-7
+}
+
+namespace {
+
+template <class T>
+TensorToWrite raw_tensor(std::string name, DType dt, std::vector<int64_t> shape, const std::vector<T>& v) {
+  TensorToWrite t{std::move(name), dt, std::move(shape), std::vector<std::byte>(v.size() * sizeof(T))};
+  if (!v.empty()) std::memcpy(t.data.data(), v.data(), t.data.size());
+  return t;
+}
+
+}  // namespace
+
+// tests/data/safetensors_cpp/all_dtypes.safetensors: one tensor per dtype,
+// written by our writer from bit patterns whose values are stated by hand in
+// all_dtypes.expected.json. tools/check_safetensors_interop.py reads it with
+// the Python safetensors library and compares against those values.
+TEST(TinyCheckpoints, AllDtypesFileMatchesRecipe) {
+  const fs::path dir = fs::path(FP8KV_SOURCE_DIR) / "tests/data/safetensors_cpp";
+  std::vector<TensorToWrite> ts;
+  nlohmann::ordered_json exp = nlohmann::ordered_json::object();
+  auto add = [&](TensorToWrite t, nlohmann::ordered_json values) {
+    exp[t.name] = {{"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}, {"values", values}};
+    ts.push_back(std::move(t));
+  };
+  add(raw_tensor<float>("f32", DType::F32, {2, 2}, {1.5f, -2.0f, 3.25f, 0.0f}), {1.5, -2.0, 3.25, 0.0});
+  add(raw_tensor<uint16_t>("f16", DType::F16, {4}, {0x3c00, 0xc000, 0x7bff, 0x0001}),
+      {1.0, -2.0, 65504.0, 5.9604644775390625e-08});
+  add(raw_tensor<uint16_t>("bf16", DType::BF16, {3}, {0x3f80, 0xc0a0, 0x4049}), {1.0, -5.0, 3.140625});
+  add(raw_tensor<double>("f64", DType::F64, {2}, {0.1, -1e300}), {0.1, -1e300});
+  add(raw_tensor<uint8_t>("f8_e4m3", DType::F8_E4M3, {5}, {0x38, 0x7e, 0xfe, 0x01, 0x00}),
+      {1.0, 448.0, -448.0, 0.001953125, 0.0});
+  add(raw_tensor<uint8_t>("f8_e5m2", DType::F8_E5M2, {4}, {0x3c, 0x7b, 0x01, 0xbc}),
+      {1.0, 57344.0, 1.52587890625e-05, -1.0});
+  add(raw_tensor<int64_t>("i64", DType::I64, {2}, {-5, 9007199254740993LL}), {-5, 9007199254740993LL});
+  add(raw_tensor<int32_t>("i32", DType::I32, {2}, {7, -8}), {7, -8});
+  add(raw_tensor<uint8_t>("u8", DType::U8, {2}, {0, 255}), {0, 255});
+  add(raw_tensor<uint8_t>("bool", DType::BOOL, {2}, {1, 0}), {true, false});
+  add(raw_tensor<float>("scalar", DType::F32, {}, {0.25f}), {0.25});
+  add(raw_tensor<float>("empty", DType::F32, {0, 3}, {}), nlohmann::ordered_json::array());
+  const auto bytes = serialize_safetensors(ts, {{"format", "pt"}});
+  check_or_regen(dir / "all_dtypes.safetensors", std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+  check_or_regen(dir / "all_dtypes.expected.json", exp.dump(1) + "\n");
+
+  // Our own reader agrees with the stated values.
+  auto f = SafetensorsFile::open(dir / "all_dtypes.safetensors");
+  for (const char* name : {"f32", "f16", "bf16", "f64", "f8_e4m3", "f8_e5m2", "scalar", "empty"}) {
+    const auto got = f->to_f32(name);
+    const auto& want = exp[name]["values"];
+    ASSERT_EQ(got.size(), want.size()) << name;
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], static_cast<float>(want[i].get<double>())) << name << i;
+  }
 }
