@@ -18,6 +18,8 @@ namespace {
 // every output element is computed by the same sgemm call whatever the
 // number of threads.
 constexpr int64_t kTileRows = 128;
+// Tokens per sgemm call (M), padded with zeros for the last group.
+constexpr int kTileTokens = 8;
 }  // namespace
 
 void set_cpu_threads(int n) {
@@ -41,14 +43,16 @@ void linear_cpu(const float* x, int64_t T, const MatrixRef& W, const float* bias
   if (T <= 0) return;
   const int64_t rows = W.rows, cols = W.cols;
   const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
+  const int64_t full_m = T / kTileTokens * kTileTokens;
 #pragma omp parallel
   {
-    std::vector<float> buf;
+    std::vector<float> buf, xpad, ypad;
     if (W.type != WeightType::f32) buf.resize(static_cast<size_t>(kTileRows * cols));
 #pragma omp for schedule(static)
     for (int64_t tile = 0; tile < tiles; ++tile) {
       const int64_t r0 = tile * kTileRows;
-      const int64_t n = std::min(kTileRows, rows - r0);
+      const int n = static_cast<int>(std::min(kTileRows, rows - r0));
+      const int k = static_cast<int>(cols);
       const float* w;
       if (W.type == WeightType::f32) {
         w = static_cast<const float*>(W.data) + r0 * cols;
@@ -56,9 +60,22 @@ void linear_cpu(const float* x, int64_t T, const MatrixRef& W, const float* bias
         matrix_rows_to_f32(W, r0, n, buf.data());
         w = buf.data();
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(T), static_cast<int>(n),
-                  static_cast<int>(cols), 1.0f, x, static_cast<int>(cols), w, static_cast<int>(cols), 0.0f, y + r0,
-                  static_cast<int>(rows));
+      // Every sgemm has M = kTileTokens: a token's result never depends on
+      // how many tokens share the call (chunked == one-shot, batch == single).
+      for (int64_t t0 = 0; t0 < full_m; t0 += kTileTokens) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kTileTokens, n, k, 1.0f, x + t0 * cols, k, w, k, 0.0f,
+                    y + t0 * rows + r0, static_cast<int>(rows));
+      }
+      if (full_m < T) {
+        const int64_t m = T - full_m;
+        xpad.assign(static_cast<size_t>(kTileTokens * cols), 0.0f);
+        ypad.resize(static_cast<size_t>(kTileTokens) * n);
+        std::memcpy(xpad.data(), x + full_m * cols, sizeof(float) * m * cols);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kTileTokens, n, k, 1.0f, xpad.data(), k, w, k, 0.0f,
+                    ypad.data(), n);
+        for (int64_t t = 0; t < m; ++t)
+          std::memcpy(y + (full_m + t) * rows + r0, ypad.data() + t * n, sizeof(float) * n);
+      }
       if (bias) {
         for (int64_t t = 0; t < T; ++t)
           for (int64_t r = 0; r < n; ++r) y[t * rows + r0 + r] += bias[r0 + r];
