@@ -10,6 +10,15 @@
 namespace fp8kv::tok {
 
 namespace {
+constexpr std::string_view kMeta = "\xE2\x96\x81";  // U+2581 ▁
+
+// True when s holds a char other than ▁ directly followed by ▁.
+bool spans_metaspace(std::string_view s) {
+  for (size_t p = s.find(kMeta, 1); p != std::string_view::npos; p = s.find(kMeta, p + 1))
+    if (p >= 3 ? s.substr(p - 3, 3) != kMeta : true) return true;
+  return false;
+}
+
 std::optional<std::string> opt_str(const json& j, const char* key, const std::string& ctx) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return std::nullopt;
@@ -58,6 +67,7 @@ BpeModel::BpeModel(const json& m, const std::string& ctx) {
     byte_ids_[b] = it == vocab_.end() ? -1 : it->second;
   }
 
+  bool crosses = false;
   const json& merges = m.contains("merges") ? m["merges"] : json::array();
   if (!merges.is_array()) throw InputError(fmt::format("{}: \"merges\" must be an array", ctx));
   merges_.reserve(merges.size() * 2);
@@ -89,7 +99,9 @@ BpeModel::BpeModel(const json& m, const std::string& ctx) {
       throw InputError(fmt::format("{}: merges[{}]: merged token {:?} is not in the vocab", ctx, i, merged));
     // A repeated pair keeps its last rank, as a HashMap insert does in `tokenizers`.
     merges_[pair_key(ia->second, ib->second)] = MergeInfo{static_cast<uint32_t>(i), in->second};
+    if (spans_metaspace(merged)) crosses = true;
   }
+  split_at_metaspace_ = !crosses && vocab_.count(kMeta) && !has_prefix_ && !has_suffix_ && !ignore_merges_;
 }
 
 std::optional<int> BpeModel::token_to_id(std::string_view token) const {
@@ -119,6 +131,20 @@ void BpeModel::tokenize(std::string_view word, std::vector<int>& out) const {
       return;
     }
   }
+  if (split_at_metaspace_) {
+    size_t start = 0;
+    for (size_t p = word.find(kMeta, 1); p != std::string_view::npos; p = word.find(kMeta, p + 1)) {
+      if (p >= 3 && word.substr(p - 3, 3) == kMeta) continue;
+      tokenize_chunk(word.substr(start, p - start), out);
+      start = p;
+    }
+    tokenize_chunk(word.substr(start), out);
+    return;
+  }
+  tokenize_chunk(word, out);
+}
+
+void BpeModel::tokenize_chunk(std::string_view word, std::vector<int>& out) const {
   {
     std::lock_guard<std::mutex> lock(cache_mu_);
     auto it = cache_.find(word);

@@ -33,6 +33,7 @@ class BpeModel {
   const std::string* id_to_token(int id) const;
 
  private:
+  void tokenize_chunk(std::string_view word, std::vector<int>& out) const;
   void merge_word(std::string_view w, std::vector<int>& out) const;
   int unk_id() const;
 
@@ -50,6 +51,12 @@ class BpeModel {
   std::string prefix_, suffix_;
   bool has_prefix_ = false, has_suffix_ = false;
   bool fuse_unk_ = false, byte_fallback_ = false, ignore_merges_ = false;
+  // SentencePiece-style models without a pre-tokenizer hand whole texts to
+  // the model as one word. When no merge can build a token in which a
+  // non-"▁" char is followed by "▁", no symbol ever spans such a boundary and
+  // merging each "▁"-started chunk on its own gives the same ids (and lets
+  // the per-word cache work).
+  bool split_at_metaspace_ = false;
   int byte_ids_[256];  // <0xHH> ids for byte_fallback, -1 when absent
 
   static constexpr size_t kCacheCapacity = 10000;
