@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
   constexpr int KW = D * EB / 16;          // words per thread per key row (K)
   constexpr int VBYTES = D / 8 * EB;       // bytes per thread per key row (V)
   constexpr int VW = VBYTES / 4;
-  constexpr int NT = D / 8;                // n-tiles of P V
+  constexpr int MT = D / 16;               // m-tiles of O^T = V^T P^T
 
   __shared__ float sm_o[kWarps][kMaxGroup][D];
   __shared__ float sm_m[kWarps][kMaxGroup], sm_l[kWarps][kMaxGroup];
@@ -100,9 +100,11 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
   const bool softcap = p.softcap > 0.0f;
   const float score_mul = softcap ? score_scale / p.softcap : score_scale * kLog2e;
 
-  float o[NT][4];
+  // O^T accumulators: m-tile i, rows g / g+8 -> dims r*(D/8) + 2i / + 2i+1,
+  // columns 2t / 2t+1 -> heads (all four values useful).
+  float o[MT][4];
 #pragma unroll
-  for (int i = 0; i < NT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  for (int i = 0; i < MT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
   float m = -INFINITY, l = 0.0f;
 
   const int32_t* bt = p.block_tables + static_cast<int64_t>(b) * p.max_blocks_per_seq;
@@ -182,8 +184,12 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
 #pragma unroll
       for (int e = 0; e < 2; ++e) pr[nt][e] = exp2f(x[nt][e] - mref);
     l = l * alpha + (pr[0][0] + pr[0][1] + pr[1][0] + pr[1][1]);
+    const float alpha_lo = __shfl_sync(0xffffffffu, alpha, (2 * t) * 4);  // heads 2t, 2t+1
+    const float alpha_hi = __shfl_sync(0xffffffffu, alpha, (2 * t + 1) * 4);
 #pragma unroll
-    for (int i = 0; i < NT; ++i) { o[i][0] *= alpha; o[i][1] *= alpha; }
+    for (int i = 0; i < MT; ++i) {
+      o[i][0] *= alpha_lo; o[i][1] *= alpha_hi; o[i][2] *= alpha_lo; o[i][3] *= alpha_hi;
+    }
     const uint32_t pa0 = pack2<DT>(pr[0][0], pr[0][1]);
     const uint32_t pa2 = pack2<DT>(pr[1][0], pr[1][1]);
 
@@ -195,27 +201,36 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
 #pragma unroll
         for (int w = 0; w < VW; ++w) vw[i][w] = 0u;
     }
-    // O += P V: n-tile i, column r -> dim r * NT + i.
+    // O^T += V^T P^T: A = V^T (rows: dims, k: keys 2t,2t+1 | 2t+8,2t+9),
+    // B = P^T, which is exactly this thread's probabilities (pa0, pa2).
 #pragma unroll
-    for (int i = 0; i < NT; ++i) {
-      uint32_t b0, b1;
+    for (int i = 0; i < MT; ++i) {
+      uint32_t a0, a1, a2, a3;
       if constexpr (DT == kBf16) {
-        const uint32_t sel = (i & 1) ? 0x7632u : 0x5410u;
-        b0 = __byte_perm(vw[0][i / 2], vw[1][i / 2], sel);
-        b1 = __byte_perm(vw[2][i / 2], vw[3][i / 2], sel);
+        a0 = __byte_perm(vw[0][i], vw[1][i], 0x5410u);
+        a1 = __byte_perm(vw[0][i], vw[1][i], 0x7632u);
+        a2 = __byte_perm(vw[2][i], vw[3][i], 0x5410u);
+        a3 = __byte_perm(vw[2][i], vw[3][i], 0x7632u);
       } else {
-        const uint32_t bi = i & 3;
+        const uint32_t b = 2 * (i & 1);  // byte of element 2i within its word
         if constexpr (DT == kE5m2) {
-          const uint32_t sel = bi | (bi << 4) | ((bi + 4) << 8) | ((bi + 4) << 12);
-          b0 = __byte_perm(vw[0][i / 4], vw[1][i / 4], sel) & 0xff00ff00u;
-          b1 = __byte_perm(vw[2][i / 4], vw[3][i / 4], sel) & 0xff00ff00u;
+          const uint32_t sl = b | (b << 4) | ((b + 4) << 8) | ((b + 4) << 12);
+          const uint32_t sh = (b + 1) | ((b + 1) << 4) | ((b + 5) << 8) | ((b + 5) << 12);
+          a0 = __byte_perm(vw[0][i / 2], vw[1][i / 2], sl) & 0xff00ff00u;
+          a1 = __byte_perm(vw[0][i / 2], vw[1][i / 2], sh) & 0xff00ff00u;
+          a2 = __byte_perm(vw[2][i / 2], vw[3][i / 2], sl) & 0xff00ff00u;
+          a3 = __byte_perm(vw[2][i / 2], vw[3][i / 2], sh) & 0xff00ff00u;
         } else {
-          const uint32_t sel = bi | ((bi + 4) << 4);
-          b0 = fp8x2_to_f16x2<DT>(__byte_perm(vw[0][i / 4], vw[1][i / 4], sel));
-          b1 = fp8x2_to_f16x2<DT>(__byte_perm(vw[2][i / 4], vw[3][i / 4], sel));
+          const uint32_t sel = b | ((b + 4) << 4) | ((b + 1) << 8) | ((b + 5) << 12);
+          const uint32_t w01 = __byte_perm(vw[0][i / 2], vw[1][i / 2], sel);
+          const uint32_t w23 = __byte_perm(vw[2][i / 2], vw[3][i / 2], sel);
+          a0 = fp8x2_to_f16x2<DT>(w01);
+          a1 = fp8x2_to_f16x2<DT>(w01 >> 16);
+          a2 = fp8x2_to_f16x2<DT>(w23);
+          a3 = fp8x2_to_f16x2<DT>(w23 >> 16);
         }
       }
-      mma16816<DT>(o[i], pa0, 0u, pa2, 0u, b0, b1);
+      mma16816<DT>(o[i], a0, a1, a2, a3, pa0, pa2);
     }
     if (has_next) {
       if constexpr (kPrefetch) {
@@ -236,13 +251,14 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
   // Combine the 4 warps (fixed order).
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
-  if (r < nh) {
-    if (t == 0) { sm_m[warp][r] = m; sm_l[warp][r] = l; }
+  if (t == 0) { sm_m[warp][r] = m; sm_l[warp][r] = l; }
 #pragma unroll
-    for (int i = 0; i < NT; ++i) {
-      sm_o[warp][r][(2 * t) * NT + i] = o[i][0];
-      sm_o[warp][r][(2 * t + 1) * NT + i] = o[i][1];
-    }
+  for (int i = 0; i < MT; ++i) {
+    const int d = r * (D / 8) + 2 * i;
+    sm_o[warp][2 * t][d] = o[i][0];
+    sm_o[warp][2 * t + 1][d] = o[i][1];
+    sm_o[warp][2 * t][d + 1] = o[i][2];
+    sm_o[warp][2 * t + 1][d + 1] = o[i][3];
   }
   __syncthreads();
   const float vs = DT == kBf16 ? 1.0f : p.v_scale[p.v_scale_count == 1 ? 0 : kvh];

@@ -12,14 +12,33 @@ namespace fp8kv::cuda {
 namespace {
 using namespace detail;
 
-// saturate(rne(x / s)), IEEE division. A NaN input stores sign(x)|0x7f as
-// the CPU reference does (the GPU's own NaN results are canonical, sign lost).
+// saturate(rne(x / s)) with the IEEE division's result. A NaN input stores
+// sign(x)|0x7f as the CPU reference does (the GPU's own NaN results are
+// canonical, sign lost).
 template <int DT>
-__device__ __forceinline__ uint32_t quant_fp8(float x, float s) {
+__device__ __forceinline__ uint32_t quant_fp8_exact(float x, float s) {
   const float y = __fdiv_rn(x, s);
   uint32_t r = __nv_cvt_float_to_fp8(y, __NV_SATFINITE, DT == kE5m2 ? __NV_E5M2 : __NV_E4M3);
   if (isnan(x)) r = (__float_as_uint(x) >> 24 & 0x80u) | 0x7fu;
   return r;
+}
+
+// Fast path with the same bytes: q = x * rcp_rn(s) is within 2^-23 relative
+// (< 4 ulp of q, binade edges included) of x / s. fp8 rounding is monotonic,
+// so if q moved 8 ulp down and 8 ulp up round to the same code, x / s (and
+// its correctly rounded fp32 value) rounds to that code too. Otherwise (one
+// element in ~2^17, or +-inf / huge inputs) the caller redoes the chunk with
+// the IEEE division.
+template <int DT>
+__device__ __forceinline__ bool quant_fp8_fast(float x, float rcp, uint32_t& code) {
+  const float q = __fmul_rn(x, rcp);
+  const uint32_t u = __float_as_uint(q), sign = u & 0x80000000u, a = u & 0x7fffffffu;
+  const float lo = __uint_as_float(sign | (a > 8u ? a - 8u : 0u));
+  const float hi = __uint_as_float(sign | (a + 8u));
+  const __nv_fp8x2_storage_t pair =
+      __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, DT == kE5m2 ? __NV_E5M2 : __NV_E4M3);
+  code = pair & 0xffu;
+  return (pair >> 8) == code && !isnan(x);
 }
 
 // fp32 -> bf16 bits exactly as numerics/fp8.h f32_to_bf16 (RNE, NaN keeps
@@ -85,11 +104,24 @@ __global__ void __launch_bounds__(256) store_kernel(const StoreParams p) {
       } else {
         const int head = elem / p.head_dim;
         const float s = is_v ? p.v_scale[p.v_scale_count == 1 ? 0 : head] : p.k_scale[p.k_scale_count == 1 ? 0 : head];
+        const float rcp = __frcp_rn(s);
         uint32_t lo = 0, hi = 0;
+        bool ok = true;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          lo |= quant_fp8<DT>(x[i], s) << (8 * i);
-          hi |= quant_fp8<DT>(x[4 + i], s) << (8 * i);
+          uint32_t c0, c1;
+          ok &= quant_fp8_fast<DT>(x[i], rcp, c0);
+          ok &= quant_fp8_fast<DT>(x[4 + i], rcp, c1);
+          lo |= c0 << (8 * i);
+          hi |= c1 << (8 * i);
+        }
+        if (!ok) {  // rare: near a rounding boundary, inf, NaN
+          lo = hi = 0;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            lo |= quant_fp8_exact<DT>(x[i], s) << (8 * i);
+            hi |= quant_fp8_exact<DT>(x[4 + i], s) << (8 * i);
+          }
         }
         *reinterpret_cast<uint2*>(cache + dst) = make_uint2(lo, hi);
       }
