@@ -115,11 +115,26 @@ int run_inspect(const std::string& model_dir, bool json_out) {
     j["kv_bytes_per_token"] = {{"bf16", kv_elems * 2}, {"fp8_e4m3", kv_elems}, {"fp8_e5m2", kv_elems}};
     j["weight_files"] = json::array();
     for (const auto& f : ckpt->files()) j["weight_files"].push_back(f.filename().string());
-    j["kv_scales"] = {{"declares_fp8_kv", declares_fp8},
-                      {"quantized_layers", cov.quantized_layers},
-                      {"k_scale_layers", cov.k_present()},
-                      {"v_scale_layers", cov.v_present()},
-                      {"q_scale_layers", cov.q_present()}};
+    // Per layer: the scale from the checkpoint (number, or array per head), null when absent.
+    auto scale_json = [](const StreamScale& s) -> json {
+      if (!s.from_checkpoint) return nullptr;
+      if (s.values.size() == 1) return static_cast<double>(s.values[0]);
+      json a = json::array();
+      for (float v : s.values) a.push_back(static_cast<double>(v));
+      return a;
+    };
+    j["kv_scales"] = json::array();
+    for (size_t l = 0; l < scales.layers.size(); ++l)
+      j["kv_scales"].push_back({{"layer", l},
+                                {"k_scale", scale_json(scales.layers[l].k)},
+                                {"v_scale", scale_json(scales.layers[l].v)},
+                                {"q_scale", scale_json(scales.layers[l].q)}});
+    j["kv_scale_coverage"] = {{"declares_fp8_kv", declares_fp8},
+                              {"quantized_layers", cov.quantized_layers},
+                              {"k_scale_layers", cov.k_present()},
+                              {"v_scale_layers", cov.v_present()},
+                              {"q_scale_layers", cov.q_present()},
+                              {"v_scale_missing_layers", cov.v_missing}};
     j["unexpected_tensors"] = unexpected;
     j["warnings"] = warnings;
     j["fp8kv_version"] = version_string();
@@ -143,6 +158,18 @@ int run_inspect(const std::string& model_dir, bool json_out) {
   out += fmt::format("KV scales:        k {}/{}, v {}/{}, q {}/{} layers{}\n", cov.k_present(), cov.quantized_layers,
                      cov.v_present(), cov.quantized_layers, cov.q_present(), cov.quantized_layers,
                      declares_fp8 ? " (checkpoint declares an fp8 KV cache)" : "");
+  if (cov.k_present() + cov.v_present() + cov.q_present() > 0) {
+    auto fmt_scale = [](const StreamScale& s) -> std::string {
+      if (!s.from_checkpoint) return "null";
+      if (s.values.size() == 1) return fmt::format("{:.9g}", s.values[0]);
+      std::string r = "[";
+      for (size_t i = 0; i < s.values.size(); ++i) r += fmt::format("{}{:.9g}", i ? ", " : "", s.values[i]);
+      return r + "]";
+    };
+    for (size_t l = 0; l < scales.layers.size(); ++l)
+      out += fmt::format("  layer {:>3}:       k {}  v {}  q {}\n", l, fmt_scale(scales.layers[l].k),
+                         fmt_scale(scales.layers[l].v), fmt_scale(scales.layers[l].q));
+  }
   if (non_text) out += fmt::format("non-text tensors: {} (vision tower / projector, not loaded)\n", non_text);
   out += fmt::format("fp8kv:            {}\n", version_string());
   std::fputs(out.c_str(), stdout);

@@ -19,6 +19,7 @@
 #include "io/checkpoint.h"
 #include "io/errors.h"
 #include "kv/kv_cache_manager.h"
+#include "kv/scale_loader.h"
 #include "model/weights.h"
 
 namespace fp8kv {
@@ -445,7 +446,11 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
   const KvDtype d = resolve_kv_cache_dtype(opts.kv_cache_dtype, dir);
   std::shared_ptr<const Checkpoint> ckpt = Checkpoint::open(dir);
   auto w = ModelWeights::load(ckpt, cfg);
-  return std::make_unique<CpuEngine>(std::move(cfg), std::move(w), opts, d);
+  // KV scales from the checkpoint (validated; one coverage warning for fp8): kv/scale_loader.h.
+  KvScales scales = load_kv_scales_for_run(*ckpt, KvScaleShape{cfg.num_layers, cfg.num_heads, cfg.num_kv_heads}, d);
+  auto engine = std::make_unique<CpuEngine>(std::move(cfg), std::move(w), opts, d);
+  engine->set_kv_scales(std::move(scales));
+  return engine;
 }
 
 }  // namespace fp8kv

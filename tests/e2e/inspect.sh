@@ -104,7 +104,7 @@ PY
 "$BIN" inspect "$TMP/extra" --json >"$TMP/o" 2>"$TMP/e" || fail "extra tensors: exit $?"
 grep -q "warning: 1 unexpected tensor(s).*model.extra_thing.weight" "$TMP/e" || fail "no warning for the extra tensor: $(cat "$TMP/e")"
 grep -q "k_scale" "$TMP/e" && fail "KV scale tensor warned about: $(cat "$TMP/e")"
-python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert j['unexpected_tensors']==['model.extra_thing.weight'], j; assert j['kv_scales']['k_scale_layers']==1, j" "$TMP/o" \
+python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert j['unexpected_tensors']==['model.extra_thing.weight'], j; assert j['kv_scale_coverage']['k_scale_layers']==1, j" "$TMP/o" \
   || fail "JSON unexpected_tensors / kv_scales wrong"
 
 # 9. Usage error: missing argument -> exit 2.
