@@ -73,7 +73,7 @@ EngineOptions opts(const char* dtype) {
 TEST(CalibrateE2E, FindsPlantedOutlierAndCalibratedFp8IsCloserToBf16) {
   TempDir d;
   const fs::path m = d.path() / "m", out = d.path() / "calibrated";
-  fp8kv::testing::write_tiny_checkpoint(m, {.outlier_layer = 1, .outlier_gain = 400.0f});
+  fp8kv::testing::write_tiny_checkpoint(m, {.outlier_layer = 1, .outlier_gain = 2000.0f, .outlier_all_rows = true});
 
   auto bf16 = Engine::load(m, opts("bf16"));
   const auto corpus = random_chunks(4, 48, 11);
@@ -117,7 +117,8 @@ TEST(CalibrateE2E, FindsPlantedOutlierAndCalibratedFp8IsCloserToBf16) {
   calibrated->set_kv_scales(scales);  // explicit (independent of the engine's own loading)
   const double err_unity = rms_diff(all_logits(*unity, eval), ref);
   const double err_cal = rms_diff(all_logits(*calibrated, eval), ref);
-  std::printf("logit RMS error vs bf16: unity %.5f, calibrated %.5f\n", err_unity, err_cal);
+  std::printf("layer 1 v_amax %.1f -> v_scale %.4f; logit RMS error vs bf16: unity %.5f, calibrated %.5f\n",
+              rep.layers[1].v_amax[0], rep.layers[1].v_scale[0], err_unity, err_cal);
   EXPECT_LT(err_cal, 0.5 * err_unity) << "calibrated " << err_cal << " vs unity " << err_unity;
 }
 

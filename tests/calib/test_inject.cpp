@@ -70,6 +70,9 @@ InjectOptions in_place(const fs::path& dir) {
 
 void expect_refused(const InjectOptions& o, const nlohmann::json& rep, const std::string& needle) {
   const auto before = snapshot(o.model_dir);
+  std::error_code ec0;
+  const bool out_existed = o.output_dir && fs::exists(*o.output_dir, ec0);
+  const auto out_before = out_existed ? snapshot(*o.output_dir) : std::map<std::string, std::string>{};
   try {
     inject_kv_scales(o, rep);
     FAIL() << "expected refusal: " << needle;
@@ -77,9 +80,11 @@ void expect_refused(const InjectOptions& o, const nlohmann::json& rep, const std
     EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
   }
   EXPECT_EQ(snapshot(o.model_dir), before) << "a refused inject wrote something";
-  if (o.output_dir) {
+  if (o.output_dir && out_existed) {
+    EXPECT_EQ(snapshot(*o.output_dir), out_before) << "a refused inject modified the output directory";
+  } else if (o.output_dir) {
     std::error_code ec;
-    EXPECT_TRUE(!fs::exists(*o.output_dir, ec) || fs::is_empty(*o.output_dir, ec));
+    EXPECT_FALSE(fs::exists(*o.output_dir, ec)) << "a refused inject created the output directory";
   }
 }
 

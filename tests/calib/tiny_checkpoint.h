@@ -41,6 +41,7 @@ inline nlohmann::json tiny_llama_config() {
 struct TinyCheckpointOptions {
   int outlier_layer = -1;     // layer whose v_proj gets a planted outlier row
   float outlier_gain = 0.0f;  // that row is multiplied by this
+  bool outlier_all_rows = false;  // scale every row of that v_proj (all of the layer's V leaves the e4m3 range)
   bool sharded = false;       // two shards + index instead of model.safetensors
   uint64_t seed = 1;
 };
@@ -62,8 +63,10 @@ inline void write_tiny_checkpoint(const std::filesystem::path& dir, const TinyCh
     for (auto& x : v) x = norm ? 1.0f + 0.1f * nd(rng) : nd(rng);
     if (o.outlier_layer >= 0 &&
         spec.name == "model.layers." + std::to_string(o.outlier_layer) + ".self_attn.v_proj.weight") {
-      const int64_t cols = spec.shape[1], row = 5;  // KV head 0, channel 5
-      for (int64_t c = 0; c < cols; ++c) v[static_cast<size_t>(row * cols + c)] *= o.outlier_gain;
+      const int64_t rows = spec.shape[0], cols = spec.shape[1];
+      for (int64_t row = 0; row < rows; ++row)
+        if (o.outlier_all_rows || row == 5)  // row 5: KV head 0, channel 5
+          for (int64_t c = 0; c < cols; ++c) v[static_cast<size_t>(row * cols + c)] *= o.outlier_gain;
     }
     auto t = make_f32_tensor(spec.name, spec.shape, v);
     (o.sharded && (i++ % 2) ? b : a).push_back(std::move(t));
