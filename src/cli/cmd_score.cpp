@@ -1,0 +1,121 @@
+// `fp8kv score MODEL_DIR (--token-ids-file IDS.json | --text-file FILE
+// [--context N]) --output OUT.json`: teacher-forced per-token logprobs and
+// top-1 ids (DESIGN.md has the output format).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/engine_flags.h"
+#include "engine/engine.h"
+#include "io/errors.h"
+#include "io/fs_util.h"
+#include "numerics/version.h"
+#include "tokenizer/tokenizer.h"
+
+namespace fp8kv::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct ScoreArgs {
+  std::string model;
+  std::string ids_file, text_file, output;
+  int context = 0;
+  int chunk_size = 0;
+  EngineFlags engine;
+};
+
+std::vector<std::vector<int>> read_ids_file(const std::string& path) {
+  const std::string text = read_file(path);
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded()) throw InputError(path + ": not valid JSON");
+  auto ids_of = [&](const json& a, const std::string& where) {
+    if (!a.is_array()) throw InputError(fmt::format("{}: {} must be an array of token ids", path, where));
+    std::vector<int> out;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (!a[i].is_number_integer())
+        throw InputError(fmt::format("{}: {}[{}] is not an integer token id", path, where, i));
+      const int64_t v = a[i].get<int64_t>();
+      if (v < 0 || v > INT32_MAX) throw InputError(fmt::format("{}: {}[{}] = {} is not a token id", path, where, i, v));
+      out.push_back(static_cast<int>(v));
+    }
+    if (out.empty()) throw InputError(fmt::format("{}: {} is empty", path, where));
+    return out;
+  };
+  if (!j.is_array() || j.empty()) throw InputError(path + ": expected a JSON array of token ids or of arrays of ids");
+  std::vector<std::vector<int>> seqs;
+  if (j[0].is_array()) {
+    for (size_t i = 0; i < j.size(); ++i) seqs.push_back(ids_of(j[i], fmt::format("sequence {}", i)));
+  } else {
+    seqs.push_back(ids_of(j, "the array"));
+  }
+  return seqs;
+}
+
+int run(const ScoreArgs& a) {
+  if (a.ids_file.empty() == a.text_file.empty()) throw UsageError("give exactly one of --token-ids-file and --text-file");
+  if (!a.ids_file.empty() && a.context != 0) throw UsageError("--context applies to --text-file only");
+  if (a.context < 0) throw UsageError("--context must be >= 2");
+  auto engine = Engine::load(a.model, a.engine.options());
+  const int max_len = engine->max_model_len();
+
+  std::vector<std::vector<int>> seqs;
+  if (!a.ids_file.empty()) {
+    seqs = read_ids_file(a.ids_file);
+  } else {
+    const int n = a.context > 0 ? a.context : std::min(max_len, 4096);
+    if (n < 2) throw UsageError("--context must be >= 2");
+    if (n > max_len) throw InputError(fmt::format("--context {} exceeds max_model_len {}", n, max_len));
+    auto tok = Tokenizer::load(a.model);
+    const std::vector<int> ids = tok->encode(read_file(a.text_file), true);
+    for (size_t s = 0; s < ids.size(); s += static_cast<size_t>(n)) {
+      const size_t e = std::min(ids.size(), s + static_cast<size_t>(n));
+      if (e - s >= 2) seqs.emplace_back(ids.begin() + s, ids.begin() + e);
+    }
+    if (seqs.empty()) throw InputError(a.text_file + ": fewer than 2 tokens to score");
+  }
+  for (size_t i = 0; i < seqs.size(); ++i)
+    if (static_cast<int>(seqs[i].size()) > max_len)
+      throw InputError(fmt::format("sequence {} has {} tokens, more than max_model_len {} (use --max-model-len)", i,
+                                   seqs[i].size(), max_len));
+
+  json out = {{"fp8kv_version", version_string()},
+              {"model", a.model},
+              {"kv_cache_dtype", std::string(kv_dtype_name(engine->kv_dtype()))},
+              {"sequences", json::array()}};
+  ScoreOptions so;
+  so.chunk_size = a.chunk_size;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const ScoreResult r = engine->score(seqs[i], so);
+    json lp = json::array(), top = json::array();
+    for (size_t p = 0; p < r.token_ids.size(); ++p) {
+      lp.push_back(r.logprobs[p] ? json(*r.logprobs[p]) : json(nullptr));
+      top.push_back(r.top1_ids[p] ? json(*r.top1_ids[p]) : json(nullptr));
+    }
+    out["sequences"].push_back({{"token_ids", r.token_ids}, {"logprobs", lp}, {"top1_ids", top}});
+    if (seqs.size() > 1) std::fprintf(stderr, "scored sequence %zu/%zu\n", i + 1, seqs.size());
+  }
+  atomic_write_file(a.output, out.dump() + "\n");
+  return 0;
+}
+
+Registrar reg([](CLI::App& app) {
+  auto* a = new ScoreArgs;  // lives for the program
+  auto* sub = app.add_subcommand("score", "Teacher-forced per-token logprobs and top-1 ids");
+  sub->add_option("MODEL_DIR", a->model, "Checkpoint directory")->required();
+  sub->add_option("--token-ids-file", a->ids_file, "JSON array of token ids, or an array of such arrays");
+  sub->add_option("--text-file", a->text_file, "Text to tokenize and score in chunks of --context tokens");
+  sub->add_option("--context", a->context, "Tokens per scored chunk of --text-file (default min(max_model_len, 4096))");
+  sub->add_option("--output", a->output, "Output JSON file")->required();
+  sub->add_option("--chunk-size", a->chunk_size, "Prefill chunk in tokens (default: 2048)")->check(CLI::NonNegativeNumber);
+  a->engine.add(sub);
+  set_action(sub, [a] { return run(*a); });
+});
+
+}  // namespace
+}  // namespace fp8kv::cli
