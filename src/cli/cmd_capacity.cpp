@@ -52,6 +52,8 @@ uint64_t estimate_parameters(const ModelConfig& c) {
   const uint64_t embed = static_cast<uint64_t>(c.vocab_size) * h;
   uint64_t layer = h * (q + 2 * kv) + q * h + 3 * h * static_cast<uint64_t>(c.intermediate_size);
   if (c.attention_bias) layer += q + 2 * kv;
+  if (c.o_proj_bias) layer += h;
+  if (c.mlp_bias) layer += 2 * static_cast<uint64_t>(c.intermediate_size) + h;
   if (c.qk_norm) layer += 2 * hd;
   layer += (c.sandwich_norms ? 4 : 2) * h;
   return embed * (c.tie_word_embeddings ? 1 : 2) + layer * static_cast<uint64_t>(c.num_layers) + h;
