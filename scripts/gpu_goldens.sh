@@ -23,11 +23,21 @@ fp8() {
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 step fp8 fp8
-[ -f tools/gen_tokenizer_goldens.py ] && step tokenizer python3 tools/gen_tokenizer_goldens.py
+[ -f tools/gen_tokenizer_goldens.py ] && [ ! -f tests/golden/tokenizer/manifest.json ] && step tokenizer python3 tools/gen_tokenizer_goldens.py
 [ -f tools/gen_model_goldens.py ] && step models python3 tools/gen_model_goldens.py
 [ -f tools/check_safetensors_interop.py ] && step safetensors python3 tools/check_safetensors_interop.py
 [ -f tools/gen_stats_goldens.py ] && step stats python3 tools/gen_stats_goldens.py
 for extra in ${GOLDEN_EXTRA:-}; do step "$(basename "$extra" .py)" python3 "$extra"; done
+# CPU build of fp8kv here (deps from the carried .debs) for checks that run the CLI.
+build_cpu() {
+  source scripts/gpu_env.sh &&
+  cmake -S . -B build-gpucpu -G Ninja -DFP8KV_CUDA=OFF -DFP8KV_TESTS=OFF -DFP8KV_BENCH=OFF -DFP8KV_WERROR=OFF >/dev/null &&
+  cmake --build build-gpucpu -j16 --target fp8kv
+}
+if [ -f tools/check_injected_checkpoint.py ]; then
+  step build_cpu build_cpu
+  step injected bash -c "source scripts/gpu_env.sh; python3 tools/check_injected_checkpoint.py --fp8kv build-gpucpu/fp8kv"
+fi
 tar czf "$OUT/goldens.tar.gz" tests/golden
 ls -la "$OUT"
 echo "== goldens summary"
