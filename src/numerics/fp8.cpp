@@ -43,7 +43,7 @@ inline uint8_t f32_to_small(float f) {
   const uint32_t u = f32_bits(f);
   const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
   const uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return static_cast<uint8_t>(sign | NANCODE);
+  if (a > 0x7f800000u) return NANCODE;  // canonical NaN, sign dropped (as CUDA's cvt)
   // Smallest normal of the target, as fp32 bits: exponent (1 - BIAS).
   constexpr uint32_t min_normal_bits = static_cast<uint32_t>(127 + 1 - BIAS) << 23;
   if (a < min_normal_bits) {

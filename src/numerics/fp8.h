@@ -5,7 +5,7 @@
 // e4m3fn: max finite 448, no infinities, NaN only S.1111.111.
 // e5m2:   max finite 57344, inf S.11111.00, NaN S.11111.{01,10,11}.
 // Saturation: |x| beyond the max finite (inf included) stores as +-max; NaN
-// stays NaN. This matches CUDA's __nv_cvt_float_to_fp8(x, __NV_SATFINITE, .).
+// stays NaN (canonical 0x7f, the sign is dropped). This matches CUDA's __nv_cvt_float_to_fp8(x, __NV_SATFINITE, .).
 #pragma once
 #include <cstdint>
 #include <cstring>

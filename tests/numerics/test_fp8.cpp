@@ -86,6 +86,8 @@ TEST(Fp8, SaturatesAndPreservesNaN) {
   EXPECT_EQ(f32_to_e5m2(-INFINITY), 0xfb);
   EXPECT_TRUE(std::isnan(e4m3_to_f32(f32_to_e4m3(NAN))));
   EXPECT_TRUE(std::isnan(e5m2_to_f32(f32_to_e5m2(NAN))));
+  EXPECT_EQ(f32_to_e4m3(-NAN), 0x7f);  // canonical NaN, as CUDA cvt
+  EXPECT_EQ(f32_to_e5m2(-NAN), 0x7f);
 }
 
 TEST(Fp8, RandomFp32MatchesReference) {

@@ -13,13 +13,11 @@ namespace {
 using namespace detail;
 
 // saturate(rne(x / s)) with the IEEE division's result. A NaN input stores
-// sign(x)|0x7f as the CPU reference does (the GPU's own NaN results are
-// canonical, sign lost).
+// the canonical 0x7f, as the hardware conversion and the CPU reference do.
 template <int DT>
 __device__ __forceinline__ uint32_t quant_fp8_exact(float x, float s) {
   const float y = __fdiv_rn(x, s);
   uint32_t r = __nv_cvt_float_to_fp8(y, __NV_SATFINITE, DT == kE5m2 ? __NV_E5M2 : __NV_E4M3);
-  if (isnan(x)) r = (__float_as_uint(x) >> 24 & 0x80u) | 0x7fu;
   return r;
 }
 
