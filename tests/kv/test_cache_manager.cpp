@@ -1,0 +1,116 @@
+// KvCacheManager: pages per group, sliding-window recycling, accounting.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "kv/kv_cache_manager.h"
+#include "kv/planner.h"
+
+namespace fp8kv {
+namespace {
+
+ModelConfig hybrid_config(int window) {
+  // qwen3 with mixed layer types: one full group and one sliding group.
+  nlohmann::json j = {{"architectures", {"Qwen3ForCausalLM"}}, {"model_type", "qwen3"}, {"hidden_size", 64},
+                      {"intermediate_size", 96}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+                      {"num_key_value_heads", 2}, {"head_dim", 16}, {"vocab_size", 100},
+                      {"max_position_embeddings", 256}, {"use_sliding_window", true}, {"sliding_window", window},
+                      {"layer_types", {"full_attention", "sliding_attention"}}};
+  return parse_model_config(j, "test");
+}
+
+KvPlan plan_for(const ModelConfig& c, int blocks_budget_tokens, int block_size = 4) {
+  KvPlanSettings s;
+  s.block_size = block_size;
+  s.max_model_len = 64;
+  s.max_num_batched_tokens = 16;
+  s.max_num_seqs = 4;
+  s.dtype = KvDtype::fp8_e4m3;
+  s.kv_memory_bytes = kv_memory_needed(c, s) * static_cast<uint64_t>(blocks_budget_tokens);
+  return plan_kv_cache(c, s);
+}
+
+int live_blocks(const std::vector<int32_t>& t) {
+  int n = 0;
+  for (int32_t b : t) n += b >= 0;
+  return n;
+}
+
+TEST(KvCacheManager, FullGroupKeepsContextSlidingGroupRecycles) {
+  const int W = 8, B = 4;
+  const ModelConfig c = hybrid_config(W);
+  const KvPlan plan = plan_for(c, 2, B);
+  ASSERT_EQ(plan.groups.size(), 2u);
+  KvCacheManager m(c, plan);
+  const int full = m.group_of_layer(0), slid = m.group_of_layer(1);
+  ASSERT_NE(full, slid);
+  EXPECT_EQ(m.group_window(slid), W);
+  const int s = m.add_sequence();
+  const int64_t free0 = m.num_free_blocks();
+  for (int pos = 0; pos < 60; ++pos) {
+    m.append(s, 1);  // decode one token at a time
+    EXPECT_EQ(m.num_tokens(s), pos + 1);
+    const auto& tf = m.block_table(s, full);
+    const auto& ts = m.block_table(s, slid);
+    EXPECT_EQ(live_blocks(tf), pos / B + 1);
+    // Queries at >= pos see keys > pos - W: blocks before (pos - W + 1) / B are gone.
+    const int first_needed = std::max(0, pos - W + 1) / B;
+    for (int b = 0; b < static_cast<int>(ts.size()); ++b) EXPECT_EQ(ts[b] >= 0, b >= first_needed) << pos << " " << b;
+    // Every visible key still has a slot; slots are distinct across groups.
+    std::set<int64_t> seen;
+    for (int j = std::max(0, pos - W + 1); j <= pos; ++j) {
+      EXPECT_TRUE(seen.insert(m.slot(s, slid, j)).second);
+    }
+    if (pos >= W + B - 1) {  // block 0 left the window: its slot is gone
+      EXPECT_THROW(m.slot(s, slid, 0), std::logic_error);
+    }
+  }
+  // Pages used = full context + at most window + block of the sliding group.
+  EXPECT_LE(free0 - m.num_free_blocks(), (60 + B - 1) / B + (W + B - 1) / B + 1);
+  m.free_sequence(s);
+  EXPECT_EQ(m.num_free_blocks(), free0);
+}
+
+TEST(KvCacheManager, ChunkKeepsInFlightTokensAndRefusesWhenFull) {
+  const ModelConfig c = hybrid_config(8);
+  const KvPlan plan = plan_for(c, 1, 4);  // exactly one max-length request
+  KvCacheManager m(c, plan);
+  const int a = m.add_sequence();
+  m.append(a, 16);  // one 16-token chunk: every token of it has a page in both groups
+  for (int g = 0; g < m.num_groups(); ++g)
+    for (int j = 0; j < 16; ++j) EXPECT_GE(m.slot(a, g, j), 0);
+  // A second sequence of max length cannot fit beside the first.
+  const int b = m.add_sequence();
+  int appended = 0;
+  while (m.can_append(b, 16) && appended < 64) {
+    m.append(b, 16);
+    appended += 16;
+  }
+  EXPECT_LT(appended, 64);
+  const int64_t before = m.num_free_blocks();
+  if (!m.can_append(b, 16)) {
+    EXPECT_THROW(m.append(b, 16), std::runtime_error);
+  }
+  EXPECT_EQ(m.num_free_blocks(), before);  // a refused append changes nothing
+  m.free_sequence(a);
+  m.free_sequence(b);
+  EXPECT_EQ(m.num_free_blocks(), plan.num_blocks);
+}
+
+TEST(KvCacheManager, StorageMatchesThePlan) {
+  const ModelConfig c = hybrid_config(8);
+  const KvPlan plan = plan_for(c, 3, 16);
+  KvCacheManager m(c, plan);
+  EXPECT_EQ(m.layout().num_blocks, plan.num_blocks);
+  EXPECT_EQ(m.layout().block_size, 16);
+  // group_size slots x (K, V) x num_blocks x layer block bytes == num_blocks x page_bytes.
+  EXPECT_EQ(static_cast<uint64_t>(plan.group_size) * 2 * m.layout().cache_bytes(), plan.num_blocks * plan.page_bytes);
+  // Layers in different groups at the same slot share storage; within a group they do not.
+  EXPECT_EQ(m.k_cache(0), m.k_cache(1));
+  EXPECT_NE(m.k_cache(0), m.v_cache(0));
+}
+
+}  // namespace
+}  // namespace fp8kv
