@@ -59,9 +59,19 @@ RopeTable::RopeTable(const RopeParams& p, int head_dim, int max_position_embeddi
   } else if (p.type == "yarn") {
     const double orig =
         p.original_max_position_embeddings > 0 ? p.original_max_position_embeddings : max_position_embeddings;
-    attention_factor_ = static_cast<float>(p.attention_factor ? *p.attention_factor : yarn_get_mscale(p.factor));
-    double low = std::floor(yarn_correction_dim(p.beta_fast, rot_dim_, p.theta, orig));
-    double high = std::ceil(yarn_correction_dim(p.beta_slow, rot_dim_, p.theta, orig));
+    double af = yarn_get_mscale(p.factor);
+    if (p.attention_factor) {
+      af = *p.attention_factor;
+    } else if (p.mscale && p.mscale_all_dim && *p.mscale != 0.0 && *p.mscale_all_dim != 0.0) {
+      af = yarn_get_mscale(p.factor, *p.mscale) / yarn_get_mscale(p.factor, *p.mscale_all_dim);
+    }
+    attention_factor_ = static_cast<float>(af);
+    double low = yarn_correction_dim(p.beta_fast, rot_dim_, p.theta, orig);
+    double high = yarn_correction_dim(p.beta_slow, rot_dim_, p.theta, orig);
+    if (p.truncate) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
     low = std::max(low, 0.0);
     high = std::min(high, static_cast<double>(rot_dim_ - 1));
     if (low == high) high += 0.001;
