@@ -56,9 +56,9 @@ std::vector<int> parse_ids(const std::string& s) {
   return ids;
 }
 
-void print_json(nlohmann::json& j) {
+void print_json(nlohmann::ordered_json& j) {
   j["fp8kv_version"] = version_string();
-  std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  std::cout << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
 }
 
 Registrar reg_tokenize([](CLI::App& app) {
@@ -77,7 +77,7 @@ Registrar reg_tokenize([](CLI::App& app) {
     std::string input = o_file->count() ? read_file_bytes(*text_file) : *text;
     auto tok = Tokenizer::load(*path);
     auto ids = tok->encode(input, !*no_special);
-    nlohmann::json out;
+    nlohmann::ordered_json out;
     out["ids"] = ids;
     print_json(out);
     return 0;
@@ -95,7 +95,7 @@ Registrar reg_detokenize([](CLI::App& app) {
   set_action(sub, [=]() {
     auto list = parse_ids(*ids);
     auto tok = Tokenizer::load(*path);
-    nlohmann::json out;
+    nlohmann::ordered_json out;
     out["text"] = tok->decode(list, *skip_special);
     print_json(out);
     return 0;
