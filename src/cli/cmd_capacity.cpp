@@ -277,6 +277,8 @@ void print_text(const CapacityArgs& a, const ModelConfig& cfg, const Budget& b, 
   o += fmt::format("{:<6}{:<16}{:>7}{:>14}{:>16}\n", "total", "", cfg.num_layers, p.bytes_per_token,
                    p.blocks_per_request);
   o += fmt::format("max concurrency: {:.2f}x requests of {} tokens\n", p.max_concurrency, p.max_model_len);
+  if (p.max_concurrency > a.max_num_seqs)  // vLLM does not cap the reported figure either
+    o += fmt::format("  (the scheduler runs at most --max-num-seqs {} requests at once)\n", a.max_num_seqs);
   o += fmt::format("tokens: {}\n", p.tokens);
   o += kv_plan_log_line(p) + "\n";
   if (grid) {
