@@ -312,6 +312,7 @@ void tensor_to_f32(const TensorView& v, std::span<float> out) {
   if (out.size() != n)
     throw InputError(fmt::format("tensor '{}': output has {} elements, tensor has {}", printable(v.info->name),
                                  out.size(), n));
+  if (n == 0) return;  // empty tensors: out.data() may be null
   const std::byte* p = v.data;
   switch (v.dtype()) {
     case DType::F32:

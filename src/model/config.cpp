@@ -290,8 +290,9 @@ void parse_text_config(const Reader& r, ModelConfig& c) {
         for (int i = 0; i < L; ++i)
           c.layer_types[i] = (i + 1) % pattern != 0 ? LayerType::sliding_attention : LayerType::full_attention;
       }
-      if (c.num_sliding_layers() > 0 && !c.sliding_window)
-        r.fail("sliding_window", "is null but layer_types has sliding_attention layers");
+      // transformers: sliding layers take config.sliding_window; null means
+      // no window, i.e. they attend like full layers.
+      if (!c.sliding_window) c.layer_types.assign(L, LayerType::full_attention);
       if (r.boolean("use_bidirectional_attention", false))
         r.fail("use_bidirectional_attention", "bidirectional (embedding) Gemma3 models are not supported");
       break;

@@ -216,6 +216,11 @@ TEST(Config, Gemma3TextLegacy) {
   c = parse(j);
   EXPECT_FLOAT_EQ(c.attention_scale(), 1.0f / 12.0f);
   EXPECT_EQ(c.final_logit_softcapping, 30.0);
+  // A null window: sliding-typed layers attend like full ones (transformers).
+  json nw = j;
+  nw["sliding_window"] = nullptr;
+  EXPECT_EQ(parse(nw).layer_types, types("FFFFFFFF"));
+  EXPECT_FALSE(parse(nw).sliding_window.has_value());
   // Linear scaling applies to the global (full) layers only.
   j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 8.0}};
   c = parse(j);
