@@ -156,6 +156,7 @@ void BpeModel::tokenize_chunk(std::string_view word, std::vector<int>& out) cons
   std::vector<int> ids;
   merge_word(word, ids);
   out.insert(out.end(), ids.begin(), ids.end());
+  if (word.size() >= kCacheMaxWordBytes) return;
   std::lock_guard<std::mutex> lock(cache_mu_);
   if (cache_.size() < kCacheCapacity) cache_.emplace(std::string(word), std::move(ids));
 }

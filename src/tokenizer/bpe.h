@@ -59,7 +59,8 @@ class BpeModel {
   bool split_at_metaspace_ = false;
   int byte_ids_[256];  // <0xHH> ids for byte_fallback, -1 when absent
 
-  static constexpr size_t kCacheCapacity = 10000;
+  static constexpr size_t kCacheCapacity = 10000;   // words, as `tokenizers`
+  static constexpr size_t kCacheMaxWordBytes = 256;  // longer words are not cached, as `tokenizers`
   mutable std::mutex cache_mu_;
   mutable std::unordered_map<std::string, std::vector<int>, SvHash, std::equal_to<>> cache_;
 };
