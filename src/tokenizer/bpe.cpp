@@ -68,7 +68,8 @@ BpeModel::BpeModel(const json& m, const std::string& ctx) {
   }
 
   bool crosses = false;
-  const json& merges = m.contains("merges") ? m["merges"] : json::array();
+  static const json kNoMerges = json::array();
+  const json& merges = m.contains("merges") ? m["merges"] : kNoMerges;
   if (!merges.is_array()) throw InputError(fmt::format("{}: \"merges\" must be an array", ctx));
   merges_.reserve(merges.size() * 2);
   for (size_t i = 0; i < merges.size(); ++i) {

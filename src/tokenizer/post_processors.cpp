@@ -68,7 +68,8 @@ int pair_id(const json& j, const char* key, const std::string& ctx) {
 
 std::unique_ptr<PostProcessor> make_template(const json& j, const std::string& ctx) {
   const json& single = req(j, "single", ctx);
-  const json& specials = j.contains("special_tokens") ? j["special_tokens"] : json::object();
+  static const json kNoSpecials = json::object();
+  const json& specials = j.contains("special_tokens") ? j["special_tokens"] : kNoSpecials;
   if (!single.is_array()) throw InputError(fmt::format("{}: \"single\" must be an array", ctx));
   std::vector<int> pre, post;
   bool seen_seq = false;
@@ -85,7 +86,8 @@ std::unique_ptr<PostProcessor> make_template(const json& j, const std::string& c
     std::string name = req_str(item["SpecialToken"], "id", ictx);
     if (!specials.is_object() || !specials.contains(name))
       throw InputError(fmt::format("{}: special token \"{}\" missing from special_tokens", ictx, name));
-    const json& ids = req(specials[name], "ids", fmt::format("{}.special_tokens[\"{}\"]", ctx, name));
+    std::string sctx = fmt::format("{}.special_tokens[\"{}\"]", ctx, name);
+    const json& ids = req(specials[name], "ids", sctx);
     if (!ids.is_array()) throw InputError(fmt::format("{}: special_tokens[\"{}\"].ids must be an array", ctx, name));
     for (const auto& id : ids) (seen_seq ? post : pre).push_back(as_id(id, ictx));
   }
