@@ -1,0 +1,366 @@
+// `fp8kv eval compare | kvstats | niah`: paired accuracy evaluation of KV
+// cache configurations (src/eval/, docs/eval.md). stdout carries the result
+// (JSON); tables and progress go to stderr. Exit: 0 ok, 2 bad input, 1 internal.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "engine/engine.h"
+#include "eval/compare.h"
+#include "eval/kvstats.h"
+#include "eval/niah.h"
+#include "eval/report_html.h"
+#include "io/errors.h"
+#include "io/fs_util.h"
+#include "kv/planner.h"
+#include "numerics/version.h"
+#include "tokenizer/tokenizer.h"
+
+namespace fp8kv::cli {
+namespace {
+
+using nlohmann::json;
+
+class Progress {
+ public:
+  explicit Progress(std::string what) : what_(std::move(what)) {}
+  void operator()(uint64_t done, uint64_t total) {
+    const auto now = std::chrono::steady_clock::now();
+    const bool last = done >= total;
+    if (!last && now - shown_ < std::chrono::milliseconds(tty_ ? 200 : 5000)) return;
+    shown_ = now;
+    const double secs = std::chrono::duration<double>(now - start_).count();
+    const int width = 30, fill = total ? static_cast<int>(width * done / total) : width;
+    std::fprintf(stderr, "%s%s [%s%s] %llu/%llu, %.1fs%s", tty_ ? "\r" : "", what_.c_str(),
+                 std::string(fill, '#').c_str(), std::string(width - fill, ' ').c_str(),
+                 static_cast<unsigned long long>(done), static_cast<unsigned long long>(total), secs,
+                 tty_ && !last ? "" : "\n");
+    std::fflush(stderr);
+  }
+
+ private:
+  std::string what_;
+  bool tty_ = ::isatty(2) != 0;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now(), shown_{};
+};
+
+struct EngineArgs {
+  std::string kv_memory, backend = "auto";
+  int threads = 0, max_model_len = 0;
+  void add(CLI::App* s) {
+    s->add_option("--kv-memory", kv_memory, "KV pool budget (80GiB, 512MiB, bytes)");
+    s->add_option("--backend", backend, "auto | cpu | cuda");
+    s->add_option("--threads", threads, "CPU threads (0: OpenMP default)");
+    s->add_option("--max-model-len", max_model_len, "max sequence length (0: the model's)");
+  }
+  EngineOptions options() const {
+    EngineOptions o;
+    o.backend = backend;
+    o.num_threads = threads;
+    o.max_model_len = max_model_len;
+    o.max_num_seqs = 1;
+    if (!kv_memory.empty()) o.kv_memory_bytes = parse_size(kv_memory);
+    return o;
+  }
+};
+
+// Documents from --text-file (tokenized, special tokens as the tokenizer adds
+// them) and --token-ids-file (an array of ids or an array of arrays).
+struct Docs {
+  std::vector<std::vector<int>> ids;
+  std::vector<std::string> names;
+};
+Docs read_docs(const std::string& model, const std::vector<std::string>& text_files,
+               const std::vector<std::string>& ids_files, const Tokenizer* tok, int vocab) {
+  Docs d;
+  for (const auto& f : text_files) {
+    if (!tok) throw InputError(fmt::format("{}: no tokenizer in {} to tokenize --text-file", f, model));
+    d.ids.push_back(tok->encode(read_file(f)));
+    d.names.push_back(f);
+  }
+  for (const auto& f : ids_files) {
+    json j;
+    try {
+      j = json::parse(read_file(f));
+    } catch (const json::exception& e) {
+      throw InputError(fmt::format("{}: invalid JSON: {}", f, e.what()));
+    }
+    if (!j.is_array()) throw InputError(fmt::format("{}: expected an array of token ids or of arrays", f));
+    const bool nested = !j.empty() && j[0].is_array();
+    const json arr = nested ? j : json::array({j});
+    for (size_t s = 0; s < arr.size(); ++s) {
+      if (!arr[s].is_array()) throw InputError(fmt::format("{}: item {} is not an array", f, s));
+      std::vector<int> ids;
+      for (size_t i = 0; i < arr[s].size(); ++i) {
+        const auto& v = arr[s][i];
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab)
+          throw InputError(fmt::format("{}: sequence {} item {} is not a token id in [0, {})", f, s, i, vocab));
+        ids.push_back(v.get<int>());
+      }
+      d.ids.push_back(std::move(ids));
+      d.names.push_back(nested ? fmt::format("{}#{}", f, s) : f);
+    }
+  }
+  if (d.ids.empty()) throw UsageError("give --text-file FILE (or --token-ids-file IDS.json)");
+  return d;
+}
+
+std::unique_ptr<Tokenizer> try_tokenizer(const std::string& model, bool required) {
+  if (!required && !std::filesystem::exists(std::filesystem::path(model) / "tokenizer.json")) return nullptr;
+  return Tokenizer::load(model);
+}
+
+std::vector<int> parse_int_list(const std::string& s, const char* what) {
+  std::vector<int> out;
+  size_t start = 0;
+  while (true) {
+    const size_t p = s.find(',', start);
+    const std::string item = s.substr(start, p == std::string::npos ? std::string::npos : p - start);
+    size_t used = 0;
+    long v = -1;
+    try {
+      v = std::stol(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (item.empty() || used != item.size() || v < 0 || v > 1 << 30)
+      throw UsageError(fmt::format("{} '{}': '{}' is not a non-negative integer", what, s, item));
+    out.push_back(static_cast<int>(v));
+    if (p == std::string::npos) break;
+    start = p + 1;
+  }
+  return out;
+}
+
+void write_json(const std::string& path, const json& j) { atomic_write_file(path, j.dump(2) + "\n"); }
+
+// ---- compare ----
+struct CompareArgs {
+  std::string model, arms = "bf16,fp8", buckets = "0,512,1024,2048,4096", output, html,
+                     control_prefix = "[control]\n";
+  std::vector<std::string> text_files, ids_files;
+  int context = 0, bootstrap = 2000;
+  bool control = false;
+  uint64_t seed = 0;
+  EngineArgs eng;
+};
+
+int run_compare_cmd(const CompareArgs& a) {
+  eval::CompareInput in;
+  in.model_dir = a.model;
+  in.engine = a.eng.options();
+  in.arms = eval::parse_arms(a.arms);
+  in.stats.buckets = eval::parse_buckets(a.buckets);
+  in.stats.seed = a.seed;
+  if (a.bootstrap < 100) throw UsageError("--bootstrap: at least 100 resamples");
+  in.stats.bootstrap_resamples = a.bootstrap;
+  if (a.context < 0) throw UsageError("--context: expected a positive number of tokens");
+  in.context = a.context;
+  const ModelConfig cfg = load_model_config(a.model);
+  auto tok = try_tokenizer(a.model, !a.text_files.empty());
+  Docs docs = read_docs(a.model, a.text_files, a.ids_files, tok.get(), cfg.vocab_size);
+  in.docs = std::move(docs.ids);
+  in.doc_names = std::move(docs.names);
+  in.control = a.control;
+  if (a.control) {
+    if (!tok) throw InputError(fmt::format("--control: no tokenizer in {} for the control prefix", a.model));
+    in.control_prefix = tok->encode(a.control_prefix, /*add_special_tokens=*/false);
+    in.is_special = [t = tok.get()](int id) { return t->is_special(id); };
+  }
+  Progress progress("compare");
+  json report = eval::run_compare(in, std::ref(progress));
+  report["fp8kv_version"] = version_string();
+  if (a.control) report["control_prefix"] = a.control_prefix;
+
+  std::fprintf(stderr, "%-22s %10s %10s %10s %10s %10s %8s\n", "arm", "PPL", "dPPL %", "KLD mean", "KLD p99",
+               "RMS dp %", "top-1 %");
+  for (const auto& arm : report["arms"])
+    std::fprintf(stderr, "%-22s %10.4f %+10.4f %10.3g %10.3g %10.4f %8.3f\n", arm["name"].get<std::string>().c_str(),
+                 arm["ppl"].get<double>(), arm["ppl_delta_pct"].get<double>(), arm["kld"]["mean"].get<double>(),
+                 arm["kld"]["p99"].get<double>(), 100.0 * arm["rms_dp"].get<double>(),
+                 100.0 * arm["top1_agree"].get<double>());
+  if (!a.html.empty()) atomic_write_file(a.html, eval::compare_report_html(report));
+  if (a.output.empty()) {
+    std::printf("%s\n", report.dump(2).c_str());
+    return 0;
+  }
+  write_json(a.output, report);
+  json out{{"fp8kv_version", version_string()}, {"output", a.output}, {"reference", report["reference"]}};
+  if (!a.html.empty()) out["html"] = a.html;
+  json arms = json::array();
+  for (const auto& arm : report["arms"])
+    arms.push_back({{"name", arm["name"]}, {"ppl", arm["ppl"]}, {"ppl_delta_pct", arm["ppl_delta_pct"]},
+                    {"kld_mean", arm["kld"]["mean"]}, {"top1_agree", arm["top1_agree"]}});
+  out["arms"] = arms;
+  std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+}
+
+// ---- kvstats ----
+struct KvStatsArgs {
+  std::string model, scales = "checkpoint", target = "fp8_e4m3", output, kv_cache_dtype = "bf16";
+  std::vector<std::string> text_files, ids_files;
+  int context = 0;
+  EngineArgs eng;
+};
+
+int run_kvstats_cmd(const KvStatsArgs& a) {
+  const KvDtype target = parse_kv_dtype(a.target);
+  if (!kv_dtype_is_fp8(target)) throw UsageError("--target: expected fp8_e4m3 or fp8_e5m2");
+  if (a.context < 0) throw UsageError("--context: expected a positive number of tokens");
+  EngineOptions eo = a.eng.options();
+  eo.kv_cache_dtype = a.kv_cache_dtype;
+  auto engine = Engine::load(a.model, eo);
+  const ModelConfig& cfg = engine->config();
+  std::unique_ptr<KvScales> ck;
+  if (a.scales == "checkpoint") {
+    eval::ArmSpec arm = eval::parse_arm("fp8");
+    ck = std::make_unique<KvScales>(eval::arm_scales(arm, a.model, cfg));
+  }
+  eval::KvStatsObserver obs(eval::kvstats_scales(a.scales, cfg.num_layers, ck.get()), target);
+  auto tok = try_tokenizer(a.model, !a.text_files.empty());
+  Docs docs = read_docs(a.model, a.text_files, a.ids_files, tok.get(), cfg.vocab_size);
+  const int context = a.context > 0 ? a.context : std::min(engine->max_model_len(), 4096);
+  if (context > engine->max_model_len())
+    throw UsageError(fmt::format("--context {} exceeds max_model_len {}", context, engine->max_model_len()));
+  std::vector<std::vector<int>> chunks;
+  uint64_t total = 0;
+  for (const auto& d : docs.ids)
+    for (auto& c : eval::cut_chunks(d, context)) {
+      total += c.size();
+      chunks.push_back(std::move(c));
+    }
+  if (chunks.empty()) throw InputError("eval kvstats: no chunk of at least 2 tokens");
+  engine->set_store_observer(&obs);
+  Progress progress("kvstats");
+  uint64_t done = 0;
+  for (const auto& c : chunks) {
+    engine->score(c);
+    done += c.size();
+    progress(done, total);
+  }
+  engine->set_store_observer(nullptr);
+  json j = obs.to_json(cfg);
+  j["fp8kv_version"] = version_string();
+  j["model"] = a.model;
+  j["scales"] = a.scales;
+  j["kv_cache_dtype"] = std::string(engine->kv_dtype() == KvDtype::bf16 ? "bf16" : kv_dtype_name(engine->kv_dtype()));
+  j["tokens"] = total;
+  j["documents"] = docs.names;
+  std::fputs(obs.table(cfg).c_str(), stderr);
+  if (a.output.empty()) {
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  write_json(a.output, j);
+  json out{{"fp8kv_version", version_string()}, {"output", a.output}, {"tokens", total}};
+  json clipping = json::array();
+  for (const auto& l : j["layers"])
+    if (l["clipped"].get<uint64_t>() > 0) clipping.push_back({{"layer", l["layer"]}, {"stream", l["stream"]},
+                                                              {"clip_frac", l["clip_frac"]}});
+  out["clipping"] = clipping;
+  std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+}
+
+// ---- niah ----
+struct NiahArgs {
+  std::string model, haystack, lengths = "1024,2048,4096", depths = "10,50,90", arms = "bf16,fp8", output;
+  int trials = 5;
+  uint64_t seed = 0;
+  EngineArgs eng;
+};
+
+int run_niah_cmd(const NiahArgs& a) {
+  eval::NiahOptions o;
+  o.lengths = parse_int_list(a.lengths, "--lengths");
+  o.depths = parse_int_list(a.depths, "--depths");
+  o.trials = a.trials;
+  o.seed = a.seed;
+  const auto arms = eval::parse_arms(a.arms);
+  auto tok = Tokenizer::load(a.model);
+  const auto prompts = eval::build_niah_prompts(*tok, read_file(a.haystack), o);
+  Progress progress("niah");
+  json j = eval::run_niah(a.model, a.eng.options(), arms, *tok, prompts, o, std::ref(progress));
+  j["fp8kv_version"] = version_string();
+  j["model"] = a.model;
+  j["haystack"] = a.haystack;
+  std::fprintf(stderr, "%-8s %-6s", "length", "depth");
+  for (const auto& arm : arms) std::fprintf(stderr, " %12s", arm.name.c_str());
+  std::fprintf(stderr, "\n");
+  const size_t ncell = j["cells"].size() / arms.size();
+  for (size_t c = 0; c < ncell; ++c) {
+    std::fprintf(stderr, "%-8d %-6d", j["cells"][c]["length"].get<int>(), j["cells"][c]["depth"].get<int>());
+    for (size_t k = 0; k < arms.size(); ++k) {
+      const auto& e = j["cells"][k * ncell + c];
+      std::fprintf(stderr, " %12s", fmt::format("{}/{}", e["correct"].get<int>(), e["trials"].get<int>()).c_str());
+    }
+    std::fprintf(stderr, "\n");
+  }
+  for (const auto& m : j["mcnemar"])
+    std::fprintf(stderr, "McNemar %s vs %s: only_a %llu, only_b %llu, p = %.4g\n", m["a"].get<std::string>().c_str(),
+                 m["b"].get<std::string>().c_str(), static_cast<unsigned long long>(m["only_a"].get<uint64_t>()),
+                 static_cast<unsigned long long>(m["only_b"].get<uint64_t>()), m["p_value"].get<double>());
+  if (!a.output.empty()) write_json(a.output, j);
+  std::printf("%s\n", j.dump(2).c_str());
+  return 0;
+}
+
+const Registrar reg([](CLI::App& app) {
+  auto* ev = app.add_subcommand("eval", "Paired accuracy evaluation of KV cache configurations (docs/eval.md)");
+  ev->require_subcommand(1);
+
+  static CompareArgs ca;
+  auto* c = ev->add_subcommand("compare", "Teacher-forced per-position comparison of arms against a reference");
+  c->add_option("model", ca.model, "model directory")->required();
+  c->add_option("--text-file", ca.text_files, "document (repeatable)");
+  c->add_option("--token-ids-file", ca.ids_files, "JSON array of ids or of arrays (repeatable)");
+  c->add_option("--arms", ca.arms, "bf16, fp8, fp8:unity, fp8:scales=DIR, fp8_e5m2 (first = reference)");
+  c->add_option("--context", ca.context, "tokens per scored chunk (default min(max_model_len, 4096))");
+  c->add_option("--buckets", ca.buckets, "position bucket edges (last bucket open-ended)");
+  c->add_flag("--control", ca.control, "add a control pass: the reference with a short prefix (noise floor)");
+  c->add_option("--control-prefix", ca.control_prefix, "text of the control prefix");
+  c->add_option("--seed", ca.seed, "seed of the bootstrap / Monte Carlo draws");
+  c->add_option("--bootstrap", ca.bootstrap, "bootstrap resamples");
+  c->add_option("--output", ca.output, "REPORT.json (else the report goes to stdout)");
+  c->add_option("--html", ca.html, "REPORT.html");
+  ca.eng.add(c);
+  set_action(c, [] { return run_compare_cmd(ca); });
+
+  static KvStatsArgs ka;
+  auto* k = ev->add_subcommand("kvstats", "Q/K/V range statistics at the store point, per layer and stream");
+  k->add_option("model", ka.model, "model directory")->required();
+  k->add_option("--text-file", ka.text_files, "document (repeatable)");
+  k->add_option("--token-ids-file", ka.ids_files, "JSON array of ids or of arrays (repeatable)");
+  k->add_option("--scales", ka.scales, "unity | checkpoint | VALUE (every stream)");
+  k->add_option("--target", ka.target, "fp8_e4m3 | fp8_e5m2");
+  k->add_option("--context", ka.context, "tokens per chunk (default min(max_model_len, 4096))");
+  k->add_option("--kv-cache-dtype", ka.kv_cache_dtype, "cache the run itself uses (default bf16)");
+  k->add_option("--output", ka.output, "STATS.json (else the stats go to stdout)");
+  ka.eng.add(k);
+  set_action(k, [] { return run_kvstats_cmd(ka); });
+
+  static NiahArgs na;
+  auto* n = ev->add_subcommand("niah", "Paired needle-in-a-haystack retrieval with exact McNemar tests");
+  n->add_option("model", na.model, "model directory")->required();
+  n->add_option("--haystack", na.haystack, "haystack text file")->required();
+  n->add_option("--lengths", na.lengths, "prompt lengths in tokens");
+  n->add_option("--depths", na.depths, "needle depths in percent");
+  n->add_option("--trials", na.trials, "trials per cell");
+  n->add_option("--arms", na.arms, "arms (as compare)");
+  n->add_option("--seed", na.seed, "seed of the passkeys");
+  n->add_option("--output", na.output, "NIAH.json");
+  na.eng.add(n);
+  set_action(n, [] { return run_niah_cmd(na); });
+});
+
+}  // namespace
+}  // namespace fp8kv::cli
