@@ -435,10 +435,28 @@ class CpuEngine final : public Engine {
 
 }  // namespace
 
+namespace {
+// bf16 matrices are widened to fp32 once when that fits comfortably (at most
+// a quarter of the machine's memory): decode then skips the per-use
+// conversion. Larger models keep bf16 and convert tile by tile. The values
+// are identical either way (bf16 -> fp32 is exact).
+std::shared_ptr<const ModelWeights> maybe_widen(std::shared_ptr<const ModelWeights> w) {
+  size_t bf16_bytes = 0;
+  auto count = [&](const WeightMatrix& m) { bf16_bytes += m.bf16 ? m.bytes() : 0; };
+  count(w->embed);
+  if (w->lm_head) count(*w->lm_head);
+  for (const auto& L : w->layers)
+    for (const WeightMatrix* m : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj, &L.up_proj, &L.down_proj})
+      count(*m);
+  if (bf16_bytes == 0 || 2 * bf16_bytes > physical_memory() / 4) return w;
+  return w->widened_to_f32();
+}
+}  // namespace
+
 std::unique_ptr<Engine> Engine::create(ModelConfig cfg, std::shared_ptr<const ModelWeights> weights,
                                        const EngineOptions& opts) {
   const KvDtype d = opts.kv_cache_dtype == "auto" ? KvDtype::bf16 : resolve_kv_cache_dtype(opts.kv_cache_dtype, {});
-  return std::make_unique<CpuEngine>(std::move(cfg), std::move(weights), opts, d);
+  return std::make_unique<CpuEngine>(std::move(cfg), maybe_widen(std::move(weights)), opts, d);
 }
 
 std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const EngineOptions& opts) {
@@ -448,7 +466,7 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
   auto w = ModelWeights::load(ckpt, cfg);
   // KV scales from the checkpoint (validated; one coverage warning for fp8): kv/scale_loader.h.
   KvScales scales = load_kv_scales_for_run(*ckpt, KvScaleShape{cfg.num_layers, cfg.num_heads, cfg.num_kv_heads}, d);
-  auto engine = std::make_unique<CpuEngine>(std::move(cfg), std::move(w), opts, d);
+  auto engine = std::make_unique<CpuEngine>(std::move(cfg), maybe_widen(std::move(w)), opts, d);
   engine->set_kv_scales(std::move(scales));
   return engine;
 }

@@ -158,6 +158,34 @@ std::shared_ptr<ModelWeights> ModelWeights::load(std::shared_ptr<const Checkpoin
 
 namespace {
 
+WeightMatrix widen(const WeightMatrix& m) {
+  if (!m.bf16) return m;
+  const size_t n = static_cast<size_t>(m.rows * m.cols);
+  auto buf = std::shared_ptr<float[]>(new float[n]);
+  const uint16_t* src = static_cast<const uint16_t*>(m.data);
+  for (size_t i = 0; i < n; ++i) buf[i] = bf16_to_f32(src[i]);
+  WeightMatrix w = m;
+  w.bf16 = false;
+  w.data = buf.get();
+  w.owner = std::shared_ptr<const void>(buf, buf.get());
+  return w;
+}
+
+}  // namespace
+
+std::shared_ptr<ModelWeights> ModelWeights::widened_to_f32() const {
+  auto w = std::make_shared<ModelWeights>(*this);
+  w->embed = widen(embed);
+  if (lm_head) w->lm_head = widen(*lm_head);
+  for (auto& L : w->layers) {
+    for (WeightMatrix* m : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj, &L.up_proj, &L.down_proj})
+      *m = widen(*m);
+  }
+  return w;
+}
+
+namespace {
+
 WeightMatrix random_matrix(std::mt19937_64& rng, int64_t rows, int64_t cols, float std, bool bf16) {
   std::normal_distribution<float> nd(0.0f, std);
   WeightMatrix m;

@@ -58,6 +58,10 @@ class ModelWeights {
   // Binds every tensor the family needs, checking dtype and shape (errors
   // name the tensor, expected and actual). Keeps the checkpoint mapped.
   static std::shared_ptr<ModelWeights> load(std::shared_ptr<const Checkpoint> ckpt, const ModelConfig& cfg);
+  // A copy whose bf16 matrices are widened to fp32 (exact; norms, biases and
+  // fp32 matrices shared). Trades 2x memory for no per-use conversion.
+  std::shared_ptr<ModelWeights> widened_to_f32() const;
+
   // Random weights (normal(0, std), norms around 1) for tests; bf16 or fp32 matrices.
   static std::shared_ptr<ModelWeights> random(const ModelConfig& cfg, uint64_t seed, float std, bool bf16);
 };
