@@ -8,7 +8,9 @@
 // against the K/V transformers recorded). Logprobs then agree to fp32 level
 // (1e-4 + 1e-4 |lp|: 2-3 layers of length-64..128 dot products, see
 // test_engine_reference.cpp) as long as both rounded every K/V element to the
-// same cache value. An element whose two fp32 values straddle a rounding
+// same cache value. The recorded K/V come from transformers' fp32 pass, so
+// only layer 0 (same inputs in every variant) is compared and checked for
+// flips; a flip in a deeper layer is not detected here. An element whose two fp32 values straddle a rounding
 // boundary ("flip") perturbs every later position by at most one element's
 // rounding step, which is bounded by the rounding effect of the whole cache:
 // max |golden(dtype) - golden(fp32)|. So positions before the first flip get
@@ -75,7 +77,9 @@ TEST_P(Golden, MatchesTransformers) {
     int first_flip = T;
     int64_t flips = 0;
     double worst = 0.0;
-    for (int l = 0; l < c.num_layers; ++l) {
+    // transformers recorded K/V in its fp32 pass: only layer 0 has the same
+    // inputs in every variant (deeper layers see the rounded cache upstream).
+    for (int l = 0; l < 1; ++l) {
       for (const char* kv : {"k", "v"}) {
         const std::string tn = "seq" + std::to_string(si) + ".layer" + std::to_string(l) + "." + kv;
         const std::vector<float> ref = kvf->to_f32(tn);
