@@ -36,8 +36,9 @@ TEST(StatsGolden, BinomMatchesScipy) {
     const uint64_t k = c["k"], n = c["n"];
     const double want = c["p"];
     EXPECT_NEAR(binom_test_half(k, n), want, 1e-11 * want + 1e-300) << "k=" << k << " n=" << n;
-    if (c.contains("only_a"))
+    if (c.contains("only_a")) {
       EXPECT_NEAR(mcnemar_exact_p(c["only_a"].get<uint64_t>(), c["only_b"].get<uint64_t>()), want, 1e-11 * want);
+    }
   }
 }
 
