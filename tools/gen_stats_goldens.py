@@ -73,7 +73,7 @@ def brute_sign_flip(d):
 
 def sign_flip_cases(rng):
     cases = []
-    specs = [(1, "normal"), (3, "normal"), (5, "int"), (8, "normal"), (10, "shift"), (12, "int"), (14, "shift"),
+    specs = [(2, "normal"), (3, "normal"), (5, "int"), (8, "normal"), (10, "shift"), (12, "int"), (14, "shift"),
              (16, "normal"), (6, "zeros")]
     for n, kind in specs:
         if kind == "normal":
