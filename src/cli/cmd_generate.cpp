@@ -60,7 +60,8 @@ int run(const GenerateArgs& a) {
 }
 
 Registrar reg([](CLI::App& app) {
-  auto* a = new GenerateArgs;
+  static GenerateArgs args;  // lives for the program
+  auto* a = &args;
   auto* sub = app.add_subcommand("generate", "Generate text from a prompt (greedy by default)");
   sub->add_option("MODEL_DIR", a->model, "Checkpoint directory")->required();
   sub->add_option("--prompt", a->prompt, "Prompt text")->required();

@@ -105,7 +105,8 @@ int run(const ScoreArgs& a) {
 }
 
 Registrar reg([](CLI::App& app) {
-  auto* a = new ScoreArgs;  // lives for the program
+  static ScoreArgs args;  // lives for the program
+  auto* a = &args;
   auto* sub = app.add_subcommand("score", "Teacher-forced per-token logprobs and top-1 ids");
   sub->add_option("MODEL_DIR", a->model, "Checkpoint directory")->required();
   sub->add_option("--token-ids-file", a->ids_file, "JSON array of token ids, or an array of such arrays");
