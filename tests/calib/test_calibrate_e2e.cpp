@@ -13,27 +13,15 @@
 #include "engine/engine.h"
 #include "io/checkpoint.h"
 #include "tiny_checkpoint.h"
+#include "../common/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace fp8kv;
 
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    std::random_device rd;
-    path_ = fs::temp_directory_path() / ("fp8kv_calib_" + std::to_string(rd()) + std::to_string(rd()));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
+struct TempDir : fp8kv::test_util::TempDir {
+  TempDir() : fp8kv::test_util::TempDir("fp8kv_calib_") {}
 };
 
 std::vector<std::vector<int>> random_chunks(int n, int len, uint64_t seed) {

@@ -15,6 +15,7 @@
 #include "io/errors.h"
 #include "io/fs_util.h"
 #include "tiny_checkpoint.h"
+#include "../common/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace fp8kv;
@@ -22,21 +23,8 @@ using fp8kv::testing::write_tiny_checkpoint;
 
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    std::random_device rd;
-    path_ = fs::temp_directory_path() / ("fp8kv_inject_" + std::to_string(rd()) + std::to_string(rd()));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
+struct TempDir : fp8kv::test_util::TempDir {
+  TempDir() : fp8kv::test_util::TempDir("fp8kv_inject_") {}
 };
 
 // name -> sha256 of every file in dir (top level).

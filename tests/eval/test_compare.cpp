@@ -17,6 +17,7 @@
 #include "eval/niah.h"
 #include "eval/report_html.h"
 #include "io/errors.h"
+#include "../common/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace fp8kv;
@@ -24,21 +25,8 @@ using namespace fp8kv::eval;
 
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    std::random_device rd;
-    path_ = fs::temp_directory_path() / ("fp8kv_eval_" + std::to_string(rd()) + std::to_string(rd()));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
+struct TempDir : fp8kv::test_util::TempDir {
+  TempDir() : fp8kv::test_util::TempDir("fp8kv_eval_") {}
 };
 
 std::vector<std::vector<int>> random_docs(int n, int len, uint64_t seed) {

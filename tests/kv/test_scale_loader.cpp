@@ -14,27 +14,15 @@
 #include "io/errors.h"
 #include "io/safetensors.h"
 #include "kv/scale_loader.h"
+#include "../common/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace fp8kv;
 
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    std::random_device rd;
-    path_ = fs::temp_directory_path() / ("fp8kv_scale_loader_" + std::to_string(rd()) + std::to_string(rd()));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
+struct TempDir : fp8kv::test_util::TempDir {
+  TempDir() : fp8kv::test_util::TempDir("fp8kv_scale_loader_") {}
 };
 
 constexpr KvScaleShape kShape{/*num_layers=*/4, /*num_heads=*/8, /*num_kv_heads=*/2};
