@@ -8,7 +8,7 @@ Runs on the GPU machine (PyTorch + transformers 5 + tokenizers):
 
 Steps: (1) train a byte-level BPE tokenizer (Qwen2 split regex + ByteLevel,
 <|endoftext|> = eos = id 0) on corpus/train.txt only; (2) tokenize; (3) build a
-pool of needle-in-a-haystack examples (DESIGN.md "Needle prompts") whose
+pool of needle-in-a-haystack examples (docs/design.md "Needle prompts") whose
 passkey digits are re-drawn every time a row is used; (4) train under a hard
 wall-clock budget (--minutes), saving a bf16 checkpoint every --ckpt-seconds to
 --out and --export-dir; (5) reload the saved bf16 model with from_pretrained,

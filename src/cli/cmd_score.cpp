@@ -1,6 +1,6 @@
 // `fp8kv score MODEL_DIR (--token-ids-file IDS.json | --text-file FILE
 // [--context N]) --output OUT.json`: teacher-forced per-token logprobs and
-// top-1 ids (DESIGN.md has the output format).
+// top-1 ids (docs/design.md "Command line" has the output format).
 #include <fmt/format.h>
 
 #include <algorithm>

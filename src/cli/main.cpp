@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     app.exit(e);
-    return 2;  // usage errors are exit code 2 (DESIGN.md)
+    return 2;  // usage errors are exit code 2 (docs/design.md "Exit codes and errors")
   }
   return fp8kv::cli::run_selected(app);
 }

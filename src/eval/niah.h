@@ -1,5 +1,5 @@
 // `fp8kv eval niah`: paired needle-in-a-haystack retrieval. Prompts follow
-// DESIGN.md "Needle prompts" and the bundled model's canonical layout
+// docs/design.md "Needle prompts" and the bundled model's canonical layout
 // (models/fp8kv-mini/README.md, tools/train_bundled.py needle_prompt): the
 // haystack cut to a token budget, the needle sentence inserted after the first
 // sentence end at/after the chosen depth with one space on each side, then

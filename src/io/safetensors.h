@@ -33,7 +33,7 @@ struct TensorInfo {
 };
 
 // A read-only tensor: `data` points into the mmap when aligned for the dtype,
-// else into an owned copy (DESIGN.md: misaligned data is copied, not viewed).
+// else into an owned copy (docs/design.md "Checkpoints": misaligned data is copied, not viewed).
 struct TensorView {
   const TensorInfo* info = nullptr;
   const std::byte* data = nullptr;

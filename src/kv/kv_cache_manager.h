@@ -1,7 +1,7 @@
 // The paged KV cache of one model: storage for every attention layer plus the
 // block tables of the live sequences.
 //
-// Storage (DESIGN.md, planner.h): the plan splits layers into KV-cache groups
+// Storage (docs/design.md "Paged KV cache and capacity", planner.h): the plan splits layers into KV-cache groups
 // of group_size layers each (one attention type per group). Layer slot i of
 // every group shares one K and one V tensor of
 // [num_blocks][block_size][num_kv_heads][head_dim] (KvCacheLayout): a page

@@ -1,4 +1,4 @@
-// Paged KV cache layout (DESIGN.md). Per attention layer, K and V caches are
+// Paged KV cache layout (docs/design.md "Paged KV cache and capacity"). Per attention layer, K and V caches are
 // [num_blocks][block_size][num_kv_heads][head_dim] in the cache dtype.
 // A token's slot is block * block_size + offset; the slot mapping gives, for
 // each token being stored, its slot (or -1 to skip the token).

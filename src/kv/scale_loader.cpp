@@ -23,7 +23,7 @@ struct Convention {
   std::string_view suffix;
   ScaleStream stream;
 };
-// Every KV scale suffix DESIGN.md lists (after "layers.N.").
+// Every KV scale suffix docs/design.md "Checkpoints" lists (after "layers.N.").
 constexpr Convention kConventions[] = {
     {"self_attn.k_scale", ScaleStream::k},
     {"self_attn.v_scale", ScaleStream::v},

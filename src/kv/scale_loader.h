@@ -1,4 +1,4 @@
-// KV (and Q) scales from a checkpoint: every naming convention in DESIGN.md
+// KV (and Q) scales from a checkpoint: every naming convention in docs/design.md "Checkpoints"
 // maps into one per-layer KvScales with provenance; values are validated at
 // load (finite, > 0, scalar or per head), coverage is computed by presence
 // (never by value), and `--kv-cache-dtype auto` is resolved from the

@@ -36,7 +36,7 @@ std::vector<TensorSpec> expected_tensors(const ModelConfig& cfg, const WeightNam
 std::vector<TensorSpec> expected_tensors(const ModelConfig& cfg);  // default naming
 std::vector<std::string> expected_tensor_names(const ModelConfig& cfg);
 
-// Optional per-layer KV/Q scale tensors (all spellings DESIGN.md lists), not
+// Optional per-layer KV/Q scale tensors (all spellings docs/design.md "Checkpoints" lists), not
 // warned about when present. True for e.g. "model.layers.3.self_attn.k_scale".
 bool is_kv_scale_tensor_name(const std::string& name);
 

@@ -1,6 +1,6 @@
 // fp8 (e4m3fn, e5m2) and bf16 <-> float conversions, saturating quantize.
 //
-// Convention (DESIGN.md): stored = saturate(rne(x / scale)), the division is
+// Convention (docs/design.md "Numerics and scales"): stored = saturate(rne(x / scale)), the division is
 // an IEEE fp32 division (no reciprocal), dequantized = stored * scale.
 // e4m3fn: max finite 448, no infinities, NaN only S.1111.111.
 // e5m2:   max finite 57344, inf S.11111.00, NaN S.11111.{01,10,11}.
