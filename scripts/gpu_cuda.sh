@@ -2,6 +2,12 @@
 # GPU machine: build the CUDA targets, run test_cuda, the kernel benchmarks
 # and the PyTorch SDPA peer, print a summary table. Logs/JSON go to $OUT.
 #   run(command="bash scripts/gpu_cuda.sh", carry=[".debs"])
+# Optional:
+#   PREBUILT=dir   test_cuda + bench_attention built elsewhere (used if they run here)
+#   BASE_BENCH=f   a bench_attention of the previous kernels: its decode and store
+#                  figures go into the table's "base" columns (same run, same card)
+# The SASS check fails the run (exit 3) if a decode/prefill/store kernel uses
+# local memory (LDL/STL), per instantiation.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/fp8kv-out}
@@ -15,6 +21,16 @@ nvcc --version | tail -1 | tee -a "$OUT/env.txt"
 phase build
 BUILD=build-gpu
 ok=1
+PREBUILT=${PREBUILT:-}
+BASE_BENCH=${BASE_BENCH:-}
+# Shared libraries the prebuilt binaries need that the image may lack (fmt 9, ...).
+[ -n "$PREBUILT" ] && [ -d "$PREBUILT/lib" ] && export LD_LIBRARY_PATH="$PREBUILT/lib:${LD_LIBRARY_PATH:-}"
+if [ -n "$PREBUILT" ] && "$PREBUILT/test_cuda" --gtest_list_tests >/dev/null 2>&1 &&
+   ! ldd "$PREBUILT/bench_attention" | grep -q "not found"; then
+  echo "using prebuilt binaries in $PREBUILT"
+  TEST=$PREBUILT/test_cuda
+  BENCH=$PREBUILT/bench_attention
+else
 cmake -S . -B $BUILD -G Ninja -DFP8KV_CUDA=ON -DFP8KV_WERROR=OFF -DCMAKE_BUILD_TYPE=Release >"$OUT/build.log" 2>&1 &&
   cmake --build $BUILD --target test_cuda bench_attention -j16 >>"$OUT/build.log" 2>&1 || ok=0
 TEST=$BUILD/tests/test_cuda
@@ -34,18 +50,28 @@ if [ $ok = 0 ]; then
   TEST=$BUILD/direct/test_cuda
   BENCH=$BUILD/direct/bench_attention
 fi
+fi
 ls -la $TEST $BENCH || { tail -40 "$OUT/build.log"; exit 1; }
 phase test
 $TEST --gtest_output=json:"$OUT/test_cuda.json" 2>&1 | tee "$OUT/test_cuda.log" | grep -vE "^\[ (RUN|       OK) " | tail -40
+if [ -n "$BASE_BENCH" ]; then
+  phase bench-base
+  : >"$OUT/base.jsonl"
+  for what in store decode; do "$BASE_BENCH" $what 2>&1 | grep -v '"kind":"copy"' >>"$OUT/base.jsonl"; done
+  tail -3 "$OUT/base.jsonl"
+fi
 phase bench
 $BENCH 2>&1 | tee "$OUT/bench.jsonl"
 phase sdpa
 python3 tools/bench_sdpa.py 2>&1 | tee "$OUT/sdpa.jsonl"
 phase sass
 cuobjdump --dump-resource-usage $BENCH 2>/dev/null | grep -E "decode_kernel|prefill" -A1 | grep -oE "(REG|STACK|SHARED|LOCAL):[0-9]+|Function [^ ]+" | paste -sd' ' | head -c 3000 > "$OUT/resources.txt"
-cuobjdump -sass $BENCH 2>/dev/null | awk '/Function :/ {f=$3} /HMMA/ {h[f]++} /LDG.E.128|LDG.E.ENL2.128|LDG.E.CONSTANT.128/ {g[f]++} /LDL|STL/ {l[f]++} END {for (k in h) printf "%s HMMA=%d LDG128=%d LDL/STL=%d\n", k, h[k], g[k], l[k]}' | grep -E "decode|prefill" | sed -E 's/_ZN5fp8kv4cuda[0-9A-Za-z_]*(decode_kernel|prefill_kernel)ILi([0-9]+)ELi([0-9])E.*( HMMA)/\1<D=\2,dt=\3>\4/' | sort > "$OUT/sass.txt"
+cuobjdump -sass $BENCH 2>/dev/null | awk '/Function :/ {f=$3; n[f]=0} /HMMA/ {h[f]++} /LDG.E.128|LDG.E.ENL2.128|LDG.E.CONSTANT.128/ {g[f]++} /LDGSTS/ {a[f]++} /LDL|STL/ {l[f]++} END {for (k in n) printf "%s HMMA=%d LDG128=%d LDGSTS=%d LDL/STL=%d\n", k, h[k], g[k], a[k], l[k]}' | grep -E "decode|prefill|store_kernel" | sed -E 's/^_ZN[^ ]*[0-9]+(decode_reduce_kernel|decode_kernel|prefill_kernel|store_kernel)(ILi([0-9]+)E(Li([0-9]+)E)?)?[^ ]*/\1<\3,\5>/' | sort > "$OUT/sass.txt"
 cat "$OUT/sass.txt"
+spill=0
+if grep -vq "LDL/STL=0$" "$OUT/sass.txt"; then spill=1; echo "SASS CHECK: FAIL (local memory in the kernels above)"; else echo "SASS CHECK: ok (no LDL/STL)"; fi
 phase table
-python3 tools/bench_sdpa.py --table "$OUT/bench.jsonl" "$OUT/sdpa.jsonl" | tee "$OUT/table.txt"
+python3 tools/bench_sdpa.py --table "$OUT/bench.jsonl" "$OUT/sdpa.jsonl" ${BASE_BENCH:+"$OUT/base.jsonl"} | tee "$OUT/table.txt"
 grep -E "^\[  (PASSED|FAILED) |tests ran|worst" "$OUT/test_cuda.log"
 phase done
+[ $spill = 0 ] || exit 3

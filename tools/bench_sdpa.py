@@ -2,10 +2,11 @@
 """PyTorch peer for bench/cuda/bench_attention (runs on the GPU machine).
 
   python3 tools/bench_sdpa.py                 # JSON lines: sdpa decode/prefill, cuBLAS bf16 GEMM
-  python3 tools/bench_sdpa.py --table OURS.jsonl SDPA.jsonl   # the summary table
+  python3 tools/bench_sdpa.py --table OURS.jsonl SDPA.jsonl [BASE.jsonl]   # the summary table
 
 Decode: F.scaled_dot_product_attention(q[B,32,1,128], k/v[B,8,C,128] bf16,
-contiguous, enable_gqa=True); prefill: 8K causal, same heads. Working sets are
+contiguous, enable_gqa=True), and Gemma-3-12B's q[B,16,1,256], k/v[B,8,C,256];
+prefill: 8K causal, Llama heads. Working sets are
 rotated among copies to stay well past the 60 MB L2; CUDA events, warm-up,
 medians (same method as the C++ bench).
 """
@@ -56,20 +57,21 @@ def run():
     print(json.dumps({"kind": "sdpa_prefill", "seq": S, "ms": ms, "TFLOPs": flops / (ms * 1e-3) / 1e12}), flush=True)
     del q, k, v
     # Decode.
-    for B in (1, 8, 32, 64):
-        for C in (1024, 4096, 16384, 65536):
-            kv_bytes = 2 * B * C * HKV * D * 2
-            copies = max(1, min(64, -(-(1 << 30) // kv_bytes)))
-            ks = [torch.randn(B, HKV, C, D, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
-            vs = [torch.randn(B, HKV, C, D, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
-            q = torch.randn(B, H, 1, D, device=dev, dtype=torch.bfloat16)
-            reps = 10 if kv_bytes > 4e9 else 30
-            ms = median_ms(lambda i: F.scaled_dot_product_attention(q, ks[i % copies], vs[i % copies], enable_gqa=True),
-                           3, reps)
-            print(json.dumps({"kind": "sdpa_decode", "batch": B, "ctx": C, "ms": ms, "kv_bytes": kv_bytes,
-                              "GBps": kv_bytes / (ms * 1e-3) / 1e9}), flush=True)
-            del ks, vs, q
-            torch.cuda.empty_cache()
+    shapes = [(H, HKV, D, B, C) for B in (1, 8, 32, 64) for C in (1024, 4096, 16384, 65536)]
+    shapes += [(16, 8, 256, B, C) for B in (1, 8, 32) for C in (16384, 65536)]
+    for (h, hkv, d, B, C) in shapes:
+        kv_bytes = 2 * B * C * hkv * d * 2
+        copies = max(1, min(64, -(-(1 << 30) // kv_bytes)))
+        ks = [torch.randn(B, hkv, C, d, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
+        vs = [torch.randn(B, hkv, C, d, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
+        q = torch.randn(B, h, 1, d, device=dev, dtype=torch.bfloat16)
+        reps = 10 if kv_bytes > 4e9 else 30
+        ms = median_ms(lambda i: F.scaled_dot_product_attention(q, ks[i % copies], vs[i % copies], enable_gqa=True),
+                       3, reps)
+        print(json.dumps({"kind": "sdpa_decode", "d": d, "heads": h, "batch": B, "ctx": C, "ms": ms,
+                          "kv_bytes": kv_bytes, "GBps": kv_bytes / (ms * 1e-3) / 1e9}), flush=True)
+        del ks, vs, q
+        torch.cuda.empty_cache()
 
 
 def load(path):
@@ -82,39 +84,55 @@ def load(path):
     return rows
 
 
-def table(ours_path, sdpa_path):
+def table(ours_path, sdpa_path, base_path=None):
     ours, sdpa = load(ours_path), load(sdpa_path)
+    base = load(base_path) if base_path else []
     copy = next((r["GBps"] for r in ours if r["kind"] == "copy"), float("nan"))
-    sd = {(r["batch"], r["ctx"]): r for r in sdpa if r["kind"] == "sdpa_decode"}
-    dec = {(r["dtype"], r["batch"], r["ctx"]): r for r in ours if r["kind"] == "decode"}
+    sd = {(r.get("d", 128), r["batch"], r["ctx"]): r for r in sdpa if r["kind"] == "sdpa_decode"}
+    dec = {(r["dtype"], r.get("d", 128), r["batch"], r["ctx"]): r for r in ours if r["kind"] == "decode"}
+    bdec = {(r["dtype"], r.get("d", 128), r["batch"], r["ctx"]): r for r in base if r["kind"] == "decode"}
     print(f"copy D2D (read+write): {copy:.0f} GB/s")
     for r in sdpa:
         if r["kind"] == "gemm":
             print(f"cuBLAS bf16 GEMM 8192^3: {r['TFLOPs']:.0f} TFLOP/s")
-    print("decode, Llama-3-8B shape (32/8 heads, d128), times in us; GB/s = KV bytes / time")
-    print(f"{'B':>3} {'ctx':>6} | {'sdpa':>8} | {'bf16':>8} {'GB/s':>6} {'x sdpa':>6} | {'fp8':>8} {'GB/s':>6} {'%copy':>6} "
-          f"{'t/sdpa':>6} {'fp8/bf16':>8}")
-    for (B, C), s in sorted(sd.items()):
-        b = dec.get(("bf16", B, C))
-        e = dec.get(("fp8_e4m3", B, C))
+    print("decode (d128: 32/8 heads, d256: 16/8 heads), times in us; GB/s = KV bytes / time; "
+          "base = the previous kernels in the same run")
+    print(f"{'d':>3} {'B':>3} {'ctx':>6} | {'sdpa':>8} | {'bf16':>8} {'GB/s':>6} {'x sdpa':>6} | {'fp8':>8} {'GB/s':>6} "
+          f"{'%copy':>6} {'t/sdpa':>6} {'fp8/bf16':>8} | {'base fp8':>8} {'base bf16':>9}")
+    for (d, B, C), s in sorted(sd.items()):
+        b = dec.get(("bf16", d, B, C))
+        e = dec.get(("fp8_e4m3", d, B, C))
         if not b or not e:
             continue
-        print(f"{B:>3} {C:>6} | {s['ms']*1e3:8.1f} | {b['ms']*1e3:8.1f} {b['GBps']:6.0f} {s['ms']/b['ms']:6.2f} | "
+        be = bdec.get(("fp8_e4m3", d, B, C))
+        bb = bdec.get(("bf16", d, B, C))
+        bs = (f"{be['ms']*1e3:8.1f} {bb['ms']*1e3:9.1f}") if be and bb else f"{'-':>8} {'-':>9}"
+        print(f"{d:>3} {B:>3} {C:>6} | {s['ms']*1e3:8.1f} | {b['ms']*1e3:8.1f} {b['GBps']:6.0f} {s['ms']/b['ms']:6.2f} | "
               f"{e['ms']*1e3:8.1f} {e['GBps']:6.0f} {100*e['GBps']/copy:6.1f} {e['ms']/s['ms']:6.2f} "
-              f"{e['ms']/b['ms']:8.2f}")
-    sp = next((r for r in sdpa if r["kind"] == "sdpa_prefill"), None)
+              f"{e['ms']/b['ms']:8.2f} | {bs}")
+    sp = [r for r in ours if r["kind"] == "split"]
+    if sp:
+        print("fp8 d128 decode at forced split sizes (us):")
+        for B, C in sorted({(r["batch"], r["ctx"]) for r in sp}):
+            auto = dec.get(("fp8_e4m3", 128, B, C))
+            cells = " ".join(f"{r['split_tokens']}:{r['ms']*1e3:.1f}" for r in sp if (r["batch"], r["ctx"]) == (B, C))
+            a = f" auto({auto['split_tokens']}):{auto['ms']*1e3:.1f}" if auto else ""
+            print(f"  B={B} ctx={C}: {cells}{a}")
+    spf = next((r for r in sdpa if r["kind"] == "sdpa_prefill"), None)
     for r in ours:
         if r["kind"] == "prefill":
-            extra = f", {r['TFLOPs']/sp['TFLOPs']:.2f}x SDPA bf16 ({sp['TFLOPs']:.0f})" if sp else ""
+            extra = f", {r['TFLOPs']/spf['TFLOPs']:.2f}x SDPA bf16 ({spf['TFLOPs']:.0f})" if spf else ""
             print(f"prefill 8K causal {r['dtype']}: {r['ms']:.3f} ms, {r['TFLOPs']:.0f} TFLOP/s{extra}")
-    st = {r["dtype"]: r for r in ours if r["kind"] == "store"}
-    if "bf16" in st and "fp8_e4m3" in st:
-        print(f"store 64K tokens: bf16 {st['bf16']['ms']*1e3:.1f} us, fp8 {st['fp8_e4m3']['ms']*1e3:.1f} us "
-              f"(fp8/bf16 {st['fp8_e4m3']['ms']/st['bf16']['ms']:.3f})")
+    for label, rows in (("", ours), ("base ", base)):
+        st = {r["dtype"]: r for r in rows if r["kind"] == "store"}
+        if "bf16" in st and "fp8_e4m3" in st:
+            print(f"{label}store 64K tokens: bf16 {st['bf16']['ms']*1e3:.1f} us ({100*st['bf16']['GBps']/copy:.0f}% copy), "
+                  f"fp8 {st['fp8_e4m3']['ms']*1e3:.1f} us ({100*st['fp8_e4m3']['GBps']/copy:.0f}% copy) "
+                  f"(fp8/bf16 {st['fp8_e4m3']['ms']/st['bf16']['ms']:.3f})")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--table":
-        table(sys.argv[2], sys.argv[3])
+    if len(sys.argv) in (4, 5) and sys.argv[1] == "--table":
+        table(*sys.argv[2:])
     else:
         run()

@@ -1,7 +1,9 @@
 // Kernel benchmarks for the paged KV cache (one GPU run, JSON lines on stdout):
 //   copy    : cudaMemcpy D2D bandwidth (bytes read + written), the ceiling
 //   decode  : paged decode, Llama-3-8B attention shape (32 q heads, 8 KV heads,
-//             head_dim 128), batch x context, bf16 and fp8 e4m3 caches
+//             head_dim 128), batch x context, bf16 and fp8 e4m3 caches; and
+//             Gemma-3-12B's (16 q heads, 8 KV heads, head_dim 256)
+//   splits  : fp8 d128 decode at forced split sizes (plan tuning)
 //   prefill : 8K causal prefill from the paged cache (if built with prefill)
 //   store   : store of 64K tokens, bf16 input, bf16 vs fp8 cache
 // Working sets are rotated among several caches so that each launch reads
@@ -9,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <numeric>
@@ -92,9 +95,9 @@ struct CacheSet {
   int32_t* block_tables = nullptr;
   int32_t* ctx_lens = nullptr;
   int max_blocks = 0;
-  CacheSet(KvDtype dt, int batch, int ctx, size_t min_total_bytes) {
+  CacheSet(KvDtype dt, int batch, int ctx, size_t min_total_bytes, int hkv = kHkv, int d = kD) {
     max_blocks = (ctx + kBlock - 1) / kBlock;
-    L = KvCacheLayout{.num_blocks = batch * max_blocks, .block_size = kBlock, .num_kv_heads = kHkv, .head_dim = kD, .dtype = dt};
+    L = KvCacheLayout{.num_blocks = batch * max_blocks, .block_size = kBlock, .num_kv_heads = hkv, .head_dim = d, .dtype = dt};
     const size_t bytes = L.cache_bytes();
     const int copies = static_cast<int>(std::clamp<size_t>((min_total_bytes + 2 * bytes - 1) / (2 * bytes), 1, 64));
     for (int c = 0; c < copies; ++c) {
@@ -136,44 +139,55 @@ struct CacheSet {
   }
 };
 
-void bench_decode(double copy_gbs, const float* scales) {
-  const int batches[] = {1, 8, 32, 64};
-  const int ctxs[] = {1024, 4096, 16384, 65536};
-  for (KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3})
-    for (int B : batches)
-      for (int C : ctxs) {
-        CacheSet cs(dt, B, C, size_t(1) << 30);
-        void *q, *out, *ws;
-        CK(cudaMalloc(&q, size_t(B) * kH * kD * 2));
-        CK(cudaMalloc(&out, size_t(B) * kH * kD * 2));
-        fill(q, size_t(B) * kH * kD * 2, 3, true);
-        DecodeArgs a;
-        a.batch = B;
-        a.num_heads = kH;
-        a.max_context_len = C;
-        a.softmax_scale = 0.088388f;
-        a.q = q;
-        a.q_dtype = ActDtype::bf16;
-        a.out = out;
-        a.out_dtype = ActDtype::bf16;
-        a.plan = plan_decode(B, kH, kHkv, kD, C, 0, device_sm_count());
-        CK(cudaMalloc(&ws, std::max<size_t>(a.plan.workspace_bytes, 16)));
-        a.workspace = ws;
-        const double kv_bytes = 2.0 * B * C * kHkv * kD * kv_dtype_bytes(dt);
-        const int reps = kv_bytes > 4e9 ? 10 : 30;
-        const double ms = median_ms([&](int i) { a.kv = cs.paged(i, scales); paged_decode(a, nullptr); }, 3, reps);
-        const double gbs = kv_bytes / (ms * 1e-3) / 1e9;
-        std::printf("{\"kind\":\"decode\",\"dtype\":\"%s\",\"batch\":%d,\"ctx\":%d,\"ms\":%.4f,\"kv_bytes\":%.0f,"
-                    "\"GBps\":%.1f,\"frac_copy\":%.3f,\"split_tokens\":%d,\"splits\":%d,\"copies\":%zu}\n",
-                    std::string(kv_dtype_name(dt)).c_str(), B, C, ms, kv_bytes, gbs, gbs / copy_gbs,
-                    a.plan.split_tokens, a.plan.max_splits, cs.k.size());
-        std::fflush(stdout);
-        CK(cudaFree(q));
-        CK(cudaFree(out));
-        CK(cudaFree(ws));
-      }
+// One decode configuration; split_tokens 0: plan_decode's choice.
+void bench_decode_one(double copy_gbs, const float* scales, KvDtype dt, int H, int Hkv, int D, int B, int C,
+                      int split_tokens, const char* kind) {
+  CacheSet cs(dt, B, C, size_t(1) << 30, Hkv, D);
+  void *q, *out, *ws;
+  CK(cudaMalloc(&q, size_t(B) * H * D * 2));
+  CK(cudaMalloc(&out, size_t(B) * H * D * 2));
+  fill(q, size_t(B) * H * D * 2, 3, true);
+  DecodeArgs a;
+  a.batch = B;
+  a.num_heads = H;
+  a.max_context_len = C;
+  a.softmax_scale = 1.0f / std::sqrt(float(D));
+  a.q = q;
+  a.q_dtype = ActDtype::bf16;
+  a.out = out;
+  a.out_dtype = ActDtype::bf16;
+  a.plan = plan_decode(B, H, Hkv, D, C, 0, device_sm_count(), split_tokens);
+  CK(cudaMalloc(&ws, std::max<size_t>(a.plan.workspace_bytes, 16)));
+  a.workspace = ws;
+  const double kv_bytes = 2.0 * B * C * Hkv * D * kv_dtype_bytes(dt);
+  const int reps = kv_bytes > 4e9 ? 10 : 30;
+  const double ms = median_ms([&](int i) { a.kv = cs.paged(i, scales); paged_decode(a, nullptr); }, 3, reps);
+  const double gbs = kv_bytes / (ms * 1e-3) / 1e9;
+  std::printf("{\"kind\":\"%s\",\"dtype\":\"%s\",\"d\":%d,\"heads\":%d,\"batch\":%d,\"ctx\":%d,\"ms\":%.4f,"
+              "\"kv_bytes\":%.0f,\"GBps\":%.1f,\"frac_copy\":%.3f,\"split_tokens\":%d,\"splits\":%d,\"copies\":%zu}\n",
+              kind, std::string(kv_dtype_name(dt)).c_str(), D, H, B, C, ms, kv_bytes, gbs, gbs / copy_gbs,
+              a.plan.split_tokens, a.plan.max_splits, cs.k.size());
+  std::fflush(stdout);
+  CK(cudaFree(q));
+  CK(cudaFree(out));
+  CK(cudaFree(ws));
 }
 
+void bench_decode(double copy_gbs, const float* scales) {
+  for (KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3}) {
+    for (int B : {1, 8, 32, 64})
+      for (int C : {1024, 4096, 16384, 65536}) bench_decode_one(copy_gbs, scales, dt, kH, kHkv, kD, B, C, 0, "decode");
+    for (int B : {1, 8, 32})
+      for (int C : {16384, 65536}) bench_decode_one(copy_gbs, scales, dt, 16, 8, 256, B, C, 0, "decode");
+  }
+}
+
+void bench_splits(double copy_gbs, const float* scales) {
+  const int shapes[][2] = {{1, 65536}, {1, 16384}, {8, 16384}, {32, 16384}};
+  for (const auto& bc : shapes)
+    for (int st : {256, 512, 1024, 2048, 4096})
+      bench_decode_one(copy_gbs, scales, KvDtype::fp8_e4m3, kH, kHkv, kD, bc[0], bc[1], st, "split");
+}
 
 void bench_prefill(const float* scales) {
   const int S = 8192;
@@ -274,6 +288,7 @@ int main(int argc, char** argv) {
   if (only == "all" || only == "prefill") bench_prefill(scales);
 
   if (only == "all" || only == "decode") bench_decode(copy_gbs, scales);
+  if (only == "all" || only == "splits") bench_splits(copy_gbs, scales);
   CK(cudaFree(scales));
   return 0;
 }

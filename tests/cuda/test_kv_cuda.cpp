@@ -118,8 +118,9 @@ std::vector<int> mixed_lengths(std::mt19937_64& rng, int block_size, int window)
 }
 
 // Returns max |err| / tol over the batch (<= 1 passes).
-double run_decode_case(std::mt19937_64& rng, const DecodeCase& c, int split_tokens_override, bool check_single) {
-  const std::vector<int> ctx = mixed_lengths(rng, c.block_size, c.window);
+double run_decode_case(std::mt19937_64& rng, const DecodeCase& c, int split_tokens_override, bool check_single,
+                       const std::vector<int>& lengths = {}) {
+  const std::vector<int> ctx = lengths.empty() ? mixed_lengths(rng, c.block_size, c.window) : lengths;
   Scenario s = make_scenario(rng, c.D, c.num_kv_heads, c.block_size, c.dt, c.mode, ctx);
   EXPECT_TRUE(s.k_cache_gpu == s.k_cache && s.v_cache_gpu == s.v_cache) << "CUDA store bytes differ from CPU store";
   const int B = s.batch(), H = c.num_kv_heads * c.group, D = c.D;
@@ -227,6 +228,20 @@ TEST(CudaDecode, LargeGroupsSplitIntoChunks) {
   }
 }
 
+// Long splits: more than 32 tiles per warp (block-table refresh) and many
+// trips around each warp's shared-memory ring, one split (direct output) and
+// two uneven splits (reduction).
+TEST(CudaDecode, LongSplitsWrapTheRing) {
+  FP8KV_REQUIRE_GPU();
+  std::mt19937_64 rng(test_seed());
+  for (KvDtype dt : kDtypes)
+    for (int D : {64, 128, 256}) {
+      const std::vector<int> lengths = {4133, 2113, 17};
+      run_decode_case(rng, DecodeCase{dt, D, 4, 1, 16, 0, ScaleMode::per_head, 0.0f}, 4096, D == 128, lengths);
+      run_decode_case(rng, DecodeCase{dt, D, 2, 2, 32, 3000, ScaleMode::per_tensor, 0.0f}, 8192, false, lengths);
+      if (HasFailure()) return;
+    }
+}
 
 // ---- prefill / chunked prefill ---------------------------------------------
 

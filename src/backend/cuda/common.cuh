@@ -10,6 +10,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "backend/cuda/kernels.h"
+
 #define FP8KV_CUDA_CHECK(call)                                                                       \
   do {                                                                                               \
     const cudaError_t err_ = (call);                                                                 \
@@ -109,5 +111,50 @@ __device__ __forceinline__ void ld_words(const uint8_t* p, uint32_t* w) {
 }
 
 constexpr float kLog2e = 1.4426950408889634f;
+
+// Kernel parameters shared by decode and prefill (passed by value): the paged
+// cache, the query/output tensors and the score options.
+struct PagedKvParams {
+  const void* q;
+  void* out;
+  bool q_bf16, out_bf16;
+  const uint8_t* k_cache;
+  const uint8_t* v_cache;
+  const int32_t* block_tables;
+  int max_blocks_per_seq;
+  const int32_t* context_lens;
+  const float* k_scale;  // null for bf16 caches
+  const float* v_scale;
+  int k_scale_count, v_scale_count;
+  int num_heads, num_kv_heads, group, block_size, window;
+  float softmax_scale, softcap;
+};
+
+// Fills the shared fields from the public arguments (validated by the caller).
+template <class Args>
+inline void fill_paged_params(PagedKvParams& p, const Args& a) {
+  const KvCacheLayout& L = a.kv.layout;
+  const bool fp8 = kv_dtype_is_fp8(L.dtype);
+  p.q = a.q;
+  p.out = a.out;
+  p.q_bf16 = a.q_dtype == ActDtype::bf16;
+  p.out_bf16 = a.out_dtype == ActDtype::bf16;
+  p.k_cache = static_cast<const uint8_t*>(a.kv.k_cache);
+  p.v_cache = static_cast<const uint8_t*>(a.kv.v_cache);
+  p.block_tables = a.kv.block_tables;
+  p.max_blocks_per_seq = a.kv.max_blocks_per_seq;
+  p.context_lens = a.kv.context_lens;
+  p.k_scale = fp8 ? a.kv.k_scale.values : nullptr;
+  p.v_scale = fp8 ? a.kv.v_scale.values : nullptr;
+  p.k_scale_count = a.kv.k_scale.count;
+  p.v_scale_count = a.kv.v_scale.count;
+  p.num_heads = a.num_heads;
+  p.num_kv_heads = L.num_kv_heads;
+  p.group = a.num_heads / L.num_kv_heads;
+  p.block_size = L.block_size;
+  p.window = a.window;
+  p.softmax_scale = a.softmax_scale;
+  p.softcap = a.logit_softcap;
+}
 
 }  // namespace fp8kv::cuda::detail

@@ -1,16 +1,24 @@
 // Paged decode attention (flash-decoding). One CTA = (KV head, chunk of up to
 // 8 of its query heads, sequence, split of the keys); 4 warps take 16-key
 // tiles in turn. Tensor cores: S = Q K^T with M = query heads (8 of 16 rows
-// used), then O += P V reusing S's accumulator layout as P's A fragment.
+// used), then O^T += V^T P^T (P's accumulator layout is exactly P^T's B
+// fragment).
 //
-// K is read straight from global memory into B fragments: the dot product is
-// order-free, so the head_dim axis is permuted (dim_of below) such that each
-// thread loads whole 16-byte chunks of a key row; Q is loaded in the same
-// permuted order. For V the n axis (head_dim) is permuted likewise: thread
-// (r, t) owns dims [r * D/8, (r+1) * D/8) of keys 2t, 2t+1, 2t+8, 2t+9.
-// fp8 -> f16 happens in registers (exact); k_scale is folded into the score
-// scale, v_scale applied once at the end. Splits are combined by a second
-// kernel in a fixed order (deterministic).
+// Software pipeline (docs/cuda.md, version 4): each warp owns a ring of S
+// tile stages in shared memory, filled by cp.async, S tiles in flight. Every
+// thread copies exactly the 16-byte chunks it later reads (layout
+// [chunk][lane][16 B]: conflict-free), so a cp.async.wait_group orders the
+// data for it without barriers. K/V fragments are read from the ring just
+// before their MMAs, so no tile lives whole in registers (no spills at D=256).
+//
+// Fragment mapping: the dot product is order-free, so the head_dim axis of K
+// is permuted (dim_of below) such that each thread reads whole 16-byte chunks
+// of a key row; Q is loaded in the same permuted order. For V the n axis
+// (head_dim) is permuted likewise: thread (r, t) owns dims [r * D/8, (r+1) *
+// D/8) of keys 2t, 2t+1, 2t+8, 2t+9. fp8 -> f16 happens in registers
+// (exact); k_scale is folded into the score scale, v_scale applied once at
+// the end. Splits are combined by a second kernel (programmatic dependent
+// launch) in a fixed order (deterministic).
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -27,21 +35,8 @@ constexpr int kWarps = 4;
 constexpr int kTile = 16;       // keys per warp tile
 constexpr int kMaxGroup = 8;    // query heads per CTA
 
-struct DecodeParams {
-  const void* q;
-  void* out;
-  bool q_bf16, out_bf16;
-  const uint8_t* k_cache;
-  const uint8_t* v_cache;
-  const int32_t* block_tables;
-  int max_blocks_per_seq;
-  const int32_t* context_lens;
-  const float* k_scale;
-  const float* v_scale;
-  int k_scale_count, v_scale_count;
-  int num_heads, num_kv_heads, group, gchunks, block_size, window;
-  float softmax_scale, softcap;
-  int split_tokens, max_splits;
+struct DecodeParams : PagedKvParams {
+  int gchunks, split_tokens, max_splits;
   float* part_o;    // [batch][num_heads][max_splits][D]
   float* part_lse;  // [batch][num_heads][max_splits] (log2 domain)
 };
@@ -53,19 +48,56 @@ __device__ __forceinline__ void seq_range(const DecodeParams& p, int ctx, int& f
   nsplits = ctx > 0 ? (ctx - tstart + p.split_tokens - 1) / p.split_tokens : 1;
 }
 
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ uint4 lds16(uint32_t a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ uint2 lds8(uint32_t a) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(a));
+  return v;
+}
+
+// Shapes of one (D, cache dtype) instantiation.
+template <int D, int DT>
+struct DecodeCfg {
+  static constexpr int EB = DT == kBf16 ? 2 : 1;        // bytes per cache element
+  static constexpr int KC = D * EB / 64;                 // 16-byte K chunks per thread per key row
+  static constexpr int VBYTES = D / 8 * EB;              // V bytes per thread per key row
+  static constexpr int VU = VBYTES >= 16 ? VBYTES / 16 : 1;  // V units per row (16 B, or one 8 B)
+  static constexpr int STAGE = 32 * D * EB;              // bytes per warp per tile (K + V)
+  static constexpr int KREG = STAGE / 2;                 // offset of V within a stage
+  static constexpr int S = STAGE <= 2048 ? 8 : STAGE <= 4096 ? 4 : 3;  // stages per warp
+  static constexpr int RING = S * STAGE;                 // bytes per warp
+  static constexpr int SMEM = kWarps * RING + 2 * kWarps * kMaxGroup * 4;
+  static_assert(RING >= kMaxGroup * D * 4, "the epilogue reuses the ring");
+};
+
 template <int D, int DT>
 __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams p) {
-  constexpr int EB = DT == kBf16 ? 2 : 1;  // bytes per cache element
+  using C = DecodeCfg<D, DT>;
+  constexpr int EB = C::EB;
   constexpr int E = 16 / EB;               // elements per 16-byte chunk
   constexpr int J = E / 4;                 // k-steps per chunk
   constexpr int KS = D / 16;               // k-steps of Q K^T
-  constexpr int KW = D * EB / 16;          // words per thread per key row (K)
-  constexpr int VBYTES = D / 8 * EB;       // bytes per thread per key row (V)
-  constexpr int VW = VBYTES / 4;
   constexpr int MT = D / 16;               // m-tiles of O^T = V^T P^T
+  constexpr int S = C::S;
 
-  __shared__ float sm_o[kWarps][kMaxGroup][D];
-  __shared__ float sm_m[kWarps][kMaxGroup], sm_l[kWarps][kMaxGroup];
+  extern __shared__ __align__(16) uint8_t smem[];
+  float* sm_m = reinterpret_cast<float*>(smem + kWarps * C::RING);
+  float* sm_l = sm_m + kWarps * kMaxGroup;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r = lane >> 2, t = lane & 3;
   const int kvh = blockIdx.x / p.gchunks, gc = blockIdx.x % p.gchunks;
@@ -78,6 +110,53 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
   const int s_end = min(ctx, s_begin + p.split_tokens);
   const int h0 = kvh * p.group + gc * kMaxGroup;
   const int nh = min(kMaxGroup, p.group - gc * kMaxGroup);
+
+  const int32_t* bt = p.block_tables + static_cast<int64_t>(b) * p.max_blocks_per_seq;
+  const int64_t row_bytes = static_cast<int64_t>(p.num_kv_heads) * D * EB;
+  const int64_t head_off = static_cast<int64_t>(kvh) * D * EB;
+  const int ntiles = (s_end - s_begin + kTile - 1) / kTile;
+  const int nmine = ntiles > warp ? (ntiles - warp + kWarps - 1) / kWarps : 0;  // this warp's tiles
+  const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(smem + warp * C::RING));
+  const int vtok[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
+
+  // Block ids of this warp's tiles, 32 at a time (lane i holds tile 32k + i).
+  int bt_lane = 0;
+  // Issues the copies of this warp's k-th tile into stage `st` (one commit
+  // group per call, empty past the end, so wait_group counts stay uniform).
+  auto issue = [&](int k, int st) {
+    if (k < nmine) {
+      if ((k & 31) == 0) {
+        const int kk = k + lane;
+        bt_lane = kk < nmine ? bt[(s_begin + (warp + kk * kWarps) * kTile) / p.block_size] : 0;
+      }
+      const int64_t blk = __shfl_sync(0xffffffffu, bt_lane, k & 31);
+      const int j0 = s_begin + (warp + k * kWarps) * kTile;
+      const int64_t row0 = blk * p.block_size + j0 % p.block_size;  // the tile stays inside one block
+      const uint8_t* kb = p.k_cache + row0 * row_bytes + head_off;
+      const uint8_t* vb = p.v_cache + row0 * row_bytes + head_off;
+      const uint32_t sb = ring + st * C::STAGE;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int c = 0; c < C::KC; ++c)
+          cp_async16(sb + ((nt * C::KC + c) * 32 + lane) * 16, kb + (nt * 8 + r) * row_bytes + (c * 4 + t) * 16);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if constexpr (C::VBYTES >= 16) {
+#pragma unroll
+          for (int u = 0; u < C::VU; ++u)
+            cp_async16(sb + C::KREG + ((i * C::VU + u) * 32 + lane) * 16,
+                       vb + vtok[i] * row_bytes + r * C::VBYTES + 16 * u);
+        } else {
+          cp_async8(sb + C::KREG + (i * 32 + lane) * 8, vb + vtok[i] * row_bytes + r * C::VBYTES);
+        }
+      }
+    }
+    cp_async_commit();
+  };
+  // Prologue: the first S tiles in flight before anything else.
+#pragma unroll
+  for (int k = 0; k < S; ++k) issue(k, k);
 
   // Q fragments (A operand, rows = heads, 8..15 zero) in the permuted dim order:
   // k-step s, slot pair {2t, 2t+1} -> dims base, base+1; {2t+8, 2t+9} -> base+2, base+3.
@@ -107,37 +186,11 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
   for (int i = 0; i < MT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
   float m = -INFINITY, l = 0.0f;
 
-  const int32_t* bt = p.block_tables + static_cast<int64_t>(b) * p.max_blocks_per_seq;
-  const int64_t row_bytes = static_cast<int64_t>(p.num_kv_heads) * D * EB;
-  const int64_t head_off = static_cast<int64_t>(kvh) * D * EB;
-  const int ntiles = (s_end - s_begin + kTile - 1) / kTile;
-
-  // Register-staged pipeline: the next tile's K/V loads are in flight while
-  // this tile's math runs (when the registers allow: fp8 up to D=128, bf16 up
-  // to D=64; else one tile at a time).
-  constexpr bool kPrefetch = D * EB <= 128;
-  const int vtok[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
-  auto load_tile = [&](int it, uint32_t (&kw)[2][KW], uint32_t (&vw)[4][VW]) {
-    const int j0 = s_begin + it * kTile;
-    const int64_t blk = bt[j0 / p.block_size];
-    const int64_t row0 = blk * p.block_size + j0 % p.block_size;  // the tile stays inside one block
-    const uint8_t* kb = p.k_cache + row0 * row_bytes + head_off;
-    const uint8_t* vb = p.v_cache + row0 * row_bytes + head_off;
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int c = 0; c < KW / 4; ++c)
-        ld_words<16>(kb + (nt * 8 + r) * row_bytes + (c * 4 + t) * 16, &kw[nt][4 * c]);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) ld_words<VBYTES>(vb + vtok[i] * row_bytes + r * VBYTES, vw[i]);
-  };
-  uint32_t kw[2][KW], vw[4][VW];
-  if (warp < ntiles) load_tile(warp, kw, vw);
-  for (int it = warp; it < ntiles; it += kWarps) {
-    const int j0 = s_begin + it * kTile;
-    const bool has_next = it + kWarps < ntiles;
-    uint32_t kn[2][KW], vn[4][VW];
-    if (kPrefetch && has_next) load_tile(it + kWarps, kn, vn);
+  int st = 0;
+  for (int k = 0; k < nmine; ++k) {
+    const int j0 = s_begin + (warp + k * kWarps) * kTile;
+    cp_async_wait<S - 1>();  // this thread's copies of tile k have landed
+    const uint32_t sb = ring + st * C::STAGE;
 
     // S = Q K^T for keys j0 + nt*8 + (0..7).
     float s[2][4];
@@ -145,20 +198,25 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
     for (int nt = 0; nt < 2; ++nt) {
       s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
-      for (int ks_ = 0; ks_ < KS; ++ks_) {
-        uint32_t b0, b1;
-        if constexpr (DT == kBf16) {
-          b0 = kw[nt][(ks_ / J) * 4 + 2 * (ks_ % J)];
-          b1 = kw[nt][(ks_ / J) * 4 + 2 * (ks_ % J) + 1];
-        } else {
-          const uint32_t w = kw[nt][(ks_ / J) * 4 + (ks_ % J)];
-          b0 = fp8x2_to_f16x2<DT>(w);
-          b1 = fp8x2_to_f16x2<DT>(w >> 16);
+      for (int c = 0; c < C::KC; ++c) {
+        const uint4 kv4 = lds16(sb + ((nt * C::KC + c) * 32 + lane) * 16);
+        const uint32_t w[4] = {kv4.x, kv4.y, kv4.z, kv4.w};
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+          const int ks_ = c * J + j;
+          uint32_t b0, b1;
+          if constexpr (DT == kBf16) {
+            b0 = w[2 * j];
+            b1 = w[2 * j + 1];
+          } else {
+            b0 = fp8x2_to_f16x2<DT>(w[j]);
+            b1 = fp8x2_to_f16x2<DT>(w[j] >> 16);
+          }
+          mma16816<DT>(s[nt], qa[ks_][0], 0u, qa[ks_][1], 0u, b0, b1);
         }
-        mma16816<DT>(s[nt], qa[ks_][0], 0u, qa[ks_][1], 0u, b0, b1);
       }
     }
-    // Scores in log2 units, masked outside [first, ctx).
+    // Scores in log2 units, masked outside [first, s_end).
     float x[2][2];
     float mx = -INFINITY;
 #pragma unroll
@@ -193,72 +251,82 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
     const uint32_t pa0 = pack2<DT>(pr[0][0], pr[0][1]);
     const uint32_t pa2 = pack2<DT>(pr[1][0], pr[1][1]);
 
-    // Zero V of keys outside [first, ctx): unwritten slots may hold NaN codes.
+    // V of keys outside [first, s_end) reads as zero: unwritten slots may hold NaN codes.
+    bool vok[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int j = j0 + vtok[i];
-      if (j < first || j >= s_end)
-#pragma unroll
-        for (int w = 0; w < VW; ++w) vw[i][w] = 0u;
-    }
+    for (int i = 0; i < 4; ++i) vok[i] = j0 + vtok[i] >= first && j0 + vtok[i] < s_end;
     // O^T += V^T P^T: A = V^T (rows: dims, k: keys 2t,2t+1 | 2t+8,2t+9),
     // B = P^T, which is exactly this thread's probabilities (pa0, pa2).
+    // V unit u of the 4 rows holds words [4u, 4u+4) (2 words for 8 B units).
+    constexpr int UW = C::VBYTES >= 16 ? 4 : 2;           // words per unit
+    constexpr int MPU = DT == kBf16 ? UW : 2 * UW;        // m-tiles per unit
 #pragma unroll
-    for (int i = 0; i < MT; ++i) {
-      uint32_t a0, a1, a2, a3;
-      if constexpr (DT == kBf16) {
-        a0 = __byte_perm(vw[0][i], vw[1][i], 0x5410u);
-        a1 = __byte_perm(vw[0][i], vw[1][i], 0x7632u);
-        a2 = __byte_perm(vw[2][i], vw[3][i], 0x5410u);
-        a3 = __byte_perm(vw[2][i], vw[3][i], 0x7632u);
-      } else {
-        const uint32_t b = 2 * (i & 1);  // byte of element 2i within its word
-        if constexpr (DT == kE5m2) {
-          const uint32_t sl = b | (b << 4) | ((b + 4) << 8) | ((b + 4) << 12);
-          const uint32_t sh = (b + 1) | ((b + 1) << 4) | ((b + 5) << 8) | ((b + 5) << 12);
-          a0 = __byte_perm(vw[0][i / 2], vw[1][i / 2], sl) & 0xff00ff00u;
-          a1 = __byte_perm(vw[0][i / 2], vw[1][i / 2], sh) & 0xff00ff00u;
-          a2 = __byte_perm(vw[2][i / 2], vw[3][i / 2], sl) & 0xff00ff00u;
-          a3 = __byte_perm(vw[2][i / 2], vw[3][i / 2], sh) & 0xff00ff00u;
+    for (int u = 0; u < C::VU; ++u) {
+      uint32_t vw[4][UW];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if constexpr (UW == 4) {
+          const uint4 v4 = lds16(sb + C::KREG + ((i * C::VU + u) * 32 + lane) * 16);
+          vw[i][0] = vok[i] ? v4.x : 0u; vw[i][1] = vok[i] ? v4.y : 0u;
+          vw[i][2] = vok[i] ? v4.z : 0u; vw[i][3] = vok[i] ? v4.w : 0u;
         } else {
-          const uint32_t sel = b | ((b + 4) << 4) | ((b + 1) << 8) | ((b + 5) << 12);
-          const uint32_t w01 = __byte_perm(vw[0][i / 2], vw[1][i / 2], sel);
-          const uint32_t w23 = __byte_perm(vw[2][i / 2], vw[3][i / 2], sel);
-          a0 = fp8x2_to_f16x2<DT>(w01);
-          a1 = fp8x2_to_f16x2<DT>(w01 >> 16);
-          a2 = fp8x2_to_f16x2<DT>(w23);
-          a3 = fp8x2_to_f16x2<DT>(w23 >> 16);
+          const uint2 v2 = lds8(sb + C::KREG + (i * 32 + lane) * 8);
+          vw[i][0] = vok[i] ? v2.x : 0u; vw[i][1] = vok[i] ? v2.y : 0u;
         }
       }
-      mma16816<DT>(o[i], a0, a1, a2, a3, pa0, pa2);
-    }
-    if (has_next) {
-      if constexpr (kPrefetch) {
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-          for (int w = 0; w < KW; ++w) kw[nt][w] = kn[nt][w];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-          for (int w = 0; w < VW; ++w) vw[i][w] = vn[i][w];
-      } else {
-        load_tile(it + kWarps, kw, vw);
+      for (int im = 0; im < MPU; ++im) {
+        const int i = u * MPU + im;  // m-tile
+        uint32_t a0, a1, a2, a3;
+        if constexpr (DT == kBf16) {
+          a0 = __byte_perm(vw[0][im], vw[1][im], 0x5410u);
+          a1 = __byte_perm(vw[0][im], vw[1][im], 0x7632u);
+          a2 = __byte_perm(vw[2][im], vw[3][im], 0x5410u);
+          a3 = __byte_perm(vw[2][im], vw[3][im], 0x7632u);
+        } else {
+          const uint32_t bb = 2 * (im & 1);  // byte of element 2i within its word
+          const int wi = im / 2;
+          if constexpr (DT == kE5m2) {
+            const uint32_t sl = bb | (bb << 4) | ((bb + 4) << 8) | ((bb + 4) << 12);
+            const uint32_t sh = (bb + 1) | ((bb + 1) << 4) | ((bb + 5) << 8) | ((bb + 5) << 12);
+            a0 = __byte_perm(vw[0][wi], vw[1][wi], sl) & 0xff00ff00u;
+            a1 = __byte_perm(vw[0][wi], vw[1][wi], sh) & 0xff00ff00u;
+            a2 = __byte_perm(vw[2][wi], vw[3][wi], sl) & 0xff00ff00u;
+            a3 = __byte_perm(vw[2][wi], vw[3][wi], sh) & 0xff00ff00u;
+          } else {
+            const uint32_t sel = bb | ((bb + 4) << 4) | ((bb + 1) << 8) | ((bb + 5) << 12);
+            const uint32_t w01 = __byte_perm(vw[0][wi], vw[1][wi], sel);
+            const uint32_t w23 = __byte_perm(vw[2][wi], vw[3][wi], sel);
+            a0 = fp8x2_to_f16x2<DT>(w01);
+            a1 = fp8x2_to_f16x2<DT>(w01 >> 16);
+            a2 = fp8x2_to_f16x2<DT>(w23);
+            a3 = fp8x2_to_f16x2<DT>(w23 >> 16);
+          }
+        }
+        mma16816<DT>(o[i], a0, a1, a2, a3, pa0, pa2);
       }
     }
+    // Refill the stage just read (its words are in registers: same thread).
+    issue(k + S, st);
+    st = st + 1 == S ? 0 : st + 1;
   }
+  cp_async_wait<0>();
+  // Dependent (reduce) kernel may start launching: only epilogues remain.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 
-  // Combine the 4 warps (fixed order).
+  // Combine the 4 warps (fixed order). Each warp's partial O goes to its own
+  // ring (no longer read): [kMaxGroup][D] floats.
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
-  if (t == 0) { sm_m[warp][r] = m; sm_l[warp][r] = l; }
+  if (t == 0) { sm_m[warp * kMaxGroup + r] = m; sm_l[warp * kMaxGroup + r] = l; }
+  {
+    float* so = reinterpret_cast<float*>(smem + warp * C::RING);
 #pragma unroll
-  for (int i = 0; i < MT; ++i) {
-    const int d = r * (D / 8) + 2 * i;
-    sm_o[warp][2 * t][d] = o[i][0];
-    sm_o[warp][2 * t + 1][d] = o[i][1];
-    sm_o[warp][2 * t][d + 1] = o[i][2];
-    sm_o[warp][2 * t + 1][d + 1] = o[i][3];
+    for (int i = 0; i < MT; ++i) {
+      const int d = r * (D / 8) + 2 * i;
+      *reinterpret_cast<float2*>(so + (2 * t) * D + d) = make_float2(o[i][0], o[i][2]);
+      *reinterpret_cast<float2*>(so + (2 * t + 1) * D + d) = make_float2(o[i][1], o[i][3]);
+    }
   }
   __syncthreads();
   const float vs = DT == kBf16 ? 1.0f : p.v_scale[p.v_scale_count == 1 ? 0 : kvh];
@@ -266,14 +334,14 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
     const int row = idx / D, d = idx % D;
     float M = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sm_m[w][row]);
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sm_m[w * kMaxGroup + row]);
     const float Mref = M == -INFINITY ? 0.0f : M;
     float L = 0.0f, O = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
-      const float f = exp2f(sm_m[w][row] - Mref);
-      L += sm_l[w][row] * f;
-      O += sm_o[w][row][d] * f;
+      const float f = exp2f(sm_m[w * kMaxGroup + row] - Mref);
+      L += sm_l[w * kMaxGroup + row] * f;
+      O += reinterpret_cast<const float*>(smem + w * C::RING)[row * D + d] * f;
     }
     const int head = h0 + row;
     if (nsplits == 1) {
@@ -288,42 +356,91 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
 }
 
 // Combines the splits of one (sequence, head): out = sum_s w_s O_s / sum_s w_s.
+// 256 threads: R rows of D/4 threads; row rho takes splits rho, rho+R, ...
+// (float4 loads, several in flight), then the R partial sums are added in a
+// fixed order.
+constexpr int kReduceThreads = 256;
 template <int D>
-__global__ void decode_reduce_kernel(const DecodeParams p) {
-  const int head = blockIdx.x, b = blockIdx.y;
+__global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const DecodeParams p) {
+  constexpr int TPS = D / 4, R = kReduceThreads / TPS;
+  __shared__ __align__(16) float red[R][D];
+  __shared__ float wsum[R], smax[kReduceThreads / 32];
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // the decode kernel's results are visible
+  const int head = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
   const int ctx = p.context_lens[b];
   int first, tstart, nsplits;
   seq_range(p, ctx, first, tstart, nsplits);
   if (nsplits <= 1) return;
   const int64_t base = (static_cast<int64_t>(b) * p.num_heads + head) * p.max_splits;
   float M = -INFINITY;
-  for (int s = 0; s < nsplits; ++s) M = fmaxf(M, p.part_lse[base + s]);
+  for (int s = tid; s < nsplits; s += kReduceThreads) M = fmaxf(M, p.part_lse[base + s]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+  if ((tid & 31) == 0) smax[tid >> 5] = M;
+  __syncthreads();
+  M = smax[0];
+#pragma unroll
+  for (int w = 1; w < kReduceThreads / 32; ++w) M = fmaxf(M, smax[w]);
   const float Mref = M == -INFINITY ? 0.0f : M;
+  const int rho = tid / TPS, col = tid % TPS;
+  float W = 0.0f;
+  float4 O = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+  for (int s = rho; s < nsplits; s += R) {
+    const float w = exp2f(p.part_lse[base + s] - Mref);
+    const float4 v = *reinterpret_cast<const float4*>(p.part_o + (base + s) * D + col * 4);
+    W += w;
+    O.x += w * v.x; O.y += w * v.y; O.z += w * v.z; O.w += w * v.w;
+  }
+  *reinterpret_cast<float4*>(&red[rho][col * 4]) = O;
+  if (col == 0) wsum[rho] = W;
+  __syncthreads();
   const int kvh = head / p.group;
   const float vs = p.v_scale == nullptr ? 1.0f : p.v_scale[p.v_scale_count == 1 ? 0 : kvh];
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float W = 0.0f, O = 0.0f;
-    for (int s = 0; s < nsplits; ++s) {
-      const float w = exp2f(p.part_lse[base + s] - Mref);
-      W += w;
-      O += w * p.part_o[(base + s) * D + d];
+  for (int d = tid; d < D; d += kReduceThreads) {
+    float Wt = 0.0f, Ot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      Wt += wsum[i];
+      Ot += red[i][d];
     }
-    store_act(p.out, (static_cast<int64_t>(b) * p.num_heads + head) * D + d, W > 0.0f ? O / W * vs : 0.0f,
+    store_act(p.out, (static_cast<int64_t>(b) * p.num_heads + head) * D + d, Wt > 0.0f ? Ot / Wt * vs : 0.0f,
               p.out_bf16);
   }
+}
+
+template <int D, int DT>
+void launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
+  constexpr int smem = DecodeCfg<D, DT>::SMEM;
+  static const bool attr_set = [] {
+    FP8KV_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<D, DT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return true;
+  }();
+  (void)attr_set;
+  decode_kernel<D, DT><<<grid, kWarps * 32, smem, stream>>>(p);
 }
 
 template <int D>
 void launch_decode(const DecodeParams& p, KvDtype dt, dim3 grid, int batch, cudaStream_t stream) {
   switch (dt) {
-    case KvDtype::bf16: decode_kernel<D, kBf16><<<grid, kWarps * 32, 0, stream>>>(p); break;
-    case KvDtype::fp8_e4m3: decode_kernel<D, kE4m3><<<grid, kWarps * 32, 0, stream>>>(p); break;
-    case KvDtype::fp8_e5m2: decode_kernel<D, kE5m2><<<grid, kWarps * 32, 0, stream>>>(p); break;
+    case KvDtype::bf16: launch_decode_t<D, kBf16>(p, grid, stream); break;
+    case KvDtype::fp8_e4m3: launch_decode_t<D, kE4m3>(p, grid, stream); break;
+    case KvDtype::fp8_e5m2: launch_decode_t<D, kE5m2>(p, grid, stream); break;
   }
   FP8KV_CUDA_CHECK(cudaGetLastError());
   if (p.max_splits > 1) {
-    decode_reduce_kernel<D><<<dim3(p.num_heads, batch), 128, 0, stream>>>(p);
-    FP8KV_CUDA_CHECK(cudaGetLastError());
+    // Programmatic dependent launch: the reduce grid is set up while the
+    // decode grid drains; griddepcontrol.wait in it orders the reads.
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(p.num_heads, batch);
+    cfg.blockDim = dim3(kReduceThreads);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    FP8KV_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_reduce_kernel<D>, p));
   }
 }
 
@@ -378,27 +495,8 @@ void paged_decode(const DecodeArgs& a, cudaStream_t stream) {
   if (fp8 && (!a.kv.k_scale.values || !a.kv.v_scale.values))
     throw std::invalid_argument("paged_decode: fp8 cache needs k/v scales");
   DecodeParams p{};
-  p.q = a.q;
-  p.out = a.out;
-  p.q_bf16 = a.q_dtype == ActDtype::bf16;
-  p.out_bf16 = a.out_dtype == ActDtype::bf16;
-  p.k_cache = static_cast<const uint8_t*>(a.kv.k_cache);
-  p.v_cache = static_cast<const uint8_t*>(a.kv.v_cache);
-  p.block_tables = a.kv.block_tables;
-  p.max_blocks_per_seq = a.kv.max_blocks_per_seq;
-  p.context_lens = a.kv.context_lens;
-  p.k_scale = fp8 ? a.kv.k_scale.values : nullptr;
-  p.v_scale = fp8 ? a.kv.v_scale.values : nullptr;
-  p.k_scale_count = a.kv.k_scale.count;
-  p.v_scale_count = a.kv.v_scale.count;
-  p.num_heads = a.num_heads;
-  p.num_kv_heads = L.num_kv_heads;
-  p.group = a.num_heads / L.num_kv_heads;
+  fill_paged_params(p, a);
   p.gchunks = (p.group + kMaxGroup - 1) / kMaxGroup;
-  p.block_size = L.block_size;
-  p.window = a.window;
-  p.softmax_scale = a.softmax_scale;
-  p.softcap = a.logit_softcap;
   p.split_tokens = a.plan.split_tokens;
   p.max_splits = a.plan.max_splits;
   if (p.max_splits > 1) {

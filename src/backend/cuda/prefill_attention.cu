@@ -20,21 +20,9 @@ using namespace detail;
 constexpr int kQTile = 64;
 constexpr int kThreads = 128;
 
-struct PrefillParams {
-  const void* q;
-  void* out;
-  bool q_bf16, out_bf16;
-  const uint8_t* k_cache;
-  const uint8_t* v_cache;
-  const int32_t* block_tables;
-  int max_blocks_per_seq;
-  const int32_t* context_lens;
+struct PrefillParams : PagedKvParams {
   const int32_t* q_start;
-  const float* k_scale;
-  const float* v_scale;
-  int k_scale_count, v_scale_count;
-  int num_heads, num_kv_heads, group, block_size, window, num_q_tiles;
-  float softmax_scale, softcap;
+  int num_q_tiles;
 };
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
@@ -297,27 +285,8 @@ void paged_prefill(const PrefillArgs& a, cudaStream_t stream) {
   if (fp8 && (!a.kv.k_scale.values || !a.kv.v_scale.values))
     throw std::invalid_argument("paged_prefill: fp8 cache needs k/v scales");
   PrefillParams p{};
-  p.q = a.q;
-  p.out = a.out;
-  p.q_bf16 = a.q_dtype == ActDtype::bf16;
-  p.out_bf16 = a.out_dtype == ActDtype::bf16;
-  p.k_cache = static_cast<const uint8_t*>(a.kv.k_cache);
-  p.v_cache = static_cast<const uint8_t*>(a.kv.v_cache);
-  p.block_tables = a.kv.block_tables;
-  p.max_blocks_per_seq = a.kv.max_blocks_per_seq;
-  p.context_lens = a.kv.context_lens;
+  fill_paged_params(p, a);
   p.q_start = a.q_start;
-  p.k_scale = fp8 ? a.kv.k_scale.values : nullptr;
-  p.v_scale = fp8 ? a.kv.v_scale.values : nullptr;
-  p.k_scale_count = a.kv.k_scale.count;
-  p.v_scale_count = a.kv.v_scale.count;
-  p.num_heads = a.num_heads;
-  p.num_kv_heads = L.num_kv_heads;
-  p.group = a.num_heads / L.num_kv_heads;
-  p.block_size = L.block_size;
-  p.window = a.window;
-  p.softmax_scale = a.softmax_scale;
-  p.softcap = a.logit_softcap;
   p.num_q_tiles = (a.max_query_len + kQTile - 1) / kQTile;
   const dim3 grid(p.num_q_tiles, a.num_heads, a.batch);
   switch (L.head_dim) {

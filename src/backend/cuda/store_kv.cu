@@ -21,22 +21,48 @@ __device__ __forceinline__ uint32_t quant_fp8_exact(float x, float s) {
   return r;
 }
 
-// Fast path with the same bytes: q = x * rcp_rn(s) is within 2^-23 relative
-// (< 4 ulp of q, binade edges included) of x / s. fp8 rounding is monotonic,
-// so if q moved 8 ulp down and 8 ulp up round to the same code, x / s (and
-// its correctly rounded fp32 value) rounds to that code too. Otherwise (one
-// element in ~2^17, or +-inf / huge inputs) the caller redoes the chunk with
-// the IEEE division.
+// Fast path with the same bytes (docs/cuda.md, store v2): q = x * rcp_rn(s)
+// is within 2^-23 relative of x / s, so q and the correctly rounded fp32
+// quotient are at most 5 apart as integers (bit patterns, binade edges
+// included). Every fp8 rounding boundary (a midpoint between two e4m3 or e5m2
+// values, subnormals included) has at most 4 significant bits, so its fp32
+// pattern is a multiple of 2^19. If no such multiple lies within 8 of q's
+// pattern, q and x / s round to the same code (fp8 rounding is monotonic;
+// saturation has no boundary with SATFINITE). Otherwise (~3e-5 of random
+// inputs, exact zeros excluded; +-inf) the caller redoes the chunk with the
+// IEEE division. Per element: one multiply, four integer ops, half a cvt.
+__device__ __forceinline__ bool near_fp8_boundary(float q) {
+  const uint32_t u = __float_as_uint(q);
+  return ((u + 8u) & 0x7ffffu) <= 16u && (u << 1) != 0u;
+}
 template <int DT>
-__device__ __forceinline__ bool quant_fp8_fast(float x, float rcp, uint32_t& code) {
-  const float q = __fmul_rn(x, rcp);
-  const uint32_t u = __float_as_uint(q), sign = u & 0x80000000u, a = u & 0x7fffffffu;
-  const float lo = __uint_as_float(sign | (a > 8u ? a - 8u : 0u));
-  const float hi = __uint_as_float(sign | (a + 8u));
-  const __nv_fp8x2_storage_t pair =
-      __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, DT == kE5m2 ? __NV_E5M2 : __NV_E4M3);
-  code = pair & 0xffu;
-  return (pair >> 8) == code && !isnan(x);
+__device__ __forceinline__ uint32_t cvt_fp8x2(float lo, float hi) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, DT == kE5m2 ? __NV_E5M2 : __NV_E4M3);
+}
+// 8 elements -> 8 codes (element 0 in the low byte of lo).
+template <int DT>
+__device__ __forceinline__ uint2 quant8_fp8(const float (&x)[8], float s, float rcp) {
+  float q[8];
+  bool bad = false;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    q[i] = __fmul_rn(x[i], rcp);
+    bad |= near_fp8_boundary(q[i]);
+  }
+  uint32_t w[2];
+  if (!bad) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      w[h] = cvt_fp8x2<DT>(q[4 * h], q[4 * h + 1]) | (cvt_fp8x2<DT>(q[4 * h + 2], q[4 * h + 3]) << 16);
+  } else {  // rare: near a rounding boundary, inf
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      w[h] = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) w[h] |= quant_fp8_exact<DT>(x[4 * h + i], s) << (8 * i);
+    }
+  }
+  return make_uint2(w[0], w[1]);
 }
 
 // fp32 -> bf16 bits exactly as numerics/fp8.h f32_to_bf16 (RNE, NaN keeps
@@ -78,50 +104,56 @@ struct StoreParams {
   bool bf16_in;
 };
 
-// One block per token (grid-stride); thread c < chunks stores K chunk c,
-// chunks <= c < 2 chunks stores V. No 64-bit division, no indexed parameter
-// arrays (they would go to local memory).
+// Thread c of a block stores 8-element chunk c of the K and the V row of kU
+// tokens per iteration (grid-stride over token groups): 2 kU independent
+// 16/32-byte loads in flight before the first store. Scales and reciprocals
+// are per thread (its chunk's head), outside the token loop. No 64-bit
+// division, no indexed parameter arrays (they would go to local memory).
+constexpr int kU = 2;
 template <int DT>
 __global__ void __launch_bounds__(256) store_kernel(const StoreParams p) {
   const int chunks = p.num_kv_heads * p.head_dim / 8;  // 8-element chunks per token row
-  for (int tok = blockIdx.x; tok < p.num_tokens; tok += gridDim.x) {
-    for (int c = threadIdx.x; c < 2 * chunks; c += blockDim.x) {
-      const bool is_v = c >= chunks;
-      const int elem = (is_v ? c - chunks : c) * 8;
-      float x[8];
-      load8(is_v ? p.v : p.k, static_cast<int64_t>(tok) * chunks * 8 + elem, p.bf16_in, x);
-      const int64_t slot = p.slots[tok];
-      if (slot < 0 || slot >= p.capacity) continue;  // host cannot see device slots; skip out-of-range
-      const int64_t dst = slot * chunks * 8 + elem;  // [block][off][head][d] == slot * row + elem
-      uint8_t* cache = is_v ? p.v_cache : p.k_cache;
-      if constexpr (DT == kBf16) {
-        uint32_t w[4];
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+    const int elem = c * 8;
+    float sk = 1.0f, sv = 1.0f, rk = 1.0f, rv = 1.0f;
+    if constexpr (DT != kBf16) {
+      const int head = elem / p.head_dim;
+      sk = p.k_scale[p.k_scale_count == 1 ? 0 : head];
+      sv = p.v_scale[p.v_scale_count == 1 ? 0 : head];
+      rk = __frcp_rn(sk);
+      rv = __frcp_rn(sv);
+    }
+    for (int tok0 = blockIdx.x * kU; tok0 < p.num_tokens; tok0 += gridDim.x * kU) {
+      float xk[kU][8], xv[kU][8];
+      int64_t slot[kU];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) w[i] = bf16_bits(x[2 * i]) | (bf16_bits(x[2 * i + 1]) << 16);
-        *reinterpret_cast<uint4*>(cache + dst * 2) = make_uint4(w[0], w[1], w[2], w[3]);
-      } else {
-        const int head = elem / p.head_dim;
-        const float s = is_v ? p.v_scale[p.v_scale_count == 1 ? 0 : head] : p.k_scale[p.k_scale_count == 1 ? 0 : head];
-        const float rcp = __frcp_rn(s);
-        uint32_t lo = 0, hi = 0;
-        bool ok = true;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          uint32_t c0, c1;
-          ok &= quant_fp8_fast<DT>(x[i], rcp, c0);
-          ok &= quant_fp8_fast<DT>(x[4 + i], rcp, c1);
-          lo |= c0 << (8 * i);
-          hi |= c1 << (8 * i);
+      for (int u = 0; u < kU; ++u) {
+        const int tok = tok0 + u;
+        slot[u] = -1;
+        if (tok < p.num_tokens) {
+          const int64_t src = static_cast<int64_t>(tok) * chunks * 8 + elem;
+          load8(p.k, src, p.bf16_in, xk[u]);
+          load8(p.v, src, p.bf16_in, xv[u]);
+          slot[u] = p.slots[tok];
         }
-        if (!ok) {  // rare: near a rounding boundary, inf, NaN
-          lo = hi = 0;
+      }
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        if (slot[u] < 0 || slot[u] >= p.capacity) continue;  // skipped or out of range (host cannot check)
+        const int64_t dst = slot[u] * chunks * 8 + elem;      // [block][off][head][d] == slot * row + elem
+        if constexpr (DT == kBf16) {
+          uint32_t wk[4], wv[4];
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
-            lo |= quant_fp8_exact<DT>(x[i], s) << (8 * i);
-            hi |= quant_fp8_exact<DT>(x[4 + i], s) << (8 * i);
+            wk[i] = bf16_bits(xk[u][2 * i]) | (bf16_bits(xk[u][2 * i + 1]) << 16);
+            wv[i] = bf16_bits(xv[u][2 * i]) | (bf16_bits(xv[u][2 * i + 1]) << 16);
           }
+          *reinterpret_cast<uint4*>(p.k_cache + dst * 2) = make_uint4(wk[0], wk[1], wk[2], wk[3]);
+          *reinterpret_cast<uint4*>(p.v_cache + dst * 2) = make_uint4(wv[0], wv[1], wv[2], wv[3]);
+        } else {
+          *reinterpret_cast<uint2*>(p.k_cache + dst) = quant8_fp8<DT>(xk[u], sk, rk);
+          *reinterpret_cast<uint2*>(p.v_cache + dst) = quant8_fp8<DT>(xv[u], sv, rv);
         }
-        *reinterpret_cast<uint2*>(cache + dst) = make_uint2(lo, hi);
       }
     }
   }
@@ -187,9 +219,10 @@ void store_kv(const StoreKvArgs& a, cudaStream_t stream) {
   p.head_dim = L.head_dim;
   p.capacity = static_cast<int64_t>(L.num_blocks) * L.block_size;
   p.bf16_in = a.input_dtype == ActDtype::bf16;
-  const int chunks2 = 2 * L.num_kv_heads * L.head_dim / 8;
-  const int threads = std::min(256, (chunks2 + 31) / 32 * 32);
-  const int grid = std::min(a.num_tokens, 132 * 32);
+  const int chunks = L.num_kv_heads * L.head_dim / 8;
+  const int threads = std::min(256, (chunks + 31) / 32 * 32);
+  // Up to 2048 threads per SM resident, a few waves of token groups.
+  const int grid = std::min((a.num_tokens + kU - 1) / kU, device_sm_count() * (2048 / threads) * 4);
   switch (L.dtype) {
     case KvDtype::bf16: store_kernel<kBf16><<<grid, threads, 0, stream>>>(p); break;
     case KvDtype::fp8_e4m3: store_kernel<kE4m3><<<grid, threads, 0, stream>>>(p); break;
