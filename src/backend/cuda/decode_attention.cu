@@ -414,6 +414,10 @@ void launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
   constexpr int smem = DecodeCfg<D, DT>::SMEM;
   static const bool attr_set = [] {
     FP8KV_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<D, DT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    // All of the unified L1 as shared memory, so 3 (64 KB) or 2 (96 KB) CTAs
+    // fit per SM; the default carveout ran 1 CTA/SM (run 1 of 2026-11-30).
+    FP8KV_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<D, DT>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                          cudaSharedmemCarveoutMaxShared));
     return true;
   }();
   (void)attr_set;
@@ -459,11 +463,13 @@ DecodePlan plan_decode(int batch, int num_heads, int num_kv_heads, int head_dim,
   const int gchunks = (num_heads / num_kv_heads + kMaxGroup - 1) / kMaxGroup;
   if (split_tokens <= 0) {
     // Aim at ~8 CTAs of 4 warps per SM (several waves of 2-3 resident CTAs,
-    // so the tail wave is small); splits of at least 256 keys so the partial
-    // results (G x (D+1) floats per split) stay ~3% of the KV bytes read.
+    // so the tail wave is small); splits of at least 512 keys (8 tiles per
+    // warp: the cp.async ring holds 3-8 of them, so shorter splits are mostly
+    // pipeline fill; the 2026-11-30 sweep: 256-key splits 1.35x slower than
+    // 512 at B=1/16K).
     const int64_t base = static_cast<int64_t>(batch) * num_kv_heads * gchunks;
     const int64_t want = std::max<int64_t>(1, (static_cast<int64_t>(num_sms) * 8 + base - 1) / base);
-    split_tokens = static_cast<int>(std::max<int64_t>(256, (span + want - 1) / want));
+    split_tokens = static_cast<int>(std::max<int64_t>(512, (span + want - 1) / want));
   }
   DecodePlan plan;
   plan.split_tokens = (split_tokens + 63) / 64 * 64;

@@ -21,20 +21,16 @@ __device__ __forceinline__ uint32_t quant_fp8_exact(float x, float s) {
   return r;
 }
 
-// Fast path with the same bytes (docs/cuda.md, store v2): q = x * rcp_rn(s)
-// is within 2^-23 relative of x / s, so q and the correctly rounded fp32
-// quotient are at most 5 apart as integers (bit patterns, binade edges
-// included). Every fp8 rounding boundary (a midpoint between two e4m3 or e5m2
-// values, subnormals included) has at most 4 significant bits, so its fp32
-// pattern is a multiple of 2^19. If no such multiple lies within 8 of q's
-// pattern, q and x / s round to the same code (fp8 rounding is monotonic;
-// saturation has no boundary with SATFINITE). Otherwise (~3e-5 of random
-// inputs, exact zeros excluded; +-inf) the caller redoes the chunk with the
-// IEEE division. Per element: one multiply, four integer ops, half a cvt.
-__device__ __forceinline__ bool near_fp8_boundary(float q) {
-  const uint32_t u = __float_as_uint(q);
-  return ((u + 8u) & 0x7ffffu) <= 16u && (u << 1) != 0u;
-}
+// Fast path with the same bytes (docs/cuda.md, store v2): the correctly
+// rounded fp32 quotient without a division. rcp = rcp_rn(s) is within half
+// an ulp of 1/s; q0 = x * rcp is within 1.5 ulp of x / s; one correction
+// q1 = q0 + fma(-q0, s, x) * rcp is within 0.5 ulp + 2^-23 ulp, i.e.
+// faithful; for a faithful q1 the residual fma(-q1, s, x) is exact and a
+// second correction gives x / s correctly rounded (Markstein's theorem; the
+// correction div.rn uses), as long as nothing overflows or underflows.
+// Underflow cannot change the code (fp8 rounds anything below 2^-10 / 2^-17
+// to zero, far above fp32's subnormals); huge quotients, inf and NaN inputs
+// take the IEEE division (the fallback below). Per element: a multiply, four FMAs, a compare, half a cvt.
 template <int DT>
 __device__ __forceinline__ uint32_t cvt_fp8x2(float lo, float hi) {
   return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, DT == kE5m2 ? __NV_E5M2 : __NV_E4M3);
@@ -46,15 +42,17 @@ __device__ __forceinline__ uint2 quant8_fp8(const float (&x)[8], float s, float 
   bool bad = false;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    q[i] = __fmul_rn(x[i], rcp);
-    bad |= near_fp8_boundary(q[i]);
+    const float q0 = __fmul_rn(x[i], rcp);                         // within 1.5 ulp
+    const float q1 = __fmaf_rn(__fmaf_rn(-q0, s, x[i]), rcp, q0);  // faithful
+    q[i] = __fmaf_rn(__fmaf_rn(-q1, s, x[i]), rcp, q1);            // correctly rounded
+    bad |= !(fabsf(q0) < 0x1p64f);  // huge, inf, NaN
   }
   uint32_t w[2];
   if (!bad) {
 #pragma unroll
     for (int h = 0; h < 2; ++h)
       w[h] = cvt_fp8x2<DT>(q[4 * h], q[4 * h + 1]) | (cvt_fp8x2<DT>(q[4 * h + 2], q[4 * h + 3]) << 16);
-  } else {  // rare: near a rounding boundary, inf
+  } else {  // rare: huge, inf, NaN
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       w[h] = 0;
