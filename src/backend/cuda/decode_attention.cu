@@ -4,12 +4,16 @@
 // used), then O^T += V^T P^T (P's accumulator layout is exactly P^T's B
 // fragment).
 //
-// Software pipeline (docs/cuda.md, version 4): each warp owns a ring of S
-// tile stages in shared memory, filled by cp.async, S tiles in flight. Every
-// thread copies exactly the 16-byte chunks it later reads (layout
-// [chunk][lane][16 B]: conflict-free), so a cp.async.wait_group orders the
-// data for it without barriers. K/V fragments are read from the ring just
-// before their MMAs, so no tile lives whole in registers (no spills at D=256).
+// Two ways to feed the MMAs (docs/cuda.md, version 4), chosen per head_dim:
+// - D <= 128: register-staged tiles, the next tile's loads in flight while
+//   this tile's math runs (fastest there as measured).
+// - D = 256: each warp owns a ring of S tile stages in shared memory, filled
+//   by cp.async, S tiles in flight (registers could not hold D=256 tiles
+//   without spilling). Every
+//   thread copies exactly the 16-byte chunks it later reads (layout
+//   [chunk][lane][16 B]: conflict-free), so a cp.async.wait_group orders the
+//   data for it without barriers. K/V fragments are read from the ring just
+//   before their MMAs, so no tile lives whole in registers.
 //
 // Fragment mapping: the dot product is order-free, so the head_dim axis of K
 // is permuted (dim_of below) such that each thread reads whole 16-byte chunks
@@ -51,9 +55,6 @@ __device__ __forceinline__ void seq_range(const DecodeParams& p, int ctx, int& f
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
 }
-__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src) : "memory");
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -64,25 +65,24 @@ __device__ __forceinline__ uint4 lds16(uint32_t a) {
   asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
   return v;
 }
-__device__ __forceinline__ uint2 lds8(uint32_t a) {
-  uint2 v;
-  asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(a));
-  return v;
-}
-
 // Shapes of one (D, cache dtype) instantiation.
 template <int D, int DT>
 struct DecodeCfg {
   static constexpr int EB = DT == kBf16 ? 2 : 1;        // bytes per cache element
   static constexpr int KC = D * EB / 64;                 // 16-byte K chunks per thread per key row
   static constexpr int VBYTES = D / 8 * EB;              // V bytes per thread per key row
-  static constexpr int VU = VBYTES >= 16 ? VBYTES / 16 : 1;  // V units per row (16 B, or one 8 B)
+  static constexpr int VU = VBYTES / 16;                 // 16-byte V units per row (ring path)
   static constexpr int STAGE = 32 * D * EB;              // bytes per warp per tile (K + V)
   static constexpr int KREG = STAGE / 2;                 // offset of V within a stage
+  // cp.async ring for D = 256 (no spills; bf16 d256 reads at 4.2 TB/s);
+  // register-staged tiles for D <= 128, which measured faster there (v3 at
+  // 3.9 TB/s vs the ring's 3.2 TB/s on fp8 d128, 2026-11-30 runs 1-2).
+  static constexpr bool USE_RING = D == 256;
   static constexpr int S = STAGE <= 2048 ? 8 : STAGE <= 4096 ? 4 : 3;  // stages per warp
-  static constexpr int RING = S * STAGE;                 // bytes per warp
+  static constexpr int RING = USE_RING ? S * STAGE : kMaxGroup * D * 4;  // bytes per warp
   static constexpr int SMEM = kWarps * RING + 2 * kWarps * kMaxGroup * 4;
   static_assert(RING >= kMaxGroup * D * 4, "the epilogue reuses the ring");
+  static_assert(!USE_RING || VBYTES >= 16, "ring: V in 16-byte units");
 };
 
 template <int D, int DT>
@@ -142,21 +142,19 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
           cp_async16(sb + ((nt * C::KC + c) * 32 + lane) * 16, kb + (nt * 8 + r) * row_bytes + (c * 4 + t) * 16);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        if constexpr (C::VBYTES >= 16) {
 #pragma unroll
-          for (int u = 0; u < C::VU; ++u)
-            cp_async16(sb + C::KREG + ((i * C::VU + u) * 32 + lane) * 16,
-                       vb + vtok[i] * row_bytes + r * C::VBYTES + 16 * u);
-        } else {
-          cp_async8(sb + C::KREG + (i * 32 + lane) * 8, vb + vtok[i] * row_bytes + r * C::VBYTES);
-        }
+        for (int u = 0; u < C::VU; ++u)
+          cp_async16(sb + C::KREG + ((i * C::VU + u) * 32 + lane) * 16,
+                     vb + vtok[i] * row_bytes + r * C::VBYTES + 16 * u);
       }
     }
     cp_async_commit();
   };
   // Prologue: the first S tiles in flight before anything else.
+  if constexpr (C::USE_RING) {
 #pragma unroll
-  for (int k = 0; k < S; ++k) issue(k, k);
+    for (int k = 0; k < S; ++k) issue(k, k);
+  }
 
   // Q fragments (A operand, rows = heads, 8..15 zero) in the permuted dim order:
   // k-step s, slot pair {2t, 2t+1} -> dims base, base+1; {2t+8, 2t+9} -> base+2, base+3.
@@ -186,117 +184,241 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
   for (int i = 0; i < MT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
   float m = -INFINITY, l = 0.0f;
 
-  int st = 0;
-  for (int k = 0; k < nmine; ++k) {
-    const int j0 = s_begin + (warp + k * kWarps) * kTile;
-    cp_async_wait<S - 1>();  // this thread's copies of tile k have landed
-    const uint32_t sb = ring + st * C::STAGE;
+  if constexpr (C::USE_RING) {
+    int st = 0;
+    for (int k = 0; k < nmine; ++k) {
+      const int j0 = s_begin + (warp + k * kWarps) * kTile;
+      cp_async_wait<S - 1>();  // this thread's copies of tile k have landed
+      const uint32_t sb = ring + st * C::STAGE;
 
-    // S = Q K^T for keys j0 + nt*8 + (0..7).
-    float s[2][4];
+      // S = Q K^T for keys j0 + nt*8 + (0..7).
+      float s[2][4];
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+      for (int nt = 0; nt < 2; ++nt) {
+        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
-      for (int c = 0; c < C::KC; ++c) {
-        const uint4 kv4 = lds16(sb + ((nt * C::KC + c) * 32 + lane) * 16);
-        const uint32_t w[4] = {kv4.x, kv4.y, kv4.z, kv4.w};
+        for (int c = 0; c < C::KC; ++c) {
+          const uint4 kv4 = lds16(sb + ((nt * C::KC + c) * 32 + lane) * 16);
+          const uint32_t w[4] = {kv4.x, kv4.y, kv4.z, kv4.w};
 #pragma unroll
-        for (int j = 0; j < J; ++j) {
-          const int ks_ = c * J + j;
+          for (int j = 0; j < J; ++j) {
+            const int ks_ = c * J + j;
+            uint32_t b0, b1;
+            if constexpr (DT == kBf16) {
+              b0 = w[2 * j];
+              b1 = w[2 * j + 1];
+            } else {
+              b0 = fp8x2_to_f16x2<DT>(w[j]);
+              b1 = fp8x2_to_f16x2<DT>(w[j] >> 16);
+            }
+            mma16816<DT>(s[nt], qa[ks_][0], 0u, qa[ks_][1], 0u, b0, b1);
+          }
+        }
+      }
+      // Scores in log2 units, masked outside [first, s_end).
+      float x[2][2];
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int j = j0 + nt * 8 + 2 * t + e;
+          float v = s[nt][e] * score_mul;
+          if (softcap) v = p.softcap * tanhf(v) * kLog2e;
+          v = (j >= first && j < s_end) ? v : -INFINITY;
+          x[nt][e] = v;
+          mx = fmaxf(mx, v);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m, mx);
+      const float mref = m_new == -INFINITY ? 0.0f : m_new;
+      const float alpha = exp2f(m - mref);
+      m = m_new;
+      float pr[2][2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) pr[nt][e] = exp2f(x[nt][e] - mref);
+      l = l * alpha + (pr[0][0] + pr[0][1] + pr[1][0] + pr[1][1]);
+      const float alpha_lo = __shfl_sync(0xffffffffu, alpha, (2 * t) * 4);  // heads 2t, 2t+1
+      const float alpha_hi = __shfl_sync(0xffffffffu, alpha, (2 * t + 1) * 4);
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        o[i][0] *= alpha_lo; o[i][1] *= alpha_hi; o[i][2] *= alpha_lo; o[i][3] *= alpha_hi;
+      }
+      const uint32_t pa0 = pack2<DT>(pr[0][0], pr[0][1]);
+      const uint32_t pa2 = pack2<DT>(pr[1][0], pr[1][1]);
+
+      // V of keys outside [first, s_end) reads as zero: unwritten slots may hold NaN codes.
+      bool vok[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) vok[i] = j0 + vtok[i] >= first && j0 + vtok[i] < s_end;
+      // O^T += V^T P^T: A = V^T (rows: dims, k: keys 2t,2t+1 | 2t+8,2t+9),
+      // B = P^T, which is exactly this thread's probabilities (pa0, pa2).
+      // V unit u of the 4 rows holds words [4u, 4u+4).
+      constexpr int UW = 4;                                 // words per unit
+      constexpr int MPU = DT == kBf16 ? UW : 2 * UW;        // m-tiles per unit
+#pragma unroll
+      for (int u = 0; u < C::VU; ++u) {
+        uint32_t vw[4][UW];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint4 v4 = lds16(sb + C::KREG + ((i * C::VU + u) * 32 + lane) * 16);
+          vw[i][0] = vok[i] ? v4.x : 0u; vw[i][1] = vok[i] ? v4.y : 0u;
+          vw[i][2] = vok[i] ? v4.z : 0u; vw[i][3] = vok[i] ? v4.w : 0u;
+        }
+#pragma unroll
+        for (int im = 0; im < MPU; ++im) {
+          const int i = u * MPU + im;  // m-tile
+          uint32_t a0, a1, a2, a3;
+          if constexpr (DT == kBf16) {
+            a0 = __byte_perm(vw[0][im], vw[1][im], 0x5410u);
+            a1 = __byte_perm(vw[0][im], vw[1][im], 0x7632u);
+            a2 = __byte_perm(vw[2][im], vw[3][im], 0x5410u);
+            a3 = __byte_perm(vw[2][im], vw[3][im], 0x7632u);
+          } else {
+            const uint32_t bb = 2 * (im & 1);  // byte of element 2i within its word
+            const int wi = im / 2;
+            if constexpr (DT == kE5m2) {
+              const uint32_t sl = bb | (bb << 4) | ((bb + 4) << 8) | ((bb + 4) << 12);
+              const uint32_t sh = (bb + 1) | ((bb + 1) << 4) | ((bb + 5) << 8) | ((bb + 5) << 12);
+              a0 = __byte_perm(vw[0][wi], vw[1][wi], sl) & 0xff00ff00u;
+              a1 = __byte_perm(vw[0][wi], vw[1][wi], sh) & 0xff00ff00u;
+              a2 = __byte_perm(vw[2][wi], vw[3][wi], sl) & 0xff00ff00u;
+              a3 = __byte_perm(vw[2][wi], vw[3][wi], sh) & 0xff00ff00u;
+            } else {
+              const uint32_t sel = bb | ((bb + 4) << 4) | ((bb + 1) << 8) | ((bb + 5) << 12);
+              const uint32_t w01 = __byte_perm(vw[0][wi], vw[1][wi], sel);
+              const uint32_t w23 = __byte_perm(vw[2][wi], vw[3][wi], sel);
+              a0 = fp8x2_to_f16x2<DT>(w01);
+              a1 = fp8x2_to_f16x2<DT>(w01 >> 16);
+              a2 = fp8x2_to_f16x2<DT>(w23);
+              a3 = fp8x2_to_f16x2<DT>(w23 >> 16);
+            }
+          }
+          mma16816<DT>(o[i], a0, a1, a2, a3, pa0, pa2);
+        }
+      }
+      // Refill the stage just read (its words are in registers: same thread).
+      issue(k + S, st);
+      st = st + 1 == S ? 0 : st + 1;
+    }
+    cp_async_wait<0>();
+  } else {
+    constexpr int KW = D * EB / 16;  // words per thread per key row (K)
+    constexpr int VBYTES = C::VBYTES, VW = VBYTES / 4;
+    // Register-staged pipeline: the next tile's K/V loads are in flight while
+    // this tile's math runs (when the registers allow: fp8 up to D=128, bf16 up
+    // to D=64; else one tile at a time).
+    constexpr bool kPrefetch = D * EB <= 128;
+    auto load_tile = [&](int it, uint32_t (&kw)[2][KW], uint32_t (&vw)[4][VW]) {
+      const int j0 = s_begin + it * kTile;
+      const int64_t blk = bt[j0 / p.block_size];
+      const int64_t row0 = blk * p.block_size + j0 % p.block_size;  // the tile stays inside one block
+      const uint8_t* kb = p.k_cache + row0 * row_bytes + head_off;
+      const uint8_t* vb = p.v_cache + row0 * row_bytes + head_off;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int c = 0; c < KW / 4; ++c)
+          ld_words<16>(kb + (nt * 8 + r) * row_bytes + (c * 4 + t) * 16, &kw[nt][4 * c]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) ld_words<VBYTES>(vb + vtok[i] * row_bytes + r * VBYTES, vw[i]);
+    };
+    uint32_t kw[2][KW], vw[4][VW];
+    if (warp < ntiles) load_tile(warp, kw, vw);
+    for (int it = warp; it < ntiles; it += kWarps) {
+      const int j0 = s_begin + it * kTile;
+      const bool has_next = it + kWarps < ntiles;
+      uint32_t kn[2][KW], vn[4][VW];
+      if (kPrefetch && has_next) load_tile(it + kWarps, kn, vn);
+
+      // S = Q K^T for keys j0 + nt*8 + (0..7).
+      float s[2][4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+        for (int ks_ = 0; ks_ < KS; ++ks_) {
           uint32_t b0, b1;
           if constexpr (DT == kBf16) {
-            b0 = w[2 * j];
-            b1 = w[2 * j + 1];
+            b0 = kw[nt][(ks_ / J) * 4 + 2 * (ks_ % J)];
+            b1 = kw[nt][(ks_ / J) * 4 + 2 * (ks_ % J) + 1];
           } else {
-            b0 = fp8x2_to_f16x2<DT>(w[j]);
-            b1 = fp8x2_to_f16x2<DT>(w[j] >> 16);
+            const uint32_t w = kw[nt][(ks_ / J) * 4 + (ks_ % J)];
+            b0 = fp8x2_to_f16x2<DT>(w);
+            b1 = fp8x2_to_f16x2<DT>(w >> 16);
           }
           mma16816<DT>(s[nt], qa[ks_][0], 0u, qa[ks_][1], 0u, b0, b1);
         }
       }
-    }
-    // Scores in log2 units, masked outside [first, s_end).
-    float x[2][2];
-    float mx = -INFINITY;
+      // Scores in log2 units, masked outside [first, ctx).
+      float x[2][2];
+      float mx = -INFINITY;
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
+      for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int j = j0 + nt * 8 + 2 * t + e;
-        float v = s[nt][e] * score_mul;
-        if (softcap) v = p.softcap * tanhf(v) * kLog2e;
-        v = (j >= first && j < s_end) ? v : -INFINITY;
-        x[nt][e] = v;
-        mx = fmaxf(mx, v);
+        for (int e = 0; e < 2; ++e) {
+          const int j = j0 + nt * 8 + 2 * t + e;
+          float v = s[nt][e] * score_mul;
+          if (softcap) v = p.softcap * tanhf(v) * kLog2e;
+          v = (j >= first && j < s_end) ? v : -INFINITY;
+          x[nt][e] = v;
+          mx = fmaxf(mx, v);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m, mx);
+      const float mref = m_new == -INFINITY ? 0.0f : m_new;
+      const float alpha = exp2f(m - mref);
+      m = m_new;
+      float pr[2][2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) pr[nt][e] = exp2f(x[nt][e] - mref);
+      l = l * alpha + (pr[0][0] + pr[0][1] + pr[1][0] + pr[1][1]);
+      const float alpha_lo = __shfl_sync(0xffffffffu, alpha, (2 * t) * 4);  // heads 2t, 2t+1
+      const float alpha_hi = __shfl_sync(0xffffffffu, alpha, (2 * t + 1) * 4);
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        o[i][0] *= alpha_lo; o[i][1] *= alpha_hi; o[i][2] *= alpha_lo; o[i][3] *= alpha_hi;
       }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m, mx);
-    const float mref = m_new == -INFINITY ? 0.0f : m_new;
-    const float alpha = exp2f(m - mref);
-    m = m_new;
-    float pr[2][2];
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) pr[nt][e] = exp2f(x[nt][e] - mref);
-    l = l * alpha + (pr[0][0] + pr[0][1] + pr[1][0] + pr[1][1]);
-    const float alpha_lo = __shfl_sync(0xffffffffu, alpha, (2 * t) * 4);  // heads 2t, 2t+1
-    const float alpha_hi = __shfl_sync(0xffffffffu, alpha, (2 * t + 1) * 4);
-#pragma unroll
-    for (int i = 0; i < MT; ++i) {
-      o[i][0] *= alpha_lo; o[i][1] *= alpha_hi; o[i][2] *= alpha_lo; o[i][3] *= alpha_hi;
-    }
-    const uint32_t pa0 = pack2<DT>(pr[0][0], pr[0][1]);
-    const uint32_t pa2 = pack2<DT>(pr[1][0], pr[1][1]);
+      const uint32_t pa0 = pack2<DT>(pr[0][0], pr[0][1]);
+      const uint32_t pa2 = pack2<DT>(pr[1][0], pr[1][1]);
 
-    // V of keys outside [first, s_end) reads as zero: unwritten slots may hold NaN codes.
-    bool vok[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) vok[i] = j0 + vtok[i] >= first && j0 + vtok[i] < s_end;
-    // O^T += V^T P^T: A = V^T (rows: dims, k: keys 2t,2t+1 | 2t+8,2t+9),
-    // B = P^T, which is exactly this thread's probabilities (pa0, pa2).
-    // V unit u of the 4 rows holds words [4u, 4u+4) (2 words for 8 B units).
-    constexpr int UW = C::VBYTES >= 16 ? 4 : 2;           // words per unit
-    constexpr int MPU = DT == kBf16 ? UW : 2 * UW;        // m-tiles per unit
-#pragma unroll
-    for (int u = 0; u < C::VU; ++u) {
-      uint32_t vw[4][UW];
+      // Zero V of keys outside [first, ctx): unwritten slots may hold NaN codes.
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        if constexpr (UW == 4) {
-          const uint4 v4 = lds16(sb + C::KREG + ((i * C::VU + u) * 32 + lane) * 16);
-          vw[i][0] = vok[i] ? v4.x : 0u; vw[i][1] = vok[i] ? v4.y : 0u;
-          vw[i][2] = vok[i] ? v4.z : 0u; vw[i][3] = vok[i] ? v4.w : 0u;
-        } else {
-          const uint2 v2 = lds8(sb + C::KREG + (i * 32 + lane) * 8);
-          vw[i][0] = vok[i] ? v2.x : 0u; vw[i][1] = vok[i] ? v2.y : 0u;
-        }
-      }
+        const int j = j0 + vtok[i];
+        if (j < first || j >= s_end)
 #pragma unroll
-      for (int im = 0; im < MPU; ++im) {
-        const int i = u * MPU + im;  // m-tile
+          for (int w = 0; w < VW; ++w) vw[i][w] = 0u;
+      }
+      // O^T += V^T P^T: A = V^T (rows: dims, k: keys 2t,2t+1 | 2t+8,2t+9),
+      // B = P^T, which is exactly this thread's probabilities (pa0, pa2).
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
         uint32_t a0, a1, a2, a3;
         if constexpr (DT == kBf16) {
-          a0 = __byte_perm(vw[0][im], vw[1][im], 0x5410u);
-          a1 = __byte_perm(vw[0][im], vw[1][im], 0x7632u);
-          a2 = __byte_perm(vw[2][im], vw[3][im], 0x5410u);
-          a3 = __byte_perm(vw[2][im], vw[3][im], 0x7632u);
+          a0 = __byte_perm(vw[0][i], vw[1][i], 0x5410u);
+          a1 = __byte_perm(vw[0][i], vw[1][i], 0x7632u);
+          a2 = __byte_perm(vw[2][i], vw[3][i], 0x5410u);
+          a3 = __byte_perm(vw[2][i], vw[3][i], 0x7632u);
         } else {
-          const uint32_t bb = 2 * (im & 1);  // byte of element 2i within its word
-          const int wi = im / 2;
+          const uint32_t b = 2 * (i & 1);  // byte of element 2i within its word
           if constexpr (DT == kE5m2) {
-            const uint32_t sl = bb | (bb << 4) | ((bb + 4) << 8) | ((bb + 4) << 12);
-            const uint32_t sh = (bb + 1) | ((bb + 1) << 4) | ((bb + 5) << 8) | ((bb + 5) << 12);
-            a0 = __byte_perm(vw[0][wi], vw[1][wi], sl) & 0xff00ff00u;
-            a1 = __byte_perm(vw[0][wi], vw[1][wi], sh) & 0xff00ff00u;
-            a2 = __byte_perm(vw[2][wi], vw[3][wi], sl) & 0xff00ff00u;
-            a3 = __byte_perm(vw[2][wi], vw[3][wi], sh) & 0xff00ff00u;
+            const uint32_t sl = b | (b << 4) | ((b + 4) << 8) | ((b + 4) << 12);
+            const uint32_t sh = (b + 1) | ((b + 1) << 4) | ((b + 5) << 8) | ((b + 5) << 12);
+            a0 = __byte_perm(vw[0][i / 2], vw[1][i / 2], sl) & 0xff00ff00u;
+            a1 = __byte_perm(vw[0][i / 2], vw[1][i / 2], sh) & 0xff00ff00u;
+            a2 = __byte_perm(vw[2][i / 2], vw[3][i / 2], sl) & 0xff00ff00u;
+            a3 = __byte_perm(vw[2][i / 2], vw[3][i / 2], sh) & 0xff00ff00u;
           } else {
-            const uint32_t sel = bb | ((bb + 4) << 4) | ((bb + 1) << 8) | ((bb + 5) << 12);
-            const uint32_t w01 = __byte_perm(vw[0][wi], vw[1][wi], sel);
-            const uint32_t w23 = __byte_perm(vw[2][wi], vw[3][wi], sel);
+            const uint32_t sel = b | ((b + 4) << 4) | ((b + 1) << 8) | ((b + 5) << 12);
+            const uint32_t w01 = __byte_perm(vw[0][i / 2], vw[1][i / 2], sel);
+            const uint32_t w23 = __byte_perm(vw[2][i / 2], vw[3][i / 2], sel);
             a0 = fp8x2_to_f16x2<DT>(w01);
             a1 = fp8x2_to_f16x2<DT>(w01 >> 16);
             a2 = fp8x2_to_f16x2<DT>(w23);
@@ -305,12 +427,22 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
         }
         mma16816<DT>(o[i], a0, a1, a2, a3, pa0, pa2);
       }
+      if (has_next) {
+        if constexpr (kPrefetch) {
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int w = 0; w < KW; ++w) kw[nt][w] = kn[nt][w];
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int w = 0; w < VW; ++w) vw[i][w] = vn[i][w];
+        } else {
+          load_tile(it + kWarps, kw, vw);
+        }
+      }
     }
-    // Refill the stage just read (its words are in registers: same thread).
-    issue(k + S, st);
-    st = st + 1 == S ? 0 : st + 1;
   }
-  cp_async_wait<0>();
   // Dependent (reduce) kernel may start launching: only epilogues remain.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 
@@ -414,10 +546,11 @@ void launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
   constexpr int smem = DecodeCfg<D, DT>::SMEM;
   static const bool attr_set = [] {
     FP8KV_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<D, DT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    // All of the unified L1 as shared memory, so 3 (64 KB) or 2 (96 KB) CTAs
-    // fit per SM; the default carveout ran 1 CTA/SM (run 1 of 2026-11-30).
-    FP8KV_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<D, DT>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                          cudaSharedmemCarveoutMaxShared));
+    // All of the unified L1 as shared memory for the ring (so 2 CTAs of 96 KB
+    // fit per SM).
+    if constexpr (DecodeCfg<D, DT>::USE_RING)
+      FP8KV_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<D, DT>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                            cudaSharedmemCarveoutMaxShared));
     return true;
   }();
   (void)attr_set;

@@ -44,7 +44,8 @@ __device__ __forceinline__ uint2 quant8_fp8(const float (&x)[8], float s, float 
   for (int i = 0; i < 8; ++i) {
     const float q0 = __fmul_rn(x[i], rcp);                         // within 1.5 ulp
     const float q1 = __fmaf_rn(__fmaf_rn(-q0, s, x[i]), rcp, q0);  // faithful
-    q[i] = __fmaf_rn(__fmaf_rn(-q1, s, x[i]), rcp, q1);            // correctly rounded
+    // Correctly rounded; the sign is x's (s > 0; a -0 input would come out +0).
+    q[i] = copysignf(__fmaf_rn(__fmaf_rn(-q1, s, x[i]), rcp, q1), x[i]);
     bad |= !(fabsf(q0) < 0x1p64f);  // huge, inf, NaN
   }
   uint32_t w[2];
