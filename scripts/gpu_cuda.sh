@@ -66,7 +66,7 @@ phase sdpa
 python3 tools/bench_sdpa.py 2>&1 | tee "$OUT/sdpa.jsonl"
 phase sass
 cuobjdump --dump-resource-usage $BENCH 2>/dev/null | grep -E "decode_kernel|prefill" -A1 | grep -oE "(REG|STACK|SHARED|LOCAL):[0-9]+|Function [^ ]+" | paste -sd' ' | head -c 3000 > "$OUT/resources.txt"
-cuobjdump -sass $BENCH 2>/dev/null | awk '/Function :/ {f=$3; n[f]=0} /HMMA/ {h[f]++} /LDG.E.128|LDG.E.ENL2.128|LDG.E.CONSTANT.128/ {g[f]++} /LDGSTS/ {a[f]++} /LDL|STL/ {l[f]++} END {for (k in n) printf "%s HMMA=%d LDG128=%d LDGSTS=%d LDL/STL=%d\n", k, h[k], g[k], a[k], l[k]}' | grep -E "decode|prefill|store_kernel" | sed -E 's/^_ZN[^ ]*[0-9]+(decode_reduce_kernel|decode_kernel|prefill_kernel|store_kernel)(ILi([0-9]+)E(Li([0-9]+)E)?)?[^ ]*/\1<\3,\5>/' | sort > "$OUT/sass.txt"
+cuobjdump -sass $BENCH 2>/dev/null | awk '/Function :/ {f=$3; n[f]=0} /HMMA/ {h[f]++} /LDG\.[A-Z0-9_.]*128/ {g[f]++} /LDGSTS/ {a[f]++} /LDL|STL/ {l[f]++} END {for (k in n) printf "%s HMMA=%d LDG128=%d LDGSTS=%d LDL/STL=%d\n", k, h[k], g[k], a[k], l[k]}' | grep -E "decode|prefill|store_kernel" | sed -E 's/^_ZN[^ ]*[0-9]+(decode_reduce_kernel|decode_kernel|prefill_kernel|store_kernel)(ILi([0-9]+)E(Li([0-9]+)E)?)?[^ ]*/\1<\3,\5>/' | sort > "$OUT/sass.txt"
 cat "$OUT/sass.txt"
 spill=0
 if grep -vq "LDL/STL=0$" "$OUT/sass.txt"; then spill=1; echo "SASS CHECK: FAIL (local memory in the kernels above)"; else echo "SASS CHECK: ok (no LDL/STL)"; fi
