@@ -43,11 +43,15 @@ class ChatTemplate {
   // bos_token, eos_token, tools, enable_thinking, ...) as top-level variables.
   // Throws TemplateError(Kind::Render) on raise_exception() or a type error.
   // Thread-safe: a loaded template is immutable.
-  std::string render(const nlohmann::json& messages, bool add_generation_prompt,
-                     const nlohmann::json& extra = nlohmann::json::object()) const;
+  // JSON objects keep their key order (tojson prints them in that order, as
+  // Python does): parse requests with nlohmann::ordered_json. A
+  // nlohmann::json converts implicitly, with its keys sorted.
+  // tools and documents are None unless `extra` sets them (as transformers).
+  std::string render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                     const nlohmann::ordered_json& extra = nlohmann::ordered_json::object()) const;
 
   // Renders with arbitrary top-level variables (a JSON object).
-  std::string render_vars(const nlohmann::json& vars) const;
+  std::string render_vars(const nlohmann::ordered_json& vars) const;
 
   const std::string& origin() const { return origin_; }
 
