@@ -97,3 +97,26 @@ TEST(FindChatTemplate, NamedTemplateListTakesDefault) {
 
 }  // namespace
 }  // namespace fp8kv::tmpl
+
+namespace fp8kv::tmpl {
+namespace {
+
+TEST(BundledModel, ChatTemplateRendersChatMlTurns) {
+  // Expected strings: jinja2 3.1.6 with transformers' environment on the same
+  // template and messages (docs/chat_templates.md).
+  auto src = find_chat_template(std::filesystem::path(FP8KV_SOURCE_DIR) / "models/fp8kv-mini");
+  ASSERT_TRUE(src.has_value());
+  EXPECT_NE(src->origin.find("chat_template.jinja"), std::string::npos);
+  auto t = ChatTemplate::load(src->source, src->origin);
+  auto msgs = nlohmann::ordered_json::parse(R"([
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": [{"type": "text", "text": " Hi "}, {"type": "image"}, {"type": "text", "text": "there"}]},
+    {"role": "assistant", "content": "Hello.\n"}])");
+  EXPECT_EQ(t.render(msgs, true),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n"
+            "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(t.render(nlohmann::ordered_json::array({msgs[0]}), false), "<|im_start|>system\nBe brief.<|im_end|>\n");
+}
+
+}  // namespace
+}  // namespace fp8kv::tmpl
