@@ -262,6 +262,16 @@ struct Parser {
   const std::string& origin;
   size_t p = 0;
   int loop_depth = 0;
+  int depth = 0;  // nesting of expressions and blocks: bounded, so no input overflows the stack
+
+  struct DepthGuard {
+    Parser& ps;
+    explicit DepthGuard(Parser& p) : ps(p) {
+      if (++ps.depth > kMaxDepth) ps.fail(ps.cur(), fmt::format("nesting deeper than {}", kMaxDepth));
+    }
+    ~DepthGuard() { --ps.depth; }
+  };
+  static constexpr int kMaxDepth = 200;
 
   const Token& cur() const { return toks[p]; }
   const Token& peek(size_t n = 1) const { return toks[std::min(p + n, toks.size() - 1)]; }
@@ -344,6 +354,7 @@ struct Parser {
   }
 
   void parse_statement(const Token& tag, Body& body) {
+    DepthGuard guard(*this);
     const std::string& n = tag.v;
     if (n == "if") {
       Node node{Node::K::If, tag.line, tag.col};
@@ -462,6 +473,7 @@ struct Parser {
   }
 
   ExprP parse_or_expr(bool no_cond) {
+    DepthGuard guard(*this);
     ExprP e = parse_or();
     if (!no_cond) {
       while (is_name("if")) {
@@ -503,6 +515,7 @@ struct Parser {
     return e;
   }
   ExprP parse_not() {
+    DepthGuard guard(*this);
     if (is_name("not")) {
       auto n = node(Expr::K::Not, cur());
       ++p;
@@ -578,6 +591,7 @@ struct Parser {
   ExprP parse_unary_f() { return parse_unary(true); }
 
   ExprP parse_unary(bool with_filter) {
+    DepthGuard guard(*this);
     const Token& t = cur();
     ExprP e;
     if (is_op("-") || is_op("+")) {

@@ -83,6 +83,32 @@ TEST(TemplateErrors, BadArgumentsToRender) {
   EXPECT_EQ(t.render(nlohmann::ordered_json::array(), false), "x");
 }
 
+TEST(TemplateErrors, DeepNestingFailsCleanly) {
+  // Bounded recursion: a hostile template cannot overflow the stack.
+  for (std::string open : {"(", "[", "not ", "-"}) {
+    std::string src = "{{ ";
+    for (int k = 0; k < 20000; ++k) src += open;
+    src += "1";
+    for (int k = 0; k < 20000; ++k) src += open == "(" ? ")" : open == "[" ? "]" : "";
+    src += " }}";
+    try {
+      ChatTemplate::load(src);
+      ADD_FAILURE() << open;
+    } catch (const TemplateError& e) {
+      EXPECT_NE(std::string(e.what()).find("nesting deeper than 200"), std::string::npos) << e.what();
+    }
+  }
+  std::string blocks;
+  for (int k = 0; k < 20000; ++k) blocks += "{% if x %}";
+  EXPECT_THROW(ChatTemplate::load(blocks), TemplateError);
+  // 150 levels are fine.
+  std::string ok = "{{ ";
+  for (int k = 0; k < 50; ++k) ok += "(";
+  ok += "1";
+  for (int k = 0; k < 50; ++k) ok += ")";
+  EXPECT_EQ(ChatTemplate::load(ok + " }}").render(nlohmann::ordered_json::array(), false), "1");
+}
+
 TEST(TemplateErrors, ErrorsAreInputErrors) {
   // The CLI maps InputError to exit 2, the server to a 400.
   EXPECT_THROW(ChatTemplate::load("{% while %}"), InputError);
