@@ -1,0 +1,62 @@
+// Locating a model's chat template (docs/chat_templates.md).
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "template/chat_template.h"
+
+namespace fp8kv::tmpl {
+namespace {
+
+std::string read_file(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  if (!f) throw InputError(fmt::format("{}: cannot open chat template file", p.string()));
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  if (f.bad()) throw InputError(fmt::format("{}: read error", p.string()));
+  return ss.str();
+}
+
+}  // namespace
+
+std::optional<ChatTemplateSource> find_chat_template(const std::filesystem::path& model_dir,
+                                                     const std::filesystem::path& override_file) {
+  namespace fs = std::filesystem;
+  if (!override_file.empty()) {
+    if (!fs::is_regular_file(override_file))
+      throw InputError(fmt::format("--chat-template {}: no such file", override_file.string()));
+    return ChatTemplateSource{read_file(override_file), override_file.string()};
+  }
+  fs::path jinja = model_dir / "chat_template.jinja";
+  if (fs::is_regular_file(jinja)) return ChatTemplateSource{read_file(jinja), jinja.string()};
+  fs::path cfg = model_dir / "tokenizer_config.json";
+  if (!fs::is_regular_file(cfg)) return std::nullopt;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(cfg));
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(fmt::format("{}: invalid JSON: {}", cfg.string(), e.what()));
+  }
+  if (!j.is_object() || !j.contains("chat_template") || j["chat_template"].is_null()) return std::nullopt;
+  const auto& t = j["chat_template"];
+  std::string origin = cfg.string() + ": chat_template";
+  if (t.is_string()) return ChatTemplateSource{t.get<std::string>(), origin};
+  if (t.is_array()) {
+    std::vector<std::string> names;
+    for (const auto& e : t) {
+      if (!e.is_object() || !e.contains("name") || !e.contains("template") || !e["name"].is_string() ||
+          !e["template"].is_string())
+        throw InputError(fmt::format("{}: chat_template list entries must be {{\"name\", \"template\"}} strings",
+                                     cfg.string()));
+      names.push_back(e["name"].get<std::string>());
+      if (names.back() == "default")
+        return ChatTemplateSource{e["template"].get<std::string>(), origin + "[default]"};
+    }
+    throw InputError(fmt::format("{}: chat_template lists {} named templates but none named \"default\" ({})",
+                                 cfg.string(), names.size(), fmt::format("{}", fmt::join(names, ", "))));
+  }
+  throw InputError(fmt::format("{}: chat_template must be a string or a list of {{name, template}}", cfg.string()));
+}
+
+}  // namespace fp8kv::tmpl

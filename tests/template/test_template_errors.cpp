@@ -1,0 +1,118 @@
+// Constructs outside the subset, and malformed templates, fail at load with
+// their line and column; render-time errors name theirs.
+#include <gtest/gtest.h>
+
+#include "template/chat_template.h"
+
+namespace fp8kv::tmpl {
+namespace {
+
+struct SyntaxCase {
+  const char* src;
+  int line, col;
+  const char* what;
+};
+
+TEST(TemplateErrors, OutsideSubsetFailsAtLoadWithLineAndColumn) {
+  const SyntaxCase cases[] = {
+      {"{% macro m() %}x{% endmacro %}", 1, 4, "unsupported tag 'macro'"},
+      {"a\n  {% include 'x' %}", 2, 6, "unsupported tag 'include'"},
+      {"{{ x | frobnicate }}", 1, 8, "unsupported filter 'frobnicate'"},
+      {"{% if x is prime %}{% endif %}", 1, 12, "unsupported test 'prime'"},
+      {"\n\n{{ lipsum(3) }}", 3, 4, "unsupported function 'lipsum'"},
+      {"{{ s.zfill(3) }}", 1, 6, "unsupported method 'zfill'"},
+      {"{% for x in y recursive %}{% endfor %}", 1, 15, "recursive loops are not supported"},
+      {"{% if x %}\nabc", 1, 4, "'if' is never closed"},
+      {"{% for x in y %}{% endif %}", 1, 20, "unexpected 'endif'"},
+      {"{{ 'abc }}", 1, 4, "unterminated string"},
+      {"{{ x ", 1, 1, "unclosed '{{'"},
+      {"{# note", 1, 1, "unclosed comment"},
+      {"{% break %}", 1, 4, "'break' outside a for loop"},
+      {"{{ (1 + 2 }}", 1, 11, "unexpected '}', expected ')'"},
+      {"{{ x = 1 }}", 1, 6, "expected '}}'"},
+      {"{{ a ! b }}", 1, 6, "unexpected character '!'"},
+      {"{{ x) }}", 1, 5, "unexpected ')'"},
+      {"{{ f()() }}", 1, 4, "unsupported function 'f'"},
+      {"{{ x[] }}", 1, 5, "empty subscript"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.src);
+    try {
+      ChatTemplate::load(c.src, "t.jinja");
+      ADD_FAILURE() << "loaded";
+    } catch (const TemplateError& e) {
+      EXPECT_EQ(e.kind, TemplateError::Kind::Syntax);
+      EXPECT_EQ(e.line, c.line) << e.what();
+      EXPECT_EQ(e.column, c.col) << e.what();
+      std::string prefix = "t.jinja:" + std::to_string(c.line) + ":" + std::to_string(c.col) + ": ";
+      EXPECT_EQ(std::string(e.what()).rfind(prefix, 0), 0u) << e.what();
+      EXPECT_NE(std::string(e.what()).find(c.what), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(TemplateErrors, RenderErrorsNameTheirPosition) {
+  auto t = ChatTemplate::load("line one\n{% for m in messages %}\n  {{ m.content.strip() }}{% endfor %}", "c.jinja");
+  nlohmann::ordered_json msgs = nlohmann::ordered_json::parse(R"([{"role": "user"}])");
+  try {
+    t.render(msgs, false);
+    ADD_FAILURE() << "rendered";
+  } catch (const TemplateError& e) {
+    EXPECT_EQ(e.kind, TemplateError::Kind::Render);
+    EXPECT_EQ(e.line, 3);
+    EXPECT_STREQ(e.what(), "c.jinja:3:16: 'dict object' has no attribute 'content'");
+  }
+}
+
+TEST(TemplateErrors, RaiseExceptionCarriesTheMessage) {
+  auto t = ChatTemplate::load("{% if messages[0].role != 'user' %}{{ raise_exception('roles must alternate') }}{% endif %}");
+  nlohmann::ordered_json msgs = nlohmann::ordered_json::parse(R"([{"role": "assistant", "content": "x"}])");
+  try {
+    t.render(msgs, true);
+    ADD_FAILURE() << "rendered";
+  } catch (const TemplateError& e) {
+    EXPECT_EQ(e.kind, TemplateError::Kind::Render);
+    EXPECT_NE(std::string(e.what()).find("roles must alternate"), std::string::npos);
+  }
+}
+
+TEST(TemplateErrors, BadArgumentsToRender) {
+  auto t = ChatTemplate::load("x");
+  EXPECT_THROW(t.render(nlohmann::ordered_json::object(), false), TemplateError);
+  EXPECT_THROW(t.render(nlohmann::ordered_json::array(), false, nlohmann::ordered_json::array()), TemplateError);
+  EXPECT_EQ(t.render(nlohmann::ordered_json::array(), false), "x");
+}
+
+TEST(TemplateErrors, DeepNestingFailsCleanly) {
+  // Bounded recursion: a hostile template cannot overflow the stack.
+  for (std::string open : {"(", "[", "not ", "-"}) {
+    std::string src = "{{ ";
+    for (int k = 0; k < 20000; ++k) src += open;
+    src += "1";
+    for (int k = 0; k < 20000; ++k) src += open == "(" ? ")" : open == "[" ? "]" : "";
+    src += " }}";
+    try {
+      ChatTemplate::load(src);
+      ADD_FAILURE() << open;
+    } catch (const TemplateError& e) {
+      EXPECT_NE(std::string(e.what()).find("nesting deeper than 200"), std::string::npos) << e.what();
+    }
+  }
+  std::string blocks;
+  for (int k = 0; k < 20000; ++k) blocks += "{% if x %}";
+  EXPECT_THROW(ChatTemplate::load(blocks), TemplateError);
+  // 150 levels are fine.
+  std::string ok = "{{ ";
+  for (int k = 0; k < 50; ++k) ok += "(";
+  ok += "1";
+  for (int k = 0; k < 50; ++k) ok += ")";
+  EXPECT_EQ(ChatTemplate::load(ok + " }}").render(nlohmann::ordered_json::array(), false), "1");
+}
+
+TEST(TemplateErrors, ErrorsAreInputErrors) {
+  // The CLI maps InputError to exit 2, the server to a 400.
+  EXPECT_THROW(ChatTemplate::load("{% while %}"), InputError);
+}
+
+}  // namespace
+}  // namespace fp8kv::tmpl
