@@ -63,9 +63,41 @@ constexpr CatMask kP = bit(UTF8PROC_CATEGORY_PC) | bit(UTF8PROC_CATEGORY_PD) | b
 constexpr CatMask kS = bit(UTF8PROC_CATEGORY_SM) | bit(UTF8PROC_CATEGORY_SC) | bit(UTF8PROC_CATEGORY_SK) |
                        bit(UTF8PROC_CATEGORY_SO);
 constexpr CatMask kZ = bit(UTF8PROC_CATEGORY_ZS) | bit(UTF8PROC_CATEGORY_ZL) | bit(UTF8PROC_CATEGORY_ZP);
-constexpr CatMask kC = bit(UTF8PROC_CATEGORY_CN) | bit(UTF8PROC_CATEGORY_CC) | bit(UTF8PROC_CATEGORY_CF) |
-                       bit(UTF8PROC_CATEGORY_CO) | bit(UTF8PROC_CATEGORY_CS);
-constexpr CatMask kWordMark = CatMask{1} << 40;  // pseudo-category: \w (utf8::is_word_char)
+// Pseudo-category of U+200C / U+200D (Cf, but word characters for \w).
+constexpr int kJoinerCat = 30;
+constexpr CatMask kCf = bit(UTF8PROC_CATEGORY_CF) | (CatMask{1} << kJoinerCat);
+constexpr CatMask kC = bit(UTF8PROC_CATEGORY_CN) | bit(UTF8PROC_CATEGORY_CC) | kCf | bit(UTF8PROC_CATEGORY_CO) |
+                       bit(UTF8PROC_CATEGORY_CS);
+// \w as Rust's regex / utf8::is_word_char: letters, marks, Nd, Nl, Pc, joiners.
+constexpr CatMask kWord = kL | kM | bit(UTF8PROC_CATEGORY_ND) | bit(UTF8PROC_CATEGORY_NL) |
+                          bit(UTF8PROC_CATEGORY_PC) | (CatMask{1} << kJoinerCat);
+
+// The category of every code point as runs [first, next first), built once.
+// Planes 4-13 are unassigned in Unicode 15 (test_tokenizer_unicode15 checks
+// that against utf8proc), which saves most of the scan.
+struct CatRun {
+  char32_t first;
+  uint8_t cat;
+};
+const std::vector<CatRun>& category_runs() {
+  static const std::vector<CatRun> runs = [] {
+    std::vector<CatRun> r;
+    auto push = [&](char32_t c, int k) {
+      if (r.empty() || r.back().cat != k) r.push_back({c, static_cast<uint8_t>(k)});
+    };
+    for (char32_t c = 0; c <= 0x10FFFF; ++c) {
+      if (c == 0x40000) {
+        push(c, UTF8PROC_CATEGORY_CN);
+        c = 0xDFFFF;
+        continue;
+      }
+      int k = (c == 0x200C || c == 0x200D) ? kJoinerCat : utf8proc_category(static_cast<utf8proc_int32_t>(c));
+      push(c, k);
+    }
+    return r;
+  }();
+  return runs;
+}
 
 std::optional<CatMask> category_mask(std::string_view name) {
   struct E {
@@ -92,13 +124,20 @@ std::optional<CatMask> category_mask(std::string_view name) {
       {"So", "Other_Symbol", bit(UTF8PROC_CATEGORY_SO)}, {"Z", "Separator", kZ},
       {"Zs", "Space_Separator", bit(UTF8PROC_CATEGORY_ZS)}, {"Zl", "Line_Separator", bit(UTF8PROC_CATEGORY_ZL)},
       {"Zp", "Paragraph_Separator", bit(UTF8PROC_CATEGORY_ZP)}, {"C", "Other", kC},
-      {"Cc", "Control", bit(UTF8PROC_CATEGORY_CC)}, {"Cf", "Format", bit(UTF8PROC_CATEGORY_CF)},
+      {"Cc", "Control", bit(UTF8PROC_CATEGORY_CC)}, {"Cf", "Format", kCf},
       {"Co", "Private_Use", bit(UTF8PROC_CATEGORY_CO)}, {"Cn", "Unassigned", bit(UTF8PROC_CATEGORY_CN)},
       {"Cs", "Surrogate", bit(UTF8PROC_CATEGORY_CS)},
   };
   for (const E& e : table)
     if (name == e.a || name == e.b) return e.m;
   return std::nullopt;
+}
+
+void emit_range(std::string& out, char32_t a, char32_t b) {
+  if (a == b)
+    out += fmt::format("\\x{{{:X}}}", static_cast<uint32_t>(a));
+  else
+    out += fmt::format("\\x{{{:X}}}-\\x{{{:X}}}", static_cast<uint32_t>(a), static_cast<uint32_t>(b));
 }
 
 // Code-point ranges (surrogates excluded: PCRE2 rejects them in UTF mode) of
@@ -109,36 +148,25 @@ std::string class_items(CatMask mask, bool negate) {
   std::lock_guard<std::mutex> lock(mu);
   for (auto& [k, v] : cache)
     if (k.first == mask && k.second == negate) return v;
-  auto in = [&](char32_t c) {
-    bool r;
-    if (mask & kWordMark)
-      r = utf8::is_word_char(c);
-    else
-      r = (mask >> utf8proc_category(static_cast<utf8proc_int32_t>(c))) & 1;
-    return r != negate;
-  };
   std::string out;
-  auto emit = [&](char32_t a, char32_t b) {
-    if (a == b)
-      out += fmt::format("\\x{{{:X}}}", static_cast<uint32_t>(a));
-    else
-      out += fmt::format("\\x{{{:X}}}-\\x{{{:X}}}", static_cast<uint32_t>(a), static_cast<uint32_t>(b));
-  };
-  char32_t start = 0;
-  bool open = false;
-  for (char32_t c = 0; c <= 0x10FFFF; ++c) {
-    if (c >= 0xD800 && c <= 0xDFFF) {
-      if (open) emit(start, c - 1);
-      open = false;
-      c = 0xDFFF;
-      continue;
+  auto emit = [&](char32_t a, char32_t b) {  // [a, b], surrogates removed
+    if (a <= 0xDFFF && b >= 0xD800) {
+      if (a < 0xD800) emit_range(out, a, 0xD7FF);
+      if (b > 0xDFFF) emit_range(out, 0xE000, b);
+      return;
     }
-    bool m = in(c);
+    emit_range(out, a, b);
+  };
+  const auto& runs = category_runs();
+  bool open = false;
+  char32_t start = 0;
+  for (size_t k = 0; k < runs.size(); ++k) {
+    bool m = ((mask >> runs[k].cat) & 1) != negate;
     if (m && !open) {
-      start = c;
+      start = runs[k].first;
       open = true;
     } else if (!m && open) {
-      emit(start, c - 1);
+      emit(start, runs[k].first - 1);
       open = false;
     }
   }
@@ -206,7 +234,7 @@ std::string onig_to_pcre2(std::string_view p) {
       std::optional<PropRef> prop;
       if (n == 'p' || n == 'P') prop = parse_prop(p, i);
       if (n == 'd' || n == 'D') prop = PropRef{bit(UTF8PROC_CATEGORY_ND), n == 'D', 2};
-      if (n == 'w' || n == 'W') prop = PropRef{kWordMark, n == 'W', 2};
+      if (n == 'w' || n == 'W') prop = PropRef{kWord, n == 'W', 2};
       if (prop) {
         // Inside a class the (possibly negated) ranges are items; outside,
         // a class of them.

@@ -146,8 +146,9 @@ TEST_P(RealTokenizer, MatchesHuggingFace) {
     return;
   }
   EXPECT_EQ(check(*tok, doc["dir"], name + " [dir: " + cls + "]"), 0u);
-  // The public loader agrees for the unpatched directory.
-  if (!doc.contains("patch")) {
+  // The public loader agrees (checked on the smallest file only, to load
+  // each large vocabulary once per binary).
+  if (name == "llama2") {
     auto pub = Tokenizer::from_dir(model_dir(base));
     json probe = find_case(doc["dir"], probe_text);
     EXPECT_EQ(pub->encode(probe["text"].get<std::string>(), true), probe["ids"].get<std::vector<int>>());

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <utf8proc.h>
+
 #include "tokenizer/regex.h"
 
 namespace fp8kv::tok {
@@ -75,12 +77,22 @@ TEST(TokenizerUnicode15, Llama3PatternSplitsNewDigitsAndEmojiLikeOniguruma) {
             (std::vector<std::string>{kNagLetter + kNagLetter, " ", "123", "45"}));
 }
 
+// regex.cpp skips planes 4-13 when it builds its category runs.
+TEST(TokenizerUnicode15, Planes4To13AreUnassigned) {
+  for (utf8proc_int32_t c = 0x40000; c <= 0xDFFFF; ++c)
+    ASSERT_EQ(utf8proc_category(c), UTF8PROC_CATEGORY_CN) << std::hex << c;
+}
+
 TEST(TokenizerUnicode15, ExpansionKeepsSurrogatesOutAndCompiles) {
   std::string t = onig_to_pcre2(R"(\p{L})");
   EXPECT_EQ(t.find("D800"), std::string::npos);
   EXPECT_NE(t.find("\\x{11F04}"), std::string::npos) << "Kawi letters (Unicode 15) in \\p{L}";
   EXPECT_NO_THROW(Regex(R"(\p{Cs}|\P{Cs}|[\p{C}\p{Z}])", "t"));
   EXPECT_TRUE(pieces(R"(\p{Cs})", "abc").empty());
+  // \w keeps the joiners (Cf) as Rust's regex does; \W excludes them.
+  EXPECT_TRUE(whole(R"(\w+)", "a\u200Db"));
+  EXPECT_FALSE(whole(R"(\W)", "\u200C"));
+  EXPECT_TRUE(whole(R"(\p{Cf})", "\u200D"));
 }
 
 }  // namespace
