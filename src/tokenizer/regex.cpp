@@ -99,7 +99,11 @@ const std::vector<CatRun>& category_runs() {
   return runs;
 }
 
-std::optional<CatMask> category_mask(std::string_view name) {
+struct Category {
+  CatMask mask;
+  const char* pcre2_name;  // PCRE2's own name of the same category
+};
+std::optional<Category> category_mask(std::string_view name) {
   struct E {
     const char* a;
     const char* b;
@@ -129,7 +133,7 @@ std::optional<CatMask> category_mask(std::string_view name) {
       {"Cs", "Surrogate", bit(UTF8PROC_CATEGORY_CS)},
   };
   for (const E& e : table)
-    if (name == e.a || name == e.b) return e.m;
+    if (name == e.a || name == e.b) return Category{e.m, std::string_view(e.a) == "LC" ? "L&" : e.a};
   return std::nullopt;
 }
 
@@ -142,7 +146,29 @@ void emit_range(std::string& out, char32_t a, char32_t b) {
 
 // Code-point ranges (surrogates excluded: PCRE2 rejects them in UTF mode) of
 // the characters whose category is in `mask`, as PCRE2 class items.
-std::string class_items(CatMask mask, bool negate) {
+// The characters whose utf8proc category differs from PCRE2's (all of them
+// new in Unicode 15), from tools/gen_unicode_delta.cpp.
+struct Delta {
+  char32_t first, last;
+  int cat15, cat14;
+};
+constexpr Delta kDelta[] = {
+#include "tokenizer/unicode_delta.inc"
+};
+
+std::string class_items(CatMask mask, bool negate, const std::string& native) {
+  auto in = [&](int cat) { return ((mask >> cat) & 1) != negate; };
+  // Fast path: PCRE2's native property plus the characters it misses, when
+  // it matches nothing that utf8proc excludes.
+  if (!native.empty()) {
+    bool removals = false;
+    std::string out = native;
+    for (const Delta& d : kDelta) {
+      if (in(d.cat14) && !in(d.cat15)) removals = true;
+      if (in(d.cat15) && !in(d.cat14)) emit_range(out, d.first, d.last);
+    }
+    if (!removals) return out;
+  }
   static std::mutex mu;
   static std::vector<std::pair<std::pair<CatMask, bool>, std::string>> cache;
   std::lock_guard<std::mutex> lock(mu);
@@ -181,6 +207,7 @@ struct PropRef {
   CatMask mask;
   bool negate;
   size_t len;
+  std::string native;  // the same class in PCRE2 syntax (its Unicode 14 tables), "" if none
 };
 std::optional<PropRef> parse_prop(std::string_view p, size_t i) {
   char n = p[i + 1];
@@ -190,7 +217,7 @@ std::optional<PropRef> parse_prop(std::string_view p, size_t i) {
   if (p[i + 2] != '{') {
     auto m = category_mask(p.substr(i + 2, 1));
     if (!m) return std::nullopt;
-    return PropRef{*m, neg, 3};
+    return PropRef{m->mask, neg, 3, fmt::format("\\{}{{{}}}", neg ? 'P' : 'p', m->pcre2_name)};
   }
   size_t close = p.find('}', i + 3);
   if (close == std::string_view::npos) return std::nullopt;
@@ -201,7 +228,7 @@ std::optional<PropRef> parse_prop(std::string_view p, size_t i) {
   }
   auto m = category_mask(name);
   if (!m) return std::nullopt;
-  return PropRef{*m, neg, close + 1 - i};
+  return PropRef{m->mask, neg, close + 1 - i, fmt::format("\\{}{{{}}}", neg ? 'P' : 'p', m->pcre2_name)};
 }
 }  // namespace
 
@@ -233,12 +260,11 @@ std::string onig_to_pcre2(std::string_view p) {
       }
       std::optional<PropRef> prop;
       if (n == 'p' || n == 'P') prop = parse_prop(p, i);
-      if (n == 'd' || n == 'D') prop = PropRef{bit(UTF8PROC_CATEGORY_ND), n == 'D', 2};
-      if (n == 'w' || n == 'W') prop = PropRef{kWord, n == 'W', 2};
+      if (n == 'd' || n == 'D') prop = PropRef{bit(UTF8PROC_CATEGORY_ND), n == 'D', 2, n == 'd' ? "\\p{Nd}" : "\\P{Nd}"};
+      if (n == 'w' || n == 'W') prop = PropRef{kWord, n == 'W', 2, ""};  // PCRE2's \w differs from Rust's
       if (prop) {
-        // Inside a class the (possibly negated) ranges are items; outside,
-        // a class of them.
-        std::string items = class_items(prop->mask, prop->negate);
+        // Inside a class the items; outside, a class of them.
+        std::string items = class_items(prop->mask, prop->negate, prop->native);
         if (in_class)
           out += items;
         else if (items.empty())
