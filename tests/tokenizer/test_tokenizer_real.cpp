@@ -159,7 +159,8 @@ TEST_P(RealTokenizer, MatchesHuggingFace) {
 
 INSTANTIATE_TEST_SUITE_P(Goldens, RealTokenizer,
                          ::testing::Values("llama3_1", "qwen3", "gemma3", "llama2", "deepseek_v3", "llama2_nolegacy",
-                                           "llama2_noprefix", "llama2_fast_nolegacy", "llama2_bos_eos", "gemma3_eos"));
+                                           "llama2_noprefix", "llama2_fast_nolegacy", "llama2_bos_eos", "gemma3_eos"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace
 }  // namespace fp8kv
