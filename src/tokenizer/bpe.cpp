@@ -27,25 +27,94 @@ std::optional<std::string> opt_str(const json& j, const char* key, const std::st
 }
 }  // namespace
 
-BpeModel::BpeModel(const json& m, const std::string& ctx) {
-  const json& vocab = req(m, "vocab", ctx);
-  if (!vocab.is_object()) throw InputError(fmt::format("{}: \"vocab\" must be an object {{token: id}}", ctx));
-  int max_id = -1;
-  vocab_.reserve(vocab.size());
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    const json& v = it.value();
-    if (!v.is_number_integer() || v.get<long long>() < 0 || v.get<long long>() > (1LL << 26))
-      throw InputError(fmt::format("{}: vocab entry {:?} has an invalid id (expected an integer in [0, 2^26])", ctx,
-                                   it.key()));
-    int id = v.get<int>();
-    vocab_[it.key()] = id;
-    max_id = std::max(max_id, id);
+namespace {
+size_t pow2_at_least(size_t n) {
+  size_t p = 16;
+  while (p < n) p <<= 1;
+  return p;
+}
+uint64_t mix(uint64_t k) {  // splitmix64 finalizer
+  k ^= k >> 30;
+  k *= 0xbf58476d1ce4e5b9ULL;
+  k ^= k >> 27;
+  k *= 0x94d049bb133111ebULL;
+  k ^= k >> 31;
+  return k;
+}
+}  // namespace
+
+int BpeModel::find_id(std::string_view token) const {
+  if (slots_.empty()) return -1;
+  size_t h = std::hash<std::string_view>{}(token) & slot_mask_;
+  while (true) {
+    int32_t e = slots_[h];
+    if (e < 0) return -1;
+    const auto& en = data_.vocab[static_cast<size_t>(e)];
+    if (en.len == token.size() && data_.str(en.off, en.len) == token) return static_cast<int>(en.id);
+    h = (h + 1) & slot_mask_;
   }
-  id_to_token_.resize(static_cast<size_t>(max_id + 1));
-  has_id_.assign(static_cast<size_t>(max_id + 1), false);
-  for (auto& [tok, id] : vocab_) {
-    id_to_token_[id] = tok;
-    has_id_[id] = true;
+}
+
+const BpeModel::MergeInfo* BpeModel::find_merge(int a, int b) const {
+  if (merge_slots_.empty()) return nullptr;
+  uint64_t key = pair_key(a, b);
+  size_t h = mix(key) & merge_mask_;
+  while (true) {
+    const MergeSlot& s = merge_slots_[h];
+    if (s.key == kNoKey) return nullptr;
+    if (s.key == key) return &s.info;
+    h = (h + 1) & merge_mask_;
+  }
+}
+
+BpeModel::BpeModel(const json& m, VocabData&& v, const std::string& ctx) : data_(std::move(v)) {
+  if (!data_.has_vocab) {
+    auto it = m.find("vocab");
+    if (it == m.end()) throw InputError(fmt::format("{}: missing field \"vocab\"", ctx));
+    throw InputError(fmt::format("{}: \"vocab\" must be an object {{token: id}}", ctx));
+  }
+  // Vocab table; a repeated key keeps its last id, as a JSON object does.
+  slots_.assign(pow2_at_least(data_.vocab.size() * 2 + 1), -1);
+  slot_mask_ = slots_.size() - 1;
+  int max_id = -1;
+  for (size_t i = 0; i < data_.vocab.size(); ++i) {
+    const auto& en = data_.vocab[i];
+    std::string_view key = data_.str(en.off, en.len);
+    if (en.id < 0 || en.id > (1LL << 26))
+      throw InputError(fmt::format("{}: vocab entry {:?} has an invalid id (expected an integer in [0, 2^26])", ctx,
+                                   std::string(key)));
+    size_t h = std::hash<std::string_view>{}(key) & slot_mask_;
+    while (true) {
+      int32_t e = slots_[h];
+      if (e < 0) {
+        slots_[h] = static_cast<int32_t>(i);
+        ++n_tokens_;
+        break;
+      }
+      const auto& other = data_.vocab[static_cast<size_t>(e)];
+      if (other.len == en.len && data_.str(other.off, other.len) == key) {
+        slots_[h] = static_cast<int32_t>(i);
+        break;
+      }
+      h = (h + 1) & slot_mask_;
+    }
+    max_id = std::max(max_id, static_cast<int>(en.id));
+  }
+  tok_off_.assign(static_cast<size_t>(max_id + 1), 0);
+  tok_len_.assign(static_cast<size_t>(max_id + 1), UINT32_MAX);
+  for (int32_t e : slots_) {
+    if (e < 0) continue;
+    const auto& en = data_.vocab[static_cast<size_t>(e)];
+    tok_off_[static_cast<size_t>(en.id)] = en.off;
+    tok_len_[static_cast<size_t>(en.id)] = en.len;
+  }
+  if (static_cast<size_t>(max_id + 1) > 0 && n_tokens_ < data_.vocab.size()) {
+    // Ids only reachable through an overwritten key have no token.
+    max_id = -1;
+    for (size_t id = 0; id < tok_len_.size(); ++id)
+      if (tok_len_[id] != UINT32_MAX) max_id = static_cast<int>(id);
+    tok_off_.resize(static_cast<size_t>(max_id + 1));
+    tok_len_.resize(static_cast<size_t>(max_id + 1));
   }
 
   unk_token_ = opt_str(m, "unk_token", ctx);
@@ -62,73 +131,61 @@ BpeModel::BpeModel(const json& m, const std::string& ctx) {
   ignore_merges_ = opt_bool(m, "ignore_merges", false, ctx);
   if (m.contains("dropout") && m["dropout"].is_number() && m["dropout"].get<double>() != 0.0)
     throw InputError(fmt::format("{}: BPE dropout is not supported (encoding would be random)", ctx));
-  for (int b = 0; b < 256; ++b) {
-    auto it = vocab_.find(fmt::format("<0x{:02X}>", b));
-    byte_ids_[b] = it == vocab_.end() ? -1 : it->second;
-  }
+  for (int b = 0; b < 256; ++b) byte_ids_[b] = find_id(fmt::format("<0x{:02X}>", b));
 
   bool crosses = false;
-  static const json kNoMerges = json::array();
-  const json& merges = m.contains("merges") ? m["merges"] : kNoMerges;
-  if (!merges.is_array()) throw InputError(fmt::format("{}: \"merges\" must be an array", ctx));
-  merges_.reserve(merges.size() * 2);
-  for (size_t i = 0; i < merges.size(); ++i) {
-    const json& e = merges[i];
-    std::string a, b;
-    if (e.is_string()) {
-      const std::string& s = e.get_ref<const std::string&>();
-      size_t sp = s.find(' ');
-      if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
-        throw InputError(fmt::format("{}: merges[{}] = {:?} must be two tokens separated by one space", ctx, i, s));
-      a = s.substr(0, sp);
-      b = s.substr(sp + 1);
-    } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
-      a = e[0].get<std::string>();
-      b = e[1].get<std::string>();
-    } else {
-      throw InputError(fmt::format("{}: merges[{}] must be \"a b\" or [\"a\", \"b\"]", ctx, i));
-    }
-    auto ia = vocab_.find(a), ib = vocab_.find(b);
-    if (ia == vocab_.end()) throw InputError(fmt::format("{}: merges[{}]: token {:?} is not in the vocab", ctx, i, a));
-    if (ib == vocab_.end()) throw InputError(fmt::format("{}: merges[{}]: token {:?} is not in the vocab", ctx, i, b));
-    size_t cut = has_prefix_ ? prefix_.size() : 0;
+  merge_slots_.assign(pow2_at_least(data_.merges.size() * 2 + 1), MergeSlot{kNoKey, {0, 0}});
+  merge_mask_ = merge_slots_.size() - 1;
+  std::string merged;
+  size_t cut = has_prefix_ ? prefix_.size() : 0;
+  for (size_t i = 0; i < data_.merges.size(); ++i) {
+    const auto& mg = data_.merges[i];
+    std::string_view a = data_.str(mg.a_off, mg.a_len), b = data_.str(mg.b_off, mg.b_len);
+    int ia = find_id(a), ib = find_id(b);
+    if (ia < 0) throw InputError(fmt::format("{}: merges[{}]: token {:?} is not in the vocab", ctx, i, std::string(a)));
+    if (ib < 0) throw InputError(fmt::format("{}: merges[{}]: token {:?} is not in the vocab", ctx, i, std::string(b)));
     if (cut > b.size())
-      throw InputError(fmt::format("{}: merges[{}]: token {:?} is shorter than the subword prefix", ctx, i, b));
-    std::string merged = a + b.substr(cut);
-    auto in = vocab_.find(merged);
-    if (in == vocab_.end())
-      throw InputError(fmt::format("{}: merges[{}]: merged token {:?} is not in the vocab", ctx, i, merged));
+      throw InputError(
+          fmt::format("{}: merges[{}]: token {:?} is shorter than the subword prefix", ctx, i, std::string(b)));
+    merged.assign(a);
+    merged.append(b.substr(cut));
+    int in = find_id(merged);
+    if (in < 0) throw InputError(fmt::format("{}: merges[{}]: merged token {:?} is not in the vocab", ctx, i, merged));
     // A repeated pair keeps its last rank, as a HashMap insert does in `tokenizers`.
-    merges_[pair_key(ia->second, ib->second)] = MergeInfo{static_cast<uint32_t>(i), in->second};
-    if (spans_metaspace(merged)) crosses = true;
+    uint64_t key = pair_key(ia, ib);
+    size_t h = mix(key) & merge_mask_;
+    while (merge_slots_[h].key != kNoKey && merge_slots_[h].key != key) h = (h + 1) & merge_mask_;
+    merge_slots_[h] = MergeSlot{key, MergeInfo{static_cast<uint32_t>(i), in}};
+    if (!crosses && spans_metaspace(merged)) crosses = true;
   }
-  split_at_metaspace_ = !crosses && vocab_.count(kMeta) && !has_prefix_ && !has_suffix_ && !ignore_merges_;
+  split_at_metaspace_ = !crosses && find_id(kMeta) >= 0 && !has_prefix_ && !has_suffix_ && !ignore_merges_;
+  data_.merges.clear();
+  data_.merges.shrink_to_fit();
 }
 
 std::optional<int> BpeModel::token_to_id(std::string_view token) const {
-  auto it = vocab_.find(token);
-  if (it == vocab_.end()) return std::nullopt;
-  return it->second;
+  int id = find_id(token);
+  if (id < 0) return std::nullopt;
+  return id;
 }
 
-const std::string* BpeModel::id_to_token(int id) const {
-  if (id < 0 || static_cast<size_t>(id) >= id_to_token_.size() || !has_id_[id]) return nullptr;
-  return &id_to_token_[id];
+std::optional<std::string_view> BpeModel::id_to_token(int id) const {
+  if (id < 0 || static_cast<size_t>(id) >= tok_len_.size() || tok_len_[id] == UINT32_MAX) return std::nullopt;
+  return data_.str(tok_off_[id], tok_len_[id]);
 }
 
 int BpeModel::unk_id() const {
-  auto it = vocab_.find(*unk_token_);
-  if (it == vocab_.end())
-    throw InputError(fmt::format("tokenizer.json: model.unk_token {:?} is not in the vocab", *unk_token_));
-  return it->second;
+  int id = find_id(*unk_token_);
+  if (id < 0) throw InputError(fmt::format("tokenizer.json: model.unk_token {:?} is not in the vocab", *unk_token_));
+  return id;
 }
 
 void BpeModel::tokenize(std::string_view word, std::vector<int>& out) const {
   if (word.empty()) return;
   if (ignore_merges_) {
-    auto it = vocab_.find(word);
-    if (it != vocab_.end()) {
-      out.push_back(it->second);
+    int id = find_id(word);
+    if (id >= 0) {
+      out.push_back(id);
       return;
     }
   }
@@ -192,13 +249,12 @@ void BpeModel::merge_word(std::string_view w, std::vector<int>& out) const {
       if (is_last && has_suffix_) buf += suffix_;
       piece = buf;
     }
-    auto it = vocab_.find(piece);
-    if (it != vocab_.end()) {
+    if (int id = find_id(piece); id >= 0) {
       if (unk >= 0) {
         add(unk);
         unk = -1;
       }
-      add(it->second);
+      add(id);
       continue;
     }
     if (byte_fallback_) {
@@ -228,10 +284,7 @@ void BpeModel::merge_word(std::string_view w, std::vector<int>& out) const {
     }
   };
   std::priority_queue<Merge> q;
-  auto find = [&](int a, int b) -> const MergeInfo* {
-    auto it = merges_.find(pair_key(a, b));
-    return it == merges_.end() ? nullptr : &it->second;
-  };
+  auto find = [&](int a, int b) -> const MergeInfo* { return find_merge(a, b); };
   for (size_t k = 0; k + 1 < sym.size(); ++k)
     if (auto* mi = find(sym[k].c, sym[k + 1].c)) q.push(Merge{mi->rank, static_cast<int>(k), mi->new_id});
   while (!q.empty()) {

@@ -21,16 +21,41 @@ struct SvHash {
 };
 using StrIdMap = std::unordered_map<std::string, int, SvHash, std::equal_to<>>;
 
+// model.vocab and model.merges of a tokenizer.json, as the streaming loader
+// (tokenizer.cpp) collects them: every string in one arena, no per-entry
+// allocation. Entries are validated by BpeModel.
+struct VocabData {
+  std::string arena;
+  struct Entry {
+    uint32_t off, len;
+    long long id;  // < 0: not a valid id (message names the key)
+  };
+  std::vector<Entry> vocab;
+  struct Merge {
+    uint32_t a_off, a_len, b_off, b_len;
+  };
+  std::vector<Merge> merges;
+  bool has_vocab = false, has_merges = false;  // false: the field was absent (or not captured)
+  std::string_view str(uint32_t off, uint32_t len) const { return std::string_view(arena).substr(off, len); }
+  uint32_t add(std::string_view s) {
+    auto off = static_cast<uint32_t>(arena.size());
+    arena.append(s);
+    return off;
+  }
+};
+
 class BpeModel {
  public:
-  BpeModel(const json& model, const std::string& ctx);
+  // `m`: the model node without (or ignoring) vocab / merges, which come in `v`.
+  BpeModel(const json& m, VocabData&& v, const std::string& ctx);
   // Appends the ids of one pre-tokenized word.
   void tokenize(std::string_view word, std::vector<int>& out) const;
-  size_t vocab_size() const { return vocab_.size(); }
+  size_t vocab_size() const { return n_tokens_; }
   // One past the largest model id.
-  int end_id() const { return static_cast<int>(id_to_token_.size()); }
+  int end_id() const { return static_cast<int>(tok_off_.size()); }
   std::optional<int> token_to_id(std::string_view token) const;
-  const std::string* id_to_token(int id) const;
+  // nullopt for an id not in the vocab.
+  std::optional<std::string_view> id_to_token(int id) const;
 
  private:
   void tokenize_chunk(std::string_view word, std::vector<int>& out) const;
@@ -43,10 +68,22 @@ class BpeModel {
   };
   static uint64_t pair_key(int a, int b) { return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b); }
 
-  StrIdMap vocab_;
-  std::vector<std::string> id_to_token_;
-  std::vector<bool> has_id_;
-  std::unordered_map<uint64_t, MergeInfo> merges_;
+  int find_id(std::string_view token) const;  // -1 when absent
+  const MergeInfo* find_merge(int a, int b) const;
+
+  // Vocab: open addressing over entry indices; strings live in data_.arena.
+  VocabData data_;
+  std::vector<int32_t> slots_;  // index into data_.vocab, -1 empty
+  size_t slot_mask_ = 0, n_tokens_ = 0;
+  std::vector<uint32_t> tok_off_, tok_len_;  // by id; tok_len_ == UINT32_MAX: no token
+  // Merges: open addressing on the (a, b) pair key.
+  struct MergeSlot {
+    uint64_t key;
+    MergeInfo info;
+  };
+  std::vector<MergeSlot> merge_slots_;  // key == kNoKey: empty
+  size_t merge_mask_ = 0;
+  static constexpr uint64_t kNoKey = ~uint64_t{0};
   std::optional<std::string> unk_token_;
   std::string prefix_, suffix_;
   bool has_prefix_ = false, has_suffix_ = false;

@@ -1,5 +1,6 @@
 // The tokenizer.json implementation behind fp8kv::Tokenizer (internal).
 #pragma once
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -44,10 +45,38 @@ struct Segment {
   int token;  // added token index or -1
 };
 
+// What a model directory's tokenizer_config.json changes (transformers 5
+// AutoTokenizer; see src/tokenizer/README.md, "Model directories").
+struct DirConfig {
+  bool split_special_tokens = false;
+  // Contents named by the special-token attributes (bos_token, ..., the
+  // class defaults): special for skip_special_tokens.
+  std::vector<std::string> special_contents;
+  // LlamaTokenizer[Fast] over a SentencePiece-style (Metaspace) vocab: the
+  // class rebuilds normalizer / pre-tokenizer / decoder.
+  bool llama_rebuild = false;
+  bool add_prefix_space = true, legacy = false;
+};
+
+// tokenizer.json, parsed once: everything but model.vocab / model.merges as
+// JSON, and the BPE model built from those (streamed, no DOM). Several
+// tokenizers (file and directory semantics) can share one.
+struct ParsedTokenizerJson {
+  json rest;
+  std::shared_ptr<const BpeModel> model;
+  std::string source;
+};
+ParsedTokenizerJson parse_tokenizer_json(const std::filesystem::path& p);
+// Reads tokenizer_config.json (the class name, legacy, add_prefix_space,
+// special tokens, split_special_tokens) against the parsed tokenizer.json.
+DirConfig read_dir_config(const json& cfg, const ParsedTokenizerJson& t, const std::string& cfg_source);
+std::unique_ptr<Tokenizer> make_tokenizer(const ParsedTokenizerJson& t, const DirConfig* dir = nullptr);
+
 class HfTokenizer final : public Tokenizer {
  public:
   // `source` names the file in error messages.
-  HfTokenizer(const json& j, const std::string& source);
+  HfTokenizer(const json& j, std::shared_ptr<const BpeModel> model, const std::string& source,
+              const DirConfig* dir = nullptr);
 
   std::vector<int> encode(std::string_view text, bool add_special_tokens = true) const override;
   std::string decode(std::span<const int> ids, bool skip_special_tokens = false) const override;
@@ -68,7 +97,7 @@ class HfTokenizer final : public Tokenizer {
   std::string source_;
   std::unique_ptr<Normalizer> normalizer_;
   std::unique_ptr<PreTokenizer> pre_;
-  std::unique_ptr<BpeModel> model_;
+  std::shared_ptr<const BpeModel> model_;
   std::unique_ptr<Decoder> decoder_;
   std::unique_ptr<PostProcessor> post_;
   std::optional<int> bos_id_;

@@ -53,32 +53,30 @@ std::pair<size_t, int> TokenMatcher::longest_at(std::string_view s, size_t i) co
 
 // ---- loading ---------------------------------------------------------------
 
-HfTokenizer::HfTokenizer(const json& j, const std::string& source) : source_(source) {
-  if (!j.is_object()) throw InputError(fmt::format("{}: expected a JSON object at the top level", source));
-  const json& model = req(j, "model", source);
-  std::string mctx = source + ": model";
-  if (!model.is_object()) throw InputError(fmt::format("{}: must be an object", mctx));
-  std::string type;
-  if (model.contains("type")) {
-    type = req_str(model, "type", mctx);
-  } else if (model.contains("merges")) {
-    type = "BPE";  // older files omit the type
-  } else {
-    throw InputError(fmt::format("{}: missing field \"type\"", mctx));
-  }
-  if (type != "BPE")
-    throw InputError(fmt::format("{}: model type \"{}\" is unsupported (fp8kv supports BPE tokenizers: byte-level and "
-                                 "SentencePiece-style)",
-                                 mctx, type));
-  model_ = std::make_unique<BpeModel>(model, mctx);
+HfTokenizer::HfTokenizer(const json& j, std::shared_ptr<const BpeModel> model, const std::string& source,
+                         const DirConfig* dir)
+    : source_(source), model_(std::move(model)) {
   auto get = [&](const char* key) -> const json& {
     static const json null_json;
     auto it = j.find(key);
     return it == j.end() ? null_json : *it;
   };
-  normalizer_ = make_normalizer(get("normalizer"), source + ": normalizer");
-  pre_ = make_pre_tokenizer(get("pre_tokenizer"), source + ": pre_tokenizer");
-  decoder_ = make_decoder(get("decoder"), source + ": decoder");
+  if (dir && dir->llama_rebuild) {
+    // transformers 5 LlamaTokenizer.__init__: no normalizer, Metaspace with
+    // prepend_scheme from add_prefix_space / legacy and split=false, and the
+    // SentencePiece decoder (Strip of one leading space only with a prefix space).
+    const char* scheme = !dir->add_prefix_space ? "never" : dir->legacy ? "always" : "first";
+    json pre = {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", scheme}, {"split", false}};
+    json decs = json::array({json{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
+                             json{{"type", "ByteFallback"}}, json{{"type", "Fuse"}}});
+    if (dir->add_prefix_space) decs.push_back(json{{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
+    pre_ = make_pre_tokenizer(pre, source + ": LlamaTokenizer pre_tokenizer");
+    decoder_ = make_decoder(json{{"type", "Sequence"}, {"decoders", decs}}, source + ": LlamaTokenizer decoder");
+  } else {
+    normalizer_ = make_normalizer(get("normalizer"), source + ": normalizer");
+    pre_ = make_pre_tokenizer(get("pre_tokenizer"), source + ": pre_tokenizer");
+    decoder_ = make_decoder(get("decoder"), source + ": decoder");
+  }
   post_ = make_post_processor(get("post_processor"), source + ": post_processor");
   if (post_) {
     auto p = post_->prefix();
@@ -86,6 +84,15 @@ HfTokenizer::HfTokenizer(const json& j, const std::string& source) : source_(sou
   }
   const json& added = get("added_tokens");
   if (!added.is_null()) build_added(added, source + ": added_tokens");
+  if (dir) {
+    split_special_ = dir->split_special_tokens;
+    for (const std::string& c : dir->special_contents) {
+      if (!added_ids_.count(c)) continue;  // only tokens the added vocabulary holds
+      special_contents_.insert(c);
+      for (auto& t : added_)
+        if (t.content == c) t.special = true;
+    }
+  }
 
   const json& trunc = get("truncation");
   if (!trunc.is_null()) {
@@ -135,6 +142,7 @@ void HfTokenizer::build_added(const json& arr, const std::string& ctx) {
   // Ids as AddedVocabulary::add_tokens assigns them: the existing id of the
   // content (added or model vocab), else the next free id past the vocab.
   int model_size = static_cast<int>(model_->vocab_size());
+  int max_added = -1;  // largest id given to an added token so far
   for (auto& t : in_order) {
     int want = t.id;
     int id;
@@ -143,14 +151,14 @@ void HfTokenizer::build_added(const json& arr, const std::string& ctx) {
     } else if (auto m = model_->token_to_id(t.content)) {
       id = *m;
     } else {
-      int mx = -1;
-      for (auto& [k, v] : added_ids_) mx = std::max(mx, v);
+      int mx = max_added;
       id = mx < 0 ? model_size : ((mx >= model_size || model_size == 0) ? mx + 1 : model_size);
     }
     if (id != want)
       std::fprintf(stderr, "warning: %s: token \"%s\" was expected to have id %d but was given id %d\n", ctx.c_str(),
                    t.content.c_str(), want, id);
     t.id = id;
+    max_added = std::max(max_added, id);
     added_ids_[t.content] = id;
     if (t.special) special_contents_.insert(t.content);
   }
@@ -300,7 +308,7 @@ std::vector<int> HfTokenizer::encode(std::string_view text, bool add_special_tok
 
 std::optional<std::string> HfTokenizer::id_to_token(int id) const {
   if (auto it = added_by_id_.find(id); it != added_by_id_.end()) return added_[it->second].content;
-  if (const std::string* t = model_->id_to_token(id)) return *t;
+  if (auto t = model_->id_to_token(id)) return std::string(*t);
   return std::nullopt;
 }
 
@@ -308,14 +316,14 @@ std::string HfTokenizer::decode(std::span<const int> ids, bool skip_special_toke
   std::vector<std::string> toks;
   toks.reserve(ids.size());
   for (int id : ids) {
-    const std::string* t = nullptr;
+    std::optional<std::string_view> t;
     if (auto it = added_by_id_.find(id); it != added_by_id_.end())
-      t = &added_[it->second].decode_form;
+      t = added_[it->second].decode_form;
     else
       t = model_->id_to_token(id);
     if (!t) continue;  // unknown ids are dropped, as in `tokenizers`
-    if (skip_special_tokens && special_contents_.count(*t)) continue;
-    toks.push_back(*t);
+    if (skip_special_tokens && special_contents_.count(std::string(*t))) continue;
+    toks.emplace_back(*t);
   }
   std::string out;
   if (decoder_) {
@@ -348,48 +356,310 @@ bool HfTokenizer::is_special(int id) const {
 
 std::optional<int> HfTokenizer::bos_id() const { return bos_id_; }
 
-}  // namespace tok
-
-// ---- public API --------------------------------------------------------------
+// ---- loading tokenizer.json (streamed) ------------------------------------------
+// nlohmann's SAX parser feeds a DOM builder for everything except
+// model.vocab and model.merges, which go straight into VocabData (one string
+// arena, no per-entry allocation). That and the flat tables of BpeModel make
+// the Gemma-3 file (33 MB) load in about a third of the time of a full DOM.
 
 namespace {
-tok::json read_json(const std::filesystem::path& p) {
+std::string slurp(const std::filesystem::path& p) {
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(p, ec))
-    throw InputError(fmt::format("{}: no such file", p.string()));
+  if (!std::filesystem::is_regular_file(p, ec)) throw InputError(fmt::format("{}: no such file", p.string()));
   std::ifstream f(p, std::ios::binary);
   if (!f) throw InputError(fmt::format("{}: cannot open", p.string()));
-  std::stringstream ss;
-  ss << f.rdbuf();
+  auto size = std::filesystem::file_size(p, ec);
+  std::string data;
+  if (!ec) {
+    data.resize(size);
+    f.read(data.data(), static_cast<std::streamsize>(size));
+    data.resize(static_cast<size_t>(f.gcount()));
+  } else {
+    std::stringstream ss;
+    ss << f.rdbuf();
+    data = ss.str();
+  }
+  return data;
+}
+
+json read_json(const std::filesystem::path& p) {
+  std::string data = slurp(p);
   try {
-    return tok::json::parse(ss.str());
-  } catch (const tok::json::exception& e) {
+    return json::parse(data);
+  } catch (const json::exception& e) {
     throw InputError(fmt::format("{}: not valid JSON: {}", p.string(), e.what()));
   }
 }
 
-bool config_bool(const tok::json& cfg, const char* key, const std::string& ctx) {
+class TokenizerSax {
+ public:
+  using Dom = nlohmann::detail::json_sax_dom_parser<json>;
+  TokenizerSax(json& out, VocabData& v, std::string ctx) : dom_(out, true), v_(v), ctx_(std::move(ctx)) {}
+
+  bool null() { return cap_ ? cap_scalar(false) : dom_.null(); }
+  bool boolean(bool b) { return cap_ ? cap_scalar(false) : dom_.boolean(b); }
+  bool number_integer(json::number_integer_t x) { return cap_ ? cap_number(x) : dom_.number_integer(x); }
+  bool number_unsigned(json::number_unsigned_t x) {
+    return cap_ ? cap_number(x > (1ULL << 40) ? -1 : static_cast<long long>(x)) : dom_.number_unsigned(x);
+  }
+  bool number_float(json::number_float_t x, const std::string& s) {
+    return cap_ ? cap_scalar(false) : dom_.number_float(x, s);
+  }
+  bool binary(json::binary_t& b) { return cap_ ? cap_scalar(false) : dom_.binary(b); }
+  bool string(std::string& s) {
+    if (!cap_) return dom_.string(s);
+    if (skip_) return true;
+    if (cap_ == Vocab) return cap_scalar(false);
+    if (in_pair_) {  // ["a", "b"]
+      if (pair_n_ < 2) pair_[pair_n_] = {v_.add(s), static_cast<uint32_t>(s.size())};
+      ++pair_n_;
+      return true;
+    }
+    size_t sp = s.find(' ');
+    if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
+      throw InputError(fmt::format("{}: merges[{}] = {:?} must be two tokens separated by one space", ctx_,
+                                   v_.merges.size(), s));
+    uint32_t off = v_.add(s);
+    v_.merges.push_back({off, static_cast<uint32_t>(sp), static_cast<uint32_t>(off + sp + 1),
+                         static_cast<uint32_t>(s.size() - sp - 1)});
+    return true;
+  }
+  bool start_object(std::size_t n) {
+    if (cap_) return cap_open();
+    if (depth_ == 2 && in_model_ && key2_ == "vocab" && !v_.has_vocab) {
+      cap_ = Vocab;
+      v_.has_vocab = true;
+      ++depth_;
+      return dom_.null();
+    }
+    ++depth_;
+    return dom_.start_object(n);
+  }
+  bool end_object() {
+    if (cap_) return cap_close();
+    --depth_;
+    return dom_.end_object();
+  }
+  bool start_array(std::size_t n) {
+    if (cap_) return cap_open();
+    if (depth_ == 2 && in_model_ && key2_ == "merges" && !v_.has_merges) {
+      cap_ = Merges;
+      v_.has_merges = true;
+      ++depth_;
+      return dom_.null();
+    }
+    ++depth_;
+    return dom_.start_array(n);
+  }
+  bool end_array() {
+    if (cap_) return cap_close();
+    --depth_;
+    return dom_.end_array();
+  }
+  bool key(std::string& k) {
+    if (cap_) {
+      if (!skip_) key_ = {v_.add(k), static_cast<uint32_t>(k.size())};
+      return true;
+    }
+    if (depth_ == 1) in_model_ = k == "model";
+    if (depth_ == 2) key2_ = k;
+    return dom_.key(k);
+  }
+  bool parse_error(std::size_t pos, const std::string& tok, const nlohmann::detail::exception& ex) {
+    return dom_.parse_error(pos, tok, ex);  // throws
+  }
+
+ private:
+  enum Cap { None, Vocab, Merges };
+  // A scalar inside the captured container (ok: a valid vocab id).
+  bool cap_scalar(bool ok) {
+    if (skip_) return true;
+    if (cap_ == Vocab) {
+      v_.vocab.push_back({key_.first, key_.second, ok ? id_ : -1});
+      return true;
+    }
+    if (in_pair_) {
+      pair_n_ = 3;  // not a string: invalid pair
+      return true;
+    }
+    throw InputError(fmt::format("{}: merges[{}] must be \"a b\" or [\"a\", \"b\"]", ctx_, v_.merges.size()));
+  }
+  bool cap_number(long long x) {
+    id_ = x;
+    return cap_scalar(x >= 0);
+  }
+  bool cap_open() {
+    if (skip_) {
+      ++skip_;
+      return true;
+    }
+    if (cap_ == Merges && !in_pair_) {
+      in_pair_ = true;
+      pair_n_ = 0;
+      return true;
+    }
+    if (cap_ == Vocab) v_.vocab.push_back({key_.first, key_.second, -1});
+    if (cap_ == Merges) pair_n_ = 3;
+    skip_ = 1;
+    return true;
+  }
+  bool cap_close() {
+    if (skip_) {
+      --skip_;
+      return true;
+    }
+    if (in_pair_) {
+      in_pair_ = false;
+      if (pair_n_ != 2)
+        throw InputError(fmt::format("{}: merges[{}] must be \"a b\" or [\"a\", \"b\"]", ctx_, v_.merges.size()));
+      v_.merges.push_back({pair_[0].first, pair_[0].second, pair_[1].first, pair_[1].second});
+      return true;
+    }
+    cap_ = None;
+    --depth_;
+    return true;
+  }
+
+  Dom dom_;
+  VocabData& v_;
+  std::string ctx_;
+  int depth_ = 0;
+  bool in_model_ = false;
+  std::string key2_;
+  Cap cap_ = None;
+  int skip_ = 0;
+  std::pair<uint32_t, uint32_t> key_{0, 0};
+  long long id_ = 0;
+  bool in_pair_ = false;
+  int pair_n_ = 0;
+  std::pair<uint32_t, uint32_t> pair_[2];
+};
+
+bool config_bool(const json& cfg, const char* key, bool dflt, const std::string& ctx) {
   auto it = cfg.find(key);
-  if (it == cfg.end() || it->is_null()) return false;
+  if (it == cfg.end() || it->is_null()) return dflt;
   if (!it->is_boolean()) throw InputError(fmt::format("{}: \"{}\" must be true or false", ctx, key));
   return it->get<bool>();
 }
-}  // namespace
 
-std::unique_ptr<Tokenizer> Tokenizer::from_file(const std::filesystem::path& tokenizer_json) {
-  tok::json j = read_json(tokenizer_json);
-  return std::make_unique<tok::HfTokenizer>(j, tokenizer_json.string());
+// A special-token value of tokenizer_config.json: "text" or {"content": "text", ...}.
+void add_token_value(const json& v, std::vector<std::string>& out) {
+  if (v.is_string()) out.push_back(v.get<std::string>());
+  if (v.is_object() && v.contains("content") && v["content"].is_string()) out.push_back(v["content"].get<std::string>());
 }
 
-// A model directory as transformers 5's AutoTokenizer loads it (checked
-// against transformers 5.17 by the goldens): when tokenizer.json is present,
-// PreTrainedTokenizerBase.from_pretrained pops add_bos_token / add_eos_token
-// from tokenizer_config.json before the class is built, so TokenizersBackend
-// keeps tokenizer.json's post-processor (a missing one becomes "$A", i.e. no
-// special tokens). Decoding of BPE models skips clean_up_tokenization_spaces.
-// What is honored from tokenizer_config.json: split_special_tokens.
-// Not emulated: model-specific tokenizer classes with their own __init__
-// (e.g. a "LlamaTokenizer" class that rebuilds the pipeline from the vocab).
+// Does the pipeline work on "▁" text (SentencePiece style) rather than bytes?
+bool uses_byte_level(const json& node) {
+  if (node.is_object()) {
+    auto t = node.find("type");
+    if (t != node.end() && t->is_string() && *t == "ByteLevel") return true;
+    for (auto& [k, v] : node.items())
+      if (uses_byte_level(v)) return true;
+  } else if (node.is_array()) {
+    for (auto& v : node)
+      if (uses_byte_level(v)) return true;
+  }
+  return false;
+}
+}  // namespace
+
+ParsedTokenizerJson parse_tokenizer_json(const std::filesystem::path& p) {
+  std::string data = slurp(p);
+  ParsedTokenizerJson out;
+  out.source = p.string();
+  VocabData v;
+  std::string mctx = out.source + ": model";
+  try {
+    TokenizerSax sax(out.rest, v, mctx);
+    json::sax_parse(data, &sax);
+  } catch (const json::exception& e) {
+    throw InputError(fmt::format("{}: not valid JSON: {}", p.string(), e.what()));
+  }
+  data.clear();
+  data.shrink_to_fit();
+  const json& j = out.rest;
+  if (!j.is_object()) throw InputError(fmt::format("{}: expected a JSON object at the top level", out.source));
+  const json& model = req(j, "model", out.source);
+  if (!model.is_object()) throw InputError(fmt::format("{}: must be an object", mctx));
+  std::string type;
+  if (model.contains("type")) {
+    type = req_str(model, "type", mctx);
+  } else if (model.contains("merges")) {
+    type = "BPE";  // older files omit the type
+  } else {
+    throw InputError(fmt::format("{}: missing field \"type\"", mctx));
+  }
+  if (type != "BPE")
+    throw InputError(fmt::format("{}: model type \"{}\" is unsupported (fp8kv supports BPE tokenizers: byte-level and "
+                                 "SentencePiece-style)",
+                                 mctx, type));
+  // A vocab that is not an object is left to BpeModel's error; merges that
+  // are not an array were not captured either.
+  if (!v.has_merges) {
+    auto it = model.find("merges");
+    if (it != model.end() && !it->is_null()) throw InputError(fmt::format("{}: \"merges\" must be an array", mctx));
+  }
+  out.model = std::make_shared<BpeModel>(model, std::move(v), mctx);
+  return out;
+}
+
+DirConfig read_dir_config(const json& cfg, const ParsedTokenizerJson& t, const std::string& src) {
+  if (!cfg.is_object()) throw InputError(fmt::format("{}: expected a JSON object", src));
+  DirConfig d;
+  d.split_special_tokens = config_bool(cfg, "split_special_tokens", false, src);
+  std::string cls;
+  if (auto it = cfg.find("tokenizer_class"); it != cfg.end() && it->is_string()) cls = it->get<std::string>();
+  // Special-token attributes (and the class's defaults for those not set):
+  // transformers registers them as special tokens of the backend.
+  static const char* kAttrs[] = {"bos_token", "eos_token", "unk_token", "pad_token",
+                                 "mask_token", "cls_token", "sep_token"};
+  std::vector<std::pair<const char*, const char*>> defaults;
+  if (cls == "GemmaTokenizer" || cls == "GemmaTokenizerFast")
+    defaults = {{"bos_token", "<bos>"}, {"eos_token", "<eos>"}, {"unk_token", "<unk>"}, {"pad_token", "<pad>"},
+                {"mask_token", "<mask>"}};
+  for (const char* a : kAttrs) {
+    auto it = cfg.find(a);
+    if (it != cfg.end()) {
+      add_token_value(*it, d.special_contents);
+      continue;
+    }
+    for (auto& [k, v] : defaults)
+      if (std::string_view(k) == a) d.special_contents.push_back(v);
+  }
+  for (const char* key : {"additional_special_tokens", "extra_special_tokens"}) {
+    auto it = cfg.find(key);
+    if (it == cfg.end()) continue;
+    if (it->is_array())
+      for (auto& v : *it) add_token_value(v, d.special_contents);
+    if (it->is_object())
+      for (auto& [k, v] : it->items()) add_token_value(v, d.special_contents);
+  }
+  // LlamaTokenizer[Fast] rebuilds a SentencePiece-style pipeline. Over a
+  // byte-level vocab (DeepSeek-V3) transformers 5 breaks the tokenizer (spaces
+  // are dropped); we follow tokenizer.json there.
+  if ((cls == "LlamaTokenizer" || cls == "LlamaTokenizerFast") && !uses_byte_level(t.rest)) {
+    d.llama_rebuild = true;
+    d.legacy = config_bool(cfg, "legacy", false, src);
+    d.add_prefix_space = config_bool(cfg, "add_prefix_space", true, src);
+  }
+  return d;
+}
+
+std::unique_ptr<Tokenizer> make_tokenizer(const ParsedTokenizerJson& t, const DirConfig* dir) {
+  return std::make_unique<HfTokenizer>(t.rest, t.model, t.source, dir);
+}
+
+}  // namespace tok
+
+// ---- public API --------------------------------------------------------------
+
+std::unique_ptr<Tokenizer> Tokenizer::from_file(const std::filesystem::path& tokenizer_json) {
+  return tok::make_tokenizer(tok::parse_tokenizer_json(tokenizer_json));
+}
+
+// A model directory as transformers 5's AutoTokenizer loads it; the rules,
+// each pinned by a golden, are listed in src/tokenizer/README.md ("Model
+// directories").
 std::unique_ptr<Tokenizer> Tokenizer::from_dir(const std::filesystem::path& dir) {
   auto tj = dir / "tokenizer.json";
   std::error_code ec;
@@ -397,14 +667,11 @@ std::unique_ptr<Tokenizer> Tokenizer::from_dir(const std::filesystem::path& dir)
     throw InputError(fmt::format("{}: no tokenizer.json in this directory (fp8kv reads the Hugging Face "
                                  "tokenizer.json format only)",
                                  dir.string()));
-  auto tok = std::make_unique<tok::HfTokenizer>(read_json(tj), tj.string());
+  tok::ParsedTokenizerJson t = tok::parse_tokenizer_json(tj);
   auto cfg_path = dir / "tokenizer_config.json";
-  if (std::filesystem::exists(cfg_path, ec)) {
-    tok::json cfg = read_json(cfg_path);
-    if (!cfg.is_object()) throw InputError(fmt::format("{}: expected a JSON object", cfg_path.string()));
-    if (config_bool(cfg, "split_special_tokens", cfg_path.string())) tok->set_split_special_tokens(true);
-  }
-  return tok;
+  if (!std::filesystem::exists(cfg_path, ec)) return tok::make_tokenizer(t);
+  tok::DirConfig d = tok::read_dir_config(tok::read_json(cfg_path), t, cfg_path.string());
+  return tok::make_tokenizer(t, &d);
 }
 
 std::unique_ptr<Tokenizer> Tokenizer::load(const std::filesystem::path& dir_or_file) {

@@ -72,6 +72,28 @@ TEST(TokenizerErrors, MalformedFiles) {
   j = minimal_bpe();
   j["model"]["vocab"]["a"] = "zero";
   expect_error(j.dump(), "invalid id");
+  // The streaming loader's own checks of model.vocab / model.merges.
+  j = minimal_bpe();
+  j["model"]["vocab"]["a"] = json::array({0});
+  expect_error(j.dump(), "vocab entry \"a\" has an invalid id");
+  j = minimal_bpe();
+  j["model"]["vocab"]["a"] = -3;
+  expect_error(j.dump(), "invalid id");
+  j = minimal_bpe();
+  j["model"]["merges"] = json::parse(R"([["a", "b", "c"]])");
+  expect_error(j.dump(), "merges[0] must be \"a b\" or [\"a\", \"b\"]");
+  j = minimal_bpe();
+  j["model"]["merges"] = json::parse(R"(["a b", 7])");
+  expect_error(j.dump(), "merges[1] must be");
+  j = minimal_bpe();
+  j["model"]["merges"] = 5;
+  expect_error(j.dump(), "\"merges\" must be an array");
+  j = minimal_bpe();
+  j["model"]["vocab"] = json::array({"a"});
+  expect_error(j.dump(), "\"vocab\" must be an object");
+  j = minimal_bpe();
+  j["model"].erase("vocab");
+  expect_error(j.dump(), "missing field \"vocab\"");
   j = minimal_bpe();
   j["pre_tokenizer"] = json::parse(R"({"type": "Split", "pattern": {"Regex": "(unclosed"}, "behavior": "Isolated"})");
   expect_error(j.dump(), "does not compile");
