@@ -49,7 +49,7 @@ struct BenchResult {
 // std::runtime_error when no decode step was measured.
 BenchResult run_bench(Engine& engine, const BenchSettings& s, double copy_bytes_per_s);
 
-// The JSON result: the fields of docs/design.md ("fp8kv bench") + settings.
+// The JSON result: the fields listed in docs/bench.md + settings.
 nlohmann::json to_json(const BenchResult& r, const BenchSettings& s);
 
 }  // namespace fp8kv::bench

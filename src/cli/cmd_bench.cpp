@@ -1,7 +1,7 @@
 // `fp8kv bench latency|throughput MODEL_OR_CONFIG_DIR`: decode and prefill
 // speed through the public Engine API, with vLLM's flag names, and the
 // achieved bandwidth as a fraction of the copy bandwidth measured in the same
-// run (docs/bench.md, docs/design.md "Command line").
+// run (docs/bench.md; docs/design.md "Performance method").
 //
 // Engine flags come from EngineFlags (engine_flags.h): --kv-cache-dtype,
 // --max-model-len, --block-size, --kv-memory, --backend, --threads, and, where

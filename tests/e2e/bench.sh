@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # e2e: fp8kv bench latency|throughput on the bundled model (CPU, tiny sizes):
-# the JSON fields of docs/design.md exist, are finite, and agree with each
+# the JSON fields of docs/bench.md exist, are finite, and agree with each
 # other (tok/s x time = tokens, gbps x step time = bytes, floor fraction).
 set -u
 BIN="$1"; SRC="$2"
