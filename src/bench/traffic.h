@@ -1,0 +1,27 @@
+// Bytes a decode step must move (the bandwidth floor of docs/bench.md):
+// every weight matrix streamed once per step (bf16: what the model needs at
+// least, whatever a backend widens it to), the embedding rows gathered for
+// the batch (not the whole table), and the K/V each sequence attends over
+// (sliding layers: the window only) in the cache dtype.
+#pragma once
+#include <cstdint>
+#include <span>
+
+#include "model/config.h"
+#include "numerics/fp8.h"
+
+namespace fp8kv::bench {
+
+// Parameters read per token by the layers and the LM head (norm gains and
+// biases included; the input embedding excluded, see embedding_gather_bytes).
+uint64_t streamed_weight_params(const ModelConfig& c);
+
+// Weights streamed per decode step of `batch` sequences: streamed params x
+// weight_elem_bytes + the batch's embedding rows.
+uint64_t decode_weight_bytes(const ModelConfig& c, int batch, int weight_elem_bytes = 2);
+
+// K and V read by one decode step; contexts[i] = tokens sequence i attends
+// over in a full-attention layer (its length including the new token).
+uint64_t decode_kv_bytes(const ModelConfig& c, KvDtype d, std::span<const int> contexts);
+
+}  // namespace fp8kv::bench

@@ -1,0 +1,136 @@
+// `fp8kv bench latency|throughput MODEL_OR_CONFIG_DIR`: decode and prefill
+// speed through the public Engine API, with vLLM's flag names, and the
+// achieved bandwidth as a fraction of the copy bandwidth measured in the same
+// run (docs/bench.md; docs/design.md "Performance method").
+//
+// Engine flags come from EngineFlags (engine_flags.h): --kv-cache-dtype,
+// --max-model-len, --block-size, --kv-memory, --backend, --threads, and, where
+// that header provides them, --load-format dummy (random weights from
+// config.json alone), --max-num-seqs, --max-num-batched-tokens.
+// `bench serve` may be added by another file: each registers its own
+// subcommand under the shared "bench" parent (bench_parent below).
+#include <fmt/format.h>
+
+#include <cstdio>
+
+#include "bench/copy_bandwidth.h"
+#include "bench/runner.h"
+#include "cli/commands.h"
+#include "cli/engine_flags.h"
+#include "engine/engine.h"
+#include "io/errors.h"
+#include "numerics/version.h"
+#ifdef FP8KV_HAVE_CUDA
+#include "backend/cuda/membw.h"
+#endif
+
+namespace fp8kv::cli {
+namespace {
+
+struct BenchArgs {
+  std::string model;
+  bench::BenchSettings s;
+  bool json = false;
+  EngineFlags engine;
+};
+
+// "cuda" when the engine runs on the GPU (--backend cuda, or auto with a
+// CUDA build and a device present), else "cpu".
+std::string resolved_backend(const std::string& requested) {
+  if (requested == "cuda") return "cuda";
+#ifdef FP8KV_HAVE_CUDA
+  if (requested == "auto" && cuda::device_present()) return "cuda";
+#endif
+  return "cpu";
+}
+
+int run(BenchArgs a, const std::string& mode) {
+  a.s.mode = mode;
+  EngineOptions o = a.engine.options();
+  if (o.max_model_len == 0) o.max_model_len = a.s.input_len + a.s.output_len;
+  if (mode == "latency") o.max_num_seqs = std::max(o.max_num_seqs, a.s.batch_size);
+  const std::string backend = resolved_backend(o.backend);
+  auto engine = Engine::load(a.model, o);
+
+  double copy = 0.0;
+  if (backend == "cuda") {
+#ifdef FP8KV_HAVE_CUDA
+    copy = cuda::d2d_copy_bytes_per_s();
+#endif
+  } else {
+    copy = bench::host_copy_bytes_per_s();
+  }
+  const bench::BenchResult r = bench::run_bench(*engine, a.s, copy);
+  nlohmann::json j = bench::to_json(r, a.s);
+  j["model"] = a.model;
+  j["backend"] = backend;
+  j["kv_cache_dtype"] = std::string(kv_dtype_name(engine->kv_dtype()));
+  j["max_model_len"] = engine->max_model_len();
+  j["max_num_seqs"] = o.max_num_seqs;
+  j["max_num_batched_tokens"] = o.max_num_batched_tokens;
+  j["block_size"] = o.block_size;
+  j["threads"] = o.num_threads;
+  j["fp8kv_version"] = version_string();
+  if (a.json) {
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("bench %s: %s, backend %s, kv %s, input %d, output %d, %s %d\n", mode.c_str(), a.model.c_str(),
+                backend.c_str(), j["kv_cache_dtype"].get<std::string>().c_str(), a.s.input_len, a.s.output_len,
+                mode == "latency" ? "batch" : "prompts", mode == "latency" ? a.s.batch_size : a.s.num_prompts);
+    std::printf("output tok/s        %12.2f\n", r.output_tokens_per_s);
+    std::printf("total tok/s         %12.2f\n", r.total_tokens_per_s);
+    std::printf("decode tok/s        %12.2f\n", r.decode_tokens_per_s);
+    std::printf("decode ms/step      %12.3f  (median of %lld decode steps)\n", r.decode_ms_per_step,
+                static_cast<long long>(r.decode_steps));
+    std::printf("TTFT ms             %12.3f  (median)\n", r.ttft_ms);
+    std::printf("bytes/step          %12.4g  (weights %.4g + KV %.4g)\n", r.bytes_per_step, r.weight_bytes_per_step,
+                r.kv_bytes_per_step);
+    std::printf("GB/s                %12.2f  (copy bandwidth %.2f GB/s)\n", r.gbps, r.copy_gbps);
+    std::printf("floor fraction      %12.3f\n", r.floor_fraction);
+  }
+  return 0;
+}
+
+CLI::App* bench_parent(CLI::App& app) {
+  try {
+    return app.get_subcommand("bench");
+  } catch (const CLI::OptionNotFound&) {
+    auto* b = app.add_subcommand("bench", "Benchmarks: latency, throughput");
+    b->require_subcommand(1);
+    return b;
+  }
+}
+
+void add_common(CLI::App* sub, BenchArgs* a) {
+  sub->add_option("MODEL_OR_CONFIG_DIR", a->model, "Checkpoint directory (config-only with --load-format dummy)")
+      ->required();
+  sub->add_option("--input-len", a->s.input_len, "Prompt tokens per request (random ids)")->check(CLI::PositiveNumber);
+  sub->add_option("--output-len", a->s.output_len, "Generated tokens per request (>= 2)")->check(CLI::Range(2, 1 << 30));
+  sub->add_flag("--ignore-eos", a->s.ignore_eos, "Generate --output-len tokens even past EOS");
+  sub->add_option("--seed", a->s.seed, "Seed of the random prompts");
+  sub->add_flag("--json", a->json, "Print the result as JSON");
+  a->engine.add(sub);
+}
+
+Registrar reg([](CLI::App& app) {
+  static BenchArgs lat, thr;  // live for the program
+  CLI::App* parent = bench_parent(app);
+  auto* l = parent->add_subcommand("latency", "Latency of one batch: TTFT, ms per decode step, tok/s, bandwidth");
+  add_common(l, &lat);
+  l->add_option("--batch-size", lat.s.batch_size, "Requests run together")->check(CLI::PositiveNumber);
+  l->add_option("--num-iters-warmup", lat.s.num_iters_warmup, "Untimed iterations first")
+      ->check(CLI::NonNegativeNumber);
+  l->add_option("--num-iters", lat.s.num_iters, "Timed iterations")->check(CLI::PositiveNumber);
+  set_action(l, [] { return run(lat, "latency"); });
+
+  auto* t = parent->add_subcommand("throughput", "Throughput of --num-prompts requests submitted at once");
+  add_common(t, &thr);
+  thr.s.num_iters_warmup = 1;
+  t->add_option("--num-prompts", thr.s.num_prompts, "Requests in all")->check(CLI::PositiveNumber);
+  t->add_option("--num-iters-warmup", thr.s.num_iters_warmup, "0: no warm-up round; >= 1: one short round")
+      ->check(CLI::NonNegativeNumber);
+  set_action(t, [] { return run(thr, "throughput"); });
+});
+
+}  // namespace
+}  // namespace fp8kv::cli
