@@ -5,8 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <random>
 #include <set>
@@ -319,7 +321,21 @@ void mirror(const fs::path& src, const fs::path& dst, bool top, bool declare, bo
 InjectResult inject_to_output(const InjectOptions& o, Plan& p) {
   const fs::path out = fs::absolute(*o.output_dir).lexically_normal();
   const fs::path parent = out.parent_path();
-  fs::create_directories(parent);
+  // The new checkpoint is built beside `out`: the nearest existing ancestor
+  // must be a writable directory. Refuse here, naming --output, rather than
+  // fail inside the filesystem calls below.
+  fs::path existing = parent;
+  std::error_code ec;
+  while (!existing.empty() && !fs::exists(existing, ec)) existing = existing.parent_path();
+  if (!existing.empty() && !fs::is_directory(existing, ec))
+    throw InputError(fmt::format("--output {}: {} is not a directory", o.output_dir->string(), existing.string()));
+  if (!existing.empty() && ::access(existing.c_str(), W_OK | X_OK) != 0)
+    throw InputError(fmt::format("--output {}: cannot write in {}: {}", o.output_dir->string(), existing.string(),
+                                 std::strerror(errno)));
+  fs::create_directories(parent, ec);
+  if (ec)
+    throw InputError(fmt::format("--output {}: cannot create {}: {}", o.output_dir->string(), parent.string(),
+                                 ec.message()));
   const fs::path tmp = parent / fmt::format(".{}.fp8kv-tmp.{}", out.filename().string(), rand_hex8());
   InjectResult r;
   try {
@@ -337,8 +353,11 @@ InjectResult inject_to_output(const InjectOptions& o, Plan& p) {
     if (::rename(tmp.c_str(), out.c_str()) != 0)
       throw InputError(fmt::format("{}: cannot move the new checkpoint into place", out.string()));
     fsync_dir(parent);
+  } catch (const fs::filesystem_error& e) {
+    fs::remove_all(tmp, ec);
+    // e.g. a read-only file system or a full disk under --output.
+    throw InputError(fmt::format("--output {}: {}", o.output_dir->string(), e.what()));
   } catch (...) {
-    std::error_code ec;
     fs::remove_all(tmp, ec);
     throw;
   }

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "io/errors.h"
+#include "numerics/scale_check.h"
 #include "numerics/version.h"
 
 namespace fp8kv {
@@ -137,6 +138,7 @@ std::vector<float> read_scale(const nlohmann::json& e, const std::string& where,
     const float f = static_cast<float>(d);
     if (!std::isfinite(f)) throw InputError(fmt::format("{} = {} overflows float32", at, d));
     if (f <= 0.0f) throw InputError(fmt::format("{} = {} underflows float32 to 0", at, d));
+    if (auto err = scale_value_error(f)) throw InputError(fmt::format("{} {}", at, *err));
     out.push_back(f);
   }
   return out;

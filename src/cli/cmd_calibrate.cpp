@@ -3,9 +3,6 @@
 // store point and writes per-layer amax, p99.99 and scales (src/calib/,
 // docs/kv_scales.md). Exit: 0 complete; 2 bad input or empty corpus / non-finite
 // activations (report written with status failed); 1 internal.
-#include <unistd.h>
-
-#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -16,9 +13,12 @@
 
 #include "calib/calibrate.h"
 #include "cli/commands.h"
+#include "cli/progress.h"
+#include "cli/text_input.h"
 #include "engine/engine.h"
 #include "io/errors.h"
 #include "io/fs_util.h"
+#include "io/user_files.h"
 #include "numerics/version.h"
 #include "tokenizer/tokenizer.h"
 
@@ -34,32 +34,11 @@ struct CalibrateArgs {
   int threads = 0;
 };
 
-class Progress {
- public:
-  void operator()(uint64_t done, uint64_t total) {
-    const auto now = std::chrono::steady_clock::now();
-    const bool last = done >= total;
-    if (!last && now - shown_ < std::chrono::milliseconds(tty_ ? 200 : 5000)) return;
-    shown_ = now;
-    const double secs = std::chrono::duration<double>(now - start_).count();
-    const int width = 30, fill = total ? static_cast<int>(width * done / total) : width;
-    std::fprintf(stderr, "%scalibrate [%s%s] %llu/%llu tokens, %.0f tok/s%s", tty_ ? "\r" : "",
-                 std::string(fill, '#').c_str(), std::string(width - fill, ' ').c_str(),
-                 static_cast<unsigned long long>(done), static_cast<unsigned long long>(total),
-                 secs > 0 ? done / secs : 0.0, tty_ && !last ? "" : "\n");
-    std::fflush(stderr);
-  }
-
- private:
-  bool tty_ = ::isatty(2) != 0;
-  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now(), shown_{};
-};
-
 // A JSON array of token ids, or an array of such arrays (as `fp8kv score`).
 std::vector<std::vector<int>> read_token_ids(const std::string& path, int vocab) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(read_file(path));
+    j = nlohmann::json::parse(read_option_file(path, "--corpus-ids-file"));
   } catch (const nlohmann::json::exception& e) {
     throw InputError(fmt::format("{}: invalid JSON: {}", path, e.what()));
   }
@@ -87,6 +66,7 @@ std::vector<std::vector<int>> read_token_ids(const std::string& path, int vocab)
 
 int run_calibrate(const CalibrateArgs& a) {
   if (a.corpus.empty() && a.corpus_ids.empty()) throw UsageError("calibrate: give --corpus FILE (or --corpus-ids-file IDS.json)");
+  check_output_file(a.output, "--output");  // before the (long) run
   CalibrateOptions o;
   o.rule = ScaleRule::parse(a.rule);
   o.target = parse_kv_dtype(a.target);
@@ -111,13 +91,13 @@ int run_calibrate(const CalibrateArgs& a) {
   const bool limited = a.max_corpus_tokens > 0;
   if (!a.corpus.empty()) {
     auto tok = Tokenizer::load(a.model);
-    for (const auto& f : a.corpus) append_chunks(tok->encode(read_file(f)), context, budget, limited, chunks);
+    for (const auto& f : a.corpus) append_chunks(tok->encode(read_text_option_file(f, "--corpus")), context, budget, limited, chunks);
   }
   for (const auto& f : a.corpus_ids) {
     for (const auto& seq : read_token_ids(f, engine->config().vocab_size))
       append_chunks(seq, context, budget, limited, chunks);
   }
-  Progress progress;
+  Progress progress("calibrate", "tokens");
   CalibrationReport rep = calibrate(*engine, chunks, o, std::ref(progress));
   rep.model = a.model;
   rep.corpus = a.corpus;

@@ -1,10 +1,8 @@
 // `fp8kv eval compare | kvstats | niah`: paired accuracy evaluation of KV
 // cache configurations (src/eval/, docs/eval.md). stdout carries the result
 // (JSON); tables and progress go to stderr. Exit: 0 ok, 2 bad input, 1 internal.
-#include <unistd.h>
-
-#include <chrono>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/progress.h"
+#include "cli/text_input.h"
 #include "engine/engine.h"
 #include "eval/compare.h"
 #include "eval/kvstats.h"
@@ -20,6 +20,7 @@
 #include "eval/report_html.h"
 #include "io/errors.h"
 #include "io/fs_util.h"
+#include "io/user_files.h"
 #include "kv/planner.h"
 #include "numerics/version.h"
 #include "tokenizer/tokenizer.h"
@@ -28,29 +29,6 @@ namespace fp8kv::cli {
 namespace {
 
 using nlohmann::json;
-
-class Progress {
- public:
-  explicit Progress(std::string what) : what_(std::move(what)) {}
-  void operator()(uint64_t done, uint64_t total) {
-    const auto now = std::chrono::steady_clock::now();
-    const bool last = done >= total;
-    if (!last && now - shown_ < std::chrono::milliseconds(tty_ ? 200 : 5000)) return;
-    shown_ = now;
-    const double secs = std::chrono::duration<double>(now - start_).count();
-    const int width = 30, fill = total ? static_cast<int>(width * done / total) : width;
-    std::fprintf(stderr, "%s%s [%s%s] %llu/%llu, %.1fs%s", tty_ ? "\r" : "", what_.c_str(),
-                 std::string(fill, '#').c_str(), std::string(width - fill, ' ').c_str(),
-                 static_cast<unsigned long long>(done), static_cast<unsigned long long>(total), secs,
-                 tty_ && !last ? "" : "\n");
-    std::fflush(stderr);
-  }
-
- private:
-  std::string what_;
-  bool tty_ = ::isatty(2) != 0;
-  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now(), shown_{};
-};
 
 struct EngineArgs {
   std::string kv_memory, backend = "auto";
@@ -83,13 +61,13 @@ Docs read_docs(const std::string& model, const std::vector<std::string>& text_fi
   Docs d;
   for (const auto& f : text_files) {
     if (!tok) throw InputError(fmt::format("{}: no tokenizer in {} to tokenize --text-file", f, model));
-    d.ids.push_back(tok->encode(read_file(f)));
+    d.ids.push_back(tok->encode(read_text_option_file(f, "--text-file")));
     d.names.push_back(f);
   }
   for (const auto& f : ids_files) {
     json j;
     try {
-      j = json::parse(read_file(f));
+      j = json::parse(read_option_file(f, "--token-ids-file"));
     } catch (const json::exception& e) {
       throw InputError(fmt::format("{}: invalid JSON: {}", f, e.what()));
     }
@@ -118,25 +96,10 @@ std::unique_ptr<Tokenizer> try_tokenizer(const std::string& model, bool required
   return Tokenizer::load(model);
 }
 
-std::vector<int> parse_int_list(const std::string& s, const char* what) {
+// A comma-separated list of ints in [min, max] (io/user_files.h parses it).
+std::vector<int> int_list(const std::string& csv, const char* option, int min, int max) {
   std::vector<int> out;
-  size_t start = 0;
-  while (true) {
-    const size_t p = s.find(',', start);
-    const std::string item = s.substr(start, p == std::string::npos ? std::string::npos : p - start);
-    size_t used = 0;
-    long v = -1;
-    try {
-      v = std::stol(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (item.empty() || used != item.size() || v < 0 || v > 1 << 30)
-      throw UsageError(fmt::format("{} '{}': '{}' is not a non-negative integer", what, s, item));
-    out.push_back(static_cast<int>(v));
-    if (p == std::string::npos) break;
-    start = p + 1;
-  }
+  for (int64_t v : parse_int_list(csv, option, min, max)) out.push_back(static_cast<int>(v));
   return out;
 }
 
@@ -154,6 +117,9 @@ struct CompareArgs {
 };
 
 int run_compare_cmd(const CompareArgs& a) {
+  // Output paths are checked before the (long) computation.
+  if (!a.output.empty()) check_output_file(a.output, "--output");
+  if (!a.html.empty()) check_output_file(a.html, "--html");
   eval::CompareInput in;
   in.model_dir = a.model;
   in.engine = a.eng.options();
@@ -213,6 +179,7 @@ struct KvStatsArgs {
 };
 
 int run_kvstats_cmd(const KvStatsArgs& a) {
+  if (!a.output.empty()) check_output_file(a.output, "--output");
   const KvDtype target = parse_kv_dtype(a.target);
   if (!kv_dtype_is_fp8(target)) throw UsageError("--target: expected fp8_e4m3 or fp8_e5m2");
   if (a.context < 0) throw UsageError("--context: expected a positive number of tokens");
@@ -281,13 +248,16 @@ struct NiahArgs {
 
 int run_niah_cmd(const NiahArgs& a) {
   eval::NiahOptions o;
-  o.lengths = parse_int_list(a.lengths, "--lengths");
-  o.depths = parse_int_list(a.depths, "--depths");
+  if (!a.output.empty()) check_output_file(a.output, "--output");
+  o.lengths = int_list(a.lengths, "--lengths", 1, std::numeric_limits<int>::max());
+  o.depths = int_list(a.depths, "--depths", 0, 100);
   o.trials = a.trials;
   o.seed = a.seed;
   const auto arms = eval::parse_arms(a.arms);
+  // The limit every arm's engine will have: --max-model-len, else the model's.
+  o.max_model_len = a.eng.max_model_len > 0 ? a.eng.max_model_len : model_max_len(load_model_config(a.model));
   auto tok = Tokenizer::load(a.model);
-  const auto prompts = eval::build_niah_prompts(*tok, read_file(a.haystack), o);
+  const auto prompts = eval::build_niah_prompts(*tok, read_text_option_file(a.haystack, "--haystack"), o);
   Progress progress("niah");
   json j = eval::run_niah(a.model, a.eng.options(), arms, *tok, prompts, o, std::ref(progress));
   j["fp8kv_version"] = version_string();

@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "io/errors.h"
 #include "io/fs_util.h"
+#include "io/user_files.h"
 #include "numerics/version.h"
 
 namespace fp8kv::cli {
@@ -47,7 +48,7 @@ int run_inject(const InjectArgs& a) {
   o.slow_ms = env_slow_ms();
   nlohmann::json report;
   try {
-    report = nlohmann::json::parse(read_file(a.report));
+    report = nlohmann::json::parse(read_option_file(a.report, "--report"));
   } catch (const nlohmann::json::exception& e) {
     throw InputError(fmt::format("{}: invalid JSON: {}", a.report, e.what()));
   }

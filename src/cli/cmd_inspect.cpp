@@ -1,8 +1,11 @@
-// `fp8kv inspect MODEL_DIR [--json]`: what the engine would load, and whether
-// it can. Exit 0 when config.json parses, the weights open and every tensor
-// the family needs is present with the right shape; exit 2 with one line
-// naming the file / tensor otherwise. Unexpected tensors are warnings.
+// `fp8kv inspect MODEL_DIR [--json] [--check-values]`: what the engine would
+// load, and whether it can. Exit 0 when config.json parses, the weights open
+// and every tensor the family needs is present with the right shape; exit 2
+// with one line naming the file / tensor otherwise. Unexpected tensors are
+// warnings. Weight values are not read unless --check-values, which scans
+// every floating-point tensor for NaN / inf and names the first one found.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -12,6 +15,7 @@
 #include "cli/commands.h"
 #include "io/checkpoint.h"
 #include "io/errors.h"
+#include "io/value_scan.h"
 #include "kv/scale_loader.h"
 #include "model/config.h"
 #include "model/weights_spec.h"
@@ -54,7 +58,23 @@ Summary summarize(const ModelConfig& cfg, const Checkpoint& ckpt, const WeightNa
   return s;
 }
 
-int run_inspect(const std::string& model_dir, bool json_out) {
+// Every floating-point tensor of the checkpoint, in name order; throws
+// InputError naming the file, tensor and element of the first NaN / inf.
+void check_values(const Checkpoint& ckpt) {
+  for (const std::string& name : ckpt.tensor_names()) {
+    const TensorInfo* t = ckpt.find(name);
+    if (!t || !is_float_dtype(t->dtype)) continue;
+    if (const auto bad = first_non_finite(ckpt.view(name))) {
+      const fs::path* file = ckpt.file_of(name);
+      throw InputError(fmt::format("{}: tensor {} ({}, shape [{}]) has {} at element {} (flat index); weights must be "
+                                   "finite",
+                                   file ? file->string() : ckpt.dir().string(), name, dtype_name(t->dtype),
+                                   fmt::join(t->shape, ", "), bad->what, bad->index));
+    }
+  }
+}
+
+int run_inspect(const std::string& model_dir, bool json_out, bool values) {
   const fs::path dir(model_dir);
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw InputError(fmt::format("{}: not a directory (expected a model directory)", model_dir));
@@ -79,7 +99,9 @@ int run_inspect(const std::string& model_dir, bool json_out) {
   }
 
   // KV scales present in the checkpoint (validated: malformed scales are bad input).
-  const KvScales scales = load_kv_scales(*ckpt, KvScaleShape{cfg.num_layers, cfg.num_heads, cfg.num_kv_heads});
+  const KvScales scales =
+      load_kv_scales(*ckpt, KvScaleShape{cfg.num_layers, cfg.num_heads, cfg.num_kv_heads}, &warnings);
+  if (values) check_values(*ckpt);
   const KvScaleCoverage cov = kv_scale_coverage(scales);
   const bool declares_fp8 = checkpoint_declares_fp8_kv(dir);
   if (auto w = kv_scale_coverage_warning(cov, KvDtype::fp8_e4m3); w && (declares_fp8 || cov.k_present() + cov.v_present() > 0))
@@ -137,6 +159,7 @@ int run_inspect(const std::string& model_dir, bool json_out) {
                               {"v_scale_missing_layers", cov.v_missing}};
     j["unexpected_tensors"] = unexpected;
     j["warnings"] = warnings;
+    j["values_checked"] = values;
     j["fp8kv_version"] = version_string();
     // Tensor names come from the file: never let invalid UTF-8 abort the output.
     std::printf("%s\n", j.dump(2, ' ', false, json::error_handler_t::replace).c_str());
@@ -171,6 +194,8 @@ int run_inspect(const std::string& model_dir, bool json_out) {
                          fmt_scale(scales.layers[l].v), fmt_scale(scales.layers[l].q));
   }
   if (non_text) out += fmt::format("non-text tensors: {} (vision tower / projector, not loaded)\n", non_text);
+  out += values ? "values:           every floating-point tensor scanned: no NaN or inf\n"
+                : "values:           not scanned (names, dtypes and shapes only; --check-values scans for NaN/inf)\n";
   out += fmt::format("fp8kv:            {}\n", version_string());
   std::fputs(out.c_str(), stdout);
   return 0;
@@ -180,9 +205,11 @@ const Registrar reg([](CLI::App& app) {
   auto* sub = app.add_subcommand("inspect", "Show a model's architecture, layer types, KV size; check it loads");
   auto dir = std::make_shared<std::string>();
   auto json_out = std::make_shared<bool>(false);
+  auto values = std::make_shared<bool>(false);
   sub->add_option("MODEL_DIR", *dir, "Hugging Face checkpoint directory")->required();
   sub->add_flag("--json", *json_out, "Print JSON");
-  set_action(sub, [dir, json_out] { return run_inspect(*dir, *json_out); });
+  sub->add_flag("--check-values", *values, "Scan every floating-point tensor for NaN / inf (reads all weights)");
+  set_action(sub, [dir, json_out, values] { return run_inspect(*dir, *json_out, *values); });
 });
 
 }  // namespace

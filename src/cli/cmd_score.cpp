@@ -10,9 +10,11 @@
 
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
+#include "cli/text_input.h"
 #include "engine/engine.h"
 #include "io/errors.h"
 #include "io/fs_util.h"
+#include "io/user_files.h"
 #include "numerics/version.h"
 #include "tokenizer/tokenizer.h"
 
@@ -31,7 +33,7 @@ struct ScoreArgs {
 };
 
 std::vector<std::vector<int>> read_ids_file(const std::string& path) {
-  const std::string text = read_file(path);
+  const std::string text = read_option_file(path, "--token-ids-file");
   json j = json::parse(text, nullptr, false);
   if (j.is_discarded()) throw InputError(path + ": not valid JSON");
   auto ids_of = [&](const json& a, const std::string& where) {
@@ -61,6 +63,7 @@ int run(const ScoreArgs& a) {
   if (a.ids_file.empty() == a.text_file.empty()) throw UsageError("give exactly one of --token-ids-file and --text-file");
   if (!a.ids_file.empty() && a.context != 0) throw UsageError("--context applies to --text-file only");
   if (a.context < 0) throw UsageError("--context must be >= 2");
+  check_output_file(a.output, "--output");
   auto engine = Engine::load(a.model, a.engine.options());
   const int max_len = engine->max_model_len();
 
@@ -72,7 +75,7 @@ int run(const ScoreArgs& a) {
     if (n < 2) throw UsageError("--context must be >= 2");
     if (n > max_len) throw InputError(fmt::format("--context {} exceeds max_model_len {}", n, max_len));
     auto tok = Tokenizer::load(a.model);
-    const std::vector<int> ids = tok->encode(read_file(a.text_file), true);
+    const std::vector<int> ids = tok->encode(read_text_option_file(a.text_file, "--text-file"), true);
     for (size_t s = 0; s < ids.size(); s += static_cast<size_t>(n)) {
       const size_t e = std::min(ids.size(), s + static_cast<size_t>(n));
       if (e - s >= 2) seqs.emplace_back(ids.begin() + s, ids.begin() + e);

@@ -3,56 +3,33 @@
 #include <fmt/format.h>
 
 #include <cstdio>
-#include <fstream>
 #include <iostream>
+#include <limits>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "cli/commands.h"
+#include "cli/text_input.h"
 #include "io/errors.h"
+#include "io/user_files.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fp8kv::cli {
 namespace {
 
-std::string read_file_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw InputError(fmt::format("{}: cannot open --text-file", path));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-// "1,2,3" (spaces allowed) or a JSON array "[1, 2, 3]".
+// "1,2,3" (spaces allowed) or a JSON-style "[1, 2, 3]"; "" and "[]" are the
+// empty list.
 std::vector<int> parse_ids(const std::string& s) {
-  std::string body = s;
-  size_t b = body.find_first_not_of(" \t\n");
-  if (b != std::string::npos && body[b] == '[') {
-    size_t e = body.find_last_of(']');
-    if (e == std::string::npos || e < b) throw UsageError("--ids: unbalanced '['");
+  std::string_view body = s;
+  const size_t b = body.find_first_not_of(" \t\n");
+  if (b != std::string_view::npos && body[b] == '[') {
+    const size_t e = body.find_last_of(']');
+    if (e == std::string_view::npos || e < b) throw UsageError("--ids: unbalanced '['");
     body = body.substr(b + 1, e - b - 1);
   }
+  if (body.find_first_not_of(" \t\n") == std::string_view::npos) return {};
   std::vector<int> ids;
-  size_t pos = 0;
-  while (pos <= body.size()) {
-    size_t comma = body.find(',', pos);
-    std::string item = body.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    size_t i0 = item.find_first_not_of(" \t\n"), i1 = item.find_last_not_of(" \t\n");
-    if (i0 == std::string::npos) {
-      if (comma == std::string::npos && ids.empty() && pos == 0) break;  // empty list
-      throw UsageError(fmt::format("--ids: empty item in {:?}", s));
-    }
-    item = item.substr(i0, i1 - i0 + 1);
-    long long v = 0;
-    for (char c : item) {
-      if (c < '0' || c > '9') throw UsageError(fmt::format("--ids: {:?} is not a non-negative integer", item));
-      v = v * 10 + (c - '0');
-      if (v > INT32_MAX) throw UsageError(fmt::format("--ids: {:?} is out of range", item));
-    }
+  for (int64_t v : parse_int_list(body, "--ids", 0, std::numeric_limits<int32_t>::max()))
     ids.push_back(static_cast<int>(v));
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
   return ids;
 }
 
@@ -74,7 +51,7 @@ Registrar reg_tokenize([](CLI::App& app) {
   sub->add_flag("--no-special", *no_special, "Do not add the post-processor's special tokens (BOS/EOS)");
   set_action(sub, [=]() {
     if (o_text->count() == 0 && o_file->count() == 0) throw UsageError("tokenize: give --text or --text-file");
-    std::string input = o_file->count() ? read_file_bytes(*text_file) : *text;
+    std::string input = o_file->count() ? read_text_option_file(*text_file, "--text-file") : *text;
     auto tok = Tokenizer::load(*path);
     auto ids = tok->encode(input, !*no_special);
     nlohmann::ordered_json out;

@@ -24,8 +24,13 @@ struct UsageError : std::runtime_error {
 
 // Sets the action run when `sub` was selected; the action returns the exit
 // code. Exceptions map to exit codes: UsageError / std::invalid_argument /
-// fp8kv::InputError -> 2, anything else -> 1.
+// fp8kv::InputError -> 2; std::bad_alloc -> 2 with a hint (the sizes asked
+// for are the user's: --kv-memory, --max-model-len, --block-size); anything
+// else -> 1 (docs/design.md "Exit codes and errors").
 void set_action(CLI::App* sub, std::function<int()> action);
+// Top-level subcommand names, for the unknown-subcommand error.
+bool is_subcommand(CLI::App& app, const std::string& name);
+std::string subcommand_list(CLI::App& app);  // "calibrate, capacity, ..." (sorted)
 int run_selected(CLI::App& app);
 
 }  // namespace fp8kv::cli

@@ -10,6 +10,13 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", fp8kv::version_string());
   for (auto& reg : fp8kv::cli::registry()) reg(app);
+  // CLI11 2.1 answers an unknown first word with "A subcommand is required":
+  // name the word and list the subcommands instead.
+  if (argc > 1 && argv[1][0] != '-' && !fp8kv::cli::is_subcommand(app, argv[1])) {
+    std::fprintf(stderr, "error: unknown subcommand '%s' (subcommands: %s; see fp8kv --help)\n", argv[1],
+                 fp8kv::cli::subcommand_list(app).c_str());
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -95,8 +95,14 @@ KvScales arm_scales(const ArmSpec& arm, const fs::path& model_dir, const ModelCo
           (dir / "config.json").string(), other.num_layers, other.num_heads, other.num_kv_heads, cfg.num_layers,
           cfg.num_heads, cfg.num_kv_heads));
   }
-  const auto ck = Checkpoint::open(dir);
-  return load_kv_scales(*ck, shape);
+  // Errors name the arm as well as the file and tensor: with several arms the
+  // tensor name alone does not say which directory is at fault.
+  try {
+    const auto ck = Checkpoint::open(dir);
+    return load_kv_scales(*ck, shape);
+  } catch (const InputError& e) {
+    throw InputError(fmt::format("arm '{}': {}", arm.name, e.what()));
+  }
 }
 
 std::unique_ptr<Engine> load_arm_engine(const ArmSpec& arm, const fs::path& model_dir, EngineOptions base) {

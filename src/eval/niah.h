@@ -43,9 +43,11 @@ struct NiahOptions {
   int trials = 5;
   uint64_t seed = 0;
   int answer_tokens = 7;  // generated tokens (prompt fits in length - answer_tokens)
+  int max_model_len = 0;  // > 0: a length above it is refused first (before the haystack is measured)
 };
-// Same seed -> same prompts. Throws InputError when the haystack is too
-// short for a length.
+// Same seed -> same prompts. Throws InputError when a length exceeds
+// max_model_len (checked first: that is the cause, not the haystack) or the
+// haystack is too short for a length.
 std::vector<NiahPrompt> build_niah_prompts(const Tokenizer& tok, const std::string& haystack, const NiahOptions& o);
 
 using NiahProgress = std::function<void(uint64_t done, uint64_t total)>;

@@ -14,6 +14,7 @@
 #include "io/checkpoint.h"
 #include "io/errors.h"
 #include "io/fs_util.h"
+#include "numerics/scale_check.h"
 
 namespace fp8kv {
 
@@ -104,67 +105,80 @@ std::string kv_scale_tensor_name(std::string_view prefix, int layer, ScaleStream
 }
 
 void validate_scale_values(const std::string& tensor, const std::vector<float>& values, int heads,
-                           std::string_view heads_what) {
+                           std::string_view heads_what, std::vector<std::string>* warnings) {
   if (values.empty()) throw InputError(fmt::format("{} is empty (expected a scalar or one value per {})", tensor, heads_what));
   if (values.size() != 1 && static_cast<int>(values.size()) != heads)
     throw InputError(fmt::format("{} has {} values (expected 1, or one per {}: {})", tensor, values.size(),
                                  heads_what, heads));
   for (size_t i = 0; i < values.size(); ++i) {
-    const float x = values[i];
     const std::string where = values.size() == 1 ? tensor : fmt::format("{}[{}]", tensor, i);
-    if (std::isnan(x)) throw InputError(fmt::format("{} is NaN (a KV scale must be finite and > 0)", where));
-    if (std::isinf(x)) throw InputError(fmt::format("{} is {} (a KV scale must be finite and > 0)", where, x > 0 ? "inf" : "-inf"));
-    if (x == 0.0f) throw InputError(fmt::format("{} is 0 (a KV scale must be finite and > 0)", where));
-    if (x < 0.0f) throw InputError(fmt::format("{} is negative ({}) (a KV scale must be finite and > 0)", where, fmt_float(x)));
+    if (auto err = scale_value_error(values[i])) throw InputError(fmt::format("{} {}", where, *err));
+    if (warnings)
+      if (auto w = scale_value_warning(values[i])) warnings->push_back(fmt::format("{} {}", where, *w));
   }
 }
 
-KvScales load_kv_scales(const Checkpoint& ckpt, const KvScaleShape& shape) {
+namespace {
+// One recognised scale tensor into `out` (errors name the tensor; the caller
+// adds the file).
+void load_one_scale(const Checkpoint& ckpt, const std::string& name, const KvScaleName& parsed,
+                    const KvScaleShape& shape, KvScales& out, std::vector<std::string>* warnings) {
+  const TensorView view = ckpt.view(name);
+  if (!is_float_dtype(view.dtype()) || view.dtype() == DType::F8_E4M3 || view.dtype() == DType::F8_E5M2)
+    throw InputError(fmt::format("{} has dtype {} (expected a float dtype: F32, BF16, F16 or F64)", name,
+                                 dtype_name(view.dtype())));
+  if (parsed.layer < 0 || parsed.layer >= shape.num_layers)
+    throw InputError(fmt::format("{} names layer {}, but the model has {} layers (0..{})", name, parsed.layer,
+                                 shape.num_layers, shape.num_layers - 1));
+  const bool is_q = parsed.stream == ScaleStream::q;
+  const bool is_prob = parsed.stream == ScaleStream::prob;
+  // prob scales are per tensor (P is shared by all heads).
+  const int heads = is_prob ? 1 : is_q ? shape.num_heads : shape.num_kv_heads;
+  const std::string_view heads_what = is_prob ? "tensor" : is_q ? "query head" : "KV head";
+  check_shape(name, view.shape(), heads, heads_what);
+  std::vector<float> values(static_cast<size_t>(view.numel()));
+  tensor_to_f32(view, values);
+  validate_scale_values(name, values, heads, heads_what, warnings);
+  if (is_prob) return;  // validated; P is never quantized by this engine
+
+  LayerKvScales& layer = out.layers[parsed.layer];
+  auto assign = [&](StreamScale& s, const char* what) {
+    if (s.from_checkpoint) {
+      // Two tensors for one stream: fine when they agree, an error otherwise
+      // (which one a serving engine would use depends on its load order).
+      if (s.values != values)
+        throw InputError(fmt::format("{} and {} both give layer {}'s {} scale, with different values", s.source_tensor,
+                                     name, parsed.layer, what));
+      return;
+    }
+    s.values = values;
+    s.from_checkpoint = true;
+    s.source_tensor = name;
+  };
+  switch (parsed.stream) {
+    case ScaleStream::k: assign(layer.k, "k"); break;
+    case ScaleStream::v: assign(layer.v, "v"); break;
+    case ScaleStream::q: assign(layer.q, "q"); break;
+    case ScaleStream::kv:
+      assign(layer.k, "k");
+      assign(layer.v, "v");
+      break;
+    case ScaleStream::prob: break;
+  }
+}
+}  // namespace
+
+KvScales load_kv_scales(const Checkpoint& ckpt, const KvScaleShape& shape, std::vector<std::string>* warnings) {
   KvScales out = KvScales::unity(shape.num_layers);
   for (const std::string& name : ckpt.tensor_names()) {
     const auto parsed = parse_kv_scale_name(name);
     if (!parsed) continue;
-    const TensorView view = ckpt.view(name);
-    if (!is_float_dtype(view.dtype()) || view.dtype() == DType::F8_E4M3 || view.dtype() == DType::F8_E5M2)
-      throw InputError(fmt::format("{} has dtype {} (expected a float dtype: F32, BF16, F16 or F64)", name,
-                                   dtype_name(view.dtype())));
-    if (parsed->layer < 0 || parsed->layer >= shape.num_layers)
-      throw InputError(fmt::format("{} names layer {}, but the model has {} layers (0..{})", name, parsed->layer,
-                                   shape.num_layers, shape.num_layers - 1));
-    const bool is_q = parsed->stream == ScaleStream::q;
-    const bool is_prob = parsed->stream == ScaleStream::prob;
-    // prob scales are per tensor (P is shared by all heads).
-    const int heads = is_prob ? 1 : is_q ? shape.num_heads : shape.num_kv_heads;
-    const std::string_view heads_what = is_prob ? "tensor" : is_q ? "query head" : "KV head";
-    check_shape(name, view.shape(), heads, heads_what);
-    std::vector<float> values(static_cast<size_t>(view.numel()));
-    tensor_to_f32(view, values);
-    validate_scale_values(name, values, heads, heads_what);
-    if (is_prob) continue;  // validated; P is never quantized by this engine
-
-    LayerKvScales& layer = out.layers[parsed->layer];
-    auto assign = [&](StreamScale& s, const char* what) {
-      if (s.from_checkpoint) {
-        // Two tensors for one stream: fine when they agree, an error otherwise
-        // (which one a serving engine would use depends on its load order).
-        if (s.values != values)
-          throw InputError(fmt::format("{} and {} both give layer {}'s {} scale, with different values", s.source_tensor,
-                                       name, parsed->layer, what));
-        return;
-      }
-      s.values = values;
-      s.from_checkpoint = true;
-      s.source_tensor = name;
-    };
-    switch (parsed->stream) {
-      case ScaleStream::k: assign(layer.k, "k"); break;
-      case ScaleStream::v: assign(layer.v, "v"); break;
-      case ScaleStream::q: assign(layer.q, "q"); break;
-      case ScaleStream::kv:
-        assign(layer.k, "k");
-        assign(layer.v, "v");
-        break;
-      case ScaleStream::prob: break;
+    const std::filesystem::path* file = ckpt.file_of(name);
+    const std::string file_name = file ? file->string() : ckpt.dir().string();
+    try {
+      load_one_scale(ckpt, name, *parsed, shape, out, warnings);
+    } catch (const InputError& e) {
+      throw InputError(fmt::format("{}: {}", file_name, e.what()));
     }
   }
   return out;
@@ -208,7 +222,9 @@ std::optional<std::string> kv_scale_coverage_warning(const KvScaleCoverage& cov,
 }
 
 KvScales load_kv_scales_for_run(const Checkpoint& ckpt, const KvScaleShape& shape, KvDtype cache_dtype) {
-  KvScales s = load_kv_scales(ckpt, shape);
+  std::vector<std::string> warnings;
+  KvScales s = load_kv_scales(ckpt, shape, &warnings);
+  for (const auto& w : warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
   if (auto w = kv_scale_coverage_warning(kv_scale_coverage(s), cache_dtype))
     std::fprintf(stderr, "warning: %s\n", w->c_str());
   return s;

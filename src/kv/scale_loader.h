@@ -42,18 +42,22 @@ struct KvScaleShape {
   int num_kv_heads = 0;
 };
 
-// Checks one scale tensor's values: every value finite and > 0, count 1 or
-// `heads`. Throws InputError naming `tensor`, e.g.
-// "model.layers.1.self_attn.v_scale is NaN".
+// Checks one scale tensor's values: count 1 or `heads`, every value accepted
+// by scale_value_error (numerics/scale_check.h: finite, normal float32, > 0).
+// Throws InputError naming `tensor`, e.g. "model.layers.1.self_attn.v_scale is
+// NaN (...)". Values outside [2^-20, 2^20] append a line to `warnings` when
+// given.
 void validate_scale_values(const std::string& tensor, const std::vector<float>& values, int heads,
-                           std::string_view heads_what);
+                           std::string_view heads_what, std::vector<std::string>* warnings = nullptr);
 
 // Reads every KV scale tensor of the checkpoint into per-layer KvScales.
 // Streams without a tensor stay 1.0 with from_checkpoint = false. Throws
-// InputError naming the tensor on: non-float dtype, bad shape, non-finite or
-// non-positive values, layer index out of range, or two tensors giving
-// different values for the same layer and stream.
-KvScales load_kv_scales(const Checkpoint& ckpt, const KvScaleShape& shape);
+// InputError naming the file and the tensor on: non-float dtype, bad shape,
+// a value validate_scale_values refuses, layer index out of range, or two
+// tensors giving different values for the same layer and stream. Range
+// warnings go to `warnings` when given.
+KvScales load_kv_scales(const Checkpoint& ckpt, const KvScaleShape& shape,
+                        std::vector<std::string>* warnings = nullptr);
 
 // Which layers have k/v/q scales from the checkpoint, among the layers whose
 // KV cache runs quantized (all attention layers of the model).
@@ -71,8 +75,8 @@ KvScaleCoverage kv_scale_coverage(const KvScales& scales);
 // or the cache is bf16. Decided by presence, never by value.
 std::optional<std::string> kv_scale_coverage_warning(const KvScaleCoverage& cov, KvDtype cache_dtype);
 
-// Loads, validates and, when the cache is fp8 and v_scale coverage is short,
-// logs the coverage warning once on stderr. What the engine calls at load.
+// Loads, validates and logs on stderr the range warnings and, when the cache
+// is fp8 and v_scale coverage is short, the coverage warning (once). What the engine calls at load.
 KvScales load_kv_scales_for_run(const Checkpoint& ckpt, const KvScaleShape& shape, KvDtype cache_dtype);
 
 // True when the checkpoint declares an fp8 KV cache: config.json has

@@ -68,11 +68,13 @@ struct Reader {
       const double d = v->get<double>();
       if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e15) return static_cast<int64_t>(d);
     }
-    fail(f, fmt::format("expected an integer, got {}", v->dump()));
+    fail(f, fmt::format("expected an integer (at most 2^53 in magnitude when written as a float), got {}", v->dump()));
   }
   int positive(const char* f, int64_t def) const {
     const int64_t v = integer(f, def);
-    if (v <= 0 || v > std::numeric_limits<int>::max()) fail(f, fmt::format("expected a positive integer, got {}", v));
+    // Fields are stored as int: the upper bound is 2^31 - 1, and the message says so.
+    if (v <= 0 || v > std::numeric_limits<int>::max())
+      fail(f, fmt::format("expected a positive integer <= {} (2^31 - 1), got {}", std::numeric_limits<int>::max(), v));
     return static_cast<int>(v);
   }
   int required_positive(const char* f) const {
@@ -106,7 +108,10 @@ struct Reader {
 };
 
 // One rope dict (legacy rope_scaling or one rope_parameters entry).
-RopeParams parse_rope_dict(const json& d, double default_theta, const Reader& parent, const std::string& field) {
+// `max_position_embeddings`: the model's, to check that a length-scaling
+// factor leaves a context of at least one token.
+RopeParams parse_rope_dict(const json& d, double default_theta, const Reader& parent, const std::string& field,
+                           int max_position_embeddings) {
   Reader r{d, parent.source, parent.prefix + field + "."};
   if (!d.is_object()) parent.fail(field, fmt::format("expected an object, got {}", d.dump()));
   RopeParams p;
@@ -145,6 +150,17 @@ RopeParams parse_rope_dict(const json& d, double default_theta, const Reader& pa
     p.mscale_all_dim = r.opt_number("mscale_all_dim");
     p.truncate = r.boolean("truncate", true);
   }
+  // linear, dynamic and yarn scale the usable context by `factor` (vLLM's
+  // derived max length); a factor that shrinks it below one token is a broken
+  // config, not "no max_position_embeddings" later on.
+  if (p.type == "linear" || p.type == "dynamic" || p.type == "yarn") {
+    const int base = p.type == "yarn" && p.original_max_position_embeddings > 0 ? p.original_max_position_embeddings
+                                                                               : max_position_embeddings;
+    if (base > 0 && static_cast<double>(base) * p.factor < 1.0)
+      r.fail("factor", fmt::format("{} scales the context of {} positions to less than one token (expected a "
+                                   "number >= 1; transformers warns below 1)",
+                                   p.factor, base));
+  }
   return p;
 }
 
@@ -154,7 +170,8 @@ std::vector<int> parse_token_ids(const Reader& r, const char* f) {
   if (!v) return out;
   auto one = [&](const json& x) {
     if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > std::numeric_limits<int>::max())
-      r.fail(f, fmt::format("expected a token id or a list of token ids, got {}", v->dump()));
+      r.fail(f, fmt::format("expected a token id (an integer in [0, {}]) or a list of token ids, got {}",
+                            std::numeric_limits<int>::max(), v->dump()));
     out.push_back(static_cast<int>(x.get<int64_t>()));
   };
   if (v->is_array()) {
@@ -310,18 +327,18 @@ void parse_text_config(const Reader& r, ModelConfig& c) {
     const bool per_type = rp->contains("full_attention") || rp->contains("sliding_attention");
     if (per_type) {
       c.rope_full = rp->contains("full_attention") ? parse_rope_dict((*rp)["full_attention"], theta, r,
-                                                                     "rope_parameters.full_attention")
+                                                                     "rope_parameters.full_attention", c.max_position_embeddings)
                                                    : RopeParams{.theta = theta};
       c.rope_sliding = rp->contains("sliding_attention")
                            ? parse_rope_dict((*rp)["sliding_attention"], gemma ? local_theta : theta, r,
-                                             "rope_parameters.sliding_attention")
+                                             "rope_parameters.sliding_attention", c.max_position_embeddings)
                            : (gemma ? RopeParams{.theta = local_theta} : c.rope_full);
     } else {
-      c.rope_full = parse_rope_dict(*rp, theta, r, "rope_parameters");
+      c.rope_full = parse_rope_dict(*rp, theta, r, "rope_parameters", c.max_position_embeddings);
       c.rope_sliding = gemma ? RopeParams{.theta = local_theta} : c.rope_full;
     }
   } else {
-    c.rope_full = rs ? parse_rope_dict(*rs, theta, r, "rope_scaling") : RopeParams{.theta = theta};
+    c.rope_full = rs ? parse_rope_dict(*rs, theta, r, "rope_scaling", c.max_position_embeddings) : RopeParams{.theta = theta};
     // Gemma3: local (sliding) layers use rope_local_base_freq and no scaling.
     c.rope_sliding = gemma ? RopeParams{.theta = local_theta} : c.rope_full;
   }

@@ -5,11 +5,7 @@
 # same float32 bits, and inject must accept it; bad input fails with a
 # "failed" report / exit 2.
 # Usage: bash calibrate_outlier.sh <fp8kv-binary> <source-dir>
-set -u
-BIN=$1; SRC=$2
-HERE="$SRC/tests/e2e"
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$(dirname "$0")/lib.sh"
 python3 "$HERE/inject_make_checkpoint.py" "$T/m" --outlier-layer 1 --gain 400 || fail make
 python3 -c "
 import json, random

@@ -4,11 +4,8 @@
 # JSON fields, the --compare grid, --gpu-memory budgets (checkpoint weights vs
 # config estimate), and bad input -> exit 2 with one clear line, empty stdout.
 # Usage: bash capacity.sh <fp8kv-binary> <source-dir>
-set -u
-BIN=$1; SRC=$2
+source "$(dirname "$0")/lib.sh"
 CFG="$SRC/tests/data/configs"
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
 
 run_ok() {  # run_ok NAME ARGS... : stdout -> $T/NAME.out
   local name=$1; shift

@@ -5,10 +5,7 @@
 # budgets, including ones that are not a multiple of the page, and fp8 when
 # `fp8kv score` is available).
 # Usage: bash capacity_engine.sh <fp8kv-binary> <source-dir>
-set -u
-BIN=$1; SRC=$2
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$(dirname "$0")/lib.sh"
 python3 "$SRC/tests/e2e/inject_make_checkpoint.py" "$T/m" > /dev/null || fail "make checkpoint"
 python3 -c "import json; json.dump([[5, 6, 7, 8, 9, 10, 11, 12, 13, 14]], open('$T/ids.json', 'w'))"
 

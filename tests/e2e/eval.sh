@@ -6,11 +6,7 @@
 # directory) has a smaller KLD than fp8:unity. niah on the bundled model: cells
 # and McNemar entries for every arm, same seed -> same result. Bad input -> 2.
 # Usage: bash eval.sh <fp8kv-binary> <source-dir>
-set -u
-BIN=$1; SRC=$2
-HERE="$SRC/tests/e2e"
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$(dirname "$0")/lib.sh"
 python3 "$HERE/inject_make_checkpoint.py" "$T/m" --outlier-layer 1 --gain 400 || fail make
 python3 -c "
 import json, random

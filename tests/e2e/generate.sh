@@ -1,14 +1,6 @@
 #!/usr/bin/env bash
 # e2e: fp8kv generate on a tiny random checkpoint (made here with python3, stdlib only).
-set -u
-BIN="$1"; SRC="$2"
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-expect_rc() {
-  local want=$1; shift
-  "$@" >"$T/out" 2>"$T/err"; local rc=$?
-  [ "$rc" = "$want" ] || { cat "$T/err" >&2; fail "expected exit $want, got $rc: $*"; }
-}
+source "$(dirname "$0")/lib.sh"
 python3 "$SRC/tests/e2e/tiny_model.py" "$T/m" --bf16 || fail "could not make the tiny model"
 
 expect_rc 0 "$BIN" generate "$T/m" --prompt "Hello there" --max-tokens 12

@@ -3,11 +3,7 @@
 # refusals before any write (exit 2, tensor/field named), SHA256SUMS,
 # weight shards byte-identical, inspect loads the result.
 # Usage: bash inject_basic.sh <fp8kv-binary> <source-dir>
-set -u
-BIN=$1; SRC=$2
-HERE="$SRC/tests/e2e"
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$(dirname "$0")/lib.sh"
 python3 "$HERE/inject_make_checkpoint.py" "$T/m" --sharded || fail "make checkpoint"
 python3 "$HERE/inject_make_checkpoint.py" "$T/single" || fail "make checkpoint"
 W1=$(sha256sum "$T/m/model-00001-of-00002.safetensors" | cut -d' ' -f1)

@@ -5,11 +5,7 @@
 # shards must be byte-identical. 60 in-place trials (sharded and single-file
 # checkpoints) + 12 --output trials (the output appears whole or not at all).
 # Usage: bash inject_kill9.sh <fp8kv-binary> <source-dir>
-set -u
-BIN=$1; SRC=$2
-HERE="$SRC/tests/e2e"
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$(dirname "$0")/lib.sh"
 TRIALS=${FP8KV_KILL9_TRIALS:-30}   # per checkpoint kind
 SLOW=15
 

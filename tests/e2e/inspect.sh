@@ -2,12 +2,9 @@
 # e2e: fp8kv inspect on the tiny llama checkpoint (JSON keys and values), on
 # malformed copies (exit 2, one line on stderr naming the file/tensor), and
 # the unexpected-tensor warning. Usage: inspect.sh FP8KV_BINARY SOURCE_DIR
-set -euo pipefail
-BIN=$1
-SRC=$2
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$(dirname "$0")/lib.sh"
+set -eo pipefail
+TMP=$T
 
 # 1. Good checkpoint: exit 0, JSON on stdout only.
 "$BIN" inspect "$SRC/tests/data/tiny_llama" --json >"$TMP/out.json" 2>"$TMP/err.txt" || fail "inspect exited $?"

@@ -1,14 +1,6 @@
 #!/usr/bin/env bash
 # e2e: fp8kv score on a tiny random checkpoint (made here with python3, stdlib only).
-set -u
-BIN="$1"; SRC="$2"
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-expect_rc() {  # expect_rc CODE cmd...
-  local want=$1; shift
-  "$@" >"$T/out" 2>"$T/err"; local rc=$?
-  [ "$rc" = "$want" ] || { cat "$T/err" >&2; fail "expected exit $want, got $rc: $*"; }
-}
+source "$(dirname "$0")/lib.sh"
 python3 "$SRC/tests/e2e/tiny_model.py" "$T/m" || fail "could not make the tiny model"
 
 echo '[[257, 72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100, 33, 32, 72, 101, 108, 108, 111], [257, 65, 66]]' > "$T/ids.json"

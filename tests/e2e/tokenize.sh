@@ -2,13 +2,10 @@
 # e2e: fp8kv tokenize / detokenize on the hand-made fixtures
 # (tests/data/tokenizers) and, when present, the HF goldens.
 # Usage: bash tokenize.sh <path-to-fp8kv> <source-dir>
-set -u
-BIN="$1"
-SRC="$2"
+source "$(dirname "$0")/lib.sh"
 FIX="$SRC/tests/data/tokenizers"
 fails=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+tmp=$T
 
 check() {  # name, expected-substring, command...
   local name="$1" want="$2"
@@ -56,13 +53,16 @@ check "ids as JSON array" '"text":"hello world"' "$BIN" detokenize "$FIX/bytelev
 
 # Bad input: exit 2, one clear line on stderr, nothing on stdout.
 printf 'ab\xc3' >"$tmp/bad.txt"
-check_rc "invalid utf-8 text" 2 "not valid UTF-8" "$BIN" tokenize "$FIX/bytelevel.json" --text-file "$tmp/bad.txt"
+check_rc "invalid utf-8 text" 2 "--text-file $tmp/bad.txt: not valid UTF-8 (first invalid byte 0xC3 at byte offset 2)" "$BIN" tokenize "$FIX/bytelevel.json" --text-file "$tmp/bad.txt"
+# Issue 15 item 3: a directory (or a missing file) given as --text-file is refused, not read as empty.
+check_rc "text-file is a dir" 2 "--text-file $tmp: is a directory, expected a file" "$BIN" tokenize "$FIX/bytelevel.json" --text-file "$tmp"
+check_rc "text-file missing" 2 "--text-file $tmp/none.txt: no such file" "$BIN" tokenize "$FIX/bytelevel.json" --text-file "$tmp/none.txt"
 check_rc "missing tokenizer" 2 "no such file" "$BIN" tokenize "$tmp/nope.json" --text x
 printf '{"model": {"type": "Unigram", "vocab": []}}' >"$tmp/uni.json"
 check_rc "unigram unsupported" 2 'model type "Unigram" is unsupported' "$BIN" tokenize "$tmp/uni.json" --text x
 printf '{"model": ' >"$tmp/trunc.json"
 check_rc "malformed json" 2 "not valid JSON" "$BIN" tokenize "$tmp/trunc.json" --text x
-check_rc "bad ids" 2 "not a non-negative integer" "$BIN" detokenize "$FIX/bytelevel.json" --ids 1,-2
+check_rc "bad ids" 2 "--ids '1,-2': '-2' is not an integer in [0, 2147483647]" "$BIN" detokenize "$FIX/bytelevel.json" --ids 1,-2
 check_rc "no text" 2 "--text" "$BIN" tokenize "$FIX/bytelevel.json"
 check_rc "text and text-file" 2 "" "$BIN" tokenize "$FIX/bytelevel.json" --text a --text-file "$tmp/in.txt"
 

@@ -290,3 +290,28 @@ TEST(Niah, PromptFormatAndScoring) {
   EXPECT_FALSE(niah_correct(" 12346", "12345"));
   EXPECT_FALSE(niah_correct(" a12345", "12345"));
 }
+
+TEST(Niah, LengthBeyondMaxModelLenIsNamedBeforeTheHaystack) {
+  // Issue 15 item 17: --lengths 100000 on a short haystack used to say the
+  // haystack was too short; the cause is max_model_len.
+  const auto tok = Tokenizer::load(std::filesystem::path(FP8KV_SOURCE_DIR) / "tests/data/tokenizers/bytelevel.json");
+  NiahOptions o;
+  o.lengths = {64, 100000};
+  o.depths = {50};
+  o.trials = 1;
+  o.max_model_len = 4096;
+  try {
+    build_niah_prompts(*tok, "Short hay. Very short.", o);
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_STREQ(e.what(), "--lengths: 100000 exceeds max_model_len 4096 (the model's limit, or --max-model-len)");
+  }
+  // Within the limit, the short haystack is the error.
+  o.lengths = {64};
+  try {
+    build_niah_prompts(*tok, "Short hay. Very short.", o);
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--haystack"), std::string::npos) << e.what();
+  }
+}

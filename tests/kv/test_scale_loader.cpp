@@ -186,10 +186,39 @@ TEST(KvScaleLoader, RefusesBadValuesByName) {
   const float heads[2] = {1.0f, nan};
   expect_refused({make_f32_tensor("model.layers.1.self_attn.v_scale", {2}, heads)},
                  {"model.layers.1.self_attn.v_scale[1] is NaN"});
-  // A denormal is finite and > 0: accepted.
+  // A subnormal float32 is finite and > 0, but 1/scale is inf: refused
+  // (issue 15 item 4: 1.4e-45, the smallest subnormal, was accepted).
+  expect_refused({scalar("model.layers.0.self_attn.v_scale", 1.4e-45f)},
+                 {"model.layers.0.self_attn.v_scale is 1.40129846e-45", "subnormal"});
+  expect_refused({scalar("model.layers.2.self_attn.k_scale", 1e-40f)}, {"model.layers.2.self_attn.k_scale", "subnormal"});
+  // The smallest normal float32 is accepted (with a range warning).
   TempDir d;
-  auto ck = make_ckpt(d.path(), {scalar("model.layers.0.self_attn.v_scale", 1e-40f)});
-  EXPECT_EQ(load_kv_scales(*ck, kShape).layers[0].v.values[0], 1e-40f);
+  const float tiny = std::numeric_limits<float>::min();
+  auto ck = make_ckpt(d.path(), {scalar("model.layers.0.self_attn.v_scale", tiny)});
+  std::vector<std::string> warnings;
+  EXPECT_EQ(load_kv_scales(*ck, kShape, &warnings).layers[0].v.values[0], tiny);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("model.layers.0.self_attn.v_scale is 1.17549435e-38, outside [2^-20, 2^20]"),
+            std::string::npos)
+      << warnings[0];
+}
+
+TEST(KvScaleLoader, ErrorsNameTheFile) {
+  // Issue 15 item 18: the tensor alone does not say which checkpoint is at fault.
+  expect_refused({scalar("model.layers.0.self_attn.v_scale", -1.0f)}, {"model.safetensors: model.layers.0.self_attn.v_scale"});
+}
+
+TEST(KvScaleLoader, RangeWarningsOnlyOutsideTwoToThePlusMinus20) {
+  TempDir d;
+  auto ck = make_ckpt(d.path(), {scalar("model.layers.0.self_attn.k_scale", 0x1p-20f),
+                                 scalar("model.layers.0.self_attn.v_scale", 0x1p20f),
+                                 scalar("model.layers.1.self_attn.k_scale", 0x1.000002p20f),
+                                 scalar("model.layers.1.self_attn.v_scale", 0x1.fffffep-21f)});
+  std::vector<std::string> warnings;
+  load_kv_scales(*ck, kShape, &warnings);
+  ASSERT_EQ(warnings.size(), 2u);
+  EXPECT_NE(warnings[0].find("model.layers.1.self_attn.k_scale is 1048576.12"), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[1].find("model.layers.1.self_attn.v_scale is 9.5367426e-07"), std::string::npos) << warnings[1];
 }
 
 TEST(KvScaleLoader, RefusesBadShapesByName) {

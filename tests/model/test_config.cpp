@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "io/errors.h"
@@ -313,6 +314,51 @@ TEST(Config, ErrorsNameTheField) {
   j = llama31_8b();
   j["max_position_embeddings"] = 4096.0;  // integral floats are accepted, as Python does
   EXPECT_EQ(parse(j).max_position_embeddings, 4096);
+}
+
+TEST(Config, HugeIntegersStateTheBound) {
+  // Issue 15 item 14: the error says what the upper bound is.
+  const std::string bound = "expected a positive integer <= 2147483647 (2^31 - 1)";
+  for (const char* f : {"num_hidden_layers", "hidden_size", "max_position_embeddings", "vocab_size"}) {
+    json j = llama31_8b();
+    j[f] = 1000000000000LL;  // 1e12
+    const std::string err = error_of(j);
+    EXPECT_NE(err.find(std::string("field '") + f + "'"), std::string::npos) << err;
+    EXPECT_NE(err.find(bound + ", got 1000000000000"), std::string::npos) << err;
+  }
+  json j = llama31_8b();
+  j["hidden_size"] = 1LL << 62;
+  EXPECT_NE(error_of(j).find(bound + ", got 4611686018427387904"), std::string::npos) << error_of(j);
+  j = json::parse(R"({"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "vocab_size": 100, "max_position_embeddings": 256})");
+  j["sliding_window"] = std::numeric_limits<int64_t>::max();
+  EXPECT_NE(error_of(j).find("'sliding_window': " + bound), std::string::npos) << error_of(j);
+  j = llama31_8b();
+  j["num_hidden_layers"] = 1e20;  // a float too large to be an exact integer
+  EXPECT_NE(error_of(j).find("expected an integer (at most 2^53"), std::string::npos) << error_of(j);
+  j = llama31_8b();
+  j["eos_token_id"] = {128001, 1LL << 40};
+  EXPECT_NE(error_of(j).find("'eos_token_id': expected a token id (an integer in [0, 2147483647])"), std::string::npos)
+      << error_of(j);
+}
+
+TEST(Config, RopeFactorThatShrinksTheContextToNothingIsNamed) {
+  // Issue 15 item 13: factor 1e-300 used to surface as "model config has no
+  // max_position_embeddings" in the planner.
+  json j = llama31_8b();
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 1e-300}};
+  std::string err = error_of(j);
+  EXPECT_NE(err.find("config.json: field 'rope_scaling.factor': 1e-300 scales the context of 131072 positions"),
+            std::string::npos)
+      << err;
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 1e-4}, {"original_max_position_embeddings", 4096}};
+  err = error_of(j);
+  EXPECT_NE(err.find("'rope_scaling.factor'"), std::string::npos) << err;
+  EXPECT_NE(err.find("4096 positions"), std::string::npos) << err;
+  // A factor below 1 that still leaves tokens is accepted, as transformers does.
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 0.5}};
+  EXPECT_EQ(parse(j).rope_full.factor, 0.5);
 }
 
 TEST(Config, LoadFromDirWithGenerationConfig) {

@@ -1,0 +1,85 @@
+#include "io/user_files.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "io/errors.h"
+#include "io/fs_util.h"
+
+namespace fp8kv {
+
+namespace fs = std::filesystem;
+
+std::string read_option_file(const std::string& path, std::string_view option) {
+  if (path.empty()) throw InputError(fmt::format("{}: empty path", option));
+  std::error_code ec;
+  const auto st = fs::status(path, ec);
+  if (ec || !fs::exists(st)) throw InputError(fmt::format("{} {}: no such file", option, path));
+  if (fs::is_directory(st)) throw InputError(fmt::format("{} {}: is a directory, expected a file", option, path));
+  if (::access(path.c_str(), R_OK) != 0)
+    throw InputError(fmt::format("{} {}: cannot read: {}", option, path, std::strerror(errno)));
+  try {
+    return read_file(path);
+  } catch (const InputError& e) {
+    throw InputError(fmt::format("{} {}", option, e.what()));
+  }
+}
+
+namespace {
+void check_writable_dir(const fs::path& dir, const std::string& path, std::string_view option) {
+  std::error_code ec;
+  const auto st = fs::status(dir, ec);
+  if (ec || !fs::exists(st))
+    throw InputError(fmt::format("{} {}: directory {} does not exist", option, path, dir.string()));
+  if (!fs::is_directory(st)) throw InputError(fmt::format("{} {}: {} is not a directory", option, path, dir.string()));
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    throw InputError(fmt::format("{} {}: cannot write in {}: {}", option, path, dir.string(), std::strerror(errno)));
+}
+fs::path parent_of(const std::string& path) {
+  fs::path p(path);
+  while (!p.empty() && p.filename().empty()) p = p.parent_path();  // "a/b/" -> "a/b"
+  return p.has_parent_path() ? p.parent_path() : fs::path(".");
+}
+}  // namespace
+
+void check_output_file(const std::string& path, std::string_view option) {
+  if (path.empty()) throw InputError(fmt::format("{}: empty path", option));
+  std::error_code ec;
+  const auto st = fs::status(path, ec);
+  if (!ec && fs::is_directory(st)) throw InputError(fmt::format("{} {}: is a directory, expected a file path", option, path));
+  check_writable_dir(parent_of(path), path, option);
+  // The file itself is replaced by rename (atomic_write_file), so only the
+  // directory needs write permission.
+}
+
+void check_output_dir_parent(const std::string& path, std::string_view option) {
+  if (path.empty()) throw InputError(fmt::format("{}: empty path", option));
+  check_writable_dir(parent_of(path), path, option);
+}
+
+std::vector<int64_t> parse_int_list(std::string_view csv, std::string_view option, int64_t min, int64_t max) {
+  std::vector<int64_t> out;
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = csv.find(',', start);
+    std::string_view item = csv.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+    while (!item.empty() && (item.front() == ' ' || item.front() == '\t')) item.remove_prefix(1);
+    while (!item.empty() && (item.back() == ' ' || item.back() == '\t')) item.remove_suffix(1);
+    int64_t v = 0;
+    const auto [ptr, err] = std::from_chars(item.data(), item.data() + item.size(), v);
+    if (item.empty() || err != std::errc() || ptr != item.data() + item.size() || v < min || v > max)
+      throw InputError(fmt::format("{} '{}': '{}' is not an integer in [{}, {}]", option, csv, item, min, max));
+    out.push_back(v);
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace fp8kv

@@ -1,0 +1,34 @@
+# Shared preamble of tests/e2e/*.sh. Each script starts with
+#   source "$(dirname "$0")/lib.sh"
+# and is run by CTest as `bash SCRIPT <fp8kv-binary> <source-dir>`. Sets BIN,
+# SRC, HERE (this folder), T (a temporary directory removed at exit) and the
+# helpers below. Not a test itself: tests/CMakeLists.txt skips it.
+set -u
+BIN=$1; SRC=$2
+HERE="$SRC/tests/e2e"
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# expect_rc CODE cmd... : runs cmd (stdout -> $T/out, stderr -> $T/err) and
+# fails unless it exits with CODE.
+expect_rc() {
+  local want=$1; shift
+  "$@" >"$T/out" 2>"$T/err"; local rc=$?
+  [ "$rc" = "$want" ] || { cat "$T/err" >&2; fail "expected exit $want, got $rc: $*"; }
+}
+
+# expect_refused NAME SUBSTRING cmd... : bad input. cmd must exit 2, print
+# nothing on stdout, and say SUBSTRING (fixed string) on stderr.
+expect_refused() {
+  local name=$1 want=$2; shift 2
+  "$@" >"$T/out" 2>"$T/err"; local rc=$?
+  [ "$rc" = 2 ] || fail "$name: exit $rc, expected 2: $(cat "$T/err")"
+  [ -s "$T/out" ] && fail "$name: wrote to stdout on error: $(head -c 300 "$T/out")"
+  grep -qF -- "$want" "$T/err" || fail "$name: stderr lacks '$want': $(cat "$T/err")"
+  echo "ok   $name"
+}
+
+# True when BIN was built with AddressSanitizer (its allocator reserves far
+# more virtual memory than `ulimit -v` allows, so memory-limit checks skip).
+bin_has_asan() { ldd "$BIN" 2>/dev/null | grep -q libasan; }
