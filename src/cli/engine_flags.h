@@ -64,7 +64,7 @@ struct EngineFlags {
     sub->add_option("--max-num-batched-tokens", max_num_batched_tokens,
                     "Tokens per step, also the longest prefill chunk (default 8192)");
     sub->add_option("--backend", backend, "auto (cuda when built with it and a GPU is present, else cpu), cpu, cuda");
-    sub->add_option("--threads", threads, "CPU threads (default: all)");
+    sub->add_option("--threads", threads, "CPU threads (default 0: all)");
     sub->add_option("--load-format", load_format, "auto (the checkpoint) or dummy (random weights from config.json)");
     sub->add_flag("--enforce-eager", enforce_eager, "cuda: no CUDA graphs");
     sub->add_option("--tokenizer", tokenizer, "Tokenizer directory or tokenizer.json (default: the model directory)");
@@ -84,7 +84,7 @@ struct EngineFlags {
     at_least_1("--block-size", block_size);
     at_least_1("--max-num-seqs", max_num_seqs);
     at_least_1("--max-num-batched-tokens", max_num_batched_tokens);
-    if (threads < 0) throw UsageError(fmt::format("--threads must be >= 1 (got {}; omit it for all)", threads));
+    if (threads < 0) throw UsageError(fmt::format("--threads must be >= 0 (got {}; 0: all hardware threads)", threads));
     if (kv_cache_dtype != "auto" && kv_cache_dtype != "bf16" && kv_cache_dtype != "fp8" &&
         kv_cache_dtype != "fp8_e4m3" && kv_cache_dtype != "fp8_e5m2")
       throw UsageError(fmt::format("--kv-cache-dtype must be auto, bf16, fp8, fp8_e4m3 or fp8_e5m2 (got '{}')",

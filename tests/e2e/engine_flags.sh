@@ -37,7 +37,7 @@ refused() {  # refused MESSAGE CMD FLAGS...: exit 2, one line naming the flag, n
 }
 for cmd in generate score calibrate kvstats compare; do
   refused "must be > 0" $cmd --kv-memory 0
-  refused "threads must be >= 1" $cmd --threads -1
+  refused "threads must be >= 0" $cmd --threads -1
   refused "max-num-seqs must be >= 1" $cmd --max-num-seqs 0
   refused "max-num-batched-tokens must be >= 1" $cmd --max-num-batched-tokens 0
   refused "block-size must be >= 1" $cmd --block-size 0
