@@ -15,6 +15,7 @@
 #include "cli/commands.h"
 #include "cli/progress.h"
 #include "cli/text_input.h"
+#include "cli/engine_flags.h"
 #include "engine/engine.h"
 #include "io/errors.h"
 #include "io/fs_util.h"
@@ -26,12 +27,12 @@ namespace fp8kv::cli {
 namespace {
 
 struct CalibrateArgs {
-  std::string model, output, rule = "safety:1.3", target = "fp8_e4m3", kv_memory, backend = "auto";
+  std::string model, output, rule = "safety:1.3", target = "fp8_e4m3";
   std::vector<std::string> corpus, corpus_ids;
   int context = 0;
   int64_t max_corpus_tokens = 0;
   bool per_head = false;
-  int threads = 0;
+  EngineFlags engine;
 };
 
 // A JSON array of token ids, or an array of such arrays (as `fp8kv score`).
@@ -75,12 +76,8 @@ int run_calibrate(const CalibrateArgs& a) {
   if (a.context < 0) throw UsageError("--context: expected a positive number of tokens");
   if (a.max_corpus_tokens < 0) throw UsageError("--max-corpus-tokens: expected a positive number");
 
-  EngineOptions eo;
+  EngineOptions eo = a.engine.options();
   eo.kv_cache_dtype = "bf16";  // observe unquantized values
-  eo.backend = a.backend;
-  eo.num_threads = a.threads;
-  if (!a.kv_memory.empty()) eo.kv_memory_bytes = parse_size(a.kv_memory);
-  eo.max_num_seqs = 1;
   auto engine = Engine::load(a.model, eo);
   const int context = a.context > 0 ? a.context : std::min(engine->max_model_len(), 4096);
   if (context > engine->max_model_len())
@@ -90,7 +87,7 @@ int run_calibrate(const CalibrateArgs& a) {
   uint64_t budget = static_cast<uint64_t>(a.max_corpus_tokens);
   const bool limited = a.max_corpus_tokens > 0;
   if (!a.corpus.empty()) {
-    auto tok = Tokenizer::load(a.model);
+    auto tok = Tokenizer::load(a.engine.tokenizer_path(a.model));
     for (const auto& f : a.corpus) append_chunks(tok->encode(read_text_option_file(f, "--corpus")), context, budget, limited, chunks);
   }
   for (const auto& f : a.corpus_ids) {
@@ -141,9 +138,7 @@ const Registrar reg([](CLI::App& app) {
   sub->add_option("--max-corpus-tokens", args->max_corpus_tokens, "stop after this many tokens (default: all)");
   sub->add_flag("--per-head", args->per_head, "per-head amax and scales (k/v per KV head, q per query head)");
   sub->add_option("--target", args->target, "fp8_e4m3 (default) | fp8_e5m2");
-  sub->add_option("--kv-memory", args->kv_memory, "KV pool budget (e.g. 512MiB)");
-  sub->add_option("--backend", args->backend, "auto | cpu | cuda");
-  sub->add_option("--threads", args->threads, "CPU threads (0: default)");
+  args->engine.add(sub, EngineFlags::Shape{false, 1});
   set_action(sub, [args] { return run_calibrate(*args); });
 });
 

@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/progress.h"
 #include "cli/text_input.h"
+#include "cli/engine_flags.h"
 #include "engine/engine.h"
 #include "eval/compare.h"
 #include "eval/kvstats.h"
@@ -29,26 +30,6 @@ namespace fp8kv::cli {
 namespace {
 
 using nlohmann::json;
-
-struct EngineArgs {
-  std::string kv_memory, backend = "auto";
-  int threads = 0, max_model_len = 0;
-  void add(CLI::App* s) {
-    s->add_option("--kv-memory", kv_memory, "KV pool budget (80GiB, 512MiB, bytes)");
-    s->add_option("--backend", backend, "auto | cpu | cuda");
-    s->add_option("--threads", threads, "CPU threads (0: OpenMP default)");
-    s->add_option("--max-model-len", max_model_len, "max sequence length (0: the model's)");
-  }
-  EngineOptions options() const {
-    EngineOptions o;
-    o.backend = backend;
-    o.num_threads = threads;
-    o.max_model_len = max_model_len;
-    o.max_num_seqs = 1;
-    if (!kv_memory.empty()) o.kv_memory_bytes = parse_size(kv_memory);
-    return o;
-  }
-};
 
 // Documents from --text-file (tokenized, special tokens as the tokenizer adds
 // them) and --token-ids-file (an array of ids or an array of arrays).
@@ -91,9 +72,10 @@ Docs read_docs(const std::string& model, const std::vector<std::string>& text_fi
   return d;
 }
 
-std::unique_ptr<Tokenizer> try_tokenizer(const std::string& model, bool required) {
-  if (!required && !std::filesystem::exists(std::filesystem::path(model) / "tokenizer.json")) return nullptr;
-  return Tokenizer::load(model);
+std::unique_ptr<Tokenizer> try_tokenizer(const std::filesystem::path& path, bool required) {
+  if (!required && !std::filesystem::exists(std::filesystem::is_directory(path) ? path / "tokenizer.json" : path))
+    return nullptr;
+  return Tokenizer::load(path);
 }
 
 // A comma-separated list of ints in [min, max] (io/user_files.h parses it).
@@ -113,7 +95,7 @@ struct CompareArgs {
   int context = 0, bootstrap = 2000;
   bool control = false;
   uint64_t seed = 0;
-  EngineArgs eng;
+  EngineFlags eng;
 };
 
 int run_compare_cmd(const CompareArgs& a) {
@@ -131,7 +113,7 @@ int run_compare_cmd(const CompareArgs& a) {
   if (a.context < 0) throw UsageError("--context: expected a positive number of tokens");
   in.context = a.context;
   const ModelConfig cfg = load_model_config(a.model);
-  auto tok = try_tokenizer(a.model, !a.text_files.empty());
+  auto tok = try_tokenizer(a.eng.tokenizer_path(a.model), !a.text_files.empty());
   Docs docs = read_docs(a.model, a.text_files, a.ids_files, tok.get(), cfg.vocab_size);
   in.docs = std::move(docs.ids);
   in.doc_names = std::move(docs.names);
@@ -175,7 +157,7 @@ struct KvStatsArgs {
   std::string model, scales = "checkpoint", target = "fp8_e4m3", output, kv_cache_dtype = "bf16";
   std::vector<std::string> text_files, ids_files;
   int context = 0;
-  EngineArgs eng;
+  EngineFlags eng;
 };
 
 int run_kvstats_cmd(const KvStatsArgs& a) {
@@ -193,7 +175,7 @@ int run_kvstats_cmd(const KvStatsArgs& a) {
     ck = std::make_unique<KvScales>(eval::arm_scales(arm, a.model, cfg));
   }
   eval::KvStatsObserver obs(eval::kvstats_scales(a.scales, cfg.num_layers, ck.get()), target);
-  auto tok = try_tokenizer(a.model, !a.text_files.empty());
+  auto tok = try_tokenizer(a.eng.tokenizer_path(a.model), !a.text_files.empty());
   Docs docs = read_docs(a.model, a.text_files, a.ids_files, tok.get(), cfg.vocab_size);
   const int context = a.context > 0 ? a.context : std::min(engine->max_model_len(), 4096);
   if (context > engine->max_model_len())
@@ -243,7 +225,7 @@ struct NiahArgs {
   std::string model, haystack, lengths = "1024,2048,4096", depths = "10,50,90", arms = "bf16,fp8", output;
   int trials = 5;
   uint64_t seed = 0;
-  EngineArgs eng;
+  EngineFlags eng;
 };
 
 int run_niah_cmd(const NiahArgs& a) {
@@ -256,7 +238,7 @@ int run_niah_cmd(const NiahArgs& a) {
   const auto arms = eval::parse_arms(a.arms);
   // The limit every arm's engine will have: --max-model-len, else the model's.
   o.max_model_len = a.eng.max_model_len > 0 ? a.eng.max_model_len : model_max_len(load_model_config(a.model));
-  auto tok = Tokenizer::load(a.model);
+  auto tok = Tokenizer::load(a.eng.tokenizer_path(a.model));
   const auto prompts = eval::build_niah_prompts(*tok, read_text_option_file(a.haystack, "--haystack"), o);
   Progress progress("niah");
   json j = eval::run_niah(a.model, a.eng.options(), arms, *tok, prompts, o, std::ref(progress));
@@ -302,7 +284,7 @@ const Registrar reg([](CLI::App& app) {
   c->add_option("--bootstrap", ca.bootstrap, "bootstrap resamples");
   c->add_option("--output", ca.output, "REPORT.json (else the report goes to stdout)");
   c->add_option("--html", ca.html, "REPORT.html");
-  ca.eng.add(c);
+  ca.eng.add(c, EngineFlags::Shape{false, 1});
   set_action(c, [] { return run_compare_cmd(ca); });
 
   static KvStatsArgs ka;
@@ -315,7 +297,7 @@ const Registrar reg([](CLI::App& app) {
   k->add_option("--context", ka.context, "tokens per chunk (default min(max_model_len, 4096))");
   k->add_option("--kv-cache-dtype", ka.kv_cache_dtype, "cache the run itself uses (default bf16)");
   k->add_option("--output", ka.output, "STATS.json (else the stats go to stdout)");
-  ka.eng.add(k);
+  ka.eng.add(k, EngineFlags::Shape{false, 1});
   set_action(k, [] { return run_kvstats_cmd(ka); });
 
   static NiahArgs na;
@@ -328,7 +310,7 @@ const Registrar reg([](CLI::App& app) {
   n->add_option("--arms", na.arms, "arms (as compare)");
   n->add_option("--seed", na.seed, "seed of the passkeys");
   n->add_option("--output", na.output, "NIAH.json");
-  na.eng.add(n);
+  na.eng.add(n, EngineFlags::Shape{false, 1});
   set_action(n, [] { return run_niah_cmd(na); });
 });
 

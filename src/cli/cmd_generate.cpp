@@ -25,7 +25,7 @@ struct GenerateArgs {
 int run(const GenerateArgs& a) {
   if (a.prompt.empty()) throw UsageError("--prompt is empty");
   if (a.max_tokens < 1) throw UsageError("--max-tokens must be >= 1");
-  auto tok = Tokenizer::load(a.model);
+  auto tok = Tokenizer::load(a.engine.tokenizer_path(a.model));
   const std::vector<int> ids = tok->encode(a.prompt, true);
   if (ids.empty()) throw InputError("the prompt encodes to no tokens");
   auto engine = Engine::load(a.model, a.engine.options());
@@ -65,7 +65,7 @@ Registrar reg([](CLI::App& app) {
   auto* sub = app.add_subcommand("generate", "Generate text from a prompt (greedy by default)");
   sub->add_option("MODEL_DIR", a->model, "Checkpoint directory")->required();
   sub->add_option("--prompt", a->prompt, "Prompt text")->required();
-  sub->add_option("--max-tokens", a->max_tokens, "New tokens at most")->check(CLI::PositiveNumber);
+  sub->add_option("--max-tokens", a->max_tokens, "New tokens at most");
   sub->add_option("--temperature", a->temperature, "0: greedy")->check(CLI::NonNegativeNumber);
   sub->add_option("--top-p", a->top_p, "Nucleus sampling mass (0, 1]")->check(CLI::Range(0.0, 1.0));
   sub->add_option("--top-k", a->top_k, "Top-k sampling (0: off)")->check(CLI::NonNegativeNumber);

@@ -74,7 +74,7 @@ int run(const ScoreArgs& a) {
     const int n = a.context > 0 ? a.context : std::min(max_len, 4096);
     if (n < 2) throw UsageError("--context must be >= 2");
     if (n > max_len) throw InputError(fmt::format("--context {} exceeds max_model_len {}", n, max_len));
-    auto tok = Tokenizer::load(a.model);
+    auto tok = Tokenizer::load(a.engine.tokenizer_path(a.model));
     const std::vector<int> ids = tok->encode(read_text_option_file(a.text_file, "--text-file"), true);
     for (size_t s = 0; s < ids.size(); s += static_cast<size_t>(n)) {
       const size_t e = std::min(ids.size(), s + static_cast<size_t>(n));
@@ -116,7 +116,7 @@ Registrar reg([](CLI::App& app) {
   sub->add_option("--text-file", a->text_file, "Text to tokenize and score in chunks of --context tokens");
   sub->add_option("--context", a->context, "Tokens per scored chunk of --text-file (default min(max_model_len, 4096))");
   sub->add_option("--output", a->output, "Output JSON file")->required();
-  sub->add_option("--chunk-size", a->chunk_size, "Prefill chunk in tokens (default: 2048)")->check(CLI::NonNegativeNumber);
+  sub->add_option("--chunk-size", a->chunk_size, "Prefill chunk in tokens (default: --max-num-batched-tokens)")->check(CLI::NonNegativeNumber);
   a->engine.add(sub);
   set_action(sub, [a] { return run(*a); });
 });

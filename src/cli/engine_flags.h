@@ -1,42 +1,125 @@
-// Flags shared by every command that runs the engine (DESIGN.md "Command
-// line"): --kv-cache-dtype, --max-model-len, --block-size, --kv-memory,
-// --backend, --threads. Header-only so any cmd_*.cpp can use it.
+// The engine flags, parsed in ONE place for every command that runs the
+// engine (generate, score, eval compare|kvstats|niah, calibrate), with vLLM's
+// names and defaults (docs/design.md "Command line", docs/engine.md):
+//   --kv-cache-dtype --max-model-len --block-size --kv-memory
+//   --gpu-memory-utilization --max-num-seqs --max-num-batched-tokens
+//   --backend --threads --load-format --enforce-eager --tokenizer
+// The same flag means the same everywhere: values are checked here (exit 2
+// with "--flag must be ..." messages), --threads above the hardware threads
+// is capped with a warning. Header-only so any cmd_*.cpp can use it.
 #pragma once
 #include <CLI/CLI.hpp>
-#include <string>
+#include <fmt/format.h>
 
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <thread>
+
+#include "cli/commands.h"  // UsageError
 #include "engine/engine.h"
+#include "io/errors.h"
 #include "kv/planner.h"
 
 namespace fp8kv::cli {
 
+// Which flags a command takes: calibrate always observes a bf16 cache and
+// eval compare/niah take the dtype from --arms, so they omit --kv-cache-dtype.
+struct EngineFlagsShape {
+  bool kv_cache_dtype = true;
+  int default_max_num_seqs = 256;  // commands that run one sequence at a time size the default pool for 1
+};
+
 struct EngineFlags {
+  using Shape = EngineFlagsShape;
+
   std::string kv_cache_dtype = "auto";
   int max_model_len = 0;
   int block_size = 16;
   std::string kv_memory;  // empty: engine default
+  double gpu_memory_utilization = 0.0;  // 0: unset (0.9 on a GPU)
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 8192;
   std::string backend = "auto";
   int threads = 0;
+  std::string load_format = "auto";
+  bool enforce_eager = false;
+  std::string tokenizer;  // empty: the model directory
 
-  void add(CLI::App* sub) {
-    sub->add_option("--kv-cache-dtype", kv_cache_dtype, "KV cache dtype: auto, bf16, fp8 (= fp8_e4m3), fp8_e4m3, fp8_e5m2")
-        ->check(CLI::IsMember({"auto", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2"}));
-    sub->add_option("--max-model-len", max_model_len, "Max tokens per sequence (default: the model's)")
-        ->check(CLI::NonNegativeNumber);
-    sub->add_option("--block-size", block_size, "Tokens per KV block")->check(CLI::PositiveNumber);
-    sub->add_option("--kv-memory", kv_memory, "KV cache budget: 512MiB, 80GB, bytes (default: enough for a few full-length requests)");
-    sub->add_option("--backend", backend, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-    sub->add_option("--threads", threads, "CPU threads (default: all)")->check(CLI::NonNegativeNumber);
+  void add(CLI::App* sub, EngineFlagsShape shape = EngineFlagsShape{}) {
+    max_num_seqs = shape.default_max_num_seqs;
+    if (shape.kv_cache_dtype)
+      sub->add_option("--kv-cache-dtype", kv_cache_dtype,
+                      "KV cache dtype: auto, bf16, fp8 (= fp8_e4m3), fp8_e4m3, fp8_e5m2 (default auto)");
+    sub->add_option("--max-model-len", max_model_len, "Max tokens per sequence (default: the model's)");
+    sub->add_option("--block-size", block_size, "Tokens per KV block (default 16)");
+    sub->add_option("--kv-memory", kv_memory,
+                    "KV cache budget: 512MiB, 80GB, bytes (default CPU: max-num-seqs full-length requests, capped at "
+                    "a quarter of RAM)");
+    sub->add_option("--gpu-memory-utilization", gpu_memory_utilization,
+                    "cuda only: fraction of GPU memory the engine may use; the KV cache gets what weights and "
+                    "activations leave (default 0.9)");
+    sub->add_option("--max-num-seqs", max_num_seqs,
+                    fmt::format("Sequences per step (default {})", shape.default_max_num_seqs));
+    sub->add_option("--max-num-batched-tokens", max_num_batched_tokens,
+                    "Tokens per step, also the longest prefill chunk (default 8192)");
+    sub->add_option("--backend", backend, "auto (cuda when built with it and a GPU is present, else cpu), cpu, cuda");
+    sub->add_option("--threads", threads, "CPU threads (default 0: all)");
+    sub->add_option("--load-format", load_format, "auto (the checkpoint) or dummy (random weights from config.json)");
+    sub->add_flag("--enforce-eager", enforce_eager, "cuda: no CUDA graphs");
+    sub->add_option("--tokenizer", tokenizer, "Tokenizer directory or tokenizer.json (default: the model directory)");
   }
 
+  // The tokenizer path for a model directory.
+  std::filesystem::path tokenizer_path(const std::string& model) const {
+    return tokenizer.empty() ? std::filesystem::path(model) : std::filesystem::path(tokenizer);
+  }
+
+  // Validated options (UsageError -> exit 2).
   EngineOptions options() const {
+    auto at_least_1 = [](const char* flag, long v) {
+      if (v < 1) throw UsageError(fmt::format("{} must be >= 1 (got {})", flag, v));
+    };
+    if (max_model_len < 0) throw UsageError(fmt::format("--max-model-len must be >= 1 (got {}; omit it for the model's)", max_model_len));
+    at_least_1("--block-size", block_size);
+    at_least_1("--max-num-seqs", max_num_seqs);
+    at_least_1("--max-num-batched-tokens", max_num_batched_tokens);
+    if (threads < 0) throw UsageError(fmt::format("--threads must be >= 0 (got {}; 0: all hardware threads)", threads));
+    if (kv_cache_dtype != "auto" && kv_cache_dtype != "bf16" && kv_cache_dtype != "fp8" &&
+        kv_cache_dtype != "fp8_e4m3" && kv_cache_dtype != "fp8_e5m2")
+      throw UsageError(fmt::format("--kv-cache-dtype must be auto, bf16, fp8, fp8_e4m3 or fp8_e5m2 (got '{}')",
+                                   kv_cache_dtype));
+    if (backend != "auto" && backend != "cpu" && backend != "cuda")
+      throw UsageError(fmt::format("--backend must be auto, cpu or cuda (got '{}')", backend));
+    if (load_format != "auto" && load_format != "dummy")
+      throw UsageError(fmt::format("--load-format must be auto or dummy (got '{}')", load_format));
     EngineOptions o;
     o.kv_cache_dtype = kv_cache_dtype;
     o.max_model_len = max_model_len;
     o.block_size = block_size;
-    o.kv_memory_bytes = kv_memory.empty() ? 0 : parse_size(kv_memory);
+    if (!kv_memory.empty()) {
+      o.kv_memory_bytes = parse_size(kv_memory);
+      if (o.kv_memory_bytes == 0) throw UsageError("--kv-memory must be > 0");
+    }
+    if (gpu_memory_utilization != 0.0) {
+      if (!(gpu_memory_utilization > 0.0 && gpu_memory_utilization <= 1.0))
+        throw UsageError(fmt::format("--gpu-memory-utilization must be in (0, 1] (got {})", gpu_memory_utilization));
+      if (!kv_memory.empty()) throw UsageError("give --kv-memory or --gpu-memory-utilization, not both");
+      if (backend == "cpu")
+        throw UsageError("--gpu-memory-utilization applies to --backend cuda only (use --kv-memory on the CPU)");
+      o.gpu_memory_utilization = gpu_memory_utilization;
+    }
+    o.max_num_seqs = max_num_seqs;
+    o.max_num_batched_tokens = max_num_batched_tokens;
     o.backend = backend;
     o.num_threads = threads;
+    const int hw = static_cast<int>(std::thread::hardware_concurrency());
+    if (hw > 0 && threads > hw) {
+      std::fprintf(stderr, "warning: --threads %d exceeds the %d hardware threads; using %d\n", threads, hw, hw);
+      o.num_threads = hw;
+    }
+    o.load_format = load_format;
+    o.enforce_eager = enforce_eager;
     return o;
   }
 };

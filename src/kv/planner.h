@@ -1,5 +1,5 @@
 // KV capacity planning: ONE function sizes the pool for both the engine's
-// allocator and `fp8kv capacity` (DESIGN.md), following vLLM's hybrid
+// allocator and `fp8kv capacity` (docs/design.md), following vLLM's hybrid
 // allocator: layers are split into KV-cache groups of equal layer count
 // (one attention type per group: full, or one sliding window); all groups
 // draw equally sized pages from one pool. A page (one "block") holds
