@@ -1,0 +1,223 @@
+// The Backend interface: every op the forward pass (engine/forward.cpp,
+// family_*.cpp) runs goes through it, so one graph drives the CPU reference
+// (backend/cpu/cpu_backend) and the GPU (backend/cuda/cuda_backend).
+// docs/engine.md describes the split (Scheduler / ModelRunner / Backend).
+//
+// CHANGE LOG (the interface is stable; changes are additive only):
+//   2026-11-30  first version.
+//
+// Memory model
+//   The backend owns all memory the ops touch: weights (upload_weights), KV
+//   storage (allocate_kv), scratch (alloc). A Tensor is a non-owning 2-D view
+//   [rows][cols] (row-major, contiguous) into such memory: host memory on the
+//   CPU backend, device memory on CUDA. The host never dereferences a Tensor's
+//   data except through download() (or on the CPU backend, where it is host
+//   memory anyway).
+//
+// Dtypes
+//   Weights matrices: f32 or bf16 on CPU (as loaded); CUDA may convert at
+//   upload (bf16). Norm weights and biases: f32 [1][n]. The residual stream
+//   (the `h` the runner allocates) is always f32. Other activations (x, q, k,
+//   v, attention output, gate, up) use activation_dtype(): f32 on CPU, bf16 or
+//   f32 on CUDA. Every op must accept its inputs in these dtypes and write its
+//   output in the dtype of the output Tensor it is given.
+//
+// Steps
+//   The ModelRunner calls begin_step(batch) once per step; ops that need the
+//   step's ids, positions, slot mappings or block tables (embedding, rope,
+//   store_kv, attention) use that upload. store_kv/attention also receive the
+//   host StepBatch for host-side shape decisions (max_query_len, ...); a
+//   backend must not assume it lives past the step.
+//
+// Errors: bad shapes/dtypes -> std::invalid_argument naming the op and the
+// expected vs actual shape; device failures -> std::runtime_error with the
+// call and file:line. Ops may run asynchronously (one stream); download() and
+// synchronize() wait.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "backend/step_batch.h"
+#include "backend/store_observer.h"
+#include "backend/tensor.h"
+#include "kv/kv_scales.h"
+#include "kv/layout.h"
+#include "kv/planner.h"
+#include "model/config.h"
+
+namespace fp8kv {
+
+class ModelWeights;  // model/weights.h
+
+// ---- weights as the backend holds them -----------------------------------
+// Shapes: H = hidden_size, Hq = num_heads, Hkv = num_kv_heads, D = head_dim,
+// I = intermediate_size, V = vocab_size. Absent optional tensors are empty
+// Tensors (data == nullptr). Matrices are [out][in] (y = x W^T).
+struct BackendLayerWeights {
+  Tensor input_norm;           // [1][H] f32
+  Tensor q_proj;               // [Hq*D][H]
+  Tensor k_proj;               // [Hkv*D][H]
+  Tensor v_proj;               // [Hkv*D][H]
+  Tensor o_proj;               // [H][Hq*D]
+  Tensor q_bias, k_bias, v_bias;  // [1][Hq*D], [1][Hkv*D], [1][Hkv*D] f32 or empty
+  Tensor o_bias;               // [1][H] f32 or empty
+  Tensor q_norm, k_norm;       // [1][D] f32 or empty (qwen3, gemma3)
+  Tensor post_attention_norm;  // [1][H]: llama pre-MLP norm; gemma3 post-attention norm
+  Tensor pre_ffn_norm;         // [1][H] gemma3 only
+  Tensor post_ffn_norm;        // [1][H] gemma3 only
+  Tensor gate_proj, up_proj;   // [I][H]
+  Tensor down_proj;            // [H][I]
+  Tensor gate_bias, up_bias;   // [1][I] f32 or empty
+  Tensor down_bias;            // [1][H] f32 or empty
+};
+
+struct BackendWeights {
+  Tensor embed;       // [V][H]
+  Tensor output;      // [V][H] LM head (the same memory as embed when tied)
+  Tensor final_norm;  // [1][H] f32
+  float embed_scale = 1.0f;  // gemma3: sqrt(H) rounded to the embedding dtype
+  std::vector<BackendLayerWeights> layers;
+  // Keeps the memory behind the Tensors alive: device copies (CUDA) and/or
+  // the host ModelWeights the views point into (CPU, zero-copy).
+  std::vector<DeviceBuffer> storage;
+  std::shared_ptr<const void> host_owner;
+};
+
+// One layer's KV storage (tests and tools read it back with download()).
+struct KvLayerStorage {
+  KvCacheLayout layout;
+  void* k_cache = nullptr;  // [num_blocks][block_size][num_kv_heads][head_dim], layout.dtype
+  void* v_cache = nullptr;
+};
+
+// Per-row sampling parameters for Backend::sample (device sampling).
+struct RowSampling {
+  float temperature = 0.0f;  // 0: greedy (argmax, ties -> lowest id)
+  float top_p = 1.0f;        // (0, 1]
+  int top_k = 0;             // 0: off
+  uint64_t seed = 0;         // request seed
+  uint64_t counter = 0;      // tokens this request has sampled so far (stream position)
+};
+
+struct BackendOptions {
+  int num_threads = 0;         // CPU: OpenMP threads (0: default)
+  bool enforce_eager = false;  // CUDA: no CUDA graphs
+  int device = 0;              // CUDA device ordinal
+};
+
+struct MemoryInfo {
+  uint64_t total_bytes = 0;  // device memory (CUDA) or physical memory (CPU)
+  uint64_t free_bytes = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  virtual std::string_view name() const = 0;  // "cpu" | "cuda"
+  virtual DType activation_dtype() const = 0;
+  virtual MemoryInfo memory_info() const = 0;
+
+  // ---- memory ----
+  virtual DeviceBuffer alloc(size_t bytes) = 0;  // contents undefined
+  virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void download(void* host_dst, const void* src, size_t bytes) = 0;  // waits for pending ops
+  virtual void synchronize() = 0;
+
+  // ---- weights (once, at load) ----
+  virtual BackendWeights upload_weights(std::shared_ptr<const ModelWeights> weights) = 0;
+
+  // ---- KV storage (the bookkeeping stays in kv/KvCacheManager) ----
+  // Allocates plan.num_blocks pages: for each group slot i (0 <= i <
+  // plan.group_size) one K and one V tensor of layout (num_blocks =
+  // plan.num_blocks); layer l of group g uses slot index_of(l in
+  // plan.groups[g].layers). Memory = plan.pool_bytes(). Zero-filled.
+  virtual void allocate_kv(const KvPlan& plan, const KvCacheLayout& layout) = 0;
+  virtual KvLayerStorage kv_layer(int layer) const = 0;
+  virtual int kv_group_of_layer(int layer) const = 0;
+  // Per-layer scales (validated by the engine); uploaded once per change.
+  virtual void set_kv_scales(const KvScales& scales) = 0;
+  // Not owned; nullptr detaches. Called from store_kv with host fp32 arrays.
+  virtual void set_store_observer(StoreObserver* observer) = 0;
+
+  // ---- step ----
+  virtual void begin_step(const StepBatch& batch) = 0;
+
+  // ---- ops (T = rows of the activations = batch.num_tokens) ----
+  // out [T][H] = table[ids[t]] * scale, ids from begin_step. out f32.
+  virtual void embedding(const Tensor& table, float scale, Tensor& out) = 0;
+  // y [T][out] = x [T][in] * W^T (+ bias). W [out][in]. fp32 accumulation.
+  virtual void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) = 0;
+  // y = x * rsqrt(mean(x^2) + eps) * w per row (w [1][cols]); y may alias x.
+  virtual void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) = 0;
+  // Fused residual: h += x; y = rmsnorm(h) * w. h f32.
+  virtual void add_rmsnorm(Tensor& h, const Tensor& x, const Tensor& w, float eps, Tensor& y) = 0;
+  // In place, per head: x [T][heads*head_dim] normalized over each head's
+  // head_dim elements with w [1][head_dim] (Qwen3 / Gemma 3 QK-norm).
+  virtual void head_rmsnorm(Tensor& x, int head_dim, const Tensor& w, float eps) = 0;
+  // RoPE (rotate_half / NeoX, as Hugging Face) on q [T][Hq*D] and k
+  // [T][Hkv*D] in place, at the step's positions, with the rope table of
+  // `layer` (full or sliding rope parameters; the backend builds its cos/sin
+  // tables from the ModelConfig it was made with).
+  virtual void rope(int layer, Tensor& q, Tensor& k) = 0;
+  // out = act(gate) * up, elementwise over [T][I]; out may alias gate.
+  virtual void gated_act(Activation act, const Tensor& gate, const Tensor& up, Tensor& out) = 0;
+  // x += y elementwise (same shape).
+  virtual void add(Tensor& x, const Tensor& y) = 0;
+  // Stores k, v [T][Hkv*D] of `layer` into the cache at the step's slot
+  // mapping of the layer's group (quantized with the layer's scales), and
+  // first hands q [T][Hq*D], k, v to the observer (if any) as host fp32.
+  virtual void store_kv(const StepBatch& batch, int layer, const Tensor& q, const Tensor& k, const Tensor& v) = 0;
+  // Causal paged attention of every sequence of the step (decodes and prefill
+  // chunks in one call) for `layer`: q [T][Hq*D] -> out [T][Hq*D]. Window,
+  // softmax scale and logit softcap come from the ModelConfig.
+  virtual void attention(const StepBatch& batch, int layer, const Tensor& q, Tensor& out) = 0;
+  // out [n][V] f32 = hidden[rows[i]] * output^T, then the final logit
+  // softcap (if the config has one). rows are host indices into hidden's rows.
+  virtual void logits(const Tensor& hidden, std::span<const int32_t> rows, const Tensor& output, Tensor& out) = 0;
+  // Samples one id per row of logits [n][V] (f32) into host_ids [n].
+  // Greedy rows (temperature 0) take the argmax, ties to the lowest id, on
+  // every backend. Seeded random streams are backend-specific.
+  virtual void sample(const Tensor& logits, std::span<const RowSampling> params, std::span<int32_t> host_ids) = 0;
+
+  // ---- CUDA graphs (optional; the defaults mean "not supported") ----
+  // The runner brackets the ops of a decode-only step whose StepBatch is
+  // padded to a bucket (padding sequences have context_len 0, slots -1) so
+  // that every pointer and shape is the same at each replay:
+  //   backend.begin_step(batch);   // uploads into fixed buffers
+  //   if (!backend.replay_graph(key)) {
+  //     backend.begin_graph_capture(key); <the forward's ops>; backend.end_graph_capture(key);
+  //   }
+  // end_graph_capture launches the captured graph once (the step's result).
+  // Not called under enforce_eager or when supports_graphs() is false.
+  virtual bool supports_graphs() const { return false; }
+  virtual bool replay_graph(int64_t /*key*/) { return false; }
+  virtual void begin_graph_capture(int64_t /*key*/) {}
+  virtual void end_graph_capture(int64_t /*key*/) {}
+};
+
+// ---- construction (one place: engine/backend_factory.cpp) ----------------
+
+// "cpu" | "cuda" | "auto" (cuda when the build has CUDA and a GPU is
+// present, else cpu). Throws InputError: unknown name; cuda without a CUDA
+// build or without a GPU (one clear line).
+std::unique_ptr<Backend> make_backend(std::string_view name, const ModelConfig& cfg, const BackendOptions& opts);
+// The name "auto" resolves to on this machine ("cpu" or "cuda").
+std::string resolve_backend_name(std::string_view name);
+
+// Per-backend factories (defined in backend/cpu/cpu_backend.cpp and, in CUDA
+// builds, backend/cuda/cuda_backend.cpp).
+std::unique_ptr<Backend> make_cpu_backend(const ModelConfig& cfg, const BackendOptions& opts);
+std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& cfg, const BackendOptions& opts);
+// True when a usable CUDA device is present (CUDA builds; false otherwise).
+bool cuda_device_available();
+
+}  // namespace fp8kv

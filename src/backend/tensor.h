@@ -1,0 +1,112 @@
+// Tensor (a non-owning 2-D view of backend memory), DeviceBuffer (an owning
+// allocation made by a Backend) and the small enums the ops share. Host
+// memory on the CPU backend, device memory on CUDA (backend/backend.h).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace fp8kv {
+
+enum class DType : uint8_t { f32, bf16, f16, i32, i64, u8 };
+
+inline size_t dtype_bytes(DType d) {
+  switch (d) {
+    case DType::f32: return 4;
+    case DType::bf16: return 2;
+    case DType::f16: return 2;
+    case DType::i32: return 4;
+    case DType::i64: return 8;
+    case DType::u8: return 1;
+  }
+  return 0;
+}
+
+inline const char* dtype_name(DType d) {
+  switch (d) {
+    case DType::f32: return "f32";
+    case DType::bf16: return "bf16";
+    case DType::f16: return "f16";
+    case DType::i32: return "i32";
+    case DType::i64: return "i64";
+    case DType::u8: return "u8";
+  }
+  return "?";
+}
+
+// Gated MLP activation: out = act(gate) * up.
+enum class Activation : uint8_t { silu, gelu_tanh, gelu };
+
+// Row-major contiguous [rows][cols] view. Empty (data == nullptr) marks an
+// absent optional tensor (a bias, a QK-norm weight).
+struct Tensor {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+
+  bool empty() const { return data == nullptr; }
+  int64_t numel() const { return rows * cols; }
+  size_t bytes() const { return static_cast<size_t>(numel()) * dtype_bytes(dtype); }
+  size_t row_bytes() const { return static_cast<size_t>(cols) * dtype_bytes(dtype); }
+  // Rows [r0, r0 + n) (no bounds beyond this view; throws when out of range).
+  Tensor rows_slice(int64_t r0, int64_t n) const {
+    if (r0 < 0 || n < 0 || r0 + n > rows) throw std::out_of_range("Tensor::rows_slice");
+    return Tensor{static_cast<char*>(data) + static_cast<size_t>(r0) * row_bytes(), dtype, n, cols};
+  }
+  // The same memory seen as [r][c] (r * c must equal numel()).
+  Tensor reshaped(int64_t r, int64_t c) const {
+    if (r * c != numel()) throw std::invalid_argument("Tensor::reshaped: element count differs");
+    return Tensor{data, dtype, r, c};
+  }
+  template <class T>
+  T* as() const { return static_cast<T*>(data); }
+};
+
+// An owning allocation; move-only. The Backend that made it must outlive it.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(void* data, size_t bytes, std::function<void(void*)> release)
+      : data_(data), bytes_(bytes), release_(std::move(release)) {}
+  ~DeviceBuffer() { reset(); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)), release_(std::move(o.release_)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      data_ = std::exchange(o.data_, nullptr);
+      bytes_ = std::exchange(o.bytes_, 0);
+      release_ = std::move(o.release_);
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  // A [rows][cols] view of the start of the buffer (throws when it does not fit).
+  Tensor view(DType dtype, int64_t rows, int64_t cols) const {
+    const size_t need = static_cast<size_t>(rows * cols) * dtype_bytes(dtype);
+    if (need > bytes_)
+      throw std::invalid_argument("DeviceBuffer::view: " + std::to_string(need) + " bytes wanted, " +
+                                  std::to_string(bytes_) + " allocated");
+    return Tensor{data_, dtype, rows, cols};
+  }
+  void reset() {
+    if (data_ && release_) release_(data_);
+    data_ = nullptr;
+    bytes_ = 0;
+  }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  std::function<void(void*)> release_;
+};
+
+}  // namespace fp8kv
