@@ -5,6 +5,9 @@
 //
 // CHANGE LOG (the interface is stable; changes are additive only):
 //   2026-11-30  first version.
+//   2026-11-30  tensor.h: the element-type enum is ScalarType (was DType,
+//               which clashes with io/safetensors.h's fp8kv::DType);
+//               scalar_type_bytes / scalar_type_name. add_rmsnorm: y may alias h.
 //
 // Memory model
 //   The backend owns all memory the ops touch: weights (upload_weights), KV
@@ -123,7 +126,7 @@ class Backend {
   Backend& operator=(const Backend&) = delete;
 
   virtual std::string_view name() const = 0;  // "cpu" | "cuda"
-  virtual DType activation_dtype() const = 0;
+  virtual ScalarType activation_dtype() const = 0;
   virtual MemoryInfo memory_info() const = 0;
 
   // ---- memory ----
@@ -158,7 +161,7 @@ class Backend {
   virtual void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) = 0;
   // y = x * rsqrt(mean(x^2) + eps) * w per row (w [1][cols]); y may alias x.
   virtual void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) = 0;
-  // Fused residual: h += x; y = rmsnorm(h) * w. h f32.
+  // Fused residual: h += x; y = rmsnorm(h) * w. h f32; y may alias h.
   virtual void add_rmsnorm(Tensor& h, const Tensor& x, const Tensor& w, float eps, Tensor& y) = 0;
   // In place, per head: x [T][heads*head_dim] normalized over each head's
   // head_dim elements with w [1][head_dim] (Qwen3 / Gemma 3 QK-norm).

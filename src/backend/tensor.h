@@ -11,28 +11,28 @@
 
 namespace fp8kv {
 
-enum class DType : uint8_t { f32, bf16, f16, i32, i64, u8 };
+enum class ScalarType : uint8_t { f32, bf16, f16, i32, i64, u8 };
 
-inline size_t dtype_bytes(DType d) {
+inline size_t scalar_type_bytes(ScalarType d) {
   switch (d) {
-    case DType::f32: return 4;
-    case DType::bf16: return 2;
-    case DType::f16: return 2;
-    case DType::i32: return 4;
-    case DType::i64: return 8;
-    case DType::u8: return 1;
+    case ScalarType::f32: return 4;
+    case ScalarType::bf16: return 2;
+    case ScalarType::f16: return 2;
+    case ScalarType::i32: return 4;
+    case ScalarType::i64: return 8;
+    case ScalarType::u8: return 1;
   }
   return 0;
 }
 
-inline const char* dtype_name(DType d) {
+inline const char* scalar_type_name(ScalarType d) {
   switch (d) {
-    case DType::f32: return "f32";
-    case DType::bf16: return "bf16";
-    case DType::f16: return "f16";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
-    case DType::u8: return "u8";
+    case ScalarType::f32: return "f32";
+    case ScalarType::bf16: return "bf16";
+    case ScalarType::f16: return "f16";
+    case ScalarType::i32: return "i32";
+    case ScalarType::i64: return "i64";
+    case ScalarType::u8: return "u8";
   }
   return "?";
 }
@@ -44,14 +44,14 @@ enum class Activation : uint8_t { silu, gelu_tanh, gelu };
 // absent optional tensor (a bias, a QK-norm weight).
 struct Tensor {
   void* data = nullptr;
-  DType dtype = DType::f32;
+  ScalarType dtype = ScalarType::f32;
   int64_t rows = 0;
   int64_t cols = 0;
 
   bool empty() const { return data == nullptr; }
   int64_t numel() const { return rows * cols; }
-  size_t bytes() const { return static_cast<size_t>(numel()) * dtype_bytes(dtype); }
-  size_t row_bytes() const { return static_cast<size_t>(cols) * dtype_bytes(dtype); }
+  size_t bytes() const { return static_cast<size_t>(numel()) * scalar_type_bytes(dtype); }
+  size_t row_bytes() const { return static_cast<size_t>(cols) * scalar_type_bytes(dtype); }
   // Rows [r0, r0 + n) (no bounds beyond this view; throws when out of range).
   Tensor rows_slice(int64_t r0, int64_t n) const {
     if (r0 < 0 || n < 0 || r0 + n > rows) throw std::out_of_range("Tensor::rows_slice");
@@ -90,8 +90,8 @@ class DeviceBuffer {
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
   // A [rows][cols] view of the start of the buffer (throws when it does not fit).
-  Tensor view(DType dtype, int64_t rows, int64_t cols) const {
-    const size_t need = static_cast<size_t>(rows * cols) * dtype_bytes(dtype);
+  Tensor view(ScalarType dtype, int64_t rows, int64_t cols) const {
+    const size_t need = static_cast<size_t>(rows * cols) * scalar_type_bytes(dtype);
     if (need > bytes_)
       throw std::invalid_argument("DeviceBuffer::view: " + std::to_string(need) + " bytes wanted, " +
                                   std::to_string(bytes_) + " allocated");
