@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/kv_ops.h"
+#include "backend/store_observer.h"
 
 namespace fp8kv {
 

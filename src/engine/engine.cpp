@@ -14,8 +14,11 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include "engine/forward.h"
+#include "backend/backend.h"
+#include "engine/dummy_weights.h"
+#include "engine/model_runner.h"
 #include "engine/sampler.h"
+#include "engine/scheduler.h"
 #include "io/checkpoint.h"
 #include "io/errors.h"
 #include "kv/kv_cache_manager.h"
@@ -84,39 +87,39 @@ KvDtype resolve_kv_cache_dtype(std::string_view requested, const std::filesystem
 
 namespace {
 
-struct SeqState {
-  RequestId id = 0;
-  bool scoring = false;
-  int kv = -1;
-  std::vector<int> tokens;
-  int num_prompt = 0;
-  int num_computed = 0;
-  int chunk = 0;
-  // generation
-  GenerateOptions gen;
-  std::optional<Sampler> sampler;
-  int generated = 0;
-  bool cancelled = false;
-  // scoring
-  int score_index = -1;
-  ScoreResult* result = nullptr;
-};
+// Default KV budget: room for max_num_seqs full-length requests, capped at a
+// quarter of the machine (but always one full request). Pages are backed
+// lazily by the OS, so an unused budget costs nothing (docs/engine.md).
+uint64_t default_kv_budget(const ModelConfig& cfg, KvPlanSettings s) {
+  const uint64_t one = kv_memory_needed(cfg, s);
+  uint64_t want = one * static_cast<uint64_t>(s.max_num_seqs);
+  const uint64_t cap = physical_memory() / 4;
+  if (cap > 0) want = std::min(want, std::max(one, cap));
+  return want;
+}
 
-class CpuEngine final : public Engine {
+// The engine: a Scheduler (admission, budget, preemption), a ModelRunner
+// (StepBatch + forward pass) and a Backend (the ops and the memory).
+class EngineImpl final : public Engine {
  public:
-  CpuEngine(ModelConfig cfg, std::shared_ptr<const ModelWeights> w, const EngineOptions& o, KvDtype dtype)
-      : cfg_(std::move(cfg)), opts_(o), dtype_(dtype), fwd_(cfg_, w) {
-    if (o.backend == "cuda") {
-#ifdef FP8KV_HAVE_CUDA
-      throw InputError("--backend cuda: the CUDA engine path is not available yet; use --backend cpu");
-#else
-      throw InputError("--backend cuda: this build has no CUDA backend (configure with -DFP8KV_CUDA=ON); use --backend cpu");
-#endif
-    }
-    if (o.backend != "auto" && o.backend != "cpu") throw InputError("--backend must be auto, cpu or cuda");
+  EngineImpl(ModelConfig cfg, std::shared_ptr<const ModelWeights> w, const EngineOptions& o, KvDtype dtype)
+      : cfg_(std::move(cfg)), opts_(o), dtype_(dtype) {
     if (o.max_num_seqs < 1) throw InputError("max_num_seqs must be >= 1");
     if (o.max_num_batched_tokens < 1) throw InputError("max_num_batched_tokens must be >= 1");
-    set_cpu_threads(o.num_threads);
+    if (o.num_threads < 0) throw InputError("threads must be >= 0");
+    if (o.gpu_memory_utilization != 0.0 && !(o.gpu_memory_utilization > 0.0 && o.gpu_memory_utilization <= 1.0))
+      throw InputError("gpu_memory_utilization must be in (0, 1]");
+    BackendOptions bo;
+    bo.num_threads = o.num_threads;
+    bo.enforce_eager = o.enforce_eager;
+    backend_ = make_backend(o.backend, cfg_, bo);
+    if (o.gpu_memory_utilization > 0.0 && backend_->name() == "cpu")
+      throw InputError("--gpu-memory-utilization applies to the cuda backend only (use --kv-memory on the CPU)");
+    if (o.gpu_memory_utilization > 0.0 && o.kv_memory_bytes > 0)
+      throw InputError("give --kv-memory or --gpu-memory-utilization, not both");
+
+    // Weights and scratch first: a device backend sizes the KV cache from what is left.
+    runner_ = std::make_unique<ModelRunner>(cfg_, *backend_, std::move(w), o.max_num_batched_tokens);
 
     KvPlanSettings s;
     s.max_model_len = o.max_model_len;
@@ -124,27 +127,43 @@ class CpuEngine final : public Engine {
     s.max_num_batched_tokens = o.max_num_batched_tokens;
     s.block_size = o.block_size;
     s.dtype = dtype_;
-    if (o.kv_memory_bytes > 0) {
-      s.kv_memory_bytes = o.kv_memory_bytes;
-    } else {
-      // Default: room for max_num_seqs full-length requests, capped at a quarter
-      // of the machine (but always one full request).
-      const uint64_t one = kv_memory_needed(cfg_, s);
-      uint64_t want = one * static_cast<uint64_t>(o.max_num_seqs);
-      const uint64_t cap = physical_memory() / 4;
-      if (cap > 0) want = std::min(want, std::max(one, cap));
-      s.kv_memory_bytes = want;
-    }
+    s.kv_memory_bytes = kv_budget(o, s);
     plan_ = plan_kv_cache(cfg_, s);
     kv_ = std::make_unique<KvCacheManager>(cfg_, plan_);
+    backend_->allocate_kv(plan_, kv_->layout());
+    runner_->set_kv(*kv_);
     scales_ = KvScales::unity(cfg_.num_layers);
+    backend_->set_kv_scales(scales_);
+    SchedulerLimits lim;
+    lim.max_num_seqs = o.max_num_seqs;
+    lim.max_num_batched_tokens = o.max_num_batched_tokens;
+    lim.max_model_len = plan_.max_model_len;
+    sched_ = std::make_unique<Scheduler>(*kv_, lim, cfg_.eos_token_ids);
     engine_log()->info("{}", kv_plan_log_line(plan_));
+  }
+
+  // --kv-memory when given; on a GPU, --gpu-memory-utilization (vLLM's
+  // meaning: that fraction of total memory, minus what the weights and the
+  // preallocated activations already use); on the CPU, default_kv_budget.
+  uint64_t kv_budget(const EngineOptions& o, const KvPlanSettings& s) const {
+    if (o.kv_memory_bytes > 0) return o.kv_memory_bytes;
+    if (backend_->name() == "cpu") return default_kv_budget(cfg_, s);
+    const MemoryInfo m = backend_->memory_info();
+    const double util = o.gpu_memory_utilization > 0 ? o.gpu_memory_utilization : 0.9;
+    const double used = static_cast<double>(m.total_bytes - std::min(m.free_bytes, m.total_bytes));
+    const double budget = util * static_cast<double>(m.total_bytes) - used;
+    if (budget <= 0)
+      throw InputError(fmt::format("--gpu-memory-utilization {}: {} of {} are already in use; nothing is left for "
+                                   "the KV cache",
+                                   util, format_bytes(static_cast<uint64_t>(used)), format_bytes(m.total_bytes)));
+    return static_cast<uint64_t>(budget);
   }
 
   const ModelConfig& config() const override { return cfg_; }
   KvDtype kv_dtype() const override { return dtype_; }
   const KvPlan& kv_plan() const override { return plan_; }
   int max_model_len() const override { return plan_.max_model_len; }
+  std::string_view backend_name() const override { return backend_->name(); }
 
   void set_kv_scales(KvScales s) override {
     if (static_cast<int>(s.layers.size()) != cfg_.num_layers)
@@ -163,10 +182,12 @@ class CpuEngine final : public Engine {
       check(s.layers[l].q, "q", cfg_.num_heads);
     }
     scales_ = std::move(s);
+    backend_->set_kv_scales(scales_);
   }
   const KvScales& kv_scales() const override { return scales_; }
-  void set_store_observer(StoreObserver* o) override { observer_ = o; }
+  void set_store_observer(StoreObserver* o) override { backend_->set_store_observer(o); }
   int64_t free_kv_blocks() const override { return kv_->num_free_blocks(); }
+  int64_t num_preemptions() const override { return sched_->num_preemptions(); }
 
   // ---- validation ----
   void check_tokens(std::span<const int> t, const char* what) const {
@@ -199,23 +220,23 @@ class CpuEngine final : public Engine {
     std::vector<ScoreResult> results(seqs.size());
     score_cb_ = &cb;
     for (size_t i = 0; i < seqs.size(); ++i) {
-      SeqState s;
-      s.id = next_id_++;
-      s.scoring = true;
-      s.tokens = seqs[i];
-      s.num_prompt = static_cast<int>(s.tokens.size());
-      s.chunk = chunk;
-      s.score_index = static_cast<int>(i);
-      s.result = &results[i];
-      s.result->token_ids = s.tokens;
-      s.result->logprobs.assign(s.tokens.size(), std::nullopt);
-      s.result->top1_ids.assign(s.tokens.size(), std::nullopt);
-      waiting_.push_back(std::move(s));
+      auto r = std::make_unique<SchedRequest>();
+      r->id = next_id_++;
+      r->scoring = true;
+      r->tokens = seqs[i];
+      r->num_prompt = static_cast<int>(r->tokens.size());
+      r->chunk = chunk;
+      r->score_index = static_cast<int>(i);
+      r->result = &results[i];
+      r->result->token_ids = r->tokens;
+      r->result->logprobs.assign(r->tokens.size(), std::nullopt);
+      r->result->top1_ids.assign(r->tokens.size(), std::nullopt);
+      sched_->add(std::move(r));
     }
     try {
       while (!idle()) step();
     } catch (...) {
-      abort_all();
+      sched_->abort_all();
       score_cb_ = nullptr;
       throw;
     }
@@ -244,7 +265,7 @@ class CpuEngine final : public Engine {
         }
       }
     } catch (...) {
-      abort_all();
+      sched_->abort_all();
       throw;
     }
     const auto t1 = std::chrono::steady_clock::now();
@@ -261,173 +282,105 @@ class CpuEngine final : public Engine {
       throw InputError(fmt::format("prompt: {} tokens leave no room to generate within max_model_len {}",
                                    req.prompt.size(), plan_.max_model_len));
     if (req.options.max_tokens < 1) throw InputError("max_tokens must be >= 1");
-    SeqState s;
-    s.id = next_id_++;
-    s.tokens = std::move(req.prompt);
-    s.num_prompt = static_cast<int>(s.tokens.size());
-    s.chunk = chunk_for(req.options.chunk_size);
-    s.gen = std::move(req.options);
-    s.sampler.emplace(s.gen.sampling);
-    waiting_.push_back(std::move(s));
-    return waiting_.back().id;
+    auto r = std::make_unique<SchedRequest>();
+    r->id = next_id_++;
+    r->tokens = std::move(req.prompt);
+    r->num_prompt = static_cast<int>(r->tokens.size());
+    r->chunk = chunk_for(req.options.chunk_size);
+    r->gen = std::move(req.options);
+    r->sampler.emplace(r->gen.sampling);
+    const RequestId id = r->id;
+    sched_->add(std::move(r));
+    return id;
   }
 
-  void cancel(RequestId id) override {
-    for (auto& s : running_)
-      if (s.id == id) s.cancelled = true;
-    for (auto& s : waiting_)
-      if (s.id == id) s.cancelled = true;
-  }
-
-  bool idle() const override { return running_.empty() && waiting_.empty(); }
+  void cancel(RequestId id) override { sched_->cancel(id); }
+  bool idle() const override { return sched_->idle(); }
 
   std::vector<StepEvent> step() override {
-    std::vector<StepEvent> events;
-    // Cancelled requests finish without running.
-    for (auto it = waiting_.begin(); it != waiting_.end();) {
-      if (it->cancelled) {
-        events.push_back({it->id, -1, FinishReason::cancelled});
-        it = waiting_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    for (auto& s : running_)
-      if (s.cancelled) finish(s, FinishReason::cancelled, events);
-    reap();
-
-    // Admit waiting requests (FCFS) while there is room for their first chunk.
-    while (!waiting_.empty() && static_cast<int>(running_.size()) < opts_.max_num_seqs) {
-      SeqState& s = waiting_.front();
-      s.kv = kv_->add_sequence();
-      const int first = std::min<int>(s.chunk, static_cast<int>(s.tokens.size()));
-      if (!kv_->can_append(s.kv, first) && !running_.empty()) {
-        kv_->free_sequence(s.kv);
-        s.kv = -1;
-        break;
-      }
-      running_.push_back(std::move(s));
-      waiting_.pop_front();
-    }
-
-    // Schedule: every running sequence gets its next chunk (decodes: 1 token)
-    // within the token budget, in admission order.
-    std::vector<ForwardSeq> batch;
-    std::vector<SeqState*> who;
-    std::vector<int> ids;
-    int budget = opts_.max_num_batched_tokens;
-    for (auto& s : running_) {
-      const int pending = static_cast<int>(s.tokens.size()) - s.num_computed;
-      int n = std::min({pending, s.chunk, budget});
-      if (n <= 0) continue;
-      if (!kv_->can_append(s.kv, n)) continue;  // waits for pages
-      kv_->append(s.kv, n);
-      batch.push_back(ForwardSeq{s.kv, s.num_computed, n});
-      who.push_back(&s);
-      ids.insert(ids.end(), s.tokens.begin() + s.num_computed, s.tokens.begin() + s.num_computed + n);
-      budget -= n;
-    }
-    if (batch.empty()) {
-      if (!running_.empty())
-        throw InputError(fmt::format("KV cache too small: no running sequence can proceed ({} free blocks); raise "
+    SchedulerOutput out = sched_->schedule();
+    std::vector<StepEvent> events = std::move(out.events);
+    if (out.seqs.empty()) {
+      if (!sched_->idle())
+        throw InputError(fmt::format("KV cache too small: no request can proceed ({} free blocks); raise "
                                      "--kv-memory or lower --max-model-len",
                                      kv_->num_free_blocks()));
       return events;
     }
-    fwd_.run(ids, batch, *kv_, scales_, observer_);
+    runner_->execute(out);
 
-    int row = 0;
-    const int V = cfg_.vocab_size;
-    for (size_t b = 0; b < batch.size(); ++b) {
-      SeqState& s = *who[b];
-      const int n = batch[b].num_tokens;
-      if (s.scoring) {
-        score_rows(s, row, n);
-      } else if (s.num_computed + n == static_cast<int>(s.tokens.size())) {
-        logits_.resize(static_cast<size_t>(V));
-        fwd_.logits(fwd_.hidden_row(row + n - 1), 1, logits_.data());
-        const int tok = s.sampler->sample(logits_);
-        s.tokens.push_back(tok);
-        ++s.generated;
-        StepEvent ev{s.id, tok, std::nullopt};
-        const bool eos = s.gen.stop_at_eos &&
-                         std::find(cfg_.eos_token_ids.begin(), cfg_.eos_token_ids.end(), tok) != cfg_.eos_token_ids.end();
-        const bool stop = eos || std::find(s.gen.stop_token_ids.begin(), s.gen.stop_token_ids.end(), tok) !=
-                                     s.gen.stop_token_ids.end();
-        s.num_computed += n;
-        events.push_back(ev);
-        if (stop) {
-          finish(s, FinishReason::stop, events, /*attach=*/true);
-        } else if (s.generated >= s.gen.max_tokens || static_cast<int>(s.tokens.size()) >= plan_.max_model_len) {
-          finish(s, FinishReason::length, events, /*attach=*/true);
-        }
-        row += n;
-        continue;
+    // Scoring rows (every row, in order, skipping rows a preempted request
+    // already reported), then one sample per generating sequence.
+    std::vector<int> sampled(out.seqs.size(), -1);
+    std::vector<int32_t> rows;
+    std::vector<size_t> who;
+    for (size_t i = 0; i < out.seqs.size(); ++i) {
+      const ScheduledSeq& s = out.seqs[i];
+      if (s.req->scoring) score_rows(*s.req, runner_->first_row(static_cast<int>(i)), s.start, s.num_tokens);
+      if (s.samples) {
+        rows.push_back(runner_->first_row(static_cast<int>(i)) + s.num_tokens - 1);
+        who.push_back(i);
       }
-      s.num_computed += n;
-      row += n;
-      if (s.scoring && s.num_computed == static_cast<int>(s.tokens.size())) finish(s, FinishReason::length, events);
     }
-    reap();
+    if (!rows.empty()) {
+      const int V = cfg_.vocab_size;
+      if (backend_->name() == "cpu") {
+        // Host sampling: the seeded streams of engine/sampler.h.
+        runner_->logits_to_host(rows, logits_);
+        for (size_t j = 0; j < who.size(); ++j)
+          sampled[who[j]] = out.seqs[who[j]].req->sampler->sample(
+              std::span<const float>(logits_.data() + j * static_cast<size_t>(V), V));
+      } else {
+        std::vector<RowSampling> params(rows.size());
+        std::vector<int32_t> ids(rows.size());
+        for (size_t j = 0; j < who.size(); ++j) {
+          const SchedRequest& r = *out.seqs[who[j]].req;
+          params[j] = RowSampling{r.gen.sampling.temperature, r.gen.sampling.top_p, r.gen.sampling.top_k,
+                                  r.gen.sampling.seed, static_cast<uint64_t>(r.generated)};
+        }
+        runner_->sample(rows, params, ids);
+        for (size_t j = 0; j < who.size(); ++j) sampled[who[j]] = ids[j];
+      }
+    }
+    for (const auto& ev : sched_->update(out, sampled)) events.push_back(ev);
     return events;
   }
 
  private:
-  void score_rows(SeqState& s, int row0, int n) {
+  void score_rows(SchedRequest& r, int row0, int start, int n) {
     const int V = cfg_.vocab_size;
-    constexpr int kRows = 16;  // logits rows per LM-head GEMM (bounds memory for large vocabularies)
-    logits_.resize(static_cast<size_t>(kRows) * V);
-    for (int r = 0; r < n; r += kRows) {
-      const int m = std::min(kRows, n - r);
-      fwd_.logits(fwd_.hidden_row(row0 + r), m, logits_.data());
-      for (int i = 0; i < m; ++i) {
-        const int pos = s.num_computed + r + i;
-        std::span<const float> row(logits_.data() + static_cast<size_t>(i) * V, V);
+    const int skip = std::clamp(r.rows_reported - start, 0, n);  // rows reported before a preemption
+    if (skip == n) return;
+    std::vector<int32_t> rows(static_cast<size_t>(n - skip));
+    for (int i = skip; i < n; ++i) rows[i - skip] = row0 + i;
+    for (size_t c = 0; c < rows.size(); c += ModelRunner::kLogitsRows) {
+      const size_t m = std::min<size_t>(ModelRunner::kLogitsRows, rows.size() - c);
+      runner_->logits_to_host(std::span<const int32_t>(rows).subspan(c, m), logits_);
+      for (size_t i = 0; i < m; ++i) {
+        const int pos = start + skip + static_cast<int>(c + i);
+        std::span<const float> row(logits_.data() + i * static_cast<size_t>(V), V);
         const int top = argmax_lowest(row);
-        if (pos + 1 < static_cast<int>(s.tokens.size())) {
-          const double lp = log_softmax_at(row, s.tokens[pos + 1]);
+        if (pos + 1 < static_cast<int>(r.tokens.size())) {
+          const double lp = log_softmax_at(row, r.tokens[pos + 1]);
           if (!std::isfinite(lp)) throw std::runtime_error(fmt::format("non-finite logprob at position {}", pos + 1));
-          s.result->logprobs[pos + 1] = lp;
-          s.result->top1_ids[pos + 1] = top;
+          r.result->logprobs[pos + 1] = lp;
+          r.result->top1_ids[pos + 1] = top;
         }
-        if (score_cb_ && *score_cb_) (*score_cb_)(s.score_index, pos, row);
+        if (score_cb_ && *score_cb_) (*score_cb_)(r.score_index, pos, row);
+        r.rows_reported = pos + 1;
       }
     }
-  }
-
-  void finish(SeqState& s, FinishReason r, std::vector<StepEvent>& events, bool attach = false) {
-    if (attach && !events.empty() && events.back().id == s.id) {
-      events.back().finished = r;
-    } else if (!s.scoring) {
-      events.push_back({s.id, -1, r});
-    }
-    s.kv >= 0 ? kv_->free_sequence(s.kv) : void();
-    s.kv = -1;
-    s.num_prompt = -1;  // marks finished
-  }
-
-  void reap() {
-    running_.erase(std::remove_if(running_.begin(), running_.end(), [](const SeqState& s) { return s.num_prompt < 0; }),
-                   running_.end());
-  }
-
-  void abort_all() {
-    for (auto& s : running_)
-      if (s.kv >= 0) kv_->free_sequence(s.kv);
-    running_.clear();
-    waiting_.clear();
   }
 
   ModelConfig cfg_;
   EngineOptions opts_;
   KvDtype dtype_;
-  ForwardPass fwd_;
+  std::unique_ptr<Backend> backend_;
   KvPlan plan_;
   std::unique_ptr<KvCacheManager> kv_;
   KvScales scales_;
-  StoreObserver* observer_ = nullptr;
-  std::deque<SeqState> waiting_;
-  std::deque<SeqState> running_;
+  std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<Scheduler> sched_;
   RequestId next_id_ = 1;
   std::vector<float> logits_;
   const BatchLogitsCallback* score_cb_ = nullptr;
@@ -456,17 +409,24 @@ std::shared_ptr<const ModelWeights> maybe_widen(std::shared_ptr<const ModelWeigh
 std::unique_ptr<Engine> Engine::create(ModelConfig cfg, std::shared_ptr<const ModelWeights> weights,
                                        const EngineOptions& opts) {
   const KvDtype d = opts.kv_cache_dtype == "auto" ? KvDtype::bf16 : resolve_kv_cache_dtype(opts.kv_cache_dtype, {});
-  return std::make_unique<CpuEngine>(std::move(cfg), maybe_widen(std::move(weights)), opts, d);
+  return std::make_unique<EngineImpl>(std::move(cfg), maybe_widen(std::move(weights)), opts, d);
 }
 
 std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const EngineOptions& opts) {
+  if (opts.load_format != "auto" && opts.load_format != "dummy")
+    throw InputError("--load-format must be auto or dummy (got '" + opts.load_format + "')");
   ModelConfig cfg = load_model_config(dir);
   const KvDtype d = resolve_kv_cache_dtype(opts.kv_cache_dtype, dir);
+  if (opts.load_format == "dummy") {
+    // Random weights from config.json alone (no safetensors read); unity KV scales.
+    engine_log()->info("--load-format dummy: random weights (N(0, 0.02), norms 1) for {}", dir.string());
+    return std::make_unique<EngineImpl>(cfg, maybe_widen(dummy_weights(cfg)), opts, d);
+  }
   std::shared_ptr<const Checkpoint> ckpt = Checkpoint::open(dir);
   auto w = ModelWeights::load(ckpt, cfg);
   // KV scales from the checkpoint (validated; one coverage warning for fp8): kv/scale_loader.h.
   KvScales scales = load_kv_scales_for_run(*ckpt, KvScaleShape{cfg.num_layers, cfg.num_heads, cfg.num_kv_heads}, d);
-  auto engine = std::make_unique<CpuEngine>(std::move(cfg), maybe_widen(std::move(w)), opts, d);
+  auto engine = std::make_unique<EngineImpl>(std::move(cfg), maybe_widen(std::move(w)), opts, d);
   engine->set_kv_scales(std::move(scales));
   return engine;
 }

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/kv_ops.h"  // StoreObserver
+#include "backend/store_observer.h"
 #include "kv/kv_scales.h"
 #include "kv/planner.h"
 #include "model/config.h"
@@ -38,16 +38,25 @@ struct EngineOptions {
   // quantization_config.kv_cache_scheme, or hf_quant_config.json
   // kv_cache_quant_algo).
   std::string kv_cache_dtype = "auto";
-  // KV pool budget in bytes (per rank). 0: enough for max_num_seqs requests of
-  // max_model_len (pages are allocated lazily by the OS, so a large pool costs
-  // nothing until used).
+  // KV pool budget in bytes (per rank). 0: on the CPU, enough for
+  // max_num_seqs requests of max_model_len, capped at a quarter of physical
+  // memory but always one full request (pages are allocated lazily by the OS,
+  // so a large pool costs nothing until used); on a GPU, see
+  // gpu_memory_utilization.
   uint64_t kv_memory_bytes = 0;
+  // GPU only (0: unset = 0.9 on a GPU): the fraction of total device memory
+  // the engine may use; the KV cache gets what the weights and the
+  // activations leave of it (vLLM's meaning). Refused on the CPU backend and
+  // together with kv_memory_bytes.
+  double gpu_memory_utilization = 0.0;
   int max_model_len = 0;             // 0: the model's max_position_embeddings
   int block_size = 16;               // tokens per KV page
   int num_threads = 0;               // 0: OpenMP default
-  int max_num_seqs = 8;              // sequences in one step (continuous batching)
-  int max_num_batched_tokens = 2048; // tokens in one step; also the max prefill chunk
-  std::string backend = "auto";      // auto | cpu | cuda (cuda: error unless built)
+  int max_num_seqs = 256;            // sequences in one step (continuous batching; vLLM's default)
+  int max_num_batched_tokens = 8192; // tokens in one step; also the max prefill chunk (vLLM's default)
+  std::string backend = "auto";      // auto (cuda when built with it and a GPU is present, else cpu) | cpu | cuda
+  std::string load_format = "auto";  // auto: the checkpoint's weights | dummy: random weights from config.json alone
+  bool enforce_eager = false;        // cuda: no CUDA graphs
 };
 
 // Resolves "auto"/"fp8"/... against a checkpoint directory (see EngineOptions).
@@ -130,6 +139,7 @@ class Engine {
   virtual KvDtype kv_dtype() const = 0;
   virtual const KvPlan& kv_plan() const = 0;
   virtual int max_model_len() const = 0;
+  virtual std::string_view backend_name() const = 0;  // "cpu" | "cuda"
 
   // Scales default to unity. Throws InputError when the layer count or a
   // per-head count does not match the model, or a value is not finite and > 0.
@@ -166,6 +176,8 @@ class Engine {
 
   // KV pool state (tests, server metrics).
   virtual int64_t free_kv_blocks() const = 0;
+  // Requests preempted (by recompute) so far: the pool was full.
+  virtual int64_t num_preemptions() const = 0;
 };
 
 }  // namespace fp8kv

@@ -1,80 +1,80 @@
 // The forward pass: one implementation for every family, built from shared
 // builders (norm, attention, MLP) with a small per-family layer recipe
 // (family_llama.cpp: pre-norm llama/mistral/qwen2/qwen3; family_gemma3.cpp:
-// sandwich norms). The model code calls backend ops only.
+// sandwich norms). It calls the Backend interface only (backend/backend.h),
+// so the same graph runs on the CPU reference and on the GPU.
 //
-// A step runs several sequences at once: their new tokens are concatenated
-// ([T] ids, T = sum of num_tokens) for the GEMMs; attention runs per
-// sequence on the paged cache. K/V (and Q) are written at one place:
-// store_and_observe().
+// A step runs several sequences at once (a StepBatch): their new tokens are
+// concatenated ([T] ids) for the GEMMs; attention covers every sequence of
+// the step in one backend call. K/V (and Q, for an observer) are written at
+// one place: Backend::store_kv.
 #pragma once
 #include <memory>
-#include <span>
-#include <vector>
+#include <string>
 
-#include "backend/cpu/kv_ops.h"
-#include "backend/cpu/ops.h"
-#include "kv/kv_cache_manager.h"
-#include "kv/kv_scales.h"
+#include "backend/backend.h"
 #include "model/config.h"
-#include "model/rope.h"
-#include "model/weights.h"
 
 namespace fp8kv {
 
-struct ForwardSeq {
-  int kv_seq = -1;     // KvCacheManager handle, already extended to start_pos + num_tokens
-  int start_pos = 0;   // position of the sequence's first new token
-  int num_tokens = 0;  // new tokens this step
+// Scratch of one step, allocated once by the backend for max_tokens rows
+// (T <= max_tokens; views of the first T rows are used). H = hidden_size,
+// Hq = num_heads, Hkv = num_kv_heads, D = head_dim, I = intermediate_size,
+// V = vocab_size, act = Backend::activation_dtype().
+struct RunState {
+  RunState(Backend& be, const ModelConfig& cfg, int max_tokens, int max_logits_rows);
+  int max_tokens = 0;
+  int max_logits_rows = 0;
+  DeviceBuffer h;       // [T][H] f32: the residual stream; after run(), the final-normed hidden states
+  DeviceBuffer x;       // [T][H] act: normed input of attention / MLP
+  DeviceBuffer tmp;     // [T][H] act: attention or MLP output before the residual add
+  DeviceBuffer q;       // [T][Hq*D] act
+  DeviceBuffer k;       // [T][Hkv*D] act
+  DeviceBuffer v;       // [T][Hkv*D] act
+  DeviceBuffer attn;    // [T][Hq*D] act: attention output before o_proj
+  DeviceBuffer gate;    // [T][I] act: gate projection, then act(gate) * up
+  DeviceBuffer up;      // [T][I] act
+  DeviceBuffer logits;  // [max_logits_rows][V] f32
 };
 
 class ForwardPass {
  public:
-  ForwardPass(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> weights);
+  ForwardPass(const ModelConfig& cfg, Backend& backend, const BackendWeights& weights);
 
-  // Runs every layer over the new tokens, storing their K/V in the cache, and
-  // leaves the final-normed hidden states [T][H] in hidden().
-  void run(std::span<const int> tokens, std::span<const ForwardSeq> seqs, KvCacheManager& kv,
-           const KvScales& scales, StoreObserver* observer);
-  const float* hidden_row(int t) const { return h_.data() + static_cast<size_t>(t) * cfg_.hidden_size; }
-
-  // logits [n][V] of n hidden rows (after final softcapping, if any).
-  void logits(const float* hidden_rows, int n, float* out) const;
+  // Runs every layer over the step's tokens (begin_step already called),
+  // storing their K/V in the cache; leaves the final-normed hidden states
+  // [T][H] in hidden(rs, T).
+  void run(const StepBatch& batch, RunState& rs);
+  static Tensor hidden(const RunState& rs, const ModelConfig& cfg, int T);
 
   const ModelConfig& config() const { return cfg_; }
 
-  // ---- builders (used by the family recipes) ----
-  struct Step;  // per-run context
-  void norm(const std::vector<float>& w, const float* x, float* y, int T) const;
-  // x [T][H] (already normed) -> attention output [T][H] (after o_proj).
-  void attention(int layer, const float* x, float* out, Step& st);
-  // x [T][H] (already normed) -> MLP output [T][H].
-  void mlp(int layer, const float* x, float* out, int T);
-
  private:
+  struct Step;  // per-run views of the RunState
   void llama_layer(int layer, Step& st);
   void gemma3_layer(int layer, Step& st);
-  void store_and_observe(int layer, Step& st);
+  // The first norm of a layer: h (layer 0) or h += tmp (the previous layer's
+  // MLP output), then x = norm(h).
+  void residual_norm(int layer, const Tensor& w, Step& st);
+  // x [T][H] (already normed) -> attention output [T][H] (after o_proj) in tmp.
+  void attention(int layer, Step& st);
+  // x [T][H] (already normed) -> MLP output [T][H] in tmp.
+  void mlp(int layer, Step& st);
 
   ModelConfig cfg_;
-  std::shared_ptr<const ModelWeights> w_;
+  Backend& be_;
+  const BackendWeights& w_;
   Activation act_;
-  RopeTable rope_full_, rope_sliding_;
-  // Scratch ([T][...] each), reused across steps.
-  std::vector<float> h_, x_, tmp_, q_, k_, v_, attn_, gate_, up_;
-  std::vector<float> cos_full_, sin_full_, cos_sliding_, sin_sliding_;
-  std::vector<int32_t> pos_;
-  std::vector<int64_t> slots_;
+  float eps_;
 };
 
 struct ForwardPass::Step {
+  const StepBatch* batch = nullptr;
   int T = 0;
-  std::span<const ForwardSeq> seqs;
-  KvCacheManager* kv = nullptr;
-  const KvScales* scales = nullptr;
-  StoreObserver* observer = nullptr;
+  Tensor h, x, tmp, q, k, v, attn, gate, up;
 };
 
-MatrixRef matrix_ref(const WeightMatrix& m);
+// The gated activation of a config's hidden_act; InputError when unsupported.
+Activation activation_for(const std::string& hidden_act);
 
 }  // namespace fp8kv

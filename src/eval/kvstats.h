@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "backend/cpu/kv_ops.h"
+#include "backend/store_observer.h"
 #include "calib/observer.h"
 #include "kv/kv_scales.h"
 #include "model/config.h"

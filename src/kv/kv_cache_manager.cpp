@@ -6,32 +6,53 @@
 
 namespace fp8kv {
 
-KvCacheManager::KvCacheManager(const ModelConfig& cfg, const KvPlan& plan) : plan_(plan), pool_(plan.num_blocks) {
-  layout_.num_blocks = static_cast<int>(plan.num_blocks);
-  layout_.block_size = plan.block_size;
-  layout_.num_kv_heads = plan.kv_heads_per_rank;
-  layout_.head_dim = plan.head_dim;
-  layout_.dtype = plan.dtype;
-  layer_group_.assign(cfg.num_layers, -1);
-  layer_slot_.assign(cfg.num_layers, -1);
+KvLayerMap kv_layer_map(const KvPlan& plan, int num_layers) {
+  KvLayerMap m;
+  m.group.assign(num_layers, -1);
+  m.slot.assign(num_layers, -1);
   for (size_t g = 0; g < plan.groups.size(); ++g) {
     const auto& layers = plan.groups[g].layers;
     for (size_t i = 0; i < layers.size(); ++i) {
       const int l = layers[i];
-      if (l < 0 || l >= cfg.num_layers) continue;  // padding
-      layer_group_[l] = static_cast<int>(g);
-      layer_slot_[l] = static_cast<int>(i);
+      if (l < 0 || l >= num_layers) continue;  // padding
+      m.group[l] = static_cast<int>(g);
+      m.slot[l] = static_cast<int>(i);
     }
   }
-  for (int l = 0; l < cfg.num_layers; ++l)
-    if (layer_group_[l] < 0) throw std::logic_error("KvCacheManager: layer " + std::to_string(l) + " is in no KV group");
-  // Allocated without touching: the OS backs pages on first write.
-  const size_t bytes = layout_.cache_bytes();
-  storage_.resize(static_cast<size_t>(plan.group_size) * 2);
-  for (auto& s : storage_) s.reset(new uint8_t[std::max<size_t>(bytes, 1)]);
+  for (int l = 0; l < num_layers; ++l)
+    if (m.group[l] < 0) throw std::logic_error("KvCacheManager: layer " + std::to_string(l) + " is in no KV group");
+  return m;
 }
 
-void* KvCacheManager::slot_ptr(int layer, int kv) { return storage_[static_cast<size_t>(layer_slot_[layer]) * 2 + kv].get(); }
+KvCacheLayout kv_layout(const KvPlan& plan) {
+  KvCacheLayout l;
+  l.num_blocks = static_cast<int>(plan.num_blocks);
+  l.block_size = plan.block_size;
+  l.num_kv_heads = plan.kv_heads_per_rank;
+  l.head_dim = plan.head_dim;
+  l.dtype = plan.dtype;
+  return l;
+}
+
+KvCacheManager::KvCacheManager(const ModelConfig& cfg, const KvPlan& plan)
+    : plan_(plan), layout_(kv_layout(plan)), pool_(plan.num_blocks) {
+  layer_group_ = kv_layer_map(plan, cfg.num_layers).group;
+}
+
+int64_t KvCacheManager::blocks_to_hold(int num_tokens, int chunk) const {
+  const int64_t B = plan_.block_size;
+  const int64_t whole = (num_tokens + B - 1) / B;
+  int64_t total = 0;
+  for (const auto& g : plan_.groups) {
+    if (g.window <= 0) {
+      total += whole;
+    } else {
+      const int64_t in_flight = g.window - 1 + std::max(1, chunk);
+      total += std::min(whole, (in_flight + B - 1) / B + 1);
+    }
+  }
+  return total;
+}
 
 int KvCacheManager::add_sequence() {
   int h;
@@ -66,6 +87,13 @@ int KvCacheManager::first_live_block(int group, int next_pos) const {
   // Queries at positions >= next_pos see keys j > next_pos - w.
   const int first_key = std::max(0, next_pos - w + 1);
   return first_key / plan_.block_size;
+}
+
+int64_t KvCacheManager::blocks_held(int seq) const {
+  int64_t n = 0;
+  for (const auto& t : seqs_.at(seq).tables)
+    for (int32_t b : t) n += b >= 0;
+  return n;
 }
 
 int64_t KvCacheManager::blocks_needed(int seq, int n) const {

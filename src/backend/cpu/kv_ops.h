@@ -5,19 +5,10 @@
 #pragma once
 #include <cstdint>
 
+#include "backend/store_observer.h"  // StoreObserver (moved there; kept visible here)
 #include "kv/layout.h"
 
 namespace fp8kv {
-
-// Observer attached at the single store point (calibration, kvstats). Sees
-// exactly the values about to be quantized: K after k_norm and RoPE, V as
-// projected, Q after q_norm and RoPE. Arrays are [num_tokens][heads][head_dim].
-class StoreObserver {
- public:
-  virtual ~StoreObserver() = default;
-  virtual void observe(int layer, const float* q, int num_q_heads, const float* k, const float* v,
-                       int num_kv_heads, int head_dim, int num_tokens) = 0;
-};
 
 // Writes num_tokens tokens of K and V ([T][num_kv_heads][head_dim], fp32)
 // into the caches at slot_mapping[t] (skipped when < 0). fp8 caches store

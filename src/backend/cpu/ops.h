@@ -5,6 +5,8 @@
 #pragma once
 #include <cstdint>
 
+#include "backend/tensor.h"  // Activation
+
 namespace fp8kv {
 
 enum class WeightType : uint8_t { f32, bf16 };
@@ -37,7 +39,6 @@ void rmsnorm_cpu(const float* x, int64_t rows, int64_t n, const float* w, float 
 void rope_cpu(float* x, int64_t T, int heads, int head_dim, int rot_dim, const float* cos, const float* sin);
 
 // out[i] = act(gate[i]) * up[i] for [T][n] operands (row strides given).
-enum class Activation : uint8_t { silu, gelu_tanh, gelu };
 void gated_act_cpu(Activation act, const float* gate, const float* up, float* out, int64_t n);
 
 // out[t] = E[ids[t]] * scale (fp32).

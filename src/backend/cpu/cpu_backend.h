@@ -1,0 +1,69 @@
+// CpuBackend: the Backend interface (backend/backend.h) on the CPU reference
+// kernels (ops.h, kv_ops.h). Every op is exactly one or two of those kernels,
+// so the arithmetic is bitwise what the reference computes: results do not
+// depend on the thread count, on how tokens are chunked, or on which other
+// sequences share a step (docs/engine.md).
+//
+// Memory is host memory; weights are zero-copy views of the ModelWeights
+// (kept alive by BackendWeights::host_owner). Activations are f32.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "kv/kv_cache_manager.h"
+#include "model/rope.h"
+
+namespace fp8kv {
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(const ModelConfig& cfg, const BackendOptions& opts);
+
+  std::string_view name() const override { return "cpu"; }
+  ScalarType activation_dtype() const override { return ScalarType::f32; }
+  MemoryInfo memory_info() const override;
+
+  DeviceBuffer alloc(size_t bytes) override;
+  void upload(void* dst, const void* host_src, size_t bytes) override;
+  void download(void* host_dst, const void* src, size_t bytes) override;
+  void synchronize() override {}
+
+  BackendWeights upload_weights(std::shared_ptr<const ModelWeights> weights) override;
+
+  void allocate_kv(const KvPlan& plan, const KvCacheLayout& layout) override;
+  KvLayerStorage kv_layer(int layer) const override;
+  int kv_group_of_layer(int layer) const override { return map_.group.at(layer); }
+  void set_kv_scales(const KvScales& scales) override { scales_ = scales; }
+  void set_store_observer(StoreObserver* observer) override { observer_ = observer; }
+
+  void begin_step(const StepBatch& batch) override;
+
+  void embedding(const Tensor& table, float scale, Tensor& out) override;
+  void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) override;
+  void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) override;
+  void add_rmsnorm(Tensor& h, const Tensor& x, const Tensor& w, float eps, Tensor& y) override;
+  void head_rmsnorm(Tensor& x, int head_dim, const Tensor& w, float eps) override;
+  void rope(int layer, Tensor& q, Tensor& k) override;
+  void gated_act(Activation act, const Tensor& gate, const Tensor& up, Tensor& out) override;
+  void add(Tensor& x, const Tensor& y) override;
+  void store_kv(const StepBatch& batch, int layer, const Tensor& q, const Tensor& k, const Tensor& v) override;
+  void attention(const StepBatch& batch, int layer, const Tensor& q, Tensor& out) override;
+  void logits(const Tensor& hidden, std::span<const int32_t> rows, const Tensor& output, Tensor& out) override;
+  void sample(const Tensor& logits, std::span<const RowSampling> params, std::span<int32_t> host_ids) override;
+
+ private:
+  ModelConfig cfg_;
+  RopeTable rope_full_, rope_sliding_;
+  KvCacheLayout layout_;
+  KvLayerMap map_;
+  std::vector<DeviceBuffer> kv_storage_;  // [slot][k|v]
+  KvScales scales_;
+  StoreObserver* observer_ = nullptr;
+  const StepBatch* step_ = nullptr;
+  // cos/sin of the step's positions: [T][rot_dim/2] each, full and sliding.
+  std::vector<float> cos_full_, sin_full_, cos_sliding_, sin_sliding_;
+  std::vector<float> gather_;  // logits rows gathered when not contiguous: [n][H]
+};
+
+}  // namespace fp8kv

@@ -1,0 +1,91 @@
+#include "engine/dummy_weights.h"
+
+#include <cmath>
+#include <vector>
+
+#include "numerics/fp8.h"
+
+namespace fp8kv {
+
+namespace {
+
+uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Element i of matrix `id`: a standard normal (Box-Muller on two 32-bit
+// uniforms of one 64-bit hash), times std, rounded to bf16.
+WeightMatrix dummy_matrix(uint64_t seed, uint64_t id, int64_t rows, int64_t cols, float std) {
+  WeightMatrix m;
+  m.rows = rows;
+  m.cols = cols;
+  m.bf16 = true;
+  const int64_t n = rows * cols;
+  auto buf = std::shared_ptr<uint16_t[]>(new uint16_t[static_cast<size_t>(n)]);
+  const uint64_t key = mix(seed ^ mix(id));
+  uint16_t* p = buf.get();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t h = mix(key + static_cast<uint64_t>(i));
+    const double u1 = (static_cast<double>(h >> 32) + 1.0) * 0x1.0p-32;  // (0, 1]
+    const double u2 = static_cast<double>(h & 0xffffffffu) * 0x1.0p-32;  // [0, 1)
+    const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+    p[i] = f32_to_bf16(static_cast<float>(z) * std);
+  }
+  m.data = p;
+  m.owner = std::shared_ptr<const void>(buf, buf.get());
+  return m;
+}
+
+std::vector<float> ones(int64_t n) { return std::vector<float>(static_cast<size_t>(n), 1.0f); }
+std::vector<float> zeros(int64_t n) { return std::vector<float>(static_cast<size_t>(n), 0.0f); }
+
+}  // namespace
+
+std::shared_ptr<ModelWeights> dummy_weights(const ModelConfig& c, uint64_t seed, float std) {
+  const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads, I = c.intermediate_size,
+                V = c.vocab_size;
+  auto w = std::make_shared<ModelWeights>();
+  uint64_t id = 0;
+  w->embed = dummy_matrix(seed, id++, V, H, std);
+  if (!c.tie_word_embeddings) w->lm_head = dummy_matrix(seed, id++, V, H, std);
+  w->final_norm = ones(H);
+  if (c.embed_scale_sqrt_hidden) w->embed_scale = round_bf16(std::sqrt(static_cast<float>(H)));
+  w->layers.resize(c.num_layers);
+  for (auto& L : w->layers) {
+    L.input_norm = ones(H);
+    L.q_proj = dummy_matrix(seed, id++, Hq * D, H, std);
+    L.k_proj = dummy_matrix(seed, id++, Hkv * D, H, std);
+    L.v_proj = dummy_matrix(seed, id++, Hkv * D, H, std);
+    L.o_proj = dummy_matrix(seed, id++, H, Hq * D, std);
+    if (c.attention_bias) {
+      L.q_bias = zeros(Hq * D);
+      L.k_bias = zeros(Hkv * D);
+      L.v_bias = zeros(Hkv * D);
+    }
+    if (c.o_proj_bias) L.o_bias = zeros(H);
+    if (c.qk_norm) {
+      L.q_norm = ones(D);
+      L.k_norm = ones(D);
+    }
+    L.post_attention_norm = ones(H);
+    if (c.sandwich_norms) {
+      L.pre_ffn_norm = ones(H);
+      L.post_ffn_norm = ones(H);
+    }
+    L.gate_proj = dummy_matrix(seed, id++, I, H, std);
+    L.up_proj = dummy_matrix(seed, id++, I, H, std);
+    L.down_proj = dummy_matrix(seed, id++, H, I, std);
+    if (c.mlp_bias) {
+      L.gate_bias = zeros(I);
+      L.up_bias = zeros(I);
+      L.down_bias = zeros(H);
+    }
+  }
+  return w;
+}
+
+}  // namespace fp8kv

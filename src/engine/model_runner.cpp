@@ -1,0 +1,95 @@
+#include "engine/model_runner.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace fp8kv {
+
+ModelRunner::ModelRunner(const ModelConfig& cfg, Backend& backend, std::shared_ptr<const ModelWeights> weights,
+                         int max_num_batched_tokens)
+    : cfg_(cfg),
+      be_(backend),
+      weights_(backend.upload_weights(std::move(weights))),
+      fwd_(cfg_, be_, weights_),
+      rs_(be_, cfg_, max_num_batched_tokens, kLogitsRows) {}
+
+void ModelRunner::build_batch(const SchedulerOutput& out) {
+  if (!kv_) throw std::logic_error("ModelRunner: no KvCacheManager (set_kv)");
+  KvCacheManager& kv = *kv_;
+  StepBatch& b = batch_;
+  const int S = static_cast<int>(out.seqs.size()), T = out.num_tokens, G = kv.num_groups();
+  const int B = kv.plan().block_size;
+  b.num_tokens = T;
+  b.num_seqs = S;
+  b.num_decodes = out.num_decodes;
+  b.num_groups = G;
+  b.max_query_len = 0;
+  b.max_context_len = 0;
+  b.token_ids.resize(T);
+  b.positions.resize(T);
+  b.query_start.assign(1, 0);
+  b.context_lens.resize(S);
+  b.is_decode.resize(S);
+  b.slot_mapping.resize(G);
+  b.block_tables.resize(G);
+  int max_blocks = 1;
+  for (const auto& s : out.seqs) max_blocks = std::max(max_blocks, (s.start + s.num_tokens + B - 1) / B);
+  b.max_blocks_per_seq = max_blocks;
+  for (int g = 0; g < G; ++g) {
+    b.slot_mapping[g].resize(T);
+    b.block_tables[g].assign(static_cast<size_t>(S) * max_blocks, -1);
+  }
+  int t = 0;
+  for (int i = 0; i < S; ++i) {
+    const ScheduledSeq& s = out.seqs[i];
+    const SchedRequest& r = *s.req;
+    if ((i < out.num_decodes) != (s.num_tokens == 1))
+      throw std::logic_error("ModelRunner: the scheduler output is not ordered decodes first");
+    for (int j = 0; j < s.num_tokens; ++j, ++t) {
+      b.token_ids[t] = r.tokens[s.start + j];
+      b.positions[t] = s.start + j;
+      for (int g = 0; g < G; ++g) b.slot_mapping[g][t] = kv.slot(r.kv, g, s.start + j);
+    }
+    b.query_start.push_back(t);
+    b.context_lens[i] = s.start + s.num_tokens;
+    b.is_decode[i] = s.num_tokens == 1;
+    b.max_query_len = std::max(b.max_query_len, s.num_tokens);
+    b.max_context_len = std::max(b.max_context_len, b.context_lens[i]);
+    for (int g = 0; g < G; ++g) {
+      const auto& table = kv.block_table(r.kv, g);
+      std::copy(table.begin(), table.end(), b.block_tables[g].begin() + static_cast<int64_t>(i) * max_blocks);
+    }
+  }
+  if (t != T) throw std::logic_error("ModelRunner: token count does not match the scheduled sequences");
+}
+
+void ModelRunner::execute(const SchedulerOutput& out) {
+  build_batch(out);
+  be_.begin_step(batch_);
+  fwd_.run(batch_, rs_);
+}
+
+void ModelRunner::logits_to_host(std::span<const int32_t> rows, std::vector<float>& out) {
+  const int V = cfg_.vocab_size;
+  out.resize(rows.size() * static_cast<size_t>(V));
+  const Tensor hidden = ForwardPass::hidden(rs_, cfg_, batch_.num_tokens);
+  for (size_t r = 0; r < rows.size(); r += kLogitsRows) {
+    const int m = static_cast<int>(std::min<size_t>(kLogitsRows, rows.size() - r));
+    Tensor l = rs_.logits.view(ScalarType::f32, m, V);
+    be_.logits(hidden, rows.subspan(r, m), weights_.output, l);
+    be_.download(out.data() + r * V, l.data, l.bytes());
+  }
+}
+
+void ModelRunner::sample(std::span<const int32_t> rows, std::span<const RowSampling> params, std::span<int32_t> ids) {
+  const int V = cfg_.vocab_size;
+  const Tensor hidden = ForwardPass::hidden(rs_, cfg_, batch_.num_tokens);
+  for (size_t r = 0; r < rows.size(); r += kLogitsRows) {
+    const int m = static_cast<int>(std::min<size_t>(kLogitsRows, rows.size() - r));
+    Tensor l = rs_.logits.view(ScalarType::f32, m, V);
+    be_.logits(hidden, rows.subspan(r, m), weights_.output, l);
+    be_.sample(l, params.subspan(r, m), ids.subspan(r, m));
+  }
+}
+
+}  // namespace fp8kv
