@@ -88,7 +88,7 @@ void check_rmsnorm(std::mt19937_64& rng, int rows, int n, bool delta, bool delta
   auto ddw = to_device(dw);
   cuda::DeviceBuffer dout(static_cast<size_t>(rows) * n * 2);
   cuda::rmsnorm_residual(dh.as<float>(), delta ? dd.as<float>() : nullptr, delta_w ? ddw.as<float>() : nullptr,
-                         dwv.as<float>(), eps, rows, n, dout.as<uint16_t>(), nullptr);
+                         dwv.as<float>(), eps, rows, n, dout.get(), true, nullptr);
   const auto h_gpu = to_host<float>(dh, h.size());
   const auto out_gpu = from_bf16(to_host<uint16_t>(dout, h.size()));
 
@@ -281,7 +281,7 @@ TEST(CudaOps, GatedActivationsMatchCpu) {
       u[r * n + i] = gu[r * 2 * n + n + i];
     }
   for (Activation act : {Activation::silu, Activation::gelu_tanh, Activation::gelu}) {
-    cuda::gated_act(act, dgu.as<float>(), dgu.as<float>() + n, 2 * n, rows, n, dout.as<uint16_t>(), nullptr);
+    cuda::gated_act(act, dgu.as<float>(), dgu.as<float>() + n, 2 * n, rows, n, dout.get(), true, nullptr);
     const auto out = from_bf16(to_host<uint16_t>(dout, g.size()));
     std::vector<float> ref(g.size());
     gated_act_cpu(act, g.data(), u.data(), ref.data(), static_cast<int64_t>(g.size()));
@@ -331,6 +331,55 @@ TEST(CudaOps, SoftcapMatchesCpu) {
     const float ref = std::tanh(x[i] / cap) * cap;
     ASSERT_LE(std::fabs(y[i] - ref), cap * 0x1.0p-21) << "x=" << x[i];
   }
+}
+
+// fp32 outputs (the CUDA backend's activations are fp32): the norm in place
+// over h (y aliases h) and the gated activation in place over gate. Same
+// bounds without the bf16 term.
+TEST(CudaOps, Fp32OutputsInPlace) {
+  FP8KV_NEED_GPU();
+  std::mt19937_64 rng(test_seed());
+  const int rows = 5, n = 777;
+  auto h = randn(rng, static_cast<size_t>(rows) * n, 2.0f);
+  auto d = randn(rng, h.size(), 1.0f);
+  auto w = randn(rng, n, 1.0f);
+  auto dh = to_device(h), dd = to_device(d), dw = to_device(w);
+  cuda::rmsnorm_residual(dh.as<float>(), dd.as<float>(), nullptr, dw.as<float>(), 1e-6f, rows, n, dh.get(), false,
+                         nullptr);
+  const auto y = to_host<float>(dh, h.size());
+  std::vector<float> hs(h.size()), ref(h.size());
+  for (size_t i = 0; i < h.size(); ++i) hs[i] = h[i] + d[i];
+  rmsnorm_cpu(hs.data(), rows, n, w.data(), 1e-6f, ref.data());
+  for (size_t i = 0; i < h.size(); ++i)
+    ASSERT_LE(std::fabs(y[i] - ref[i]), std::fabs(ref[i]) * 2.0 * (n + 8) * kU32 + 1e-37) << i;
+
+  auto g = randn(rng, h.size(), 2.0f), u = randn(rng, h.size(), 1.0f);
+  auto dg = to_device(g), du = to_device(u);
+  cuda::gated_act(Activation::silu, dg.as<float>(), du.as<float>(), n, rows, n, dg.get(), false, nullptr);
+  const auto out = to_host<float>(dg, g.size());
+  std::vector<float> aref(g.size());
+  gated_act_cpu(Activation::silu, g.data(), u.data(), aref.data(), static_cast<int64_t>(g.size()));
+  for (size_t i = 0; i < g.size(); ++i)  // expf <= 2 ulp: silu within 4 u relative
+    ASSERT_LE(std::fabs(out[i] - aref[i]), 4 * kU32 * std::fabs(aref[i]) + 1e-37) << i;
+}
+
+TEST(CudaOps, ToBf16RowsAndAddAreExact) {
+  FP8KV_NEED_GPU();
+  std::mt19937_64 rng(test_seed());
+  const int rows = 6, cols = 129;
+  auto x = randn(rng, static_cast<size_t>(rows) * cols, 3.0f);
+  auto y = randn(rng, x.size(), 3.0f);
+  const std::vector<int32_t> idx = {5, 0, 2};
+  auto dx = to_device(x), dy = to_device(y), di = to_device(idx);
+  cuda::DeviceBuffer db(idx.size() * cols * 2);
+  cuda::to_bf16_rows(dx.as<float>(), di.as<int32_t>(), static_cast<int64_t>(idx.size()), cols, db.as<uint16_t>(),
+                     nullptr);
+  const auto b = to_host<uint16_t>(db, idx.size() * cols);
+  for (size_t r = 0; r < idx.size(); ++r)
+    for (int c = 0; c < cols; ++c) ASSERT_EQ(b[r * cols + c], f32_to_bf16(x[idx[r] * cols + c]));
+  cuda::add_inplace(dx.as<float>(), dy.as<float>(), static_cast<int64_t>(x.size()), nullptr);
+  const auto s = to_host<float>(dx, x.size());
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(s[i], x[i] + y[i]);
 }
 
 }  // namespace

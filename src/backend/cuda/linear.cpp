@@ -1,6 +1,7 @@
 // Device buffers, weight upload, and the cuBLASLt linear (ops.h).
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -67,22 +68,28 @@ bool cuda_device_available() {
   return n > 0;
 }
 
+void upload_matrix_bf16_to(const MatrixRef& host, uint16_t* dst) {
+  const size_t count = static_cast<size_t>(host.rows) * static_cast<size_t>(host.cols);
+  if (!count) return;
+  if (host.type == WeightType::bf16) {
+    FP8KV_CU(cudaMemcpy(dst, host.data, count * 2, cudaMemcpyHostToDevice));
+    return;
+  }
+  // fp32 -> bf16 (RNE) in slices, to bound the host staging memory.
+  constexpr size_t kSlice = size_t{1} << 24;
+  std::vector<uint16_t> tmp(std::min(count, kSlice));
+  const float* src = static_cast<const float*>(host.data);
+  for (size_t i0 = 0; i0 < count; i0 += kSlice) {
+    const size_t n = std::min(kSlice, count - i0);
+    for (size_t i = 0; i < n; ++i) tmp[i] = f32_to_bf16(src[i0 + i]);
+    FP8KV_CU(cudaMemcpy(dst + i0, tmp.data(), n * 2, cudaMemcpyHostToDevice));
+  }
+}
+
 DeviceMatrix upload_matrix_bf16(const MatrixRef& host, DeviceBuffer& dst) {
   const size_t count = static_cast<size_t>(host.rows) * static_cast<size_t>(host.cols);
   dst = DeviceBuffer(count * 2);
-  if (host.type == WeightType::bf16) {
-    dst.upload(host.data, count * 2);
-  } else {
-    // Convert in slices to bound the host staging memory.
-    constexpr size_t kSlice = size_t{1} << 24;
-    std::vector<uint16_t> tmp(std::min(count, kSlice));
-    const float* src = static_cast<const float*>(host.data);
-    for (size_t i0 = 0; i0 < count; i0 += kSlice) {
-      const size_t n = std::min(kSlice, count - i0);
-      for (size_t i = 0; i < n; ++i) tmp[i] = f32_to_bf16(src[i0 + i]);
-      FP8KV_CU(cudaMemcpy(static_cast<uint16_t*>(dst.get()) + i0, tmp.data(), n * 2, cudaMemcpyHostToDevice));
-    }
-  }
+  upload_matrix_bf16_to(host, dst.as<uint16_t>());
   return DeviceMatrix{dst.as<const uint16_t>(), host.rows, host.cols};
 }
 

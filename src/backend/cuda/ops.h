@@ -69,6 +69,8 @@ struct DeviceMatrix {
 // Converts a host matrix (fp32 or bf16 elements, row-major) to bf16 (RNE) and
 // uploads it into `dst` (resized). fp32 -> bf16 is the only rounding.
 DeviceMatrix upload_matrix_bf16(const MatrixRef& host, DeviceBuffer& dst);
+// The same into caller-owned device memory of rows * cols * 2 bytes.
+void upload_matrix_bf16_to(const MatrixRef& host, uint16_t* dst);
 // Uploads fp32 values (norm weights, biases); empty -> null buffer.
 void upload_f32(const std::vector<float>& host, DeviceBuffer& dst);
 
@@ -103,10 +105,11 @@ class Gemm {
 // Per row r of [rows][n]:
 //   if delta:   d = delta[r], and if delta_w: d = rmsnorm(d) * delta_w (Gemma 3's
 //               post-attention / post-ffn norm); h[r] += d (fp32, in place)
-//   out[r] = bf16(rmsnorm(h[r]) * w)   (w already holds 1 + w for Gemma norms)
-// rmsnorm(x) = x * (1 / sqrt(mean(x^2) + eps)), as rmsnorm_cpu.
+//   out[r] = rmsnorm(h[r]) * w   (w already holds 1 + w for Gemma norms)
+// rmsnorm(x) = x * (1 / sqrt(mean(x^2) + eps)), as rmsnorm_cpu. out is bf16
+// (out_bf16) or fp32 and may alias h; without delta, h is only read.
 void rmsnorm_residual(float* h, const float* delta, const float* delta_w, const float* w, float eps, int64_t rows,
-                      int n, uint16_t* out, cudaStream_t stream);
+                      int n, void* out, bool out_bf16, cudaStream_t stream);
 
 // out[i] = bf16(rmsnorm(h[row_index[i]]) * w) for i < num_rows (row_index
 // null: row i). For the final norm of the rows whose logits are needed.
@@ -142,11 +145,20 @@ void qkv_prep(const QkvPrepArgs& args, cudaStream_t stream);
 
 // ---- MLP, embedding, logits -------------------------------------------------
 
-// out[r][i] = bf16(act(gate[r][i]) * up[r][i]) for r < rows, i < n; gate/up rows
-// are in_stride elements apart (a fused gate|up GEMM output: gate = base,
+// out[r][i] = act(gate[r][i]) * up[r][i] for r < rows, i < n (out bf16 or
+// fp32, row stride n; may alias gate when in_stride == n); gate/up rows are
+// in_stride elements apart (a fused gate|up GEMM output: gate = base,
 // up = base + n, in_stride = 2n).
 void gated_act(Activation act, const float* gate, const float* up, int64_t in_stride, int64_t rows, int64_t n,
-               uint16_t* out, cudaStream_t stream);
+               void* out, bool out_bf16, cudaStream_t stream);
+
+// dst[i] = bf16(src[row_index[i]]) (RNE) for i < rows (row_index null: row i);
+// rows of `cols` elements. The GEMM input of fp32 activations.
+void to_bf16_rows(const float* src, const int32_t* row_index, int64_t rows, int64_t cols, uint16_t* dst,
+                  cudaStream_t stream);
+
+// x[i] += y[i] (fp32).
+void add_inplace(float* x, const float* y, int64_t n, cudaStream_t stream);
 
 // out[t] = E[ids[t]] * scale (fp32). ids must be valid (checked on the host).
 void embedding(const DeviceMatrix& E, const int32_t* ids, int T, float scale, float* out, cudaStream_t stream);

@@ -18,8 +18,8 @@ unsigned grid_for(int64_t n, int threads) {
 }
 
 template <Activation A>
-__global__ void gated_act_kernel(const float* __restrict__ gate, const float* __restrict__ up, int64_t in_stride,
-                                 int64_t rows, int64_t n, __nv_bfloat16* __restrict__ out) {
+__global__ void gated_act_kernel(const float* gate, const float* __restrict__ up, int64_t in_stride, int64_t rows,
+                                 int64_t n, void* out, bool out_bf16) {
   const int64_t total = rows * n;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -35,8 +35,26 @@ __global__ void gated_act_kernel(const float* __restrict__ gate, const float* __
     } else {
       a = __fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, erff(__fmul_rn(g, 0.7071067811865476f))));
     }
-    out[r * n + i] = __float2bfloat16_rn(__fmul_rn(a, u));
+    const float y = __fmul_rn(a, u);
+    if (out_bf16) static_cast<__nv_bfloat16*>(out)[r * n + i] = __float2bfloat16_rn(y);
+    else static_cast<float*>(out)[r * n + i] = y;
   }
+}
+
+__global__ void to_bf16_kernel(const float* __restrict__ src, const int32_t* __restrict__ row_index, int64_t rows,
+                               int64_t cols, __nv_bfloat16* __restrict__ dst) {
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < rows * cols;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = idx / cols, c = idx % cols;
+    const int64_t sr = row_index ? row_index[r] : r;
+    dst[idx] = __float2bfloat16_rn(src[sr * cols + c]);
+  }
+}
+
+__global__ void add_kernel(float* x, const float* y, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = __fadd_rn(x[i], y[i]);
 }
 
 __global__ void embedding_kernel(const __nv_bfloat16* __restrict__ E, int64_t cols, const int32_t* __restrict__ ids,
@@ -127,19 +145,38 @@ void add_bias_rows(float* y, const float* bias, int64_t T, int64_t N, cudaStream
 }
 
 void gated_act(Activation act, const float* gate, const float* up, int64_t in_stride, int64_t rows, int64_t n,
-               uint16_t* out, cudaStream_t stream) {
+               void* out, bool out_bf16, cudaStream_t stream) {
   if (rows * n == 0) return;
   if (!gate || !up || !out || rows < 0 || n < 0 || in_stride < n)
     throw std::invalid_argument("cuda::gated_act: bad arguments");
-  auto* o = reinterpret_cast<__nv_bfloat16*>(out);
   const unsigned g = grid_for(rows * n, 256);
   switch (act) {
-    case Activation::silu: gated_act_kernel<Activation::silu><<<g, 256, 0, stream>>>(gate, up, in_stride, rows, n, o); break;
-    case Activation::gelu_tanh:
-      gated_act_kernel<Activation::gelu_tanh><<<g, 256, 0, stream>>>(gate, up, in_stride, rows, n, o);
+    case Activation::silu:
+      gated_act_kernel<Activation::silu><<<g, 256, 0, stream>>>(gate, up, in_stride, rows, n, out, out_bf16);
       break;
-    case Activation::gelu: gated_act_kernel<Activation::gelu><<<g, 256, 0, stream>>>(gate, up, in_stride, rows, n, o); break;
+    case Activation::gelu_tanh:
+      gated_act_kernel<Activation::gelu_tanh><<<g, 256, 0, stream>>>(gate, up, in_stride, rows, n, out, out_bf16);
+      break;
+    case Activation::gelu:
+      gated_act_kernel<Activation::gelu><<<g, 256, 0, stream>>>(gate, up, in_stride, rows, n, out, out_bf16);
+      break;
   }
+  FP8KV_CU_LAUNCH();
+}
+
+void to_bf16_rows(const float* src, const int32_t* row_index, int64_t rows, int64_t cols, uint16_t* dst,
+                  cudaStream_t stream) {
+  if (rows * cols == 0) return;
+  if (!src || !dst || rows < 0 || cols < 0) throw std::invalid_argument("cuda::to_bf16_rows: bad arguments");
+  to_bf16_kernel<<<grid_for(rows * cols, 256), 256, 0, stream>>>(src, row_index, rows, cols,
+                                                                 reinterpret_cast<__nv_bfloat16*>(dst));
+  FP8KV_CU_LAUNCH();
+}
+
+void add_inplace(float* x, const float* y, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  if (!x || !y || n < 0) throw std::invalid_argument("cuda::add_inplace: bad arguments");
+  add_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, y, n);
   FP8KV_CU_LAUNCH();
 }
 

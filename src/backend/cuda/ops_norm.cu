@@ -34,9 +34,9 @@ __device__ float row_sumsq(const float* x, int n, NormReduce::TempStorage& tmp, 
   return r;
 }
 
-__global__ void rmsnorm_residual_kernel(float* __restrict__ h, const float* __restrict__ delta,
+__global__ void rmsnorm_residual_kernel(float* h, const float* __restrict__ delta,
                                         const float* __restrict__ delta_w, const float* __restrict__ w, float eps,
-                                        int n, __nv_bfloat16* __restrict__ out) {
+                                        int n, void* out, bool out_bf16) {
   __shared__ NormReduce::TempStorage tmp;
   __shared__ float bcast;
   const int64_t r = blockIdx.x;
@@ -52,8 +52,14 @@ __global__ void rmsnorm_residual_kernel(float* __restrict__ h, const float* __re
     __syncthreads();  // row_sumsq below reads elements written by other threads
   }
   const float inv = inv_rms(row_sumsq(hr, n, tmp, &bcast), n, eps);
-  __nv_bfloat16* o = out + r * n;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = __float2bfloat16_rn(__fmul_rn(__fmul_rn(hr[i], inv), w[i]));
+  // out may alias h: each element is read then written by the same thread.
+  if (out_bf16) {
+    __nv_bfloat16* o = static_cast<__nv_bfloat16*>(out) + r * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = __float2bfloat16_rn(__fmul_rn(__fmul_rn(hr[i], inv), w[i]));
+  } else {
+    float* o = static_cast<float*>(out) + r * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = __fmul_rn(__fmul_rn(hr[i], inv), w[i]);
+  }
 }
 
 __global__ void rmsnorm_rows_kernel(const float* __restrict__ h, const int32_t* __restrict__ row_index,
@@ -91,7 +97,7 @@ __global__ void qkv_prep_kernel(QkvPrepArgs a) {
   }
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int nq = a.num_q_heads, nk = a.num_kv_heads, nv = a.v_in ? a.num_kv_heads : 0;
+  const int nq = a.num_q_heads, nk = a.k_in ? a.num_kv_heads : 0, nv = a.v_in ? a.num_kv_heads : 0;
   float* sb = buf[warp];
   for (int hh = warp; hh < nq + nk + nv; hh += kPrepWarps) {
     const float* in;
@@ -148,12 +154,12 @@ __global__ void qkv_prep_kernel(QkvPrepArgs a) {
 }  // namespace
 
 void rmsnorm_residual(float* h, const float* delta, const float* delta_w, const float* w, float eps, int64_t rows,
-                      int n, uint16_t* out, cudaStream_t stream) {
+                      int n, void* out, bool out_bf16, cudaStream_t stream) {
   if (rows == 0) return;
   if (!h || !w || !out || n <= 0 || rows < 0 || (delta_w && !delta))
     throw std::invalid_argument("cuda::rmsnorm_residual: bad arguments");
   rmsnorm_residual_kernel<<<static_cast<unsigned>(rows), kNormThreads, 0, stream>>>(
-      h, delta, delta_w, w, eps, n, reinterpret_cast<__nv_bfloat16*>(out));
+      h, delta, delta_w, w, eps, n, out, out_bf16);
   FP8KV_CU_LAUNCH();
 }
 
@@ -169,7 +175,7 @@ void rmsnorm_rows(const float* h, const int32_t* row_index, int num_rows, const 
 void qkv_prep(const QkvPrepArgs& a, cudaStream_t stream) {
   if (a.T == 0) return;
   if (a.T < 0 || a.head_dim <= 0 || a.head_dim > kMaxHeadDim || a.num_q_heads < 0 || a.num_kv_heads < 0 ||
-      !a.q_in || !a.k_in || !a.q_out || !a.k_out || (a.v_in && !a.v_out))
+      !a.q_in || !a.q_out || (a.num_kv_heads > 0 && (!a.k_in || !a.k_out)) || (a.v_in && !a.v_out))
     throw std::invalid_argument("cuda::qkv_prep: bad arguments (head_dim " + std::to_string(a.head_dim) +
                                 ", at most " + std::to_string(kMaxHeadDim) + ")");
   if (a.inv_freq && (a.rot_dim <= 0 || a.rot_dim > a.head_dim || a.rot_dim % 2 || !a.positions))
