@@ -57,6 +57,6 @@ inline std::vector<float> from_bf16(const std::vector<uint16_t>& v) {
 }
 
 constexpr double kU32 = 0x1.0p-24;  // fp32 unit roundoff
-constexpr double kUbf16 = 0x1.0p-9;  // bf16 unit roundoff (RNE)
+constexpr double kUbf16 = 0x1.0p-8;  // bf16 unit roundoff (8-bit significand, RNE: half an ulp <= 2^-8 relative)
 
 }  // namespace fp8kv::cudaops_test

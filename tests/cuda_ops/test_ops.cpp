@@ -2,7 +2,7 @@
 // (backend/cpu/ops.h, model/rope.h) on random inputs. Tolerances are derived
 // per element (comments); the CPU gets the same bf16-rounded inputs, so only
 // accumulation order, library math (exp/tanh/erf: <= 2 ulp) and the final
-// bf16 rounding differ.
+// bf16 rounding (unit roundoff 2^-8) differ.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -74,7 +74,7 @@ TEST(CudaOps, LinearMatchesCpu) {
 
 // fp32 sum of squares in another order: relative error <= n u; 1/sqrt adds a
 // few u: the fp32 value before bf16 rounding is within (n + 8) u relative;
-// bf16 rounding adds 2^-9 relative.
+// bf16 rounding adds 2^-8 relative.
 void check_rmsnorm(std::mt19937_64& rng, int rows, int n, bool delta, bool delta_w) {
   SCOPED_TRACE(::testing::Message() << "rows=" << rows << " n=" << n << " delta=" << delta << " delta_w=" << delta_w);
   const float eps = 1e-6f;
@@ -266,7 +266,7 @@ TEST(CudaOps, QkvPrepMatchesCpuForEveryRopeType) {
 // exp/tanh/erf differ by <= 2 ulp between libm and CUDA; the worst
 // amplification is 1 + tanh / 1 + erf near -1 (absolute error 2^-23 times
 // 0.5 |g u|) and the rounding of gelu_tanh's inner term (relative 4u, slope
-// <= 0.5 |g u| (|g| + 0.05 |g|^3)). Then bf16 rounding (2^-9 relative).
+// <= 0.5 |g u| (|g| + 0.05 |g|^3)). Then bf16 rounding (2^-8 relative).
 TEST(CudaOps, GatedActivationsMatchCpu) {
   FP8KV_NEED_GPU();
   std::mt19937_64 rng(test_seed());
@@ -359,8 +359,11 @@ TEST(CudaOps, Fp32OutputsInPlace) {
   const auto out = to_host<float>(dg, g.size());
   std::vector<float> aref(g.size());
   gated_act_cpu(Activation::silu, g.data(), u.data(), aref.data(), static_cast<int64_t>(g.size()));
-  for (size_t i = 0; i < g.size(); ++i)  // expf <= 2 ulp: silu within 4 u relative
-    ASSERT_LE(std::fabs(out[i] - aref[i]), 4 * kU32 * std::fabs(aref[i]) + 1e-37) << i;
+  // silu = g / (1 + exp(-g)) * u: exp differs by <= 2.5 ulp (CUDA 2 + libm 0.5),
+  // so 1 + exp by <= 3.5 u after each side's rounding; the division and the
+  // product each add <= 1 u of difference: 5.5 u relative.
+  for (size_t i = 0; i < g.size(); ++i)
+    ASSERT_LE(std::fabs(out[i] - aref[i]), 5.5 * kU32 * std::fabs(aref[i]) + 1e-37) << i;
 }
 
 TEST(CudaOps, ToBf16RowsAndAddAreExact) {
