@@ -1,0 +1,530 @@
+#include "backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/kernels.h"
+#include "io/errors.h"
+#include "model/weights.h"
+
+namespace fp8kv {
+
+namespace {
+
+[[noreturn]] void bad(const char* op, const std::string& what) {
+  throw std::invalid_argument(fmt::format("CudaBackend::{}: {}", op, what));
+}
+
+std::string shape(const Tensor& t) { return fmt::format("[{}][{}] {}", t.rows, t.cols, scalar_type_name(t.dtype)); }
+
+float* f32(const Tensor& t, const char* op, const char* name) {
+  if (t.dtype != ScalarType::f32) bad(op, fmt::format("{} must be f32, got {}", name, shape(t)));
+  if (!t.data && t.numel() > 0) bad(op, fmt::format("{} is empty", name));
+  return static_cast<float*>(t.data);
+}
+
+const float* opt_vec(const Tensor& t, int64_t n, const char* op, const char* name) {
+  if (t.empty()) return nullptr;
+  if (t.dtype != ScalarType::f32 || t.numel() != n)
+    bad(op, fmt::format("{} must be f32 with {} elements, got {}", name, n, shape(t)));
+  return static_cast<const float*>(t.data);
+}
+
+cuda::DeviceMatrix matrix(const Tensor& w, const char* op) {
+  if (w.dtype != ScalarType::bf16) bad(op, fmt::format("weight must be bf16 (uploaded by this backend), got {}", shape(w)));
+  return cuda::DeviceMatrix{static_cast<const uint16_t*>(w.data), w.rows, w.cols};
+}
+
+void same_shape(const char* op, const Tensor& a, const Tensor& b) {
+  if (a.rows != b.rows || a.cols != b.cols) bad(op, fmt::format("shapes differ: {} vs {}", shape(a), shape(b)));
+}
+
+size_t align16(size_t n) { return (n + 15) / 16 * 16; }
+
+}  // namespace
+
+bool cuda_device_available() { return cuda::cuda_device_available(); }
+
+std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& cfg, const BackendOptions& opts) {
+  return std::make_unique<CudaBackend>(cfg, opts);
+}
+
+CudaBackend::CudaBackend(const ModelConfig& cfg, const BackendOptions& opts)
+    : cfg_(cfg),
+      device_(opts.device),
+      rope_full_(cfg.rope_full, cfg.head_dim, cfg.max_position_embeddings),
+      rope_sliding_(cfg.rope_sliding, cfg.head_dim, cfg.max_position_embeddings) {
+  if (!cuda::cuda_device_available())
+    throw InputError("--backend cuda: no CUDA device is available (cudaGetDeviceCount found none); use --backend cpu");
+  if (cfg.head_dim != 64 && cfg.head_dim != 128 && cfg.head_dim != 256)
+    throw InputError(fmt::format("--backend cuda: head_dim {} is not supported by the CUDA attention kernels "
+                                 "(64, 128 or 256); use --backend cpu",
+                                 cfg.head_dim));
+  if (cfg.num_kv_heads <= 0 || cfg.num_heads % cfg.num_kv_heads != 0)
+    throw InputError(fmt::format("--backend cuda: num_heads {} is not a multiple of num_kv_heads {}", cfg.num_heads,
+                                 cfg.num_kv_heads));
+  FP8KV_CU(cudaSetDevice(device_));
+  FP8KV_CU(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  gemm_ = std::make_unique<cuda::Gemm>();
+  cuda::upload_f32(rope_full_.inv_freq(), inv_freq_full_);
+  cuda::upload_f32(rope_sliding_.inv_freq(), inv_freq_sliding_);
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_) {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+}
+
+MemoryInfo CudaBackend::memory_info() const {
+  size_t free_b = 0, total_b = 0;
+  FP8KV_CU(cudaMemGetInfo(&free_b, &total_b));
+  return MemoryInfo{total_b, free_b};
+}
+
+DeviceBuffer CudaBackend::alloc(size_t bytes) {
+  void* p = nullptr;
+  FP8KV_CU(cudaMalloc(&p, std::max<size_t>(bytes, 1)));
+  return DeviceBuffer(p, bytes, [](void* q) { cudaFree(q); });
+}
+
+void CudaBackend::upload(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  FP8KV_CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+  FP8KV_CU(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::download(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  FP8KV_CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  FP8KV_CU(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::synchronize() { FP8KV_CU(cudaStreamSynchronize(stream_)); }
+
+// ---- weights ----------------------------------------------------------------
+
+BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w) {
+  BackendWeights b;
+  auto mat = [&](const WeightMatrix& m) -> Tensor {
+    if (!m.data) return {};
+    DeviceBuffer buf = alloc(static_cast<size_t>(m.rows * m.cols) * 2);
+    cuda::upload_matrix_bf16_to(MatrixRef{m.data, m.bf16 ? WeightType::bf16 : WeightType::f32, m.rows, m.cols},
+                                static_cast<uint16_t*>(buf.data()));
+    Tensor t{buf.data(), ScalarType::bf16, m.rows, m.cols};
+    b.storage.push_back(std::move(buf));
+    return t;
+  };
+  auto vec = [&](const std::vector<float>& v) -> Tensor {
+    if (v.empty()) return {};
+    DeviceBuffer buf = alloc(v.size() * sizeof(float));
+    upload(buf.data(), v.data(), v.size() * sizeof(float));
+    Tensor t{buf.data(), ScalarType::f32, 1, static_cast<int64_t>(v.size())};
+    b.storage.push_back(std::move(buf));
+    return t;
+  };
+  b.embed = mat(w->embed);
+  b.output = w->lm_head ? mat(*w->lm_head) : b.embed;  // tied: the same device memory
+  b.final_norm = vec(w->final_norm);
+  b.embed_scale = w->embed_scale;
+  b.layers.reserve(w->layers.size());
+  for (const LayerWeights& L : w->layers) {
+    BackendLayerWeights o;
+    o.input_norm = vec(L.input_norm);
+    o.q_proj = mat(L.q_proj);
+    o.k_proj = mat(L.k_proj);
+    o.v_proj = mat(L.v_proj);
+    o.o_proj = mat(L.o_proj);
+    o.q_bias = vec(L.q_bias);
+    o.k_bias = vec(L.k_bias);
+    o.v_bias = vec(L.v_bias);
+    o.o_bias = vec(L.o_bias);
+    o.q_norm = vec(L.q_norm);
+    o.k_norm = vec(L.k_norm);
+    o.post_attention_norm = vec(L.post_attention_norm);
+    o.pre_ffn_norm = vec(L.pre_ffn_norm);
+    o.post_ffn_norm = vec(L.post_ffn_norm);
+    o.gate_proj = mat(L.gate_proj);
+    o.up_proj = mat(L.up_proj);
+    o.down_proj = mat(L.down_proj);
+    o.gate_bias = vec(L.gate_bias);
+    o.up_bias = vec(L.up_bias);
+    o.down_bias = vec(L.down_bias);
+    b.layers.push_back(o);
+  }
+  return b;  // the host weights are no longer needed (host_owner stays empty)
+}
+
+// ---- KV storage ----------------------------------------------------------------
+
+void CudaBackend::allocate_kv(const KvPlan& plan, const KvCacheLayout& layout) {
+  if (layout.block_size <= 0 || layout.block_size % 16 != 0)
+    throw InputError(fmt::format("--backend cuda: block size {} is not a multiple of 16 (the CUDA attention kernels "
+                                 "need whole 16-token tiles per page)",
+                                 layout.block_size));
+  if (layout.head_dim != cfg_.head_dim) bad("allocate_kv", fmt::format("layout head_dim {} != model {}", layout.head_dim, cfg_.head_dim));
+  layout_ = layout;
+  layer_group_.assign(cfg_.num_layers, -1);
+  layer_slot_.assign(cfg_.num_layers, -1);
+  for (size_t g = 0; g < plan.groups.size(); ++g) {
+    const auto& layers = plan.groups[g].layers;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const int l = layers[i];
+      if (l < 0 || l >= cfg_.num_layers) continue;  // padding
+      layer_group_[l] = static_cast<int>(g);
+      layer_slot_[l] = static_cast<int>(i);
+    }
+  }
+  for (int l = 0; l < cfg_.num_layers; ++l)
+    if (layer_group_[l] < 0) throw std::logic_error(fmt::format("CudaBackend::allocate_kv: layer {} is in no KV group", l));
+  kv_storage_.clear();
+  const size_t bytes = layout.cache_bytes();
+  for (int i = 0; i < plan.group_size * 2; ++i) {
+    kv_storage_.push_back(alloc(bytes));
+    FP8KV_CU(cudaMemsetAsync(kv_storage_.back().data(), 0, bytes, stream_));
+  }
+  FP8KV_CU(cudaStreamSynchronize(stream_));
+}
+
+KvLayerStorage CudaBackend::kv_layer(int layer) const {
+  if (kv_storage_.empty()) throw std::logic_error("CudaBackend::kv_layer before allocate_kv");
+  const size_t s = static_cast<size_t>(layer_slot_.at(layer)) * 2;
+  return KvLayerStorage{layout_, kv_storage_[s].data(), kv_storage_[s + 1].data()};
+}
+
+void CudaBackend::set_kv_scales(const KvScales& scales) {
+  if (static_cast<int>(scales.layers.size()) != cfg_.num_layers)
+    bad("set_kv_scales", fmt::format("{} layers of scales for {} model layers", scales.layers.size(), cfg_.num_layers));
+  scales_.resize(scales.layers.size());
+  for (size_t l = 0; l < scales.layers.size(); ++l) {
+    cuda::upload_f32(scales.layers[l].k.values, scales_[l].k);
+    cuda::upload_f32(scales.layers[l].v.values, scales_[l].v);
+    scales_[l].k_count = static_cast<int>(scales.layers[l].k.values.size());
+    scales_[l].v_count = static_cast<int>(scales.layers[l].v.values.size());
+  }
+}
+
+// ---- step ------------------------------------------------------------------------
+
+void CudaBackend::begin_step(const StepBatch& b) {
+  const int T = b.num_tokens, S = b.num_seqs, G = b.num_groups, B = b.max_blocks_per_seq, nd = b.num_decodes;
+  if (static_cast<int>(b.token_ids.size()) != T || static_cast<int>(b.positions.size()) != T ||
+      static_cast<int>(b.query_start.size()) != S + 1 || static_cast<int>(b.context_lens.size()) != S ||
+      static_cast<int>(b.slot_mapping.size()) != G || static_cast<int>(b.block_tables.size()) != G || nd < 0 || nd > S)
+    bad("begin_step", "StepBatch arrays do not match num_tokens / num_seqs / num_groups");
+  for (int g = 0; g < G; ++g)
+    if (static_cast<int>(b.slot_mapping[g].size()) != T ||
+        static_cast<int64_t>(b.block_tables[g].size()) != static_cast<int64_t>(S) * B)
+      bad("begin_step", fmt::format("group {}: slot mapping / block table sizes", g));
+  for (int t = 0; t < T; ++t)
+    if (b.token_ids[t] < 0 || b.token_ids[t] >= cfg_.vocab_size)
+      throw std::out_of_range(fmt::format("CudaBackend::begin_step: token id {} outside the vocabulary ({})",
+                                          b.token_ids[t], cfg_.vocab_size));
+  StepView v;
+  v.T = T;
+  v.S = S;
+  v.num_decodes = nd;
+  v.B = B;
+  for (int s = 0; s < nd; ++s) {
+    if (b.query_len(s) != 1) bad("begin_step", fmt::format("decode sequence {} has {} query tokens", s, b.query_len(s)));
+    v.max_decode_context = std::max(v.max_decode_context, b.context_lens[s]);
+  }
+  for (int s = nd; s < S; ++s) v.max_prefill_query = std::max(v.max_prefill_query, b.query_len(s));
+  v.prefill_row0 = b.query_start[nd];
+
+  // Pack everything into one host buffer (16-byte aligned sections) and copy once.
+  const int P = S - nd;
+  size_t off = 0;
+  auto section = [&](size_t bytes) {
+    const size_t at = off;
+    off += align16(bytes);
+    return at;
+  };
+  const size_t o_ids = section(T * 4), o_pos = section(T * 4), o_ctx = section(S * 4), o_qs = section((P + 1) * 4);
+  std::vector<size_t> o_slots(G), o_bt(G);
+  for (int g = 0; g < G; ++g) o_slots[g] = section(static_cast<size_t>(T) * 8);
+  for (int g = 0; g < G; ++g) o_bt[g] = section(static_cast<size_t>(S) * B * 4);
+  step_host_.assign(off, 0);
+  std::memcpy(step_host_.data() + o_ids, b.token_ids.data(), T * 4);
+  std::memcpy(step_host_.data() + o_pos, b.positions.data(), T * 4);
+  std::memcpy(step_host_.data() + o_ctx, b.context_lens.data(), S * 4);
+  auto* qs = reinterpret_cast<int32_t*>(step_host_.data() + o_qs);
+  for (int i = 0; i <= P; ++i) qs[i] = b.query_start[nd + i] - v.prefill_row0;
+  for (int g = 0; g < G; ++g) {
+    std::memcpy(step_host_.data() + o_slots[g], b.slot_mapping[g].data(), static_cast<size_t>(T) * 8);
+    std::memcpy(step_host_.data() + o_bt[g], b.block_tables[g].data(), static_cast<size_t>(S) * B * 4);
+  }
+  step_dev_.reserve(std::max<size_t>(off, 16));
+  FP8KV_CU(cudaMemcpyAsync(step_dev_.get(), step_host_.data(), off, cudaMemcpyHostToDevice, stream_));
+  const auto* base = static_cast<const uint8_t*>(step_dev_.get());
+  v.ids = reinterpret_cast<const int32_t*>(base + o_ids);
+  v.positions = reinterpret_cast<const int32_t*>(base + o_pos);
+  v.context_lens = reinterpret_cast<const int32_t*>(base + o_ctx);
+  v.prefill_q_start = reinterpret_cast<const int32_t*>(base + o_qs);
+  for (int g = 0; g < G; ++g) {
+    v.slots.push_back(reinterpret_cast<const int64_t*>(base + o_slots[g]));
+    v.block_tables.push_back(reinterpret_cast<const int32_t*>(base + o_bt[g]));
+  }
+  step_ = std::move(v);
+  have_step_ = true;
+}
+
+const CudaBackend::StepView& CudaBackend::step(const char* op) const {
+  if (!have_step_) throw std::logic_error(fmt::format("CudaBackend::{} before begin_step", op));
+  return step_;
+}
+
+// ---- ops -------------------------------------------------------------------------
+
+const uint16_t* CudaBackend::to_bf16_input(const Tensor& x, const char* op) {
+  if (x.dtype == ScalarType::bf16) return static_cast<const uint16_t*>(x.data);
+  const float* xp = f32(x, op, "x");
+  x_bf16_.reserve(static_cast<size_t>(x.numel()) * 2);
+  cuda::to_bf16_rows(xp, nullptr, x.rows, x.cols, x_bf16_.as<uint16_t>(), stream_);
+  return x_bf16_.as<const uint16_t>();
+}
+
+void CudaBackend::embedding(const Tensor& table, float scale, Tensor& out) {
+  const StepView& s = step("embedding");
+  if (out.rows != s.T || out.cols != table.cols)
+    bad("embedding", fmt::format("out {}, expected [{}][{}]", shape(out), s.T, table.cols));
+  cuda::embedding(matrix(table, "embedding"), s.ids, s.T, scale, f32(out, "embedding", "out"), stream_);
+}
+
+void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
+  if (x.cols != w.cols || y.rows != x.rows || y.cols != w.rows)
+    bad("linear", fmt::format("x {}, W {}, y {}", shape(x), shape(w), shape(y)));
+  const cuda::DeviceMatrix W = matrix(w, "linear");
+  const float* bp = opt_vec(bias, w.rows, "linear", "bias");
+  const uint16_t* xb = to_bf16_input(x, "linear");
+  if (y.dtype == ScalarType::f32) {
+    gemm_->linear(xb, x.rows, W, bp, static_cast<float*>(y.data), false, stream_);
+  } else if (y.dtype == ScalarType::bf16) {
+    y_f32_.reserve(static_cast<size_t>(y.numel()) * 4);
+    gemm_->linear(xb, x.rows, W, bp, y_f32_.as<float>(), false, stream_);
+    cuda::to_bf16_rows(y_f32_.as<float>(), nullptr, y.rows, y.cols, static_cast<uint16_t*>(y.data), stream_);
+  } else {
+    bad("linear", fmt::format("y must be f32 or bf16, got {}", shape(y)));
+  }
+}
+
+void CudaBackend::rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) {
+  same_shape("rmsnorm", x, y);
+  if (y.dtype != ScalarType::f32 && y.dtype != ScalarType::bf16) bad("rmsnorm", "y must be f32 or bf16");
+  const float* wp = opt_vec(w, x.cols, "rmsnorm", "w");
+  if (!wp) bad("rmsnorm", "w is empty");
+  // Without a delta the kernel only reads h.
+  cuda::rmsnorm_residual(f32(x, "rmsnorm", "x"), nullptr, nullptr, wp, eps, x.rows, static_cast<int>(x.cols), y.data,
+                         y.dtype == ScalarType::bf16, stream_);
+}
+
+void CudaBackend::add_rmsnorm(Tensor& h, const Tensor& x, const Tensor& w, float eps, Tensor& y) {
+  same_shape("add_rmsnorm", h, x);
+  same_shape("add_rmsnorm", h, y);
+  if (y.dtype != ScalarType::f32 && y.dtype != ScalarType::bf16) bad("add_rmsnorm", "y must be f32 or bf16");
+  const float* wp = opt_vec(w, h.cols, "add_rmsnorm", "w");
+  if (!wp) bad("add_rmsnorm", "w is empty");
+  cuda::rmsnorm_residual(f32(h, "add_rmsnorm", "h"), f32(x, "add_rmsnorm", "x"), nullptr, wp, eps, h.rows,
+                         static_cast<int>(h.cols), y.data, y.dtype == ScalarType::bf16, stream_);
+}
+
+void CudaBackend::head_rmsnorm(Tensor& x, int head_dim, const Tensor& w, float eps) {
+  if (head_dim <= 0 || x.cols % head_dim != 0) bad("head_rmsnorm", fmt::format("x {} with head_dim {}", shape(x), head_dim));
+  const float* wp = opt_vec(w, head_dim, "head_rmsnorm", "w");
+  if (!wp) bad("head_rmsnorm", "w is empty");
+  float* xp = f32(x, "head_rmsnorm", "x");
+  cuda::QkvPrepArgs a;
+  a.T = static_cast<int>(x.rows);
+  a.num_q_heads = static_cast<int>(x.cols / head_dim);
+  a.head_dim = head_dim;
+  a.q_in = xp;
+  a.q_stride = x.cols;
+  a.q_norm_w = wp;
+  a.eps = eps;
+  a.q_out = xp;  // in place: each warp reads its head before writing it
+  cuda::qkv_prep(a, stream_);
+}
+
+void CudaBackend::rope(int layer, Tensor& q, Tensor& k) {
+  const StepView& s = step("rope");
+  const int D = cfg_.head_dim;
+  if (q.rows != s.T || k.rows != s.T || q.cols != static_cast<int64_t>(cfg_.num_heads) * D ||
+      k.cols != static_cast<int64_t>(cfg_.num_kv_heads) * D)
+    bad("rope", fmt::format("q {}, k {} for {} tokens", shape(q), shape(k), s.T));
+  const bool sliding = cfg_.is_sliding(layer);
+  const RopeTable& rt = sliding ? rope_sliding_ : rope_full_;
+  cuda::QkvPrepArgs a;
+  a.T = s.T;
+  a.num_q_heads = cfg_.num_heads;
+  a.num_kv_heads = cfg_.num_kv_heads;
+  a.head_dim = D;
+  a.q_in = a.q_out = f32(q, "rope", "q");
+  a.k_in = a.k_out = f32(k, "rope", "k");
+  a.q_stride = q.cols;
+  a.k_stride = k.cols;
+  a.positions = s.positions;
+  a.inv_freq = (sliding ? inv_freq_sliding_ : inv_freq_full_).as<float>();
+  a.rot_dim = rt.rot_dim();
+  a.attention_factor = rt.attention_factor();
+  cuda::qkv_prep(a, stream_);
+}
+
+void CudaBackend::gated_act(Activation act, const Tensor& gate, const Tensor& up, Tensor& out) {
+  same_shape("gated_act", gate, up);
+  same_shape("gated_act", gate, out);
+  if (out.dtype != ScalarType::f32 && out.dtype != ScalarType::bf16) bad("gated_act", "out must be f32 or bf16");
+  cuda::gated_act(act, f32(gate, "gated_act", "gate"), f32(up, "gated_act", "up"), gate.cols, gate.rows, gate.cols,
+                  out.data, out.dtype == ScalarType::bf16, stream_);
+}
+
+void CudaBackend::add(Tensor& x, const Tensor& y) {
+  same_shape("add", x, y);
+  cuda::add_inplace(f32(x, "add", "x"), f32(y, "add", "y"), x.numel(), stream_);
+}
+
+void CudaBackend::store_kv(const StepBatch& b, int layer, const Tensor& q, const Tensor& k, const Tensor& v) {
+  const StepView& s = step("store_kv");
+  const int T = b.num_tokens, Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
+  if (T != s.T || q.rows != T || k.rows != T || v.rows != T || q.cols != static_cast<int64_t>(Hq) * D ||
+      k.cols != static_cast<int64_t>(Hkv) * D || v.cols != k.cols)
+    bad("store_kv", fmt::format("q {}, k {}, v {} for {} tokens", shape(q), shape(k), shape(v), T));
+  if (kv_storage_.empty()) throw std::logic_error("CudaBackend::store_kv before allocate_kv");
+  if (scales_.size() != static_cast<size_t>(cfg_.num_layers)) throw std::logic_error("CudaBackend::store_kv before set_kv_scales");
+  const float* qp = f32(q, "store_kv", "q");
+  const float* kp = f32(k, "store_kv", "k");
+  const float* vp = f32(v, "store_kv", "v");
+  if (observer_) {  // host copies at the store point (calibration is offline: the copy is fine)
+    obs_q_.resize(static_cast<size_t>(q.numel()));
+    obs_k_.resize(static_cast<size_t>(k.numel()));
+    obs_v_.resize(static_cast<size_t>(v.numel()));
+    download(obs_q_.data(), qp, q.bytes());
+    download(obs_k_.data(), kp, k.bytes());
+    download(obs_v_.data(), vp, v.bytes());
+    observer_->observe(layer, obs_q_.data(), Hq, obs_k_.data(), obs_v_.data(), Hkv, D, T);
+  }
+  const int group = layer_group_.at(layer);
+  const KvLayerStorage st = kv_layer(layer);
+  const LayerScales& sc = scales_[layer];
+  cuda::StoreKvArgs a;
+  a.layout = layout_;
+  a.k_cache = st.k_cache;
+  a.v_cache = st.v_cache;
+  a.k = kp;
+  a.v = vp;
+  a.input_dtype = cuda::ActDtype::f32;
+  a.slot_mapping = s.slots.at(group);
+  a.num_tokens = T;
+  a.k_scale = {sc.k.as<float>(), sc.k_count};
+  a.v_scale = {sc.v.as<float>(), sc.v_count};
+  cuda::store_kv(a, stream_);
+}
+
+void CudaBackend::attention(const StepBatch& b, int layer, const Tensor& q, Tensor& out) {
+  const StepView& s = step("attention");
+  const int Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
+  same_shape("attention", q, out);
+  if (q.rows != b.num_tokens || q.rows != s.T || q.cols != static_cast<int64_t>(Hq) * D)
+    bad("attention", fmt::format("q {} for {} tokens", shape(q), s.T));
+  const int group = layer_group_.at(layer);
+  const KvLayerStorage st = kv_layer(layer);
+  const LayerScales& sc = scales_.at(layer);
+  const float* qp = f32(q, "attention", "q");
+  float* op = f32(out, "attention", "out");
+  const int window = cfg_.window_for_layer(layer);
+  const float softcap = cfg_.attn_logit_softcapping ? static_cast<float>(*cfg_.attn_logit_softcapping) : 0.0f;
+
+  cuda::PagedKv kv;
+  kv.layout = layout_;
+  kv.k_cache = st.k_cache;
+  kv.v_cache = st.v_cache;
+  kv.max_blocks_per_seq = std::max(1, s.B);
+  kv.k_scale = {sc.k.as<float>(), sc.k_count};
+  kv.v_scale = {sc.v.as<float>(), sc.v_count};
+
+  // Decodes: sequences [0, nd), query rows [0, nd).
+  if (s.num_decodes > 0) {
+    cuda::DecodeArgs a;
+    a.kv = kv;
+    a.kv.block_tables = s.block_tables.at(group);
+    a.kv.context_lens = s.context_lens;
+    a.batch = s.num_decodes;
+    a.num_heads = Hq;
+    a.max_context_len = s.max_decode_context;
+    a.window = window;
+    a.softmax_scale = cfg_.attention_scale();
+    a.logit_softcap = softcap;
+    a.q = qp;
+    a.q_dtype = cuda::ActDtype::f32;
+    a.out = op;
+    a.out_dtype = cuda::ActDtype::f32;
+    a.plan = cuda::plan_decode(s.num_decodes, Hq, Hkv, D, s.max_decode_context, window, cuda::device_sm_count());
+    decode_ws_.reserve(std::max<size_t>(a.plan.workspace_bytes, 16));
+    a.workspace = decode_ws_.get();
+    cuda::paged_decode(a, stream_);
+  }
+  // Prefill chunks: sequences [nd, S), query rows from query_start[nd].
+  const int P = s.S - s.num_decodes;
+  if (P > 0) {
+    cuda::PrefillArgs a;
+    a.kv = kv;
+    a.kv.block_tables = s.block_tables.at(group) + static_cast<int64_t>(s.num_decodes) * s.B;
+    a.kv.context_lens = s.context_lens + s.num_decodes;
+    a.batch = P;
+    a.num_heads = Hq;
+    a.max_query_len = s.max_prefill_query;
+    a.window = window;
+    a.softmax_scale = cfg_.attention_scale();
+    a.logit_softcap = softcap;
+    a.q_start = s.prefill_q_start;
+    a.q = qp + static_cast<int64_t>(s.prefill_row0) * Hq * D;
+    a.q_dtype = cuda::ActDtype::f32;
+    a.out = op + static_cast<int64_t>(s.prefill_row0) * Hq * D;
+    a.out_dtype = cuda::ActDtype::f32;
+    cuda::paged_prefill(a, stream_);
+  }
+}
+
+void CudaBackend::logits(const Tensor& hidden, std::span<const int32_t> rows, const Tensor& output, Tensor& out) {
+  const int64_t n = static_cast<int64_t>(rows.size()), H = hidden.cols, V = output.rows;
+  if (output.cols != H || out.rows != n || out.cols != V)
+    bad("logits", fmt::format("hidden {}, output {}, out {} for {} rows", shape(hidden), shape(output), shape(out), n));
+  for (int64_t i = 0; i < n; ++i)
+    if (rows[i] < 0 || rows[i] >= hidden.rows) bad("logits", fmt::format("row {} outside hidden {}", rows[i], shape(hidden)));
+  if (n == 0) return;
+  const float* h = f32(hidden, "logits", "hidden");
+  float* y = f32(out, "logits", "out");
+  rows_dev_.reserve(static_cast<size_t>(n) * 4);
+  FP8KV_CU(cudaMemcpyAsync(rows_dev_.get(), rows.data(), static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream_));
+  x_bf16_.reserve(static_cast<size_t>(n * H) * 2);
+  cuda::to_bf16_rows(h, rows_dev_.as<int32_t>(), n, H, x_bf16_.as<uint16_t>(), stream_);
+  gemm_->linear(x_bf16_.as<uint16_t>(), n, matrix(output, "logits"), nullptr, y, false, stream_);
+  if (cfg_.final_logit_softcapping)
+    cuda::softcap(y, n * V, static_cast<float>(*cfg_.final_logit_softcapping), stream_);
+}
+
+void CudaBackend::sample(const Tensor& logits, std::span<const RowSampling> params, std::span<int32_t> ids) {
+  const int64_t n = logits.rows, V = logits.cols;
+  if (static_cast<int64_t>(params.size()) != n || static_cast<int64_t>(ids.size()) != n)
+    bad("sample", fmt::format("params/ids do not have one entry per logits row {}", shape(logits)));
+  if (n == 0) return;
+  std::vector<cuda::SampleParams> p(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r)
+    p[r] = cuda::SampleParams{params[r].temperature, params[r].top_p, params[r].top_k, params[r].seed, params[r].counter};
+  sample_params_.reserve(p.size() * sizeof(cuda::SampleParams));
+  sample_ids_.reserve(static_cast<size_t>(n) * 4);
+  FP8KV_CU(cudaMemcpyAsync(sample_params_.get(), p.data(), p.size() * sizeof(cuda::SampleParams),
+                           cudaMemcpyHostToDevice, stream_));
+  cuda::sample_rows(f32(logits, "sample", "logits"), static_cast<int>(n), static_cast<int>(V),
+                    sample_params_.as<cuda::SampleParams>(), sample_ids_.as<int32_t>(), stream_);
+  download(ids.data(), sample_ids_.get(), static_cast<size_t>(n) * 4);
+  for (int64_t r = 0; r < n; ++r)
+    if (ids[r] < 0) throw std::runtime_error(fmt::format("non-finite logits (NaN) from the model in sampled row {}", r));
+}
+
+}  // namespace fp8kv

@@ -1,0 +1,111 @@
+// CudaBackend: the Backend interface (backend/backend.h) on one CUDA device.
+// docs/cuda_backend.md has the decisions and the measured numbers.
+//
+// Memory: weights are uploaded once as bf16 (fp32 checkpoints are rounded to
+// bf16 at upload); the residual stream and every activation are fp32 (the
+// activation dtype), GEMM inputs are converted to bf16 on the fly
+// (cuBLASLt bf16 x bf16 -> fp32). The KV pool lives on the device
+// (allocate_kv). One stream; the StepBatch is uploaded once per step
+// (begin_step: one copy of one packed buffer), and store / decode / prefill
+// kernels run batched over the whole step.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/ops.h"
+#include "model/rope.h"
+
+namespace fp8kv {
+
+class CudaBackend final : public Backend {
+ public:
+  // Throws InputError when no device is present or the model's head_dim is
+  // not one the attention kernels take (64, 128, 256).
+  CudaBackend(const ModelConfig& cfg, const BackendOptions& opts);
+  ~CudaBackend() override;
+
+  std::string_view name() const override { return "cuda"; }
+  ScalarType activation_dtype() const override { return ScalarType::f32; }
+  MemoryInfo memory_info() const override;
+
+  DeviceBuffer alloc(size_t bytes) override;
+  void upload(void* dst, const void* host_src, size_t bytes) override;
+  void download(void* host_dst, const void* src, size_t bytes) override;
+  void synchronize() override;
+
+  BackendWeights upload_weights(std::shared_ptr<const ModelWeights> weights) override;
+
+  void allocate_kv(const KvPlan& plan, const KvCacheLayout& layout) override;
+  KvLayerStorage kv_layer(int layer) const override;
+  int kv_group_of_layer(int layer) const override { return layer_group_.at(layer); }
+  void set_kv_scales(const KvScales& scales) override;
+  void set_store_observer(StoreObserver* observer) override { observer_ = observer; }
+
+  void begin_step(const StepBatch& batch) override;
+
+  void embedding(const Tensor& table, float scale, Tensor& out) override;
+  void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) override;
+  void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) override;
+  void add_rmsnorm(Tensor& h, const Tensor& x, const Tensor& w, float eps, Tensor& y) override;
+  void head_rmsnorm(Tensor& x, int head_dim, const Tensor& w, float eps) override;
+  void rope(int layer, Tensor& q, Tensor& k) override;
+  void gated_act(Activation act, const Tensor& gate, const Tensor& up, Tensor& out) override;
+  void add(Tensor& x, const Tensor& y) override;
+  void store_kv(const StepBatch& batch, int layer, const Tensor& q, const Tensor& k, const Tensor& v) override;
+  void attention(const StepBatch& batch, int layer, const Tensor& q, Tensor& out) override;
+  void logits(const Tensor& hidden, std::span<const int32_t> rows, const Tensor& output, Tensor& out) override;
+  void sample(const Tensor& logits, std::span<const RowSampling> params, std::span<int32_t> host_ids) override;
+
+ private:
+  // Device views of the current step (pointers into step_dev_).
+  struct StepView {
+    int T = 0, S = 0, num_decodes = 0, B = 0;
+    int max_decode_context = 0;  // over decode sequences
+    int max_prefill_query = 0;   // over prefill sequences
+    int prefill_row0 = 0;        // query_start[num_decodes]
+    const int32_t* ids = nullptr;        // [T]
+    const int32_t* positions = nullptr;  // [T]
+    const int32_t* context_lens = nullptr;     // [S]
+    const int32_t* prefill_q_start = nullptr;  // [S - num_decodes + 1], relative to prefill_row0
+    std::vector<const int64_t*> slots;         // [G] -> [T]
+    std::vector<const int32_t*> block_tables;  // [G] -> [S][B]
+  };
+  struct LayerScales {
+    cuda::DeviceBuffer k, v;
+    int k_count = 1, v_count = 1;
+  };
+
+  const StepView& step(const char* op) const;
+  const uint16_t* to_bf16_input(const Tensor& x, const char* op);
+
+  ModelConfig cfg_;
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<cuda::Gemm> gemm_;
+  RopeTable rope_full_, rope_sliding_;
+  cuda::DeviceBuffer inv_freq_full_, inv_freq_sliding_;  // [rot_dim / 2] each
+  // KV pool: for each group slot i, one K and one V tensor ([slot][k|v]).
+  KvCacheLayout layout_;
+  std::vector<int> layer_group_, layer_slot_;
+  std::vector<DeviceBuffer> kv_storage_;
+  std::vector<LayerScales> scales_;
+  StoreObserver* observer_ = nullptr;
+  // Step upload: one host staging buffer, one device buffer.
+  std::vector<uint8_t> step_host_;
+  cuda::DeviceBuffer step_dev_;
+  StepView step_;
+  bool have_step_ = false;
+  // Scratch.
+  cuda::DeviceBuffer x_bf16_;        // GEMM input [rows][in] bf16
+  cuda::DeviceBuffer y_f32_;         // GEMM output staging when y is bf16
+  cuda::DeviceBuffer decode_ws_;     // paged_decode workspace
+  cuda::DeviceBuffer rows_dev_;      // logits row indices
+  cuda::DeviceBuffer sample_params_; // [n] SampleParams
+  cuda::DeviceBuffer sample_ids_;    // [n] int32
+  std::vector<float> obs_q_, obs_k_, obs_v_;  // host copies for the observer
+};
+
+}  // namespace fp8kv

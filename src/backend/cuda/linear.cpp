@@ -1,0 +1,208 @@
+// Device buffers, weight upload, and the cuBLASLt linear (ops.h).
+#include <cublasLt.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/ops.h"
+#include "numerics/fp8.h"
+
+namespace fp8kv::cuda {
+
+namespace detail {
+[[noreturn]] void throw_cublas(const char* call, const char* file, int line, int status) {
+  throw std::runtime_error(std::string(call) + " failed at " + file + ":" + std::to_string(line) + ": " +
+                           cublasLtGetStatusName(static_cast<cublasStatus_t>(status)) + " (" +
+                           cublasLtGetStatusString(static_cast<cublasStatus_t>(status)) + ")");
+}
+}  // namespace detail
+
+// Bias-add fallback when no cuBLASLt algorithm takes the bias epilogue (ops_misc.cu).
+void add_bias_rows(float* y, const float* bias, int64_t T, int64_t N, cudaStream_t stream);
+
+DeviceBuffer::DeviceBuffer(size_t bytes) : n_(bytes) {
+  if (bytes) FP8KV_CU(cudaMalloc(&p_, bytes));
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  std::swap(p_, o.p_);
+  std::swap(n_, o.n_);
+  return *this;
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (p_) cudaFree(p_);  // no throw from a destructor; a failed free leaks
+}
+
+void DeviceBuffer::reserve(size_t bytes) {
+  if (bytes <= n_) return;
+  DeviceBuffer fresh(bytes);
+  *this = std::move(fresh);
+}
+
+void DeviceBuffer::upload(const void* host, size_t bytes, cudaStream_t stream) {
+  if (bytes > n_) throw std::invalid_argument("DeviceBuffer::upload: " + std::to_string(bytes) + " bytes > " +
+                                              std::to_string(n_));
+  if (!bytes) return;
+  FP8KV_CU(cudaMemcpyAsync(p_, host, bytes, cudaMemcpyHostToDevice, stream));
+  FP8KV_CU(cudaStreamSynchronize(stream));
+}
+
+void DeviceBuffer::download(void* host, size_t bytes, cudaStream_t stream) const {
+  if (bytes > n_) throw std::invalid_argument("DeviceBuffer::download: " + std::to_string(bytes) + " bytes > " +
+                                              std::to_string(n_));
+  if (!bytes) return;
+  FP8KV_CU(cudaMemcpyAsync(host, p_, bytes, cudaMemcpyDeviceToHost, stream));
+  FP8KV_CU(cudaStreamSynchronize(stream));
+}
+
+bool cuda_device_available() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky "no device" error
+    return false;
+  }
+  return n > 0;
+}
+
+void upload_matrix_bf16_to(const MatrixRef& host, uint16_t* dst) {
+  const size_t count = static_cast<size_t>(host.rows) * static_cast<size_t>(host.cols);
+  if (!count) return;
+  if (host.type == WeightType::bf16) {
+    FP8KV_CU(cudaMemcpy(dst, host.data, count * 2, cudaMemcpyHostToDevice));
+    return;
+  }
+  // fp32 -> bf16 (RNE) in slices, to bound the host staging memory.
+  constexpr size_t kSlice = size_t{1} << 24;
+  std::vector<uint16_t> tmp(std::min(count, kSlice));
+  const float* src = static_cast<const float*>(host.data);
+  for (size_t i0 = 0; i0 < count; i0 += kSlice) {
+    const size_t n = std::min(kSlice, count - i0);
+    for (size_t i = 0; i < n; ++i) tmp[i] = f32_to_bf16(src[i0 + i]);
+    FP8KV_CU(cudaMemcpy(dst + i0, tmp.data(), n * 2, cudaMemcpyHostToDevice));
+  }
+}
+
+DeviceMatrix upload_matrix_bf16(const MatrixRef& host, DeviceBuffer& dst) {
+  const size_t count = static_cast<size_t>(host.rows) * static_cast<size_t>(host.cols);
+  dst = DeviceBuffer(count * 2);
+  upload_matrix_bf16_to(host, dst.as<uint16_t>());
+  return DeviceMatrix{dst.as<const uint16_t>(), host.rows, host.cols};
+}
+
+void upload_f32(const std::vector<float>& host, DeviceBuffer& dst) {
+  if (host.empty()) {
+    dst = DeviceBuffer();
+    return;
+  }
+  dst = DeviceBuffer(host.size() * sizeof(float));
+  dst.upload(host.data(), host.size() * sizeof(float));
+}
+
+// ---- Gemm -------------------------------------------------------------------
+
+namespace {
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+int pointer_alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  int align = 256;
+  while (align > 1 && (a % static_cast<uintptr_t>(align)) != 0) align /= 2;
+  return align;
+}
+}  // namespace
+
+struct Gemm::Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool bias_epilogue = false;  // false with a bias: bias added by add_bias_rows
+  ~Plan() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+Gemm::Gemm() : workspace_(kWorkspaceBytes) {
+  cublasLtHandle_t h = nullptr;
+  FP8KV_CUBLAS(cublasLtCreate(&h));
+  handle_ = h;
+}
+
+Gemm::~Gemm() {
+  for (auto& [key, p] : plans_) delete p;
+  if (handle_) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
+}
+
+Gemm::Plan& Gemm::plan(int64_t T, int64_t N, int64_t K, bool bias, bool accumulate, int align_x, int align_w,
+                       int align_y) {
+  const auto key = std::make_tuple(T, N, K, int{bias}, int{accumulate}, align_x, align_w, align_y);
+  if (auto it = plans_.find(key); it != plans_.end()) return *it->second;
+  auto* p = new Plan();
+  try {
+    // Column-major view: D[N][T] = W^T-op(A = W as [K][N], ld K) * B (x as [K][T], ld K).
+    FP8KV_CUBLAS(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    FP8KV_CUBLAS(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    FP8KV_CUBLAS(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    FP8KV_CUBLAS(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, static_cast<uint64_t>(K), static_cast<uint64_t>(N), K));
+    FP8KV_CUBLAS(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, static_cast<uint64_t>(K), static_cast<uint64_t>(T), K));
+    FP8KV_CUBLAS(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, static_cast<uint64_t>(N), static_cast<uint64_t>(T), N));
+
+    cublasLtMatmulPreference_t pref = nullptr;
+    FP8KV_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+    auto find = [&](bool with_bias) {
+      const cublasLtEpilogue_t epi = with_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+      FP8KV_CUBLAS(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+      const uint64_t ws = kWorkspaceBytes;
+      const uint32_t ax = static_cast<uint32_t>(align_x), aw = static_cast<uint32_t>(align_w),
+                     ay = static_cast<uint32_t>(align_y);
+      FP8KV_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+      FP8KV_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aw, sizeof(aw)));
+      FP8KV_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ax, sizeof(ax)));
+      FP8KV_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ay, sizeof(ay)));
+      FP8KV_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ay, sizeof(ay)));
+      cublasLtMatmulHeuristicResult_t res{};
+      int found = 0;
+      const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), p->op, p->a,
+                                                                p->b, p->c, p->c, pref, 1, &res, &found);
+      if (st != CUBLAS_STATUS_SUCCESS || found == 0) return false;
+      p->algo = res.algo;
+      return true;
+    };
+    bool ok = false;
+    if (bias) ok = p->bias_epilogue = find(true);
+    if (!ok) ok = find(false);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (!ok)
+      throw std::runtime_error("cuBLASLt found no algorithm for linear T=" + std::to_string(T) + " N=" +
+                               std::to_string(N) + " K=" + std::to_string(K) + " (bf16 x bf16 -> fp32)");
+  } catch (...) {
+    delete p;
+    throw;
+  }
+  plans_.emplace(key, p);
+  return *p;
+}
+
+void Gemm::linear(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y, bool accumulate,
+                  cudaStream_t stream) {
+  if (T == 0) return;
+  if (T < 0 || !x || !W.data || !y || W.rows <= 0 || W.cols <= 0)
+    throw std::invalid_argument("cuda::Gemm::linear: bad arguments (null pointer or empty shape)");
+  Plan& p = plan(T, W.rows, W.cols, bias != nullptr, accumulate, pointer_alignment(x), pointer_alignment(W.data),
+                 pointer_alignment(y));
+  if (p.bias_epilogue)
+    FP8KV_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  FP8KV_CUBLAS(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.op, &alpha, W.data, p.a, x, p.b, &beta, y,
+                              p.c, y, p.c, &p.algo, workspace_.get(), kWorkspaceBytes, stream));
+  if (bias && !p.bias_epilogue) add_bias_rows(y, bias, T, W.rows, stream);
+}
+
+}  // namespace fp8kv::cuda

@@ -1,0 +1,199 @@
+// CUDA ops for the forward pass (everything but the paged KV kernels, which
+// live in kernels.h): cuBLASLt linear, RMSNorm (+ residual, + Gemma sandwich
+// post-norm), per-head QK-norm + RoPE, gated activations, embedding gather,
+// logit softcap, per-row log-softmax / argmax, and GPU sampling.
+//
+// Conventions (docs/cuda_backend.md):
+//  - Plain C++ API: device pointers and a cudaStream_t. bf16 device arrays are
+//    passed as uint16_t (the bit pattern), so this header needs no CUDA
+//    device headers and compiles with the host compiler.
+//  - The residual stream and every GEMM output are fp32; GEMM inputs (normed
+//    activations, the gated activation, attention output) are bf16; weights
+//    are bf16. Accumulation is fp32 everywhere.
+//  - Each op mirrors one CPU reference op (backend/cpu/ops.h) with the same
+//    formula and rounding order where the math allows (IEEE mul/add/div, no
+//    contraction where the CPU has none); tests/cuda_ops checks each against
+//    it with tolerances derived from bf16 rounding.
+//  - Every CUDA / cuBLAS status is checked; failures throw std::runtime_error
+//    naming the call and file:line. Bad arguments throw std::invalid_argument.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include "backend/cpu/ops.h"  // Activation
+
+namespace fp8kv::cuda {
+
+// ---- device memory --------------------------------------------------------
+
+// Owning device allocation (cudaMalloc: 256-byte aligned). Move-only.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes);
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  ~DeviceBuffer();
+
+  // Grows to at least `bytes` (contents are lost when it reallocates).
+  void reserve(size_t bytes);
+  void upload(const void* host, size_t bytes, cudaStream_t stream = nullptr);  // synchronous
+  void download(void* host, size_t bytes, cudaStream_t stream = nullptr) const;  // synchronous
+
+  void* get() const { return p_; }
+  template <class T> T* as() const { return static_cast<T*>(p_); }
+  size_t bytes() const { return n_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// True when a CUDA device is usable (cudaGetDeviceCount succeeds and is > 0).
+bool cuda_device_available();
+
+// Row-major bf16 matrix [rows][cols] on the device.
+struct DeviceMatrix {
+  const uint16_t* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+// Converts a host matrix (fp32 or bf16 elements, row-major) to bf16 (RNE) and
+// uploads it into `dst` (resized). fp32 -> bf16 is the only rounding.
+DeviceMatrix upload_matrix_bf16(const MatrixRef& host, DeviceBuffer& dst);
+// The same into caller-owned device memory of rows * cols * 2 bytes.
+void upload_matrix_bf16_to(const MatrixRef& host, uint16_t* dst);
+// Uploads fp32 values (norm weights, biases); empty -> null buffer.
+void upload_f32(const std::vector<float>& host, DeviceBuffer& dst);
+
+// ---- linear (cuBLASLt) ----------------------------------------------------
+
+// One cuBLASLt handle, a workspace, and a cache of matmul plans (descriptors
+// + heuristic algorithm) per shape and pointer alignment. Not thread-safe:
+// one Gemm per stream.
+class Gemm {
+ public:
+  Gemm();
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  // y[T][N] = x[T][K] (bf16) * W[N][K]^T (bf16) (+ bias[N], fp32) (+ y when
+  // accumulate: the residual add fused into the GEMM as beta = 1), fp32
+  // accumulation and output. T == 0 is a no-op.
+  void linear(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y, bool accumulate,
+              cudaStream_t stream);
+
+ private:
+  struct Plan;
+  Plan& plan(int64_t T, int64_t N, int64_t K, bool bias, bool accumulate, int align_x, int align_w, int align_y);
+  void* handle_ = nullptr;  // cublasLtHandle_t
+  DeviceBuffer workspace_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int, int, int>, Plan*> plans_;
+};
+
+// ---- norms ----------------------------------------------------------------
+
+// Per row r of [rows][n]:
+//   if delta:   d = delta[r], and if delta_w: d = rmsnorm(d) * delta_w (Gemma 3's
+//               post-attention / post-ffn norm); h[r] += d (fp32, in place)
+//   out[r] = rmsnorm(h[r]) * w   (w already holds 1 + w for Gemma norms)
+// rmsnorm(x) = x * (1 / sqrt(mean(x^2) + eps)), as rmsnorm_cpu. out is bf16
+// (out_bf16) or fp32 and may alias h; without delta, h is only read.
+void rmsnorm_residual(float* h, const float* delta, const float* delta_w, const float* w, float eps, int64_t rows,
+                      int n, void* out, bool out_bf16, cudaStream_t stream);
+
+// out[i] = bf16(rmsnorm(h[row_index[i]]) * w) for i < num_rows (row_index
+// null: row i). For the final norm of the rows whose logits are needed.
+void rmsnorm_rows(const float* h, const int32_t* row_index, int num_rows, const float* w, float eps, int n,
+                  uint16_t* out, cudaStream_t stream);
+
+// ---- attention input: per-head norm + RoPE ---------------------------------
+
+// Per token t: q[t] = rope(qnorm(q_in[t])), k[t] = rope(knorm(k_in[t])),
+// v[t] = v_in[t] (copy), outputs contiguous [T][heads][D] fp32. Inputs may be
+// rows of a fused QKV GEMM output (row strides in elements). Norm weights
+// null: no norm. inv_freq null: no rope. Rope matches rope_cpu fed the table
+// of RopeTable::fill: f = inv_freq[i] * pos (fp32), cos/sin in double, times
+// attention_factor, rotate_half over the first rot_dim dims.
+struct QkvPrepArgs {
+  int T = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
+  const float* q_in = nullptr;
+  const float* k_in = nullptr;
+  const float* v_in = nullptr;  // null: no v copy
+  int64_t q_stride = 0, k_stride = 0, v_stride = 0;
+  const float* q_norm_w = nullptr;  // [head_dim]
+  const float* k_norm_w = nullptr;  // [head_dim]
+  float eps = 1e-6f;
+  const int32_t* positions = nullptr;  // [T]
+  const float* inv_freq = nullptr;     // [rot_dim / 2]
+  int rot_dim = 0;
+  float attention_factor = 1.0f;
+  float* q_out = nullptr;  // [T][num_q_heads][head_dim]
+  float* k_out = nullptr;  // [T][num_kv_heads][head_dim]
+  float* v_out = nullptr;  // [T][num_kv_heads][head_dim]
+};
+void qkv_prep(const QkvPrepArgs& args, cudaStream_t stream);
+
+// ---- MLP, embedding, logits -------------------------------------------------
+
+// out[r][i] = act(gate[r][i]) * up[r][i] for r < rows, i < n (out bf16 or
+// fp32, row stride n; may alias gate when in_stride == n); gate/up rows are
+// in_stride elements apart (a fused gate|up GEMM output: gate = base,
+// up = base + n, in_stride = 2n).
+void gated_act(Activation act, const float* gate, const float* up, int64_t in_stride, int64_t rows, int64_t n,
+               void* out, bool out_bf16, cudaStream_t stream);
+
+// dst[i] = bf16(src[row_index[i]]) (RNE) for i < rows (row_index null: row i);
+// rows of `cols` elements. The GEMM input of fp32 activations.
+void to_bf16_rows(const float* src, const int32_t* row_index, int64_t rows, int64_t cols, uint16_t* dst,
+                  cudaStream_t stream);
+
+// x[i] += y[i] (fp32).
+void add_inplace(float* x, const float* y, int64_t n, cudaStream_t stream);
+
+// out[t] = E[ids[t]] * scale (fp32). ids must be valid (checked on the host).
+void embedding(const DeviceMatrix& E, const int32_t* ids, int T, float scale, float* out, cudaStream_t stream);
+
+// x = tanh(x / cap) * cap, elementwise (final logit softcapping).
+void softcap(float* x, int64_t n, float cap, cudaStream_t stream);
+
+// Per row r of logits [rows][V]: argmax[r] (ties -> lowest id; -1 when the row
+// holds a NaN) and, when ids is given, logprob[r] = log_softmax(row)[ids[r]]
+// (max-shifted, exp in fp32, sum in double).
+void row_logprob_argmax(const float* logits, int rows, int V, const int32_t* ids, float* logprob, int32_t* argmax,
+                        cudaStream_t stream);
+
+// ---- sampling ---------------------------------------------------------------
+
+// Per-row sampling parameters (device array, one per row).
+struct SampleParams {
+  float temperature = 0.0f;  // <= 0: greedy (argmax, ties -> lowest id)
+  float top_p = 1.0f;        // (0, 1]
+  int top_k = 0;             // 0: off
+  uint64_t seed = 0;
+  uint64_t counter = 0;      // per-request draw index (e.g. tokens generated so far)
+};
+
+// out_ids[r] = token sampled from row r of logits [rows][V]: the softmax of
+// logits / temperature restricted to the top_k largest (ties -> lower ids
+// first) and then to the smallest prefix (descending probability, ties ->
+// lower ids) whose mass reaches top_p, drawn with a uniform derived from
+// (seed, counter) only. Probability masses are 2^-40 fixed point, summed as
+// integers, so the draw is deterministic. -1: the row holds a NaN or no
+// finite logit.
+void sample_rows(const float* logits, int rows, int V, const SampleParams* params, int32_t* out_ids,
+                 cudaStream_t stream);
+
+// The uniform in [0, 1) that sample_rows draws for (seed, counter), for tests.
+double sample_uniform(uint64_t seed, uint64_t counter);
+
+}  // namespace fp8kv::cuda

@@ -1,0 +1,206 @@
+// Elementwise ops (gated activations, embedding gather, softcap, bias add)
+// and the per-row log-softmax / argmax used by score and greedy decoding.
+#include <cuda_bf16.h>
+
+#include <cub/block/block_reduce.cuh>
+#include <stdexcept>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/ops.h"
+
+namespace fp8kv::cuda {
+
+namespace {
+
+unsigned grid_for(int64_t n, int threads) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  return static_cast<unsigned>(blocks < 65535 * 16 ? blocks : 65535 * 16);
+}
+
+template <Activation A>
+__global__ void gated_act_kernel(const float* gate, const float* __restrict__ up, int64_t in_stride, int64_t rows,
+                                 int64_t n, void* out, bool out_bf16) {
+  const int64_t total = rows * n;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = idx / n, i = idx % n;
+    const float g = gate[r * in_stride + i], u = up[r * in_stride + i];
+    float a;
+    if constexpr (A == Activation::silu) {
+      a = __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
+    } else if constexpr (A == Activation::gelu_tanh) {
+      const float k0 = 0.7978845608028654f;
+      const float inner = __fmul_rn(k0, __fadd_rn(g, __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, g), g), g)));
+      a = __fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, tanhf(inner)));
+    } else {
+      a = __fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, erff(__fmul_rn(g, 0.7071067811865476f))));
+    }
+    const float y = __fmul_rn(a, u);
+    if (out_bf16) static_cast<__nv_bfloat16*>(out)[r * n + i] = __float2bfloat16_rn(y);
+    else static_cast<float*>(out)[r * n + i] = y;
+  }
+}
+
+__global__ void to_bf16_kernel(const float* __restrict__ src, const int32_t* __restrict__ row_index, int64_t rows,
+                               int64_t cols, __nv_bfloat16* __restrict__ dst) {
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < rows * cols;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = idx / cols, c = idx % cols;
+    const int64_t sr = row_index ? row_index[r] : r;
+    dst[idx] = __float2bfloat16_rn(src[sr * cols + c]);
+  }
+}
+
+__global__ void add_kernel(float* x, const float* y, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = __fadd_rn(x[i], y[i]);
+}
+
+__global__ void embedding_kernel(const __nv_bfloat16* __restrict__ E, int64_t cols, const int32_t* __restrict__ ids,
+                                 float scale, float* __restrict__ out) {
+  const int64_t t = blockIdx.x;
+  const __nv_bfloat16* row = E + static_cast<int64_t>(ids[t]) * cols;
+  float* o = out + t * cols;
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+    const float x = __bfloat162float(row[i]);
+    o[i] = scale == 1.0f ? x : __fmul_rn(x, scale);
+  }
+}
+
+__global__ void softcap_kernel(float* x, int64_t n, float cap) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = __fmul_rn(tanhf(__fdiv_rn(x[i], cap)), cap);
+}
+
+__global__ void add_bias_kernel(float* y, const float* bias, int64_t T, int64_t N) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < T * N;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] = __fadd_rn(y[i], bias[i % N]);
+}
+
+// ---- row stats -----------------------------------------------------------------
+
+constexpr int kRowThreads = 512;
+
+struct ArgMax {
+  float v;
+  int i;
+};
+struct ArgMaxOp {
+  __device__ ArgMax operator()(const ArgMax& a, const ArgMax& b) const {
+    if (a.v > b.v || (a.v == b.v && a.i < b.i)) return a;
+    return b;
+  }
+};
+
+__global__ void row_stats_kernel(const float* __restrict__ logits, int V, const int32_t* __restrict__ ids,
+                                 float* __restrict__ logprob, int32_t* __restrict__ argmax) {
+  using ArgReduce = cub::BlockReduce<ArgMax, kRowThreads>;
+  using IntReduce = cub::BlockReduce<int, kRowThreads>;
+  using DblReduce = cub::BlockReduce<double, kRowThreads>;
+  __shared__ union {
+    typename ArgReduce::TempStorage a;
+    typename IntReduce::TempStorage i;
+    typename DblReduce::TempStorage d;
+  } tmp;
+  __shared__ ArgMax best_s;
+  __shared__ int nan_s;
+  const float* x = logits + static_cast<int64_t>(blockIdx.x) * V;
+  ArgMax best{-INFINITY, V};
+  int nan = 0;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) {
+    const float v = x[i];
+    if (v != v) nan = 1;
+    else if (v > best.v || (v == best.v && i < best.i)) best = ArgMax{v, i};
+  }
+  const ArgMax b = ArgReduce(tmp.a).Reduce(best, ArgMaxOp());
+  __syncthreads();
+  const int any_nan = IntReduce(tmp.i).Sum(nan);
+  if (threadIdx.x == 0) {
+    best_s = b;
+    nan_s = any_nan;
+  }
+  __syncthreads();
+  if (argmax && threadIdx.x == 0) argmax[blockIdx.x] = nan_s ? -1 : (best_s.i < V ? best_s.i : 0);
+  if (!ids) return;
+  const float m = best_s.v;
+  double s = 0.0;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) s += static_cast<double>(expf(x[i] - m));
+  const double total = DblReduce(tmp.d).Sum(s);
+  if (threadIdx.x == 0) {
+    const int id = ids[blockIdx.x];
+    logprob[blockIdx.x] =
+        nan_s ? NAN : static_cast<float>(static_cast<double>(x[id]) - static_cast<double>(m) - log(total));
+  }
+}
+
+}  // namespace
+
+void add_bias_rows(float* y, const float* bias, int64_t T, int64_t N, cudaStream_t stream) {
+  if (T * N == 0) return;
+  add_bias_kernel<<<grid_for(T * N, 256), 256, 0, stream>>>(y, bias, T, N);
+  FP8KV_CU_LAUNCH();
+}
+
+void gated_act(Activation act, const float* gate, const float* up, int64_t in_stride, int64_t rows, int64_t n,
+               void* out, bool out_bf16, cudaStream_t stream) {
+  if (rows * n == 0) return;
+  if (!gate || !up || !out || rows < 0 || n < 0 || in_stride < n)
+    throw std::invalid_argument("cuda::gated_act: bad arguments");
+  const unsigned g = grid_for(rows * n, 256);
+  switch (act) {
+    case Activation::silu:
+      gated_act_kernel<Activation::silu><<<g, 256, 0, stream>>>(gate, up, in_stride, rows, n, out, out_bf16);
+      break;
+    case Activation::gelu_tanh:
+      gated_act_kernel<Activation::gelu_tanh><<<g, 256, 0, stream>>>(gate, up, in_stride, rows, n, out, out_bf16);
+      break;
+    case Activation::gelu:
+      gated_act_kernel<Activation::gelu><<<g, 256, 0, stream>>>(gate, up, in_stride, rows, n, out, out_bf16);
+      break;
+  }
+  FP8KV_CU_LAUNCH();
+}
+
+void to_bf16_rows(const float* src, const int32_t* row_index, int64_t rows, int64_t cols, uint16_t* dst,
+                  cudaStream_t stream) {
+  if (rows * cols == 0) return;
+  if (!src || !dst || rows < 0 || cols < 0) throw std::invalid_argument("cuda::to_bf16_rows: bad arguments");
+  to_bf16_kernel<<<grid_for(rows * cols, 256), 256, 0, stream>>>(src, row_index, rows, cols,
+                                                                 reinterpret_cast<__nv_bfloat16*>(dst));
+  FP8KV_CU_LAUNCH();
+}
+
+void add_inplace(float* x, const float* y, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  if (!x || !y || n < 0) throw std::invalid_argument("cuda::add_inplace: bad arguments");
+  add_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, y, n);
+  FP8KV_CU_LAUNCH();
+}
+
+void embedding(const DeviceMatrix& E, const int32_t* ids, int T, float scale, float* out, cudaStream_t stream) {
+  if (T == 0) return;
+  if (!E.data || !ids || !out || T < 0) throw std::invalid_argument("cuda::embedding: bad arguments");
+  embedding_kernel<<<T, 256, 0, stream>>>(reinterpret_cast<const __nv_bfloat16*>(E.data), E.cols, ids, scale, out);
+  FP8KV_CU_LAUNCH();
+}
+
+void softcap(float* x, int64_t n, float cap, cudaStream_t stream) {
+  if (n == 0) return;
+  if (!x || !(cap > 0.0f)) throw std::invalid_argument("cuda::softcap: bad arguments (cap must be > 0)");
+  softcap_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, n, cap);
+  FP8KV_CU_LAUNCH();
+}
+
+void row_logprob_argmax(const float* logits, int rows, int V, const int32_t* ids, float* logprob, int32_t* argmax,
+                        cudaStream_t stream) {
+  if (rows == 0) return;
+  if (!logits || rows < 0 || V <= 0 || (ids && !logprob))
+    throw std::invalid_argument("cuda::row_logprob_argmax: bad arguments");
+  row_stats_kernel<<<rows, kRowThreads, 0, stream>>>(logits, V, ids, logprob, argmax);
+  FP8KV_CU_LAUNCH();
+}
+
+}  // namespace fp8kv::cuda

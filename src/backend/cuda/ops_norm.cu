@@ -1,0 +1,187 @@
+// RMSNorm (+ residual, + Gemma sandwich post-norm) and the attention input
+// prep (per-head QK-norm + RoPE). Formulas as backend/cpu/ops.cpp, with
+// explicit IEEE mul/add (no contraction) where the CPU has none.
+#include <cuda_bf16.h>
+
+#include <cub/block/block_reduce.cuh>
+#include <stdexcept>
+#include <string>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/ops.h"
+
+namespace fp8kv::cuda {
+
+namespace {
+
+constexpr int kNormThreads = 256;
+using NormReduce = cub::BlockReduce<float, kNormThreads>;
+
+// 1 / sqrt(ss / n + eps) with IEEE division and square root (rmsnorm_cpu).
+__device__ __forceinline__ float inv_rms(float ss, int n, float eps) {
+  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(n)), eps)));
+}
+
+// Block-wide sum of x^2 over a row of n elements.
+__device__ float row_sumsq(const float* x, int n, NormReduce::TempStorage& tmp, float* bcast) {
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) ss += x[i] * x[i];
+  const float total = NormReduce(tmp).Sum(ss);
+  if (threadIdx.x == 0) *bcast = total;
+  __syncthreads();
+  const float r = *bcast;
+  __syncthreads();  // tmp / bcast reused by the next call
+  return r;
+}
+
+__global__ void rmsnorm_residual_kernel(float* h, const float* __restrict__ delta,
+                                        const float* __restrict__ delta_w, const float* __restrict__ w, float eps,
+                                        int n, void* out, bool out_bf16) {
+  __shared__ NormReduce::TempStorage tmp;
+  __shared__ float bcast;
+  const int64_t r = blockIdx.x;
+  float* hr = h + r * n;
+  if (delta) {
+    const float* dr = delta + r * n;
+    if (delta_w) {
+      const float inv = inv_rms(row_sumsq(dr, n, tmp, &bcast), n, eps);
+      for (int i = threadIdx.x; i < n; i += blockDim.x) hr[i] = __fadd_rn(hr[i], __fmul_rn(__fmul_rn(dr[i], inv), delta_w[i]));
+    } else {
+      for (int i = threadIdx.x; i < n; i += blockDim.x) hr[i] = __fadd_rn(hr[i], dr[i]);
+    }
+    __syncthreads();  // row_sumsq below reads elements written by other threads
+  }
+  const float inv = inv_rms(row_sumsq(hr, n, tmp, &bcast), n, eps);
+  // out may alias h: each element is read then written by the same thread.
+  if (out_bf16) {
+    __nv_bfloat16* o = static_cast<__nv_bfloat16*>(out) + r * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = __float2bfloat16_rn(__fmul_rn(__fmul_rn(hr[i], inv), w[i]));
+  } else {
+    float* o = static_cast<float*>(out) + r * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = __fmul_rn(__fmul_rn(hr[i], inv), w[i]);
+  }
+}
+
+__global__ void rmsnorm_rows_kernel(const float* __restrict__ h, const int32_t* __restrict__ row_index,
+                                    const float* __restrict__ w, float eps, int n, __nv_bfloat16* __restrict__ out) {
+  __shared__ NormReduce::TempStorage tmp;
+  __shared__ float bcast;
+  const int64_t src = row_index ? row_index[blockIdx.x] : blockIdx.x;
+  const float* hr = h + src * n;
+  const float inv = inv_rms(row_sumsq(hr, n, tmp, &bcast), n, eps);
+  __nv_bfloat16* o = out + static_cast<int64_t>(blockIdx.x) * n;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = __float2bfloat16_rn(__fmul_rn(__fmul_rn(hr[i], inv), w[i]));
+}
+
+// ---- qkv prep ----------------------------------------------------------------
+
+constexpr int kPrepWarps = 8;
+constexpr int kMaxHeadDim = 256;
+
+// One block per token; cos/sin for the token in shared memory, then one warp
+// per head (q heads, then k heads, then v heads).
+__global__ void qkv_prep_kernel(QkvPrepArgs a) {
+  __shared__ float cs[kMaxHeadDim / 2], sn[kMaxHeadDim / 2];
+  __shared__ float buf[kPrepWarps][kMaxHeadDim];
+  const int t = blockIdx.x;
+  const int D = a.head_dim, half = a.rot_dim / 2;
+  if (a.inv_freq) {
+    const float pf = static_cast<float>(a.positions[t]);
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+      const float f = __fmul_rn(a.inv_freq[i], pf);  // fp32 product, as RopeTable::fill
+      double s, c;
+      sincos(static_cast<double>(f), &s, &c);
+      cs[i] = __fmul_rn(static_cast<float>(c), a.attention_factor);
+      sn[i] = __fmul_rn(static_cast<float>(s), a.attention_factor);
+    }
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int nq = a.num_q_heads, nk = a.k_in ? a.num_kv_heads : 0, nv = a.v_in ? a.num_kv_heads : 0;
+  float* sb = buf[warp];
+  for (int hh = warp; hh < nq + nk + nv; hh += kPrepWarps) {
+    const float* in;
+    float* out;
+    const float* nw;
+    if (hh < nq) {
+      in = a.q_in + static_cast<int64_t>(t) * a.q_stride + static_cast<int64_t>(hh) * D;
+      out = a.q_out + (static_cast<int64_t>(t) * nq + hh) * D;
+      nw = a.q_norm_w;
+    } else if (hh < nq + nk) {
+      const int h = hh - nq;
+      in = a.k_in + static_cast<int64_t>(t) * a.k_stride + static_cast<int64_t>(h) * D;
+      out = a.k_out + (static_cast<int64_t>(t) * nk + h) * D;
+      nw = a.k_norm_w;
+    } else {
+      const int h = hh - nq - nk;
+      const float* vin = a.v_in + static_cast<int64_t>(t) * a.v_stride + static_cast<int64_t>(h) * D;
+      float* vout = a.v_out + (static_cast<int64_t>(t) * nk + h) * D;
+      for (int i = lane; i < D; i += 32) vout[i] = vin[i];
+      continue;
+    }
+    float ss = 0.0f;
+    for (int i = lane; i < D; i += 32) {
+      const float x = in[i];
+      sb[i] = x;
+      ss += x * x;
+    }
+    if (nw) {
+      for (int o = 16; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      const float inv = inv_rms(ss, D, a.eps);
+      for (int i = lane; i < D; i += 32) sb[i] = __fmul_rn(__fmul_rn(sb[i], inv), nw[i]);
+    }
+    __syncwarp();
+    if (a.inv_freq) {
+      for (int i = lane; i < D; i += 32) {
+        float r;
+        if (i < half) {  // lo = a*c + (-b)*s
+          r = __fadd_rn(__fmul_rn(sb[i], cs[i]), __fmul_rn(-sb[i + half], sn[i]));
+        } else if (i < 2 * half) {  // hi = b*c + a*s
+          const int j = i - half;
+          r = __fadd_rn(__fmul_rn(sb[i], cs[j]), __fmul_rn(sb[j], sn[j]));
+        } else {
+          r = sb[i];
+        }
+        out[i] = r;
+      }
+    } else {
+      for (int i = lane; i < D; i += 32) out[i] = sb[i];
+    }
+    __syncwarp();  // sb reused by this warp's next head
+  }
+}
+
+}  // namespace
+
+void rmsnorm_residual(float* h, const float* delta, const float* delta_w, const float* w, float eps, int64_t rows,
+                      int n, void* out, bool out_bf16, cudaStream_t stream) {
+  if (rows == 0) return;
+  if (!h || !w || !out || n <= 0 || rows < 0 || (delta_w && !delta))
+    throw std::invalid_argument("cuda::rmsnorm_residual: bad arguments");
+  rmsnorm_residual_kernel<<<static_cast<unsigned>(rows), kNormThreads, 0, stream>>>(
+      h, delta, delta_w, w, eps, n, out, out_bf16);
+  FP8KV_CU_LAUNCH();
+}
+
+void rmsnorm_rows(const float* h, const int32_t* row_index, int num_rows, const float* w, float eps, int n,
+                  uint16_t* out, cudaStream_t stream) {
+  if (num_rows == 0) return;
+  if (!h || !w || !out || n <= 0 || num_rows < 0) throw std::invalid_argument("cuda::rmsnorm_rows: bad arguments");
+  rmsnorm_rows_kernel<<<num_rows, kNormThreads, 0, stream>>>(h, row_index, w, eps, n,
+                                                             reinterpret_cast<__nv_bfloat16*>(out));
+  FP8KV_CU_LAUNCH();
+}
+
+void qkv_prep(const QkvPrepArgs& a, cudaStream_t stream) {
+  if (a.T == 0) return;
+  if (a.T < 0 || a.head_dim <= 0 || a.head_dim > kMaxHeadDim || a.num_q_heads < 0 || a.num_kv_heads < 0 ||
+      !a.q_in || !a.q_out || (a.num_kv_heads > 0 && (!a.k_in || !a.k_out)) || (a.v_in && !a.v_out))
+    throw std::invalid_argument("cuda::qkv_prep: bad arguments (head_dim " + std::to_string(a.head_dim) +
+                                ", at most " + std::to_string(kMaxHeadDim) + ")");
+  if (a.inv_freq && (a.rot_dim <= 0 || a.rot_dim > a.head_dim || a.rot_dim % 2 || !a.positions))
+    throw std::invalid_argument("cuda::qkv_prep: bad rope rot_dim " + std::to_string(a.rot_dim));
+  qkv_prep_kernel<<<a.T, kPrepWarps * 32, 0, stream>>>(a);
+  FP8KV_CU_LAUNCH();
+}
+
+}  // namespace fp8kv::cuda

@@ -1,0 +1,108 @@
+// The whole engine on --backend cuda vs --backend cpu (the same random
+// head_dim-64 Qwen3 model): teacher-forced logprobs, bf16 and fp8 caches.
+// The acceptance lines are issue 12 §4's: with a bf16 cache, mean |delta
+// logprob| <= 0.02 against the CPU engine; with fp8, the CUDA engine's gap to
+// the CPU bf16 run within 1.5x of the CPU fp8 engine's own gap. The CPU
+// engine keeps activations fp32 into every GEMM; the CUDA engine rounds GEMM
+// inputs to bf16 (relative 2^-8 per element); the measured gap is printed
+// (docs/cuda_backend.md). A wiring error (a wrong slot, block table, rope
+// table or scale) scrambles the attention and lands far above the line.
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "cuda_ops_util.h"
+#include "engine/engine.h"
+#include "model/weights.h"
+
+namespace fp8kv {
+namespace {
+
+using namespace cudaops_test;
+
+ModelConfig engine_config() {
+  nlohmann::json j = {{"architectures", {"Qwen3ForCausalLM"}}, {"model_type", "qwen3"}, {"hidden_size", 128},
+                      {"intermediate_size", 256}, {"num_hidden_layers", 3}, {"num_attention_heads", 4},
+                      {"num_key_value_heads", 2}, {"head_dim", 64}, {"vocab_size", 512},
+                      {"max_position_embeddings", 1024}, {"rms_norm_eps", 1e-6}, {"rope_theta", 10000.0},
+                      {"tie_word_embeddings", true}, {"use_sliding_window", true}, {"sliding_window", 40},
+                      {"max_window_layers", 0},
+                      {"layer_types", {"sliding_attention", "full_attention", "sliding_attention"}},
+                      {"eos_token_id", 2}};
+  return parse_model_config(j, "cuda engine test config");
+}
+
+TEST(CudaEngine, ScoreMatchesCpuEngine) {
+  FP8KV_NEED_GPU();
+  const ModelConfig cfg = engine_config();
+  auto w = ModelWeights::random(cfg, 77, 0.08f, /*bf16=*/true);
+  std::mt19937_64 rng(test_seed());
+  std::uniform_int_distribution<int> tok(3, cfg.vocab_size - 1);
+  std::vector<std::vector<int>> seqs(3);
+  const int lens[] = {150, 97, 33};  // cross the 40-token window and 16-token pages
+  for (int i = 0; i < 3; ++i)
+    for (int t = 0; t < lens[i]; ++t) seqs[i].push_back(tok(rng));
+  // res[backend][dtype]: backend 0 = cpu, 1 = cuda; dtype 0 = bf16, 1 = fp8_e4m3.
+  std::vector<ScoreResult> res[2][2];
+  for (int be = 0; be < 2; ++be)
+    for (int dt = 0; dt < 2; ++dt) {
+      EngineOptions o;
+      o.backend = be ? "cuda" : "cpu";
+      o.kv_cache_dtype = dt ? "fp8_e4m3" : "bf16";
+      o.kv_memory_bytes = 8u << 20;
+      o.max_model_len = 512;
+      o.max_num_batched_tokens = 64;  // chunked prefill over several steps, sequences batched
+      auto eng = Engine::create(cfg, w, o);
+      ScoreOptions so;
+      so.chunk_size = 48;
+      res[be][dt] = eng->score_batch(seqs, so);
+    }
+  auto gap = [&](const std::vector<ScoreResult>& a, const std::vector<ScoreResult>& b) {
+    double sum = 0;
+    int n = 0;
+    for (size_t s = 0; s < seqs.size(); ++s)
+      for (size_t p = 1; p < seqs[s].size(); ++p) {
+        EXPECT_TRUE(std::isfinite(*a[s].logprobs[p]) && std::isfinite(*b[s].logprobs[p]));
+        sum += std::fabs(*a[s].logprobs[p] - *b[s].logprobs[p]);
+        ++n;
+      }
+    return sum / n;
+  };
+  // The CPU engine with a bf16 cache (fp32 activations) is the reference.
+  const double bf16_gap = gap(res[1][0], res[0][0]);
+  const double cpu_fp8_gap = gap(res[0][1], res[0][0]), cuda_fp8_gap = gap(res[1][1], res[0][0]);
+  std::printf("[ engine ] mean |dlogprob| vs cpu bf16: cuda bf16 %.5f, cpu fp8 %.5f, cuda fp8 %.5f; cuda fp8 vs cpu fp8 %.5f\n",
+              bf16_gap, cpu_fp8_gap, cuda_fp8_gap, gap(res[1][1], res[0][1]));
+  // Issue 12 section 4: bf16 never worse than 0.02; fp8 within 1.5x of the CPU engine's fp8 gap.
+  EXPECT_LE(bf16_gap, 0.02);
+  EXPECT_LE(cuda_fp8_gap, 1.5 * cpu_fp8_gap);
+}
+
+TEST(CudaEngine, GreedyGenerateRuns) {
+  FP8KV_NEED_GPU();
+  const ModelConfig cfg = engine_config();
+  auto w = ModelWeights::random(cfg, 78, 0.08f, true);
+  EngineOptions o;
+  o.backend = "cuda";
+  o.kv_cache_dtype = "fp8";
+  o.kv_memory_bytes = 8u << 20;
+  o.max_model_len = 512;
+  auto eng = Engine::create(cfg, w, o);
+  GenerateOptions g;
+  g.max_tokens = 20;
+  g.stop_at_eos = false;
+  const std::vector<int> prompt = {5, 9, 11, 300, 42, 7};
+  const auto a = eng->generate(prompt, g);
+  const auto b = eng->generate(prompt, g);
+  ASSERT_EQ(a.tokens.size(), 20u);
+  EXPECT_EQ(a.tokens, b.tokens);  // greedy is deterministic
+  g.sampling.temperature = 0.8f;
+  g.sampling.top_p = 0.9f;
+  g.sampling.seed = 1234;
+  const auto c = eng->generate(prompt, g);
+  const auto d = eng->generate(prompt, g);
+  EXPECT_EQ(c.tokens, d.tokens);  // seeded sampling replays
+  for (int t : c.tokens) EXPECT_TRUE(t >= 0 && t < cfg.vocab_size);
+}
+
+}  // namespace
+}  // namespace fp8kv

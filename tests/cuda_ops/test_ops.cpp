@@ -1,0 +1,389 @@
+// Each CUDA forward op (backend/cuda/ops.h) against its CPU reference
+// (backend/cpu/ops.h, model/rope.h) on random inputs. Tolerances are derived
+// per element (comments); the CPU gets the same bf16-rounded inputs, so only
+// accumulation order, library math (exp/tanh/erf: <= 2 ulp) and the final
+// bf16 rounding (unit roundoff 2^-8) differ.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "backend/cpu/ops.h"
+#include "cuda_ops_util.h"
+#include "model/rope.h"
+
+namespace fp8kv {
+namespace {
+
+using namespace cudaops_test;
+
+// ---- linear -------------------------------------------------------------------
+
+// y = x W^T (+ b) (+ y0). Both sides see bf16-exact x and W; fp32 accumulation
+// in any order differs from exact by <= K u sum|x w| each (Higham), so
+// |gpu - cpu| <= 2 (K + 2) u (sum|x w| + |b| + |y0|).
+void check_linear(std::mt19937_64& rng, int T, int N, int K, bool bias, bool accumulate, bool f32_weights) {
+  SCOPED_TRACE(::testing::Message() << "T=" << T << " N=" << N << " K=" << K << " bias=" << bias
+                                    << " acc=" << accumulate << " f32w=" << f32_weights);
+  std::vector<float> x = from_bf16(to_bf16(randn(rng, static_cast<size_t>(T) * K, 1.0f)));
+  std::vector<float> w = randn(rng, static_cast<size_t>(N) * K, 0.05f);
+  std::vector<float> b = bias ? randn(rng, N, 0.5f) : std::vector<float>();
+  std::vector<float> y0 = randn(rng, static_cast<size_t>(T) * N, 2.0f);
+  cuda::DeviceBuffer dW;
+  std::vector<uint16_t> wb = to_bf16(w);
+  const MatrixRef host_w = f32_weights ? MatrixRef{w.data(), WeightType::f32, N, K}
+                                       : MatrixRef{wb.data(), WeightType::bf16, N, K};
+  const cuda::DeviceMatrix W = cuda::upload_matrix_bf16(host_w, dW);
+  auto dx = to_device(to_bf16(x));
+  auto db = to_device(b);
+  auto dy = to_device(y0);
+  cuda::Gemm gemm;
+  gemm.linear(dx.as<uint16_t>(), T, W, bias ? db.as<float>() : nullptr, dy.as<float>(), accumulate, nullptr);
+  const auto y = to_host<float>(dy, static_cast<size_t>(T) * N);
+
+  std::vector<float> ref(static_cast<size_t>(T) * N);
+  linear_cpu(x.data(), T, MatrixRef{wb.data(), WeightType::bf16, N, K}, bias ? b.data() : nullptr, ref.data());
+  double worst = 0.0;
+  for (int t = 0; t < T; ++t)
+    for (int n = 0; n < N; ++n) {
+      double mag = bias ? std::fabs(b[n]) : 0.0;
+      for (int k = 0; k < K; ++k) mag += std::fabs(static_cast<double>(x[t * K + k]) * bf16_to_f32(wb[n * K + k]));
+      double r = ref[t * N + n];
+      if (accumulate) {
+        r += y0[t * N + n];
+        mag += std::fabs(y0[t * N + n]);
+      }
+      const double tol = 2.0 * (K + 2) * kU32 * mag + 1e-30;
+      const double err = std::fabs(y[t * N + n] - r);
+      worst = std::max(worst, err / tol);
+      ASSERT_LE(err, tol) << "t=" << t << " n=" << n << " gpu=" << y[t * N + n] << " cpu=" << r;
+    }
+  std::printf("[ linear ] T=%d N=%d K=%d worst |err|/tol %.3f\n", T, N, K, worst);
+}
+
+TEST(CudaOps, LinearMatchesCpu) {
+  FP8KV_NEED_GPU();
+  std::mt19937_64 rng(test_seed());
+  for (int T : {1, 5, 37})
+    for (bool bias : {false, true})
+      for (bool acc : {false, true}) check_linear(rng, T, 200, 320, bias, acc, false);
+  check_linear(rng, 3, 64, 128, true, false, true);  // fp32 checkpoint: rounded to bf16 at upload
+  check_linear(rng, 130, 1000, 64, false, true, false);
+}
+
+// ---- rmsnorm -------------------------------------------------------------------
+
+// fp32 sum of squares in another order: relative error <= n u; 1/sqrt adds a
+// few u: the fp32 value before bf16 rounding is within (n + 8) u relative;
+// bf16 rounding adds 2^-8 relative.
+void check_rmsnorm(std::mt19937_64& rng, int rows, int n, bool delta, bool delta_w) {
+  SCOPED_TRACE(::testing::Message() << "rows=" << rows << " n=" << n << " delta=" << delta << " delta_w=" << delta_w);
+  const float eps = 1e-6f;
+  auto h = randn(rng, static_cast<size_t>(rows) * n, 3.0f);
+  auto d = randn(rng, static_cast<size_t>(rows) * n, 1.0f);
+  auto w = randn(rng, n, 1.0f);
+  auto dw = randn(rng, n, 1.0f);
+  auto dh = to_device(h);
+  auto dd = to_device(d);
+  auto dwv = to_device(w);
+  auto ddw = to_device(dw);
+  cuda::DeviceBuffer dout(static_cast<size_t>(rows) * n * 2);
+  cuda::rmsnorm_residual(dh.as<float>(), delta ? dd.as<float>() : nullptr, delta_w ? ddw.as<float>() : nullptr,
+                         dwv.as<float>(), eps, rows, n, dout.get(), true, nullptr);
+  const auto h_gpu = to_host<float>(dh, h.size());
+  const auto out_gpu = from_bf16(to_host<uint16_t>(dout, h.size()));
+
+  // Residual: exact without the post-norm (one fp32 add); with it, d's norm
+  // carries (n + 8) u relative.
+  std::vector<float> d_ref = d;
+  if (delta_w) rmsnorm_cpu(d.data(), rows, n, dw.data(), eps, d_ref.data());
+  for (size_t i = 0; i < h.size(); ++i) {
+    const float ref = delta ? h[i] + d_ref[i] : h[i];
+    const double tol = delta_w ? (n + 8) * kU32 * std::fabs(d_ref[i]) + kU32 * std::fabs(ref) : 0.0;
+    ASSERT_LE(std::fabs(h_gpu[i] - ref), tol) << "h[" << i << "]";
+  }
+  // Output: the CPU norm of the GPU's residual.
+  std::vector<float> out_ref(h.size());
+  rmsnorm_cpu(h_gpu.data(), rows, n, w.data(), eps, out_ref.data());
+  for (size_t i = 0; i < h.size(); ++i) {
+    const double tol = std::fabs(out_ref[i]) * (kUbf16 + 2.0 * (n + 8) * kU32) + 1e-37;
+    ASSERT_LE(std::fabs(out_gpu[i] - out_ref[i]), tol) << "out[" << i << "] gpu=" << out_gpu[i] << " cpu=" << out_ref[i];
+  }
+}
+
+TEST(CudaOps, RmsNormResidualMatchesCpu) {
+  FP8KV_NEED_GPU();
+  std::mt19937_64 rng(test_seed());
+  for (int n : {64, 1000, 4096}) {
+    check_rmsnorm(rng, 7, n, false, false);
+    check_rmsnorm(rng, 7, n, true, false);
+    check_rmsnorm(rng, 7, n, true, true);
+  }
+}
+
+TEST(CudaOps, RmsNormRowsGathers) {
+  FP8KV_NEED_GPU();
+  std::mt19937_64 rng(test_seed());
+  const int rows = 9, n = 300;
+  auto h = randn(rng, static_cast<size_t>(rows) * n, 2.0f);
+  auto w = randn(rng, n, 1.0f);
+  const std::vector<int32_t> idx = {8, 0, 3, 3};
+  auto dh = to_device(h);
+  auto dw = to_device(w);
+  auto di = to_device(idx);
+  cuda::DeviceBuffer dout(idx.size() * n * 2);
+  cuda::rmsnorm_rows(dh.as<float>(), di.as<int32_t>(), static_cast<int>(idx.size()), dw.as<float>(), 1e-5f, n,
+                     dout.as<uint16_t>(), nullptr);
+  const auto out = from_bf16(to_host<uint16_t>(dout, idx.size() * n));
+  std::vector<float> ref(static_cast<size_t>(rows) * n);
+  rmsnorm_cpu(h.data(), rows, n, w.data(), 1e-5f, ref.data());
+  for (size_t r = 0; r < idx.size(); ++r)
+    for (int i = 0; i < n; ++i) {
+      const float e = ref[idx[r] * n + i];
+      ASSERT_LE(std::fabs(out[r * n + i] - e), std::fabs(e) * (kUbf16 + 2.0 * (n + 8) * kU32) + 1e-37);
+    }
+}
+
+// ---- qkv prep (QK-norm + RoPE) -------------------------------------------------
+
+// Per head, s = max |x| after the norm. Norm: (D + 8) u relative. Rope: each
+// output is a*c -/+ b*s: 3 roundings of terms <= s, plus cos/sin in double
+// rounded to float (host libm vs CUDA: <= 1 ulp apart) -> (D + 16) 2^-23 s.
+void check_qkv(std::mt19937_64& rng, int D, const RopeParams& rp, bool norm, bool fused) {
+  SCOPED_TRACE(::testing::Message() << "D=" << D << " rope=" << rp.type << " partial=" << rp.partial_rotary_factor
+                                    << " norm=" << norm << " fused=" << fused);
+  const int T = 9, Hq = 4, Hkv = 2, max_pos = 8192;
+  const RopeTable rope(rp, D, max_pos);
+  std::uniform_int_distribution<int> pd(0, max_pos - 1);
+  std::vector<int32_t> pos(T);
+  for (auto& p : pos) p = pd(rng);
+  pos[0] = 0;
+  const int64_t row = static_cast<int64_t>(Hq + 2 * Hkv) * D;
+  auto qkv = randn(rng, static_cast<size_t>(T) * row, 2.0f);
+  auto qn = randn(rng, D, 1.0f), kn = randn(rng, D, 1.0f);
+  // Host reference.
+  std::vector<float> q(static_cast<size_t>(T) * Hq * D), k(static_cast<size_t>(T) * Hkv * D), v(k.size());
+  for (int t = 0; t < T; ++t) {
+    std::copy_n(qkv.begin() + t * row, Hq * D, q.begin() + static_cast<int64_t>(t) * Hq * D);
+    std::copy_n(qkv.begin() + t * row + Hq * D, Hkv * D, k.begin() + static_cast<int64_t>(t) * Hkv * D);
+    std::copy_n(qkv.begin() + t * row + (Hq + Hkv) * D, Hkv * D, v.begin() + static_cast<int64_t>(t) * Hkv * D);
+  }
+  if (norm) {
+    rmsnorm_cpu(q.data(), static_cast<int64_t>(T) * Hq, D, qn.data(), 1e-6f, q.data());
+    rmsnorm_cpu(k.data(), static_cast<int64_t>(T) * Hkv, D, kn.data(), 1e-6f, k.data());
+  }
+  std::vector<float> scale_q(static_cast<size_t>(T) * Hq), scale_k(static_cast<size_t>(T) * Hkv);
+  for (size_t h = 0; h < scale_q.size(); ++h)
+    for (int i = 0; i < D; ++i) scale_q[h] = std::max(scale_q[h], std::fabs(q[h * D + i]));
+  for (size_t h = 0; h < scale_k.size(); ++h)
+    for (int i = 0; i < D; ++i) scale_k[h] = std::max(scale_k[h], std::fabs(k[h * D + i]));
+  const int half = rope.rot_dim() / 2;
+  std::vector<float> cs(static_cast<size_t>(T) * half), sn(cs.size());
+  rope.fill(pos.data(), T, cs.data(), sn.data());
+  rope_cpu(q.data(), T, Hq, D, rope.rot_dim(), cs.data(), sn.data());
+  rope_cpu(k.data(), T, Hkv, D, rope.rot_dim(), cs.data(), sn.data());
+
+  // Device: fused [T][q|k|v] rows, or three separate contiguous tensors.
+  std::vector<float> qs, ks, vs;
+  for (int t = 0; t < T; ++t) {
+    qs.insert(qs.end(), qkv.begin() + t * row, qkv.begin() + t * row + Hq * D);
+    ks.insert(ks.end(), qkv.begin() + t * row + Hq * D, qkv.begin() + t * row + (Hq + Hkv) * D);
+    vs.insert(vs.end(), qkv.begin() + t * row + (Hq + Hkv) * D, qkv.begin() + (t + 1) * row);
+  }
+  auto dqkv = to_device(qkv);
+  auto dqs = to_device(qs), dks = to_device(ks), dvs = to_device(vs);
+  auto dqn = to_device(qn), dkn = to_device(kn), dpos = to_device(pos), dinv = to_device(rope.inv_freq());
+  cuda::DeviceBuffer dq(q.size() * 4), dk(k.size() * 4), dv(v.size() * 4);
+  cuda::QkvPrepArgs a;
+  a.T = T;
+  a.num_q_heads = Hq;
+  a.num_kv_heads = Hkv;
+  a.head_dim = D;
+  if (fused) {
+    a.q_in = dqkv.as<float>();
+    a.k_in = a.q_in + Hq * D;
+    a.v_in = a.q_in + (Hq + Hkv) * D;
+    a.q_stride = a.k_stride = a.v_stride = row;
+  } else {
+    a.q_in = dqs.as<float>();
+    a.k_in = dks.as<float>();
+    a.v_in = dvs.as<float>();
+    a.q_stride = Hq * D;
+    a.k_stride = a.v_stride = Hkv * D;
+  }
+  if (norm) {
+    a.q_norm_w = dqn.as<float>();
+    a.k_norm_w = dkn.as<float>();
+  }
+  a.eps = 1e-6f;
+  a.positions = dpos.as<int32_t>();
+  a.inv_freq = dinv.as<float>();
+  a.rot_dim = rope.rot_dim();
+  a.attention_factor = rope.attention_factor();
+  a.q_out = dq.as<float>();
+  a.k_out = dk.as<float>();
+  a.v_out = dv.as<float>();
+  cuda::qkv_prep(a, nullptr);
+  const auto qg = to_host<float>(dq, q.size()), kg = to_host<float>(dk, k.size()), vg = to_host<float>(dv, v.size());
+  const double rel = (D + 16) * 0x1.0p-23;
+  for (size_t i = 0; i < q.size(); ++i)
+    ASSERT_LE(std::fabs(qg[i] - q[i]), rel * scale_q[i / D] * 2.0) << "q[" << i << "] gpu=" << qg[i] << " cpu=" << q[i];
+  for (size_t i = 0; i < k.size(); ++i)
+    ASSERT_LE(std::fabs(kg[i] - k[i]), rel * scale_k[i / D] * 2.0) << "k[" << i << "] gpu=" << kg[i] << " cpu=" << k[i];
+  for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(vg[i], v[i]) << "v[" << i << "]";
+}
+
+TEST(CudaOps, QkvPrepMatchesCpuForEveryRopeType) {
+  FP8KV_NEED_GPU();
+  std::mt19937_64 rng(test_seed());
+  RopeParams def;
+  def.theta = 10000.0;
+  RopeParams lin = def;
+  lin.type = "linear";
+  lin.factor = 4.0;
+  RopeParams l3;
+  l3.type = "llama3";
+  l3.theta = 500000.0;
+  l3.factor = 8.0;
+  l3.low_freq_factor = 1.0;
+  l3.high_freq_factor = 4.0;
+  l3.original_max_position_embeddings = 1024;
+  RopeParams yarn;
+  yarn.type = "yarn";
+  yarn.theta = 1000000.0;
+  yarn.factor = 4.0;
+  yarn.original_max_position_embeddings = 2048;
+  RopeParams dyn = def;
+  dyn.type = "dynamic";
+  RopeParams partial = def;
+  partial.partial_rotary_factor = 0.5;
+  for (int D : {64, 128, 256})
+    for (const RopeParams* rp : {&def, &lin, &l3, &yarn, &dyn, &partial})
+      for (bool norm : {false, true}) check_qkv(rng, D, *rp, norm, D == 128);
+}
+
+// ---- gated activation ------------------------------------------------------------
+
+// exp/tanh/erf differ by <= 2 ulp between libm and CUDA; the worst
+// amplification is 1 + tanh / 1 + erf near -1 (absolute error 2^-23 times
+// 0.5 |g u|) and the rounding of gelu_tanh's inner term (relative 4u, slope
+// <= 0.5 |g u| (|g| + 0.05 |g|^3)). Then bf16 rounding (2^-8 relative).
+TEST(CudaOps, GatedActivationsMatchCpu) {
+  FP8KV_NEED_GPU();
+  std::mt19937_64 rng(test_seed());
+  const int rows = 5, n = 300;
+  auto gu = randn(rng, static_cast<size_t>(rows) * 2 * n, 2.0f);
+  auto dgu = to_device(gu);
+  cuda::DeviceBuffer dout(static_cast<size_t>(rows) * n * 2);
+  std::vector<float> g(static_cast<size_t>(rows) * n), u(g.size());
+  for (int r = 0; r < rows; ++r)
+    for (int i = 0; i < n; ++i) {
+      g[r * n + i] = gu[r * 2 * n + i];
+      u[r * n + i] = gu[r * 2 * n + n + i];
+    }
+  for (Activation act : {Activation::silu, Activation::gelu_tanh, Activation::gelu}) {
+    cuda::gated_act(act, dgu.as<float>(), dgu.as<float>() + n, 2 * n, rows, n, dout.get(), true, nullptr);
+    const auto out = from_bf16(to_host<uint16_t>(dout, g.size()));
+    std::vector<float> ref(g.size());
+    gated_act_cpu(act, g.data(), u.data(), ref.data(), static_cast<int64_t>(g.size()));
+    for (size_t i = 0; i < g.size(); ++i) {
+      const double ag = std::fabs(g[i]), gu_abs = ag * std::fabs(u[i]);
+      const double tol = kUbf16 * std::fabs(ref[i]) * (1 + 1e-6) +
+                         0x1.0p-20 * (std::fabs(ref[i]) + gu_abs * (1 + ag + 0.05 * ag * ag * ag));
+      ASSERT_LE(std::fabs(out[i] - ref[i]), tol)
+          << "act=" << static_cast<int>(act) << " i=" << i << " g=" << g[i] << " gpu=" << out[i] << " cpu=" << ref[i];
+    }
+  }
+}
+
+// ---- embedding, softcap -------------------------------------------------------
+
+TEST(CudaOps, EmbeddingIsExact) {
+  FP8KV_NEED_GPU();
+  std::mt19937_64 rng(test_seed());
+  const int V = 50, H = 130;
+  auto e = to_bf16(randn(rng, static_cast<size_t>(V) * H, 1.0f));
+  cuda::DeviceBuffer de;
+  const cuda::DeviceMatrix E = cuda::upload_matrix_bf16(MatrixRef{e.data(), WeightType::bf16, V, H}, de);
+  const std::vector<int32_t> ids = {3, 49, 0, 3, 17};
+  auto dids = to_device(ids);
+  cuda::DeviceBuffer dout(ids.size() * H * 4);
+  for (float scale : {1.0f, bf16_to_f32(f32_to_bf16(std::sqrt(130.0f)))}) {
+    cuda::embedding(E, dids.as<int32_t>(), static_cast<int>(ids.size()), scale, dout.as<float>(), nullptr);
+    const auto out = to_host<float>(dout, ids.size() * H);
+    std::vector<float> ref(out.size());
+    std::vector<int> ids_i(ids.begin(), ids.end());
+    embedding_cpu(MatrixRef{e.data(), WeightType::bf16, V, H}, ids_i.data(), static_cast<int64_t>(ids.size()), scale,
+                  ref.data());
+    for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], ref[i]) << "i=" << i << " scale=" << scale;
+  }
+}
+
+// tanh: <= 2 ulp of a value <= 1 (2^-22), times cap, plus the final rounding.
+TEST(CudaOps, SoftcapMatchesCpu) {
+  FP8KV_NEED_GPU();
+  std::mt19937_64 rng(test_seed());
+  auto x = randn(rng, 5000, 40.0f);
+  auto dx = to_device(x);
+  const float cap = 30.0f;
+  cuda::softcap(dx.as<float>(), static_cast<int64_t>(x.size()), cap, nullptr);
+  const auto y = to_host<float>(dx, x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float ref = std::tanh(x[i] / cap) * cap;
+    ASSERT_LE(std::fabs(y[i] - ref), cap * 0x1.0p-21) << "x=" << x[i];
+  }
+}
+
+// fp32 outputs (the CUDA backend's activations are fp32): the norm in place
+// over h (y aliases h) and the gated activation in place over gate. Same
+// bounds without the bf16 term.
+TEST(CudaOps, Fp32OutputsInPlace) {
+  FP8KV_NEED_GPU();
+  std::mt19937_64 rng(test_seed());
+  const int rows = 5, n = 777;
+  auto h = randn(rng, static_cast<size_t>(rows) * n, 2.0f);
+  auto d = randn(rng, h.size(), 1.0f);
+  auto w = randn(rng, n, 1.0f);
+  auto dh = to_device(h), dd = to_device(d), dw = to_device(w);
+  cuda::rmsnorm_residual(dh.as<float>(), dd.as<float>(), nullptr, dw.as<float>(), 1e-6f, rows, n, dh.get(), false,
+                         nullptr);
+  const auto y = to_host<float>(dh, h.size());
+  std::vector<float> hs(h.size()), ref(h.size());
+  for (size_t i = 0; i < h.size(); ++i) hs[i] = h[i] + d[i];
+  rmsnorm_cpu(hs.data(), rows, n, w.data(), 1e-6f, ref.data());
+  for (size_t i = 0; i < h.size(); ++i)
+    ASSERT_LE(std::fabs(y[i] - ref[i]), std::fabs(ref[i]) * 2.0 * (n + 8) * kU32 + 1e-37) << i;
+
+  auto g = randn(rng, h.size(), 2.0f), u = randn(rng, h.size(), 1.0f);
+  auto dg = to_device(g), du = to_device(u);
+  cuda::gated_act(Activation::silu, dg.as<float>(), du.as<float>(), n, rows, n, dg.get(), false, nullptr);
+  const auto out = to_host<float>(dg, g.size());
+  std::vector<float> aref(g.size());
+  gated_act_cpu(Activation::silu, g.data(), u.data(), aref.data(), static_cast<int64_t>(g.size()));
+  // silu = g / (1 + exp(-g)) * u: exp differs by <= 2.5 ulp (CUDA 2 + libm 0.5),
+  // so 1 + exp by <= 3.5 u after each side's rounding; the division and the
+  // product each add <= 1 u of difference: 5.5 u relative.
+  for (size_t i = 0; i < g.size(); ++i)
+    ASSERT_LE(std::fabs(out[i] - aref[i]), 5.5 * kU32 * std::fabs(aref[i]) + 1e-37) << i;
+}
+
+TEST(CudaOps, ToBf16RowsAndAddAreExact) {
+  FP8KV_NEED_GPU();
+  std::mt19937_64 rng(test_seed());
+  const int rows = 6, cols = 129;
+  auto x = randn(rng, static_cast<size_t>(rows) * cols, 3.0f);
+  auto y = randn(rng, x.size(), 3.0f);
+  const std::vector<int32_t> idx = {5, 0, 2};
+  auto dx = to_device(x), dy = to_device(y), di = to_device(idx);
+  cuda::DeviceBuffer db(idx.size() * cols * 2);
+  cuda::to_bf16_rows(dx.as<float>(), di.as<int32_t>(), static_cast<int64_t>(idx.size()), cols, db.as<uint16_t>(),
+                     nullptr);
+  const auto b = to_host<uint16_t>(db, idx.size() * cols);
+  for (size_t r = 0; r < idx.size(); ++r)
+    for (int c = 0; c < cols; ++c) ASSERT_EQ(b[r * cols + c], f32_to_bf16(x[idx[r] * cols + c]));
+  cuda::add_inplace(dx.as<float>(), dy.as<float>(), static_cast<int64_t>(x.size()), nullptr);
+  const auto s = to_host<float>(dx, x.size());
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(s[i], x[i] + y[i]);
+}
+
+}  // namespace
+}  // namespace fp8kv
