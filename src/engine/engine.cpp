@@ -8,6 +8,7 @@
 #include <deque>
 #include <fstream>
 #include <map>
+#include <numeric>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -280,6 +281,8 @@ class CpuEngine final : public Engine {
   }
 
   bool idle() const override { return running_.empty() && waiting_.empty(); }
+  int num_running() const override { return static_cast<int>(running_.size()); }
+  int num_waiting() const override { return static_cast<int>(waiting_.size()); }
 
   std::vector<StepEvent> step() override {
     std::vector<StepEvent> events;
@@ -350,6 +353,7 @@ class CpuEngine final : public Engine {
         s.tokens.push_back(tok);
         ++s.generated;
         StepEvent ev{s.id, tok, std::nullopt};
+        if (s.gen.logprobs >= 0) add_logprobs(ev, logits_, s.gen.logprobs);
         const bool eos = s.gen.stop_at_eos &&
                          std::find(cfg_.eos_token_ids.begin(), cfg_.eos_token_ids.end(), tok) != cfg_.eos_token_ids.end();
         const bool stop = eos || std::find(s.gen.stop_token_ids.begin(), s.gen.stop_token_ids.end(), tok) !=
@@ -393,6 +397,23 @@ class CpuEngine final : public Engine {
         if (score_cb_ && *score_cb_) (*score_cb_)(s.score_index, pos, row);
       }
     }
+  }
+
+  static void add_logprobs(StepEvent& ev, std::span<const float> row, int top) {
+    double m = -INFINITY;
+    for (float x : row) m = std::max(m, static_cast<double>(x));
+    double sum = 0.0;
+    for (float x : row) sum += std::exp(static_cast<double>(x) - m);
+    const double lse = m + std::log(sum);
+    ev.logprob = static_cast<float>(row[ev.token] - lse);
+    const int V = static_cast<int>(row.size());
+    top = std::min(top, V);
+    if (top == 0) return;
+    std::vector<int> idx(V);
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + top, idx.end(),
+                      [&](int a, int b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+    for (int i = 0; i < top; ++i) ev.top_logprobs.push_back({idx[i], static_cast<float>(row[idx[i]] - lse)});
   }
 
   void finish(SeqState& s, FinishReason r, std::vector<StepEvent>& events, bool attach = false) {
