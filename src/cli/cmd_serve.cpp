@@ -17,6 +17,13 @@
 #include "server/http_server.h"
 #include "server/request.h"
 #include "tokenizer/tokenizer.h"
+#if __has_include("template/chat_template.h")
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "template/chat_template.h"
+#define FP8KV_SERVE_CHAT 1
+#endif
 
 namespace fp8kv::cli {
 namespace {
@@ -27,6 +34,50 @@ extern "C" void on_signal(int sig) {
   const ssize_t r = write(g_signal_pipe[1], &b, 1);  // async-signal-safe
   (void)r;
 }
+
+#ifdef FP8KV_SERVE_CHAT
+// The special tokens transformers passes to apply_chat_template
+// (tokenizer_config.json: a string or {"content": ...}).
+nlohmann::ordered_json special_token_vars(const std::filesystem::path& model_dir) {
+  nlohmann::ordered_json vars = nlohmann::ordered_json::object();
+  std::ifstream in(model_dir / "tokenizer_config.json");
+  if (!in) return vars;
+  nlohmann::json cfg;
+  try {
+    cfg = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(fmt::format("{}: invalid JSON: {}", (model_dir / "tokenizer_config.json").string(), e.what()));
+  }
+  for (const char* k : {"bos_token", "eos_token", "unk_token", "pad_token"}) {
+    if (!cfg.contains(k)) continue;
+    const auto& v = cfg[k];
+    if (v.is_string()) vars[k] = v;
+    else if (v.is_object() && v.contains("content") && v["content"].is_string()) vars[k] = v["content"];
+  }
+  return vars;
+}
+
+// The chat renderer for the server: the model's template (or --chat-template
+// FILE), parsed once at start, so a template outside the subset fails here.
+void setup_chat(server::ModelContext& ctx, const std::string& model, const std::string& override_file) {
+  auto src = tmpl::find_chat_template(model, override_file);
+  if (!src) {
+    ctx.chat_unavailable_reason =
+        "this model has no chat template (chat_template.jinja or tokenizer_config.json) and the server was started "
+        "without --chat-template";
+    return;
+  }
+  auto t = std::make_shared<const tmpl::ChatTemplate>(tmpl::ChatTemplate::load(src->source, src->origin));
+  const nlohmann::ordered_json base = special_token_vars(model);
+  ctx.chat = [t, base](const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                       const nlohmann::ordered_json& extra) {
+    nlohmann::ordered_json vars = base;
+    for (const auto& [k, v] : extra.items()) vars[k] = v;
+    return t->render(messages, add_generation_prompt, vars);
+  };
+  server::log().info("chat template: {}", src->origin);
+}
+#endif
 
 struct ServeArgs {
   std::string model, chat_template;
@@ -49,8 +100,10 @@ int run(ServeArgs& a) {
   if (a.server.port < 0 || a.server.port > 65535) throw UsageError("--port must be in [0, 65535]");
   if (a.server.max_waiting < 0) throw UsageError("--max-waiting must be >= 0");
   if (!(a.server.shutdown_grace_s >= 0)) throw UsageError("--shutdown-grace must be >= 0");
+#ifndef FP8KV_SERVE_CHAT
   if (!a.chat_template.empty())
     throw UsageError("--chat-template: no chat template support in this build (docs/server.md)");
+#endif
 
   server::ModelContext ctx;
   ctx.model_dir = a.model;
@@ -59,6 +112,9 @@ int run(ServeArgs& a) {
   for (const auto& f : ctx.defaults.not_applied)
     server::log().warn("generation_config.json: {} is not supported by this server and is NOT applied", f);
   ctx.chat_unavailable_reason = "no chat template support in this build";
+#ifdef FP8KV_SERVE_CHAT
+  setup_chat(ctx, a.model, a.chat_template);
+#endif
 
   auto tokenizer = Tokenizer::load(a.model);
   const EngineOptions eo = a.engine.options();

@@ -166,30 +166,48 @@ struct HttpServer::Impl {
     const json body = parse_body(hreq);
     if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
     check_model_field(body, ctx);
-    bool add_special = true, token_strs = false;
-    std::vector<int> ids;
-    bool have = false;
+    bool add_special = true, token_strs = false, add_generation_prompt = true;
+    bool have_prompt = false, have_messages = false;
     for (const auto& [k, v] : body.items()) {
       if (v.is_null() || k == "model") continue;
-      if (k == "add_special_tokens" || k == "return_token_strs") {
+      if (k == "add_special_tokens" || k == "return_token_strs" || k == "add_generation_prompt") {
         if (!v.is_boolean()) throw bad_field(k, "must be a boolean");
-        (k == "add_special_tokens" ? add_special : token_strs) = v.get<bool>();
+        (k == "add_special_tokens" ? add_special : k == "return_token_strs" ? token_strs : add_generation_prompt) =
+            v.get<bool>();
       } else if (k == "prompt") {
         if (!v.is_string()) throw bad_field(k, "must be a string");
-        have = true;
+        have_prompt = true;
       } else if (k == "messages") {
-        throw ApiError(400, ctx.chat ? "messages: /tokenize of chat messages is not supported; render and send prompt"
-                                     : ctx.chat_unavailable_reason,
-                       "messages");
+        if (!v.is_array()) throw bad_field(k, "must be an array of messages");
+        have_messages = true;
       } else {
         throw bad_field(k, "is not a supported field of /tokenize");
       }
     }
-    if (!have) throw bad_field("prompt", "is required");
-    try {
-      ids = tokenizer->encode(body["prompt"].get<std::string>(), add_special);
-    } catch (const InputError& e) {
-      throw bad_field("prompt", e.what());
+    if (have_prompt == have_messages) throw bad_field("prompt", "give either prompt or messages");
+    std::vector<int> ids;
+    if (have_messages) {
+      // As a chat request renders it: the template, then no added special tokens (vLLM).
+      if (!ctx.chat) throw ApiError(400, ctx.chat_unavailable_reason, "messages");
+      const auto ordered = nlohmann::ordered_json::parse(hreq.body);
+      std::string text;
+      try {
+        text = ctx.chat(ordered["messages"], add_generation_prompt, nlohmann::ordered_json::object());
+      } catch (const std::exception& e) {
+        throw bad_field("messages", std::string("the chat template failed: ") + e.what());
+      }
+      add_special = false;
+      try {
+        ids = tokenizer->encode(text, false);
+      } catch (const InputError& e) {
+        throw bad_field("messages", e.what());
+      }
+    } else {
+      try {
+        ids = tokenizer->encode(body["prompt"].get<std::string>(), add_special);
+      } catch (const InputError& e) {
+        throw bad_field("prompt", e.what());
+      }
     }
     json out = {{"count", ids.size()}, {"max_model_len", ctx.max_model_len}, {"tokens", ids}, {"token_strs", nullptr}};
     if (token_strs) {
@@ -224,7 +242,12 @@ struct HttpServer::Impl {
   void generate(const httplib::Request& hreq, httplib::Response& res, bool chat) {
     const json body = parse_body(hreq);
     auto st = std::make_shared<Stream>();
-    st->req = chat ? parse_chat_request(body, ctx) : parse_completion_request(body, ctx);
+    if (chat) {
+      const auto ordered = nlohmann::ordered_json::parse(hreq.body);  // valid: parse_body accepted it
+      st->req = parse_chat_request(body, ctx, &ordered);
+    } else {
+      st->req = parse_completion_request(body, ctx);
+    }
     st->gen = std::make_unique<Generation>(st->req, *tokenizer, engine->config().eos_token_ids, ctx.served_name,
                                            random_id(chat ? "chatcmpl" : "cmpl"), unix_now());
     st->channel = loop->submit(st->req.prompt, st->req.gen);

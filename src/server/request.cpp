@@ -276,11 +276,11 @@ ParsedRequest parse_completion_request(const json& body, const ModelContext& ctx
   return r;
 }
 
-ParsedRequest parse_chat_request(const json& body, const ModelContext& ctx) {
+ParsedRequest parse_chat_request(const json& body, const ModelContext& ctx, const nlohmann::ordered_json* ordered) {
   ParsedRequest r = start(body, ctx);
   r.chat = true;
   bool add_generation_prompt = true;
-  json extra = json::object();
+  nlohmann::ordered_json extra = nlohmann::ordered_json::object();
   int top_logprobs = -1;
   for (const auto& [k, v] : body.items()) {
     if (v.is_null()) continue;
@@ -304,7 +304,7 @@ ParsedRequest parse_chat_request(const json& body, const ModelContext& ctx) {
       add_generation_prompt = get_bool(body, f);
     } else if (k == "chat_template_kwargs") {
       if (!v.is_object()) throw bad_field(f, "must be an object");
-      extra = v;
+      extra = ordered ? (*ordered)[k] : nlohmann::ordered_json(v);
     } else if (k == "response_format") {
       if (!v.is_object() || v.value("type", "") != "text" || v.size() != 1)
         throw bad_field(f, "only {\"type\": \"text\"} is supported");
@@ -326,7 +326,8 @@ ParsedRequest parse_chat_request(const json& body, const ModelContext& ctx) {
   if (!ctx.chat) throw ApiError(400, ctx.chat_unavailable_reason, "messages");
   std::string text;
   try {
-    text = ctx.chat(body["messages"], add_generation_prompt, extra);
+    text = ctx.chat(ordered ? (*ordered)["messages"] : nlohmann::ordered_json(body["messages"]), add_generation_prompt,
+                    extra);
   } catch (const ApiError&) {
     throw;
   } catch (const std::exception& e) {

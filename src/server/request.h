@@ -26,8 +26,9 @@ SamplingDefaults load_sampling_defaults(const std::filesystem::path& model_dir);
 
 // Renders chat messages to a prompt string (add_generation_prompt, extra
 // template variables); empty when this build has no chat templates.
-using ChatRenderer = std::function<std::string(const nlohmann::json& messages, bool add_generation_prompt,
-                                               const nlohmann::json& extra_vars)>;
+// Messages keep the client's key order (templates print them with tojson).
+using ChatRenderer = std::function<std::string(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                               const nlohmann::ordered_json& extra_vars)>;
 
 struct ModelContext {
   std::string served_name;
@@ -55,7 +56,10 @@ struct ParsedRequest {
 
 // Throws ApiError (400 naming the field, 404 for an unknown model).
 ParsedRequest parse_completion_request(const nlohmann::json& body, const ModelContext& ctx);
-ParsedRequest parse_chat_request(const nlohmann::json& body, const ModelContext& ctx);
+// `ordered`: the same body parsed with key order kept (for the template);
+// nullptr: taken from `body` (keys sorted).
+ParsedRequest parse_chat_request(const nlohmann::json& body, const ModelContext& ctx,
+                                 const nlohmann::ordered_json* ordered = nullptr);
 
 // The model field, when present, must name the served model (404 otherwise).
 void check_model_field(const nlohmann::json& body, const ModelContext& ctx);

@@ -134,7 +134,7 @@ TEST_F(ServerRequest, ChatWithoutTemplatesIsAClear400AndFieldsAreStillChecked) {
 }
 
 TEST_F(ServerRequest, ChatRendersWithoutSpecialTokens) {
-  ctx.chat = [](const json& m, bool gen, const json&) {
+  ctx.chat = [](const nlohmann::ordered_json& m, bool gen, const nlohmann::ordered_json&) {
     return "<|endoftext|>" + m[0]["content"].get<std::string>() + (gen ? "!" : "");
   };
   const ParsedRequest r = parse_chat_request(
