@@ -17,3 +17,16 @@ if ((${#missing[@]})); then
 else
   echo "setup: all packages present" >&2
 fi
+
+# Node client tests of `fp8kv serve` (tests/server, openai@^6 pinned by the
+# lockfile): npm ci when node_modules is missing or older than the lockfile.
+cd "$(dirname "$0")/.."
+if command -v npm >/dev/null 2>&1; then
+  d=tests/server
+  if [ ! -f "$d/node_modules/.package-lock.json" ] || [ "$d/package-lock.json" -nt "$d/node_modules/.package-lock.json" ]; then
+    echo "setup: npm ci in $d" >&2
+    (cd "$d" && npm ci --no-audit --no-fund --loglevel=error)
+  fi
+else
+  echo "setup: npm not found: the server client tests (tests/server) will be skipped" >&2
+fi

@@ -8,6 +8,7 @@
 #include <deque>
 #include <fstream>
 #include <map>
+#include <numeric>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -296,6 +297,8 @@ class EngineImpl final : public Engine {
 
   void cancel(RequestId id) override { sched_->cancel(id); }
   bool idle() const override { return sched_->idle(); }
+  int num_running() const override { return sched_->num_running(); }
+  int num_waiting() const override { return sched_->num_waiting(); }
 
   std::vector<StepEvent> step() override {
     SchedulerOutput out = sched_->schedule();
@@ -342,7 +345,29 @@ class EngineImpl final : public Engine {
         for (size_t j = 0; j < who.size(); ++j) sampled[who[j]] = ids[j];
       }
     }
-    for (const auto& ev : sched_->update(out, sampled)) events.push_back(ev);
+    // Per-token logprobs (the server asks for them): from the raw distribution
+    // of the row that was sampled, only for requests that ask.
+    std::vector<std::pair<RequestId, int>> want_lp;  // (request, row j in logits_)
+    std::vector<int> want_top;
+    for (size_t j = 0; j < who.size(); ++j) {
+      const SchedRequest& r = *out.seqs[who[j]].req;
+      if (r.gen.logprobs >= 0) {
+        want_lp.emplace_back(r.id, static_cast<int>(j));
+        want_top.push_back(r.gen.logprobs);
+      }
+    }
+    if (!want_lp.empty() && backend_->name() != "cpu") runner_->logits_to_host(rows, logits_);
+    for (const auto& ev : sched_->update(out, sampled)) {
+      events.push_back(ev);
+      if (ev.token < 0) continue;
+      for (size_t k = 0; k < want_lp.size(); ++k)
+        if (want_lp[k].first == ev.id) {
+          const size_t V = static_cast<size_t>(cfg_.vocab_size);
+          add_logprobs(events.back(),
+                       std::span<const float>(logits_.data() + static_cast<size_t>(want_lp[k].second) * V, V),
+                       want_top[k]);
+        }
+    }
     return events;
   }
 
@@ -370,6 +395,23 @@ class EngineImpl final : public Engine {
         r.rows_reported = pos + 1;
       }
     }
+  }
+
+  static void add_logprobs(StepEvent& ev, std::span<const float> row, int top) {
+    double m = -INFINITY;
+    for (float x : row) m = std::max(m, static_cast<double>(x));
+    double sum = 0.0;
+    for (float x : row) sum += std::exp(static_cast<double>(x) - m);
+    const double lse = m + std::log(sum);
+    ev.logprob = static_cast<float>(row[ev.token] - lse);
+    const int V = static_cast<int>(row.size());
+    top = std::min(top, V);
+    if (top == 0) return;
+    std::vector<int> idx(V);
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + top, idx.end(),
+                      [&](int a, int b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+    for (int i = 0; i < top; ++i) ev.top_logprobs.push_back({idx[i], static_cast<float>(row[idx[i]] - lse)});
   }
 
   ModelConfig cfg_;

@@ -94,6 +94,10 @@ struct GenerateOptions {
   bool stop_at_eos = true;         // config eos_token_ids
   std::vector<int> stop_token_ids; // extra stop ids
   int chunk_size = 0;              // prompt prefill chunk; 0: max_num_batched_tokens
+  // >= 0: each StepEvent carries the sampled token's logprob and this many
+  // most likely alternatives, from the model's raw distribution (before
+  // temperature / top-k / top-p, as vLLM's default). -1: none (no extra cost).
+  int logprobs = -1;
 };
 
 enum class FinishReason { stop, length, cancelled };
@@ -116,10 +120,18 @@ struct Request {
   std::vector<int> prompt;
   GenerateOptions options;
 };
+struct TokenLogprob {
+  int token = -1;
+  float logprob = 0.0f;
+};
 struct StepEvent {
   RequestId id = 0;
   int token = -1;                       // the token produced this step
   std::optional<FinishReason> finished; // set on the request's last event
+  // With GenerateOptions::logprobs >= 0 and token >= 0: log P(token) and the
+  // top alternatives (descending, ties -> lowest id).
+  std::optional<float> logprob;
+  std::vector<TokenLogprob> top_logprobs;
 };
 
 class Engine {
@@ -173,6 +185,9 @@ class Engine {
   virtual void cancel(RequestId id) = 0;
   virtual std::vector<StepEvent> step() = 0;
   virtual bool idle() const = 0;
+  // Requests admitted to the batch / queued for admission (server metrics).
+  virtual int num_running() const = 0;
+  virtual int num_waiting() const = 0;
 
   // KV pool state (tests, server metrics).
   virtual int64_t free_kv_blocks() const = 0;

@@ -1,0 +1,208 @@
+#include "server/engine_loop.h"
+
+#include "server/log.h"
+
+#include <unordered_map>
+
+#include "backend/cpu/ops.h"
+#include "server/api_error.h"
+
+namespace fp8kv::server {
+
+bool Channel::wait(std::vector<StepEvent>& out) {
+  std::unique_lock l(m_);
+  cv_.wait(l, [&] { return !events_.empty() || ended_; });
+  if (events_.empty()) return false;
+  for (auto& e : events_) out.push_back(std::move(e));
+  events_.clear();
+  return true;
+}
+
+std::optional<std::string> Channel::error() const {
+  std::lock_guard l(m_);
+  return error_;
+}
+
+void Channel::push(StepEvent ev) {
+  {
+    std::lock_guard l(m_);
+    if (ended_) return;
+    if (ev.finished) ended_ = true;
+    events_.push_back(std::move(ev));
+  }
+  cv_.notify_all();
+}
+
+void Channel::fail(std::string message) {
+  {
+    std::lock_guard l(m_);
+    if (ended_) return;
+    ended_ = true;
+    error_ = std::move(message);
+  }
+  cv_.notify_all();
+}
+
+EngineLoop::EngineLoop(Engine& engine, Metrics& metrics, int max_waiting)
+    : engine_(engine), metrics_(metrics), max_waiting_(max_waiting) {
+  update_gauges();
+  // OpenMP's thread count is per thread: the engine was created (and
+  // --threads applied) on this thread, so the loop thread takes the same.
+  thread_ = std::thread([this, n = cpu_threads()] {
+    set_cpu_threads(n);
+    run();
+  });
+}
+
+EngineLoop::~EngineLoop() {
+  if (thread_.joinable()) drain(std::chrono::seconds(0));
+}
+
+std::shared_ptr<Channel> EngineLoop::submit(std::vector<int> prompt, GenerateOptions options) {
+  auto ch = std::make_shared<Channel>();
+  ch->arrival_ = Clock::now();
+  ch->prompt_ = std::move(prompt);
+  ch->options_ = std::move(options);
+  {
+    std::lock_guard l(m_);
+    if (draining_) throw ApiError(503, "the server is shutting down", {}, "service_unavailable_error");
+    if (engine_waiting_.load() + static_cast<int>(inbox_.size()) >= max_waiting_)
+      throw ApiError(503, "the waiting queue is full (--max-waiting); retry later", {}, "service_unavailable_error");
+    inbox_.push_back(ch);
+    ++in_flight_;
+  }
+  cv_.notify_all();
+  return ch;
+}
+
+void EngineLoop::cancel(const std::shared_ptr<Channel>& ch) {
+  {
+    std::lock_guard l(m_);
+    cancels_.push_back(ch);
+  }
+  cv_.notify_all();
+}
+
+void EngineLoop::drain(std::chrono::duration<double> grace) {
+  draining_ = true;
+  {
+    std::unique_lock l(drained_m_);
+    drained_cv_.wait_for(l, grace, [&] { return in_flight_.load() == 0; });
+  }
+  {
+    std::lock_guard l(m_);
+    cancel_all_ = true;
+    quit_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void EngineLoop::update_gauges() {
+  Gauges g;
+  g.running = engine_.num_running();
+  g.waiting = engine_.num_waiting();
+  {
+    std::lock_guard l(m_);
+    g.waiting += static_cast<int>(inbox_.size());
+  }
+  g.free_blocks = engine_.free_kv_blocks();
+  g.total_blocks = engine_.kv_plan().num_blocks;
+  engine_waiting_ = engine_.num_waiting();
+  metrics_.set_gauges(g);
+}
+
+void EngineLoop::end(Channel& ch) {
+  if (ch.counted_) return;
+  ch.counted_ = true;
+  if (--in_flight_ == 0) {
+    std::lock_guard l(drained_m_);
+    drained_cv_.notify_all();
+  }
+}
+
+void EngineLoop::run() {
+  std::unordered_map<RequestId, std::shared_ptr<Channel>> live;
+  for (;;) {
+    std::vector<std::shared_ptr<Channel>> in, cancels;
+    bool cancel_all = false, quit = false;
+    {
+      std::unique_lock l(m_);
+      cv_.wait(l, [&] { return !inbox_.empty() || !cancels_.empty() || cancel_all_ || quit_ || !engine_.idle(); });
+      in.swap(inbox_);
+      cancels.swap(cancels_);
+      cancel_all = cancel_all_;
+      quit = quit_;
+    }
+    for (auto& ch : in) {
+      if (cancel_all) {
+        ch->push(StepEvent{0, -1, FinishReason::cancelled});
+        end(*ch);
+        continue;
+      }
+      try {
+        const int n = static_cast<int>(ch->prompt_.size());
+        ch->id_ = engine_.submit(Request{std::move(ch->prompt_), ch->options_});
+        live[ch->id_] = ch;
+        metrics_.add_prompt_tokens(n);
+      } catch (const std::exception& e) {
+        ch->fail(e.what());  // validated before; an engine refusal is an internal error
+        end(*ch);
+      }
+    }
+    for (auto& ch : cancels)
+      if (ch->id_ != 0 && live.count(ch->id_)) engine_.cancel(ch->id_);
+    if (cancel_all)
+      for (auto& [id, ch] : live) engine_.cancel(id);
+    if (engine_.idle()) {
+      update_gauges();
+      if (quit && live.empty()) break;
+      continue;
+    }
+    std::vector<StepEvent> events;
+    try {
+      events = engine_.step();
+    } catch (const std::exception& e) {
+      // The batch failed: every request in it ends with a 500; cancelling
+      // them makes the next step return their blocks.
+      log().error("engine step failed: {}", e.what());
+      for (auto& [id, ch] : live) {
+        ch->fail(std::string("engine failure: ") + e.what());
+        end(*ch);
+        engine_.cancel(id);
+      }
+      update_gauges();
+      continue;
+    }
+    const auto now = Clock::now();
+    int generated = 0;
+    for (auto& ev : events) {
+      auto it = live.find(ev.id);
+      if (it == live.end()) continue;
+      Channel& ch = *it->second;
+      if (ev.token >= 0) {
+        ++generated;
+        if (!ch.last_token_) {
+          metrics_.observe_ttft(std::chrono::duration<double>(now - ch.arrival_).count());
+        } else {
+          metrics_.observe_itl(std::chrono::duration<double>(now - *ch.last_token_).count());
+        }
+        ch.last_token_ = now;
+      }
+      const bool done = ev.finished.has_value();
+      if (done) {
+        if (!ch.counted_) {
+          metrics_.observe_e2e(std::chrono::duration<double>(now - ch.arrival_).count(),
+                               std::string(finish_reason_name(*ev.finished)));
+        }
+        end(ch);
+      }
+      it->second->push(std::move(ev));
+      if (done) live.erase(it);
+    }
+    metrics_.add_generation_tokens(generated);
+    update_gauges();
+  }
+}
+
+}  // namespace fp8kv::server

@@ -1,0 +1,94 @@
+// The one thread that owns the Engine. HTTP threads hand requests to it
+// through a locked inbox (submit / cancel) and receive the engine's StepEvents
+// on a per-request Channel; no HTTP thread ever calls the engine.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/engine.h"
+#include "server/metrics.h"
+
+namespace fp8kv::server {
+
+using Clock = std::chrono::steady_clock;
+
+// One request's event queue (engine loop -> HTTP thread).
+class Channel {
+ public:
+  // Blocks until at least one event is queued or the request has ended;
+  // appends the queued events to `out`. Returns false once everything was read
+  // and the request has ended.
+  bool wait(std::vector<StepEvent>& out);
+  // Set when the engine failed (the request ends without a finish event).
+  std::optional<std::string> error() const;
+
+ private:
+  friend class EngineLoop;
+  void push(StepEvent ev);
+  void fail(std::string message);
+
+  mutable std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<StepEvent> events_;
+  bool ended_ = false;
+  std::optional<std::string> error_;
+  // Engine loop thread only:
+  RequestId id_ = 0;
+  Clock::time_point arrival_;
+  std::optional<Clock::time_point> last_token_;
+  std::vector<int> prompt_;
+  GenerateOptions options_;
+  bool counted_ = false;  // in_flight_ decremented
+};
+
+class EngineLoop {
+ public:
+  // max_waiting: requests queued beyond the running batch; one more gets a 503.
+  EngineLoop(Engine& engine, Metrics& metrics, int max_waiting);
+  ~EngineLoop();
+  EngineLoop(const EngineLoop&) = delete;
+  EngineLoop& operator=(const EngineLoop&) = delete;
+
+  // Throws ApiError 503 (Retry-After) when the waiting queue is full or the
+  // server is shutting down.
+  std::shared_ptr<Channel> submit(std::vector<int> prompt, GenerateOptions options);
+  // Thread-safe and idempotent; the request's blocks return at the next step.
+  void cancel(const std::shared_ptr<Channel>& ch);
+
+  // Refuses new requests, lets running ones finish for up to `grace`, cancels
+  // the rest, and stops the thread.
+  void drain(std::chrono::duration<double> grace);
+  bool draining() const { return draining_.load(); }
+  int in_flight() const { return in_flight_.load(); }
+
+ private:
+  void run();
+  void update_gauges();
+  void end(Channel& ch);
+
+  Engine& engine_;
+  Metrics& metrics_;
+  const int max_waiting_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::vector<std::shared_ptr<Channel>> inbox_;
+  std::vector<std::shared_ptr<Channel>> cancels_;
+  bool cancel_all_ = false;
+  bool quit_ = false;
+  std::atomic<bool> draining_{false};
+  std::atomic<int> in_flight_{0};
+  std::atomic<int> engine_waiting_{0};
+  std::mutex drained_m_;
+  std::condition_variable drained_cv_;
+  std::thread thread_;
+};
+
+}  // namespace fp8kv::server

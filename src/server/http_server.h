@@ -1,0 +1,50 @@
+// `fp8kv serve`: the OpenAI-compatible HTTP server (cpp-httplib). Routes,
+// API key, error bodies and SSE streaming live here; generation runs on the
+// EngineLoop thread (docs/server.md "Threading").
+#pragma once
+#include <cstddef>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "engine/engine.h"
+#include "server/request.h"
+#include "tokenizer/tokenizer.h"
+
+namespace fp8kv::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;                  // 0: any free port
+  std::string api_key;              // empty: no key required
+  std::string served_model_name;    // empty: the model path as given
+  int max_waiting = 1024;           // queued requests beyond the running batch; more get 503
+  size_t max_body_bytes = 32u << 20;
+  double shutdown_grace_s = 30.0;
+  int max_num_seqs = 8;             // sizes the HTTP worker pool (with max_waiting)
+};
+
+class HttpServer {
+ public:
+  // Takes ownership of the engine and tokenizer. `ctx` is completed here
+  // (tokenizer, vocab, max_model_len).
+  HttpServer(std::unique_ptr<Engine> engine, std::unique_ptr<Tokenizer> tokenizer, ModelContext ctx,
+             ServerOptions opts);
+  ~HttpServer();
+  // Binds; returns the port (throws InputError when the address is taken).
+  int bind();
+  // Serves until shutdown() (blocks).
+  void serve();
+  // From any thread (the signal thread): refuse new requests, let running ones
+  // finish within the grace period, cancel the rest, then stop serving.
+  void shutdown();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Constant-time comparison (the time depends on the lengths only).
+bool constant_time_equal(std::string_view a, std::string_view b);
+
+}  // namespace fp8kv::server

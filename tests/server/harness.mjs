@@ -1,0 +1,62 @@
+// Starts `fp8kv serve` on a free port and stops it with SIGTERM (exit 0 expected).
+import { spawn, execFileSync } from "node:child_process";
+import assert from "node:assert/strict";
+
+export const BIN = process.env.FP8KV_BIN;
+export const MODEL = process.env.FP8KV_MODEL;
+if (!BIN || !MODEL) throw new Error("set FP8KV_BIN and FP8KV_MODEL");
+
+// --threads 1: the CPU engine with one thread is fastest on a loaded CI machine.
+export async function startServer(extra = []) {
+  const args = ["serve", MODEL, "--port", "0", "--threads", "1", ...extra];
+  const proc = spawn(BIN, args, { stdio: ["ignore", "ignore", "pipe"] });
+  let stderr = "";
+  const url = await new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error("server did not start in 60 s:\n" + stderr)), 60000);
+    proc.stderr.on("data", (d) => {
+      stderr += d.toString();
+      const m = stderr.match(/listening on (http:\/\/[0-9.]+:\d+)/);
+      if (m) { clearTimeout(timer); resolve(m[1]); }
+    });
+    proc.on("exit", (code) => { clearTimeout(timer); reject(new Error(`server exited ${code}:\n${stderr}`)); });
+  });
+  proc.removeAllListeners("exit");
+  const exited = new Promise((resolve) => proc.on("exit", (code, signal) => resolve({ code, signal })));
+  return {
+    url,
+    proc,
+    log: () => stderr,
+    async stop() {
+      proc.kill("SIGTERM");
+      const r = await exited;
+      assert.deepEqual(r, { code: 0, signal: null }, "serve must exit 0 on SIGTERM:\n" + stderr);
+    },
+  };
+}
+
+export async function metrics(url) {
+  const text = await (await fetch(url + "/metrics")).text();
+  const get = (name) => {
+    const m = text.match(new RegExp("^" + name.replace(/[:]/g, "\\:") + "\\{[^}]*\\} (\\S+)$", "m"));
+    return m ? Number(m[1]) : undefined;
+  };
+  return { text, get };
+}
+
+export async function waitIdle(url, ms = 20000) {
+  const t0 = Date.now();
+  for (;;) {
+    const m = await metrics(url);
+    const free = m.get("fp8kv:kv_cache_free_blocks"), total = m.get("fp8kv:kv_cache_total_blocks");
+    if (m.get("fp8kv:num_requests_running") === 0 && m.get("fp8kv:num_requests_waiting") === 0 && free === total)
+      return m;
+    if (Date.now() - t0 > ms) throw new Error("server did not go idle: " + JSON.stringify({ free, total }));
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+export function generateCli(prompt, maxTokens) {
+  const out = execFileSync(BIN, ["generate", MODEL, "--prompt", prompt, "--max-tokens", String(maxTokens), "--threads", "1"],
+                           { stdio: ["ignore", "pipe", "ignore"] }).toString();
+  return out.endsWith("\n") ? out.slice(0, -1) : out;
+}
