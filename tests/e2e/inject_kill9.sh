@@ -21,8 +21,20 @@ report "$T/a.json" 2.5
 report "$T/b.json" 4.75
 v1() { python3 "$HERE/inject_read_scale.py" "$1" model.layers.1.self_attn.v_scale; }
 weights_hash() { ls "$1"/model*.safetensors | sort | xargs sha256sum | cut -d' ' -f1 | md5sum; }
-rand_delay() { printf '0.%03d' $((RANDOM % 220)); }  # 0 .. 219 ms
+# Kill moments span one whole uninterrupted run (process start included: a
+# CUDA build loads cuBLASLt at start, which alone can outlast a fixed window).
+SPAN_MS=220
+calibrate_span() {
+  local m="$T/m_span"; python3 "$HERE/inject_make_checkpoint.py" "$m" > /dev/null || fail make
+  local t0 t1; t0=$(date +%s%N)
+  FP8KV_INJECT_SLOW_MS=$SLOW "$BIN" inject "$m" --report "$T/a.json" --in-place > /dev/null 2>&1 || fail "inject (timing run)"
+  t1=$(date +%s%N); SPAN_MS=$(( (t1 - t0) / 1000000 * 11 / 10 + 1 ))
+  rm -rf "$m"
+}
+rand_delay() { local ms=$(( (RANDOM * 32768 + RANDOM) % SPAN_MS )); printf '%d.%03d' $((ms / 1000)) $((ms % 1000)); }
 
+calibrate_span
+echo "kill window: 0..${SPAN_MS} ms" >&2
 total_old=0; total_new=0
 for kind in sharded single; do
   M="$T/m_$kind"
