@@ -24,7 +24,7 @@ struct Raw {
     info.begin = 0;
     info.end = elems.size() * sizeof(U);
     bytes.resize(info.end);
-    std::memcpy(bytes.data(), elems.data(), info.end);
+    if (!elems.empty()) std::memcpy(bytes.data(), elems.data(), info.end);  // memcpy(null, null, 0) is UB
   }
   TensorView view() const { return TensorView{&info, bytes.data()}; }
 };
