@@ -31,7 +31,7 @@ test("models, health, version", async () => {
 });
 
 test("greedy completion equals fp8kv generate", async () => {
-  const expected = generateCli(PROMPT, 16);
+  const expected = await generateCli(PROMPT, 16);
   const r = await client.completions.create({ model: "mini", prompt: PROMPT, max_tokens: 16, temperature: 0 });
   assert.equal(r.choices[0].text, expected);
   assert.equal(r.choices[0].finish_reason, "length");

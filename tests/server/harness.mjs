@@ -1,5 +1,6 @@
 // Starts `fp8kv serve` on a free port and stops it with SIGTERM (exit 0 expected).
-import { spawn, execFileSync } from "node:child_process";
+import { spawn, execFile } from "node:child_process";
+import { promisify } from "node:util";
 import assert from "node:assert/strict";
 
 export const BIN = process.env.FP8KV_BIN;
@@ -55,8 +56,11 @@ export async function waitIdle(url, ms = 20000) {
   }
 }
 
-export function generateCli(prompt, maxTokens) {
-  const out = execFileSync(BIN, ["generate", MODEL, "--prompt", prompt, "--max-tokens", String(maxTokens), "--threads", "1"],
-                           { stdio: ["ignore", "pipe", "ignore"] }).toString();
-  return out.endsWith("\n") ? out.slice(0, -1) : out;
+// Asynchronous on purpose: a synchronous child blocks the event loop for
+// seconds (a sanitizer build starts slowly), the server closes the client's
+// idle keep-alive socket meanwhile, and the client would reuse the dead socket.
+export async function generateCli(prompt, maxTokens) {
+  const { stdout } = await promisify(execFile)(
+      BIN, ["generate", MODEL, "--prompt", prompt, "--max-tokens", String(maxTokens), "--threads", "1"]);
+  return stdout.endsWith("\n") ? stdout.slice(0, -1) : stdout;
 }
