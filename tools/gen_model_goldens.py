@@ -16,8 +16,11 @@ Writes tests/golden/models/<case>/ with
                cache-write point (after k_norm and RoPE; V as projected) exactly as
                the fp8kv cache stores them (saturating fp8: clamp, then cast).
   kv.safetensors: the fp32 K/V transformers computed before rounding,
-               "seq{s}.layer{l}.k" / ".v" shaped [T, num_kv_heads, head_dim], so the
-               C++ test can see where a value sits on a rounding boundary.
+               "seq{s}.layer{l}.k" / ".v" shaped [T, num_kv_heads, head_dim] from the
+               fp32 pass, and for layers >= 1 also from each format's own pass
+               ("seq{s}.layer{l}.k.fp8_e5m2": deeper layers read the rounded cache
+               upstream), so the C++ test can see where a value sits on a rounding
+               boundary in every layer.
 
 Everything is deterministic (seeded). Total output is well under 6 MB.
 """
@@ -150,9 +153,14 @@ class Hook:
 
             def wrapped(module, query, key, value, *args, _orig=orig, **kwargs):
                 layer = module.layer_idx
-                if self.record is not None:
-                    self.record[f"seq{self.seq}.layer{layer}.k"] = key[0].transpose(0, 1).contiguous().float().cpu()
-                    self.record[f"seq{self.seq}.layer{layer}.v"] = value[0].transpose(0, 1).contiguous().float().cpu()
+                if self.record is not None and (self.fmt == "fp32" or layer > 0):
+                    # fp32 pass: every layer ("seq0.layer1.k"). A format's pass:
+                    # layers >= 1 under a suffix ("seq0.layer1.k.fp8_e5m2"),
+                    # since they see that format's rounded cache upstream
+                    # (layer 0 is the same in every pass).
+                    sfx = "" if self.fmt == "fp32" else "." + self.fmt
+                    self.record[f"seq{self.seq}.layer{layer}.k{sfx}"] = key[0].transpose(0, 1).contiguous().float().cpu()
+                    self.record[f"seq{self.seq}.layer{layer}.v{sfx}"] = value[0].transpose(0, 1).contiguous().float().cpu()
                 if self.fmt != "fp32":
                     ks = self.scales["k"][layer] if self.scales else None
                     vs = self.scales["v"][layer] if self.scales else None
@@ -277,7 +285,6 @@ def main():
             lp, top = score(model, ids)
             variants["fp32"].append({"logprobs": lp, "top1_ids": top})
         rec = hook.record
-        hook.record = None
 
         # Non-unity per-layer scales from the observed ranges: K per tensor
         # (0.8 x amax / max: the top values saturate), V per KV head (1.3 x).
@@ -301,7 +308,7 @@ def main():
                 hook.seq = s
                 lp, top = score(model, ids)
                 variants[fmt].append({"logprobs": lp, "top1_ids": top})
-        hook.fmt, hook.scales = "fp32", None
+        hook.fmt, hook.scales, hook.record = "fp32", None, None
 
         golden = {
             "case": case,
