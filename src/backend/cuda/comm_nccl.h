@@ -12,6 +12,7 @@
 // CHANGE LOG (additive only):
 //   2026-11-30  first version.
 #pragma once
+#include <cstddef>
 #include <memory>
 #include <span>
 #include <string>
@@ -21,12 +22,41 @@
 
 namespace fp8kv {
 
+struct NcclCommOptions {
+  // all_reduce_sum of at most this many bytes uses the one-shot peer-memory
+  // all-reduce (when every rank can map every peer's buffer); larger ones use
+  // NCCL. 0 = NCCL only. FP8KV_ONESHOT_MAX_BYTES overrides it.
+  size_t oneshot_max_bytes = 256 * 1024;
+  // Registered buffer per rank (2 x this, plus 8 KiB of flags); raised to
+  // oneshot_max_bytes if smaller. The benchmark raises it to time larger sizes.
+  size_t oneshot_capacity_bytes = 0;
+};
+
+enum class AllReduceAlgo { automatic, nccl, oneshot };
+
+// What the factories return (a Communicator; tests and the benchmark
+// dynamic_cast to pick an algorithm).
+class CudaCommunicator : public Communicator {
+ public:
+  virtual int device() const = 0;
+  // Same contract as all_reduce_sum with the algorithm forced (oneshot:
+  // throws if unavailable or the message exceeds the buffer).
+  virtual void all_reduce_sum_algo(AllReduceAlgo algo, void* data, size_t count, ScalarType dtype, void* stream) = 0;
+  // True when the one-shot path is set up on every rank; otherwise why not.
+  virtual bool oneshot_enabled() const = 0;
+  virtual std::string oneshot_status() const = 0;
+  virtual size_t oneshot_max_bytes() const = 0;
+  virtual size_t oneshot_capacity_bytes() const = 0;
+};
+
 // One process, ncclCommInitAll over `devices` (CUDA ordinals, distinct).
 // Communicator i belongs to devices[i] (rank i) and is used from one thread
-// per device; its collectives must be called with that device current.
+// per device; its collectives make that device current on the calling thread.
 // All collectives of one step must be issued by every rank (from its own
 // thread) in the same order.
 std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(std::span<const int> devices);
+std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(std::span<const int> devices,
+                                                                   const NcclCommOptions& options);
 
 // One process per GPU: rank 0 creates the ncclUniqueId and serves it over a
 // TCP rendezvous on master_port (plain POSIX sockets); the other ranks
@@ -35,6 +65,9 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(std::span<con
 // peer gives std::runtime_error naming the address and the step, not a hang.
 std::unique_ptr<Communicator> make_nccl_communicator_tcp(int rank, int world, int device,
                                                          const std::string& master_addr, int master_port);
+std::unique_ptr<Communicator> make_nccl_communicator_tcp(int rank, int world, int device,
+                                                         const std::string& master_addr, int master_port,
+                                                         const NcclCommOptions& options);
 
 // True when this build has NCCL (the factories above can work).
 bool nccl_available();
