@@ -272,13 +272,21 @@ TEST(CommTcp, FactoryWithBadPortFailsClearly) {
 
 // ---------------------------------------------------------------- all-reduce
 
+// The override itself, without starting NCCL (an enabling value must never
+// reach an NCCL init on these machines), then that a factory leaves it at 0.
 TEST(CommNccl, NvlsIsForcedOff) {
-  REQUIRE_GPUS(1);
   ::setenv("NCCL_NVLS_ENABLE", "1", 1);
+  comm_force_nvls_off();
+  const std::string v = std::getenv("NCCL_NVLS_ENABLE") ? std::getenv("NCCL_NVLS_ENABLE") : "(unset)";
+  ::setenv("NCCL_NVLS_ENABLE", "0", 1);  // whatever happened above
+  EXPECT_EQ(v, "0");
+  REQUIRE_GPUS(1);
+  ::unsetenv("NCCL_NVLS_ENABLE");
   Group g = make_group(1);
-  const char* v = std::getenv("NCCL_NVLS_ENABLE");
-  ASSERT_NE(v, nullptr);
-  EXPECT_STREQ(v, "0");
+  const char* after = std::getenv("NCCL_NVLS_ENABLE");
+  ::setenv("NCCL_NVLS_ENABLE", "0", 1);
+  ASSERT_NE(after, nullptr);
+  EXPECT_STREQ(after, "0");
 }
 
 void check_all_reduce(int world) {

@@ -21,6 +21,10 @@
 
 namespace fp8kv {
 
+// NVLink multicast (NVLS) must stay off on these machines (docs/design.md,
+// "Collectives"): set before any NCCL call, overriding the environment.
+void comm_force_nvls_off() { ::setenv("NCCL_NVLS_ENABLE", "0", 1); }
+
 #ifndef FP8KV_HAVE_NCCL
 
 bool nccl_available() { return false; }
@@ -46,10 +50,6 @@ namespace {
     const ncclResult_t r_ = (call);                                             \
     if (r_ != ncclSuccess) throw_nccl(#call, __FILE__, __LINE__, r_);           \
   } while (0)
-
-// NVLink multicast (NVLS) must stay off on these machines (docs/design.md,
-// "Collectives"): set before any NCCL call, overriding the environment.
-void force_nvls_off() { ::setenv("NCCL_NVLS_ENABLE", "0", 1); }
 
 ncclDataType_t nccl_type(ScalarType d, const char* what) {
   switch (d) {
@@ -161,6 +161,7 @@ bool nccl_available() { return true; }
 
 std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(std::span<const int> devices,
                                                                    const NcclCommOptions& options_in) {
+  comm_force_nvls_off();  // first, whatever fails below
   const NcclCommOptions opt = resolve(options_in);
   const int n = static_cast<int>(devices.size());
   if (n < 1) throw std::runtime_error("make_nccl_communicators: no devices");
@@ -174,7 +175,6 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(std::span<con
       if (devices[i] == devices[j])
         throw std::runtime_error("make_nccl_communicators: device " + std::to_string(devices[i]) + " listed twice");
   }
-  force_nvls_off();
   std::vector<ncclComm_t> comms(static_cast<size_t>(n), nullptr);
   FP8KV_NCCL(ncclCommInitAll(comms.data(), n, devices.data()));
   std::vector<std::unique_ptr<Communicator>> out;
@@ -238,6 +238,7 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(std::span<con
 std::unique_ptr<Communicator> make_nccl_communicator_tcp(int rank, int world, int device,
                                                          const std::string& master_addr, int master_port,
                                                          const NcclCommOptions& options_in) {
+  comm_force_nvls_off();  // first, whatever fails below
   const NcclCommOptions opt = resolve(options_in);
   // The rendezvous comes first (no CUDA needed): a bad address or a missing
   // peer fails within the timeout whatever the GPU state.
@@ -248,7 +249,6 @@ std::unique_ptr<Communicator> make_nccl_communicator_tcp(int rank, int world, in
     throw std::runtime_error("make_nccl_communicator_tcp: device " + std::to_string(device) + " out of range (" +
                              std::to_string(have) + " CUDA devices)");
   FP8KV_CU(cudaSetDevice(device));
-  force_nvls_off();
   ncclUniqueId id{};
   if (rank == 0) FP8KV_NCCL(ncclGetUniqueId(&id));
   const auto ids = rdv.all_gather(rank == 0 ? std::string(reinterpret_cast<const char*>(&id), sizeof(id)) : std::string(),

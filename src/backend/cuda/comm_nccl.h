@@ -69,6 +69,10 @@ std::unique_ptr<Communicator> make_nccl_communicator_tcp(int rank, int world, in
                                                          const std::string& master_addr, int master_port,
                                                          const NcclCommOptions& options);
 
+// Sets NCCL_NVLS_ENABLE=0, overriding any value (every factory calls it
+// before NCCL initialises; call it yourself before any other NCCL use).
+void comm_force_nvls_off();
+
 // True when this build has NCCL (the factories above can work).
 bool nccl_available();
 
