@@ -42,7 +42,7 @@ else
     g++ $CXXF -c bench/cuda/bench_allreduce.cpp -o $B/bench_allreduce.o &
     wait
   ) >"$OUT/build.log" 2>&1
-  LIBS="-L$CU/lib64 -L$P/usr/lib/x86_64-linux-gnu $NCCL_LIB -lcudart -lpthread -Wl,-rpath,$(dirname "$NCCL_LIB")"
+  LIBS="-L$CU/lib64 -L$P/usr/lib/x86_64-linux-gnu $NCCL_LIB -lcudart_static -ldl -lrt -lpthread -Wl,-rpath,$(dirname "$NCCL_LIB")"
   g++ $B/test_comm.o $B/comm_*.o -o $B/test_comm $LIBS -lgtest -lgtest_main >>"$OUT/build.log" 2>&1
   g++ $B/bench_allreduce.o $B/comm_*.o -o $B/bench_allreduce $LIBS >>"$OUT/build.log" 2>&1
   TEST=$B/test_comm

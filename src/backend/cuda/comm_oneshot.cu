@@ -1,6 +1,8 @@
 // One-shot peer-memory all-reduce (comm_oneshot.h).
 #include <cuda_bf16.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
