@@ -273,6 +273,31 @@ TEST(CommTcp, FactoryWithBadPortFailsClearly) {
     EXPECT_NE(e.find("built without NCCL"), std::string::npos) << e;
 }
 
+// A rank whose local set-up fails (here: device 99) makes every rank throw,
+// instead of leaving the others inside ncclCommInitRank.
+TEST(CommTcp, FactorySetupFailureReachesEveryRank) {
+  if (!nccl_available()) GTEST_SKIP() << "built without NCCL";
+  ::setenv("FP8KV_COMM_TIMEOUT_S", "20", 1);
+  const int port = free_port();
+  std::vector<std::string> errs(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        make_nccl_communicator_tcp(r, 2, r == 1 ? 99 : 0, "127.0.0.1", port);
+        errs[static_cast<size_t>(r)] = "(no error)";
+      } catch (const std::exception& e) {
+        errs[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  ::unsetenv("FP8KV_COMM_TIMEOUT_S");
+  for (int r = 0; r < 2; ++r) EXPECT_NE(errs[static_cast<size_t>(r)].find("failed to set up"), std::string::npos) << errs[static_cast<size_t>(r)];
+  if (gpu_count() >= 1) {  // else rank 0 fails first (no device at all)
+    EXPECT_NE(errs[0].find("rank 1 of 2 failed to set up: device 99 out of range"), std::string::npos) << errs[0];
+  }
+}
+
 // ---------------------------------------------------------------- all-reduce
 
 // The override itself, without starting NCCL (an enabling value must never

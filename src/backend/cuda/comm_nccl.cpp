@@ -164,6 +164,12 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(std::span<con
   comm_force_nvls_off();  // first, whatever fails below
   const NcclCommOptions opt = resolve(options_in);
   const int n = static_cast<int>(devices.size());
+  int caller_device = 0;
+  FP8KV_CU(cudaGetDevice(&caller_device));
+  struct RestoreDevice {
+    int d;
+    ~RestoreDevice() { cudaSetDevice(d); }
+  } restore{caller_device};
   if (n < 1) throw std::runtime_error("make_nccl_communicators: no devices");
   int have = 0;
   FP8KV_CU(cudaGetDeviceCount(&have));
@@ -231,7 +237,6 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(std::span<con
     c->oneshot()->set_peer_bases(bases);
     c->set_status("on (peer access, single process)");
   }
-  FP8KV_CU(cudaSetDevice(devices[0]));
   return out;
 }
 
@@ -243,18 +248,33 @@ std::unique_ptr<Communicator> make_nccl_communicator_tcp(int rank, int world, in
   // The rendezvous comes first (no CUDA needed): a bad address or a missing
   // peer fails within the timeout whatever the GPU state.
   comm::TcpRendezvous rdv(rank, world, master_addr, master_port, comm::comm_timeout_from_env());
-  int have = 0;
-  FP8KV_CU(cudaGetDeviceCount(&have));
-  if (device < 0 || device >= have)
-    throw std::runtime_error("make_nccl_communicator_tcp: device " + std::to_string(device) + " out of range (" +
-                             std::to_string(have) + " CUDA devices)");
-  FP8KV_CU(cudaSetDevice(device));
+  // Local set-up, then one exchange: 'E' + error or 'K' (+ the NCCL id from
+  // rank 0). A rank that fails here makes every rank throw its message
+  // instead of leaving the others waiting inside ncclCommInitRank.
   ncclUniqueId id{};
-  if (rank == 0) FP8KV_NCCL(ncclGetUniqueId(&id));
-  const auto ids = rdv.all_gather(rank == 0 ? std::string(reinterpret_cast<const char*>(&id), sizeof(id)) : std::string(),
-                                  "nccl unique id");
-  if (ids[0].size() != sizeof(id)) throw std::runtime_error("make_nccl_communicator_tcp: rank 0 sent a malformed NCCL unique id");
-  std::memcpy(&id, ids[0].data(), sizeof(id));
+  std::string setup;
+  try {
+    int have = 0;
+    FP8KV_CU(cudaGetDeviceCount(&have));
+    if (device < 0 || device >= have)
+      throw std::runtime_error("device " + std::to_string(device) + " out of range (" + std::to_string(have) + " CUDA devices)");
+    FP8KV_CU(cudaSetDevice(device));
+    if (rank == 0) FP8KV_NCCL(ncclGetUniqueId(&id));
+    setup.assign(1, 'K');
+    if (rank == 0) setup.append(reinterpret_cast<const char*>(&id), sizeof(id));
+  } catch (const std::exception& e) {
+    setup.assign(1, 'E');
+    setup.append(e.what());
+  }
+  const auto ids = rdv.all_gather(setup, "nccl unique id");
+  for (int p = 0; p < world; ++p) {
+    const std::string& s = ids[static_cast<size_t>(p)];
+    if (s.empty() || s[0] != 'K')
+      throw std::runtime_error("make_nccl_communicator_tcp: rank " + std::to_string(p) + " of " + std::to_string(world) +
+                               " failed to set up: " + (s.empty() ? std::string("(no message)") : s.substr(1)));
+  }
+  if (ids[0].size() != 1 + sizeof(id)) throw std::runtime_error("make_nccl_communicator_tcp: rank 0 sent a malformed NCCL unique id");
+  std::memcpy(&id, ids[0].data() + 1, sizeof(id));
   ncclComm_t comm = nullptr;
   FP8KV_NCCL(ncclCommInitRank(&comm, world, id, rank));
   auto c = std::make_unique<NcclCommunicator>(rank, world, device, comm, opt.oneshot_max_bytes);
