@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <barrier>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -70,20 +71,38 @@ int free_port() {
   return ntohs(a.sin_port);
 }
 
-// Runs fn(rank) on one thread per rank (device = rank); rethrows the first error.
+// Runs fn(rank, sync) on one thread per rank (device = rank); rethrows the
+// first error. fn calls sync() between allocating and the collectives and
+// after synchronising: in one process with peer access, a cudaMalloc/cudaFree
+// on one device while a peer's collective kernel waits for this rank can
+// deadlock (NCCL's documented rule), so they never overlap here.
+struct Sync {
+  std::barrier<>* b;
+  void operator()() const { b->arrive_and_wait(); }
+};
 template <class F>
 void per_rank(int world, F fn) {
   std::vector<std::thread> ts;
   std::mutex m;
   std::exception_ptr err;
+  std::barrier<> bar(world);
   for (int r = 0; r < world; ++r)
     ts.emplace_back([&, r] {
       try {
         check(cudaSetDevice(r), "cudaSetDevice");
-        fn(r);
+        fn(r, Sync{&bar});
       } catch (...) {
         std::lock_guard<std::mutex> g(m);
         if (!err) err = std::current_exception();
+        // The peers may wait at the barrier: a failed rank cannot leave them
+        // stuck, so give up on the whole process (the error is printed).
+        try {
+          std::rethrow_exception(err);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "rank %d failed: %s\n", r, e.what());
+        }
+        std::fflush(stderr);
+        std::_Exit(3);
       }
     });
   for (auto& t : ts) t.join();
@@ -170,13 +189,15 @@ Group make_group(int world, NcclCommOptions opt = {}) {
 // One all-reduce per rank (own thread and stream); returns each rank's output.
 std::vector<Bytes> run_all_reduce(Group& g, int world, AllReduceAlgo algo, size_t count, ScalarType dt, uint64_t tag) {
   std::vector<Bytes> out(static_cast<size_t>(world));
-  per_rank(world, [&](int r) {
+  per_rank(world, [&](int r, Sync sync) {
     const Bytes in = make_input(r, count, dt, tag);
     cudatest::DevBuf buf(in);
     cudaStream_t s;
     check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+    sync();
     g.at(r)->all_reduce_sum_algo(algo, buf.get(), count, dt, s);
     check(cudaStreamSynchronize(s), "sync");
+    sync();
     check(cudaStreamDestroy(s), "stream destroy");
     out[static_cast<size_t>(r)] = buf.download<uint8_t>();
   });
@@ -373,7 +394,7 @@ TEST(CommNccl, ThousandBackToBackCallsStayCorrect) {
       const ScalarType dt = count == 1000 ? ScalarType::f32 : ScalarType::bf16;
       const size_t bytes = count * scalar_type_bytes(dt);
       std::vector<Bytes> outs(2);
-      per_rank(2, [&](int r) {
+      per_rank(2, [&](int r, Sync sync) {
         Bytes all_in;
         for (int k = 0; k < kInputs; ++k) {
           const Bytes b = make_input(r, count, dt, 500 + static_cast<uint64_t>(k));
@@ -382,6 +403,7 @@ TEST(CommNccl, ThousandBackToBackCallsStayCorrect) {
         cudatest::DevBuf in(all_in), work(bytes), res(bytes * kIters);
         cudaStream_t s;
         check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+        sync();
         for (int it = 0; it < kIters; ++it) {
           check(cudaMemcpyAsync(work.get(), in.as<uint8_t>() + bytes * static_cast<size_t>(it % kInputs), bytes,
                                 cudaMemcpyDeviceToDevice, s), "copy in");
@@ -390,6 +412,7 @@ TEST(CommNccl, ThousandBackToBackCallsStayCorrect) {
                 "copy out");
         }
         check(cudaStreamSynchronize(s), "sync");
+        sync();
         check(cudaStreamDestroy(s), "stream destroy");
         outs[static_cast<size_t>(r)] = res.download<uint8_t>();
       });
@@ -413,12 +436,14 @@ TEST(CommNccl, AllGatherWorld2) {
   for (ScalarType dt : {ScalarType::f32, ScalarType::bf16})
     for (size_t count : {size_t{7}, size_t{1} << 20}) {
       std::vector<Bytes> outs(2);
-      per_rank(2, [&](int r) {
+      per_rank(2, [&](int r, Sync sync) {
         cudatest::DevBuf send(make_input(r, count, dt, 77)), recv(2 * count * scalar_type_bytes(dt));
         cudaStream_t s;
         check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+        sync();
         g.at(r)->all_gather(send.get(), recv.get(), count, dt, s);
         check(cudaStreamSynchronize(s), "sync");
+        sync();
         check(cudaStreamDestroy(s), "stream destroy");
         outs[static_cast<size_t>(r)] = recv.download<uint8_t>();
       });
@@ -440,8 +465,18 @@ TEST(CommNccl, OneShotUnderGraphCapture) {
   const ScalarType dt = ScalarType::f32;
   const size_t bytes = count * 4;
   std::vector<std::vector<Bytes>> outs(2);
-  per_rank(2, [&](int r) {
+  per_rank(2, [&](int r, Sync sync) {
     cudatest::DevBuf work(bytes);
+    std::vector<uint8_t*> host;  // pinned inputs and outputs, allocated before any collective
+    for (int k = 0; k < 12; ++k) {
+      void* p = nullptr;
+      check(cudaMallocHost(&p, bytes), "cudaMallocHost");
+      host.push_back(static_cast<uint8_t*>(p));
+    }
+    for (int k = 0; k < 6; ++k) {
+      const Bytes in = make_input(r, count, dt, 900 + static_cast<uint64_t>(k));
+      std::memcpy(host[static_cast<size_t>(k)], in.data(), bytes);
+    }
     cudaStream_t s;
     check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
     cudaGraph_t graph;
@@ -450,18 +485,20 @@ TEST(CommNccl, OneShotUnderGraphCapture) {
     g.at(r)->all_reduce_sum_algo(AllReduceAlgo::oneshot, work.get(), count, dt, s);
     check(cudaStreamEndCapture(s, &graph), "end capture");
     check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-    for (int k = 0; k < 6; ++k) {
-      const Bytes in = make_input(r, count, dt, 900 + static_cast<uint64_t>(k));
-      check(cudaMemcpyAsync(work.get(), in.data(), bytes, cudaMemcpyHostToDevice, s), "upload");
+    sync();
+    for (int k = 0; k < 6; ++k) {  // all queued back to back, checked at the end
+      check(cudaMemcpyAsync(work.get(), host[static_cast<size_t>(k)], bytes, cudaMemcpyHostToDevice, s), "upload");
       if (k % 3 == 2)
         g.at(r)->all_reduce_sum_algo(AllReduceAlgo::oneshot, work.get(), count, dt, s);  // direct call in between
       else
         check(cudaGraphLaunch(exec, s), "graph launch");
-      Bytes out(bytes);
-      check(cudaMemcpyAsync(out.data(), work.get(), bytes, cudaMemcpyDeviceToHost, s), "download");
-      check(cudaStreamSynchronize(s), "sync");
-      outs[static_cast<size_t>(r)].push_back(out);
+      check(cudaMemcpyAsync(host[static_cast<size_t>(6 + k)], work.get(), bytes, cudaMemcpyDeviceToHost, s), "download");
     }
+    check(cudaStreamSynchronize(s), "sync");
+    sync();
+    for (int k = 0; k < 6; ++k)
+      outs[static_cast<size_t>(r)].emplace_back(host[static_cast<size_t>(6 + k)], host[static_cast<size_t>(6 + k)] + bytes);
+    for (uint8_t* p : host) check(cudaFreeHost(p), "cudaFreeHost");
     check(cudaGraphExecDestroy(exec), "exec destroy");
     check(cudaGraphDestroy(graph), "graph destroy");
     check(cudaStreamDestroy(s), "stream destroy");

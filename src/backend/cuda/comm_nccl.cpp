@@ -90,9 +90,25 @@ class NcclCommunicator final : public CudaCommunicator {
  public:
   NcclCommunicator(int rank, int world, int device, ncclComm_t comm, size_t oneshot_max)
       : rank_(rank), world_(world), device_(device), comm_(comm), oneshot_max_(oneshot_max) {}
+  // Every rank's GPU work is finished before anything is freed: a peer may
+  // still be reading this rank's buffers (one-shot or NCCL peer copies).
+  // One process: synchronise every device of the group. One process per GPU:
+  // a last rendezvous exchange (bounded by the timeout; a dead peer closes
+  // its socket, which ends the wait at once).
   ~NcclCommunicator() override {
+    for (int d : sync_devices_) {
+      cudaSetDevice(d);
+      cudaDeviceSynchronize();
+    }
     cudaSetDevice(device_);
     cudaDeviceSynchronize();
+    if (rdv_) {
+      try {
+        rdv_->all_gather(std::string(), "shutdown");
+      } catch (const std::exception&) {
+        // a peer that is gone cannot be reading our buffers any more
+      }
+    }
     for (void* p : ipc_opened_) cudaIpcCloseMemHandle(p);
     oneshot_.reset();
     if (comm_) ncclCommDestroy(comm_);
@@ -146,6 +162,8 @@ class NcclCommunicator final : public CudaCommunicator {
     status_ = std::move(why);
   }
   std::vector<void*> ipc_opened_;
+  std::vector<int> sync_devices_;
+  std::unique_ptr<comm::TcpRendezvous> rdv_;
 
  private:
   int rank_, world_, device_;
@@ -187,6 +205,7 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(std::span<con
   std::vector<NcclCommunicator*> raw;
   for (int i = 0; i < n; ++i) {
     auto c = std::make_unique<NcclCommunicator>(i, n, devices[i], comms[static_cast<size_t>(i)], opt.oneshot_max_bytes);
+    c->sync_devices_.assign(devices.begin(), devices.end());
     raw.push_back(c.get());
     out.push_back(std::move(c));
   }
@@ -247,7 +266,8 @@ std::unique_ptr<Communicator> make_nccl_communicator_tcp(int rank, int world, in
   const NcclCommOptions opt = resolve(options_in);
   // The rendezvous comes first (no CUDA needed): a bad address or a missing
   // peer fails within the timeout whatever the GPU state.
-  comm::TcpRendezvous rdv(rank, world, master_addr, master_port, comm::comm_timeout_from_env());
+  auto rdv_owned = std::make_unique<comm::TcpRendezvous>(rank, world, master_addr, master_port, comm::comm_timeout_from_env());
+  comm::TcpRendezvous& rdv = *rdv_owned;
   // Local set-up, then one exchange: 'E' + error or 'K' (+ the NCCL id from
   // rank 0). A rank that fails here makes every rank throw its message
   // instead of leaving the others waiting inside ncclCommInitRank.
@@ -278,6 +298,7 @@ std::unique_ptr<Communicator> make_nccl_communicator_tcp(int rank, int world, in
   ncclComm_t comm = nullptr;
   FP8KV_NCCL(ncclCommInitRank(&comm, world, id, rank));
   auto c = std::make_unique<NcclCommunicator>(rank, world, device, comm, opt.oneshot_max_bytes);
+  c->rdv_ = std::move(rdv_owned);  // kept for the shutdown exchange
 
   // One-shot path over CUDA IPC, only when every rank is on this host and
   // every rank opened every peer's handle (all ranks agree, else all use NCCL).
