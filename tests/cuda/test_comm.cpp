@@ -338,8 +338,13 @@ TEST(CommNccl, NvlsIsForcedOff) {
   EXPECT_STREQ(after, "0");
 }
 
+// The one-shot buffer is raised to 8 MiB here so that forced one-shot calls
+// also cover messages where every thread loops over several chunks (the
+// automatic threshold stays at its default).
 void check_all_reduce(int world) {
-  Group g = make_group(world);
+  NcclCommOptions opt;
+  opt.oneshot_capacity_bytes = size_t{8} << 20;
+  Group g = make_group(world, opt);
   std::printf("world %d one-shot: %s (max %zu bytes)\n", world, g.at(0)->oneshot_status().c_str(), g.at(0)->oneshot_max_bytes());
   uint64_t tag = 1;
   for (ScalarType dt : {ScalarType::f32, ScalarType::bf16})
@@ -386,12 +391,16 @@ TEST(CommNccl, OneShotIsOnWithTwoPeerGpus) {
 // too early or too late shows up as another iteration's values.
 TEST(CommNccl, ThousandBackToBackCallsStayCorrect) {
   REQUIRE_GPUS(2);
-  Group g = make_group(2);
-  constexpr int kIters = 1000, kInputs = 5;
+  NcclCommOptions opt;
+  opt.oneshot_capacity_bytes = size_t{4} << 20;
+  Group g = make_group(2, opt);
+  constexpr int kInputs = 5;
   for (AllReduceAlgo algo : {AllReduceAlgo::oneshot, AllReduceAlgo::automatic, AllReduceAlgo::nccl})
-    for (size_t count : {size_t{1000}, size_t{65536}}) {
+    for (size_t count : {size_t{1000}, size_t{65536}, size_t{1} << 20}) {
       if (algo == AllReduceAlgo::oneshot && !g.at(0)->oneshot_enabled()) continue;
-      const ScalarType dt = count == 1000 ? ScalarType::f32 : ScalarType::bf16;
+      // 1000 calls for the small sizes; 100 for 4 MiB (several chunks per thread).
+      const int kIters = count == (size_t{1} << 20) ? 100 : 1000;
+      const ScalarType dt = count == 65536 ? ScalarType::bf16 : ScalarType::f32;
       const size_t bytes = count * scalar_type_bytes(dt);
       std::vector<Bytes> outs(2);
       per_rank(2, [&](int r, Sync sync) {
