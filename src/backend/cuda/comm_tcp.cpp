@@ -12,6 +12,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -186,16 +189,50 @@ TcpRendezvous::TcpRendezvous(int rank, int world, const std::string& master_addr
   }
 
   // rank > 0: resolve, then connect with retries until the deadline.
-  addrinfo* res = nullptr;
-  const int g = ::getaddrinfo(master_addr.c_str(), std::to_string(master_port).c_str(), &hints, &res);
-  if (g != 0) fail(me + ": cannot resolve master address '" + master_addr + "': " + gai_strerror(g));
+  // getaddrinfo has no timeout of its own (an unreachable DNS server can
+  // stall it): it runs on a detached thread and we wait at most until the
+  // deadline. Only the resolved sockaddr is copied out.
+  struct Lookup {
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false;
+    int rc = 0;
+    sockaddr_storage addr{};
+    socklen_t len = 0;
+  };
+  auto lk = std::make_shared<Lookup>();
+  std::thread([lk, host = master_addr, port = std::to_string(master_port), hints] {
+    addrinfo* r = nullptr;
+    const int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &r);
+    std::lock_guard<std::mutex> g(lk->m);
+    lk->rc = rc;
+    if (rc == 0 && r && r->ai_addrlen <= sizeof(lk->addr)) {
+      std::memcpy(&lk->addr, r->ai_addr, r->ai_addrlen);
+      lk->len = r->ai_addrlen;
+    } else if (rc == 0) {
+      lk->rc = EAI_NONAME;
+    }
+    if (r) ::freeaddrinfo(r);
+    lk->done = true;
+    lk->cv.notify_all();
+  }).detach();
+  sockaddr_storage peer{};
+  socklen_t peer_len = 0;
+  {
+    std::unique_lock<std::mutex> g(lk->m);
+    if (!lk->cv.wait_until(g, deadline, [&] { return lk->done; }))
+      fail(me + ": resolving master address '" + master_addr + "' timed out after " + std::to_string(timeout_.count()) + " ms");
+    if (lk->rc != 0) fail(me + ": cannot resolve master address '" + master_addr + "': " + gai_strerror(lk->rc));
+    peer = lk->addr;
+    peer_len = lk->len;
+  }
   std::string last = "no attempt";
   int fd = -1;
   for (;;) {
     fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) { ::freeaddrinfo(res); fail(me + ": socket: " + errno_str(errno)); }
+    if (fd < 0) fail(me + ": socket: " + errno_str(errno));
     set_nonblocking(fd);
-    int rc = ::connect(fd, res->ai_addr, res->ai_addrlen);
+    int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&peer), peer_len);
     if (rc < 0 && errno == EINPROGRESS) {
       if (wait_fd(fd, POLLOUT, deadline)) {
         int err = 0;
@@ -214,7 +251,6 @@ TcpRendezvous::TcpRendezvous(int rank, int world, const std::string& master_addr
     if (remaining_ms(deadline) == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min(100, remaining_ms(deadline))));
   }
-  ::freeaddrinfo(res);
   if (fd < 0)
     fail(me + ": could not connect to the master within " + std::to_string(timeout_.count()) + " ms (last error: " + last +
          "); is rank 0 running and listening there?");
