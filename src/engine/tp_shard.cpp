@@ -31,6 +31,13 @@ ModelConfig shard_config(const ModelConfig& cfg, int world) {
   return c;
 }
 
+ModelConfig rank_traffic_config(const ModelConfig& cfg, int world) {
+  if (world <= 1) return cfg;
+  ModelConfig c = shard_config(cfg, world);
+  if (vocab_parallel(cfg, world)) c.vocab_size = cfg.vocab_size / world;
+  return c;
+}
+
 bool vocab_parallel(const ModelConfig& cfg, int world) { return world > 1 && cfg.vocab_size % world == 0; }
 
 int first_kv_head(const ModelConfig& cfg, const TpShard& t) {

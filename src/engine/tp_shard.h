@@ -45,6 +45,11 @@ void check_tensor_parallel(const ModelConfig& cfg, int world);
 // everything else unchanged.
 ModelConfig shard_config(const ModelConfig& cfg, int world);
 
+// The shapes one rank streams per decode step (bench floors: weights / N
+// plus the rank's KV heads): shard_config with vocab_size / world when the
+// LM head is vocab-parallel. world 1: cfg.
+ModelConfig rank_traffic_config(const ModelConfig& cfg, int world);
+
 // True when the LM head is split by vocabulary rows (world divides vocab_size).
 bool vocab_parallel(const ModelConfig& cfg, int world);
 
