@@ -9,6 +9,8 @@
 #include "io/errors.h"
 
 #if defined(FP8KV_HAVE_CUDA_BACKEND)
+#include <cuda_runtime.h>
+
 #include "backend/cuda/comm_nccl.h"
 #endif
 
@@ -31,6 +33,14 @@ TpRunner::TpRunner(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> w
     comms_ = make_cpu_communicators(world);
   } else {
 #if defined(FP8KV_HAVE_CUDA_BACKEND)
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+      cudaGetLastError();
+      count = 0;
+    }
+    if (bo.device + world > count)
+      throw InputError(fmt::format("--tensor-parallel-size {} needs {} CUDA devices from device {}; this machine has {}",
+                                   world, world, bo.device, count));
     std::vector<int> devices;
     for (int r = 0; r < world; ++r) devices.push_back(bo.device + r);
     comms_ = make_nccl_communicators(devices);
