@@ -56,7 +56,10 @@ TpRunner::TpRunner(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> w
     const std::function<void(int)> build = [&](int r) {
       BackendOptions o = bo;
       o.device = bo.device + (name == "cpu" ? 0 : r);
-      if (name == "cpu" && o.num_threads == 0) o.num_threads = 1;  // ranks are the parallelism (2-core CI)
+      // Simulated ranks are the parallelism (2-core CI): one OpenMP thread on
+      // each worker rank. Rank 0 runs on the caller's thread, whose OpenMP
+      // setting is left as the caller made it.
+      if (name == "cpu" && o.num_threads == 0 && r > 0) o.num_threads = 1;
       Rank& k = ranks_[r];
       k.backend = make_backend(name, rc, o);
       k.backend->set_communicator(comms_[r].get());
