@@ -38,11 +38,13 @@ phase "score TP 2 vs TP 1"
 echo -n > $S/score_table.txt
 score_pair() {  # score_pair NAME MODEL DTYPE
   local name=$1 model=$2 dt=$3
-  python3 -c "import json, random, sys; v = json.load(open('$model/config.json'))['vocab_size']; random.seed(7); \
-json.dump([[random.randrange(3, v) for _ in range(n)] for n in (700, 300)], open('$S/ids_$name.json', 'w'))"
+  local len
+  len=$(python3 -c "import json; print(min(1024, json.load(open('$model/config.json'))['max_position_embeddings']))")
+  python3 -c "import json, random; v = json.load(open('$model/config.json'))['vocab_size']; random.seed(7); \
+json.dump([[random.randrange(3, v) for _ in range(n)] for n in ($len * 7 // 10, $len * 3 // 10)], open('$S/ids_$name.json', 'w'))"
   for tp in 1 2; do
     timeout 60 $BIN score "$model" --token-ids-file $S/ids_$name.json --kv-cache-dtype $dt --backend cuda --tp $tp \
-      --max-model-len 1024 --kv-memory 256MiB --output $S/${name}_${dt}_tp$tp.json > /dev/null 2> $S/${name}_${dt}_tp$tp.err ||
+      --max-model-len $len --kv-memory 256MiB --output $S/${name}_${dt}_tp$tp.json > /dev/null 2> $S/${name}_${dt}_tp$tp.err ||
       { echo "score $name $dt tp $tp failed: $(tail -3 $S/${name}_${dt}_tp$tp.err)"; return; }
   done
   python3 - $S/${name}_${dt}_tp1.json $S/${name}_${dt}_tp2.json "$name $dt" <<'PY' | tee -a $S/score_table.txt
