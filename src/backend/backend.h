@@ -8,6 +8,9 @@
 //   2026-11-30  tensor.h: the element-type enum is ScalarType (was DType,
 //               which clashes with io/safetensors.h's fp8kv::DType);
 //               scalar_type_bytes / scalar_type_name. add_rmsnorm: y may alias h.
+//   2026-11-30  tensor parallelism (#17): set_communicator / communicator,
+//               all_reduce / all_gather ops (defaults call the Communicator on
+//               comm_stream(), nullptr unless a backend overrides it).
 //
 // Memory model
 //   The backend owns all memory the ops touch: weights (upload_weights), KV
@@ -45,6 +48,7 @@
 #include <string>
 #include <string_view>
 
+#include "backend/comm.h"
 #include "backend/step_batch.h"
 #include "backend/store_observer.h"
 #include "backend/tensor.h"
@@ -205,6 +209,34 @@ class Backend {
   virtual bool replay_graph(int64_t /*key*/) { return false; }
   virtual void begin_graph_capture(int64_t /*key*/) {}
   virtual void end_graph_capture(int64_t /*key*/) {}
+
+  // ---- tensor parallelism (docs/design.md, "Tensor parallelism") ----
+  // The rank's Communicator (not owned; nullptr = a single rank, the
+  // collectives below are then no-ops / copies).
+  virtual void set_communicator(Communicator* comm) { comm_ = comm; }
+  Communicator* communicator() const { return comm_; }
+  int tp_rank() const { return comm_ ? comm_->rank() : 0; }
+  int tp_world() const { return comm_ ? comm_->world_size() : 1; }
+  // The stream a collective is ordered on (a cudaStream_t on CUDA).
+  virtual void* comm_stream() const { return nullptr; }
+  // In place: x = the sum of every rank's x (f32 or bf16), identical on every
+  // rank. Follows the row-parallel o_proj and down_proj.
+  virtual void all_reduce(Tensor& x) {
+    if (comm_ && comm_->world_size() > 1)
+      comm_->all_reduce_sum(x.data, static_cast<size_t>(x.numel()), x.dtype, comm_stream());
+  }
+  // out = the concatenation of every rank's x in rank order (out.numel() =
+  // world * x.numel(), same dtype). Gathers the vocab-parallel logits.
+  virtual void all_gather(const Tensor& x, Tensor& out) {
+    const int64_t w = tp_world();
+    if (out.dtype != x.dtype || out.numel() != w * x.numel())
+      throw std::invalid_argument("Backend::all_gather: out must hold world x the input elements, same dtype");
+    if (!comm_) throw std::logic_error("Backend::all_gather: no communicator (set_communicator)");
+    comm_->all_gather(x.data, out.data, static_cast<size_t>(x.numel()), x.dtype, comm_stream());
+  }
+
+ protected:
+  Communicator* comm_ = nullptr;
 };
 
 // ---- construction (one place: engine/backend_factory.cpp) ----------------

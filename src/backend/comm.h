@@ -9,6 +9,7 @@
 //
 // CHANGE LOG (additive only):
 //   2026-11-30  first version.
+//   2026-11-30  backend/cpu/cpu_comm.h: the CPU implementation (make_cpu_communicators).
 #pragma once
 #include <cstddef>
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "bench/traffic.h"
+#include "engine/tp_shard.h"
 #include "io/errors.h"
 
 namespace fp8kv::bench {
@@ -43,7 +44,8 @@ struct Live {
 
 // One round: submit n requests at once, step until idle.
 void run_round(Engine& e, const BenchSettings& s, int n, std::mt19937_64& rng, Tally* t) {
-  const ModelConfig& c = e.config();
+  // Per rank under tensor parallelism (the ranks stream in parallel): engine/tp_shard.h.
+  const ModelConfig c = rank_traffic_config(e.config(), e.kv_plan().tensor_parallel_size);
   std::map<RequestId, Live> live;
   const auto t0 = Clock::now();
   for (int i = 0; i < n; ++i) {

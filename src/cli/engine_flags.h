@@ -4,6 +4,7 @@
 //   --kv-cache-dtype --max-model-len --block-size --kv-memory
 //   --gpu-memory-utilization --max-num-seqs --max-num-batched-tokens
 //   --backend --threads --load-format --enforce-eager --tokenizer
+//   --tensor-parallel-size
 // The same flag means the same everywhere: values are checked here (exit 2
 // with "--flag must be ..." messages), --threads above the hardware threads
 // is capped with a warning. Header-only so any cmd_*.cpp can use it.
@@ -45,6 +46,7 @@ struct EngineFlags {
   std::string load_format = "auto";
   bool enforce_eager = false;
   std::string tokenizer;  // empty: the model directory
+  int tensor_parallel_size = 1;
 
   void add(CLI::App* sub, EngineFlagsShape shape = EngineFlagsShape{}) {
     max_num_seqs = shape.default_max_num_seqs;
@@ -68,6 +70,8 @@ struct EngineFlags {
     sub->add_option("--load-format", load_format, "auto (the checkpoint) or dummy (random weights from config.json)");
     sub->add_flag("--enforce-eager", enforce_eager, "cuda: no CUDA graphs");
     sub->add_option("--tokenizer", tokenizer, "Tokenizer directory or tokenizer.json (default: the model directory)");
+    sub->add_option("--tensor-parallel-size,--tp", tensor_parallel_size,
+                    "Tensor-parallel ranks: GPUs 0..N-1 on cuda, simulated ranks (threads) on cpu (default 1)");
   }
 
   // The tokenizer path for a model directory.
@@ -84,6 +88,7 @@ struct EngineFlags {
     at_least_1("--block-size", block_size);
     at_least_1("--max-num-seqs", max_num_seqs);
     at_least_1("--max-num-batched-tokens", max_num_batched_tokens);
+    at_least_1("--tensor-parallel-size", tensor_parallel_size);
     if (threads < 0) throw UsageError(fmt::format("--threads must be >= 0 (got {}; 0: all hardware threads)", threads));
     if (kv_cache_dtype != "auto" && kv_cache_dtype != "bf16" && kv_cache_dtype != "fp8" &&
         kv_cache_dtype != "fp8_e4m3" && kv_cache_dtype != "fp8_e5m2")
@@ -120,6 +125,7 @@ struct EngineFlags {
     }
     o.load_format = load_format;
     o.enforce_eager = enforce_eager;
+    o.tensor_parallel_size = tensor_parallel_size;
     return o;
   }
 };

@@ -18,6 +18,7 @@
 #include "backend/backend.h"
 #include "engine/dummy_weights.h"
 #include "engine/model_runner.h"
+#include "engine/tp_runner.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "io/checkpoint.h"
@@ -113,14 +114,15 @@ class EngineImpl final : public Engine {
     BackendOptions bo;
     bo.num_threads = o.num_threads;
     bo.enforce_eager = o.enforce_eager;
-    backend_ = make_backend(o.backend, cfg_, bo);
+    // One rank, or N ranks of one tensor-parallel group (engine/tp_runner.h):
+    // weights and scratch first, so a device backend sizes the KV cache from what is left.
+    runner_ = std::make_unique<TpRunner>(cfg_, std::move(w), o.backend, bo, o.tensor_parallel_size,
+                                         o.max_num_batched_tokens);
+    backend_ = &runner_->backend();  // rank 0's
     if (o.gpu_memory_utilization > 0.0 && backend_->name() == "cpu")
       throw InputError("--gpu-memory-utilization applies to the cuda backend only (use --kv-memory on the CPU)");
     if (o.gpu_memory_utilization > 0.0 && o.kv_memory_bytes > 0)
       throw InputError("give --kv-memory or --gpu-memory-utilization, not both");
-
-    // Weights and scratch first: a device backend sizes the KV cache from what is left.
-    runner_ = std::make_unique<ModelRunner>(cfg_, *backend_, std::move(w), o.max_num_batched_tokens);
 
     KvPlanSettings s;
     s.max_model_len = o.max_model_len;
@@ -128,13 +130,14 @@ class EngineImpl final : public Engine {
     s.max_num_batched_tokens = o.max_num_batched_tokens;
     s.block_size = o.block_size;
     s.dtype = dtype_;
+    s.tensor_parallel_size = o.tensor_parallel_size;  // per-rank bytes, total tokens
     s.kv_memory_bytes = kv_budget(o, s);
     plan_ = plan_kv_cache(cfg_, s);
     kv_ = std::make_unique<KvCacheManager>(cfg_, plan_);
-    backend_->allocate_kv(plan_, kv_->layout());
+    runner_->allocate_kv(plan_, kv_->layout());
     runner_->set_kv(*kv_);
     scales_ = KvScales::unity(cfg_.num_layers);
-    backend_->set_kv_scales(scales_);
+    runner_->set_kv_scales(scales_);
     SchedulerLimits lim;
     lim.max_num_seqs = o.max_num_seqs;
     lim.max_num_batched_tokens = o.max_num_batched_tokens;
@@ -183,10 +186,10 @@ class EngineImpl final : public Engine {
       check(s.layers[l].q, "q", cfg_.num_heads);
     }
     scales_ = std::move(s);
-    backend_->set_kv_scales(scales_);
+    runner_->set_kv_scales(scales_);
   }
   const KvScales& kv_scales() const override { return scales_; }
-  void set_store_observer(StoreObserver* o) override { backend_->set_store_observer(o); }
+  void set_store_observer(StoreObserver* o) override { runner_->set_store_observer(o); }
   int64_t free_kv_blocks() const override { return kv_->num_free_blocks(); }
   int64_t num_preemptions() const override { return sched_->num_preemptions(); }
 
@@ -417,11 +420,11 @@ class EngineImpl final : public Engine {
   ModelConfig cfg_;
   EngineOptions opts_;
   KvDtype dtype_;
-  std::unique_ptr<Backend> backend_;
+  Backend* backend_ = nullptr;  // rank 0's (owned by runner_)
   KvPlan plan_;
   std::unique_ptr<KvCacheManager> kv_;
   KvScales scales_;
-  std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<TpRunner> runner_;  // every rank's Backend + ModelRunner
   std::unique_ptr<Scheduler> sched_;
   RequestId next_id_ = 1;
   std::vector<float> logits_;

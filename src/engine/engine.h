@@ -57,6 +57,10 @@ struct EngineOptions {
   std::string backend = "auto";      // auto (cuda when built with it and a GPU is present, else cpu) | cpu | cuda
   std::string load_format = "auto";  // auto: the checkpoint's weights | dummy: random weights from config.json alone
   bool enforce_eager = false;        // cuda: no CUDA graphs
+  // Megatron tensor parallelism over this many ranks (vLLM's
+  // --tensor-parallel-size): GPUs 0..N-1 on cuda, simulated ranks (threads)
+  // on the cpu. docs/design.md, "Tensor parallelism".
+  int tensor_parallel_size = 1;
 };
 
 // Resolves "auto"/"fp8"/... against a checkpoint directory (see EngineOptions).

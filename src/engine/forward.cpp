@@ -61,6 +61,7 @@ void ForwardPass::attention(int layer, Step& st) {
   be_.store_kv(*st.batch, layer, st.q, st.k, st.v);
   be_.attention(*st.batch, layer, st.q, st.attn);
   be_.linear(st.attn, L.o_proj, L.o_bias, st.tmp);
+  be_.all_reduce(st.tmp);  // row-parallel o_proj: sum the ranks' partials (no-op on one rank)
 }
 
 void ForwardPass::mlp(int layer, Step& st) {
@@ -69,6 +70,7 @@ void ForwardPass::mlp(int layer, Step& st) {
   be_.linear(st.x, L.up_proj, L.up_bias, st.up);
   be_.gated_act(act_, st.gate, st.up, st.gate);
   be_.linear(st.gate, L.down_proj, L.down_bias, st.tmp);
+  be_.all_reduce(st.tmp);  // row-parallel down_proj
 }
 
 void ForwardPass::run(const StepBatch& b, RunState& rs) {

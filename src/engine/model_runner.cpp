@@ -6,12 +6,33 @@
 namespace fp8kv {
 
 ModelRunner::ModelRunner(const ModelConfig& cfg, Backend& backend, std::shared_ptr<const ModelWeights> weights,
-                         int max_num_batched_tokens)
-    : cfg_(cfg),
+                         int max_num_batched_tokens, TpShard tp)
+    : tp_(tp),
+      cfg_(tp.world > 1 ? shard_config(cfg, tp.world) : cfg),
+      vocab_parallel_(vocab_parallel(cfg, tp.world)),
       be_(backend),
-      weights_(backend.upload_weights(std::move(weights))),
+      weights_(backend.upload_weights(shard_weights(std::move(weights), cfg, tp))),
       fwd_(cfg_, be_, weights_),
-      rs_(be_, cfg_, max_num_batched_tokens, kLogitsRows) {}
+      rs_(be_, cfg_, max_num_batched_tokens, kLogitsRows) {
+  if (tp.world > 1 && backend.tp_world() != tp.world)
+    throw std::logic_error("ModelRunner: tensor parallel without a matching Communicator on the backend");
+  if (vocab_parallel_) logits_local_ = be_.alloc(static_cast<size_t>(kLogitsRows) * (cfg_.vocab_size / tp.world) * 4);
+}
+
+void ModelRunner::compute_logits(const Tensor& hidden, std::span<const int32_t> rows, Tensor& l) {
+  if (!vocab_parallel_) {
+    be_.logits(hidden, rows, weights_.output, l);
+    return;
+  }
+  const int m = static_cast<int>(rows.size()), Vr = cfg_.vocab_size / tp_.world;
+  Tensor local = logits_local_.view(ScalarType::f32, m, Vr);
+  be_.logits(hidden, rows, weights_.output, local);
+  // One gather per row: rank-major [world][Vr] is exactly the row's [V].
+  for (int i = 0; i < m; ++i) {
+    Tensor dst = l.rows_slice(i, 1);
+    be_.all_gather(local.rows_slice(i, 1), dst);
+  }
+}
 
 void ModelRunner::build_batch(const SchedulerOutput& out) {
   if (!kv_) throw std::logic_error("ModelRunner: no KvCacheManager (set_kv)");
@@ -76,8 +97,8 @@ void ModelRunner::logits_to_host(std::span<const int32_t> rows, std::vector<floa
   for (size_t r = 0; r < rows.size(); r += kLogitsRows) {
     const int m = static_cast<int>(std::min<size_t>(kLogitsRows, rows.size() - r));
     Tensor l = rs_.logits.view(ScalarType::f32, m, V);
-    be_.logits(hidden, rows.subspan(r, m), weights_.output, l);
-    be_.download(out.data() + r * V, l.data, l.bytes());
+    compute_logits(hidden, rows.subspan(r, m), l);
+    if (tp_.rank == 0) be_.download(out.data() + r * V, l.data, l.bytes());
   }
 }
 
@@ -87,8 +108,8 @@ void ModelRunner::sample(std::span<const int32_t> rows, std::span<const RowSampl
   for (size_t r = 0; r < rows.size(); r += kLogitsRows) {
     const int m = static_cast<int>(std::min<size_t>(kLogitsRows, rows.size() - r));
     Tensor l = rs_.logits.view(ScalarType::f32, m, V);
-    be_.logits(hidden, rows.subspan(r, m), weights_.output, l);
-    be_.sample(l, params.subspan(r, m), ids.subspan(r, m));
+    compute_logits(hidden, rows.subspan(r, m), l);
+    if (tp_.rank == 0) be_.sample(l, params.subspan(r, m), ids.subspan(r, m));
   }
 }
 

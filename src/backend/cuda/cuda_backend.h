@@ -28,6 +28,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override;
 
   std::string_view name() const override { return "cuda"; }
+  void* comm_stream() const override { return stream_; }  // collectives on the op stream (#17)
   ScalarType activation_dtype() const override { return ScalarType::f32; }
   MemoryInfo memory_info() const override;
 

@@ -1,0 +1,84 @@
+// The ranks of one engine: N x (Backend + ModelRunner + KV storage of the
+// rank's heads) under ONE Scheduler / KvCacheManager (the block ids are the
+// same on every rank; each rank's pool holds only its KV heads). world 1 is
+// the plain single-backend engine, run on the caller's thread.
+//
+// With world > 1, rank 0 runs on the caller's thread and ranks 1..N-1 on
+// persistent worker threads (one per rank, started once). Each rank's
+// Backend is constructed on its own thread, so a CUDA rank keeps its device
+// current on that thread (one thread and one context per GPU). A step is
+// dispatched to every rank at once; the forward pass is one graph whose
+// collectives (Backend::all_reduce / all_gather) line the ranks up. Rank 0's
+// logits / sampled ids are the engine's (every rank computes the same ones).
+// docs/design.md, "Tensor parallelism"; docs/tp.md.
+#pragma once
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend/backend.h"
+#include "engine/model_runner.h"
+
+namespace fp8kv {
+
+class TpRunner {
+ public:
+  // backend: "cpu" | "cuda" | "auto". world > 1 on the CPU simulates the
+  // ranks (backend/cpu/cpu_comm.h); on CUDA rank r uses device r
+  // (bo.device + r) and NCCL. Throws InputError when world does not fit the
+  // model (engine/tp_shard.h check_tensor_parallel) or the machine.
+  TpRunner(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> weights, std::string_view backend,
+           const BackendOptions& bo, int world, int max_num_batched_tokens);
+  ~TpRunner();
+  TpRunner(const TpRunner&) = delete;
+  TpRunner& operator=(const TpRunner&) = delete;
+
+  int world() const { return world_; }
+  Backend& backend(int rank = 0) { return *ranks_.at(rank).backend; }
+  ModelRunner& runner(int rank = 0) { return *ranks_.at(rank).runner; }
+
+  // Fan-outs to every rank.
+  void set_kv(KvCacheManager& kv);
+  void allocate_kv(const KvPlan& plan, const KvCacheLayout& layout);
+  void set_kv_scales(const KvScales& global);  // validated global scales; each rank gets its shard
+  // world > 1: only nullptr (an observer sees every head; InputError otherwise).
+  void set_store_observer(StoreObserver* observer);
+
+  // The ModelRunner calls, run on every rank (rank 0's results returned).
+  void execute(const SchedulerOutput& out);
+  int first_row(int i) const { return ranks_[0].runner->first_row(i); }
+  void logits_to_host(std::span<const int32_t> rows, std::vector<float>& out);
+  void sample(std::span<const int32_t> rows, std::span<const RowSampling> params, std::span<int32_t> ids);
+
+ private:
+  struct Rank {
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<ModelRunner> runner;
+  };
+  // Runs f(rank) on every rank (rank 0 here, the others on their workers)
+  // and waits; rethrows the first failure (lowest rank).
+  void run_all(const std::function<void(int)>& f);
+  void worker_loop(int rank);
+
+  int world_ = 1;
+  ModelConfig full_cfg_;
+  std::vector<std::unique_ptr<Communicator>> comms_;
+  std::vector<Rank> ranks_;
+  // Worker dispatch.
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  const std::function<void(int)>* job_ = nullptr;
+  uint64_t job_gen_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+  std::vector<std::exception_ptr> errors_;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace fp8kv
