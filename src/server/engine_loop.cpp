@@ -108,6 +108,10 @@ void EngineLoop::update_gauges() {
   }
   g.free_blocks = engine_.free_kv_blocks();
   g.total_blocks = engine_.kv_plan().num_blocks;
+  g.num_preemptions = engine_.num_preemptions();
+  const PrefixCacheStats pc = engine_.prefix_cache_stats();
+  g.prefix_cache_queries = pc.queries;
+  g.prefix_cache_hits = pc.hits;
   engine_waiting_ = engine_.num_waiting();
   metrics_.set_gauges(g);
 }
