@@ -18,6 +18,15 @@ bool Channel::wait(std::vector<StepEvent>& out) {
   return true;
 }
 
+std::optional<bool> Channel::wait_for(std::vector<StepEvent>& out, std::chrono::milliseconds timeout) {
+  std::unique_lock l(m_);
+  if (!cv_.wait_for(l, timeout, [&] { return !events_.empty() || ended_; })) return std::nullopt;
+  if (events_.empty()) return false;
+  for (auto& e : events_) out.push_back(std::move(e));
+  events_.clear();
+  return true;
+}
+
 std::optional<std::string> Channel::error() const {
   std::lock_guard l(m_);
   return error_;

@@ -218,6 +218,24 @@ test("a client that disconnects mid-stream cancels its request", async () => {
   assert.ok(m.get("fp8kv:generation_tokens_total") < 2000, "the request kept running");
 });
 
+// Non-streaming: nothing is written until the end, so the server checks the
+// connection while it waits (src/server/peer_socket.h); a client that goes
+// away cancels the request, and the pool is whole again within a few polls.
+test("a non-streaming client that disconnects cancels its request", async () => {
+  const before = (await waitIdle(srv.url)).get("fp8kv:generation_tokens_total");
+  const ac = new AbortController();
+  const body = JSON.stringify({ model: "mini", prompt: PROMPT, max_tokens: 3000, temperature: 0, ignore_eos: true });
+  const pending = fetch(srv.url + "/v1/completions",
+                        { method: "POST", headers: { "content-type": "application/json" }, body, signal: ac.signal });
+  await new Promise((r) => setTimeout(r, 1500));
+  ac.abort();
+  await assert.rejects(pending, (e) => e.name === "AbortError");
+  const t0 = Date.now();
+  const m = await waitIdle(srv.url, 10000);
+  assert.ok(Date.now() - t0 < 10000);
+  assert.ok(m.get("fp8kv:generation_tokens_total") - before < 2000, "the request kept running");
+});
+
 test("metrics", async () => {
   const m = await waitIdle(srv.url);
   for (const name of ["fp8kv:num_requests_running", "fp8kv:num_requests_waiting", "fp8kv:kv_cache_usage_perc",
