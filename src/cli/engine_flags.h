@@ -5,6 +5,7 @@
 //   --gpu-memory-utilization --max-num-seqs --max-num-batched-tokens
 //   --backend --threads --load-format --enforce-eager --tokenizer
 //   --tensor-parallel-size
+//   --enable-prefix-caching / --no-enable-prefix-caching (default on)
 // The same flag means the same everywhere: values are checked here (exit 2
 // with "--flag must be ..." messages), --threads above the hardware threads
 // is capped with a warning. Header-only so any cmd_*.cpp can use it.
@@ -45,6 +46,7 @@ struct EngineFlags {
   int threads = 0;
   std::string load_format = "auto";
   bool enforce_eager = false;
+  bool enable_prefix_caching = true;
   std::string tokenizer;  // empty: the model directory
   int tensor_parallel_size = 1;
 
@@ -69,6 +71,8 @@ struct EngineFlags {
     sub->add_option("--threads", threads, "CPU threads (default 0: all)");
     sub->add_option("--load-format", load_format, "auto (the checkpoint) or dummy (random weights from config.json)");
     sub->add_flag("--enforce-eager", enforce_eager, "cuda: no CUDA graphs");
+    sub->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", enable_prefix_caching,
+                  "Reuse the cached KV of shared prompt prefixes (default on)");
     sub->add_option("--tokenizer", tokenizer, "Tokenizer directory or tokenizer.json (default: the model directory)");
     sub->add_option("--tensor-parallel-size,--tp", tensor_parallel_size,
                     "Tensor-parallel ranks: GPUs 0..N-1 on cuda, simulated ranks (threads) on cpu (default 1)");
@@ -126,6 +130,7 @@ struct EngineFlags {
     o.load_format = load_format;
     o.enforce_eager = enforce_eager;
     o.tensor_parallel_size = tensor_parallel_size;
+    o.enable_prefix_caching = enable_prefix_caching;
     return o;
   }
 };

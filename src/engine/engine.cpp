@@ -143,6 +143,7 @@ class EngineImpl final : public Engine {
     lim.max_num_batched_tokens = o.max_num_batched_tokens;
     lim.max_model_len = plan_.max_model_len;
     sched_ = std::make_unique<Scheduler>(*kv_, lim, cfg_.eos_token_ids);
+    kv_->set_prefix_caching(o.enable_prefix_caching);
     engine_log()->info("{}", kv_plan_log_line(plan_));
   }
 
@@ -187,11 +188,19 @@ class EngineImpl final : public Engine {
     }
     scales_ = std::move(s);
     runner_->set_kv_scales(scales_);
+    kv_->reset_prefix_cache();  // cached K/V were stored with the old scales
   }
   const KvScales& kv_scales() const override { return scales_; }
-  void set_store_observer(StoreObserver* o) override { runner_->set_store_observer(o); }
+  void set_store_observer(StoreObserver* o) override {
+    runner_->set_store_observer(o);
+    kv_->set_prefix_caching(opts_.enable_prefix_caching && o == nullptr);  // the observer sees every token
+  }
   int64_t free_kv_blocks() const override { return kv_->num_free_blocks(); }
   int64_t num_preemptions() const override { return sched_->num_preemptions(); }
+  PrefixCacheStats prefix_cache_stats() const override {
+    return {sched_->prefix_cache_queries(), sched_->prefix_cache_hits(), sched_->num_computed_tokens(),
+            kv_->num_cached_blocks()};
+  }
 
   // ---- validation ----
   void check_tokens(std::span<const int> t, const char* what) const {

@@ -61,6 +61,20 @@ struct EngineOptions {
   // --tensor-parallel-size): GPUs 0..N-1 on cuda, simulated ranks (threads)
   // on the cpu. docs/design.md, "Tensor parallelism".
   int tensor_parallel_size = 1;
+  // Automatic prefix caching (vLLM's --enable-prefix-caching, on by default
+  // as in vLLM V1): generation requests reuse the cached K/V of the longest
+  // run of full blocks they share with earlier requests (docs/design.md
+  // "Prefix caching"). Scoring never reuses; a store observer turns it off
+  // while attached (it must see every token); set_kv_scales empties it.
+  bool enable_prefix_caching = true;
+};
+
+// Prefix cache counters, in tokens (vLLM's prefix_cache_queries / hits).
+struct PrefixCacheStats {
+  int64_t queries = 0;          // prompt tokens (+ generated, after a preemption) looked up at admission
+  int64_t hits = 0;             // of those, tokens whose K/V were reused
+  int64_t computed_tokens = 0;  // tokens run through the forward pass (prefill + decode)
+  int64_t cached_blocks = 0;    // pages registered now (held or free)
 };
 
 // Resolves "auto"/"fp8"/... against a checkpoint directory (see EngineOptions).
@@ -197,6 +211,7 @@ class Engine {
   virtual int64_t free_kv_blocks() const = 0;
   // Requests preempted (by recompute) so far: the pool was full.
   virtual int64_t num_preemptions() const = 0;
+  virtual PrefixCacheStats prefix_cache_stats() const { return {}; }
 };
 
 }  // namespace fp8kv

@@ -180,14 +180,21 @@ SchedulerOutput Scheduler::schedule() {
   while (!preempted_any && !waiting_.empty() && static_cast<int>(running_.size()) < limits_.max_num_seqs &&
          budget > 0) {
     SchedRequest& r = *waiting_.front();
-    const int64_t need = kv_.blocks_to_hold(static_cast<int>(r.tokens.size()), r.chunk);
+    // Prefix cache: reuse the longest cached run of full blocks (never for
+    // scoring, which needs the logits of every row); its pages that other
+    // sequences hold cost no free page.
+    const KvCacheManager::PrefixHit hit =
+        r.scoring ? KvCacheManager::PrefixHit{} : kv_.find_cached_prefix(r.tokens);
+    const int64_t need = kv_.blocks_to_hold(static_cast<int>(r.tokens.size()), r.chunk) - hit.pages_in_use;
     if (!running_.empty() && need > kv_.num_free_blocks() - outstanding_reservation()) break;
     r.kv = kv_.add_sequence();
-    r.num_computed = 0;
+    if (hit.tokens > 0) kv_.adopt_prefix(r.kv, r.tokens, hit.tokens);
+    r.num_computed = hit.tokens;
     const int n = std::min({r.pending(), r.chunk, budget});
     if (!kv_.can_append(r.kv, n)) {
       kv_.free_sequence(r.kv);
       r.kv = -1;
+      r.num_computed = 0;
       if (running_.empty())
         throw InputError(fmt::format("KV cache too small: a request of {} tokens does not fit in {} free blocks; "
                                      "raise --kv-memory or lower --max-model-len",
@@ -195,6 +202,10 @@ SchedulerOutput Scheduler::schedule() {
       break;
     }
     r.state = RequestState::running;
+    if (kv_.prefix_caching() && !r.scoring) {
+      prefix_queries_ += static_cast<int64_t>(r.tokens.size());
+      prefix_hits_ += hit.tokens;
+    }
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
     take(r, n, n == 1 ? decodes : prefills);
@@ -216,6 +227,8 @@ std::vector<StepEvent> Scheduler::update(const SchedulerOutput& out, std::span<c
     const ScheduledSeq& s = out.seqs[i];
     SchedRequest& r = *s.req;
     r.num_computed += s.num_tokens;
+    num_computed_tokens_ += s.num_tokens;
+    kv_.cache_computed_blocks(r.kv, r.tokens, r.num_computed);  // before finish() frees them
     if (r.scoring) {
       if (r.num_computed == static_cast<int>(r.tokens.size())) finish(r, RequestState::finished_length);
       continue;

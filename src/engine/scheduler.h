@@ -15,7 +15,12 @@
 //     max_num_seqs run and budget is left, the front waiting request is
 //     admitted when the free pages, minus what running prefills still need,
 //     cover its whole prompt (sliding groups: window + one chunk:
-//     KvCacheManager::blocks_to_hold); it gets its first chunk now.
+//     KvCacheManager::blocks_to_hold); it gets its first chunk now. With
+//     the prefix cache on, it first adopts the longest cached run of full
+//     blocks (docs/design.md "Prefix caching") and prefills only the rest;
+//     the pages of the hit that other sequences hold are not counted as need.
+// After each step, the full blocks a request has computed are registered in
+// the prefix cache (KvCacheManager::cache_computed_blocks).
 // Preemption is by recompute: the request frees its pages and returns to the
 // front of the waiting queue with every token it has (prompt + generated);
 // re-admitted, it prefills them again and continues. No token is produced
@@ -113,6 +118,13 @@ class Scheduler {
   int num_running() const { return static_cast<int>(running_.size()); }
   int num_waiting() const { return static_cast<int>(waiting_.size()); }
   int64_t num_preemptions() const { return num_preemptions_; }
+  // Prefix cache, in tokens (vLLM's counters): prompt tokens of admitted
+  // generation requests looked up (again after each preemption), and those
+  // found cached.
+  int64_t prefix_cache_queries() const { return prefix_queries_; }
+  int64_t prefix_cache_hits() const { return prefix_hits_; }
+  // Tokens run through the forward pass so far (prefill + decode).
+  int64_t num_computed_tokens() const { return num_computed_tokens_; }
   const SchedulerLimits& limits() const { return limits_; }
 
  private:
@@ -128,6 +140,9 @@ class Scheduler {
   std::deque<std::unique_ptr<SchedRequest>> waiting_;
   std::vector<std::unique_ptr<SchedRequest>> running_;  // admission order
   int64_t num_preemptions_ = 0;
+  int64_t prefix_queries_ = 0;
+  int64_t prefix_hits_ = 0;
+  int64_t num_computed_tokens_ = 0;
 };
 
 }  // namespace fp8kv

@@ -1,8 +1,11 @@
 #include "kv/kv_cache_manager.h"
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string>
+
+#include <openssl/evp.h>
 
 namespace fp8kv {
 
@@ -81,6 +84,122 @@ void KvCacheManager::free_sequence(int seq) {
   free_handles_.push_back(seq);
 }
 
+// ---- prefix cache ----
+
+BlockDigest KvCacheManager::sha256_block_digest(const BlockDigest& parent, std::span<const int> tokens) {
+  // parent digest, then the ids as little-endian int32 (the hosts we build for are little-endian).
+  std::vector<unsigned char> buf(parent.size() + tokens.size() * sizeof(int32_t));
+  std::memcpy(buf.data(), parent.data(), parent.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const int32_t v = tokens[i];
+    std::memcpy(buf.data() + parent.size() + i * sizeof(int32_t), &v, sizeof v);
+  }
+  BlockDigest d{};
+  unsigned int len = 0;
+  if (EVP_Digest(buf.data(), buf.size(), d.data(), &len, EVP_sha256(), nullptr) != 1 || len != d.size())
+    throw std::runtime_error("KvCacheManager: SHA-256 failed");
+  return d;
+}
+
+void KvCacheManager::set_prefix_caching(bool on) {
+  if (!on) pool_.reset_cache();
+  prefix_caching_ = on;
+}
+
+std::vector<BlockDigest> KvCacheManager::chain_digests(std::span<const int> tokens, int num_blocks) const {
+  const int B = plan_.block_size;
+  std::vector<BlockDigest> d(static_cast<size_t>(num_blocks));
+  BlockDigest parent{};
+  for (int i = 0; i < num_blocks; ++i) {
+    d[i] = hasher_(parent, tokens.subspan(static_cast<size_t>(i) * B, B));
+    parent = d[i];
+  }
+  return d;
+}
+
+KvCacheManager::PrefixHit KvCacheManager::find_cached_prefix(std::span<const int> tokens) const {
+  PrefixHit hit;
+  if (!prefix_caching_ || tokens.size() < 2) return hit;
+  const int B = plan_.block_size;
+  const int max_blocks = (static_cast<int>(tokens.size()) - 1) / B;  // the last token is always computed
+  if (max_blocks == 0) return hit;
+  const std::vector<BlockDigest> d = chain_digests(tokens, max_blocks);
+  const int G = num_groups();
+  auto page = [&](int g, int i) {
+    const BlockDigest parent = i == 0 ? BlockDigest{} : d[i - 1];
+    return pool_.lookup(g, d[i], parent, tokens.subspan(static_cast<size_t>(i) * B, B));
+  };
+  // Full-attention groups: the longest run of leading cached blocks.
+  int L = max_blocks;
+  for (int g = 0; g < G; ++g) {
+    if (plan_.groups[g].window > 0) continue;
+    int n = 0;
+    while (n < L && page(g, n) >= 0) ++n;
+    L = n;
+  }
+  // Sliding groups: the blocks in the window of the first new query must be
+  // cached (older ones are not needed); shorten the run until they are.
+  std::vector<std::vector<char>> cached(G);
+  for (int g = 0; g < G; ++g) {
+    if (plan_.groups[g].window <= 0) continue;
+    cached[g].resize(L);
+    for (int i = 0; i < L; ++i) cached[g][i] = page(g, i) >= 0;
+  }
+  for (; L > 0; --L) {
+    bool ok = true;
+    for (int g = 0; g < G && ok; ++g) {
+      if (plan_.groups[g].window <= 0) continue;
+      for (int i = first_live_block(g, L * B); i < L && ok; ++i) ok = cached[g][i];
+    }
+    if (ok) break;
+  }
+  hit.tokens = L * B;
+  for (int g = 0; g < G; ++g)
+    for (int i = first_live_block(g, L * B); i < L; ++i) hit.pages_in_use += pool_.ref_count(page(g, i)) > 0;
+  return hit;
+}
+
+void KvCacheManager::adopt_prefix(int seq, std::span<const int> tokens, int num_tokens) {
+  Seq& s = seqs_.at(seq);
+  const int B = plan_.block_size;
+  if (!s.live || s.num_tokens != 0) throw std::logic_error("KvCacheManager::adopt_prefix: sequence is not empty");
+  if (num_tokens % B != 0 || num_tokens >= static_cast<int>(tokens.size()))
+    throw std::logic_error("KvCacheManager::adopt_prefix: not a whole-block prefix hit");
+  const int L = num_tokens / B;
+  s.digests = chain_digests(tokens, L);
+  std::vector<std::vector<int32_t>> tables(plan_.groups.size());
+  for (int g = 0; g < num_groups(); ++g) {
+    tables[g].assign(static_cast<size_t>(L), -1);
+    for (int i = first_live_block(g, num_tokens); i < L; ++i) {
+      const BlockDigest parent = i == 0 ? BlockDigest{} : s.digests[i - 1];
+      const int32_t p = pool_.lookup(g, s.digests[i], parent, tokens.subspan(static_cast<size_t>(i) * B, B));
+      if (p < 0) throw std::logic_error("KvCacheManager::adopt_prefix: block is not cached");
+      tables[g][i] = p;
+    }
+  }
+  for (auto& t : tables)
+    for (int32_t p : t)
+      if (p >= 0) pool_.acquire(p);
+  s.tables = std::move(tables);
+  s.num_tokens = num_tokens;
+}
+
+void KvCacheManager::cache_computed_blocks(int seq, std::span<const int> tokens, int num_computed) {
+  if (!prefix_caching_) return;
+  Seq& s = seqs_.at(seq);
+  const int B = plan_.block_size;
+  const int full = std::min(num_computed, s.num_tokens) / B;
+  for (int i = static_cast<int>(s.digests.size()); i < full; ++i) {
+    const BlockDigest parent = i == 0 ? BlockDigest{} : s.digests[i - 1];
+    const std::span<const int> blk = tokens.subspan(static_cast<size_t>(i) * B, B);
+    s.digests.push_back(hasher_(parent, blk));
+    for (int g = 0; g < num_groups(); ++g) {
+      const auto& t = s.tables[g];
+      if (i < static_cast<int>(t.size()) && t[i] >= 0) pool_.register_block(t[i], g, s.digests[i], parent, blk);
+    }
+  }
+}
+
 int KvCacheManager::first_live_block(int group, int next_pos) const {
   const int w = plan_.groups[group].window;
   if (w <= 0) return 0;
@@ -106,8 +225,9 @@ int64_t KvCacheManager::blocks_needed(int seq, int n) const {
     const auto& t = s.tables[g];
     need += std::max<int64_t>(0, need_logical - static_cast<int64_t>(t.size()));
     const int first = first_live_block(static_cast<int>(g), s.num_tokens);
+    // A shared page (another sequence or a prefix hit holds it) frees nothing.
     for (int b = 0; b < first && b < static_cast<int>(t.size()); ++b)
-      if (t[b] >= 0) ++released;
+      if (t[b] >= 0 && pool_.ref_count(t[b]) == 1) ++released;
   }
   // Out-of-window pages are released before new ones are taken.
   return std::max<int64_t>(0, need - released);

@@ -14,9 +14,19 @@
 // Full-attention groups keep the whole context; sliding-window groups
 // (key j visible from query i iff i - j < window) release pages whose every
 // token has left the window of all future queries, leaving -1 in the table.
+//
+// Prefix caching (docs/design.md "Prefix caching", off unless
+// set_prefix_caching(true)): every full block whose K/V are computed is
+// registered in the pool under the chain digest of its tokens, per group;
+// find_cached_prefix() finds the longest run of leading full blocks a new
+// sequence can reuse (vLLM's hybrid rule: full groups need every block of the
+// run, sliding groups only those still inside the window of the next query),
+// adopt_prefix() shares those pages into a fresh sequence. Shared pages are
+// never written: a hit is whole blocks and new tokens go to new pages.
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "kv/block_pool.h"
@@ -72,12 +82,43 @@ class KvCacheManager {
   int64_t slot(int seq, int group, int pos) const;
   int64_t num_free_blocks() const { return pool_.num_free(); }
 
+  // ---- prefix cache ----
+  // Off by default; turning it off forgets every cached block.
+  void set_prefix_caching(bool on);
+  bool prefix_caching() const { return prefix_caching_; }
+  struct PrefixHit {
+    int tokens = 0;            // leading tokens whose K/V are cached (a multiple of block_size)
+    int64_t pages_in_use = 0;  // of the pages of the hit, those other sequences hold (not taken from the free count)
+  };
+  // The longest reusable prefix of `tokens` (at most tokens.size() - 1: the
+  // last token is always computed, so its logits exist). Zero when off.
+  PrefixHit find_cached_prefix(std::span<const int> tokens) const;
+  // Shares the cached pages of the first `num_tokens` tokens (a hit of
+  // find_cached_prefix) into `seq`, which must be empty; num_tokens(seq)
+  // becomes num_tokens.
+  void adopt_prefix(int seq, std::span<const int> tokens, int num_tokens);
+  // Registers the full blocks among the first `num_computed` tokens of `seq`
+  // (tokens: the sequence's ids) not yet registered. No-op when off.
+  void cache_computed_blocks(int seq, std::span<const int> tokens, int num_computed);
+  // Forgets every cached block (the K/V they hold are stale: new KV scales).
+  void reset_prefix_cache() { pool_.reset_cache(); }
+  int64_t num_cached_blocks() const { return pool_.num_cached(); }
+  const BlockPool& pool() const { return pool_; }
+  // The digest of a block from its parent's digest and its tokens (SHA-256).
+  using BlockHasher = BlockDigest (*)(const BlockDigest& parent, std::span<const int> tokens);
+  static BlockDigest sha256_block_digest(const BlockDigest& parent, std::span<const int> tokens);
+  // Tests: a weak hasher forces collisions (the guard compares tokens).
+  void set_block_hasher_for_testing(BlockHasher h) { hasher_ = h; }
+
  private:
   struct Seq {
     bool live = false;
     int num_tokens = 0;
     std::vector<std::vector<int32_t>> tables;  // per group
+    std::vector<BlockDigest> digests;          // chain digests of the leading full blocks registered so far
   };
+  std::vector<BlockDigest> chain_digests(std::span<const int> tokens, int num_blocks) const;
+
   // First logical block a query at position >= `next_pos` can still see.
   int first_live_block(int group, int next_pos) const;
 
@@ -87,6 +128,8 @@ class KvCacheManager {
   std::vector<int> layer_group_;
   std::vector<Seq> seqs_;
   std::vector<int> free_handles_;
+  bool prefix_caching_ = false;
+  BlockHasher hasher_ = &sha256_block_digest;
 };
 
 }  // namespace fp8kv

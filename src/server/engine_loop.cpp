@@ -18,6 +18,15 @@ bool Channel::wait(std::vector<StepEvent>& out) {
   return true;
 }
 
+std::optional<bool> Channel::wait_for(std::vector<StepEvent>& out, std::chrono::milliseconds timeout) {
+  std::unique_lock l(m_);
+  if (!cv_.wait_for(l, timeout, [&] { return !events_.empty() || ended_; })) return std::nullopt;
+  if (events_.empty()) return false;
+  for (auto& e : events_) out.push_back(std::move(e));
+  events_.clear();
+  return true;
+}
+
 std::optional<std::string> Channel::error() const {
   std::lock_guard l(m_);
   return error_;
@@ -108,6 +117,10 @@ void EngineLoop::update_gauges() {
   }
   g.free_blocks = engine_.free_kv_blocks();
   g.total_blocks = engine_.kv_plan().num_blocks;
+  g.num_preemptions = engine_.num_preemptions();
+  const PrefixCacheStats pc = engine_.prefix_cache_stats();
+  g.prefix_cache_queries = pc.queries;
+  g.prefix_cache_hits = pc.hits;
   engine_waiting_ = engine_.num_waiting();
   metrics_.set_gauges(g);
 }

@@ -27,6 +27,9 @@ class Channel {
   // appends the queued events to `out`. Returns false once everything was read
   // and the request has ended.
   bool wait(std::vector<StepEvent>& out);
+  // As wait(), for at most `timeout`: nullopt when it timed out with nothing
+  // to report.
+  std::optional<bool> wait_for(std::vector<StepEvent>& out, std::chrono::milliseconds timeout);
   // Set when the engine failed (the request ends without a finish event).
   std::optional<std::string> error() const;
 

@@ -14,6 +14,7 @@
 #include "server/engine_loop.h"
 #include "server/generation.h"
 #include "server/metrics.h"
+#include "server/peer_socket.h"
 
 namespace fp8kv::server {
 
@@ -31,6 +32,9 @@ bool constant_time_equal(std::string_view a, std::string_view b) {
 }
 
 namespace {
+
+// How often a non-streaming request without news checks its connection.
+constexpr std::chrono::milliseconds kDisconnectPoll{200};
 
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
@@ -252,10 +256,28 @@ struct HttpServer::Impl {
                                            random_id(chat ? "chatcmpl" : "cmpl"), unix_now());
     st->channel = loop->submit(st->req.prompt, st->req.gen);
     if (!st->req.stream) {
+      // A client that goes away cancels its request: every kDisconnectPoll
+      // the connection is checked (src/server/peer_socket.h; its socket is
+      // looked up at the first check only, so short requests never pay).
       std::vector<StepEvent> evs;
+      int fd = -2;  // -2: not looked up yet; -1: not found
+      auto next_check = std::chrono::steady_clock::now() + kDisconnectPoll;
       while (!st->gen->done()) {
         evs.clear();
-        if (!st->channel->wait(evs)) break;
+        const std::optional<bool> got = st->channel->wait_for(evs, kDisconnectPoll);
+        if (std::chrono::steady_clock::now() >= next_check) {
+          next_check = std::chrono::steady_clock::now() + kDisconnectPoll;
+          if (fd == -2)
+            fd = find_connection_socket(hreq.local_addr, hreq.local_port, hreq.remote_addr, hreq.remote_port);
+          if (connection_closed(fd)) {
+            loop->cancel(st->channel);
+            log().info("client {}:{} disconnected: request cancelled", hreq.remote_addr, hreq.remote_port);
+            res.status = 499;  // nginx's "client closed request"; nobody reads it
+            return;
+          }
+        }
+        if (!got) continue;
+        if (!*got) break;
         st->gen->consume(evs);
         if (st->gen->stop_matched()) loop->cancel(st->channel);
       }

@@ -111,14 +111,14 @@ std::string Metrics::render() const {
   head("fp8kv:generation_tokens_total", "counter", "Generation tokens produced.");
   line("fp8kv:generation_tokens_total", generation_tokens_);
   head("fp8kv:num_preemptions_total", "counter",
-       "Preemptions. This build's scheduler does not preempt (docs/server.md): always 0.");
-  line("fp8kv:num_preemptions_total", 0);
+       "Preemptions by recompute: the KV pool was full and the newest running request gave its blocks back.");
+  line("fp8kv:num_preemptions_total", g_.num_preemptions);
   head("fp8kv:prefix_cache_queries_total", "counter",
-       "Prefix cache queries (tokens). This build has no prefix cache (docs/server.md): always 0.");
-  line("fp8kv:prefix_cache_queries_total", 0);
+       "Prefix cache queries, in tokens: prompt tokens looked up at admission (again after a preemption).");
+  line("fp8kv:prefix_cache_queries_total", g_.prefix_cache_queries);
   head("fp8kv:prefix_cache_hits_total", "counter",
-       "Prefix cache hits (tokens). This build has no prefix cache (docs/server.md): always 0.");
-  line("fp8kv:prefix_cache_hits_total", 0);
+       "Prefix cache hits, in tokens: queried tokens whose KV was reused instead of prefilled.");
+  line("fp8kv:prefix_cache_hits_total", g_.prefix_cache_hits);
   head("fp8kv:request_success_total", "counter", "Finished requests by finish reason.");
   for (const auto& [reason, n] : finished_)
     o += fmt::format("fp8kv:request_success_total{{{},finished_reason=\"{}\"}} {}\n", labels_, reason, n);

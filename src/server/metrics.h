@@ -30,6 +30,10 @@ struct Gauges {
   int waiting = 0;
   int64_t free_blocks = 0;
   int64_t total_blocks = 0;
+  // The engine's own counters (monotonic), copied at each step.
+  int64_t num_preemptions = 0;
+  int64_t prefix_cache_queries = 0;  // tokens
+  int64_t prefix_cache_hits = 0;     // tokens
 };
 
 class Metrics {

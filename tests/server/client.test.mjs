@@ -218,6 +218,24 @@ test("a client that disconnects mid-stream cancels its request", async () => {
   assert.ok(m.get("fp8kv:generation_tokens_total") < 2000, "the request kept running");
 });
 
+// Non-streaming: nothing is written until the end, so the server checks the
+// connection while it waits (src/server/peer_socket.h); a client that goes
+// away cancels the request, and the pool is whole again within a few polls.
+test("a non-streaming client that disconnects cancels its request", async () => {
+  const before = (await waitIdle(srv.url)).get("fp8kv:generation_tokens_total");
+  const ac = new AbortController();
+  const body = JSON.stringify({ model: "mini", prompt: PROMPT, max_tokens: 3000, temperature: 0, ignore_eos: true });
+  const pending = fetch(srv.url + "/v1/completions",
+                        { method: "POST", headers: { "content-type": "application/json" }, body, signal: ac.signal });
+  await new Promise((r) => setTimeout(r, 1500));
+  ac.abort();
+  await assert.rejects(pending, (e) => e.name === "AbortError");
+  const t0 = Date.now();
+  const m = await waitIdle(srv.url, 10000);
+  assert.ok(Date.now() - t0 < 10000);
+  assert.ok(m.get("fp8kv:generation_tokens_total") - before < 2000, "the request kept running");
+});
+
 test("metrics", async () => {
   const m = await waitIdle(srv.url);
   for (const name of ["fp8kv:num_requests_running", "fp8kv:num_requests_waiting", "fp8kv:kv_cache_usage_perc",
@@ -228,6 +246,65 @@ test("metrics", async () => {
   for (const h of ["fp8kv:time_to_first_token_seconds", "fp8kv:inter_token_latency_seconds", "fp8kv:e2e_request_latency_seconds"])
     assert.ok(m.get(h + "_count") > 0, h);
   assert.equal(m.get("fp8kv:kv_cache_usage_perc"), 0);
+});
+
+// Prefix caching (on by default, docs/server.md): a second prompt sharing a
+// long prefix reuses its full blocks: the hit count is exactly the shared
+// whole blocks (16 tokens each; at least the last prompt token is computed),
+// and the greedy text equals a server started with --no-enable-prefix-caching.
+test("prefix cache: hits counted, same greedy text as with caching off", async () => {
+  const long = "The quick brown fox jumps over the lazy dog, and then it runs away into the forest. ".repeat(6);
+  const prompts = [long + "Once", long + "Later that day"];
+  const ids = [];
+  for (const p of prompts) ids.push((await (await raw("/tokenize", JSON.stringify({ prompt: p }))).json()).tokens);
+  let common = 0;
+  while (common < ids[0].length && common < ids[1].length && ids[0][common] === ids[1][common]) common++;
+  const expectHit = Math.floor(Math.min(common, ids[1].length - 1) / 16) * 16;
+  assert.ok(expectHit >= 64, `shared prefix too short: ${common} tokens`);
+  const texts = [];
+  const m0 = await waitIdle(srv.url);
+  texts.push((await client.completions.create({ model: "mini", prompt: prompts[0], max_tokens: 8, temperature: 0 })).choices[0].text);
+  const m1 = await waitIdle(srv.url);
+  texts.push((await client.completions.create({ model: "mini", prompt: prompts[1], max_tokens: 8, temperature: 0 })).choices[0].text);
+  const m2 = await waitIdle(srv.url);
+  const Q = "fp8kv:prefix_cache_queries_total", H = "fp8kv:prefix_cache_hits_total";
+  assert.equal(m1.get(Q) - m0.get(Q), ids[0].length);
+  assert.equal(m2.get(Q) - m1.get(Q), ids[1].length);
+  assert.equal(m2.get(H) - m1.get(H), expectHit);
+  const off = await startServer(["--served-model-name", "mini", "--no-enable-prefix-caching"]);
+  try {
+    const c = new OpenAI({ baseURL: off.url + "/v1", apiKey: "unused", maxRetries: 0 });
+    for (let i = 0; i < prompts.length; i++) {
+      const r = await c.completions.create({ model: "mini", prompt: prompts[i], max_tokens: 8, temperature: 0 });
+      assert.equal(r.choices[0].text, texts[i], `prompt ${i}`);
+    }
+    const m = await waitIdle(off.url);
+    assert.equal(m.get(H), 0);
+    assert.equal(m.get(Q), 0);
+  } finally {
+    await off.stop();
+  }
+});
+
+// A pool of one 128-token request and 6 concurrent requests that grow past
+// it: the scheduler preempts (recompute), /metrics counts it, every request
+// still finishes with its full length, and the pool is whole again.
+test("preemptions are counted in /metrics", async () => {
+  const s = await startServer(["--served-model-name", "mini", "--max-model-len", "128", "--kv-memory", "440KiB"]);
+  try {
+    const c = new OpenAI({ baseURL: s.url + "/v1", apiKey: "unused", maxRetries: 0 });
+    const rs = await Promise.all([0, 1, 2, 3, 4, 5].map((i) =>
+      c.completions.create({ model: "mini", prompt: `Story number ${i}: once upon a time`, max_tokens: 60,
+                             temperature: 0, ignore_eos: true })));
+    for (const r of rs) {
+      assert.equal(r.choices[0].finish_reason, "length");
+      assert.equal(r.usage.completion_tokens, 60);
+    }
+    const m = await waitIdle(s.url);
+    assert.ok(m.get("fp8kv:num_preemptions_total") > 0, "the pool was meant to be too small");
+  } finally {
+    await s.stop();
+  }
 });
 
 test("API key: 401 without it, public endpoints open, constant-time compared", async () => {

@@ -154,7 +154,7 @@ TEST(ServerAuth, ConstantTimeEqual) {
 
 TEST(ServerMetrics, PrometheusTextWithCumulativeBuckets) {
   Metrics m("mini");
-  m.set_gauges({3, 4, 75, 100});
+  m.set_gauges({3, 4, 75, 100, 5, 320, 96});
   m.add_prompt_tokens(10);
   m.add_generation_tokens(7);
   m.observe_ttft(0.003);
@@ -175,4 +175,8 @@ TEST(ServerMetrics, PrometheusTextWithCumulativeBuckets) {
   EXPECT_TRUE(has("fp8kv:e2e_request_latency_seconds_count{model_name=\"mini\"} 1"));
   EXPECT_TRUE(has("fp8kv:request_success_total{model_name=\"mini\",finished_reason=\"length\"} 1"));
   EXPECT_TRUE(has("# TYPE fp8kv:inter_token_latency_seconds histogram"));
+  EXPECT_TRUE(has("fp8kv:num_preemptions_total{model_name=\"mini\"} 5"));
+  EXPECT_TRUE(has("fp8kv:prefix_cache_queries_total{model_name=\"mini\"} 320"));
+  EXPECT_TRUE(has("fp8kv:prefix_cache_hits_total{model_name=\"mini\"} 96"));
+  EXPECT_TRUE(has("# TYPE fp8kv:prefix_cache_hits_total counter"));
 }
