@@ -120,7 +120,8 @@ class EngineImpl final : public Engine {
       throw InputError("give --kv-memory or --gpu-memory-utilization, not both");
 
     // Weights and scratch first: a device backend sizes the KV cache from what is left.
-    runner_ = std::make_unique<ModelRunner>(cfg_, *backend_, std::move(w), o.max_num_batched_tokens);
+    runner_ = std::make_unique<ModelRunner>(cfg_, *backend_, std::move(w), o.max_num_batched_tokens, o.max_num_seqs);
+    runner_->set_pad_eager(o.pad_decode_eager);
 
     KvPlanSettings s;
     s.max_model_len = o.max_model_len;
@@ -165,6 +166,8 @@ class EngineImpl final : public Engine {
   const KvPlan& kv_plan() const override { return plan_; }
   int max_model_len() const override { return plan_.max_model_len; }
   std::string_view backend_name() const override { return backend_->name(); }
+  int64_t graph_replays() const override { return runner_->graph_replays(); }
+  int64_t graph_captures() const override { return runner_->graph_captures(); }
 
   void set_kv_scales(KvScales s) override {
     if (static_cast<int>(s.layers.size()) != cfg_.num_layers)

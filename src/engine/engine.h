@@ -57,6 +57,9 @@ struct EngineOptions {
   std::string backend = "auto";      // auto (cuda when built with it and a GPU is present, else cpu) | cpu | cuda
   std::string load_format = "auto";  // auto: the checkpoint's weights | dummy: random weights from config.json alone
   bool enforce_eager = false;        // cuda: no CUDA graphs
+  // Tests: pad decode steps to the CUDA-graph buckets and use their decode
+  // plan, but run eagerly (the reference a graph replay equals bitwise).
+  bool pad_decode_eager = false;
 };
 
 // Resolves "auto"/"fp8"/... against a checkpoint directory (see EngineOptions).
@@ -193,6 +196,9 @@ class Engine {
   virtual int64_t free_kv_blocks() const = 0;
   // Requests preempted (by recompute) so far: the pool was full.
   virtual int64_t num_preemptions() const = 0;
+  // Decode steps run by replaying a CUDA graph / graphs captured so far (0 on the CPU).
+  virtual int64_t graph_replays() const { return 0; }
+  virtual int64_t graph_captures() const { return 0; }
 };
 
 }  // namespace fp8kv

@@ -6,12 +6,29 @@
 namespace fp8kv {
 
 ModelRunner::ModelRunner(const ModelConfig& cfg, Backend& backend, std::shared_ptr<const ModelWeights> weights,
-                         int max_num_batched_tokens)
+                         int max_num_batched_tokens, int max_num_seqs)
     : cfg_(cfg),
       be_(backend),
       weights_(backend.upload_weights(std::move(weights))),
       fwd_(cfg_, be_, weights_),
-      rs_(be_, cfg_, max_num_batched_tokens, kLogitsRows) {}
+      // A device backend computes every sampled row of a step in one LM-head
+      // call (the head is read once per step; 256 rows of a 128K vocabulary
+      // are 131 MB); the CPU keeps 16-row chunks.
+      rs_(be_, cfg_, max_num_batched_tokens,
+          backend.name() == "cpu" ? kLogitsRows : std::clamp(max_num_seqs, kLogitsRows, 256), fwd_.fused()) {
+  // vLLM's capture sizes: 1, 2, 4, then multiples of 8, up to max_num_seqs
+  // (and the token budget: a decode row is a token).
+  const int cap = std::min(max_num_seqs, max_num_batched_tokens);
+  for (int b : {1, 2, 4})
+    if (b <= cap) buckets_.push_back(b);
+  for (int b = 8; b <= cap; b += 8) buckets_.push_back(b);
+}
+
+int ModelRunner::graph_bucket(int S) const {
+  for (int b : buckets_)
+    if (S <= b) return b;
+  return 0;
+}
 
 void ModelRunner::build_batch(const SchedulerOutput& out) {
   if (!kv_) throw std::logic_error("ModelRunner: no KvCacheManager (set_kv)");
@@ -25,6 +42,7 @@ void ModelRunner::build_batch(const SchedulerOutput& out) {
   b.num_groups = G;
   b.max_query_len = 0;
   b.max_context_len = 0;
+  b.decode_plan_context = 0;
   b.token_ids.resize(T);
   b.positions.resize(T);
   b.query_start.assign(1, 0);
@@ -63,10 +81,60 @@ void ModelRunner::build_batch(const SchedulerOutput& out) {
   if (t != T) throw std::logic_error("ModelRunner: token count does not match the scheduled sequences");
 }
 
+void ModelRunner::pad_batch(int bucket) {
+  StepBatch& b = batch_;
+  const int S = b.num_seqs, G = b.num_groups, Bk = kv_->plan().block_size;
+  const int width = std::max(1, (kv_->plan().max_model_len + Bk - 1) / Bk);
+  if (width < b.max_blocks_per_seq) throw std::logic_error("ModelRunner: a block table is wider than max_model_len");
+  // Widen the block tables to the fixed width (rows keep their entries).
+  for (int g = 0; g < G; ++g) {
+    std::vector<int32_t>& bt = b.block_tables[g];
+    std::vector<int32_t> wide(static_cast<size_t>(bucket) * width, -1);
+    for (int s = 0; s < S; ++s)
+      std::copy(bt.begin() + static_cast<int64_t>(s) * b.max_blocks_per_seq,
+                bt.begin() + static_cast<int64_t>(s + 1) * b.max_blocks_per_seq,
+                wide.begin() + static_cast<int64_t>(s) * width);
+    bt.swap(wide);
+    b.slot_mapping[g].resize(bucket, -1);  // padding rows store nothing
+  }
+  b.max_blocks_per_seq = width;
+  b.token_ids.resize(bucket, 0);
+  b.positions.resize(bucket, 0);
+  b.context_lens.resize(bucket, 0);  // attention reads no key of a padding sequence
+  b.is_decode.resize(bucket, 1);
+  for (int s = S; s < bucket; ++s) b.query_start.push_back(s + 1);
+  b.num_tokens = b.num_seqs = b.num_decodes = bucket;
+  b.decode_plan_context = kv_->plan().max_model_len;
+}
+
 void ModelRunner::execute(const SchedulerOutput& out) {
   build_batch(out);
+  const bool decode_only = batch_.num_seqs > 0 && batch_.num_decodes == batch_.num_seqs;
+  const int bucket = decode_only ? graph_bucket(batch_.num_seqs) : 0;
+  const bool graphs = bucket > 0 && be_.supports_graphs();
+  if (bucket > 0 && (graphs || pad_eager_)) pad_batch(bucket);
   be_.begin_step(batch_);
+  if (!graphs || pad_eager_) {
+    fwd_.run(batch_, rs_);
+    return;
+  }
+  if (be_.replay_graph(bucket)) {
+    ++graph_replays_;
+    return;
+  }
+  // First step of this bucket (or after the backend dropped its graphs): an
+  // eager run computes the step and sizes every scratch buffer, then the same
+  // ops are captured (not run: the capture only records) for the next steps.
   fwd_.run(batch_, rs_);
+  be_.begin_graph_capture(bucket);
+  try {
+    fwd_.run(batch_, rs_);
+  } catch (...) {
+    be_.abort_graph_capture();
+    throw;
+  }
+  be_.end_graph_capture(bucket);
+  ++graph_captures_;
 }
 
 void ModelRunner::logits_to_host(std::span<const int32_t> rows, std::vector<float>& out) {
@@ -84,8 +152,9 @@ void ModelRunner::logits_to_host(std::span<const int32_t> rows, std::vector<floa
 void ModelRunner::sample(std::span<const int32_t> rows, std::span<const RowSampling> params, std::span<int32_t> ids) {
   const int V = cfg_.vocab_size;
   const Tensor hidden = ForwardPass::hidden(rs_, cfg_, batch_.num_tokens);
-  for (size_t r = 0; r < rows.size(); r += kLogitsRows) {
-    const int m = static_cast<int>(std::min<size_t>(kLogitsRows, rows.size() - r));
+  const size_t chunk = static_cast<size_t>(rs_.max_logits_rows);
+  for (size_t r = 0; r < rows.size(); r += chunk) {
+    const int m = static_cast<int>(std::min<size_t>(chunk, rows.size() - r));
     Tensor l = rs_.logits.view(ScalarType::f32, m, V);
     be_.logits(hidden, rows.subspan(r, m), weights_.output, l);
     be_.sample(l, params.subspan(r, m), ids.subspan(r, m));

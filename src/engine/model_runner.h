@@ -24,8 +24,26 @@ class ModelRunner {
 
   // Uploads the weights and allocates the RunState (so that a device backend
   // can measure what is left for the KV cache before it is planned).
+  // max_num_seqs bounds the CUDA-graph buckets and the logits rows computed
+  // per LM-head call on a device backend (one call per decode step).
   ModelRunner(const ModelConfig& cfg, Backend& backend, std::shared_ptr<const ModelWeights> weights,
-              int max_num_batched_tokens);
+              int max_num_batched_tokens, int max_num_seqs = kLogitsRows);
+
+  // CUDA graphs (docs/cuda_backend.md "CUDA graphs"). A decode-only step of
+  // S <= largest bucket sequences is padded to the bucket (1, 2, 4, 8, 16,
+  // 24, 32, ... up to max_num_seqs, as vLLM) with sequences of context 0 and
+  // slot -1, its block tables widened to max_model_len / block_size columns
+  // and its decode plan made for max_model_len (StepBatch::
+  // decode_plan_context), so one captured graph per bucket serves every
+  // context length. Used when the backend supports_graphs() (CUDA without
+  // --enforce-eager and without a store observer). pad_eager (tests) pads
+  // the same way but runs the ops eagerly: the reference a replay must equal
+  // bitwise.
+  void set_pad_eager(bool on) { pad_eager_ = on; }
+  // Bucket of a decode step of S sequences; 0 when S exceeds the largest.
+  int graph_bucket(int S) const;
+  int64_t graph_replays() const { return graph_replays_; }
+  int64_t graph_captures() const { return graph_captures_; }
   // The KV bookkeeping the step's slot mappings and block tables come from.
   void set_kv(KvCacheManager& kv) { kv_ = &kv; }
 
@@ -46,6 +64,8 @@ class ModelRunner {
 
  private:
   void build_batch(const SchedulerOutput& out);
+  // Pads batch_ (decode-only, S <= bucket) to `bucket` sequences (see above).
+  void pad_batch(int bucket);
 
   ModelConfig cfg_;
   Backend& be_;
@@ -54,6 +74,9 @@ class ModelRunner {
   ForwardPass fwd_;
   RunState rs_;
   StepBatch batch_;
+  std::vector<int> buckets_;  // ascending
+  bool pad_eager_ = false;
+  int64_t graph_replays_ = 0, graph_captures_ = 0;
 };
 
 }  // namespace fp8kv
