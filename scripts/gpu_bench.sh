@@ -68,6 +68,21 @@ for c in "${CASES[@]}"; do
   [ $rc -ne 0 ] && tail -5 "$OUT/$name.log"
 done
 
+# --gpu-memory-utilization (default 0.9): the engine logs its KV budget in
+# bytes; `fp8kv capacity` with that budget and the same settings must print
+# the same KV cache line (issue 12 §2).
+phase capacity
+L=$OUT/lat_b1_1k_fp8.log
+B=$(grep -o 'KV budget: [0-9]*' "$L" 2>/dev/null | grep -o '[0-9]*$')
+if [ -n "$B" ]; then
+  want=$(grep -o 'KV cache: .*' "$L" | head -1)
+  got=$($FP8KV capacity $MODEL --kv-memory "$B" --max-model-len 1088 --max-num-seqs 256 \
+        --max-num-batched-tokens 8192 --kv-cache-dtype fp8 2>&1 | grep -o 'KV cache: .*' | head -1)
+  if [ "$want" = "$got" ]; then echo "capacity check: same line: $want"; else echo "capacity check: DIFFER"; echo " engine:   $want"; echo " capacity: $got"; fi | tee "$OUT/capacity_check.txt"
+else
+  echo "capacity check: no KV budget line in $L"
+fi
+
 if [ -n "${HF_PEER:-}" ] && [ "$(left)" -gt 120 ]; then
   phase hf_peer
   timeout $(( $(left) - 10 )) python3 tools/bench_hf_peer.py $MODEL --input-len 1024 --output-len 32 \

@@ -158,6 +158,12 @@ class EngineImpl final : public Engine {
       throw InputError(fmt::format("--gpu-memory-utilization {}: {} of {} are already in use; nothing is left for "
                                    "the KV cache",
                                    util, format_bytes(static_cast<uint64_t>(used)), format_bytes(m.total_bytes)));
+    // The budget in bytes, so that `fp8kv capacity --kv-memory <bytes>` with
+    // the same settings can be checked against the KV cache line that follows.
+    engine_log()->info("KV budget: {} bytes (--gpu-memory-utilization {} of {} total, {} in use by weights and "
+                       "activations)",
+                       static_cast<uint64_t>(budget), util, format_bytes(m.total_bytes),
+                       format_bytes(static_cast<uint64_t>(used)));
     return static_cast<uint64_t>(budget);
   }
 
