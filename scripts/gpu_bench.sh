@@ -27,7 +27,7 @@ git log --oneline -1 | tee -a "$OUT/env.txt"
 phase build
 BUILD=build-gpu
 cmake -S . -B $BUILD -G Ninja -DFP8KV_CUDA=ON -DFP8KV_WERROR=OFF -DCMAKE_BUILD_TYPE=Release >"$OUT/build.log" 2>&1 &&
-  cmake --build $BUILD --target fp8kv test_cuda_ops -j16 >>"$OUT/build.log" 2>&1 ||
+  cmake --build $BUILD --target fp8kv test_cuda_ops bench_linear -j16 >>"$OUT/build.log" 2>&1 ||
   { grep -E "error" -A3 "$OUT/build.log" | head -40; tail -20 "$OUT/build.log"; }
 FP8KV=$BUILD/fp8kv
 [ -x $FP8KV ] || { echo "build failed: no $FP8KV"; exit 1; }
@@ -37,6 +37,12 @@ if [ -z "${NO_TESTS:-}" ] && [ -x $BUILD/tests/test_cuda_ops ]; then
   # The sampling distribution tests are the slow ones (27 x 20000 draws); all run.
   timeout 120 $BUILD/tests/test_cuda_ops 2>&1 | tee "$OUT/test_cuda_ops.log" |
     grep -E "^\[  (FAILED|PASSED) |\[ graphs \]|\[ engine \]|tests ran|Failure|Expected|Which is" | head -40
+fi
+
+if [ -x $BUILD/bench/bench_linear ]; then
+  phase gemm
+  # cuBLASLt at decode shapes vs the copy bandwidth: how much of a step is GEMM.
+  timeout 60 $BUILD/bench/bench_linear --json "$OUT/gemm.json" 2>&1 | tee "$OUT/gemm.log" | grep -E "copy|^T=|T=1 |qkv|gate_up|lm_head" | head -24
 fi
 
 MODEL=tests/data/configs/llama-3.1-8b
