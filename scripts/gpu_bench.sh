@@ -27,7 +27,7 @@ git log --oneline -1 | tee -a "$OUT/env.txt"
 phase build
 BUILD=build-gpu
 cmake -S . -B $BUILD -G Ninja -DFP8KV_CUDA=ON -DFP8KV_WERROR=OFF -DCMAKE_BUILD_TYPE=Release >"$OUT/build.log" 2>&1 &&
-  cmake --build $BUILD --target fp8kv test_cuda_ops bench_linear -j16 >>"$OUT/build.log" 2>&1 ||
+  cmake --build $BUILD --target fp8kv test_cuda_ops bench_linear -j16 -- -k 0 >>"$OUT/build.log" 2>&1 ||
   { grep -E "error" -A3 "$OUT/build.log" | head -40; tail -20 "$OUT/build.log"; }
 FP8KV=$BUILD/fp8kv
 [ -x $FP8KV ] || { echo "build failed: no $FP8KV"; exit 1; }
@@ -47,19 +47,22 @@ fi
 
 MODEL=tests/data/configs/llama-3.1-8b
 # name, estimated seconds (load + run), then the bench arguments.
+# name | estimated seconds (load + run) | environment (or -) | bench arguments.
+L1K="latency --batch-size 1 --input-len 1024 --output-len 64 --num-iters-warmup 1 --num-iters 2"
 CASES=(
-  "lat_b1_1k_fp8_eager|25|latency --batch-size 1 --input-len 1024 --output-len 64 --num-iters-warmup 1 --num-iters 2 --kv-cache-dtype fp8 --enforce-eager"
-  "lat_b1_1k_fp8|25|latency --batch-size 1 --input-len 1024 --output-len 64 --num-iters-warmup 1 --num-iters 2 --kv-cache-dtype fp8"
-  "lat_b1_1k_bf16|25|latency --batch-size 1 --input-len 1024 --output-len 64 --num-iters-warmup 1 --num-iters 2 --kv-cache-dtype bf16"
-  "ttft_8k_fp8|25|latency --batch-size 1 --input-len 8192 --output-len 2 --num-iters-warmup 1 --num-iters 3 --kv-cache-dtype fp8"
-  "lat_b1_60k_fp8|45|latency --batch-size 1 --input-len 60000 --output-len 32 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8"
-  "thr_256x1k_fp8|45|throughput --num-prompts 256 --input-len 1024 --output-len 128 --num-iters-warmup 0 --kv-cache-dtype fp8"
-  "lat_b32_16k_fp8|70|latency --batch-size 32 --input-len 16384 --output-len 16 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8"
-  "lat_b32_16k_bf16|70|latency --batch-size 32 --input-len 16384 --output-len 16 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype bf16"
+  "lat_b1_1k_fp8_eager|25|-|$L1K --kv-cache-dtype fp8 --enforce-eager"
+  "lat_b1_1k_fp8|25|-|$L1K --kv-cache-dtype fp8"
+  "lat_b1_1k_fp8_gemv|25|FP8KV_GEMV=8|$L1K --kv-cache-dtype fp8"
+  "lat_b1_1k_bf16|25|-|$L1K --kv-cache-dtype bf16"
+  "ttft_8k_fp8|25|-|latency --batch-size 1 --input-len 8192 --output-len 2 --num-iters-warmup 1 --num-iters 3 --kv-cache-dtype fp8"
+  "lat_b1_60k_fp8|40|-|latency --batch-size 1 --input-len 60000 --output-len 32 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8"
+  "thr_256x1k_fp8|40|-|throughput --num-prompts 256 --input-len 1024 --output-len 128 --num-iters-warmup 0 --kv-cache-dtype fp8"
+  "lat_b32_16k_fp8|50|-|latency --batch-size 32 --input-len 16384 --output-len 16 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8"
+  "lat_b32_16k_bf16|50|-|latency --batch-size 32 --input-len 16384 --output-len 16 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype bf16"
 )
 phase bench
 for c in "${CASES[@]}"; do
-  IFS='|' read -r name est args <<<"$c"
+  IFS='|' read -r name est envs args <<<"$c"
   l=$(left)
   if [ "$l" -lt "$est" ]; then
     echo "$name: skipped: budget ($l s left, needs ~$est s)" | tee "$OUT/$name.skipped"
@@ -67,7 +70,8 @@ for c in "${CASES[@]}"; do
   fi
   t=$(date +%s)
   # shellcheck disable=SC2086
-  timeout $(( l > 10 ? l - 5 : 5 )) $FP8KV bench $args $MODEL --load-format dummy --ignore-eos --backend cuda --json \
+  [ "$envs" = "-" ] && envs=""
+  timeout $(( l > 10 ? l - 5 : 5 )) env $envs $FP8KV bench $args $MODEL --load-format dummy --ignore-eos --backend cuda --json \
     >"$OUT/$name.json" 2>"$OUT/$name.log"
   rc=$?
   echo "$name: rc $rc, $(( $(date +%s) - t )) s; $(grep -m1 'KV cache' "$OUT/$name.log")"
@@ -129,6 +133,9 @@ if t:
 e, g = get("lat_b1_1k_fp8_eager", "decode_ms_per_step"), get("lat_b1_1k_fp8", "decode_ms_per_step")
 if e and g:
     print(f"batch 1 1K fp8: eager {e:.3f} ms/step, graphs {g:.3f} ms/step ({e / g:.2f}x)")
+v = get("lat_b1_1k_fp8_gemv", "decode_ms_per_step")
+if g and v:
+    print(f"batch 1 1K fp8 graphs: cuBLASLt {g:.3f} ms/step, FP8KV_GEMV=8 {v:.3f} ms/step ({g / v:.2f}x)")
 if os.path.exists(os.path.join(out, "hf_peer.json")):
     print("hf peer:", open(os.path.join(out, "hf_peer.json")).read()[:400])
 EOF

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/check.h"
@@ -43,7 +44,8 @@ int main(int argc, char** argv) {
                           {"gate_up", 28672, 4096, 32},
                           {"down", 4096, 14336, 32},
                           {"lm_head", 128256, 4096, 1}};
-  const int Ts[] = {1, 8, 32};
+  // (T, gemv): cuBLASLt at 1, 8, 32 rows; the decode GEMV (ops.h gemv_bf16) at 1 and 8.
+  const std::pair<int, bool> Ts[] = {{1, false}, {1, true}, {8, false}, {8, true}, {32, false}};
   cudaStream_t st;
   FP8KV_CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   cuda::Gemm gemm;
@@ -62,11 +64,13 @@ int main(int argc, char** argv) {
   FP8KV_CU(cudaEventCreate(&e0));
   FP8KV_CU(cudaEventCreate(&e1));
   std::printf("copy bandwidth %.0f GB/s (read + write)\n", copy / 1e9);
-  std::printf("%-8s %6s %6s %3s %9s %8s %7s\n", "shape", "N", "K", "T", "us", "GB/s", "/copy");
+  std::printf("%-8s %6s %6s %3s %-5s %9s %8s %7s\n", "shape", "N", "K", "T", "path", "us", "GB/s", "/copy");
   FILE* jf = json ? std::fopen(json, "w") : nullptr;
   if (jf) std::fprintf(jf, "{\"copy_gbps\": %.1f, \"cases\": [\n", copy / 1e9);
   bool first = true;
-  for (int T : Ts) {
+  for (auto [T, use_gemv] : Ts) {
+    gemm.set_gemv_max_rows(use_gemv ? cuda::kGemvMaxRows : 0);
+    const char* path = use_gemv ? "gemv" : "lt";
     double step_us = 0;
     for (size_t i = 0; i < std::size(shapes); ++i) {
       const Shape& s = shapes[i];
@@ -87,16 +91,19 @@ int main(int argc, char** argv) {
       const double us = ms[ms.size() / 2] * 1e3;
       const double bytes = static_cast<double>(s.n * s.k) * 2 + static_cast<double>(T) * (s.k * 2 + s.n * 4);
       const double gbps = bytes / (us * 1e-6) / 1e9;
-      std::printf("%-8s %6lld %6lld %3d %9.2f %8.0f %7.3f\n", s.name, static_cast<long long>(s.n),
-                  static_cast<long long>(s.k), T, us, gbps, gbps * 1e9 / copy);
+      std::printf("%-8s %6lld %6lld %3d %-5s %9.2f %8.0f %7.3f\n", s.name, static_cast<long long>(s.n),
+                  static_cast<long long>(s.k), T, path, us, gbps, gbps * 1e9 / copy);
       step_us += us * s.per_step;
       if (jf) {
-        std::fprintf(jf, "%s{\"shape\": \"%s\", \"n\": %lld, \"k\": %lld, \"t\": %d, \"us\": %.3f, \"gbps\": %.1f}",
-                     first ? "" : ",\n", s.name, static_cast<long long>(s.n), static_cast<long long>(s.k), T, us, gbps);
+        std::fprintf(jf,
+                     "%s{\"shape\": \"%s\", \"n\": %lld, \"k\": %lld, \"t\": %d, \"path\": \"%s\", \"us\": %.3f, "
+                     "\"gbps\": %.1f}",
+                     first ? "" : ",\n", s.name, static_cast<long long>(s.n), static_cast<long long>(s.k), T, path, us,
+                     gbps);
         first = false;
       }
     }
-    std::printf("T=%d: GEMMs of one 8B decode step (32 layers + LM head) %.3f ms\n", T, step_us / 1e3);
+    std::printf("T=%d %s: GEMMs of one 8B decode step (32 layers + LM head) %.3f ms\n", T, path, step_us / 1e3);
   }
   if (jf) {
     std::fprintf(jf, "\n]}\n");
