@@ -9,7 +9,9 @@
 # cases run in priority order and a case that would start with less than its
 # estimate left is skipped (printed as "skipped: budget").
 # Optional: HF_PEER=1 adds the transformers peer (static cache +
-# torch.compile, batch 1, 1K in / 32 out) if time is left; NO_TESTS=1 skips the tests.
+# torch.compile, batch 1, 1K in / 32 out) if time is left; NO_TESTS=1 skips the tests;
+# ONLY="case1 case2" runs only those bench cases, e.g. the short GEMV check:
+#   ONLY="lat_b1_1k_fp8 lat_b1_1k_fp8_gemv" bash scripts/gpu_bench.sh  (~3 min with the build)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/fp8kv-out}
@@ -63,6 +65,7 @@ CASES=(
 phase bench
 for c in "${CASES[@]}"; do
   IFS='|' read -r name est envs args <<<"$c"
+  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then continue; fi
   l=$(left)
   if [ "$l" -lt "$est" ]; then
     echo "$name: skipped: budget ($l s left, needs ~$est s)" | tee "$OUT/$name.skipped"
