@@ -11,6 +11,11 @@
 //   2026-11-30  tensor parallelism (#17): set_communicator / communicator,
 //               all_reduce / all_gather ops (defaults call the Communicator on
 //               comm_stream(), nullptr unless a backend overrides it).
+//   2026-12-01  CUDA graphs: the runner runs a bucket's first step eagerly,
+//               then captures (end_graph_capture does not launch);
+//               abort_graph_capture; StepBatch::decode_plan_context.
+//   2026-12-01  Fused projections (optional): BackendLayerWeights::qkv_proj /
+//               gate_up_proj, qkv_split, gated_act_fused.
 //
 // Memory model
 //   The backend owns all memory the ops touch: weights (upload_weights), KV
@@ -45,6 +50,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -81,6 +87,14 @@ struct BackendLayerWeights {
   Tensor down_proj;            // [H][I]
   Tensor gate_bias, up_bias;   // [1][I] f32 or empty
   Tensor down_bias;            // [1][H] f32 or empty
+  // Fused projections, set by a backend whose fuses_projections() is true
+  // (CUDA); empty otherwise. The rows of q|k|v (gate|up) concatenated in one
+  // allocation; q_proj/k_proj/v_proj (gate_proj/up_proj) are then views of
+  // its row ranges. One GEMM each instead of three (two).
+  Tensor qkv_proj;             // [(Hq+2Hkv)*D][H]
+  Tensor qkv_bias;             // [1][(Hq+2Hkv)*D] f32 or empty
+  Tensor gate_up_proj;         // [2I][H]
+  Tensor gate_up_bias;         // [1][2I] f32 or empty
 };
 
 struct BackendWeights {
@@ -195,15 +209,38 @@ class Backend {
   // every backend. Seeded random streams are backend-specific.
   virtual void sample(const Tensor& logits, std::span<const RowSampling> params, std::span<int32_t> host_ids) = 0;
 
+  // ---- fused projections (optional; used when fuses_projections()) ----
+  // The forward pass then runs linear(x, qkv_proj) into qkv [T][(Hq+2Hkv)*D]
+  // and qkv_split; linear(x, gate_up_proj) into gate_up [T][2I] and
+  // gated_act_fused.
+  virtual bool fuses_projections() const { return false; }
+  // q [T][Hq*D], k, v [T][Hkv*D] from the row ranges of qkv, with the per-head
+  // norms (empty: none) and RoPE of `layer` applied to q and k, as
+  // head_rmsnorm + rope would.
+  virtual void qkv_split(int /*layer*/, const Tensor& /*qkv*/, const Tensor& /*q_norm*/, const Tensor& /*k_norm*/,
+                         float /*eps*/, Tensor& /*q*/, Tensor& /*k*/, Tensor& /*v*/) {
+    throw std::logic_error("Backend::qkv_split: this backend does not fuse projections");
+  }
+  // out [T][I] = act(gate) * up with gate = gate_up[:, :I], up = gate_up[:, I:];
+  // out may be bf16 (the next GEMM's input) or f32.
+  virtual void gated_act_fused(Activation /*act*/, const Tensor& /*gate_up*/, Tensor& /*out*/) {
+    throw std::logic_error("Backend::gated_act_fused: this backend does not fuse projections");
+  }
+
   // ---- CUDA graphs (optional; the defaults mean "not supported") ----
   // The runner brackets the ops of a decode-only step whose StepBatch is
-  // padded to a bucket (padding sequences have context_len 0, slots -1) so
-  // that every pointer and shape is the same at each replay:
+  // padded to a bucket (padding sequences have context_len 0, slots -1,
+  // block tables max_model_len / block_size wide, decode_plan_context =
+  // max_model_len) so that every pointer and shape is the same at each replay:
   //   backend.begin_step(batch);   // uploads into fixed buffers
   //   if (!backend.replay_graph(key)) {
-  //     backend.begin_graph_capture(key); <the forward's ops>; backend.end_graph_capture(key);
+  //     <the forward's ops, eagerly: the step's result; sizes all scratch>
+  //     backend.begin_graph_capture(key); <the same ops>; backend.end_graph_capture(key);
   //   }
-  // end_graph_capture launches the captured graph once (the step's result).
+  // Capture records only (end_graph_capture does not launch). replay_graph
+  // returns false when no valid graph exists for key (never captured, or a
+  // buffer it uses was reallocated since). After an exception inside the
+  // capture the runner calls abort_graph_capture.
   // Not called under enforce_eager or when supports_graphs() is false.
   virtual bool supports_graphs() const { return false; }
   virtual bool replay_graph(int64_t /*key*/) { return false; }
@@ -234,6 +271,7 @@ class Backend {
     if (!comm_) throw std::logic_error("Backend::all_gather: no communicator (set_communicator)");
     comm_->all_gather(x.data, out.data, static_cast<size_t>(x.numel()), x.dtype, comm_stream());
   }
+  virtual void abort_graph_capture() {}
 
  protected:
   Communicator* comm_ = nullptr;

@@ -27,6 +27,11 @@ struct StepBatch {
   int max_context_len = 0;  // max over s of context_lens[s]
   int num_groups = 0;       // G
   int max_blocks_per_seq = 0;  // B: columns of every packed block table
+  // Context length the decode attention plan (split size) is made for; 0:
+  // the longest decode context of this step. A step padded for a CUDA graph
+  // sets max_model_len, so the captured plan covers every replayed context
+  // (engine/model_runner.h). Padding sequences have context_lens 0.
+  int decode_plan_context = 0;
 
   std::vector<int32_t> token_ids;     // [T] input ids
   std::vector<int32_t> positions;     // [T] absolute position of each token

@@ -117,12 +117,14 @@ class EngineImpl final : public Engine {
     // One rank, or N ranks of one tensor-parallel group (engine/tp_runner.h):
     // weights and scratch first, so a device backend sizes the KV cache from what is left.
     runner_ = std::make_unique<TpRunner>(cfg_, std::move(w), o.backend, bo, o.tensor_parallel_size,
-                                         o.max_num_batched_tokens);
+                                         o.max_num_batched_tokens, o.max_num_seqs);
     backend_ = &runner_->backend();  // rank 0's
     if (o.gpu_memory_utilization > 0.0 && backend_->name() == "cpu")
       throw InputError("--gpu-memory-utilization applies to the cuda backend only (use --kv-memory on the CPU)");
     if (o.gpu_memory_utilization > 0.0 && o.kv_memory_bytes > 0)
       throw InputError("give --kv-memory or --gpu-memory-utilization, not both");
+
+    runner_->set_pad_eager(o.pad_decode_eager);
 
     KvPlanSettings s;
     s.max_model_len = o.max_model_len;
@@ -161,6 +163,12 @@ class EngineImpl final : public Engine {
       throw InputError(fmt::format("--gpu-memory-utilization {}: {} of {} are already in use; nothing is left for "
                                    "the KV cache",
                                    util, format_bytes(static_cast<uint64_t>(used)), format_bytes(m.total_bytes)));
+    // The budget in bytes, so that `fp8kv capacity --kv-memory <bytes>` with
+    // the same settings can be checked against the KV cache line that follows.
+    engine_log()->info("KV budget: {} bytes (--gpu-memory-utilization {} of {} total, {} in use by weights and "
+                       "activations)",
+                       static_cast<uint64_t>(budget), util, format_bytes(m.total_bytes),
+                       format_bytes(static_cast<uint64_t>(used)));
     return static_cast<uint64_t>(budget);
   }
 
@@ -169,6 +177,8 @@ class EngineImpl final : public Engine {
   const KvPlan& kv_plan() const override { return plan_; }
   int max_model_len() const override { return plan_.max_model_len; }
   std::string_view backend_name() const override { return backend_->name(); }
+  int64_t graph_replays() const override { return runner_->graph_replays(); }
+  int64_t graph_captures() const override { return runner_->graph_captures(); }
 
   void set_kv_scales(KvScales s) override {
     if (static_cast<int>(s.layers.size()) != cfg_.num_layers)

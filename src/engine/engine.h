@@ -61,6 +61,9 @@ struct EngineOptions {
   // --tensor-parallel-size): GPUs 0..N-1 on cuda, simulated ranks (threads)
   // on the cpu. docs/design.md, "Tensor parallelism".
   int tensor_parallel_size = 1;
+  // Tests: pad decode steps to the CUDA-graph buckets and use their decode
+  // plan, but run eagerly (the reference a graph replay equals bitwise).
+  bool pad_decode_eager = false;
   // Automatic prefix caching (vLLM's --enable-prefix-caching, on by default
   // as in vLLM V1): generation requests reuse the cached K/V of the longest
   // run of full blocks they share with earlier requests (docs/design.md
@@ -211,6 +214,9 @@ class Engine {
   virtual int64_t free_kv_blocks() const = 0;
   // Requests preempted (by recompute) so far: the pool was full.
   virtual int64_t num_preemptions() const = 0;
+  // Decode steps run by replaying a CUDA graph / graphs captured so far (0 on the CPU).
+  virtual int64_t graph_replays() const { return 0; }
+  virtual int64_t graph_captures() const { return 0; }
   virtual PrefixCacheStats prefix_cache_stats() const { return {}; }
 };
 

@@ -13,7 +13,7 @@ Activation activation_for(const std::string& name) {
   throw InputError("hidden_act '" + name + "' is not supported (silu, gelu_pytorch_tanh, gelu)");
 }
 
-RunState::RunState(Backend& be, const ModelConfig& cfg, int max_t, int max_rows)
+RunState::RunState(Backend& be, const ModelConfig& cfg, int max_t, int max_rows, bool fused)
     : max_tokens(max_t), max_logits_rows(max_rows) {
   const size_t T = static_cast<size_t>(max_t), a = scalar_type_bytes(be.activation_dtype());
   const size_t H = cfg.hidden_size, Q = static_cast<size_t>(cfg.num_heads) * cfg.head_dim,
@@ -25,8 +25,9 @@ RunState::RunState(Backend& be, const ModelConfig& cfg, int max_t, int max_rows)
   k = be.alloc(T * KV * a);
   v = be.alloc(T * KV * a);
   attn = be.alloc(T * Q * a);
-  gate = be.alloc(T * I * a);
-  up = be.alloc(T * I * a);
+  gate = be.alloc(T * I * a * (fused ? 2 : 1));
+  up = be.alloc(T * I * (fused ? 2 : a));
+  if (fused) qkv = be.alloc(T * (Q + 2 * KV) * a);
   logits = be.alloc(static_cast<size_t>(max_rows) * cfg.vocab_size * 4);
 }
 
@@ -37,6 +38,8 @@ ForwardPass::ForwardPass(const ModelConfig& cfg, Backend& backend, const Backend
       act_(activation_for(cfg.hidden_act)),
       eps_(static_cast<float>(cfg.rms_norm_eps)) {
   if (static_cast<int>(w_.layers.size()) != cfg.num_layers) throw std::logic_error("ForwardPass: layer count mismatch");
+  fused_ = be_.fuses_projections() && !w_.layers.empty() && !w_.layers[0].qkv_proj.empty() &&
+           !w_.layers[0].gate_up_proj.empty();
 }
 
 Tensor ForwardPass::hidden(const RunState& rs, const ModelConfig& cfg, int T) {
@@ -52,6 +55,15 @@ void ForwardPass::residual_norm(int layer, const Tensor& w, Step& st) {
 
 void ForwardPass::attention(int layer, Step& st) {
   const BackendLayerWeights& L = w_.layers[layer];
+  if (fused_) {  // one GEMM, then norms + RoPE + split in one op
+    be_.linear(st.x, L.qkv_proj, L.qkv_bias, st.qkv);
+    be_.qkv_split(layer, st.qkv, L.q_norm, L.k_norm, eps_, st.q, st.k, st.v);
+    be_.store_kv(*st.batch, layer, st.q, st.k, st.v);
+    be_.attention(*st.batch, layer, st.q, st.attn);
+    be_.linear(st.attn, L.o_proj, L.o_bias, st.tmp);
+    be_.all_reduce(st.tmp);  // row-parallel o_proj (no-op on one rank)
+    return;
+  }
   be_.linear(st.x, L.q_proj, L.q_bias, st.q);
   be_.linear(st.x, L.k_proj, L.k_bias, st.k);
   be_.linear(st.x, L.v_proj, L.v_bias, st.v);
@@ -66,6 +78,13 @@ void ForwardPass::attention(int layer, Step& st) {
 
 void ForwardPass::mlp(int layer, Step& st) {
   const BackendLayerWeights& L = w_.layers[layer];
+  if (fused_) {  // gate|up in one GEMM; the activation writes the down GEMM's bf16 input
+    be_.linear(st.x, L.gate_up_proj, L.gate_up_bias, st.gate_up);
+    be_.gated_act_fused(act_, st.gate_up, st.act_bf16);
+    be_.linear(st.act_bf16, L.down_proj, L.down_bias, st.tmp);
+    be_.all_reduce(st.tmp);  // row-parallel down_proj
+    return;
+  }
   be_.linear(st.x, L.gate_proj, L.gate_bias, st.gate);
   be_.linear(st.x, L.up_proj, L.up_bias, st.up);
   be_.gated_act(act_, st.gate, st.up, st.gate);
@@ -91,8 +110,18 @@ void ForwardPass::run(const StepBatch& b, RunState& rs) {
   st.k = rs.k.view(a, T, KV);
   st.v = rs.v.view(a, T, KV);
   st.attn = rs.attn.view(a, T, Q);
-  st.gate = rs.gate.view(a, T, I);
-  st.up = rs.up.view(a, T, I);
+  if (fused_) {
+    // GEMM-only inputs written as bf16 by the op producing them (norm,
+    // attention, activation): no separate conversion before each GEMM.
+    st.x = rs.x.view(ScalarType::bf16, T, H);
+    st.attn = rs.attn.view(ScalarType::bf16, T, Q);
+    st.qkv = rs.qkv.view(a, T, Q + 2 * KV);
+    st.gate_up = rs.gate.view(a, T, 2 * I);
+    st.act_bf16 = rs.up.view(ScalarType::bf16, T, I);
+  } else {
+    st.gate = rs.gate.view(a, T, I);
+    st.up = rs.up.view(a, T, I);
+  }
 
   be_.embedding(w_.embed, w_.embed_scale, st.h);
   for (int l = 0; l < cfg_.num_layers; ++l) {

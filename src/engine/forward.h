@@ -21,8 +21,12 @@ namespace fp8kv {
 // (T <= max_tokens; views of the first T rows are used). H = hidden_size,
 // Hq = num_heads, Hkv = num_kv_heads, D = head_dim, I = intermediate_size,
 // V = vocab_size, act = Backend::activation_dtype().
+// With fused projections (Backend::fuses_projections, the CUDA backend):
+// gate holds gate|up [T][2I], up holds act(gate) * up as bf16 [T][I] (the
+// down GEMM's input), qkv [T][(Hq+2Hkv)*D] the fused QKV output, and x and
+// attn (only ever GEMM inputs) are bf16.
 struct RunState {
-  RunState(Backend& be, const ModelConfig& cfg, int max_tokens, int max_logits_rows);
+  RunState(Backend& be, const ModelConfig& cfg, int max_tokens, int max_logits_rows, bool fused = false);
   int max_tokens = 0;
   int max_logits_rows = 0;
   DeviceBuffer h;       // [T][H] f32: the residual stream; after run(), the final-normed hidden states
@@ -33,13 +37,16 @@ struct RunState {
   DeviceBuffer v;       // [T][Hkv*D] act
   DeviceBuffer attn;    // [T][Hq*D] act: attention output before o_proj
   DeviceBuffer gate;    // [T][I] act: gate projection, then act(gate) * up
-  DeviceBuffer up;      // [T][I] act
+  DeviceBuffer up;      // [T][I] act (fused: bf16)
+  DeviceBuffer qkv;     // [T][(Hq+2Hkv)*D] act, fused only
   DeviceBuffer logits;  // [max_logits_rows][V] f32
 };
 
 class ForwardPass {
  public:
   ForwardPass(const ModelConfig& cfg, Backend& backend, const BackendWeights& weights);
+  // True when the backend fuses projections and uploaded fused weights.
+  bool fused() const { return fused_; }
 
   // Runs every layer over the step's tokens (begin_step already called),
   // storing their K/V in the cache; leaves the final-normed hidden states
@@ -66,12 +73,14 @@ class ForwardPass {
   const BackendWeights& w_;
   Activation act_;
   float eps_;
+  bool fused_ = false;
 };
 
 struct ForwardPass::Step {
   const StepBatch* batch = nullptr;
   int T = 0;
   Tensor h, x, tmp, q, k, v, attn, gate, up;
+  Tensor qkv, gate_up, act_bf16;  // fused projections only
 };
 
 // The gated activation of a config's hidden_act; InputError when unsupported.

@@ -6,17 +6,34 @@
 namespace fp8kv {
 
 ModelRunner::ModelRunner(const ModelConfig& cfg, Backend& backend, std::shared_ptr<const ModelWeights> weights,
-                         int max_num_batched_tokens, TpShard tp)
+                         int max_num_batched_tokens, int max_num_seqs, TpShard tp)
     : tp_(tp),
       cfg_(tp.world > 1 ? shard_config(cfg, tp.world) : cfg),
       vocab_parallel_(vocab_parallel(cfg, tp.world)),
       be_(backend),
       weights_(backend.upload_weights(shard_weights(std::move(weights), cfg, tp))),
       fwd_(cfg_, be_, weights_),
-      rs_(be_, cfg_, max_num_batched_tokens, kLogitsRows) {
+      // A device backend computes every sampled row of a step in one LM-head
+      // call (the head is read once per step; 256 rows of a 128K vocabulary
+      // are 131 MB); the CPU keeps 16-row chunks.
+      rs_(be_, cfg_, max_num_batched_tokens,
+          backend.name() == "cpu" ? kLogitsRows : std::clamp(max_num_seqs, kLogitsRows, 256), fwd_.fused()) {
   if (tp.world > 1 && backend.tp_world() != tp.world)
     throw std::logic_error("ModelRunner: tensor parallel without a matching Communicator on the backend");
-  if (vocab_parallel_) logits_local_ = be_.alloc(static_cast<size_t>(kLogitsRows) * (cfg_.vocab_size / tp.world) * 4);
+  if (vocab_parallel_)
+    logits_local_ = be_.alloc(static_cast<size_t>(rs_.max_logits_rows) * (cfg_.vocab_size / tp.world) * 4);
+  // vLLM's capture sizes: 1, 2, 4, then multiples of 8, up to max_num_seqs
+  // (and the token budget: a decode row is a token).
+  const int cap = std::min(max_num_seqs, max_num_batched_tokens);
+  for (int b : {1, 2, 4})
+    if (b <= cap) buckets_.push_back(b);
+  for (int b = 8; b <= cap; b += 8) buckets_.push_back(b);
+}
+
+int ModelRunner::graph_bucket(int S) const {
+  for (int b : buckets_)
+    if (S <= b) return b;
+  return 0;
 }
 
 void ModelRunner::compute_logits(const Tensor& hidden, std::span<const int32_t> rows, Tensor& l) {
@@ -46,6 +63,7 @@ void ModelRunner::build_batch(const SchedulerOutput& out) {
   b.num_groups = G;
   b.max_query_len = 0;
   b.max_context_len = 0;
+  b.decode_plan_context = 0;
   b.token_ids.resize(T);
   b.positions.resize(T);
   b.query_start.assign(1, 0);
@@ -84,10 +102,62 @@ void ModelRunner::build_batch(const SchedulerOutput& out) {
   if (t != T) throw std::logic_error("ModelRunner: token count does not match the scheduled sequences");
 }
 
+void ModelRunner::pad_batch(int bucket) {
+  StepBatch& b = batch_;
+  const int S = b.num_seqs, G = b.num_groups, Bk = kv_->plan().block_size;
+  const int width = std::max(1, (kv_->plan().max_model_len + Bk - 1) / Bk);
+  if (width < b.max_blocks_per_seq) throw std::logic_error("ModelRunner: a block table is wider than max_model_len");
+  // Widen the block tables to the fixed width (rows keep their entries).
+  for (int g = 0; g < G; ++g) {
+    std::vector<int32_t>& bt = b.block_tables[g];
+    std::vector<int32_t> wide(static_cast<size_t>(bucket) * width, -1);
+    for (int s = 0; s < S; ++s)
+      std::copy(bt.begin() + static_cast<int64_t>(s) * b.max_blocks_per_seq,
+                bt.begin() + static_cast<int64_t>(s + 1) * b.max_blocks_per_seq,
+                wide.begin() + static_cast<int64_t>(s) * width);
+    bt.swap(wide);
+    b.slot_mapping[g].resize(bucket, -1);  // padding rows store nothing
+  }
+  b.max_blocks_per_seq = width;
+  b.token_ids.resize(bucket, 0);
+  b.positions.resize(bucket, 0);
+  b.context_lens.resize(bucket, 0);  // attention reads no key of a padding sequence
+  b.is_decode.resize(bucket, 1);
+  for (int s = S; s < bucket; ++s) b.query_start.push_back(s + 1);
+  b.num_tokens = b.num_seqs = b.num_decodes = bucket;
+  b.decode_plan_context = kv_->plan().max_model_len;
+}
+
 void ModelRunner::execute(const SchedulerOutput& out) {
   build_batch(out);
+  const bool decode_only = batch_.num_seqs > 0 && batch_.num_decodes == batch_.num_seqs;
+  const int bucket = decode_only ? graph_bucket(batch_.num_seqs) : 0;
+  // Tensor-parallel ranks run eagerly for now: capturing the collectives
+  // into every rank's graph is not done (docs/tp.md).
+  const bool graphs = bucket > 0 && be_.supports_graphs() && tp_.world == 1;
+  if (bucket > 0 && (graphs || pad_eager_)) pad_batch(bucket);
   be_.begin_step(batch_);
+  if (!graphs || pad_eager_) {
+    fwd_.run(batch_, rs_);
+    return;
+  }
+  if (be_.replay_graph(bucket)) {
+    ++graph_replays_;
+    return;
+  }
+  // First step of this bucket (or after the backend dropped its graphs): an
+  // eager run computes the step and sizes every scratch buffer, then the same
+  // ops are captured (not run: the capture only records) for the next steps.
   fwd_.run(batch_, rs_);
+  be_.begin_graph_capture(bucket);
+  try {
+    fwd_.run(batch_, rs_);
+  } catch (...) {
+    be_.abort_graph_capture();
+    throw;
+  }
+  be_.end_graph_capture(bucket);
+  ++graph_captures_;
 }
 
 void ModelRunner::logits_to_host(std::span<const int32_t> rows, std::vector<float>& out) {
@@ -105,8 +175,9 @@ void ModelRunner::logits_to_host(std::span<const int32_t> rows, std::vector<floa
 void ModelRunner::sample(std::span<const int32_t> rows, std::span<const RowSampling> params, std::span<int32_t> ids) {
   const int V = cfg_.vocab_size;
   const Tensor hidden = ForwardPass::hidden(rs_, cfg_, batch_.num_tokens);
-  for (size_t r = 0; r < rows.size(); r += kLogitsRows) {
-    const int m = static_cast<int>(std::min<size_t>(kLogitsRows, rows.size() - r));
+  const size_t chunk = static_cast<size_t>(rs_.max_logits_rows);
+  for (size_t r = 0; r < rows.size(); r += chunk) {
+    const int m = static_cast<int>(std::min<size_t>(chunk, rows.size() - r));
     Tensor l = rs_.logits.view(ScalarType::f32, m, V);
     compute_logits(hidden, rows.subspan(r, m), l);
     if (tp_.rank == 0) be_.sample(l, params.subspan(r, m), ids.subspan(r, m));

@@ -28,9 +28,27 @@ class ModelRunner {
   // With tensor parallelism (tp.world > 1; engine/tp_shard.h), `cfg` and
   // `weights` are the full model: the runner uploads only rank tp.rank's
   // shard, and `backend` must be made with shard_config(cfg, tp.world) and
-  // carry the rank's Communicator.
+  // carry the rank's Communicator. max_num_seqs bounds the CUDA-graph buckets
+  // and the logits rows computed per LM-head call on a device backend (one
+  // call per decode step).
   ModelRunner(const ModelConfig& cfg, Backend& backend, std::shared_ptr<const ModelWeights> weights,
-              int max_num_batched_tokens, TpShard tp = {});
+              int max_num_batched_tokens, int max_num_seqs = kLogitsRows, TpShard tp = {});
+
+  // CUDA graphs (docs/cuda_backend.md "CUDA graphs"). A decode-only step of
+  // S <= largest bucket sequences is padded to the bucket (1, 2, 4, 8, 16,
+  // 24, 32, ... up to max_num_seqs, as vLLM) with sequences of context 0 and
+  // slot -1, its block tables widened to max_model_len / block_size columns
+  // and its decode plan made for max_model_len (StepBatch::
+  // decode_plan_context), so one captured graph per bucket serves every
+  // context length. Used when the backend supports_graphs() (CUDA without
+  // --enforce-eager and without a store observer). pad_eager (tests) pads
+  // the same way but runs the ops eagerly: the reference a replay must equal
+  // bitwise.
+  void set_pad_eager(bool on) { pad_eager_ = on; }
+  // Bucket of a decode step of S sequences; 0 when S exceeds the largest.
+  int graph_bucket(int S) const;
+  int64_t graph_replays() const { return graph_replays_; }
+  int64_t graph_captures() const { return graph_captures_; }
   // The KV bookkeeping the step's slot mappings and block tables come from.
   void set_kv(KvCacheManager& kv) { kv_ = &kv; }
 
@@ -55,6 +73,8 @@ class ModelRunner {
   void build_batch(const SchedulerOutput& out);
   // Logits of rows [m] into l [m][V] (vocab-parallel: local shard + all_gather).
   void compute_logits(const Tensor& hidden, std::span<const int32_t> rows, Tensor& l);
+  // Pads batch_ (decode-only, S <= bucket) to `bucket` sequences (see above).
+  void pad_batch(int bucket);
 
   TpShard tp_;
   ModelConfig cfg_;  // the rank's config (engine/tp_shard.h shard_config); vocab_size is the full V
@@ -66,6 +86,9 @@ class ModelRunner {
   RunState rs_;
   StepBatch batch_;
   DeviceBuffer logits_local_;  // [kLogitsRows][V / world] f32, vocab-parallel only
+  std::vector<int> buckets_;  // ascending
+  bool pad_eager_ = false;
+  int64_t graph_replays_ = 0, graph_captures_ = 0;
 };
 
 }  // namespace fp8kv

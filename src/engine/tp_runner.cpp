@@ -17,14 +17,15 @@
 namespace fp8kv {
 
 TpRunner::TpRunner(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> weights, std::string_view backend,
-                   const BackendOptions& bo, int world, int max_num_batched_tokens)
+                   const BackendOptions& bo, int world, int max_num_batched_tokens, int max_num_seqs)
     : world_(world), full_cfg_(cfg) {
   check_tensor_parallel(cfg, world);
   ranks_.resize(static_cast<size_t>(world));
   errors_.resize(static_cast<size_t>(world));
   if (world == 1) {
     ranks_[0].backend = make_backend(backend, cfg, bo);
-    ranks_[0].runner = std::make_unique<ModelRunner>(cfg, *ranks_[0].backend, std::move(weights), max_num_batched_tokens);
+    ranks_[0].runner = std::make_unique<ModelRunner>(cfg, *ranks_[0].backend, std::move(weights), max_num_batched_tokens,
+                                                     max_num_seqs);
     return;
   }
   const std::string name = resolve_backend_name(backend);
@@ -63,7 +64,8 @@ TpRunner::TpRunner(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> w
       Rank& k = ranks_[r];
       k.backend = make_backend(name, rc, o);
       k.backend->set_communicator(comms_[r].get());
-      k.runner = std::make_unique<ModelRunner>(cfg, *k.backend, weights, max_num_batched_tokens, TpShard{r, world});
+      k.runner = std::make_unique<ModelRunner>(cfg, *k.backend, weights, max_num_batched_tokens, max_num_seqs,
+                                               TpShard{r, world});
     };
     run_all(build);
   } catch (...) {

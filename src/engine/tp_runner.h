@@ -34,7 +34,7 @@ class TpRunner {
   // (bo.device + r) and NCCL. Throws InputError when world does not fit the
   // model (engine/tp_shard.h check_tensor_parallel) or the machine.
   TpRunner(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> weights, std::string_view backend,
-           const BackendOptions& bo, int world, int max_num_batched_tokens);
+           const BackendOptions& bo, int world, int max_num_batched_tokens, int max_num_seqs);
   ~TpRunner();
   TpRunner(const TpRunner&) = delete;
   TpRunner& operator=(const TpRunner&) = delete;
@@ -42,6 +42,12 @@ class TpRunner {
   int world() const { return world_; }
   Backend& backend(int rank = 0) { return *ranks_.at(rank).backend; }
   ModelRunner& runner(int rank = 0) { return *ranks_.at(rank).runner; }
+  // CUDA graphs (rank 0's counters; ModelRunner::set_pad_eager on every rank).
+  void set_pad_eager(bool on) {
+    for (auto& k : ranks_) k.runner->set_pad_eager(on);
+  }
+  int64_t graph_replays() const { return ranks_[0].runner->graph_replays(); }
+  int64_t graph_captures() const { return ranks_[0].runner->graph_captures(); }
 
   // Fan-outs to every rank.
   void set_kv(KvCacheManager& kv);

@@ -21,9 +21,10 @@ using namespace cudaops_test;
 // y = x W^T (+ b) (+ y0). Both sides see bf16-exact x and W; fp32 accumulation
 // in any order differs from exact by <= K u sum|x w| each (Higham), so
 // |gpu - cpu| <= 2 (K + 2) u (sum|x w| + |b| + |y0|).
-void check_linear(std::mt19937_64& rng, int T, int N, int K, bool bias, bool accumulate, bool f32_weights) {
+void check_linear(std::mt19937_64& rng, int T, int N, int K, bool bias, bool accumulate, bool f32_weights,
+                  int gemv_rows = 0) {
   SCOPED_TRACE(::testing::Message() << "T=" << T << " N=" << N << " K=" << K << " bias=" << bias
-                                    << " acc=" << accumulate << " f32w=" << f32_weights);
+                                    << " acc=" << accumulate << " f32w=" << f32_weights << " gemv=" << gemv_rows);
   std::vector<float> x = from_bf16(to_bf16(randn(rng, static_cast<size_t>(T) * K, 1.0f)));
   std::vector<float> w = randn(rng, static_cast<size_t>(N) * K, 0.05f);
   std::vector<float> b = bias ? randn(rng, N, 0.5f) : std::vector<float>();
@@ -37,6 +38,7 @@ void check_linear(std::mt19937_64& rng, int T, int N, int K, bool bias, bool acc
   auto db = to_device(b);
   auto dy = to_device(y0);
   cuda::Gemm gemm;
+  gemm.set_gemv_max_rows(gemv_rows);
   gemm.linear(dx.as<uint16_t>(), T, W, bias ? db.as<float>() : nullptr, dy.as<float>(), accumulate, nullptr);
   const auto y = to_host<float>(dy, static_cast<size_t>(T) * N);
 
@@ -68,6 +70,20 @@ TEST(CudaOps, LinearMatchesCpu) {
       for (bool acc : {false, true}) check_linear(rng, T, 200, 320, bias, acc, false);
   check_linear(rng, 3, 64, 128, true, false, true);  // fp32 checkpoint: rounded to bf16 at upload
   check_linear(rng, 130, 1000, 64, false, true, false);
+}
+
+// The decode GEMV (Gemm with gemv rows on): same bound, every T it takes,
+// K not a multiple of the 32 x 8 lane stride, and T past the limit (cuBLASLt).
+TEST(CudaOps, LinearGemvMatchesCpu) {
+  FP8KV_NEED_GPU();
+  std::mt19937_64 rng(test_seed());
+  for (int T : {1, 2, 3, 8})
+    for (bool bias : {false, true})
+      for (bool acc : {false, true}) check_linear(rng, T, 200, 320, bias, acc, false, cuda::kGemvMaxRows);
+  check_linear(rng, 5, 77, 4104, true, false, false, cuda::kGemvMaxRows);
+  check_linear(rng, 1, 3000, 64, false, false, false, cuda::kGemvMaxRows);
+  check_linear(rng, 9, 200, 320, true, false, false, cuda::kGemvMaxRows);  // > kGemvMaxRows: cuBLASLt
+  EXPECT_FALSE(cuda::gemv_bf16_fits(reinterpret_cast<const uint16_t*>(256), 1, cuda::DeviceMatrix{nullptr, 4, 12}));
 }
 
 // ---- rmsnorm -------------------------------------------------------------------

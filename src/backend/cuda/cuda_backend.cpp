@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -68,6 +70,7 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const BackendOptions& opts)
   if (cfg.num_kv_heads <= 0 || cfg.num_heads % cfg.num_kv_heads != 0)
     throw InputError(fmt::format("--backend cuda: num_heads {} is not a multiple of num_kv_heads {}", cfg.num_heads,
                                  cfg.num_kv_heads));
+  enforce_eager_ = opts.enforce_eager;
   FP8KV_CU(cudaSetDevice(device_));
   FP8KV_CU(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   gemm_ = std::make_unique<cuda::Gemm>();
@@ -76,6 +79,7 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const BackendOptions& opts)
 }
 
 CudaBackend::~CudaBackend() {
+  for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g.exec);
   if (stream_) {
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
@@ -133,28 +137,64 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
   b.output = w->lm_head ? mat(*w->lm_head) : b.embed;  // tied: the same device memory
   b.final_norm = vec(w->final_norm);
   b.embed_scale = w->embed_scale;
+  // Several matrices with the same column count in one allocation (rows
+  // concatenated): the fused matrix and a view of each part.
+  auto fused = [&](std::initializer_list<std::pair<const WeightMatrix*, Tensor*>> parts) -> Tensor {
+    int64_t rows = 0, cols = -1;
+    for (auto [m, t] : parts) {
+      if (!m->data) bad("upload_weights", "a fused projection part is missing");
+      if (cols >= 0 && m->cols != cols) bad("upload_weights", "fused projection parts differ in columns");
+      cols = m->cols;
+      rows += m->rows;
+    }
+    DeviceBuffer buf = alloc(static_cast<size_t>(rows * cols) * 2);
+    auto* base = static_cast<uint16_t*>(buf.data());
+    int64_t r0 = 0;
+    for (auto [m, t] : parts) {
+      cuda::upload_matrix_bf16_to(MatrixRef{m->data, m->bf16 ? WeightType::bf16 : WeightType::f32, m->rows, m->cols},
+                                  base + r0 * cols);
+      *t = Tensor{base + r0 * cols, ScalarType::bf16, m->rows, m->cols};
+      r0 += m->rows;
+    }
+    Tensor all{buf.data(), ScalarType::bf16, rows, cols};
+    b.storage.push_back(std::move(buf));
+    return all;
+  };
+  // Biases of fused parts: concatenated (a missing part is zeros); none at all -> empty.
+  auto fused_bias = [&](std::initializer_list<std::pair<const std::vector<float>*, int64_t>> parts) -> Tensor {
+    bool any = false;
+    for (auto [v, n] : parts) any = any || !v->empty();
+    if (!any) return {};
+    std::vector<float> all;
+    for (auto [v, n] : parts) {
+      if (v->empty())
+        all.insert(all.end(), static_cast<size_t>(n), 0.0f);
+      else
+        all.insert(all.end(), v->begin(), v->end());
+    }
+    return vec(all);
+  };
   b.layers.reserve(w->layers.size());
   for (const LayerWeights& L : w->layers) {
     BackendLayerWeights o;
     o.input_norm = vec(L.input_norm);
-    o.q_proj = mat(L.q_proj);
-    o.k_proj = mat(L.k_proj);
-    o.v_proj = mat(L.v_proj);
+    o.qkv_proj = fused({{&L.q_proj, &o.q_proj}, {&L.k_proj, &o.k_proj}, {&L.v_proj, &o.v_proj}});
     o.o_proj = mat(L.o_proj);
     o.q_bias = vec(L.q_bias);
     o.k_bias = vec(L.k_bias);
     o.v_bias = vec(L.v_bias);
+    o.qkv_bias = fused_bias({{&L.q_bias, L.q_proj.rows}, {&L.k_bias, L.k_proj.rows}, {&L.v_bias, L.v_proj.rows}});
     o.o_bias = vec(L.o_bias);
     o.q_norm = vec(L.q_norm);
     o.k_norm = vec(L.k_norm);
     o.post_attention_norm = vec(L.post_attention_norm);
     o.pre_ffn_norm = vec(L.pre_ffn_norm);
     o.post_ffn_norm = vec(L.post_ffn_norm);
-    o.gate_proj = mat(L.gate_proj);
-    o.up_proj = mat(L.up_proj);
+    o.gate_up_proj = fused({{&L.gate_proj, &o.gate_proj}, {&L.up_proj, &o.up_proj}});
     o.down_proj = mat(L.down_proj);
     o.gate_bias = vec(L.gate_bias);
     o.up_bias = vec(L.up_bias);
+    o.gate_up_bias = fused_bias({{&L.gate_bias, L.gate_proj.rows}, {&L.up_bias, L.up_proj.rows}});
     o.down_bias = vec(L.down_bias);
     b.layers.push_back(o);
   }
@@ -183,6 +223,7 @@ void CudaBackend::allocate_kv(const KvPlan& plan, const KvCacheLayout& layout) {
   }
   for (int l = 0; l < cfg_.num_layers; ++l)
     if (layer_group_[l] < 0) throw std::logic_error(fmt::format("CudaBackend::allocate_kv: layer {} is in no KV group", l));
+  drop_graphs();
   kv_storage_.clear();
   const size_t bytes = layout.cache_bytes();
   for (int i = 0; i < plan.group_size * 2; ++i) {
@@ -201,6 +242,7 @@ KvLayerStorage CudaBackend::kv_layer(int layer) const {
 void CudaBackend::set_kv_scales(const KvScales& scales) {
   if (static_cast<int>(scales.layers.size()) != cfg_.num_layers)
     bad("set_kv_scales", fmt::format("{} layers of scales for {} model layers", scales.layers.size(), cfg_.num_layers));
+  drop_graphs();  // the scale buffers are reallocated
   scales_.resize(scales.layers.size());
   for (size_t l = 0; l < scales.layers.size(); ++l) {
     cuda::upload_f32(scales.layers[l].k.values, scales_[l].k);
@@ -237,6 +279,8 @@ void CudaBackend::begin_step(const StepBatch& b) {
   }
   for (int s = nd; s < S; ++s) v.max_prefill_query = std::max(v.max_prefill_query, b.query_len(s));
   v.prefill_row0 = b.query_start[nd];
+  if (b.decode_plan_context < 0) bad("begin_step", "negative decode_plan_context");
+  v.decode_plan_context = std::max(v.max_decode_context, b.decode_plan_context);
 
   // Pack everything into one host buffer (16-byte aligned sections) and copy once.
   const int P = S - nd;
@@ -260,7 +304,7 @@ void CudaBackend::begin_step(const StepBatch& b) {
     std::memcpy(step_host_.data() + o_slots[g], b.slot_mapping[g].data(), static_cast<size_t>(T) * 8);
     std::memcpy(step_host_.data() + o_bt[g], b.block_tables[g].data(), static_cast<size_t>(S) * B * 4);
   }
-  step_dev_.reserve(std::max<size_t>(off, 16));
+  grow(step_dev_, std::max<size_t>(off, 16));
   FP8KV_CU(cudaMemcpyAsync(step_dev_.get(), step_host_.data(), off, cudaMemcpyHostToDevice, stream_));
   const auto* base = static_cast<const uint8_t*>(step_dev_.get());
   v.ids = reinterpret_cast<const int32_t*>(base + o_ids);
@@ -285,7 +329,7 @@ const CudaBackend::StepView& CudaBackend::step(const char* op) const {
 const uint16_t* CudaBackend::to_bf16_input(const Tensor& x, const char* op) {
   if (x.dtype == ScalarType::bf16) return static_cast<const uint16_t*>(x.data);
   const float* xp = f32(x, op, "x");
-  x_bf16_.reserve(static_cast<size_t>(x.numel()) * 2);
+  grow(x_bf16_, static_cast<size_t>(x.numel()) * 2);
   cuda::to_bf16_rows(xp, nullptr, x.rows, x.cols, x_bf16_.as<uint16_t>(), stream_);
   return x_bf16_.as<const uint16_t>();
 }
@@ -306,7 +350,7 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, T
   if (y.dtype == ScalarType::f32) {
     gemm_->linear(xb, x.rows, W, bp, static_cast<float*>(y.data), false, stream_);
   } else if (y.dtype == ScalarType::bf16) {
-    y_f32_.reserve(static_cast<size_t>(y.numel()) * 4);
+    grow(y_f32_, static_cast<size_t>(y.numel()) * 4);
     gemm_->linear(xb, x.rows, W, bp, y_f32_.as<float>(), false, stream_);
     cuda::to_bf16_rows(y_f32_.as<float>(), nullptr, y.rows, y.cols, static_cast<uint16_t*>(y.data), stream_);
   } else {
@@ -383,6 +427,49 @@ void CudaBackend::gated_act(Activation act, const Tensor& gate, const Tensor& up
                   out.data, out.dtype == ScalarType::bf16, stream_);
 }
 
+void CudaBackend::qkv_split(int layer, const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, float eps,
+                            Tensor& q, Tensor& k, Tensor& v) {
+  const StepView& s = step("qkv_split");
+  const int D = cfg_.head_dim;
+  const int64_t Q = static_cast<int64_t>(cfg_.num_heads) * D, KV = static_cast<int64_t>(cfg_.num_kv_heads) * D;
+  if (qkv.rows != s.T || qkv.cols != Q + 2 * KV || q.rows != s.T || k.rows != s.T || v.rows != s.T || q.cols != Q ||
+      k.cols != KV || v.cols != KV)
+    bad("qkv_split", fmt::format("qkv {}, q {}, k {}, v {} for {} tokens", shape(qkv), shape(q), shape(k), shape(v), s.T));
+  const bool sliding = cfg_.is_sliding(layer);
+  const RopeTable& rt = sliding ? rope_sliding_ : rope_full_;
+  const float* in = f32(qkv, "qkv_split", "qkv");
+  cuda::QkvPrepArgs a;
+  a.T = s.T;
+  a.num_q_heads = cfg_.num_heads;
+  a.num_kv_heads = cfg_.num_kv_heads;
+  a.head_dim = D;
+  a.q_in = in;
+  a.k_in = in + Q;
+  a.v_in = in + Q + KV;
+  a.q_stride = a.k_stride = a.v_stride = Q + 2 * KV;
+  a.q_norm_w = opt_vec(q_norm, D, "qkv_split", "q_norm");
+  a.k_norm_w = opt_vec(k_norm, D, "qkv_split", "k_norm");
+  a.eps = eps;
+  a.positions = s.positions;
+  a.inv_freq = (sliding ? inv_freq_sliding_ : inv_freq_full_).as<float>();
+  a.rot_dim = rt.rot_dim();
+  a.attention_factor = rt.attention_factor();
+  a.q_out = f32(q, "qkv_split", "q");
+  a.k_out = f32(k, "qkv_split", "k");
+  a.v_out = f32(v, "qkv_split", "v");
+  cuda::qkv_prep(a, stream_);
+}
+
+void CudaBackend::gated_act_fused(Activation act, const Tensor& gate_up, Tensor& out) {
+  if (gate_up.cols % 2 != 0 || out.rows != gate_up.rows || out.cols * 2 != gate_up.cols)
+    bad("gated_act_fused", fmt::format("gate_up {}, out {}", shape(gate_up), shape(out)));
+  if (out.dtype != ScalarType::f32 && out.dtype != ScalarType::bf16) bad("gated_act_fused", "out must be f32 or bf16");
+  const float* g = f32(gate_up, "gated_act_fused", "gate_up");
+  if (!out.data && out.numel() > 0) bad("gated_act_fused", "out is empty");
+  cuda::gated_act(act, g, g + out.cols, gate_up.cols, out.rows, out.cols, out.data, out.dtype == ScalarType::bf16,
+                  stream_);
+}
+
 void CudaBackend::add(Tensor& x, const Tensor& y) {
   same_shape("add", x, y);
   cuda::add_inplace(f32(x, "add", "x"), f32(y, "add", "y"), x.numel(), stream_);
@@ -435,7 +522,12 @@ void CudaBackend::attention(const StepBatch& b, int layer, const Tensor& q, Tens
   const KvLayerStorage st = kv_layer(layer);
   const LayerScales& sc = scales_.at(layer);
   const float* qp = f32(q, "attention", "q");
-  float* op = f32(out, "attention", "out");
+  // out: f32, or bf16 when it only feeds the o_proj GEMM (fused forward).
+  if (out.dtype != ScalarType::f32 && out.dtype != ScalarType::bf16) bad("attention", "out must be f32 or bf16");
+  if (!out.data && out.numel() > 0) bad("attention", "out is empty");
+  auto* op = static_cast<uint8_t*>(out.data);
+  const cuda::ActDtype odt = out.dtype == ScalarType::bf16 ? cuda::ActDtype::bf16 : cuda::ActDtype::f32;
+  const int64_t oeb = out.dtype == ScalarType::bf16 ? 2 : 4;
   const int window = cfg_.window_for_layer(layer);
   const float softcap = cfg_.attn_logit_softcapping ? static_cast<float>(*cfg_.attn_logit_softcapping) : 0.0f;
 
@@ -455,16 +547,16 @@ void CudaBackend::attention(const StepBatch& b, int layer, const Tensor& q, Tens
     a.kv.context_lens = s.context_lens;
     a.batch = s.num_decodes;
     a.num_heads = Hq;
-    a.max_context_len = s.max_decode_context;
+    a.max_context_len = s.decode_plan_context;
     a.window = window;
     a.softmax_scale = cfg_.attention_scale();
     a.logit_softcap = softcap;
     a.q = qp;
     a.q_dtype = cuda::ActDtype::f32;
     a.out = op;
-    a.out_dtype = cuda::ActDtype::f32;
-    a.plan = cuda::plan_decode(s.num_decodes, Hq, Hkv, D, s.max_decode_context, window, cuda::device_sm_count());
-    decode_ws_.reserve(std::max<size_t>(a.plan.workspace_bytes, 16));
+    a.out_dtype = odt;
+    a.plan = cuda::plan_decode(s.num_decodes, Hq, Hkv, D, s.decode_plan_context, window, cuda::device_sm_count());
+    grow(decode_ws_, std::max<size_t>(a.plan.workspace_bytes, 16));
     a.workspace = decode_ws_.get();
     cuda::paged_decode(a, stream_);
   }
@@ -484,8 +576,8 @@ void CudaBackend::attention(const StepBatch& b, int layer, const Tensor& q, Tens
     a.q_start = s.prefill_q_start;
     a.q = qp + static_cast<int64_t>(s.prefill_row0) * Hq * D;
     a.q_dtype = cuda::ActDtype::f32;
-    a.out = op + static_cast<int64_t>(s.prefill_row0) * Hq * D;
-    a.out_dtype = cuda::ActDtype::f32;
+    a.out = op + static_cast<int64_t>(s.prefill_row0) * Hq * D * oeb;
+    a.out_dtype = odt;
     cuda::paged_prefill(a, stream_);
   }
 }
@@ -501,9 +593,10 @@ void CudaBackend::logits(const Tensor& hidden, std::span<const int32_t> rows, co
   float* y = f32(out, "logits", "out");
   rows_dev_.reserve(static_cast<size_t>(n) * 4);
   FP8KV_CU(cudaMemcpyAsync(rows_dev_.get(), rows.data(), static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream_));
-  x_bf16_.reserve(static_cast<size_t>(n * H) * 2);
-  cuda::to_bf16_rows(h, rows_dev_.as<int32_t>(), n, H, x_bf16_.as<uint16_t>(), stream_);
-  gemm_->linear(x_bf16_.as<uint16_t>(), n, matrix(output, "logits"), nullptr, y, false, stream_);
+  // Its own staging buffer: never in a graph, so its growth does not drop them.
+  logits_x_bf16_.reserve(static_cast<size_t>(n * H) * 2);
+  cuda::to_bf16_rows(h, rows_dev_.as<int32_t>(), n, H, logits_x_bf16_.as<uint16_t>(), stream_);
+  gemm_->linear(logits_x_bf16_.as<uint16_t>(), n, matrix(output, "logits"), nullptr, y, false, stream_);
   if (cfg_.final_logit_softcapping)
     cuda::softcap(y, n * V, static_cast<float>(*cfg_.final_logit_softcapping), stream_);
 }
@@ -525,6 +618,73 @@ void CudaBackend::sample(const Tensor& logits, std::span<const RowSampling> para
   download(ids.data(), sample_ids_.get(), static_cast<size_t>(n) * 4);
   for (int64_t r = 0; r < n; ++r)
     if (ids[r] < 0) throw std::runtime_error(fmt::format("non-finite logits (NaN) from the model in sampled row {}", r));
+}
+
+// ---- CUDA graphs --------------------------------------------------------------
+// docs/cuda_backend.md "CUDA graphs": one graph per decode bucket, captured by
+// the ModelRunner after an eager warm-up of the same bucket; the step's inputs
+// reach a replay through step_dev_ (begin_step copies into the same buffer),
+// and its decode plan is made for max_model_len, so it covers every context.
+
+void CudaBackend::grow(cuda::DeviceBuffer& buf, size_t bytes) {
+  if (bytes <= buf.bytes()) return;
+  if (capturing_)
+    throw std::logic_error(fmt::format("CudaBackend: a scratch buffer would grow to {} bytes during graph capture "
+                                       "(the eager warm-up must size it)",
+                                       bytes));
+  // Geometric growth: a few reallocations (each invalidates the graphs) in a run.
+  buf.reserve(std::max(bytes, buf.bytes() + buf.bytes() / 2));
+  ++buffers_gen_;
+}
+
+void CudaBackend::drop_graphs() {
+  if (capturing_) throw std::logic_error("CudaBackend: buffers changed during graph capture");
+  for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g.exec);
+  graphs_.clear();
+  ++buffers_gen_;
+}
+
+bool CudaBackend::replay_graph(int64_t key) {
+  if (!supports_graphs()) return false;
+  auto it = graphs_.find(key);
+  if (it == graphs_.end()) return false;
+  if (it->second.gen != buffers_gen_) {
+    cudaGraphExecDestroy(it->second.exec);
+    graphs_.erase(it);
+    return false;
+  }
+  FP8KV_CU(cudaGraphLaunch(it->second.exec, stream_));
+  return true;
+}
+
+void CudaBackend::begin_graph_capture(int64_t /*key*/) {
+  if (capturing_) throw std::logic_error("CudaBackend::begin_graph_capture: already capturing");
+  if (!supports_graphs()) throw std::logic_error("CudaBackend::begin_graph_capture: graphs are off");
+  // Thread-local mode: other threads' unrelated CUDA calls do not break it.
+  FP8KV_CU(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  capturing_ = true;
+}
+
+void CudaBackend::end_graph_capture(int64_t key) {
+  if (!capturing_) throw std::logic_error("CudaBackend::end_graph_capture without begin_graph_capture");
+  capturing_ = false;
+  cudaGraph_t graph = nullptr;
+  FP8KV_CU(cudaStreamEndCapture(stream_, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  FP8KV_CU(e);
+  if (auto it = graphs_.find(key); it != graphs_.end()) cudaGraphExecDestroy(it->second.exec);
+  graphs_[key] = Graph{exec, buffers_gen_};
+}
+
+void CudaBackend::abort_graph_capture() {
+  if (!capturing_) return;
+  capturing_ = false;
+  cudaGraph_t graph = nullptr;
+  (void)cudaStreamEndCapture(stream_, &graph);  // fails when the capture was invalidated
+  if (graph) cudaGraphDestroy(graph);
+  (void)cudaGetLastError();
 }
 
 }  // namespace fp8kv

@@ -11,6 +11,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -60,11 +61,25 @@ class CudaBackend final : public Backend {
   void logits(const Tensor& hidden, std::span<const int32_t> rows, const Tensor& output, Tensor& out) override;
   void sample(const Tensor& logits, std::span<const RowSampling> params, std::span<int32_t> host_ids) override;
 
+  // Fused QKV and gate|up GEMMs (weights concatenated at upload).
+  bool fuses_projections() const override { return true; }
+  void qkv_split(int layer, const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, float eps, Tensor& q,
+                 Tensor& k, Tensor& v) override;
+  void gated_act_fused(Activation act, const Tensor& gate_up, Tensor& out) override;
+
+  // CUDA graphs per decode bucket (docs/cuda_backend.md "CUDA graphs").
+  bool supports_graphs() const override { return !enforce_eager_ && observer_ == nullptr; }
+  bool replay_graph(int64_t key) override;
+  void begin_graph_capture(int64_t key) override;
+  void end_graph_capture(int64_t key) override;
+  void abort_graph_capture() override;
+
  private:
   // Device views of the current step (pointers into step_dev_).
   struct StepView {
     int T = 0, S = 0, num_decodes = 0, B = 0;
     int max_decode_context = 0;  // over decode sequences
+    int decode_plan_context = 0; // the decode plan's context (StepBatch::decode_plan_context or the above)
     int max_prefill_query = 0;   // over prefill sequences
     int prefill_row0 = 0;        // query_start[num_decodes]
     const int32_t* ids = nullptr;        // [T]
@@ -81,6 +96,11 @@ class CudaBackend final : public Backend {
 
   const StepView& step(const char* op) const;
   const uint16_t* to_bf16_input(const Tensor& x, const char* op);
+  // Grows a scratch buffer that captured graphs may point into: a
+  // reallocation invalidates every graph (buffers_gen_), and is refused
+  // while capturing (the runner's eager warm-up sizes everything first).
+  void grow(cuda::DeviceBuffer& buf, size_t bytes);
+  void drop_graphs();
 
   ModelConfig cfg_;
   int device_ = 0;
@@ -104,9 +124,20 @@ class CudaBackend final : public Backend {
   cuda::DeviceBuffer y_f32_;         // GEMM output staging when y is bf16
   cuda::DeviceBuffer decode_ws_;     // paged_decode workspace
   cuda::DeviceBuffer rows_dev_;      // logits row indices
+  cuda::DeviceBuffer logits_x_bf16_; // LM-head input [n][H] bf16
   cuda::DeviceBuffer sample_params_; // [n] SampleParams
   cuda::DeviceBuffer sample_ids_;    // [n] int32
   std::vector<float> obs_q_, obs_k_, obs_v_;  // host copies for the observer
+  // Graphs: one executable graph per bucket key, valid while buffers_gen_
+  // (bumped by every reallocation of memory a graph may use) is unchanged.
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    uint64_t gen = 0;
+  };
+  bool enforce_eager_ = false;
+  bool capturing_ = false;
+  uint64_t buffers_gen_ = 0;
+  std::map<int64_t, Graph> graphs_;
 };
 
 }  // namespace fp8kv

@@ -2,6 +2,7 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -129,6 +130,7 @@ struct Gemm::Plan {
 };
 
 Gemm::Gemm() : workspace_(kWorkspaceBytes) {
+  if (const char* g = std::getenv("FP8KV_GEMV")) gemv_max_rows_ = std::clamp(std::atoi(g), 0, kGemvMaxRows);
   cublasLtHandle_t h = nullptr;
   FP8KV_CUBLAS(cublasLtCreate(&h));
   handle_ = h;
@@ -195,6 +197,10 @@ void Gemm::linear(const uint16_t* x, int64_t T, const DeviceMatrix& W, const flo
   if (T == 0) return;
   if (T < 0 || !x || !W.data || !y || W.rows <= 0 || W.cols <= 0)
     throw std::invalid_argument("cuda::Gemm::linear: bad arguments (null pointer or empty shape)");
+  if (T <= gemv_max_rows_ && gemv_bf16_fits(x, T, W)) {
+    gemv_bf16(x, T, W, bias, y, accumulate, stream);
+    return;
+  }
   Plan& p = plan(T, W.rows, W.cols, bias != nullptr, accumulate, pointer_alignment(x), pointer_alignment(W.data),
                  pointer_alignment(y));
   if (p.bias_epilogue)

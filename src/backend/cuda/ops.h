@@ -92,13 +92,31 @@ class Gemm {
   void linear(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y, bool accumulate,
               cudaStream_t stream);
 
+  // Calls with T <= this many rows (and shapes gemv_bf16 takes) run
+  // gemv_bf16 instead of cuBLASLt. Default: the environment variable
+  // FP8KV_GEMV (0..kGemvMaxRows), else 0 (off) until measured
+  // (docs/cuda_backend.md "GEMV").
+  void set_gemv_max_rows(int rows) { gemv_max_rows_ = rows; }
+  int gemv_max_rows() const { return gemv_max_rows_; }
+
  private:
   struct Plan;
   Plan& plan(int64_t T, int64_t N, int64_t K, bool bias, bool accumulate, int align_x, int align_w, int align_y);
   void* handle_ = nullptr;  // cublasLtHandle_t
   DeviceBuffer workspace_;
   std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int, int, int>, Plan*> plans_;
+  int gemv_max_rows_ = 0;
 };
+
+// Decode-shaped linear without cuBLASLt: y[T][N] = x[T][K] W[N][K]^T (+ bias)
+// (+ y when accumulate), bf16 inputs, fp32 accumulation (fmaf, per-lane
+// partial sums then a warp tree) and output, for 1 <= T <= kGemvMaxRows.
+// One warp per output column streams W once. gemv_bf16_fits: K % 8 == 0 and
+// 16-byte aligned x and W (else gemv_bf16 throws std::invalid_argument).
+constexpr int kGemvMaxRows = 8;
+bool gemv_bf16_fits(const uint16_t* x, int64_t T, const DeviceMatrix& W);
+void gemv_bf16(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y, bool accumulate,
+               cudaStream_t stream);
 
 // ---- norms ----------------------------------------------------------------
 
