@@ -88,17 +88,6 @@ KvDtype resolve_kv_cache_dtype(std::string_view requested, const std::filesystem
 
 namespace {
 
-// Default KV budget: room for max_num_seqs full-length requests, capped at a
-// quarter of the machine (but always one full request). Pages are backed
-// lazily by the OS, so an unused budget costs nothing (docs/engine.md).
-uint64_t default_kv_budget(const ModelConfig& cfg, KvPlanSettings s) {
-  const uint64_t one = kv_memory_needed(cfg, s);
-  uint64_t want = one * static_cast<uint64_t>(s.max_num_seqs);
-  const uint64_t cap = physical_memory() / 4;
-  if (cap > 0) want = std::min(want, std::max(one, cap));
-  return want;
-}
-
 // The engine: a Scheduler (admission, budget, preemption), a ModelRunner
 // (StepBatch + forward pass) and a Backend (the ops and the memory).
 class EngineImpl final : public Engine {
@@ -128,7 +117,9 @@ class EngineImpl final : public Engine {
     s.max_num_batched_tokens = o.max_num_batched_tokens;
     s.block_size = o.block_size;
     s.dtype = dtype_;
-    s.kv_memory_bytes = kv_budget(o, s);
+    const KvBudget budget = kv_budget(o, s);
+    s.kv_memory_bytes = budget.kv_memory_bytes;
+    s.budget_source = budget.source;
     plan_ = plan_kv_cache(cfg_, s);
     kv_ = std::make_unique<KvCacheManager>(cfg_, plan_);
     backend_->allocate_kv(plan_, kv_->layout());
@@ -146,18 +137,19 @@ class EngineImpl final : public Engine {
   // --kv-memory when given; on a GPU, --gpu-memory-utilization (vLLM's
   // meaning: that fraction of total memory, minus what the weights and the
   // preallocated activations already use); on the CPU, default_kv_budget.
-  uint64_t kv_budget(const EngineOptions& o, const KvPlanSettings& s) const {
-    if (o.kv_memory_bytes > 0) return o.kv_memory_bytes;
-    if (backend_->name() == "cpu") return default_kv_budget(cfg_, s);
+  // The arithmetic is kv/planner's, shared with `fp8kv capacity` (docs/capacity.md).
+  KvBudget kv_budget(const EngineOptions& o, const KvPlanSettings& s) const {
+    if (o.kv_memory_bytes > 0) return KvBudget{o.kv_memory_bytes};
+    if (backend_->name() == "cpu") return default_cpu_kv_budget(cfg_, s, physical_memory());
     const MemoryInfo m = backend_->memory_info();
-    const double util = o.gpu_memory_utilization > 0 ? o.gpu_memory_utilization : 0.9;
-    const double used = static_cast<double>(m.total_bytes - std::min(m.free_bytes, m.total_bytes));
-    const double budget = util * static_cast<double>(m.total_bytes) - used;
-    if (budget <= 0)
-      throw InputError(fmt::format("--gpu-memory-utilization {}: {} of {} are already in use; nothing is left for "
-                                   "the KV cache",
-                                   util, format_bytes(static_cast<uint64_t>(used)), format_bytes(m.total_bytes)));
-    return static_cast<uint64_t>(budget);
+    GpuMemoryInputs in;
+    in.gpu_memory_bytes = m.total_bytes;
+    in.gpu_memory_what = "the GPU's memory";
+    in.utilization = o.gpu_memory_utilization > 0 ? o.gpu_memory_utilization : kDefaultGpuMemoryUtilization;
+    // Measured: weights and the preallocated activations are already in use.
+    in.weights_bytes_per_rank = m.total_bytes - std::min(m.free_bytes, m.total_bytes);
+    in.weights_source = "measured: weights + activations in use";
+    return kv_budget_from_gpu(in, cfg_);
   }
 
   const ModelConfig& config() const override { return cfg_; }
