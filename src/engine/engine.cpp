@@ -108,6 +108,9 @@ class EngineImpl final : public Engine {
     if (o.gpu_memory_utilization > 0.0 && o.kv_memory_bytes > 0)
       throw InputError("give --kv-memory or --gpu-memory-utilization, not both");
 
+    // Kept for the non-finite diagnosis (step()) on the CPU, whose backend
+    // reads these very matrices; a device backend's host copy is not held.
+    if (backend_->name() == "cpu") weights_ = w;
     // Weights and scratch first: a device backend sizes the KV cache from what is left.
     runner_ = std::make_unique<ModelRunner>(cfg_, *backend_, std::move(w), o.max_num_batched_tokens);
 
@@ -159,21 +162,8 @@ class EngineImpl final : public Engine {
   std::string_view backend_name() const override { return backend_->name(); }
 
   void set_kv_scales(KvScales s) override {
-    if (static_cast<int>(s.layers.size()) != cfg_.num_layers)
-      throw InputError(fmt::format("KV scales: {} layers, the model has {}", s.layers.size(), cfg_.num_layers));
-    for (int l = 0; l < cfg_.num_layers; ++l) {
-      auto check = [&](const StreamScale& sc, const char* what, int heads) {
-        const size_t n = sc.values.size();
-        if (n != 1 && n != static_cast<size_t>(heads))
-          throw InputError(fmt::format("KV scales: layer {} {}_scale has {} values, expected 1 or {}", l, what, n, heads));
-        for (float v : sc.values)
-          if (!(std::isfinite(v) && v > 0.0f))
-            throw InputError(fmt::format("KV scales: layer {} {}_scale = {} (must be finite and > 0)", l, what, v));
-      };
-      check(s.layers[l].k, "k", cfg_.num_kv_heads);
-      check(s.layers[l].v, "v", cfg_.num_kv_heads);
-      check(s.layers[l].q, "q", cfg_.num_heads);
-    }
+    // The shared validator (kv/scale_loader.h): the same rule and wording as at load.
+    validate_kv_scales(s, KvScaleShape{cfg_.num_layers, cfg_.num_heads, cfg_.num_kv_heads});
     scales_ = std::move(s);
     backend_->set_kv_scales(scales_);
   }
@@ -292,7 +282,26 @@ class EngineImpl final : public Engine {
   int num_running() const override { return sched_->num_running(); }
   int num_waiting() const override { return sched_->num_waiting(); }
 
+  // Non-finite logits or logprobs: name the first weight tensor (hence
+  // layer) holding NaN/inf, found by a scan done only now (issue 15 item 6).
+  // A damaged checkpoint is the input's fault: exit 2 naming the tensor.
   std::vector<StepEvent> step() override {
+    try {
+      return step_impl();
+    } catch (const InputError&) {
+      throw;
+    } catch (const std::runtime_error& e) {
+      if (std::string_view(e.what()).find("non-finite") == std::string_view::npos || !weights_) throw;
+      if (auto bad = weights_->first_non_finite())
+        throw InputError(fmt::format("{}: {} (the first non-finite weight in forward order: that layer's output is "
+                                     "where the values go non-finite; `fp8kv inspect --check-values` lists such "
+                                     "tensors)",
+                                     e.what(), *bad));
+      throw std::runtime_error(fmt::format("{} (every weight is finite: the activations overflowed)", e.what()));
+    }
+  }
+
+  std::vector<StepEvent> step_impl() {
     SchedulerOutput out = sched_->schedule();
     std::vector<StepEvent> events = std::move(out.events);
     if (out.seqs.empty()) {
@@ -413,6 +422,7 @@ class EngineImpl final : public Engine {
   KvPlan plan_;
   std::unique_ptr<KvCacheManager> kv_;
   KvScales scales_;
+  std::shared_ptr<const ModelWeights> weights_;
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<Scheduler> sched_;
   RequestId next_id_ = 1;

@@ -78,6 +78,11 @@ python3 -c "import json,sys; assert json.load(open(sys.argv[1]))['values_checked
 expect_refused "6 inspect --check-values NaN" \
   "$T/nan/model.safetensors: tensor model.layers.1.mlp.down_proj.weight (F32, shape [32, 64]) has NaN at element 5" \
   "$BIN" inspect "$T/nan" --check-values
+# ... and running it names the tensor and its layer, not "internal error: non-finite logits".
+expect_refused "6 generate with a NaN weight" "model.layers.1.mlp.down_proj.weight (layer 1) holds NaN at element 5" \
+  "$BIN" generate "$T/nan" --prompt "Hello" --max-tokens 2
+expect_refused "6 score with a NaN weight" "model.layers.1.mlp.down_proj.weight (layer 1) holds NaN" \
+  "$BIN" score "$T/nan" --text-file "$T/good.txt" --output "$T/o6.json"
 python3 "$HERE/st_edit.py" "$T/nan/model.safetensors" set-f32 model.layers.1.mlp.down_proj.weight 5 0.5
 python3 "$HERE/st_edit.py" "$T/nan/model.safetensors" set-f32 model.embed_tokens.weight 7 -inf
 expect_refused "6 inspect --check-values -inf" "tensor model.embed_tokens.weight (F32, shape [272, 32]) has -inf at element 7" \
