@@ -12,6 +12,7 @@
 #include <set>
 
 #include "cli/commands.h"
+#include "cli/engine_flags.h"
 #include "io/checkpoint.h"
 #include "io/errors.h"
 #include "kv/planner.h"
@@ -25,64 +26,23 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+// The engine's defaults (cli/engine_flags.h): capacity plans the pool the
+// engine would allocate with the same flags, so it must start from the same
+// values (issue 12: `fp8kv capacity` used 2048 batched tokens, the engine 8192).
+const EngineFlags kEngineDefaults{};
+
 struct CapacityArgs {
   std::string model;
   std::string kv_memory, gpu_memory;
-  double gpu_memory_utilization = 0.9;
+  double gpu_memory_utilization = kDefaultGpuMemoryUtilization;
   int max_model_len = 0;
-  int max_num_seqs = 256;
-  int max_num_batched_tokens = 2048;
-  int block_size = 16;
+  int max_num_seqs = kEngineDefaults.max_num_seqs;
+  int max_num_batched_tokens = kEngineDefaults.max_num_batched_tokens;
+  int block_size = kEngineDefaults.block_size;
   std::string kv_cache_dtype = "auto";
   int tensor_parallel_size = 1;
   bool compare = false;
   bool json_out = false;
-};
-
-int dtype_bytes_of(const std::string& torch_dtype) {
-  if (torch_dtype == "float32" || torch_dtype == "fp32") return 4;
-  if (torch_dtype == "float8_e4m3fn" || torch_dtype == "float8_e5m2") return 1;
-  return 2;  // bfloat16 / float16 / unspecified
-}
-
-// Parameters of the architectures ModelConfig covers (llama-style blocks).
-uint64_t estimate_parameters(const ModelConfig& c) {
-  const uint64_t h = static_cast<uint64_t>(c.hidden_size), hd = static_cast<uint64_t>(c.head_dim);
-  const uint64_t q = static_cast<uint64_t>(c.num_heads) * hd, kv = static_cast<uint64_t>(c.num_kv_heads) * hd;
-  const uint64_t embed = static_cast<uint64_t>(c.vocab_size) * h;
-  uint64_t layer = h * (q + 2 * kv) + q * h + 3 * h * static_cast<uint64_t>(c.intermediate_size);
-  if (c.attention_bias) layer += q + 2 * kv;
-  if (c.o_proj_bias) layer += h;
-  if (c.mlp_bias) layer += 2 * static_cast<uint64_t>(c.intermediate_size) + h;
-  if (c.qk_norm) layer += 2 * hd;
-  layer += (c.sandwich_norms ? 4 : 2) * h;
-  return embed * (c.tie_word_embeddings ? 1 : 2) + layer * static_cast<uint64_t>(c.num_layers) + h;
-}
-
-// Peak activation estimate of one profiling step (docs/capacity.md): the
-// live bf16 tensors of one layer for max_num_batched_tokens tokens (residual
-// + normed hidden, q/k/v, attention output, gate/up and their product), plus
-// fp32 logits for max_num_seqs sampled positions.
-uint64_t estimate_activation_bytes(const ModelConfig& c, int mnbt, int max_num_seqs, int tp) {
-  const uint64_t t = static_cast<uint64_t>(tp);
-  const uint64_t hd = static_cast<uint64_t>(c.head_dim);
-  const uint64_t per_token = 2 * static_cast<uint64_t>(c.hidden_size) +
-                             (2 * static_cast<uint64_t>(c.num_heads) + 2 * static_cast<uint64_t>(c.num_kv_heads)) *
-                                 hd / t +
-                             3 * static_cast<uint64_t>(c.intermediate_size) / t;
-  return static_cast<uint64_t>(mnbt) * per_token * 2 +
-         static_cast<uint64_t>(max_num_seqs) * static_cast<uint64_t>(c.vocab_size) * 4;
-}
-
-struct Budget {
-  uint64_t kv_memory = 0;
-  // --gpu-memory mode only:
-  bool from_gpu = false;
-  uint64_t gpu_memory = 0;
-  double utilization = 0.0;
-  uint64_t weights = 0;
-  std::string weights_source;  // "checkpoint" | "estimate"
-  uint64_t activations = 0;
 };
 
 struct Weights {
@@ -97,56 +57,28 @@ Weights model_weights(const fs::path& model, const ModelConfig& cfg) {
     const auto ckpt = Checkpoint::open(model);
     return {ckpt->total_tensor_bytes(), "checkpoint"};
   }
-  return {estimate_parameters(cfg) * static_cast<uint64_t>(dtype_bytes_of(cfg.torch_dtype)), "estimate"};
+  return {estimate_weight_bytes(cfg), "estimate"};
 }
 
-// probe: when given, the settings whose one request of max_model_len must fit
-// (the error then says which --gpu-memory or --max-model-len would).
-Budget make_budget(const CapacityArgs& a, const ModelConfig& cfg, const std::optional<Weights>& w, int mnbt,
-                   const KvPlanSettings* probe = nullptr) {
-  Budget b;
-  if (!a.kv_memory.empty()) {
-    b.kv_memory = parse_size(a.kv_memory);
-    return b;
-  }
-  b.from_gpu = true;
-  b.gpu_memory = parse_size(a.gpu_memory);
-  b.utilization = a.gpu_memory_utilization;
-  b.weights = w->bytes / static_cast<uint64_t>(a.tensor_parallel_size);
-  b.weights_source = w->source;
-  b.activations = estimate_activation_bytes(cfg, mnbt, a.max_num_seqs, a.tensor_parallel_size);
-  const auto usable = static_cast<uint64_t>(std::floor(static_cast<long double>(b.gpu_memory) * b.utilization));
-  const uint64_t non_kv = b.weights + b.activations;
-  const uint64_t kv_needed = probe ? kv_memory_needed(cfg, *probe) : 0;
-  // GPU memory that would hold the weights, activations and one request.
-  const auto gpu_needed = [&] {
-    return static_cast<uint64_t>(std::ceil(static_cast<long double>(non_kv + kv_needed) / b.utilization));
-  };
-  if (usable <= non_kv)
-    throw InputError(fmt::format(
-        "--gpu-memory {} x --gpu-memory-utilization {} = {} leaves nothing for the KV cache: weights {} per rank "
-        "({}) + activations {} (max_num_batched_tokens {}) need {}; one request of max_model_len needs at least "
-        "--gpu-memory {} ({} bytes), or give --kv-memory directly",
-        a.gpu_memory, b.utilization, format_bytes(usable), format_bytes(b.weights), b.weights_source,
-        format_bytes(b.activations), mnbt, format_bytes(non_kv), format_bytes(gpu_needed()), gpu_needed()));
-  b.kv_memory = usable - non_kv;
-  if (kv_needed > b.kv_memory) {
-    KvPlanSettings fit = *probe;
-    fit.kv_memory_bytes = b.kv_memory;
-    throw InputError(fmt::format(
-        "--gpu-memory {} leaves {} ({} bytes) for the KV cache after weights {} ({}) and activations {}; one "
-        "request of max_model_len needs {} ({} bytes): give --gpu-memory of at least {} ({} bytes), or a "
-        "--max-model-len of at most {}",
-        a.gpu_memory, format_bytes(b.kv_memory), b.kv_memory, format_bytes(b.weights), b.weights_source,
-        format_bytes(b.activations), format_bytes(kv_needed), kv_needed, format_bytes(gpu_needed()), gpu_needed(),
-        max_model_len_that_fits(cfg, fit)));
-  }
-  return b;
+// The KV budget (kv/planner: the same arithmetic as the engine). probe: when
+// given, the settings whose one request of max_model_len must fit (the error
+// then says which --gpu-memory or --max-model-len would).
+KvBudget make_budget(const CapacityArgs& a, const ModelConfig& cfg, const std::optional<Weights>& w, int mnbt,
+                     const KvPlanSettings* probe = nullptr) {
+  if (!a.kv_memory.empty()) return KvBudget{parse_size(a.kv_memory)};
+  GpuMemoryInputs in;
+  in.gpu_memory_bytes = parse_size(a.gpu_memory);
+  in.utilization = a.gpu_memory_utilization;
+  in.weights_bytes_per_rank = weights_per_rank(w->bytes, a.tensor_parallel_size);
+  in.weights_source = w->source;
+  in.activation_bytes = estimate_activation_bytes(cfg, mnbt, a.max_num_seqs, a.tensor_parallel_size);
+  return kv_budget_from_gpu(in, cfg, probe);
 }
 
 KvPlanSettings settings_for(const CapacityArgs& a, KvDtype d, uint64_t kv_memory, int mml, int mnbt) {
   KvPlanSettings s;
   s.kv_memory_bytes = kv_memory;
+  s.budget_source = a.kv_memory.empty() ? "--gpu-memory" : "--kv-memory";
   s.max_model_len = mml;
   s.max_num_seqs = a.max_num_seqs;
   s.max_num_batched_tokens = mnbt;
@@ -233,7 +165,7 @@ std::vector<GridPoint> compare_grid(const CapacityArgs& a, const ModelConfig& cf
       g.mnbt = t;
       // With --gpu-memory the activation estimate (hence the KV budget)
       // follows max_num_batched_tokens, as vLLM's profiling run does.
-      g.kv_memory = make_budget(a, cfg, w, t).kv_memory;
+      g.kv_memory = make_budget(a, cfg, w, t).kv_memory_bytes;
       g.bf16 = try_plan(cfg, settings_for(a, KvDtype::bf16, g.kv_memory, l, t));
       g.fp8 = try_plan(cfg, settings_for(a, KvDtype::fp8_e4m3, g.kv_memory, l, t));
       out.push_back(std::move(g));
@@ -248,16 +180,17 @@ std::optional<double> gain_pct(const GridPoint& g) {
          static_cast<double>(g.bf16->tokens);
 }
 
-void print_text(const CapacityArgs& a, const ModelConfig& cfg, const Budget& b, const KvPlan& p,
+void print_text(const CapacityArgs& a, const ModelConfig& cfg, const KvBudget& b, const KvPlan& p,
                 const std::vector<GridPoint>* grid) {
   std::string o;
   o += fmt::format("model: {} ({}, {}, {} layers)\n", a.model, cfg.architecture, cfg.model_type, cfg.num_layers);
   if (b.from_gpu)
     o += fmt::format("KV memory per rank: {} ({} bytes) = {} x {} - weights {} ({}) - activations {}\n",
-                     format_bytes(b.kv_memory), b.kv_memory, format_bytes(b.gpu_memory), b.utilization,
-                     format_bytes(b.weights), b.weights_source, format_bytes(b.activations));
+                     format_bytes(b.kv_memory_bytes), b.kv_memory_bytes, format_bytes(b.gpu_memory_bytes),
+                     b.gpu_memory_utilization, format_bytes(b.weights_bytes_per_rank), b.weights_source,
+                     format_bytes(b.activation_bytes));
   else
-    o += fmt::format("KV memory per rank: {} ({} bytes)\n", format_bytes(b.kv_memory), b.kv_memory);
+    o += fmt::format("KV memory per rank: {} ({} bytes)\n", format_bytes(b.kv_memory_bytes), b.kv_memory_bytes);
   o += fmt::format(
       "dtype {}, block_size {}, max_model_len {}, max_num_batched_tokens {}, tensor_parallel_size {} "
       "({} KV heads x head_dim {} per rank)\n",
@@ -310,9 +243,9 @@ int run_capacity(const CapacityArgs& a) {
   std::optional<Weights> weights;
   if (!a.gpu_memory.empty()) weights = model_weights(model, cfg);
   const KvPlanSettings probe = settings_for(a, dtype, 0, a.max_model_len, a.max_num_batched_tokens);
-  const Budget budget = make_budget(a, cfg, weights, a.max_num_batched_tokens, &probe);
+  const KvBudget budget = make_budget(a, cfg, weights, a.max_num_batched_tokens, &probe);
   const KvPlan plan =
-      plan_kv_cache(cfg, settings_for(a, dtype, budget.kv_memory, a.max_model_len, a.max_num_batched_tokens));
+      plan_kv_cache(cfg, settings_for(a, dtype, budget.kv_memory_bytes, a.max_model_len, a.max_num_batched_tokens));
   std::fprintf(stderr, "%s\n", kv_plan_log_line(plan).c_str());
 
   std::vector<GridPoint> grid;
@@ -328,13 +261,13 @@ int run_capacity(const CapacityArgs& a) {
   j["architecture"] = cfg.architecture;
   j["model_type"] = cfg.model_type;
   j["max_num_seqs"] = a.max_num_seqs;
-  json mem = {{"kv_memory_bytes", budget.kv_memory}};
+  json mem = {{"kv_memory_bytes", budget.kv_memory_bytes}};
   if (budget.from_gpu) {
-    mem["gpu_memory_bytes"] = budget.gpu_memory;
-    mem["gpu_memory_utilization"] = budget.utilization;
-    mem["weights_bytes_per_rank"] = budget.weights;
+    mem["gpu_memory_bytes"] = budget.gpu_memory_bytes;
+    mem["gpu_memory_utilization"] = budget.gpu_memory_utilization;
+    mem["weights_bytes_per_rank"] = budget.weights_bytes_per_rank;
     mem["weights_source"] = budget.weights_source;
-    mem["activation_bytes"] = budget.activations;
+    mem["activation_bytes"] = budget.activation_bytes;
   }
   j["memory"] = mem;
   j["log_line"] = kv_plan_log_line(plan);
@@ -373,9 +306,10 @@ const Registrar reg([](CLI::App& app) {
   sub->add_option("--gpu-memory-utilization", args->gpu_memory_utilization,
                   "fraction of --gpu-memory the engine may use (default 0.9)");
   sub->add_option("--max-model-len", args->max_model_len, "default: the model's max_position_embeddings");
-  sub->add_option("--max-num-seqs", args->max_num_seqs, "default 256");
-  sub->add_option("--max-num-batched-tokens", args->max_num_batched_tokens, "default 2048");
-  sub->add_option("--block-size", args->block_size, "tokens per block (default 16)");
+  sub->add_option("--max-num-seqs", args->max_num_seqs, fmt::format("default {} (as the engine)", args->max_num_seqs));
+  sub->add_option("--max-num-batched-tokens", args->max_num_batched_tokens,
+                  fmt::format("default {} (as the engine)", args->max_num_batched_tokens));
+  sub->add_option("--block-size", args->block_size, fmt::format("tokens per block (default {})", args->block_size));
   sub->add_option("--kv-cache-dtype", args->kv_cache_dtype, "auto|bf16|fp8|fp8_e4m3|fp8_e5m2 (default auto)");
   sub->add_option("--tensor-parallel-size,--tp", args->tensor_parallel_size, "default 1");
   sub->add_flag("--compare", args->compare, "bf16 vs fp8 over a grid of max_model_len x max_num_batched_tokens");

@@ -89,17 +89,6 @@ KvDtype resolve_kv_cache_dtype(std::string_view requested, const std::filesystem
 
 namespace {
 
-// Default KV budget: room for max_num_seqs full-length requests, capped at a
-// quarter of the machine (but always one full request). Pages are backed
-// lazily by the OS, so an unused budget costs nothing (docs/engine.md).
-uint64_t default_kv_budget(const ModelConfig& cfg, KvPlanSettings s) {
-  const uint64_t one = kv_memory_needed(cfg, s);
-  uint64_t want = one * static_cast<uint64_t>(s.max_num_seqs);
-  const uint64_t cap = physical_memory() / 4;
-  if (cap > 0) want = std::min(want, std::max(one, cap));
-  return want;
-}
-
 // The engine: a Scheduler (admission, budget, preemption), a ModelRunner
 // (StepBatch + forward pass) and a Backend (the ops and the memory).
 class EngineImpl final : public Engine {
@@ -116,9 +105,13 @@ class EngineImpl final : public Engine {
     bo.enforce_eager = o.enforce_eager;
     // One rank, or N ranks of one tensor-parallel group (engine/tp_runner.h):
     // weights and scratch first, so a device backend sizes the KV cache from what is left.
+    // Kept for the non-finite diagnosis (step()) on the CPU, whose backend
+    // reads these very matrices; a device backend's host copy is not held.
+    weights_ = w;
     runner_ = std::make_unique<TpRunner>(cfg_, std::move(w), o.backend, bo, o.tensor_parallel_size,
                                          o.max_num_batched_tokens, o.max_num_seqs);
     backend_ = &runner_->backend();  // rank 0's
+    if (backend_->name() != "cpu") weights_.reset();
     if (o.gpu_memory_utilization > 0.0 && backend_->name() == "cpu")
       throw InputError("--gpu-memory-utilization applies to the cuda backend only (use --kv-memory on the CPU)");
     if (o.gpu_memory_utilization > 0.0 && o.kv_memory_bytes > 0)
@@ -133,7 +126,9 @@ class EngineImpl final : public Engine {
     s.block_size = o.block_size;
     s.dtype = dtype_;
     s.tensor_parallel_size = o.tensor_parallel_size;  // per-rank bytes, total tokens
-    s.kv_memory_bytes = kv_budget(o, s);
+    const KvBudget budget = kv_budget(o, s);
+    s.kv_memory_bytes = budget.kv_memory_bytes;
+    s.budget_source = budget.source;
     plan_ = plan_kv_cache(cfg_, s);
     kv_ = std::make_unique<KvCacheManager>(cfg_, plan_);
     runner_->allocate_kv(plan_, kv_->layout());
@@ -152,24 +147,26 @@ class EngineImpl final : public Engine {
   // --kv-memory when given; on a GPU, --gpu-memory-utilization (vLLM's
   // meaning: that fraction of total memory, minus what the weights and the
   // preallocated activations already use); on the CPU, default_kv_budget.
-  uint64_t kv_budget(const EngineOptions& o, const KvPlanSettings& s) const {
-    if (o.kv_memory_bytes > 0) return o.kv_memory_bytes;
-    if (backend_->name() == "cpu") return default_kv_budget(cfg_, s);
+  // The arithmetic is kv/planner's, shared with `fp8kv capacity` (docs/capacity.md).
+  KvBudget kv_budget(const EngineOptions& o, const KvPlanSettings& s) const {
+    if (o.kv_memory_bytes > 0) return KvBudget{o.kv_memory_bytes};
+    if (backend_->name() == "cpu") return default_cpu_kv_budget(cfg_, s, physical_memory());
     const MemoryInfo m = backend_->memory_info();
-    const double util = o.gpu_memory_utilization > 0 ? o.gpu_memory_utilization : 0.9;
-    const double used = static_cast<double>(m.total_bytes - std::min(m.free_bytes, m.total_bytes));
-    const double budget = util * static_cast<double>(m.total_bytes) - used;
-    if (budget <= 0)
-      throw InputError(fmt::format("--gpu-memory-utilization {}: {} of {} are already in use; nothing is left for "
-                                   "the KV cache",
-                                   util, format_bytes(static_cast<uint64_t>(used)), format_bytes(m.total_bytes)));
+    GpuMemoryInputs in;
+    in.gpu_memory_bytes = m.total_bytes;
+    in.gpu_memory_what = "the GPU's memory";
+    in.utilization = o.gpu_memory_utilization > 0 ? o.gpu_memory_utilization : kDefaultGpuMemoryUtilization;
+    // Measured: weights and the preallocated activations are already in use.
+    in.weights_bytes_per_rank = m.total_bytes - std::min(m.free_bytes, m.total_bytes);
+    in.weights_source = "measured: weights + activations in use";
+    KvBudget b = kv_budget_from_gpu(in, cfg_);
     // The budget in bytes, so that `fp8kv capacity --kv-memory <bytes>` with
     // the same settings can be checked against the KV cache line that follows.
     engine_log()->info("KV budget: {} bytes (--gpu-memory-utilization {} of {} total, {} in use by weights and "
                        "activations)",
-                       static_cast<uint64_t>(budget), util, format_bytes(m.total_bytes),
-                       format_bytes(static_cast<uint64_t>(used)));
-    return static_cast<uint64_t>(budget);
+                       b.kv_memory_bytes, in.utilization, format_bytes(m.total_bytes),
+                       format_bytes(in.weights_bytes_per_rank));
+    return b;
   }
 
   const ModelConfig& config() const override { return cfg_; }
@@ -181,21 +178,8 @@ class EngineImpl final : public Engine {
   int64_t graph_captures() const override { return runner_->graph_captures(); }
 
   void set_kv_scales(KvScales s) override {
-    if (static_cast<int>(s.layers.size()) != cfg_.num_layers)
-      throw InputError(fmt::format("KV scales: {} layers, the model has {}", s.layers.size(), cfg_.num_layers));
-    for (int l = 0; l < cfg_.num_layers; ++l) {
-      auto check = [&](const StreamScale& sc, const char* what, int heads) {
-        const size_t n = sc.values.size();
-        if (n != 1 && n != static_cast<size_t>(heads))
-          throw InputError(fmt::format("KV scales: layer {} {}_scale has {} values, expected 1 or {}", l, what, n, heads));
-        for (float v : sc.values)
-          if (!(std::isfinite(v) && v > 0.0f))
-            throw InputError(fmt::format("KV scales: layer {} {}_scale = {} (must be finite and > 0)", l, what, v));
-      };
-      check(s.layers[l].k, "k", cfg_.num_kv_heads);
-      check(s.layers[l].v, "v", cfg_.num_kv_heads);
-      check(s.layers[l].q, "q", cfg_.num_heads);
-    }
+    // The shared validator (kv/scale_loader.h): the same rule and wording as at load.
+    validate_kv_scales(s, KvScaleShape{cfg_.num_layers, cfg_.num_heads, cfg_.num_kv_heads});
     scales_ = std::move(s);
     runner_->set_kv_scales(scales_);
     kv_->reset_prefix_cache();  // cached K/V were stored with the old scales
@@ -322,7 +306,26 @@ class EngineImpl final : public Engine {
   int num_running() const override { return sched_->num_running(); }
   int num_waiting() const override { return sched_->num_waiting(); }
 
+  // Non-finite logits or logprobs: name the first weight tensor (hence
+  // layer) holding NaN/inf, found by a scan done only now (issue 15 item 6).
+  // A damaged checkpoint is the input's fault: exit 2 naming the tensor.
   std::vector<StepEvent> step() override {
+    try {
+      return step_impl();
+    } catch (const InputError&) {
+      throw;
+    } catch (const std::runtime_error& e) {
+      if (std::string_view(e.what()).find("non-finite") == std::string_view::npos || !weights_) throw;
+      if (auto bad = weights_->first_non_finite())
+        throw InputError(fmt::format("{}: {} (the first non-finite weight in forward order: that layer's output is "
+                                     "where the values go non-finite; `fp8kv inspect --check-values` lists such "
+                                     "tensors)",
+                                     e.what(), *bad));
+      throw std::runtime_error(fmt::format("{} (every weight is finite: the activations overflowed)", e.what()));
+    }
+  }
+
+  std::vector<StepEvent> step_impl() {
     SchedulerOutput out = sched_->schedule();
     std::vector<StepEvent> events = std::move(out.events);
     if (out.seqs.empty()) {
@@ -443,6 +446,7 @@ class EngineImpl final : public Engine {
   KvPlan plan_;
   std::unique_ptr<KvCacheManager> kv_;
   KvScales scales_;
+  std::shared_ptr<const ModelWeights> weights_;  // CPU only: the non-finite diagnosis reads them
   std::unique_ptr<TpRunner> runner_;  // every rank's Backend + ModelRunner
   std::unique_ptr<Scheduler> sched_;
   RequestId next_id_ = 1;

@@ -108,7 +108,12 @@ KvScales arm_scales(const ArmSpec& arm, const fs::path& model_dir, const ModelCo
 std::unique_ptr<Engine> load_arm_engine(const ArmSpec& arm, const fs::path& model_dir, EngineOptions base) {
   base.kv_cache_dtype = std::string(kv_dtype_name(arm.dtype));
   auto e = Engine::load(model_dir, base);
-  e->set_kv_scales(arm_scales(arm, model_dir, e->config()));
+  KvScales scales = arm_scales(arm, model_dir, e->config());
+  try {
+    e->set_kv_scales(std::move(scales));  // errors name file and tensor; add the arm
+  } catch (const InputError& err) {
+    throw InputError(fmt::format("arm '{}': {}", arm.name, err.what()));
+  }
   return e;
 }
 

@@ -12,6 +12,7 @@ struct StreamScale {
   std::vector<float> values{1.0f};
   bool from_checkpoint = false;  // decided by presence, never by value
   std::string source_tensor;     // checkpoint tensor name it came from, if any
+  std::string source_file;       // the .safetensors file holding source_tensor, if any
   ScaleRef ref() const { return ScaleRef{values.data(), static_cast<int>(values.size())}; }
   float at(int head) const { return values.size() == 1 ? values[0] : values[head]; }
 };

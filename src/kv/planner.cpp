@@ -25,6 +25,37 @@ namespace {
 
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// One factor of a size product, named as the user would find it (a flag or a
+// config.json field).
+struct Factor {
+  std::string name;
+  uint64_t value;
+};
+
+// The product of `f`, or an InputError naming every factor when it does not
+// fit in 64 bits (issue 15 item 1: a wrapped page size once divided by zero).
+uint64_t checked_product(std::string_view what, std::initializer_list<Factor> f) {
+  unsigned __int128 p = 1;
+  bool over = false;
+  for (const auto& x : f) {
+    p *= x.value;  // p < 2^64 and value < 2^64 before each step: no 128-bit wrap
+    if (p > std::numeric_limits<uint64_t>::max()) {
+      over = true;
+      break;
+    }
+  }
+  if (!over) return static_cast<uint64_t>(p);
+  std::string terms;
+  for (const auto& x : f) terms += fmt::format("{}{} {}", terms.empty() ? "" : " x ", x.name, x.value);
+  throw InputError(fmt::format("{} does not fit in 64 bits: {}; lower one of these values", what, terms));
+}
+
+uint64_t checked_add(std::string_view what, uint64_t a, uint64_t b) {
+  if (a > std::numeric_limits<uint64_t>::max() - b)
+    throw InputError(fmt::format("{} does not fit in 64 bits: {} + {}", what, a, b));
+  return a + b;
+}
+
 // One attention type: full (window 0) or one sliding window size.
 struct TypeLayers {
   int window = 0;
@@ -132,15 +163,24 @@ KvPlan plan_structure(const ModelConfig& cfg, const KvPlanSettings& s) {
   p.kv_heads_per_rank = kv_heads_per_rank(cfg, s.tensor_parallel_size);
   p.head_dim = cfg.head_dim;
 
-  const uint64_t token_layer_bytes =  // one token, one layer, K or V
-      static_cast<uint64_t>(p.kv_heads_per_rank) * static_cast<uint64_t>(cfg.head_dim) *
-      static_cast<uint64_t>(kv_dtype_bytes(s.dtype));
-  p.layer_block_bytes = token_layer_bytes * static_cast<uint64_t>(s.block_size);
-  p.bytes_per_token = 2 * token_layer_bytes * static_cast<uint64_t>(cfg.num_layers);
+  // Every size product is checked (issue 15 item 1): factors name the flag or
+  // config.json field they come from.
+  const auto u = [](auto v) { return static_cast<uint64_t>(v); };
+  const Factor heads{s.tensor_parallel_size > 1 ? "KV heads per rank (num_key_value_heads / --tensor-parallel-size)"
+                                                : "num_key_value_heads",
+                     u(p.kv_heads_per_rank)};
+  const Factor dim{"head_dim", u(cfg.head_dim)};
+  const Factor dbytes{fmt::format("{} bytes per value", kv_dtype_name(s.dtype)), u(kv_dtype_bytes(s.dtype))};
+  const Factor block{"--block-size", u(s.block_size)};
+  const uint64_t token_layer_bytes = checked_product("KV bytes per token per layer", {heads, dim, dbytes});
+  p.layer_block_bytes = checked_product("KV bytes per layer block", {block, heads, dim, dbytes});
+  p.bytes_per_token = checked_product("KV bytes per token",
+                                      {{"K and V", 2}, {"num_hidden_layers", u(cfg.num_layers)}, heads, dim, dbytes});
 
   const auto types = layers_by_type(cfg);
   p.group_size = choose_group_size(types);
-  p.page_bytes = 2 * p.layer_block_bytes * static_cast<uint64_t>(p.group_size);
+  p.page_bytes = checked_product("KV page size (bytes of one block)",
+                                 {block, {"K and V", 2}, {"layers per KV group", u(p.group_size)}, heads, dim, dbytes});
   for (const auto& t : types) {
     // Each type split into cdiv(n, group_size) groups, layer i of the type
     // going to group i % num_groups (vLLM: layers[i::num_groups]); groups
@@ -152,7 +192,8 @@ KvPlan plan_structure(const ModelConfig& cfg, const KvPlanSettings& s) {
       g.type = t.window == 0 ? LayerType::full_attention : LayerType::sliding_attention;
       g.window = t.window;
       for (size_t i = gi; i < n; i += num_groups) g.layers.push_back(t.layers[i]);
-      g.bytes_per_token = 2 * token_layer_bytes * g.layers.size();
+      g.bytes_per_token = checked_product("KV bytes per token of a group",
+                                          {{"K and V", 2}, {"layers", g.layers.size()}, {"bytes", token_layer_bytes}});
       g.blocks_per_request =
           group_blocks_per_request(t.window, p.max_model_len, s.max_num_batched_tokens, s.block_size);
       p.blocks_per_request += g.blocks_per_request;
@@ -202,7 +243,10 @@ int kv_heads_per_rank(const ModelConfig& cfg, int tp) {
 
 uint64_t kv_memory_needed(const ModelConfig& cfg, const KvPlanSettings& s) {
   const KvPlan p = plan_structure(cfg, s);
-  return static_cast<uint64_t>(p.blocks_per_request) * p.page_bytes;
+  return checked_product("KV memory of one request of max_model_len",
+                         {{"blocks per request (max_model_len / --block-size, summed over KV groups)",
+                           static_cast<uint64_t>(p.blocks_per_request)},
+                          {"page bytes", p.page_bytes}});
 }
 
 int max_model_len_that_fits(const ModelConfig& cfg, const KvPlanSettings& s) {
@@ -227,17 +271,29 @@ int max_model_len_that_fits(const ModelConfig& cfg, const KvPlanSettings& s) {
 
 KvPlan plan_kv_cache(const ModelConfig& cfg, const KvPlanSettings& s) {
   KvPlan p = plan_structure(cfg, s);
-  p.num_blocks = static_cast<int64_t>(s.kv_memory_bytes / p.page_bytes);
+  const uint64_t blocks = s.kv_memory_bytes / p.page_bytes;
+  // Block ids are int32 (BlockPool, block tables): a budget with more blocks
+  // is refused here, naming where the budget came from (issue 15 item 10).
+  constexpr uint64_t kMaxBlocks = std::numeric_limits<int32_t>::max();
+  if (blocks > kMaxBlocks) {
+    const uint64_t most = kMaxBlocks * p.page_bytes;  // < kv_memory_bytes: no wrap
+    throw InputError(fmt::format(
+        "{}: a KV budget of {} ({} bytes) is {} blocks of {} bytes; block ids are 32-bit, so at most {} blocks "
+        "({}, {} bytes) can be used: lower {}",
+        s.budget_source, format_bytes(s.kv_memory_bytes), s.kv_memory_bytes, blocks, p.page_bytes, kMaxBlocks,
+        format_bytes(most), most, s.budget_source.rfind("--", 0) == 0 ? s.budget_source : "the budget (--kv-memory)"));
+  }
+  p.num_blocks = static_cast<int64_t>(blocks);
   if (p.num_blocks < p.blocks_per_request) {
-    const uint64_t needed = static_cast<uint64_t>(p.blocks_per_request) * p.page_bytes;
+    const uint64_t needed = kv_memory_needed(cfg, s);
     const int fit = max_model_len_that_fits(cfg, s);
     std::string what_fits =
         fit > 0 ? fmt::format("the largest max_model_len that fits is {}", fit)
                 : fmt::format("not even a 1-token request fits (one page is {} bytes)", p.page_bytes);
     throw InputError(fmt::format(
-        "KV memory {} ({} bytes) is too small for one request of max_model_len {} with {} KV cache: "
+        "{}: KV memory {} ({} bytes) is too small for one request of max_model_len {} with {} KV cache: "
         "it needs {} blocks of {} bytes = {} bytes ({}); {}",
-        format_bytes(s.kv_memory_bytes), s.kv_memory_bytes, p.max_model_len, kv_dtype_name(p.dtype),
+        s.budget_source, format_bytes(s.kv_memory_bytes), s.kv_memory_bytes, p.max_model_len, kv_dtype_name(p.dtype),
         p.blocks_per_request, p.page_bytes, needed, format_bytes(needed), what_fits));
   }
   p.max_concurrency = static_cast<double>(p.num_blocks) / static_cast<double>(p.blocks_per_request);
@@ -252,6 +308,122 @@ std::string kv_plan_log_line(const KvPlan& p) {
   return fmt::format("KV cache: {} tokens ({} blocks of {}), max concurrency {:.2f}x at max_model_len {}, dtype {}",
                      p.tokens, p.num_blocks, p.block_size, p.max_concurrency, p.max_model_len,
                      kv_dtype_name(p.dtype));
+}
+
+// ---- the memory budget ----
+
+uint64_t weights_per_rank(uint64_t total_bytes, int tp) {
+  if (tp <= 0) throw InputError(fmt::format("--tensor-parallel-size must be >= 1 (got {})", tp));
+  return total_bytes / static_cast<uint64_t>(tp);
+}
+
+uint64_t estimate_parameters(const ModelConfig& c) {
+  const auto u = [](auto v) { return static_cast<uint64_t>(v); };
+  const auto mul = [](std::string_view what, std::initializer_list<Factor> f) { return checked_product(what, f); };
+  const auto add = [](uint64_t a, uint64_t b) { return checked_add("parameter count", a, b); };
+  const Factor h{"hidden_size", u(c.hidden_size)}, hd{"head_dim", u(c.head_dim)};
+  const uint64_t q = mul("query width", {{"num_attention_heads", u(c.num_heads)}, hd});
+  const uint64_t kv = mul("KV width", {{"num_key_value_heads", u(c.num_kv_heads)}, hd});
+  const uint64_t embed = mul("embedding parameters", {{"vocab_size", u(c.vocab_size)}, h});
+  const Factor inter{"intermediate_size", u(c.intermediate_size)};
+  uint64_t layer = add(add(mul("q/k/v parameters", {h, {"q + 2 x kv width", add(q, 2 * kv)}}),
+                           mul("o_proj parameters", {{"query width", q}, h})),
+                       mul("MLP parameters", {{"gate, up, down", 3}, h, inter}));
+  if (c.attention_bias) layer = add(layer, add(q, 2 * kv));
+  if (c.o_proj_bias) layer = add(layer, u(c.hidden_size));
+  if (c.mlp_bias) layer = add(layer, add(2 * u(c.intermediate_size), u(c.hidden_size)));
+  if (c.qk_norm) layer = add(layer, 2 * u(c.head_dim));
+  layer = add(layer, (c.sandwich_norms ? 4 : 2) * u(c.hidden_size));
+  return add(add(embed * (c.tie_word_embeddings ? 1 : 2), mul("layer parameters", {{"num_hidden_layers", u(c.num_layers)},
+                                                                                    {"parameters per layer", layer}})),
+             u(c.hidden_size));
+}
+
+uint64_t estimate_weight_bytes(const ModelConfig& c) {
+  const std::string& d = c.torch_dtype;
+  const uint64_t bytes = d == "float32" || d == "fp32" ? 4 : d == "float8_e4m3fn" || d == "float8_e5m2" ? 1 : 2;
+  return checked_product("weight bytes", {{"parameters (from config.json)", estimate_parameters(c)},
+                                          {"torch_dtype bytes", bytes}});
+}
+
+uint64_t estimate_activation_bytes(const ModelConfig& c, int mnbt, int max_num_seqs, int tp) {
+  if (mnbt < 1) throw InputError(fmt::format("--max-num-batched-tokens must be >= 1 (got {})", mnbt));
+  if (max_num_seqs < 1) throw InputError(fmt::format("--max-num-seqs must be >= 1 (got {})", max_num_seqs));
+  if (tp < 1) throw InputError(fmt::format("--tensor-parallel-size must be >= 1 (got {})", tp));
+  const auto u = [](auto v) { return static_cast<uint64_t>(v); };
+  const uint64_t t = u(tp);
+  // Per token: residual + normed hidden, q/k/v + attention output (q-sized),
+  // gate/up and their product; sizes come from config.json (< 2^31 each, so
+  // these sums fit; the products below are checked).
+  const uint64_t per_token = 2 * u(c.hidden_size) +
+                             checked_product("attention width", {{"2 x (num_attention_heads + num_key_value_heads)",
+                                                                  2 * u(c.num_heads) + 2 * u(c.num_kv_heads)},
+                                                                 {"head_dim", u(c.head_dim)}}) / t +
+                             3 * u(c.intermediate_size) / t;
+  return checked_add("activation estimate",
+                     checked_product("activation estimate", {{"--max-num-batched-tokens", u(mnbt)},
+                                                             {"bf16 activation values per token", per_token},
+                                                             {"bytes", 2}}),
+                     checked_product("logits estimate", {{"--max-num-seqs", u(max_num_seqs)},
+                                                         {"vocab_size", u(c.vocab_size)},
+                                                         {"fp32 bytes", 4}}));
+}
+
+KvBudget kv_budget_from_gpu(const GpuMemoryInputs& in, const ModelConfig& cfg, const KvPlanSettings* probe) {
+  if (!(in.utilization > 0.0 && in.utilization <= 1.0))
+    throw InputError(fmt::format("{} must be in (0, 1] (got {})", in.utilization_flag, in.utilization));
+  KvBudget b;
+  b.source = in.gpu_memory_what.rfind("--", 0) == 0 ? in.gpu_memory_what : in.utilization_flag;
+  b.from_gpu = true;
+  b.gpu_memory_bytes = in.gpu_memory_bytes;
+  b.gpu_memory_utilization = in.utilization;
+  b.weights_bytes_per_rank = in.weights_bytes_per_rank;
+  b.weights_source = in.weights_source;
+  b.activation_bytes = in.activation_bytes;
+  const auto usable = static_cast<uint64_t>(std::floor(static_cast<long double>(in.gpu_memory_bytes) * in.utilization));
+  const uint64_t non_kv = checked_add("weights + activations", in.weights_bytes_per_rank, in.activation_bytes);
+  const uint64_t kv_needed = probe ? kv_memory_needed(cfg, *probe) : 0;
+  // GPU memory that would hold the weights, activations and one request.
+  const auto gpu_needed = [&] {
+    return static_cast<uint64_t>(
+        std::ceil(static_cast<long double>(checked_add("GPU memory needed", non_kv, kv_needed)) / in.utilization));
+  };
+  if (usable <= non_kv)
+    throw InputError(fmt::format(
+        "{} {} x {} {} = {} leaves nothing for the KV cache: weights {} per rank ({}) + activations {} need {}; one "
+        "request of max_model_len needs at least {} {} ({} bytes), or give --kv-memory directly",
+        in.gpu_memory_what, format_bytes(in.gpu_memory_bytes), in.utilization_flag, in.utilization,
+        format_bytes(usable), format_bytes(in.weights_bytes_per_rank), in.weights_source,
+        format_bytes(in.activation_bytes), format_bytes(non_kv), in.gpu_memory_what, format_bytes(gpu_needed()),
+        gpu_needed()));
+  b.kv_memory_bytes = usable - non_kv;
+  if (kv_needed > b.kv_memory_bytes) {
+    KvPlanSettings fit = *probe;
+    fit.kv_memory_bytes = b.kv_memory_bytes;
+    throw InputError(fmt::format(
+        "{} {} leaves {} ({} bytes) for the KV cache after weights {} ({}) and activations {}; one "
+        "request of max_model_len needs {} ({} bytes): give {} of at least {} ({} bytes), or a "
+        "--max-model-len of at most {}",
+        in.gpu_memory_what, format_bytes(in.gpu_memory_bytes), format_bytes(b.kv_memory_bytes), b.kv_memory_bytes,
+        format_bytes(in.weights_bytes_per_rank), in.weights_source, format_bytes(in.activation_bytes),
+        format_bytes(kv_needed), kv_needed, in.gpu_memory_what, format_bytes(gpu_needed()), gpu_needed(),
+        max_model_len_that_fits(cfg, fit)));
+  }
+  return b;
+}
+
+KvBudget default_cpu_kv_budget(const ModelConfig& cfg, const KvPlanSettings& s, uint64_t physical_memory) {
+  KvBudget b;
+  b.source = "the default KV budget";
+  const uint64_t one = kv_memory_needed(cfg, s);
+  // Saturating: the cap below bounds the result, a product past 2^64 only means "more than the cap".
+  const unsigned __int128 want = static_cast<unsigned __int128>(one) * static_cast<uint64_t>(std::max(s.max_num_seqs, 1));
+  uint64_t w = want > std::numeric_limits<uint64_t>::max() ? std::numeric_limits<uint64_t>::max()
+                                                           : static_cast<uint64_t>(want);
+  const uint64_t cap = physical_memory / 4;
+  if (cap > 0) w = std::min(w, std::max(one, cap));
+  b.kv_memory_bytes = w;
+  return b;
 }
 
 std::string format_bytes(uint64_t b) {

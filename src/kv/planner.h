@@ -17,14 +17,25 @@
 
 namespace fp8kv {
 
+// vLLM's serving defaults, shared by the engine flags (cli/engine_flags.h)
+// and `fp8kv capacity` (docs/capacity.md).
+inline constexpr int kDefaultMaxNumSeqs = 256;
+inline constexpr int kDefaultMaxNumBatchedTokens = 8192;
+inline constexpr int kDefaultBlockSize = 16;
+inline constexpr double kDefaultGpuMemoryUtilization = 0.9;
+
 struct KvPlanSettings {
   uint64_t kv_memory_bytes = 0;     // budget for the KV cache itself, per rank
   int max_model_len = 0;            // 0: the model's max_position_embeddings
-  int max_num_seqs = 256;
-  int max_num_batched_tokens = 2048;  // also the in-flight tokens a sliding layer must keep
-  int block_size = 16;
+  int max_num_seqs = kDefaultMaxNumSeqs;
+  int max_num_batched_tokens = kDefaultMaxNumBatchedTokens;  // also the in-flight tokens a sliding layer must keep
+  int block_size = kDefaultBlockSize;
   KvDtype dtype = KvDtype::bf16;
   int tensor_parallel_size = 1;
+  // Where kv_memory_bytes came from, for errors about the budget: a flag
+  // ("--kv-memory", "--gpu-memory", "--gpu-memory-utilization") or
+  // "the default KV budget" (KvBudget::source).
+  std::string budget_source = "--kv-memory";
 };
 
 struct KvGroupPlan {
@@ -100,6 +111,58 @@ int max_model_len_that_fits(const ModelConfig& cfg, const KvPlanSettings& s);
 // max_position_embeddings (scaled by the RoPE factor for linear / dynamic /
 // yarn scaling, as vLLM derives it).
 int model_max_len(const ModelConfig& cfg);
+
+// ---- the memory budget (docs/capacity.md "Memory budget") ----
+// Every size below is computed with overflow checks: a product that does not
+// fit in 64 bits is an InputError naming its factors (docs/design.md).
+
+// What the KV cache may use, and how it was derived.
+struct KvBudget {
+  uint64_t kv_memory_bytes = 0;
+  std::string source = "--kv-memory";  // KvPlanSettings::budget_source
+  // From GPU memory only (from_gpu):
+  bool from_gpu = false;
+  uint64_t gpu_memory_bytes = 0;        // per rank
+  double gpu_memory_utilization = 0.0;
+  uint64_t weights_bytes_per_rank = 0;
+  std::string weights_source;           // "checkpoint" | "estimate" | "measured"
+  uint64_t activation_bytes = 0;        // per rank
+};
+
+// The inputs of vLLM's rule kv = floor(gpu x utilization) - weights - activations.
+struct GpuMemoryInputs {
+  uint64_t gpu_memory_bytes = 0;  // total memory of one GPU (rank)
+  std::string gpu_memory_what = "--gpu-memory";  // how errors name it
+  double utilization = kDefaultGpuMemoryUtilization;
+  std::string utilization_flag = "--gpu-memory-utilization";
+  uint64_t weights_bytes_per_rank = 0;  // weights_per_rank(total, tp), or measured
+  std::string weights_source;
+  uint64_t activation_bytes = 0;        // estimate_activation_bytes, or measured (then in weights)
+};
+
+// The KV budget from GPU memory. Throws InputError when nothing is left, or,
+// with `probe`, when one request of probe->max_model_len does not fit (the
+// message then gives the GPU memory and the max_model_len that would).
+KvBudget kv_budget_from_gpu(const GpuMemoryInputs& in, const ModelConfig& cfg,
+                            const KvPlanSettings* probe = nullptr);
+
+// The engine's default budget on the CPU (no --kv-memory): room for
+// max_num_seqs requests of max_model_len, capped at a quarter of
+// `physical_memory` but always one full request. Pages are backed lazily.
+KvBudget default_cpu_kv_budget(const ModelConfig& cfg, const KvPlanSettings& s, uint64_t physical_memory);
+
+// Whole-model weights divided over tp ranks (vLLM shards embeddings and
+// lm_head too; replicated norms are negligible).
+uint64_t weights_per_rank(uint64_t total_bytes, int tensor_parallel_size);
+// Parameter count of the llama-style blocks ModelConfig covers, from the config.
+uint64_t estimate_parameters(const ModelConfig& cfg);
+// estimate_parameters x torch_dtype bytes (float32 4, fp8 1, else 2).
+uint64_t estimate_weight_bytes(const ModelConfig& cfg);
+// Peak activation estimate of one profiling step, per rank: the live bf16
+// tensors of one layer for max_num_batched_tokens tokens plus fp32 logits for
+// max_num_seqs sampled positions.
+uint64_t estimate_activation_bytes(const ModelConfig& cfg, int max_num_batched_tokens, int max_num_seqs,
+                                   int tensor_parallel_size);
 
 // Human-readable size with binary units ("1.50 GiB"), for messages.
 std::string format_bytes(uint64_t bytes);

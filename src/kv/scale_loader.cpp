@@ -121,8 +121,9 @@ void validate_scale_values(const std::string& tensor, const std::vector<float>& 
 namespace {
 // One recognised scale tensor into `out` (errors name the tensor; the caller
 // adds the file).
-void load_one_scale(const Checkpoint& ckpt, const std::string& name, const KvScaleName& parsed,
-                    const KvScaleShape& shape, KvScales& out, std::vector<std::string>* warnings) {
+void load_one_scale(const Checkpoint& ckpt, const std::string& name, const std::string& file_name,
+                    const KvScaleName& parsed, const KvScaleShape& shape, KvScales& out,
+                    std::vector<std::string>* warnings) {
   const TensorView view = ckpt.view(name);
   if (!is_float_dtype(view.dtype()) || view.dtype() == DType::F8_E4M3 || view.dtype() == DType::F8_E5M2)
     throw InputError(fmt::format("{} has dtype {} (expected a float dtype: F32, BF16, F16 or F64)", name,
@@ -154,6 +155,7 @@ void load_one_scale(const Checkpoint& ckpt, const std::string& name, const KvSca
     s.values = values;
     s.from_checkpoint = true;
     s.source_tensor = name;
+    s.source_file = file_name;
   };
   switch (parsed.stream) {
     case ScaleStream::k: assign(layer.k, "k"); break;
@@ -168,6 +170,27 @@ void load_one_scale(const Checkpoint& ckpt, const std::string& name, const KvSca
 }
 }  // namespace
 
+void validate_kv_scales(const KvScales& scales, const KvScaleShape& shape) {
+  if (static_cast<int>(scales.layers.size()) != shape.num_layers)
+    throw InputError(fmt::format("KV scales: {} layers, the model has {}", scales.layers.size(), shape.num_layers));
+  for (int l = 0; l < shape.num_layers; ++l) {
+    auto check = [&](const StreamScale& sc, const char* what, int heads, std::string_view heads_what) {
+      const std::string tensor =
+          sc.source_tensor.empty() ? fmt::format("KV scales: layer {} {}_scale", l, what) : sc.source_tensor;
+      try {
+        validate_scale_values(tensor, sc.values, heads, heads_what);
+      } catch (const InputError& e) {
+        if (sc.source_file.empty()) throw;
+        throw InputError(fmt::format("{}: {}", sc.source_file, e.what()));
+      }
+    };
+    const LayerKvScales& s = scales.layers[static_cast<size_t>(l)];
+    check(s.k, "k", shape.num_kv_heads, "KV head");
+    check(s.v, "v", shape.num_kv_heads, "KV head");
+    check(s.q, "q", shape.num_heads, "query head");
+  }
+}
+
 KvScales load_kv_scales(const Checkpoint& ckpt, const KvScaleShape& shape, std::vector<std::string>* warnings) {
   KvScales out = KvScales::unity(shape.num_layers);
   for (const std::string& name : ckpt.tensor_names()) {
@@ -176,7 +199,7 @@ KvScales load_kv_scales(const Checkpoint& ckpt, const KvScaleShape& shape, std::
     const std::filesystem::path* file = ckpt.file_of(name);
     const std::string file_name = file ? file->string() : ckpt.dir().string();
     try {
-      load_one_scale(ckpt, name, *parsed, shape, out, warnings);
+      load_one_scale(ckpt, name, file_name, *parsed, shape, out, warnings);
     } catch (const InputError& e) {
       throw InputError(fmt::format("{}: {}", file_name, e.what()));
     }

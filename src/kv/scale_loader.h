@@ -50,6 +50,14 @@ struct KvScaleShape {
 void validate_scale_values(const std::string& tensor, const std::vector<float>& values, int heads,
                            std::string_view heads_what, std::vector<std::string>* warnings = nullptr);
 
+// The one check of a whole KvScales before the engine uses it (the engine's
+// set_kv_scales and load_kv_scales agree because both end in
+// validate_scale_values): one entry per layer, each stream 1 or per-head
+// values accepted by scale_value_error. Errors name the file and tensor the
+// value came from ("DIR/model.safetensors: model.layers.1.self_attn.v_scale is
+// NaN ..."), or "layer N k_scale" for scales that came from no file.
+void validate_kv_scales(const KvScales& scales, const KvScaleShape& shape);
+
 // Reads every KV scale tensor of the checkpoint into per-layer KvScales.
 // Streams without a tensor stay 1.0 with from_checkpoint = false. Throws
 // InputError naming the file and the tensor on: non-float dtype, bad shape,

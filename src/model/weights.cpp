@@ -80,6 +80,65 @@ uint64_t physical_memory_bytes() {
 
 }  // namespace
 
+namespace {
+// Index of the first NaN/inf of a matrix and its kind, or -1.
+int64_t first_bad(const WeightMatrix& m, const char** kind) {
+  const int64_t n = m.rows * m.cols;
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = m.bf16 ? bf16_to_f32(static_cast<const uint16_t*>(m.data)[i]) : static_cast<const float*>(m.data)[i];
+    if (!std::isfinite(x)) {
+      *kind = std::isnan(x) ? "NaN" : x > 0 ? "inf" : "-inf";
+      return i;
+    }
+  }
+  return -1;
+}
+int64_t first_bad(const std::vector<float>& v, const char** kind) {
+  for (size_t i = 0; i < v.size(); ++i)
+    if (!std::isfinite(v[i])) {
+      *kind = std::isnan(v[i]) ? "NaN" : v[i] > 0 ? "inf" : "-inf";
+      return static_cast<int64_t>(i);
+    }
+  return -1;
+}
+}  // namespace
+
+std::optional<std::string> ModelWeights::first_non_finite() const {
+  const char* kind = "";
+  auto found = [&](const std::string& name, int64_t i) {
+    return std::optional<std::string>(fmt::format("{} holds {} at element {}", name, kind, i));
+  };
+  if (embed.data)
+    if (int64_t i = first_bad(embed, &kind); i >= 0) return found("model.embed_tokens.weight (the embedding)", i);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const LayerWeights& L = layers[l];
+    const std::string p = fmt::format("model.layers.{}.", l);
+    const std::string tag = fmt::format(" (layer {})", l);
+    const std::pair<const char*, const std::vector<float>*> vecs[] = {
+        {"input_layernorm.weight", &L.input_norm},       {"self_attn.q_proj.bias", &L.q_bias},
+        {"self_attn.k_proj.bias", &L.k_bias},            {"self_attn.v_proj.bias", &L.v_bias},
+        {"self_attn.o_proj.bias", &L.o_bias},            {"self_attn.q_norm.weight", &L.q_norm},
+        {"self_attn.k_norm.weight", &L.k_norm},          {"post_attention_layernorm.weight", &L.post_attention_norm},
+        {"pre_feedforward_layernorm.weight", &L.pre_ffn_norm}, {"post_feedforward_layernorm.weight", &L.post_ffn_norm},
+        {"mlp.gate_proj.bias", &L.gate_bias},            {"mlp.up_proj.bias", &L.up_bias},
+        {"mlp.down_proj.bias", &L.down_bias}};
+    const std::pair<const char*, const WeightMatrix*> mats[] = {
+        {"self_attn.q_proj.weight", &L.q_proj}, {"self_attn.k_proj.weight", &L.k_proj},
+        {"self_attn.v_proj.weight", &L.v_proj}, {"self_attn.o_proj.weight", &L.o_proj},
+        {"mlp.gate_proj.weight", &L.gate_proj}, {"mlp.up_proj.weight", &L.up_proj},
+        {"mlp.down_proj.weight", &L.down_proj}};
+    for (const auto& [n, m] : mats)
+      if (m->data)
+        if (int64_t i = first_bad(*m, &kind); i >= 0) return found(p + n + tag, i);
+    for (const auto& [n, v] : vecs)
+      if (int64_t i = first_bad(*v, &kind); i >= 0) return found(p + n + tag, i);
+  }
+  if (int64_t i = first_bad(final_norm, &kind); i >= 0) return found("model.norm.weight (the final norm)", i);
+  if (lm_head && lm_head->data)
+    if (int64_t i = first_bad(*lm_head, &kind); i >= 0) return found("lm_head.weight", i);
+  return std::nullopt;
+}
+
 size_t ModelWeights::matrix_bytes() const {
   size_t b = embed.bytes() + (lm_head ? lm_head->bytes() : 0);
   for (const auto& l : layers)

@@ -62,6 +62,12 @@ class ModelWeights {
   // fp32 matrices shared). Trades 2x memory for no per-use conversion.
   std::shared_ptr<ModelWeights> widened_to_f32() const;
 
+  // The first tensor, in forward order (embedding, layer 0, 1, ..., final
+  // norm, lm_head), holding a NaN or inf, as "model.layers.1.mlp.down_proj.weight
+  // (layer 1) holds NaN at element 5"; nullopt when every value is finite.
+  // Used only after non-finite logits (a full scan, not on the hot path).
+  std::optional<std::string> first_non_finite() const;
+
   // Random weights (normal(0, std), norms around 1) for tests; bf16 or fp32 matrices.
   static std::shared_ptr<ModelWeights> random(const ModelConfig& cfg, uint64_t seed, float std, bool bf16);
 };

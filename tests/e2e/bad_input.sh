@@ -20,6 +20,21 @@ PY
 }
 copy_model() { cp -r "$M" "$1"; }
 
+# 1. Size products past 64 bits (64 layers x 1024 KV heads x head_dim 65536,
+# --block-size 2^30: the page is exactly 2^64 bytes, which wrapped to 0 and
+# died with SIGFPE). Refused naming every factor.
+cfg "$T/c1" 'c.update(num_hidden_layers=64, num_attention_heads=1024, num_key_value_heads=1024, head_dim=65536)'
+expect_refused "1 capacity page overflow" "KV page size (bytes of one block) does not fit in 64 bits: --block-size 1073741824" \
+  "$BIN" capacity "$T/c1" --kv-memory 80GiB --block-size 1073741824
+grep -qF "num_key_value_heads 1024 x head_dim 65536" "$T/err" || fail "1: factors not named: $(cat "$T/err")"
+# 10. A budget of more blocks than 32-bit block ids names --kv-memory (it said
+# "BlockPool: bad number of blocks"), in the engine and in capacity alike.
+expect_refused "10 generate --kv-memory 1000000TiB" "lower --kv-memory" \
+  "$BIN" generate "$M" --prompt "Hello" --max-tokens 2 --kv-memory 1000000TiB
+grep -qF -- "--kv-memory: a KV budget of" "$T/err" || fail "10: --kv-memory not named first: $(cat "$T/err")"
+expect_refused "10 capacity --kv-memory 1000000TiB" "block ids are 32-bit" \
+  "$BIN" capacity "$M" --kv-memory 1000000TiB
+
 # 3. A directory or a missing file given where a file is read.
 expect_refused "3 score --text-file dir" "--text-file $T/dir: is a directory, expected a file" \
   "$BIN" score "$M" --text-file "$T/dir" --output "$T/o.json"
@@ -63,6 +78,11 @@ python3 -c "import json,sys; assert json.load(open(sys.argv[1]))['values_checked
 expect_refused "6 inspect --check-values NaN" \
   "$T/nan/model.safetensors: tensor model.layers.1.mlp.down_proj.weight (F32, shape [32, 64]) has NaN at element 5" \
   "$BIN" inspect "$T/nan" --check-values
+# ... and running it names the tensor and its layer, not "internal error: non-finite logits".
+expect_refused "6 generate with a NaN weight" "model.layers.1.mlp.down_proj.weight (layer 1) holds NaN at element 5" \
+  "$BIN" generate "$T/nan" --prompt "Hello" --max-tokens 2
+expect_refused "6 score with a NaN weight" "model.layers.1.mlp.down_proj.weight (layer 1) holds NaN" \
+  "$BIN" score "$T/nan" --text-file "$T/good.txt" --output "$T/o6.json"
 python3 "$HERE/st_edit.py" "$T/nan/model.safetensors" set-f32 model.layers.1.mlp.down_proj.weight 5 0.5
 python3 "$HERE/st_edit.py" "$T/nan/model.safetensors" set-f32 model.embed_tokens.weight 7 -inf
 expect_refused "6 inspect --check-values -inf" "tensor model.embed_tokens.weight (F32, shape [272, 32]) has -inf at element 7" \

@@ -106,8 +106,11 @@ for r in p["grid"]:
 PY
 run_ok cmp_text "$CFG/gemma-3-12b" --kv-memory 80GiB --compare
 grep -q "bf16 vs fp8" "$T/cmp_text.out" || fail "text compare table"
-grep -q "^KV cache: 1172591 tokens (81920 blocks of 16), max concurrency 8.95x at max_model_len 131072, dtype bf16$" \
+# At the engine's default of 8192 batched tokens (capacity used 2048 before
+# 2026-11-30): 81920 x 131072 // (8192 + 5 x 577) = 969343.
+grep -q "^KV cache: 969343 tokens (81920 blocks of 16), max concurrency 7.40x at max_model_len 131072, dtype bf16$" \
   "$T/cmp_text.out" || fail "text output: $(cat "$T/cmp_text.out")"
+grep -q "max_num_batched_tokens 8192" "$T/cmp_text.out" || fail "capacity's default is not the engine's 8192"
 
 # ---- --gpu-memory: checkpoint weights (tiny float32 llama) vs config estimate ----
 python3 "$SRC/tests/e2e/inject_make_checkpoint.py" "$T/m" > /dev/null || fail "make checkpoint"
@@ -122,8 +125,9 @@ tensor_bytes = sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in hdr.i
 assert c["weights_source"] == "checkpoint" and c["weights_bytes_per_rank"] == tensor_bytes, (c, tensor_bytes)
 # The config estimate counts the same tensors: 105024 float32 parameters.
 assert e["weights_source"] == "estimate" and e["weights_bytes_per_rank"] == 105024 * 4 == tensor_bytes, e
-# activations: 2048 x (2 x 64 + (2 x 4 + 2 x 2) x 16 + 3 x 96) x 2 B + 256 x 97 x 4 B
-act = 2048 * (128 + 192 + 288) * 2 + 256 * 97 * 4
+# activations at the engine's defaults (8192 batched tokens, 256 seqs):
+# 8192 x (2 x 64 + (2 x 4 + 2 x 2) x 16 + 3 x 96) x 2 B + 256 x 97 x 4 B
+act = 8192 * (128 + 192 + 288) * 2 + 256 * 97 * 4
 assert c["activation_bytes"] == act, c
 usable = int(1 << 30) * 9 // 10
 assert abs(c["kv_memory_bytes"] - (usable - tensor_bytes - act)) <= 1, c
@@ -142,4 +146,23 @@ run_bad tp "does not divide num_attention_heads 32" "$CFG/llama-3.1-8b" --kv-mem
 run_bad block "--block-size must be >= 1" "$CFG/llama-3.1-8b" --kv-memory 80GiB --block-size 0
 run_bad util "--gpu-memory-utilization must be in (0, 1]" "$CFG/llama-3.1-8b" --gpu-memory 80GiB --gpu-memory-utilization 1.5
 run_bad missing "not found" "$T/nonexistent" --kv-memory 80GiB
+
+# ---- issue 15 item 1: size products that do not fit in 64 bits ----
+# 64 layers x 1024 KV heads x head_dim 65536, --block-size 2^30: the page
+# product is exactly 2^64; it wrapped to 0 and the planner divided by it (SIGFPE).
+python3 - "$T/huge" <<'PY' || fail "make huge config"
+import json, os, sys
+os.makedirs(sys.argv[1])
+json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+           "intermediate_size": 11008, "num_hidden_layers": 64, "num_attention_heads": 1024,
+           "num_key_value_heads": 1024, "head_dim": 65536, "vocab_size": 32000,
+           "max_position_embeddings": 4096, "rms_norm_eps": 1e-5}, open(os.path.join(sys.argv[1], "config.json"), "w"))
+PY
+run_bad overflow_page "--block-size 1073741824" "$T/huge" --kv-memory 80GiB --block-size 1073741824
+grep -qF "head_dim 65536" "$T/overflow_page.err" || fail "overflow message lacks head_dim: $(cat "$T/overflow_page.err")"
+grep -qF "num_key_value_heads 1024" "$T/overflow_page.err" || fail "overflow message lacks kv heads"
+run_bad overflow_gpu "does not fit in 64 bits" "$T/huge" --gpu-memory 80GiB --block-size 1073741824
+# ---- issue 15 item 10: more blocks than 32-bit block ids, naming the flag ----
+run_bad huge_budget "lower --kv-memory" "$CFG/llama-3.1-8b" --kv-memory 1000000TiB
+run_bad huge_gpu "lower --gpu-memory" "$CFG/llama-3.1-8b" --gpu-memory 1000000TiB
 echo "capacity e2e: ok"

@@ -57,6 +57,9 @@ KvPlanSettings settings(uint64_t mem, KvDtype d = KvDtype::bf16) {
   KvPlanSettings s;
   s.kv_memory_bytes = mem;
   s.dtype = d;
+  // The hand arithmetic below was written for 2048 batched tokens (vLLM's
+  // old default); the default is now the engine's 8192 (Planner.Defaults...).
+  s.max_num_batched_tokens = 2048;
   return s;
 }
 
@@ -342,6 +345,157 @@ TEST(ParseSize, UnitsAndErrors) {
   } catch (const InputError& e) {
     EXPECT_THAT(e.what(), HasSubstr("negative"));
   }
+}
+
+TEST(Planner, DefaultsAreTheEngineFlagDefaults) {
+  // cli/engine_flags.h and `fp8kv capacity` start from these (vLLM's defaults).
+  const KvPlanSettings s;
+  EXPECT_EQ(s.max_num_batched_tokens, 8192);
+  EXPECT_EQ(s.max_num_seqs, 256);
+  EXPECT_EQ(s.block_size, 16);
+  EXPECT_EQ(kDefaultGpuMemoryUtilization, 0.9);
+}
+
+// Issue 15 item 1: 64 layers x 1024 KV heads x head_dim 65536 with block size
+// 2^30 made the page product exactly 2^64, which wrapped to 0 and divided by
+// zero (SIGFPE). Every product is checked now and the error names the factors.
+TEST(PlannerOverflow, PageProductWrappingToZeroIsRefusedNamingTheFactors) {
+  ModelConfig c = dense(64, 1024, 1024, 65536, 131072);
+  KvPlanSettings s = settings(80 * GiB);
+  s.block_size = 1073741824;
+  try {
+    plan_kv_cache(c, s);
+    ADD_FAILURE() << "accepted";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("does not fit in 64 bits"));
+    EXPECT_THAT(e.what(), HasSubstr("--block-size 1073741824"));
+    EXPECT_THAT(e.what(), HasSubstr("num_key_value_heads 1024"));
+    EXPECT_THAT(e.what(), HasSubstr("head_dim 65536"));
+  }
+  EXPECT_THROW(kv_memory_needed(c, s), InputError);
+  EXPECT_THROW(max_model_len_that_fits(c, s), InputError);
+  // A product wrapping to a small non-zero value (65 layers: 2^64 + 2^58 ->
+  // 2^58) once planned tokens for a model that cannot hold one: refused too.
+  ModelConfig d = dense(65, 1024, 1024, 65536, 131072);
+  EXPECT_THROW(plan_kv_cache(d, s), InputError);
+  // bytes per token alone overflowing (no --block-size involved).
+  // 16384 layers x 2 x 2^20 KV heads x head_dim 2^30 x 2 B = 2^66 bytes a token.
+  ModelConfig e = dense(16384, 8, 8, 128, 4096);
+  e.num_heads = e.num_kv_heads = 1 << 20;
+  e.head_dim = 1 << 30;
+  s.block_size = 16;
+  try {
+    plan_kv_cache(e, s);
+    ADD_FAILURE() << "accepted";
+  } catch (const InputError& err) {
+    EXPECT_THAT(err.what(), HasSubstr("num_hidden_layers 16384"));
+  }
+}
+
+TEST(PlannerOverflow, OneRequestLargerThan64BitsIsRefused) {
+  // page = 16 x 2 x 32 x 1024 x 65536 x 2 B = 2^37; 2^31 - 1 tokens need
+  // 2^27 blocks: 2^64 bytes for one request.
+  ModelConfig c = dense(32, 1024, 1024, 65536, 2147483647);
+  const KvPlanSettings s = settings(80 * GiB);
+  try {
+    kv_memory_needed(c, s);
+    ADD_FAILURE() << "accepted";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("one request of max_model_len does not fit in 64 bits"));
+  }
+  EXPECT_THROW(plan_kv_cache(c, s), InputError);
+}
+
+// Issue 15 item 10: `--kv-memory 1000000TiB` reached BlockPool ("bad number
+// of blocks"); block ids are int32, so the planner refuses naming the budget.
+TEST(PlannerOverflow, MoreBlocksThanInt32NamesTheBudgetFlag) {
+  KvPlanSettings s = settings(parse_size("1000000TiB"));
+  try {
+    plan_kv_cache(llama31_8b(), s);
+    ADD_FAILURE() << "accepted";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("--kv-memory"));
+    EXPECT_THAT(e.what(), HasSubstr("32-bit"));
+    EXPECT_THAT(e.what(), HasSubstr("2147483647 blocks"));
+  }
+  s.budget_source = "--gpu-memory";
+  try {
+    plan_kv_cache(llama31_8b(), s);
+    ADD_FAILURE() << "accepted";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("lower --gpu-memory"));
+  }
+  // The largest budget that is accepted: exactly 2^31 - 1 pages.
+  s = settings(2147483647ull * 2 * MiB);
+  EXPECT_EQ(plan_kv_cache(llama31_8b(), s).num_blocks, 2147483647);
+}
+
+TEST(PlannerBudget, GpuBudgetIsUtilizationMinusWeightsAndActivations) {
+  GpuMemoryInputs in;
+  in.gpu_memory_bytes = 80 * GiB;
+  in.utilization = 0.9;
+  in.weights_bytes_per_rank = 16 * GiB;
+  in.weights_source = "estimate";
+  in.activation_bytes = 1 * GiB;
+  const KvBudget b = kv_budget_from_gpu(in, llama31_8b());
+  // floor(80 GiB x 0.9) = 77309411328; minus 17 GiB
+  EXPECT_EQ(b.kv_memory_bytes, 77309411328ull - 17 * GiB);
+  EXPECT_TRUE(b.from_gpu);
+  EXPECT_EQ(b.source, "--gpu-memory");
+  in.weights_bytes_per_rank = 72 * GiB;
+  try {
+    kv_budget_from_gpu(in, llama31_8b());
+    ADD_FAILURE() << "accepted";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("leaves nothing for the KV cache"));
+  }
+  // With a probe: one request of 131072 tokens needs 16 GiB; 20 GiB of KV
+  // budget fits it, 10 GiB does not (and says what would).
+  in.weights_bytes_per_rank = 16 * GiB;
+  KvPlanSettings probe = settings(0);
+  EXPECT_NO_THROW(kv_budget_from_gpu(in, llama31_8b(), &probe));
+  in.gpu_memory_bytes = 30 * GiB;
+  try {
+    kv_budget_from_gpu(in, llama31_8b(), &probe);
+    ADD_FAILURE() << "accepted";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("or a --max-model-len of at most"));
+  }
+  in.utilization = 1.5;
+  EXPECT_THROW(kv_budget_from_gpu(in, llama31_8b()), InputError);
+  EXPECT_EQ(weights_per_rank(16 * GiB, 4), 4 * GiB);
+  EXPECT_THROW(weights_per_rank(1, 0), InputError);
+}
+
+TEST(PlannerBudget, DefaultCpuBudgetIsCappedAndSaturates) {
+  KvPlanSettings s = settings(0);
+  // One request: 16 GiB. 256 of them capped at a quarter of 256 GiB.
+  EXPECT_EQ(default_cpu_kv_budget(llama31_8b(), s, 256 * GiB).kv_memory_bytes, 64 * GiB);
+  // Always at least one request, even above the cap.
+  EXPECT_EQ(default_cpu_kv_budget(llama31_8b(), s, 8 * GiB).kv_memory_bytes, 16 * GiB);
+  s.max_num_seqs = 2;
+  EXPECT_EQ(default_cpu_kv_budget(llama31_8b(), s, 0).kv_memory_bytes, 32 * GiB);
+  // max_num_seqs x one request past 2^64 saturates instead of wrapping.
+  ModelConfig c = dense(32, 1024, 1024, 16384, 2147483647);  // 2^62 bytes a request
+  s.max_num_seqs = 256;
+  const KvBudget b = default_cpu_kv_budget(c, s, 0);
+  EXPECT_EQ(b.kv_memory_bytes, UINT64_MAX);
+  EXPECT_EQ(b.source, "the default KV budget");
+}
+
+TEST(PlannerBudget, ActivationEstimateHandArithmetic) {
+  // Llama-3.1-8B shape: hidden 4096, 32 heads, 8 KV heads, head_dim 128, intermediate 14336, vocab 128256.
+  ModelConfig c = llama31_8b();
+  c.intermediate_size = 14336;
+  c.vocab_size = 128256;
+  // 2048 x (2 x 4096 + (64 + 16) x 128 + 3 x 14336) x 2 + 256 x 128256 x 4 = 365.25 MiB
+  EXPECT_EQ(estimate_activation_bytes(c, 2048, 256, 1), 2048ull * (8192 + 10240 + 43008) * 2 + 256ull * 128256 * 4);
+  EXPECT_EQ(estimate_activation_bytes(c, 2048, 256, 1), 382992384ull);  // 365.25 MiB
+  EXPECT_EQ(estimate_activation_bytes(c, 8192, 256, 1), 8192ull * 61440 * 2 + 256ull * 128256 * 4);
+  // tp 2 halves the sharded widths, not the residual stream.
+  EXPECT_EQ(estimate_activation_bytes(c, 2048, 256, 2), 2048ull * (8192 + 5120 + 21504) * 2 + 256ull * 128256 * 4);
+  EXPECT_THROW(estimate_activation_bytes(c, 0, 256, 1), InputError);
+  EXPECT_THROW(estimate_activation_bytes(c, 2048, -1, 1), InputError);
 }
 
 }  // namespace

@@ -21,6 +21,7 @@ KvPlan plan(const ModelConfig& c, KvDtype d, uint64_t mem = 80 * GiB) {
   KvPlanSettings s;
   s.kv_memory_bytes = mem;
   s.dtype = d;
+  s.max_num_batched_tokens = 2048;  // the hand arithmetic below was done at 2048 (the default is now 8192)
   return plan_kv_cache(c, s);
 }
 
@@ -86,6 +87,25 @@ TEST(PlannerConfigs, Gemma3_12B_Hybrid) {
   EXPECT_EQ(b.tokens, 1172591);
   const KvPlan f = plan(c, KvDtype::fp8_e4m3);
   EXPECT_EQ(f.num_blocks, 2 * b.num_blocks);
+}
+
+TEST(PlannerConfigs, Gemma3_12B_AtTheEngineDefault8192BatchedTokens) {
+  // The default both the engine and `fp8kv capacity` use: the sliding groups
+  // reserve min(1023 + 8192, 131072) = 9215 tokens -> cdiv(9215, 16) + 1 = 577.
+  KvPlanSettings s;
+  s.kv_memory_bytes = 80 * GiB;
+  const KvPlan b = plan_kv_cache(load("gemma-3-12b"), s);
+  EXPECT_EQ(b.max_num_batched_tokens, 8192);
+  EXPECT_EQ(b.groups[0].blocks_per_request, 577);
+  EXPECT_EQ(b.blocks_per_request, 8192 + 5 * 577);  // 11077
+  EXPECT_EQ(b.tokens, 81920LL * 131072 / 11077);    // 969343
+}
+
+TEST(PlannerConfigs, Llama31_8B_WeightEstimateIsThePublishedParameterCount) {
+  const ModelConfig c = load("llama-3.1-8b");
+  EXPECT_EQ(estimate_parameters(c), 8030261248ull);
+  EXPECT_EQ(estimate_weight_bytes(c), 2 * 8030261248ull);  // bfloat16
+  EXPECT_EQ(weights_per_rank(estimate_weight_bytes(c), 2), 8030261248ull);
 }
 
 }  // namespace

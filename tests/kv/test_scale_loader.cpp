@@ -329,3 +329,39 @@ TEST(KvCacheDtype, DeclaredFp8Scheme) {
     EXPECT_NE(std::string(e.what()).find("hf_quant_config.json"), std::string::npos);
   }
 }
+
+// The engine's set_kv_scales and the loader share validate_kv_scales (issue
+// 15 "validate scales in one place"): the same value gets the same refusal,
+// naming the file and tensor it came from.
+TEST(ValidateKvScales, OneRuleNamingFileAndTensor) {
+  const KvScaleShape shape{2, 4, 2};
+  KvScales s = KvScales::unity(2);
+  EXPECT_NO_THROW(validate_kv_scales(s, shape));
+  // A float32 subnormal (reciprocal inf): the engine used to accept it (it
+  // only asked for finite and > 0), the loader refused it.
+  s.layers[1].v.values = {1.4e-45f};
+  try {
+    validate_kv_scales(s, shape);
+    ADD_FAILURE() << "subnormal accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("KV scales: layer 1 v_scale is"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("subnormal"), std::string::npos) << e.what();
+  }
+  s.layers[1].v.source_tensor = "model.layers.1.self_attn.v_scale";
+  s.layers[1].v.source_file = "/ckpt/model.safetensors";
+  s.layers[1].v.values = {std::numeric_limits<float>::quiet_NaN()};
+  try {
+    validate_kv_scales(s, shape);
+    ADD_FAILURE() << "NaN accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("/ckpt/model.safetensors: model.layers.1.self_attn.v_scale is NaN"),
+              std::string::npos)
+        << e.what();
+  }
+  s.layers[1].v.values = {1.0f, 2.0f, 3.0f};  // neither 1 nor 2 KV heads
+  EXPECT_THROW(validate_kv_scales(s, shape), InputError);
+  s.layers[1].v.values = {1.0f, 2.0f};
+  s.layers[0].q.values = {1.0f, 1.0f, 1.0f, 1.0f};  // per query head
+  EXPECT_NO_THROW(validate_kv_scales(s, shape));
+  EXPECT_THROW(validate_kv_scales(KvScales::unity(3), shape), InputError);
+}
