@@ -8,7 +8,10 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "backend/cuda/ops.h"
+#include "model/config.h"
 #include "numerics/fp8.h"
 
 namespace fp8kv::cudaops_test {
@@ -58,5 +61,19 @@ inline std::vector<float> from_bf16(const std::vector<uint16_t>& v) {
 
 constexpr double kU32 = 0x1.0p-24;  // fp32 unit roundoff
 constexpr double kUbf16 = 0x1.0p-8;  // bf16 unit roundoff (8-bit significand, RNE: half an ulp <= 2^-8 relative)
+
+// The small hybrid Qwen3 (head_dim 64, sliding + full layers) that the CUDA
+// engine and tensor-parallel tests run.
+inline ModelConfig small_qwen3_config() {
+  nlohmann::json j = {{"architectures", {"Qwen3ForCausalLM"}}, {"model_type", "qwen3"}, {"hidden_size", 128},
+                      {"intermediate_size", 256}, {"num_hidden_layers", 3}, {"num_attention_heads", 4},
+                      {"num_key_value_heads", 2}, {"head_dim", 64}, {"vocab_size", 512},
+                      {"max_position_embeddings", 1024}, {"rms_norm_eps", 1e-6}, {"rope_theta", 10000.0},
+                      {"tie_word_embeddings", true}, {"use_sliding_window", true}, {"sliding_window", 40},
+                      {"max_window_layers", 0},
+                      {"layer_types", {"sliding_attention", "full_attention", "sliding_attention"}},
+                      {"eos_token_id", 2}};
+  return parse_model_config(j, "small qwen3 test config");
+}
 
 }  // namespace fp8kv::cudaops_test

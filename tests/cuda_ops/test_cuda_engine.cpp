@@ -19,21 +19,9 @@ namespace {
 
 using namespace cudaops_test;
 
-ModelConfig engine_config() {
-  nlohmann::json j = {{"architectures", {"Qwen3ForCausalLM"}}, {"model_type", "qwen3"}, {"hidden_size", 128},
-                      {"intermediate_size", 256}, {"num_hidden_layers", 3}, {"num_attention_heads", 4},
-                      {"num_key_value_heads", 2}, {"head_dim", 64}, {"vocab_size", 512},
-                      {"max_position_embeddings", 1024}, {"rms_norm_eps", 1e-6}, {"rope_theta", 10000.0},
-                      {"tie_word_embeddings", true}, {"use_sliding_window", true}, {"sliding_window", 40},
-                      {"max_window_layers", 0},
-                      {"layer_types", {"sliding_attention", "full_attention", "sliding_attention"}},
-                      {"eos_token_id", 2}};
-  return parse_model_config(j, "cuda engine test config");
-}
-
 TEST(CudaEngine, ScoreMatchesCpuEngine) {
   FP8KV_NEED_GPU();
-  const ModelConfig cfg = engine_config();
+  const ModelConfig cfg = small_qwen3_config();
   auto w = ModelWeights::random(cfg, 77, 0.08f, /*bf16=*/true);
   std::mt19937_64 rng(test_seed());
   std::uniform_int_distribution<int> tok(3, cfg.vocab_size - 1);
@@ -79,7 +67,7 @@ TEST(CudaEngine, ScoreMatchesCpuEngine) {
 
 TEST(CudaEngine, GreedyGenerateRuns) {
   FP8KV_NEED_GPU();
-  const ModelConfig cfg = engine_config();
+  const ModelConfig cfg = small_qwen3_config();
   auto w = ModelWeights::random(cfg, 78, 0.08f, true);
   EngineOptions o;
   o.backend = "cuda";
