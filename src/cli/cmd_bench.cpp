@@ -104,8 +104,8 @@ CLI::App* bench_parent(CLI::App& app) {
 void add_common(CLI::App* sub, BenchArgs* a) {
   sub->add_option("MODEL_OR_CONFIG_DIR", a->model, "Checkpoint directory (config-only with --load-format dummy)")
       ->required();
-  sub->add_option("--input-len", a->s.input_len, "Prompt tokens per request (random ids)")->check(CLI::PositiveNumber);
-  sub->add_option("--output-len", a->s.output_len, "Generated tokens per request (>= 2)")->check(CLI::Range(2, 1 << 30));
+  sub->add_option("--input-len", a->s.input_len, "Prompt tokens per request (random ids)")->check(at_least(1));
+  sub->add_option("--output-len", a->s.output_len, "Generated tokens per request (>= 2)")->check(at_least(2));
   sub->add_flag("--ignore-eos", a->s.ignore_eos, "Generate --output-len tokens even past EOS");
   sub->add_option("--seed", a->s.seed, "Seed of the random prompts");
   sub->add_flag("--json", a->json, "Print the result as JSON");
@@ -117,18 +117,18 @@ Registrar reg([](CLI::App& app) {
   CLI::App* parent = bench_parent(app);
   auto* l = parent->add_subcommand("latency", "Latency of one batch: TTFT, ms per decode step, tok/s, bandwidth");
   add_common(l, &lat);
-  l->add_option("--batch-size", lat.s.batch_size, "Requests run together")->check(CLI::PositiveNumber);
+  l->add_option("--batch-size", lat.s.batch_size, "Requests run together")->check(at_least(1));
   l->add_option("--num-iters-warmup", lat.s.num_iters_warmup, "Untimed iterations first")
-      ->check(CLI::NonNegativeNumber);
-  l->add_option("--num-iters", lat.s.num_iters, "Timed iterations")->check(CLI::PositiveNumber);
+      ->check(at_least(0));
+  l->add_option("--num-iters", lat.s.num_iters, "Timed iterations")->check(at_least(1));
   set_action(l, [] { return run(lat, "latency"); });
 
   auto* t = parent->add_subcommand("throughput", "Throughput of --num-prompts requests submitted at once");
   add_common(t, &thr);
   thr.s.num_iters_warmup = 1;
-  t->add_option("--num-prompts", thr.s.num_prompts, "Requests in all")->check(CLI::PositiveNumber);
+  t->add_option("--num-prompts", thr.s.num_prompts, "Requests in all")->check(at_least(1));
   t->add_option("--num-iters-warmup", thr.s.num_iters_warmup, "0: no warm-up round; >= 1: one short round")
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   set_action(t, [] { return run(thr, "throughput"); });
 });
 

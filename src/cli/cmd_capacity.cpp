@@ -232,6 +232,9 @@ void print_text(const CapacityArgs& a, const ModelConfig& cfg, const KvBudget& b
 int run_capacity(const CapacityArgs& a) {
   if (a.kv_memory.empty() == a.gpu_memory.empty())
     throw UsageError("give exactly one of --kv-memory SIZE (the KV budget itself) or --gpu-memory SIZE");
+  // Same words as the engine flags (cli/engine_flags.h): a flag means the same in every command.
+  if (!a.kv_memory.empty() && parse_size(a.kv_memory) == 0) throw UsageError("--kv-memory must be > 0");
+  if (!a.gpu_memory.empty() && parse_size(a.gpu_memory) == 0) throw UsageError("--gpu-memory must be > 0");
   if (!(a.gpu_memory_utilization > 0.0 && a.gpu_memory_utilization <= 1.0))
     throw UsageError(fmt::format("--gpu-memory-utilization must be in (0, 1] (got {})", a.gpu_memory_utilization));
   const fs::path model(a.model);

@@ -116,7 +116,7 @@ Registrar reg([](CLI::App& app) {
   sub->add_option("--text-file", a->text_file, "Text to tokenize and score in chunks of --context tokens");
   sub->add_option("--context", a->context, "Tokens per scored chunk of --text-file (default min(max_model_len, 4096))");
   sub->add_option("--output", a->output, "Output JSON file")->required();
-  sub->add_option("--chunk-size", a->chunk_size, "Prefill chunk in tokens (default: --max-num-batched-tokens)")->check(CLI::NonNegativeNumber);
+  sub->add_option("--chunk-size", a->chunk_size, "Prefill chunk in tokens (default: --max-num-batched-tokens)")->check(at_least(0));
   a->engine.add(sub);
   set_action(sub, [a] { return run(*a); });
 });

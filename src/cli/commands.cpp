@@ -5,9 +5,22 @@
 #include <map>
 #include <new>
 
+#include <fmt/format.h>
+
 #include "io/errors.h"
 
 namespace fp8kv::cli {
+
+CLI::Validator at_least(double min) {
+  return CLI::Validator(
+      [min](std::string& s) -> std::string {
+        double v = 0.0;
+        if (!CLI::detail::lexical_cast(s, v)) return {};  // not a number: the conversion names it
+        if (v < min) return fmt::format("must be >= {} (got {})", min, s);
+        return {};
+      },
+      fmt::format(">={}", min));
+}
 
 std::vector<RegisterFn>& registry() {
   static std::vector<RegisterFn> r;

@@ -33,4 +33,10 @@ bool is_subcommand(CLI::App& app, const std::string& name);
 std::string subcommand_list(CLI::App& app);  // "calibrate, capacity, ..." (sorted)
 int run_selected(CLI::App& app);
 
+// A lower bound for a numeric option, worded as the engine flags are
+// ("--flag: must be >= 1 (got 0)"), where CLI::PositiveNumber /
+// NonNegativeNumber print "Value 0 not in range 0.000000 to 1797..." (issue
+// 15 item 11). Non-numbers are left to CLI11's conversion error.
+CLI::Validator at_least(double min);
+
 }  // namespace fp8kv::cli
