@@ -11,6 +11,7 @@
 #include "eval/stats.h"
 #include "io/checkpoint.h"
 #include "io/errors.h"
+#include "io/user_files.h"
 #include "kv/scale_loader.h"
 
 namespace fp8kv::eval {
@@ -119,16 +120,8 @@ std::unique_ptr<Engine> load_arm_engine(const ArmSpec& arm, const fs::path& mode
 
 std::vector<int> parse_buckets(std::string_view csv) {
   std::vector<int> b;
-  for (const auto& s : split(csv, ',')) {
-    size_t used = 0;
-    long v = -1;
-    try {
-      v = std::stol(s, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != s.size() || s.empty() || v < 0 || v > std::numeric_limits<int>::max())
-      throw InputError(fmt::format("--buckets '{}': '{}' is not a non-negative integer", csv, s));
+  // One integer-list parser for every option (io/user_files.h).
+  for (const int64_t v : parse_int_list(csv, "--buckets", 0, std::numeric_limits<int>::max())) {
     if (!b.empty() && v <= b.back())
       throw InputError(fmt::format("--buckets '{}': edges must be strictly ascending", csv));
     b.push_back(static_cast<int>(v));

@@ -139,6 +139,17 @@ TEST(CompareArgs, ParsesArmsAndBuckets) {
   EXPECT_THROW(parse_buckets("1,2"), InputError);
   EXPECT_THROW(parse_buckets("0,5,5"), InputError);
   EXPECT_THROW(parse_buckets("0,x"), InputError);
+  // The same integer-list parser (and words) as --lengths/--depths/--ids:
+  // spaces around items allowed, a bad item named with the accepted range.
+  EXPECT_EQ(parse_buckets("0, 8 ,16"), (std::vector<int>{0, 8, 16}));
+  try {
+    parse_buckets("0,-4");
+    ADD_FAILURE() << "accepted a negative edge";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--buckets '0,-4': '-4' is not an integer in [0, 2147483647]"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_THROW(parse_buckets("0,,8"), InputError);
   EXPECT_EQ(cut_chunks({1, 2, 3, 4, 5}, 2).size(), 2u);  // last chunk of 1 token dropped
   EXPECT_EQ(cut_chunks({1, 2, 3, 4, 5, 6}, 2).size(), 3u);
 }
