@@ -9,6 +9,7 @@
 #include "engine/dummy_weights.h"
 #include "engine/engine.h"
 #include "io/errors.h"
+#include "engine_fixtures.h"
 #include "kv/kv_cache_manager.h"
 #include "reference.h"
 
@@ -23,13 +24,7 @@ using testing::tiny_config_json;
 TEST(CpuBackend, KvStorageMatchesThePlan) {
   nlohmann::json j = tiny_config_json("qwen3");  // one full and one sliding group
   const ModelConfig c = parse_model_config(j, "test");
-  KvPlanSettings s;
-  s.block_size = 16;
-  s.max_model_len = 64;
-  s.max_num_batched_tokens = 16;
-  s.dtype = KvDtype::fp8_e4m3;
-  s.kv_memory_bytes = kv_memory_needed(c, s) * 3;
-  const KvPlan plan = plan_kv_cache(c, s);
+  const KvPlan plan = testing::plan_for_requests(c, testing::small_plan_settings(64, 16, KvDtype::fp8_e4m3, 16), 3);
   ASSERT_GE(plan.groups.size(), 2u);
   auto be = make_backend("cpu", c, {});
   be->allocate_kv(plan, kv_layout(plan));

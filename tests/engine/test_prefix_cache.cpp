@@ -20,61 +20,32 @@
 #include "engine/engine.h"
 #include "engine/scheduler.h"
 #include "kv/kv_cache_manager.h"
+#include "engine_fixtures.h"
 #include "model/weights.h"
 #include "reference.h"
 
 namespace fp8kv {
 namespace {
 
+using testing::gen_request;
+using testing::plan_for_requests;
+using testing::random_tokens;
+using testing::small_engine_options;
+using testing::small_plan_settings;
 using testing::tiny_config;
+using testing::with_pool_for;
+using Out = testing::RunOut;
 
-std::vector<int> random_tokens(const ModelConfig& c, int n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<int> t(n);
-  for (auto& x : t) x = 3 + static_cast<int>(rng() % static_cast<uint64_t>(c.vocab_size - 3));  // no EOS (2)
-  return t;
-}
-
-struct Out {
-  std::vector<int> tokens;
-  std::vector<float> logprobs;
-  FinishReason finish = FinishReason::cancelled;
-};
-
-// Submits every prompt of a wave at once, runs the engine until idle; waves in order.
+// Each wave's prompts submitted at once and run until idle; waves in order.
 std::vector<Out> run_waves(Engine& e, const std::vector<std::vector<std::vector<int>>>& waves, int max_tokens) {
   std::vector<Out> out;
-  for (const auto& wave : waves) {
-    std::map<RequestId, size_t> idx;
-    for (const auto& p : wave) {
-      GenerateOptions g;
-      g.max_tokens = max_tokens;
-      g.stop_at_eos = false;
-      g.logprobs = 0;
-      idx[e.submit(Request{p, g})] = out.size();
-      out.emplace_back();
-    }
-    while (!e.idle())
-      for (const auto& ev : e.step()) {
-        Out& o = out[idx.at(ev.id)];
-        if (ev.token >= 0) {
-          o.tokens.push_back(ev.token);
-          EXPECT_TRUE(ev.logprob.has_value());
-          o.logprobs.push_back(ev.logprob.value_or(0.0f));
-        }
-        if (ev.finished) o.finish = *ev.finished;
-      }
-  }
+  for (const auto& wave : waves)
+    for (auto& o : testing::run_until_idle(e, wave, max_tokens)) out.push_back(std::move(o));
   return out;
 }
 
 EngineOptions small_options(const std::string& dtype, bool caching) {
-  EngineOptions o;
-  o.kv_cache_dtype = dtype;
-  o.block_size = 4;
-  o.max_model_len = 96;
-  o.max_num_batched_tokens = 32;
-  o.max_num_seqs = 8;
+  EngineOptions o = small_engine_options(dtype, 96, 32, 8);
   o.enable_prefix_caching = caching;
   return o;
 }
@@ -166,16 +137,7 @@ TEST(PrefixCacheCount, SecondRequestPrefillsOnlyTheSuffix) {
 TEST(PrefixCacheEviction, FullPoolEvictsAndStaysCorrect) {
   const ModelConfig cfg = tiny_config("qwen3");
   auto w = ModelWeights::random(cfg, 31, 0.15f, true);
-  auto opts = [&](bool caching, int requests) {
-    EngineOptions o = small_options("bf16", caching);
-    KvPlanSettings s;
-    s.block_size = 4;
-    s.max_model_len = 96;
-    s.max_num_batched_tokens = 32;
-    s.dtype = KvDtype::bf16;
-    o.kv_memory_bytes = kv_memory_needed(cfg, s) * static_cast<uint64_t>(requests);
-    return o;
-  };
+  auto opts = [&](bool caching, int requests) { return with_pool_for(small_options("bf16", caching), cfg, requests); };
   const std::vector<int> first = random_tokens(cfg, 60, 1);
   std::vector<std::vector<std::vector<int>>> waves = {{first}};
   for (int i = 0; i < 3; ++i) waves.push_back({random_tokens(cfg, 90, 100 + i)});
@@ -206,24 +168,11 @@ TEST(PrefixCacheEviction, FullPoolEvictsAndStaysCorrect) {
 TEST(PrefixCachePreemption, SharedBlocksSurviveRecompute) {
   const ModelConfig cfg = tiny_config("gemma3");
   auto w = ModelWeights::random(cfg, 41, 0.15f, true);
-  KvPlanSettings ps;
-  ps.block_size = 4;
-  ps.max_model_len = 48;
-  ps.max_num_batched_tokens = 16;
-  ps.dtype = KvDtype::fp8_e4m3;
-  const KvPlan plan = plan_kv_cache(cfg, [&] {
-    KvPlanSettings s = ps;
-    s.kv_memory_bytes = kv_memory_needed(cfg, ps) * 2;
-    return s;
-  }());
+  const KvPlan plan = plan_for_requests(cfg, small_plan_settings(48, 16, KvDtype::fp8_e4m3), 2);
   KvCacheManager kv(cfg, plan);
   kv.set_prefix_caching(true);
   // Reference tokens: an engine without caching, each prompt alone.
-  EngineOptions o;
-  o.kv_cache_dtype = "fp8_e4m3";
-  o.block_size = 4;
-  o.max_model_len = 48;
-  o.max_num_batched_tokens = 16;
+  EngineOptions o = small_engine_options("fp8_e4m3", 48, 16);
   o.enable_prefix_caching = false;
   auto alone = Engine::create(cfg, w, o);
   const std::vector<int> prefix = random_tokens(cfg, 12, 77);
@@ -235,9 +184,8 @@ TEST(PrefixCachePreemption, SharedBlocksSurviveRecompute) {
     prompts.push_back(p);
   }
   // Through an engine with caching and the small pool.
-  EngineOptions small = o;
+  EngineOptions small = with_pool_for(o, cfg, 2);
   small.enable_prefix_caching = true;
-  small.kv_memory_bytes = kv_memory_needed(cfg, ps) * 2;
   small.max_num_seqs = 8;
   auto e = Engine::create(cfg, w, small);
   const auto first = run_waves(*e, {{prompts[0]}}, 24);  // caches the prefix
@@ -257,26 +205,11 @@ TEST(PrefixCachePreemption, SharedBlocksSurviveRecompute) {
 // reference count is zero and the pages stay cached (free).
 TEST(PrefixCacheRefs, SharedPagesCountedAndAllReturned) {
   const ModelConfig cfg = tiny_config("llama");
-  KvPlanSettings s;
-  s.block_size = 4;
-  s.max_model_len = 64;
-  s.max_num_batched_tokens = 64;
-  s.dtype = KvDtype::bf16;
-  s.kv_memory_bytes = kv_memory_needed(cfg, s) * 4;
-  const KvPlan plan = plan_kv_cache(cfg, s);
+  const KvPlan plan = plan_for_requests(cfg, small_plan_settings(64, 64), 4);
   KvCacheManager kv(cfg, plan);
   kv.set_prefix_caching(true);
   Scheduler sch(kv, SchedulerLimits{4, 64, plan.max_model_len}, {});
-  auto req = [&](RequestId id, std::vector<int> p) {
-    auto r = std::make_unique<SchedRequest>();
-    r->id = id;
-    r->tokens = std::move(p);
-    r->num_prompt = static_cast<int>(r->tokens.size());
-    r->chunk = 64;
-    r->gen.max_tokens = 8;
-    r->gen.stop_at_eos = false;
-    return r;
-  };
+  auto req = [&](RequestId id, std::vector<int> p) { return gen_request(id, std::move(p), 8, 64); };
   const std::vector<int> p = random_tokens(cfg, 21, 3);  // 5 full blocks + 1 token
   sch.add(req(1, p));
   SchedulerOutput o = sch.schedule();
@@ -313,13 +246,7 @@ BlockDigest constant_hasher(const BlockDigest&, std::span<const int>) { return B
 
 TEST(PrefixCacheCollision, EqualDigestsDifferentTokensMiss) {
   const ModelConfig cfg = tiny_config("llama");
-  KvPlanSettings s;
-  s.block_size = 4;
-  s.max_model_len = 64;
-  s.max_num_batched_tokens = 64;
-  s.dtype = KvDtype::bf16;
-  s.kv_memory_bytes = kv_memory_needed(cfg, s) * 2;
-  const KvPlan plan = plan_kv_cache(cfg, s);
+  const KvPlan plan = plan_for_requests(cfg, small_plan_settings(64, 64), 2);
   KvCacheManager kv(cfg, plan);
   kv.set_prefix_caching(true);
   kv.set_block_hasher_for_testing(&constant_hasher);

@@ -9,40 +9,21 @@
 #include "engine/engine.h"
 #include "engine/scheduler.h"
 #include "kv/kv_cache_manager.h"
+#include "engine_fixtures.h"
 #include "model/weights.h"
 #include "reference.h"
 
 namespace fp8kv {
 namespace {
 
+using testing::gen_request;
+using testing::random_tokens;
+using testing::small_engine_options;
 using testing::tiny_config;
-
-std::vector<int> random_tokens(const ModelConfig& c, int n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<int> t(n);
-  for (auto& x : t) x = 3 + static_cast<int>(rng() % static_cast<uint64_t>(c.vocab_size - 3));  // no EOS (2)
-  return t;
-}
+using testing::with_pool_for;
 
 KvPlan plan_for(const ModelConfig& c, int max_model_len, int requests, int batched) {
-  KvPlanSettings s;
-  s.block_size = 4;
-  s.max_model_len = max_model_len;
-  s.max_num_batched_tokens = batched;
-  s.dtype = KvDtype::bf16;
-  s.kv_memory_bytes = kv_memory_needed(c, s) * static_cast<uint64_t>(requests);
-  return plan_kv_cache(c, s);
-}
-
-std::unique_ptr<SchedRequest> gen_request(RequestId id, std::vector<int> prompt, int max_tokens, int chunk) {
-  auto r = std::make_unique<SchedRequest>();
-  r->id = id;
-  r->tokens = std::move(prompt);
-  r->num_prompt = static_cast<int>(r->tokens.size());
-  r->chunk = chunk;
-  r->gen.max_tokens = max_tokens;
-  r->gen.stop_at_eos = false;
-  return r;
+  return testing::plan_for_requests(c, testing::small_plan_settings(max_model_len, batched), requests);
 }
 
 // Decodes are scheduled before any prefill chunk and the step never exceeds
@@ -127,32 +108,20 @@ TEST(Scheduler, PreemptFreesBlocksAndRequeuesWithTokens) {
   EXPECT_EQ(kv.num_free_blocks(), plan.num_blocks);
 }
 
+// Each request's tokens and finish, keyed by submission index.
 struct RunResult {
-  std::map<RequestId, std::vector<int>> tokens;
-  std::map<RequestId, FinishReason> finish;
+  std::map<size_t, std::vector<int>> tokens;
+  std::map<size_t, FinishReason> finish;
 };
 
 RunResult run_all(Engine& e, const std::vector<std::vector<int>>& prompts, int max_tokens) {
   RunResult r;
-  std::vector<RequestId> ids;
-  for (const auto& p : prompts) {
-    GenerateOptions g;
-    g.max_tokens = max_tokens;
-    g.stop_at_eos = false;
-    ids.push_back(e.submit(Request{p, g}));
+  const auto out = testing::run_until_idle(e, prompts, max_tokens);
+  for (size_t i = 0; i < out.size(); ++i) {
+    r.tokens[i] = out[i].tokens;
+    if (out[i].finish) r.finish[i] = *out[i].finish;
   }
-  while (!e.idle())
-    for (const auto& ev : e.step()) {
-      EXPECT_FALSE(r.finish.count(ev.id)) << "event after the request finished";
-      if (ev.token >= 0) r.tokens[ev.id].push_back(ev.token);
-      if (ev.finished) r.finish[ev.id] = *ev.finished;
-    }
-  RunResult ordered;  // keyed by submission index
-  for (size_t i = 0; i < ids.size(); ++i) {
-    ordered.tokens[i] = r.tokens[ids[i]];
-    if (r.finish.count(ids[i])) ordered.finish[i] = r.finish[ids[i]];
-  }
-  return ordered;
+  return r;
 }
 
 // A pool too small for every request at once: running requests preempt the
@@ -164,21 +133,8 @@ TEST_P(Preemption, RecomputeGivesTheSameGreedyTokens) {
   const std::string family = GetParam();
   const ModelConfig cfg = tiny_config(family);
   auto w = ModelWeights::random(cfg, 17, 0.15f, true);
-  EngineOptions o;
-  o.kv_cache_dtype = "fp8_e4m3";
-  o.block_size = 4;
-  o.max_model_len = 48;
-  o.max_num_batched_tokens = 16;
-  o.max_num_seqs = 8;
   // Room for two full-length requests; four run at once.
-  {
-    KvPlanSettings s;
-    s.block_size = 4;
-    s.max_model_len = 48;
-    s.max_num_batched_tokens = 16;
-    s.dtype = KvDtype::fp8_e4m3;
-    o.kv_memory_bytes = kv_memory_needed(cfg, s) * 2;
-  }
+  const EngineOptions o = with_pool_for(small_engine_options("fp8_e4m3", 48, 16, 8), cfg, 2);
   const int max_tokens = 30;
   std::vector<std::vector<int>> prompts;
   for (int i = 0; i < 4; ++i) prompts.push_back(random_tokens(cfg, 6 + 4 * i, 100 + i));
@@ -207,16 +163,7 @@ INSTANTIATE_TEST_SUITE_P(All, Preemption, ::testing::Values("llama", "gemma3"));
 TEST(Preemption, ScoringRowsAreReportedOnce) {
   const ModelConfig cfg = tiny_config("qwen3");
   auto w = ModelWeights::random(cfg, 4, 0.15f, true);
-  EngineOptions o;
-  o.kv_cache_dtype = "bf16";
-  o.block_size = 4;
-  o.max_model_len = 48;
-  o.max_num_batched_tokens = 8;
-  KvPlanSettings s;
-  s.block_size = 4;
-  s.max_model_len = 48;
-  s.max_num_batched_tokens = 8;
-  o.kv_memory_bytes = kv_memory_needed(cfg, s) * 2;
+  const EngineOptions o = with_pool_for(small_engine_options("bf16", 48, 8), cfg, 2);
   auto e = Engine::create(cfg, w, o);
   std::vector<std::vector<int>> seqs;
   for (int i = 0; i < 4; ++i) seqs.push_back(random_tokens(cfg, 40 + i, 7 + i));
