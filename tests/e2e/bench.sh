@@ -2,16 +2,8 @@
 # e2e: fp8kv bench latency|throughput on the bundled model (CPU, tiny sizes):
 # the JSON fields of docs/bench.md exist, are finite, and agree with each
 # other (tok/s x time = tokens, gbps x step time = bytes, floor fraction).
-set -u
-BIN="$1"; SRC="$2"
+source "$(dirname "$0")/lib.sh"
 M="$SRC/models/fp8kv-mini"
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-expect_rc() {
-  local want=$1; shift
-  "$@" >"$T/out" 2>"$T/err"; local rc=$?
-  [ "$rc" = "$want" ] || { cat "$T/err" >&2; fail "expected exit $want, got $rc: $*"; }
-}
 
 check() {  # check MODE FILE PROMPTS INPUT OUTPUT
   python3 - "$@" <<'PY' || fail "JSON check failed for $1"

@@ -4,15 +4,7 @@
 # --threads above the hardware is capped with a warning, --load-format dummy
 # runs from config.json alone, --tokenizer points elsewhere.
 # Usage: bash engine_flags.sh <fp8kv-binary> <source-dir>
-set -u
-BIN="$1"; SRC="$2"
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-expect_rc() {
-  local want=$1; shift
-  "$@" >"$T/out" 2>"$T/err"; local rc=$?
-  [ "$rc" = "$want" ] || { cat "$T/err" >&2; fail "expected exit $want, got $rc: $*"; }
-}
+source "$(dirname "$0")/lib.sh"
 python3 "$SRC/tests/e2e/tiny_model.py" "$T/m" --bf16 > /dev/null || fail "could not make the tiny model"
 python3 -c "import json; json.dump([[5, 6, 7, 8, 9, 10, 11, 12]], open('$T/ids.json', 'w'))"
 printf 'hello there, a short corpus.\n' > "$T/c.txt"
@@ -32,61 +24,48 @@ run_cmd() {  # run_cmd CMD FLAGS...
     serve) timeout 60 "$BIN" serve "$T/m" --port 0 "$@" ;;  # only refusals are run: it must not start
   esac
 }
-refused() {  # refused MESSAGE CMD FLAGS...: exit 2, one line naming the flag, no CLI11 range text
+# refused MESSAGE CMD FLAGS...: exit 2, nothing on stdout, MESSAGE on stderr
+# (lib.sh's expect_refused), and never CLI11's "not in range" text.
+refused() {
   local msg=$1; shift
-  run_cmd "$@" > "$T/out" 2> "$T/err"; local rc=$?
-  [ "$rc" = 2 ] || { cat "$T/err" >&2; fail "expected exit 2, got $rc: $*"; }
-  grep -q -- "$msg" "$T/err" || fail "'$*': expected '$msg' in: $(cat "$T/err")"
+  expect_refused "$*" "$msg" "$@" > /dev/null
   ! grep -q "not in range" "$T/err" || fail "'$*': CLI11 range text: $(cat "$T/err")"
 }
 for cmd in generate score calibrate kvstats compare niah bench serve; do
-  refused "must be > 0" $cmd --kv-memory 0
-  refused "threads must be >= 0" $cmd --threads -1
-  refused "threads must be >= 0" $cmd --threads -3
-  refused "max-num-seqs must be >= 1" $cmd --max-num-seqs 0
-  refused "max-num-batched-tokens must be >= 1" $cmd --max-num-batched-tokens 0
-  refused "block-size must be >= 1" $cmd --block-size 0
-  refused "not both" $cmd --kv-memory 1MiB --gpu-memory-utilization 0.5
-  refused "cuda only" $cmd --backend cpu --gpu-memory-utilization 0.5
-  refused "must be in (0, 1]" $cmd --gpu-memory-utilization 1.5
-  refused "load-format must be auto or dummy" $cmd --load-format bogus
-  refused "backend must be auto, cpu or cuda" $cmd --backend tpu
+  refused "must be > 0" run_cmd $cmd --kv-memory 0
+  refused "threads must be >= 0" run_cmd $cmd --threads -1
+  refused "threads must be >= 0" run_cmd $cmd --threads -3
+  refused "max-num-seqs must be >= 1" run_cmd $cmd --max-num-seqs 0
+  refused "max-num-batched-tokens must be >= 1" run_cmd $cmd --max-num-batched-tokens 0
+  refused "block-size must be >= 1" run_cmd $cmd --block-size 0
+  refused "not both" run_cmd $cmd --kv-memory 1MiB --gpu-memory-utilization 0.5
+  refused "cuda only" run_cmd $cmd --backend cpu --gpu-memory-utilization 0.5
+  refused "must be in (0, 1]" run_cmd $cmd --gpu-memory-utilization 1.5
+  refused "load-format must be auto or dummy" run_cmd $cmd --load-format bogus
+  refused "backend must be auto, cpu or cuda" run_cmd $cmd --backend tpu
 done
 # capacity takes --kv-memory and --block-size too: same words (issue 15 items 9, 11).
-refused_capacity() {  # refused_capacity MESSAGE FLAGS...
-  local msg=$1; shift
-  "$BIN" capacity "$T/m" "$@" > "$T/out" 2> "$T/err"; local rc=$?
-  [ "$rc" = 2 ] || { cat "$T/err" >&2; fail "capacity: expected exit 2, got $rc: $*"; }
-  grep -qF -- "$msg" "$T/err" || fail "capacity $*: expected '$msg' in: $(cat "$T/err")"
-}
-refused_capacity "--kv-memory must be > 0" --kv-memory 0
-refused_capacity "--gpu-memory must be > 0" --gpu-memory 0
-refused_capacity "--block-size must be >= 1" --kv-memory 1GiB --block-size 0
-refused_capacity "--max-num-seqs must be >= 1" --kv-memory 1GiB --max-num-seqs 0
+refused "--kv-memory must be > 0" "$BIN" capacity "$T/m" --kv-memory 0
+refused "--gpu-memory must be > 0" "$BIN" capacity "$T/m" --gpu-memory 0
+refused "--block-size must be >= 1" "$BIN" capacity "$T/m" --kv-memory 1GiB --block-size 0
+refused "--max-num-seqs must be >= 1" "$BIN" capacity "$T/m" --kv-memory 1GiB --max-num-seqs 0
 
 # Counts checked by CLI11 say "must be >= N", never CLI11's "Value 0 not in
 # range 0.000000 to 1797..." (issue 15 item 11).
-bound() {  # bound MESSAGE CMD ARGS...: exit 2, MESSAGE on stderr, no range text
-  local msg=$1; shift
-  "$@" > "$T/out" 2> "$T/err"; local rc=$?
-  [ "$rc" = 2 ] || { cat "$T/err" >&2; fail "expected exit 2, got $rc: $*"; }
-  grep -qF -- "$msg" "$T/err" || fail "'$*': expected '$msg' in: $(cat "$T/err")"
-  ! grep -q "not in range" "$T/err" || fail "'$*': CLI11 range text: $(cat "$T/err")"
-}
-bound "--max-tokens must be >= 1" "$BIN" generate "$T/m" --prompt "Hello" --max-tokens 0
-bound "--temperature: must be >= 0 (got -1)" "$BIN" generate "$T/m" --prompt "Hello" --temperature -1
-bound "--top-k: must be >= 0 (got -2)" "$BIN" generate "$T/m" --prompt "Hello" --top-k -2
-bound "--chunk-size: must be >= 0 (got -1)" run_cmd score --chunk-size -1
-bound "--batch-size: must be >= 1 (got 0)" run_cmd bench --batch-size 0
-bound "--input-len: must be >= 1 (got 0)" run_cmd bench --input-len 0
-bound "--output-len: must be >= 2 (got 1)" run_cmd bench --output-len 1
-bound "--num-iters: must be >= 1 (got 0)" run_cmd bench --num-iters 0
-bound "--num-iters-warmup: must be >= 0 (got -1)" run_cmd bench --num-iters-warmup -1
-bound "--num-prompts: must be >= 1 (got 0)" "$BIN" bench throughput "$T/m" --input-len 4 --output-len 2 --num-prompts 0
+refused "--max-tokens must be >= 1" "$BIN" generate "$T/m" --prompt "Hello" --max-tokens 0
+refused "--temperature: must be >= 0 (got -1)" "$BIN" generate "$T/m" --prompt "Hello" --temperature -1
+refused "--top-k: must be >= 0 (got -2)" "$BIN" generate "$T/m" --prompt "Hello" --top-k -2
+refused "--chunk-size: must be >= 0 (got -1)" run_cmd score --chunk-size -1
+refused "--batch-size: must be >= 1 (got 0)" run_cmd bench --batch-size 0
+refused "--input-len: must be >= 1 (got 0)" run_cmd bench --input-len 0
+refused "--output-len: must be >= 2 (got 1)" run_cmd bench --output-len 1
+refused "--num-iters: must be >= 1 (got 0)" run_cmd bench --num-iters 0
+refused "--num-iters-warmup: must be >= 0 (got -1)" run_cmd bench --num-iters-warmup -1
+refused "--num-prompts: must be >= 1 (got 0)" "$BIN" bench throughput "$T/m" --input-len 4 --output-len 2 --num-prompts 0
 
 # --backend cuda: refused in one line until the CUDA engine lands (or no GPU here).
 if ! command -v nvidia-smi > /dev/null 2>&1; then
-  refused "--backend cuda" generate --backend cuda
+  refused "--backend cuda" run_cmd generate --backend cuda
 fi
 
 # --threads above the hardware threads: capped, with a warning, same output.
