@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# e2e: `fp8kv bench serve` against `fp8kv serve models/fp8kv-mini --port 0`
-# (CPU): 8 streamed requests at once with --ignore-eos; the result JSON has
+# e2e: `fp8kv bench serve` against `fp8kv serve --port 0` on the bundled
+# model's config.json alone (--load-format dummy, --tokenizer the bundled
+# model: the GPU script's setup) on the CPU: 8 streamed requests at once with --ignore-eos; the result JSON has
 # vLLM's names, completed == --num-prompts, the token totals are exact, the
 # throughputs agree with the duration, and the server counted the same
 # tokens in /metrics. Bad flags and an unreachable server exit 2.
@@ -8,7 +9,8 @@ source "$(dirname "$0")/lib.sh"
 M="$SRC/models/fp8kv-mini"
 N=8 IN=24 OUTLEN=6
 
-"$BIN" serve "$M" --port 0 --threads 1 >"$T/serve.out" 2>"$T/serve.err" &
+mkdir -p "$T/cfg" && cp "$M/config.json" "$T/cfg/"
+"$BIN" serve "$T/cfg" --load-format dummy --tokenizer "$M" --port 0 --threads 1 >"$T/serve.out" 2>"$T/serve.err" &
 SP=$!
 trap 'kill $SP 2>/dev/null; wait $SP 2>/dev/null; rm -rf "$T"' EXIT
 PORT=""
