@@ -7,6 +7,12 @@
 #include <random>
 
 #include "server/bench_client.h"
+#include "server/peer_socket.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 namespace fp8kv::server {
 namespace {
@@ -102,6 +108,30 @@ TEST(BenchClient, SummaryArithmetic) {
   EXPECT_NEAR(j["mean_itl_ms"].get<double>(), 100.0, 1e-9);
   EXPECT_EQ(j["request_rate"], "inf");
   EXPECT_EQ(j["errors"][2], "HTTP 400");
+}
+
+// The server raises cpp-httplib's listen backlog of 5 (a burst of 256
+// clients otherwise waits on SYN retries): the listening socket is found by
+// its port; a port nobody here listens on is not.
+TEST(ListenBacklog, FindsTheListeningSocketByPort) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const int port = ntohs(a.sin_port);
+  EXPECT_TRUE(raise_listen_backlog(port, 2048));
+  // Still listening, and a port with no listener here is not found.
+  int on = 0;
+  len = sizeof on;
+  ASSERT_EQ(getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &on, &len), 0);
+  EXPECT_EQ(on, 1);
+  close(fd);
+  EXPECT_FALSE(raise_listen_backlog(port, 2048));
 }
 
 }  // namespace
