@@ -17,10 +17,10 @@ fetch_tokenizers() {
 phase "fetch tokenizers" fetch_tokenizers
 phase "build" ./scripts/build.sh
 phase "test" ctest --test-dir build --output-on-failure -j "$(nproc)" -LE slow
-# The server load test (label slow: 2,000 requests, 128 clients) runs only when
-# asked (FP8KV_SLOW=1, or `ctest -L slow`): its 90 s budget is not yet met on a
-# 2-core machine (NOTES.md, 2026-11-30).
-if [ "${FP8KV_SLOW:-0}" = 1 ]; then phase "test (slow)" ctest --test-dir build --output-on-failure -L slow; fi
+# The server load test (label slow: 2,000 requests, 128 clients, <= 90 s; 58.6 s
+# on the shared 2-core machine at load ~10, docs/server.md) runs alone after
+# the others, and never in the sanitizer build. FP8KV_SLOW=0 skips it.
+if [ "${FP8KV_SLOW:-1}" = 1 ]; then phase "test (slow)" ctest --test-dir build --output-on-failure -L slow; fi
 if [ "${SKIP_SANITIZE:-0}" != 1 ]; then
   phase "build (asan+ubsan)" env BUILD_DIR=build-asan BUILD_TYPE=RelWithDebInfo ./scripts/build.sh \
     -DFP8KV_SANITIZE=ON -DFP8KV_CUDA=OFF -DFP8KV_BENCH=OFF

@@ -95,7 +95,7 @@ CLI::App* bench_parent(CLI::App& app) {
   try {
     return app.get_subcommand("bench");
   } catch (const CLI::OptionNotFound&) {
-    auto* b = app.add_subcommand("bench", "Benchmarks: latency, throughput");
+    auto* b = app.add_subcommand("bench", "Benchmarks: latency, throughput, serve");
     b->require_subcommand(1);
     return b;
   }

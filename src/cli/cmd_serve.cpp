@@ -112,11 +112,14 @@ int run(ServeArgs& a) {
   for (const auto& f : ctx.defaults.not_applied)
     server::log().warn("generation_config.json: {} is not supported by this server and is NOT applied", f);
   ctx.chat_unavailable_reason = "no chat template support in this build";
+  // --tokenizer (a dummy-weight model directory holds only config.json): the
+  // tokenizer, and its directory's chat template and special tokens.
+  const std::filesystem::path tok_path = a.engine.tokenizer_path(a.model);
 #ifdef FP8KV_SERVE_CHAT
-  setup_chat(ctx, a.model, a.chat_template);
+  setup_chat(ctx, std::filesystem::is_directory(tok_path) ? tok_path.string() : a.model, a.chat_template);
 #endif
 
-  auto tokenizer = Tokenizer::load(a.model);
+  auto tokenizer = Tokenizer::load(tok_path);
   const EngineOptions eo = a.engine.options();
   auto engine = Engine::load(a.model, eo);
   a.server.max_num_seqs = eo.max_num_seqs;

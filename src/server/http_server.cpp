@@ -343,6 +343,8 @@ int HttpServer::bind() {
   } else if (!impl_->svr.bind_to_port(o.host, port)) {
     throw InputError(fmt::format("--host {} --port {}: cannot bind (address in use or not available)", o.host, port));
   }
+  // uvicorn's (vLLM's) backlog: a burst of clients must not wait on SYN retries.
+  if (!raise_listen_backlog(port, 2048)) log().warn("could not raise the listen backlog (port {})", port);
   return port;
 }
 

@@ -19,4 +19,12 @@ int find_connection_socket(const std::string& local_addr, int local_port, const 
 // error, or end of stream). A client that sends more bytes is still there.
 bool connection_closed(int fd);
 
+// cpp-httplib 0.11 listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG,
+// fixed when Debian built the library), so a burst of connections (a
+// benchmark sending 256 requests at once) overflows the accept queue and
+// the dropped clients retry after a second. This finds this process's
+// listening TCP socket on `port` and calls listen() again with `backlog`
+// (Linux applies the new value). Returns false when none is found.
+bool raise_listen_backlog(int port, int backlog);
+
 }  // namespace fp8kv::server

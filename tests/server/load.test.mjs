@@ -1,5 +1,11 @@
 // Bounded load test (CTest label slow): 128 concurrent clients, 2000
-// requests with max_tokens <= 16, a tenth disconnecting mid-stream.
+// requests with max_tokens <= 16, a tenth disconnecting mid-stream, on a KV
+// pool small enough that the scheduler preempts (counted in /metrics). Passes
+// when every request not cancelled has a finish_reason, there is no 5xx but
+// 503, the free blocks equal the pool again, RSS after the run is within 10%
+// of RSS after a warm-up that filled the pool, the run took <= 90 s, and the
+// server exits 0 by itself on SIGTERM (docs/server.md "Tests").
+import { readFileSync } from "node:fs";
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import OpenAI from "openai";
@@ -10,10 +16,15 @@ import { startServer, waitIdle } from "./harness.mjs";
 const CLIENTS = 128;
 const REQUESTS = Number(process.env.FP8KV_LOAD_REQUESTS ?? 2000);
 const LIMIT_S = Number(process.env.FP8KV_LOAD_LIMIT_S ?? 90);
+// 128 clients x (prompt <= ~20 tokens + 16) need ~4,000 tokens of KV at once;
+// the pool holds far fewer, so the newest requests are preempted.
+const KV_MEMORY = process.env.FP8KV_LOAD_KV_MEMORY ?? "4MiB";
+const WARMUP = CLIENTS;
 const WORDS = ["the", "cat", "sat", "on", "a", "mat", "while", "rain", "fell", "over", "old", "town", "and", "we", "sang"];
 
 test("load: 128 clients, 2000 requests, a tenth disconnecting", async () => {
-  const srv = await startServer(["--served-model-name", "mini"]);
+  const srv = await startServer(["--served-model-name", "mini", "--max-model-len", "128", "--kv-memory", KV_MEMORY]);
+  const rssKiB = () => Number(readFileSync(`/proc/${srv.proc.pid}/status`, "utf8").match(/^VmRSS:\s+(\d+)/m)[1]);
   const client = new OpenAI({ baseURL: srv.url + "/v1", apiKey: "unused", maxRetries: 0, timeout: 120000 });
   let seed = 12345;  // mulberry32: a reproducible mix of prompts and lengths
   const rand = (n) => {
@@ -27,9 +38,9 @@ test("load: 128 clients, 2000 requests, a tenth disconnecting", async () => {
   let next = 0;
   const t0 = Date.now();
 
-  async function one(i) {
+  async function one(i, fixedMax = 0) {
     const prompt = Array.from({ length: 3 + rand(12) }, () => WORDS[rand(WORDS.length)]).join(" ");
-    const max_tokens = 1 + rand(16);
+    const max_tokens = fixedMax || 1 + rand(16);
     const mode = i % 10 === 0 ? "disconnect" : i % 2 ? "stream" : "plain";
     try {
       if (mode === "plain") {
@@ -64,16 +75,28 @@ test("load: 128 clients, 2000 requests, a tenth disconnecting", async () => {
   async function worker() {
     while (next < REQUESTS) await one(next++);
   }
-  // Warm-up, then the run.
-  await Promise.all(Array.from({ length: 8 }, (_, i) => one(1 + 2 * i)));
+  // Warm-up: one streamed request of 16 tokens per client at once (~3,300
+  // tokens of KV), which fills the pool (it preempts);
+  // RSS is taken when the server is idle again.
+  await Promise.all(Array.from({ length: WARMUP }, (_, i) => one(2 * i + 1, 16)));
+  const warm = await waitIdle(srv.url, 20000);
+  const rssWarm = rssKiB();
   await Promise.all(Array.from({ length: CLIENTS }, worker));
   const seconds = (Date.now() - t0) / 1000;
   const m = await waitIdle(srv.url, 20000);
+  const rssAfter = rssKiB();
   console.log(JSON.stringify({ seconds, ...counts, errors: counts.errors.length, finishes,
-                               generation_tokens: m.get("fp8kv:generation_tokens_total") }));
+                               generation_tokens: m.get("fp8kv:generation_tokens_total"),
+                               total_blocks: m.get("fp8kv:kv_cache_total_blocks"),
+                               preemptions_warmup: warm.get("fp8kv:num_preemptions_total"),
+                               preemptions: m.get("fp8kv:num_preemptions_total"), rss_warm_kib: rssWarm,
+                               rss_after_kib: rssAfter }));
   assert.deepEqual(counts.errors.slice(0, 5), []);
-  assert.equal(counts.done + counts.cancelled + counts.rejected503, REQUESTS + 8);
+  assert.equal(counts.done + counts.cancelled + counts.rejected503, REQUESTS + WARMUP);
   assert.ok(counts.cancelled > 0);
+  assert.ok(m.get("fp8kv:num_preemptions_total") > 0, `no preemption with --kv-memory ${KV_MEMORY}`);
+  assert.ok(warm.get("fp8kv:num_preemptions_total") > 0, `the warm-up did not fill the pool (--kv-memory ${KV_MEMORY})`);
+  assert.ok(Math.abs(rssAfter - rssWarm) <= 0.1 * rssWarm, `RSS ${rssWarm} KiB after the warm-up, ${rssAfter} KiB after the run`);
   assert.ok(seconds <= LIMIT_S, `took ${seconds} s (limit ${LIMIT_S})`);
   assert.equal(m.get("fp8kv:kv_cache_free_blocks"), m.get("fp8kv:kv_cache_total_blocks"));
   await srv.stop();  // exits 0 by itself
