@@ -6,6 +6,9 @@
 #      top-1 agreement; greedy generate on fp8kv-mini TP 1 == TP 2
 #   3. bench latency, Llama-3.1-8B shape (--load-format dummy), batch 1,
 #      1K context: TP 1 vs TP 2 (fp8 cache)
+#   3b. multi-process (one process per GPU: --nnodes 2 --node-rank 0/1
+#      over 127.0.0.1): score fp8kv-mini vs the single-process TP 2 / TP 1
+#      (docs/design.md "Multi-process tensor parallelism")
 #   4. Llama-3-70B shape on 2 GPUs: KV capacity bf16 vs fp8 at
 #      --gpu-memory-utilization 0.9 from `fp8kv capacity --tp 2` with the
 #      measured GPU memory (the planner the engine's log line equals); with
@@ -70,6 +73,34 @@ if [ "$NGPU" -ge 2 ]; then
   cmp -s $S/gen_tp1.txt $S/gen_tp2.txt && GEN="same text" || GEN="DIFFERENT text"
   echo "greedy generate fp8kv-mini TP 2 vs TP 1: $GEN" | tee -a $S/score_table.txt
   cp $S/score_table.txt $S/gen_tp*.txt "$OUT/" 2>/dev/null
+fi
+
+phase "multi-process TP 2"
+if [ "$NGPU" -ge 2 ] && [ -f $S/fp8kv-mini_fp8_tp2.json ]; then
+  P=$(python3 -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+  len=$(python3 -c "import json; print(min(1024, json.load(open('models/fp8kv-mini/config.json'))['max_position_embeddings']))")
+  mp=(score models/fp8kv-mini --token-ids-file $S/ids_fp8kv-mini.json --kv-cache-dtype fp8 --backend cuda --tp 2
+      --max-model-len $len --kv-memory 256MiB --nnodes 2 --master-port $P)
+  FP8KV_COMM_TIMEOUT_S=60 timeout 120 $BIN "${mp[@]}" --node-rank 1 --output $S/mp_r1.json > /dev/null 2> $S/mp_r1.err &
+  MP1=$!
+  FP8KV_COMM_TIMEOUT_S=60 timeout 120 $BIN "${mp[@]}" --node-rank 0 --output $S/mp_r0.json > /dev/null 2> $S/mp_r0.err ||
+    echo "multi-process rank 0 failed: $(tail -3 $S/mp_r0.err)"
+  wait $MP1 || echo "multi-process rank 1 failed (rc $?): $(tail -3 $S/mp_r1.err)"
+  python3 - $S <<'PY' | tee -a $S/score_table.txt
+import json, sys
+S = sys.argv[1]
+try:
+    mp = json.load(open(S + "/mp_r0.json"))["sequences"]
+except Exception as e:
+    print(f"multi-process TP 2: no result ({e})"); sys.exit()
+for ref in ("tp2", "tp1"):
+    a = json.load(open(f"{S}/fp8kv-mini_fp8_{ref}.json"))["sequences"]
+    d = [abs(p - q) for x, y in zip(a, mp) for p, q in zip(x["logprobs"], y["logprobs"]) if p is not None]
+    t = sum(p == q for x, y in zip(a, mp) for p, q in zip(x["top1_ids"], y["top1_ids"]) if p is not None)
+    n = sum(p is not None for x in a for p in x["top1_ids"])
+    print(f"multi-process TP 2 vs 1-process {ref}: max|dlp| {max(d):.4g} mean {sum(d)/len(d):.5f} top1 {t}/{n}")
+PY
+  cp $S/mp_r*.err "$OUT/" 2>/dev/null
 fi
 
 phase "bench latency 8B shape"

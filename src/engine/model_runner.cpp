@@ -130,6 +130,10 @@ void ModelRunner::pad_batch(int bucket) {
 
 void ModelRunner::execute(const SchedulerOutput& out) {
   build_batch(out);
+  run_prepared();
+}
+
+void ModelRunner::run_prepared() {
   const bool decode_only = batch_.num_seqs > 0 && batch_.num_decodes == batch_.num_seqs;
   const int bucket = decode_only ? graph_bucket(batch_.num_seqs) : 0;
   // Tensor-parallel ranks run eagerly for now: capturing the collectives
