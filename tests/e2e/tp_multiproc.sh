@@ -58,6 +58,30 @@ assert mp["top1_ids"] == one["top1_ids"], "top-1 differs from TP 1"
 print(f"ok   score, 2 processes == 2 simulated ranks bitwise; vs TP 1 max |dlogprob| {d:.3g}, same top-1")
 PY
 
+# --load-format dummy: each rank makes only its shard (bitwise the slice of
+# the full dummy model), so 2 processes == 1 process TP 2 == TP 1 bitwise here.
+for tp in 1 2; do
+  "$BIN" score "$M" --token-ids-file "$T/ids.json" --output "$T/d$tp.json" "${flags[@]}" --tp $tp --load-format dummy \
+    > /dev/null 2> "$T/de$tp" || fail "dummy score --tp $tp: $(cat "$T/de$tp")"
+done
+P=$(free_port)
+mp=(--tp 2 --nnodes 2 --master-port "$P" --load-format dummy)
+"$BIN" score "$M" --token-ids-file "$T/ids.json" --output "$T/dr1.json" "${flags[@]}" "${mp[@]}" --node-rank 1 \
+  > /dev/null 2> "$T/der1" &
+pid1=$!
+"$BIN" score "$M" --token-ids-file "$T/ids.json" --output "$T/dr0.json" "${flags[@]}" "${mp[@]}" --node-rank 0 \
+  > /dev/null 2> "$T/der0" || { kill $pid1 2>/dev/null; fail "dummy rank 0: $(cat "$T/der0")"; }
+wait $pid1 || fail "dummy rank 1: $(cat "$T/der1")"
+python3 - "$T" <<'PY' || fail "dummy: 2 processes != 1 process"
+import json, sys
+T = sys.argv[1]
+one, thr, mp = (json.load(open(f"{T}/{n}.json"))["sequences"][0] for n in ("d1", "d2", "dr0"))
+assert mp["logprobs"] == thr["logprobs"], "dummy: 2 processes differ from 2 simulated ranks"
+d = max(abs(x - y) for x, y in zip(one["logprobs"], mp["logprobs"]) if x is not None)
+assert d <= 1e-2, f"dummy: max |dlogprob| vs TP 1 {d}"
+print(f"ok   dummy weights per rank: 2 processes == 2 simulated ranks bitwise; vs TP 1 max |dlogprob| {d:.3g}")
+PY
+
 # generate: the same greedy text as the single process.
 "$BIN" generate "$M" --prompt "The fp8 cache" --max-tokens 24 "${flags[@]}" --tp 2 > "$T/g2" 2> "$T/ge2" \
   || fail "generate --tp 2: $(cat "$T/ge2")"
