@@ -1,6 +1,7 @@
 #include "engine/tp_shard.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
@@ -188,6 +189,11 @@ std::shared_ptr<const ModelWeights> dummy_weights_shard(const ModelConfig& c, co
     }
   }
   return w;
+}
+
+bool tp_cuda_graphs_enabled() {
+  const char* v = std::getenv("FP8KV_TP_GRAPHS");
+  return v && std::strcmp(v, "1") == 0;
 }
 
 KvScales shard_kv_scales(const KvScales& s, const ModelConfig& cfg, const TpShard& t) {
