@@ -4,7 +4,7 @@
 //   --kv-cache-dtype --max-model-len --block-size --kv-memory
 //   --gpu-memory-utilization --max-num-seqs --max-num-batched-tokens
 //   --backend --threads --load-format --enforce-eager --tokenizer
-//   --tensor-parallel-size
+//   --tensor-parallel-size --nnodes --node-rank --master-addr --master-port
 //   --enable-prefix-caching / --no-enable-prefix-caching (default on)
 // The same flag means the same everywhere: values are checked here (exit 2
 // with "--flag must be ..." messages), --threads above the hardware threads
@@ -49,6 +49,10 @@ struct EngineFlags {
   bool enable_prefix_caching = true;
   std::string tokenizer;  // empty: the model directory
   int tensor_parallel_size = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
 
   void add(CLI::App* sub, EngineFlagsShape shape = EngineFlagsShape{}) {
     max_num_seqs = shape.default_max_num_seqs;
@@ -76,6 +80,13 @@ struct EngineFlags {
     sub->add_option("--tokenizer", tokenizer, "Tokenizer directory or tokenizer.json (default: the model directory)");
     sub->add_option("--tensor-parallel-size,--tp", tensor_parallel_size,
                     "Tensor-parallel ranks: GPUs 0..N-1 on cuda, simulated ranks (threads) on cpu (default 1)");
+    // One rank per process (docs/design.md, "Multi-process tensor parallelism").
+    sub->add_option("--nnodes", nnodes,
+                    "Processes of the tensor-parallel group, one rank each: 1 (default) or --tensor-parallel-size");
+    sub->add_option("--node-rank", node_rank, "This process's rank (0: the one that schedules and prints; default 0)");
+    sub->add_option("--master-addr", master_addr, "Address of rank 0's process (default 127.0.0.1)");
+    sub->add_option("--master-port", master_port,
+                    "Rank 0's control port; the collectives use the next port (default 29500)");
   }
 
   // The tokenizer path for a model directory.
@@ -130,6 +141,22 @@ struct EngineFlags {
     o.load_format = load_format;
     o.enforce_eager = enforce_eager;
     o.tensor_parallel_size = tensor_parallel_size;
+    if (nnodes < 1) throw UsageError(fmt::format("--nnodes must be >= 1 (got {})", nnodes));
+    if (node_rank < 0 || node_rank >= nnodes)
+      throw UsageError(fmt::format("--node-rank {} is out of range for --nnodes {} (0..{})", node_rank, nnodes,
+                                   nnodes - 1));
+    if (nnodes > 1 && nnodes != tensor_parallel_size)
+      throw UsageError(fmt::format("--nnodes {} with --tensor-parallel-size {}: one rank per process, so --nnodes "
+                                   "must equal --tensor-parallel-size (or be 1)",
+                                   nnodes, tensor_parallel_size));
+    if (master_port < 1 || master_port > 65534)
+      throw UsageError(fmt::format("--master-port must be in 1..65534 (got {}; the collectives use the next port)",
+                                   master_port));
+    if (master_addr.empty()) throw UsageError("--master-addr must not be empty");
+    o.nnodes = nnodes;
+    o.node_rank = node_rank;
+    o.master_addr = master_addr;
+    o.master_port = master_port;
     o.enable_prefix_caching = enable_prefix_caching;
     return o;
   }

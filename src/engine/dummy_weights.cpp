@@ -46,10 +46,38 @@ WeightMatrix dummy_matrix(uint64_t seed, uint64_t id, int64_t rows, int64_t cols
   return m;
 }
 
+// Element e of the matrix whose key is `key` (the pair (e / 2) as above).
+inline uint16_t dummy_element(uint64_t key, int64_t e, float std) {
+  const uint64_t h = mix(key + static_cast<uint64_t>(e / 2));
+  const float u1 = (static_cast<float>(h >> 40) + 1.0f) * 0x1.0p-24f;
+  const float u2 = static_cast<float>((h >> 8) & 0xffffffu) * 0x1.0p-24f;
+  const float r = std::sqrt(-2.0f * std::log(u1)) * std;
+  const float a = 6.2831853f * u2;
+  return f32_to_bf16((e & 1) ? r * std::sin(a) : r * std::cos(a));
+}
+
 std::vector<float> ones(int64_t n) { return std::vector<float>(static_cast<size_t>(n), 1.0f); }
 std::vector<float> zeros(int64_t n) { return std::vector<float>(static_cast<size_t>(n), 0.0f); }
 
 }  // namespace
+
+WeightMatrix dummy_matrix_block(uint64_t seed, uint64_t id, int64_t rows, int64_t cols, int64_t r0, int64_t nr,
+                                int64_t c0, int64_t nc, float std) {
+  (void)rows;
+  WeightMatrix m;
+  m.rows = nr;
+  m.cols = nc;
+  m.bf16 = true;
+  auto buf = std::shared_ptr<uint16_t[]>(new uint16_t[static_cast<size_t>(nr * nc)]);
+  const uint64_t key = mix(seed ^ mix(id));
+  uint16_t* p = buf.get();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < nr; ++i)
+    for (int64_t j = 0; j < nc; ++j) p[i * nc + j] = dummy_element(key, (r0 + i) * cols + c0 + j, std);
+  m.data = p;
+  m.owner = std::shared_ptr<const void>(buf, buf.get());
+  return m;
+}
 
 std::shared_ptr<ModelWeights> dummy_weights(const ModelConfig& c, uint64_t seed, float std) {
   const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads, I = c.intermediate_size,

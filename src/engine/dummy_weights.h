@@ -14,4 +14,13 @@ namespace fp8kv {
 
 std::shared_ptr<ModelWeights> dummy_weights(const ModelConfig& cfg, uint64_t seed = 0, float std = 0.02f);
 
+// Rows [r0, r0 + nr) x columns [c0, c0 + nc) of dummy matrix `id`
+// (rows x cols): bitwise the same elements as that block of the full
+// matrix, generating only the block (per-rank dummy weights,
+// engine/tp_shard.h dummy_weights_shard). `id` is the matrix's place in
+// dummy_weights' order: embed 0, lm_head 1 when untied, then q, k, v, o,
+// gate, up, down per layer.
+WeightMatrix dummy_matrix_block(uint64_t seed, uint64_t id, int64_t rows, int64_t cols, int64_t r0, int64_t nr,
+                                int64_t c0, int64_t nc, float std = 0.02f);
+
 }  // namespace fp8kv

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <fstream>
 #include <map>
@@ -89,6 +91,8 @@ KvDtype resolve_kv_cache_dtype(std::string_view requested, const std::filesystem
 
 namespace {
 
+std::shared_ptr<const ModelWeights> maybe_widen(std::shared_ptr<const ModelWeights> w);
+
 // The engine: a Scheduler (admission, budget, preemption), a ModelRunner
 // (StepBatch + forward pass) and a Backend (the ops and the memory).
 class EngineImpl final : public Engine {
@@ -108,8 +112,14 @@ class EngineImpl final : public Engine {
     // Kept for the non-finite diagnosis (step()) on the CPU, whose backend
     // reads these very matrices; a device backend's host copy is not held.
     weights_ = w;
+    // No weights: `--load-format dummy` with N > 1, each rank makes its own
+    // shard (engine/tp_shard.h dummy_weights_shard; docs/tp.md).
+    RankWeightsFn rank_weights;
+    if (!w) rank_weights = [c = cfg_](const TpShard& t) { return maybe_widen(dummy_weights_shard(c, t)); };
     runner_ = std::make_unique<TpRunner>(cfg_, std::move(w), o.backend, bo, o.tensor_parallel_size,
-                                         o.max_num_batched_tokens, o.max_num_seqs);
+                                         o.max_num_batched_tokens, o.max_num_seqs,
+                                         TpMultiProcess{o.nnodes, o.node_rank, o.master_addr, o.master_port},
+                                         rank_weights);
     backend_ = &runner_->backend();  // rank 0's
     if (backend_->name() != "cpu") weights_.reset();
     if (o.gpu_memory_utilization > 0.0 && backend_->name() == "cpu")
@@ -185,6 +195,8 @@ class EngineImpl final : public Engine {
     kv_->reset_prefix_cache();  // cached K/V were stored with the old scales
   }
   const KvScales& kv_scales() const override { return scales_; }
+  // A multi-process follower's whole life after construction (engine/tp_runner.h).
+  void follow() { runner_->follow(); }
   void set_store_observer(StoreObserver* o) override {
     runner_->set_store_observer(o);
     kv_->set_prefix_caching(opts_.enable_prefix_caching && o == nullptr);  // the observer sees every token
@@ -480,7 +492,30 @@ std::unique_ptr<Engine> Engine::create(ModelConfig cfg, std::shared_ptr<const Mo
   return std::make_unique<EngineImpl>(std::move(cfg), maybe_widen(std::move(weights)), opts, d);
 }
 
+namespace {
+std::unique_ptr<Engine> load_engine(const std::filesystem::path& dir, const EngineOptions& opts);
+}
+
 std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const EngineOptions& opts) {
+  // Before the weights load: a bad rank / world combination fails at once.
+  check_multi_process(TpMultiProcess{opts.nnodes, opts.node_rank, opts.master_addr, opts.master_port},
+                      opts.tensor_parallel_size);
+  auto e = load_engine(dir, opts);
+  if (opts.nnodes > 1 && opts.node_rank > 0) {
+    // A follower process: serve rank 0's steps, then end the process (the
+    // command's own work belongs to rank 0). Errors propagate (exit != 0).
+    static_cast<EngineImpl&>(*e).follow();
+    e.reset();
+    engine_log()->flush();
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::exit(0);
+  }
+  return e;
+}
+
+namespace {
+std::unique_ptr<Engine> load_engine(const std::filesystem::path& dir, const EngineOptions& opts) {
   if (opts.load_format != "auto" && opts.load_format != "dummy")
     throw InputError("--load-format must be auto or dummy (got '" + opts.load_format + "')");
   ModelConfig cfg = load_model_config(dir);
@@ -488,6 +523,7 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
   if (opts.load_format == "dummy") {
     // Random weights from config.json alone (no safetensors read); unity KV scales.
     engine_log()->info("--load-format dummy: random weights (N(0, 0.02), norms 1) for {}", dir.string());
+    if (opts.tensor_parallel_size > 1) return std::make_unique<EngineImpl>(cfg, nullptr, opts, d);  // per rank
     return std::make_unique<EngineImpl>(cfg, maybe_widen(dummy_weights(cfg)), opts, d);
   }
   std::shared_ptr<const Checkpoint> ckpt = Checkpoint::open(dir);
@@ -498,5 +534,7 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
   engine->set_kv_scales(std::move(scales));
   return engine;
 }
+
+}  // namespace
 
 }  // namespace fp8kv

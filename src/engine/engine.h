@@ -61,6 +61,16 @@ struct EngineOptions {
   // --tensor-parallel-size): GPUs 0..N-1 on cuda, simulated ranks (threads)
   // on the cpu. docs/design.md, "Tensor parallelism".
   int tensor_parallel_size = 1;
+  // One rank per process (vLLM's --nnodes / --node-rank / --master-addr /
+  // --master-port; engine/tp_runner.h TpMultiProcess): nnodes 1 = every
+  // rank in this process; else nnodes == tensor_parallel_size. A process
+  // with node_rank > 0 never returns from Engine::load: it serves rank 0's
+  // steps and exits 0 when rank 0's engine is destroyed (docs/design.md,
+  // "Multi-process tensor parallelism").
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
   // Tests: pad decode steps to the CUDA-graph buckets and use their decode
   // plan, but run eagerly (the reference a graph replay equals bitwise).
   bool pad_decode_eager = false;

@@ -130,11 +130,14 @@ void ModelRunner::pad_batch(int bucket) {
 
 void ModelRunner::execute(const SchedulerOutput& out) {
   build_batch(out);
+  run_prepared();
+}
+
+void ModelRunner::run_prepared() {
   const bool decode_only = batch_.num_seqs > 0 && batch_.num_decodes == batch_.num_seqs;
   const int bucket = decode_only ? graph_bucket(batch_.num_seqs) : 0;
-  // Tensor-parallel ranks run eagerly for now: capturing the collectives
-  // into every rank's graph is not done (docs/tp.md).
-  const bool graphs = bucket > 0 && be_.supports_graphs() && tp_.world == 1;
+  // Tensor-parallel ranks capture only with FP8KV_TP_GRAPHS=1 (engine/tp_shard.h; docs/tp.md).
+  const bool graphs = bucket > 0 && be_.supports_graphs() && (tp_.world == 1 || tp_cuda_graphs_enabled());
   if (bucket > 0 && (graphs || pad_eager_)) pad_batch(bucket);
   be_.begin_step(batch_);
   if (!graphs || pad_eager_) {

@@ -6,6 +6,7 @@
 #pragma once
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -57,6 +58,12 @@ class ModelRunner {
   // concatenation of out.seqs.
   void execute(const SchedulerOutput& out);
   const StepBatch& batch() const { return batch_; }
+  // execute() in two halves, for multi-process tensor parallelism
+  // (engine/tp_runner.h): rank 0 prepares the batch and sends it; a follower
+  // process has no scheduler and takes rank 0's batch with set_prepared.
+  void prepare(const SchedulerOutput& out) { build_batch(out); }
+  void set_prepared(StepBatch b) { batch_ = std::move(b); }
+  void run_prepared();
   // First row of out.seqs[i] in the step.
   int first_row(int i) const { return batch_.query_start[i]; }
 

@@ -1,10 +1,13 @@
 #include "engine/tp_runner.h"
 
+#include <cstring>
 #include <stdexcept>
+#include <type_traits>
 
 #include <fmt/format.h>
 
 #include "backend/cpu/cpu_comm.h"
+#include "backend/cpu/cpu_comm_tcp.h"
 #include "engine/tp_shard.h"
 #include "io/errors.h"
 
@@ -16,14 +19,196 @@
 
 namespace fp8kv {
 
+namespace {
+
+// The control channel's messages (docs/design.md, "Multi-process tensor
+// parallelism"): one op byte, then little-endian fields as written here.
+// Both ends are this binary (the options check compares the version).
+enum Op : char { kExecute = 'E', kLogits = 'L', kSample = 'S', kScales = 'K', kQuit = 'Q' };
+
+struct Writer {
+  std::string s;
+  template <class T>
+  void pod(const T& v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    s.append(reinterpret_cast<const char*>(&v), sizeof(T));
+  }
+  template <class T>
+  void vec(const std::vector<T>& v) {
+    pod<uint64_t>(v.size());
+    if (!v.empty()) s.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+  }
+  template <class T>
+  void span(std::span<const T> v) {
+    pod<uint64_t>(v.size());
+    if (!v.empty()) s.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+  }
+  void str(const std::string& v) { vec(std::vector<char>(v.begin(), v.end())); }
+};
+
+struct Reader {
+  const std::string& s;
+  size_t off = 0;
+  void need(size_t n) const {
+    if (off + n > s.size()) throw std::runtime_error("tensor-parallel control channel: truncated message from rank 0");
+  }
+  template <class T>
+  T pod() {
+    need(sizeof(T));
+    T v;
+    std::memcpy(&v, s.data() + off, sizeof(T));
+    off += sizeof(T);
+    return v;
+  }
+  template <class T>
+  std::vector<T> vec() {
+    const uint64_t n = pod<uint64_t>();
+    if (n > s.size()) throw std::runtime_error("tensor-parallel control channel: bad length from rank 0");
+    need(n * sizeof(T));
+    std::vector<T> v(n);
+    if (n) std::memcpy(v.data(), s.data() + off, n * sizeof(T));
+    off += n * sizeof(T);
+    return v;
+  }
+  std::string str() {
+    const auto v = vec<char>();
+    return std::string(v.begin(), v.end());
+  }
+};
+
+void write_batch(Writer& w, const StepBatch& b) {
+  for (int v : {b.num_tokens, b.num_seqs, b.num_decodes, b.max_query_len, b.max_context_len, b.num_groups,
+                b.max_blocks_per_seq, b.decode_plan_context})
+    w.pod<int32_t>(v);
+  w.vec(b.token_ids);
+  w.vec(b.positions);
+  w.vec(b.query_start);
+  w.vec(b.context_lens);
+  w.vec(b.is_decode);
+  w.pod<uint64_t>(b.slot_mapping.size());
+  for (const auto& g : b.slot_mapping) w.vec(g);
+  w.pod<uint64_t>(b.block_tables.size());
+  for (const auto& g : b.block_tables) w.vec(g);
+}
+
+StepBatch read_batch(Reader& r) {
+  StepBatch b;
+  for (int* v : {&b.num_tokens, &b.num_seqs, &b.num_decodes, &b.max_query_len, &b.max_context_len, &b.num_groups,
+                 &b.max_blocks_per_seq, &b.decode_plan_context})
+    *v = r.pod<int32_t>();
+  b.token_ids = r.vec<int32_t>();
+  b.positions = r.vec<int32_t>();
+  b.query_start = r.vec<int32_t>();
+  b.context_lens = r.vec<int32_t>();
+  b.is_decode = r.vec<uint8_t>();
+  b.slot_mapping.resize(r.pod<uint64_t>() & 0xffff);
+  for (auto& g : b.slot_mapping) g = r.vec<int64_t>();
+  b.block_tables.resize(r.pod<uint64_t>() & 0xffff);
+  for (auto& g : b.block_tables) g = r.vec<int32_t>();
+  return b;
+}
+
+void write_stream(Writer& w, const StreamScale& x) {
+  w.vec(x.values);
+  w.pod<uint8_t>(x.from_checkpoint ? 1 : 0);
+  w.str(x.source_tensor);
+  w.str(x.source_file);
+}
+
+StreamScale read_stream(Reader& r) {
+  StreamScale x;
+  x.values = r.vec<float>();
+  x.from_checkpoint = r.pod<uint8_t>() != 0;
+  x.source_tensor = r.str();
+  x.source_file = r.str();
+  return x;
+}
+
+// Long enough for any idle period of a server; a dead leader still ends
+// the wait at once (closed socket).
+constexpr std::chrono::milliseconds kFollowerIdle = std::chrono::hours(24 * 7);
+
+}  // namespace
+
+void check_multi_process(const TpMultiProcess& mp, int world) {
+  if (mp.nnodes < 1) throw InputError(fmt::format("--nnodes must be >= 1 (got {})", mp.nnodes));
+  if (mp.node_rank < 0 || mp.node_rank >= mp.nnodes)
+    throw InputError(fmt::format("--node-rank {} is out of range for --nnodes {} (0..{})", mp.node_rank, mp.nnodes,
+                                 mp.nnodes - 1));
+  if (mp.nnodes > 1 && mp.nnodes != world)
+    throw InputError(fmt::format("--nnodes {} with --tensor-parallel-size {}: fp8kv runs one rank per process, so "
+                                 "--nnodes must equal --tensor-parallel-size (or be 1: every rank in one process)",
+                                 mp.nnodes, world));
+  if (mp.nnodes > 1 && mp.master_addr.empty()) throw InputError("--master-addr must not be empty");
+  if (mp.nnodes > 1 && (mp.master_port < 1 || mp.master_port > 65534))
+    throw InputError(fmt::format("--master-port {} must be in 1..65534 (the collectives use --master-port + 1)",
+                                 mp.master_port));
+}
+
 TpRunner::TpRunner(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> weights, std::string_view backend,
-                   const BackendOptions& bo, int world, int max_num_batched_tokens, int max_num_seqs)
+                   const BackendOptions& bo, int world, int max_num_batched_tokens, int max_num_seqs,
+                   const TpMultiProcess& mp, const RankWeightsFn& rank_weights)
     : world_(world), full_cfg_(cfg) {
+  if (!weights && !rank_weights) throw std::logic_error("TpRunner: no weights");
   check_tensor_parallel(cfg, world);
+  check_multi_process(mp, world);
+  if (mp.nnodes > 1) {
+    // One rank per process: the control channel first (its failures are the
+    // user's: a wrong address, a missing peer), then the collectives.
+    grank_ = mp.node_rank;
+    const std::string name = resolve_backend_name(backend);
+    const auto timeout = comm::comm_timeout_from_env();
+    try {
+      ctl_ = std::make_unique<comm::TcpRendezvous>(grank_, world, mp.master_addr, mp.master_port, timeout);
+    } catch (const std::runtime_error& e) {
+      throw InputError(fmt::format("multi-process tensor parallelism ({} processes, this is rank {}): {} "
+                                   "(FP8KV_COMM_TIMEOUT_S sets the wait)",
+                                   world, grank_, e.what()));
+    }
+    // Every process must run the same model with the same step limits.
+    const std::string mine =
+        fmt::format("model {} layers {} hidden {} vocab {} heads {}/{} backend {} max_num_batched_tokens {} "
+                    "max_num_seqs {}",
+                    cfg.model_type, cfg.num_layers, cfg.hidden_size, cfg.vocab_size, cfg.num_heads, cfg.num_kv_heads,
+                    name, max_num_batched_tokens, max_num_seqs);
+    const auto all = ctl_->all_gather(mine, "options check");
+    for (int r = 1; r < world; ++r)
+      if (all[r] != all[0])
+        throw InputError(fmt::format("multi-process tensor parallelism: rank {} runs '{}' but rank 0 runs '{}'", r,
+                                     all[r], all[0]));
+    const ModelConfig rc = shard_config(cfg, world);
+    BackendOptions o = bo;
+    if (name == "cpu") {
+      comms_.push_back(make_cpu_socket_communicator(grank_, world, mp.master_addr, mp.master_port + 1, timeout));
+    } else {
+#if defined(FP8KV_HAVE_CUDA_BACKEND)
+      int count = 0;
+      if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        cudaGetLastError();
+        count = 0;
+      }
+      if (count < 1) throw InputError(fmt::format("--backend {} with --nnodes {}: no CUDA device here", name, world));
+      o.device = (bo.device + grank_) % count;  // one host with N GPUs: rank r on GPU r
+      comms_.push_back(make_nccl_communicator_tcp(grank_, world, o.device, mp.master_addr, mp.master_port + 1));
+#else
+      throw InputError(fmt::format("--nnodes {} with --backend {}: this build has no CUDA backend", world, name));
+#endif
+    }
+    ranks_.resize(1);
+    errors_.resize(1);
+    Rank& k = ranks_[0];
+    k.backend = make_backend(name, rc, o);
+    k.backend->set_communicator(comms_[0].get());
+    const TpShard shard{grank_, world, !weights};
+    k.runner = std::make_unique<ModelRunner>(cfg, *k.backend, weights ? std::move(weights) : rank_weights(shard),
+                                             max_num_batched_tokens, max_num_seqs, shard);
+    return;
+  }
   ranks_.resize(static_cast<size_t>(world));
   errors_.resize(static_cast<size_t>(world));
   if (world == 1) {
     ranks_[0].backend = make_backend(backend, cfg, bo);
+    if (!weights) weights = rank_weights(TpShard{0, 1, true});
     ranks_[0].runner = std::make_unique<ModelRunner>(cfg, *ranks_[0].backend, std::move(weights), max_num_batched_tokens,
                                                      max_num_seqs);
     return;
@@ -64,8 +249,9 @@ TpRunner::TpRunner(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> w
       Rank& k = ranks_[r];
       k.backend = make_backend(name, rc, o);
       k.backend->set_communicator(comms_[r].get());
-      k.runner = std::make_unique<ModelRunner>(cfg, *k.backend, weights, max_num_batched_tokens, max_num_seqs,
-                                               TpShard{r, world});
+      const TpShard shard{r, world, !weights};
+      k.runner = std::make_unique<ModelRunner>(cfg, *k.backend, weights ? weights : rank_weights(shard),
+                                               max_num_batched_tokens, max_num_seqs, shard);
     };
     run_all(build);
   } catch (...) {
@@ -81,6 +267,21 @@ TpRunner::TpRunner(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> w
 }
 
 TpRunner::~TpRunner() {
+  if (ctl_) {
+    // The leader ends the followers' loops (best effort: a broken group's
+    // followers end on their own, by a closed socket or a timeout).
+    if (grank_ == 0 && !broken_) {
+      try {
+        ctl_->all_gather(std::string(1, kQuit), "shutdown");
+      } catch (...) {
+      }
+    }
+    ranks_[0].runner.reset();
+    ranks_[0].backend.reset();
+    comms_.clear();
+    ctl_.reset();
+    return;
+  }
   // Each rank releases its memory on its own thread (its device current).
   try {
     run_all([&](int r) {
@@ -169,15 +370,112 @@ void TpRunner::run_all(const std::function<void(int)>& f) {
   if (first) std::rethrow_exception(first);
 }
 
+void TpRunner::check_usable() const {
+  if (broken_)
+    throw std::runtime_error("tensor-parallel group: unusable after an earlier failure (restart every process)");
+}
+
+void TpRunner::broadcast(const std::string& msg) {
+  check_usable();
+  if (grank_ != 0) throw std::logic_error("TpRunner: a follower does not issue calls (follow())");
+  try {
+    ctl_->all_gather(msg, "step");
+  } catch (...) {
+    broken_ = true;
+    throw;
+  }
+}
+
+void TpRunner::follow() {
+  if (!is_follower()) throw std::logic_error("TpRunner::follow: not a multi-process follower");
+  ModelRunner& m = *ranks_[0].runner;
+  std::vector<float> scratch;
+  std::vector<int32_t> ids;
+  for (;;) {
+    std::string msg;
+    try {
+      msg = ctl_->all_gather(std::string(), "waiting for rank 0's next step", kFollowerIdle)[0];
+    } catch (const std::runtime_error& e) {
+      throw std::runtime_error(fmt::format("tensor-parallel rank {}: lost rank 0 ({})", grank_, e.what()));
+    }
+    if (msg.empty()) throw std::runtime_error("tensor-parallel control channel: empty message from rank 0");
+    Reader r{msg, 1};
+    switch (msg[0]) {
+      case kQuit:
+        return;
+      case kExecute:
+        m.set_prepared(read_batch(r));
+        m.run_prepared();
+        break;
+      case kLogits: {
+        const auto rows = r.vec<int32_t>();
+        m.logits_to_host(rows, scratch);
+        break;
+      }
+      case kSample: {
+        const auto rows = r.vec<int32_t>();
+        const auto params = r.vec<RowSampling>();
+        ids.assign(rows.size(), 0);
+        m.sample(rows, params, ids);
+        break;
+      }
+      case kScales: {
+        KvScales s;
+        s.layers.resize(r.pod<uint32_t>() & 0xffffff);
+        for (auto& l : s.layers) {
+          l.k = read_stream(r);
+          l.v = read_stream(r);
+          l.q = read_stream(r);
+        }
+        apply_kv_scales(s);
+        break;
+      }
+      default:
+        throw std::runtime_error(fmt::format("tensor-parallel control channel: unknown op {} from rank 0",
+                                             static_cast<int>(msg[0])));
+    }
+  }
+}
+
+void TpRunner::apply_kv_scales(const KvScales& s) {
+  ranks_[0].backend->set_kv_scales(shard_kv_scales(s, full_cfg_, TpShard{grank_, world_}));
+}
+
 void TpRunner::set_kv(KvCacheManager& kv) {
   for (auto& k : ranks_) k.runner->set_kv(kv);
 }
 
 void TpRunner::allocate_kv(const KvPlan& plan, const KvCacheLayout& layout) {
+  if (ctl_) {
+    // Rank 0's scheduler hands out the block ids: every rank holds rank 0's
+    // pool size (each process planned from its own memory).
+    const auto all = ctl_->all_gather(std::to_string(plan.num_blocks), "KV pool size");
+    KvPlan p = plan;
+    KvCacheLayout l = layout;
+    p.num_blocks = std::stoll(all[0]);
+    l.num_blocks = static_cast<int>(p.num_blocks);
+    ranks_[0].backend->allocate_kv(p, l);
+    return;
+  }
   run_all([&](int r) { ranks_[r].backend->allocate_kv(plan, layout); });
 }
 
 void TpRunner::set_kv_scales(const KvScales& s) {
+  if (ctl_) {
+    if (grank_ == 0) {
+      Writer w;
+      w.pod<char>(kScales);
+      w.pod<uint32_t>(static_cast<uint32_t>(s.layers.size()));
+      for (const auto& l : s.layers) {
+        write_stream(w, l.k);
+        write_stream(w, l.v);
+        write_stream(w, l.q);
+      }
+      broadcast(w.s);
+    }
+    apply_kv_scales(s);  // a follower outside follow(): its own (equal) scales, until rank 0's arrive
+    return;
+  }
   if (world_ == 1) {
     ranks_[0].backend->set_kv_scales(s);
     return;
@@ -194,17 +492,59 @@ void TpRunner::set_store_observer(StoreObserver* o) {
 }
 
 void TpRunner::execute(const SchedulerOutput& out) {
+  if (ctl_) {
+    ModelRunner& m = *ranks_[0].runner;
+    m.prepare(out);
+    Writer w;
+    w.pod<char>(kExecute);
+    write_batch(w, m.batch());
+    broadcast(w.s);
+    try {
+      m.run_prepared();
+    } catch (...) {
+      broken_ = true;
+      throw;
+    }
+    return;
+  }
   run_all([&](int r) { ranks_[r].runner->execute(out); });
 }
 
 void TpRunner::logits_to_host(std::span<const int32_t> rows, std::vector<float>& out) {
   if (world_ == 1) return ranks_[0].runner->logits_to_host(rows, out);
+  if (ctl_) {
+    Writer w;
+    w.pod<char>(kLogits);
+    w.span(rows);
+    broadcast(w.s);
+    try {
+      ranks_[0].runner->logits_to_host(rows, out);
+    } catch (...) {
+      broken_ = true;
+      throw;
+    }
+    return;
+  }
   std::vector<std::vector<float>> scratch(static_cast<size_t>(world_));
   run_all([&](int r) { ranks_[r].runner->logits_to_host(rows, r == 0 ? out : scratch[r]); });
 }
 
 void TpRunner::sample(std::span<const int32_t> rows, std::span<const RowSampling> params, std::span<int32_t> ids) {
   if (world_ == 1) return ranks_[0].runner->sample(rows, params, ids);
+  if (ctl_) {
+    Writer w;
+    w.pod<char>(kSample);
+    w.span(rows);
+    w.span(params);
+    broadcast(w.s);
+    try {
+      ranks_[0].runner->sample(rows, params, ids);
+    } catch (...) {
+      broken_ = true;
+      throw;
+    }
+    return;
+  }
   run_all([&](int r) { ranks_[r].runner->sample(rows, params, ids); });  // rank 0 alone writes ids
 }
 

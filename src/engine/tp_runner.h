@@ -11,7 +11,17 @@
 // collectives (Backend::all_reduce / all_gather) line the ranks up. Rank 0's
 // logits / sampled ids are the engine's (every rank computes the same ones).
 // docs/design.md, "Tensor parallelism"; docs/tp.md.
+//
+// Multi-process mode (TpMultiProcess::nnodes > 1; docs/design.md,
+// "Multi-process tensor parallelism"): one rank per process. Rank 0 (the
+// leader) owns the Scheduler / KvCacheManager and, before each ModelRunner
+// call, broadcasts it (the prepared StepBatch, the logits / sampling rows,
+// new KV scales) over a TCP control channel on master_port; the followers
+// (node_rank > 0) run follow(), which replays those calls on their rank
+// until the leader shuts the group down. The collectives use their own
+// connection (master_port + 1): NCCL (cuda) or sockets (cpu).
 #pragma once
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -27,19 +37,48 @@
 
 namespace fp8kv {
 
+namespace comm {
+class TcpRendezvous;
+}
+
+// vLLM's --nnodes / --node-rank / --master-addr / --master-port, with one
+// rank per process: nnodes is 1 (every rank in this process) or equal to the
+// tensor-parallel size.
+struct TpMultiProcess {
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;  // control channel; the collectives use master_port + 1
+};
+
+// Per-rank weights (`--load-format dummy`: each rank makes only its shard,
+// engine/tp_shard.h dummy_weights_shard). Called on the rank's thread with
+// presharded = true.
+using RankWeightsFn = std::function<std::shared_ptr<const ModelWeights>(const TpShard&)>;
+
+// InputError (exit 2) for a combination that cannot form a group.
+void check_multi_process(const TpMultiProcess& mp, int world);
+
 class TpRunner {
  public:
   // backend: "cpu" | "cuda" | "auto". world > 1 on the CPU simulates the
   // ranks (backend/cpu/cpu_comm.h); on CUDA rank r uses device r
-  // (bo.device + r) and NCCL. Throws InputError when world does not fit the
+  // (bo.device + r) and NCCL. `weights` null: each rank calls rank_weights. Throws InputError when world does not fit the
   // model (engine/tp_shard.h check_tensor_parallel) or the machine.
   TpRunner(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> weights, std::string_view backend,
-           const BackendOptions& bo, int world, int max_num_batched_tokens, int max_num_seqs);
+           const BackendOptions& bo, int world, int max_num_batched_tokens, int max_num_seqs,
+           const TpMultiProcess& mp = {}, const RankWeightsFn& rank_weights = {});
   ~TpRunner();
   TpRunner(const TpRunner&) = delete;
   TpRunner& operator=(const TpRunner&) = delete;
 
   int world() const { return world_; }
+  // Multi-process: this process's rank; a follower serves the leader's calls.
+  int process_rank() const { return grank_; }
+  bool is_follower() const { return ctl_ != nullptr && grank_ > 0; }
+  // Follower: replays the leader's calls until it shuts the group down
+  // (returns) or fails (throws: the leader died, a collective failed).
+  void follow();
   Backend& backend(int rank = 0) { return *ranks_.at(rank).backend; }
   ModelRunner& runner(int rank = 0) { return *ranks_.at(rank).runner; }
   // CUDA graphs (rank 0's counters; ModelRunner::set_pad_eager on every rank).
@@ -70,9 +109,17 @@ class TpRunner {
   // Runs f(rank) on every rank (rank 0 here, the others on their workers)
   // and waits; rethrows the first failure (lowest rank).
   void run_all(const std::function<void(int)>& f);
+  // Multi-process leader: sends one call to the followers (marks the group
+  // broken on failure: every later call throws).
+  void broadcast(const std::string& msg);
+  void check_usable() const;
+  void apply_kv_scales(const KvScales& s);
   void worker_loop(int rank);
 
   int world_ = 1;
+  int grank_ = 0;                             // multi-process: this process's rank
+  std::unique_ptr<comm::TcpRendezvous> ctl_;  // multi-process: the control channel
+  bool broken_ = false;
   ModelConfig full_cfg_;
   std::vector<std::unique_ptr<Communicator>> comms_;
   std::vector<Rank> ranks_;

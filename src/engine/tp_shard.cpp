@@ -1,13 +1,17 @@
 #include "engine/tp_shard.h"
 
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
 #include <fmt/format.h>
 
+#include "engine/dummy_weights.h"
 #include "io/errors.h"
 #include "kv/planner.h"
 #include "model/weights.h"
+#include "numerics/fp8.h"
 
 namespace fp8kv {
 
@@ -83,7 +87,7 @@ std::vector<float> vec_slice(const std::vector<float>& v, int64_t i0, int64_t n)
 
 std::shared_ptr<const ModelWeights> shard_weights(std::shared_ptr<const ModelWeights> w, const ModelConfig& cfg,
                                                   const TpShard& t) {
-  if (t.world == 1) return w;
+  if (t.world == 1 || t.presharded) return w;
   const ModelConfig rc = shard_config(cfg, t.world);
   const int64_t D = cfg.head_dim, q0 = static_cast<int64_t>(t.rank) * rc.num_heads * D, nq = rc.num_heads * D;
   const int64_t k0 = static_cast<int64_t>(first_kv_head(cfg, t)) * D, nk = rc.num_kv_heads * D;
@@ -121,6 +125,75 @@ std::shared_ptr<const ModelWeights> shard_weights(std::shared_ptr<const ModelWei
   // WeightMatrix owners already share it; this covers unowned mapped data).
   auto keep = std::shared_ptr<const ModelWeights>(o.get(), [o, w](const ModelWeights*) {});
   return keep;
+}
+
+std::shared_ptr<const ModelWeights> dummy_weights_shard(const ModelConfig& c, const TpShard& t, uint64_t seed,
+                                                        float std) {
+  if (t.world == 1) return dummy_weights(c, seed, std);
+  // The matrices in dummy_weights' order (their ids), each cut as
+  // shard_weights cuts it; vectors as there (norms 1, biases 0).
+  const ModelConfig rc = shard_config(c, t.world);
+  const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads, I = c.intermediate_size,
+                V = c.vocab_size;
+  const int64_t q0 = static_cast<int64_t>(t.rank) * rc.num_heads * D, nq = rc.num_heads * D;
+  const int64_t k0 = static_cast<int64_t>(first_kv_head(c, t)) * D, nk = rc.num_kv_heads * D;
+  const int64_t f0 = static_cast<int64_t>(t.rank) * rc.intermediate_size, nf = rc.intermediate_size;
+  const bool vp = vocab_parallel(c, t.world);
+  const int64_t nv = V / t.world, v0 = static_cast<int64_t>(t.rank) * nv;
+  auto rows = [&](uint64_t id, int64_t R, int64_t C, int64_t r0, int64_t n) {
+    return dummy_matrix_block(seed, id, R, C, r0, n, 0, C, std);
+  };
+  auto cols = [&](uint64_t id, int64_t R, int64_t C, int64_t c0, int64_t n) {
+    return dummy_matrix_block(seed, id, R, C, 0, R, c0, n, std);
+  };
+  auto w = std::make_shared<ModelWeights>();
+  uint64_t id = 0;
+  w->embed = rows(id++, V, H, 0, V);
+  if (!c.tie_word_embeddings) {
+    w->lm_head = vp ? rows(id, V, H, v0, nv) : rows(id, V, H, 0, V);
+    ++id;
+  } else if (vp) {
+    w->lm_head = rows(0, V, H, v0, nv);  // the embedding's rows
+  }
+  w->final_norm.assign(static_cast<size_t>(H), 1.0f);
+  if (c.embed_scale_sqrt_hidden) w->embed_scale = round_bf16(std::sqrt(static_cast<float>(H)));
+  w->layers.resize(c.num_layers);
+  for (auto& L : w->layers) {
+    L.input_norm.assign(static_cast<size_t>(H), 1.0f);
+    L.q_proj = rows(id++, Hq * D, H, q0, nq);
+    L.k_proj = rows(id++, Hkv * D, H, k0, nk);
+    L.v_proj = rows(id++, Hkv * D, H, k0, nk);
+    L.o_proj = cols(id++, H, Hq * D, q0, nq);
+    if (c.attention_bias) {
+      L.q_bias.assign(static_cast<size_t>(nq), 0.0f);
+      L.k_bias.assign(static_cast<size_t>(nk), 0.0f);
+      L.v_bias.assign(static_cast<size_t>(nk), 0.0f);
+    }
+    if (c.o_proj_bias && t.rank == 0) L.o_bias.assign(static_cast<size_t>(H), 0.0f);
+    if (c.qk_norm) {
+      L.q_norm.assign(static_cast<size_t>(D), 1.0f);
+      L.k_norm.assign(static_cast<size_t>(D), 1.0f);
+    }
+    L.post_attention_norm.assign(static_cast<size_t>(H), 1.0f);
+    if (c.sandwich_norms) {
+      L.pre_ffn_norm.assign(static_cast<size_t>(H), 1.0f);
+      L.post_ffn_norm.assign(static_cast<size_t>(H), 1.0f);
+    }
+    L.gate_proj = rows(id++, I, H, f0, nf);
+    L.up_proj = rows(id++, I, H, f0, nf);
+    L.down_proj = cols(id++, H, I, f0, nf);
+    if (c.mlp_bias) {
+      L.gate_bias.assign(static_cast<size_t>(nf), 0.0f);
+      L.up_bias.assign(static_cast<size_t>(nf), 0.0f);
+      if (t.rank == 0) L.down_bias.assign(static_cast<size_t>(H), 0.0f);
+    }
+  }
+  return w;
+}
+
+bool tp_cuda_graphs_enabled() {
+  const char* v = std::getenv("FP8KV_TP_GRAPHS");
+  return v && std::strcmp(v, "1") == 0;
 }
 
 KvScales shard_kv_scales(const KvScales& s, const ModelConfig& cfg, const TpShard& t) {

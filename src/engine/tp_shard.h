@@ -33,6 +33,9 @@ class ModelWeights;
 struct TpShard {
   int rank = 0;
   int world = 1;
+  // The weights given to this rank are already its shard (per-rank dummy
+  // weights): shard_weights returns them as they are.
+  bool presharded = false;
 };
 
 // Throws InputError naming the values when `world` does not divide
@@ -62,6 +65,18 @@ std::shared_ptr<const ModelWeights> shard_weights(std::shared_ptr<const ModelWei
                                                   const TpShard& t);
 
 // The rank's KV scales (validated global scales in).
+// `--load-format dummy` per rank: bitwise shard_weights(dummy_weights(cfg,
+// seed, std), cfg, t), generating only the rank's slices (the replicated
+// embedding in full), so N ranks need ~1/N of the host memory of the
+// full model each. world 1: dummy_weights.
+std::shared_ptr<const ModelWeights> dummy_weights_shard(const ModelConfig& cfg, const TpShard& t, uint64_t seed = 0,
+                                                        float std = 0.02f);
+
+// Tensor-parallel ranks capture CUDA graphs (each rank's decode step with
+// its collectives: NCCL and the one-shot all-reduce are capture-safe) only
+// with FP8KV_TP_GRAPHS=1, until a two-GPU run has checked them (docs/tp.md).
+bool tp_cuda_graphs_enabled();
+
 KvScales shard_kv_scales(const KvScales& s, const ModelConfig& cfg, const TpShard& t);
 
 }  // namespace fp8kv

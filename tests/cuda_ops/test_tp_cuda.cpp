@@ -11,7 +11,12 @@
 // lands far above it. Greedy generation must give the same tokens.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
 #include <nlohmann/json.hpp>
 
 #include "cuda_ops_util.h"
@@ -92,6 +97,83 @@ TEST(CudaTensorParallel, Tp2GreedyGenerationMatchesTp1) {
   const auto b = e2->generate(prompt, g);
   EXPECT_EQ(a.tokens, b.tokens);
   EXPECT_EQ(e2->generate(prompt, g).tokens, b.tokens);  // deterministic across runs
+}
+
+// CUDA graphs on TP ranks (FP8KV_TP_GRAPHS=1, engine/tp_shard.h): each
+// rank's decode step is captured with its collectives (NCCL / the one-shot
+// all-reduce on fixed buffers) and replayed; test_cuda_graphs.cpp's check at
+// TP 2: the same requests, greedy, with graphs vs EngineOptions::
+// pad_decode_eager (same buckets and decode plan, ops one by one); every
+// token and logprob bitwise equal (the collectives are deterministic: the
+// same kernels, inputs and order in both runs).
+struct TpTrace {
+  std::vector<std::vector<int>> tokens;
+  std::vector<std::vector<float>> logprobs;
+  int64_t replays = 0, captures = 0;
+};
+
+TpTrace run_tp_graphs(const std::string& dtype, bool graphs) {
+  EngineOptions o;
+  o.backend = "cuda";
+  o.kv_cache_dtype = dtype;
+  o.max_model_len = 128;
+  o.kv_memory_bytes = 32u << 20;
+  o.max_num_seqs = 8;
+  o.tensor_parallel_size = 2;
+  o.pad_decode_eager = !graphs;
+  auto e = Engine::load(std::filesystem::path(FP8KV_SOURCE_DIR) / "tests/golden/models_hd64/llama", o);
+  std::mt19937_64 rng(11);
+  std::uniform_int_distribution<int> tok(3, e->config().vocab_size - 1);
+  const int prompt_len[] = {9, 17, 30}, max_tokens[] = {40, 25, 12};
+  TpTrace t;
+  t.tokens.resize(3);
+  t.logprobs.resize(3);
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 3; ++i) {
+    Request r;
+    for (int j = 0; j < prompt_len[i]; ++j) r.prompt.push_back(tok(rng));
+    r.options.max_tokens = max_tokens[i];
+    r.options.stop_at_eos = false;
+    r.options.logprobs = 0;
+    ids.push_back(e->submit(std::move(r)));
+  }
+  while (!e->idle())
+    for (const StepEvent& ev : e->step()) {
+      if (ev.token < 0) continue;
+      const size_t i = static_cast<size_t>(std::find(ids.begin(), ids.end(), ev.id) - ids.begin());
+      t.tokens.at(i).push_back(ev.token);
+      t.logprobs.at(i).push_back(ev.logprob.value_or(NAN));
+    }
+  t.replays = e->graph_replays();
+  t.captures = e->graph_captures();
+  return t;
+}
+
+void check_tp_graphs(const std::string& dtype) {
+  ::setenv("FP8KV_TP_GRAPHS", "1", 1);
+  const TpTrace g = run_tp_graphs(dtype, true), r = run_tp_graphs(dtype, false);
+  ::unsetenv("FP8KV_TP_GRAPHS");
+  std::printf("[ tp ] graphs TP 2 %s: %lld captures, %lld replays\n", dtype.c_str(),
+              static_cast<long long>(g.captures), static_cast<long long>(g.replays));
+  EXPECT_GE(g.captures, 3);  // buckets 4, 2, 1
+  EXPECT_GT(g.replays, 30);
+  EXPECT_EQ(r.replays, 0);
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_EQ(g.tokens[i], r.tokens[i]) << "request " << i;
+    ASSERT_EQ(g.logprobs[i].size(), r.logprobs[i].size());
+    for (size_t j = 0; j < g.logprobs[i].size(); ++j)
+      EXPECT_EQ(0, std::memcmp(&g.logprobs[i][j], &r.logprobs[i][j], sizeof(float)))
+          << "request " << i << " token " << j << ": graph " << g.logprobs[i][j] << " vs eager " << r.logprobs[i][j];
+  }
+}
+
+TEST(CudaTensorParallel, GraphReplayEqualsPaddedEagerTp2Bf16) {
+  FP8KV_NEED_2_GPUS();
+  check_tp_graphs("bf16");
+}
+TEST(CudaTensorParallel, GraphReplayEqualsPaddedEagerTp2Fp8) {
+  FP8KV_NEED_2_GPUS();
+  check_tp_graphs("fp8_e4m3");
 }
 
 }  // namespace

@@ -5,15 +5,24 @@
 // deterministic; a TP size that does not fit the model is refused by name.
 #include <gtest/gtest.h>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <thread>
 
 #include "backend/cpu/cpu_comm.h"
+#include "engine/dummy_weights.h"
 #include "engine/engine.h"
+#include "engine/tp_runner.h"
 #include "engine/tp_shard.h"
 #include "io/errors.h"
 #include "model/weights.h"
+#include "numerics/fp8.h"
 #include "reference.h"
 
 namespace fp8kv {
@@ -58,6 +67,121 @@ TEST(CpuComm, AbortWakesWaitingRanks) {
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   abort_cpu_communicators(*comms[0]);
   t.join();
+}
+
+// ---- the CPU communicator over sockets (multi-process TP) ----
+
+// A port the kernel just handed out (free at that moment; the rendezvous
+// binds it again right after).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t n = sizeof(a);
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) != 0)
+    return 0;
+  const int port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+// W socket ranks (threads here, processes in the engine) give bitwise the
+// thread simulation's results: both sum rank 0 + rank 1 + ... in fp32.
+TEST(CpuSocketComm, EqualsTheThreadSimulationBitwise) {
+  for (int world : {2, 3}) {
+    const int port = free_port();
+    ASSERT_GT(port, 0);
+    std::vector<std::unique_ptr<Communicator>> sock(world);
+    auto sim = make_cpu_communicators(world);
+    std::vector<std::thread> th;
+    for (int r = 0; r < world; ++r)
+      th.emplace_back([&, r] {
+        sock[r] = make_cpu_socket_communicator(r, world, "127.0.0.1", port, std::chrono::seconds(20));
+      });
+    for (auto& t : th) t.join();
+    th.clear();
+    for (int r = 0; r < world; ++r) ASSERT_TRUE(sock[r]) << r;
+    std::mt19937 g(7);
+    std::uniform_real_distribution<float> u(-8.0f, 8.0f);
+    const size_t n = 3001;
+    std::vector<std::vector<float>> in(world, std::vector<float>(n));
+    for (auto& v : in)
+      for (auto& x : v) x = u(g) * (g() % 3 == 0 ? 1e6f : 1.0f);  // large and small: order matters
+    std::vector<std::vector<float>> a = in, b = in, gat(world, std::vector<float>(n * world));
+    std::vector<std::vector<uint16_t>> hb(world, std::vector<uint16_t>(n)), hs(world, std::vector<uint16_t>(n));
+    for (int r = 0; r < world; ++r)
+      for (size_t i = 0; i < n; ++i) hb[r][i] = hs[r][i] = f32_to_bf16(in[r][i]);
+    for (int r = 0; r < world; ++r)
+      th.emplace_back([&, r] {
+        sock[r]->all_reduce_sum(a[r].data(), n, ScalarType::f32, nullptr);
+        sim[r]->all_reduce_sum(b[r].data(), n, ScalarType::f32, nullptr);
+        sock[r]->all_reduce_sum(hb[r].data(), n, ScalarType::bf16, nullptr);
+        sim[r]->all_reduce_sum(hs[r].data(), n, ScalarType::bf16, nullptr);
+        sock[r]->all_gather(in[r].data(), gat[r].data(), n, ScalarType::f32, nullptr);
+      });
+    for (auto& t : th) t.join();
+    for (int r = 0; r < world; ++r) {
+      EXPECT_EQ(0, std::memcmp(a[r].data(), b[r].data(), n * 4)) << "world " << world << " rank " << r;
+      EXPECT_EQ(0, std::memcmp(a[r].data(), a[0].data(), n * 4));
+      EXPECT_EQ(hb[r], hs[r]) << "bf16, rank " << r;
+      for (int q = 0; q < world; ++q) EXPECT_EQ(0, std::memcmp(gat[r].data() + q * n, in[q].data(), n * 4));
+    }
+  }
+}
+
+// A dead peer (its process ended: closed sockets) fails the collective at
+// once instead of waiting for the timeout.
+TEST(CpuSocketComm, ADeadPeerFailsTheCallPromptly) {
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  std::unique_ptr<Communicator> c0, c1;
+  std::thread t([&] { c1 = make_cpu_socket_communicator(1, 2, "127.0.0.1", port, std::chrono::seconds(60)); });
+  c0 = make_cpu_socket_communicator(0, 2, "127.0.0.1", port, std::chrono::seconds(60));
+  t.join();
+  c1.reset();
+  const auto t0 = std::chrono::steady_clock::now();
+  float x = 1.0f;
+  try {
+    c0->all_reduce_sum(&x, 1, ScalarType::f32, nullptr);
+    ADD_FAILURE() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("closed the connection"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+}
+
+TEST(CpuSocketComm, UnreachableMasterIsBoundedAndNamed) {
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    make_cpu_socket_communicator(1, 2, "127.0.0.1", port, std::chrono::milliseconds(500));
+    ADD_FAILURE() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(port)), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+}
+
+TEST(TpMultiProcess, BadCombinationsAreInputErrors) {
+  auto refused = [](TpMultiProcess mp, int world, const std::string& want) {
+    try {
+      check_multi_process(mp, world);
+      ADD_FAILURE() << "accepted: " << want;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  refused({2, 0, "127.0.0.1", 29500}, 1, "--nnodes must equal --tensor-parallel-size");
+  refused({2, 2, "127.0.0.1", 29500}, 2, "--node-rank 2 is out of range for --nnodes 2");
+  refused({1, -1, "127.0.0.1", 29500}, 1, "--node-rank -1 is out of range");
+  refused({0, 0, "127.0.0.1", 29500}, 1, "--nnodes must be >= 1");
+  refused({2, 1, "127.0.0.1", 65535}, 2, "--master-port 65535 must be in 1..65534");
+  refused({2, 1, "", 29500}, 2, "--master-addr must not be empty");
+  EXPECT_NO_THROW(check_multi_process({2, 1, "127.0.0.1", 29500}, 2));
+  EXPECT_NO_THROW(check_multi_process({1, 0, "", 0}, 4));  // one process: the address is not used
 }
 
 // ---- the engine ----
@@ -257,6 +381,59 @@ TEST(TensorParallelEngine, ObserverNeedsOneRank) {
 }
 
 // Sharding: KV heads replicated when num_kv_heads < TP (vLLM).
+// Per-rank dummy weights are bitwise the shard of the full dummy model:
+// every matrix (shape, dtype, bytes) and vector, on families with biases,
+// tied embeddings, a vocab-parallel head and replicated KV heads.
+TEST(TpShard, DummyWeightsShardEqualsShardOfFullDummy) {
+  auto same = [](const WeightMatrix& a, const WeightMatrix& b, const std::string& what) {
+    ASSERT_EQ(a.rows, b.rows) << what;
+    ASSERT_EQ(a.cols, b.cols) << what;
+    ASSERT_EQ(a.bf16, b.bf16) << what;
+    EXPECT_EQ(0, std::memcmp(a.data, b.data, a.bytes())) << what;
+  };
+  for (const std::string fam : {"llama", "llama_bias", "llama_v212", "qwen2", "gemma3"}) {
+    const ModelConfig cfg = config_of(fam);
+    const auto full = dummy_weights(cfg, 3);
+    for (int world : {2, 4}) {
+      if (cfg.num_heads % world || cfg.intermediate_size % world) continue;
+      for (int r = 0; r < world; ++r) {
+        const std::string at = fam + " world " + std::to_string(world) + " rank " + std::to_string(r);
+        const auto want = shard_weights(full, cfg, TpShard{r, world});
+        const auto got = dummy_weights_shard(cfg, TpShard{r, world, true}, 3);
+        same(got->embed, want->embed, at + " embed");
+        ASSERT_EQ(got->lm_head.has_value(), want->lm_head.has_value()) << at;
+        if (want->lm_head) same(*got->lm_head, *want->lm_head, at + " lm_head");
+        EXPECT_EQ(got->final_norm, want->final_norm) << at;
+        EXPECT_EQ(got->embed_scale, want->embed_scale) << at;
+        ASSERT_EQ(got->layers.size(), want->layers.size());
+        for (size_t l = 0; l < want->layers.size(); ++l) {
+          const LayerWeights &g = got->layers[l], &w = want->layers[l];
+          same(g.q_proj, w.q_proj, at + " q");
+          same(g.k_proj, w.k_proj, at + " k");
+          same(g.v_proj, w.v_proj, at + " v");
+          same(g.o_proj, w.o_proj, at + " o");
+          same(g.gate_proj, w.gate_proj, at + " gate");
+          same(g.up_proj, w.up_proj, at + " up");
+          same(g.down_proj, w.down_proj, at + " down");
+          EXPECT_EQ(g.q_bias, w.q_bias) << at;
+          EXPECT_EQ(g.k_bias, w.k_bias) << at;
+          EXPECT_EQ(g.v_bias, w.v_bias) << at;
+          EXPECT_EQ(g.o_bias, w.o_bias) << at;
+          EXPECT_EQ(g.gate_bias, w.gate_bias) << at;
+          EXPECT_EQ(g.up_bias, w.up_bias) << at;
+          EXPECT_EQ(g.down_bias, w.down_bias) << at;
+          EXPECT_EQ(g.input_norm, w.input_norm) << at;
+          EXPECT_EQ(g.post_attention_norm, w.post_attention_norm) << at;
+          EXPECT_EQ(g.pre_ffn_norm, w.pre_ffn_norm) << at;
+          EXPECT_EQ(g.post_ffn_norm, w.post_ffn_norm) << at;
+          EXPECT_EQ(g.q_norm, w.q_norm) << at;
+          EXPECT_EQ(g.k_norm, w.k_norm) << at;
+        }
+      }
+    }
+  }
+}
+
 TEST(TpShard, KvHeadsSplitOrReplicate) {
   const ModelConfig cfg = config_of("llama");  // 2 KV heads
   EXPECT_EQ(first_kv_head(cfg, {1, 2}), 1);

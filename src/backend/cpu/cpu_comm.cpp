@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "backend/cpu/cpu_comm_tcp.h"
 #include "numerics/fp8.h"
 
 namespace fp8kv {
@@ -108,6 +109,64 @@ std::vector<std::unique_ptr<Communicator>> make_cpu_communicators(int world) {
   std::vector<std::unique_ptr<Communicator>> out;
   for (int r = 0; r < world; ++r) out.push_back(std::make_unique<CpuCommunicator>(rv, r));
   return out;
+}
+
+namespace {
+
+// Sums `count` elements of every rank's bytes in rank order (fp32), rounding
+// once to the dtype: the thread simulation's arithmetic.
+class CpuSocketCommunicator final : public Communicator {
+ public:
+  CpuSocketCommunicator(int rank, int world, const std::string& addr, int port, std::chrono::milliseconds timeout)
+      : rv_(rank, world, addr, port, timeout) {}
+  int rank() const override { return rv_.rank(); }
+  int world_size() const override { return rv_.world(); }
+
+  void all_reduce_sum(void* data, size_t count, ScalarType dtype, void* /*stream*/) override {
+    if (dtype != ScalarType::f32 && dtype != ScalarType::bf16)
+      throw std::invalid_argument(std::string("CpuSocketCommunicator::all_reduce_sum: dtype ") +
+                                  scalar_type_name(dtype) + " (f32 or bf16)");
+    if (rv_.world() == 1 || count == 0) return;
+    const size_t bytes = count * scalar_type_bytes(dtype);
+    const auto all = rv_.all_gather(std::string(static_cast<const char*>(data), bytes), "all_reduce_sum");
+    sum_.assign(count, 0.0f);
+    for (const std::string& b : all) {
+      if (b.size() != bytes) throw std::runtime_error("CPU socket communicator: ranks disagree on an all_reduce size");
+      if (dtype == ScalarType::f32) {
+        const float* p = reinterpret_cast<const float*>(b.data());
+        for (size_t i = 0; i < count; ++i) sum_[i] += p[i];
+      } else {
+        const uint16_t* p = reinterpret_cast<const uint16_t*>(b.data());
+        for (size_t i = 0; i < count; ++i) sum_[i] += bf16_to_f32(p[i]);
+      }
+    }
+    if (dtype == ScalarType::f32) {
+      std::memcpy(data, sum_.data(), bytes);
+    } else {
+      uint16_t* p = static_cast<uint16_t*>(data);
+      for (size_t i = 0; i < count; ++i) p[i] = f32_to_bf16(sum_[i]);
+    }
+  }
+
+  void all_gather(const void* send, void* recv, size_t count, ScalarType dtype, void* /*stream*/) override {
+    const size_t bytes = count * scalar_type_bytes(dtype);
+    const auto all = rv_.all_gather(std::string(static_cast<const char*>(send), bytes), "all_gather");
+    for (size_t r = 0; r < all.size(); ++r) {
+      if (all[r].size() != bytes) throw std::runtime_error("CPU socket communicator: ranks disagree on an all_gather size");
+      if (bytes) std::memcpy(static_cast<char*>(recv) + r * bytes, all[r].data(), bytes);
+    }
+  }
+
+ private:
+  comm::TcpRendezvous rv_;
+  std::vector<float> sum_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_cpu_socket_communicator(int rank, int world, const std::string& master_addr,
+                                                           int master_port, std::chrono::milliseconds timeout) {
+  return std::make_unique<CpuSocketCommunicator>(rank, world, master_addr, master_port, timeout);
 }
 
 void abort_cpu_communicators(Communicator& comm) {

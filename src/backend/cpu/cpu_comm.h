@@ -10,7 +10,9 @@
 // wakes every waiting rank with std::runtime_error, so a failing rank never
 // leaves the others blocked; the communicators stay unusable afterwards.
 #pragma once
+#include <chrono>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/comm.h"
@@ -21,6 +23,18 @@ class CpuCommunicator;
 
 // `world` communicators (rank i at index i) sharing one rendezvous. world >= 1.
 std::vector<std::unique_ptr<Communicator>> make_cpu_communicators(int world);
+
+// One rank of a group of processes (multi-process tensor parallelism,
+// docs/design.md, "Multi-process tensor parallelism"): rank 0 listens on
+// master_port, the others connect to master_addr:master_port
+// (backend/cpu/cpu_comm_tcp.h; start order does not matter). Every
+// collective sends each rank's buffer to every rank (through rank 0) and
+// each rank sums in rank order in fp32, exactly as the thread simulation
+// does: world W as W processes == world W as W threads, bitwise. Each call
+// is bounded by `timeout`; a dead peer fails it at once (closed socket).
+// Throws std::runtime_error naming the address when the group cannot form.
+std::unique_ptr<Communicator> make_cpu_socket_communicator(int rank, int world, const std::string& master_addr,
+                                                           int master_port, std::chrono::milliseconds timeout);
 
 // Wakes every rank waiting in a collective of `comm`'s group with an error
 // (no-op for a non-CPU communicator).

@@ -1,6 +1,6 @@
 // TCP rendezvous (comm_tcp.h). Framing: every message is a 16-byte header
 // {magic "FP8KVRDV", u32 sender rank, u32 payload bytes} then the payload.
-#include "backend/cuda/comm_tcp.h"
+#include "backend/cpu/cpu_comm_tcp.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -27,7 +27,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr char kMagic[8] = {'F', 'P', '8', 'K', 'V', 'R', 'D', 'V'};
-constexpr uint32_t kMaxPayload = 1u << 20;
+// Rendezvous strings are small; the CPU multi-process communicator
+// (cpu_comm.h) sends activations through all_gather, hence the larger cap.
+constexpr uint32_t kMaxPayload = 1u << 30;
 
 [[noreturn]] void fail(const std::string& msg) { throw std::runtime_error("tcp rendezvous: " + msg); }
 
@@ -35,7 +37,7 @@ std::string errno_str(int e) { return std::string(std::strerror(e)); }
 
 int remaining_ms(Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  return left <= 0 ? 0 : static_cast<int>(left);
+  return left <= 0 ? 0 : static_cast<int>(std::min<long long>(left, 1LL << 30));
 }
 
 void set_nonblocking(int fd) {
@@ -267,10 +269,15 @@ TcpRendezvous::~TcpRendezvous() {
 }
 
 std::vector<std::string> TcpRendezvous::all_gather(const std::string& mine, const char* what) {
+  return all_gather(mine, what, timeout_);
+}
+
+std::vector<std::string> TcpRendezvous::all_gather(const std::string& mine, const char* what,
+                                                   std::chrono::milliseconds timeout) {
   std::vector<std::string> all(static_cast<size_t>(world_));
   all[static_cast<size_t>(rank_)] = mine;
   if (world_ == 1) return all;
-  const auto deadline = Clock::now() + timeout_;
+  const auto deadline = Clock::now() + timeout;
   const std::string me = "rank " + std::to_string(rank_) + " of " + std::to_string(world_) + " (master " + where_ +
                          "), step '" + what + "'";
   if (rank_ == 0) {
