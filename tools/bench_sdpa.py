@@ -118,6 +118,21 @@ def table(ours_path, sdpa_path, base_path=None):
             cells = " ".join(f"{r['split_tokens']}:{r['ms']*1e3:.1f}" for r in sp if (r["batch"], r["ctx"]) == (B, C))
             a = f" auto({auto['split_tokens']}):{auto['ms']*1e3:.1f}" if auto else ""
             print(f"  B={B} ctx={C}: {cells}{a}")
+    pl = [r for r in ours if r["kind"] == "plan"]
+    if pl:
+        print("auto plan at assumed CTAs per SM (us, splits; 'occ' = the default, the occupancy API; "
+              "%copy and t/sdpa of the best):")
+        for dt, d, B, C in sorted({(r["dtype"], r.get("d", 128), r["batch"], r["ctx"]) for r in pl}):
+            rows = [r for r in pl if (r["dtype"], r.get("d", 128), r["batch"], r["ctx"]) == (dt, d, B, C)]
+            auto = dec.get((dt, d, B, C))
+            if auto:
+                rows.append(dict(auto, ctas_per_sm="occ"))
+            cells = " ".join(f"{r['ctas_per_sm']}:{r['ms']*1e3:.1f}({r['splits']})" for r in rows)
+            best = min(rows, key=lambda r: r["ms"])
+            s = sd.get((d, B, C))
+            ts = f" t/sdpa {best['ms']/s['ms']:.2f}" if s else ""
+            print(f"  {dt} d{d} B={B} ctx={C}: {cells} | best {best['ctas_per_sm']}: "
+                  f"{100*best['GBps']/copy:.1f}% copy{ts}")
     spf = next((r for r in sdpa if r["kind"] == "sdpa_prefill"), None)
     for r in ours:
         if r["kind"] == "prefill":
