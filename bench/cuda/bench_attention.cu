@@ -5,6 +5,7 @@
 //             Gemma-3-12B's (16 q heads, 8 KV heads, head_dim 256)
 //   plans   : the auto plan at assumed CTAs per SM (FP8KV_BENCH_CTAS, plan tuning)
 //   splits  : fp8 d128 decode at forced split sizes (plan tuning)
+//   (argument: all | store | prefill | decode | decode128 (d128 rows only) | plans | splits)
 //   prefill : 8K causal prefill from the paged cache (if built with prefill)
 //   store   : store of 64K tokens, bf16 input, bf16 vs fp8 cache
 // Working sets are rotated among several caches so that each launch reads
@@ -175,10 +176,11 @@ void bench_decode_one(double copy_gbs, const float* scales, KvDtype dt, int H, i
   CK(cudaFree(ws));
 }
 
-void bench_decode(double copy_gbs, const float* scales) {
+void bench_decode(double copy_gbs, const float* scales, bool d256) {
   for (KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3}) {
     for (int B : {1, 8, 32, 64})
       for (int C : {1024, 4096, 16384, 65536}) bench_decode_one(copy_gbs, scales, dt, kH, kHkv, kD, B, C, 0, "decode");
+    if (!d256) continue;
     for (int B : {1, 8, 32})
       for (int C : {16384, 65536}) bench_decode_one(copy_gbs, scales, dt, 16, 8, 256, B, C, 0, "decode");
   }
@@ -314,7 +316,7 @@ int main(int argc, char** argv) {
 
   if (only == "all" || only == "prefill") bench_prefill(scales);
 
-  if (only == "all" || only == "decode") bench_decode(copy_gbs, scales);
+  if (only == "all" || only == "decode" || only == "decode128") bench_decode(copy_gbs, scales, only != "decode128");
   if (only == "all" || only == "plans") bench_plans(copy_gbs, scales);
   if (only == "all" || only == "splits") bench_splits(copy_gbs, scales);
   CK(cudaFree(scales));

@@ -25,6 +25,7 @@
 // launch) in a fixed order (deterministic).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -85,7 +86,11 @@ struct DecodeCfg {
   static_assert(!USE_RING || VBYTES >= 16, "ring: V in 16-byte units");
 };
 
-template <int D, int DT>
+// DEEP (D = 128 only, a tuning variant chosen by FP8KV_DECODE_DEEP=1, see
+// deep_pipeline()): one more tile in flight in the register path (fp8: two
+// tiles ahead; bf16: one, where the default has none), at the cost of ~200-230
+// registers, i.e. 2 CTAs per SM instead of 3.
+template <int D, int DT, bool DEEP = false>
 __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams p) {
   using C = DecodeCfg<D, DT>;
   constexpr int EB = C::EB;
@@ -160,7 +165,8 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
   // Register-staged pipeline: the next tile's K/V loads are in flight while
   // this tile's math runs (when the registers allow: fp8 up to D=128, bf16 up
   // to D=64; else one tile at a time).
-  constexpr bool kPrefetch = D * EB <= 128;
+  constexpr bool kPrefetch = D * EB <= (DEEP ? 256 : 128);
+  constexpr bool kPrefetch2 = DEEP && D * EB <= 128;  // two tiles ahead
   auto load_tile = [&](int it, uint32_t (&kw)[2][KW], uint32_t (&vw)[4][VW]) {
     const int j0 = s_begin + it * kTile;
     const int64_t blk = bt[j0 / p.block_size];
@@ -179,6 +185,8 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
   // latencies overlap (version 5; they were serial).
   uint32_t kw[2][KW], vw[4][VW];
   if (!C::USE_RING && warp < ntiles) load_tile(warp, kw, vw);
+  uint32_t kn[2][KW], vn[4][VW];  // tile it + kWarps (in flight), two-ahead variant only
+  if (kPrefetch2 && warp + kWarps < ntiles) load_tile(warp + kWarps, kn, vn);
 
   // Q fragments (A operand, rows = heads, 8..15 zero) in the permuted dim order:
   // k-step s, slot pair {2t, 2t+1} -> dims base, base+1; {2t+8, 2t+9} -> base+2, base+3.
@@ -333,8 +341,12 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
     for (int it = warp; it < ntiles; it += kWarps) {
       const int j0 = s_begin + it * kTile;
       const bool has_next = it + kWarps < ntiles;
-      uint32_t kn[2][KW], vn[4][VW];
-      if (kPrefetch && has_next) load_tile(it + kWarps, kn, vn);
+      uint32_t k2[2][KW], v2[4][VW];
+      if constexpr (kPrefetch2) {
+        if (it + 2 * kWarps < ntiles) load_tile(it + 2 * kWarps, k2, v2);
+      } else if (kPrefetch && has_next) {
+        load_tile(it + kWarps, kn, vn);
+      }
 
       // S = Q K^T for keys j0 + nt*8 + (0..7).
       float s[2][4];
@@ -439,6 +451,16 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
           for (int i = 0; i < 4; ++i)
 #pragma unroll
             for (int w = 0; w < VW; ++w) vw[i][w] = vn[i][w];
+          if constexpr (kPrefetch2) {
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+              for (int w = 0; w < KW; ++w) kn[nt][w] = k2[nt][w];
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+              for (int w = 0; w < VW; ++w) vn[i][w] = v2[i][w];
+          }
         } else {
           load_tile(it + kWarps, kw, vw);
         }
@@ -543,17 +565,32 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Dec
   }
 }
 
+// FP8KV_DECODE_DEEP=1 selects the DEEP variant at D = 128 (bf16, e4m3) for
+// measurement (scripts/gpu_cuda.sh runs the decode tests and the benchmark
+// with it too); read once.
+bool deep_pipeline() {
+  static const bool on = [] {
+    const char* e = std::getenv("FP8KV_DECODE_DEEP");
+    return e != nullptr && std::string(e) == "1";
+  }();
+  return on;
+}
+template <int D, int DT>
+constexpr bool kHasDeep = D == 128 && DT != kE5m2;
+
 // One-time kernel attributes (dynamic shared memory above 48 KB, carveout),
 // needed before a launch and before an occupancy query.
-template <int D, int DT>
+template <int D, int DT, bool DEEP>
 void prepare_decode_t() {
   static const bool attr_set = [] {
     constexpr int smem = DecodeCfg<D, DT>::SMEM;
-    FP8KV_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<D, DT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    FP8KV_CUDA_CHECK(
+        cudaFuncSetAttribute(decode_kernel<D, DT, DEEP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     // All of the unified L1 as shared memory for the ring (so 2 CTAs of 96 KB
     // fit per SM).
     if constexpr (DecodeCfg<D, DT>::USE_RING)
-      FP8KV_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<D, DT>, cudaFuncAttributePreferredSharedMemoryCarveout,
+      FP8KV_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<D, DT, DEEP>,
+                                            cudaFuncAttributePreferredSharedMemoryCarveout,
                                             cudaSharedmemCarveoutMaxShared));
     return true;
   }();
@@ -562,20 +599,27 @@ void prepare_decode_t() {
 
 template <int D, int DT>
 void launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
-  prepare_decode_t<D, DT>();
-  decode_kernel<D, DT><<<grid, kWarps * 32, DecodeCfg<D, DT>::SMEM, stream>>>(p);
+  if constexpr (kHasDeep<D, DT>) {
+    if (deep_pipeline()) {
+      prepare_decode_t<D, DT, true>();
+      decode_kernel<D, DT, true><<<grid, kWarps * 32, DecodeCfg<D, DT>::SMEM, stream>>>(p);
+      return;
+    }
+  }
+  prepare_decode_t<D, DT, false>();
+  decode_kernel<D, DT, false><<<grid, kWarps * 32, DecodeCfg<D, DT>::SMEM, stream>>>(p);
 }
 
 // Resident decode CTAs per SM (occupancy API) of one instantiation; 0 when
 // it cannot be asked (no device). Cached per instantiation.
-template <int D, int DT>
+template <int D, int DT, bool DEEP>
 int resident_ctas_t() {
   static const int n = [] {
     int c = 0;
     bool ok = false;
     try {
-      prepare_decode_t<D, DT>();
-      ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, decode_kernel<D, DT>, kWarps * 32,
+      prepare_decode_t<D, DT, DEEP>();
+      ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, decode_kernel<D, DT, DEEP>, kWarps * 32,
                                                          DecodeCfg<D, DT>::SMEM) == cudaSuccess;
     } catch (const std::runtime_error&) {
     }
@@ -588,12 +632,20 @@ int resident_ctas_t() {
   return n;
 }
 
+template <int D, int DT>
+int resident_ctas_v() {
+  if constexpr (kHasDeep<D, DT>) {
+    if (deep_pipeline()) return resident_ctas_t<D, DT, true>();
+  }
+  return resident_ctas_t<D, DT, false>();
+}
+
 template <int D>
 int resident_ctas_d(KvDtype dt) {
   switch (dt) {
-    case KvDtype::bf16: return resident_ctas_t<D, kBf16>();
-    case KvDtype::fp8_e4m3: return resident_ctas_t<D, kE4m3>();
-    case KvDtype::fp8_e5m2: return resident_ctas_t<D, kE5m2>();
+    case KvDtype::bf16: return resident_ctas_v<D, kBf16>();
+    case KvDtype::fp8_e4m3: return resident_ctas_v<D, kE4m3>();
+    case KvDtype::fp8_e5m2: return resident_ctas_v<D, kE5m2>();
   }
   return 0;
 }
