@@ -84,7 +84,7 @@ def load(path):
     return rows
 
 
-def table(ours_path, sdpa_path, base_path=None):
+def table(ours_path, sdpa_path, base_path=None, base_label="base"):
     ours, sdpa = load(ours_path), load(sdpa_path)
     base = load(base_path) if base_path else []
     copy = next((r["GBps"] for r in ours if r["kind"] == "copy"), float("nan"))
@@ -96,9 +96,10 @@ def table(ours_path, sdpa_path, base_path=None):
         if r["kind"] == "gemm":
             print(f"cuBLAS bf16 GEMM 8192^3: {r['TFLOPs']:.0f} TFLOP/s")
     print("decode (d128: 32/8 heads, d256: 16/8 heads), times in us; GB/s = KV bytes / time; "
-          "base = the previous kernels in the same run")
+          f"{base_label} = " + ("the previous kernels" if base_label == "base" else "the FP8KV_DECODE_DEEP=1 variant")
+          + " in the same run")
     print(f"{'d':>3} {'B':>3} {'ctx':>6} | {'sdpa':>8} | {'bf16':>8} {'GB/s':>6} {'x sdpa':>6} | {'fp8':>8} {'GB/s':>6} "
-          f"{'%copy':>6} {'t/sdpa':>6} {'fp8/bf16':>8} | {'base fp8':>8} {'base bf16':>9}")
+          f"{'%copy':>6} {'t/sdpa':>6} {'fp8/bf16':>8} | {base_label + ' fp8':>8} {base_label + ' bf16':>9}")
     for (d, B, C), s in sorted(sd.items()):
         b = dec.get(("bf16", d, B, C))
         e = dec.get(("fp8_e4m3", d, B, C))
@@ -118,6 +119,21 @@ def table(ours_path, sdpa_path, base_path=None):
             cells = " ".join(f"{r['split_tokens']}:{r['ms']*1e3:.1f}" for r in sp if (r["batch"], r["ctx"]) == (B, C))
             a = f" auto({auto['split_tokens']}):{auto['ms']*1e3:.1f}" if auto else ""
             print(f"  B={B} ctx={C}: {cells}{a}")
+    pl = [r for r in ours if r["kind"] == "plan"]
+    if pl:
+        print("auto plan at assumed CTAs per SM (us, splits; 'occ' = the default, the occupancy API; "
+              "%copy and t/sdpa of the best):")
+        for dt, d, B, C in sorted({(r["dtype"], r.get("d", 128), r["batch"], r["ctx"]) for r in pl}):
+            rows = [r for r in pl if (r["dtype"], r.get("d", 128), r["batch"], r["ctx"]) == (dt, d, B, C)]
+            auto = dec.get((dt, d, B, C))
+            if auto:
+                rows.append(dict(auto, ctas_per_sm="occ"))
+            cells = " ".join(f"{r['ctas_per_sm']}:{r['ms']*1e3:.1f}({r['splits']})" for r in rows)
+            best = min(rows, key=lambda r: r["ms"])
+            s = sd.get((d, B, C))
+            ts = f" t/sdpa {best['ms']/s['ms']:.2f}" if s else ""
+            print(f"  {dt} d{d} B={B} ctx={C}: {cells} | best {best['ctas_per_sm']}: "
+                  f"{100*best['GBps']/copy:.1f}% copy{ts}")
     spf = next((r for r in sdpa if r["kind"] == "sdpa_prefill"), None)
     for r in ours:
         if r["kind"] == "prefill":
@@ -132,7 +148,7 @@ def table(ours_path, sdpa_path, base_path=None):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) in (4, 5) and sys.argv[1] == "--table":
+    if len(sys.argv) in (4, 5, 6) and sys.argv[1] == "--table":
         table(*sys.argv[2:])
     else:
         run()

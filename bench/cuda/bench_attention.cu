@@ -3,7 +3,9 @@
 //   decode  : paged decode, Llama-3-8B attention shape (32 q heads, 8 KV heads,
 //             head_dim 128), batch x context, bf16 and fp8 e4m3 caches; and
 //             Gemma-3-12B's (16 q heads, 8 KV heads, head_dim 256)
+//   plans   : the auto plan at assumed CTAs per SM (FP8KV_BENCH_CTAS, plan tuning)
 //   splits  : fp8 d128 decode at forced split sizes (plan tuning)
+//   (argument: all | store | prefill | decode | decode128 (d128 rows only) | plans | splits)
 //   prefill : 8K causal prefill from the paged cache (if built with prefill)
 //   store   : store of 64K tokens, bf16 input, bf16 vs fp8 cache
 // Working sets are rotated among several caches so that each launch reads
@@ -141,7 +143,7 @@ struct CacheSet {
 
 // One decode configuration; split_tokens 0: plan_decode's choice.
 void bench_decode_one(double copy_gbs, const float* scales, KvDtype dt, int H, int Hkv, int D, int B, int C,
-                      int split_tokens, const char* kind) {
+                      int split_tokens, const char* kind, int ctas_per_sm = 0) {
   CacheSet cs(dt, B, C, size_t(1) << 30, Hkv, D);
   void *q, *out, *ws;
   CK(cudaMalloc(&q, size_t(B) * H * D * 2));
@@ -156,7 +158,7 @@ void bench_decode_one(double copy_gbs, const float* scales, KvDtype dt, int H, i
   a.q_dtype = ActDtype::bf16;
   a.out = out;
   a.out_dtype = ActDtype::bf16;
-  a.plan = plan_decode(B, H, Hkv, D, C, 0, device_sm_count(), split_tokens);
+  a.plan = plan_decode(B, H, Hkv, D, C, 0, device_sm_count(), split_tokens, ctas_per_sm, dt);
   CK(cudaMalloc(&ws, std::max<size_t>(a.plan.workspace_bytes, 16)));
   a.workspace = ws;
   const double kv_bytes = 2.0 * B * C * Hkv * D * kv_dtype_bytes(dt);
@@ -164,19 +166,21 @@ void bench_decode_one(double copy_gbs, const float* scales, KvDtype dt, int H, i
   const double ms = median_ms([&](int i) { a.kv = cs.paged(i, scales); paged_decode(a, nullptr); }, 3, reps);
   const double gbs = kv_bytes / (ms * 1e-3) / 1e9;
   std::printf("{\"kind\":\"%s\",\"dtype\":\"%s\",\"d\":%d,\"heads\":%d,\"batch\":%d,\"ctx\":%d,\"ms\":%.4f,"
-              "\"kv_bytes\":%.0f,\"GBps\":%.1f,\"frac_copy\":%.3f,\"split_tokens\":%d,\"splits\":%d,\"copies\":%zu}\n",
+              "\"kv_bytes\":%.0f,\"GBps\":%.1f,\"frac_copy\":%.3f,\"split_tokens\":%d,\"splits\":%d,\"copies\":%zu,"
+              "\"ctas_per_sm\":%d}\n",
               kind, std::string(kv_dtype_name(dt)).c_str(), D, H, B, C, ms, kv_bytes, gbs, gbs / copy_gbs,
-              a.plan.split_tokens, a.plan.max_splits, cs.k.size());
+              a.plan.split_tokens, a.plan.max_splits, cs.k.size(), ctas_per_sm);
   std::fflush(stdout);
   CK(cudaFree(q));
   CK(cudaFree(out));
   CK(cudaFree(ws));
 }
 
-void bench_decode(double copy_gbs, const float* scales) {
+void bench_decode(double copy_gbs, const float* scales, bool d256) {
   for (KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3}) {
     for (int B : {1, 8, 32, 64})
       for (int C : {1024, 4096, 16384, 65536}) bench_decode_one(copy_gbs, scales, dt, kH, kHkv, kD, B, C, 0, "decode");
+    if (!d256) continue;
     for (int B : {1, 8, 32})
       for (int C : {16384, 65536}) bench_decode_one(copy_gbs, scales, dt, 16, 8, 256, B, C, 0, "decode");
   }
@@ -185,8 +189,33 @@ void bench_decode(double copy_gbs, const float* scales) {
 void bench_splits(double copy_gbs, const float* scales) {
   const int shapes[][2] = {{1, 65536}, {1, 16384}, {8, 16384}, {32, 16384}};
   for (const auto& bc : shapes)
-    for (int st : {256, 512, 1024, 2048, 4096})
+    for (int st : {512, 1024, 2048, 4096, 8192})
       bench_decode_one(copy_gbs, scales, KvDtype::fp8_e4m3, kH, kHkv, kD, bc[0], bc[1], st, "split");
+}
+
+// The auto plan at several assumed resident CTAs per SM (plan_decode's
+// ctas_per_sm; 0 in the decode rows = the occupancy API). Values from
+// FP8KV_BENCH_CTAS (comma list, default "2,4").
+void bench_plans(double copy_gbs, const float* scales) {
+  std::vector<int> cps;
+  const char* env = std::getenv("FP8KV_BENCH_CTAS");
+  std::string list = env && *env ? env : "2,4";
+  for (size_t pos = 0; pos < list.size();) {
+    const size_t end = std::min(list.find(',', pos), list.size());
+    const int v = std::atoi(list.substr(pos, end - pos).c_str());
+    if (v > 0) cps.push_back(v);
+    pos = end + 1;
+  }
+  struct Shape { KvDtype dt; int H, Hkv, D, B, C; };
+  const Shape shapes[] = {
+      {KvDtype::fp8_e4m3, kH, kHkv, kD, 1, 65536},  {KvDtype::fp8_e4m3, kH, kHkv, kD, 8, 16384},
+      {KvDtype::fp8_e4m3, kH, kHkv, kD, 8, 65536},  {KvDtype::fp8_e4m3, kH, kHkv, kD, 32, 16384},
+      {KvDtype::fp8_e4m3, kH, kHkv, kD, 64, 16384}, {KvDtype::bf16, kH, kHkv, kD, 32, 4096},
+      {KvDtype::fp8_e4m3, 16, 8, 256, 1, 65536},    {KvDtype::fp8_e4m3, 16, 8, 256, 8, 16384},
+      {KvDtype::fp8_e4m3, 16, 8, 256, 32, 16384},
+  };
+  for (const Shape& s : shapes)
+    for (int c : cps) bench_decode_one(copy_gbs, scales, s.dt, s.H, s.Hkv, s.D, s.B, s.C, 0, "plan", c);
 }
 
 void bench_prefill(const float* scales) {
@@ -287,7 +316,8 @@ int main(int argc, char** argv) {
 
   if (only == "all" || only == "prefill") bench_prefill(scales);
 
-  if (only == "all" || only == "decode") bench_decode(copy_gbs, scales);
+  if (only == "all" || only == "decode" || only == "decode128") bench_decode(copy_gbs, scales, only != "decode128");
+  if (only == "all" || only == "plans") bench_plans(copy_gbs, scales);
   if (only == "all" || only == "splits") bench_splits(copy_gbs, scales);
   CK(cudaFree(scales));
   return 0;

@@ -314,6 +314,42 @@ double run_prefill_case(std::mt19937_64& rng, const PrefillCase& c) {
   return worst;
 }
 
+// The split plan (host only, no GPU: ctas_per_sm given). Invariants for every
+// shape: whole 64-key splits that cover the span, a workspace for exactly the
+// partials; and the wave model's intent (docs/cuda.md, version 5): a small
+// batch (at most half the resident CTAs unsplit) is split into one wave, never
+// two, and at long context fills at least half the slots.
+TEST(CudaPlan, SplitsCoverTheSpanAndFillTheGpu) {
+  const int sms = 132, cps = 3;
+  for (int D : {64, 128, 256})
+    for (int hkv : {1, 8})
+      for (int B : {1, 3, 8, 32, 64, 256})
+        for (int C : {1, 63, 1024, 4133, 16384, 65536})
+          for (int window : {0, 100}) {
+            const int H = hkv * 4;
+            const cuda::DecodePlan p = cuda::plan_decode(B, H, hkv, D, C, window, sms, 0, cps);
+            const int span = std::max(1, window > 0 ? std::min(C, window + 15) : C);
+            SCOPED_TRACE("D " + std::to_string(D) + " hkv " + std::to_string(hkv) + " B " + std::to_string(B) +
+                         " C " + std::to_string(C) + " window " + std::to_string(window));
+            ASSERT_GT(p.split_tokens, 0);
+            EXPECT_EQ(p.split_tokens % 64, 0);
+            EXPECT_GE(static_cast<int64_t>(p.max_splits) * p.split_tokens, span);
+            EXPECT_LT(static_cast<int64_t>(p.max_splits - 1) * p.split_tokens, span);
+            EXPECT_EQ(p.workspace_bytes, p.max_splits > 1 ? static_cast<size_t>(B) * H * p.max_splits * (D + 1) * 4 : 0u);
+            const int64_t base = static_cast<int64_t>(B) * hkv, slots = sms * cps;
+            if (base * 2 <= slots) {
+              EXPECT_LE(base * p.max_splits, slots) << "a second wave for a small batch";
+            }
+            if (base * 2 <= slots && span >= 64 * slots) {
+              EXPECT_GE(base * p.max_splits * 2, slots) << "under half full";
+            }
+          }
+  // Forced split sizes are rounded up to 64 and honoured.
+  const cuda::DecodePlan f = cuda::plan_decode(2, 32, 8, 128, 5000, 0, sms, 1000);
+  EXPECT_EQ(f.split_tokens, 1024);
+  EXPECT_EQ(f.max_splits, 5);
+}
+
 TEST(CudaPrefill, MatchesCpuReferenceCausalWindowChunked) {
   FP8KV_REQUIRE_GPU();
   const uint64_t seed = test_seed();

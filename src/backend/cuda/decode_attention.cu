@@ -25,6 +25,7 @@
 // launch) in a fixed order (deterministic).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -85,7 +86,11 @@ struct DecodeCfg {
   static_assert(!USE_RING || VBYTES >= 16, "ring: V in 16-byte units");
 };
 
-template <int D, int DT>
+// DEEP (D = 128 only, a tuning variant chosen by FP8KV_DECODE_DEEP=1, see
+// deep_pipeline()): one more tile in flight in the register path (fp8: two
+// tiles ahead; bf16: one, where the default has none), at the cost of ~200-230
+// registers, i.e. 2 CTAs per SM instead of 3.
+template <int D, int DT, bool DEEP = false>
 __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams p) {
   using C = DecodeCfg<D, DT>;
   constexpr int EB = C::EB;
@@ -155,6 +160,33 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
 #pragma unroll
     for (int k = 0; k < S; ++k) issue(k, k);
   }
+  constexpr int KW = D * EB / 16;  // words per thread per key row (K)
+  constexpr int VBYTES = C::VBYTES, VW = VBYTES / 4;
+  // Register-staged pipeline: the next tile's K/V loads are in flight while
+  // this tile's math runs (when the registers allow: fp8 up to D=128, bf16 up
+  // to D=64; else one tile at a time).
+  constexpr bool kPrefetch = D * EB <= (DEEP ? 256 : 128);
+  constexpr bool kPrefetch2 = DEEP && D * EB <= 128;  // two tiles ahead
+  auto load_tile = [&](int it, uint32_t (&kw)[2][KW], uint32_t (&vw)[4][VW]) {
+    const int j0 = s_begin + it * kTile;
+    const int64_t blk = bt[j0 / p.block_size];
+    const int64_t row0 = blk * p.block_size + j0 % p.block_size;  // the tile stays inside one block
+    const uint8_t* kb = p.k_cache + row0 * row_bytes + head_off;
+    const uint8_t* vb = p.v_cache + row0 * row_bytes + head_off;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int c = 0; c < KW / 4; ++c)
+        ld_words<16>(kb + (nt * 8 + r) * row_bytes + (c * 4 + t) * 16, &kw[nt][4 * c]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) ld_words<VBYTES>(vb + vtok[i] * row_bytes + r * VBYTES, vw[i]);
+  };
+  // Register path: the first tile's loads are issued before Q's, so the two
+  // latencies overlap (version 5; they were serial).
+  uint32_t kw[2][KW], vw[4][VW];
+  if (!C::USE_RING && warp < ntiles) load_tile(warp, kw, vw);
+  uint32_t kn[2][KW], vn[4][VW];  // tile it + kWarps (in flight), two-ahead variant only
+  if (kPrefetch2 && warp + kWarps < ntiles) load_tile(warp + kWarps, kn, vn);
 
   // Q fragments (A operand, rows = heads, 8..15 zero) in the permuted dim order:
   // k-step s, slot pair {2t, 2t+1} -> dims base, base+1; {2t+8, 2t+9} -> base+2, base+3.
@@ -306,33 +338,15 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
     }
     cp_async_wait<0>();
   } else {
-    constexpr int KW = D * EB / 16;  // words per thread per key row (K)
-    constexpr int VBYTES = C::VBYTES, VW = VBYTES / 4;
-    // Register-staged pipeline: the next tile's K/V loads are in flight while
-    // this tile's math runs (when the registers allow: fp8 up to D=128, bf16 up
-    // to D=64; else one tile at a time).
-    constexpr bool kPrefetch = D * EB <= 128;
-    auto load_tile = [&](int it, uint32_t (&kw)[2][KW], uint32_t (&vw)[4][VW]) {
-      const int j0 = s_begin + it * kTile;
-      const int64_t blk = bt[j0 / p.block_size];
-      const int64_t row0 = blk * p.block_size + j0 % p.block_size;  // the tile stays inside one block
-      const uint8_t* kb = p.k_cache + row0 * row_bytes + head_off;
-      const uint8_t* vb = p.v_cache + row0 * row_bytes + head_off;
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int c = 0; c < KW / 4; ++c)
-          ld_words<16>(kb + (nt * 8 + r) * row_bytes + (c * 4 + t) * 16, &kw[nt][4 * c]);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) ld_words<VBYTES>(vb + vtok[i] * row_bytes + r * VBYTES, vw[i]);
-    };
-    uint32_t kw[2][KW], vw[4][VW];
-    if (warp < ntiles) load_tile(warp, kw, vw);
     for (int it = warp; it < ntiles; it += kWarps) {
       const int j0 = s_begin + it * kTile;
       const bool has_next = it + kWarps < ntiles;
-      uint32_t kn[2][KW], vn[4][VW];
-      if (kPrefetch && has_next) load_tile(it + kWarps, kn, vn);
+      uint32_t k2[2][KW], v2[4][VW];
+      if constexpr (kPrefetch2) {
+        if (it + 2 * kWarps < ntiles) load_tile(it + 2 * kWarps, k2, v2);
+      } else if (kPrefetch && has_next) {
+        load_tile(it + kWarps, kn, vn);
+      }
 
       // S = Q K^T for keys j0 + nt*8 + (0..7).
       float s[2][4];
@@ -437,6 +451,16 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
           for (int i = 0; i < 4; ++i)
 #pragma unroll
             for (int w = 0; w < VW; ++w) vw[i][w] = vn[i][w];
+          if constexpr (kPrefetch2) {
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+              for (int w = 0; w < KW; ++w) kn[nt][w] = k2[nt][w];
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+              for (int w = 0; w < VW; ++w) vn[i][w] = v2[i][w];
+          }
         } else {
           load_tile(it + kWarps, kw, vw);
         }
@@ -541,20 +565,98 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Dec
   }
 }
 
+// FP8KV_DECODE_DEEP=1 selects the DEEP variant at D = 128 (bf16, e4m3) for
+// measurement (scripts/gpu_cuda.sh runs the decode tests and the benchmark
+// with it too); read once.
+bool deep_pipeline() {
+  static const bool on = [] {
+    const char* e = std::getenv("FP8KV_DECODE_DEEP");
+    return e != nullptr && std::string(e) == "1";
+  }();
+  return on;
+}
 template <int D, int DT>
-void launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
-  constexpr int smem = DecodeCfg<D, DT>::SMEM;
+constexpr bool kHasDeep = D == 128 && DT != kE5m2;
+
+// One-time kernel attributes (dynamic shared memory above 48 KB, carveout),
+// needed before a launch and before an occupancy query.
+template <int D, int DT, bool DEEP>
+void prepare_decode_t() {
   static const bool attr_set = [] {
-    FP8KV_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<D, DT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    constexpr int smem = DecodeCfg<D, DT>::SMEM;
+    FP8KV_CUDA_CHECK(
+        cudaFuncSetAttribute(decode_kernel<D, DT, DEEP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     // All of the unified L1 as shared memory for the ring (so 2 CTAs of 96 KB
     // fit per SM).
     if constexpr (DecodeCfg<D, DT>::USE_RING)
-      FP8KV_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<D, DT>, cudaFuncAttributePreferredSharedMemoryCarveout,
+      FP8KV_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<D, DT, DEEP>,
+                                            cudaFuncAttributePreferredSharedMemoryCarveout,
                                             cudaSharedmemCarveoutMaxShared));
     return true;
   }();
   (void)attr_set;
-  decode_kernel<D, DT><<<grid, kWarps * 32, smem, stream>>>(p);
+}
+
+template <int D, int DT>
+void launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
+  if constexpr (kHasDeep<D, DT>) {
+    if (deep_pipeline()) {
+      prepare_decode_t<D, DT, true>();
+      decode_kernel<D, DT, true><<<grid, kWarps * 32, DecodeCfg<D, DT>::SMEM, stream>>>(p);
+      return;
+    }
+  }
+  prepare_decode_t<D, DT, false>();
+  decode_kernel<D, DT, false><<<grid, kWarps * 32, DecodeCfg<D, DT>::SMEM, stream>>>(p);
+}
+
+// Resident decode CTAs per SM (occupancy API) of one instantiation; 0 when
+// it cannot be asked (no device). Cached per instantiation.
+template <int D, int DT, bool DEEP>
+int resident_ctas_t() {
+  static const int n = [] {
+    int c = 0;
+    bool ok = false;
+    try {
+      prepare_decode_t<D, DT, DEEP>();
+      ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, decode_kernel<D, DT, DEEP>, kWarps * 32,
+                                                         DecodeCfg<D, DT>::SMEM) == cudaSuccess;
+    } catch (const std::runtime_error&) {
+    }
+    if (!ok) {
+      c = 0;
+      (void)cudaGetLastError();  // the failed query must not surface at the next launch check
+    }
+    return c;
+  }();
+  return n;
+}
+
+template <int D, int DT>
+int resident_ctas_v() {
+  if constexpr (kHasDeep<D, DT>) {
+    if (deep_pipeline()) return resident_ctas_t<D, DT, true>();
+  }
+  return resident_ctas_t<D, DT, false>();
+}
+
+template <int D>
+int resident_ctas_d(KvDtype dt) {
+  switch (dt) {
+    case KvDtype::bf16: return resident_ctas_v<D, kBf16>();
+    case KvDtype::fp8_e4m3: return resident_ctas_v<D, kE4m3>();
+    case KvDtype::fp8_e5m2: return resident_ctas_v<D, kE5m2>();
+  }
+  return 0;
+}
+
+int resident_ctas(int head_dim, KvDtype dt) {
+  switch (head_dim) {
+    case 64: return resident_ctas_d<64>(dt);
+    case 128: return resident_ctas_d<128>(dt);
+    case 256: return resident_ctas_d<256>(dt);
+  }
+  return 0;
 }
 
 template <int D>
@@ -585,24 +687,53 @@ int span_tokens(int max_context_len, int window) {
   return window > 0 ? std::min(max_context_len, window + kTile - 1) : max_context_len;
 }
 
+// Number of splits by a wave model (docs/cuda.md, version 5). With `slots`
+// CTAs resident at once on the GPU, a grid of base * n CTAs runs in
+// ceil(base * n / slots) waves, each as long as one CTA: its split's tiles per
+// warp (split / 64) plus a fixed cost kCtaOverheadTiles (prologue: Q load and
+// the first tile's latency; epilogue: the 4-warp combine and partial write),
+// plus kReduceTiles once when there is a reduce kernel. Fitted to the
+// 2026-11-30 split sweep at B=1/16K (time ~ 12 us + 1.0 us per tile,
+// overhead ~6 tiles). Ties go to fewer splits (less reduce work).
+constexpr int kCtaOverheadTiles = 6;
+constexpr int kReduceTiles = 3;
+
+int choose_split_tokens(int64_t base, int span, int64_t slots) {
+  const int64_t max_n = std::min<int64_t>((span + 63) / 64, std::max<int64_t>(1, (8 * slots + base - 1) / base));
+  int best_split = (span + 63) / 64 * 64;
+  int64_t best_cost = -1;
+  for (int64_t n = 1; n <= max_n; ++n) {
+    const int64_t split = ((span + n - 1) / n + 63) / 64 * 64;
+    const int64_t n_eff = (span + split - 1) / split;
+    if (n > 1 && split == best_split) continue;
+    const int64_t waves = (base * n_eff + slots - 1) / slots;
+    const int64_t cost = waves * (split / 64 + kCtaOverheadTiles) + (n_eff > 1 ? kReduceTiles : 0);
+    if (best_cost < 0 || cost < best_cost) {
+      best_cost = cost;
+      best_split = static_cast<int>(split);
+    }
+  }
+  return best_split;
+}
+
 }  // namespace
 
 DecodePlan plan_decode(int batch, int num_heads, int num_kv_heads, int head_dim, int max_context_len, int window,
-                       int num_sms, int split_tokens) {
+                       int num_sms, int split_tokens, int ctas_per_sm, KvDtype dtype) {
   if (batch <= 0 || num_heads <= 0 || num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || max_context_len < 0)
     throw std::invalid_argument("plan_decode: bad shape (batch " + std::to_string(batch) + ", heads " +
                                 std::to_string(num_heads) + "/" + std::to_string(num_kv_heads) + ")");
   const int span = std::max(1, span_tokens(max_context_len, window));
   const int gchunks = (num_heads / num_kv_heads + kMaxGroup - 1) / kMaxGroup;
   if (split_tokens <= 0) {
-    // Aim at ~8 CTAs of 4 warps per SM (several waves of 2-3 resident CTAs,
-    // so the tail wave is small); splits of at least 512 keys (8 tiles per
-    // warp: the cp.async ring holds 3-8 of them, so shorter splits are mostly
-    // pipeline fill; the 2026-11-30 sweep: 256-key splits 1.35x slower than
-    // 512 at B=1/16K).
+    // Fill every SM with its resident CTAs (occupancy API; 3 per SM when no
+    // device answers: fp8 d128 at 167 registers), in as few and as full waves
+    // as the wave model above finds.
+    if (ctas_per_sm <= 0) ctas_per_sm = resident_ctas(head_dim, dtype);
+    if (ctas_per_sm <= 0) ctas_per_sm = 3;
     const int64_t base = static_cast<int64_t>(batch) * num_kv_heads * gchunks;
-    const int64_t want = std::max<int64_t>(1, (static_cast<int64_t>(num_sms) * 8 + base - 1) / base);
-    split_tokens = static_cast<int>(std::max<int64_t>(512, (span + want - 1) / want));
+    const int64_t slots = static_cast<int64_t>(std::max(1, num_sms)) * ctas_per_sm;
+    split_tokens = choose_split_tokens(base, span, slots);
   }
   DecodePlan plan;
   plan.split_tokens = (split_tokens + 63) / 64 * 64;

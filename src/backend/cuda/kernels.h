@@ -79,8 +79,13 @@ struct DecodePlan {
 // one (rounded up to a multiple of 64). The partition of one sequence depends
 // only on its own length, window and split_tokens, so a batched launch gives
 // bitwise the same result as launching each sequence alone with that plan.
+// ctas_per_sm: resident CTAs per SM the plan assumes; 0 = the occupancy of the
+// decode kernel for `dtype` on this device (the default; other values are for
+// tuning sweeps in bench_attention). dtype: the cache's (bf16 d256 holds half
+// the CTAs per SM of fp8 d256); callers that omit it get the fp8 e4m3 plan.
 DecodePlan plan_decode(int batch, int num_heads, int num_kv_heads, int head_dim, int max_context_len,
-                       int window, int num_sms, int split_tokens = 0);
+                       int window, int num_sms, int split_tokens = 0, int ctas_per_sm = 0,
+                       KvDtype dtype = KvDtype::fp8_e4m3);
 
 struct DecodeArgs {
   PagedKv kv;

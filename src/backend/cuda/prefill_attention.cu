@@ -3,7 +3,8 @@
 // 4 warps x 16 query rows; K/V tiles of KT keys are gathered through the
 // block table, fp8 dequantized (exactly, to f16) into shared memory, and read
 // with ldmatrix. The next tile's global loads are issued into registers
-// before the current tile's math (register-staged pipeline).
+// before the current tile's math (register-staged pipeline). At D = 256 the Q
+// fragments live in shared memory (registers would spill).
 // fp8 caches: f16 MMAs (Q, P rounded to f16); bf16 caches: bf16 MMAs.
 // k_scale folds into the score scale, v_scale multiplies the output once.
 #include <algorithm>
@@ -38,6 +39,24 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
 
 template <int D>
 __host__ __device__ constexpr int kv_tile() { return D == 256 ? 32 : 64; }
+template <int D>
+__host__ __device__ constexpr bool q_in_smem() { return D == 256; }
+// Dynamic shared memory: K and V tiles (f16/bf16, padded rows), plus the Q
+// fragments of the 4 warps when they live in shared memory.
+// bf16 at D = 256: K/V tiles go global -> shared by cp.async into two
+// buffers (no register stage: 64 registers fewer; bf16 needs no conversion).
+template <int D, int DT>
+__host__ __device__ constexpr bool kv_async() { return D == 256 && DT == kBf16; }
+template <int D, int DT>
+__host__ __device__ constexpr int prefill_smem() {
+  return (kv_async<D, DT>() ? 2 : 1) * 2 * kv_tile<D>() * (D + 8) * 2 +
+         (q_in_smem<D>() ? (kThreads / 32) * (D / 16) * 32 * 16 : 0);
+}
+
+__device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, bool valid) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
 
 template <int D, int DT>
 __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams p) {
@@ -49,10 +68,13 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams p
   constexpr int KS = D / 16;
   constexpr int NT = KT / 8;                  // score n-tiles per warp
   constexpr int ONT = D / 8;                  // output n-tiles
+  constexpr bool kQInSmem = q_in_smem<D>();
+  constexpr bool kAsync = kv_async<D, DT>();
+  constexpr int kBufs = kAsync ? 2 : 1;
   static_assert(KT * CH % kThreads == 0, "tile/thread mismatch");
 
   extern __shared__ __align__(16) uint16_t smem[];
-  uint16_t* sk = smem;
+  uint16_t* sk = smem;               // buffer 0; buffer 1 (kAsync) at + 2 * KT * PITCH
   uint16_t* sv = smem + KT * PITCH;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -78,9 +100,14 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams p
   const int kv_hi = cta_last_q + 1;
   const int tile_lo = kv_lo / KT * KT;
 
-  uint32_t qa[KS][4];
+  // Q fragments: in registers, or (D = 256, kQInSmem) in this warp's slice of
+  // shared memory in fragment order (one conflict-free 16-byte read per
+  // k-step), which frees 64 registers: D = 256 spilled with Q in registers.
+  uint32_t qa[kQInSmem ? 1 : KS][4];
+  uint4* sq = reinterpret_cast<uint4*>(smem + kBufs * 2 * KT * PITCH) + warp * KS * 32;
 #pragma unroll
-  for (int ks = 0; ks < KS; ++ks)
+  for (int ks = 0; ks < KS; ++ks) {
+    uint32_t f[4];
 #pragma unroll
     for (int half = 0; half < 2; ++half)
 #pragma unroll
@@ -92,8 +119,15 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams p
           x0 = load_act(p.q, off, p.q_bf16);
           x1 = load_act(p.q, off + 1, p.q_bf16);
         }
-        qa[ks][half * 2 + rr] = pack2<DT>(x0, x1);
+        f[half * 2 + rr] = pack2<DT>(x0, x1);
       }
+    if constexpr (kQInSmem) {
+      sq[ks * 32 + lane] = make_uint4(f[0], f[1], f[2], f[3]);  // read back by this thread only
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) qa[ks % (kQInSmem ? 1 : KS)][i] = f[i];
+    }
+  }
   const float ks_ = DT == kBf16 ? 1.0f : p.k_scale[p.k_scale_count == 1 ? 0 : kvh];
   const bool softcap = p.softcap > 0.0f;
   const float score_mul = softcap ? p.softmax_scale * ks_ / p.softcap : p.softmax_scale * ks_ * kLog2e;
@@ -104,7 +138,7 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams p
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
   // Register stage: this thread's chunks of the next K and V tile.
-  uint4 rk[LOADS], rv[LOADS];
+  uint4 rk[LOADS], rv[LOADS];  // unused (eliminated) when kAsync
   auto load_tile = [&](int j0) {
 #pragma unroll
     for (int i = 0; i < LOADS; ++i) {
@@ -147,26 +181,69 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams p
     }
   };
 
-  load_tile(tile_lo);
+  // kAsync: copies of tile j0 (one commit group per call) into buffer `buf`,
+  // zero-filled outside [kv_lo, kv_hi) (unwritten slots may hold NaN).
+  auto issue_tile = [&](int j0, int buf) {
+#pragma unroll
+    for (int i = 0; i < LOADS; ++i) {
+      const int c = tid + i * kThreads, key = c / CH, ch = c % CH, j = j0 + key;
+      const bool ok = j >= kv_lo && j < kv_hi;
+      int64_t off = 0;
+      if (ok) {
+        const int64_t blk = bt[j / p.block_size];
+        off = (blk * p.block_size + j % p.block_size) * row_bytes + head_off + ch * 16;
+      }
+      uint16_t* kb = sk + buf * 2 * KT * PITCH;
+      cp_async16_zfill(kb + key * PITCH + ch * 8, p.k_cache + off, ok);
+      cp_async16_zfill(kb + KT * PITCH + key * PITCH + ch * 8, p.v_cache + off, ok);
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  };
+
+  if constexpr (kAsync) issue_tile(tile_lo, 0);
+  else load_tile(tile_lo);
+  int buf = 0;
   for (int j0 = tile_lo; j0 < kv_hi; j0 += KT) {
     __syncthreads();  // previous tile's readers are done
-    store_tile();
+    if constexpr (kAsync) {
+      // Next tile into the other buffer (read two iterations ago), then wait
+      // for this one: its copies are in the older commit group.
+      if (j0 + KT < kv_hi) issue_tile(j0 + KT, buf ^ 1);
+      else asm volatile("cp.async.commit_group;" ::: "memory");
+      asm volatile("cp.async.wait_group 1;" ::: "memory");
+    } else {
+      store_tile();
+    }
     __syncthreads();
-    if (j0 + KT < kv_hi) load_tile(j0 + KT);  // in flight during the math below
+    if constexpr (!kAsync) {
+      if (j0 + KT < kv_hi) load_tile(j0 + KT);  // in flight during the math below
+    }
+    const uint16_t* skb = sk + buf * 2 * KT * PITCH;
+    const uint16_t* svb = sv + buf * 2 * KT * PITCH;
+    buf ^= kBufs - 1;
 
     float s[NT][4];
 #pragma unroll
     for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
-    for (int ks = 0; ks < KS; ++ks)
+    for (int ks = 0; ks < KS; ++ks) {
+      uint32_t q[4];
+      if constexpr (kQInSmem) {
+        const uint4 q4 = sq[ks * 32 + lane];
+        q[0] = q4.x; q[1] = q4.y; q[2] = q4.z; q[3] = q4.w;
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = qa[ks % (kQInSmem ? 1 : KS)][i];
+      }
 #pragma unroll
       for (int nb = 0; nb < NT / 2; ++nb) {
         uint32_t bk[4];
         const int mi = lane >> 3, row = lane & 7;
-        ldsm_x4(bk, sk + (nb * 16 + (mi >> 1) * 8 + row) * PITCH + ks * 16 + (mi & 1) * 8);
-        mma16816<DT>(s[2 * nb], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], bk[0], bk[1]);
-        mma16816<DT>(s[2 * nb + 1], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], bk[2], bk[3]);
+        ldsm_x4(bk, skb + (nb * 16 + (mi >> 1) * 8 + row) * PITCH + ks * 16 + (mi & 1) * 8);
+        mma16816<DT>(s[2 * nb], q[0], q[1], q[2], q[3], bk[0], bk[1]);
+        mma16816<DT>(s[2 * nb + 1], q[0], q[1], q[2], q[3], bk[2], bk[3]);
       }
+    }
     // Scale, mask (causal, window, range), online softmax per row.
     const bool full_tile = j0 >= kv_lo && j0 + KT - 1 <= qpos[0] &&
                            (p.window == 0 || qpos[1] - j0 < p.window) && qvalid[1];
@@ -217,7 +294,7 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams p
       for (int dn = 0; dn < ONT / 2; ++dn) {
         uint32_t bv[4];
         const int mi = lane >> 3, row = lane & 7;
-        ldsm_x4_t(bv, sv + (kk * 16 + (mi & 1) * 8 + row) * PITCH + dn * 16 + (mi >> 1) * 8);
+        ldsm_x4_t(bv, svb + (kk * 16 + (mi & 1) * 8 + row) * PITCH + dn * 16 + (mi >> 1) * 8);
         mma16816<DT>(o[2 * dn], a0, a1, a2, a3, bv[0], bv[1]);
         mma16816<DT>(o[2 * dn + 1], a0, a1, a2, a3, bv[2], bv[3]);
       }
@@ -249,7 +326,7 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams p
 
 template <int D, int DT>
 void launch_prefill_t(const PrefillParams& p, dim3 grid, cudaStream_t stream) {
-  constexpr int smem = 2 * kv_tile<D>() * (D + 8) * 2;
+  constexpr int smem = prefill_smem<D, DT>();
   static bool configured = false;
   if (!configured) {
     FP8KV_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<D, DT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
