@@ -109,14 +109,22 @@ class Gemm {
 };
 
 // Decode-shaped linear without cuBLASLt: y[T][N] = x[T][K] W[N][K]^T (+ bias)
-// (+ y when accumulate), bf16 inputs, fp32 accumulation (fmaf, per-lane
-// partial sums then a warp tree) and output, for 1 <= T <= kGemvMaxRows.
-// One warp per output column streams W once. gemv_bf16_fits: K % 8 == 0 and
+// (+ y when accumulate), bf16 inputs, fp32 accumulation and output, for
+// 1 <= T <= kGemvMaxRows; W is streamed once. gemv_bf16_fits: K % 8 == 0 and
 // 16-byte aligned x and W (else gemv_bf16 throws std::invalid_argument).
 constexpr int kGemvMaxRows = 8;
 bool gemv_bf16_fits(const uint16_t* x, int64_t T, const DeviceMatrix& W);
 void gemv_bf16(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y, bool accumulate,
                cudaStream_t stream);
+// The two kernels behind gemv_bf16 (same contract): one warp per output
+// column with fp32 fmaf (simt), or a block per 16 columns with bf16
+// mma.sync and K split over its 8 warps (mma). gemv_bf16 takes mma for
+// T >= kGemvMmaMinRows. bench_linear times both (docs/cuda_backend.md "GEMV").
+constexpr int kGemvMmaMinRows = 2;
+void gemv_bf16_simt(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y,
+                    bool accumulate, cudaStream_t stream);
+void gemv_bf16_mma(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y, bool accumulate,
+                   cudaStream_t stream);
 
 // ---- norms ----------------------------------------------------------------
 
