@@ -19,6 +19,29 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kUnroll = 4;
 
+// Both kernels are launched as programmatic dependents (PDL, as the decode
+// attention's reduce kernel): a block may start while the previous kernel
+// in the stream still runs (if that kernel triggered early: the norm and
+// activation kernels do, ops_norm.cu / ops_misc.cu), loads its first weight
+// tiles (W never depends on an earlier kernel), and only then waits for the
+// previous grids to complete and flush (griddepcontrol.wait) before it reads
+// x or y. Without an early trigger the wait returns at once after launch.
+__device__ __forceinline__ void wait_for_inputs() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+template <typename Kernel, typename... Args>
+void launch_pdl(Kernel kernel, unsigned blocks, unsigned threads, cudaStream_t stream, Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(blocks);
+  cfg.blockDim = dim3(threads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  FP8KV_CU(cudaLaunchKernelEx(&cfg, kernel, args...));
+}
+
 __device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float (&f)[8]) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -34,20 +57,28 @@ __global__ void __launch_bounds__(kWarps * 32)
                 float* __restrict__ y, int64_t N, int64_t K, bool accumulate) {
   const int lane = threadIdx.x & 31;
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  if (n >= N) return;
+  if (n >= N) {
+    wait_for_inputs();
+    return;
+  }
   const uint4* w = reinterpret_cast<const uint4*>(W + n * K);
   const int64_t chunks = K / 8;
   float acc[T];
 #pragma unroll
   for (int t = 0; t < T; ++t) acc[t] = 0.0f;
-  for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kUnroll) {
-    uint4 wv[kUnroll];
+  uint4 wv[kUnroll];
+  auto load_w = [&](int64_t c0) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t c = c0 + u * 32;
       // Streamed once: do not keep W in L1.
       wv[u] = c < chunks ? __ldcs(w + c) : make_uint4(0, 0, 0, 0);
     }
+  };
+  load_w(lane);
+  wait_for_inputs();
+  for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kUnroll) {
+    if (c0 != lane) load_w(c0);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t c = c0 + u * 32;
@@ -122,8 +153,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   const int64_t chunks = (K + 31) / 32;  // of 32 k; the last may be partial (K % 8 == 0)
   const int64_t k8 = K / 8;              // 16-byte pieces per row
   float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int64_t c0 = warp; c0 < chunks; c0 += kMmaWarps * kMmaUnroll) {
-    uint4 a[kMmaUnroll], b[kMmaUnroll], xv[kMmaUnroll];
+  uint4 a[kMmaUnroll], b[kMmaUnroll], xv[kMmaUnroll];
+  auto load_w = [&](int64_t c0) {
 #pragma unroll
     for (int u = 0; u < kMmaUnroll; ++u) {
       const int64_t c = c0 + static_cast<int64_t>(u) * kMmaWarps;
@@ -131,7 +162,17 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       const bool in = c < chunks && piece < k8;
       a[u] = in && ok0 ? __ldcs(w0 + piece) : zero;
       b[u] = in && ok1 ? __ldcs(w1 + piece) : zero;
-      xv[u] = in && okx ? __ldg(xr + piece) : zero;
+    }
+  };
+  load_w(warp);
+  wait_for_inputs();
+  for (int64_t c0 = warp; c0 < chunks; c0 += kMmaWarps * kMmaUnroll) {
+    if (c0 != warp) load_w(c0);
+#pragma unroll
+    for (int u = 0; u < kMmaUnroll; ++u) {
+      const int64_t c = c0 + static_cast<int64_t>(u) * kMmaWarps;
+      const int64_t piece = c * 4 + q;
+      xv[u] = c < chunks && piece < k8 && okx ? __ldg(xr + piece) : zero;
     }
 #pragma unroll
     for (int u = 0; u < kMmaUnroll; ++u) {
@@ -162,9 +203,8 @@ template <int T>
 void launch(const uint16_t* x, const DeviceMatrix& W, const float* bias, float* y, bool accumulate,
             cudaStream_t stream) {
   const int64_t blocks = (W.rows + kWarps - 1) / kWarps;
-  gemv_kernel<T><<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(x, W.data, bias, y, W.rows, W.cols,
-                                                                           accumulate);
-  FP8KV_CU_LAUNCH();
+  launch_pdl(gemv_kernel<T>, static_cast<unsigned>(blocks), kWarps * 32, stream, x, W.data, bias, y, W.rows, W.cols,
+             accumulate);
 }
 
 }  // namespace
@@ -198,9 +238,8 @@ void gemv_bf16_mma(const uint16_t* x, int64_t T, const DeviceMatrix& W, const fl
                    cudaStream_t stream) {
   check_fits("gemv_bf16_mma", x, T, W);
   const int64_t blocks = (W.rows + 15) / 16;
-  gemv_mma_kernel<<<static_cast<unsigned>(blocks), kMmaWarps * 32, 0, stream>>>(
-      x, W.data, bias, y, W.rows, W.cols, static_cast<int>(T), accumulate);
-  FP8KV_CU_LAUNCH();
+  launch_pdl(gemv_mma_kernel, static_cast<unsigned>(blocks), kMmaWarps * 32, stream, x, W.data, bias, y, W.rows,
+             W.cols, static_cast<int>(T), accumulate);
 }
 
 void gemv_bf16_simt(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y,

@@ -21,6 +21,8 @@ template <Activation A>
 __global__ void gated_act_kernel(const float* gate, const float* __restrict__ up, int64_t in_stride, int64_t rows,
                                  int64_t n, void* out, bool out_bf16) {
   const int64_t total = rows * n;
+  // Early trigger: the down GEMV (PDL) may prefetch weights (ops_gemv.cu).
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = idx / n, i = idx % n;

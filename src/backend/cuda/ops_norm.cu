@@ -40,6 +40,9 @@ __global__ void rmsnorm_residual_kernel(float* h, const float* __restrict__ delt
                                         int n, void* out, bool out_bf16) {
   __shared__ NormReduce::TempStorage tmp;
   __shared__ float bcast;
+  // The next kernel may be scheduled now (a PDL-launched GEMV prefetches its
+  // weights); it still waits for this grid to finish (ops_gemv.cu).
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int64_t r = blockIdx.x;
   float* hr = h + r * n;
   if (delta) {
@@ -76,6 +79,9 @@ __global__ void rmsnorm_residual_reg_kernel(float* h, const float* __restrict__ 
                                             float eps, int n, void* out, bool out_bf16) {
   __shared__ NormReduce::TempStorage tmp;
   __shared__ float bcast;
+  // The next kernel may be scheduled now (a PDL-launched GEMV prefetches its
+  // weights); it still waits for this grid to finish (ops_gemv.cu).
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int64_t r = blockIdx.x;
   float* hr = h + r * n;
   float hv[kPer];
