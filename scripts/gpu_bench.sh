@@ -7,7 +7,8 @@
 # table at the end.
 #   run(command="ln -sfn ../../.debs .debs; bash scripts/gpu_bench.sh", carry=[".debs"])
 # Which cases: ONLY="case1 case2" (names in CASES below); unset, the
-# DEFAULT_ONLY subset (the GEMV A/B at batch 1 and 8, ~4 min with the build);
+# DEFAULT_ONLY subset (the GEMV A/B at batch 1 and 8, ~4 min with the build;
+# cases past the budget are skipped);
 # ONLY=all runs every case (~6 min; raise BUDGET_S to 330).
 # Budget: BUDGET_S (default 240 s) covers everything: cases run in priority
 # order and a case that would start with less than its estimate left is
@@ -16,7 +17,7 @@
 # static cache + torch.compile, the lat_b1_1k shape: batch 1, 1024 in / 64
 # out), time-boxed to HF_PEER_S (default 150 s) on top of the budget;
 # NO_TESTS=1 skips the tests.
-DEFAULT_ONLY="lat_b1_1k_fp8 lat_b1_1k_fp8_gemv lat_b8_1k_fp8 lat_b8_1k_fp8_gemv"
+DEFAULT_ONLY="lat_b1_1k_fp8 lat_b1_1k_fp8_gemv lat_b1_1k_fp8_mma lat_b8_1k_fp8 lat_b8_1k_fp8_gemv"
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/fp8kv-out}
@@ -63,6 +64,7 @@ CASES=(
   "lat_b1_1k_fp8_eager|25|-|$L1K --kv-cache-dtype fp8 --enforce-eager"
   "lat_b1_1k_fp8|25|-|$L1K --kv-cache-dtype fp8"
   "lat_b1_1k_fp8_gemv|25|FP8KV_GEMV=8|$L1K --kv-cache-dtype fp8"
+  "lat_b1_1k_fp8_mma|25|FP8KV_GEMV=8 FP8KV_GEMV_MMA_MIN=1|$L1K --kv-cache-dtype fp8"
   "lat_b8_1k_fp8|25|-|$L8K --kv-cache-dtype fp8"
   "lat_b8_1k_fp8_gemv|25|FP8KV_GEMV=8|$L8K --kv-cache-dtype fp8"
   "lat_b1_1k_bf16|25|-|$L1K --kv-cache-dtype bf16"
@@ -153,6 +155,10 @@ for b in (1, 8):
     lt, v = get(f"lat_b{b}_1k_fp8", "decode_ms_per_step"), get(f"lat_b{b}_1k_fp8_gemv", "decode_ms_per_step")
     if lt and v:
         print(f"batch {b} 1K fp8 graphs: cuBLASLt {lt:.3f} ms/step, FP8KV_GEMV=8 {v:.3f} ms/step ({lt / v:.2f}x)")
+m = get("lat_b1_1k_fp8_mma", "decode_ms_per_step")
+lt = get("lat_b1_1k_fp8", "decode_ms_per_step")
+if m and lt:
+    print(f"batch 1 1K fp8 graphs: cuBLASLt {lt:.3f} ms/step, mma GEMV at T=1 {m:.3f} ms/step ({lt / m:.2f}x)")
 try:
     gj = json.load(open(os.path.join(out, "gemm.json")))
     us = {(c["shape"], c["t"], c["path"]): c["us"] for c in gj["cases"]}

@@ -6,6 +6,8 @@
 // reduction finishes the dot products. docs/cuda_backend.md "GEMV".
 #include <cuda_bf16.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -228,7 +230,13 @@ void check_fits(const char* what, const uint16_t* x, int64_t T, const DeviceMatr
 void gemv_bf16(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y, bool accumulate,
                cudaStream_t stream) {
   check_fits("gemv_bf16", x, T, W);
-  if (T >= kGemvMmaMinRows)
+  // FP8KV_GEMV_MMA_MIN=n (1..8) moves the simt / mma boundary, for the
+  // device A/B in scripts/gpu_bench.sh; read once.
+  static const int mma_min = [] {
+    const char* e = std::getenv("FP8KV_GEMV_MMA_MIN");
+    return e ? std::clamp(std::atoi(e), 1, kGemvMaxRows + 1) : kGemvMmaMinRows;
+  }();
+  if (T >= mma_min)
     gemv_bf16_mma(x, T, W, bias, y, accumulate, stream);
   else
     gemv_bf16_simt(x, T, W, bias, y, accumulate, stream);
