@@ -13,6 +13,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/ops_launch.cuh"
 
 namespace fp8kv::cuda {
 
@@ -21,27 +22,16 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kUnroll = 4;
 
-// Both kernels are launched as programmatic dependents (PDL, as the decode
-// attention's reduce kernel): a block may start while the previous kernel
-// in the stream still runs (if that kernel triggered early: the norm and
-// activation kernels do, ops_norm.cu / ops_misc.cu), loads its first weight
-// tiles (W never depends on an earlier kernel), and only then waits for the
-// previous grids to complete and flush (griddepcontrol.wait) before it reads
-// x or y. Without an early trigger the wait returns at once after launch.
-__device__ __forceinline__ void wait_for_inputs() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-
-template <typename Kernel, typename... Args>
-void launch_pdl(Kernel kernel, unsigned blocks, unsigned threads, cudaStream_t stream, Args... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(blocks);
-  cfg.blockDim = dim3(threads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  FP8KV_CU(cudaLaunchKernelEx(&cfg, kernel, args...));
+// Both kernels are launched as programmatic dependents (ops_launch.cuh): a
+// block may start while the previous kernel still runs (when that kernel
+// triggered early: the norm, RoPE and activation kernels do), loads its
+// first weight tiles (W never depends on an earlier kernel), and only then
+// waits (pdl_wait) before it reads x or y. After the wait it triggers its
+// own dependents (the next norm / RoPE / activation kernel, PDL-launched
+// with the GEMV on), which wait for this grid in turn.
+__device__ __forceinline__ void wait_for_inputs() {
+  pdl_wait();
+  pdl_trigger();
 }
 
 __device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float (&f)[8]) {
@@ -205,8 +195,8 @@ template <int T>
 void launch(const uint16_t* x, const DeviceMatrix& W, const float* bias, float* y, bool accumulate,
             cudaStream_t stream) {
   const int64_t blocks = (W.rows + kWarps - 1) / kWarps;
-  launch_pdl(gemv_kernel<T>, static_cast<unsigned>(blocks), kWarps * 32, stream, x, W.data, bias, y, W.rows, W.cols,
-             accumulate);
+  launch_pdl(true, gemv_kernel<T>, dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32), stream, x, W.data, bias, y,
+             W.rows, W.cols, accumulate);
 }
 
 }  // namespace
@@ -246,8 +236,8 @@ void gemv_bf16_mma(const uint16_t* x, int64_t T, const DeviceMatrix& W, const fl
                    cudaStream_t stream) {
   check_fits("gemv_bf16_mma", x, T, W);
   const int64_t blocks = (W.rows + 15) / 16;
-  launch_pdl(gemv_mma_kernel, static_cast<unsigned>(blocks), kMmaWarps * 32, stream, x, W.data, bias, y, W.rows,
-             W.cols, static_cast<int>(T), accumulate);
+  launch_pdl(true, gemv_mma_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kMmaWarps * 32), stream, x, W.data, bias,
+             y, W.rows, W.cols, static_cast<int>(T), accumulate);
 }
 
 void gemv_bf16_simt(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y,

@@ -10,6 +10,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/ops_launch.cuh"
 
 namespace fp8kv::cuda {
 
@@ -41,8 +42,10 @@ __global__ void rmsnorm_residual_kernel(float* h, const float* __restrict__ delt
   __shared__ NormReduce::TempStorage tmp;
   __shared__ float bcast;
   // The next kernel may be scheduled now (a PDL-launched GEMV prefetches its
-  // weights); it still waits for this grid to finish (ops_gemv.cu).
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  // weights); it still waits for this grid to finish (ops_launch.cuh). Then
+  // wait for the previous kernel's h / delta.
+  pdl_trigger();
+  pdl_wait();
   const int64_t r = blockIdx.x;
   float* hr = h + r * n;
   if (delta) {
@@ -80,8 +83,10 @@ __global__ void rmsnorm_residual_reg_kernel(float* h, const float* __restrict__ 
   __shared__ NormReduce::TempStorage tmp;
   __shared__ float bcast;
   // The next kernel may be scheduled now (a PDL-launched GEMV prefetches its
-  // weights); it still waits for this grid to finish (ops_gemv.cu).
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  // weights); it still waits for this grid to finish (ops_launch.cuh). Then
+  // wait for the previous kernel's h / delta.
+  pdl_trigger();
+  pdl_wait();
   const int64_t r = blockIdx.x;
   float* hr = h + r * n;
   float hv[kPer];
@@ -170,6 +175,8 @@ constexpr int kMaxHeadDim = 256;
 __global__ void qkv_prep_kernel(QkvPrepArgs a) {
   __shared__ float cs[kMaxHeadDim / 2], sn[kMaxHeadDim / 2];
   __shared__ float buf[kPrepWarps][kMaxHeadDim];
+  pdl_trigger();
+  pdl_wait();  // the qkv GEMV's output (ops_launch.cuh)
   const int t = blockIdx.x;
   const int D = a.head_dim, half = a.rot_dim / 2;
   if (a.inv_freq) {
@@ -245,16 +252,16 @@ void rmsnorm_residual(float* h, const float* delta, const float* delta_w, const 
   if (rows == 0) return;
   if (!h || !w || !out || n <= 0 || rows < 0 || (delta_w && !delta))
     throw std::invalid_argument("cuda::rmsnorm_residual: bad arguments");
-  const unsigned g = static_cast<unsigned>(rows);
+  const dim3 g(static_cast<unsigned>(rows)), b(kNormThreads);
+  const bool pdl = pdl_small_kernels();
   if (n <= 8 * kNormThreads)
-    rmsnorm_residual_reg_kernel<8><<<g, kNormThreads, 0, stream>>>(h, delta, delta_w, w, eps, n, out, out_bf16);
+    launch_pdl(pdl, rmsnorm_residual_reg_kernel<8>, g, b, stream, h, delta, delta_w, w, eps, n, out, out_bf16);
   else if (n <= 16 * kNormThreads)
-    rmsnorm_residual_reg_kernel<16><<<g, kNormThreads, 0, stream>>>(h, delta, delta_w, w, eps, n, out, out_bf16);
+    launch_pdl(pdl, rmsnorm_residual_reg_kernel<16>, g, b, stream, h, delta, delta_w, w, eps, n, out, out_bf16);
   else if (n <= 32 * kNormThreads)
-    rmsnorm_residual_reg_kernel<32><<<g, kNormThreads, 0, stream>>>(h, delta, delta_w, w, eps, n, out, out_bf16);
+    launch_pdl(pdl, rmsnorm_residual_reg_kernel<32>, g, b, stream, h, delta, delta_w, w, eps, n, out, out_bf16);
   else
-    rmsnorm_residual_kernel<<<g, kNormThreads, 0, stream>>>(h, delta, delta_w, w, eps, n, out, out_bf16);
-  FP8KV_CU_LAUNCH();
+    launch_pdl(pdl, rmsnorm_residual_kernel, g, b, stream, h, delta, delta_w, w, eps, n, out, out_bf16);
 }
 
 void rmsnorm_rows(const float* h, const int32_t* row_index, int num_rows, const float* w, float eps, int n,
@@ -279,8 +286,8 @@ void qkv_prep(const QkvPrepArgs& a, cudaStream_t stream) {
   // head's arithmetic is unchanged. Many tokens: one block per token.
   const int heads = a.num_q_heads + (a.k_in ? a.num_kv_heads : 0) + (a.v_in ? a.num_kv_heads : 0);
   const unsigned gy = a.T < 64 ? static_cast<unsigned>(std::max(1, (heads + kPrepWarps - 1) / kPrepWarps)) : 1u;
-  qkv_prep_kernel<<<dim3(static_cast<unsigned>(a.T), gy), kPrepWarps * 32, 0, stream>>>(a);
-  FP8KV_CU_LAUNCH();
+  launch_pdl(pdl_small_kernels(), qkv_prep_kernel, dim3(static_cast<unsigned>(a.T), gy), dim3(kPrepWarps * 32), stream,
+             a);
 }
 
 }  // namespace fp8kv::cuda
