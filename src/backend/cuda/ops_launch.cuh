@@ -13,6 +13,7 @@
 #include <cstdlib>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/ops.h"
 
 namespace fp8kv::cuda {
 
@@ -20,12 +21,12 @@ __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;"
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
 // The norm / RoPE / activation kernels are PDL-launched only with the GEMV
-// on (FP8KV_GEMV > 0: the GEMV kernels trigger early, cuBLASLt does not, so
-// without it PDL gains nothing there), until measured.
+// on (FP8KV_GEMV > 0, or kGemvDefaultRows > 0 without it): the GEMV kernels
+// trigger early, cuBLASLt does not, so without it PDL gains nothing there.
 inline bool pdl_small_kernels() {
   static const bool on = [] {
     const char* g = std::getenv("FP8KV_GEMV");
-    return g && std::atoi(g) > 0;
+    return g ? std::atoi(g) > 0 : kGemvDefaultRows > 0;
   }();
   return on;
 }
