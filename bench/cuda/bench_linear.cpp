@@ -1,9 +1,11 @@
 // cuBLASLt linear (cuda::Gemm, the CUDA backend's GEMM) at decode shapes:
 // how close a bf16 x bf16 -> fp32 GEMM with T = 1..32 rows comes to the copy
 // bandwidth, for the Llama-3.1-8B projections (fused qkv and gate|up, as the
-// CUDA backend runs them) and the LM head. Prints one line per (shape, T) and
-// the implied GEMM time of a decode step (32 layers + LM head), so the step's
-// other costs can be read off `fp8kv bench latency` (docs/cuda_backend.md).
+// CUDA backend runs them) and the LM head, next to the decode GEMV's two
+// kernels (ops.h gemv_bf16_simt / gemv_bf16_mma) at T = 1..8. Prints one
+// line per (shape, T, path) and the implied GEMM time of a decode step (32
+// layers + LM head) per (T, path), so the step's other costs can be read off
+// `fp8kv bench latency` (docs/cuda_backend.md).
 //   bench_linear [--json FILE]
 #include <cuda_runtime.h>
 
