@@ -79,7 +79,7 @@ void upload_f32(const std::vector<float>& host, DeviceBuffer& dst);
 // Decode GEMV (gemv_bf16 below): the most rows it takes, and how many a
 // Gemm routes to it when FP8KV_GEMV is not set (docs/cuda_backend.md "GEMV").
 constexpr int kGemvMaxRows = 8;
-constexpr int kGemvDefaultRows = 0;
+constexpr int kGemvDefaultRows = 1;
 
 // One cuBLASLt handle, a workspace, and a cache of matmul plans (descriptors
 // + heuristic algorithm) per shape and pointer alignment. Not thread-safe:
@@ -99,7 +99,8 @@ class Gemm {
 
   // Calls with T <= this many rows (and shapes gemv_bf16 takes) run
   // gemv_bf16 instead of cuBLASLt. Default: the environment variable
-  // FP8KV_GEMV (0..kGemvMaxRows), else kGemvDefaultRows (0: off until measured)
+  // FP8KV_GEMV (0..kGemvMaxRows), else kGemvDefaultRows (1: measured faster
+  // at T = 1 only, 2026-12-01)
   // (docs/cuda_backend.md "GEMV").
   void set_gemv_max_rows(int rows) { gemv_max_rows_ = rows; }
   int gemv_max_rows() const { return gemv_max_rows_; }
