@@ -1,22 +1,30 @@
 #!/usr/bin/env bash
-# GPU machine (repo root): build fp8kv + test_cuda_ops, run the CUDA op /
-# backend / graph tests, then `fp8kv bench` on the Llama-3.1-8B shape
-# (tests/data/configs/llama-3.1-8b, --load-format dummy), fp8 e4m3 vs bf16
-# cache; each case reports its floor (copy bandwidth measured in the same
-# run) and the fraction of it. Logs + JSON under $OUT; a table at the end.
+# GPU machine (repo root): build fp8kv + test_cuda_ops + bench_linear, run the
+# CUDA op / backend / graph tests, the cuBLASLt-vs-GEMV table (bench_linear),
+# then `fp8kv bench` on the Llama-3.1-8B shape (tests/data/configs/llama-3.1-8b,
+# --load-format dummy); each case reports its floor (copy bandwidth measured
+# in the same process) and the fraction of it. Logs + JSON under $OUT; a
+# table at the end.
 #   run(command="ln -sfn ../../.debs .debs; bash scripts/gpu_bench.sh", carry=[".debs"])
-# Budget: <= 6 min on the device (BUDGET_S, default 330 s, covers everything):
-# cases run in priority order and a case that would start with less than its
-# estimate left is skipped (printed as "skipped: budget").
-# Optional: HF_PEER=1 adds the transformers peer (static cache +
-# torch.compile, batch 1, 1K in / 32 out) if time is left; NO_TESTS=1 skips the tests;
-# ONLY="case1 case2" runs only those bench cases, e.g. the short GEMV check:
-#   ONLY="lat_b1_1k_fp8 lat_b1_1k_fp8_gemv" bash scripts/gpu_bench.sh  (~3 min with the build)
+# Which cases: ONLY="case1 case2" (names in CASES below); unset, the
+# DEFAULT_ONLY subset (the GEMV A/B at batch 1 and 8, ~4 min with the build;
+# cases past the budget are skipped);
+# ONLY=all runs every case (~6 min; raise BUDGET_S to 330).
+# Budget: BUDGET_S (default 240 s) covers everything: cases run in priority
+# order and a case that would start with less than its estimate left is
+# skipped (printed as "skipped: budget").
+# Optional: HF_PEER=1 adds the transformers peer (tools/bench_hf_peer.py:
+# static cache + torch.compile, the lat_b1_1k shape: batch 1, 1024 in / 64
+# out), time-boxed to HF_PEER_S (default 150 s) on top of the budget;
+# NO_TESTS=1 skips the tests.
+DEFAULT_ONLY="lat_b1_1k_fp8 lat_b1_1k_fp8_gemv lat_b1_1k_fp8_mma lat_b8_1k_fp8 lat_b8_1k_fp8_gemv"
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/fp8kv-out}
 mkdir -p "$OUT"
-BUDGET_S=${BUDGET_S:-330}
+BUDGET_S=${BUDGET_S:-240}
+ONLY=${ONLY:-$DEFAULT_ONLY}
+[ "$ONLY" = all ] && ONLY=""
 T0=$(date +%s)
 now() { echo $(( $(date +%s) - T0 )); }
 phase() { echo "== $1 ($(now) s)"; }
@@ -44,18 +52,22 @@ fi
 if [ -x $BUILD/bench/bench_linear ]; then
   phase gemm
   # cuBLASLt at decode shapes vs the copy bandwidth: how much of a step is GEMM.
-  timeout 60 $BUILD/bench/bench_linear --json "$OUT/gemm.json" 2>&1 | tee "$OUT/gemm.log" | head -24
+  timeout 60 $BUILD/bench/bench_linear --json "$OUT/gemm.json" 2>&1 | tee "$OUT/gemm.log" | grep -E "^copy|GEMMs of one"
 fi
 
 MODEL=tests/data/configs/llama-3.1-8b
 # name, estimated seconds (load + run), then the bench arguments.
 # name | estimated seconds (load + run) | environment (or -) | bench arguments.
 L1K="latency --batch-size 1 --input-len 1024 --output-len 64 --num-iters-warmup 1 --num-iters 2"
+L8K="latency --batch-size 8 --input-len 1024 --output-len 64 --num-iters-warmup 1 --num-iters 2"
 CASES=(
-  "lat_b1_1k_fp8_eager|25|-|$L1K --kv-cache-dtype fp8 --enforce-eager"
-  "lat_b1_1k_fp8|25|-|$L1K --kv-cache-dtype fp8"
-  "lat_b1_1k_fp8_gemv|25|FP8KV_GEMV=8|$L1K --kv-cache-dtype fp8"
-  "lat_b1_1k_bf16|25|-|$L1K --kv-cache-dtype bf16"
+  "lat_b1_1k_fp8_eager|35|-|$L1K --kv-cache-dtype fp8 --enforce-eager"
+  "lat_b1_1k_fp8|35|-|$L1K --kv-cache-dtype fp8"
+  "lat_b1_1k_fp8_gemv|35|FP8KV_GEMV=8|$L1K --kv-cache-dtype fp8"
+  "lat_b1_1k_fp8_mma|35|FP8KV_GEMV=8 FP8KV_GEMV_MMA_MIN=1|$L1K --kv-cache-dtype fp8"
+  "lat_b8_1k_fp8|35|-|$L8K --kv-cache-dtype fp8"
+  "lat_b8_1k_fp8_gemv|35|FP8KV_GEMV=8|$L8K --kv-cache-dtype fp8"
+  "lat_b1_1k_bf16|35|-|$L1K --kv-cache-dtype bf16"
   "ttft_8k_fp8|25|-|latency --batch-size 1 --input-len 8192 --output-len 2 --num-iters-warmup 1 --num-iters 3 --kv-cache-dtype fp8"
   "lat_b1_60k_fp8|40|-|latency --batch-size 1 --input-len 60000 --output-len 32 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8"
   "thr_256x1k_fp8|40|-|throughput --num-prompts 256 --input-len 1024 --output-len 128 --num-iters-warmup 0 --kv-cache-dtype fp8"
@@ -96,10 +108,12 @@ else
   echo "capacity check: no KV budget line in $L"
 fi
 
-if [ -n "${HF_PEER:-}" ] && [ "$(left)" -gt 120 ]; then
+if [ -n "${HF_PEER:-}" ]; then
   phase hf_peer
-  timeout $(( $(left) - 10 )) python3 tools/bench_hf_peer.py $MODEL --input-len 1024 --output-len 32 \
-    --json "$OUT/hf_peer.json" >"$OUT/hf_peer.log" 2>&1 || tail -5 "$OUT/hf_peer.log"
+  # The same shape as lat_b1_1k_*; torch.compile of the 8B model takes most
+  # of the time box.
+  timeout "${HF_PEER_S:-150}" python3 tools/bench_hf_peer.py $MODEL --input-len 1024 --output-len 64 \
+    --json "$OUT/hf_peer.json" >"$OUT/hf_peer.log" 2>&1 || { echo "hf peer: rc $?"; tail -5 "$OUT/hf_peer.log"; }
 fi
 
 phase table
@@ -109,9 +123,10 @@ out = sys.argv[1]
 # Paper floors for TTFT (not measured in this run): 2 x 7.5e9 non-embedding
 # parameters x tokens at the issue's ~790 TFLOP/s bf16.
 print(f"{'case':22} {'ms/step':>8} {'dec tok/s':>9} {'out tok/s':>9} {'TTFT ms':>8} {'GB/step':>8} {'GB/s':>6} {'copy':>6} {'floor':>6}")
+# (hf_peer: transformers static cache + torch.compile on the lat_b1_1k shape.)
 for f in sorted(glob.glob(os.path.join(out, "*.json"))):
     name = os.path.basename(f)[:-5]
-    if name in ("hf_peer", "gemm"):
+    if name == "gemm":
         continue
     try:
         j = json.load(open(f))
@@ -136,10 +151,27 @@ if t:
 e, g = get("lat_b1_1k_fp8_eager", "decode_ms_per_step"), get("lat_b1_1k_fp8", "decode_ms_per_step")
 if e and g:
     print(f"batch 1 1K fp8: eager {e:.3f} ms/step, graphs {g:.3f} ms/step ({e / g:.2f}x)")
-v = get("lat_b1_1k_fp8_gemv", "decode_ms_per_step")
-if g and v:
-    print(f"batch 1 1K fp8 graphs: cuBLASLt {g:.3f} ms/step, FP8KV_GEMV=8 {v:.3f} ms/step ({g / v:.2f}x)")
-if os.path.exists(os.path.join(out, "hf_peer.json")):
-    print("hf peer:", open(os.path.join(out, "hf_peer.json")).read()[:400])
+for b in (1, 8):
+    lt, v = get(f"lat_b{b}_1k_fp8", "decode_ms_per_step"), get(f"lat_b{b}_1k_fp8_gemv", "decode_ms_per_step")
+    if lt and v:
+        print(f"batch {b} 1K fp8 graphs: cuBLASLt {lt:.3f} ms/step, FP8KV_GEMV=8 {v:.3f} ms/step ({lt / v:.2f}x)")
+m = get("lat_b1_1k_fp8_mma", "decode_ms_per_step")
+lt = get("lat_b1_1k_fp8", "decode_ms_per_step")
+if m and lt:
+    print(f"batch 1 1K fp8 graphs: cuBLASLt {lt:.3f} ms/step, mma GEMV at T=1 {m:.3f} ms/step ({lt / m:.2f}x)")
+try:
+    gj = json.load(open(os.path.join(out, "gemm.json")))
+    us = {(c["shape"], c["t"], c["path"]): c["us"] for c in gj["cases"]}
+    for t in sorted({k[1] for k in us}):
+        for path in ("simt", "mma"):
+            row = [f"{sh} {us[(sh, t, 'lt')] / us[(sh, t, path)]:.2f}x" for sh in ("qkv", "o_proj", "gate_up", "down", "lm_head")
+                   if (sh, t, "lt") in us and (sh, t, path) in us]
+            if row:
+                print(f"GEMV {path:4} speed-up over cuBLASLt (us_lt / us), T={t}: " + ", ".join(row))
+except Exception as e:
+    print("gemm.json:", e)
+h = get("hf_peer", "decode_ms_per_step")
+if h and g:
+    print(f"batch 1 1K: fp8kv fp8 {1e3 / g:.1f} tok/s vs HF static+compile {1e3 / h:.1f} tok/s ({h / g:.2f}x)")
 EOF
 phase done

@@ -1,9 +1,11 @@
 // cuBLASLt linear (cuda::Gemm, the CUDA backend's GEMM) at decode shapes:
 // how close a bf16 x bf16 -> fp32 GEMM with T = 1..32 rows comes to the copy
 // bandwidth, for the Llama-3.1-8B projections (fused qkv and gate|up, as the
-// CUDA backend runs them) and the LM head. Prints one line per (shape, T) and
-// the implied GEMM time of a decode step (32 layers + LM head), so the step's
-// other costs can be read off `fp8kv bench latency` (docs/cuda_backend.md).
+// CUDA backend runs them) and the LM head, next to the decode GEMV's two
+// kernels (ops.h gemv_bf16_simt / gemv_bf16_mma) at T = 1..8. Prints one
+// line per (shape, T, path) and the implied GEMM time of a decode step (32
+// layers + LM head) per (T, path), so the step's other costs can be read off
+// `fp8kv bench latency` (docs/cuda_backend.md).
 //   bench_linear [--json FILE]
 #include <cuda_runtime.h>
 
@@ -44,8 +46,12 @@ int main(int argc, char** argv) {
                           {"gate_up", 28672, 4096, 32},
                           {"down", 4096, 14336, 32},
                           {"lm_head", 128256, 4096, 1}};
-  // (T, gemv): cuBLASLt at 1, 8, 32 rows; the decode GEMV (ops.h gemv_bf16) at 1 and 8.
-  const std::pair<int, bool> Ts[] = {{1, false}, {1, true}, {8, false}, {8, true}, {32, false}};
+  // (T, path): cuBLASLt ("lt") at 1, 2, 4, 8, 32 rows; the decode GEMV's two
+  // kernels (ops.h gemv_bf16_simt / gemv_bf16_mma) at 1, 2, 4 and 8 (where
+  // each stops winning, if it does).
+  const std::pair<int, const char*> Ts[] = {{1, "lt"},   {1, "simt"}, {1, "mma"}, {2, "lt"},  {2, "simt"},
+                                            {2, "mma"},  {4, "lt"},   {4, "simt"}, {4, "mma"}, {8, "lt"},
+                                            {8, "simt"}, {8, "mma"},  {32, "lt"}};
   cudaStream_t st;
   FP8KV_CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   cuda::Gemm gemm;
@@ -68,19 +74,27 @@ int main(int argc, char** argv) {
   FILE* jf = json ? std::fopen(json, "w") : nullptr;
   if (jf) std::fprintf(jf, "{\"copy_gbps\": %.1f, \"cases\": [\n", copy / 1e9);
   bool first = true;
-  for (auto [T, use_gemv] : Ts) {
-    gemm.set_gemv_max_rows(use_gemv ? cuda::kGemvMaxRows : 0);
-    const char* path = use_gemv ? "gemv" : "lt";
+  gemm.set_gemv_max_rows(0);
+  for (auto [T, path] : Ts) {
+    const std::string p = path;
     double step_us = 0;
     for (size_t i = 0; i < std::size(shapes); ++i) {
       const Shape& s = shapes[i];
       const cuda::DeviceMatrix W{w[i].as<const uint16_t>(), s.n, s.k};
-      for (int r = 0; r < 3; ++r) gemm.linear(x.as<uint16_t>(), T, W, nullptr, y.as<float>(), false, st);
+      auto run = [&, T = T] {
+        if (p == "simt")
+          cuda::gemv_bf16_simt(x.as<uint16_t>(), T, W, nullptr, y.as<float>(), false, st);
+        else if (p == "mma")
+          cuda::gemv_bf16_mma(x.as<uint16_t>(), T, W, nullptr, y.as<float>(), false, st);
+        else
+          gemm.linear(x.as<uint16_t>(), T, W, nullptr, y.as<float>(), false, st);
+      };
+      for (int r = 0; r < 3; ++r) run();
       const int reps = 20;
       std::vector<float> ms;
       for (int rep = 0; rep < 5; ++rep) {
         FP8KV_CU(cudaEventRecord(e0, st));
-        for (int r = 0; r < reps; ++r) gemm.linear(x.as<uint16_t>(), T, W, nullptr, y.as<float>(), false, st);
+        for (int r = 0; r < reps; ++r) run();
         FP8KV_CU(cudaEventRecord(e1, st));
         FP8KV_CU(cudaEventSynchronize(e1));
         float t = 0;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <string>
 
 #include "backend/cpu/ops.h"
 #include "cuda_ops_util.h"
@@ -21,10 +22,13 @@ using namespace cudaops_test;
 // y = x W^T (+ b) (+ y0). Both sides see bf16-exact x and W; fp32 accumulation
 // in any order differs from exact by <= K u sum|x w| each (Higham), so
 // |gpu - cpu| <= 2 (K + 2) u (sum|x w| + |b| + |y0|).
+// kernel: "" = through cuda::Gemm (cuBLASLt, or gemv_bf16 for T <= gemv_rows),
+// "simt" / "mma" = that GEMV kernel called directly.
 void check_linear(std::mt19937_64& rng, int T, int N, int K, bool bias, bool accumulate, bool f32_weights,
-                  int gemv_rows = 0) {
+                  int gemv_rows = 0, const std::string& kernel = "") {
   SCOPED_TRACE(::testing::Message() << "T=" << T << " N=" << N << " K=" << K << " bias=" << bias
-                                    << " acc=" << accumulate << " f32w=" << f32_weights << " gemv=" << gemv_rows);
+                                    << " acc=" << accumulate << " f32w=" << f32_weights << " gemv=" << gemv_rows
+                                    << " kernel=" << kernel);
   std::vector<float> x = from_bf16(to_bf16(randn(rng, static_cast<size_t>(T) * K, 1.0f)));
   std::vector<float> w = randn(rng, static_cast<size_t>(N) * K, 0.05f);
   std::vector<float> b = bias ? randn(rng, N, 0.5f) : std::vector<float>();
@@ -39,7 +43,13 @@ void check_linear(std::mt19937_64& rng, int T, int N, int K, bool bias, bool acc
   auto dy = to_device(y0);
   cuda::Gemm gemm;
   gemm.set_gemv_max_rows(gemv_rows);
-  gemm.linear(dx.as<uint16_t>(), T, W, bias ? db.as<float>() : nullptr, dy.as<float>(), accumulate, nullptr);
+  const float* bp = bias ? db.as<float>() : nullptr;
+  if (kernel == "simt")
+    cuda::gemv_bf16_simt(dx.as<uint16_t>(), T, W, bp, dy.as<float>(), accumulate, nullptr);
+  else if (kernel == "mma")
+    cuda::gemv_bf16_mma(dx.as<uint16_t>(), T, W, bp, dy.as<float>(), accumulate, nullptr);
+  else
+    gemm.linear(dx.as<uint16_t>(), T, W, bp, dy.as<float>(), accumulate, nullptr);
   const auto y = to_host<float>(dy, static_cast<size_t>(T) * N);
 
   std::vector<float> ref(static_cast<size_t>(T) * N);
@@ -83,6 +93,16 @@ TEST(CudaOps, LinearGemvMatchesCpu) {
   check_linear(rng, 5, 77, 4104, true, false, false, cuda::kGemvMaxRows);
   check_linear(rng, 1, 3000, 64, false, false, false, cuda::kGemvMaxRows);
   check_linear(rng, 9, 200, 320, true, false, false, cuda::kGemvMaxRows);  // > kGemvMaxRows: cuBLASLt
+  // Each kernel on its own at every T: N not a multiple of the mma's 16
+  // columns, K not a multiple of its 32-k chunk (4104 = 128 x 32 + 8) or of
+  // the 8-warp x 4-unroll stride, and an 8B-like K.
+  for (const std::string kernel : {"simt", "mma"})
+    for (int T = 1; T <= cuda::kGemvMaxRows; ++T) {
+      check_linear(rng, T, 200, 320, T % 2 == 1, T % 3 == 0, false, 0, kernel);
+      check_linear(rng, T, 77, 4104, true, true, false, 0, kernel);
+      check_linear(rng, T, 40, 4096, false, false, false, 0, kernel);
+    }
+  check_linear(rng, 3, 24, 8, true, false, false, 0, "mma");  // K = 8: one partial chunk
   EXPECT_FALSE(cuda::gemv_bf16_fits(reinterpret_cast<const uint16_t*>(256), 1, cuda::DeviceMatrix{nullptr, 4, 12}));
 }
 
@@ -129,7 +149,9 @@ void check_rmsnorm(std::mt19937_64& rng, int rows, int n, bool delta, bool delta
 TEST(CudaOps, RmsNormResidualMatchesCpu) {
   FP8KV_NEED_GPU();
   std::mt19937_64 rng(test_seed());
-  for (int n : {64, 1000, 4096}) {
+  // 64 .. 8192: the register kernel (8, 16, 32 elements per thread); 9000:
+  // the loop kernel.
+  for (int n : {64, 1000, 2049, 4096, 8192, 9000}) {
     check_rmsnorm(rng, 7, n, false, false);
     check_rmsnorm(rng, 7, n, true, false);
     check_rmsnorm(rng, 7, n, true, true);
@@ -164,10 +186,12 @@ TEST(CudaOps, RmsNormRowsGathers) {
 // Per head, s = max |x| after the norm. Norm: (D + 8) u relative. Rope: each
 // output is a*c -/+ b*s: 3 roundings of terms <= s, plus cos/sin in double
 // rounded to float (host libm vs CUDA: <= 1 ulp apart) -> (D + 16) 2^-23 s.
-void check_qkv(std::mt19937_64& rng, int D, const RopeParams& rp, bool norm, bool fused) {
+// T < 64 spreads the heads over blocks of 8 warps (T = 3 with 34 heads: 5
+// head groups, the last one partial); T >= 64 runs one block per token.
+void check_qkv(std::mt19937_64& rng, int D, const RopeParams& rp, bool norm, bool fused, int T = 9, int Hq = 4) {
   SCOPED_TRACE(::testing::Message() << "D=" << D << " rope=" << rp.type << " partial=" << rp.partial_rotary_factor
-                                    << " norm=" << norm << " fused=" << fused);
-  const int T = 9, Hq = 4, Hkv = 2, max_pos = 8192;
+                                    << " norm=" << norm << " fused=" << fused << " T=" << T << " Hq=" << Hq);
+  const int Hkv = 2, max_pos = 8192;
   const RopeTable rope(rp, D, max_pos);
   std::uniform_int_distribution<int> pd(0, max_pos - 1);
   std::vector<int32_t> pos(T);
@@ -275,6 +299,11 @@ TEST(CudaOps, QkvPrepMatchesCpuForEveryRopeType) {
   for (int D : {64, 128, 256})
     for (const RopeParams* rp : {&def, &lin, &l3, &yarn, &dyn, &partial})
       for (bool norm : {false, true}) check_qkv(rng, D, *rp, norm, D == 128);
+  for (bool fused : {false, true}) {
+    check_qkv(rng, 128, l3, true, fused, 3, 30);
+    check_qkv(rng, 128, l3, true, fused, 1, 32);
+    check_qkv(rng, 64, def, false, fused, 70, 30);
+  }
 }
 
 // ---- gated activation ------------------------------------------------------------

@@ -76,6 +76,11 @@ void upload_f32(const std::vector<float>& host, DeviceBuffer& dst);
 
 // ---- linear (cuBLASLt) ----------------------------------------------------
 
+// Decode GEMV (gemv_bf16 below): the most rows it takes, and how many a
+// Gemm routes to it when FP8KV_GEMV is not set (docs/cuda_backend.md "GEMV").
+constexpr int kGemvMaxRows = 8;
+constexpr int kGemvDefaultRows = 1;
+
 // One cuBLASLt handle, a workspace, and a cache of matmul plans (descriptors
 // + heuristic algorithm) per shape and pointer alignment. Not thread-safe:
 // one Gemm per stream.
@@ -94,7 +99,8 @@ class Gemm {
 
   // Calls with T <= this many rows (and shapes gemv_bf16 takes) run
   // gemv_bf16 instead of cuBLASLt. Default: the environment variable
-  // FP8KV_GEMV (0..kGemvMaxRows), else 0 (off) until measured
+  // FP8KV_GEMV (0..kGemvMaxRows), else kGemvDefaultRows (1: measured faster
+  // at T = 1 only, 2026-12-01)
   // (docs/cuda_backend.md "GEMV").
   void set_gemv_max_rows(int rows) { gemv_max_rows_ = rows; }
   int gemv_max_rows() const { return gemv_max_rows_; }
@@ -105,18 +111,25 @@ class Gemm {
   void* handle_ = nullptr;  // cublasLtHandle_t
   DeviceBuffer workspace_;
   std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int, int, int>, Plan*> plans_;
-  int gemv_max_rows_ = 0;
+  int gemv_max_rows_ = kGemvDefaultRows;
 };
 
 // Decode-shaped linear without cuBLASLt: y[T][N] = x[T][K] W[N][K]^T (+ bias)
-// (+ y when accumulate), bf16 inputs, fp32 accumulation (fmaf, per-lane
-// partial sums then a warp tree) and output, for 1 <= T <= kGemvMaxRows.
-// One warp per output column streams W once. gemv_bf16_fits: K % 8 == 0 and
+// (+ y when accumulate), bf16 inputs, fp32 accumulation and output, for
+// 1 <= T <= kGemvMaxRows; W is streamed once. gemv_bf16_fits: K % 8 == 0 and
 // 16-byte aligned x and W (else gemv_bf16 throws std::invalid_argument).
-constexpr int kGemvMaxRows = 8;
 bool gemv_bf16_fits(const uint16_t* x, int64_t T, const DeviceMatrix& W);
 void gemv_bf16(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y, bool accumulate,
                cudaStream_t stream);
+// The two kernels behind gemv_bf16 (same contract): one warp per output
+// column with fp32 fmaf (simt), or a block per 16 columns with bf16
+// mma.sync and K split over its 8 warps (mma). gemv_bf16 takes mma for
+// T >= kGemvMmaMinRows. bench_linear times both (docs/cuda_backend.md "GEMV").
+constexpr int kGemvMmaMinRows = 2;
+void gemv_bf16_simt(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y,
+                    bool accumulate, cudaStream_t stream);
+void gemv_bf16_mma(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y, bool accumulate,
+                   cudaStream_t stream);
 
 // ---- norms ----------------------------------------------------------------
 

@@ -7,6 +7,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/ops_launch.cuh"
 
 namespace fp8kv::cuda {
 
@@ -21,6 +22,10 @@ template <Activation A>
 __global__ void gated_act_kernel(const float* gate, const float* __restrict__ up, int64_t in_stride, int64_t rows,
                                  int64_t n, void* out, bool out_bf16) {
   const int64_t total = rows * n;
+  // Early trigger: the down GEMV (PDL) may prefetch weights; then wait for
+  // the gate|up GEMV's output (ops_launch.cuh).
+  pdl_trigger();
+  pdl_wait();
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = idx / n, i = idx % n;
@@ -149,19 +154,20 @@ void gated_act(Activation act, const float* gate, const float* up, int64_t in_st
   if (rows * n == 0) return;
   if (!gate || !up || !out || rows < 0 || n < 0 || in_stride < n)
     throw std::invalid_argument("cuda::gated_act: bad arguments");
-  const unsigned g = grid_for(rows * n, 256);
+  const dim3 g(grid_for(rows * n, 256)), b(256);
+  const bool pdl = pdl_small_kernels();
   switch (act) {
     case Activation::silu:
-      gated_act_kernel<Activation::silu><<<g, 256, 0, stream>>>(gate, up, in_stride, rows, n, out, out_bf16);
+      launch_pdl(pdl, gated_act_kernel<Activation::silu>, g, b, stream, gate, up, in_stride, rows, n, out, out_bf16);
       break;
     case Activation::gelu_tanh:
-      gated_act_kernel<Activation::gelu_tanh><<<g, 256, 0, stream>>>(gate, up, in_stride, rows, n, out, out_bf16);
+      launch_pdl(pdl, gated_act_kernel<Activation::gelu_tanh>, g, b, stream, gate, up, in_stride, rows, n, out,
+                 out_bf16);
       break;
     case Activation::gelu:
-      gated_act_kernel<Activation::gelu><<<g, 256, 0, stream>>>(gate, up, in_stride, rows, n, out, out_bf16);
+      launch_pdl(pdl, gated_act_kernel<Activation::gelu>, g, b, stream, gate, up, in_stride, rows, n, out, out_bf16);
       break;
   }
-  FP8KV_CU_LAUNCH();
 }
 
 void to_bf16_rows(const float* src, const int32_t* row_index, int64_t rows, int64_t cols, uint16_t* dst,

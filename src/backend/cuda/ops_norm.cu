@@ -3,12 +3,14 @@
 // explicit IEEE mul/add (no contraction) where the CPU has none.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cub/block/block_reduce.cuh>
 #include <stdexcept>
 #include <string>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/ops_launch.cuh"
 
 namespace fp8kv::cuda {
 
@@ -39,6 +41,11 @@ __global__ void rmsnorm_residual_kernel(float* h, const float* __restrict__ delt
                                         int n, void* out, bool out_bf16) {
   __shared__ NormReduce::TempStorage tmp;
   __shared__ float bcast;
+  // The next kernel may be scheduled now (a PDL-launched GEMV prefetches its
+  // weights); it still waits for this grid to finish (ops_launch.cuh). Then
+  // wait for the previous kernel's h / delta.
+  pdl_trigger();
+  pdl_wait();
   const int64_t r = blockIdx.x;
   float* hr = h + r * n;
   if (delta) {
@@ -62,6 +69,91 @@ __global__ void rmsnorm_residual_kernel(float* h, const float* __restrict__ delt
   }
 }
 
+// The same arithmetic as rmsnorm_residual_kernel, with the row held in
+// registers: thread j owns elements j, j + 256, ... (the loop kernel's
+// assignment, so each thread's fp32 sums and the block reduction see the same
+// values in the same order: bitwise the same output), and every load of the
+// row is issued at once instead of once per pass. At decode (one row of 4096
+// per token) the loop kernel is three dependent passes of 16 loads each on
+// one SM; this is one round trip per pass. n <= kPer * kNormThreads.
+template <int kPer>
+__global__ void rmsnorm_residual_reg_kernel(float* h, const float* __restrict__ delta,
+                                            const float* __restrict__ delta_w, const float* __restrict__ w,
+                                            float eps, int n, void* out, bool out_bf16) {
+  __shared__ NormReduce::TempStorage tmp;
+  __shared__ float bcast;
+  // The next kernel may be scheduled now (a PDL-launched GEMV prefetches its
+  // weights); it still waits for this grid to finish (ops_launch.cuh). Then
+  // wait for the previous kernel's h / delta.
+  pdl_trigger();
+  pdl_wait();
+  const int64_t r = blockIdx.x;
+  float* hr = h + r * n;
+  float hv[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = threadIdx.x + j * kNormThreads;
+    hv[j] = i < n ? hr[i] : 0.0f;
+  }
+  if (delta) {
+    const float* dr = delta + r * n;
+    float dv[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = threadIdx.x + j * kNormThreads;
+      dv[j] = i < n ? dr[i] : 0.0f;
+    }
+    if (delta_w) {
+      float ss = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kPer; ++j)
+        if (threadIdx.x + j * kNormThreads < n) ss += dv[j] * dv[j];
+      const float total = NormReduce(tmp).Sum(ss);
+      if (threadIdx.x == 0) bcast = total;
+      __syncthreads();
+      const float inv = inv_rms(bcast, n, eps);
+      __syncthreads();  // tmp / bcast reused below
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        const int i = threadIdx.x + j * kNormThreads;
+        if (i < n) hv[j] = __fadd_rn(hv[j], __fmul_rn(__fmul_rn(dv[j], inv), delta_w[i]));
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) hv[j] = __fadd_rn(hv[j], dv[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = threadIdx.x + j * kNormThreads;
+      if (i < n) hr[i] = hv[j];
+    }
+  }
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j)
+    if (threadIdx.x + j * kNormThreads < n) ss += hv[j] * hv[j];
+  const float total = NormReduce(tmp).Sum(ss);
+  if (threadIdx.x == 0) bcast = total;
+  __syncthreads();
+  const float inv = inv_rms(bcast, n, eps);
+  // out may alias h: h's element i was written above by this same thread.
+  if (out_bf16) {
+    __nv_bfloat16* o = static_cast<__nv_bfloat16*>(out) + r * n;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = threadIdx.x + j * kNormThreads;
+      if (i < n) o[i] = __float2bfloat16_rn(__fmul_rn(__fmul_rn(hv[j], inv), w[i]));
+    }
+  } else {
+    float* o = static_cast<float*>(out) + r * n;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = threadIdx.x + j * kNormThreads;
+      if (i < n) o[i] = __fmul_rn(__fmul_rn(hv[j], inv), w[i]);
+    }
+  }
+}
+
 __global__ void rmsnorm_rows_kernel(const float* __restrict__ h, const int32_t* __restrict__ row_index,
                                     const float* __restrict__ w, float eps, int n, __nv_bfloat16* __restrict__ out) {
   __shared__ NormReduce::TempStorage tmp;
@@ -78,11 +170,13 @@ __global__ void rmsnorm_rows_kernel(const float* __restrict__ h, const int32_t* 
 constexpr int kPrepWarps = 8;
 constexpr int kMaxHeadDim = 256;
 
-// One block per token; cos/sin for the token in shared memory, then one warp
-// per head (q heads, then k heads, then v heads).
+// One block per token and head group (blockIdx.y); cos/sin for the token in
+// shared memory, then one warp per head (q heads, then k heads, then v heads).
 __global__ void qkv_prep_kernel(QkvPrepArgs a) {
   __shared__ float cs[kMaxHeadDim / 2], sn[kMaxHeadDim / 2];
   __shared__ float buf[kPrepWarps][kMaxHeadDim];
+  pdl_trigger();
+  pdl_wait();  // the qkv GEMV's output (ops_launch.cuh)
   const int t = blockIdx.x;
   const int D = a.head_dim, half = a.rot_dim / 2;
   if (a.inv_freq) {
@@ -99,7 +193,7 @@ __global__ void qkv_prep_kernel(QkvPrepArgs a) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int nq = a.num_q_heads, nk = a.k_in ? a.num_kv_heads : 0, nv = a.v_in ? a.num_kv_heads : 0;
   float* sb = buf[warp];
-  for (int hh = warp; hh < nq + nk + nv; hh += kPrepWarps) {
+  for (int hh = blockIdx.y * kPrepWarps + warp; hh < nq + nk + nv; hh += gridDim.y * kPrepWarps) {
     const float* in;
     float* out;
     const float* nw;
@@ -158,9 +252,16 @@ void rmsnorm_residual(float* h, const float* delta, const float* delta_w, const 
   if (rows == 0) return;
   if (!h || !w || !out || n <= 0 || rows < 0 || (delta_w && !delta))
     throw std::invalid_argument("cuda::rmsnorm_residual: bad arguments");
-  rmsnorm_residual_kernel<<<static_cast<unsigned>(rows), kNormThreads, 0, stream>>>(
-      h, delta, delta_w, w, eps, n, out, out_bf16);
-  FP8KV_CU_LAUNCH();
+  const dim3 g(static_cast<unsigned>(rows)), b(kNormThreads);
+  const bool pdl = pdl_small_kernels();
+  if (n <= 8 * kNormThreads)
+    launch_pdl(pdl, rmsnorm_residual_reg_kernel<8>, g, b, stream, h, delta, delta_w, w, eps, n, out, out_bf16);
+  else if (n <= 16 * kNormThreads)
+    launch_pdl(pdl, rmsnorm_residual_reg_kernel<16>, g, b, stream, h, delta, delta_w, w, eps, n, out, out_bf16);
+  else if (n <= 32 * kNormThreads)
+    launch_pdl(pdl, rmsnorm_residual_reg_kernel<32>, g, b, stream, h, delta, delta_w, w, eps, n, out, out_bf16);
+  else
+    launch_pdl(pdl, rmsnorm_residual_kernel, g, b, stream, h, delta, delta_w, w, eps, n, out, out_bf16);
 }
 
 void rmsnorm_rows(const float* h, const int32_t* row_index, int num_rows, const float* w, float eps, int n,
@@ -180,8 +281,13 @@ void qkv_prep(const QkvPrepArgs& a, cudaStream_t stream) {
                                 ", at most " + std::to_string(kMaxHeadDim) + ")");
   if (a.inv_freq && (a.rot_dim <= 0 || a.rot_dim > a.head_dim || a.rot_dim % 2 || !a.positions))
     throw std::invalid_argument("cuda::qkv_prep: bad rope rot_dim " + std::to_string(a.rot_dim));
-  qkv_prep_kernel<<<a.T, kPrepWarps * 32, 0, stream>>>(a);
-  FP8KV_CU_LAUNCH();
+  // Few tokens (decode): the heads are spread over blocks (one warp per
+  // head) instead of 8 warps walking all heads of a token on one SM; each
+  // head's arithmetic is unchanged. Many tokens: one block per token.
+  const int heads = a.num_q_heads + (a.k_in ? a.num_kv_heads : 0) + (a.v_in ? a.num_kv_heads : 0);
+  const unsigned gy = a.T < 64 ? static_cast<unsigned>(std::max(1, (heads + kPrepWarps - 1) / kPrepWarps)) : 1u;
+  launch_pdl(pdl_small_kernels(), qkv_prep_kernel, dim3(static_cast<unsigned>(a.T), gy), dim3(kPrepWarps * 32), stream,
+             a);
 }
 
 }  // namespace fp8kv::cuda

@@ -1,0 +1,53 @@
+// Programmatic dependent launch (PDL) for the forward ops (ops_*.cu): a
+// kernel launched with launch_pdl may be scheduled while the previous kernel
+// in the stream still runs, once that kernel has executed pdl_trigger() in
+// every block (or finished). Every such kernel calls pdl_wait() before it
+// reads anything an earlier kernel wrote: the wait returns when the previous
+// grids have completed and their writes are visible (at once when the kernel
+// was launched normally). A trigger is ignored when the next kernel is not
+// PDL-launched (cuBLASLt, the store). docs/cuda_backend.md "GEMV".
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/ops.h"
+
+namespace fp8kv::cuda {
+
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+// The norm / RoPE / activation kernels are PDL-launched only with the GEMV
+// on (FP8KV_GEMV > 0, or kGemvDefaultRows > 0 without it): the GEMV kernels
+// trigger early, cuBLASLt does not, so without it PDL gains nothing there.
+inline bool pdl_small_kernels() {
+  static const bool on = [] {
+    const char* g = std::getenv("FP8KV_GEMV");
+    return g ? std::atoi(g) > 0 : kGemvDefaultRows > 0;
+  }();
+  return on;
+}
+
+template <typename... KArgs, typename... Args>
+void launch_pdl(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t stream, Args... args) {
+  if (!pdl) {
+    kernel<<<grid, block, 0, stream>>>(args...);
+    FP8KV_CU_LAUNCH();
+    return;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  FP8KV_CU(cudaLaunchKernelEx(&cfg, kernel, args...));
+}
+
+}  // namespace fp8kv::cuda
