@@ -555,7 +555,8 @@ void CudaBackend::attention(const StepBatch& b, int layer, const Tensor& q, Tens
     a.q_dtype = cuda::ActDtype::f32;
     a.out = op;
     a.out_dtype = odt;
-    a.plan = cuda::plan_decode(s.num_decodes, Hq, Hkv, D, s.decode_plan_context, window, cuda::device_sm_count());
+    a.plan = cuda::plan_decode(s.num_decodes, Hq, Hkv, D, s.decode_plan_context, window, cuda::device_sm_count(),
+                               /*split_tokens=*/0, /*ctas_per_sm=*/0, layout_.dtype);
     grow(decode_ws_, std::max<size_t>(a.plan.workspace_bytes, 16));
     a.workspace = decode_ws_.get();
     cuda::paged_decode(a, stream_);
