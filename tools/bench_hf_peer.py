@@ -9,7 +9,11 @@ built from a config directory alone (no checkpoint needed), on the GPU machine.
 Method (docs/bench.md): the model is created on the GPU in bf16 with random
 normal weights (std 0.02); prompts are random ids; generation is greedy with
 EOS ignored (min_new_tokens = max_new_tokens), cache_implementation="static",
-forward compiled with mode="reduce-overhead" (HF's documented recipe).
+and generate()'s own compilation of the decode step (transformers >= 4.48 compiles
+it when the cache is static: CompileConfig, mode "reduce-overhead"). Wrapping
+model.forward in torch.compile by hand, the older recipe, fails under
+transformers 5.17 / torch 2.11 ("accessing tensor output of CUDAGraphs that
+has been overwritten", 2026-12-01), so it is not done.
 Warm-up generations compile the graphs; then, per timed iteration, a
 generate() of 1 new token (the TTFT) and one of output_len tokens; decode
 tok/s = (output_len - 1) / (t_full - t_first), medians over iterations.
@@ -96,8 +100,6 @@ def main():
     model.eval()
     log(f"random weights on the GPU in {time.time() - t0:.1f} s")
     copy_bps = copy_bandwidth()
-    if not a.no_compile:
-        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
     ids = torch.randint(0, cfg.vocab_size, (1, a.input_len), device="cuda")
     max_cache_len = a.input_len + a.output_len
 
@@ -117,6 +119,10 @@ def main():
         gen(1)
         gen(a.output_len)
     log(f"warm-up (compile) {time.time() - t0:.1f} s")
+    compiled = getattr(model, "_compiled_call", None) is not None
+    log(f"decode step compiled by generate(): {compiled}")
+    if not a.no_compile and not compiled:
+        log("warning: generate() did not compile the decode step; the result is the static cache eager")
     firsts, fulls = [], []
     for _ in range(a.num_iters):
         firsts.append(gen(1))
@@ -130,6 +136,7 @@ def main():
     bytes_per_step = w + kv
     r = {
         "peer": "transformers static cache + torch.compile" if not a.no_compile else "transformers eager",
+        "decode_step_compiled": compiled,
         "torch": torch.__version__, "transformers": transformers.__version__,
         "config_dir": a.config_dir, "input_len": a.input_len, "output_len": a.output_len, "batch_size": 1,
         "decode_tokens_per_s": (a.output_len - 1) / (full - ttft),
