@@ -47,6 +47,8 @@ class PostProcessor {
   virtual size_t added_tokens() const = 0;
   // Ids placed before the text (e.g. BOS).
   virtual std::vector<int> prefix() const { return {}; }
+  // Every id it may insert (checked against the vocabulary at load).
+  virtual std::vector<int> inserted_ids() const { return {}; }
 };
 
 // Each returns nullptr for a JSON null. `ctx` names the node in errors

@@ -18,6 +18,11 @@ class AffixProcessor final : public PostProcessor {
   }
   size_t added_tokens() const override { return pre_.size() + post_.size(); }
   std::vector<int> prefix() const override { return pre_; }
+  std::vector<int> inserted_ids() const override {
+    std::vector<int> r = pre_;
+    r.insert(r.end(), post_.begin(), post_.end());
+    return r;
+  }
 
  private:
   std::vector<int> pre_, post_;
@@ -45,6 +50,14 @@ class SequenceProcessor final : public PostProcessor {
     for (auto it = v_.rbegin(); it != v_.rend(); ++it) {
       auto p = (*it)->prefix();
       r.insert(r.begin(), p.begin(), p.end());
+    }
+    return r;
+  }
+  std::vector<int> inserted_ids() const override {
+    std::vector<int> r;
+    for (auto& p : v_) {
+      auto q = p->inserted_ids();
+      r.insert(r.end(), q.begin(), q.end());
     }
     return r;
   }

@@ -94,6 +94,17 @@ HfTokenizer::HfTokenizer(const json& j, std::shared_ptr<const BpeModel> model, c
     }
   }
 
+  // A post-processor id past the vocabulary would reach the model's
+  // embedding as an out-of-range row (found by fuzz_tokenizer, 2026-12-01:
+  // a TemplateProcessing BOS of 269 while the added token landed on 246).
+  if (post_) {
+    const int vs = vocab_size();
+    for (int id : post_->inserted_ids())
+      if (id >= vs)
+        throw InputError(fmt::format("{}: post_processor: special token id {} is not in the vocabulary (size {})",
+                                     source, id, vs));
+  }
+
   const json& trunc = get("truncation");
   if (!trunc.is_null()) {
     std::string c = source + ": truncation";

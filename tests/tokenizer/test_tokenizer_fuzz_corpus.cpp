@@ -46,3 +46,21 @@ TEST(TokenizerFuzzCorpus, EveryFileLoadsOrIsRefusedWithInputError) {
   EXPECT_GT(refused, 0);
   std::printf("fuzz_tokenizer corpus: %d files, %d loaded, %d refused\n", files, loaded, refused);
 }
+
+// Found by fuzz_tokenizer (2026-12-01, docs/fuzzing.md): the model vocabulary
+// has 245 entries with ids up to 267, the added tokens declared at 268/269 land
+// on 245/246 (as `tokenizers` assigns them), and the TemplateProcessing BOS
+// stays 269, an id past the vocabulary (size 268). Refused at load, naming the
+// post-processor.
+TEST(TokenizerFuzzCorpus, PostProcessorIdPastTheVocabularyIsRefused) {
+  const fs::path f =
+      fs::path(FP8KV_SOURCE_DIR) / "tests" / "data" / "fuzz_tokenizer" / "post_processor_id_past_vocab.json";
+  try {
+    (void)fp8kv::Tokenizer::from_file(f);
+    FAIL() << "loaded " << f;
+  } catch (const fp8kv::InputError& err) {
+    const std::string m = err.what();
+    EXPECT_NE(m.find("post_processor: special token id 269 is not in the vocabulary (size 268)"), std::string::npos)
+        << m;
+  }
+}
