@@ -91,16 +91,6 @@ int run(BenchArgs a, const std::string& mode) {
   return 0;
 }
 
-CLI::App* bench_parent(CLI::App& app) {
-  try {
-    return app.get_subcommand("bench");
-  } catch (const CLI::OptionNotFound&) {
-    auto* b = app.add_subcommand("bench", "Benchmarks: latency, throughput, serve");
-    b->require_subcommand(1);
-    return b;
-  }
-}
-
 void add_common(CLI::App* sub, BenchArgs* a) {
   sub->add_option("MODEL_OR_CONFIG_DIR", a->model, "Checkpoint directory (config-only with --load-format dummy)")
       ->required();

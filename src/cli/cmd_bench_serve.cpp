@@ -155,16 +155,6 @@ int run(BenchServeArgs a) {
   return j["failed"].get<int>() == 0 ? 0 : 1;
 }
 
-CLI::App* bench_parent(CLI::App& app) {
-  try {
-    return app.get_subcommand("bench");
-  } catch (const CLI::OptionNotFound&) {
-    auto* b = app.add_subcommand("bench", "Benchmarks: latency, throughput, serve");
-    b->require_subcommand(1);
-    return b;
-  }
-}
-
 Registrar reg([](CLI::App& app) {
   static BenchServeArgs a;  // lives for the program
   auto* s = bench_parent(app)->add_subcommand(

@@ -84,4 +84,14 @@ std::string subcommand_list(CLI::App& app) {
   return out;
 }
 
+CLI::App* bench_parent(CLI::App& app) {
+  try {
+    return app.get_subcommand("bench");
+  } catch (const CLI::OptionNotFound&) {
+    auto* b = app.add_subcommand("bench", "Benchmarks: latency, throughput, serve");
+    b->require_subcommand(1);
+    return b;
+  }
+}
+
 }  // namespace fp8kv::cli

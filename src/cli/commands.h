@@ -39,4 +39,8 @@ int run_selected(CLI::App& app);
 // 15 item 11). Non-numbers are left to CLI11's conversion error.
 CLI::Validator at_least(double min);
 
+// The shared "bench" parent (latency, throughput, serve): created by whichever
+// registrar runs first, found by the others.
+CLI::App* bench_parent(CLI::App& app);
+
 }  // namespace fp8kv::cli
