@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cuda_ops_util.h"
+#include "graph_trace.h"
 #include "engine/engine.h"
 #include "engine/model_runner.h"
 #include "model/weights.h"
@@ -30,46 +31,10 @@ namespace {
 
 using namespace cudaops_test;
 
-struct Trace {
-  std::vector<std::vector<int>> tokens;
-  std::vector<std::vector<float>> logprobs;
-  int64_t replays = 0, captures = 0;
-};
+using Trace = GraphTrace;
 
 Trace run(const std::string& model, const std::string& dtype, bool graphs, uint64_t seed) {
-  EngineOptions o;
-  o.backend = "cuda";
-  o.kv_cache_dtype = dtype;
-  o.max_model_len = 128;
-  o.kv_memory_bytes = 32u << 20;
-  o.max_num_seqs = 8;
-  o.pad_decode_eager = !graphs;
-  auto e = Engine::load(std::filesystem::path(FP8KV_SOURCE_DIR) / "tests/golden/models_hd64" / model, o);
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int> tok(3, e->config().vocab_size - 1);
-  const int prompt_len[] = {9, 17, 30}, max_tokens[] = {40, 25, 12};
-  Trace t;
-  t.tokens.resize(3);
-  t.logprobs.resize(3);
-  std::vector<RequestId> ids;
-  for (int i = 0; i < 3; ++i) {
-    Request r;
-    for (int j = 0; j < prompt_len[i]; ++j) r.prompt.push_back(tok(rng));
-    r.options.max_tokens = max_tokens[i];
-    r.options.stop_at_eos = false;
-    r.options.logprobs = 0;
-    ids.push_back(e->submit(std::move(r)));
-  }
-  while (!e->idle())
-    for (const StepEvent& ev : e->step()) {
-      if (ev.token < 0) continue;
-      const size_t i = static_cast<size_t>(std::find(ids.begin(), ids.end(), ev.id) - ids.begin());
-      t.tokens.at(i).push_back(ev.token);
-      t.logprobs.at(i).push_back(ev.logprob.value_or(NAN));
-    }
-  t.replays = e->graph_replays();
-  t.captures = e->graph_captures();
-  return t;
+  return run_graph_trace(model, dtype, graphs, seed, /*tp=*/1);
 }
 
 void check(const std::string& model, const std::string& dtype) {

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cuda_ops_util.h"
+#include "graph_trace.h"
 #include "engine/engine.h"
 #include "model/weights.h"
 
@@ -106,52 +107,10 @@ TEST(CudaTensorParallel, Tp2GreedyGenerationMatchesTp1) {
 // pad_decode_eager (same buckets and decode plan, ops one by one); every
 // token and logprob bitwise equal (the collectives are deterministic: the
 // same kernels, inputs and order in both runs).
-struct TpTrace {
-  std::vector<std::vector<int>> tokens;
-  std::vector<std::vector<float>> logprobs;
-  int64_t replays = 0, captures = 0;
-};
-
-TpTrace run_tp_graphs(const std::string& dtype, bool graphs) {
-  EngineOptions o;
-  o.backend = "cuda";
-  o.kv_cache_dtype = dtype;
-  o.max_model_len = 128;
-  o.kv_memory_bytes = 32u << 20;
-  o.max_num_seqs = 8;
-  o.tensor_parallel_size = 2;
-  o.pad_decode_eager = !graphs;
-  auto e = Engine::load(std::filesystem::path(FP8KV_SOURCE_DIR) / "tests/golden/models_hd64/llama", o);
-  std::mt19937_64 rng(11);
-  std::uniform_int_distribution<int> tok(3, e->config().vocab_size - 1);
-  const int prompt_len[] = {9, 17, 30}, max_tokens[] = {40, 25, 12};
-  TpTrace t;
-  t.tokens.resize(3);
-  t.logprobs.resize(3);
-  std::vector<RequestId> ids;
-  for (int i = 0; i < 3; ++i) {
-    Request r;
-    for (int j = 0; j < prompt_len[i]; ++j) r.prompt.push_back(tok(rng));
-    r.options.max_tokens = max_tokens[i];
-    r.options.stop_at_eos = false;
-    r.options.logprobs = 0;
-    ids.push_back(e->submit(std::move(r)));
-  }
-  while (!e->idle())
-    for (const StepEvent& ev : e->step()) {
-      if (ev.token < 0) continue;
-      const size_t i = static_cast<size_t>(std::find(ids.begin(), ids.end(), ev.id) - ids.begin());
-      t.tokens.at(i).push_back(ev.token);
-      t.logprobs.at(i).push_back(ev.logprob.value_or(NAN));
-    }
-  t.replays = e->graph_replays();
-  t.captures = e->graph_captures();
-  return t;
-}
-
 void check_tp_graphs(const std::string& dtype) {
   ::setenv("FP8KV_TP_GRAPHS", "1", 1);
-  const TpTrace g = run_tp_graphs(dtype, true), r = run_tp_graphs(dtype, false);
+  const GraphTrace g = run_graph_trace("llama", dtype, true, 11, /*tp=*/2),
+                   r = run_graph_trace("llama", dtype, false, 11, /*tp=*/2);
   ::unsetenv("FP8KV_TP_GRAPHS");
   std::printf("[ tp ] graphs TP 2 %s: %lld captures, %lld replays\n", dtype.c_str(),
               static_cast<long long>(g.captures), static_cast<long long>(g.replays));
