@@ -5,7 +5,8 @@
 //             Gemma-3-12B's (16 q heads, 8 KV heads, head_dim 256)
 //   plans   : the auto plan at assumed CTAs per SM (FP8KV_BENCH_CTAS, plan tuning)
 //   splits  : fp8 d128 decode at forced split sizes (plan tuning)
-//   (argument: all | store | prefill | decode | decode128 (d128 rows only) | plans | splits)
+//   (argument: all | store | prefill | decode | decode128 (d128 rows only) | plans | splits
+//    | shape DTYPE D B CTX: one decode row, auto plan (for a profiler: ncu on the GPU machine))
 //   prefill : 8K causal prefill from the paged cache (if built with prefill)
 //   store   : store of 64K tokens, bf16 input, bf16 vs fp8 cache
 // Working sets are rotated among several caches so that each launch reads
@@ -211,6 +212,7 @@ void bench_plans(double copy_gbs, const float* scales) {
       {KvDtype::fp8_e4m3, kH, kHkv, kD, 1, 65536},  {KvDtype::fp8_e4m3, kH, kHkv, kD, 8, 16384},
       {KvDtype::fp8_e4m3, kH, kHkv, kD, 8, 65536},  {KvDtype::fp8_e4m3, kH, kHkv, kD, 32, 16384},
       {KvDtype::fp8_e4m3, kH, kHkv, kD, 64, 16384}, {KvDtype::bf16, kH, kHkv, kD, 32, 4096},
+      {KvDtype::bf16, kH, kHkv, kD, 64, 1024},      {KvDtype::bf16, kH, kHkv, kD, 64, 4096},
       {KvDtype::fp8_e4m3, 16, 8, 256, 1, 65536},    {KvDtype::fp8_e4m3, 16, 8, 256, 8, 16384},
       {KvDtype::fp8_e4m3, 16, 8, 256, 32, 16384},
   };
@@ -319,6 +321,21 @@ int main(int argc, char** argv) {
   if (only == "all" || only == "decode" || only == "decode128") bench_decode(copy_gbs, scales, only != "decode128");
   if (only == "all" || only == "plans") bench_plans(copy_gbs, scales);
   if (only == "all" || only == "splits") bench_splits(copy_gbs, scales);
+  if (only == "shape") {
+    if (argc != 6) {
+      std::fprintf(stderr, "usage: bench_attention shape bf16|fp8_e4m3|fp8_e5m2 D B CTX\n");
+      return 2;
+    }
+    const std::string dts = argv[2];
+    const KvDtype dt = dts == "bf16" ? KvDtype::bf16 : dts == "fp8_e5m2" ? KvDtype::fp8_e5m2 : KvDtype::fp8_e4m3;
+    const int D = std::atoi(argv[3]), B = std::atoi(argv[4]), C = std::atoi(argv[5]);
+    if ((dts != "bf16" && dts != "fp8_e4m3" && dts != "fp8_e5m2") || (D != 64 && D != 128 && D != 256) || B <= 0 ||
+        C <= 0) {
+      std::fprintf(stderr, "bench_attention shape: bad dtype/D/B/CTX\n");
+      return 2;
+    }
+    bench_decode_one(copy_gbs, scales, dt, D == 256 ? 16 : kH, kHkv, D, B, C, 0, "decode");
+  }
   CK(cudaFree(scales));
   return 0;
 }

@@ -1,7 +1,9 @@
 // CUDA store / decode / prefill vs the CPU reference (backend/cpu/kv_ops).
 // Fresh random inputs every run (seed printed; FP8KV_SEED replays one).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <thread>
 
 #include "cuda_test_util.h"
 
@@ -241,6 +243,34 @@ TEST(CudaDecode, LongSplitsWrapTheRing) {
       run_decode_case(rng, DecodeCase{dt, D, 2, 2, 32, 3000, ScaleMode::per_tensor, 0.0f}, 8192, false, lengths);
       if (HasFailure()) return;
     }
+}
+
+// Kernel attributes are per device, and the engine runs TP ranks as threads
+// of one process, one GPU each (set_func_attribute_once, common.cuh). A D = 256
+// decode (96-192 KB of dynamic shared memory: it fails to launch without the
+// attribute) from concurrent fresh threads: one per device (the devices after
+// the first never got the attributes from a per-process static), two when
+// there is one device.
+TEST(CudaDecode, EveryDeviceAndThreadGetsKernelAttributes) {
+  FP8KV_REQUIRE_GPU();
+  int ndev = 0;
+  ASSERT_EQ(cudaSuccess, cudaGetDeviceCount(&ndev));
+  const uint64_t seed = test_seed();
+  const int nthreads = std::max(2, ndev);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < nthreads; ++i)
+    threads.emplace_back([i, ndev, seed] {
+      const int dev = i % ndev;
+      ASSERT_EQ(cudaSuccess, cudaSetDevice(dev));
+      std::mt19937_64 rng(seed + static_cast<uint64_t>(i));
+      for (KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3}) {
+        const double worst = run_decode_case(rng, DecodeCase{dt, 256, 2, 2, 16, 0, ScaleMode::per_tensor, 0.0f}, 0,
+                                             false);
+        EXPECT_LE(worst, 1.0) << "device " << dev << " thread " << i << " " << kv_dtype_name(dt);
+      }
+    });
+  for (auto& t : threads) t.join();
+  std::printf("decode D=256 on %d thread(s) over %d device(s): ok\n", nthreads, ndev);
 }
 
 // ---- prefill / chunked prefill ---------------------------------------------

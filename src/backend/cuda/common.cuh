@@ -6,9 +6,13 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "backend/cuda/kernels.h"
 
@@ -22,6 +26,37 @@
   } while (0)
 
 namespace fp8kv::cuda::detail {
+
+// Sets a kernel attribute (cudaFuncSetAttribute) once per (kernel, attribute,
+// value, device), the device being the calling thread's current one
+// (cudaGetDevice). Kernel attributes are per device: the engine runs TP ranks
+// as threads of one process, one GPU each, so a per-process "once" (a
+// function-local static) leaves every GPU but the first without them (a
+// launch asking for > 48 KB of dynamic shared memory then fails there).
+// Thread-safe: a process-wide set under a mutex; each thread also remembers
+// what it has seen, so the steady state (every launch) takes no lock.
+inline void set_func_attribute_once(const void* func, cudaFuncAttribute attr, int value) {
+  int dev = 0;
+  FP8KV_CUDA_CHECK(cudaGetDevice(&dev));
+  using Key = std::tuple<const void*, int, int, int>;
+  const Key key{func, static_cast<int>(attr), value, dev};
+  thread_local std::vector<Key> seen;  // this thread's fast path
+  if (std::find(seen.begin(), seen.end(), key) != seen.end()) return;
+  static std::mutex mu;
+  static std::vector<Key> done;
+  {
+    const std::lock_guard<std::mutex> lock(mu);
+    if (std::find(done.begin(), done.end(), key) == done.end()) {
+      FP8KV_CUDA_CHECK(cudaFuncSetAttribute(func, attr, value));  // throws: not recorded, retried next call
+      done.push_back(key);
+    }
+  }
+  seen.push_back(key);
+}
+template <class Kernel>
+inline void set_func_attribute_once(Kernel* func, cudaFuncAttribute attr, int value) {
+  set_func_attribute_once(reinterpret_cast<const void*>(func), attr, value);
+}
 
 // Cache element codes used as template parameters (= KvDtype values).
 constexpr int kBf16 = 0, kE4m3 = 1, kE5m2 = 2;

@@ -24,6 +24,8 @@
 // the end. Splits are combined by a second kernel (programmatic dependent
 // launch) in a fixed order (deterministic).
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <stdexcept>
@@ -42,6 +44,7 @@ constexpr int kMaxGroup = 8;    // query heads per CTA
 
 struct DecodeParams : PagedKvParams {
   int gchunks, split_tokens, max_splits;
+  int l2_prefetch;  // register path: this warp's tiles kept prefetched to L2 ahead (0 = off; FP8KV_DECODE_PF)
   float* part_o;    // [batch][num_heads][max_splits][D]
   float* part_lse;  // [batch][num_heads][max_splits] (log2 domain)
 };
@@ -60,6 +63,9 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void prefetch_l2(const void* a) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
 }
 __device__ __forceinline__ uint4 lds16(uint32_t a) {
   uint4 v;
@@ -187,6 +193,34 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
   if (!C::USE_RING && warp < ntiles) load_tile(warp, kw, vw);
   uint32_t kn[2][KW], vn[4][VW];  // tile it + kWarps (in flight), two-ahead variant only
   if (kPrefetch2 && warp + kWarps < ntiles) load_tile(warp + kWarps, kn, vn);
+
+  // L2 prefetch (version 6 variant, FP8KV_DECODE_PF=n): the register path
+  // keeps this warp's next n tiles requested into L2 by prefetch.global.L2,
+  // which holds no registers, so more bytes are in flight per SM than the
+  // register stages allow; the register loads then hit L2. Arithmetic is
+  // unchanged (same results bitwise). Block ids 32 tiles at a time, one per
+  // lane (as the ring path does), so a prefetch waits on no table load.
+  constexpr int LPR = D * EB >= 128 ? D * EB / 128 : 1;  // 128-byte lines per key row
+  const int pf = C::USE_RING ? 0 : p.l2_prefetch;
+  int pf_bt = 0;
+  auto prefetch_tile = [&](int k) {  // this warp's k-th tile (k >= 1, increasing by one per call)
+    if (k >= nmine) return;          // warp-uniform
+    if (k == 1 || (k & 31) == 0) {
+      const int kk = (k & ~31) + lane;
+      pf_bt = kk < nmine ? bt[(s_begin + (warp + kk * kWarps) * kTile) / p.block_size] : 0;
+    }
+    const int64_t blk = __shfl_sync(0xffffffffu, pf_bt, k & 31);
+    const int j0 = s_begin + (warp + k * kWarps) * kTile;
+    const int64_t row0 = blk * p.block_size + j0 % p.block_size;
+#pragma unroll
+    for (int u = 0; u < LPR; ++u) {  // 2 (K, V) x 16 rows x LPR lines = 32 LPR lines
+      const int i = u * 32 + lane;
+      const int row = (i / LPR) % kTile, line = i % LPR;
+      const uint8_t* base = i < 16 * LPR ? p.k_cache : p.v_cache;
+      prefetch_l2(base + (row0 + row) * row_bytes + head_off + line * 128);
+    }
+  };
+  for (int k = 1; k < pf; ++k) prefetch_tile(k);
 
   // Q fragments (A operand, rows = heads, 8..15 zero) in the permuted dim order:
   // k-step s, slot pair {2t, 2t+1} -> dims base, base+1; {2t+8, 2t+9} -> base+2, base+3.
@@ -338,9 +372,10 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
     }
     cp_async_wait<0>();
   } else {
-    for (int it = warp; it < ntiles; it += kWarps) {
+    for (int it = warp, ow = 0; it < ntiles; it += kWarps, ++ow) {
       const int j0 = s_begin + it * kTile;
       const bool has_next = it + kWarps < ntiles;
+      if (pf > 0) prefetch_tile(ow + pf);
       uint32_t k2[2][KW], v2[4][VW];
       if constexpr (kPrefetch2) {
         if (it + 2 * kWarps < ntiles) load_tile(it + 2 * kWarps, k2, v2);
@@ -565,42 +600,55 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Dec
   }
 }
 
-// FP8KV_DECODE_DEEP=1 selects the DEEP variant at D = 128 (bf16, e4m3) for
-// measurement (scripts/gpu_cuda.sh runs the decode tests and the benchmark
-// with it too); read once.
-bool deep_pipeline() {
-  static const bool on = [] {
+// FP8KV_DECODE_DEEP selects the DEEP variant at D = 128 for measurement
+// (scripts/gpu_cuda.sh and gpu_decode.sh run the decode tests and the
+// benchmark with it too): "1" for bf16 and e4m3, "bf16" for bf16 only (e4m3
+// measured slower with it, run D). Read once per process.
+int deep_env() {  // 0 off, 1 all, 2 bf16 only
+  static const int v = [] {
     const char* e = std::getenv("FP8KV_DECODE_DEEP");
-    return e != nullptr && std::string(e) == "1";
+    const std::string s = e != nullptr ? e : "";
+    return s == "1" ? 1 : s == "bf16" ? 2 : 0;
   }();
-  return on;
+  return v;
+}
+template <int DT>
+bool deep_pipeline() {
+  const int v = deep_env();
+  return v == 1 || (v == 2 && DT == kBf16);
+}
+// FP8KV_DECODE_PF=n (0-8): the register path's L2 prefetch distance in tiles
+// per warp (DecodeParams::l2_prefetch); 0 = off. Read once per process.
+int l2_prefetch_env() {
+  static const int v = [] {
+    const char* e = std::getenv("FP8KV_DECODE_PF");
+    const int n = e != nullptr ? std::atoi(e) : 0;
+    return std::clamp(n, 0, 8);
+  }();
+  return v;
 }
 template <int D, int DT>
 constexpr bool kHasDeep = D == 128 && DT != kE5m2;
 
 // One-time kernel attributes (dynamic shared memory above 48 KB, carveout),
 // needed before a launch and before an occupancy query.
+// Kernel attributes are per device: set once per device (TP ranks are threads
+// of one process, one GPU each), by set_func_attribute_once (common.cuh).
 template <int D, int DT, bool DEEP>
 void prepare_decode_t() {
-  static const bool attr_set = [] {
-    constexpr int smem = DecodeCfg<D, DT>::SMEM;
-    FP8KV_CUDA_CHECK(
-        cudaFuncSetAttribute(decode_kernel<D, DT, DEEP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    // All of the unified L1 as shared memory for the ring (so 2 CTAs of 96 KB
-    // fit per SM).
-    if constexpr (DecodeCfg<D, DT>::USE_RING)
-      FP8KV_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<D, DT, DEEP>,
-                                            cudaFuncAttributePreferredSharedMemoryCarveout,
-                                            cudaSharedmemCarveoutMaxShared));
-    return true;
-  }();
-  (void)attr_set;
+  constexpr int smem = DecodeCfg<D, DT>::SMEM;
+  set_func_attribute_once(decode_kernel<D, DT, DEEP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  // All of the unified L1 as shared memory for the ring (so 2 CTAs of 96 KB
+  // fit per SM).
+  if constexpr (DecodeCfg<D, DT>::USE_RING)
+    set_func_attribute_once(decode_kernel<D, DT, DEEP>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                            cudaSharedmemCarveoutMaxShared);
 }
 
 template <int D, int DT>
 void launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
   if constexpr (kHasDeep<D, DT>) {
-    if (deep_pipeline()) {
+    if (deep_pipeline<DT>()) {
       prepare_decode_t<D, DT, true>();
       decode_kernel<D, DT, true><<<grid, kWarps * 32, DecodeCfg<D, DT>::SMEM, stream>>>(p);
       return;
@@ -610,32 +658,42 @@ void launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
   decode_kernel<D, DT, false><<<grid, kWarps * 32, DecodeCfg<D, DT>::SMEM, stream>>>(p);
 }
 
-// Resident decode CTAs per SM (occupancy API) of one instantiation; 0 when
-// it cannot be asked (no device). Cached per instantiation.
+// Resident decode CTAs per SM (occupancy API) of one instantiation on the
+// current device; 0 when it cannot be asked (no device). Cached per
+// instantiation and device (thread-safe: atomics).
 template <int D, int DT, bool DEEP>
 int resident_ctas_t() {
-  static const int n = [] {
-    int c = 0;
-    bool ok = false;
-    try {
-      prepare_decode_t<D, DT, DEEP>();
-      ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, decode_kernel<D, DT, DEEP>, kWarps * 32,
-                                                         DecodeCfg<D, DT>::SMEM) == cudaSuccess;
-    } catch (const std::runtime_error&) {
-    }
-    if (!ok) {
-      c = 0;
-      (void)cudaGetLastError();  // the failed query must not surface at the next launch check
-    }
-    return c;
-  }();
-  return n;
+  static std::array<std::atomic<int>, 64> cache{};  // 0 = not asked yet
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  const bool cached = dev >= 0 && dev < static_cast<int>(cache.size());
+  if (cached) {
+    const int n = cache[dev].load(std::memory_order_relaxed);
+    if (n > 0) return n;
+  }
+  int c = 0;
+  bool ok = false;
+  try {
+    prepare_decode_t<D, DT, DEEP>();
+    ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, decode_kernel<D, DT, DEEP>, kWarps * 32,
+                                                       DecodeCfg<D, DT>::SMEM) == cudaSuccess;
+  } catch (const std::runtime_error&) {
+  }
+  if (!ok) {
+    (void)cudaGetLastError();  // the failed query must not surface at the next launch check
+    return 0;
+  }
+  if (cached) cache[dev].store(c, std::memory_order_relaxed);
+  return c;
 }
 
 template <int D, int DT>
 int resident_ctas_v() {
   if constexpr (kHasDeep<D, DT>) {
-    if (deep_pipeline()) return resident_ctas_t<D, DT, true>();
+    if (deep_pipeline<DT>()) return resident_ctas_t<D, DT, true>();
   }
   return resident_ctas_t<D, DT, false>();
 }
@@ -769,6 +827,7 @@ void paged_decode(const DecodeArgs& a, cudaStream_t stream) {
   p.gchunks = (p.group + kMaxGroup - 1) / kMaxGroup;
   p.split_tokens = a.plan.split_tokens;
   p.max_splits = a.plan.max_splits;
+  p.l2_prefetch = l2_prefetch_env();
   if (p.max_splits > 1) {
     p.part_o = static_cast<float*>(a.workspace);
     p.part_lse = p.part_o + static_cast<size_t>(a.batch) * a.num_heads * p.max_splits * L.head_dim;

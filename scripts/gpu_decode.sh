@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# GPU machine: decode-kernel variants side by side (issue 14, docs/cuda.md
+# version 6). Builds test_cuda + bench_attention (gpu_cuda.sh's recipe), runs
+# the decode/store/plan tests, then for every variant (an environment string
+# read by decode_attention.cu) the decode tests (correctness + batched ==
+# single bitwise) and the d128 decode benchmark, the PyTorch SDPA peer, a
+# short Nsight Compute profile of three problem shapes, and prints a table.
+#   run(command="bash scripts/gpu_decode.sh", carry=[".debs"])
+# Budget: <= 4 minutes including the build; later phases are skipped when
+# earlier ones ran long (NCU=0 skips the profiles; VARIANTS="name=ENV ..."
+# replaces the list).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/fp8kv-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+T0=$(date +%s)
+el() { echo $(( $(date +%s) - T0 )); }
+phase() { echo "== $1 ($(el) s)"; }
+source scripts/gpu_env.sh
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/env.txt"
+nvcc --version | tail -1 | tee -a "$OUT/env.txt"
+git log -1 --format='commit %h %s' 2>/dev/null | tee -a "$OUT/env.txt"
+phase build
+BUILD=build-gpu
+ok=1
+cmake -S . -B $BUILD -G Ninja -DFP8KV_CUDA=ON -DFP8KV_WERROR=OFF -DCMAKE_BUILD_TYPE=Release >"$OUT/build.log" 2>&1 &&
+  cmake --build $BUILD --target test_cuda bench_attention -j16 >>"$OUT/build.log" 2>&1 || ok=0
+TEST=$BUILD/tests/test_cuda
+BENCH=$BUILD/bench/bench_attention
+if [ $ok = 0 ]; then
+  # Another module does not build right now: only what the CUDA tests need.
+  echo "CMake build failed (errors below); direct nvcc fallback"; grep -E "error" "$OUT/build.log" | head -20
+  P=${FP8KV_PREFIX:-/tmp/fp8kv-prefix}
+  F="-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Isrc -I$P/usr/include -Xcompiler=-fopenmp"
+  mkdir -p $BUILD/direct
+  nvcc $F src/backend/cuda/*.cu src/backend/cpu/kv_ops.cpp src/numerics/fp8.cpp tests/cuda/*.cpp \
+    -L$P/usr/lib/x86_64-linux-gnu -lgtest -lgtest_main -lgomp -o $BUILD/direct/test_cuda >>"$OUT/build.log" 2>&1 &
+  nvcc $F src/backend/cuda/*.cu src/numerics/fp8.cpp bench/cuda/bench_attention.cu \
+    -o $BUILD/direct/bench_attention >>"$OUT/build.log" 2>&1 &
+  wait
+  TEST=$BUILD/direct/test_cuda
+  BENCH=$BUILD/direct/bench_attention
+fi
+ls -la $TEST $BENCH || { tail -40 "$OUT/build.log"; exit 1; }
+
+phase test
+# Kernel tests this branch owns (prefill is the kern branch's; gpu_cuda.sh runs it).
+timeout 90 $TEST --gtest_filter='CudaDecode.*:CudaStore.*:CudaPlan.*' --gtest_output=json:"$OUT/test_cuda.json" 2>&1 |
+  tee "$OUT/test_cuda.log" | grep -E "^\[  (PASSED|FAILED) |worst|FAILED|thread|seed" | tail -20
+
+# Variants: name=ENV (space-free ENV: several settings joined by ','). base =
+# the committed defaults. deepbf16: the DEEP register pipeline for bf16 only;
+# pfN: L2 prefetch of each warp's next N tiles.
+VARIANTS=${VARIANTS:-"base= deepbf16=FP8KV_DECODE_DEEP=bf16 pf1=FP8KV_DECODE_PF=1 pf2=FP8KV_DECODE_PF=2 pf4=FP8KV_DECODE_PF=4 deepbf16_pf2=FP8KV_DECODE_DEEP=bf16,FP8KV_DECODE_PF=2"}
+NAMES=()
+for v in $VARIANTS; do
+  name=${v%%=*}; envs=${v#*=}
+  [ $(el) -lt 175 ] || { echo "skip variant $name (time)"; continue; }
+  phase "variant $name ($envs)"
+  NAMES+=("$name")
+  ev=(); IFS=',' read -ra ev <<<"$envs"
+  env "${ev[@]}" timeout 60 $TEST --gtest_filter='CudaDecode.*' >"$OUT/test_$name.log" 2>&1
+  rc=$?
+  if [ $rc = 0 ] && grep -q "^\[  PASSED  \]" "$OUT/test_$name.log" && ! grep -q "^\[  FAILED  \]" "$OUT/test_$name.log"; then
+    echo PASS >"$OUT/test_$name.status"
+  else
+    echo FAIL >"$OUT/test_$name.status"
+  fi
+  echo "decode tests: $(cat "$OUT/test_$name.status") (rc $rc); $(grep -E "worst" "$OUT/test_$name.log" | paste -sd' ')"
+  env "${ev[@]}" timeout 45 $BENCH decode128 >"$OUT/bench_$name.jsonl" 2>"$OUT/bench_$name.err"
+done
+
+phase sdpa
+timeout 45 python3 tools/bench_sdpa.py >"$OUT/sdpa.jsonl" 2>&1; tail -1 "$OUT/sdpa.jsonl"
+
+# Nsight Compute on the problem shapes (--clock-control none: leave the
+# clocks alone), base and one L2-prefetch variant.
+NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [ "${NCU:-1}" != 0 ] && [ -n "$NCU_BIN" ]; then
+  phase "ncu ($NCU_BIN)"
+  for shape in "fp8_e4m3 128 1 65536" "fp8_e4m3 128 32 16384" "bf16 128 64 1024"; do
+    for v in "base=" "pf2=FP8KV_DECODE_PF=2"; do
+      [ $(el) -lt 205 ] || { echo "skip ncu $shape $v (time)"; continue; }
+      name=${v%%=*}; envs=${v#*=}; ev=(); IFS=',' read -ra ev <<<"$envs"
+      tag=$(echo "$shape" | awk '{printf "%s_b%s_c%s", ($1=="bf16"?"bf16":"fp8"), $3, $4}')_$name
+      env "${ev[@]}" timeout 25 "$NCU_BIN" --clock-control none -k regex:decode_kernel --launch-skip 3 --launch-count 1 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
+        --section LaunchStats --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
+        $BENCH shape $shape >"$OUT/ncu_$tag.txt" 2>&1 || echo "ncu $tag: rc $? (tail: $(tail -2 "$OUT/ncu_$tag.txt" | paste -sd' '))"
+    done
+  done
+else
+  echo "ncu: not run (NCU=${NCU:-1}, binary '${NCU_BIN}')"
+fi
+
+if [ $(el) -lt 215 ]; then
+  phase plans
+  FP8KV_BENCH_CTAS=2,3,4 timeout 20 $BENCH plans 2>/dev/null | grep -v '"kind":"copy"' >"$OUT/plans.jsonl"
+fi
+
+phase sass
+cuobjdump -sass $BENCH 2>/dev/null | awk '/Function :/ {f=$3; n[f]=0} /HMMA/ {h[f]++} /LDL|STL/ {l[f]++} /CCTL|PREFETCH|CCTLL/ {q[f]++} END {for (k in n) printf "%s HMMA=%d PREF=%d LDL/STL=%d\n", k, h[k], q[k], l[k]}' |
+  grep -E "decode_kernel|store_kernel" | sed -E 's/^_ZN[^ ]*[0-9]+(decode_kernel|store_kernel)(ILi([0-9]+)E(Li([0-9]+)E)?(Lb([01])E)?)?[^ ]*/\1<\3,\5,\7>/' | sort >"$OUT/sass.txt"
+cat "$OUT/sass.txt"
+if grep -vq "LDL/STL=0$" "$OUT/sass.txt"; then echo "SASS CHECK: FAIL (local memory above)"; else echo "SASS CHECK: ok (no LDL/STL)"; fi
+
+phase table
+python3 tools/decode_variants.py "$OUT" "${NAMES[@]}" | tee "$OUT/table.txt"
+if [ -s "$OUT/plans.jsonl" ]; then
+  echo "plans (base; CTAs per SM assumed: us (splits)):" | tee -a "$OUT/table.txt"
+  python3 -c '
+import json,sys,collections
+g=collections.defaultdict(list)
+for l in open(sys.argv[1]):
+    if l.startswith("{"):
+        r=json.loads(l); g[(r["dtype"],r["d"],r["batch"],r["ctx"])].append(f"{r[\"ctas_per_sm\"]}:{r[\"ms\"]*1e3:.1f}({r[\"splits\"]})")
+for k,v in g.items(): print("  %s d%d B=%d ctx=%d: "%k+" ".join(v))' "$OUT/plans.jsonl" | tee -a "$OUT/table.txt"
+fi
+grep -E "^\[  (PASSED|FAILED) |tests ran" "$OUT/test_cuda.log"
+phase done
