@@ -18,7 +18,7 @@ for f in "${files[@]}"; do
        /Used [0-9]+ registers/ {regs=$0; sub(/.*Used /,"",regs); sub(/ registers.*/,"",regs);
          sm=$0; if (sm ~ /bytes smem/) {sub(/.*barriers?, /,"",sm); sub(/ bytes smem.*/,"",sm)} else sm=0;
          printf "%s regs=%s stack=%s spill_st=%s spill_ld=%s smem=%s\n", name, regs, stack, sst, sld, sm}' "$tmp/log" |
-    sed -E 's/^_ZN[^ ]*[0-9]+(decode_reduce_kernel|decode_kernel|prefill_kernel|store_kernel|absmax_kernel)(ILi([0-9]+)E(Li([0-9]+)E)?(Lb([01])E)?)?[^ ]*/\1<\3,\5,\7>/'
+    sed -E 's/^_ZN[^ ]*[0-9]+(decode_reduce_kernel|decode_kernel|prefill_kernel|store_kernel|absmax_kernel)(ILi([0-9]+)E(Li([0-9]+)E)?(Lb([01])E)?(Lb([01])E)?)?[^ ]*/\1<\3,\5,\7\9>/'
 done | sort | tee "$tmp/all"
 if grep -E "^(decode|prefill)_kernel" "$tmp/all" | grep -vqE "stack=0 spill_st=0 spill_ld=0"; then
   echo "SPILLS: attention kernels above use local memory"; bad=1

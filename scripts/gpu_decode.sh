@@ -51,8 +51,10 @@ timeout 90 $TEST --gtest_filter='CudaDecode.*:CudaStore.*:CudaPlan.*' --gtest_ou
 
 # Variants: name=ENV (space-free ENV: several settings joined by ','). base =
 # the committed defaults. deepbf16: the DEEP register pipeline for bf16 only;
-# pfN: L2 prefetch of each warp's next N tiles.
-VARIANTS=${VARIANTS:-"base= deepbf16=FP8KV_DECODE_DEEP=bf16 pf1=FP8KV_DECODE_PF=1 pf2=FP8KV_DECODE_PF=2 pf4=FP8KV_DECODE_PF=4 deepbf16_pf2=FP8KV_DECODE_DEEP=bf16,FP8KV_DECODE_PF=2"}
+# pfN: L2 prefetch of each warp's next N tiles; lean: e4m3 d128 with one tile
+# in registers, <= 128 registers (4 CTAs/SM), L2 prefetch 2 (or PF) ahead.
+# Most promising first (later ones are skipped when time runs short).
+VARIANTS=${VARIANTS:-"base= pf2=FP8KV_DECODE_PF=2 deepbf16_pf2=FP8KV_DECODE_DEEP=bf16,FP8KV_DECODE_PF=2 lean=FP8KV_DECODE_LEAN=1 deepbf16=FP8KV_DECODE_DEEP=bf16 pf1=FP8KV_DECODE_PF=1 pf4=FP8KV_DECODE_PF=4 lean_pf4=FP8KV_DECODE_LEAN=1,FP8KV_DECODE_PF=4"}
 NAMES=()
 for v in $VARIANTS; do
   name=${v%%=*}; envs=${v#*=}
@@ -79,8 +81,10 @@ timeout 45 python3 tools/bench_sdpa.py >"$OUT/sdpa.jsonl" 2>&1; tail -1 "$OUT/sd
 NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ "${NCU:-1}" != 0 ] && [ -n "$NCU_BIN" ]; then
   phase "ncu ($NCU_BIN)"
-  for shape in "fp8_e4m3 128 1 65536" "fp8_e4m3 128 32 16384" "bf16 128 64 1024"; do
-    for v in "base=" "pf2=FP8KV_DECODE_PF=2"; do
+  for job in "fp8_e4m3 128 32 16384:base=" "fp8_e4m3 128 32 16384:pf2=FP8KV_DECODE_PF=2" \
+             "bf16 128 64 1024:base=" "fp8_e4m3 128 1 65536:base=" "fp8_e4m3 128 32 16384:lean=FP8KV_DECODE_LEAN=1" \
+             "bf16 128 64 1024:pf2=FP8KV_DECODE_PF=2" "fp8_e4m3 128 1 65536:pf2=FP8KV_DECODE_PF=2"; do
+      shape=${job%%:*}; v=${job#*:}
       [ $(el) -lt 205 ] || { echo "skip ncu $shape $v (time)"; continue; }
       name=${v%%=*}; envs=${v#*=}; ev=(); IFS=',' read -ra ev <<<"$envs"
       tag=$(echo "$shape" | awk '{printf "%s_b%s_c%s", ($1=="bf16"?"bf16":"fp8"), $3, $4}')_$name
@@ -88,7 +92,6 @@ if [ "${NCU:-1}" != 0 ] && [ -n "$NCU_BIN" ]; then
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
         --section LaunchStats --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
         $BENCH shape $shape >"$OUT/ncu_$tag.txt" 2>&1 || echo "ncu $tag: rc $? (tail: $(tail -2 "$OUT/ncu_$tag.txt" | paste -sd' '))"
-    done
   done
 else
   echo "ncu: not run (NCU=${NCU:-1}, binary '${NCU_BIN}')"
@@ -101,7 +104,7 @@ fi
 
 phase sass
 cuobjdump -sass $BENCH 2>/dev/null | awk '/Function :/ {f=$3; n[f]=0} /HMMA/ {h[f]++} /LDL|STL/ {l[f]++} /CCTL|PREFETCH|CCTLL/ {q[f]++} END {for (k in n) printf "%s HMMA=%d PREF=%d LDL/STL=%d\n", k, h[k], q[k], l[k]}' |
-  grep -E "decode_kernel|store_kernel" | sed -E 's/^_ZN[^ ]*[0-9]+(decode_kernel|store_kernel)(ILi([0-9]+)E(Li([0-9]+)E)?(Lb([01])E)?)?[^ ]*/\1<\3,\5,\7>/' | sort >"$OUT/sass.txt"
+  grep -E "decode_kernel|store_kernel" | sed -E 's/^_ZN[^ ]*[0-9]+(decode_kernel|store_kernel)(ILi([0-9]+)E(Li([0-9]+)E)?(Lb([01])E)?(Lb([01])E)?)?[^ ]*/\1<\3,\5,\7\9>/' | sort >"$OUT/sass.txt"
 cat "$OUT/sass.txt"
 if grep -vq "LDL/STL=0$" "$OUT/sass.txt"; then echo "SASS CHECK: FAIL (local memory above)"; else echo "SASS CHECK: ok (no LDL/STL)"; fi
 

@@ -96,8 +96,13 @@ struct DecodeCfg {
 // deep_pipeline()): one more tile in flight in the register path (fp8: two
 // tiles ahead; bf16: one, where the default has none), at the cost of ~200-230
 // registers, i.e. 2 CTAs per SM instead of 3.
-template <int D, int DT, bool DEEP = false>
-__global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams p) {
+//
+// LEAN (D = 128 e4m3 only, FP8KV_DECODE_LEAN=1, version 6 variant): no register
+// prefetch (one tile in registers at a time), at most 128 registers (4 CTAs,
+// 16 warps per SM instead of 12); the bytes in flight come from the L2
+// prefetch (l2_prefetch, 2 tiles ahead unless FP8KV_DECODE_PF says otherwise).
+template <int D, int DT, bool DEEP = false, bool LEAN = false>
+__global__ void __launch_bounds__(kWarps * 32, LEAN ? 4 : 0) decode_kernel(const DecodeParams p) {
   using C = DecodeCfg<D, DT>;
   constexpr int EB = C::EB;
   constexpr int E = 16 / EB;               // elements per 16-byte chunk
@@ -171,7 +176,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const DecodeParams 
   // Register-staged pipeline: the next tile's K/V loads are in flight while
   // this tile's math runs (when the registers allow: fp8 up to D=128, bf16 up
   // to D=64; else one tile at a time).
-  constexpr bool kPrefetch = D * EB <= (DEEP ? 256 : 128);
+  constexpr bool kPrefetch = !LEAN && D * EB <= (DEEP ? 256 : 128);
   constexpr bool kPrefetch2 = DEEP && D * EB <= 128;  // two tiles ahead
   auto load_tile = [&](int it, uint32_t (&kw)[2][KW], uint32_t (&vw)[4][VW]) {
     const int j0 = s_begin + it * kTile;
@@ -619,49 +624,74 @@ bool deep_pipeline() {
 }
 // FP8KV_DECODE_PF=n (0-8): the register path's L2 prefetch distance in tiles
 // per warp (DecodeParams::l2_prefetch); 0 = off. Read once per process.
+// Unset: 0, or 2 with FP8KV_DECODE_LEAN=1.
+bool lean_env() {
+  static const bool on = [] {
+    const char* e = std::getenv("FP8KV_DECODE_LEAN");
+    return e != nullptr && std::string(e) == "1";
+  }();
+  return on;
+}
 int l2_prefetch_env() {
   static const int v = [] {
     const char* e = std::getenv("FP8KV_DECODE_PF");
-    const int n = e != nullptr ? std::atoi(e) : 0;
+    const int n = e != nullptr && *e ? std::atoi(e) : lean_env() ? 2 : 0;
     return std::clamp(n, 0, 8);
   }();
   return v;
 }
 template <int D, int DT>
 constexpr bool kHasDeep = D == 128 && DT != kE5m2;
+// The pipeline variant of one (D, dtype): 0 default, 1 DEEP, 2 LEAN.
+// LEAN only for e4m3: bf16 tiles (64 registers) spill under 128 registers.
+template <int D, int DT>
+int pipeline_variant() {
+  if constexpr (kHasDeep<D, DT>) {
+    if (DT == kE4m3 && lean_env()) return 2;
+    if (deep_pipeline<DT>()) return 1;
+  }
+  return 0;
+}
 
 // One-time kernel attributes (dynamic shared memory above 48 KB, carveout),
 // needed before a launch and before an occupancy query.
 // Kernel attributes are per device: set once per device (TP ranks are threads
 // of one process, one GPU each), by set_func_attribute_once (common.cuh).
-template <int D, int DT, bool DEEP>
+template <int D, int DT, bool DEEP, bool LEAN>
 void prepare_decode_t() {
   constexpr int smem = DecodeCfg<D, DT>::SMEM;
-  set_func_attribute_once(decode_kernel<D, DT, DEEP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   // All of the unified L1 as shared memory for the ring (so 2 CTAs of 96 KB
   // fit per SM).
   if constexpr (DecodeCfg<D, DT>::USE_RING)
-    set_func_attribute_once(decode_kernel<D, DT, DEEP>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN>, cudaFuncAttributePreferredSharedMemoryCarveout,
                             cudaSharedmemCarveoutMaxShared);
+}
+
+template <int D, int DT, bool DEEP, bool LEAN>
+void launch_decode_tv(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
+  prepare_decode_t<D, DT, DEEP, LEAN>();
+  decode_kernel<D, DT, DEEP, LEAN><<<grid, kWarps * 32, DecodeCfg<D, DT>::SMEM, stream>>>(p);
 }
 
 template <int D, int DT>
 void launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
   if constexpr (kHasDeep<D, DT>) {
-    if (deep_pipeline<DT>()) {
-      prepare_decode_t<D, DT, true>();
-      decode_kernel<D, DT, true><<<grid, kWarps * 32, DecodeCfg<D, DT>::SMEM, stream>>>(p);
-      return;
+    switch (pipeline_variant<D, DT>()) {
+      case 1: launch_decode_tv<D, DT, true, false>(p, grid, stream); return;
+      case 2:
+        if constexpr (DT == kE4m3) launch_decode_tv<D, DT, false, true>(p, grid, stream);
+        return;
+      default: break;
     }
   }
-  prepare_decode_t<D, DT, false>();
-  decode_kernel<D, DT, false><<<grid, kWarps * 32, DecodeCfg<D, DT>::SMEM, stream>>>(p);
+  launch_decode_tv<D, DT, false, false>(p, grid, stream);
 }
 
 // Resident decode CTAs per SM (occupancy API) of one instantiation on the
 // current device; 0 when it cannot be asked (no device). Cached per
 // instantiation and device (thread-safe: atomics).
-template <int D, int DT, bool DEEP>
+template <int D, int DT, bool DEEP, bool LEAN>
 int resident_ctas_t() {
   static std::array<std::atomic<int>, 64> cache{};  // 0 = not asked yet
   int dev = 0;
@@ -677,8 +707,8 @@ int resident_ctas_t() {
   int c = 0;
   bool ok = false;
   try {
-    prepare_decode_t<D, DT, DEEP>();
-    ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, decode_kernel<D, DT, DEEP>, kWarps * 32,
+    prepare_decode_t<D, DT, DEEP, LEAN>();
+    ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, decode_kernel<D, DT, DEEP, LEAN>, kWarps * 32,
                                                        DecodeCfg<D, DT>::SMEM) == cudaSuccess;
   } catch (const std::runtime_error&) {
   }
@@ -693,9 +723,15 @@ int resident_ctas_t() {
 template <int D, int DT>
 int resident_ctas_v() {
   if constexpr (kHasDeep<D, DT>) {
-    if (deep_pipeline<DT>()) return resident_ctas_t<D, DT, true>();
+    switch (pipeline_variant<D, DT>()) {
+      case 1: return resident_ctas_t<D, DT, true, false>();
+      case 2:
+        if constexpr (DT == kE4m3) return resident_ctas_t<D, DT, false, true>();
+        return 0;
+      default: break;
+    }
   }
-  return resident_ctas_t<D, DT, false>();
+  return resident_ctas_t<D, DT, false, false>();
 }
 
 template <int D>
