@@ -81,6 +81,7 @@ timeout 45 python3 tools/bench_sdpa.py >"$OUT/sdpa.jsonl" 2>&1; tail -1 "$OUT/sd
 NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ "${NCU:-1}" != 0 ] && [ -n "$NCU_BIN" ]; then
   phase "ncu ($NCU_BIN)"
+  NCU_METRICS=(--metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio')
   for job in "fp8_e4m3 128 32 16384:base=" "fp8_e4m3 128 32 16384:pf2=FP8KV_DECODE_PF=2" \
              "bf16 128 64 1024:base=" "fp8_e4m3 128 1 65536:base=" "fp8_e4m3 128 32 16384:lean=FP8KV_DECODE_LEAN=1" \
              "bf16 128 64 1024:pf2=FP8KV_DECODE_PF=2" "fp8_e4m3 128 1 65536:pf2=FP8KV_DECODE_PF=2"; do
@@ -88,10 +89,17 @@ if [ "${NCU:-1}" != 0 ] && [ -n "$NCU_BIN" ]; then
       [ $(el) -lt 205 ] || { echo "skip ncu $shape $v (time)"; continue; }
       name=${v%%=*}; envs=${v#*=}; ev=(); IFS=',' read -ra ev <<<"$envs"
       tag=$(echo "$shape" | awk '{printf "%s_b%s_c%s", ($1=="bf16"?"bf16":"fp8"), $3, $4}')_$name
-      env "${ev[@]}" timeout 25 "$NCU_BIN" --clock-control none -k regex:decode_kernel --launch-skip 3 --launch-count 1 \
-        --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
-        --section LaunchStats --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
-        $BENCH shape $shape >"$OUT/ncu_$tag.txt" 2>&1 || echo "ncu $tag: rc $? (tail: $(tail -2 "$OUT/ncu_$tag.txt" | paste -sd' '))"
+      ncu_run() {
+        env "${ev[@]}" timeout 25 "$NCU_BIN" --clock-control none -k regex:decode_kernel --launch-skip 3 --launch-count 1 \
+          --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
+          --section LaunchStats "${NCU_METRICS[@]}" $BENCH shape $shape >"$OUT/ncu_$tag.txt" 2>&1
+      }
+      if ! ncu_run && [ ${#NCU_METRICS[@]} -gt 0 ]; then
+        echo "ncu $tag failed with the stall metrics (tail: $(tail -2 "$OUT/ncu_$tag.txt" | paste -sd' ')); without them from now on"
+        NCU_METRICS=()
+        ncu_run || echo "ncu $tag: rc $? (tail: $(tail -2 "$OUT/ncu_$tag.txt" | paste -sd' '))"
+      fi
+      grep -E "^\s*(Duration|DRAM Throughput|Achieved Occupancy) " "$OUT/ncu_$tag.txt" | head -3 | sed "s/^/  $tag: /"
   done
 else
   echo "ncu: not run (NCU=${NCU:-1}, binary '${NCU_BIN}')"
