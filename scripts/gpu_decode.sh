@@ -106,8 +106,9 @@ else
 fi
 
 if [ $(el) -lt 215 ]; then
-  phase plans
-  FP8KV_BENCH_CTAS=2,3,4 timeout 20 $BENCH plans 2>/dev/null | grep -v '"kind":"copy"' >"$OUT/plans.jsonl"
+  phase "plans + splits"
+  FP8KV_BENCH_CTAS=2,3,4 timeout 15 $BENCH plans 2>/dev/null | grep -v '"kind":"copy"' >"$OUT/plans.jsonl"
+  [ $(el) -lt 225 ] && timeout 12 $BENCH splits 2>/dev/null | grep -v '"kind":"copy"' >>"$OUT/plans.jsonl"
 fi
 
 phase sass
@@ -119,13 +120,17 @@ if grep -vq "LDL/STL=0$" "$OUT/sass.txt"; then echo "SASS CHECK: FAIL (local mem
 phase table
 python3 tools/decode_variants.py "$OUT" "${NAMES[@]}" | tee "$OUT/table.txt"
 if [ -s "$OUT/plans.jsonl" ]; then
-  echo "plans (base; CTAs per SM assumed: us (splits)):" | tee -a "$OUT/table.txt"
+  echo "base kernel: plan at assumed CTAs per SM 'cN: us (splits)'; forced split sizes 'sN: us'" | tee -a "$OUT/table.txt"
   python3 -c '
 import json,sys,collections
 g=collections.defaultdict(list)
 for l in open(sys.argv[1]):
     if l.startswith("{"):
-        r=json.loads(l); g[(r["dtype"],r["d"],r["batch"],r["ctx"])].append(f"{r[\"ctas_per_sm\"]}:{r[\"ms\"]*1e3:.1f}({r[\"splits\"]})")
+        try: r=json.loads(l)
+        except ValueError: continue
+        k=(r["dtype"],r["d"],r["batch"],r["ctx"])
+        if r["kind"]=="plan": g[k].append("c%d:%.1f(%d)"%(r["ctas_per_sm"],r["ms"]*1e3,r["splits"]))
+        elif r["kind"]=="split": g[k].append("s%d:%.1f"%(r["split_tokens"],r["ms"]*1e3))
 for k,v in g.items(): print("  %s d%d B=%d ctx=%d: "%k+" ".join(v))' "$OUT/plans.jsonl" | tee -a "$OUT/table.txt"
 fi
 grep -E "^\[  (PASSED|FAILED) |tests ran" "$OUT/test_cuda.log"

@@ -192,6 +192,10 @@ void bench_splits(double copy_gbs, const float* scales) {
   for (const auto& bc : shapes)
     for (int st : {512, 1024, 2048, 4096, 8192})
       bench_decode_one(copy_gbs, scales, KvDtype::fp8_e4m3, kH, kHkv, kD, bc[0], bc[1], st, "split");
+  // bf16 at B=64, short context (the bf16 >= 0.95x SDPA gap after version 5).
+  for (int C : {1024, 4096})
+    for (int st : {256, 512, 1024, 2048, 4096})
+      if (st <= C) bench_decode_one(copy_gbs, scales, KvDtype::bf16, kH, kHkv, kD, 64, C, st, "split");
 }
 
 // The auto plan at several assumed resident CTAs per SM (plan_decode's
