@@ -609,10 +609,17 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Dec
 // (scripts/gpu_cuda.sh and gpu_decode.sh run the decode tests and the
 // benchmark with it too): "1" for bf16 and e4m3, "bf16" for bf16 only (e4m3
 // measured slower with it, run D). Read once per process.
+// Defaults when a variable is unset (version 6: chosen from the H200 run,
+// docs/cuda.md); "0" turns a variant off.
+constexpr int kDefaultDeep = 0;         // 0 off, 1 bf16 + e4m3, 2 bf16 only
+constexpr bool kDefaultLean = false;
+constexpr int kDefaultL2PrefetchBf16 = 0;  // tiles per warp (register path)
+constexpr int kDefaultL2PrefetchFp8 = 0;   // LEAN implies at least 2
 int deep_env() {  // 0 off, 1 all, 2 bf16 only
   static const int v = [] {
     const char* e = std::getenv("FP8KV_DECODE_DEEP");
-    const std::string s = e != nullptr ? e : "";
+    if (e == nullptr || *e == 0) return kDefaultDeep;
+    const std::string s = e;
     return s == "1" ? 1 : s == "bf16" ? 2 : 0;
   }();
   return v;
@@ -624,21 +631,25 @@ bool deep_pipeline() {
 }
 // FP8KV_DECODE_PF=n (0-8): the register path's L2 prefetch distance in tiles
 // per warp (DecodeParams::l2_prefetch); 0 = off. Read once per process.
-// Unset: 0, or 2 with FP8KV_DECODE_LEAN=1.
+// FP8KV_DECODE_PF=n applies to every dtype; unset: the per-dtype defaults
+// above (at least 2 for an e4m3 LEAN kernel).
 bool lean_env() {
   static const bool on = [] {
     const char* e = std::getenv("FP8KV_DECODE_LEAN");
-    return e != nullptr && std::string(e) == "1";
+    if (e == nullptr || *e == 0) return kDefaultLean;
+    return std::string(e) == "1";
   }();
   return on;
 }
-int l2_prefetch_env() {
-  static const int v = [] {
+int l2_prefetch_for(KvDtype dt, int head_dim) {
+  static const int env = [] {
     const char* e = std::getenv("FP8KV_DECODE_PF");
-    const int n = e != nullptr && *e ? std::atoi(e) : lean_env() ? 2 : 0;
-    return std::clamp(n, 0, 8);
+    return e != nullptr && *e ? std::clamp(std::atoi(e), 0, 8) : -1;
   }();
-  return v;
+  if (env >= 0) return env;
+  if (dt == KvDtype::bf16) return kDefaultL2PrefetchBf16;
+  const bool lean = dt == KvDtype::fp8_e4m3 && head_dim == 128 && lean_env();
+  return lean ? std::max(2, kDefaultL2PrefetchFp8) : kDefaultL2PrefetchFp8;
 }
 template <int D, int DT>
 constexpr bool kHasDeep = D == 128 && DT != kE5m2;
@@ -863,7 +874,7 @@ void paged_decode(const DecodeArgs& a, cudaStream_t stream) {
   p.gchunks = (p.group + kMaxGroup - 1) / kMaxGroup;
   p.split_tokens = a.plan.split_tokens;
   p.max_splits = a.plan.max_splits;
-  p.l2_prefetch = l2_prefetch_env();
+  p.l2_prefetch = l2_prefetch_for(L.dtype, L.head_dim);
   if (p.max_splits > 1) {
     p.part_o = static_cast<float*>(a.workspace);
     p.part_lse = p.part_o + static_cast<size_t>(a.batch) * a.num_heads * p.max_splits * L.head_dim;
