@@ -52,9 +52,10 @@ timeout 90 $TEST --gtest_filter='CudaDecode.*:CudaStore.*:CudaPlan.*' --gtest_ou
 # Variants: name=ENV (space-free ENV: several settings joined by ','). base =
 # the committed defaults. deepbf16: the DEEP register pipeline for bf16 only;
 # pfN: L2 prefetch of each warp's next N tiles; lean: e4m3 d128 with one tile
-# in registers, <= 128 registers (4 CTAs/SM), L2 prefetch 2 (or PF) ahead.
+# in registers, <= 128 registers (4 CTAs/SM), L2 prefetch 2 (or PF) ahead;
+# pf2pair: the prefetch as one bulk request per row for the KV-head pair.
 # Most promising first (later ones are skipped when time runs short).
-VARIANTS=${VARIANTS:-"base= pf2=FP8KV_DECODE_PF=2 deepbf16_pf2=FP8KV_DECODE_DEEP=bf16,FP8KV_DECODE_PF=2 lean=FP8KV_DECODE_LEAN=1 deepbf16=FP8KV_DECODE_DEEP=bf16 pf1=FP8KV_DECODE_PF=1 pf4=FP8KV_DECODE_PF=4 lean_pf4=FP8KV_DECODE_LEAN=1,FP8KV_DECODE_PF=4"}
+VARIANTS=${VARIANTS:-"base= pf2=FP8KV_DECODE_PF=2 deepbf16_pf2=FP8KV_DECODE_DEEP=bf16,FP8KV_DECODE_PF=2 lean=FP8KV_DECODE_LEAN=1 pf2pair=FP8KV_DECODE_PF=2,FP8KV_DECODE_PFPAIR=1 deepbf16=FP8KV_DECODE_DEEP=bf16 pf1=FP8KV_DECODE_PF=1 pf4=FP8KV_DECODE_PF=4 lean_pf4=FP8KV_DECODE_LEAN=1,FP8KV_DECODE_PF=4 deepbf16_pf4=FP8KV_DECODE_DEEP=bf16,FP8KV_DECODE_PF=4"}
 NAMES=()
 for v in $VARIANTS; do
   name=${v%%=*}; envs=${v#*=}

@@ -45,6 +45,7 @@ constexpr int kMaxGroup = 8;    // query heads per CTA
 struct DecodeParams : PagedKvParams {
   int gchunks, split_tokens, max_splits;
   int l2_prefetch;  // register path: this warp's tiles kept prefetched to L2 ahead (0 = off; FP8KV_DECODE_PF)
+  bool l2_prefetch_pair;  // prefetch the KV-head pair's rows (2 x D x EB bytes, one bulk prefetch per row)
   float* part_o;    // [batch][num_heads][max_splits][D]
   float* part_lse;  // [batch][num_heads][max_splits] (log2 domain)
 };
@@ -66,6 +67,10 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 __device__ __forceinline__ void prefetch_l2(const void* a) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+}
+template <int N>
+__device__ __forceinline__ void prefetch_bulk_l2(const void* a) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "n"(N) : "memory");
 }
 __device__ __forceinline__ uint4 lds16(uint32_t a) {
   uint4 v;
@@ -217,6 +222,15 @@ __global__ void __launch_bounds__(kWarps * 32, LEAN ? 4 : 0) decode_kernel(const
     const int64_t blk = __shfl_sync(0xffffffffu, pf_bt, k & 31);
     const int j0 = s_begin + (warp + k * kWarps) * kTile;
     const int64_t row0 = blk * p.block_size + j0 % p.block_size;
+    if (p.l2_prefetch_pair) {
+      // PAIR (FP8KV_DECODE_PFPAIR=1, even num_kv_heads): lane -> row lane & 15
+      // of K (lanes 0-15) or V; the rows of KV heads 2m and 2m+1 are adjacent,
+      // so one request of 2 x D x EB contiguous bytes serves this CTA and its
+      // neighbour (launched beside it: blockIdx.x is the KV head).
+      const uint8_t* base = lane < 16 ? p.k_cache : p.v_cache;
+      prefetch_bulk_l2<2 * D * EB>(base + (row0 + (lane & 15)) * row_bytes + (kvh & ~1) * D * EB);
+      return;
+    }
 #pragma unroll
     for (int u = 0; u < LPR; ++u) {  // 2 (K, V) x 16 rows x LPR lines = 32 LPR lines
       const int i = u * 32 + lane;
@@ -641,6 +655,15 @@ bool lean_env() {
   }();
   return on;
 }
+constexpr bool kDefaultL2PrefetchPair = false;
+bool l2_prefetch_pair_env() {
+  static const bool on = [] {
+    const char* e = std::getenv("FP8KV_DECODE_PFPAIR");
+    if (e == nullptr || *e == 0) return kDefaultL2PrefetchPair;
+    return std::string(e) == "1";
+  }();
+  return on;
+}
 int l2_prefetch_for(KvDtype dt, int head_dim) {
   static const int env = [] {
     const char* e = std::getenv("FP8KV_DECODE_PF");
@@ -875,6 +898,7 @@ void paged_decode(const DecodeArgs& a, cudaStream_t stream) {
   p.split_tokens = a.plan.split_tokens;
   p.max_splits = a.plan.max_splits;
   p.l2_prefetch = l2_prefetch_for(L.dtype, L.head_dim);
+  p.l2_prefetch_pair = p.l2_prefetch > 0 && L.num_kv_heads % 2 == 0 && l2_prefetch_pair_env();
   if (p.max_splits > 1) {
     p.part_o = static_cast<float*>(a.workspace);
     p.part_lse = p.part_o + static_cast<size_t>(a.batch) * a.num_heads * p.max_splits * L.head_dim;
