@@ -93,6 +93,28 @@ def main():
         f = lambda v: f"{v:.1f}" if v is not None else "-"
         print(f"  {n:>14}: {sm['bf16_min_x']:.2f} | {sm['fp8_max_t']:.2f} | {f(sm['b1_64k'])} | {f(sm['b32_16k'])} | "
               f"{status[n]}")
+    # Per dtype: each variant against base over the d128 rows (geometric mean
+    # of base time / variant time; the worst and best rows).
+    if "base" in var:
+        print("vs base (d128): geo-mean speed-up, worst row, best row")
+        for dt in ("bf16", "fp8_e4m3"):
+            for n in names:
+                if n == "base":
+                    continue
+                rs = []
+                for k, r in var[n].items():
+                    b = var["base"].get(k)
+                    if b and k[0] == dt and k[1] == 128:
+                        rs.append((b["ms"] / r["ms"], k))
+                if not rs:
+                    continue
+                g = 1.0
+                for x, _ in rs:
+                    g *= x
+                g **= 1.0 / len(rs)
+                lo, hi = min(rs), max(rs)
+                print(f"  {dt:>8} {n:>14}: {g:.3f} (worst {lo[0]:.3f} at B={lo[1][2]}/{lo[1][3]}, "
+                      f"best {hi[0]:.3f} at B={hi[1][2]}/{hi[1][3]}) tests {status[n]}")
     # Nsight Compute: a few lines per profiled kernel.
     pat = re.compile(r"^\s*(Duration|DRAM Throughput|Memory Throughput|L2 Hit Rate|Achieved Occupancy|"
                      r"Theoretical Occupancy|Registers Per Thread|Warp Cycles Per Issued Instruction|"
