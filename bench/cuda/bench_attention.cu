@@ -5,8 +5,7 @@
 //             Gemma-3-12B's (16 q heads, 8 KV heads, head_dim 256)
 //   plans   : the auto plan at assumed CTAs per SM (FP8KV_BENCH_CTAS, plan tuning)
 //   splits  : fp8 d128 decode at forced split sizes (plan tuning)
-//   (argument: all | store | prefill | decode | decode128 (d128 rows only) | plans | splits
-//    | shape DTYPE D B CTX: one decode row, auto plan (for a profiler: ncu on the GPU machine))
+//   (argument: all | store | prefill | decode | decode128 (d128 rows only) | plans | splits)
 //   prefill : 8K causal prefill from the paged cache (if built with prefill)
 //   store   : store of 64K tokens, bf16 input, bf16 vs fp8 cache
 // Working sets are rotated among several caches so that each launch reads
@@ -325,6 +324,8 @@ int main(int argc, char** argv) {
   if (only == "all" || only == "decode" || only == "decode128") bench_decode(copy_gbs, scales, only != "decode128");
   if (only == "all" || only == "plans") bench_plans(copy_gbs, scales);
   if (only == "all" || only == "splits") bench_splits(copy_gbs, scales);
+  // shape DTYPE D B CTX: one decode row at the auto plan (for a profiler:
+  // ncu in scripts/gpu_decode.sh).
   if (only == "shape") {
     if (argc != 6) {
       std::fprintf(stderr, "usage: bench_attention shape bf16|fp8_e4m3|fp8_e5m2 D B CTX\n");

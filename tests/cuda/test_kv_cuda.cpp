@@ -230,21 +230,6 @@ TEST(CudaDecode, LargeGroupsSplitIntoChunks) {
   }
 }
 
-// Long splits: more than 32 tiles per warp (block-table refresh) and many
-// trips around each warp's shared-memory ring, one split (direct output) and
-// two uneven splits (reduction).
-TEST(CudaDecode, LongSplitsWrapTheRing) {
-  FP8KV_REQUIRE_GPU();
-  std::mt19937_64 rng(test_seed());
-  for (KvDtype dt : kDtypes)
-    for (int D : {64, 128, 256}) {
-      const std::vector<int> lengths = {4133, 2113, 17};
-      run_decode_case(rng, DecodeCase{dt, D, 4, 1, 16, 0, ScaleMode::per_head, 0.0f}, 4096, D == 128, lengths);
-      run_decode_case(rng, DecodeCase{dt, D, 2, 2, 32, 3000, ScaleMode::per_tensor, 0.0f}, 8192, false, lengths);
-      if (HasFailure()) return;
-    }
-}
-
 // Kernel attributes are per device, and the engine runs TP ranks as threads
 // of one process, one GPU each (set_func_attribute_once, common.cuh). A D = 256
 // decode (96-192 KB of dynamic shared memory: it fails to launch without the
@@ -271,6 +256,21 @@ TEST(CudaDecode, EveryDeviceAndThreadGetsKernelAttributes) {
     });
   for (auto& t : threads) t.join();
   std::printf("decode D=256 on %d thread(s) over %d device(s): ok\n", nthreads, ndev);
+}
+
+// Long splits: more than 32 tiles per warp (block-table refresh) and many
+// trips around each warp's shared-memory ring, one split (direct output) and
+// two uneven splits (reduction).
+TEST(CudaDecode, LongSplitsWrapTheRing) {
+  FP8KV_REQUIRE_GPU();
+  std::mt19937_64 rng(test_seed());
+  for (KvDtype dt : kDtypes)
+    for (int D : {64, 128, 256}) {
+      const std::vector<int> lengths = {4133, 2113, 17};
+      run_decode_case(rng, DecodeCase{dt, D, 4, 1, 16, 0, ScaleMode::per_head, 0.0f}, 4096, D == 128, lengths);
+      run_decode_case(rng, DecodeCase{dt, D, 2, 2, 32, 3000, ScaleMode::per_tensor, 0.0f}, 8192, false, lengths);
+      if (HasFailure()) return;
+    }
 }
 
 // ---- prefill / chunked prefill ---------------------------------------------
