@@ -54,25 +54,32 @@ timeout 90 $TEST --gtest_filter='CudaDecode.*:CudaStore.*:CudaPlan.*' --gtest_ou
 # pfN: L2 prefetch of each warp's next N tiles; lean: e4m3 d128 with one tile
 # in registers, <= 128 registers (4 CTAs/SM), L2 prefetch 2 (or PF) ahead;
 # pf2pair: the prefetch as one bulk request per row for the KV-head pair.
-# Most promising first (later ones are skipped when time runs short).
-VARIANTS=${VARIANTS:-"base= pf2=FP8KV_DECODE_PF=2 deepbf16_pf2=FP8KV_DECODE_DEEP=bf16,FP8KV_DECODE_PF=2 lean=FP8KV_DECODE_LEAN=1 pf2pair=FP8KV_DECODE_PF=2,FP8KV_DECODE_PFPAIR=1 deepbf16=FP8KV_DECODE_DEEP=bf16 pf1=FP8KV_DECODE_PF=1 pf4=FP8KV_DECODE_PF=4 lean_pf4=FP8KV_DECODE_LEAN=1,FP8KV_DECODE_PF=4 deepbf16_pf4=FP8KV_DECODE_DEEP=bf16,FP8KV_DECODE_PF=4"}
+# Group A (most promising) before the profiles, group B after them; a variant
+# is skipped when the run is past the group's time gate.
+VARIANTS_A=${VARIANTS_A:-"base= pf2=FP8KV_DECODE_PF=2 deepbf16_pf2=FP8KV_DECODE_DEEP=bf16,FP8KV_DECODE_PF=2 lean=FP8KV_DECODE_LEAN=1 pf2pair=FP8KV_DECODE_PF=2,FP8KV_DECODE_PFPAIR=1 deepbf16=FP8KV_DECODE_DEEP=bf16"}
+VARIANTS_B=${VARIANTS_B:-"pf1=FP8KV_DECODE_PF=1 pf4=FP8KV_DECODE_PF=4 lean_pf4=FP8KV_DECODE_LEAN=1,FP8KV_DECODE_PF=4 deepbf16_pf4=FP8KV_DECODE_DEEP=bf16,FP8KV_DECODE_PF=4"}
 NAMES=()
-for v in $VARIANTS; do
-  name=${v%%=*}; envs=${v#*=}
-  [ $(el) -lt 175 ] || { echo "skip variant $name (time)"; continue; }
-  phase "variant $name ($envs)"
-  NAMES+=("$name")
-  ev=(); IFS=',' read -ra ev <<<"$envs"
-  env "${ev[@]}" timeout 60 $TEST --gtest_filter='CudaDecode.*' >"$OUT/test_$name.log" 2>&1
-  rc=$?
-  if [ $rc = 0 ] && grep -q "^\[  PASSED  \]" "$OUT/test_$name.log" && ! grep -q "^\[  FAILED  \]" "$OUT/test_$name.log"; then
-    echo PASS >"$OUT/test_$name.status"
-  else
-    echo FAIL >"$OUT/test_$name.status"
-  fi
-  echo "decode tests: $(cat "$OUT/test_$name.status") (rc $rc); $(grep -E "worst" "$OUT/test_$name.log" | paste -sd' ')"
-  env "${ev[@]}" timeout 45 $BENCH decode128 >"$OUT/bench_$name.jsonl" 2>"$OUT/bench_$name.err"
-done
+run_variants() {  # gate_seconds variant...
+  local gate=$1; shift
+  local v name envs ev rc
+  for v in "$@"; do
+    name=${v%%=*}; envs=${v#*=}
+    [ $(el) -lt $gate ] || { echo "skip variant $name (time)"; continue; }
+    phase "variant $name ($envs)"
+    NAMES+=("$name")
+    ev=(); IFS=',' read -ra ev <<<"$envs"
+    env "${ev[@]}" timeout 60 $TEST --gtest_filter='CudaDecode.*' >"$OUT/test_$name.log" 2>&1
+    rc=$?
+    if [ $rc = 0 ] && grep -q "^\[  PASSED  \]" "$OUT/test_$name.log" && ! grep -q "^\[  FAILED  \]" "$OUT/test_$name.log"; then
+      echo PASS >"$OUT/test_$name.status"
+    else
+      echo FAIL >"$OUT/test_$name.status"
+    fi
+    echo "decode tests: $(cat "$OUT/test_$name.status") (rc $rc); $(grep -E "worst" "$OUT/test_$name.log" | paste -sd' ')"
+    env "${ev[@]}" timeout 45 $BENCH decode128 >"$OUT/bench_$name.jsonl" 2>"$OUT/bench_$name.err"
+  done
+}
+run_variants 160 $VARIANTS_A
 
 phase sdpa
 timeout 45 python3 tools/bench_sdpa.py >"$OUT/sdpa.jsonl" 2>&1; tail -1 "$OUT/sdpa.jsonl"
@@ -83,11 +90,11 @@ NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-comput
 if [ "${NCU:-1}" != 0 ] && [ -n "$NCU_BIN" ]; then
   phase "ncu ($NCU_BIN)"
   NCU_METRICS=(--metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio')
-  for job in "fp8_e4m3 128 32 16384:base=" "fp8_e4m3 128 32 16384:pf2=FP8KV_DECODE_PF=2" \
-             "bf16 128 64 1024:base=" "fp8_e4m3 128 1 65536:base=" "fp8_e4m3 128 32 16384:lean=FP8KV_DECODE_LEAN=1" \
+  for job in "fp8_e4m3 128 32 16384:base=" "bf16 128 64 1024:base=" "fp8_e4m3 128 1 65536:base=" \
+             "fp8_e4m3 128 32 16384:pf2=FP8KV_DECODE_PF=2" "fp8_e4m3 128 32 16384:lean=FP8KV_DECODE_LEAN=1" \
              "bf16 128 64 1024:pf2=FP8KV_DECODE_PF=2" "fp8_e4m3 128 1 65536:pf2=FP8KV_DECODE_PF=2"; do
       shape=${job%%:*}; v=${job#*:}
-      [ $(el) -lt 205 ] || { echo "skip ncu $shape $v (time)"; continue; }
+      [ $(el) -lt 195 ] || { echo "skip ncu $shape $v (time)"; continue; }
       name=${v%%=*}; envs=${v#*=}; ev=(); IFS=',' read -ra ev <<<"$envs"
       tag=$(echo "$shape" | awk '{printf "%s_b%s_c%s", ($1=="bf16"?"bf16":"fp8"), $3, $4}')_$name
       ncu_run() {
@@ -105,6 +112,8 @@ if [ "${NCU:-1}" != 0 ] && [ -n "$NCU_BIN" ]; then
 else
   echo "ncu: not run (NCU=${NCU:-1}, binary '${NCU_BIN}')"
 fi
+
+run_variants 200 $VARIANTS_B
 
 if [ $(el) -lt 215 ]; then
   phase "plans + splits"
