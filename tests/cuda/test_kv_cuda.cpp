@@ -258,6 +258,22 @@ TEST(CudaDecode, EveryDeviceAndThreadGetsKernelAttributes) {
   std::printf("decode D=256 on %d thread(s) over %d device(s): ok\n", nthreads, ndev);
 }
 
+// Batch 64 x 8 KV heads at <= 1K context: 512 CTAs, more than one wave at 3
+// CTAs per SM and one at 4, so on an H200 (132 SMs) the e4m3 d128 batch runs
+// the LEAN kernel (auto, version 6) while each single sequence runs the
+// default one: bitwise equal all the same (same tile order and arithmetic).
+TEST(CudaDecode, LeanAutoBatchEqualsSingle) {
+  FP8KV_REQUIRE_GPU();
+  std::mt19937_64 rng(test_seed());
+  std::uniform_int_distribution<int> u(1, 1024);
+  std::vector<int> lengths(64);
+  for (int& x : lengths) x = u(rng);
+  lengths[0] = 1024;
+  const double worst =
+      run_decode_case(rng, DecodeCase{KvDtype::fp8_e4m3, 128, 4, 8, 16, 0, ScaleMode::per_head, 0.0f}, 0, true, lengths);
+  EXPECT_LE(worst, 1.0);
+}
+
 // Long splits: more than 32 tiles per warp (block-table refresh) and many
 // trips around each warp's shared-memory ring, one split (direct output) and
 // two uneven splits (reduction).
