@@ -5,7 +5,7 @@
 //             Gemma-3-12B's (16 q heads, 8 KV heads, head_dim 256)
 //   plans   : the auto plan at assumed CTAs per SM (FP8KV_BENCH_CTAS, plan tuning)
 //   splits  : fp8 d128 decode at forced split sizes (plan tuning)
-//   (argument: all | store | prefill | decode | decode128 (d128 rows only) | plans | splits)
+//   (argument: all | store | prefill | prefill-mma | prefill-wgmma | decode | decode128 (d128 rows only) | plans | splits)
 //   prefill : 8K causal prefill from the paged cache (if built with prefill)
 //   store   : store of 64K tokens, bf16 input, bf16 vs fp8 cache
 // Working sets are rotated among several caches so that each launch reads
@@ -223,9 +223,11 @@ void bench_plans(double copy_gbs, const float* scales) {
     for (int c : cps) bench_decode_one(copy_gbs, scales, s.dt, s.H, s.Hkv, s.D, s.B, s.C, 0, "plan", c);
 }
 
-void bench_prefill(const float* scales) {
+// 8K causal prefill, both kernels (PrefillArgs::kernel) at head_dim 128.
+// which: "both", "mma" or "wgmma" (separate processes in gpu_prefill.sh).
+void bench_prefill(const float* scales, const std::string& which = "both") {
   const int S = 8192;
-  for (KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3}) {
+  for (KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3, KvDtype::fp8_e5m2}) {
     CacheSet cs(dt, 1, S, size_t(256) << 20);
     void *q, *out;
     int32_t* qs;
@@ -245,17 +247,22 @@ void bench_prefill(const float* scales) {
     a.q_dtype = ActDtype::bf16;
     a.out = out;
     a.out_dtype = ActDtype::bf16;
-    const double ms = median_ms([&](int i) { a.kv = cs.paged(i, scales); paged_prefill(a, nullptr); }, 3, 20);
-    const double flops = 4.0 * kH * kD * (double(S) * (S + 1) / 2);
-    std::printf("{\"kind\":\"prefill\",\"dtype\":\"%s\",\"seq\":%d,\"ms\":%.4f,\"TFLOPs\":%.1f}\n",
-                std::string(kv_dtype_name(dt)).c_str(), S, ms, flops / (ms * 1e-3) / 1e12);
-    std::fflush(stdout);
+    for (PrefillKernel kern : {PrefillKernel::mma, PrefillKernel::wgmma}) {
+      if (dt == KvDtype::fp8_e5m2 && kern == PrefillKernel::mma) continue;
+      if (which != "both" && which != (kern == PrefillKernel::wgmma ? "wgmma" : "mma")) continue;
+      a.kernel = kern;
+      const double ms = median_ms([&](int i) { a.kv = cs.paged(i, scales); paged_prefill(a, nullptr); }, 3, 20);
+      const double flops = 4.0 * kH * kD * (double(S) * (S + 1) / 2);
+      std::printf("{\"kind\":\"prefill\",\"dtype\":\"%s\",\"kernel\":\"%s\",\"seq\":%d,\"ms\":%.4f,\"TFLOPs\":%.1f}\n",
+                  std::string(kv_dtype_name(dt)).c_str(), kern == PrefillKernel::wgmma ? "wgmma" : "mma", S, ms,
+                  flops / (ms * 1e-3) / 1e12);
+      std::fflush(stdout);
+    }
     CK(cudaFree(q));
     CK(cudaFree(out));
     CK(cudaFree(qs));
   }
 }
-
 
 void bench_store(const float* scales) {
   const int T = 65536;
@@ -320,6 +327,8 @@ int main(int argc, char** argv) {
   if (only == "all" || only == "store") bench_store(scales);
 
   if (only == "all" || only == "prefill") bench_prefill(scales);
+  if (only == "prefill-mma") bench_prefill(scales, "mma");
+  if (only == "prefill-wgmma") bench_prefill(scales, "wgmma");
 
   if (only == "all" || only == "decode" || only == "decode128") bench_decode(copy_gbs, scales, only != "decode128");
   if (only == "all" || only == "plans") bench_plans(copy_gbs, scales);

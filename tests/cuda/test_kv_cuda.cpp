@@ -298,13 +298,22 @@ struct PrefillCase {
   float softcap;
 };
 
-double run_prefill_case(std::mt19937_64& rng, const PrefillCase& c) {
+// kernel: the prefill kernel under test (PrefillArgs::kernel). lengths:
+// (context, query count) pairs; empty: the default mix. check_single: each
+// sequence launched alone gives bitwise its rows of the batched launch.
+double run_prefill_case(std::mt19937_64& rng, const PrefillCase& c, cuda::PrefillKernel kernel,
+                        const std::vector<std::pair<int, int>>& lengths = {}, bool check_single = false) {
   // (context, chunk) pairs: whole prompts, chunks at an offset, single tokens.
   std::uniform_int_distribution<int> u(1, 300);
   std::vector<int> ctx = {1, 70, c.block_size * 9 + 5, u(rng), u(rng) + 64};
   std::vector<int> nq = {1, 70, 77, 0, 0};
   nq[3] = std::max(1, ctx[3] / 3);
   nq[4] = ctx[4];
+  if (!lengths.empty()) {
+    ctx.clear();
+    nq.clear();
+    for (const auto& [cl, n] : lengths) { ctx.push_back(cl); nq.push_back(n); }
+  }
   Scenario s = make_scenario(rng, c.D, c.num_kv_heads, c.block_size, c.dt, c.mode, ctx, /*bf16_input=*/true);
   EXPECT_TRUE(s.k_cache_gpu == s.k_cache && s.v_cache_gpu == s.v_cache) << "CUDA store (bf16 input) differs from CPU";
   const int B = s.batch(), H = c.num_kv_heads * c.group, D = c.D;
@@ -328,8 +337,31 @@ double run_prefill_case(std::mt19937_64& rng, const PrefillCase& c) {
   a.q_start = dqs.as<int32_t>();
   a.q = dq.get();
   a.out = dout.get();
+  a.kernel = kernel;
   cuda::paged_prefill(a, nullptr);
   const auto out = dout.download<float>();
+  if (check_single) {
+    for (int b = 0; b < B; ++b) {
+      const size_t row = static_cast<size_t>(H) * D;
+      std::vector<float> q1(q.begin() + qs[b] * row, q.begin() + qs[b + 1] * row);
+      std::vector<int32_t> bt1(s.block_tables.begin() + b * s.max_blocks, s.block_tables.begin() + (b + 1) * s.max_blocks);
+      std::vector<int32_t> c1 = {ctx[b]}, qs1 = {0, nq[b]};
+      DevBuf dq1(q1), dbt1(bt1), dc1(c1), dqs1(qs1), do1(q1.size() * sizeof(float));
+      do1.fill(0xff);
+      cuda::PrefillArgs a1 = a;
+      a1.kv.block_tables = dbt1.as<int32_t>();
+      a1.kv.context_lens = dc1.as<int32_t>();
+      a1.batch = 1;
+      a1.max_query_len = nq[b];
+      a1.q_start = dqs1.as<int32_t>();
+      a1.q = dq1.get();
+      a1.out = do1.get();
+      cuda::paged_prefill(a1, nullptr);
+      const auto o1 = do1.download<float>();
+      EXPECT_EQ(0, std::memcmp(o1.data(), out.data() + qs[b] * row, o1.size() * sizeof(float)))
+          << "prefill batched != single for b=" << b << " ctx=" << ctx[b] << " nq=" << nq[b];
+    }
+  }
   double worst = 0;
   for (int b = 0; b < B; ++b) {
     std::vector<int32_t> pos(nq[b]);
@@ -396,7 +428,12 @@ TEST(CudaPlan, SplitsCoverTheSpanAndFillTheGpu) {
   EXPECT_EQ(f.max_splits, 5);
 }
 
-TEST(CudaPrefill, MatchesCpuReferenceCausalWindowChunked) {
+// Every prefill test runs under both kernels (PrefillArgs::kernel): mma.sync
+// and wgmma (head_dim 128; other head dims fall back to mma.sync).
+class CudaPrefill : public ::testing::TestWithParam<cuda::PrefillKernel> {};
+const char* kernel_name(cuda::PrefillKernel k) { return k == cuda::PrefillKernel::wgmma ? "wgmma" : "mma"; }
+
+TEST_P(CudaPrefill, MatchesCpuReferenceCausalWindowChunked) {
   FP8KV_REQUIRE_GPU();
   const uint64_t seed = test_seed();
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
@@ -410,13 +447,42 @@ TEST(CudaPrefill, MatchesCpuReferenceCausalWindowChunked) {
           const ScaleMode mode = static_cast<ScaleMode>((n + 1) % 3);
           const int window = (n % 3 == 0) ? 0 : (n % 3 == 1 ? 50 : 129);
           worst = std::max(worst, run_prefill_case(rng, PrefillCase{dt, D, group, group == 8 ? 1 : 2, bs, window, mode,
-                                                                    n % 7 == 6 ? 20.0f : 0.0f}));
+                                                                    n % 7 == 6 ? 20.0f : 0.0f}, GetParam()));
           ++n;
           if (HasFailure()) return;
         }
-    std::printf("prefill %-8s worst |err|/tol = %.3f\n", std::string(kv_dtype_name(dt)).c_str(), worst);
+    std::printf("prefill %s %-8s worst |err|/tol = %.3f\n", kernel_name(GetParam()),
+                std::string(kv_dtype_name(dt)).c_str(), worst);
   }
 }
+
+// head_dim 128 (the wgmma kernel's): prompts of several 128-query tiles and
+// many 64-key tiles, a chunk deep into its context, a window wider than a
+// tile, softcap on and off; and batched == single, bitwise.
+TEST_P(CudaPrefill, LongPromptsBatchedEqualsSingle) {
+  FP8KV_REQUIRE_GPU();
+  const uint64_t seed = test_seed();
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  const std::vector<std::pair<int, int>> lengths = {{611, 611}, {900, 260}, {129, 129}, {300, 1}};
+  int n = 0;
+  for (KvDtype dt : kDtypes) {
+    double worst = 0;
+    for (int window : {0, 200}) {
+      const PrefillCase c{dt, 128, 4, 2, n % 2 ? 32 : 16, window, static_cast<ScaleMode>(n % 3), n % 2 ? 0.0f : 30.0f};
+      worst = std::max(worst, run_prefill_case(rng, c, GetParam(), lengths, true));
+      ++n;
+      if (HasFailure()) return;
+    }
+    std::printf("prefill-long %s %-8s worst |err|/tol = %.3f\n", kernel_name(GetParam()),
+                std::string(kv_dtype_name(dt)).c_str(), worst);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, CudaPrefill, ::testing::Values(cuda::PrefillKernel::mma, cuda::PrefillKernel::wgmma),
+                         [](const ::testing::TestParamInfo<cuda::PrefillKernel>& i) {
+                           return std::string(kernel_name(i.param));
+                         });
 
 }  // namespace
 }  // namespace fp8kv::cudatest

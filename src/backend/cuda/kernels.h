@@ -106,6 +106,11 @@ void paged_decode(const DecodeArgs& args, cudaStream_t stream);
 
 // ---- prefill / chunked prefill --------------------------------------------
 
+// Which kernel runs a prefill at head_dim 128 (head_dim 64 / 256 always run
+// mma.sync). automatic: the environment variable FP8KV_PREFILL (wgmma | mma;
+// unset: mma until the wgmma kernel is verified on the H200, docs/cuda.md).
+enum class PrefillKernel : uint8_t { automatic = 0, mma = 1, wgmma = 2 };
+
 // Sequence b's queries are rows [q_start[b], q_start[b+1]) of q, at positions
 // [context_len - n, context_len), n = q_start[b+1] - q_start[b]; their K/V
 // are already stored in the cache. Causal, optional sliding window.
@@ -122,6 +127,7 @@ struct PrefillArgs {
   ActDtype q_dtype = ActDtype::f32;
   void* out = nullptr;               // [total_q][num_heads][head_dim]
   ActDtype out_dtype = ActDtype::f32;
+  PrefillKernel kernel = PrefillKernel::automatic;
 };
 void paged_prefill(const PrefillArgs& args, cudaStream_t stream);
 

@@ -8,11 +8,13 @@
 // fp8 caches: f16 MMAs (Q, P rounded to f16); bf16 caches: bf16 MMAs.
 // k_scale folds into the score scale, v_scale multiplies the output once.
 #include <algorithm>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/prefill_wgmma.h"
 
 namespace fp8kv::cuda {
 namespace {
@@ -345,6 +347,18 @@ void launch_prefill(const PrefillParams& p, KvDtype dt, dim3 grid, cudaStream_t 
   }
 }
 
+// PrefillArgs::kernel, or FP8KV_PREFILL for `automatic` (read per call: the
+// tests and the bench switch it; a getenv is noise next to a launch).
+bool want_wgmma(PrefillKernel k) {
+  if (k != PrefillKernel::automatic) return k == PrefillKernel::wgmma;
+  const char* env = std::getenv("FP8KV_PREFILL");
+  if (!env || !*env) return false;
+  const std::string v(env);
+  if (v == "wgmma") return true;
+  if (v == "mma") return false;
+  throw std::invalid_argument("FP8KV_PREFILL: expected wgmma or mma, got '" + v + "'");
+}
+
 }  // namespace
 
 void paged_prefill(const PrefillArgs& a, cudaStream_t stream) {
@@ -361,6 +375,10 @@ void paged_prefill(const PrefillArgs& a, cudaStream_t stream) {
   const bool fp8 = kv_dtype_is_fp8(L.dtype);
   if (fp8 && (!a.kv.k_scale.values || !a.kv.v_scale.values))
     throw std::invalid_argument("paged_prefill: fp8 cache needs k/v scales");
+  if (want_wgmma(a.kernel) && prefill_wgmma_supports(a)) {
+    paged_prefill_wgmma(a, stream);
+    return;
+  }
   PrefillParams p{};
   fill_paged_params(p, a);
   p.q_start = a.q_start;

@@ -1,0 +1,423 @@
+// Paged prefill / chunked-prefill attention on Hopper wgmma (head_dim 128).
+// One CTA = 128 queries of one (sequence, q head): 2 warpgroups x 64 rows,
+// 256 threads. K/V tiles of 64 keys are gathered through the block table
+// (one lookup per 16-byte chunk; 16-token pages) by cp.async into a 2-stage
+// ring; the copy of tile i+1 is in flight during tile i's math.
+//  - bf16 cache: cp.async straight into 128B-swizzled K and V tiles.
+//  - fp8 cache: cp.async of the fp8 bytes into a 2-stage staging ring; each
+//    thread dequantizes (exactly, to f16) the chunks it copied into one
+//    swizzled f16 K/V tile.
+// S = Q K^T: 8 x wgmma m64n64k16 per warpgroup, Q and K from shared memory
+// (K-major). Online softmax on the f32 accumulators in registers (exp2, the
+// mma.sync kernel's arithmetic). O += P V: 4 x wgmma m64n128k16 with P in
+// registers (rounded to the MMA type) and V from shared memory, N-major.
+// fp8 caches: f16 MMAs (Q, P rounded to f16); bf16 caches: bf16 MMAs.
+// k_scale folds into the score scale, v_scale multiplies the output once.
+// docs/cuda.md (2026-12-01) has the design and the measured figures.
+#include <stdexcept>
+#include <string>
+
+#include "backend/cuda/prefill_wgmma.h"
+#include "backend/cuda/wgmma.cuh"
+
+namespace fp8kv::cuda {
+namespace {
+using namespace detail;
+
+constexpr int kD = 128;            // head dim
+constexpr int kBM = 128;           // queries per CTA
+constexpr int kKT = 64;            // keys per tile
+constexpr int kWThreads = 256;     // 2 warpgroups
+constexpr int kQBytes = kBM * kD * 2;
+constexpr int kTileBytes = kKT * kD * 2;  // one 16-bit K or V tile
+constexpr int kRawBytes = kKT * kD;       // one fp8 K or V tile
+// 1024 for the alignment of the swizzled tiles; bf16: 2 stages of K+V tiles;
+// fp8: 1 converted K+V tile + 2 stages of fp8 K+V.
+constexpr int kWgSmem = 1024 + kQBytes + 2 * 2 * kTileBytes;
+static_assert(2 * kTileBytes + 2 * 2 * kRawBytes == 2 * 2 * kTileBytes, "fp8 and bf16 rings are the same size");
+
+struct WgParams : PagedKvParams {
+  const int32_t* q_start;
+  int num_q_tiles;
+};
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ uint8_t* align1024(uint8_t* p) {
+  return p + ((1024 - (smem_u32(p) & 1023)) & 1023);
+}
+
+// S(64 x 64) = Q(64 rows at qa, panel stride q_panel) K(64 keys at ka)^T.
+template <int DT>
+__device__ __forceinline__ void qk_tile(float (&s)[32], uint32_t qa, uint32_t q_panel, uint32_t ka) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) s[i] = 0.0f;
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < kD / 16; ++ks) {
+    const uint64_t da = gmma_desc(qa + (ks / 4) * q_panel + (ks % 4) * 32, 16, 1024);
+    const uint64_t db = gmma_desc(ka + (ks / 4) * (kKT * 128) + (ks % 4) * 32, 16, 1024);
+    wgmma_m64n64_ss<DT>(s, da, db, ks > 0 ? 1 : 0);
+  }
+  wgmma_commit();
+  wgmma_wait0();
+  reg_fence(s);
+}
+
+// O(64 x 128) += P(64 x 64, registers: pa[kk] = keys 16kk..16kk+15) V(64 keys at va).
+template <int DT>
+__device__ __forceinline__ void pv_tile(float (&o)[64], uint32_t (&pa)[4][4], uint32_t va) {
+  reg_fence(o);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kKT / 16; ++kk) {
+    const uint64_t db = gmma_desc(va + kk * 16 * 128, kKT * 128, 1024);
+    wgmma_m64n128_rs_t<DT>(o, pa[kk], db, 1);
+  }
+  wgmma_commit();
+  wgmma_wait0();
+  reg_fence(o);
+}
+
+template <int DT>
+__global__ void __launch_bounds__(kWThreads, 1) prefill_wgmma_kernel(const WgParams p) {
+  constexpr int EB = DT == kBf16 ? 2 : 1;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = align1024(smem_raw);
+  uint8_t* sQ = smem;
+  uint8_t* sKV = smem + kQBytes;            // stage s: K at + s * 2 * kTileBytes, V at + kTileBytes
+  uint8_t* sRaw = sKV + 2 * kTileBytes;     // fp8: stage s: K at + s * 2 * kRawBytes, V at + kRawBytes
+
+  const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, wwarp = (tid >> 5) & 3, g = lane >> 2, t = lane & 3;
+  const int h = blockIdx.x;
+  const int qtile = p.num_q_tiles - 1 - static_cast<int>(blockIdx.y);  // longest (latest) tiles first
+  const int b = blockIdx.z;
+  const int q0 = p.q_start[b], nq = p.q_start[b + 1] - q0;
+  if (qtile * kBM >= nq) return;
+  const int ctx = p.context_lens[b];
+  const int pos0 = ctx - nq;
+  const int kvh = h / p.group;
+  const int64_t row_bytes = static_cast<int64_t>(p.num_kv_heads) * kD * EB;
+  const int64_t head_off = static_cast<int64_t>(kvh) * kD * EB;
+  const int32_t* bt = p.block_tables + static_cast<int64_t>(b) * p.max_blocks_per_seq;
+
+  // This thread's rows: CTA rows r0 and r0 + 8.
+  const int r0 = wg * 64 + wwarp * 16 + g;
+  const int qi0 = qtile * kBM + r0;
+  const int qpos[2] = {pos0 + qi0, pos0 + qi0 + 8};
+  const bool qvalid[2] = {qi0 < nq, qi0 + 8 < nq};
+  const int cta_first_q = pos0 + qtile * kBM;
+  const int cta_last_q = pos0 + min(nq, (qtile + 1) * kBM) - 1;
+  const int kv_lo = p.window > 0 ? max(0, cta_first_q - p.window + 1) : 0;
+  const int kv_hi = cta_last_q + 1;
+  const int tile_lo = kv_lo / kKT * kKT;
+  // Keys this warpgroup's rows can see: [wg_lo, wg_hi) (empty: no valid row).
+  const int wg_first_q = cta_first_q + wg * 64;
+  const int wg_hi = wg_first_q > cta_last_q ? -1 : min(cta_last_q, wg_first_q + 63) + 1;
+  const int wg_lo = p.window > 0 ? max(0, wg_first_q - p.window + 1) : 0;
+
+  // Q -> shared memory (swizzled, MMA type), rows past nq zero.
+  for (int c = tid; c < kBM * (kD / 8); c += kWThreads) {
+    const int row = c / (kD / 8), ch = c % (kD / 8), qi = qtile * kBM + row;
+    uint32_t w[4] = {0, 0, 0, 0};
+    if (qi < nq) {
+      const int64_t off = (static_cast<int64_t>(q0 + qi) * p.num_heads + h) * kD + ch * 8;
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        w[e] = pack2<DT>(load_act(p.q, off + 2 * e, p.q_bf16), load_act(p.q, off + 2 * e + 1, p.q_bf16));
+    }
+    *reinterpret_cast<uint4*>(sQ + swz_chunk(kBM, row, ch)) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+  fence_proxy_async();
+
+  const float ks_ = DT == kBf16 ? 1.0f : p.k_scale[p.k_scale_count == 1 ? 0 : kvh];
+  const bool softcap = p.softcap > 0.0f;
+  const float score_mul = softcap ? p.softmax_scale * ks_ / p.softcap : p.softmax_scale * ks_ * kLog2e;
+
+  float o[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+  // Copies of tile j0 into ring stage `st` (one commit group), zero-filled
+  // outside [kv_lo, kv_hi): unwritten / freed slots may hold NaN.
+  auto issue = [&](int j0, int st) {
+    if constexpr (DT == kBf16) {
+      const uint32_t dk = smem_u32(sKV + st * 2 * kTileBytes), dv = dk + kTileBytes;
+#pragma unroll
+      for (int i = 0; i < kKT * 16 / kWThreads; ++i) {
+        const int c = tid + i * kWThreads, key = c / 16, ch = c % 16, j = j0 + key;
+        const bool ok = j >= kv_lo && j < kv_hi;
+        int64_t off = 0;
+        if (ok) off = (static_cast<int64_t>(bt[j / p.block_size]) * p.block_size + j % p.block_size) * row_bytes + head_off + ch * 16;
+        cp_async16(dk + swz_chunk(kKT, key, ch), p.k_cache + off, ok);
+        cp_async16(dv + swz_chunk(kKT, key, ch), p.v_cache + off, ok);
+      }
+    } else {
+      const uint32_t dk = smem_u32(sRaw + st * 2 * kRawBytes), dv = dk + kRawBytes;
+#pragma unroll
+      for (int i = 0; i < kKT * 8 / kWThreads; ++i) {
+        const int c = tid + i * kWThreads, key = c / 8, ch = c % 8, j = j0 + key;
+        const bool ok = j >= kv_lo && j < kv_hi;
+        int64_t off = 0;
+        if (ok) off = (static_cast<int64_t>(bt[j / p.block_size]) * p.block_size + j % p.block_size) * row_bytes + head_off + ch * 16;
+        cp_async16(dk + key * 128 + ch * 16, p.k_cache + off, ok);
+        cp_async16(dv + key * 128 + ch * 16, p.v_cache + off, ok);
+      }
+    }
+    cp_async_commit();
+  };
+  // fp8: this thread's own staged chunks of stage `st` -> f16 swizzled tiles.
+  auto convert = [&](int st) {
+    const uint8_t* rk = sRaw + st * 2 * kRawBytes;
+    const uint8_t* rv = rk + kRawBytes;
+#pragma unroll
+    for (int i = 0; i < kKT * 8 / kWThreads; ++i) {
+      const int c = tid + i * kWThreads, key = c / 8, ch = c % 8;
+      const uint4 wk4 = *reinterpret_cast<const uint4*>(rk + key * 128 + ch * 16);
+      const uint4 wv4 = *reinterpret_cast<const uint4*>(rv + key * 128 + ch * 16);
+      const uint32_t wk[4] = {wk4.x, wk4.y, wk4.z, wk4.w}, wv[4] = {wv4.x, wv4.y, wv4.z, wv4.w};
+      uint32_t hk[8], hv[8];
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        hk[2 * w] = fp8x2_to_f16x2<DT>(wk[w]);
+        hk[2 * w + 1] = fp8x2_to_f16x2<DT>(wk[w] >> 16);
+        hv[2 * w] = fp8x2_to_f16x2<DT>(wv[w]);
+        hv[2 * w + 1] = fp8x2_to_f16x2<DT>(wv[w] >> 16);
+      }
+      *reinterpret_cast<uint4*>(sKV + swz_chunk(kKT, key, 2 * ch)) = make_uint4(hk[0], hk[1], hk[2], hk[3]);
+      *reinterpret_cast<uint4*>(sKV + swz_chunk(kKT, key, 2 * ch + 1)) = make_uint4(hk[4], hk[5], hk[6], hk[7]);
+      *reinterpret_cast<uint4*>(sKV + kTileBytes + swz_chunk(kKT, key, 2 * ch)) = make_uint4(hv[0], hv[1], hv[2], hv[3]);
+      *reinterpret_cast<uint4*>(sKV + kTileBytes + swz_chunk(kKT, key, 2 * ch + 1)) =
+          make_uint4(hv[4], hv[5], hv[6], hv[7]);
+    }
+  };
+
+  issue(tile_lo, 0);
+  int it = 0;
+  for (int j0 = tile_lo; j0 < kv_hi; j0 += kKT, ++it) {
+    const int st = it & 1;
+    const bool has_next = j0 + kKT < kv_hi;
+    const uint8_t* tk;
+    if constexpr (DT == kBf16) {
+      cp_async_wait<0>();  // this thread's copies of tile j0
+      fence_proxy_async();
+      __syncthreads();     // everyone's copies landed; everyone is done with the other stage
+      if (has_next) issue(j0 + kKT, st ^ 1);
+      tk = sKV + st * 2 * kTileBytes;
+    } else {
+      if (has_next) issue(j0 + kKT, st ^ 1);
+      else cp_async_commit();
+      cp_async_wait<1>();  // this thread's copies of tile j0 (the older group)
+      __syncthreads();     // everyone is done reading the converted tile
+      convert(st);
+      fence_proxy_async();
+      __syncthreads();
+      tk = sKV;
+    }
+    if (j0 >= wg_hi || j0 + kKT <= wg_lo) continue;  // no row of this warpgroup sees the tile (warpgroup-uniform)
+
+    float s[32];
+    qk_tile<DT>(s, smem_u32(sQ) + wg * 64 * 128, kBM * 128, smem_u32(tk));
+
+    // Scale, mask (causal, window, range), online softmax per row.
+    const bool full_tile = j0 >= kv_lo && j0 + kKT - 1 <= qpos[0] && (p.window == 0 || qpos[1] - j0 < p.window) &&
+                           qvalid[1];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < kKT / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float v = s[4 * n + rr * 2 + e] * score_mul;
+          if (softcap) v = p.softcap * tanhf(v) * kLog2e;
+          if (!full_tile) {
+            const int j = j0 + n * 8 + 2 * t + e;
+            const bool vis = j >= kv_lo && j <= qpos[rr] && (p.window == 0 || qpos[rr] - j < p.window);
+            v = vis ? v : -INFINITY;
+          }
+          s[4 * n + rr * 2 + e] = v;
+          mx = fmaxf(mx, v);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[rr], mx);
+      const float mref = m_new == -INFINITY ? 0.0f : m_new;
+      const float alpha = exp2f(m[rr] - mref);
+      m[rr] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int n = 0; n < kKT / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pe = exp2f(s[4 * n + rr * 2 + e] - mref);
+          s[4 * n + rr * 2 + e] = pe;
+          sum += pe;
+        }
+      l[rr] = l[rr] * alpha + sum;
+#pragma unroll
+      for (int i = 0; i < kD / 8; ++i) { o[4 * i + rr * 2] *= alpha; o[4 * i + rr * 2 + 1] *= alpha; }
+    }
+    // O += P V.
+    uint32_t pa[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      pa[kk][0] = pack2<DT>(s[8 * kk + 0], s[8 * kk + 1]);
+      pa[kk][1] = pack2<DT>(s[8 * kk + 2], s[8 * kk + 3]);
+      pa[kk][2] = pack2<DT>(s[8 * kk + 4], s[8 * kk + 5]);
+      pa[kk][3] = pack2<DT>(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+    pv_tile<DT>(o, pa, smem_u32(tk + kTileBytes));
+  }
+
+  const float vs = DT == kBf16 ? 1.0f : p.v_scale[p.v_scale_count == 1 ? 0 : kvh];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float L = l[rr];
+    L += __shfl_xor_sync(0xffffffffu, L, 1);
+    L += __shfl_xor_sync(0xffffffffu, L, 2);
+    if (!qvalid[rr]) continue;
+    const float f = L > 0.0f ? vs / L : 0.0f;
+    const int64_t base = (static_cast<int64_t>(q0 + qi0 + rr * 8) * p.num_heads + h) * kD;
+#pragma unroll
+    for (int i = 0; i < kD / 8; ++i) {
+      const int d = i * 8 + 2 * t;
+      if (p.out_bf16) {
+        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.out) + base + d) =
+            __floats2bfloat162_rn(o[4 * i + rr * 2] * f, o[4 * i + rr * 2 + 1] * f);
+      } else {
+        *reinterpret_cast<float2*>(static_cast<float*>(p.out) + base + d) =
+            make_float2(o[4 * i + rr * 2] * f, o[4 * i + rr * 2 + 1] * f);
+      }
+    }
+  }
+}
+
+template <int DT>
+void launch_wgmma_t(const WgParams& p, dim3 grid, cudaStream_t stream) {
+  static bool configured = false;
+  if (!configured) {
+    FP8KV_CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_kernel<DT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmem));
+    configured = true;
+  }
+  prefill_wgmma_kernel<DT><<<grid, kWThreads, kWgSmem, stream>>>(p);
+  FP8KV_CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- building-block self-tests ----------------------------------------------
+
+constexpr int kTestSmem = 1024 + 2 * 64 * kD * 2;
+
+template <int DT>
+__global__ void __launch_bounds__(128) selftest_qk_kernel(const uint16_t* q, const uint16_t* k, float* s_out) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* sQ = align1024(smem_raw);
+  uint8_t* sK = sQ + 64 * kD * 2;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  for (int c = tid; c < 64 * 16; c += 128) {
+    const int row = c / 16, ch = c % 16;
+    *reinterpret_cast<uint4*>(sQ + swz_chunk(64, row, ch)) = *reinterpret_cast<const uint4*>(q + row * kD + ch * 8);
+    *reinterpret_cast<uint4*>(sK + swz_chunk(64, row, ch)) = *reinterpret_cast<const uint4*>(k + row * kD + ch * 8);
+  }
+  fence_proxy_async();
+  __syncthreads();
+  float s[32];
+  qk_tile<DT>(s, smem_u32(sQ), 64 * 128, smem_u32(sK));
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+    for (int rr = 0; rr < 2; ++rr)
+      for (int e = 0; e < 2; ++e) s_out[(warp * 16 + g + rr * 8) * 64 + n * 8 + 2 * t + e] = s[4 * n + rr * 2 + e];
+}
+
+template <int DT>
+__global__ void __launch_bounds__(128) selftest_pv_kernel(const uint16_t* pm, const uint16_t* v, float* o_out) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* sV = align1024(smem_raw);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  for (int c = tid; c < 64 * 16; c += 128) {
+    const int row = c / 16, ch = c % 16;
+    *reinterpret_cast<uint4*>(sV + swz_chunk(64, row, ch)) = *reinterpret_cast<const uint4*>(v + row * kD + ch * 8);
+  }
+  fence_proxy_async();
+  __syncthreads();
+  const int r0 = warp * 16 + g;
+  auto pair = [&](int r, int c) { return static_cast<uint32_t>(pm[r * 64 + c]) | (static_cast<uint32_t>(pm[r * 64 + c + 1]) << 16); };
+  uint32_t pa[4][4];
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    pa[kk][0] = pair(r0, 16 * kk + 2 * t);
+    pa[kk][1] = pair(r0 + 8, 16 * kk + 2 * t);
+    pa[kk][2] = pair(r0, 16 * kk + 8 + 2 * t);
+    pa[kk][3] = pair(r0 + 8, 16 * kk + 8 + 2 * t);
+  }
+  float o[64];
+  for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+  pv_tile<DT>(o, pa, smem_u32(sV));
+#pragma unroll
+  for (int i = 0; i < 16; ++i)
+    for (int rr = 0; rr < 2; ++rr)
+      for (int e = 0; e < 2; ++e) o_out[(r0 + rr * 8) * kD + i * 8 + 2 * t + e] = o[4 * i + rr * 2 + e];
+}
+
+template <class K>
+std::vector<float> run_selftest(K kernel, const std::vector<uint16_t>& a, const std::vector<uint16_t>& b, size_t out_n) {
+  uint16_t *da = nullptr, *db = nullptr;
+  float* dout = nullptr;
+  std::vector<float> out(out_n);
+  FP8KV_CUDA_CHECK(cudaMalloc(&da, a.size() * 2));
+  FP8KV_CUDA_CHECK(cudaMalloc(&db, b.size() * 2));
+  FP8KV_CUDA_CHECK(cudaMalloc(&dout, out_n * 4));
+  FP8KV_CUDA_CHECK(cudaMemcpy(da, a.data(), a.size() * 2, cudaMemcpyHostToDevice));
+  FP8KV_CUDA_CHECK(cudaMemcpy(db, b.data(), b.size() * 2, cudaMemcpyHostToDevice));
+  FP8KV_CUDA_CHECK(cudaMemset(dout, 0xff, out_n * 4));
+  kernel<<<1, 128, kTestSmem>>>(da, db, dout);
+  FP8KV_CUDA_CHECK(cudaGetLastError());
+  FP8KV_CUDA_CHECK(cudaDeviceSynchronize());
+  FP8KV_CUDA_CHECK(cudaMemcpy(out.data(), dout, out_n * 4, cudaMemcpyDeviceToHost));
+  cudaFree(da);
+  cudaFree(db);
+  cudaFree(dout);
+  return out;
+}
+
+}  // namespace
+
+bool prefill_wgmma_supports(const PrefillArgs& a) { return a.kv.layout.head_dim == kD; }
+
+void paged_prefill_wgmma(const PrefillArgs& a, cudaStream_t stream) {
+  if (!prefill_wgmma_supports(a))
+    throw std::invalid_argument("paged_prefill_wgmma: head_dim must be 128, got " + std::to_string(a.kv.layout.head_dim));
+  WgParams p{};
+  fill_paged_params(p, a);
+  p.q_start = a.q_start;
+  p.num_q_tiles = (a.max_query_len + kBM - 1) / kBM;
+  if (p.num_q_tiles > 65535) throw std::invalid_argument("paged_prefill_wgmma: max_query_len too large");
+  // Heads fastest: the CTAs of one query tile across all heads run together
+  // and share K/V in L2 (GQA groups read the same KV head).
+  const dim3 grid(a.num_heads, p.num_q_tiles, a.batch);
+  switch (a.kv.layout.dtype) {
+    case KvDtype::bf16: launch_wgmma_t<kBf16>(p, grid, stream); break;
+    case KvDtype::fp8_e4m3: launch_wgmma_t<kE4m3>(p, grid, stream); break;
+    case KvDtype::fp8_e5m2: launch_wgmma_t<kE5m2>(p, grid, stream); break;
+  }
+}
+
+std::vector<float> wgmma_selftest_qk(const std::vector<uint16_t>& q, const std::vector<uint16_t>& k, bool dtype_f16) {
+  if (q.size() != 64 * kD || k.size() != 64 * kD) throw std::invalid_argument("wgmma_selftest_qk: q, k must be 64 x 128");
+  return dtype_f16 ? run_selftest(selftest_qk_kernel<kE4m3>, q, k, 64 * 64)
+                   : run_selftest(selftest_qk_kernel<kBf16>, q, k, 64 * 64);
+}
+
+std::vector<float> wgmma_selftest_pv(const std::vector<uint16_t>& p, const std::vector<uint16_t>& v, bool dtype_f16) {
+  if (p.size() != 64 * 64 || v.size() != 64 * kD) throw std::invalid_argument("wgmma_selftest_pv: p 64 x 64, v 64 x 128");
+  return dtype_f16 ? run_selftest(selftest_pv_kernel<kE4m3>, p, v, 64 * kD)
+                   : run_selftest(selftest_pv_kernel<kBf16>, p, v, 64 * kD);
+}
+
+}  // namespace fp8kv::cuda
