@@ -446,6 +446,8 @@ TEST_P(CudaPrefill, MatchesCpuReferenceCausalWindowChunked) {
         for (int bs : {16, 32}) {
           const ScaleMode mode = static_cast<ScaleMode>((n + 1) % 3);
           const int window = (n % 3 == 0) ? 0 : (n % 3 == 1 ? 50 : 129);
+          // wgmma runs head_dim 128 only (other head dims fall back to mma.sync).
+          if (GetParam() == cuda::PrefillKernel::wgmma && D != 128) { ++n; continue; }
           worst = std::max(worst, run_prefill_case(rng, PrefillCase{dt, D, group, group == 8 ? 1 : 2, bs, window, mode,
                                                                     n % 7 == 6 ? 20.0f : 0.0f}, GetParam()));
           ++n;

@@ -14,6 +14,7 @@
 // fp8 caches: f16 MMAs (Q, P rounded to f16); bf16 caches: bf16 MMAs.
 // k_scale folds into the score scale, v_scale multiplies the output once.
 // docs/cuda.md (2026-12-01) has the design and the measured figures.
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -26,15 +27,19 @@ using namespace detail;
 
 constexpr int kD = 128;            // head dim
 constexpr int kBM = 128;           // queries per CTA
-constexpr int kKT = 64;            // keys per tile
+constexpr int kKTest = 64;         // keys per tile of the building-block tests
 constexpr int kWThreads = 256;     // 2 warpgroups
 constexpr int kQBytes = kBM * kD * 2;
-constexpr int kTileBytes = kKT * kD * 2;  // one 16-bit K or V tile
-constexpr int kRawBytes = kKT * kD;       // one fp8 K or V tile
+// Keys per tile KT: 64 (default) or 128 (FP8KV_WGMMA_KT=128, a tuning option).
+template <int KT>
+__host__ __device__ constexpr int tile_bytes() { return KT * kD * 2; }  // one 16-bit K or V tile
+template <int KT>
+__host__ __device__ constexpr int raw_bytes() { return KT * kD; }       // one fp8 K or V tile
 // 1024 for the alignment of the swizzled tiles; bf16: 2 stages of K+V tiles;
-// fp8: 1 converted K+V tile + 2 stages of fp8 K+V.
-constexpr int kWgSmem = 1024 + kQBytes + 2 * 2 * kTileBytes;
-static_assert(2 * kTileBytes + 2 * 2 * kRawBytes == 2 * 2 * kTileBytes, "fp8 and bf16 rings are the same size");
+// fp8: 1 converted K+V tile + 2 stages of fp8 K+V (the same size).
+template <int KT>
+constexpr int wg_smem() { return 1024 + kQBytes + 2 * 2 * tile_bytes<KT>(); }
+static_assert(2 * tile_bytes<64>() + 2 * 2 * raw_bytes<64>() == 2 * 2 * tile_bytes<64>(), "ring sizes");
 
 struct WgParams : PagedKvParams {
   const int32_t* q_start;
@@ -52,31 +57,32 @@ __device__ __forceinline__ uint8_t* align1024(uint8_t* p) {
   return p + ((1024 - (smem_u32(p) & 1023)) & 1023);
 }
 
-// S(64 x 64) = Q(64 rows at qa, panel stride q_panel) K(64 keys at ka)^T.
-template <int DT>
-__device__ __forceinline__ void qk_tile(float (&s)[32], uint32_t qa, uint32_t q_panel, uint32_t ka) {
+// S(64 x KT) = Q(64 rows at qa, panel stride q_panel) K(KT keys at ka)^T.
+template <int DT, int KT>
+__device__ __forceinline__ void qk_tile(float (&s)[KT / 2], uint32_t qa, uint32_t q_panel, uint32_t ka) {
 #pragma unroll
-  for (int i = 0; i < 32; ++i) s[i] = 0.0f;
+  for (int i = 0; i < KT / 2; ++i) s[i] = 0.0f;
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < kD / 16; ++ks) {
     const uint64_t da = gmma_desc(qa + (ks / 4) * q_panel + (ks % 4) * 32, 16, 1024);
-    const uint64_t db = gmma_desc(ka + (ks / 4) * (kKT * 128) + (ks % 4) * 32, 16, 1024);
-    wgmma_m64n64_ss<DT>(s, da, db, ks > 0 ? 1 : 0);
+    const uint64_t db = gmma_desc(ka + (ks / 4) * (KT * 128) + (ks % 4) * 32, 16, 1024);
+    if constexpr (KT == 64) wgmma_m64n64_ss<DT>(s, da, db, ks > 0 ? 1 : 0);
+    else wgmma_m64n128_ss<DT>(s, da, db, ks > 0 ? 1 : 0);
   }
   wgmma_commit();
   wgmma_wait0();
   reg_fence(s);
 }
 
-// O(64 x 128) += P(64 x 64, registers: pa[kk] = keys 16kk..16kk+15) V(64 keys at va).
-template <int DT>
-__device__ __forceinline__ void pv_tile(float (&o)[64], uint32_t (&pa)[4][4], uint32_t va) {
+// O(64 x 128) += P(64 x KT, registers: pa[kk] = keys 16kk..16kk+15) V(KT keys at va).
+template <int DT, int KT>
+__device__ __forceinline__ void pv_tile(float (&o)[64], uint32_t (&pa)[KT / 16][4], uint32_t va) {
   reg_fence(o);
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < kKT / 16; ++kk) {
-    const uint64_t db = gmma_desc(va + kk * 16 * 128, kKT * 128, 1024);
+  for (int kk = 0; kk < KT / 16; ++kk) {
+    const uint64_t db = gmma_desc(va + kk * 16 * 128, KT * 128, 1024);
     wgmma_m64n128_rs_t<DT>(o, pa[kk], db, 1);
   }
   wgmma_commit();
@@ -84,9 +90,12 @@ __device__ __forceinline__ void pv_tile(float (&o)[64], uint32_t (&pa)[4][4], ui
   reg_fence(o);
 }
 
-template <int DT>
+template <int DT, int KT>
 __global__ void __launch_bounds__(kWThreads, 1) prefill_wgmma_kernel(const WgParams p) {
   constexpr int EB = DT == kBf16 ? 2 : 1;
+  constexpr int kKT = KT;
+  constexpr int kTileBytes = tile_bytes<KT>();
+  constexpr int kRawBytes = raw_bytes<KT>();
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = align1024(smem_raw);
   uint8_t* sQ = smem;
@@ -222,8 +231,8 @@ __global__ void __launch_bounds__(kWThreads, 1) prefill_wgmma_kernel(const WgPar
     }
     if (j0 >= wg_hi || j0 + kKT <= wg_lo) continue;  // no row of this warpgroup sees the tile (warpgroup-uniform)
 
-    float s[32];
-    qk_tile<DT>(s, smem_u32(sQ) + wg * 64 * 128, kBM * 128, smem_u32(tk));
+    float s[KT / 2];
+    qk_tile<DT, KT>(s, smem_u32(sQ) + wg * 64 * 128, kBM * 128, smem_u32(tk));
 
     // Scale, mask (causal, window, range), online softmax per row.
     const bool full_tile = j0 >= kv_lo && j0 + kKT - 1 <= qpos[0] && (p.window == 0 || qpos[1] - j0 < p.window) &&
@@ -265,15 +274,15 @@ __global__ void __launch_bounds__(kWThreads, 1) prefill_wgmma_kernel(const WgPar
       for (int i = 0; i < kD / 8; ++i) { o[4 * i + rr * 2] *= alpha; o[4 * i + rr * 2 + 1] *= alpha; }
     }
     // O += P V.
-    uint32_t pa[4][4];
+    uint32_t pa[KT / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
+    for (int kk = 0; kk < KT / 16; ++kk) {
       pa[kk][0] = pack2<DT>(s[8 * kk + 0], s[8 * kk + 1]);
       pa[kk][1] = pack2<DT>(s[8 * kk + 2], s[8 * kk + 3]);
       pa[kk][2] = pack2<DT>(s[8 * kk + 4], s[8 * kk + 5]);
       pa[kk][3] = pack2<DT>(s[8 * kk + 6], s[8 * kk + 7]);
     }
-    pv_tile<DT>(o, pa, smem_u32(tk + kTileBytes));
+    pv_tile<DT, KT>(o, pa, smem_u32(tk + kTileBytes));
   }
 
   const float vs = DT == kBf16 ? 1.0f : p.v_scale[p.v_scale_count == 1 ? 0 : kvh];
@@ -299,20 +308,21 @@ __global__ void __launch_bounds__(kWThreads, 1) prefill_wgmma_kernel(const WgPar
   }
 }
 
-template <int DT>
+template <int DT, int KT>
 void launch_wgmma_t(const WgParams& p, dim3 grid, cudaStream_t stream) {
   static bool configured = false;
   if (!configured) {
-    FP8KV_CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_kernel<DT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmem));
+    FP8KV_CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_kernel<DT, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          wg_smem<KT>()));
     configured = true;
   }
-  prefill_wgmma_kernel<DT><<<grid, kWThreads, kWgSmem, stream>>>(p);
+  prefill_wgmma_kernel<DT, KT><<<grid, kWThreads, wg_smem<KT>(), stream>>>(p);
   FP8KV_CUDA_CHECK(cudaGetLastError());
 }
 
 // ---- building-block self-tests ----------------------------------------------
 
-constexpr int kTestSmem = 1024 + 2 * 64 * kD * 2;
+constexpr int kTestSmem = 1024 + 2 * kKTest * kD * 2;
 
 template <int DT>
 __global__ void __launch_bounds__(128) selftest_qk_kernel(const uint16_t* q, const uint16_t* k, float* s_out) {
@@ -328,7 +338,7 @@ __global__ void __launch_bounds__(128) selftest_qk_kernel(const uint16_t* q, con
   fence_proxy_async();
   __syncthreads();
   float s[32];
-  qk_tile<DT>(s, smem_u32(sQ), 64 * 128, smem_u32(sK));
+  qk_tile<DT, kKTest>(s, smem_u32(sQ), 64 * 128, smem_u32(sK));
 #pragma unroll
   for (int n = 0; n < 8; ++n)
     for (int rr = 0; rr < 2; ++rr)
@@ -358,7 +368,7 @@ __global__ void __launch_bounds__(128) selftest_pv_kernel(const uint16_t* pm, co
   }
   float o[64];
   for (int i = 0; i < 64; ++i) o[i] = 0.0f;
-  pv_tile<DT>(o, pa, smem_u32(sV));
+  pv_tile<DT, kKTest>(o, pa, smem_u32(sV));
 #pragma unroll
   for (int i = 0; i < 16; ++i)
     for (int rr = 0; rr < 2; ++rr)
@@ -386,6 +396,17 @@ std::vector<float> run_selftest(K kernel, const std::vector<uint16_t>& a, const 
   return out;
 }
 
+// Keys per tile: FP8KV_WGMMA_KT = 64 (default) or 128 (read per call: the
+// GPU script tests and benchmarks both).
+int wgmma_key_tile() {
+  const char* env = std::getenv("FP8KV_WGMMA_KT");
+  if (!env || !*env) return 64;
+  const std::string v(env);
+  if (v == "64") return 64;
+  if (v == "128") return 128;
+  throw std::invalid_argument("FP8KV_WGMMA_KT: expected 64 or 128, got '" + v + "'");
+}
+
 }  // namespace
 
 bool prefill_wgmma_supports(const PrefillArgs& a) { return a.kv.layout.head_dim == kD; }
@@ -401,10 +422,18 @@ void paged_prefill_wgmma(const PrefillArgs& a, cudaStream_t stream) {
   // Heads fastest: the CTAs of one query tile across all heads run together
   // and share K/V in L2 (GQA groups read the same KV head).
   const dim3 grid(a.num_heads, p.num_q_tiles, a.batch);
+  if (wgmma_key_tile() == 128) {
+    switch (a.kv.layout.dtype) {
+      case KvDtype::bf16: launch_wgmma_t<kBf16, 128>(p, grid, stream); break;
+      case KvDtype::fp8_e4m3: launch_wgmma_t<kE4m3, 128>(p, grid, stream); break;
+      case KvDtype::fp8_e5m2: launch_wgmma_t<kE5m2, 128>(p, grid, stream); break;
+    }
+    return;
+  }
   switch (a.kv.layout.dtype) {
-    case KvDtype::bf16: launch_wgmma_t<kBf16>(p, grid, stream); break;
-    case KvDtype::fp8_e4m3: launch_wgmma_t<kE4m3>(p, grid, stream); break;
-    case KvDtype::fp8_e5m2: launch_wgmma_t<kE5m2>(p, grid, stream); break;
+    case KvDtype::bf16: launch_wgmma_t<kBf16, 64>(p, grid, stream); break;
+    case KvDtype::fp8_e4m3: launch_wgmma_t<kE4m3, 64>(p, grid, stream); break;
+    case KvDtype::fp8_e5m2: launch_wgmma_t<kE5m2, 64>(p, grid, stream); break;
   }
 }
 
