@@ -5,8 +5,8 @@
 # other), benchmarks 8K causal prefill for both kernels and PyTorch SDPA,
 # checks the SASS (no local memory, HGMMA present), prints a short table.
 #   run(command="bash scripts/gpu_prefill.sh", carry=[".debs"])
-# Budget: <= 4 minutes with the build (tests 30 + 60 + 60 + 70 s at most,
-# typically ~75 s in all; bench 3 x <= 30 s; SDPA <= 40 s). Logs under $OUT.
+# Budget: <= 4 minutes with the build (tests 30 + 60 + 2 x 45 + 70 s at most,
+# typically ~90 s in all; bench 4 x <= 30 s, ~10 s each; SDPA <= 40 s). Logs under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/fp8kv-out}
@@ -48,10 +48,9 @@ runtest() {  # name filter timeout_s
 }
 runtest wgmma_blocks 'CudaWgmma.*' 30
 runtest prefill_wgmma 'Kernels/CudaPrefill.*/wgmma' 60
-# The 128-key-tile variant (a tuning option, FP8KV_WGMMA_KT=128).
-export FP8KV_WGMMA_KT=128
-runtest prefill_wgmma_kt128 'Kernels/CudaPrefill.*/wgmma' 60
-unset FP8KV_WGMMA_KT
+# The tuning configurations (FP8KV_WGMMA_CFG: keys per tile x warpgroups per CTA).
+FP8KV_WGMMA_CFG=128x2 runtest prefill_wgmma_128x2 'Kernels/CudaPrefill.*/wgmma' 45
+FP8KV_WGMMA_CFG=64x1 runtest prefill_wgmma_64x1 'Kernels/CudaPrefill.*/wgmma' 45
 runtest prefill_mma 'Kernels/CudaPrefill.*/mma' 70
 if [ "${RES[prefill_wgmma]}" != PASS ] || [ "${RES[wgmma_blocks]}" != PASS ]; then
   phase memcheck
@@ -63,11 +62,13 @@ phase bench
 : >"$OUT/bench.jsonl"
 timeout 30 $BENCH prefill-mma 2>&1 | grep '"prefill"' | tee -a "$OUT/bench.jsonl"
 timeout 30 $BENCH prefill-wgmma 2>&1 | grep '"prefill"' | tee -a "$OUT/bench.jsonl"
-FP8KV_WGMMA_KT=128 timeout 30 $BENCH prefill-wgmma 2>&1 | grep '"prefill"' | tee -a "$OUT/bench.jsonl"
+for cfg in 128x2 64x1; do
+  FP8KV_WGMMA_CFG=$cfg timeout 30 $BENCH prefill-wgmma 2>&1 | grep '"prefill"' | tee -a "$OUT/bench.jsonl"
+done
 phase sdpa
 timeout 40 python3 tools/bench_sdpa.py --prefill-only 2>&1 | tee "$OUT/sdpa.jsonl"
 phase sass
-cuobjdump -sass $BENCH 2>/dev/null | awk '/Function :/ {f=$3; n[f]=0} /HMMA/ {h[f]++} /HGMMA/ {w[f]++} /LDGSTS/ {a[f]++} /LDL|STL/ {l[f]++} END {for (k in n) printf "%s HMMA=%d HGMMA=%d LDGSTS=%d LDL/STL=%d\n", k, h[k], w[k], a[k], l[k]}' | grep -E "prefill" | sed -E 's/^_ZN[^ ]*[0-9]+(prefill_wgmma_kernel|prefill_kernel)(ILi([0-9]+)E(Li([0-9]+)E)?)?[^ ]*/\1<\3,\5>/' | sort > "$OUT/sass.txt"
+cuobjdump -sass $BENCH 2>/dev/null | awk '/Function :/ {f=$3; n[f]=0} /HMMA/ {h[f]++} /HGMMA/ {w[f]++} /LDGSTS/ {a[f]++} /LDL|STL/ {l[f]++} END {for (k in n) printf "%s HMMA=%d HGMMA=%d LDGSTS=%d LDL/STL=%d\n", k, h[k], w[k], a[k], l[k]}' | grep -E "prefill" | sed -E 's/^_ZN[^ ]*[0-9]+(prefill_wgmma_kernel|prefill_kernel)(ILi([0-9]+)E(Li([0-9]+)E)?(Li([0-9]+)E)?)?[^ ]*/\1<\3,\5,\7>/' | sort > "$OUT/sass.txt"
 cat "$OUT/sass.txt"
 cuobjdump --dump-resource-usage $BENCH 2>/dev/null | grep -A1 "prefill_wgmma" | grep -oE "REG:[0-9]+|SHARED:[0-9]+|LOCAL:[0-9]+" | paste -sd' ' | tee "$OUT/resources.txt"
 spill=PASS
@@ -84,5 +85,5 @@ for r in rows:
     x = f"{r['TFLOPs']/sdpa:.2f}" if sdpa else "-"
     print(f"{r['dtype']:10} {r['kernel']:11} {r['ms']:8.3f} {r['TFLOPs']:8.1f} {x:>7}")
 PY
-echo "tests: wgmma building blocks ${RES[wgmma_blocks]}; prefill/mma ${RES[prefill_mma]}; prefill/wgmma ${RES[prefill_wgmma]}; prefill/wgmma kt128 ${RES[prefill_wgmma_kt128]}; SASS no-spill $spill"
+echo "tests: wgmma building blocks ${RES[wgmma_blocks]}; prefill/mma ${RES[prefill_mma]}; prefill/wgmma ${RES[prefill_wgmma]}; wgmma 128x2 ${RES[prefill_wgmma_128x2]}; wgmma 64x1 ${RES[prefill_wgmma_64x1]}; SASS no-spill $spill"
 phase done

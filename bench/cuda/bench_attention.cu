@@ -253,9 +253,9 @@ void bench_prefill(const float* scales, const std::string& which = "both") {
       a.kernel = kern;
       const double ms = median_ms([&](int i) { a.kv = cs.paged(i, scales); paged_prefill(a, nullptr); }, 3, 20);
       const double flops = 4.0 * kH * kD * (double(S) * (S + 1) / 2);
-      // FP8KV_WGMMA_KT (64 default, 128): the wgmma kernel's keys per tile.
-      const char* kt = std::getenv("FP8KV_WGMMA_KT");
-      const std::string kname = kern == PrefillKernel::wgmma ? std::string("wgmma") + (kt && *kt ? std::string("/kt") + kt : "")
+      // FP8KV_WGMMA_CFG (keys per tile x warpgroups: 64x2 default, 128x2, 64x1).
+      const char* cfg = std::getenv("FP8KV_WGMMA_CFG");
+      const std::string kname = kern == PrefillKernel::wgmma ? std::string("wgmma/") + (cfg && *cfg ? cfg : "64x2")
                                                              : std::string("mma");
       std::printf("{\"kind\":\"prefill\",\"dtype\":\"%s\",\"kernel\":\"%s\",\"seq\":%d,\"ms\":%.4f,\"TFLOPs\":%.1f}\n",
                   std::string(kv_dtype_name(dt)).c_str(), kname.c_str(), S, ms,

@@ -26,20 +26,20 @@ namespace {
 using namespace detail;
 
 constexpr int kD = 128;            // head dim
-constexpr int kBM = 128;           // queries per CTA
 constexpr int kKTest = 64;         // keys per tile of the building-block tests
-constexpr int kWThreads = 256;     // 2 warpgroups
-constexpr int kQBytes = kBM * kD * 2;
-// Keys per tile KT: 64 (default) or 128 (FP8KV_WGMMA_KT=128, a tuning option).
+// Configurations (FP8KV_WGMMA_CFG, a tuning option): KT keys per tile x NWG
+// warpgroups (64 queries each) per CTA: 64x2 (default), 128x2, 64x1 (two
+// CTAs per SM: registers <= 168 and 82 KB of shared memory each).
 template <int KT>
 __host__ __device__ constexpr int tile_bytes() { return KT * kD * 2; }  // one 16-bit K or V tile
 template <int KT>
 __host__ __device__ constexpr int raw_bytes() { return KT * kD; }       // one fp8 K or V tile
 // 1024 for the alignment of the swizzled tiles; bf16: 2 stages of K+V tiles;
 // fp8: 1 converted K+V tile + 2 stages of fp8 K+V (the same size).
-template <int KT>
-constexpr int wg_smem() { return 1024 + kQBytes + 2 * 2 * tile_bytes<KT>(); }
+template <int KT, int NWG>
+constexpr int wg_smem() { return 1024 + NWG * 64 * kD * 2 + 2 * 2 * tile_bytes<KT>(); }
 static_assert(2 * tile_bytes<64>() + 2 * 2 * raw_bytes<64>() == 2 * 2 * tile_bytes<64>(), "ring sizes");
+static_assert(wg_smem<128, 2>() <= 227 * 1024 && 2 * wg_smem<64, 1>() <= 227 * 1024, "shared memory");
 
 struct WgParams : PagedKvParams {
   const int32_t* q_start;
@@ -90,9 +90,12 @@ __device__ __forceinline__ void pv_tile(float (&o)[64], uint32_t (&pa)[KT / 16][
   reg_fence(o);
 }
 
-template <int DT, int KT>
-__global__ void __launch_bounds__(kWThreads, 1) prefill_wgmma_kernel(const WgParams p) {
+template <int DT, int KT, int NWG>
+__global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1) prefill_wgmma_kernel(const WgParams p) {
   constexpr int EB = DT == kBf16 ? 2 : 1;
+  constexpr int kBM = NWG * 64;
+  constexpr int kWThreads = NWG * 128;
+  constexpr int kQBytes = kBM * kD * 2;
   constexpr int kKT = KT;
   constexpr int kTileBytes = tile_bytes<KT>();
   constexpr int kRawBytes = raw_bytes<KT>();
@@ -102,7 +105,7 @@ __global__ void __launch_bounds__(kWThreads, 1) prefill_wgmma_kernel(const WgPar
   uint8_t* sKV = smem + kQBytes;            // stage s: K at + s * 2 * kTileBytes, V at + kTileBytes
   uint8_t* sRaw = sKV + 2 * kTileBytes;     // fp8: stage s: K at + s * 2 * kRawBytes, V at + kRawBytes
 
-  const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, wwarp = (tid >> 5) & 3, g = lane >> 2, t = lane & 3;
+  const int tid = threadIdx.x, wg = NWG == 1 ? 0 : tid >> 7, lane = tid & 31, wwarp = (tid >> 5) & 3, g = lane >> 2, t = lane & 3;
   const int h = blockIdx.x;
   const int qtile = p.num_q_tiles - 1 - static_cast<int>(blockIdx.y);  // longest (latest) tiles first
   const int b = blockIdx.z;
@@ -308,15 +311,15 @@ __global__ void __launch_bounds__(kWThreads, 1) prefill_wgmma_kernel(const WgPar
   }
 }
 
-template <int DT, int KT>
+template <int DT, int KT, int NWG>
 void launch_wgmma_t(const WgParams& p, dim3 grid, cudaStream_t stream) {
   static bool configured = false;
   if (!configured) {
-    FP8KV_CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_kernel<DT, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          wg_smem<KT>()));
+    FP8KV_CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_kernel<DT, KT, NWG>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, wg_smem<KT, NWG>()));
     configured = true;
   }
-  prefill_wgmma_kernel<DT, KT><<<grid, kWThreads, wg_smem<KT>(), stream>>>(p);
+  prefill_wgmma_kernel<DT, KT, NWG><<<grid, NWG * 128, wg_smem<KT, NWG>(), stream>>>(p);
   FP8KV_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -396,15 +399,26 @@ std::vector<float> run_selftest(K kernel, const std::vector<uint16_t>& a, const 
   return out;
 }
 
-// Keys per tile: FP8KV_WGMMA_KT = 64 (default) or 128 (read per call: the
-// GPU script tests and benchmarks both).
-int wgmma_key_tile() {
-  const char* env = std::getenv("FP8KV_WGMMA_KT");
-  if (!env || !*env) return 64;
+// FP8KV_WGMMA_CFG = 64x2 (default), 128x2 or 64x1 (read per call: the GPU
+// script tests and benchmarks each). Returns {KT, NWG}.
+struct WgCfg { int kt, nwg; };
+WgCfg wgmma_config() {
+  const char* env = std::getenv("FP8KV_WGMMA_CFG");
+  if (!env || !*env) return {64, 2};
   const std::string v(env);
-  if (v == "64") return 64;
-  if (v == "128") return 128;
-  throw std::invalid_argument("FP8KV_WGMMA_KT: expected 64 or 128, got '" + v + "'");
+  if (v == "64x2") return {64, 2};
+  if (v == "128x2") return {128, 2};
+  if (v == "64x1") return {64, 1};
+  throw std::invalid_argument("FP8KV_WGMMA_CFG: expected 64x2, 128x2 or 64x1, got '" + v + "'");
+}
+
+template <int KT, int NWG>
+void launch_wgmma(const WgParams& p, KvDtype dt, dim3 grid, cudaStream_t stream) {
+  switch (dt) {
+    case KvDtype::bf16: launch_wgmma_t<kBf16, KT, NWG>(p, grid, stream); break;
+    case KvDtype::fp8_e4m3: launch_wgmma_t<kE4m3, KT, NWG>(p, grid, stream); break;
+    case KvDtype::fp8_e5m2: launch_wgmma_t<kE5m2, KT, NWG>(p, grid, stream); break;
+  }
 }
 
 }  // namespace
@@ -417,24 +431,16 @@ void paged_prefill_wgmma(const PrefillArgs& a, cudaStream_t stream) {
   WgParams p{};
   fill_paged_params(p, a);
   p.q_start = a.q_start;
-  p.num_q_tiles = (a.max_query_len + kBM - 1) / kBM;
+  const WgCfg cfg = wgmma_config();
+  const int bm = cfg.nwg * 64;
+  p.num_q_tiles = (a.max_query_len + bm - 1) / bm;
   if (p.num_q_tiles > 65535) throw std::invalid_argument("paged_prefill_wgmma: max_query_len too large");
   // Heads fastest: the CTAs of one query tile across all heads run together
   // and share K/V in L2 (GQA groups read the same KV head).
   const dim3 grid(a.num_heads, p.num_q_tiles, a.batch);
-  if (wgmma_key_tile() == 128) {
-    switch (a.kv.layout.dtype) {
-      case KvDtype::bf16: launch_wgmma_t<kBf16, 128>(p, grid, stream); break;
-      case KvDtype::fp8_e4m3: launch_wgmma_t<kE4m3, 128>(p, grid, stream); break;
-      case KvDtype::fp8_e5m2: launch_wgmma_t<kE5m2, 128>(p, grid, stream); break;
-    }
-    return;
-  }
-  switch (a.kv.layout.dtype) {
-    case KvDtype::bf16: launch_wgmma_t<kBf16, 64>(p, grid, stream); break;
-    case KvDtype::fp8_e4m3: launch_wgmma_t<kE4m3, 64>(p, grid, stream); break;
-    case KvDtype::fp8_e5m2: launch_wgmma_t<kE5m2, 64>(p, grid, stream); break;
-  }
+  if (cfg.kt == 128) launch_wgmma<128, 2>(p, a.kv.layout.dtype, grid, stream);
+  else if (cfg.nwg == 1) launch_wgmma<64, 1>(p, a.kv.layout.dtype, grid, stream);
+  else launch_wgmma<64, 2>(p, a.kv.layout.dtype, grid, stream);
 }
 
 std::vector<float> wgmma_selftest_qk(const std::vector<uint16_t>& q, const std::vector<uint16_t>& k, bool dtype_f16) {
