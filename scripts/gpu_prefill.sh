@@ -43,7 +43,7 @@ runtest() {  # name filter timeout_s
   phase "test $1"
   timeout $3 $TEST --gtest_filter="$2" >"$OUT/test_$1.log" 2>&1
   local rc=$?
-  grep -E "^\[  (PASSED|FAILED) |worst|Failure|gpu .* cpu|batched != single|error" "$OUT/test_$1.log" | head -12
+  grep -E "^\[  (PASSED|FAILED) |worst|Failure|gpu .* cpu|batched != single|error|DIAG|wrong" "$OUT/test_$1.log" | head -14
   RES[$1]=$([ $rc = 0 ] && echo PASS || echo "FAIL(rc=$rc)")
 }
 runtest wgmma_blocks 'CudaWgmma.*' 30

@@ -40,27 +40,42 @@ Operand random_operand(std::mt19937_64& rng, size_t n, bool f16) {
   return o;
 }
 
+// Max |err|/tol of a GPU matrix against a.b (a: rows x n, b: cols x n or
+// n x cols), and the first offending element.
+struct Check {
+  double worst = 0;
+  int bad = 0, first_i = -1, first_j = -1;
+  double gpu = 0, cpu = 0;
+};
+Check check_matmul(const std::vector<float>& got, const Operand& a, const Operand& b, int rows, int cols, int n,
+                   bool b_is_n_by_cols) {
+  Check c;
+  for (int i = 0; i < rows; ++i)
+    for (int j = 0; j < cols; ++j) {
+      double ref = 0, mag = 0;
+      for (int k = 0; k < n; ++k) {
+        const double bv = b_is_n_by_cols ? b.val[k * cols + j] : b.val[j * n + k];
+        ref += a.val[i * n + k] * bv;
+        mag += std::fabs(a.val[i * n + k] * bv);
+      }
+      const double tol = n * std::ldexp(1.0, -23) * mag + 1e-30;
+      const double g = got[i * cols + j];
+      const double e = std::isfinite(g) ? std::fabs(g - ref) / tol : 1e30;
+      if (e > 1.0 && c.bad++ == 0) { c.first_i = i; c.first_j = j; c.gpu = g; c.cpu = ref; }
+      c.worst = std::max(c.worst, e);
+    }
+  return c;
+}
+
 TEST(CudaWgmma, QkFromSwizzledSharedMemoryMatchesCpu) {
   FP8KV_REQUIRE_GPU();
   std::mt19937_64 rng(test_seed());
   for (bool f16 : {false, true}) {
     const Operand q = random_operand(rng, 64 * 128, f16), k = random_operand(rng, 64 * 128, f16);
-    const std::vector<float> s = cuda::wgmma_selftest_qk(q.bits, k.bits, f16);
-    double worst = 0;
-    for (int i = 0; i < 64; ++i)
-      for (int j = 0; j < 64; ++j) {
-        double ref = 0, mag = 0;
-        for (int d = 0; d < 128; ++d) {
-          ref += q.val[i * 128 + d] * k.val[j * 128 + d];
-          mag += std::fabs(q.val[i * 128 + d] * k.val[j * 128 + d]);
-        }
-        const double tol = 128 * std::ldexp(1.0, -23) * mag + 1e-30;
-        const double e = std::fabs(s[i * 64 + j] - ref) / tol;
-        ASSERT_LE(e, 1.0) << (f16 ? "f16" : "bf16") << " S[" << i << "][" << j << "] gpu " << s[i * 64 + j]
-                          << " cpu " << ref;
-        worst = std::max(worst, e);
-      }
-    std::printf("wgmma qk %s worst |err|/tol = %.3f\n", f16 ? "f16" : "bf16", worst);
+    const Check c = check_matmul(cuda::wgmma_selftest_qk(q.bits, k.bits, f16), q, k, 64, 64, 128, false);
+    EXPECT_EQ(c.bad, 0) << (f16 ? "f16" : "bf16") << ": " << c.bad << " of 4096 wrong; first S[" << c.first_i << "]["
+                        << c.first_j << "] gpu " << c.gpu << " cpu " << c.cpu;
+    std::printf("wgmma qk %s worst |err|/tol = %.3g\n", f16 ? "f16" : "bf16", c.worst);
   }
 }
 
@@ -69,22 +84,14 @@ TEST(CudaWgmma, PvWithRegisterATransposedBMatchesCpu) {
   std::mt19937_64 rng(test_seed() + 1);
   for (bool f16 : {false, true}) {
     const Operand p = random_operand(rng, 64 * 64, f16), v = random_operand(rng, 64 * 128, f16);
-    const std::vector<float> o = cuda::wgmma_selftest_pv(p.bits, v.bits, f16);
-    double worst = 0;
-    for (int i = 0; i < 64; ++i)
-      for (int d = 0; d < 128; ++d) {
-        double ref = 0, mag = 0;
-        for (int j = 0; j < 64; ++j) {
-          ref += p.val[i * 64 + j] * v.val[j * 128 + d];
-          mag += std::fabs(p.val[i * 64 + j] * v.val[j * 128 + d]);
-        }
-        const double tol = 64 * std::ldexp(1.0, -23) * mag + 1e-30;
-        const double e = std::fabs(o[i * 128 + d] - ref) / tol;
-        ASSERT_LE(e, 1.0) << (f16 ? "f16" : "bf16") << " O[" << i << "][" << d << "] gpu " << o[i * 128 + d]
-                          << " cpu " << ref;
-        worst = std::max(worst, e);
-      }
-    std::printf("wgmma pv %s worst |err|/tol = %.3f\n", f16 ? "f16" : "bf16", worst);
+    const Check c = check_matmul(cuda::wgmma_selftest_pv(p.bits, v.bits, f16), p, v, 64, 128, 64, true);
+    EXPECT_EQ(c.bad, 0) << (f16 ? "f16" : "bf16") << ": " << c.bad << " of 8192 wrong; first O[" << c.first_i << "]["
+                        << c.first_j << "] gpu " << c.gpu << " cpu " << c.cpu;
+    std::printf("wgmma pv %s worst |err|/tol = %.3g\n", f16 ? "f16" : "bf16", c.worst);
+    if (c.bad) {  // diagnostic for the next fix: does the LBO/SBO-swapped descriptor match?
+      const Check s = check_matmul(cuda::wgmma_selftest_pv(p.bits, v.bits, f16, true), p, v, 64, 128, 64, true);
+      std::printf("wgmma pv %s DIAG with LBO/SBO swapped: %d wrong\n", f16 ? "f16" : "bf16", s.bad);
+    }
   }
 }
 

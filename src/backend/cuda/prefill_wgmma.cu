@@ -76,13 +76,16 @@ __device__ __forceinline__ void qk_tile(float (&s)[KT / 2], uint32_t qa, uint32_
 }
 
 // O(64 x 128) += P(64 x KT, registers: pa[kk] = keys 16kk..16kk+15) V(KT keys at va).
-template <int DT, int KT>
+// kSwapOffsets: LBO and SBO exchanged (a diagnostic alternative for the
+// building-block test only; the kernel never sets it).
+template <int DT, int KT, bool kSwapOffsets = false>
 __device__ __forceinline__ void pv_tile(float (&o)[64], uint32_t (&pa)[KT / 16][4], uint32_t va) {
   reg_fence(o);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < KT / 16; ++kk) {
-    const uint64_t db = gmma_desc(va + kk * 16 * 128, KT * 128, 1024);
+    const uint64_t db = kSwapOffsets ? gmma_desc(va + kk * 16 * 128, 1024, KT * 128)
+                                     : gmma_desc(va + kk * 16 * 128, KT * 128, 1024);
     wgmma_m64n128_rs_t<DT>(o, pa[kk], db, 1);
   }
   wgmma_commit();
@@ -348,7 +351,7 @@ __global__ void __launch_bounds__(128) selftest_qk_kernel(const uint16_t* q, con
       for (int e = 0; e < 2; ++e) s_out[(warp * 16 + g + rr * 8) * 64 + n * 8 + 2 * t + e] = s[4 * n + rr * 2 + e];
 }
 
-template <int DT>
+template <int DT, bool kSwap>
 __global__ void __launch_bounds__(128) selftest_pv_kernel(const uint16_t* pm, const uint16_t* v, float* o_out) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* sV = align1024(smem_raw);
@@ -371,7 +374,7 @@ __global__ void __launch_bounds__(128) selftest_pv_kernel(const uint16_t* pm, co
   }
   float o[64];
   for (int i = 0; i < 64; ++i) o[i] = 0.0f;
-  pv_tile<DT, kKTest>(o, pa, smem_u32(sV));
+  pv_tile<DT, kKTest, kSwap>(o, pa, smem_u32(sV));
 #pragma unroll
   for (int i = 0; i < 16; ++i)
     for (int rr = 0; rr < 2; ++rr)
@@ -449,10 +452,14 @@ std::vector<float> wgmma_selftest_qk(const std::vector<uint16_t>& q, const std::
                    : run_selftest(selftest_qk_kernel<kBf16>, q, k, 64 * 64);
 }
 
-std::vector<float> wgmma_selftest_pv(const std::vector<uint16_t>& p, const std::vector<uint16_t>& v, bool dtype_f16) {
+std::vector<float> wgmma_selftest_pv(const std::vector<uint16_t>& p, const std::vector<uint16_t>& v, bool dtype_f16,
+                                     bool swap_offsets) {
   if (p.size() != 64 * 64 || v.size() != 64 * kD) throw std::invalid_argument("wgmma_selftest_pv: p 64 x 64, v 64 x 128");
-  return dtype_f16 ? run_selftest(selftest_pv_kernel<kE4m3>, p, v, 64 * kD)
-                   : run_selftest(selftest_pv_kernel<kBf16>, p, v, 64 * kD);
+  if (swap_offsets)
+    return dtype_f16 ? run_selftest(selftest_pv_kernel<kE4m3, true>, p, v, 64 * kD)
+                     : run_selftest(selftest_pv_kernel<kBf16, true>, p, v, 64 * kD);
+  return dtype_f16 ? run_selftest(selftest_pv_kernel<kE4m3, false>, p, v, 64 * kD)
+                   : run_selftest(selftest_pv_kernel<kBf16, false>, p, v, 64 * kD);
 }
 
 }  // namespace fp8kv::cuda

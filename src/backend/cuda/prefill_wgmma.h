@@ -22,6 +22,9 @@ void paged_prefill_wgmma(const PrefillArgs& a, cudaStream_t stream);
 std::vector<float> wgmma_selftest_qk(const std::vector<uint16_t>& q, const std::vector<uint16_t>& k, bool dtype_f16);
 // O = P V: p [64][64], v [64][128] (row-major 16-bit) -> o [64][128] f32,
 // 4 x wgmma m64n128k16 with A = P in registers, B = V N-major (transposed).
-std::vector<float> wgmma_selftest_pv(const std::vector<uint16_t>& p, const std::vector<uint16_t>& v, bool dtype_f16);
+// swap_offsets: the N-major descriptor with LBO and SBO exchanged (diagnostic:
+// the test reports whether that alternative matches when the real one fails).
+std::vector<float> wgmma_selftest_pv(const std::vector<uint16_t>& p, const std::vector<uint16_t>& v, bool dtype_f16,
+                                     bool swap_offsets = false);
 
 }  // namespace fp8kv::cuda
