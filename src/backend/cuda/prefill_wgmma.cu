@@ -36,10 +36,15 @@ template <int KT>
 __host__ __device__ constexpr int raw_bytes() { return KT * kD; }       // one fp8 K or V tile
 // 1024 for the alignment of the swizzled tiles; bf16: 2 stages of K+V tiles;
 // fp8: 1 converted K+V tile + 2 stages of fp8 K+V (the same size).
-template <int KT, int NWG>
-constexpr int wg_smem() { return 1024 + NWG * 64 * kD * 2 + 2 * 2 * tile_bytes<KT>(); }
+// PIPE (64x2p): 3 stages of 16-bit K+V tiles, plus a 2-stage fp8 staging ring.
+template <int KT, int NWG, bool PIPE>
+constexpr int wg_smem() {
+  return 1024 + NWG * 64 * kD * 2 + (PIPE ? 3 * 2 * tile_bytes<KT>() + 2 * 2 * raw_bytes<KT>() : 2 * 2 * tile_bytes<KT>());
+}
 static_assert(2 * tile_bytes<64>() + 2 * 2 * raw_bytes<64>() == 2 * 2 * tile_bytes<64>(), "ring sizes");
-static_assert(wg_smem<128, 2>() <= 227 * 1024 && 2 * wg_smem<64, 1>() <= 227 * 1024, "shared memory");
+static_assert(wg_smem<128, 2, false>() <= 227 * 1024 && 2 * wg_smem<64, 1, false>() <= 227 * 1024 &&
+                  wg_smem<64, 2, true>() <= 227 * 1024,
+              "shared memory");
 
 struct WgParams : PagedKvParams {
   const int32_t* q_start;
@@ -57,9 +62,11 @@ __device__ __forceinline__ uint8_t* align1024(uint8_t* p) {
   return p + ((1024 - (smem_u32(p) & 1023)) & 1023);
 }
 
-// S(64 x KT) = Q(64 rows at qa, panel stride q_panel) K(KT keys at ka)^T.
+// S(64 x KT) = Q(64 rows at qa, panel stride q_panel) K(KT keys at ka)^T:
+// qk_issue issues and commits (s is in flight until a wgmma wait), qk_tile
+// also waits.
 template <int DT, int KT>
-__device__ __forceinline__ void qk_tile(float (&s)[KT / 2], uint32_t qa, uint32_t q_panel, uint32_t ka) {
+__device__ __forceinline__ void qk_issue(float (&s)[KT / 2], uint32_t qa, uint32_t q_panel, uint32_t ka) {
 #pragma unroll
   for (int i = 0; i < KT / 2; ++i) s[i] = 0.0f;
   wgmma_fence();
@@ -71,6 +78,10 @@ __device__ __forceinline__ void qk_tile(float (&s)[KT / 2], uint32_t qa, uint32_
     else wgmma_m64n128_ss<DT>(s, da, db, ks > 0 ? 1 : 0);
   }
   wgmma_commit();
+}
+template <int DT, int KT>
+__device__ __forceinline__ void qk_tile(float (&s)[KT / 2], uint32_t qa, uint32_t q_panel, uint32_t ka) {
+  qk_issue<DT, KT>(s, qa, q_panel, ka);
   wgmma_wait0();
   reg_fence(s);
 }
@@ -79,7 +90,7 @@ __device__ __forceinline__ void qk_tile(float (&s)[KT / 2], uint32_t qa, uint32_
 // kSwapOffsets: LBO and SBO exchanged (a diagnostic alternative for the
 // building-block test only; the kernel never sets it).
 template <int DT, int KT, bool kSwapOffsets = false>
-__device__ __forceinline__ void pv_tile(float (&o)[64], uint32_t (&pa)[KT / 16][4], uint32_t va) {
+__device__ __forceinline__ void pv_issue(float (&o)[64], uint32_t (&pa)[KT / 16][4], uint32_t va) {
   reg_fence(o);
   wgmma_fence();
 #pragma unroll
@@ -89,11 +100,15 @@ __device__ __forceinline__ void pv_tile(float (&o)[64], uint32_t (&pa)[KT / 16][
     wgmma_m64n128_rs_t<DT>(o, pa[kk], db, 1);
   }
   wgmma_commit();
+}
+template <int DT, int KT, bool kSwapOffsets = false>
+__device__ __forceinline__ void pv_tile(float (&o)[64], uint32_t (&pa)[KT / 16][4], uint32_t va) {
+  pv_issue<DT, KT, kSwapOffsets>(o, pa, va);
   wgmma_wait0();
   reg_fence(o);
 }
 
-template <int DT, int KT, int NWG>
+template <int DT, int KT, int NWG, bool PIPE>
 __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1) prefill_wgmma_kernel(const WgParams p) {
   constexpr int EB = DT == kBf16 ? 2 : 1;
   constexpr int kBM = NWG * 64;
@@ -106,7 +121,8 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1) prefill_wgmma_ker
   uint8_t* smem = align1024(smem_raw);
   uint8_t* sQ = smem;
   uint8_t* sKV = smem + kQBytes;            // stage s: K at + s * 2 * kTileBytes, V at + kTileBytes
-  uint8_t* sRaw = sKV + 2 * kTileBytes;     // fp8: stage s: K at + s * 2 * kRawBytes, V at + kRawBytes
+  // fp8: stage s: K at + s * 2 * kRawBytes, V at + kRawBytes
+  uint8_t* sRaw = sKV + (PIPE ? 3 : 1) * 2 * kTileBytes;
 
   const int tid = threadIdx.x, wg = NWG == 1 ? 0 : tid >> 7, lane = tid & 31, wwarp = (tid >> 5) & 3, g = lane >> 2, t = lane & 3;
   const int h = blockIdx.x;
@@ -187,8 +203,9 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1) prefill_wgmma_ker
     }
     cp_async_commit();
   };
-  // fp8: this thread's own staged chunks of stage `st` -> f16 swizzled tiles.
-  auto convert = [&](int st) {
+  // fp8: this thread's own staged chunks of stage `st` -> f16 swizzled tiles
+  // at dst (K; V at + kTileBytes).
+  auto convert = [&](int st, uint8_t* dst) {
     const uint8_t* rk = sRaw + st * 2 * kRawBytes;
     const uint8_t* rv = rk + kRawBytes;
 #pragma unroll
@@ -205,42 +222,17 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1) prefill_wgmma_ker
         hv[2 * w] = fp8x2_to_f16x2<DT>(wv[w]);
         hv[2 * w + 1] = fp8x2_to_f16x2<DT>(wv[w] >> 16);
       }
-      *reinterpret_cast<uint4*>(sKV + swz_chunk(kKT, key, 2 * ch)) = make_uint4(hk[0], hk[1], hk[2], hk[3]);
-      *reinterpret_cast<uint4*>(sKV + swz_chunk(kKT, key, 2 * ch + 1)) = make_uint4(hk[4], hk[5], hk[6], hk[7]);
-      *reinterpret_cast<uint4*>(sKV + kTileBytes + swz_chunk(kKT, key, 2 * ch)) = make_uint4(hv[0], hv[1], hv[2], hv[3]);
-      *reinterpret_cast<uint4*>(sKV + kTileBytes + swz_chunk(kKT, key, 2 * ch + 1)) =
+      *reinterpret_cast<uint4*>(dst + swz_chunk(kKT, key, 2 * ch)) = make_uint4(hk[0], hk[1], hk[2], hk[3]);
+      *reinterpret_cast<uint4*>(dst + swz_chunk(kKT, key, 2 * ch + 1)) = make_uint4(hk[4], hk[5], hk[6], hk[7]);
+      *reinterpret_cast<uint4*>(dst + kTileBytes + swz_chunk(kKT, key, 2 * ch)) = make_uint4(hv[0], hv[1], hv[2], hv[3]);
+      *reinterpret_cast<uint4*>(dst + kTileBytes + swz_chunk(kKT, key, 2 * ch + 1)) =
           make_uint4(hv[4], hv[5], hv[6], hv[7]);
     }
   };
 
-  issue(tile_lo, 0);
-  int it = 0;
-  for (int j0 = tile_lo; j0 < kv_hi; j0 += kKT, ++it) {
-    const int st = it & 1;
-    const bool has_next = j0 + kKT < kv_hi;
-    const uint8_t* tk;
-    if constexpr (DT == kBf16) {
-      cp_async_wait<0>();  // this thread's copies of tile j0
-      fence_proxy_async();
-      __syncthreads();     // everyone's copies landed; everyone is done with the other stage
-      if (has_next) issue(j0 + kKT, st ^ 1);
-      tk = sKV + st * 2 * kTileBytes;
-    } else {
-      if (has_next) issue(j0 + kKT, st ^ 1);
-      else cp_async_commit();
-      cp_async_wait<1>();  // this thread's copies of tile j0 (the older group)
-      __syncthreads();     // everyone is done reading the converted tile
-      convert(st);
-      fence_proxy_async();
-      __syncthreads();
-      tk = sKV;
-    }
-    if (j0 >= wg_hi || j0 + kKT <= wg_lo) continue;  // no row of this warpgroup sees the tile (warpgroup-uniform)
-
-    float s[KT / 2];
-    qk_tile<DT, KT>(s, smem_u32(sQ) + wg * 64 * 128, kBM * 128, smem_u32(tk));
-
-    // Scale, mask (causal, window, range), online softmax per row.
+  // Scale, mask (causal, window, range), online softmax per row of tile j0;
+  // rescales o. Leaves the probabilities in s.
+  auto softmax = [&](float (&s)[KT / 2], int j0) {
     const bool full_tile = j0 >= kv_lo && j0 + kKT - 1 <= qpos[0] && (p.window == 0 || qpos[1] - j0 < p.window) &&
                            qvalid[1];
 #pragma unroll
@@ -279,8 +271,10 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1) prefill_wgmma_ker
 #pragma unroll
       for (int i = 0; i < kD / 8; ++i) { o[4 * i + rr * 2] *= alpha; o[4 * i + rr * 2 + 1] *= alpha; }
     }
-    // O += P V.
-    uint32_t pa[KT / 16][4];
+  };
+  // P (registers, the MMA type) for O += P V: the S accumulator layout is the
+  // A-fragment layout, 4 packs per 16 keys.
+  auto pack_p = [&](float (&s)[KT / 2], uint32_t (&pa)[KT / 16][4]) {
 #pragma unroll
     for (int kk = 0; kk < KT / 16; ++kk) {
       pa[kk][0] = pack2<DT>(s[8 * kk + 0], s[8 * kk + 1]);
@@ -288,7 +282,86 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1) prefill_wgmma_ker
       pa[kk][2] = pack2<DT>(s[8 * kk + 4], s[8 * kk + 5]);
       pa[kk][3] = pack2<DT>(s[8 * kk + 6], s[8 * kk + 7]);
     }
-    pv_tile<DT, KT>(o, pa, smem_u32(tk + kTileBytes));
+  };
+  const uint32_t qa = smem_u32(sQ) + wg * 64 * 128;
+  // This warpgroup has a row that sees a key of tile j0 (warpgroup-uniform).
+  auto sees = [&](int j0) { return j0 < kv_hi && j0 < wg_hi && j0 + kKT > wg_lo; };
+
+  if constexpr (!PIPE) {
+    issue(tile_lo, 0);
+    int it = 0;
+    for (int j0 = tile_lo; j0 < kv_hi; j0 += kKT, ++it) {
+      const int st = it & 1;
+      const bool has_next = j0 + kKT < kv_hi;
+      const uint8_t* tk;
+      if constexpr (DT == kBf16) {
+        cp_async_wait<0>();  // this thread's copies of tile j0
+        fence_proxy_async();
+        __syncthreads();     // everyone's copies landed; everyone is done with the other stage
+        if (has_next) issue(j0 + kKT, st ^ 1);
+        tk = sKV + st * 2 * kTileBytes;
+      } else {
+        if (has_next) issue(j0 + kKT, st ^ 1);
+        else cp_async_commit();
+        cp_async_wait<1>();  // this thread's copies of tile j0 (the older group)
+        __syncthreads();     // everyone is done reading the converted tile
+        convert(st, sKV);
+        fence_proxy_async();
+        __syncthreads();
+        tk = sKV;
+      }
+      if (!sees(j0)) continue;
+
+      float s[KT / 2];
+      qk_tile<DT, KT>(s, qa, kBM * 128, smem_u32(tk));
+      softmax(s, j0);
+      uint32_t pa[KT / 16][4];
+      pack_p(s, pa);
+      pv_tile<DT, KT>(o, pa, smem_u32(tk + kTileBytes));
+    }
+  } else {
+    // Pipelined (64x2p): tiles i and i+1 are resident while i is processed;
+    // S(i+1) = Q K(i+1)^T runs on the tensor cores during softmax(i).
+    // 16-bit tile k sits in stage k % 3; fp8 bytes of tile k in staging k % 2.
+    issue(tile_lo, 0);
+    if (tile_lo + kKT < kv_hi) issue(tile_lo + kKT, 1);
+    else cp_async_commit();
+    if constexpr (DT != kBf16) {
+      cp_async_wait<1>();  // own copies of tile 0
+      convert(0, sKV);
+    }
+    float s[KT / 2], sn[KT / 2];
+    bool s_ready = false;  // sn holds S of tile j0 (computed during the previous iteration)
+    int it = 0;
+    for (int j0 = tile_lo; j0 < kv_hi; j0 += kKT, ++it) {
+      const int c0 = it % 3, c1 = (it + 1) % 3, c2 = (it + 2) % 3;
+      const bool has1 = j0 + kKT < kv_hi, has2 = j0 + 2 * kKT < kv_hi;
+      cp_async_wait<0>();  // own copies of tile i+1
+      if constexpr (DT != kBf16) {
+        if (has1) convert((it + 1) & 1, sKV + c1 * 2 * kTileBytes);  // stage c1 held tile i-2: free
+      }
+      fence_proxy_async();
+      __syncthreads();  // tiles i, i+1 visible; everyone is done with tile i-1 (stage c2)
+      if (has2) issue(j0 + 2 * kKT, DT == kBf16 ? c2 : (it & 1));
+      if (!sees(j0)) { s_ready = false; continue; }
+      const uint32_t t0 = smem_u32(sKV + c0 * 2 * kTileBytes), t1 = smem_u32(sKV + c1 * 2 * kTileBytes);
+      if (s_ready) {
+#pragma unroll
+        for (int i = 0; i < KT / 2; ++i) s[i] = sn[i];
+      } else {
+        qk_tile<DT, KT>(s, qa, kBM * 128, t0);
+      }
+      const bool see1 = has1 && sees(j0 + kKT);
+      if (see1) qk_issue<DT, KT>(sn, qa, kBM * 128, t1);  // in flight during the softmax
+      softmax(s, j0);
+      uint32_t pa[KT / 16][4];
+      pack_p(s, pa);
+      pv_issue<DT, KT>(o, pa, t0 + kTileBytes);
+      wgmma_wait0();  // S(i+1) and O
+      reg_fence(o);
+      reg_fence(sn);
+      s_ready = see1;
+    }
   }
 
   const float vs = DT == kBf16 ? 1.0f : p.v_scale[p.v_scale_count == 1 ? 0 : kvh];
@@ -314,15 +387,16 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1) prefill_wgmma_ker
   }
 }
 
-template <int DT, int KT, int NWG>
+template <int DT, int KT, int NWG, bool PIPE>
 void launch_wgmma_t(const WgParams& p, dim3 grid, cudaStream_t stream) {
+  constexpr int smem = wg_smem<KT, NWG, PIPE>();
   static bool configured = false;
   if (!configured) {
-    FP8KV_CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_kernel<DT, KT, NWG>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, wg_smem<KT, NWG>()));
+    FP8KV_CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_kernel<DT, KT, NWG, PIPE>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     configured = true;
   }
-  prefill_wgmma_kernel<DT, KT, NWG><<<grid, NWG * 128, wg_smem<KT, NWG>(), stream>>>(p);
+  prefill_wgmma_kernel<DT, KT, NWG, PIPE><<<grid, NWG * 128, smem, stream>>>(p);
   FP8KV_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -402,25 +476,26 @@ std::vector<float> run_selftest(K kernel, const std::vector<uint16_t>& a, const 
   return out;
 }
 
-// FP8KV_WGMMA_CFG = 64x2 (default), 128x2 or 64x1 (read per call: the GPU
-// script tests and benchmarks each). Returns {KT, NWG}.
-struct WgCfg { int kt, nwg; };
+// FP8KV_WGMMA_CFG = 64x2 (default), 128x2, 64x1 or 64x2p (read per call:
+// the GPU script tests and benchmarks each). Returns {KT, NWG, pipelined}.
+struct WgCfg { int kt, nwg; bool pipe; };
 WgCfg wgmma_config() {
   const char* env = std::getenv("FP8KV_WGMMA_CFG");
-  if (!env || !*env) return {64, 2};
+  if (!env || !*env) return {64, 2, false};
   const std::string v(env);
-  if (v == "64x2") return {64, 2};
-  if (v == "128x2") return {128, 2};
-  if (v == "64x1") return {64, 1};
-  throw std::invalid_argument("FP8KV_WGMMA_CFG: expected 64x2, 128x2 or 64x1, got '" + v + "'");
+  if (v == "64x2") return {64, 2, false};
+  if (v == "128x2") return {128, 2, false};
+  if (v == "64x1") return {64, 1, false};
+  if (v == "64x2p") return {64, 2, true};
+  throw std::invalid_argument("FP8KV_WGMMA_CFG: expected 64x2, 128x2, 64x1 or 64x2p, got '" + v + "'");
 }
 
-template <int KT, int NWG>
+template <int KT, int NWG, bool PIPE>
 void launch_wgmma(const WgParams& p, KvDtype dt, dim3 grid, cudaStream_t stream) {
   switch (dt) {
-    case KvDtype::bf16: launch_wgmma_t<kBf16, KT, NWG>(p, grid, stream); break;
-    case KvDtype::fp8_e4m3: launch_wgmma_t<kE4m3, KT, NWG>(p, grid, stream); break;
-    case KvDtype::fp8_e5m2: launch_wgmma_t<kE5m2, KT, NWG>(p, grid, stream); break;
+    case KvDtype::bf16: launch_wgmma_t<kBf16, KT, NWG, PIPE>(p, grid, stream); break;
+    case KvDtype::fp8_e4m3: launch_wgmma_t<kE4m3, KT, NWG, PIPE>(p, grid, stream); break;
+    case KvDtype::fp8_e5m2: launch_wgmma_t<kE5m2, KT, NWG, PIPE>(p, grid, stream); break;
   }
 }
 
@@ -441,9 +516,10 @@ void paged_prefill_wgmma(const PrefillArgs& a, cudaStream_t stream) {
   // Heads fastest: the CTAs of one query tile across all heads run together
   // and share K/V in L2 (GQA groups read the same KV head).
   const dim3 grid(a.num_heads, p.num_q_tiles, a.batch);
-  if (cfg.kt == 128) launch_wgmma<128, 2>(p, a.kv.layout.dtype, grid, stream);
-  else if (cfg.nwg == 1) launch_wgmma<64, 1>(p, a.kv.layout.dtype, grid, stream);
-  else launch_wgmma<64, 2>(p, a.kv.layout.dtype, grid, stream);
+  if (cfg.kt == 128) launch_wgmma<128, 2, false>(p, a.kv.layout.dtype, grid, stream);
+  else if (cfg.nwg == 1) launch_wgmma<64, 1, false>(p, a.kv.layout.dtype, grid, stream);
+  else if (cfg.pipe) launch_wgmma<64, 2, true>(p, a.kv.layout.dtype, grid, stream);
+  else launch_wgmma<64, 2, false>(p, a.kv.layout.dtype, grid, stream);
 }
 
 std::vector<float> wgmma_selftest_qk(const std::vector<uint16_t>& q, const std::vector<uint16_t>& k, bool dtype_f16) {
