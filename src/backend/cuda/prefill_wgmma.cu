@@ -175,6 +175,15 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1) prefill_wgmma_ker
   for (int i = 0; i < 64; ++i) o[i] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
+  // Byte offset of key j's row of this KV head (block sizes are multiples of
+  // 16; powers of two, the usual case, avoid the integer division).
+  const bool bs_pow2 = (p.block_size & (p.block_size - 1)) == 0;
+  const int bs_shift = __ffs(p.block_size) - 1;
+  auto slot_off = [&](int j) {
+    const int blk = bs_pow2 ? j >> bs_shift : j / p.block_size;
+    const int in_blk = bs_pow2 ? j & (p.block_size - 1) : j % p.block_size;
+    return (static_cast<int64_t>(bt[blk]) * p.block_size + in_blk) * row_bytes + head_off;
+  };
   // Copies of tile j0 into ring stage `st` (one commit group), zero-filled
   // outside [kv_lo, kv_hi): unwritten / freed slots may hold NaN.
   auto issue = [&](int j0, int st) {
@@ -185,7 +194,7 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1) prefill_wgmma_ker
         const int c = tid + i * kWThreads, key = c / 16, ch = c % 16, j = j0 + key;
         const bool ok = j >= kv_lo && j < kv_hi;
         int64_t off = 0;
-        if (ok) off = (static_cast<int64_t>(bt[j / p.block_size]) * p.block_size + j % p.block_size) * row_bytes + head_off + ch * 16;
+        if (ok) off = slot_off(j) + ch * 16;
         cp_async16(dk + swz_chunk(kKT, key, ch), p.k_cache + off, ok);
         cp_async16(dv + swz_chunk(kKT, key, ch), p.v_cache + off, ok);
       }
@@ -196,7 +205,7 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1) prefill_wgmma_ker
         const int c = tid + i * kWThreads, key = c / 8, ch = c % 8, j = j0 + key;
         const bool ok = j >= kv_lo && j < kv_hi;
         int64_t off = 0;
-        if (ok) off = (static_cast<int64_t>(bt[j / p.block_size]) * p.block_size + j % p.block_size) * row_bytes + head_off + ch * 16;
+        if (ok) off = slot_off(j) + ch * 16;
         cp_async16(dk + key * 128 + ch * 16, p.k_cache + off, ok);
         cp_async16(dv + key * 128 + ch * 16, p.v_cache + off, ok);
       }
