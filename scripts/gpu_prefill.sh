@@ -60,7 +60,7 @@ phase bench
 : >"$OUT/bench.jsonl"
 timeout 30 $BENCH prefill-mma 2>&1 | grep '"prefill"' | tee -a "$OUT/bench.jsonl"
 timeout 30 $BENCH prefill-wgmma 2>&1 | grep '"prefill"' | tee -a "$OUT/bench.jsonl"
-for cfg in 64x2p 64x1 128x2; do
+for cfg in 64x2d 64x2p 64x1 128x2; do
   FP8KV_WGMMA_CFG=$cfg timeout 30 $BENCH prefill-wgmma 2>&1 | grep '"prefill"' | tee -a "$OUT/bench.jsonl"
 done
 phase sdpa
@@ -69,9 +69,9 @@ timeout 40 python3 tools/bench_sdpa.py --prefill-only 2>&1 | tee "$OUT/sdpa.json
 # CTA, p = pipelined) and the mma.sync kernel's prefill tests, while the
 # 4-minute budget allows (each skipped one says so).
 left() { [ $(( $(date +%s) - T0 )) -lt $1 ]; }
-for cfg in 64x2p 64x1 128x2; do
+for cfg in 64x2d 64x2p; do
   RES[prefill_wgmma_$cfg]=skipped
-  left 170 && FP8KV_WGMMA_CFG=$cfg runtest prefill_wgmma_$cfg 'Kernels/CudaPrefill.*/wgmma' 30
+  left 175 && FP8KV_WGMMA_CFG=$cfg runtest prefill_wgmma_$cfg 'Kernels/CudaPrefill.*/wgmma' 50
 done
 RES[prefill_mma]=skipped
 left 185 && runtest prefill_mma 'Kernels/CudaPrefill.*/mma' $(( 235 - ($(date +%s) - T0) ))
@@ -93,5 +93,5 @@ for r in rows:
     x = f"{r['TFLOPs']/sdpa:.2f}" if sdpa else "-"
     print(f"{r['dtype']:10} {r['kernel']:11} {r['ms']:8.3f} {r['TFLOPs']:8.1f} {x:>7}")
 PY
-echo "tests: wgmma building blocks ${RES[wgmma_blocks]}; prefill/mma ${RES[prefill_mma]}; prefill/wgmma ${RES[prefill_wgmma]}; wgmma 64x2p ${RES[prefill_wgmma_64x2p]}; 64x1 ${RES[prefill_wgmma_64x1]}; 128x2 ${RES[prefill_wgmma_128x2]}; SASS no-spill $spill"
+echo "tests: wgmma building blocks ${RES[wgmma_blocks]}; prefill/mma ${RES[prefill_mma]}; prefill/wgmma ${RES[prefill_wgmma]}; wgmma 64x2d ${RES[prefill_wgmma_64x2d]}; 64x2p ${RES[prefill_wgmma_64x2p]}; SASS no-spill $spill"
 phase done

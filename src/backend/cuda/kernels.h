@@ -108,7 +108,7 @@ void paged_decode(const DecodeArgs& args, cudaStream_t stream);
 
 // Which kernel runs a prefill at head_dim 128 (head_dim 64 / 256 always run
 // mma.sync). automatic: the environment variable FP8KV_PREFILL (wgmma | mma;
-// unset: mma until the wgmma kernel is verified on the H200, docs/cuda.md).
+// unset: wgmma, verified and faster on the H200 2026-12-01, docs/cuda.md).
 enum class PrefillKernel : uint8_t { automatic = 0, mma = 1, wgmma = 2 };
 
 // Sequence b's queries are rows [q_start[b], q_start[b+1]) of q, at positions

@@ -37,13 +37,19 @@ __host__ __device__ constexpr int raw_bytes() { return KT * kD; }       // one f
 // 1024 for the alignment of the swizzled tiles; bf16: 2 stages of K+V tiles;
 // fp8: 1 converted K+V tile + 2 stages of fp8 K+V (the same size).
 // PIPE (64x2p): 3 stages of 16-bit K+V tiles, plus a 2-stage fp8 staging ring.
-template <int KT, int NWG, bool PIPE>
+// NST: stages of the (non-pipelined) ring: bf16 NST K+V tiles; fp8 one
+// converted K+V tile + NST fp8 staging stages (64x2d: NST = 4).
+template <int KT, int NWG, bool PIPE, int NST = 2>
 constexpr int wg_smem() {
-  return 1024 + NWG * 64 * kD * 2 + (PIPE ? 3 * 2 * tile_bytes<KT>() + 2 * 2 * raw_bytes<KT>() : 2 * 2 * tile_bytes<KT>());
+  return 1024 + NWG * 64 * kD * 2 +
+         (PIPE ? 3 * 2 * tile_bytes<KT>() + 2 * 2 * raw_bytes<KT>()
+               : (NST * 2 * tile_bytes<KT>() > 2 * tile_bytes<KT>() + NST * 2 * raw_bytes<KT>()
+                      ? NST * 2 * tile_bytes<KT>()
+                      : 2 * tile_bytes<KT>() + NST * 2 * raw_bytes<KT>()));
 }
 static_assert(2 * tile_bytes<64>() + 2 * 2 * raw_bytes<64>() == 2 * 2 * tile_bytes<64>(), "ring sizes");
 static_assert(wg_smem<128, 2, false>() <= 227 * 1024 && 2 * wg_smem<64, 1, false>() <= 227 * 1024 &&
-                  wg_smem<64, 2, true>() <= 227 * 1024,
+                  wg_smem<64, 2, true>() <= 227 * 1024 && wg_smem<64, 2, false, 4>() <= 227 * 1024,
               "shared memory");
 
 struct WgParams : PagedKvParams {
@@ -108,7 +114,7 @@ __device__ __forceinline__ void pv_tile(float (&o)[64], uint32_t (&pa)[KT / 16][
   reg_fence(o);
 }
 
-template <int DT, int KT, int NWG, bool PIPE>
+template <int DT, int KT, int NWG, bool PIPE, int NST>
 __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1) prefill_wgmma_kernel(const WgParams p) {
   constexpr int EB = DT == kBf16 ? 2 : 1;
   constexpr int kBM = NWG * 64;
@@ -297,22 +303,30 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1) prefill_wgmma_ker
   auto sees = [&](int j0) { return j0 < kv_hi && j0 < wg_hi && j0 + kKT > wg_lo; };
 
   if constexpr (!PIPE) {
-    issue(tile_lo, 0);
+    // NST-stage ring, tile k in stage k % NST, issued NST - 1 tiles ahead;
+    // one commit group per tile (empty past the end).
+#pragma unroll
+    for (int k = 0; k < NST - 1; ++k) {
+      if (tile_lo + k * kKT < kv_hi) issue(tile_lo + k * kKT, k);
+      else cp_async_commit();
+    }
     int it = 0;
     for (int j0 = tile_lo; j0 < kv_hi; j0 += kKT, ++it) {
-      const int st = it & 1;
-      const bool has_next = j0 + kKT < kv_hi;
+      const int st = it % NST, st_next = (it + NST - 1) % NST;
+      const int j_next = j0 + (NST - 1) * kKT;
+      const bool has_next = j_next < kv_hi;
       const uint8_t* tk;
       if constexpr (DT == kBf16) {
-        cp_async_wait<0>();  // this thread's copies of tile j0
+        cp_async_wait<NST - 2>();  // this thread's copies of tile j0
         fence_proxy_async();
-        __syncthreads();     // everyone's copies landed; everyone is done with the other stage
-        if (has_next) issue(j0 + kKT, st ^ 1);
+        __syncthreads();     // everyone's copies landed; everyone is done with tile j0 - 1's stage
+        if (has_next) issue(j_next, st_next);
+        else if (NST > 2) cp_async_commit();
         tk = sKV + st * 2 * kTileBytes;
       } else {
-        if (has_next) issue(j0 + kKT, st ^ 1);
+        if (has_next) issue(j_next, st_next);  // its stage held tile j0 - 1, converted by this thread
         else cp_async_commit();
-        cp_async_wait<1>();  // this thread's copies of tile j0 (the older group)
+        cp_async_wait<NST - 1>();  // this thread's copies of tile j0
         __syncthreads();     // everyone is done reading the converted tile
         convert(st, sKV);
         fence_proxy_async();
@@ -396,16 +410,16 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1) prefill_wgmma_ker
   }
 }
 
-template <int DT, int KT, int NWG, bool PIPE>
+template <int DT, int KT, int NWG, bool PIPE, int NST>
 void launch_wgmma_t(const WgParams& p, dim3 grid, cudaStream_t stream) {
-  constexpr int smem = wg_smem<KT, NWG, PIPE>();
+  constexpr int smem = wg_smem<KT, NWG, PIPE, NST>();
   static bool configured = false;
   if (!configured) {
-    FP8KV_CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_kernel<DT, KT, NWG, PIPE>,
+    FP8KV_CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_kernel<DT, KT, NWG, PIPE, NST>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     configured = true;
   }
-  prefill_wgmma_kernel<DT, KT, NWG, PIPE><<<grid, NWG * 128, smem, stream>>>(p);
+  prefill_wgmma_kernel<DT, KT, NWG, PIPE, NST><<<grid, NWG * 128, smem, stream>>>(p);
   FP8KV_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -487,24 +501,25 @@ std::vector<float> run_selftest(K kernel, const std::vector<uint16_t>& a, const 
 
 // FP8KV_WGMMA_CFG = 64x2 (default), 128x2, 64x1 or 64x2p (read per call:
 // the GPU script tests and benchmarks each). Returns {KT, NWG, pipelined}.
-struct WgCfg { int kt, nwg; bool pipe; };
+struct WgCfg { int kt, nwg; bool pipe; int nst; };
 WgCfg wgmma_config() {
   const char* env = std::getenv("FP8KV_WGMMA_CFG");
-  if (!env || !*env) return {64, 2, false};
+  if (!env || !*env) return {64, 2, false, 2};
   const std::string v(env);
-  if (v == "64x2") return {64, 2, false};
-  if (v == "128x2") return {128, 2, false};
-  if (v == "64x1") return {64, 1, false};
-  if (v == "64x2p") return {64, 2, true};
-  throw std::invalid_argument("FP8KV_WGMMA_CFG: expected 64x2, 128x2, 64x1 or 64x2p, got '" + v + "'");
+  if (v == "64x2") return {64, 2, false, 2};
+  if (v == "128x2") return {128, 2, false, 2};
+  if (v == "64x1") return {64, 1, false, 2};
+  if (v == "64x2p") return {64, 2, true, 2};
+  if (v == "64x2d") return {64, 2, false, 4};
+  throw std::invalid_argument("FP8KV_WGMMA_CFG: expected 64x2, 128x2, 64x1, 64x2p or 64x2d, got '" + v + "'");
 }
 
-template <int KT, int NWG, bool PIPE>
+template <int KT, int NWG, bool PIPE, int NST = 2>
 void launch_wgmma(const WgParams& p, KvDtype dt, dim3 grid, cudaStream_t stream) {
   switch (dt) {
-    case KvDtype::bf16: launch_wgmma_t<kBf16, KT, NWG, PIPE>(p, grid, stream); break;
-    case KvDtype::fp8_e4m3: launch_wgmma_t<kE4m3, KT, NWG, PIPE>(p, grid, stream); break;
-    case KvDtype::fp8_e5m2: launch_wgmma_t<kE5m2, KT, NWG, PIPE>(p, grid, stream); break;
+    case KvDtype::bf16: launch_wgmma_t<kBf16, KT, NWG, PIPE, NST>(p, grid, stream); break;
+    case KvDtype::fp8_e4m3: launch_wgmma_t<kE4m3, KT, NWG, PIPE, NST>(p, grid, stream); break;
+    case KvDtype::fp8_e5m2: launch_wgmma_t<kE5m2, KT, NWG, PIPE, NST>(p, grid, stream); break;
   }
 }
 
@@ -528,6 +543,7 @@ void paged_prefill_wgmma(const PrefillArgs& a, cudaStream_t stream) {
   if (cfg.kt == 128) launch_wgmma<128, 2, false>(p, a.kv.layout.dtype, grid, stream);
   else if (cfg.nwg == 1) launch_wgmma<64, 1, false>(p, a.kv.layout.dtype, grid, stream);
   else if (cfg.pipe) launch_wgmma<64, 2, true>(p, a.kv.layout.dtype, grid, stream);
+  else if (cfg.nst == 4) launch_wgmma<64, 2, false, 4>(p, a.kv.layout.dtype, grid, stream);
   else launch_wgmma<64, 2, false>(p, a.kv.layout.dtype, grid, stream);
 }
 
