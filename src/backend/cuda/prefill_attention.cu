@@ -329,11 +329,8 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams p
 template <int D, int DT>
 void launch_prefill_t(const PrefillParams& p, dim3 grid, cudaStream_t stream) {
   constexpr int smem = prefill_smem<D, DT>();
-  static bool configured = false;
-  if (!configured) {
-    FP8KV_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<D, DT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    configured = true;
-  }
+  // Per device, not per process: TP ranks are threads on different GPUs.
+  detail::set_func_attribute_once(prefill_kernel<D, DT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   prefill_kernel<D, DT><<<grid, kThreads, smem, stream>>>(p);
   FP8KV_CUDA_CHECK(cudaGetLastError());
 }

@@ -413,12 +413,9 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1) prefill_wgmma_ker
 template <int DT, int KT, int NWG, bool PIPE, int NST>
 void launch_wgmma_t(const WgParams& p, dim3 grid, cudaStream_t stream) {
   constexpr int smem = wg_smem<KT, NWG, PIPE, NST>();
-  static bool configured = false;
-  if (!configured) {
-    FP8KV_CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_kernel<DT, KT, NWG, PIPE, NST>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    configured = true;
-  }
+  // Per device, not per process: TP ranks are threads on different GPUs.
+  detail::set_func_attribute_once(prefill_wgmma_kernel<DT, KT, NWG, PIPE, NST>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   prefill_wgmma_kernel<DT, KT, NWG, PIPE, NST><<<grid, NWG * 128, smem, stream>>>(p);
   FP8KV_CUDA_CHECK(cudaGetLastError());
 }
