@@ -160,27 +160,27 @@ Registrar reg([](CLI::App& app) {
   auto* s = bench_parent(app)->add_subcommand(
       "serve", "Load a running server with streamed random-prompt completions (vllm bench serve's flags and results)");
   s->add_option("--host", a.host, "Server host (default 127.0.0.1)");
-  s->add_option("--port", a.port, "Server port (default 8000)")->check(CLI::Range(1, 65535));
+  s->add_option("--port", a.port, "Server port (default 8000)")->check(in_range(1, 65535));
   s->add_option("--base-url", a.base_url, "http://HOST:PORT (overrides --host/--port)");
   s->add_option("--endpoint", a.s.endpoint, "Completions route (default /v1/completions)");
   s->add_option("--model", a.s.model, "Model name sent in requests (default: the server's /v1/models)");
   s->add_option("--tokenizer", a.tokenizer, "Tokenizer directory or tokenizer.json: the vocabulary of the random prompts");
   s->add_option("--dataset-name", a.dataset_name, "Only 'random' (random token ids)");
-  s->add_option("--num-prompts", a.s.num_prompts, "Requests in all (default 1000)")->check(CLI::PositiveNumber);
+  s->add_option("--num-prompts", a.s.num_prompts, "Requests in all (default 1000)")->check(at_least(1));
   s->add_option("--request-rate", a.request_rate, "Requests per second (Poisson arrivals), or inf: all at once");
   s->add_option("--max-concurrency", a.s.max_concurrency, "Requests in flight at most (default: no limit)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   s->add_option("--random-input-len", a.s.input_len, "Prompt tokens per request (default 1024)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   s->add_option("--random-output-len", a.s.output_len, "max_tokens per request (default 128)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   s->add_option("--seed", a.s.seed, "Seed of the random prompts and arrivals");
   s->add_flag("--ignore-eos", a.s.ignore_eos, "Send ignore_eos: generate --random-output-len tokens each");
   s->add_option("--num-warmups", a.s.num_warmups, "Untimed requests before the run (after the test request)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   s->add_option("--api-key", a.s.api_key, "Bearer key (default: $OPENAI_API_KEY)");
   s->add_option("--request-timeout", a.s.timeout_s, "Seconds a request may wait for its next chunk (default 3600)")
-      ->check(CLI::PositiveNumber);
+      ->check(greater_than(0));
   s->add_flag("--save-result", a.save_result, "Write the result JSON (vLLM's names) to a file");
   s->add_option("--result-dir", a.result_dir, "Folder of the result file (default: the current one)");
   s->add_option("--result-filename", a.result_filename, "Result file name (default fp8kv-RATEqps-MODEL-DATE.json)");
