@@ -99,6 +99,30 @@ TEST(KvCacheManager, ChunkKeepsInFlightTokensAndRefusesWhenFull) {
   EXPECT_EQ(m.num_free_blocks(), plan.num_blocks);
 }
 
+// What admission reserves (blocks_to_hold): the whole prompt in a full
+// group, the window plus one chunk in a sliding one (capped at the whole
+// prompt). Hand arithmetic, and an upper bound that chunked prefill reaches.
+TEST(KvCacheManager, BlocksToHoldIsTheWholePromptOrWindowPlusChunk) {
+  const int W = 8, B = 4, L = 60, C = 16;
+  const ModelConfig c = hybrid_config(W);
+  const KvPlan plan = plan_for(c, 2, B);
+  KvCacheManager m(c, plan);
+  // full: ceil(60 / 4) = 15; sliding: min(15, ceil((8 - 1 + 16) / 4) + 1) = 7.
+  EXPECT_EQ(m.blocks_to_hold(L, C), 15 + 7);
+  EXPECT_EQ(m.blocks_to_hold(6, C), 2 + 2);  // a short prompt: the sliding group holds it whole too
+  ASSERT_GE(plan.num_blocks, 22);
+  const int s = m.add_sequence();
+  int64_t most = 0;
+  for (int done = 0; done < L; done += C) {
+    m.append(s, std::min(C, L - done));
+    most = std::max(most, m.blocks_held(s));
+  }
+  EXPECT_LE(most, m.blocks_to_hold(L, C));
+  EXPECT_GE(most, 15 + 5);  // the full group's 15, and the sliding group's window of a chunk
+  m.free_sequence(s);
+  EXPECT_EQ(m.num_free_blocks(), plan.num_blocks);
+}
+
 TEST(KvCacheManager, StorageMatchesThePlan) {
   const ModelConfig c = hybrid_config(8);
   const KvPlan plan = plan_for(c, 3, 16);
