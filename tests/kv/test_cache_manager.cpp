@@ -123,6 +123,51 @@ TEST(KvCacheManager, BlocksToHoldIsTheWholePromptOrWindowPlusChunk) {
   EXPECT_EQ(m.num_free_blocks(), plan.num_blocks);
 }
 
+// vLLM's hybrid rule (docs/design.md "Prefix caching"): a hit needs every
+// block of the run in full-attention groups, but in sliding groups only the
+// blocks still in the window of the first new query. A 41-token sequence is
+// cached, then the oldest cached pages (its sliding group's first blocks,
+// released first as the window moved) are evicted: the whole 40-token run
+// still hits.
+TEST(KvCacheManager, HybridPrefixHitNeedsOnlyTheSlidingWindowBlocks) {
+  const int W = 8, B = 4;
+  const ModelConfig c = hybrid_config(W);
+  const KvPlan plan = plan_for(c, 2, B);
+  KvCacheManager m(c, plan);
+  m.set_prefix_caching(true);
+  const int full = m.group_of_layer(0), slid = m.group_of_layer(1);
+  std::vector<int> toks(41);
+  for (int i = 0; i < 41; ++i) toks[i] = 3 + (i * 7) % 90;
+  const int a = m.add_sequence();
+  std::vector<int32_t> full_pages, slid_pages;  // logical block -> page, as first allocated
+  for (int done = 0; done < 41; done += 4) {
+    const int n = std::min(4, 41 - done);
+    m.append(a, n);
+    m.cache_computed_blocks(a, toks, done + n);
+    for (auto [g, v] : {std::pair{full, &full_pages}, std::pair{slid, &slid_pages}}) {
+      const auto& t = m.block_table(a, g);
+      for (size_t b = v->size(); b < t.size(); ++b) v->push_back(t[b]);
+    }
+  }
+  m.free_sequence(a);
+  ASSERT_EQ(m.num_cached_blocks(), 2 * 10);  // 10 full blocks in each group
+  EXPECT_EQ(m.find_cached_prefix(toks).tokens, 40);
+  // Evict the e oldest cached pages: a sequence takes every plain free page
+  // and e more (one-shot appends take a page per block in each group).
+  const int64_t plain = m.num_free_blocks() - m.num_cached_blocks();
+  const int64_t e = (plain + 8) % 2 == 0 ? 8 : 7;
+  const int b = m.add_sequence();
+  m.append(b, static_cast<int>(B * (plain + e) / 2));
+  EXPECT_EQ(m.num_cached_blocks(), 20 - e);
+  for (int i = 0; i < e; ++i) EXPECT_FALSE(m.pool().is_cached(slid_pages[i]) && m.pool().ref_count(slid_pages[i]) == 0) << i;
+  for (int i = 0; i < 10; ++i) EXPECT_TRUE(m.pool().is_cached(full_pages[i])) << i;
+  // The first new query (position 40) sees keys 33..40: sliding blocks 8 and 9 (and 10, computed anew).
+  for (int i = 8; i < 10; ++i) EXPECT_TRUE(m.pool().is_cached(slid_pages[i])) << i;
+  EXPECT_EQ(m.find_cached_prefix(toks).tokens, 40);
+  m.free_sequence(b);
+  EXPECT_EQ(m.num_free_blocks(), plan.num_blocks);
+}
+
 TEST(KvCacheManager, StorageMatchesThePlan) {
   const ModelConfig c = hybrid_config(8);
   const KvPlan plan = plan_for(c, 3, 16);
