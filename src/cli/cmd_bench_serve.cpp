@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <memory>
 
 #include "cli/commands.h"
 #include "io/errors.h"
@@ -39,16 +40,21 @@ struct BenchServeArgs {
   bool json = false;
 };
 
-// Vocabulary of the random prompt ids: --tokenizer, else --model as a
-// directory (its tokenizer, else its config.json's vocab_size, which is what
-// `bench throughput` draws from).
-int vocab_size_for(const BenchServeArgs& a) {
-  if (!a.tokenizer.empty()) return Tokenizer::load(a.tokenizer)->vocab_size();
+// The tokenizer of the random prompts: --tokenizer, else --model as a
+// directory with a tokenizer.json; null when neither.
+std::unique_ptr<Tokenizer> tokenizer_for(const BenchServeArgs& a) {
+  if (!a.tokenizer.empty()) return Tokenizer::load(a.tokenizer);
   const fs::path m(a.s.model);
-  if (fs::is_directory(m)) {
-    if (fs::exists(m / "tokenizer.json")) return Tokenizer::load(m)->vocab_size();
-    if (fs::exists(m / "config.json")) return load_model_config(m).vocab_size;
-  }
+  if (fs::is_directory(m) && fs::exists(m / "tokenizer.json")) return Tokenizer::load(m);
+  return nullptr;
+}
+
+// Vocabulary of the random prompt ids: the tokenizer's, else --model's
+// config.json vocab_size (what `bench throughput` draws from).
+int vocab_size_for(const BenchServeArgs& a, const Tokenizer* tok) {
+  if (tok) return tok->vocab_size();
+  const fs::path m(a.s.model);
+  if (fs::is_directory(m) && fs::exists(m / "config.json")) return load_model_config(m).vocab_size;
   throw UsageError(fmt::format(
       "bench serve: random prompts need a vocabulary: give --tokenizer PATH (a tokenizer directory or "
       "tokenizer.json), or --model naming a model directory (served model: '{}')",
@@ -106,7 +112,17 @@ int run(BenchServeArgs a) {
     if (const char* k = std::getenv("OPENAI_API_KEY")) a.s.api_key = k;
   }
   if (a.s.model.empty()) a.s.model = server::query_served_model(a.s);
-  a.s.vocab_size = vocab_size_for(a);
+  const std::unique_ptr<Tokenizer> tok = tokenizer_for(a);
+  a.s.vocab_size = vocab_size_for(a, tok.get());
+  if (server::is_chat_endpoint(a.s.endpoint)) {
+    // vLLM's openai-chat backend: each prompt as text in one user message.
+    if (!tok)
+      throw UsageError(fmt::format("--endpoint {}: chat prompts are text: give --tokenizer PATH to decode the random "
+                                   "token ids (or --model naming a directory with tokenizer.json)",
+                                   a.s.endpoint));
+    const Tokenizer* t = tok.get();
+    a.s.detokenize = [t](const std::vector<int>& ids) { return t->decode(ids, /*skip_special_tokens=*/true); };
+  }
 
   const server::BenchServeRun r = server::run_bench_serve(a.s);
   nlohmann::ordered_json j = server::summarize(r, a.s);
@@ -162,7 +178,7 @@ Registrar reg([](CLI::App& app) {
   s->add_option("--host", a.host, "Server host (default 127.0.0.1)");
   s->add_option("--port", a.port, "Server port (default 8000)")->check(in_range(1, 65535));
   s->add_option("--base-url", a.base_url, "http://HOST:PORT (overrides --host/--port)");
-  s->add_option("--endpoint", a.s.endpoint, "Completions route (default /v1/completions)");
+  s->add_option("--endpoint", a.s.endpoint, "Route: /v1/completions (default; token-id prompts) or /v1/chat/completions (the prompts decoded to text)");
   s->add_option("--model", a.s.model, "Model name sent in requests (default: the server's /v1/models)");
   s->add_option("--tokenizer", a.tokenizer, "Tokenizer directory or tokenizer.json: the vocabulary of the random prompts");
   s->add_option("--dataset-name", a.dataset_name, "Only 'random' (random token ids)");
