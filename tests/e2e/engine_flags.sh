@@ -77,7 +77,7 @@ refused "--random-input-len: must be >= 1 (got 0)" "$BIN" bench serve --random-i
 refused "--random-output-len: must be >= 1 (got -3)" "$BIN" bench serve --random-output-len -3
 refused "--num-warmups: must be >= 0 (got -1)" "$BIN" bench serve --num-warmups -1
 refused "--request-timeout: must be > 0 (got 0)" "$BIN" bench serve --request-timeout 0
-refused "--port must be in [0, 65535]" run_cmd serve --port 70000
+refused "--port must be in [0, 65535]" timeout 60 "$BIN" serve "$T/m" --port 70000
 refused "--max-waiting must be >= 0" run_cmd serve --max-waiting -1
 refused "--shutdown-grace must be >= 0" run_cmd serve --shutdown-grace -1
 
