@@ -338,7 +338,7 @@ nlohmann::ordered_json summarize(const BenchServeRun& r, const BenchServeSetting
   }
   const double d = r.duration_s > 0 ? r.duration_s : 1e-9;
   nlohmann::ordered_json j;
-  j["backend"] = "openai";
+  j["backend"] = is_chat_endpoint(s.endpoint) ? "openai-chat" : "openai";
   j["endpoint"] = s.endpoint;
   j["base_url"] = s.base_url;
   j["model_id"] = s.model;

@@ -84,7 +84,10 @@ assert j["endpoint"] == "/v1/chat/completions"
 assert j["output_lens"] == [out] * 4, j["output_lens"]
 assert all(n > 0 for n in j["input_lens"]), j["input_lens"]
 assert j["total_input_tokens"] == sum(j["input_lens"])
-assert all(len(x) >= out - 1 for x in j["itls"]) and all(t > 0 for t in j["ttfts"])
+assert j["backend"] == "openai-chat"
+# Text deltas: a token whose bytes end mid-character waits for the next, so
+# a chunk may carry several tokens (fewer ITL samples than tokens).
+assert all(t > 0 for t in j["ttfts"])
 print("ok   chat endpoint: input tokens", j["input_lens"])
 PY
 expect_refused "chat without a tokenizer" "chat prompts are text" "$BIN" bench serve --port "$PORT" \
