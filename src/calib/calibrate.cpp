@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "io/errors.h"
+#include "io/text_table.h"
 
 namespace fp8kv {
 
@@ -59,16 +60,17 @@ std::string calibration_summary(const CalibrationReport& r) {
   std::string s = fmt::format("calibration {} ({} tokens, rule {}, target {}{})\n", r.complete ? "complete" : "FAILED",
                               r.tokens_observed, r.rule.name(), kv_dtype_name(r.target), r.per_head ? ", per head" : "");
   if (!r.complete) s += fmt::format("  reason: {}\n", r.reason);
-  s += fmt::format("  {:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "layer", "q_amax", "k_amax", "v_amax", "q_scale",
-                   "k_scale", "v_scale");
+  TextTable table({{"layer", 5}, {"q_amax", 10}, {"k_amax", 10}, {"v_amax", 10}, {"q_scale", 10}, {"k_scale", 10},
+                   {"v_scale", 10}},
+                  "  ");
   std::vector<int> moved;
   float best = -1;
   std::string where;
   for (const auto& l : r.layers) {
     const bool v_moved = std::any_of(l.v_scale.begin(), l.v_scale.end(), [](float x) { return x != 1.0f; });
-    s += fmt::format("  {:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}{}\n", l.layer, fmt_vals(l.q_amax),
-                     fmt_vals(l.k_amax), fmt_vals(l.v_amax), fmt_vals(l.q_scale), fmt_vals(l.k_scale), fmt_vals(l.v_scale),
-                     v_moved ? "  <- v_scale != 1" : "");
+    table.add_row({std::to_string(l.layer), fmt_vals(l.q_amax), fmt_vals(l.k_amax), fmt_vals(l.v_amax),
+                   fmt_vals(l.q_scale), fmt_vals(l.k_scale), fmt_vals(l.v_scale)},
+                  v_moved ? "  <- v_scale != 1" : "");
     if (v_moved) moved.push_back(l.layer);
     for (const auto& [name, vals] : {std::pair<const char*, const std::vector<float>*>{"Q", &l.q_amax},
                                      {"K", &l.k_amax},
@@ -81,6 +83,7 @@ std::string calibration_summary(const CalibrationReport& r) {
         }
     }
   }
+  s += table.str();
   std::string list;
   for (int l : moved) list += fmt::format("{}{}", list.empty() ? "" : ",", l);
   s += fmt::format("  v_scale left 1.0 in {} of {} layers{}{}\n", moved.size(), r.layers.size(), moved.empty() ? "" : ": ",

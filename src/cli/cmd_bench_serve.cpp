@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <memory>
 
 #include "cli/commands.h"
 #include "io/errors.h"
@@ -39,16 +40,21 @@ struct BenchServeArgs {
   bool json = false;
 };
 
-// Vocabulary of the random prompt ids: --tokenizer, else --model as a
-// directory (its tokenizer, else its config.json's vocab_size, which is what
-// `bench throughput` draws from).
-int vocab_size_for(const BenchServeArgs& a) {
-  if (!a.tokenizer.empty()) return Tokenizer::load(a.tokenizer)->vocab_size();
+// The tokenizer of the random prompts: --tokenizer, else --model as a
+// directory with a tokenizer.json; null when neither.
+std::unique_ptr<Tokenizer> tokenizer_for(const BenchServeArgs& a) {
+  if (!a.tokenizer.empty()) return Tokenizer::load(a.tokenizer);
   const fs::path m(a.s.model);
-  if (fs::is_directory(m)) {
-    if (fs::exists(m / "tokenizer.json")) return Tokenizer::load(m)->vocab_size();
-    if (fs::exists(m / "config.json")) return load_model_config(m).vocab_size;
-  }
+  if (fs::is_directory(m) && fs::exists(m / "tokenizer.json")) return Tokenizer::load(m);
+  return nullptr;
+}
+
+// Vocabulary of the random prompt ids: the tokenizer's, else --model's
+// config.json vocab_size (what `bench throughput` draws from).
+int vocab_size_for(const BenchServeArgs& a, const Tokenizer* tok) {
+  if (tok) return tok->vocab_size();
+  const fs::path m(a.s.model);
+  if (fs::is_directory(m) && fs::exists(m / "config.json")) return load_model_config(m).vocab_size;
   throw UsageError(fmt::format(
       "bench serve: random prompts need a vocabulary: give --tokenizer PATH (a tokenizer directory or "
       "tokenizer.json), or --model naming a model directory (served model: '{}')",
@@ -106,7 +112,17 @@ int run(BenchServeArgs a) {
     if (const char* k = std::getenv("OPENAI_API_KEY")) a.s.api_key = k;
   }
   if (a.s.model.empty()) a.s.model = server::query_served_model(a.s);
-  a.s.vocab_size = vocab_size_for(a);
+  const std::unique_ptr<Tokenizer> tok = tokenizer_for(a);
+  a.s.vocab_size = vocab_size_for(a, tok.get());
+  if (server::is_chat_endpoint(a.s.endpoint)) {
+    // vLLM's openai-chat backend: each prompt as text in one user message.
+    if (!tok)
+      throw UsageError(fmt::format("--endpoint {}: chat prompts are text: give --tokenizer PATH to decode the random "
+                                   "token ids (or --model naming a directory with tokenizer.json)",
+                                   a.s.endpoint));
+    const Tokenizer* t = tok.get();
+    a.s.detokenize = [t](const std::vector<int>& ids) { return t->decode(ids, /*skip_special_tokens=*/true); };
+  }
 
   const server::BenchServeRun r = server::run_bench_serve(a.s);
   nlohmann::ordered_json j = server::summarize(r, a.s);
@@ -160,27 +176,27 @@ Registrar reg([](CLI::App& app) {
   auto* s = bench_parent(app)->add_subcommand(
       "serve", "Load a running server with streamed random-prompt completions (vllm bench serve's flags and results)");
   s->add_option("--host", a.host, "Server host (default 127.0.0.1)");
-  s->add_option("--port", a.port, "Server port (default 8000)")->check(CLI::Range(1, 65535));
+  s->add_option("--port", a.port, "Server port (default 8000)")->check(in_range(1, 65535));
   s->add_option("--base-url", a.base_url, "http://HOST:PORT (overrides --host/--port)");
-  s->add_option("--endpoint", a.s.endpoint, "Completions route (default /v1/completions)");
+  s->add_option("--endpoint", a.s.endpoint, "Route: /v1/completions (default; token-id prompts) or /v1/chat/completions (the prompts decoded to text)");
   s->add_option("--model", a.s.model, "Model name sent in requests (default: the server's /v1/models)");
   s->add_option("--tokenizer", a.tokenizer, "Tokenizer directory or tokenizer.json: the vocabulary of the random prompts");
   s->add_option("--dataset-name", a.dataset_name, "Only 'random' (random token ids)");
-  s->add_option("--num-prompts", a.s.num_prompts, "Requests in all (default 1000)")->check(CLI::PositiveNumber);
+  s->add_option("--num-prompts", a.s.num_prompts, "Requests in all (default 1000)")->check(at_least(1));
   s->add_option("--request-rate", a.request_rate, "Requests per second (Poisson arrivals), or inf: all at once");
   s->add_option("--max-concurrency", a.s.max_concurrency, "Requests in flight at most (default: no limit)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   s->add_option("--random-input-len", a.s.input_len, "Prompt tokens per request (default 1024)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   s->add_option("--random-output-len", a.s.output_len, "max_tokens per request (default 128)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   s->add_option("--seed", a.s.seed, "Seed of the random prompts and arrivals");
   s->add_flag("--ignore-eos", a.s.ignore_eos, "Send ignore_eos: generate --random-output-len tokens each");
   s->add_option("--num-warmups", a.s.num_warmups, "Untimed requests before the run (after the test request)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   s->add_option("--api-key", a.s.api_key, "Bearer key (default: $OPENAI_API_KEY)");
   s->add_option("--request-timeout", a.s.timeout_s, "Seconds a request may wait for its next chunk (default 3600)")
-      ->check(CLI::PositiveNumber);
+      ->check(greater_than(0));
   s->add_flag("--save-result", a.save_result, "Write the result JSON (vLLM's names) to a file");
   s->add_option("--result-dir", a.result_dir, "Folder of the result file (default: the current one)");
   s->add_option("--result-filename", a.result_filename, "Result file name (default fp8kv-RATEqps-MODEL-DATE.json)");

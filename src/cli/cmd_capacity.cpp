@@ -12,6 +12,7 @@
 #include <set>
 
 #include "cli/commands.h"
+#include "io/text_table.h"
 #include "cli/engine_flags.h"
 #include "io/checkpoint.h"
 #include "io/errors.h"
@@ -199,16 +200,20 @@ void print_text(const CapacityArgs& a, const ModelConfig& cfg, const KvBudget& b
   o += fmt::format("bytes per token per rank (all layers): {}\n", p.bytes_per_token);
   o += fmt::format("page: {} tokens x {} layers x K+V = {} bytes; pool: {} blocks ({})\n", p.block_size,
                    p.group_size, p.page_bytes, p.num_blocks, format_bytes(p.pool_bytes()));
-  o += fmt::format("{:<6}{:<16}{:>7}{:>14}{:>16}{:>18}{:>14}\n", "group", "type", "layers", "bytes/token",
-                   "blocks/request", "pool blocks held", "pool tokens");
+  using A = TextTable::Align;
+  TextTable groups({{"group", 6, A::left}, {"type", 16, A::left}, {"layers", 7}, {"bytes/token", 14},
+                    {"blocks/request", 16}, {"pool blocks held", 18}, {"pool tokens", 14}},
+                   "", "");
   for (size_t i = 0; i < p.groups.size(); ++i) {
     const auto& g = p.groups[i];
     const int64_t share = group_pool_share(p, g);
-    o += fmt::format("{:<6}{:<16}{:>7}{:>14}{:>16}{:>18}{:>14}\n", i, group_type_label(g), g.layers.size(),
-                     g.bytes_per_token, g.blocks_per_request, share, share * p.block_size);
+    groups.add_row({std::to_string(i), group_type_label(g), std::to_string(g.layers.size()),
+                    std::to_string(g.bytes_per_token), std::to_string(g.blocks_per_request), std::to_string(share),
+                    std::to_string(share * p.block_size)});
   }
-  o += fmt::format("{:<6}{:<16}{:>7}{:>14}{:>16}\n", "total", "", cfg.num_layers, p.bytes_per_token,
-                   p.blocks_per_request);
+  groups.add_row({"total", "", std::to_string(cfg.num_layers), std::to_string(p.bytes_per_token),
+                  std::to_string(p.blocks_per_request)});
+  o += groups.str();
   o += fmt::format("max concurrency: {:.2f}x requests of {} tokens\n", p.max_concurrency, p.max_model_len);
   if (p.max_concurrency > a.max_num_seqs)  // vLLM does not cap the reported figure either
     o += fmt::format("  (the scheduler runs at most --max-num-seqs {} requests at once)\n", a.max_num_seqs);
@@ -216,15 +221,15 @@ void print_text(const CapacityArgs& a, const ModelConfig& cfg, const KvBudget& b
   o += kv_plan_log_line(p) + "\n";
   if (grid) {
     o += "\nbf16 vs fp8 (same memory):\n";
-    o += fmt::format("{:>14}{:>16}{:>14}{:>14}{:>10}\n", "max_model_len", "batched tokens", "bf16 tokens",
-                     "fp8 tokens", "gain");
+    TextTable t({{"max_model_len", 14}, {"batched tokens", 16}, {"bf16 tokens", 14}, {"fp8 tokens", 14}, {"gain", 10}},
+                "", "");
     for (const auto& g : *grid) {
       const auto gain = gain_pct(g);
-      o += fmt::format("{:>14}{:>16}{:>14}{:>14}{:>10}\n", g.max_model_len, g.mnbt,
-                       g.bf16 ? std::to_string(g.bf16->tokens) : "no fit",
-                       g.fp8 ? std::to_string(g.fp8->tokens) : "no fit",
-                       gain ? fmt::format("{:+.1f}%", *gain) : "-");
+      t.add_row({std::to_string(g.max_model_len), std::to_string(g.mnbt),
+                 g.bf16 ? std::to_string(g.bf16->tokens) : "no fit", g.fp8 ? std::to_string(g.fp8->tokens) : "no fit",
+                 gain ? fmt::format("{:+.1f}%", *gain) : "-"});
     }
+    o += t.str();
   }
   std::fputs(o.c_str(), stdout);
 }

@@ -21,6 +21,7 @@
 #include "eval/report_html.h"
 #include "io/errors.h"
 #include "io/fs_util.h"
+#include "io/text_table.h"
 #include "io/user_files.h"
 #include "kv/planner.h"
 #include "numerics/version.h"
@@ -128,13 +129,16 @@ int run_compare_cmd(const CompareArgs& a) {
   report["fp8kv_version"] = version_string();
   if (a.control) report["control_prefix"] = a.control_prefix;
 
-  std::fprintf(stderr, "%-22s %10s %10s %10s %10s %10s %8s\n", "arm", "PPL", "dPPL %", "KLD mean", "KLD p99",
-               "RMS dp %", "top-1 %");
+  TextTable table({{"arm", 22, TextTable::Align::left}, {"PPL", 10}, {"dPPL %", 10}, {"KLD mean", 10}, {"KLD p99", 10},
+                   {"RMS dp %", 10}, {"top-1 %", 8}});
   for (const auto& arm : report["arms"])
-    std::fprintf(stderr, "%-22s %10.4f %+10.4f %10.3g %10.3g %10.4f %8.3f\n", arm["name"].get<std::string>().c_str(),
-                 arm["ppl"].get<double>(), arm["ppl_delta_pct"].get<double>(), arm["kld"]["mean"].get<double>(),
-                 arm["kld"]["p99"].get<double>(), 100.0 * arm["rms_dp"].get<double>(),
-                 100.0 * arm["top1_agree"].get<double>());
+    table.add_row({arm["name"].get<std::string>(), fmt::format("{:.4f}", arm["ppl"].get<double>()),
+                   fmt::format("{:+.4f}", arm["ppl_delta_pct"].get<double>()),
+                   fmt::format("{:.3g}", arm["kld"]["mean"].get<double>()),
+                   fmt::format("{:.3g}", arm["kld"]["p99"].get<double>()),
+                   fmt::format("{:.4f}", 100.0 * arm["rms_dp"].get<double>()),
+                   fmt::format("{:.3f}", 100.0 * arm["top1_agree"].get<double>())});
+  std::fputs(table.str().c_str(), stderr);
   if (!a.html.empty()) atomic_write_file(a.html, eval::compare_report_html(report));
   if (a.output.empty()) {
     std::printf("%s\n", report.dump(2).c_str());
@@ -245,18 +249,20 @@ int run_niah_cmd(const NiahArgs& a) {
   j["fp8kv_version"] = version_string();
   j["model"] = a.model;
   j["haystack"] = a.haystack;
-  std::fprintf(stderr, "%-8s %-6s", "length", "depth");
-  for (const auto& arm : arms) std::fprintf(stderr, " %12s", arm.name.c_str());
-  std::fprintf(stderr, "\n");
+  std::vector<TextTable::Column> cols{{"length", 8, TextTable::Align::left}, {"depth", 6, TextTable::Align::left}};
+  for (const auto& arm : arms) cols.push_back({arm.name, 12});
+  TextTable table(std::move(cols));
   const size_t ncell = j["cells"].size() / arms.size();
   for (size_t c = 0; c < ncell; ++c) {
-    std::fprintf(stderr, "%-8d %-6d", j["cells"][c]["length"].get<int>(), j["cells"][c]["depth"].get<int>());
+    std::vector<std::string> row{std::to_string(j["cells"][c]["length"].get<int>()),
+                                 std::to_string(j["cells"][c]["depth"].get<int>())};
     for (size_t k = 0; k < arms.size(); ++k) {
       const auto& e = j["cells"][k * ncell + c];
-      std::fprintf(stderr, " %12s", fmt::format("{}/{}", e["correct"].get<int>(), e["trials"].get<int>()).c_str());
+      row.push_back(fmt::format("{}/{}", e["correct"].get<int>(), e["trials"].get<int>()));
     }
-    std::fprintf(stderr, "\n");
+    table.add_row(std::move(row));
   }
+  std::fputs(table.str().c_str(), stderr);
   for (const auto& m : j["mcnemar"])
     std::fprintf(stderr, "McNemar %s vs %s: only_a %llu, only_b %llu, p = %.4g\n", m["a"].get<std::string>().c_str(),
                  m["b"].get<std::string>().c_str(), static_cast<unsigned long long>(m["only_a"].get<uint64_t>()),

@@ -67,7 +67,7 @@ Registrar reg([](CLI::App& app) {
   sub->add_option("--prompt", a->prompt, "Prompt text")->required();
   sub->add_option("--max-tokens", a->max_tokens, "New tokens at most");
   sub->add_option("--temperature", a->temperature, "0: greedy")->check(at_least(0));
-  sub->add_option("--top-p", a->top_p, "Nucleus sampling mass (0, 1]")->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--top-p", a->top_p, "Nucleus sampling mass (0, 1]")->check(in_range(0.0, 1.0, /*open_lo=*/true));
   sub->add_option("--top-k", a->top_k, "Top-k sampling (0: off)")->check(at_least(0));
   sub->add_option("--seed", a->seed, "Sampling seed");
   a->engine.add(sub);

@@ -22,6 +22,31 @@ CLI::Validator at_least(double min) {
       fmt::format(">={}", min));
 }
 
+CLI::Validator greater_than(double min) {
+  return CLI::Validator(
+      [min](std::string& s) -> std::string {
+        double v = 0.0;
+        if (!CLI::detail::lexical_cast(s, v)) return {};  // not a number: the conversion names it
+        if (!(v > min)) return fmt::format("must be > {} (got {})", min, s);
+        return {};
+      },
+      fmt::format(">{}", min));
+}
+
+CLI::Validator in_range(double lo, double hi, bool open_lo, bool open_hi) {
+  const std::string range = fmt::format("{}{}, {}{}", open_lo ? "(" : "[", lo, hi, open_hi ? ")" : "]");
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        double v = 0.0;
+        if (!CLI::detail::lexical_cast(s, v)) return {};  // not a number: the conversion names it
+        const bool below = open_lo ? !(v > lo) : !(v >= lo);
+        const bool above = open_hi ? !(v < hi) : !(v <= hi);
+        if (below || above) return fmt::format("must be in {}, got {}", range, s);
+        return {};
+      },
+      range);
+}
+
 std::vector<RegisterFn>& registry() {
   static std::vector<RegisterFn> r;
   return r;

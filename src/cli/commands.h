@@ -38,6 +38,12 @@ int run_selected(CLI::App& app);
 // NonNegativeNumber print "Value 0 not in range 0.000000 to 1797..." (issue
 // 15 item 11). Non-numbers are left to CLI11's conversion error.
 CLI::Validator at_least(double min);
+// As at_least, strictly: "--flag: must be > 0 (got 0)".
+CLI::Validator greater_than(double min);
+// A range for a numeric option: "--top-p: must be in (0, 1], got 2" (each
+// end closed unless open_* says so). The project's own wording for every
+// numeric option (issue 15): never CLI::Range's "Value 2 not in range ...".
+CLI::Validator in_range(double lo, double hi, bool open_lo = false, bool open_hi = false);
 
 // The shared "bench" parent (latency, throughput, serve): created by whichever
 // registrar runs first, found by the others.

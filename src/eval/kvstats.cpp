@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "io/errors.h"
+#include "io/text_table.h"
 
 namespace fp8kv::eval {
 
@@ -117,17 +118,18 @@ nlohmann::json KvStatsObserver::to_json(const ModelConfig& cfg) const {
 
 std::string KvStatsObserver::table(const ModelConfig& cfg) const {
   const auto j = to_json(cfg);
-  std::string out = fmt::format("{:<6} {:<18} {:<6} {:>11} {:>11} {:>10} {:>10} {:>9}\n", "layer", "type", "stream",
-                                "amax", "p99.99", "clip", "flush", "rt_err");
+  using A = TextTable::Align;
+  TextTable t({{"layer", 6, A::left}, {"type", 18, A::left}, {"stream", 6, A::left}, {"amax", 11}, {"p99.99", 11},
+               {"clip", 10}, {"flush", 10}, {"rt_err", 9}});
   auto row = [&](const std::string& layer, const nlohmann::json& r) {
-    out += fmt::format("{:<6} {:<18} {:<6} {:>11.4g} {:>11.4g} {:>10.3g} {:>10.3g} {:>8.3f}%\n", layer,
-                       r["type"].get<std::string>(), r["stream"].get<std::string>(), r["amax"].get<double>(),
-                       r["p9999"].get<double>(), r["clip_frac"].get<double>(), r["flush_frac"].get<double>(),
-                       100.0 * r["rt_err"].get<double>());
+    t.add_row({layer, r["type"].get<std::string>(), r["stream"].get<std::string>(),
+               fmt::format("{:.4g}", r["amax"].get<double>()), fmt::format("{:.4g}", r["p9999"].get<double>()),
+               fmt::format("{:.3g}", r["clip_frac"].get<double>()), fmt::format("{:.3g}", r["flush_frac"].get<double>()),
+               fmt::format("{:.3f}%", 100.0 * r["rt_err"].get<double>())});
   };
   for (const auto& r : j["layers"]) row(std::to_string(r["layer"].get<int>()), r);
   for (const auto& r : j["pooled"]) row("pool", r);
-  return out;
+  return t.str();
 }
 
 KvScales kvstats_scales(const std::string& spec, int num_layers, const KvScales* checkpoint_scales) {

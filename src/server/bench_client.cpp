@@ -111,15 +111,28 @@ std::vector<std::string> SseSplitter::feed(const char* data, size_t len) {
   return out;
 }
 
+bool is_chat_endpoint(const std::string& endpoint) {
+  const std::string_view suffix = "/chat/completions";
+  return endpoint.size() >= suffix.size() && endpoint.compare(endpoint.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 RequestOutcome send_completion(const BenchServeSettings& s, const std::vector<int>& prompt) {
   RequestOutcome o;
   o.prompt_len = static_cast<int>(prompt.size());
+  const bool chat = is_chat_endpoint(s.endpoint);
+  if (chat && !s.detokenize) {
+    o.error = "a chat endpoint needs the prompts as text (no tokenizer given)";
+    return o;
+  }
   json body = {{"model", s.model},
-               {"prompt", prompt},
                {"max_tokens", s.output_len},
                {"temperature", 0.0},
                {"stream", true},
                {"stream_options", {{"include_usage", true}}}};
+  if (chat)
+    body["messages"] = json::array({{{"role", "user"}, {"content", s.detokenize(prompt)}}});
+  else
+    body["prompt"] = prompt;
   if (s.ignore_eos) body["ignore_eos"] = true;
 
   auto cli = make_client(s);
@@ -165,6 +178,12 @@ RequestOutcome send_completion(const BenchServeSettings& s, const std::vector<in
       }
       if (j.contains("choices") && j["choices"].is_array() && !j["choices"].empty()) {
         const json& c = j["choices"][0];
+        // Chat streams open with a {"role": "assistant"} delta that carries no
+        // token: it is not the first token.
+        const bool role_only = chat && c.contains("delta") && c["delta"].is_object() && c["delta"].contains("role") &&
+                               c["delta"].value("content", std::string()).empty() &&
+                               c.value("finish_reason", json()).is_null();
+        if (role_only) continue;
         // As vLLM: the first chunk with choices is the first token; each later
         // one is an inter-token gap.
         if (first) {
@@ -174,11 +193,18 @@ RequestOutcome send_completion(const BenchServeSettings& s, const std::vector<in
           o.itl.push_back(std::chrono::duration<double>(now - last).count());
         }
         last = now;
-        if (c.contains("text") && c["text"].is_string() && !c["text"].get<std::string>().empty()) ++chunks_with_text;
+        const json* text = c.contains("text") ? &c["text"]
+                           : c.contains("delta") && c["delta"].is_object() && c["delta"].contains("content")
+                               ? &c["delta"]["content"]
+                               : nullptr;
+        if (text && text->is_string() && !text->get<std::string>().empty()) ++chunks_with_text;
         if (c.contains("finish_reason") && c["finish_reason"].is_string())
           o.finish_reason = c["finish_reason"].get<std::string>();
       } else if (j.contains("usage") && j["usage"].is_object() && j["usage"].contains("completion_tokens")) {
         o.output_tokens = j["usage"]["completion_tokens"].get<int>();
+        // Chat: the prompt the server ran (the decoded text re-tokenized in the template).
+        if (chat && j["usage"].contains("prompt_tokens") && j["usage"]["prompt_tokens"].is_number_integer())
+          o.prompt_len = j["usage"]["prompt_tokens"].get<int>();
         have_usage = true;
       }
     }
@@ -312,7 +338,7 @@ nlohmann::ordered_json summarize(const BenchServeRun& r, const BenchServeSetting
   }
   const double d = r.duration_s > 0 ? r.duration_s : 1e-9;
   nlohmann::ordered_json j;
-  j["backend"] = "openai";
+  j["backend"] = is_chat_endpoint(s.endpoint) ? "openai-chat" : "openai";
   j["endpoint"] = s.endpoint;
   j["base_url"] = s.base_url;
   j["model_id"] = s.model;

@@ -5,6 +5,7 @@
 // reports vLLM's result names.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -28,7 +29,15 @@ struct BenchServeSettings {
   int vocab_size = 0;       // random prompt ids are drawn from [0, vocab_size)
   int num_warmups = 0;      // untimed requests after the initial test request
   double timeout_s = 3600;  // per request (read timeout between chunks)
+  // Chat endpoints (vLLM's --backend openai-chat): the random ids decoded to
+  // text, sent as one user message; required when is_chat_endpoint(endpoint).
+  // The input tokens counted are then the server's usage.prompt_tokens (the
+  // text re-tokenized, inside the chat template), not --random-input-len.
+  std::function<std::string(const std::vector<int>&)> detokenize;
 };
+
+// True for a chat completions route (".../chat/completions").
+bool is_chat_endpoint(const std::string& endpoint);
 
 // One request's measurements (times in seconds).
 struct RequestOutcome {

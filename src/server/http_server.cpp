@@ -84,12 +84,14 @@ struct HttpServer::Impl {
   httplib::Server svr;
   std::atomic<int> open_streams{0};
   int64_t started = unix_now();
+  std::vector<int> eos_token_ids;  // read once here: HTTP threads make no engine call, not even config()
 
   Impl(std::unique_ptr<Engine> e, std::unique_ptr<Tokenizer> t, ModelContext c, ServerOptions o)
       : engine(std::move(e)), tokenizer(std::move(t)), ctx(std::move(c)), opts(std::move(o)), metrics(ctx.served_name) {
     ctx.tokenizer = tokenizer.get();
     ctx.vocab_size = engine->config().vocab_size;
     ctx.max_model_len = engine->max_model_len();
+    eos_token_ids = engine->config().eos_token_ids;
     loop = std::make_unique<EngineLoop>(*engine, metrics, opts.max_waiting);
     routes();
   }
@@ -252,7 +254,7 @@ struct HttpServer::Impl {
     } else {
       st->req = parse_completion_request(body, ctx);
     }
-    st->gen = std::make_unique<Generation>(st->req, *tokenizer, engine->config().eos_token_ids, ctx.served_name,
+    st->gen = std::make_unique<Generation>(st->req, *tokenizer, eos_token_ids, ctx.served_name,
                                            random_id(chat ? "chatcmpl" : "cmpl"), unix_now());
     st->channel = loop->submit(st->req.prompt, st->req.gen);
     if (!st->req.stream) {

@@ -71,6 +71,27 @@ python3 -c "import sys; g=float(sys.argv[1]); w=float(sys.argv[2]); sys.exit(0 i
   fail "generation_tokens_total = $gen, expected $(( (N + 1) * OUTLEN ))"
 echo "ok   /metrics generation tokens = $gen"
 
+# The chat endpoint (vLLM's --backend openai-chat): the random ids decoded
+# to text in one user message; the input tokens are the server's
+# usage.prompt_tokens (the text re-tokenized inside the chat template).
+expect_rc 0 "$BIN" bench serve --port "$PORT" --endpoint /v1/chat/completions --tokenizer "$SRC/models/fp8kv-mini" \
+  --num-prompts 4 --random-input-len $IN --random-output-len $OUTLEN --ignore-eos --seed 5 --json
+python3 - "$T/out" $OUTLEN <<'PY' || fail "chat result check failed: $(head -c 600 "$T/out")"
+import json, sys
+j = json.load(open(sys.argv[1])); out = int(sys.argv[2])
+assert j["completed"] == 4 and j["failed"] == 0, j["errors"]
+assert j["endpoint"] == "/v1/chat/completions"
+assert j["output_lens"] == [out] * 4, j["output_lens"]
+assert all(n > 0 for n in j["input_lens"]), j["input_lens"]
+assert j["total_input_tokens"] == sum(j["input_lens"])
+assert j["backend"] == "openai-chat"
+# Text deltas: a token whose bytes end mid-character waits for the next, so
+# a chunk may carry several tokens (fewer ITL samples than tokens).
+assert all(t > 0 for t in j["ttfts"])
+print("ok   chat endpoint: input tokens", j["input_lens"])
+PY
+expect_refused "chat without a tokenizer" "chat prompts are text" "$BIN" bench serve --port "$PORT" \
+  --endpoint /v1/chat/completions --num-prompts 1
 expect_refused "rate 0" "--request-rate" "$BIN" bench serve --port "$PORT" --num-prompts 1 --request-rate 0
 expect_refused "dataset" "--dataset-name" "$BIN" bench serve --port "$PORT" --dataset-name sharegpt
 expect_refused "base url" "--base-url" "$BIN" bench serve --base-url "ftp://127.0.0.1:$PORT"

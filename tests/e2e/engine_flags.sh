@@ -63,6 +63,24 @@ refused "--num-iters: must be >= 1 (got 0)" run_cmd bench --num-iters 0
 refused "--num-iters-warmup: must be >= 0 (got -1)" run_cmd bench --num-iters-warmup -1
 refused "--num-prompts: must be >= 1 (got 0)" "$BIN" bench throughput "$T/m" --input-len 4 --output-len 2 --num-prompts 0
 
+# Ranges and the other numeric checks use the project's validators
+# (cli/commands.h at_least / greater_than / in_range), never CLI::Range,
+# PositiveNumber or NonNegativeNumber (issue 15).
+refused "--top-p: must be in (0, 1], got 2" "$BIN" generate "$T/m" --prompt "Hello" --top-p 2
+refused "--top-p: must be in (0, 1], got 0" "$BIN" generate "$T/m" --prompt "Hello" --top-p 0
+refused "--top-p: must be in (0, 1], got -0.5" "$BIN" generate "$T/m" --prompt "Hello" --top-p -0.5
+refused "--port: must be in [1, 65535], got 0" "$BIN" bench serve --port 0
+refused "--port: must be in [1, 65535], got 65536" "$BIN" bench serve --port 65536
+refused "--num-prompts: must be >= 1 (got 0)" "$BIN" bench serve --num-prompts 0
+refused "--max-concurrency: must be >= 1 (got 0)" "$BIN" bench serve --max-concurrency 0
+refused "--random-input-len: must be >= 1 (got 0)" "$BIN" bench serve --random-input-len 0
+refused "--random-output-len: must be >= 1 (got -3)" "$BIN" bench serve --random-output-len -3
+refused "--num-warmups: must be >= 0 (got -1)" "$BIN" bench serve --num-warmups -1
+refused "--request-timeout: must be > 0 (got 0)" "$BIN" bench serve --request-timeout 0
+refused "--port must be in [0, 65535]" timeout 60 "$BIN" serve "$T/m" --port 70000
+refused "--max-waiting must be >= 0" run_cmd serve --max-waiting -1
+refused "--shutdown-grace must be >= 0" run_cmd serve --shutdown-grace -1
+
 # --backend cuda: refused in one line until the CUDA engine lands (or no GPU here).
 if ! command -v nvidia-smi > /dev/null 2>&1; then
   refused "--backend cuda" run_cmd generate --backend cuda

@@ -277,3 +277,43 @@ TEST(PrefixCacheDigest, ChainsOverParentAndTokens) {
 
 }  // namespace
 }  // namespace fp8kv
+
+namespace fp8kv {
+namespace {
+
+// The cache's identity beyond the tokens (docs/design.md "Prefix caching"):
+// dtype and block size are fixed for one engine, and new KV scales empty the
+// cache, since the stored fp8 bytes depend on them. After set_kv_scales the
+// same prompt gets no hit, and its tokens and logprobs equal a fresh engine
+// that had those scales from the start (bitwise; see the file comment).
+TEST(PrefixCacheScales, NewScalesEmptyTheCache) {
+  const ModelConfig cfg = testing::tiny_config("llama");
+  auto w = ModelWeights::random(cfg, 41, 0.15f, true);
+  KvScales scales = KvScales::unity(cfg.num_layers);
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    scales.layers[l].k.values = {0.05f + 0.01f * l};
+    scales.layers[l].v.values = {0.03f};
+  }
+  const std::vector<int> prompt = testing::random_tokens(cfg, 41, 8);
+  auto e = Engine::create(cfg, w, small_options("fp8_e4m3", true));
+  run_waves(*e, {{prompt}}, 6);
+  const PrefixCacheStats s1 = e->prefix_cache_stats();
+  ASSERT_GT(s1.cached_blocks, 0);
+  e->set_kv_scales(scales);
+  EXPECT_EQ(e->prefix_cache_stats().cached_blocks, 0);
+  const auto after = run_waves(*e, {{prompt}}, 6);
+  EXPECT_EQ(e->prefix_cache_stats().hits, s1.hits) << "a page stored with the old scales was reused";
+
+  auto fresh = Engine::create(cfg, w, small_options("fp8_e4m3", true));
+  fresh->set_kv_scales(scales);
+  const auto want = run_waves(*fresh, {{prompt}}, 6);
+  EXPECT_EQ(after[0].tokens, want[0].tokens);
+  EXPECT_EQ(after[0].logprobs, want[0].logprobs);
+  // The same prompt again hits under the new scales, and stays exact.
+  const auto again = run_waves(*e, {{prompt}}, 6);
+  EXPECT_GT(e->prefix_cache_stats().hits, s1.hits);
+  EXPECT_EQ(again[0].logprobs, want[0].logprobs);
+}
+
+}  // namespace
+}  // namespace fp8kv

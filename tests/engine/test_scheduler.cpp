@@ -77,6 +77,38 @@ TEST(Scheduler, AdmitsAtMostMaxNumSeqs) {
   s.abort_all();
 }
 
+// Admission reserves for the whole prompt, not only its first chunk: a
+// second request whose first chunk fits in the free pages, but whose whole
+// prompt does not fit beside what the first request's prefill still needs,
+// waits; one page shorter, it is admitted in the same step.
+TEST(Scheduler, AdmissionReservesForTheWholePrompt) {
+  const ModelConfig cfg = tiny_config("llama");  // full attention only: a prompt of L tokens holds ceil(L / 4) pages
+  const KvPlan plan = plan_for(cfg, 64, 1, 16);
+  const int64_t N = plan.num_blocks;
+  ASSERT_GE(N, 12) << "the test needs room for request 1 (10 pages) and request 2's first chunk";
+  for (const int64_t pages2 : {N - 10 + 1, N - 10}) {
+    SCOPED_TRACE(pages2);
+    KvCacheManager kv(cfg, plan);
+    Scheduler s(kv, SchedulerLimits{4, 16, plan.max_model_len}, {});
+    // Request 1: 40 tokens = 10 pages, prefilled in chunks of 8 (2 pages now, 8 still to come).
+    s.add(gen_request(1, random_tokens(cfg, 40, 1), 4, 8));
+    // Request 2: its first chunk (8 tokens, 2 pages) fits in the N - 2 free pages either way.
+    s.add(gen_request(2, random_tokens(cfg, static_cast<int>(4 * pages2), 2), 4, 8));
+    ASSERT_EQ(kv.blocks_to_hold(static_cast<int>(4 * pages2), 8), pages2);
+    const SchedulerOutput o = s.schedule();
+    const bool fits = pages2 <= N - 10;  // free pages minus request 1's outstanding reservation
+    ASSERT_EQ(o.seqs.size(), fits ? 2u : 1u);
+    EXPECT_EQ(o.seqs[0].req->id, 1u);
+    EXPECT_EQ(o.seqs[0].num_tokens, 8);
+    EXPECT_EQ(s.num_waiting(), fits ? 0 : 1);
+    if (fits) {
+      EXPECT_EQ(o.seqs[1].num_tokens, 8);
+    }
+    s.abort_all();
+    EXPECT_EQ(kv.num_free_blocks(), N);
+  }
+}
+
 // preempt() frees the newest request's blocks and puts it at the front of
 // the waiting queue with its tokens; it is re-admitted and recomputed.
 TEST(Scheduler, PreemptFreesBlocksAndRequeuesWithTokens) {

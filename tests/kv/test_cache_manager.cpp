@@ -99,6 +99,75 @@ TEST(KvCacheManager, ChunkKeepsInFlightTokensAndRefusesWhenFull) {
   EXPECT_EQ(m.num_free_blocks(), plan.num_blocks);
 }
 
+// What admission reserves (blocks_to_hold): the whole prompt in a full
+// group, the window plus one chunk in a sliding one (capped at the whole
+// prompt). Hand arithmetic, and an upper bound that chunked prefill reaches.
+TEST(KvCacheManager, BlocksToHoldIsTheWholePromptOrWindowPlusChunk) {
+  const int W = 8, B = 4, L = 60, C = 16;
+  const ModelConfig c = hybrid_config(W);
+  const KvPlan plan = plan_for(c, 2, B);
+  KvCacheManager m(c, plan);
+  // full: ceil(60 / 4) = 15; sliding: min(15, ceil((8 - 1 + 16) / 4) + 1) = 7.
+  EXPECT_EQ(m.blocks_to_hold(L, C), 15 + 7);
+  EXPECT_EQ(m.blocks_to_hold(6, C), 2 + 2);  // a short prompt: the sliding group holds it whole too
+  ASSERT_GE(plan.num_blocks, 22);
+  const int s = m.add_sequence();
+  int64_t most = 0;
+  for (int done = 0; done < L; done += C) {
+    m.append(s, std::min(C, L - done));
+    most = std::max(most, m.blocks_held(s));
+  }
+  EXPECT_LE(most, m.blocks_to_hold(L, C));
+  EXPECT_GE(most, 15 + 5);  // the full group's 15, and the sliding group's window of a chunk
+  m.free_sequence(s);
+  EXPECT_EQ(m.num_free_blocks(), plan.num_blocks);
+}
+
+// vLLM's hybrid rule (docs/design.md "Prefix caching"): a hit needs every
+// block of the run in full-attention groups, but in sliding groups only the
+// blocks still in the window of the first new query. A 41-token sequence is
+// cached, then the oldest cached pages (its sliding group's first blocks,
+// released first as the window moved) are evicted: the whole 40-token run
+// still hits.
+TEST(KvCacheManager, HybridPrefixHitNeedsOnlyTheSlidingWindowBlocks) {
+  const int W = 8, B = 4;
+  const ModelConfig c = hybrid_config(W);
+  const KvPlan plan = plan_for(c, 2, B);
+  KvCacheManager m(c, plan);
+  m.set_prefix_caching(true);
+  const int full = m.group_of_layer(0), slid = m.group_of_layer(1);
+  std::vector<int> toks(41);
+  for (int i = 0; i < 41; ++i) toks[i] = 3 + (i * 7) % 90;
+  const int a = m.add_sequence();
+  std::vector<int32_t> full_pages, slid_pages;  // logical block -> page, as first allocated
+  for (int done = 0; done < 41; done += 4) {
+    const int n = std::min(4, 41 - done);
+    m.append(a, n);
+    m.cache_computed_blocks(a, toks, done + n);
+    for (auto [g, v] : {std::pair{full, &full_pages}, std::pair{slid, &slid_pages}}) {
+      const auto& t = m.block_table(a, g);
+      for (size_t b = v->size(); b < t.size(); ++b) v->push_back(t[b]);
+    }
+  }
+  m.free_sequence(a);
+  ASSERT_EQ(m.num_cached_blocks(), 2 * 10);  // 10 full blocks in each group
+  EXPECT_EQ(m.find_cached_prefix(toks).tokens, 40);
+  // Evict the e oldest cached pages: a sequence takes every plain free page
+  // and e more (one-shot appends take a page per block in each group).
+  const int64_t plain = m.num_free_blocks() - m.num_cached_blocks();
+  const int64_t e = (plain + 8) % 2 == 0 ? 8 : 7;
+  const int b = m.add_sequence();
+  m.append(b, static_cast<int>(B * (plain + e) / 2));
+  EXPECT_EQ(m.num_cached_blocks(), 20 - e);
+  for (int i = 0; i < e; ++i) EXPECT_FALSE(m.pool().is_cached(slid_pages[i]) && m.pool().ref_count(slid_pages[i]) == 0) << i;
+  for (int i = 0; i < 10; ++i) EXPECT_TRUE(m.pool().is_cached(full_pages[i])) << i;
+  // The first new query (position 40) sees keys 33..40: sliding blocks 8 and 9 (and 10, computed anew).
+  for (int i = 8; i < 10; ++i) EXPECT_TRUE(m.pool().is_cached(slid_pages[i])) << i;
+  EXPECT_EQ(m.find_cached_prefix(toks).tokens, 40);
+  m.free_sequence(b);
+  EXPECT_EQ(m.num_free_blocks(), plan.num_blocks);
+}
+
 TEST(KvCacheManager, StorageMatchesThePlan) {
   const ModelConfig c = hybrid_config(8);
   const KvPlan plan = plan_for(c, 3, 16);

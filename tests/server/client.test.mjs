@@ -288,22 +288,64 @@ test("prefix cache: hits counted, same greedy text as with caching off", async (
 
 // A pool of one 128-token request and 6 concurrent requests that grow past
 // it: the scheduler preempts (recompute), /metrics counts it, every request
-// still finishes with its full length, and the pool is whole again.
-test("preemptions are counted in /metrics", async () => {
+// still finishes with its full length, and the pool is whole again. Half of
+// them stream: a preempted stream never sends a token twice, so every text
+// (streamed or not) equals the greedy text of the unpreempted server.
+async function streamText(c, body) {
+  const s = await c.completions.create({ ...body, stream: true, stream_options: { include_usage: true } });
+  let text = "", finish = null, usage = null;
+  for await (const ch of s) {
+    if (ch.choices.length) { text += ch.choices[0].text; finish = ch.choices[0].finish_reason ?? finish; }
+    if (ch.usage) usage = ch.usage;
+  }
+  return { choices: [{ text, finish_reason: finish }], usage };
+}
+
+test("preemptions are counted in /metrics; preempted streams send no token twice", async () => {
   const s = await startServer(["--served-model-name", "mini", "--max-model-len", "128", "--kv-memory", "440KiB"]);
+  const body = (i) => ({ model: "mini", prompt: `Story number ${i}: once upon a time`, max_tokens: 60,
+                         temperature: 0, ignore_eos: true });
   try {
     const c = new OpenAI({ baseURL: s.url + "/v1", apiKey: "unused", maxRetries: 0 });
     const rs = await Promise.all([0, 1, 2, 3, 4, 5].map((i) =>
-      c.completions.create({ model: "mini", prompt: `Story number ${i}: once upon a time`, max_tokens: 60,
-                             temperature: 0, ignore_eos: true })));
+      i % 2 ? streamText(c, body(i)) : c.completions.create(body(i))));
     for (const r of rs) {
       assert.equal(r.choices[0].finish_reason, "length");
       assert.equal(r.usage.completion_tokens, 60);
     }
     const m = await waitIdle(s.url);
     assert.ok(m.get("fp8kv:num_preemptions_total") > 0, "the pool was meant to be too small");
+    const m0 = await waitIdle(srv.url);
+    const want = await Promise.all([0, 1, 2, 3, 4, 5].map((i) => client.completions.create(body(i))));
+    assert.equal((await waitIdle(srv.url)).get("fp8kv:num_preemptions_total"), m0.get("fp8kv:num_preemptions_total"));
+    for (let i = 0; i < 6; i++) assert.equal(rs[i].choices[0].text, want[i].choices[0].text, `request ${i}`);
   } finally {
     await s.stop();
+  }
+});
+
+// SIGTERM: running requests get --shutdown-grace to finish; those still
+// running after it end with finish_reason "abort" (streams write their last
+// chunk and [DONE]); the server exits 0.
+test("SIGTERM: a request that finishes within the grace completes, the rest abort", async () => {
+  for (const [grace, maxTokens, want] of [["30", 24, "length"], ["0.5", 3000, "abort"]]) {
+    const s = await startServer(["--served-model-name", "mini", "--shutdown-grace", grace]);
+    try {
+      const c = new OpenAI({ baseURL: s.url + "/v1", apiKey: "unused", maxRetries: 0 });
+      const st = await c.completions.create({ model: "mini", prompt: PROMPT, max_tokens: maxTokens, temperature: 0,
+                                              ignore_eos: true, stream: true, stream_options: { include_usage: true } });
+      let finish = null, usage = null, first = true;
+      for await (const ch of st) {
+        if (first) { first = false; s.proc.kill("SIGTERM"); }
+        if (ch.choices.length) finish = ch.choices[0].finish_reason ?? finish;
+        if (ch.usage) usage = ch.usage;
+      }
+      assert.equal(finish, want, `grace ${grace}`);
+      if (want === "length") assert.equal(usage.completion_tokens, maxTokens);
+      else assert.ok(usage.completion_tokens < maxTokens);
+    } finally {
+      await s.stop();  // exit 0
+    }
   }
 });
 

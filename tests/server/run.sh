@@ -2,7 +2,7 @@
 # CTest entry for the Node client suites: run.sh SUITE FP8KV_BIN SOURCE_DIR
 # (SUITE: client | load). Exit 77 (skipped) when `npm ci` has not been run.
 set -euo pipefail
-suite=$1 bin=$2 src=$3
+suite=$1 bin=$(realpath "$2") src=$(realpath "$3")
 cd "$src/tests/server"
 if [ ! -d node_modules/openai ]; then
   echo "SKIP: tests/server/node_modules is missing (scripts/setup.sh runs npm ci there)"
