@@ -87,6 +87,17 @@ int run(BenchArgs a, const std::string& mode) {
                 r.kv_bytes_per_step);
     std::printf("GB/s                %12.2f  (copy bandwidth %.2f GB/s)\n", r.gbps, r.copy_gbps);
     std::printf("floor fraction      %12.3f\n", r.floor_fraction);
+    // Steady state: every request of the batch decoding, no prefill (docs/bench.md).
+    std::printf("full-batch decode   %12lld  steps (every request decoding, no prefill)\n",
+                static_cast<long long>(r.full_batch_decode_steps));
+    if (r.full_batch_decode_steps > 0) {
+      std::printf("  tok/s             %12.2f\n", r.full_batch_decode_tokens_per_s);
+      std::printf("  ms/step           %12.3f  (median)\n", r.full_batch_decode_ms_per_step);
+      std::printf("  bytes/step        %12.4g  (weights %.4g + KV %.4g; mean context %.0f)\n",
+                  r.full_batch_bytes_per_step, r.full_batch_weight_bytes_per_step, r.full_batch_kv_bytes_per_step,
+                  r.full_batch_context);
+      std::printf("  GB/s              %12.2f  (floor fraction %.3f)\n", r.full_batch_gbps, r.full_batch_floor_fraction);
+    }
   }
   return 0;
 }
