@@ -59,10 +59,20 @@ MODEL=tests/data/configs/llama-3.1-8b
 # name, estimated seconds (load + run), then the bench arguments.
 # name | estimated seconds (load + run) | environment (or -) | bench arguments.
 L1K="latency --batch-size 1 --input-len 1024 --output-len 64 --num-iters-warmup 1 --num-iters 2"
+# Per-projection GEMV routes at T = 1 (backend/cuda/linear_routes.h), compared
+# in the lat_b1_1k_fp8 process after its main run (one model load, ~1 s per
+# set): the old default (auto = SIMT everywhere), all cuBLASLt, and the
+# default (first line of the table) with one projection changed at a time.
+DEF_ROUTES="qkv=mma,o_proj=mma,gate_up=simt,down=lt,lm_head=simt"
+alt() { echo "$DEF_ROUTES" | sed -E "s/(^|,)$1=[a-z_]+/\1$1=$2/"; }
+ROUTE_SETS="qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto;qkv=lt,o_proj=lt,gate_up=lt,down=lt,lm_head=lt"
+for pk in qkv:simt qkv:lt o_proj:simt o_proj:lt gate_up:mma gate_up:lt down:simt down:mma lm_head:lt lm_head:mma; do
+  ROUTE_SETS="$ROUTE_SETS;$(alt "${pk%%:*}" "${pk##*:}")"
+done
 L8K="latency --batch-size 8 --input-len 1024 --output-len 64 --num-iters-warmup 1 --num-iters 2"
 CASES=(
   "lat_b1_1k_fp8_eager|35|-|$L1K --kv-cache-dtype fp8 --enforce-eager"
-  "lat_b1_1k_fp8|35|-|$L1K --kv-cache-dtype fp8"
+  "lat_b1_1k_fp8|55|-|$L1K --kv-cache-dtype fp8 --gemv-routes $ROUTE_SETS"
   "lat_b1_1k_fp8_gemv|35|FP8KV_GEMV=8|$L1K --kv-cache-dtype fp8"
   "lat_b1_1k_fp8_mma|35|FP8KV_GEMV=8 FP8KV_GEMV_MMA_MIN=1|$L1K --kv-cache-dtype fp8"
   "lat_b8_1k_fp8|35|-|$L8K --kv-cache-dtype fp8"
@@ -189,6 +199,12 @@ try:
                 print(f"GEMV {path:4} speed-up over cuBLASLt (us_lt / us), T={t}: " + ", ".join(row))
 except Exception as e:
     print("gemm.json:", e)
+runs = get("lat_b1_1k_fp8", "gemv_route_runs")
+if runs:
+    base = get("lat_b1_1k_fp8", "decode_ms_per_step")
+    print(f"GEMV routes at batch 1 1K fp8 (graphs); main run {get('lat_b1_1k_fp8', 'gemv_routes')}: {base:.3f} ms/step")
+    for r in runs:
+        print(f"  {r['routes']:60} {r['decode_ms_per_step']:7.3f} ms/step {r['decode_tokens_per_s']:7.1f} tok/s floor {r['floor_fraction']:.3f}")
 h = get("hf_peer", "decode_ms_per_step")
 if h and g:
     print(f"batch 1 1K: fp8kv fp8 {1e3 / g:.1f} tok/s vs HF static+compile {1e3 / h:.1f} tok/s ({h / g:.2f}x)")

@@ -6,10 +6,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "backend/cpu/ops.h"
 #include "cuda_ops_util.h"
+#include "io/errors.h"
 #include "model/rope.h"
 
 namespace fp8kv {
@@ -104,6 +108,81 @@ TEST(CudaOps, LinearGemvMatchesCpu) {
     }
   check_linear(rng, 3, 24, 8, true, false, false, 0, "mma");  // K = 8: one partial chunk
   EXPECT_FALSE(cuda::gemv_bf16_fits(reinterpret_cast<const uint16_t*>(256), 1, cuda::DeviceMatrix{nullptr, 4, 12}));
+}
+
+// ---- per-projection GEMV routes (linear_routes.h) ---------------------------
+
+TEST(CudaOps, LinearRoutesParse) {  // host only: runs without a GPU too
+  using cuda::GemvKernel;
+  using cuda::LinearProj;
+  const cuda::LinearRoutes r = cuda::parse_linear_routes("down=lt,qkv=mma", "test");
+  EXPECT_EQ(r.of(LinearProj::down), GemvKernel::lt);
+  EXPECT_EQ(r.of(LinearProj::qkv), GemvKernel::mma);
+  EXPECT_EQ(r.of(LinearProj::o_proj), GemvKernel::auto_);  // unnamed: auto
+  EXPECT_EQ(cuda::linear_routes_string(r), "qkv=mma,o_proj=auto,gate_up=auto,down=lt,lm_head=auto");
+  // The canonical string parses back to the same routes; "" and "default" are the default.
+  EXPECT_EQ(cuda::parse_linear_routes(cuda::linear_routes_string(r), "test"), r);
+  EXPECT_EQ(cuda::parse_linear_routes("", "test"), cuda::parse_linear_routes(cuda::kDefaultLinearRoutes, "test"));
+  EXPECT_EQ(cuda::parse_linear_routes("default", "test"), cuda::parse_linear_routes("", "test"));
+  EXPECT_EQ(cuda::parse_linear_routes("gate_up=simt,", "test").of(LinearProj::gate_up), GemvKernel::simt);
+  for (const char* bad : {"down", "down=fast", "ffn=lt", "=lt", "down=lt,qkv"}) {
+    try {
+      (void)cuda::parse_linear_routes(bad, "FP8KV_GEMV_ROUTES");
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("FP8KV_GEMV_ROUTES"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// A named shape runs the kernel its projection's route names (bitwise the
+// output of that kernel called directly, or of cuBLASLt); unnamed shapes and
+// shapes named for two projections take gemv_bf16's choice; T past the GEMV
+// rows always cuBLASLt; a route change bumps the generation (graphs re-capture).
+TEST(CudaOps, LinearRoutesDispatch) {
+  FP8KV_NEED_GPU();
+  using cuda::GemvKernel;
+  using cuda::LinearProj;
+  const cuda::LinearRoutes saved = cuda::linear_routes();
+  std::mt19937_64 rng(test_seed());
+  const int N = 96, K = 512;
+  const std::vector<float> w = randn(rng, static_cast<size_t>(N) * K, 0.05f);
+  const std::vector<uint16_t> wb = to_bf16(w);
+  cuda::DeviceBuffer dW;
+  const cuda::DeviceMatrix W = cuda::upload_matrix_bf16(MatrixRef{wb.data(), WeightType::bf16, N, K}, dW);
+  auto dx = to_device(to_bf16(randn(rng, K, 1.0f)));
+  auto y_of = [&](const std::function<void(float*)>& f) {
+    auto dy = to_device(std::vector<float>(N, 0.0f));
+    f(dy.as<float>());
+    return to_host<float>(dy, N);
+  };
+  cuda::Gemm direct;
+  direct.set_gemv_max_rows(0);  // cuBLASLt
+  const auto y_lt = y_of([&](float* y) { direct.linear(dx.as<uint16_t>(), 1, W, nullptr, y, false, nullptr); });
+  const auto y_simt = y_of([&](float* y) { cuda::gemv_bf16_simt(dx.as<uint16_t>(), 1, W, nullptr, y, false, nullptr); });
+  const auto y_mma = y_of([&](float* y) { cuda::gemv_bf16_mma(dx.as<uint16_t>(), 1, W, nullptr, y, false, nullptr); });
+  ASSERT_NE(y_simt, y_mma);  // the kernels sum in different orders: the check below can tell them apart
+
+  cuda::Gemm gemm;
+  gemm.set_gemv_max_rows(1);
+  gemm.name_shape(N, K, LinearProj::down);
+  for (const auto& [spec, want_kernel, want] :
+       std::vector<std::tuple<std::string, GemvKernel, std::vector<float>>>{
+           {"down=lt", GemvKernel::lt, y_lt}, {"down=simt", GemvKernel::simt, y_simt},
+           {"down=mma", GemvKernel::mma, y_mma}, {"down=auto", GemvKernel::auto_, y_simt}}) {
+    SCOPED_TRACE(spec);
+    const uint64_t gen = cuda::linear_routes_generation();
+    cuda::set_linear_routes(cuda::parse_linear_routes(spec, "test"));
+    EXPECT_NE(cuda::linear_routes_generation(), gen);  // each spec differs from the one before
+    EXPECT_EQ(gemm.route(1, N, K), want_kernel);
+    EXPECT_EQ(gemm.route(2, N, K), GemvKernel::lt);  // past gemv_max_rows
+    const auto y = y_of([&](float* yp) { gemm.linear(dx.as<uint16_t>(), 1, W, nullptr, yp, false, nullptr); });
+    EXPECT_EQ(y, want);
+  }
+  EXPECT_EQ(gemm.route(1, N + 1, K), GemvKernel::auto_);  // unnamed shape
+  gemm.name_shape(N, K, LinearProj::qkv);                 // now named twice
+  EXPECT_EQ(gemm.route(1, N, K), GemvKernel::auto_);
+  cuda::set_linear_routes(saved);
 }
 
 // ---- rmsnorm -------------------------------------------------------------------

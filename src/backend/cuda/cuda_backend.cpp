@@ -198,6 +198,15 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
     o.down_bias = vec(L.down_bias);
     b.layers.push_back(o);
   }
+  // Per-projection GEMV routes (linear_routes.h): the shapes this model's
+  // fused projections and LM head run at.
+  for (const BackendLayerWeights& o : b.layers) {
+    gemm_->name_shape(o.qkv_proj.rows, o.qkv_proj.cols, cuda::LinearProj::qkv);
+    gemm_->name_shape(o.o_proj.rows, o.o_proj.cols, cuda::LinearProj::o_proj);
+    gemm_->name_shape(o.gate_up_proj.rows, o.gate_up_proj.cols, cuda::LinearProj::gate_up);
+    gemm_->name_shape(o.down_proj.rows, o.down_proj.cols, cuda::LinearProj::down);
+  }
+  gemm_->name_shape(b.output.rows, b.output.cols, cuda::LinearProj::lm_head);
   return b;  // the host weights are no longer needed (host_owner stays empty)
 }
 
@@ -649,7 +658,7 @@ bool CudaBackend::replay_graph(int64_t key) {
   if (!supports_graphs()) return false;
   auto it = graphs_.find(key);
   if (it == graphs_.end()) return false;
-  if (it->second.gen != buffers_gen_) {
+  if (it->second.gen != buffers_gen_ || it->second.routes_gen != cuda::linear_routes_generation()) {
     cudaGraphExecDestroy(it->second.exec);
     graphs_.erase(it);
     return false;
@@ -664,6 +673,7 @@ void CudaBackend::begin_graph_capture(int64_t /*key*/) {
   // Thread-local mode: other threads' unrelated CUDA calls do not break it.
   FP8KV_CU(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   capturing_ = true;
+  routes_gen_at_capture_ = cuda::linear_routes_generation();
 }
 
 void CudaBackend::end_graph_capture(int64_t key) {
@@ -676,7 +686,7 @@ void CudaBackend::end_graph_capture(int64_t key) {
   cudaGraphDestroy(graph);
   FP8KV_CU(e);
   if (auto it = graphs_.find(key); it != graphs_.end()) cudaGraphExecDestroy(it->second.exec);
-  graphs_[key] = Graph{exec, buffers_gen_};
+  graphs_[key] = Graph{exec, buffers_gen_, routes_gen_at_capture_};
 }
 
 void CudaBackend::abort_graph_capture() {

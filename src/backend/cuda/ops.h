@@ -23,9 +23,11 @@
 #include <cstdint>
 #include <map>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/ops.h"  // Activation
+#include "backend/cuda/linear_routes.h"
 
 namespace fp8kv::cuda {
 
@@ -105,6 +107,13 @@ class Gemm {
   void set_gemv_max_rows(int rows) { gemv_max_rows_ = rows; }
   int gemv_max_rows() const { return gemv_max_rows_; }
 
+  // Names the projection of weight shape [N][K], so that GEMV-path calls of
+  // that shape follow linear_routes() (linear_routes.h). Unnamed shapes, and
+  // a shape named for two projections, take gemv_bf16's own choice.
+  void name_shape(int64_t N, int64_t K, LinearProj proj);
+  // The kernel a call of T rows with W [N][K] runs (lt: cuBLASLt).
+  GemvKernel route(int64_t T, int64_t N, int64_t K) const;
+
  private:
   struct Plan;
   Plan& plan(int64_t T, int64_t N, int64_t K, bool bias, bool accumulate, int align_x, int align_w, int align_y);
@@ -112,6 +121,7 @@ class Gemm {
   DeviceBuffer workspace_;
   std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int, int, int>, Plan*> plans_;
   int gemv_max_rows_ = kGemvDefaultRows;
+  std::map<std::pair<int64_t, int64_t>, int> shape_proj_;  // -> LinearProj, or -1: named twice
 };
 
 // Decode-shaped linear without cuBLASLt: y[T][N] = x[T][K] W[N][K]^T (+ bias)
