@@ -61,14 +61,17 @@ MODEL=tests/data/configs/llama-3.1-8b
 L1K="latency --batch-size 1 --input-len 1024 --output-len 64 --num-iters-warmup 1 --num-iters 2"
 # Per-projection GEMV routes at T = 1 (backend/cuda/linear_routes.h), compared
 # in the lat_b1_1k_fp8 process after its main run (one model load, ~1 s per
-# set): the old default (auto = SIMT everywhere), all cuBLASLt, and the
-# default (first line of the table) with one projection changed at a time.
+# set): the old default (auto = SIMT everywhere), all cuBLASLt, the default
+# (linear_routes.cpp kDefaultLinearRoutes) with one projection changed at a
+# time, and the default with the separate KV store kernel.
 DEF_ROUTES="qkv=mma,o_proj=mma,gate_up=simt,down=lt,lm_head=simt"
 alt() { echo "$DEF_ROUTES" | sed -E "s/(^|,)$1=[a-z_]+/\1$1=$2/"; }
-ROUTE_SETS="qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto;qkv=lt,o_proj=lt,gate_up=lt,down=lt,lm_head=lt"
+ROUTE_SETS="qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto,store=separate;qkv=lt,o_proj=lt,gate_up=lt,down=lt,lm_head=lt"
 for pk in qkv:simt qkv:lt o_proj:simt o_proj:lt gate_up:mma gate_up:lt down:simt down:mma lm_head:lt lm_head:mma; do
   ROUTE_SETS="$ROUTE_SETS;$(alt "${pk%%:*}" "${pk##*:}")"
 done
+# The KV store fused into the qkv split kernel (default) vs its own kernel.
+ROUTE_SETS="$ROUTE_SETS;$DEF_ROUTES,store=separate"
 L8K="latency --batch-size 8 --input-len 1024 --output-len 64 --num-iters-warmup 1 --num-iters 2"
 CASES=(
   "lat_b1_1k_fp8_eager|35|-|$L1K --kv-cache-dtype fp8 --enforce-eager"

@@ -438,6 +438,39 @@ void CudaBackend::gated_act(Activation act, const Tensor& gate, const Tensor& up
 
 void CudaBackend::qkv_split(int layer, const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, float eps,
                             Tensor& q, Tensor& k, Tensor& v) {
+  qkv_split_impl(layer, qkv, q_norm, k_norm, eps, q, k, v, nullptr);
+}
+
+void CudaBackend::qkv_split_store(const StepBatch& b, int layer, const Tensor& qkv, const Tensor& q_norm,
+                                  const Tensor& k_norm, float eps, Tensor& q, Tensor& k, Tensor& v) {
+  // "store=separate" in the routes (FP8KV_GEMV_ROUTES, bench --gemv-routes):
+  // the separate store kernel (A/B and fallback).
+  if (!cuda::linear_routes().fused_store || observer_) {  // the observer gets host copies of q/k/v at store_kv
+    Backend::qkv_split_store(b, layer, qkv, q_norm, k_norm, eps, q, k, v);
+    return;
+  }
+  const StepView& s = step("qkv_split_store");
+  if (b.num_tokens != s.T) bad("qkv_split_store", fmt::format("batch of {} tokens, step of {}", b.num_tokens, s.T));
+  if (kv_storage_.empty()) throw std::logic_error("CudaBackend::qkv_split_store before allocate_kv");
+  if (scales_.size() != static_cast<size_t>(cfg_.num_layers))
+    throw std::logic_error("CudaBackend::qkv_split_store before set_kv_scales");
+  const KvLayerStorage st = kv_layer(layer);
+  const LayerScales& sc = scales_[layer];
+  cuda::QkvPrepArgs::FusedStore fs;
+  fs.k_cache = st.k_cache;
+  fs.v_cache = st.v_cache;
+  fs.dtype = layout_.dtype;
+  fs.slots = s.slots.at(layer_group_.at(layer));
+  fs.capacity = static_cast<int64_t>(layout_.num_blocks) * layout_.block_size;
+  fs.k_scale = sc.k.as<float>();
+  fs.v_scale = sc.v.as<float>();
+  fs.k_scale_count = sc.k_count;
+  fs.v_scale_count = sc.v_count;
+  qkv_split_impl(layer, qkv, q_norm, k_norm, eps, q, k, v, &fs);
+}
+
+void CudaBackend::qkv_split_impl(int layer, const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, float eps,
+                                 Tensor& q, Tensor& k, Tensor& v, const cuda::QkvPrepArgs::FusedStore* store) {
   const StepView& s = step("qkv_split");
   const int D = cfg_.head_dim;
   const int64_t Q = static_cast<int64_t>(cfg_.num_heads) * D, KV = static_cast<int64_t>(cfg_.num_kv_heads) * D;
@@ -466,6 +499,7 @@ void CudaBackend::qkv_split(int layer, const Tensor& qkv, const Tensor& q_norm, 
   a.q_out = f32(q, "qkv_split", "q");
   a.k_out = f32(k, "qkv_split", "k");
   a.v_out = f32(v, "qkv_split", "v");
+  if (store) a.store = *store;
   cuda::qkv_prep(a, stream_);
 }
 

@@ -52,13 +52,19 @@ LinearRoutes parse_linear_routes(std::string_view spec, std::string_view source)
     if (eq == std::string_view::npos)
       throw InputError(fmt::format("{}: '{}' is not PROJECTION=KERNEL (e.g. down=lt)", source, item));
     const std::string_view key = item.substr(0, eq), val = item.substr(eq + 1);
+    if (key == "store") {
+      if (val != "fused" && val != "separate")
+        throw InputError(fmt::format("{}: store must be fused or separate, got '{}'", source, val));
+      r.fused_store = val == "fused";
+      continue;
+    }
     int p = -1, k = -1;
     for (int x = 0; x < kNumLinearProj; ++x)
       if (key == kProjNames[x]) p = x;
     for (int x = 0; x < 4; ++x)
       if (val == kKernelNames[x]) k = x;
     if (p < 0)
-      throw InputError(fmt::format("{}: unknown projection '{}' (qkv, o_proj, gate_up, down, lm_head)", source, key));
+      throw InputError(fmt::format("{}: unknown projection '{}' (qkv, o_proj, gate_up, down, lm_head, store)", source, key));
     if (k < 0) throw InputError(fmt::format("{}: unknown kernel '{}' for {} (auto, lt, simt, mma)", source, val, key));
     r.kernel[static_cast<size_t>(p)] = static_cast<GemvKernel>(k);
   }
@@ -69,7 +75,7 @@ std::string linear_routes_string(const LinearRoutes& r) {
   std::string s;
   for (int p = 0; p < kNumLinearProj; ++p)
     s += fmt::format("{}{}={}", p ? "," : "", kProjNames[p], kKernelNames[static_cast<int>(r.kernel[p])]);
-  return s;
+  return s + (r.fused_store ? ",store=fused" : ",store=separate");
 }
 
 LinearRoutes linear_routes() {

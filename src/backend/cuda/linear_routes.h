@@ -21,12 +21,16 @@ enum class GemvKernel : uint8_t { auto_, lt, simt, mma };
 
 struct LinearRoutes {
   std::array<GemvKernel, kNumLinearProj> kernel{};  // all auto
+  // Not a GEMM, but switched the same way: the KV store fused into the
+  // qkv split kernel ("store=fused", the default) or its own kernel
+  // ("store=separate"); CudaBackend::qkv_split_store.
+  bool fused_store = true;
   GemvKernel of(LinearProj p) const { return kernel[static_cast<size_t>(p)]; }
   bool operator==(const LinearRoutes&) const = default;
 };
 
-// "qkv=mma,o_proj=mma,gate_up=simt,down=lt,lm_head=auto" (any subset; the
-// rest auto; "" or "default": the built-in default kDefaultLinearRoutes).
+// "qkv=mma,o_proj=mma,gate_up=simt,down=lt,lm_head=auto,store=fused" (any
+// subset; the rest auto / fused; "" or "default": kDefaultLinearRoutes).
 // Throws InputError naming `source` and the bad entry.
 LinearRoutes parse_linear_routes(std::string_view spec, std::string_view source);
 std::string linear_routes_string(const LinearRoutes& r);

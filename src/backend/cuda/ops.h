@@ -28,6 +28,7 @@
 
 #include "backend/cpu/ops.h"  // Activation
 #include "backend/cuda/linear_routes.h"
+#include "numerics/fp8.h"  // KvDtype
 
 namespace fp8kv::cuda {
 
@@ -181,6 +182,20 @@ struct QkvPrepArgs {
   float* q_out = nullptr;  // [T][num_q_heads][head_dim]
   float* k_out = nullptr;  // [T][num_kv_heads][head_dim]
   float* v_out = nullptr;  // [T][num_kv_heads][head_dim]
+  // Optional store fused in (kv_cache non-null): k and v rows go straight to
+  // the paged cache, the same bytes store_kv writes (kv_quant.cuh), instead
+  // of k_out / v_out (then unused, may be null). Slot < 0 or >= capacity:
+  // not stored. docs/cuda_backend.md "Store fused into qkv_prep".
+  struct FusedStore {
+    void* k_cache = nullptr;  // [capacity][num_kv_heads][head_dim], dtype
+    void* v_cache = nullptr;
+    KvDtype dtype = KvDtype::bf16;
+    const int64_t* slots = nullptr;  // [T]
+    int64_t capacity = 0;            // num_blocks * block_size
+    const float* k_scale = nullptr;  // fp8: 1 or num_kv_heads values
+    const float* v_scale = nullptr;
+    int k_scale_count = 1, v_scale_count = 1;
+  } store;
 };
 void qkv_prep(const QkvPrepArgs& args, cudaStream_t stream);
 
