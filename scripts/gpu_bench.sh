@@ -61,13 +61,14 @@ MODEL=tests/data/configs/llama-3.1-8b
 L1K="latency --batch-size 1 --input-len 1024 --output-len 64 --num-iters-warmup 1 --num-iters 2"
 # Per-projection GEMV routes at T = 1 (backend/cuda/linear_routes.h), compared
 # in the lat_b1_1k_fp8 process after its main run (one model load, ~1 s per
-# set): the old default (auto = SIMT everywhere), all cuBLASLt, the default
-# (linear_routes.cpp kDefaultLinearRoutes) with one projection changed at a
-# time, and the default with the separate KV store kernel.
-DEF_ROUTES="qkv=mma,o_proj=mma,gate_up=simt,down=lt,lm_head=simt"
+# set): all cuBLASLt, the default (linear_routes.cpp kDefaultLinearRoutes:
+# auto = SIMT at T = 1, store fused) with one projection changed at a time,
+# and the default with the separate KV store kernel (= the fourth session's
+# default).
+DEF_ROUTES="qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto"
 alt() { echo "$DEF_ROUTES" | sed -E "s/(^|,)$1=[a-z_]+/\1$1=$2/"; }
-ROUTE_SETS="qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto,store=separate;qkv=lt,o_proj=lt,gate_up=lt,down=lt,lm_head=lt"
-for pk in qkv:simt qkv:lt o_proj:simt o_proj:lt gate_up:mma gate_up:lt down:simt down:mma lm_head:lt lm_head:mma; do
+ROUTE_SETS="qkv=lt,o_proj=lt,gate_up=lt,down=lt,lm_head=lt"
+for pk in qkv:mma qkv:lt o_proj:mma o_proj:lt gate_up:mma gate_up:lt down:lt down:mma lm_head:lt lm_head:mma; do
   ROUTE_SETS="$ROUTE_SETS;$(alt "${pk%%:*}" "${pk##*:}")"
 done
 # The KV store fused into the qkv split kernel (default) vs its own kernel.

@@ -11,11 +11,14 @@
 
 namespace fp8kv::cuda {
 
-// Predicted from bench_linear at T = 1 (run E, 2026-12-01: us per call,
-// cuBLASLt / simt / mma: qkv 14.6 / 14.3 / 13.1, o_proj 13.9 / 12.7 / 9.4,
-// gate_up 56.4 / 55.9 / 61.1, down 31.9 / 41.7 / 41.1, lm_head 239 / 237 /
-// 264); docs/cuda_backend.md "GEMV routes" has the engine-level measurement.
-const char* const kDefaultLinearRoutes = "qkv=mma,o_proj=mma,gate_up=simt,down=lt,lm_head=simt";
+// Measured in the engine (run F, 2026-12-01, H200, batch 1 1K fp8 with CUDA
+// graphs, one route changed at a time): the SIMT GEMV on every projection
+// was at least as fast as mma / cuBLASLt (whose standalone bench_linear wins
+// for qkv, o_proj (mma) and down (cuBLASLt) did not carry over to the PDL
+// chain), and the fused store saved ~0.04 ms per step. So: auto everywhere
+// (SIMT at T = 1, gemv_bf16's mma at 2-8 rows when FP8KV_GEMV allows them),
+// store fused. docs/cuda_backend.md "GEMV routes".
+const char* const kDefaultLinearRoutes = "qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto,store=fused";
 
 namespace {
 

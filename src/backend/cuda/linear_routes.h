@@ -1,8 +1,9 @@
 // Which kernel runs each decode projection when a Gemm takes the GEMV path
 // (T <= Gemm::gemv_max_rows(), ops.h): cuBLASLt, the SIMT GEMV or the
 // tensor-core (mma) GEMV, chosen per projection because the fastest one
-// differs by shape (bench_linear, 2026-12-01: mma for qkv / o_proj, cuBLASLt
-// for down at T = 1). docs/cuda_backend.md "GEMV routes".
+// could differ by shape (bench_linear, 2026-12-01: mma for qkv / o_proj,
+// cuBLASLt for down at T = 1; in the engine SIMT won everywhere, run F).
+// docs/cuda_backend.md "GEMV routes".
 //
 // A plain C++ header (no CUDA types), so the CLI can switch routes between
 // benchmark runs in one process (`fp8kv bench latency --gemv-routes`).
@@ -35,7 +36,7 @@ struct LinearRoutes {
 LinearRoutes parse_linear_routes(std::string_view spec, std::string_view source);
 std::string linear_routes_string(const LinearRoutes& r);
 
-// The built-in default (the per-projection winners of the last GPU run).
+// The built-in default (the per-projection winners of the last GPU run, run F).
 extern const char* const kDefaultLinearRoutes;
 
 // Process-wide routes every Gemm follows: FP8KV_GEMV_ROUTES at first use,
