@@ -16,6 +16,8 @@
 //               abort_graph_capture; StepBatch::decode_plan_context.
 //   2026-12-01  Fused projections (optional): BackendLayerWeights::qkv_proj /
 //               gate_up_proj, qkv_split, gated_act_fused.
+//   2026-12-01  qkv_split_store (default: qkv_split then store_kv; CUDA
+//               stores K/V from the split kernel, k/v left unwritten).
 //
 // Memory model
 //   The backend owns all memory the ops touch: weights (upload_weights), KV
@@ -220,6 +222,15 @@ class Backend {
   virtual void qkv_split(int /*layer*/, const Tensor& /*qkv*/, const Tensor& /*q_norm*/, const Tensor& /*k_norm*/,
                          float /*eps*/, Tensor& /*q*/, Tensor& /*k*/, Tensor& /*v*/) {
     throw std::logic_error("Backend::qkv_split: this backend does not fuse projections");
+  }
+  // qkv_split, then store_kv(batch, layer, q, k, v): what the fused forward
+  // pass runs. A backend may store K/V from the split itself (CUDA without
+  // an observer), the same cache bytes store_kv writes; k and v are then
+  // scratch whose contents are unspecified afterwards.
+  virtual void qkv_split_store(const StepBatch& batch, int layer, const Tensor& qkv, const Tensor& q_norm,
+                               const Tensor& k_norm, float eps, Tensor& q, Tensor& k, Tensor& v) {
+    qkv_split(layer, qkv, q_norm, k_norm, eps, q, k, v);
+    store_kv(batch, layer, q, k, v);
   }
   // out [T][I] = act(gate) * up with gate = gate_up[:, :I], up = gate_up[:, I:];
   // out may be bf16 (the next GEMM's input) or f32.

@@ -28,8 +28,10 @@ double median(std::vector<double> v) {
 }
 
 struct Tally {
-  std::vector<double> ttft_s, decode_step_s;
+  std::vector<double> ttft_s, decode_step_s, full_step_s;
   double decode_bytes_sum = 0, decode_weight_sum = 0, decode_kv_sum = 0;
+  double full_bytes_sum = 0, full_weight_sum = 0, full_kv_sum = 0, full_context_sum = 0;
+  int64_t full_tokens = 0;
   double elapsed_s = 0, after_first_s = 0;
   int64_t prompt_tokens = 0, output_tokens = 0, after_first_tokens = 0, steps = 0;
 };
@@ -64,25 +66,35 @@ void run_round(Engine& e, const BenchSettings& s, int n, std::mt19937_64& rng, T
   int64_t tokens_after_all_first = 0;
   std::vector<int> contexts;
   while (!e.idle()) {
-    // A decode step: every unfinished request has had its first token.
-    bool decode_only = true;
+    int awaiting_first = 0;
     contexts.clear();
     for (const auto& [id, l] : live) {
       if (l.done) continue;
-      if (!l.first) decode_only = false;
+      if (!l.first) ++awaiting_first;
       contexts.push_back(l.context + 1);  // attends over the cache plus the new token
     }
+    const int64_t preemptions = e.num_preemptions();
     const auto a = Clock::now();
     const std::vector<StepEvent> ev = e.step();
     const auto b = Clock::now();
     ++t->steps;
-    if (decode_only && !contexts.empty()) {
+    const StepClass k =
+        classify_step(n, static_cast<int>(contexts.size()), awaiting_first, e.num_preemptions() != preemptions);
+    if (k.decode) {
       t->decode_step_s.push_back(seconds(a, b));
       const double w = static_cast<double>(decode_weight_bytes(c, static_cast<int>(contexts.size()), s.weight_elem_bytes));
       const double kv = static_cast<double>(decode_kv_bytes(c, e.kv_dtype(), contexts));
       t->decode_weight_sum += w;
       t->decode_kv_sum += kv;
       t->decode_bytes_sum += w + kv;
+      if (k.full_batch) {
+        t->full_step_s.push_back(seconds(a, b));
+        t->full_weight_sum += w;
+        t->full_kv_sum += kv;
+        t->full_bytes_sum += w + kv;
+        for (int x : contexts) t->full_context_sum += x;
+        t->full_tokens += static_cast<int64_t>(contexts.size());
+      }
     }
     for (const StepEvent& x : ev) {
       auto it = live.find(x.id);
@@ -117,6 +129,13 @@ void run_round(Engine& e, const BenchSettings& s, int n, std::mt19937_64& rng, T
 }
 
 }  // namespace
+
+StepClass classify_step(int round_size, int unfinished, int awaiting_first, bool preempted) {
+  StepClass k;
+  k.decode = unfinished > 0 && awaiting_first == 0;
+  k.full_batch = k.decode && unfinished == round_size && !preempted;
+  return k;
+}
 
 BenchResult run_bench(Engine& e, const BenchSettings& s, double copy_bytes_per_s) {
   if (s.mode != "latency" && s.mode != "throughput") throw InputError("bench: mode must be latency or throughput");
@@ -163,8 +182,25 @@ BenchResult run_bench(Engine& e, const BenchSettings& s, double copy_bytes_per_s
   r.gbps = r.bytes_per_step / step_s / 1e9;
   r.copy_gbps = copy_bytes_per_s / 1e9;
   r.floor_fraction = (r.bytes_per_step / copy_bytes_per_s) / step_s;
+  if (!t.full_step_s.empty()) {
+    const double fs = static_cast<double>(t.full_step_s.size());
+    double sum_s = 0;
+    for (double x : t.full_step_s) sum_s += x;
+    const double full_step = median(t.full_step_s);
+    r.full_batch_decode_steps = static_cast<int64_t>(t.full_step_s.size());
+    r.full_batch_decode_ms_per_step = 1e3 * full_step;
+    r.full_batch_decode_tokens_per_s = t.full_tokens / sum_s;
+    r.full_batch_bytes_per_step = t.full_bytes_sum / fs;
+    r.full_batch_weight_bytes_per_step = t.full_weight_sum / fs;
+    r.full_batch_kv_bytes_per_step = t.full_kv_sum / fs;
+    r.full_batch_gbps = r.full_batch_bytes_per_step / full_step / 1e9;
+    r.full_batch_floor_fraction = (r.full_batch_bytes_per_step / copy_bytes_per_s) / full_step;
+    r.full_batch_context = t.full_context_sum / static_cast<double>(t.full_tokens);
+  }
   for (double v : {r.output_tokens_per_s, r.total_tokens_per_s, r.decode_tokens_per_s, r.decode_ms_per_step,
-                   r.ttft_ms, r.bytes_per_step, r.gbps, r.floor_fraction})
+                   r.ttft_ms, r.bytes_per_step, r.gbps, r.floor_fraction, r.full_batch_decode_ms_per_step,
+                   r.full_batch_decode_tokens_per_s, r.full_batch_bytes_per_step, r.full_batch_gbps,
+                   r.full_batch_floor_fraction})
     if (!std::isfinite(v) || v < 0) throw std::runtime_error("bench: a measured figure is not finite");
   return r;
 }
@@ -187,6 +223,15 @@ nlohmann::json to_json(const BenchResult& r, const BenchSettings& s) {
   j["output_tokens"] = r.output_tokens;
   j["steps"] = r.steps;
   j["decode_steps"] = r.decode_steps;
+  j["full_batch_decode_steps"] = r.full_batch_decode_steps;
+  j["full_batch_decode_ms_per_step"] = r.full_batch_decode_ms_per_step;
+  j["full_batch_decode_tokens_per_s"] = r.full_batch_decode_tokens_per_s;
+  j["full_batch_bytes_per_step"] = r.full_batch_bytes_per_step;
+  j["full_batch_weight_bytes_per_step"] = r.full_batch_weight_bytes_per_step;
+  j["full_batch_kv_bytes_per_step"] = r.full_batch_kv_bytes_per_step;
+  j["full_batch_gbps"] = r.full_batch_gbps;
+  j["full_batch_floor_fraction"] = r.full_batch_floor_fraction;
+  j["full_batch_context"] = r.full_batch_context;
   j["mode"] = s.mode;
   j["input_len"] = s.input_len;
   j["output_len"] = s.output_len;

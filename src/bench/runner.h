@@ -11,6 +11,12 @@
 // - bytes_per_step: mean over decode steps of weights streamed + KV read
 //   (bench/traffic.h); gbps = bytes_per_step / decode step time;
 //   floor_fraction = (bytes_per_step / copy bandwidth) / decode step time.
+// - A full-batch decode step (full_batch_* fields) is a decode step in which
+//   every request of the round is still unfinished, i.e. the whole batch
+//   decodes and no prefill runs (nor a preempted request's recompute). These
+//   are the steady-state figures: with chunked prefill, early requests may
+//   finish before the last prompt is prefilled, so the decode window above
+//   can hold only a few sequences (docs/bench.md "Full-batch decode").
 #pragma once
 #include <cstdint>
 #include <string>
@@ -41,7 +47,25 @@ struct BenchResult {
   double gbps = 0, floor_fraction = 0, copy_gbps = 0;
   double elapsed_s = 0;            // timed iterations, summed
   int64_t prompt_tokens = 0, output_tokens = 0, decode_steps = 0, steps = 0;
+  // Full-batch decode steps (every request of the round decoding, no
+  // prefill): count, median ms, tokens generated in them over their summed
+  // time, and the same bytes/floor figures over those steps only (0 when
+  // there was none). full_batch_context: mean tokens attended per sequence.
+  int64_t full_batch_decode_steps = 0;
+  double full_batch_decode_ms_per_step = 0, full_batch_decode_tokens_per_s = 0;
+  double full_batch_bytes_per_step = 0, full_batch_weight_bytes_per_step = 0, full_batch_kv_bytes_per_step = 0;
+  double full_batch_gbps = 0, full_batch_floor_fraction = 0, full_batch_context = 0;
 };
+
+// How run_bench counts a step, from the round's state before it ran:
+// round_size requests submitted, `unfinished` of them not finished,
+// `awaiting_first` of those without their first token yet, and whether the
+// engine preempted a request during the step (its recompute is a prefill).
+struct StepClass {
+  bool decode = false;      // decode step: no unfinished request awaits its first token
+  bool full_batch = false;  // and every request of the round decodes, no preemption
+};
+StepClass classify_step(int round_size, int unfinished, int awaiting_first, bool preempted);
 
 // Runs the benchmark on `engine`. copy_bytes_per_s: the copy bandwidth
 // measured in this run (bench/copy_bandwidth.h, or the CUDA one). Throws

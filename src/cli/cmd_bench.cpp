@@ -11,7 +11,10 @@
 // subcommand under the shared "bench" parent (bench_parent below).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "bench/copy_bandwidth.h"
 #include "bench/runner.h"
@@ -21,6 +24,7 @@
 #include "io/errors.h"
 #include "numerics/version.h"
 #ifdef FP8KV_HAVE_CUDA
+#include "backend/cuda/linear_routes.h"
 #include "backend/cuda/membw.h"
 #endif
 
@@ -31,8 +35,53 @@ struct BenchArgs {
   std::string model;
   bench::BenchSettings s;
   bool json = false;
+  // --gemv-routes "SPEC;SPEC": after the main run, the same benchmark again
+  // per set of per-projection GEMV routes (backend/cuda/linear_routes.h), in
+  // this process (one model load for an A/B of the decode GEMV kernels).
+  std::string gemv_routes;
   EngineFlags engine;
 };
+
+// "A;B;C" -> {"A", "B", "C"} (empty entries dropped).
+std::vector<std::string> split_route_sets(const std::string& specs) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i <= specs.size()) {
+    const size_t j = std::min(specs.find(';', i), specs.size());
+    if (j > i) out.push_back(specs.substr(i, j - i));
+    i = j + 1;
+  }
+  return out;
+}
+
+// The --gemv-routes comparison: one row per route set (CUDA only).
+nlohmann::json run_route_sets(Engine& engine, const bench::BenchSettings& s, double copy, const std::string& specs,
+                              const std::string& backend) {
+  nlohmann::json rows = nlohmann::json::array();
+  if (specs.empty()) return rows;
+  if (backend != "cuda") throw InputError("--gemv-routes: needs the cuda backend (--backend cuda)");
+#ifdef FP8KV_HAVE_CUDA
+  const cuda::LinearRoutes saved = cuda::linear_routes();
+  for (const std::string& spec : split_route_sets(specs)) {
+    const cuda::LinearRoutes r = cuda::parse_linear_routes(spec, "--gemv-routes");
+    cuda::set_linear_routes(r);  // captured graphs are re-captured with these kernels
+    const bench::BenchResult x = bench::run_bench(engine, s, copy);
+    rows.push_back({{"routes", cuda::linear_routes_string(r)},
+                    {"decode_ms_per_step", x.decode_ms_per_step},
+                    {"decode_tokens_per_s", x.decode_tokens_per_s},
+                    {"floor_fraction", x.floor_fraction},
+                    {"full_batch_decode_ms_per_step", x.full_batch_decode_ms_per_step},
+                    {"full_batch_decode_tokens_per_s", x.full_batch_decode_tokens_per_s}});
+    std::fprintf(stderr, "gemv routes %s: %.3f ms/step, %.1f tok/s, floor %.3f\n",
+                 cuda::linear_routes_string(r).c_str(), x.decode_ms_per_step, x.decode_tokens_per_s, x.floor_fraction);
+  }
+  cuda::set_linear_routes(saved);
+#else
+  (void)engine, (void)s, (void)copy;
+  throw InputError("--gemv-routes: this build has no CUDA backend");
+#endif
+  return rows;
+}
 
 // "cuda" when the engine runs on the GPU (--backend cuda, or auto with a
 // CUDA build and a device present), else "cpu".
@@ -50,6 +99,11 @@ int run(BenchArgs a, const std::string& mode) {
   if (o.max_model_len == 0) o.max_model_len = a.s.input_len + a.s.output_len;
   if (mode == "latency") o.max_num_seqs = std::max(o.max_num_seqs, a.s.batch_size);
   const std::string backend = resolved_backend(o.backend);
+  if (!a.gemv_routes.empty() && backend != "cuda")  // before the model load
+    throw InputError("--gemv-routes: needs the cuda backend (--backend cuda)");
+#ifdef FP8KV_HAVE_CUDA
+  for (const std::string& spec : split_route_sets(a.gemv_routes)) (void)cuda::parse_linear_routes(spec, "--gemv-routes");
+#endif
   auto engine = Engine::load(a.model, o);
 
   double copy = 0.0;
@@ -71,6 +125,10 @@ int run(BenchArgs a, const std::string& mode) {
   j["block_size"] = o.block_size;
   j["threads"] = o.num_threads;
   j["fp8kv_version"] = version_string();
+#ifdef FP8KV_HAVE_CUDA
+  if (backend == "cuda") j["gemv_routes"] = cuda::linear_routes_string(cuda::linear_routes());
+#endif
+  if (!a.gemv_routes.empty()) j["gemv_route_runs"] = run_route_sets(*engine, a.s, copy, a.gemv_routes, backend);
   if (a.json) {
     std::printf("%s\n", j.dump(2).c_str());
   } else {
@@ -87,6 +145,17 @@ int run(BenchArgs a, const std::string& mode) {
                 r.kv_bytes_per_step);
     std::printf("GB/s                %12.2f  (copy bandwidth %.2f GB/s)\n", r.gbps, r.copy_gbps);
     std::printf("floor fraction      %12.3f\n", r.floor_fraction);
+    // Steady state: every request of the batch decoding, no prefill (docs/bench.md).
+    std::printf("full-batch decode   %12lld  steps (every request decoding, no prefill)\n",
+                static_cast<long long>(r.full_batch_decode_steps));
+    if (r.full_batch_decode_steps > 0) {
+      std::printf("  tok/s             %12.2f\n", r.full_batch_decode_tokens_per_s);
+      std::printf("  ms/step           %12.3f  (median)\n", r.full_batch_decode_ms_per_step);
+      std::printf("  bytes/step        %12.4g  (weights %.4g + KV %.4g; mean context %.0f)\n",
+                  r.full_batch_bytes_per_step, r.full_batch_weight_bytes_per_step, r.full_batch_kv_bytes_per_step,
+                  r.full_batch_context);
+      std::printf("  GB/s              %12.2f  (floor fraction %.3f)\n", r.full_batch_gbps, r.full_batch_floor_fraction);
+    }
   }
   return 0;
 }
@@ -99,6 +168,9 @@ void add_common(CLI::App* sub, BenchArgs* a) {
   sub->add_flag("--ignore-eos", a->s.ignore_eos, "Generate --output-len tokens even past EOS");
   sub->add_option("--seed", a->s.seed, "Seed of the random prompts");
   sub->add_flag("--json", a->json, "Print the result as JSON");
+  sub->add_option("--gemv-routes", a->gemv_routes,
+                  "cuda: after the run, rerun per GEMV route set, e.g. \"down=lt;down=simt,qkv=mma\" "
+                  "(projections qkv, o_proj, gate_up, down, lm_head; kernels auto, lt, simt, mma)");
   a->engine.add(sub);
 }
 

@@ -57,8 +57,7 @@ void ForwardPass::attention(int layer, Step& st) {
   const BackendLayerWeights& L = w_.layers[layer];
   if (fused_) {  // one GEMM, then norms + RoPE + split in one op
     be_.linear(st.x, L.qkv_proj, L.qkv_bias, st.qkv);
-    be_.qkv_split(layer, st.qkv, L.q_norm, L.k_norm, eps_, st.q, st.k, st.v);
-    be_.store_kv(*st.batch, layer, st.q, st.k, st.v);
+    be_.qkv_split_store(*st.batch, layer, st.qkv, L.q_norm, L.k_norm, eps_, st.q, st.k, st.v);
     be_.attention(*st.batch, layer, st.q, st.attn);
     be_.linear(st.attn, L.o_proj, L.o_bias, st.tmp);
     be_.all_reduce(st.tmp);  // row-parallel o_proj (no-op on one rank)

@@ -6,10 +6,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "backend/cpu/ops.h"
+#include "backend/cuda/kernels.h"
 #include "cuda_ops_util.h"
+#include "io/errors.h"
 #include "model/rope.h"
 
 namespace fp8kv {
@@ -104,6 +109,82 @@ TEST(CudaOps, LinearGemvMatchesCpu) {
     }
   check_linear(rng, 3, 24, 8, true, false, false, 0, "mma");  // K = 8: one partial chunk
   EXPECT_FALSE(cuda::gemv_bf16_fits(reinterpret_cast<const uint16_t*>(256), 1, cuda::DeviceMatrix{nullptr, 4, 12}));
+}
+
+// ---- per-projection GEMV routes (linear_routes.h) ---------------------------
+
+TEST(CudaOps, LinearRoutesParse) {  // host only: runs without a GPU too
+  using cuda::GemvKernel;
+  using cuda::LinearProj;
+  const cuda::LinearRoutes r = cuda::parse_linear_routes("down=lt,qkv=mma", "test");
+  EXPECT_EQ(r.of(LinearProj::down), GemvKernel::lt);
+  EXPECT_EQ(r.of(LinearProj::qkv), GemvKernel::mma);
+  EXPECT_EQ(r.of(LinearProj::o_proj), GemvKernel::auto_);  // unnamed: auto
+  EXPECT_EQ(cuda::linear_routes_string(r), "qkv=mma,o_proj=auto,gate_up=auto,down=lt,lm_head=auto,store=fused");
+  EXPECT_FALSE(cuda::parse_linear_routes("store=separate", "test").fused_store);
+  // The canonical string parses back to the same routes; "" and "default" are the default.
+  EXPECT_EQ(cuda::parse_linear_routes(cuda::linear_routes_string(r), "test"), r);
+  EXPECT_EQ(cuda::parse_linear_routes("", "test"), cuda::parse_linear_routes(cuda::kDefaultLinearRoutes, "test"));
+  EXPECT_EQ(cuda::parse_linear_routes("default", "test"), cuda::parse_linear_routes("", "test"));
+  EXPECT_EQ(cuda::parse_linear_routes("gate_up=simt,", "test").of(LinearProj::gate_up), GemvKernel::simt);
+  for (const char* bad : {"down", "down=fast", "ffn=lt", "=lt", "down=lt,qkv", "store=lt"}) {
+    try {
+      (void)cuda::parse_linear_routes(bad, "FP8KV_GEMV_ROUTES");
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("FP8KV_GEMV_ROUTES"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// A named shape runs the kernel its projection's route names (bitwise the
+// output of that kernel called directly, or of cuBLASLt); unnamed shapes and
+// shapes named for two projections take gemv_bf16's choice; T past the GEMV
+// rows always cuBLASLt; a route change bumps the generation (graphs re-capture).
+TEST(CudaOps, LinearRoutesDispatch) {
+  FP8KV_NEED_GPU();
+  using cuda::GemvKernel;
+  using cuda::LinearProj;
+  const cuda::LinearRoutes saved = cuda::linear_routes();
+  std::mt19937_64 rng(test_seed());
+  const int N = 96, K = 512;
+  const std::vector<float> w = randn(rng, static_cast<size_t>(N) * K, 0.05f);
+  const std::vector<uint16_t> wb = to_bf16(w);
+  cuda::DeviceBuffer dW;
+  const cuda::DeviceMatrix W = cuda::upload_matrix_bf16(MatrixRef{wb.data(), WeightType::bf16, N, K}, dW);
+  auto dx = to_device(to_bf16(randn(rng, K, 1.0f)));
+  auto y_of = [&](const std::function<void(float*)>& f) {
+    auto dy = to_device(std::vector<float>(N, 0.0f));
+    f(dy.as<float>());
+    return to_host<float>(dy, N);
+  };
+  cuda::Gemm direct;
+  direct.set_gemv_max_rows(0);  // cuBLASLt
+  const auto y_lt = y_of([&](float* y) { direct.linear(dx.as<uint16_t>(), 1, W, nullptr, y, false, nullptr); });
+  const auto y_simt = y_of([&](float* y) { cuda::gemv_bf16_simt(dx.as<uint16_t>(), 1, W, nullptr, y, false, nullptr); });
+  const auto y_mma = y_of([&](float* y) { cuda::gemv_bf16_mma(dx.as<uint16_t>(), 1, W, nullptr, y, false, nullptr); });
+  ASSERT_NE(y_simt, y_mma);  // the kernels sum in different orders: the check below can tell them apart
+
+  cuda::Gemm gemm;
+  gemm.set_gemv_max_rows(1);
+  gemm.name_shape(N, K, LinearProj::down);
+  for (const auto& [spec, want_kernel, want] :
+       std::vector<std::tuple<std::string, GemvKernel, std::vector<float>>>{
+           {"down=lt", GemvKernel::lt, y_lt}, {"down=simt", GemvKernel::simt, y_simt},
+           {"down=mma", GemvKernel::mma, y_mma}, {"down=auto", GemvKernel::auto_, y_simt}}) {
+    SCOPED_TRACE(spec);
+    const uint64_t gen = cuda::linear_routes_generation();
+    cuda::set_linear_routes(cuda::parse_linear_routes(spec, "test"));
+    EXPECT_NE(cuda::linear_routes_generation(), gen);  // each spec differs from the one before
+    EXPECT_EQ(gemm.route(1, N, K), want_kernel);
+    EXPECT_EQ(gemm.route(2, N, K), GemvKernel::lt);  // past gemv_max_rows
+    const auto y = y_of([&](float* yp) { gemm.linear(dx.as<uint16_t>(), 1, W, nullptr, yp, false, nullptr); });
+    EXPECT_EQ(y, want);
+  }
+  EXPECT_EQ(gemm.route(1, N + 1, K), GemvKernel::auto_);  // unnamed shape
+  gemm.name_shape(N, K, LinearProj::qkv);                 // now named twice
+  EXPECT_EQ(gemm.route(1, N, K), GemvKernel::auto_);
+  cuda::set_linear_routes(saved);
 }
 
 // ---- rmsnorm -------------------------------------------------------------------
@@ -270,6 +351,55 @@ void check_qkv(std::mt19937_64& rng, int D, const RopeParams& rp, bool norm, boo
   for (size_t i = 0; i < k.size(); ++i)
     ASSERT_LE(std::fabs(kg[i] - k[i]), rel * scale_k[i / D] * 2.0) << "k[" << i << "] gpu=" << kg[i] << " cpu=" << k[i];
   for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(vg[i], v[i]) << "v[" << i << "]";
+
+  // The store fused into qkv_prep (QkvPrepArgs::FusedStore) writes the bytes
+  // store_kv writes from the k/v just checked: one block of T + 1 slots,
+  // token t -> slot T - t, token 1 skipped (-1), per-head fp8 scales small
+  // enough that some codes saturate.
+  const int64_t cap = T + 1;
+  std::vector<int64_t> slots(T);
+  for (int t = 0; t < T; ++t) slots[t] = t == 1 ? -1 : cap - 1 - t;
+  auto dslots = to_device(slots);
+  auto dks_scale = to_device(std::vector<float>{0.002f, 0.7f}), dvs_scale = to_device(std::vector<float>{1.3f, 0.01f});
+  for (KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3, KvDtype::fp8_e5m2}) {
+    SCOPED_TRACE(kv_dtype_name(dt));
+    KvCacheLayout L;
+    L.num_blocks = 1;
+    L.block_size = static_cast<int>(cap);
+    L.num_kv_heads = Hkv;
+    L.head_dim = D;
+    L.dtype = dt;
+    const size_t bytes = L.cache_bytes();
+    std::vector<uint8_t> fill(bytes, 0xA5);
+    auto rk = to_device(fill), rv = to_device(fill), fk = to_device(fill), fv = to_device(fill);
+    cuda::StoreKvArgs sa;
+    sa.layout = L;
+    sa.k_cache = rk.get();
+    sa.v_cache = rv.get();
+    sa.k = dk.get();
+    sa.v = dv.get();
+    sa.slot_mapping = dslots.as<int64_t>();
+    sa.num_tokens = T;
+    sa.k_scale = {dks_scale.as<float>(), Hkv};
+    sa.v_scale = {dvs_scale.as<float>(), Hkv};
+    cuda::store_kv(sa, nullptr);
+    cuda::QkvPrepArgs b = a;
+    cuda::DeviceBuffer dq2(q.size() * 4);
+    b.q_out = dq2.as<float>();
+    b.k_out = b.v_out = nullptr;
+    b.store.k_cache = fk.get();
+    b.store.v_cache = fv.get();
+    b.store.dtype = dt;
+    b.store.slots = dslots.as<int64_t>();
+    b.store.capacity = cap;
+    b.store.k_scale = dks_scale.as<float>();
+    b.store.v_scale = dvs_scale.as<float>();
+    b.store.k_scale_count = b.store.v_scale_count = Hkv;
+    cuda::qkv_prep(b, nullptr);
+    EXPECT_EQ(to_host<uint8_t>(fk, bytes), to_host<uint8_t>(rk, bytes)) << "K cache bytes";
+    EXPECT_EQ(to_host<uint8_t>(fv, bytes), to_host<uint8_t>(rv, bytes)) << "V cache bytes";
+    EXPECT_EQ(to_host<float>(dq2, q.size()), qg) << "q with the fused store";
+  }
 }
 
 TEST(CudaOps, QkvPrepMatchesCpuForEveryRopeType) {

@@ -198,6 +198,15 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
     o.down_bias = vec(L.down_bias);
     b.layers.push_back(o);
   }
+  // Per-projection GEMV routes (linear_routes.h): the shapes this model's
+  // fused projections and LM head run at.
+  for (const BackendLayerWeights& o : b.layers) {
+    gemm_->name_shape(o.qkv_proj.rows, o.qkv_proj.cols, cuda::LinearProj::qkv);
+    gemm_->name_shape(o.o_proj.rows, o.o_proj.cols, cuda::LinearProj::o_proj);
+    gemm_->name_shape(o.gate_up_proj.rows, o.gate_up_proj.cols, cuda::LinearProj::gate_up);
+    gemm_->name_shape(o.down_proj.rows, o.down_proj.cols, cuda::LinearProj::down);
+  }
+  gemm_->name_shape(b.output.rows, b.output.cols, cuda::LinearProj::lm_head);
   return b;  // the host weights are no longer needed (host_owner stays empty)
 }
 
@@ -429,6 +438,39 @@ void CudaBackend::gated_act(Activation act, const Tensor& gate, const Tensor& up
 
 void CudaBackend::qkv_split(int layer, const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, float eps,
                             Tensor& q, Tensor& k, Tensor& v) {
+  qkv_split_impl(layer, qkv, q_norm, k_norm, eps, q, k, v, nullptr);
+}
+
+void CudaBackend::qkv_split_store(const StepBatch& b, int layer, const Tensor& qkv, const Tensor& q_norm,
+                                  const Tensor& k_norm, float eps, Tensor& q, Tensor& k, Tensor& v) {
+  // "store=separate" in the routes (FP8KV_GEMV_ROUTES, bench --gemv-routes):
+  // the separate store kernel (A/B and fallback).
+  if (!cuda::linear_routes().fused_store || observer_) {  // the observer gets host copies of q/k/v at store_kv
+    Backend::qkv_split_store(b, layer, qkv, q_norm, k_norm, eps, q, k, v);
+    return;
+  }
+  const StepView& s = step("qkv_split_store");
+  if (b.num_tokens != s.T) bad("qkv_split_store", fmt::format("batch of {} tokens, step of {}", b.num_tokens, s.T));
+  if (kv_storage_.empty()) throw std::logic_error("CudaBackend::qkv_split_store before allocate_kv");
+  if (scales_.size() != static_cast<size_t>(cfg_.num_layers))
+    throw std::logic_error("CudaBackend::qkv_split_store before set_kv_scales");
+  const KvLayerStorage st = kv_layer(layer);
+  const LayerScales& sc = scales_[layer];
+  cuda::QkvPrepArgs::FusedStore fs;
+  fs.k_cache = st.k_cache;
+  fs.v_cache = st.v_cache;
+  fs.dtype = layout_.dtype;
+  fs.slots = s.slots.at(layer_group_.at(layer));
+  fs.capacity = static_cast<int64_t>(layout_.num_blocks) * layout_.block_size;
+  fs.k_scale = sc.k.as<float>();
+  fs.v_scale = sc.v.as<float>();
+  fs.k_scale_count = sc.k_count;
+  fs.v_scale_count = sc.v_count;
+  qkv_split_impl(layer, qkv, q_norm, k_norm, eps, q, k, v, &fs);
+}
+
+void CudaBackend::qkv_split_impl(int layer, const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, float eps,
+                                 Tensor& q, Tensor& k, Tensor& v, const cuda::QkvPrepArgs::FusedStore* store) {
   const StepView& s = step("qkv_split");
   const int D = cfg_.head_dim;
   const int64_t Q = static_cast<int64_t>(cfg_.num_heads) * D, KV = static_cast<int64_t>(cfg_.num_kv_heads) * D;
@@ -457,6 +499,7 @@ void CudaBackend::qkv_split(int layer, const Tensor& qkv, const Tensor& q_norm, 
   a.q_out = f32(q, "qkv_split", "q");
   a.k_out = f32(k, "qkv_split", "k");
   a.v_out = f32(v, "qkv_split", "v");
+  if (store) a.store = *store;
   cuda::qkv_prep(a, stream_);
 }
 
@@ -649,7 +692,7 @@ bool CudaBackend::replay_graph(int64_t key) {
   if (!supports_graphs()) return false;
   auto it = graphs_.find(key);
   if (it == graphs_.end()) return false;
-  if (it->second.gen != buffers_gen_) {
+  if (it->second.gen != buffers_gen_ || it->second.routes_gen != cuda::linear_routes_generation()) {
     cudaGraphExecDestroy(it->second.exec);
     graphs_.erase(it);
     return false;
@@ -664,6 +707,7 @@ void CudaBackend::begin_graph_capture(int64_t /*key*/) {
   // Thread-local mode: other threads' unrelated CUDA calls do not break it.
   FP8KV_CU(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   capturing_ = true;
+  routes_gen_at_capture_ = cuda::linear_routes_generation();
 }
 
 void CudaBackend::end_graph_capture(int64_t key) {
@@ -676,7 +720,7 @@ void CudaBackend::end_graph_capture(int64_t key) {
   cudaGraphDestroy(graph);
   FP8KV_CU(e);
   if (auto it = graphs_.find(key); it != graphs_.end()) cudaGraphExecDestroy(it->second.exec);
-  graphs_[key] = Graph{exec, buffers_gen_};
+  graphs_[key] = Graph{exec, buffers_gen_, routes_gen_at_capture_};
 }
 
 void CudaBackend::abort_graph_capture() {

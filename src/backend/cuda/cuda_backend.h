@@ -65,7 +65,14 @@ class CudaBackend final : public Backend {
   bool fuses_projections() const override { return true; }
   void qkv_split(int layer, const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, float eps, Tensor& q,
                  Tensor& k, Tensor& v) override;
+  // qkv_split's argument checks and kernel arguments; store: fused store target (or null).
+  void qkv_split_impl(int layer, const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, float eps, Tensor& q,
+                      Tensor& k, Tensor& v, const cuda::QkvPrepArgs::FusedStore* store);
   void gated_act_fused(Activation act, const Tensor& gate_up, Tensor& out) override;
+  // Without an observer: the store fused into the split kernel (ops.h
+  // QkvPrepArgs::FusedStore), one launch per layer less.
+  void qkv_split_store(const StepBatch& batch, int layer, const Tensor& qkv, const Tensor& q_norm,
+                       const Tensor& k_norm, float eps, Tensor& q, Tensor& k, Tensor& v) override;
 
   // CUDA graphs per decode bucket (docs/cuda_backend.md "CUDA graphs").
   bool supports_graphs() const override { return !enforce_eager_ && observer_ == nullptr; }
@@ -133,10 +140,12 @@ class CudaBackend final : public Backend {
   struct Graph {
     cudaGraphExec_t exec = nullptr;
     uint64_t gen = 0;
+    uint64_t routes_gen = 0;  // cuda::linear_routes_generation() at capture
   };
   bool enforce_eager_ = false;
   bool capturing_ = false;
   uint64_t buffers_gen_ = 0;
+  uint64_t routes_gen_at_capture_ = 0;
   std::map<int64_t, Graph> graphs_;
 };
 

@@ -192,14 +192,32 @@ Gemm::Plan& Gemm::plan(int64_t T, int64_t N, int64_t K, bool bias, bool accumula
   return *p;
 }
 
+void Gemm::name_shape(int64_t N, int64_t K, LinearProj proj) {
+  const auto key = std::make_pair(N, K);
+  const int p = static_cast<int>(proj);
+  auto [it, fresh] = shape_proj_.emplace(key, p);
+  if (!fresh && it->second != p) it->second = -1;  // two projections share the shape: no route
+}
+
+GemvKernel Gemm::route(int64_t T, int64_t N, int64_t K) const {
+  if (T > gemv_max_rows_) return GemvKernel::lt;
+  const auto it = shape_proj_.find(std::make_pair(N, K));
+  if (it == shape_proj_.end() || it->second < 0) return GemvKernel::auto_;
+  return linear_routes().of(static_cast<LinearProj>(it->second));
+}
+
 void Gemm::linear(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y, bool accumulate,
                   cudaStream_t stream) {
   if (T == 0) return;
   if (T < 0 || !x || !W.data || !y || W.rows <= 0 || W.cols <= 0)
     throw std::invalid_argument("cuda::Gemm::linear: bad arguments (null pointer or empty shape)");
   if (T <= gemv_max_rows_ && gemv_bf16_fits(x, T, W)) {
-    gemv_bf16(x, T, W, bias, y, accumulate, stream);
-    return;
+    switch (route(T, W.rows, W.cols)) {
+      case GemvKernel::lt: break;  // cuBLASLt below
+      case GemvKernel::simt: gemv_bf16_simt(x, T, W, bias, y, accumulate, stream); return;
+      case GemvKernel::mma: gemv_bf16_mma(x, T, W, bias, y, accumulate, stream); return;
+      case GemvKernel::auto_: gemv_bf16(x, T, W, bias, y, accumulate, stream); return;
+    }
   }
   Plan& p = plan(T, W.rows, W.cols, bias != nullptr, accumulate, pointer_alignment(x), pointer_alignment(W.data),
                  pointer_alignment(y));

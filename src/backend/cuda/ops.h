@@ -23,9 +23,12 @@
 #include <cstdint>
 #include <map>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/ops.h"  // Activation
+#include "backend/cuda/linear_routes.h"
+#include "numerics/fp8.h"  // KvDtype
 
 namespace fp8kv::cuda {
 
@@ -105,6 +108,13 @@ class Gemm {
   void set_gemv_max_rows(int rows) { gemv_max_rows_ = rows; }
   int gemv_max_rows() const { return gemv_max_rows_; }
 
+  // Names the projection of weight shape [N][K], so that GEMV-path calls of
+  // that shape follow linear_routes() (linear_routes.h). Unnamed shapes, and
+  // a shape named for two projections, take gemv_bf16's own choice.
+  void name_shape(int64_t N, int64_t K, LinearProj proj);
+  // The kernel a call of T rows with W [N][K] runs (lt: cuBLASLt).
+  GemvKernel route(int64_t T, int64_t N, int64_t K) const;
+
  private:
   struct Plan;
   Plan& plan(int64_t T, int64_t N, int64_t K, bool bias, bool accumulate, int align_x, int align_w, int align_y);
@@ -112,6 +122,7 @@ class Gemm {
   DeviceBuffer workspace_;
   std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int, int, int>, Plan*> plans_;
   int gemv_max_rows_ = kGemvDefaultRows;
+  std::map<std::pair<int64_t, int64_t>, int> shape_proj_;  // -> LinearProj, or -1: named twice
 };
 
 // Decode-shaped linear without cuBLASLt: y[T][N] = x[T][K] W[N][K]^T (+ bias)
@@ -171,6 +182,20 @@ struct QkvPrepArgs {
   float* q_out = nullptr;  // [T][num_q_heads][head_dim]
   float* k_out = nullptr;  // [T][num_kv_heads][head_dim]
   float* v_out = nullptr;  // [T][num_kv_heads][head_dim]
+  // Optional store fused in (kv_cache non-null): k and v rows go straight to
+  // the paged cache, the same bytes store_kv writes (kv_quant.cuh), instead
+  // of k_out / v_out (then unused, may be null). Slot < 0 or >= capacity:
+  // not stored. docs/cuda_backend.md "Store fused into qkv_prep".
+  struct FusedStore {
+    void* k_cache = nullptr;  // [capacity][num_kv_heads][head_dim], dtype
+    void* v_cache = nullptr;
+    KvDtype dtype = KvDtype::bf16;
+    const int64_t* slots = nullptr;  // [T]
+    int64_t capacity = 0;            // num_blocks * block_size
+    const float* k_scale = nullptr;  // fp8: 1 or num_kv_heads values
+    const float* v_scale = nullptr;
+    int k_scale_count = 1, v_scale_count = 1;
+  } store;
 };
 void qkv_prep(const QkvPrepArgs& args, cudaStream_t stream);
 

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/kv_quant.cuh"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_launch.cuh"
 
@@ -167,6 +168,23 @@ __global__ void rmsnorm_rows_kernel(const float* __restrict__ h, const int32_t* 
 
 // ---- qkv prep ----------------------------------------------------------------
 
+// Element i of kv head h of a token with `slot` -> the paged cache
+// ([slot][head][d], QkvPrepArgs::FusedStore), the byte(s) store_kv writes.
+__device__ __forceinline__ void store_code(const QkvPrepArgs::FusedStore& st, int num_kv_heads, bool is_v,
+                                           int64_t slot, int h, int D, int i, float x) {
+  using namespace detail;
+  const int64_t idx = (slot * num_kv_heads + h) * D + i;
+  void* cache = is_v ? st.v_cache : st.k_cache;
+  if (st.dtype == KvDtype::bf16) {
+    static_cast<uint16_t*>(cache)[idx] = static_cast<uint16_t>(bf16_bits(x));
+    return;
+  }
+  const float* sc = is_v ? st.v_scale : st.k_scale;
+  const float s = sc[(is_v ? st.v_scale_count : st.k_scale_count) == 1 ? 0 : h];
+  static_cast<uint8_t*>(cache)[idx] = static_cast<uint8_t>(
+      st.dtype == KvDtype::fp8_e5m2 ? quant_fp8_exact<kE5m2>(x, s) : quant_fp8_exact<kE4m3>(x, s));
+}
+
 constexpr int kPrepWarps = 8;
 constexpr int kMaxHeadDim = 256;
 
@@ -195,8 +213,9 @@ __global__ void qkv_prep_kernel(QkvPrepArgs a) {
   float* sb = buf[warp];
   for (int hh = blockIdx.y * kPrepWarps + warp; hh < nq + nk + nv; hh += gridDim.y * kPrepWarps) {
     const float* in;
-    float* out;
+    float* out;  // null: a k head stored to the cache (fused store)
     const float* nw;
+    int kv_head = -1;
     if (hh < nq) {
       in = a.q_in + static_cast<int64_t>(t) * a.q_stride + static_cast<int64_t>(hh) * D;
       out = a.q_out + (static_cast<int64_t>(t) * nq + hh) * D;
@@ -204,11 +223,18 @@ __global__ void qkv_prep_kernel(QkvPrepArgs a) {
     } else if (hh < nq + nk) {
       const int h = hh - nq;
       in = a.k_in + static_cast<int64_t>(t) * a.k_stride + static_cast<int64_t>(h) * D;
-      out = a.k_out + (static_cast<int64_t>(t) * nk + h) * D;
+      out = a.store.k_cache ? nullptr : a.k_out + (static_cast<int64_t>(t) * nk + h) * D;
       nw = a.k_norm_w;
+      kv_head = h;
     } else {
       const int h = hh - nq - nk;
       const float* vin = a.v_in + static_cast<int64_t>(t) * a.v_stride + static_cast<int64_t>(h) * D;
+      if (a.store.k_cache) {
+        const int64_t slot = a.store.slots[t];
+        if (slot >= 0 && slot < a.store.capacity)
+          for (int i = lane; i < D; i += 32) store_code(a.store, a.num_kv_heads, true, slot, h, D, i, vin[i]);
+        continue;
+      }
       float* vout = a.v_out + (static_cast<int64_t>(t) * nk + h) * D;
       for (int i = lane; i < D; i += 32) vout[i] = vin[i];
       continue;
@@ -225,21 +251,35 @@ __global__ void qkv_prep_kernel(QkvPrepArgs a) {
       for (int i = lane; i < D; i += 32) sb[i] = __fmul_rn(__fmul_rn(sb[i], inv), nw[i]);
     }
     __syncwarp();
-    if (a.inv_freq) {
-      for (int i = lane; i < D; i += 32) {
-        float r;
+    // The results stay in registers (lane's elements lane + 32 j): RoPE reads
+    // partner elements of other lanes from sb, so sb is not overwritten.
+    float res[kMaxHeadDim / 32];
+#pragma unroll
+    for (int j = 0; j < kMaxHeadDim / 32; ++j) {
+      const int i = lane + 32 * j;
+      if (i >= D) break;
+      float r = sb[i];
+      if (a.inv_freq) {
         if (i < half) {  // lo = a*c + (-b)*s
           r = __fadd_rn(__fmul_rn(sb[i], cs[i]), __fmul_rn(-sb[i + half], sn[i]));
         } else if (i < 2 * half) {  // hi = b*c + a*s
-          const int j = i - half;
-          r = __fadd_rn(__fmul_rn(sb[i], cs[j]), __fmul_rn(sb[j], sn[j]));
-        } else {
-          r = sb[i];
+          const int m = i - half;
+          r = __fadd_rn(__fmul_rn(sb[i], cs[m]), __fmul_rn(sb[m], sn[m]));
         }
-        out[i] = r;
       }
+      res[j] = r;
+    }
+    if (out) {
+#pragma unroll
+      for (int j = 0; j < kMaxHeadDim / 32; ++j)
+        if (lane + 32 * j < D) out[lane + 32 * j] = res[j];
     } else {
-      for (int i = lane; i < D; i += 32) out[i] = sb[i];
+      const int64_t slot = a.store.slots[t];
+      if (slot >= 0 && slot < a.store.capacity) {
+#pragma unroll
+        for (int j = 0; j < kMaxHeadDim / 32; ++j)
+          if (lane + 32 * j < D) store_code(a.store, a.num_kv_heads, false, slot, kv_head, D, lane + 32 * j, res[j]);
+      }
     }
     __syncwarp();  // sb reused by this warp's next head
   }
@@ -275,8 +315,14 @@ void rmsnorm_rows(const float* h, const int32_t* row_index, int num_rows, const 
 
 void qkv_prep(const QkvPrepArgs& a, cudaStream_t stream) {
   if (a.T == 0) return;
+  const bool fused = a.store.k_cache != nullptr;
+  if (fused && (!a.store.v_cache || !a.store.slots || !a.k_in || !a.v_in || a.store.capacity <= 0 ||
+                (a.store.dtype != KvDtype::bf16 && (!a.store.k_scale || !a.store.v_scale))))
+    throw std::invalid_argument("cuda::qkv_prep: a fused store needs both caches, slots, k/v inputs, capacity and "
+                                "(fp8) scales");
   if (a.T < 0 || a.head_dim <= 0 || a.head_dim > kMaxHeadDim || a.num_q_heads < 0 || a.num_kv_heads < 0 ||
-      !a.q_in || !a.q_out || (a.num_kv_heads > 0 && (!a.k_in || !a.k_out)) || (a.v_in && !a.v_out))
+      !a.q_in || !a.q_out || (a.num_kv_heads > 0 && (!a.k_in || (!a.k_out && !fused))) ||
+      (a.v_in && !a.v_out && !fused))
     throw std::invalid_argument("cuda::qkv_prep: bad arguments (head_dim " + std::to_string(a.head_dim) +
                                 ", at most " + std::to_string(kMaxHeadDim) + ")");
   if (a.inv_freq && (a.rot_dim <= 0 || a.rot_dim > a.head_dim || a.rot_dim % 2 || !a.positions))

@@ -7,19 +7,11 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kv_quant.cuh"
 
 namespace fp8kv::cuda {
 namespace {
 using namespace detail;
-
-// saturate(rne(x / s)) with the IEEE division's result. A NaN input stores
-// the canonical 0x7f, as the hardware conversion and the CPU reference do.
-template <int DT>
-__device__ __forceinline__ uint32_t quant_fp8_exact(float x, float s) {
-  const float y = __fdiv_rn(x, s);
-  uint32_t r = __nv_cvt_float_to_fp8(y, __NV_SATFINITE, DT == kE5m2 ? __NV_E5M2 : __NV_E4M3);
-  return r;
-}
 
 // Fast path with the same bytes (docs/cuda.md, store v2): the correctly
 // rounded fp32 quotient without a division. rcp = rcp_rn(s) is within half
@@ -62,15 +54,6 @@ __device__ __forceinline__ uint2 quant8_fp8(const float (&x)[8], float s, float 
     }
   }
   return make_uint2(w[0], w[1]);
-}
-
-// fp32 -> bf16 bits exactly as numerics/fp8.h f32_to_bf16 (RNE, NaN keeps
-// sign and top payload bits, quieted).
-__device__ __forceinline__ uint32_t bf16_bits(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return u >> 16;
 }
 
 __device__ __forceinline__ void load8(const void* src, int64_t elem, bool bf16, float (&x)[8]) {

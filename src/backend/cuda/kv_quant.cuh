@@ -1,0 +1,32 @@
+// One K/V element -> its cache code, exactly as the store kernel writes it
+// (store_kv.cu; CPU reference numerics/fp8.h): shared by store_kv.cu and the
+// store fused into qkv_prep (ops_norm.cu), so both write the same bytes.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "backend/cuda/common.cuh"
+
+namespace fp8kv::cuda::detail {
+
+// saturate(rne(x / s)) with the IEEE division's result. A NaN input stores
+// the canonical 0x7f, as the hardware conversion and the CPU reference do.
+template <int DT>
+__device__ __forceinline__ uint32_t quant_fp8_exact(float x, float s) {
+  const float y = __fdiv_rn(x, s);
+  uint32_t r = __nv_cvt_float_to_fp8(y, __NV_SATFINITE, DT == kE5m2 ? __NV_E5M2 : __NV_E4M3);
+  return r;
+}
+
+// fp32 -> bf16 bits exactly as numerics/fp8.h f32_to_bf16 (RNE, NaN keeps
+// sign and top payload bits, quieted).
+__device__ __forceinline__ uint32_t bf16_bits(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return u >> 16;
+}
+
+}  // namespace fp8kv::cuda::detail

@@ -1,0 +1,100 @@
+// Per-projection GEMV routes (linear_routes.h).
+#include "backend/cuda/linear_routes.h"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+
+#include "io/errors.h"
+
+namespace fp8kv::cuda {
+
+// Measured in the engine (run F, 2026-12-01, H200, batch 1 1K fp8 with CUDA
+// graphs, one route changed at a time): the SIMT GEMV on every projection
+// was at least as fast as mma / cuBLASLt (whose standalone bench_linear wins
+// for qkv, o_proj (mma) and down (cuBLASLt) did not carry over to the PDL
+// chain), and the fused store saved ~0.04 ms per step. So: auto everywhere
+// (SIMT at T = 1, gemv_bf16's mma at 2-8 rows when FP8KV_GEMV allows them),
+// store fused. docs/cuda_backend.md "GEMV routes".
+const char* const kDefaultLinearRoutes = "qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto,store=fused";
+
+namespace {
+
+constexpr const char* kProjNames[kNumLinearProj] = {"qkv", "o_proj", "gate_up", "down", "lm_head"};
+constexpr const char* kKernelNames[] = {"auto", "lt", "simt", "mma"};
+
+std::mutex g_mu;
+LinearRoutes g_routes;
+bool g_init = false;
+std::atomic<uint64_t> g_gen{0};
+
+void init_locked() {
+  if (g_init) return;
+  const char* e = std::getenv("FP8KV_GEMV_ROUTES");
+  g_routes = parse_linear_routes(e ? e : "", "FP8KV_GEMV_ROUTES");
+  g_init = true;
+}
+
+}  // namespace
+
+LinearRoutes parse_linear_routes(std::string_view spec, std::string_view source) {
+  if (spec.empty() || spec == "default") spec = kDefaultLinearRoutes;
+  LinearRoutes r;
+  size_t i = 0;
+  while (i <= spec.size()) {
+    const size_t j = std::min(spec.find(',', i), spec.size());
+    const std::string_view item = spec.substr(i, j - i);
+    i = j + 1;
+    if (item.empty()) {
+      if (j == spec.size()) break;
+      continue;
+    }
+    const size_t eq = item.find('=');
+    if (eq == std::string_view::npos)
+      throw InputError(fmt::format("{}: '{}' is not PROJECTION=KERNEL (e.g. down=lt)", source, item));
+    const std::string_view key = item.substr(0, eq), val = item.substr(eq + 1);
+    if (key == "store") {
+      if (val != "fused" && val != "separate")
+        throw InputError(fmt::format("{}: store must be fused or separate, got '{}'", source, val));
+      r.fused_store = val == "fused";
+      continue;
+    }
+    int p = -1, k = -1;
+    for (int x = 0; x < kNumLinearProj; ++x)
+      if (key == kProjNames[x]) p = x;
+    for (int x = 0; x < 4; ++x)
+      if (val == kKernelNames[x]) k = x;
+    if (p < 0)
+      throw InputError(fmt::format("{}: unknown projection '{}' (qkv, o_proj, gate_up, down, lm_head, store)", source, key));
+    if (k < 0) throw InputError(fmt::format("{}: unknown kernel '{}' for {} (auto, lt, simt, mma)", source, val, key));
+    r.kernel[static_cast<size_t>(p)] = static_cast<GemvKernel>(k);
+  }
+  return r;
+}
+
+std::string linear_routes_string(const LinearRoutes& r) {
+  std::string s;
+  for (int p = 0; p < kNumLinearProj; ++p)
+    s += fmt::format("{}{}={}", p ? "," : "", kProjNames[p], kKernelNames[static_cast<int>(r.kernel[p])]);
+  return s + (r.fused_store ? ",store=fused" : ",store=separate");
+}
+
+LinearRoutes linear_routes() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  init_locked();
+  return g_routes;
+}
+
+void set_linear_routes(const LinearRoutes& r) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  init_locked();
+  if (r == g_routes) return;
+  g_routes = r;
+  g_gen.fetch_add(1);
+}
+
+uint64_t linear_routes_generation() { return g_gen.load(); }
+
+}  // namespace fp8kv::cuda

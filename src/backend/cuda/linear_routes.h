@@ -1,0 +1,50 @@
+// Which kernel runs each decode projection when a Gemm takes the GEMV path
+// (T <= Gemm::gemv_max_rows(), ops.h): cuBLASLt, the SIMT GEMV or the
+// tensor-core (mma) GEMV, chosen per projection because the fastest one
+// could differ by shape (bench_linear, 2026-12-01: mma for qkv / o_proj,
+// cuBLASLt for down at T = 1; in the engine SIMT won everywhere, run F).
+// docs/cuda_backend.md "GEMV routes".
+//
+// A plain C++ header (no CUDA types), so the CLI can switch routes between
+// benchmark runs in one process (`fp8kv bench latency --gemv-routes`).
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace fp8kv::cuda {
+
+enum class LinearProj : uint8_t { qkv, o_proj, gate_up, down, lm_head };
+inline constexpr int kNumLinearProj = 5;
+// auto: gemv_bf16's own choice (SIMT below kGemvMmaMinRows rows, else mma).
+enum class GemvKernel : uint8_t { auto_, lt, simt, mma };
+
+struct LinearRoutes {
+  std::array<GemvKernel, kNumLinearProj> kernel{};  // all auto
+  // Not a GEMM, but switched the same way: the KV store fused into the
+  // qkv split kernel ("store=fused", the default) or its own kernel
+  // ("store=separate"); CudaBackend::qkv_split_store.
+  bool fused_store = true;
+  GemvKernel of(LinearProj p) const { return kernel[static_cast<size_t>(p)]; }
+  bool operator==(const LinearRoutes&) const = default;
+};
+
+// "qkv=mma,o_proj=mma,gate_up=simt,down=lt,lm_head=auto,store=fused" (any
+// subset; the rest auto / fused; "" or "default": kDefaultLinearRoutes).
+// Throws InputError naming `source` and the bad entry.
+LinearRoutes parse_linear_routes(std::string_view spec, std::string_view source);
+std::string linear_routes_string(const LinearRoutes& r);
+
+// The built-in default (the per-projection winners of the last GPU run, run F).
+extern const char* const kDefaultLinearRoutes;
+
+// Process-wide routes every Gemm follows: FP8KV_GEMV_ROUTES at first use,
+// else kDefaultLinearRoutes. set_linear_routes replaces them and bumps
+// linear_routes_generation(), which invalidates captured CUDA graphs
+// (CudaBackend re-captures with the new kernels).
+LinearRoutes linear_routes();
+void set_linear_routes(const LinearRoutes& r);
+uint64_t linear_routes_generation();
+
+}  // namespace fp8kv::cuda
