@@ -296,6 +296,11 @@ class Backend {
 std::unique_ptr<Backend> make_backend(std::string_view name, const ModelConfig& cfg, const BackendOptions& opts);
 // The name "auto" resolves to on this machine ("cpu" or "cuda").
 std::string resolve_backend_name(std::string_view name);
+// resolve_backend_name, then the checks make_backend does before it builds
+// one (a CUDA device is present, the build has the backend): InputError
+// naming --backend otherwise. The engine calls it before it loads or makes
+// weights, so `--backend cuda` on a machine without a GPU fails at once.
+std::string require_backend(std::string_view name);
 
 // Per-backend factories (defined in backend/cpu/cpu_backend.cpp and, in CUDA
 // builds, backend/cuda/cuda_backend.cpp).

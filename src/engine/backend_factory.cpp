@@ -25,18 +25,26 @@ std::string resolve_backend_name(std::string_view name) {
   return "cpu";
 }
 
-std::unique_ptr<Backend> make_backend(std::string_view name, const ModelConfig& cfg, const BackendOptions& opts) {
+std::string require_backend(std::string_view name) {
   const std::string n = resolve_backend_name(name);
   if (n == "cuda") {
 #if defined(FP8KV_HAVE_CUDA_BACKEND)
     if (!cuda_device_available()) throw InputError("--backend cuda: no CUDA device is available; use --backend cpu");
-    return make_cuda_backend(cfg, opts);
 #elif defined(FP8KV_HAVE_CUDA)
     throw InputError("--backend cuda: the CUDA engine path is not available yet; use --backend cpu");
 #else
     throw InputError("--backend cuda: this build has no CUDA backend (configure with -DFP8KV_CUDA=ON); use --backend cpu");
 #endif
   }
+  return n;
+}
+
+std::unique_ptr<Backend> make_backend(std::string_view name, const ModelConfig& cfg, const BackendOptions& opts) {
+#if defined(FP8KV_HAVE_CUDA_BACKEND)
+  if (require_backend(name) == "cuda") return make_cuda_backend(cfg, opts);
+#else
+  (void)require_backend(name);
+#endif
   return make_cpu_backend(cfg, opts);
 }
 

@@ -520,6 +520,7 @@ std::unique_ptr<Engine> load_engine(const std::filesystem::path& dir, const Engi
     throw InputError("--load-format must be auto or dummy (got '" + opts.load_format + "')");
   ModelConfig cfg = load_model_config(dir);
   const KvDtype d = resolve_kv_cache_dtype(opts.kv_cache_dtype, dir);
+  (void)require_backend(opts.backend);  // before weights are read or made (tens of GB for --load-format dummy)
   if (opts.load_format == "dummy") {
     // Random weights from config.json alone (no safetensors read); unity KV scales.
     engine_log()->info("--load-format dummy: random weights (N(0, 0.02), norms 1) for {}", dir.string());

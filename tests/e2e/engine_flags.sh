@@ -84,6 +84,10 @@ refused "--shutdown-grace must be >= 0" run_cmd serve --shutdown-grace -1
 # --backend cuda: refused in one line until the CUDA engine lands (or no GPU here).
 if ! command -v nvidia-smi > /dev/null 2>&1; then
   refused "--backend cuda" run_cmd generate --backend cuda
+  # ... at once: before --load-format dummy makes an 8B model's weights (tens
+  # of GB on the host; the check used to come after them).
+  refused "--backend cuda" timeout 20 "$BIN" generate "$SRC/tests/data/configs/llama-3.1-8b" --load-format dummy \
+    --tokenizer "$T/m" --backend cuda --prompt "Hello" --max-tokens 2
 fi
 
 # --threads above the hardware threads: capped, with a warning, same output.
