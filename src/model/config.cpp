@@ -320,6 +320,11 @@ void parse_text_config(const Reader& r, ModelConfig& c) {
   // ---- rope
   const double theta = r.number("rope_theta", d.rope_theta);
   const double local_theta = r.number("rope_local_base_freq", 10000.0);
+  // Checked here, not only in parse_rope_dict: without rope_scaling /
+  // rope_parameters the value is used as it is (fuzz_config found a
+  // negative rope_theta accepted that way; docs/fuzzing.md).
+  if (!(theta > 0) || !std::isfinite(theta)) r.fail("rope_theta", "expected a positive number");
+  if (!(local_theta > 0) || !std::isfinite(local_theta)) r.fail("rope_local_base_freq", "expected a positive number");
   const json* rp = r.get("rope_parameters");
   const json* rs = r.get("rope_scaling");
   if (rp) {

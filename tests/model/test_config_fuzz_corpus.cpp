@@ -10,6 +10,7 @@
 #include <iterator>
 #include <string>
 #include <typeinfo>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -36,6 +37,10 @@ TEST(ConfigFuzzCorpus, EveryInputParsedOrRefusedWithInputError) {
       const fp8kv::ModelConfig c = fp8kv::parse_model_config(j, e.path().filename().string());
       EXPECT_EQ(static_cast<int>(c.layer_types.size()), c.num_layers) << e.path();
       EXPECT_EQ(c.num_sliding_layers() > 0, c.sliding_window.has_value()) << e.path();
+      // The fuzz target's other invariants (tests/fuzz/fuzz_config.cpp).
+      EXPECT_GT(c.rope_full.theta, 0) << e.path();
+      EXPECT_GT(c.rope_sliding.theta, 0) << e.path();
+      EXPECT_GT(c.attention_scale(), 0) << e.path();
       ++accepted;
     } catch (const fp8kv::InputError& err) {
       // The message names the file given as source.
@@ -49,4 +54,22 @@ TEST(ConfigFuzzCorpus, EveryInputParsedOrRefusedWithInputError) {
   EXPECT_GT(accepted, 0);
   EXPECT_GT(refused, 0);
   std::printf("fuzz_config corpus: %d files, %d accepted, %d refused, %d not JSON\n", files, accepted, refused, not_json);
+}
+
+// fuzz_config found (2026-12-01) that a config without rope_scaling took a
+// negative rope_theta as it was; the same for Gemma's rope_local_base_freq.
+TEST(ConfigFuzzCorpus, NonPositiveRopeThetaIsRefusedWithoutRopeScaling) {
+  const fs::path dir = fs::path(FP8KV_SOURCE_DIR) / "tests" / "data" / "fuzz_config";
+  for (const auto& [file, field] : {std::pair{"bad_rope_theta_negative.json", "rope_theta"},
+                                    std::pair{"bad_rope_local_base_freq_zero.json", "rope_local_base_freq"}}) {
+    std::ifstream in(dir / file);
+    const nlohmann::json j = nlohmann::json::parse(in);
+    try {
+      (void)fp8kv::parse_model_config(j, file);
+      ADD_FAILURE() << file << " was accepted";
+    } catch (const fp8kv::InputError& err) {
+      EXPECT_NE(std::string(err.what()).find(field), std::string::npos) << err.what();
+      EXPECT_NE(std::string(err.what()).find(file), std::string::npos) << err.what();
+    }
+  }
 }
