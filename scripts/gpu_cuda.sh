@@ -35,27 +35,9 @@ if [ -n "$PREBUILT" ] && "$PREBUILT/test_cuda" --gtest_list_tests >/dev/null 2>&
   TEST=$PREBUILT/test_cuda
   BENCH=$PREBUILT/bench_attention
 else
-cmake -S . -B $BUILD -G Ninja -DFP8KV_CUDA=ON -DFP8KV_WERROR=OFF -DCMAKE_BUILD_TYPE=Release >"$OUT/build.log" 2>&1 &&
-  cmake --build $BUILD --target test_cuda bench_attention -j16 >>"$OUT/build.log" 2>&1 || ok=0
-TEST=$BUILD/tests/test_cuda
-BENCH=$BUILD/bench/bench_attention
-if [ $ok = 0 ]; then
-  # Fallback when another module does not build right now: compile only what
-  # the CUDA tests need (kernels, CPU reference, numerics) with nvcc directly.
-  echo "CMake build failed (tail of build.log below); direct nvcc fallback"; grep -E "error" "$OUT/build.log" | head -20
-  P=${FP8KV_PREFIX:-/tmp/fp8kv-prefix}
-  F="-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Isrc -I$P/usr/include -Xcompiler=-fopenmp"
-  mkdir -p $BUILD/direct
-  nvcc $F src/backend/cuda/*.cu src/backend/cpu/kv_ops.cpp src/numerics/fp8.cpp tests/cuda/*.cpp \
-    -L$P/usr/lib/x86_64-linux-gnu -lgtest -lgtest_main -lgomp -o $BUILD/direct/test_cuda >>"$OUT/build.log" 2>&1 &
-  nvcc $F src/backend/cuda/*.cu src/numerics/fp8.cpp bench/cuda/bench_attention.cu \
-    -o $BUILD/direct/bench_attention >>"$OUT/build.log" 2>&1 &
-  wait
-  TEST=$BUILD/direct/test_cuda
-  BENCH=$BUILD/direct/bench_attention
+  source scripts/gpu_kernel_build.sh
 fi
-fi
-ls -la $TEST $BENCH || { tail -40 "$OUT/build.log"; exit 1; }
+ls -la $TEST $BENCH || exit 1
 phase test
 timeout 100 $TEST --gtest_output=json:"$OUT/test_cuda.json" 2>&1 | tee "$OUT/test_cuda.log" | grep -vE "^\[ (RUN|       OK) " | tail -40
 if [ -n "$BASE_BENCH" ]; then

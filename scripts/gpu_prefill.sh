@@ -19,27 +19,7 @@ phase() { echo "== $1 ($(( $(date +%s) - T0 )) s)"; }
 source scripts/gpu_env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/env.txt"
 phase build
-BUILD=build-gpu
-ok=1
-cmake -S . -B $BUILD -G Ninja -DFP8KV_CUDA=ON -DFP8KV_WERROR=OFF -DCMAKE_BUILD_TYPE=Release >"$OUT/build.log" 2>&1 &&
-  cmake --build $BUILD --target test_cuda bench_attention -j16 >>"$OUT/build.log" 2>&1 || ok=0
-TEST=$BUILD/tests/test_cuda
-BENCH=$BUILD/bench/bench_attention
-if [ $ok = 0 ]; then
-  # Another module does not build: nvcc directly, as gpu_cuda.sh does.
-  echo "CMake build failed; direct nvcc fallback"; grep -E "error" "$OUT/build.log" | head -20
-  P=${FP8KV_PREFIX:-/tmp/fp8kv-prefix}
-  F="-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Isrc -I$P/usr/include -Xcompiler=-fopenmp"
-  mkdir -p $BUILD/direct
-  nvcc $F src/backend/cuda/*.cu src/backend/cpu/kv_ops.cpp src/numerics/fp8.cpp tests/cuda/*.cpp \
-    -L$P/usr/lib/x86_64-linux-gnu -lgtest -lgtest_main -lgomp -o $BUILD/direct/test_cuda >>"$OUT/build.log" 2>&1 &
-  nvcc $F src/backend/cuda/*.cu src/numerics/fp8.cpp bench/cuda/bench_attention.cu \
-    -o $BUILD/direct/bench_attention >>"$OUT/build.log" 2>&1 &
-  wait
-  TEST=$BUILD/direct/test_cuda
-  BENCH=$BUILD/direct/bench_attention
-fi
-ls -la $TEST $BENCH || { tail -40 "$OUT/build.log"; exit 1; }
+source scripts/gpu_kernel_build.sh
 declare -A RES
 runtest() {  # name filter timeout_s
   phase "test $1"
