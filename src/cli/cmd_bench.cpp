@@ -43,7 +43,7 @@ struct BenchArgs {
 };
 
 // "A;B;C" -> {"A", "B", "C"} (empty entries dropped).
-std::vector<std::string> split_route_sets(const std::string& specs) {
+[[maybe_unused]] std::vector<std::string> split_route_sets(const std::string& specs) {  // used in CUDA builds only
   std::vector<std::string> out;
   size_t i = 0;
   while (i <= specs.size()) {
