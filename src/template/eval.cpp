@@ -72,6 +72,20 @@ class Evaluator {
                         col);
   }
   [[noreturn]] void fail(const Expr& e, const std::string& msg) const { fail(e.line, e.col, msg); }
+  // A run of decimal digits from a format string (a width, a precision or a
+  // positional index) as a number no larger than kFormatNumberLimit; larger is
+  // a render error, not std::stoul's out_of_range or a giant allocation.
+  static constexpr size_t kFormatNumberLimit = 100000;
+  size_t format_number(const Expr& e, const std::string& digits, const char* what) const {
+    size_t v = 0;
+    for (char c : digits) {
+      v = v * 10 + static_cast<size_t>(c - '0');
+      if (v > kFormatNumberLimit)
+        fail(e, fmt::format("format {} {}{} is too large (limit {})", what, digits.substr(0, 12),
+                            digits.size() > 12 ? "..." : "", kFormatNumberLimit));
+    }
+    return v;
+  }
   [[noreturn]] void fail_undefined(const Expr& e, const Value& u) const {
     fail(e, u.s && !u.s->empty() ? *u.s : "value is undefined");
   }
@@ -518,15 +532,22 @@ class Evaluator {
       size_t q = 0;
       while (q < spec.size() && std::string_view("-+ #0").find(spec[q]) != std::string_view::npos) flags += spec[q++];
       while (q < spec.size() && std::isdigit(static_cast<unsigned char>(spec[q]))) width += spec[q++];
-      if (q < spec.size() && spec[q] == '.') prec = spec.substr(q + 1);
-      std::string cfmt = "%" + flags + width + (prec.empty() && spec.find('.') == std::string::npos ? "" : "." + prec);
-      char buf[512];
+      const bool has_dot = q < spec.size() && spec[q] == '.';
+      if (has_dot)
+        for (++q; q < spec.size() && std::isdigit(static_cast<unsigned char>(spec[q]));) prec += spec[q++];
+      if (q != spec.size()) fail(e, fmt::format("unsupported format character '{}'", spec[q]));
+      // Bounded, and the buffer of the snprintf cases below sized from them
+      // (a double's %f needs at most 309 integer digits, a sign and a point).
+      const size_t width_n = width.empty() ? 0 : format_number(e, width, "width");
+      const size_t prec_n = prec.empty() ? 0 : format_number(e, prec, "precision");
+      std::string cfmt = "%" + flags + width + (has_dot ? "." + prec : "");
+      std::vector<char> buf(width_n + prec_n + 400);
       switch (type) {
         case 's':
         case 'r': {
           std::string s = type == 's' ? arg->to_str() : arg->repr();
-          if (!prec.empty()) s = s.substr(0, static_cast<size_t>(std::stoul(prec)));
-          size_t w = width.empty() ? 0 : std::stoul(width);
+          if (has_dot) s = s.substr(0, prec_n);
+          size_t w = width_n;
           size_t len = utf8_length(s);
           if (len < w) {
             if (flags.find('-') != std::string::npos) s += std::string(w - len, ' ');
@@ -542,8 +563,8 @@ class Evaluator {
         case 'o': {
           if (!arg->is_number()) fail(e, fmt::format("%{} format: a number is required, not {}", type, arg->type_name()));
           auto v = static_cast<long long>(arg->kind == Value::Kind::Float ? std::trunc(arg->f) : as_int(*arg));
-          std::snprintf(buf, sizeof buf, (cfmt + "ll" + (type == 'i' ? 'd' : type)).c_str(), v);
-          out += buf;
+          std::snprintf(buf.data(), buf.size(), (cfmt + "ll" + (type == 'i' ? 'd' : type)).c_str(), v);
+          out += buf.data();
           break;
         }
         case 'f':
@@ -553,8 +574,8 @@ class Evaluator {
         case 'g':
         case 'G': {
           if (!arg->is_number()) fail(e, fmt::format("must be real number, not {}", arg->type_name()));
-          std::snprintf(buf, sizeof buf, (cfmt + type).c_str(), as_double(*arg));
-          out += buf;
+          std::snprintf(buf.data(), buf.size(), (cfmt + type).c_str(), as_double(*arg));
+          out += buf.data();
           break;
         }
         default: fail(e, fmt::format("unsupported format character '{}'", type));
@@ -745,7 +766,7 @@ class Evaluator {
         if (auto_idx >= args.pos.size()) fail(e, "Replacement index out of range for positional args tuple");
         v = &args.pos[auto_idx++];
       } else if (std::all_of(field.begin(), field.end(), [](char x) { return std::isdigit(static_cast<unsigned char>(x)); })) {
-        size_t i = std::stoul(field);
+        size_t i = format_number(e, field, "index");
         if (i >= args.pos.size()) fail(e, "Replacement index out of range for positional args tuple");
         v = &args.pos[i];
       } else {

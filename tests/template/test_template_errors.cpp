@@ -109,6 +109,34 @@ TEST(TemplateErrors, DeepNestingFailsCleanly) {
   EXPECT_EQ(ChatTemplate::load(ok + " }}").render(nlohmann::ordered_json::array(), false), "1");
 }
 
+// fuzz_template found (2026-12-01) that a positional index with more digits
+// than an unsigned long ('{1555...5}'.format(...)) escaped as std::out_of_range
+// from std::stoul; a huge %-format width or precision did the same or asked
+// for a giant string. Each is now a render error naming the number.
+TEST(TemplateErrors, HugeFormatNumbersAreRenderErrors) {
+  const auto render = [](const std::string& src) {
+    return ChatTemplate::load(src, "f.jinja").render(nlohmann::ordered_json::array(), false);
+  };
+  const std::string huge(60, '5');
+  for (const std::string& src : {"{{ '{" + huge + "}'.format('a') }}", "{{ '%" + huge + "s' % 'a' }}",
+                                 "{{ '%." + huge + "f' % 1.5 }}", std::string("{{ '%100001d' % 1 }}")}) {
+    try {
+      render(src);
+      ADD_FAILURE() << "rendered: " << src;
+    } catch (const TemplateError& e) {
+      EXPECT_EQ(e.kind, TemplateError::Kind::Render) << src;
+      EXPECT_NE(std::string(e.what()).find("is too large (limit 100000)"), std::string::npos) << e.what();
+    }
+  }
+  // Within the limit, as Python formats them.
+  EXPECT_EQ(render("{{ '{1}{0}'.format('a', 'b') }}"), "ba");
+  EXPECT_EQ(render("{{ '%5s|%-3s|%.2s|%.s|' % ('ab', 'c', 'xyz', 'q') }}"), "   ab|c  |xy||");
+  EXPECT_EQ(render("{{ '%08.3f' % 3.14159 }}"), "0003.142");
+  EXPECT_EQ(render("{{ '%1000d' % 7 }}").size(), 1000u);
+  // A second '.' is not a format character, as in Python.
+  EXPECT_THROW(render("{{ '%5.3.2s' % 'a' }}"), TemplateError);
+}
+
 TEST(TemplateErrors, ErrorsAreInputErrors) {
   // The CLI maps InputError to exit 2, the server to a 400.
   EXPECT_THROW(ChatTemplate::load("{% while %}"), InputError);
