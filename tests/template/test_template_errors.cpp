@@ -137,6 +137,26 @@ TEST(TemplateErrors, HugeFormatNumbersAreRenderErrors) {
   EXPECT_THROW(render("{{ '%5.3.2s' % 'a' }}"), TemplateError);
 }
 
+// fuzz_template found (2026-12-01) nested loops over range(889) that ran for
+// minutes; all loops of one render now share a budget of 2^18 iterations.
+TEST(TemplateErrors, NestedLoopsHaveOneIterationBudget) {
+  const auto render = [](const std::string& src) {
+    return ChatTemplate::load(src, "loops.jinja").render(nlohmann::ordered_json::array(), false);
+  };
+  try {
+    render("{% for a in range(1000) %}{% for b in range(1000) %}{% for c in range(1000) %}{% endfor %}"
+           "{% endfor %}{% endfor %}");  // 10^9 iterations
+    ADD_FAILURE() << "rendered";
+  } catch (const TemplateError& e) {
+    EXPECT_EQ(e.kind, TemplateError::Kind::Render);
+    EXPECT_STREQ(e.what(), "loops.jinja:1:56: for loops ran more than 262144 iterations in all");
+  }
+  // Within the budget, nested loops run as in Jinja.
+  EXPECT_EQ(render("{% set n = namespace(c=0) %}{% for a in range(300) %}{% for b in range(300) %}"
+                   "{% set n.c = n.c + 1 %}{% endfor %}{% endfor %}{{ n.c }}"),
+            "90000");
+}
+
 TEST(TemplateErrors, ErrorsAreInputErrors) {
   // The CLI maps InputError to exit 2, the server to a 400.
   EXPECT_THROW(ChatTemplate::load("{% while %}"), InputError);
