@@ -87,7 +87,12 @@ int run_calibrate(const CalibrateArgs& a) {
   const bool limited = a.max_corpus_tokens > 0;
   if (!a.corpus.empty()) {
     auto tok = Tokenizer::load(a.engine.tokenizer_path(a.model));
-    for (const auto& f : a.corpus) append_chunks(tok->encode(read_text_option_file(f, "--corpus")), context, budget, limited, chunks);
+    for (const auto& f : a.corpus) {
+      const std::string text = read_text_option_file(f, "--corpus");
+      // An empty corpus file would "calibrate" on the BOS token alone.
+      if (text.empty()) throw InputError(fmt::format("--corpus {}: empty file (expected text to calibrate on)", f));
+      append_chunks(tok->encode(text), context, budget, limited, chunks);
+    }
   }
   for (const auto& f : a.corpus_ids) {
     for (const auto& seq : read_token_ids(f, engine->config().vocab_size))

@@ -116,7 +116,8 @@ Registrar reg([](CLI::App& app) {
   sub->add_option("--context", a->context, "Tokens per scored chunk of --text-file (default min(max_model_len, 4096))")
       ->check(at_least(2));  // omitted = default; 0 is refused (docs/design.md "One rule per flag")
   sub->add_option("--output", a->output, "Output JSON file")->required();
-  sub->add_option("--chunk-size", a->chunk_size, "Prefill chunk in tokens (default: --max-num-batched-tokens)")->check(at_least(0));
+  sub->add_option("--chunk-size", a->chunk_size, "Prefill chunk in tokens (default: --max-num-batched-tokens)")
+      ->check(at_least(1));  // omitted = default; 0 is refused (docs/design.md "One rule per flag")
   a->engine.add(sub);
   set_action(sub, [a] { return run(*a); });
 });

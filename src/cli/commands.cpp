@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <map>
@@ -20,6 +21,7 @@ CLI::Validator at_least(double min) {
       [min](std::string& s) -> std::string {
         double v = 0.0;
         if (!CLI::detail::lexical_cast(s, v)) return {};  // not a number: the conversion names it
+        if (!std::isfinite(v)) return fmt::format("must be a finite number >= {} (got {})", min, s);
         if (v < min) return fmt::format("must be >= {} (got {})", min, s);
         return {};
       },
@@ -31,6 +33,7 @@ CLI::Validator greater_than(double min) {
       [min](std::string& s) -> std::string {
         double v = 0.0;
         if (!CLI::detail::lexical_cast(s, v)) return {};  // not a number: the conversion names it
+        if (!std::isfinite(v)) return fmt::format("must be a finite number > {} (got {})", min, s);
         if (!(v > min)) return fmt::format("must be > {} (got {})", min, s);
         return {};
       },
