@@ -32,7 +32,6 @@ std::string read_option_file(const std::string& path, std::string_view option) {
   }
 }
 
-namespace {
 void check_writable_dir(const fs::path& dir, const std::string& path, std::string_view option) {
   std::error_code ec;
   const auto st = fs::status(dir, ec);
@@ -51,6 +50,8 @@ void check_writable_dir(const fs::path& dir, const std::string& path, std::strin
   ::close(fd);
   ::unlink(probe.c_str());
 }
+
+namespace {
 fs::path parent_of(const std::string& path) {
   fs::path p(path);
   while (!p.empty() && p.filename().empty()) p = p.parent_path();  // "a/b/" -> "a/b"
