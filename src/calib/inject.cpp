@@ -21,6 +21,7 @@
 #include "io/errors.h"
 #include "io/fs_util.h"
 #include "io/safetensors.h"
+#include "io/user_files.h"
 #include "model/config.h"
 #include "numerics/version.h"
 
@@ -329,9 +330,7 @@ InjectResult inject_to_output(const InjectOptions& o, Plan& p) {
   while (!existing.empty() && !fs::exists(existing, ec)) existing = existing.parent_path();
   if (!existing.empty() && !fs::is_directory(existing, ec))
     throw InputError(fmt::format("--output {}: {} is not a directory", o.output_dir->string(), existing.string()));
-  if (!existing.empty() && ::access(existing.c_str(), W_OK | X_OK) != 0)
-    throw InputError(fmt::format("--output {}: cannot write in {}: {}", o.output_dir->string(), existing.string(),
-                                 std::strerror(errno)));
+  if (!existing.empty()) check_writable_dir(existing, o.output_dir->string(), "--output");
   fs::create_directories(parent, ec);
   if (ec)
     throw InputError(fmt::format("--output {}: cannot create {}: {}", o.output_dir->string(), parent.string(),

@@ -190,7 +190,8 @@ Registrar reg([](CLI::App& app) {
       ->check(at_least(1));
   s->add_option("--random-output-len", a.s.output_len, "max_tokens per request (default 128)")
       ->check(at_least(1));
-  s->add_option("--seed", a.s.seed, "Seed of the random prompts and arrivals");
+  s->add_option("--seed", a.s.seed, "Seed of the random prompts and arrivals (default 0; -1: random, logged)")
+      ->transform(seed_rule());
   s->add_flag("--ignore-eos", a.s.ignore_eos, "Send ignore_eos: generate --random-output-len tokens each");
   s->add_option("--num-warmups", a.s.num_warmups, "Untimed requests before the run (after the test request)")
       ->check(at_least(0));

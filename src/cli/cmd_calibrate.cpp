@@ -73,7 +73,6 @@ int run_calibrate(const CalibrateArgs& a) {
   o.target = parse_kv_dtype(a.target);
   if (!kv_dtype_is_fp8(o.target)) throw UsageError("--target: expected fp8_e4m3 or fp8_e5m2");
   o.per_head = a.per_head;
-  if (a.context < 0) throw UsageError("--context: expected a positive number of tokens");
   if (a.max_corpus_tokens < 0) throw UsageError("--max-corpus-tokens: expected a positive number");
 
   EngineOptions eo = a.engine.options();
@@ -88,7 +87,12 @@ int run_calibrate(const CalibrateArgs& a) {
   const bool limited = a.max_corpus_tokens > 0;
   if (!a.corpus.empty()) {
     auto tok = Tokenizer::load(a.engine.tokenizer_path(a.model));
-    for (const auto& f : a.corpus) append_chunks(tok->encode(read_text_option_file(f, "--corpus")), context, budget, limited, chunks);
+    for (const auto& f : a.corpus) {
+      const std::string text = read_text_option_file(f, "--corpus");
+      // An empty corpus file would "calibrate" on the BOS token alone.
+      if (text.empty()) throw InputError(fmt::format("--corpus {}: empty file (expected text to calibrate on)", f));
+      append_chunks(tok->encode(text), context, budget, limited, chunks);
+    }
   }
   for (const auto& f : a.corpus_ids) {
     for (const auto& seq : read_token_ids(f, engine->config().vocab_size))
@@ -134,7 +138,8 @@ const Registrar reg([](CLI::App& app) {
   sub->add_option("--corpus-ids-file", args->corpus_ids, "JSON token ids (array, or array of arrays; repeatable)");
   sub->add_option("--output", args->output, "REPORT.json to write")->required();
   sub->add_option("--rule", args->rule, "safety:M (default safety:1.3) | amax | modelopt");
-  sub->add_option("--context", args->context, "tokens per chunk (default min(max_model_len, 4096))");
+  sub->add_option("--context", args->context, "tokens per chunk (default min(max_model_len, 4096))")
+      ->check(at_least(2));  // omitted = default; 0 is refused (docs/design.md "One rule per flag")
   sub->add_option("--max-corpus-tokens", args->max_corpus_tokens, "stop after this many tokens (default: all)");
   sub->add_flag("--per-head", args->per_head, "per-head amax and scales (k/v per KV head, q per query head)");
   sub->add_option("--target", args->target, "fp8_e4m3 (default) | fp8_e5m2");

@@ -238,8 +238,8 @@ int run_capacity(const CapacityArgs& a) {
   if (a.kv_memory.empty() == a.gpu_memory.empty())
     throw UsageError("give exactly one of --kv-memory SIZE (the KV budget itself) or --gpu-memory SIZE");
   // Same words as the engine flags (cli/engine_flags.h): a flag means the same in every command.
-  if (!a.kv_memory.empty() && parse_size(a.kv_memory) == 0) throw UsageError("--kv-memory must be > 0");
-  if (!a.gpu_memory.empty() && parse_size(a.gpu_memory) == 0) throw UsageError("--gpu-memory must be > 0");
+  if (!a.kv_memory.empty()) parse_size_flag("--kv-memory", a.kv_memory);
+  if (!a.gpu_memory.empty()) parse_size_flag("--gpu-memory", a.gpu_memory);
   if (!(a.gpu_memory_utilization > 0.0 && a.gpu_memory_utilization <= 1.0))
     throw UsageError(fmt::format("--gpu-memory-utilization must be in (0, 1] (got {})", a.gpu_memory_utilization));
   const fs::path model(a.model);
@@ -313,7 +313,8 @@ const Registrar reg([](CLI::App& app) {
   gpu->excludes(kvm);
   sub->add_option("--gpu-memory-utilization", args->gpu_memory_utilization,
                   "fraction of --gpu-memory the engine may use (default 0.9)");
-  sub->add_option("--max-model-len", args->max_model_len, "default: the model's max_position_embeddings");
+  sub->add_option("--max-model-len", args->max_model_len, "default: the model's max_position_embeddings")
+      ->check(at_least(1));  // as the engine flags: omitted = default, 0 refused
   sub->add_option("--max-num-seqs", args->max_num_seqs, fmt::format("default {} (as the engine)", args->max_num_seqs));
   sub->add_option("--max-num-batched-tokens", args->max_num_batched_tokens,
                   fmt::format("default {} (as the engine)", args->max_num_batched_tokens));

@@ -111,7 +111,6 @@ int run_compare_cmd(const CompareArgs& a) {
   in.stats.seed = a.seed;
   if (a.bootstrap < 100) throw UsageError("--bootstrap: at least 100 resamples");
   in.stats.bootstrap_resamples = a.bootstrap;
-  if (a.context < 0) throw UsageError("--context: expected a positive number of tokens");
   in.context = a.context;
   const ModelConfig cfg = load_model_config(a.model);
   auto tok = try_tokenizer(a.eng.tokenizer_path(a.model), !a.text_files.empty());
@@ -168,7 +167,6 @@ int run_kvstats_cmd(const KvStatsArgs& a) {
   if (!a.output.empty()) check_output_file(a.output, "--output");
   const KvDtype target = parse_kv_dtype(a.target);
   if (!kv_dtype_is_fp8(target)) throw UsageError("--target: expected fp8_e4m3 or fp8_e5m2");
-  if (a.context < 0) throw UsageError("--context: expected a positive number of tokens");
   EngineOptions eo = a.eng.options();
   eo.kv_cache_dtype = a.kv_cache_dtype;
   auto engine = Engine::load(a.model, eo);
@@ -282,11 +280,13 @@ const Registrar reg([](CLI::App& app) {
   c->add_option("--text-file", ca.text_files, "document (repeatable)");
   c->add_option("--token-ids-file", ca.ids_files, "JSON array of ids or of arrays (repeatable)");
   c->add_option("--arms", ca.arms, "bf16, fp8, fp8:unity, fp8:scales=DIR, fp8_e5m2 (first = reference)");
-  c->add_option("--context", ca.context, "tokens per scored chunk (default min(max_model_len, 4096))");
+  c->add_option("--context", ca.context, "tokens per scored chunk (default min(max_model_len, 4096))")
+      ->check(at_least(2));
   c->add_option("--buckets", ca.buckets, "position bucket edges (last bucket open-ended)");
   c->add_flag("--control", ca.control, "add a control pass: the reference with a short prefix (noise floor)");
   c->add_option("--control-prefix", ca.control_prefix, "text of the control prefix");
-  c->add_option("--seed", ca.seed, "seed of the bootstrap / Monte Carlo draws");
+  c->add_option("--seed", ca.seed, "seed of the bootstrap / Monte Carlo draws (default 0; -1: random, logged)")
+      ->transform(seed_rule());
   c->add_option("--bootstrap", ca.bootstrap, "bootstrap resamples");
   c->add_option("--output", ca.output, "REPORT.json (else the report goes to stdout)");
   c->add_option("--html", ca.html, "REPORT.html");
@@ -300,7 +300,7 @@ const Registrar reg([](CLI::App& app) {
   k->add_option("--token-ids-file", ka.ids_files, "JSON array of ids or of arrays (repeatable)");
   k->add_option("--scales", ka.scales, "unity | checkpoint | VALUE (every stream)");
   k->add_option("--target", ka.target, "fp8_e4m3 | fp8_e5m2");
-  k->add_option("--context", ka.context, "tokens per chunk (default min(max_model_len, 4096))");
+  k->add_option("--context", ka.context, "tokens per chunk (default min(max_model_len, 4096))")->check(at_least(2));
   k->add_option("--kv-cache-dtype", ka.kv_cache_dtype, "cache the run itself uses (default bf16)");
   k->add_option("--output", ka.output, "STATS.json (else the stats go to stdout)");
   ka.eng.add(k, EngineFlags::Shape{false, 1});
@@ -314,7 +314,7 @@ const Registrar reg([](CLI::App& app) {
   n->add_option("--depths", na.depths, "needle depths in percent");
   n->add_option("--trials", na.trials, "trials per cell");
   n->add_option("--arms", na.arms, "arms (as compare)");
-  n->add_option("--seed", na.seed, "seed of the passkeys");
+  n->add_option("--seed", na.seed, "seed of the passkeys (default 0; -1: random, logged)")->transform(seed_rule());
   n->add_option("--output", na.output, "NIAH.json");
   na.eng.add(n, EngineFlags::Shape{false, 1});
   set_action(n, [] { return run_niah_cmd(na); });

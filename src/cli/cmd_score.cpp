@@ -62,7 +62,6 @@ std::vector<std::vector<int>> read_ids_file(const std::string& path) {
 int run(const ScoreArgs& a) {
   if (a.ids_file.empty() == a.text_file.empty()) throw UsageError("give exactly one of --token-ids-file and --text-file");
   if (!a.ids_file.empty() && a.context != 0) throw UsageError("--context applies to --text-file only");
-  if (a.context < 0) throw UsageError("--context must be >= 2");
   check_output_file(a.output, "--output");
   auto engine = Engine::load(a.model, a.engine.options());
   const int max_len = engine->max_model_len();
@@ -72,7 +71,7 @@ int run(const ScoreArgs& a) {
     seqs = read_ids_file(a.ids_file);
   } else {
     const int n = a.context > 0 ? a.context : std::min(max_len, 4096);
-    if (n < 2) throw UsageError("--context must be >= 2");
+    if (n < 2) throw InputError(fmt::format("max_model_len {} leaves chunks of under 2 tokens: nothing to score", max_len));
     if (n > max_len) throw InputError(fmt::format("--context {} exceeds max_model_len {}", n, max_len));
     auto tok = Tokenizer::load(a.engine.tokenizer_path(a.model));
     const std::vector<int> ids = tok->encode(read_text_option_file(a.text_file, "--text-file"), true);
@@ -114,9 +113,11 @@ Registrar reg([](CLI::App& app) {
   sub->add_option("MODEL_DIR", a->model, "Checkpoint directory")->required();
   sub->add_option("--token-ids-file", a->ids_file, "JSON array of token ids, or an array of such arrays");
   sub->add_option("--text-file", a->text_file, "Text to tokenize and score in chunks of --context tokens");
-  sub->add_option("--context", a->context, "Tokens per scored chunk of --text-file (default min(max_model_len, 4096))");
+  sub->add_option("--context", a->context, "Tokens per scored chunk of --text-file (default min(max_model_len, 4096))")
+      ->check(at_least(2));  // omitted = default; 0 is refused (docs/design.md "One rule per flag")
   sub->add_option("--output", a->output, "Output JSON file")->required();
-  sub->add_option("--chunk-size", a->chunk_size, "Prefill chunk in tokens (default: --max-num-batched-tokens)")->check(at_least(0));
+  sub->add_option("--chunk-size", a->chunk_size, "Prefill chunk in tokens (default: --max-num-batched-tokens)")
+      ->check(at_least(1));  // omitted = default; 0 is refused (docs/design.md "One rule per flag")
   a->engine.add(sub);
   set_action(sub, [a] { return run(*a); });
 });

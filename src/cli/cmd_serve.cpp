@@ -99,6 +99,8 @@ int run(ServeArgs& a) {
 
   if (a.server.port < 0 || a.server.port > 65535) throw UsageError("--port must be in [0, 65535]");
   if (a.server.max_waiting < 0) throw UsageError("--max-waiting must be >= 0");
+  // An empty --host bound every interface (and logged "http://:PORT"): say so instead.
+  if (a.server.host.empty()) throw UsageError("--host must not be empty (0.0.0.0 listens on every interface)");
   if (!(a.server.shutdown_grace_s >= 0)) throw UsageError("--shutdown-grace must be >= 0");
 #ifndef FP8KV_SERVE_CHAT
   if (!a.chat_template.empty())

@@ -72,6 +72,12 @@ Registrar reg_detokenize([](CLI::App& app) {
   set_action(sub, [=]() {
     auto list = parse_ids(*ids);
     auto tok = Tokenizer::load(*path);
+    // `tokenizers` skips an unknown id silently; an id the vocabulary lacks is
+    // a mistake in the input, so it is refused (exit 2), naming the id.
+    for (int id : list)
+      if (!tok->id_to_token(id))
+        throw UsageError(fmt::format("--ids: id {} is not in the vocabulary of {} (size {})", id, *path,
+                                     tok->vocab_size()));
     nlohmann::ordered_json out;
     out["text"] = tok->decode(list, *skip_special);
     print_json(out);

@@ -1,13 +1,18 @@
 #include "cli/commands.h"
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <new>
+#include <random>
 
 #include <fmt/format.h>
 
 #include "io/errors.h"
+#include "kv/planner.h"  // parse_size
 
 namespace fp8kv::cli {
 
@@ -16,6 +21,7 @@ CLI::Validator at_least(double min) {
       [min](std::string& s) -> std::string {
         double v = 0.0;
         if (!CLI::detail::lexical_cast(s, v)) return {};  // not a number: the conversion names it
+        if (!std::isfinite(v)) return fmt::format("must be a finite number >= {} (got {})", min, s);
         if (v < min) return fmt::format("must be >= {} (got {})", min, s);
         return {};
       },
@@ -27,6 +33,7 @@ CLI::Validator greater_than(double min) {
       [min](std::string& s) -> std::string {
         double v = 0.0;
         if (!CLI::detail::lexical_cast(s, v)) return {};  // not a number: the conversion names it
+        if (!std::isfinite(v)) return fmt::format("must be a finite number > {} (got {})", min, s);
         if (!(v > min)) return fmt::format("must be > {} (got {})", min, s);
         return {};
       },
@@ -45,6 +52,36 @@ CLI::Validator in_range(double lo, double hi, bool open_lo, bool open_hi) {
         return {};
       },
       range);
+}
+
+CLI::Validator seed_rule() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        if (s == "-1") {
+          std::random_device rd;
+          const uint64_t seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+          std::fprintf(stderr, "--seed -1: drew random seed %llu\n", static_cast<unsigned long long>(seed));
+          s = std::to_string(seed);
+          return {};
+        }
+        uint64_t v = 0;
+        const auto [ptr, err] = std::from_chars(s.data(), s.data() + s.size(), v);
+        if (s.empty() || err != std::errc() || ptr != s.data() + s.size())
+          return fmt::format("must be -1 (random) or an integer in [0, 18446744073709551615] (got {})", s);
+        return {};
+      },
+      "-1|UINT64");
+}
+
+uint64_t parse_size_flag(const std::string& flag, const std::string& value) {
+  uint64_t v = 0;
+  try {
+    v = parse_size(value);
+  } catch (const std::exception& e) {
+    throw UsageError(fmt::format("{}: {}", flag, e.what()));
+  }
+  if (v == 0) throw UsageError(fmt::format("{} must be > 0", flag));
+  return v;
 }
 
 std::vector<RegisterFn>& registry() {

@@ -2,6 +2,7 @@
 // its subcommand to the CLI::App and sets a callback returning the exit code.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -44,6 +45,19 @@ CLI::Validator greater_than(double min);
 // end closed unless open_* says so). The project's own wording for every
 // numeric option (issue 15): never CLI::Range's "Value 2 not in range ...".
 CLI::Validator in_range(double lo, double hi, bool open_lo = false, bool open_hi = false);
+
+// Every `--seed` (generate, eval compare|niah, bench): an integer in [0,
+// 2^64 - 1], or -1 for a random seed (vLLM's SamplingParams rule), which is
+// drawn here, logged on stderr ("--seed -1: drew random seed N") so the run
+// can be repeated, and stored in place of -1. Anything else (other negatives,
+// 2^64, 1.5, abc) is refused: "--seed: must be -1 (random) or an integer in
+// [0, 18446744073709551615] (got -2)". Use with ->transform(), not ->check()
+// (it rewrites -1). docs/design.md "Command line", "One rule per flag".
+CLI::Validator seed_rule();
+
+// A size flag (--kv-memory, --gpu-memory): parse_size's errors name the flag,
+// and 0 is refused ("--kv-memory must be > 0"). UsageError -> exit 2.
+uint64_t parse_size_flag(const std::string& flag, const std::string& value);
 
 // The shared "bench" parent (latency, throughput, serve): created by whichever
 // registrar runs first, found by the others.

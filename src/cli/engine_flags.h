@@ -59,7 +59,10 @@ struct EngineFlags {
     if (shape.kv_cache_dtype)
       sub->add_option("--kv-cache-dtype", kv_cache_dtype,
                       "KV cache dtype: auto, bf16, fp8 (= fp8_e4m3), fp8_e4m3, fp8_e5m2 (default auto)");
-    sub->add_option("--max-model-len", max_model_len, "Max tokens per sequence (default: the model's)");
+    // Omitted = the default; a given value must be valid (0 is not "default"):
+    // docs/design.md "One rule per flag".
+    sub->add_option("--max-model-len", max_model_len, "Max tokens per sequence (default: the model's)")
+        ->check(at_least(1));
     sub->add_option("--block-size", block_size, "Tokens per KV block (default 16)");
     sub->add_option("--kv-memory", kv_memory,
                     "KV cache budget: 512MiB, 80GB, bytes (default CPU: max-num-seqs full-length requests, capped at "
@@ -99,6 +102,7 @@ struct EngineFlags {
     auto at_least_1 = [](const char* flag, long v) {
       if (v < 1) throw UsageError(fmt::format("{} must be >= 1 (got {})", flag, v));
     };
+    // 0 is the internal "not given" (the option's validator refuses an explicit 0).
     if (max_model_len < 0) throw UsageError(fmt::format("--max-model-len must be >= 1 (got {}; omit it for the model's)", max_model_len));
     at_least_1("--block-size", block_size);
     at_least_1("--max-num-seqs", max_num_seqs);
@@ -118,8 +122,7 @@ struct EngineFlags {
     o.max_model_len = max_model_len;
     o.block_size = block_size;
     if (!kv_memory.empty()) {
-      o.kv_memory_bytes = parse_size(kv_memory);
-      if (o.kv_memory_bytes == 0) throw UsageError("--kv-memory must be > 0");
+      o.kv_memory_bytes = parse_size_flag("--kv-memory", kv_memory);
     }
     if (gpu_memory_utilization != 0.0) {
       if (!(gpu_memory_utilization > 0.0 && gpu_memory_utilization <= 1.0))

@@ -54,7 +54,18 @@ std::string to_hex(const unsigned char* d, unsigned n) {
 
 std::string read_file(const std::filesystem::path& p) {
   std::error_code ec;
-  if (std::filesystem::is_directory(p, ec)) throw InputError(fmt::format("{}: is a directory, expected a file", p.string()));
+  const auto st = std::filesystem::status(p, ec);
+  if (std::filesystem::is_directory(st)) throw InputError(fmt::format("{}: is a directory, expected a file", p.string()));
+  // A FIFO with no writer blocks open() forever, and /dev/zero never ends:
+  // only a regular file (or a symlink to one) is read (docs/design.md
+  // "Command line").
+  if (!ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
+    throw InputError(fmt::format("{}: is not a regular file ({}), expected a file", p.string(),
+                                 std::filesystem::is_fifo(st)       ? "a FIFO"
+                                 : std::filesystem::is_socket(st)   ? "a socket"
+                                 : std::filesystem::is_character_file(st) ? "a character device"
+                                 : std::filesystem::is_block_file(st)     ? "a block device"
+                                                                          : "not a plain file"));
   std::ifstream in(p, std::ios::binary);
   if (!in) throw InputError(fmt::format("{}: cannot open: {}", p.string(), errno_text()));
   std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -243,7 +243,9 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::filesystem::pa
   std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
   f->path_ = path;
   const std::string src = path.string();
-  f->fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO named model.safetensors would block open() until a
+  // writer came; non-blocking, it opens at once and fstat refuses it.
+  f->fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (f->fd_ < 0) fail(src, fmt::format("cannot open: {}", std::strerror(errno)));
   struct stat st {};
   if (::fstat(f->fd_, &st) != 0) fail(src, fmt::format("cannot stat: {}", std::strerror(errno)));

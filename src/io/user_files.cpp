@@ -1,5 +1,6 @@
 #include "io/user_files.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -31,7 +32,6 @@ std::string read_option_file(const std::string& path, std::string_view option) {
   }
 }
 
-namespace {
 void check_writable_dir(const fs::path& dir, const std::string& path, std::string_view option) {
   std::error_code ec;
   const auto st = fs::status(dir, ec);
@@ -40,7 +40,18 @@ void check_writable_dir(const fs::path& dir, const std::string& path, std::strin
   if (!fs::is_directory(st)) throw InputError(fmt::format("{} {}: {} is not a directory", option, path, dir.string()));
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
     throw InputError(fmt::format("{} {}: cannot write in {}: {}", option, path, dir.string(), std::strerror(errno)));
+  // access() says yes to root everywhere and knows nothing of /proc, /sys or
+  // a full inode table: create (and remove) an empty probe file, the way the
+  // output will be written (atomic_write_file's temp file in this directory).
+  const fs::path probe = dir / fmt::format(".fp8kv-probe.{}", static_cast<long>(::getpid()));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0)
+    throw InputError(fmt::format("{} {}: cannot write in {}: {}", option, path, dir.string(), std::strerror(errno)));
+  ::close(fd);
+  ::unlink(probe.c_str());
 }
+
+namespace {
 fs::path parent_of(const std::string& path) {
   fs::path p(path);
   while (!p.empty() && p.filename().empty()) p = p.parent_path();  // "a/b/" -> "a/b"
@@ -53,6 +64,11 @@ void check_output_file(const std::string& path, std::string_view option) {
   std::error_code ec;
   const auto st = fs::status(path, ec);
   if (!ec && fs::is_directory(st)) throw InputError(fmt::format("{} {}: is a directory, expected a file path", option, path));
+  // The output replaces the file by rename: a device (/dev/null), a FIFO or a
+  // socket would be replaced by a regular file, so only a regular file (or a
+  // new path) is accepted. A symlink is followed: its target must be regular.
+  if (!ec && fs::exists(st) && !fs::is_regular_file(st))
+    throw InputError(fmt::format("{} {}: is not a regular file (a device, FIFO or socket); give a file path", option, path));
   check_writable_dir(parent_of(path), path, option);
   // The file itself is replaced by rename (atomic_write_file), so only the
   // directory needs write permission.

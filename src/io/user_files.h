@@ -4,6 +4,7 @@
 // "Exit codes and errors"): InputError, exit 2.
 #pragma once
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -17,12 +18,18 @@ std::string read_option_file(const std::string& path, std::string_view option);
 
 // Refuses, before anything is computed, an output path that cannot be
 // written: empty, an existing directory, a parent that is missing, not a
-// directory or not writable, an existing file that is not writable.
-// Writes nothing.
+// directory or not writable (probed by creating and removing an empty file),
+// an existing path that is not a regular file (/dev/null, a FIFO). Leaves
+// nothing behind.
 void check_output_file(const std::string& path, std::string_view option);
 
+// `dir` (where `option`'s `path` will be written) must exist, be a directory
+// and be writable, probed by creating and removing an empty file: access()
+// says yes to root everywhere, also in /proc. "--output p: cannot write in d: ...".
+void check_writable_dir(const std::filesystem::path& dir, const std::string& path, std::string_view option);
+
 // Refuses an output *directory* that could not be created: its parent must
-// exist, be a directory and be writable. Writes nothing.
+// exist, be a directory and be writable (probed as above). Leaves nothing behind.
 void check_output_dir_parent(const std::string& path, std::string_view option);
 
 // "1,2,3" (spaces around items allowed) -> {1,2,3}. Every item an integer in

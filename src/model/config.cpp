@@ -232,7 +232,14 @@ void parse_text_config(const Reader& r, ModelConfig& c) {
     r.fail("head_dim", fmt::format("missing, and hidden_size {} is not divisible by num_attention_heads {}",
                                    c.hidden_size, c.num_heads));
   c.head_dim = r.positive("head_dim", d.head_dim.value_or(c.hidden_size / c.num_heads));
-  if (c.head_dim % 2 != 0) r.fail("head_dim", fmt::format("must be even for RoPE, got {}", c.head_dim));
+  if (c.head_dim % 2 != 0) {
+    if (r.has("head_dim") || d.head_dim) r.fail("head_dim", fmt::format("must be even for RoPE, got {}", c.head_dim));
+    // Derived: name what it came from (a null or missing num_attention_heads
+    // takes the family default, which the user may not expect).
+    r.fail("head_dim", fmt::format("missing, and hidden_size {} / num_attention_heads {} = {} is odd (RoPE needs an "
+                                   "even head_dim; a missing or null num_attention_heads is the family default)",
+                                   c.hidden_size, c.num_heads, c.head_dim));
+  }
   c.max_position_embeddings = r.positive("max_position_embeddings", d.max_position_embeddings);
   c.rms_norm_eps = r.number("rms_norm_eps", 1e-6);
   if (c.rms_norm_eps <= 0) r.fail("rms_norm_eps", "expected a positive number");

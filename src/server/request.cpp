@@ -123,8 +123,10 @@ bool common_field(const std::string& k, const json& body, ParsedRequest& r, cons
     return true;
   }
   if (k == "seed") {
-    r.gen.sampling.seed = static_cast<uint64_t>(get_int(body, f, std::numeric_limits<int64_t>::min(),
-                                                        std::numeric_limits<int64_t>::max()));
+    // vLLM: -1 = random (as when absent; the default drawn in the request's
+    // defaults stays); any other int64 is the seed's 64 bits.
+    const int64_t s = get_int(body, f, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
+    if (s != -1) r.gen.sampling.seed = static_cast<uint64_t>(s);
     return true;
   }
   if (k == "stop") {

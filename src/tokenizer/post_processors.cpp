@@ -68,7 +68,7 @@ class SequenceProcessor final : public PostProcessor {
 
 int as_id(const json& v, const std::string& ctx) {
   if (!v.is_number_integer() || v.get<long long>() < 0 || v.get<long long>() > INT32_MAX)
-    throw InputError(fmt::format("{}: expected a token id (non-negative integer)", ctx));
+    throw InputError(fmt::format("{}: expected a token id, an integer in [0, 2147483647 (2^31 - 1)], got {}", ctx, v.dump()));
   return v.get<int>();
 }
 

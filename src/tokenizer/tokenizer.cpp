@@ -145,7 +145,7 @@ void HfTokenizer::build_added(const json& arr, const std::string& ctx) {
     t.normalized = opt_bool(e, "normalized", !t.special, c);
     const json& id = req(e, "id", c);
     if (!id.is_number_unsigned() || id.get<unsigned long long>() > (1ULL << 26))
-      throw InputError(fmt::format("{}: \"id\" must be a non-negative integer", c));
+      throw InputError(fmt::format("{}: \"id\" must be an integer in [0, 67108864 (2^26)], got {}", c, id.dump()));
     t.id = id.get<int>();
     if (t.content.empty()) continue;  // `tokenizers` ignores empty added tokens
     in_order.push_back(std::move(t));

@@ -52,10 +52,11 @@ refused "--max-num-seqs must be >= 1" "$BIN" capacity "$T/m" --kv-memory 1GiB --
 
 # Counts checked by CLI11 say "must be >= N", never CLI11's "Value 0 not in
 # range 0.000000 to 1797..." (issue 15 item 11).
-refused "--max-tokens must be >= 1" "$BIN" generate "$T/m" --prompt "Hello" --max-tokens 0
+refused "--max-tokens: must be >= 1 (got 0)" "$BIN" generate "$T/m" --prompt "Hello" --max-tokens 0
 refused "--temperature: must be >= 0 (got -1)" "$BIN" generate "$T/m" --prompt "Hello" --temperature -1
 refused "--top-k: must be >= 0 (got -2)" "$BIN" generate "$T/m" --prompt "Hello" --top-k -2
-refused "--chunk-size: must be >= 0 (got -1)" run_cmd score --chunk-size -1
+refused "--chunk-size: must be >= 1 (got -1)" run_cmd score --chunk-size -1
+refused "--chunk-size: must be >= 1 (got 0)" run_cmd score --chunk-size 0
 refused "--batch-size: must be >= 1 (got 0)" run_cmd bench --batch-size 0
 refused "--input-len: must be >= 1 (got 0)" run_cmd bench --input-len 0
 refused "--output-len: must be >= 2 (got 1)" run_cmd bench --output-len 1

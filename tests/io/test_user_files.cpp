@@ -104,3 +104,35 @@ TEST(UserFiles, ParseIntList) {
             "--ids '99999999999999999999': '99999999999999999999' is not an integer in [0, 100]");
   EXPECT_EQ(parse_int_list("-5,5", "--x", -5, 5), (std::vector<int64_t>{-5, 5}));
 }
+
+// 2026-12-01 (docs/robustness.md): an output that is not a regular file would
+// be replaced by the atomic rename (root could turn /dev/null into a file).
+TEST(UserFiles, CheckOutputRefusesNonRegularFiles) {
+  test_util::TempDir d;
+  const fs::path fifo = d.path() / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_EQ(error_of([&] { check_output_file(fifo.string(), "--output"); }),
+            "--output " + fifo.string() + ": is not a regular file (a device, FIFO or socket); give a file path");
+  EXPECT_NE(error_of([&] { check_output_file("/dev/null", "--html"); }).find("--html /dev/null: is not a regular file"),
+            std::string::npos);
+  // A symlink to a regular file is fine (the link itself is replaced).
+  write(d.path() / "target.json", "{}");
+  fs::create_symlink(d.path() / "target.json", d.path() / "link.json");
+  EXPECT_EQ(error_of([&] { check_output_file((d.path() / "link.json").string(), "--output"); }), "(no error)");
+  // The probe leaves nothing behind.
+  check_output_file((d.path() / "new.json").string(), "--output");
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(d.path())) ++n;
+  EXPECT_EQ(n, 3u);  // fifo, target.json, link.json
+}
+
+// A FIFO with no writer would block open() forever; /dev/zero never ends.
+TEST(UserFiles, ReadOptionFileRefusesFifoAndDevices) {
+  test_util::TempDir d;
+  const fs::path fifo = d.path() / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_EQ(error_of([&] { read_option_file(fifo.string(), "--text-file"); }),
+            "--text-file " + fifo.string() + ": is not a regular file (a FIFO), expected a file");
+  EXPECT_EQ(error_of([&] { read_option_file("/dev/zero", "--corpus"); }),
+            "--corpus /dev/zero: is not a regular file (a character device), expected a file");
+}

@@ -180,3 +180,15 @@ TEST(ServerMetrics, PrometheusTextWithCumulativeBuckets) {
   EXPECT_TRUE(has("fp8kv:prefix_cache_hits_total{model_name=\"mini\"} 96"));
   EXPECT_TRUE(has("# TYPE fp8kv:prefix_cache_hits_total counter"));
 }
+
+// seed -1 means a random seed, as in vLLM's SamplingParams (docs/design.md
+// "One rule per flag"); any other int64 is the seed's 64 bits.
+TEST_F(ServerRequest, SeedMinusOneIsRandom) {
+  const json body = {{"prompt", {1, 2, 3}}, {"seed", -1}};
+  const uint64_t a = parse_completion_request(body, ctx).gen.sampling.seed;
+  const uint64_t b = parse_completion_request(body, ctx).gen.sampling.seed;
+  EXPECT_NE(a, b);  // two 64-bit draws
+  EXPECT_NE(a, static_cast<uint64_t>(int64_t{-1}));
+  EXPECT_EQ(parse_completion_request({{"prompt", {1, 2, 3}}, {"seed", -2}}, ctx).gen.sampling.seed,
+            static_cast<uint64_t>(int64_t{-2}));
+}
