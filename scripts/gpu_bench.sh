@@ -17,7 +17,13 @@
 # static cache + torch.compile, the lat_b1_1k shape: batch 1, 1024 in / 64
 # out), time-boxed to HF_PEER_S (default 150 s) on top of the budget;
 # NO_TESTS=1 skips the tests.
-DEFAULT_ONLY="lat_b1_1k_fp8 lat_b1_1k_fp8_gemv lat_b1_1k_fp8_mma lat_b8_1k_fp8 lat_b8_1k_fp8_gemv"
+#
+# Sixth session (engine6), mid-session run: please run
+#   ONLY="lat_b1_1k_fp8 nsys_8k_b1 ttft_8k_fp8 thr_256x1k_fp8 lat_b1_60k_fp8" BUDGET_S=330 bash scripts/gpu_bench.sh
+# (~5.5 min with the build: the split-K GEMV route A/B at batch 1, the
+# per-kernel breakdown of an 8K prefill + batch-1 decode under nsys, TTFT,
+# throughput and 60K; the batch-32 pair only if there is time left).
+DEFAULT_ONLY="lat_b1_1k_fp8 nsys_8k_b1 ttft_8k_fp8 thr_256x1k_fp8 lat_b1_60k_fp8"
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/fp8kv-out}
@@ -61,14 +67,15 @@ MODEL=tests/data/configs/llama-3.1-8b
 L1K="latency --batch-size 1 --input-len 1024 --output-len 64 --num-iters-warmup 1 --num-iters 2"
 # Per-projection GEMV routes at T = 1 (backend/cuda/linear_routes.h), compared
 # in the lat_b1_1k_fp8 process after its main run (one model load, ~1 s per
-# set): all cuBLASLt, the default (linear_routes.cpp kDefaultLinearRoutes:
-# auto = SIMT at T = 1, store fused) with one projection changed at a time,
-# and the default with the separate KV store kernel (= the fourth session's
-# default).
-DEF_ROUTES="qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto"
-alt() { echo "$DEF_ROUTES" | sed -E "s/(^|,)$1=[a-z_]+/\1$1=$2/"; }
-ROUTE_SETS="qkv=lt,o_proj=lt,gate_up=lt,down=lt,lm_head=lt"
-for pk in qkv:mma qkv:lt o_proj:mma o_proj:lt gate_up:mma gate_up:lt down:lt down:mma lm_head:lt lm_head:mma; do
+# set): all cuBLASLt, the fifth session's default (auto = one-warp SIMT
+# everywhere), the default (linear_routes.cpp kDefaultLinearRoutes: split-K
+# SIMT "simtk" for qkv / o_proj / down) with one projection changed at a time,
+# and the default with the separate KV store kernel.
+DEF_ROUTES="qkv=simtk,o_proj=simtk,gate_up=auto,down=simtk,lm_head=auto"
+alt() { echo "$DEF_ROUTES" | sed -E "s/(^|,)$1=[a-z0-9_]+/\1$1=$2/"; }
+ROUTE_SETS="qkv=lt,o_proj=lt,gate_up=lt,down=lt,lm_head=lt;qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto"
+for pk in qkv:simt qkv:simt2 qkv:simt8 qkv:mma o_proj:simt o_proj:simt2 o_proj:simt8 o_proj:mma \
+          down:simt down:simt2 down:simt8 down:lt gate_up:simt2 lm_head:simt2; do
   ROUTE_SETS="$ROUTE_SETS;$(alt "${pk%%:*}" "${pk##*:}")"
 done
 # The KV store fused into the qkv split kernel (default) vs its own kernel.
@@ -76,7 +83,8 @@ ROUTE_SETS="$ROUTE_SETS;$DEF_ROUTES,store=separate"
 L8K="latency --batch-size 8 --input-len 1024 --output-len 64 --num-iters-warmup 1 --num-iters 2"
 CASES=(
   "lat_b1_1k_fp8_eager|35|-|$L1K --kv-cache-dtype fp8 --enforce-eager"
-  "lat_b1_1k_fp8|55|-|$L1K --kv-cache-dtype fp8 --gemv-routes $ROUTE_SETS"
+  "lat_b1_1k_fp8|65|-|$L1K --kv-cache-dtype fp8 --gemv-routes $ROUTE_SETS"
+  "nsys_8k_b1|75|NSYS|latency --batch-size 1 --input-len 8192 --output-len 32 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8"
   "lat_b1_1k_fp8_gemv|35|FP8KV_GEMV=8|$L1K --kv-cache-dtype fp8"
   "lat_b1_1k_fp8_mma|35|FP8KV_GEMV=8 FP8KV_GEMV_MMA_MIN=1|$L1K --kv-cache-dtype fp8"
   "lat_b8_1k_fp8|35|-|$L8K --kv-cache-dtype fp8"
@@ -103,6 +111,21 @@ for c in "${CASES[@]}"; do
   t=$(date +%s)
   # shellcheck disable=SC2086
   [ "$envs" = "-" ] && envs=""
+  if [ "$envs" = "NSYS" ]; then
+    # Per-kernel time breakdown (nsys, kernels inside CUDA graphs traced as
+    # nodes): prefill = the kernels from the first embedding kernel to the
+    # first decode GEMV; decode = the rest, per step. Kernels overlap under
+    # PDL, so the sums are kernel busy times, not the step time.
+    NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+    if [ -z "$NSYS" ]; then echo "$name: no nsys on this machine" | tee "$OUT/$name.skipped"; continue; fi
+    timeout $(( l > 10 ? l - 5 : 5 )) "$NSYS" profile -t cuda --cuda-graph-trace=node -o "$OUT/$name" --force-overwrite true \
+      $FP8KV bench $args $MODEL --load-format dummy --ignore-eos --backend cuda >"$OUT/$name.log" 2>&1 &&
+      timeout 60 "$NSYS" stats --report cuda_gpu_trace --format csv --output "$OUT/$name" "$OUT/$name.nsys-rep" >>"$OUT/$name.log" 2>&1
+    echo "$name: rc $?, $(( $(date +%s) - t )) s"
+    python3 scripts/kernel_breakdown.py "$OUT/${name}_cuda_gpu_trace.csv" | tee "$OUT/$name.breakdown.txt"
+    rm -f "$OUT/$name.nsys-rep" "$OUT/$name.sqlite"
+    continue
+  fi
   timeout $(( l > 10 ? l - 5 : 5 )) env $envs $FP8KV bench $args $MODEL --load-format dummy --ignore-eos --backend cuda --json \
     >"$OUT/$name.json" 2>"$OUT/$name.log"
   rc=$?

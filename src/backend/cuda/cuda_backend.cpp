@@ -513,6 +513,30 @@ void CudaBackend::gated_act_fused(Activation act, const Tensor& gate_up, Tensor&
                   stream_);
 }
 
+// At 1-2 rows on the SIMT GEMV route (and act=fused in the routes), one
+// kernel computes the gate|up GEMV and the activation (ops.h
+// gemv_gated_act_bf16: bitwise the two-kernel result); gate_up is not
+// written. Otherwise the GEMM, then the activation kernel.
+void CudaBackend::linear_gated_act(Activation act, const Tensor& x, const Tensor& w, const Tensor& bias,
+                                   Tensor& gate_up, Tensor& out) {
+  const int64_t T = x.rows;
+  bool fuse = cuda::linear_routes().fused_act && out.dtype == ScalarType::bf16 && x.dtype == ScalarType::bf16 &&
+              T >= 1 && T <= std::min<int64_t>(cuda::kGemvGatedActMaxRows, gemm_->gemv_max_rows()) &&
+              x.cols == w.cols && w.rows % 2 == 0 && out.rows == T && out.cols * 2 == w.rows;
+  if (fuse) {
+    const cuda::GemvKernel k = gemm_->route(T, w.rows, w.cols);
+    fuse = k == cuda::GemvKernel::simt || (k == cuda::GemvKernel::auto_ && T < cuda::kGemvMmaMinRows);
+  }
+  const cuda::DeviceMatrix W = fuse ? matrix(w, "linear_gated_act") : cuda::DeviceMatrix{};
+  const uint16_t* xb = fuse ? static_cast<const uint16_t*>(x.data) : nullptr;
+  if (!fuse || !cuda::gemv_bf16_fits(xb, T, W) || !out.data) {
+    Backend::linear_gated_act(act, x, w, bias, gate_up, out);
+    return;
+  }
+  cuda::gemv_gated_act_bf16(act, xb, T, W, opt_vec(bias, w.rows, "linear_gated_act", "bias"),
+                            static_cast<uint16_t*>(out.data), stream_);
+}
+
 void CudaBackend::add(Tensor& x, const Tensor& y) {
   same_shape("add", x, y);
   cuda::add_inplace(f32(x, "add", "x"), f32(y, "add", "y"), x.numel(), stream_);

@@ -216,6 +216,10 @@ void Gemm::linear(const uint16_t* x, int64_t T, const DeviceMatrix& W, const flo
       case GemvKernel::lt: break;  // cuBLASLt below
       case GemvKernel::simt: gemv_bf16_simt(x, T, W, bias, y, accumulate, stream); return;
       case GemvKernel::mma: gemv_bf16_mma(x, T, W, bias, y, accumulate, stream); return;
+      case GemvKernel::simt2: gemv_bf16_simt_split(x, T, W, bias, y, accumulate, 2, stream); return;
+      case GemvKernel::simt4: gemv_bf16_simt_split(x, T, W, bias, y, accumulate, 4, stream); return;
+      case GemvKernel::simt8: gemv_bf16_simt_split(x, T, W, bias, y, accumulate, 8, stream); return;
+      case GemvKernel::simtk: gemv_bf16_simt_split(x, T, W, bias, y, accumulate, 0, stream); return;
       case GemvKernel::auto_: gemv_bf16(x, T, W, bias, y, accumulate, stream); return;
     }
   }

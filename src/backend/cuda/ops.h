@@ -141,6 +141,24 @@ void gemv_bf16_simt(const uint16_t* x, int64_t T, const DeviceMatrix& W, const f
                     bool accumulate, cudaStream_t stream);
 void gemv_bf16_mma(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y, bool accumulate,
                    cudaStream_t stream);
+// The SIMT kernel with `split` warps per output column (1, 2, 4 or 8; K
+// split over them, partial sums added in fixed order: deterministic; split 1
+// is gemv_bf16_simt bitwise), or split <= 0: gemv_simt_auto_split(N, K).
+void gemv_bf16_simt_split(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y,
+                          bool accumulate, int split, cudaStream_t stream);
+// The split the SIMT kernel takes for W[N][K] when asked for "simtk": enough
+// warps to fill the GPU twice (N * split >= 16384) while each lane keeps at
+// least 4 16-byte chunks of its row (8B shape: qkv, o_proj, down 4; gate_up,
+// LM head 1).
+int gemv_simt_auto_split(int64_t N, int64_t K);
+// The gate|up GEMV with the gated activation fused, for T = 1 or 2 rows
+// (gemv_gated_act_max_rows): W = [gate; up] ([2I][K], the fused gate_up
+// projection), out[T][I] = bf16(act(x W_gate^T + b_gate) * (x W_up^T + b_up)),
+// with the SIMT GEMV's sums (split 1) and gated_act's element math: bitwise
+// gemv_bf16_simt + gated_act(out_bf16). Same fit rules as gemv_bf16.
+constexpr int kGemvGatedActMaxRows = 2;
+void gemv_gated_act_bf16(Activation act, const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias,
+                         uint16_t* out, cudaStream_t stream);
 
 // ---- norms ----------------------------------------------------------------
 

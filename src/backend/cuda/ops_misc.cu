@@ -7,6 +7,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/ops_act.cuh"
 #include "backend/cuda/ops_launch.cuh"
 
 namespace fp8kv::cuda {
@@ -30,17 +31,7 @@ __global__ void gated_act_kernel(const float* gate, const float* __restrict__ up
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = idx / n, i = idx % n;
     const float g = gate[r * in_stride + i], u = up[r * in_stride + i];
-    float a;
-    if constexpr (A == Activation::silu) {
-      a = __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
-    } else if constexpr (A == Activation::gelu_tanh) {
-      const float k0 = 0.7978845608028654f;
-      const float inner = __fmul_rn(k0, __fadd_rn(g, __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, g), g), g)));
-      a = __fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, tanhf(inner)));
-    } else {
-      a = __fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, erff(__fmul_rn(g, 0.7071067811865476f))));
-    }
-    const float y = __fmul_rn(a, u);
+    const float y = gated_act_value<A>(g, u);
     if (out_bf16) static_cast<__nv_bfloat16*>(out)[r * n + i] = __float2bfloat16_rn(y);
     else static_cast<float*>(out)[r * n + i] = y;
   }
