@@ -19,11 +19,13 @@
 # NO_TESTS=1 skips the tests.
 #
 # Sixth session (engine6), mid-session run: please run
-#   ONLY="lat_b1_1k_fp8 nsys_8k_b1 ttft_8k_fp8 thr_256x1k_fp8 lat_b1_60k_fp8" BUDGET_S=330 bash scripts/gpu_bench.sh
-# (~5.5 min with the build: the split-K GEMV route A/B at batch 1, the
-# per-kernel breakdown of an 8K prefill + batch-1 decode under nsys, TTFT,
-# throughput and 60K; the batch-32 pair only if there is time left).
-DEFAULT_ONLY="lat_b1_1k_fp8 nsys_8k_b1 ttft_8k_fp8 thr_256x1k_fp8 lat_b1_60k_fp8"
+#   ONLY="lat_b1_1k_fp8 nsys_8k_b1 ttft_8k_fp8_tune ttft_8k_fp8 lat_b1_60k_fp8 thr_256x1k_fp8" BUDGET_S=330 bash scripts/gpu_bench.sh
+# (~5.5 min with the build; cases run in this priority order and the last
+# ones are skipped when the budget runs out): the split-K GEMV / fused
+# activation route A/B at batch 1, the per-kernel breakdown of an 8K prefill
+# + batch-1 decode under nsys, TTFT with and without cuBLASLt autotuning
+# (FP8KV_LT_TUNE=8), then 60K and throughput.
+DEFAULT_ONLY="lat_b1_1k_fp8 nsys_8k_b1 ttft_8k_fp8_tune ttft_8k_fp8 lat_b1_60k_fp8 thr_256x1k_fp8"
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/fp8kv-out}
@@ -73,7 +75,11 @@ L1K="latency --batch-size 1 --input-len 1024 --output-len 64 --num-iters-warmup 
 # and the default with the separate KV store kernel.
 DEF_ROUTES="qkv=simtk,o_proj=simtk,gate_up=auto,down=simtk,lm_head=auto"
 alt() { echo "$DEF_ROUTES" | sed -E "s/(^|,)$1=[a-z0-9_]+/\1$1=$2/"; }
-ROUTE_SETS="qkv=lt,o_proj=lt,gate_up=lt,down=lt,lm_head=lt;qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto"
+# act=fused (default): the gated activation inside the gate|up GEMV.
+ROUTE_SETS="qkv=lt,o_proj=lt,gate_up=lt,down=lt,lm_head=lt,act=separate"
+ROUTE_SETS="$ROUTE_SETS;qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto,act=separate"
+ROUTE_SETS="$ROUTE_SETS;qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto"
+ROUTE_SETS="$ROUTE_SETS;$DEF_ROUTES,act=separate"
 for pk in qkv:simt qkv:simt2 qkv:simt8 qkv:mma o_proj:simt o_proj:simt2 o_proj:simt8 o_proj:mma \
           down:simt down:simt2 down:simt8 down:lt gate_up:simt2 lm_head:simt2; do
   ROUTE_SETS="$ROUTE_SETS;$(alt "${pk%%:*}" "${pk##*:}")"
@@ -90,6 +96,7 @@ CASES=(
   "lat_b8_1k_fp8|35|-|$L8K --kv-cache-dtype fp8"
   "lat_b8_1k_fp8_gemv|35|FP8KV_GEMV=8|$L8K --kv-cache-dtype fp8"
   "lat_b1_1k_bf16|35|-|$L1K --kv-cache-dtype bf16"
+  "ttft_8k_fp8_tune|40|FP8KV_LT_TUNE=8|latency --batch-size 1 --input-len 8192 --output-len 2 --num-iters-warmup 1 --num-iters 3 --kv-cache-dtype fp8"
   "ttft_8k_fp8|25|-|latency --batch-size 1 --input-len 8192 --output-len 2 --num-iters-warmup 1 --num-iters 3 --kv-cache-dtype fp8"
   "lat_b1_60k_fp8|40|-|latency --batch-size 1 --input-len 60000 --output-len 32 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8"
   "thr_256x1k_fp8|40|-|throughput --num-prompts 256 --input-len 1024 --output-len 128 --num-iters-warmup 0 --kv-cache-dtype fp8"
@@ -204,6 +211,9 @@ t = get("ttft_8k_fp8", "ttft_ms")
 if t:
     floor_ms = 2 * 7.5e9 * 8192 / 790e12 * 1e3
     print(f"TTFT 8K: {t:.0f} ms; GEMM floor on paper {floor_ms:.0f} ms at 790 TFLOP/s (attention not included)")
+tt = get("ttft_8k_fp8_tune", "ttft_ms")
+if t and tt:
+    print(f"TTFT 8K: cuBLASLt heuristic {t:.1f} ms, FP8KV_LT_TUNE=8 {tt:.1f} ms ({t / tt:.3f}x)")
 e, g = get("lat_b1_1k_fp8_eager", "decode_ms_per_step"), get("lat_b1_1k_fp8", "decode_ms_per_step")
 if e and g:
     print(f"batch 1 1K fp8: eager {e:.3f} ms/step, graphs {g:.3f} ms/step ({e / g:.2f}x)")
@@ -235,5 +245,8 @@ if runs:
 h = get("hf_peer", "decode_ms_per_step")
 if h and g:
     print(f"batch 1 1K: fp8kv fp8 {1e3 / g:.1f} tok/s vs HF static+compile {1e3 / h:.1f} tok/s ({h / g:.2f}x)")
+for f in sorted(glob.glob(os.path.join(out, "*.breakdown.txt"))):
+    print(f"== {os.path.basename(f)}")
+    print(open(f).read())
 EOF
 phase done

@@ -3,8 +3,8 @@
 cuda_gpu_trace CSV (scripts/gpu_bench.sh, case nsys_*).
 
 The trace is cut into steps at each embedding kernel (the first kernel of a
-forward pass). A step with no decode GEMV kernel (gemv_*) is a prefill step;
-the others are decode steps. For each kind it prints the step's span (first
+forward pass). A step with more than 8 GEMV kernels (gemv_*: one per
+projection) is a decode step; the others are prefill steps. For each kind it prints the step's span (first
 kernel start to last kernel end), the summed kernel busy time and the top
 kernels by time; decode figures are per step (mean over the decode steps).
 Kernels overlap under PDL, so busy time can exceed the span.
@@ -50,7 +50,8 @@ def main():
         return
     kinds = {"prefill": [], "decode": []}
     for st in steps:
-        kinds["decode" if any("gemv" in n for _, _, n in st) else "prefill"].append(st)
+        # A prefill step's LM head (one row) is a GEMV too: decode steps have one per projection.
+        kinds["decode" if sum("gemv" in n for _, _, n in st) > 8 else "prefill"].append(st)
     for kind, sts in kinds.items():
         if not sts:
             continue

@@ -118,7 +118,14 @@ class Gemm {
  private:
   struct Plan;
   Plan& plan(int64_t T, int64_t N, int64_t K, bool bias, bool accumulate, int align_x, int align_w, int align_y);
+  void tune(Plan& p, const uint16_t* x, const DeviceMatrix& W, const float* bias, float* y, cudaStream_t stream);
   void* handle_ = nullptr;  // cublasLtHandle_t
+  // FP8KV_LT_TUNE=n (default 0: off): plans of >= kTuneMinRows rows without
+  // accumulate time cuBLASLt's first n heuristic algorithms on their first
+  // call (outside graph capture) and keep the fastest; at most kTuneMaxPlans
+  // plans per Gemm are tuned (prefill chunk sizes vary).
+  int tune_algos_ = 0;
+  int tuned_plans_ = 0;
   DeviceBuffer workspace_;
   std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int, int, int>, Plan*> plans_;
   int gemv_max_rows_ = kGemvDefaultRows;
