@@ -127,9 +127,18 @@ for c in "${CASES[@]}"; do
     if [ -z "$NSYS" ]; then echo "$name: no nsys on this machine" | tee "$OUT/$name.skipped"; continue; fi
     timeout $(( l > 10 ? l - 5 : 5 )) "$NSYS" profile -t cuda --cuda-graph-trace=node -o "$OUT/$name" --force-overwrite true \
       $FP8KV bench $args $MODEL --load-format dummy --ignore-eos --backend cuda >"$OUT/$name.log" 2>&1 &&
-      timeout 60 "$NSYS" stats --report cuda_gpu_trace --format csv --output "$OUT/$name" "$OUT/$name.nsys-rep" >>"$OUT/$name.log" 2>&1
-    echo "$name: rc $?, $(( $(date +%s) - t )) s"
-    python3 scripts/kernel_breakdown.py "$OUT/${name}_cuda_gpu_trace.csv" | tee "$OUT/$name.breakdown.txt"
+      { timeout 60 "$NSYS" stats --force-export=true --report cuda_gpu_trace --format csv --output "$OUT/$name" \
+          "$OUT/$name.nsys-rep" >>"$OUT/$name.log" 2>&1 ||
+        timeout 60 "$NSYS" stats --force-export=true --report gputrace --format csv --output "$OUT/$name" \
+          "$OUT/$name.nsys-rep" >>"$OUT/$name.log" 2>&1; }
+    echo "$name: rc $?, $(( $(date +%s) - t )) s ($NSYS)"
+    csv=$(ls "$OUT/$name"*trace*.csv 2>/dev/null | head -1)
+    if [ -n "$csv" ]; then
+      python3 scripts/kernel_breakdown.py "$csv" | tee "$OUT/$name.breakdown.txt"
+      gzip -f "$csv"
+    else
+      echo "$name: no trace csv"; tail -5 "$OUT/$name.log"
+    fi
     rm -f "$OUT/$name.nsys-rep" "$OUT/$name.sqlite"
     continue
   fi
