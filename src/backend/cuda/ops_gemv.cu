@@ -44,14 +44,6 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float (&f)[8]) {
   }
 }
 
-// S warps share one output column n (split K, for shapes with few columns
-// and / or long rows: o_proj, qkv, down at the 8B shape, where one warp per
-// column left too few bytes in flight, run G): warp sub = 0..S-1 of column n
-// takes the 16-byte chunks sub * 32 + lane + j * 32 * S, and the S partial
-// sums are added in fixed order (sub 0, 1, ...) through shared memory, so the
-// result is deterministic. S = 1 is the one-warp-per-column kernel, bitwise
-// unchanged. The weight loads are double-buffered: the next kUnroll chunks
-// are in flight while the current ones are multiplied.
 // One warp's part of the dot products of W's row w (chunks = K / 8 16-byte
 // chunks, 0 for a dead warp) with the T rows of x: the lane's chunks are
 // first, first + 32 S, ... (first = sub * 32 + lane); the result is
