@@ -19,13 +19,14 @@
 # NO_TESTS=1 skips the tests.
 #
 # Sixth session (engine6), mid-session run: please run
-#   ONLY="lat_b1_1k_fp8 nsys_8k_b1 ttft_8k_fp8_tune ttft_8k_fp8 lat_b1_60k_fp8 thr_256x1k_fp8" BUDGET_S=330 bash scripts/gpu_bench.sh
+#   ONLY="lat_b1_1k_fp8 nsys_8k_b1 ttft_8k_fp8 ttft_8k_fp8_tune ttft_8k_fp8_bf16act lat_b1_60k_fp8 thr_256x1k_fp8" BUDGET_S=330 bash scripts/gpu_bench.sh
 # (~5.5 min with the build; cases run in this priority order and the last
 # ones are skipped when the budget runs out): the split-K GEMV / fused
 # activation route A/B at batch 1, the per-kernel breakdown of an 8K prefill
 # + batch-1 decode under nsys, TTFT with and without cuBLASLt autotuning
-# (FP8KV_LT_TUNE=8), then 60K and throughput.
-DEFAULT_ONLY="lat_b1_1k_fp8 nsys_8k_b1 ttft_8k_fp8_tune ttft_8k_fp8 lat_b1_60k_fp8 thr_256x1k_fp8"
+# (FP8KV_LT_TUNE=8) and with the bf16 gate|up output (FP8KV_PREFILL_BF16_ACT=1),
+# then 60K and throughput.
+DEFAULT_ONLY="lat_b1_1k_fp8 nsys_8k_b1 ttft_8k_fp8 ttft_8k_fp8_tune ttft_8k_fp8_bf16act lat_b1_60k_fp8 thr_256x1k_fp8"
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/fp8kv-out}
@@ -96,8 +97,9 @@ CASES=(
   "lat_b8_1k_fp8|35|-|$L8K --kv-cache-dtype fp8"
   "lat_b8_1k_fp8_gemv|35|FP8KV_GEMV=8|$L8K --kv-cache-dtype fp8"
   "lat_b1_1k_bf16|35|-|$L1K --kv-cache-dtype bf16"
+  "ttft_8k_fp8|40|-|latency --batch-size 1 --input-len 8192 --output-len 2 --num-iters-warmup 1 --num-iters 3 --kv-cache-dtype fp8"
   "ttft_8k_fp8_tune|40|FP8KV_LT_TUNE=8|latency --batch-size 1 --input-len 8192 --output-len 2 --num-iters-warmup 1 --num-iters 3 --kv-cache-dtype fp8"
-  "ttft_8k_fp8|25|-|latency --batch-size 1 --input-len 8192 --output-len 2 --num-iters-warmup 1 --num-iters 3 --kv-cache-dtype fp8"
+  "ttft_8k_fp8_bf16act|40|FP8KV_PREFILL_BF16_ACT=1|latency --batch-size 1 --input-len 8192 --output-len 2 --num-iters-warmup 1 --num-iters 3 --kv-cache-dtype fp8"
   "lat_b1_60k_fp8|40|-|latency --batch-size 1 --input-len 60000 --output-len 32 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8"
   "thr_256x1k_fp8|40|-|throughput --num-prompts 256 --input-len 1024 --output-len 128 --num-iters-warmup 0 --kv-cache-dtype fp8"
   # Batch 32 / 16K: 128 out so that >= 32 steps run with all 32 sequences
@@ -223,6 +225,9 @@ if t:
 tt = get("ttft_8k_fp8_tune", "ttft_ms")
 if t and tt:
     print(f"TTFT 8K: cuBLASLt heuristic {t:.1f} ms, FP8KV_LT_TUNE=8 {tt:.1f} ms ({t / tt:.3f}x)")
+tb = get("ttft_8k_fp8_bf16act", "ttft_ms")
+if t and tb:
+    print(f"TTFT 8K: fp32 gate|up {t:.1f} ms, FP8KV_PREFILL_BF16_ACT=1 {tb:.1f} ms ({t / tb:.3f}x)")
 e, g = get("lat_b1_1k_fp8_eager", "decode_ms_per_step"), get("lat_b1_1k_fp8", "decode_ms_per_step")
 if e and g:
     print(f"batch 1 1K fp8: eager {e:.3f} ms/step, graphs {g:.3f} ms/step ({e / g:.2f}x)")

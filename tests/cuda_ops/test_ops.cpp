@@ -159,6 +159,39 @@ TEST(CudaOps, GemvGatedActMatchesTwoKernels) {
       }
 }
 
+// The prefill path behind FP8KV_PREFILL_BF16_ACT: the GEMM with bf16 output
+// is the fp32-output GEMM rounded to bf16 (up to the accumulation order: one
+// bf16 ulp plus the fp32 bound), and the activation on bf16 inputs is
+// bitwise the activation on the same values in fp32.
+TEST(CudaOps, GemmBf16OutAndActBf16In) {
+  FP8KV_NEED_GPU();
+  std::mt19937_64 rng(test_seed());
+  const int T = 40, I = 96, K = 320;
+  const std::vector<uint16_t> wb = to_bf16(randn(rng, static_cast<size_t>(2 * I) * K, 0.05f));
+  cuda::DeviceBuffer dW;
+  const cuda::DeviceMatrix W = cuda::upload_matrix_bf16(MatrixRef{wb.data(), WeightType::bf16, 2 * I, K}, dW);
+  auto dx = to_device(to_bf16(randn(rng, static_cast<size_t>(T) * K, 1.0f)));
+  auto y32 = to_device(std::vector<float>(static_cast<size_t>(T) * 2 * I, 0.0f));
+  auto y16 = to_device(std::vector<uint16_t>(static_cast<size_t>(T) * 2 * I, 0));
+  cuda::Gemm gemm;
+  gemm.set_gemv_max_rows(0);
+  gemm.linear(dx.as<uint16_t>(), T, W, nullptr, y32.as<float>(), false, nullptr);
+  gemm.linear_bf16_out(dx.as<uint16_t>(), T, W, y16.as<uint16_t>(), nullptr);
+  const auto a = to_host<float>(y32, static_cast<size_t>(T) * 2 * I);
+  const auto b = from_bf16(to_host<uint16_t>(y16, static_cast<size_t>(T) * 2 * I));
+  for (size_t i = 0; i < a.size(); ++i)
+    ASSERT_LE(std::fabs(a[i] - b[i]), std::ldexp(std::fabs(a[i]), -7) + 1e-4) << i << ": " << a[i] << " vs " << b[i];
+  // Activation: bf16 inputs == the same values as fp32 inputs, bitwise.
+  auto g32 = to_device(b);
+  auto o1 = to_device(std::vector<uint16_t>(static_cast<size_t>(T) * I, 0));
+  auto o2 = to_device(std::vector<uint16_t>(static_cast<size_t>(T) * I, 0));
+  for (Activation act : {Activation::silu, Activation::gelu_tanh, Activation::gelu}) {
+    cuda::gated_act(act, g32.as<float>(), g32.as<float>() + I, 2 * I, T, I, o1.get(), true, nullptr);
+    cuda::gated_act_bf16_in(act, y16.as<uint16_t>(), y16.as<uint16_t>() + I, 2 * I, T, I, o2.get(), true, nullptr);
+    EXPECT_EQ(to_host<uint16_t>(o1, static_cast<size_t>(T) * I), to_host<uint16_t>(o2, static_cast<size_t>(T) * I));
+  }
+}
+
 // ---- per-projection GEMV routes (linear_routes.h) ---------------------------
 
 TEST(CudaOps, LinearRoutesParse) {  // host only: runs without a GPU too

@@ -148,8 +148,9 @@ Gemm::~Gemm() {
 }
 
 Gemm::Plan& Gemm::plan(int64_t T, int64_t N, int64_t K, bool bias, bool accumulate, int align_x, int align_w,
-                       int align_y) {
-  const auto key = std::make_tuple(T, N, K, int{bias}, int{accumulate}, align_x, align_w, align_y);
+                       int align_y, bool out_bf16) {
+  // The accumulate slot of the key also carries the output type (+2: bf16).
+  const auto key = std::make_tuple(T, N, K, int{bias}, int{accumulate} + 2 * int{out_bf16}, align_x, align_w, align_y);
   if (auto it = plans_.find(key); it != plans_.end()) return *it->second;
   auto* p = new Plan();
   try {
@@ -160,7 +161,8 @@ Gemm::Plan& Gemm::plan(int64_t T, int64_t N, int64_t K, bool bias, bool accumula
     FP8KV_CUBLAS(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
     FP8KV_CUBLAS(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, static_cast<uint64_t>(K), static_cast<uint64_t>(N), K));
     FP8KV_CUBLAS(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, static_cast<uint64_t>(K), static_cast<uint64_t>(T), K));
-    FP8KV_CUBLAS(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, static_cast<uint64_t>(N), static_cast<uint64_t>(T), N));
+    FP8KV_CUBLAS(cublasLtMatrixLayoutCreate(&p->c, out_bf16 ? CUDA_R_16BF : CUDA_R_32F, static_cast<uint64_t>(N),
+                                            static_cast<uint64_t>(T), N));
 
     cublasLtMatmulPreference_t pref = nullptr;
     FP8KV_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
@@ -206,7 +208,7 @@ Gemm::Plan& Gemm::plan(int64_t T, int64_t N, int64_t K, bool bias, bool accumula
 // and keep the fastest. y is overwritten by every call, and the last call
 // below runs the kept algorithm, so the output is the chosen algorithm's
 // (no accumulate: the candidates' results never mix).
-void Gemm::tune(Plan& p, const uint16_t* x, const DeviceMatrix& W, const float* bias, float* y, cudaStream_t stream) {
+void Gemm::tune(Plan& p, const uint16_t* x, const DeviceMatrix& W, const float* bias, void* y, cudaStream_t stream) {
   p.tuned = true;
   if (p.candidates.size() < 2 || tuned_plans_ >= kTuneMaxPlans) return;
   cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
@@ -243,6 +245,18 @@ void Gemm::tune(Plan& p, const uint16_t* x, const DeviceMatrix& W, const float* 
   }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
+}
+
+void Gemm::linear_bf16_out(const uint16_t* x, int64_t T, const DeviceMatrix& W, uint16_t* y, cudaStream_t stream) {
+  if (T == 0) return;
+  if (T < 0 || !x || !W.data || !y || W.rows <= 0 || W.cols <= 0)
+    throw std::invalid_argument("cuda::Gemm::linear_bf16_out: bad arguments (null pointer or empty shape)");
+  Plan& p = plan(T, W.rows, W.cols, false, false, pointer_alignment(x), pointer_alignment(W.data),
+                 pointer_alignment(y), true);
+  if (!p.tuned) tune(p, x, W, nullptr, y, stream);
+  const float alpha = 1.0f, beta = 0.0f;
+  FP8KV_CUBLAS(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.op, &alpha, W.data, p.a, x, p.b, &beta, y,
+                              p.c, y, p.c, &p.algo, workspace_.get(), kWorkspaceBytes, stream));
 }
 
 void Gemm::name_shape(int64_t N, int64_t K, LinearProj proj) {

@@ -99,6 +99,9 @@ class Gemm {
   // accumulation and output. T == 0 is a no-op.
   void linear(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y, bool accumulate,
               cudaStream_t stream);
+  // y[T][N] = bf16(x W^T) with fp32 accumulation, no bias, always cuBLASLt
+  // (the prefill gate|up GEMM with FP8KV_PREFILL_BF16_ACT, CudaBackend::linear_gated_act).
+  void linear_bf16_out(const uint16_t* x, int64_t T, const DeviceMatrix& W, uint16_t* y, cudaStream_t stream);
 
   // Calls with T <= this many rows (and shapes gemv_bf16 takes) run
   // gemv_bf16 instead of cuBLASLt. Default: the environment variable
@@ -117,8 +120,9 @@ class Gemm {
 
  private:
   struct Plan;
-  Plan& plan(int64_t T, int64_t N, int64_t K, bool bias, bool accumulate, int align_x, int align_w, int align_y);
-  void tune(Plan& p, const uint16_t* x, const DeviceMatrix& W, const float* bias, float* y, cudaStream_t stream);
+  Plan& plan(int64_t T, int64_t N, int64_t K, bool bias, bool accumulate, int align_x, int align_w, int align_y,
+             bool out_bf16 = false);
+  void tune(Plan& p, const uint16_t* x, const DeviceMatrix& W, const float* bias, void* y, cudaStream_t stream);
   void* handle_ = nullptr;  // cublasLtHandle_t
   // FP8KV_LT_TUNE=n (default 0: off): plans of >= kTuneMinRows rows without
   // accumulate time cuBLASLt's first n heuristic algorithms on their first
@@ -232,6 +236,9 @@ void qkv_prep(const QkvPrepArgs& args, cudaStream_t stream);
 // up = base + n, in_stride = 2n).
 void gated_act(Activation act, const float* gate, const float* up, int64_t in_stride, int64_t rows, int64_t n,
                void* out, bool out_bf16, cudaStream_t stream);
+// gated_act with bf16 gate / up (the prefill gate|up GEMM's bf16 output).
+void gated_act_bf16_in(Activation act, const uint16_t* gate, const uint16_t* up, int64_t in_stride, int64_t rows,
+                       int64_t n, void* out, bool out_bf16, cudaStream_t stream);
 
 // dst[i] = bf16(src[row_index[i]]) (RNE) for i < rows (row_index null: row i);
 // rows of `cols` elements. The GEMM input of fp32 activations.
