@@ -19,14 +19,14 @@
 # NO_TESTS=1 skips the tests.
 #
 # Sixth session (engine6), mid-session run: please run
-#   ONLY="lat_b1_1k_fp8 nsys_8k_b1 ttft_8k_fp8 ttft_8k_fp8_tune ttft_8k_fp8_bf16act lat_b1_60k_fp8 thr_256x1k_fp8" BUDGET_S=330 bash scripts/gpu_bench.sh
+#   ONLY="lat_b1_1k_fp8 nsys_8k_b1 ttft_8k_fp8 ttft_8k_fp8_tune ttft_8k_fp8_bf16act lat_b1_60k_fp8 thr_256x1k_fp8 nsys_b32_1k" BUDGET_S=330 bash scripts/gpu_bench.sh
 # (~5.5 min with the build; cases run in this priority order and the last
 # ones are skipped when the budget runs out): the split-K GEMV / fused
 # activation route A/B at batch 1, the per-kernel breakdown of an 8K prefill
 # + batch-1 decode under nsys, TTFT with and without cuBLASLt autotuning
 # (FP8KV_LT_TUNE=8) and with the bf16 gate|up output (FP8KV_PREFILL_BF16_ACT=1),
 # then 60K and throughput.
-DEFAULT_ONLY="lat_b1_1k_fp8 nsys_8k_b1 ttft_8k_fp8 ttft_8k_fp8_tune ttft_8k_fp8_bf16act lat_b1_60k_fp8 thr_256x1k_fp8"
+DEFAULT_ONLY="lat_b1_1k_fp8 nsys_8k_b1 ttft_8k_fp8 ttft_8k_fp8_tune ttft_8k_fp8_bf16act lat_b1_60k_fp8 thr_256x1k_fp8 nsys_b32_1k"
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/fp8kv-out}
@@ -92,6 +92,8 @@ CASES=(
   "lat_b1_1k_fp8_eager|35|-|$L1K --kv-cache-dtype fp8 --enforce-eager"
   "lat_b1_1k_fp8|65|-|$L1K --kv-cache-dtype fp8 --gemv-routes $ROUTE_SETS"
   "nsys_8k_b1|75|NSYS|latency --batch-size 1 --input-len 8192 --output-len 32 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8"
+  # Batch 32 at 1K: the non-attention part of a batch-32 decode step (cuBLASLt at T = 32, small kernels).
+  "nsys_b32_1k|60|NSYS|latency --batch-size 32 --input-len 1024 --output-len 32 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8"
   "lat_b1_1k_fp8_gemv|35|FP8KV_GEMV=8|$L1K --kv-cache-dtype fp8"
   "lat_b1_1k_fp8_mma|35|FP8KV_GEMV=8 FP8KV_GEMV_MMA_MIN=1|$L1K --kv-cache-dtype fp8"
   "lat_b8_1k_fp8|35|-|$L8K --kv-cache-dtype fp8"
@@ -102,6 +104,8 @@ CASES=(
   "ttft_8k_fp8_bf16act|40|FP8KV_PREFILL_BF16_ACT=1|latency --batch-size 1 --input-len 8192 --output-len 2 --num-iters-warmup 1 --num-iters 3 --kv-cache-dtype fp8"
   "lat_b1_60k_fp8|40|-|latency --batch-size 1 --input-len 60000 --output-len 32 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8"
   "thr_256x1k_fp8|40|-|throughput --num-prompts 256 --input-len 1024 --output-len 128 --num-iters-warmup 0 --kv-cache-dtype fp8"
+  "thr_256x1k_fp8_mbt16k|45|-|throughput --num-prompts 256 --input-len 1024 --output-len 128 --num-iters-warmup 0 --kv-cache-dtype fp8 --max-num-batched-tokens 16384"
+  "thr_256x1k_fp8_bf16act|45|FP8KV_PREFILL_BF16_ACT=1|throughput --num-prompts 256 --input-len 1024 --output-len 128 --num-iters-warmup 0 --kv-cache-dtype fp8"
   # Batch 32 / 16K: 128 out so that >= 32 steps run with all 32 sequences
   # decoding (16K prompts in 8192-token chunks stagger the first tokens over
   # ~64 steps; full_batch_* in the JSON, docs/bench.md "Full-batch decode").
@@ -222,6 +226,11 @@ t = get("ttft_8k_fp8", "ttft_ms")
 if t:
     floor_ms = 2 * 7.5e9 * 8192 / 790e12 * 1e3
     print(f"TTFT 8K: {t:.0f} ms; GEMM floor on paper {floor_ms:.0f} ms at 790 TFLOP/s (attention not included)")
+o = get("thr_256x1k_fp8", "output_tokens_per_s")
+for v, what in (("mbt16k", "--max-num-batched-tokens 16384"), ("bf16act", "FP8KV_PREFILL_BF16_ACT=1")):
+    x = get(f"thr_256x1k_fp8_{v}", "output_tokens_per_s")
+    if o and x:
+        print(f"throughput 256 x 1K: default {o:.0f} out tok/s, {what} {x:.0f} ({x / o:.3f}x)")
 tt = get("ttft_8k_fp8_tune", "ttft_ms")
 if t and tt:
     print(f"TTFT 8K: cuBLASLt heuristic {t:.1f} ms, FP8KV_LT_TUNE=8 {tt:.1f} ms ({t / tt:.3f}x)")
