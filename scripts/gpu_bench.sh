@@ -92,8 +92,6 @@ CASES=(
   "lat_b1_1k_fp8_eager|35|-|$L1K --kv-cache-dtype fp8 --enforce-eager"
   "lat_b1_1k_fp8|65|-|$L1K --kv-cache-dtype fp8 --gemv-routes $ROUTE_SETS"
   "nsys_8k_b1|75|NSYS|latency --batch-size 1 --input-len 8192 --output-len 32 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8"
-  # Batch 32 at 1K: the non-attention part of a batch-32 decode step (cuBLASLt at T = 32, small kernels).
-  "nsys_b32_1k|60|NSYS|latency --batch-size 32 --input-len 1024 --output-len 32 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8"
   "lat_b1_1k_fp8_gemv|35|FP8KV_GEMV=8|$L1K --kv-cache-dtype fp8"
   "lat_b1_1k_fp8_mma|35|FP8KV_GEMV=8 FP8KV_GEMV_MMA_MIN=1|$L1K --kv-cache-dtype fp8"
   "lat_b8_1k_fp8|35|-|$L8K --kv-cache-dtype fp8"
@@ -106,6 +104,8 @@ CASES=(
   "thr_256x1k_fp8|40|-|throughput --num-prompts 256 --input-len 1024 --output-len 128 --num-iters-warmup 0 --kv-cache-dtype fp8"
   "thr_256x1k_fp8_mbt16k|45|-|throughput --num-prompts 256 --input-len 1024 --output-len 128 --num-iters-warmup 0 --kv-cache-dtype fp8 --max-num-batched-tokens 16384"
   "thr_256x1k_fp8_bf16act|45|FP8KV_PREFILL_BF16_ACT=1|throughput --num-prompts 256 --input-len 1024 --output-len 128 --num-iters-warmup 0 --kv-cache-dtype fp8"
+  # Batch 32 at 1K: the non-attention part of a batch-32 decode step (cuBLASLt at T = 32, small kernels).
+  "nsys_b32_1k|60|NSYS|latency --batch-size 32 --input-len 1024 --output-len 32 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8"
   # Batch 32 / 16K: 128 out so that >= 32 steps run with all 32 sequences
   # decoding (16K prompts in 8192-token chunks stagger the first tokens over
   # ~64 steps; full_batch_* in the JSON, docs/bench.md "Full-batch decode").
