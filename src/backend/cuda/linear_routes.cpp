@@ -21,11 +21,14 @@ namespace fp8kv::cuda {
 // store fused. docs/cuda_backend.md "GEMV routes".
 // Sixth session: the projections whose SIMT GEMV was furthest from the copy
 // bandwidth in run G's bench_linear (qkv 0.79, o_proj 0.63, down 0.66 of it;
-// gate_up 0.98, lm_head 1.06) take the split-K SIMT kernel ("simtk": 4 warps
-// per column at the 8B shape). Predicted from the byte counts: -0.3 to -0.5 ms
-// per step at batch 1 (docs/cuda_backend.md "2026-12-01, sixth session").
+// gate_up 0.98, lm_head 1.06) take the split-K SIMT kernel (qkv, o_proj
+// "simtk" = 4 warps per column at the 8B shape; down 8 warps: the best of
+// simt / simt2 / simtk / simt8 / lt in run H), and the activation is fused
+// into the gate|up GEMV. Run H (batch 1, 1K, fp8, graphs): 4.605 ms/step with
+// down=simtk vs 4.769 for the fifth session's default; down=simt8 4.586
+// (docs/cuda_backend.md "2026-12-01, sixth session").
 const char* const kDefaultLinearRoutes =
-    "qkv=simtk,o_proj=simtk,gate_up=auto,down=simtk,lm_head=auto,store=fused,act=fused";
+    "qkv=simtk,o_proj=simtk,gate_up=auto,down=simt8,lm_head=auto,store=fused,act=fused";
 
 namespace {
 
