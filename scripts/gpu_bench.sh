@@ -17,7 +17,12 @@
 # static cache + torch.compile, the lat_b1_1k shape: batch 1, 1024 in / 64
 # out), time-boxed to HF_PEER_S (default 150 s) on top of the budget;
 # NO_TESTS=1 skips the tests.
-DEFAULT_ONLY="lat_b1_1k_fp8 lat_b1_1k_fp8_gemv lat_b1_1k_fp8_mma lat_b8_1k_fp8 lat_b8_1k_fp8_gemv"
+#
+# Sixth session (engine6), for the final run: please run
+#   ONLY="lat_b1_1k_fp8 ttft_8k_fp8 ttft_8k_fp8_bf16act lat_b1_60k_fp8 thr_256x1k_fp8 thr_256x1k_fp8_bf16act" BUDGET_S=330 bash scripts/gpu_bench.sh
+# (run H had no nsys on the box: the nsys_* cases print "no nsys" and skip;
+# FP8KV_LT_TUNE=8 gained 1.002x at TTFT 8K, so ttft_8k_fp8_tune is left out).
+DEFAULT_ONLY="lat_b1_1k_fp8 ttft_8k_fp8 ttft_8k_fp8_bf16act lat_b1_60k_fp8 thr_256x1k_fp8 thr_256x1k_fp8_bf16act"
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/fp8kv-out}
@@ -61,14 +66,19 @@ MODEL=tests/data/configs/llama-3.1-8b
 L1K="latency --batch-size 1 --input-len 1024 --output-len 64 --num-iters-warmup 1 --num-iters 2"
 # Per-projection GEMV routes at T = 1 (backend/cuda/linear_routes.h), compared
 # in the lat_b1_1k_fp8 process after its main run (one model load, ~1 s per
-# set): all cuBLASLt, the default (linear_routes.cpp kDefaultLinearRoutes:
-# auto = SIMT at T = 1, store fused) with one projection changed at a time,
-# and the default with the separate KV store kernel (= the fourth session's
-# default).
-DEF_ROUTES="qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto"
-alt() { echo "$DEF_ROUTES" | sed -E "s/(^|,)$1=[a-z_]+/\1$1=$2/"; }
-ROUTE_SETS="qkv=lt,o_proj=lt,gate_up=lt,down=lt,lm_head=lt"
-for pk in qkv:mma qkv:lt o_proj:mma o_proj:lt gate_up:mma gate_up:lt down:lt down:mma lm_head:lt lm_head:mma; do
+# set): all cuBLASLt, the fifth session's default (auto = one-warp SIMT
+# everywhere), the default (linear_routes.cpp kDefaultLinearRoutes: split-K
+# SIMT "simtk" for qkv / o_proj / down) with one projection changed at a time,
+# and the default with the separate KV store kernel.
+DEF_ROUTES="qkv=simtk,o_proj=simtk,gate_up=auto,down=simt8,lm_head=auto"
+alt() { echo "$DEF_ROUTES" | sed -E "s/(^|,)$1=[a-z0-9_]+/\1$1=$2/"; }
+# act=fused (default): the gated activation inside the gate|up GEMV.
+ROUTE_SETS="qkv=lt,o_proj=lt,gate_up=lt,down=lt,lm_head=lt,act=separate"
+ROUTE_SETS="$ROUTE_SETS;qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto,act=separate"
+ROUTE_SETS="$ROUTE_SETS;qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto"
+ROUTE_SETS="$ROUTE_SETS;$DEF_ROUTES,act=separate"
+for pk in qkv:simt qkv:simt2 qkv:simt8 qkv:mma o_proj:simt o_proj:simt2 o_proj:simt8 o_proj:mma \
+          down:simt down:simt2 down:simtk down:lt gate_up:simt2 lm_head:simt2; do
   ROUTE_SETS="$ROUTE_SETS;$(alt "${pk%%:*}" "${pk##*:}")"
 done
 # The KV store fused into the qkv split kernel (default) vs its own kernel.
@@ -76,15 +86,22 @@ ROUTE_SETS="$ROUTE_SETS;$DEF_ROUTES,store=separate"
 L8K="latency --batch-size 8 --input-len 1024 --output-len 64 --num-iters-warmup 1 --num-iters 2"
 CASES=(
   "lat_b1_1k_fp8_eager|35|-|$L1K --kv-cache-dtype fp8 --enforce-eager"
-  "lat_b1_1k_fp8|55|-|$L1K --kv-cache-dtype fp8 --gemv-routes $ROUTE_SETS"
+  "lat_b1_1k_fp8|65|-|$L1K --kv-cache-dtype fp8 --gemv-routes $ROUTE_SETS"
+  "nsys_8k_b1|75|NSYS|latency --batch-size 1 --input-len 8192 --output-len 32 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8"
   "lat_b1_1k_fp8_gemv|35|FP8KV_GEMV=8|$L1K --kv-cache-dtype fp8"
   "lat_b1_1k_fp8_mma|35|FP8KV_GEMV=8 FP8KV_GEMV_MMA_MIN=1|$L1K --kv-cache-dtype fp8"
   "lat_b8_1k_fp8|35|-|$L8K --kv-cache-dtype fp8"
   "lat_b8_1k_fp8_gemv|35|FP8KV_GEMV=8|$L8K --kv-cache-dtype fp8"
   "lat_b1_1k_bf16|35|-|$L1K --kv-cache-dtype bf16"
-  "ttft_8k_fp8|25|-|latency --batch-size 1 --input-len 8192 --output-len 2 --num-iters-warmup 1 --num-iters 3 --kv-cache-dtype fp8"
+  "ttft_8k_fp8|40|-|latency --batch-size 1 --input-len 8192 --output-len 2 --num-iters-warmup 1 --num-iters 3 --kv-cache-dtype fp8"
+  "ttft_8k_fp8_tune|40|FP8KV_LT_TUNE=8|latency --batch-size 1 --input-len 8192 --output-len 2 --num-iters-warmup 1 --num-iters 3 --kv-cache-dtype fp8"
+  "ttft_8k_fp8_bf16act|40|FP8KV_PREFILL_BF16_ACT=1|latency --batch-size 1 --input-len 8192 --output-len 2 --num-iters-warmup 1 --num-iters 3 --kv-cache-dtype fp8"
   "lat_b1_60k_fp8|40|-|latency --batch-size 1 --input-len 60000 --output-len 32 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8"
   "thr_256x1k_fp8|40|-|throughput --num-prompts 256 --input-len 1024 --output-len 128 --num-iters-warmup 0 --kv-cache-dtype fp8"
+  "thr_256x1k_fp8_mbt16k|45|-|throughput --num-prompts 256 --input-len 1024 --output-len 128 --num-iters-warmup 0 --kv-cache-dtype fp8 --max-num-batched-tokens 16384"
+  "thr_256x1k_fp8_bf16act|45|FP8KV_PREFILL_BF16_ACT=1|throughput --num-prompts 256 --input-len 1024 --output-len 128 --num-iters-warmup 0 --kv-cache-dtype fp8"
+  # Batch 32 at 1K: the non-attention part of a batch-32 decode step (cuBLASLt at T = 32, small kernels).
+  "nsys_b32_1k|60|NSYS|latency --batch-size 32 --input-len 1024 --output-len 32 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8"
   # Batch 32 / 16K: 128 out so that >= 32 steps run with all 32 sequences
   # decoding (16K prompts in 8192-token chunks stagger the first tokens over
   # ~64 steps; full_batch_* in the JSON, docs/bench.md "Full-batch decode").
@@ -103,6 +120,30 @@ for c in "${CASES[@]}"; do
   t=$(date +%s)
   # shellcheck disable=SC2086
   [ "$envs" = "-" ] && envs=""
+  if [ "$envs" = "NSYS" ]; then
+    # Per-kernel time breakdown (nsys, kernels inside CUDA graphs traced as
+    # nodes): prefill = the kernels from the first embedding kernel to the
+    # first decode GEMV; decode = the rest, per step. Kernels overlap under
+    # PDL, so the sums are kernel busy times, not the step time.
+    NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+    if [ -z "$NSYS" ]; then echo "$name: no nsys on this machine" | tee "$OUT/$name.skipped"; continue; fi
+    timeout $(( l > 10 ? l - 5 : 5 )) "$NSYS" profile -t cuda --cuda-graph-trace=node -o "$OUT/$name" --force-overwrite true \
+      $FP8KV bench $args $MODEL --load-format dummy --ignore-eos --backend cuda >"$OUT/$name.log" 2>&1 &&
+      { timeout 60 "$NSYS" stats --force-export=true --report cuda_gpu_trace --format csv --output "$OUT/$name" \
+          "$OUT/$name.nsys-rep" >>"$OUT/$name.log" 2>&1 ||
+        timeout 60 "$NSYS" stats --force-export=true --report gputrace --format csv --output "$OUT/$name" \
+          "$OUT/$name.nsys-rep" >>"$OUT/$name.log" 2>&1; }
+    echo "$name: rc $?, $(( $(date +%s) - t )) s ($NSYS)"
+    csv=$(ls "$OUT/$name"*trace*.csv 2>/dev/null | head -1)
+    if [ -n "$csv" ]; then
+      python3 scripts/kernel_breakdown.py "$csv" | tee "$OUT/$name.breakdown.txt"
+      gzip -f "$csv"
+    else
+      echo "$name: no trace csv"; tail -5 "$OUT/$name.log"
+    fi
+    rm -f "$OUT/$name.nsys-rep" "$OUT/$name.sqlite"
+    continue
+  fi
   timeout $(( l > 10 ? l - 5 : 5 )) env $envs $FP8KV bench $args $MODEL --load-format dummy --ignore-eos --backend cuda --json \
     >"$OUT/$name.json" 2>"$OUT/$name.log"
   rc=$?
@@ -181,6 +222,17 @@ t = get("ttft_8k_fp8", "ttft_ms")
 if t:
     floor_ms = 2 * 7.5e9 * 8192 / 790e12 * 1e3
     print(f"TTFT 8K: {t:.0f} ms; GEMM floor on paper {floor_ms:.0f} ms at 790 TFLOP/s (attention not included)")
+o = get("thr_256x1k_fp8", "output_tokens_per_s")
+for v, what in (("mbt16k", "--max-num-batched-tokens 16384"), ("bf16act", "FP8KV_PREFILL_BF16_ACT=1")):
+    x = get(f"thr_256x1k_fp8_{v}", "output_tokens_per_s")
+    if o and x:
+        print(f"throughput 256 x 1K: default {o:.0f} out tok/s, {what} {x:.0f} ({x / o:.3f}x)")
+tt = get("ttft_8k_fp8_tune", "ttft_ms")
+if t and tt:
+    print(f"TTFT 8K: cuBLASLt heuristic {t:.1f} ms, FP8KV_LT_TUNE=8 {tt:.1f} ms ({t / tt:.3f}x)")
+tb = get("ttft_8k_fp8_bf16act", "ttft_ms")
+if t and tb:
+    print(f"TTFT 8K: fp32 gate|up {t:.1f} ms, FP8KV_PREFILL_BF16_ACT=1 {tb:.1f} ms ({t / tb:.3f}x)")
 e, g = get("lat_b1_1k_fp8_eager", "decode_ms_per_step"), get("lat_b1_1k_fp8", "decode_ms_per_step")
 if e and g:
     print(f"batch 1 1K fp8: eager {e:.3f} ms/step, graphs {g:.3f} ms/step ({e / g:.2f}x)")
@@ -212,5 +264,8 @@ if runs:
 h = get("hf_peer", "decode_ms_per_step")
 if h and g:
     print(f"batch 1 1K: fp8kv fp8 {1e3 / g:.1f} tok/s vs HF static+compile {1e3 / h:.1f} tok/s ({h / g:.2f}x)")
+for f in sorted(glob.glob(os.path.join(out, "*.breakdown.txt"))):
+    print(f"== {os.path.basename(f)}")
+    print(open(f).read())
 EOF
 phase done

@@ -237,6 +237,15 @@ class Backend {
   virtual void gated_act_fused(Activation /*act*/, const Tensor& /*gate_up*/, Tensor& /*out*/) {
     throw std::logic_error("Backend::gated_act_fused: this backend does not fuse projections");
   }
+  // The fused MLP input: gate_up = linear(x, w, bias), then out =
+  // gated_act_fused(act, gate_up). A backend may compute out without writing
+  // gate_up (the CUDA decode GEMV with the activation fused); gate_up is then
+  // scratch whose contents are undefined.
+  virtual void linear_gated_act(Activation act, const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& gate_up,
+                                Tensor& out) {
+    linear(x, w, bias, gate_up);
+    gated_act_fused(act, gate_up, out);
+  }
 
   // ---- CUDA graphs (optional; the defaults mean "not supported") ----
   // The runner brackets the ops of a decode-only step whose StepBatch is

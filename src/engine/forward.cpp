@@ -78,8 +78,7 @@ void ForwardPass::attention(int layer, Step& st) {
 void ForwardPass::mlp(int layer, Step& st) {
   const BackendLayerWeights& L = w_.layers[layer];
   if (fused_) {  // gate|up in one GEMM; the activation writes the down GEMM's bf16 input
-    be_.linear(st.x, L.gate_up_proj, L.gate_up_bias, st.gate_up);
-    be_.gated_act_fused(act_, st.gate_up, st.act_bf16);
+    be_.linear_gated_act(act_, st.x, L.gate_up_proj, L.gate_up_bias, st.gate_up, st.act_bf16);
     be_.linear(st.act_bf16, L.down_proj, L.down_bias, st.tmp);
     be_.all_reduce(st.tmp);  // row-parallel down_proj
     return;

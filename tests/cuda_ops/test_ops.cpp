@@ -53,6 +53,9 @@ void check_linear(std::mt19937_64& rng, int T, int N, int K, bool bias, bool acc
     cuda::gemv_bf16_simt(dx.as<uint16_t>(), T, W, bp, dy.as<float>(), accumulate, nullptr);
   else if (kernel == "mma")
     cuda::gemv_bf16_mma(dx.as<uint16_t>(), T, W, bp, dy.as<float>(), accumulate, nullptr);
+  else if (kernel.rfind("simt", 0) == 0)  // simt2 / simt4 / simt8; simtk: the auto split
+    cuda::gemv_bf16_simt_split(dx.as<uint16_t>(), T, W, bp, dy.as<float>(), accumulate,
+                               kernel == "simtk" ? 0 : std::stoi(kernel.substr(4)), nullptr);
   else
     gemm.linear(dx.as<uint16_t>(), T, W, bp, dy.as<float>(), accumulate, nullptr);
   const auto y = to_host<float>(dy, static_cast<size_t>(T) * N);
@@ -108,7 +111,85 @@ TEST(CudaOps, LinearGemvMatchesCpu) {
       check_linear(rng, T, 40, 4096, false, false, false, 0, kernel);
     }
   check_linear(rng, 3, 24, 8, true, false, false, 0, "mma");  // K = 8: one partial chunk
+  // The split-K SIMT kernel (2, 4, 8 warps per column): N not a multiple of
+  // the columns per block (8 / split), K shorter than one lane stride of the
+  // split (K = 8, 320) and long (the 8B down_proj's K).
+  for (const std::string kernel : {"simt2", "simt4", "simt8", "simtk"})
+    for (int T : {1, 2, 3, 8}) {
+      check_linear(rng, T, 201, 320, T % 2 == 1, T % 3 == 0, false, 0, kernel);
+      check_linear(rng, T, 77, 4104, true, true, false, 0, kernel);
+      check_linear(rng, T, 5, 8, false, true, false, 0, kernel);
+    }
+  check_linear(rng, 1, 64, 14336, true, false, false, 0, "simt4");
+  EXPECT_EQ(cuda::gemv_simt_auto_split(4096, 14336), 4);   // 8B down_proj
+  EXPECT_EQ(cuda::gemv_simt_auto_split(28672, 4096), 1);   // 8B gate|up
+  EXPECT_EQ(cuda::gemv_simt_auto_split(4096, 4096), 4);    // 8B o_proj
+  EXPECT_EQ(cuda::gemv_simt_auto_split(128256, 4096), 1);  // LM head
   EXPECT_FALSE(cuda::gemv_bf16_fits(reinterpret_cast<const uint16_t*>(256), 1, cuda::DeviceMatrix{nullptr, 4, 12}));
+}
+
+// The gate|up GEMV with the activation fused (gemv_gated_act_bf16) writes
+// bitwise what the SIMT GEMV followed by the activation kernel writes, for
+// every activation, with and without a bias, at 1 and 2 rows, with I not a
+// multiple of the 4 columns a block owns.
+TEST(CudaOps, GemvGatedActMatchesTwoKernels) {
+  FP8KV_NEED_GPU();
+  std::mt19937_64 rng(test_seed());
+  const int I = 203, K = 4104;
+  const std::vector<uint16_t> wb = to_bf16(randn(rng, static_cast<size_t>(2 * I) * K, 0.05f));
+  cuda::DeviceBuffer dW;
+  const cuda::DeviceMatrix W = cuda::upload_matrix_bf16(MatrixRef{wb.data(), WeightType::bf16, 2 * I, K}, dW);
+  auto db = to_device(randn(rng, 2 * I, 0.5f));
+  for (int T = 1; T <= cuda::kGemvGatedActMaxRows; ++T)
+    for (Activation act : {Activation::silu, Activation::gelu_tanh, Activation::gelu})
+      for (bool bias : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "T=" << T << " act=" << static_cast<int>(act) << " bias=" << bias);
+        auto dx = to_device(to_bf16(randn(rng, static_cast<size_t>(T) * K, 1.0f)));
+        const float* bp = bias ? db.as<float>() : nullptr;
+        auto gu = to_device(std::vector<float>(static_cast<size_t>(T) * 2 * I, 0.0f));
+        auto two = to_device(std::vector<uint16_t>(static_cast<size_t>(T) * I, 0));
+        auto one = to_device(std::vector<uint16_t>(static_cast<size_t>(T) * I, 0));
+        cuda::gemv_bf16_simt(dx.as<uint16_t>(), T, W, bp, gu.as<float>(), false, nullptr);
+        cuda::gated_act(act, gu.as<float>(), gu.as<float>() + I, 2 * I, T, I, two.get(), true, nullptr);
+        cuda::gemv_gated_act_bf16(act, dx.as<uint16_t>(), T, W, bp, one.as<uint16_t>(), nullptr);
+        const auto a = to_host<uint16_t>(two, static_cast<size_t>(T) * I);
+        const auto b = to_host<uint16_t>(one, static_cast<size_t>(T) * I);
+        EXPECT_EQ(a, b);
+        EXPECT_NE(std::count(a.begin(), a.end(), uint16_t{0}), static_cast<long>(a.size()));  // not all zero
+      }
+}
+
+// The prefill path behind FP8KV_PREFILL_BF16_ACT: the GEMM with bf16 output
+// is the fp32-output GEMM rounded to bf16 (up to the accumulation order: one
+// bf16 ulp plus the fp32 bound), and the activation on bf16 inputs is
+// bitwise the activation on the same values in fp32.
+TEST(CudaOps, GemmBf16OutAndActBf16In) {
+  FP8KV_NEED_GPU();
+  std::mt19937_64 rng(test_seed());
+  const int T = 40, I = 96, K = 320;
+  const std::vector<uint16_t> wb = to_bf16(randn(rng, static_cast<size_t>(2 * I) * K, 0.05f));
+  cuda::DeviceBuffer dW;
+  const cuda::DeviceMatrix W = cuda::upload_matrix_bf16(MatrixRef{wb.data(), WeightType::bf16, 2 * I, K}, dW);
+  auto dx = to_device(to_bf16(randn(rng, static_cast<size_t>(T) * K, 1.0f)));
+  auto y32 = to_device(std::vector<float>(static_cast<size_t>(T) * 2 * I, 0.0f));
+  auto y16 = to_device(std::vector<uint16_t>(static_cast<size_t>(T) * 2 * I, 0));
+  cuda::Gemm gemm;
+  gemm.set_gemv_max_rows(0);
+  gemm.linear(dx.as<uint16_t>(), T, W, nullptr, y32.as<float>(), false, nullptr);
+  gemm.linear_bf16_out(dx.as<uint16_t>(), T, W, y16.as<uint16_t>(), nullptr);
+  const auto a = to_host<float>(y32, static_cast<size_t>(T) * 2 * I);
+  const auto b = from_bf16(to_host<uint16_t>(y16, static_cast<size_t>(T) * 2 * I));
+  for (size_t i = 0; i < a.size(); ++i)
+    ASSERT_LE(std::fabs(a[i] - b[i]), std::ldexp(std::fabs(a[i]), -7) + 1e-4) << i << ": " << a[i] << " vs " << b[i];
+  // Activation: bf16 inputs == the same values as fp32 inputs, bitwise.
+  auto g32 = to_device(b);
+  auto o1 = to_device(std::vector<uint16_t>(static_cast<size_t>(T) * I, 0));
+  auto o2 = to_device(std::vector<uint16_t>(static_cast<size_t>(T) * I, 0));
+  for (Activation act : {Activation::silu, Activation::gelu_tanh, Activation::gelu}) {
+    cuda::gated_act(act, g32.as<float>(), g32.as<float>() + I, 2 * I, T, I, o1.get(), true, nullptr);
+    cuda::gated_act_bf16_in(act, y16.as<uint16_t>(), y16.as<uint16_t>() + I, 2 * I, T, I, o2.get(), true, nullptr);
+    EXPECT_EQ(to_host<uint16_t>(o1, static_cast<size_t>(T) * I), to_host<uint16_t>(o2, static_cast<size_t>(T) * I));
+  }
 }
 
 // ---- per-projection GEMV routes (linear_routes.h) ---------------------------
@@ -120,14 +201,16 @@ TEST(CudaOps, LinearRoutesParse) {  // host only: runs without a GPU too
   EXPECT_EQ(r.of(LinearProj::down), GemvKernel::lt);
   EXPECT_EQ(r.of(LinearProj::qkv), GemvKernel::mma);
   EXPECT_EQ(r.of(LinearProj::o_proj), GemvKernel::auto_);  // unnamed: auto
-  EXPECT_EQ(cuda::linear_routes_string(r), "qkv=mma,o_proj=auto,gate_up=auto,down=lt,lm_head=auto,store=fused");
+  EXPECT_EQ(cuda::linear_routes_string(r),
+            "qkv=mma,o_proj=auto,gate_up=auto,down=lt,lm_head=auto,store=fused,act=fused");
+  EXPECT_FALSE(cuda::parse_linear_routes("act=separate", "test").fused_act);
   EXPECT_FALSE(cuda::parse_linear_routes("store=separate", "test").fused_store);
   // The canonical string parses back to the same routes; "" and "default" are the default.
   EXPECT_EQ(cuda::parse_linear_routes(cuda::linear_routes_string(r), "test"), r);
   EXPECT_EQ(cuda::parse_linear_routes("", "test"), cuda::parse_linear_routes(cuda::kDefaultLinearRoutes, "test"));
   EXPECT_EQ(cuda::parse_linear_routes("default", "test"), cuda::parse_linear_routes("", "test"));
   EXPECT_EQ(cuda::parse_linear_routes("gate_up=simt,", "test").of(LinearProj::gate_up), GemvKernel::simt);
-  for (const char* bad : {"down", "down=fast", "ffn=lt", "=lt", "down=lt,qkv", "store=lt"}) {
+  for (const char* bad : {"down", "down=fast", "ffn=lt", "=lt", "down=lt,qkv", "store=lt", "act=silu"}) {
     try {
       (void)cuda::parse_linear_routes(bad, "FP8KV_GEMV_ROUTES");
       ADD_FAILURE() << "accepted " << bad;
@@ -163,6 +246,13 @@ TEST(CudaOps, LinearRoutesDispatch) {
   const auto y_lt = y_of([&](float* y) { direct.linear(dx.as<uint16_t>(), 1, W, nullptr, y, false, nullptr); });
   const auto y_simt = y_of([&](float* y) { cuda::gemv_bf16_simt(dx.as<uint16_t>(), 1, W, nullptr, y, false, nullptr); });
   const auto y_mma = y_of([&](float* y) { cuda::gemv_bf16_mma(dx.as<uint16_t>(), 1, W, nullptr, y, false, nullptr); });
+  const auto y_simt4 =
+      y_of([&](float* y) { cuda::gemv_bf16_simt_split(dx.as<uint16_t>(), 1, W, nullptr, y, false, 4, nullptr); });
+  const auto y_simtk =
+      y_of([&](float* y) { cuda::gemv_bf16_simt_split(dx.as<uint16_t>(), 1, W, nullptr, y, false, 0, nullptr); });
+  const auto y_simt1 =
+      y_of([&](float* y) { cuda::gemv_bf16_simt_split(dx.as<uint16_t>(), 1, W, nullptr, y, false, 1, nullptr); });
+  EXPECT_EQ(y_simt1, y_simt);  // split 1 is the one-warp kernel, bitwise
   ASSERT_NE(y_simt, y_mma);  // the kernels sum in different orders: the check below can tell them apart
 
   cuda::Gemm gemm;
@@ -171,7 +261,8 @@ TEST(CudaOps, LinearRoutesDispatch) {
   for (const auto& [spec, want_kernel, want] :
        std::vector<std::tuple<std::string, GemvKernel, std::vector<float>>>{
            {"down=lt", GemvKernel::lt, y_lt}, {"down=simt", GemvKernel::simt, y_simt},
-           {"down=mma", GemvKernel::mma, y_mma}, {"down=auto", GemvKernel::auto_, y_simt}}) {
+           {"down=mma", GemvKernel::mma, y_mma}, {"down=auto", GemvKernel::auto_, y_simt},
+           {"down=simt4", GemvKernel::simt4, y_simt4}, {"down=simtk", GemvKernel::simtk, y_simtk}}) {
     SCOPED_TRACE(spec);
     const uint64_t gen = cuda::linear_routes_generation();
     cuda::set_linear_routes(cuda::parse_linear_routes(spec, "test"));

@@ -1,6 +1,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <stdexcept>
@@ -511,6 +512,48 @@ void CudaBackend::gated_act_fused(Activation act, const Tensor& gate_up, Tensor&
   if (!out.data && out.numel() > 0) bad("gated_act_fused", "out is empty");
   cuda::gated_act(act, g, g + out.cols, gate_up.cols, out.rows, out.cols, out.data, out.dtype == ScalarType::bf16,
                   stream_);
+}
+
+// At 1-2 rows on the SIMT GEMV route (and act=fused in the routes), one
+// kernel computes the gate|up GEMV and the activation (ops.h
+// gemv_gated_act_bf16: bitwise the two-kernel result); gate_up is not
+// written. Otherwise the GEMM, then the activation kernel.
+void CudaBackend::linear_gated_act(Activation act, const Tensor& x, const Tensor& w, const Tensor& bias,
+                                   Tensor& gate_up, Tensor& out) {
+  const int64_t T = x.rows;
+  bool fuse = cuda::linear_routes().fused_act && out.dtype == ScalarType::bf16 && x.dtype == ScalarType::bf16 &&
+              T >= 1 && T <= std::min<int64_t>(cuda::kGemvGatedActMaxRows, gemm_->gemv_max_rows()) &&
+              x.cols == w.cols && w.rows % 2 == 0 && out.rows == T && out.cols * 2 == w.rows;
+  if (fuse) {
+    const cuda::GemvKernel k = gemm_->route(T, w.rows, w.cols);
+    fuse = k == cuda::GemvKernel::simt || (k == cuda::GemvKernel::auto_ && T < cuda::kGemvMmaMinRows);
+  }
+  const cuda::DeviceMatrix W = fuse ? matrix(w, "linear_gated_act") : cuda::DeviceMatrix{};
+  const uint16_t* xb = fuse ? static_cast<const uint16_t*>(x.data) : nullptr;
+  if (!fuse || !cuda::gemv_bf16_fits(xb, T, W) || !out.data) {
+    // FP8KV_PREFILL_BF16_ACT=1 (off by default): past the GEMV rows, the
+    // gate|up GEMM writes bf16 (half the bytes of the widest GEMM output,
+    // written and read back once per layer) and the activation reads bf16;
+    // gate and up are rounded to bf16 before the activation, as in a bf16
+    // transformers model. Only without a bias (Llama / Qwen / Gemma MLPs).
+    static const bool bf16_act = [] {
+      const char* e = std::getenv("FP8KV_PREFILL_BF16_ACT");
+      return e && std::atoi(e) > 0;
+    }();
+    if (bf16_act && bias.empty() && x.dtype == ScalarType::bf16 && T > gemm_->gemv_max_rows() && w.rows % 2 == 0 &&
+        out.rows == T && out.cols * 2 == w.rows && gate_up.data && gate_up.numel() == T * w.rows &&
+        (out.dtype == ScalarType::bf16 || out.dtype == ScalarType::f32) && out.data) {
+      auto* gu = static_cast<uint16_t*>(gate_up.data);  // [T][2I] bf16 in the f32 buffer's first half
+      gemm_->linear_bf16_out(static_cast<const uint16_t*>(x.data), T, matrix(w, "linear_gated_act"), gu, stream_);
+      cuda::gated_act_bf16_in(act, gu, gu + out.cols, w.rows, T, out.cols, out.data, out.dtype == ScalarType::bf16,
+                              stream_);
+      return;
+    }
+    Backend::linear_gated_act(act, x, w, bias, gate_up, out);
+    return;
+  }
+  cuda::gemv_gated_act_bf16(act, xb, T, W, opt_vec(bias, w.rows, "linear_gated_act", "bias"),
+                            static_cast<uint16_t*>(out.data), stream_);
 }
 
 void CudaBackend::add(Tensor& x, const Tensor& y) {

@@ -69,6 +69,8 @@ class CudaBackend final : public Backend {
   void qkv_split_impl(int layer, const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, float eps, Tensor& q,
                       Tensor& k, Tensor& v, const cuda::QkvPrepArgs::FusedStore* store);
   void gated_act_fused(Activation act, const Tensor& gate_up, Tensor& out) override;
+  void linear_gated_act(Activation act, const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& gate_up,
+                        Tensor& out) override;
   // Without an observer: the store fused into the split kernel (ops.h
   // QkvPrepArgs::FusedStore), one launch per layer less.
   void qkv_split_store(const StepBatch& batch, int layer, const Tensor& qkv, const Tensor& q_norm,

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <iterator>
 #include <mutex>
 
 #include "io/errors.h"
@@ -18,12 +19,22 @@ namespace fp8kv::cuda {
 // chain), and the fused store saved ~0.04 ms per step. So: auto everywhere
 // (SIMT at T = 1, gemv_bf16's mma at 2-8 rows when FP8KV_GEMV allows them),
 // store fused. docs/cuda_backend.md "GEMV routes".
-const char* const kDefaultLinearRoutes = "qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto,store=fused";
+// Sixth session: the projections whose SIMT GEMV was furthest from the copy
+// bandwidth in run G's bench_linear (qkv 0.79, o_proj 0.63, down 0.66 of it;
+// gate_up 0.98, lm_head 1.06) take the split-K SIMT kernel (qkv, o_proj
+// "simtk" = 4 warps per column at the 8B shape; down 8 warps: the best of
+// simt / simt2 / simtk / simt8 / lt in run H), and the activation is fused
+// into the gate|up GEMV. Run H (batch 1, 1K, fp8, graphs): 4.605 ms/step with
+// down=simtk vs 4.769 for the fifth session's default; down=simt8 4.586
+// (docs/cuda_backend.md "2026-12-01, sixth session").
+const char* const kDefaultLinearRoutes =
+    "qkv=simtk,o_proj=simtk,gate_up=auto,down=simt8,lm_head=auto,store=fused,act=fused";
 
 namespace {
 
 constexpr const char* kProjNames[kNumLinearProj] = {"qkv", "o_proj", "gate_up", "down", "lm_head"};
-constexpr const char* kKernelNames[] = {"auto", "lt", "simt", "mma"};
+constexpr const char* kKernelNames[] = {"auto", "lt", "simt", "mma", "simt2", "simt4", "simt8", "simtk"};
+constexpr int kNumKernels = static_cast<int>(std::size(kKernelNames));
 
 std::mutex g_mu;
 LinearRoutes g_routes;
@@ -61,14 +72,23 @@ LinearRoutes parse_linear_routes(std::string_view spec, std::string_view source)
       r.fused_store = val == "fused";
       continue;
     }
+    if (key == "act") {
+      if (val != "fused" && val != "separate")
+        throw InputError(fmt::format("{}: act must be fused or separate, got '{}'", source, val));
+      r.fused_act = val == "fused";
+      continue;
+    }
     int p = -1, k = -1;
     for (int x = 0; x < kNumLinearProj; ++x)
       if (key == kProjNames[x]) p = x;
-    for (int x = 0; x < 4; ++x)
+    for (int x = 0; x < kNumKernels; ++x)
       if (val == kKernelNames[x]) k = x;
     if (p < 0)
-      throw InputError(fmt::format("{}: unknown projection '{}' (qkv, o_proj, gate_up, down, lm_head, store)", source, key));
-    if (k < 0) throw InputError(fmt::format("{}: unknown kernel '{}' for {} (auto, lt, simt, mma)", source, val, key));
+      throw InputError(fmt::format("{}: unknown projection '{}' (qkv, o_proj, gate_up, down, lm_head, store, act)",
+                                   source, key));
+    if (k < 0)
+      throw InputError(fmt::format("{}: unknown kernel '{}' for {} (auto, lt, simt, mma, simt2, simt4, simt8, simtk)",
+                                   source, val, key));
     r.kernel[static_cast<size_t>(p)] = static_cast<GemvKernel>(k);
   }
   return r;
@@ -78,7 +98,7 @@ std::string linear_routes_string(const LinearRoutes& r) {
   std::string s;
   for (int p = 0; p < kNumLinearProj; ++p)
     s += fmt::format("{}{}={}", p ? "," : "", kProjNames[p], kKernelNames[static_cast<int>(r.kernel[p])]);
-  return s + (r.fused_store ? ",store=fused" : ",store=separate");
+  return s + (r.fused_store ? ",store=fused" : ",store=separate") + (r.fused_act ? ",act=fused" : ",act=separate");
 }
 
 LinearRoutes linear_routes() {

@@ -18,7 +18,10 @@ namespace fp8kv::cuda {
 enum class LinearProj : uint8_t { qkv, o_proj, gate_up, down, lm_head };
 inline constexpr int kNumLinearProj = 5;
 // auto: gemv_bf16's own choice (SIMT below kGemvMmaMinRows rows, else mma).
-enum class GemvKernel : uint8_t { auto_, lt, simt, mma };
+// simt2 / simt4 / simt8: the SIMT kernel with K split over 2 / 4 / 8 warps per
+// output column; simtk: the split gemv_simt_auto_split picks for the shape
+// (ops.h gemv_bf16_simt_split).
+enum class GemvKernel : uint8_t { auto_, lt, simt, mma, simt2, simt4, simt8, simtk };
 
 struct LinearRoutes {
   std::array<GemvKernel, kNumLinearProj> kernel{};  // all auto
@@ -26,6 +29,10 @@ struct LinearRoutes {
   // qkv split kernel ("store=fused", the default) or its own kernel
   // ("store=separate"); CudaBackend::qkv_split_store.
   bool fused_store = true;
+  // The gated activation fused into the gate|up GEMV at T <= 2 ("act=fused",
+  // the default) or its own kernel ("act=separate");
+  // CudaBackend::linear_gated_act.
+  bool fused_act = true;
   GemvKernel of(LinearProj p) const { return kernel[static_cast<size_t>(p)]; }
   bool operator==(const LinearRoutes&) const = default;
 };

@@ -99,6 +99,9 @@ class Gemm {
   // accumulation and output. T == 0 is a no-op.
   void linear(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y, bool accumulate,
               cudaStream_t stream);
+  // y[T][N] = bf16(x W^T) with fp32 accumulation, no bias, always cuBLASLt
+  // (the prefill gate|up GEMM with FP8KV_PREFILL_BF16_ACT, CudaBackend::linear_gated_act).
+  void linear_bf16_out(const uint16_t* x, int64_t T, const DeviceMatrix& W, uint16_t* y, cudaStream_t stream);
 
   // Calls with T <= this many rows (and shapes gemv_bf16 takes) run
   // gemv_bf16 instead of cuBLASLt. Default: the environment variable
@@ -117,8 +120,16 @@ class Gemm {
 
  private:
   struct Plan;
-  Plan& plan(int64_t T, int64_t N, int64_t K, bool bias, bool accumulate, int align_x, int align_w, int align_y);
+  Plan& plan(int64_t T, int64_t N, int64_t K, bool bias, bool accumulate, int align_x, int align_w, int align_y,
+             bool out_bf16 = false);
+  void tune(Plan& p, const uint16_t* x, const DeviceMatrix& W, const float* bias, void* y, cudaStream_t stream);
   void* handle_ = nullptr;  // cublasLtHandle_t
+  // FP8KV_LT_TUNE=n (default 0: off): plans of >= kTuneMinRows rows without
+  // accumulate time cuBLASLt's first n heuristic algorithms on their first
+  // call (outside graph capture) and keep the fastest; at most kTuneMaxPlans
+  // plans per Gemm are tuned (prefill chunk sizes vary).
+  int tune_algos_ = 0;
+  int tuned_plans_ = 0;
   DeviceBuffer workspace_;
   std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int, int, int>, Plan*> plans_;
   int gemv_max_rows_ = kGemvDefaultRows;
@@ -141,6 +152,24 @@ void gemv_bf16_simt(const uint16_t* x, int64_t T, const DeviceMatrix& W, const f
                     bool accumulate, cudaStream_t stream);
 void gemv_bf16_mma(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y, bool accumulate,
                    cudaStream_t stream);
+// The SIMT kernel with `split` warps per output column (1, 2, 4 or 8; K
+// split over them, partial sums added in fixed order: deterministic; split 1
+// is gemv_bf16_simt bitwise), or split <= 0: gemv_simt_auto_split(N, K).
+void gemv_bf16_simt_split(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y,
+                          bool accumulate, int split, cudaStream_t stream);
+// The split the SIMT kernel takes for W[N][K] when asked for "simtk": enough
+// warps to fill the GPU twice (N * split >= 16384) while each lane keeps at
+// least 4 16-byte chunks of its row (8B shape: qkv, o_proj, down 4; gate_up,
+// LM head 1).
+int gemv_simt_auto_split(int64_t N, int64_t K);
+// The gate|up GEMV with the gated activation fused, for T = 1 or 2 rows
+// (gemv_gated_act_max_rows): W = [gate; up] ([2I][K], the fused gate_up
+// projection), out[T][I] = bf16(act(x W_gate^T + b_gate) * (x W_up^T + b_up)),
+// with the SIMT GEMV's sums (split 1) and gated_act's element math: bitwise
+// gemv_bf16_simt + gated_act(out_bf16). Same fit rules as gemv_bf16.
+constexpr int kGemvGatedActMaxRows = 2;
+void gemv_gated_act_bf16(Activation act, const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias,
+                         uint16_t* out, cudaStream_t stream);
 
 // ---- norms ----------------------------------------------------------------
 
@@ -207,6 +236,9 @@ void qkv_prep(const QkvPrepArgs& args, cudaStream_t stream);
 // up = base + n, in_stride = 2n).
 void gated_act(Activation act, const float* gate, const float* up, int64_t in_stride, int64_t rows, int64_t n,
                void* out, bool out_bf16, cudaStream_t stream);
+// gated_act with bf16 gate / up (the prefill gate|up GEMM's bf16 output).
+void gated_act_bf16_in(Activation act, const uint16_t* gate, const uint16_t* up, int64_t in_stride, int64_t rows,
+                       int64_t n, void* out, bool out_bf16, cudaStream_t stream);
 
 // dst[i] = bf16(src[row_index[i]]) (RNE) for i < rows (row_index null: row i);
 // rows of `cols` elements. The GEMM input of fp32 activations.

@@ -13,6 +13,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/ops_act.cuh"
 #include "backend/cuda/ops_launch.cuh"
 
 namespace fp8kv::cuda {
@@ -43,40 +44,37 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float (&f)[8]) {
   }
 }
 
-template <int T>
-__global__ void __launch_bounds__(kWarps * 32)
-    gemv_kernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ W, const float* __restrict__ bias,
-                float* __restrict__ y, int64_t N, int64_t K, bool accumulate) {
-  const int lane = threadIdx.x & 31;
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  if (n >= N) {
-    wait_for_inputs();
-    return;
-  }
-  const uint4* w = reinterpret_cast<const uint4*>(W + n * K);
-  const int64_t chunks = K / 8;
-  float acc[T];
+// One warp's part of the dot products of W's row w (chunks = K / 8 16-byte
+// chunks, 0 for a dead warp) with the T rows of x: the lane's chunks are
+// first, first + 32 S, ... (first = sub * 32 + lane); the result is
+// warp-reduced (every lane holds it). Waits for the inputs (PDL) after the
+// first weight loads.
+template <int T, int S>
+__device__ __forceinline__ void warp_dot(const uint16_t* __restrict__ x, const uint4* __restrict__ w, int64_t chunks,
+                                         int64_t K, int64_t first, float (&acc)[T]) {
+  constexpr int64_t kStride = 32 * S;            // between a lane's consecutive chunks
+  constexpr int64_t kBatch = kStride * kUnroll;  // chunks per loop iteration (all S warps)
 #pragma unroll
   for (int t = 0; t < T; ++t) acc[t] = 0.0f;
-  uint4 wv[kUnroll];
-  auto load_w = [&](int64_t c0) {
+  uint4 cur[kUnroll], nxt[kUnroll];
+  auto load_w = [&](uint4(&v)[kUnroll], int64_t c0) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t c = c0 + u * 32;
+      const int64_t c = c0 + u * kStride;
       // Streamed once: do not keep W in L1.
-      wv[u] = c < chunks ? __ldcs(w + c) : make_uint4(0, 0, 0, 0);
+      v[u] = c < chunks ? __ldcs(w + c) : make_uint4(0, 0, 0, 0);
     }
   };
-  load_w(lane);
+  load_w(cur, first);
   wait_for_inputs();
-  for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kUnroll) {
-    if (c0 != lane) load_w(c0);
+  for (int64_t c0 = first; c0 < chunks; c0 += kBatch) {
+    load_w(nxt, c0 + kBatch);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t c = c0 + u * 32;
+      const int64_t c = c0 + u * kStride;
       if (c >= chunks) break;
       float wf[8];
-      bf16x8_to_f32(wv[u], wf);
+      bf16x8_to_f32(cur[u], wf);
 #pragma unroll
       for (int t = 0; t < T; ++t) {
         float xf[8];
@@ -85,11 +83,58 @@ __global__ void __launch_bounds__(kWarps * 32)
         for (int i = 0; i < 8; ++i) acc[t] = fmaf(xf[i], wf[i], acc[t]);
       }
     }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) cur[u] = nxt[u];
   }
 #pragma unroll
   for (int t = 0; t < T; ++t) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], o);
+  }
+}
+
+// S warps share one output column n (split K, for shapes with few columns
+// and / or long rows: o_proj, qkv, down at the 8B shape, where one warp per
+// column left too few bytes in flight, run G): warp sub = 0..S-1 of column n
+// takes the 16-byte chunks sub * 32 + lane + j * 32 * S, and the S partial
+// sums are added in fixed order (sub 0, 1, ...) through shared memory, so the
+// result is deterministic. S = 1 is the one-warp-per-column kernel, bitwise
+// unchanged. The weight loads are double-buffered: the next kUnroll chunks
+// are in flight while the current ones are multiplied.
+template <int T, int S>
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_kernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ W, const float* __restrict__ bias,
+                float* __restrict__ y, int64_t N, int64_t K, bool accumulate) {
+  static_assert(kWarps % S == 0, "S must divide the warps of a block");
+  constexpr int kCols = kWarps / S;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int sub = warp % S;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kCols + warp / S;
+  const bool live = n < N;
+  if constexpr (S == 1) {
+    if (!live) {
+      wait_for_inputs();
+      return;
+    }
+  }
+  float acc[T];
+  warp_dot<T, S>(x, reinterpret_cast<const uint4*>(W + (live ? n : 0) * K), live ? K / 8 : 0, K,
+                 static_cast<int64_t>(sub) * 32 + lane, acc);
+  if constexpr (S > 1) {
+    __shared__ float part[kWarps][T];
+    if (lane == 0) {
+#pragma unroll
+      for (int t = 0; t < T; ++t) part[warp][t] = acc[t];
+    }
+    __syncthreads();
+    if (sub != 0 || !live) return;
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      float v = part[warp][t];
+#pragma unroll
+      for (int s = 1; s < S; ++s) v += part[warp + s][t];
+      acc[t] = v;
+    }
   }
   if (lane == 0) {
     const float b = bias ? bias[n] : 0.0f;
@@ -99,6 +144,37 @@ __global__ void __launch_bounds__(kWarps * 32)
       if (accumulate) v += y[t * N + n];
       y[t * N + n] = v;
     }
+  }
+}
+
+// The gate|up GEMV with the gated activation fused (T rows): W = [gate; up]
+// ([2I][K]); a block's warps 0-3 compute gate columns j0..j0+3 and warps 4-7
+// the up columns I + j0..I + j0 + 3 (one warp per column, as gemv_kernel<T,
+// 1>: the same sums, bitwise), and the block writes out[t][j] =
+// bf16(act(gate + b) * (up + b)) with the activation kernel's element math
+// (ops_act.cuh). Saves the activation kernel and the fp32 gate|up round trip.
+template <int T, Activation A>
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_gated_act_kernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ W,
+                          const float* __restrict__ bias, __nv_bfloat16* __restrict__ out, int64_t I, int64_t K) {
+  constexpr int kCols = kWarps / 2;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kCols + (warp % kCols);
+  const bool live = j < I;
+  const int64_t n = (warp < kCols ? 0 : I) + (live ? j : 0);
+  float acc[T];
+  warp_dot<T, 1>(x, reinterpret_cast<const uint4*>(W + n * K), live ? K / 8 : 0, K, lane, acc);
+  __shared__ float part[kWarps][T];
+  if (lane == 0) {
+    const float b = bias && live ? bias[n] : 0.0f;
+#pragma unroll
+    for (int t = 0; t < T; ++t) part[warp][t] = acc[t] + b;
+  }
+  __syncthreads();
+  if (threadIdx.x < kCols * T) {
+    const int c = threadIdx.x % kCols, t = threadIdx.x / kCols;
+    const int64_t jj = static_cast<int64_t>(blockIdx.x) * kCols + c;
+    if (jj < I) out[t * I + jj] = __float2bfloat16_rn(gated_act_value<A>(part[c][t], part[kCols + c][t]));
   }
 }
 
@@ -191,12 +267,26 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   }
 }
 
-template <int T>
+template <int T, int S>
 void launch(const uint16_t* x, const DeviceMatrix& W, const float* bias, float* y, bool accumulate,
             cudaStream_t stream) {
-  const int64_t blocks = (W.rows + kWarps - 1) / kWarps;
-  launch_pdl(true, gemv_kernel<T>, dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32), stream, x, W.data, bias, y,
-             W.rows, W.cols, accumulate);
+  constexpr int kCols = kWarps / S;
+  const int64_t blocks = (W.rows + kCols - 1) / kCols;
+  launch_pdl(true, gemv_kernel<T, S>, dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32), stream, x, W.data, bias,
+             y, W.rows, W.cols, accumulate);
+}
+
+template <int T>
+void launch_split(const uint16_t* x, const DeviceMatrix& W, const float* bias, float* y, bool accumulate, int split,
+                  cudaStream_t stream) {
+  switch (split) {
+    case 1: launch<T, 1>(x, W, bias, y, accumulate, stream); break;
+    case 2: launch<T, 2>(x, W, bias, y, accumulate, stream); break;
+    case 4: launch<T, 4>(x, W, bias, y, accumulate, stream); break;
+    case 8: launch<T, 8>(x, W, bias, y, accumulate, stream); break;
+    default: throw std::invalid_argument("cuda::gemv_bf16_simt_split: split must be 1, 2, 4 or 8, got " +
+                                         std::to_string(split));
+  }
 }
 
 }  // namespace
@@ -242,16 +332,67 @@ void gemv_bf16_mma(const uint16_t* x, int64_t T, const DeviceMatrix& W, const fl
 
 void gemv_bf16_simt(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y,
                     bool accumulate, cudaStream_t stream) {
+  gemv_bf16_simt_split(x, T, W, bias, y, accumulate, 1, stream);
+}
+
+int gemv_simt_auto_split(int64_t N, int64_t K) {
+  // Enough warps for ~2 per-SM fills of 64 warps on 132 SMs, but at least 4
+  // 16-byte chunks per lane (else the split only adds the reduction).
+  int s = 1;
+  while (s < 8 && N * s < 16384 && K / 8 / (32 * 2 * s) >= 4) s *= 2;
+  return s;
+}
+
+void gemv_bf16_simt_split(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y,
+                          bool accumulate, int split, cudaStream_t stream) {
   check_fits("gemv_bf16_simt", x, T, W);
+  if (split <= 0) split = gemv_simt_auto_split(W.rows, W.cols);
   switch (T) {
-    case 1: launch<1>(x, W, bias, y, accumulate, stream); break;
-    case 2: launch<2>(x, W, bias, y, accumulate, stream); break;
-    case 3: launch<3>(x, W, bias, y, accumulate, stream); break;
-    case 4: launch<4>(x, W, bias, y, accumulate, stream); break;
-    case 5: launch<5>(x, W, bias, y, accumulate, stream); break;
-    case 6: launch<6>(x, W, bias, y, accumulate, stream); break;
-    case 7: launch<7>(x, W, bias, y, accumulate, stream); break;
-    case 8: launch<8>(x, W, bias, y, accumulate, stream); break;
+    case 1: launch_split<1>(x, W, bias, y, accumulate, split, stream); break;
+    case 2: launch_split<2>(x, W, bias, y, accumulate, split, stream); break;
+    case 3: launch_split<3>(x, W, bias, y, accumulate, split, stream); break;
+    case 4: launch_split<4>(x, W, bias, y, accumulate, split, stream); break;
+    case 5: launch_split<5>(x, W, bias, y, accumulate, split, stream); break;
+    case 6: launch_split<6>(x, W, bias, y, accumulate, split, stream); break;
+    case 7: launch_split<7>(x, W, bias, y, accumulate, split, stream); break;
+    case 8: launch_split<8>(x, W, bias, y, accumulate, split, stream); break;
+  }
+}
+
+namespace {
+
+template <int T>
+void launch_gated_act(Activation act, const uint16_t* x, const DeviceMatrix& W, const float* bias, uint16_t* out,
+                      cudaStream_t stream) {
+  const int64_t I = W.rows / 2;
+  const dim3 grid(static_cast<unsigned>((I + kWarps / 2 - 1) / (kWarps / 2))), block(kWarps * 32);
+  auto* o = reinterpret_cast<__nv_bfloat16*>(out);
+  switch (act) {
+    case Activation::silu:
+      launch_pdl(true, gemv_gated_act_kernel<T, Activation::silu>, grid, block, stream, x, W.data, bias, o, I, W.cols);
+      break;
+    case Activation::gelu_tanh:
+      launch_pdl(true, gemv_gated_act_kernel<T, Activation::gelu_tanh>, grid, block, stream, x, W.data, bias, o, I,
+                 W.cols);
+      break;
+    case Activation::gelu:
+      launch_pdl(true, gemv_gated_act_kernel<T, Activation::gelu>, grid, block, stream, x, W.data, bias, o, I, W.cols);
+      break;
+  }
+}
+
+}  // namespace
+
+void gemv_gated_act_bf16(Activation act, const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias,
+                         uint16_t* out, cudaStream_t stream) {
+  check_fits("gemv_gated_act_bf16", x, T, W);
+  if (W.rows % 2 != 0 || !out)
+    throw std::invalid_argument("cuda::gemv_gated_act_bf16: W needs an even row count ([gate; up]) and out a buffer");
+  switch (T) {
+    case 1: launch_gated_act<1>(act, x, W, bias, out, stream); break;
+    case 2: launch_gated_act<2>(act, x, W, bias, out, stream); break;
+    default:
+      throw std::invalid_argument("cuda::gemv_gated_act_bf16: takes 1 or 2 rows, got " + std::to_string(T));
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/ops_act.cuh"
 #include "backend/cuda/ops_launch.cuh"
 
 namespace fp8kv::cuda {
@@ -18,8 +19,11 @@ unsigned grid_for(int64_t n, int threads) {
   return static_cast<unsigned>(blocks < 65535 * 16 ? blocks : 65535 * 16);
 }
 
-template <Activation A>
-__global__ void gated_act_kernel(const float* gate, const float* __restrict__ up, int64_t in_stride, int64_t rows,
+__device__ __forceinline__ float load_f32(const float* p) { return *p; }
+__device__ __forceinline__ float load_f32(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+
+template <Activation A, typename In>
+__global__ void gated_act_kernel(const In* gate, const In* __restrict__ up, int64_t in_stride, int64_t rows,
                                  int64_t n, void* out, bool out_bf16) {
   const int64_t total = rows * n;
   // Early trigger: the down GEMV (PDL) may prefetch weights; then wait for
@@ -29,18 +33,8 @@ __global__ void gated_act_kernel(const float* gate, const float* __restrict__ up
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = idx / n, i = idx % n;
-    const float g = gate[r * in_stride + i], u = up[r * in_stride + i];
-    float a;
-    if constexpr (A == Activation::silu) {
-      a = __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
-    } else if constexpr (A == Activation::gelu_tanh) {
-      const float k0 = 0.7978845608028654f;
-      const float inner = __fmul_rn(k0, __fadd_rn(g, __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, g), g), g)));
-      a = __fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, tanhf(inner)));
-    } else {
-      a = __fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, erff(__fmul_rn(g, 0.7071067811865476f))));
-    }
-    const float y = __fmul_rn(a, u);
+    const float g = load_f32(gate + r * in_stride + i), u = load_f32(up + r * in_stride + i);
+    const float y = gated_act_value<A>(g, u);
     if (out_bf16) static_cast<__nv_bfloat16*>(out)[r * n + i] = __float2bfloat16_rn(y);
     else static_cast<float*>(out)[r * n + i] = y;
   }
@@ -149,8 +143,11 @@ void add_bias_rows(float* y, const float* bias, int64_t T, int64_t N, cudaStream
   FP8KV_CU_LAUNCH();
 }
 
-void gated_act(Activation act, const float* gate, const float* up, int64_t in_stride, int64_t rows, int64_t n,
-               void* out, bool out_bf16, cudaStream_t stream) {
+namespace {
+
+template <typename In>
+void gated_act_any(Activation act, const In* gate, const In* up, int64_t in_stride, int64_t rows, int64_t n, void* out,
+                   bool out_bf16, cudaStream_t stream) {
   if (rows * n == 0) return;
   if (!gate || !up || !out || rows < 0 || n < 0 || in_stride < n)
     throw std::invalid_argument("cuda::gated_act: bad arguments");
@@ -158,16 +155,31 @@ void gated_act(Activation act, const float* gate, const float* up, int64_t in_st
   const bool pdl = pdl_small_kernels();
   switch (act) {
     case Activation::silu:
-      launch_pdl(pdl, gated_act_kernel<Activation::silu>, g, b, stream, gate, up, in_stride, rows, n, out, out_bf16);
+      launch_pdl(pdl, gated_act_kernel<Activation::silu, In>, g, b, stream, gate, up, in_stride, rows, n, out,
+                 out_bf16);
       break;
     case Activation::gelu_tanh:
-      launch_pdl(pdl, gated_act_kernel<Activation::gelu_tanh>, g, b, stream, gate, up, in_stride, rows, n, out,
+      launch_pdl(pdl, gated_act_kernel<Activation::gelu_tanh, In>, g, b, stream, gate, up, in_stride, rows, n, out,
                  out_bf16);
       break;
     case Activation::gelu:
-      launch_pdl(pdl, gated_act_kernel<Activation::gelu>, g, b, stream, gate, up, in_stride, rows, n, out, out_bf16);
+      launch_pdl(pdl, gated_act_kernel<Activation::gelu, In>, g, b, stream, gate, up, in_stride, rows, n, out,
+                 out_bf16);
       break;
   }
+}
+
+}  // namespace
+
+void gated_act(Activation act, const float* gate, const float* up, int64_t in_stride, int64_t rows, int64_t n,
+               void* out, bool out_bf16, cudaStream_t stream) {
+  gated_act_any(act, gate, up, in_stride, rows, n, out, out_bf16, stream);
+}
+
+void gated_act_bf16_in(Activation act, const uint16_t* gate, const uint16_t* up, int64_t in_stride, int64_t rows,
+                       int64_t n, void* out, bool out_bf16, cudaStream_t stream) {
+  gated_act_any(act, reinterpret_cast<const __nv_bfloat16*>(gate), reinterpret_cast<const __nv_bfloat16*>(up),
+                in_stride, rows, n, out, out_bf16, stream);
 }
 
 void to_bf16_rows(const float* src, const int32_t* row_index, int64_t rows, int64_t cols, uint16_t* dst,
