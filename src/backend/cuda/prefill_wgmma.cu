@@ -71,10 +71,14 @@ __device__ __forceinline__ uint8_t* align1024(uint8_t* p) {
 // S(64 x KT) = Q(64 rows at qa, panel stride q_panel) K(KT keys at ka)^T:
 // qk_issue issues and commits (s is in flight until a wgmma wait), qk_tile
 // also waits.
-template <int DT, int KT>
+// kZero = false: s holds finite values already (the first wgmma ignores
+// them: scale-d 0), so no zeroing instructions.
+template <int DT, int KT, bool kZero = true>
 __device__ __forceinline__ void qk_issue(float (&s)[KT / 2], uint32_t qa, uint32_t q_panel, uint32_t ka) {
+  if constexpr (kZero) {
 #pragma unroll
-  for (int i = 0; i < KT / 2; ++i) s[i] = 0.0f;
+    for (int i = 0; i < KT / 2; ++i) s[i] = 0.0f;
+  }
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < kD / 16; ++ks) {
@@ -691,7 +695,7 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
   for (int it = 1; it < ntiles; ++it) {
     mbar_wait(full(it % NS), (it / NS) & 1);
     turn_begin();
-    qk_issue<DT, KT>(s, qa, kBM * 128, ktile(it));
+    qk_issue<DT, KT, false>(s, qa, kBM * 128, ktile(it));
     pv_issue<DT, KT>(o, pa, ktile(it - 1) + kTileBytes);
     turn_end();
     wgmma_wait<1>();  // S(it); O += P V(it - 1) may still run
