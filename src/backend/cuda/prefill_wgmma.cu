@@ -445,7 +445,7 @@ __host__ __device__ constexpr int ws_stages() { return KT == 128 ? (DT == kBf16 
 template <int DT, int KT>
 __host__ __device__ constexpr int ws_smem() {
   return 1024 + 128 * kD * 2 + ws_stages<DT, KT>() * 2 * tile_bytes<KT>() + (DT == kBf16 ? 0 : 2 * 2 * raw_bytes<KT>()) +
-         2 * 4 * 8;
+         4 * 4 * 8;
 }
 static_assert(ws_smem<kBf16, 128>() <= 227 * 1024 && ws_smem<kE4m3, 128>() <= 227 * 1024 &&
                   ws_smem<kBf16, 64>() <= 227 * 1024 && ws_smem<kE4m3, 64>() <= 227 * 1024,
@@ -464,8 +464,15 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
   uint8_t* sKV = smem + kBM * kD * 2;           // stage s: K at + s * 2 * kTileBytes, V at + kTileBytes
   uint8_t* sRaw = sKV + NS * 2 * kTileBytes;    // fp8 staging r: K at + r * 2 * kRawBytes, V at + kRawBytes
   const uint32_t bar0 = smem_u32(sRaw + (DT == kBf16 ? 0 : 2 * 2 * kRawBytes));
+  // bf16: full / empty per stage (the whole K+V tile). fp8 (kSplit): K and
+  // V halves of a stage have their own barriers (full = fullK, empty =
+  // emptyK), so a stage's K is released right after its QK and the producer
+  // can convert the next K while the consumers still read the V of tile i-1.
+  constexpr bool kSplit = DT != kBf16;
   auto full = [&](int s) { return bar0 + 8 * s; };
   auto empty = [&](int s) { return bar0 + 8 * (NS + s); };
+  auto full_v = [&](int s) { return bar0 + 8 * (2 * NS + s); };
+  auto empty_v = [&](int s) { return bar0 + 8 * (3 * NS + s); };
 
   const int tid = threadIdx.x;
   const int h = blockIdx.x;
@@ -488,6 +495,8 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
     for (int s = 0; s < NS; ++s) {
       mbar_init(full(s), 128);
       mbar_init(empty(s), 256);
+      mbar_init(full_v(s), 128);
+      mbar_init(empty_v(s), 256);
     }
   }
   __syncthreads();
@@ -559,14 +568,15 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
         else cp_async_commit();
         cp_async_wait<1>();  // this thread's copies of tile it
         const int st = it % NS;
-        mbar_wait(empty(st), ((it / NS) & 1) ^ 1);
         const uint8_t* rk = sRaw + (it & 1) * 2 * kRawBytes;
         uint8_t* dst = sKV + st * 2 * kTileBytes;
+        // K half (once K of tile it - NS is released), then the V half.
 #pragma unroll 1
-        for (int i = 0; i < KT * 8 / 128; ++i) {
-          const int c = tid + i * 128, key = c / 8, ch = c % 8;
-#pragma unroll
-          for (int kv = 0; kv < 2; ++kv) {
+        for (int kv = 0; kv < 2; ++kv) {
+          mbar_wait(kv == 0 ? empty(st) : empty_v(st), ((it / NS) & 1) ^ 1);
+#pragma unroll 2
+          for (int i = 0; i < KT * 8 / 128; ++i) {
+            const int c = tid + i * 128, key = c / 8, ch = c % 8;
             const uint4 w4 = *reinterpret_cast<const uint4*>(rk + kv * kRawBytes + key * 128 + ch * 16);
             const uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
             uint32_t hw[8];
@@ -579,9 +589,9 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
             *reinterpret_cast<uint4*>(d + swz_chunk(KT, key, 2 * ch)) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
             *reinterpret_cast<uint4*>(d + swz_chunk(KT, key, 2 * ch + 1)) = make_uint4(hw[4], hw[5], hw[6], hw[7]);
           }
+          fence_proxy_async();
+          mbar_arrive(kv == 0 ? full(st) : full_v(st));
         }
-        fence_proxy_async();
-        mbar_arrive(full(st));
       }
     }
     return;
@@ -690,21 +700,24 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
   turn_end();
   wgmma_wait<0>();
   reg_fence(s);
+  if constexpr (kSplit) mbar_arrive(empty(0));
   softmax(s, tile_lo, alpha);
   pack_p(s, pa);
   for (int it = 1; it < ntiles; ++it) {
     mbar_wait(full(it % NS), (it / NS) & 1);
+    if constexpr (kSplit) mbar_wait(full_v((it - 1) % NS), ((it - 1) / NS) & 1);
     turn_begin();
     qk_issue<DT, KT, false>(s, qa, kBM * 128, ktile(it));
     pv_issue<DT, KT>(o, pa, ktile(it - 1) + kTileBytes);
     turn_end();
     wgmma_wait<1>();  // S(it); O += P V(it - 1) may still run
     reg_fence(s);
+    if constexpr (kSplit) mbar_arrive(empty(it % NS));  // K of tile it
     softmax(s, tile_lo + it * KT, alpha);
     wgmma_wait<0>();
     reg_fence(o);
     reg_fence(s);  // P(it) is packed over P(it - 1)'s registers only after the wait
-    mbar_arrive(empty((it - 1) % NS));
+    mbar_arrive(kSplit ? empty_v((it - 1) % NS) : empty((it - 1) % NS));
 #pragma unroll
     for (int i = 0; i < kD / 8; ++i) {
       o[4 * i] *= alpha[0];
@@ -714,6 +727,7 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
     }
     pack_p(s, pa);
   }
+  if constexpr (kSplit) mbar_wait(full_v((ntiles - 1) % NS), ((ntiles - 1) / NS) & 1);
   turn_begin();
   pv_issue<DT, KT>(o, pa, ktile(ntiles - 1) + kTileBytes);
   turn_end();
