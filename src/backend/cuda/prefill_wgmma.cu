@@ -518,14 +518,20 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
       auto issue = [&](int it) {
         const int j0 = tile_lo + it * KT;
         const uint32_t dk = smem_u32(sKV + (it % NS) * 2 * kTileBytes), dv = dk + kTileBytes;
+        // Keys j and j + 8 per step: j % 16 < 8 (j0 is a multiple of 16), so
+        // both sit in one page (pages are multiples of 16 tokens): one
+        // block-table lookup for two keys.
 #pragma unroll 4
-        for (int i = 0; i < KT * 16 / 128; ++i) {
+        for (int i = 0; i < KT * 16 / 128; i += 2) {
           const int c = tid + i * 128, key = c / 16, ch = c % 16, j = j0 + key;
-          const bool ok = j >= kv_lo && j < kv_hi;
+          const bool ok0 = j >= kv_lo && j < kv_hi, ok1 = j + 8 >= kv_lo && j + 8 < kv_hi;
           int64_t off = 0;
-          if (ok) off = slot_off(j) + ch * 16;
-          cp_async16(dk + swz_chunk(KT, key, ch), p.k_cache + off, ok);
-          cp_async16(dv + swz_chunk(KT, key, ch), p.v_cache + off, ok);
+          if (ok0 || ok1) off = slot_off(j) + ch * 16;
+          const int64_t off0 = ok0 ? off : 0, off1 = ok1 ? off + 8 * row_bytes : 0;
+          cp_async16(dk + swz_chunk(KT, key, ch), p.k_cache + off0, ok0);
+          cp_async16(dv + swz_chunk(KT, key, ch), p.v_cache + off0, ok0);
+          cp_async16(dk + swz_chunk(KT, key + 8, ch), p.k_cache + off1, ok1);
+          cp_async16(dv + swz_chunk(KT, key + 8, ch), p.v_cache + off1, ok1);
         }
         cp_async_commit();
       };
