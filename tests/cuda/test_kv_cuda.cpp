@@ -474,6 +474,9 @@ TEST_P(CudaPrefill, LongPromptsBatchedEqualsSingle) {
       const PrefillCase c{dt, 128, 4, 2, n % 2 ? 32 : 16, window, static_cast<ScaleMode>(n % 3), n % 2 ? 0.0f : 30.0f};
       worst = std::max(worst, run_prefill_case(rng, c, GetParam(), lengths, true));
       ++n;
+      // Progress per case (a slow CPU reference and a hung kernel look alike under a timeout).
+      std::printf("  case %s window %d done\n", std::string(kv_dtype_name(dt)).c_str(), window);
+      std::fflush(stdout);
       if (HasFailure()) return;
     }
     std::printf("prefill-long %s %-8s worst |err|/tol = %.3f\n", kernel_name(GetParam()),

@@ -71,10 +71,14 @@ __device__ __forceinline__ uint8_t* align1024(uint8_t* p) {
 // S(64 x KT) = Q(64 rows at qa, panel stride q_panel) K(KT keys at ka)^T:
 // qk_issue issues and commits (s is in flight until a wgmma wait), qk_tile
 // also waits.
-template <int DT, int KT>
+// kZero = false: s holds finite values already (the first wgmma ignores
+// them: scale-d 0), so no zeroing instructions.
+template <int DT, int KT, bool kZero = true>
 __device__ __forceinline__ void qk_issue(float (&s)[KT / 2], uint32_t qa, uint32_t q_panel, uint32_t ka) {
+  if constexpr (kZero) {
 #pragma unroll
-  for (int i = 0; i < KT / 2; ++i) s[i] = 0.0f;
+    for (int i = 0; i < KT / 2; ++i) s[i] = 0.0f;
+  }
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < kD / 16; ++ks) {
@@ -420,6 +424,364 @@ void launch_wgmma_t(const WgParams& p, dim3 grid, cudaStream_t stream) {
   FP8KV_CUDA_CHECK(cudaGetLastError());
 }
 
+// ---- warp-specialized kernel (FP8KV_WGMMA_CFG = ws, ws64, wsp, ws64p) ------
+// 384 threads: warpgroup 0 is the producer (setmaxnreg 40): it gathers K/V
+// tiles through the block table with cp.async into an NS-stage ring of
+// 16-bit swizzled tiles (fp8: into a 2-stage staging ring, then converts its
+// own chunks to f16 in the ring stage) and signals full[stage] (mbarrier,
+// 128 arrivals, after cp.async wait + fence.proxy.async). Warpgroups 1 and 2
+// are consumers (setmaxnreg 232), 64 query rows each: per tile, S(i) = Q K(i)^T
+// and O += P(i-1) V(i-1) are issued together, the softmax of tile i runs
+// while P V is on the tensor cores (intra-warpgroup overlap), then the stage
+// of tile i-1 is released (empty[stage], 256 arrivals). PP (ping-pong): named
+// barriers order the two consumers' MMA issue, so one warpgroup's softmax
+// overlaps the other's MMAs. Both consumers process every tile of the CTA's
+// key range (a tile that a row cannot see is masked to p = 0 exactly), so
+// their barrier counts match. Softmax: exp2 by ex2.approx.ftz with the score
+// scale folded into one FFMA; softcap and masking branch per tile.
+constexpr int kWsProducerRegs = 40, kWsConsumerRegs = 232;  // 40*128 + 232*256 = 168*384
+template <int DT, int KT>
+__host__ __device__ constexpr int ws_stages() { return KT == 128 ? (DT == kBf16 ? 3 : 2) : 4; }
+template <int DT, int KT>
+__host__ __device__ constexpr int ws_smem() {
+  return 1024 + 128 * kD * 2 + ws_stages<DT, KT>() * 2 * tile_bytes<KT>() + (DT == kBf16 ? 0 : 2 * 2 * raw_bytes<KT>()) +
+         4 * 4 * 8;
+}
+static_assert(ws_smem<kBf16, 128>() <= 227 * 1024 && ws_smem<kE4m3, 128>() <= 227 * 1024 &&
+                  ws_smem<kBf16, 64>() <= 227 * 1024 && ws_smem<kE4m3, 64>() <= 227 * 1024,
+              "ws shared memory");
+
+template <int DT, int KT, bool PP>
+__global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
+  constexpr int EB = DT == kBf16 ? 2 : 1;
+  constexpr int kBM = 128;
+  constexpr int NS = ws_stages<DT, KT>();
+  constexpr int kTileBytes = tile_bytes<KT>();
+  constexpr int kRawBytes = raw_bytes<KT>();
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = align1024(smem_raw);
+  uint8_t* sQ = smem;
+  uint8_t* sKV = smem + kBM * kD * 2;           // stage s: K at + s * 2 * kTileBytes, V at + kTileBytes
+  uint8_t* sRaw = sKV + NS * 2 * kTileBytes;    // fp8 staging r: K at + r * 2 * kRawBytes, V at + kRawBytes
+  const uint32_t bar0 = smem_u32(sRaw + (DT == kBf16 ? 0 : 2 * 2 * kRawBytes));
+  // bf16: full / empty per stage (the whole K+V tile). fp8 (kSplit): K and
+  // V halves of a stage have their own barriers (full = fullK, empty =
+  // emptyK), so a stage's K is released right after its QK and the producer
+  // can convert the next K while the consumers still read the V of tile i-1.
+  constexpr bool kSplit = DT != kBf16;
+  auto full = [&](int s) { return bar0 + 8 * s; };
+  auto empty = [&](int s) { return bar0 + 8 * (NS + s); };
+  auto full_v = [&](int s) { return bar0 + 8 * (2 * NS + s); };
+  auto empty_v = [&](int s) { return bar0 + 8 * (3 * NS + s); };
+
+  const int tid = threadIdx.x;
+  const int h = blockIdx.x;
+  const int qtile = p.num_q_tiles - 1 - static_cast<int>(blockIdx.y);  // longest (latest) tiles first
+  const int b = blockIdx.z;
+  const int q0 = p.q_start[b], nq = p.q_start[b + 1] - q0;
+  if (qtile * kBM >= nq) return;
+  const int ctx = p.context_lens[b];
+  const int pos0 = ctx - nq;
+  const int kvh = h / p.group;
+  const int cta_first_q = pos0 + qtile * kBM;
+  const int cta_last_q = pos0 + min(nq, (qtile + 1) * kBM) - 1;
+  const int kv_lo = p.window > 0 ? max(0, cta_first_q - p.window + 1) : 0;
+  const int kv_hi = cta_last_q + 1;
+  const int tile_lo = kv_lo / KT * KT;
+  const int ntiles = (kv_hi - tile_lo + KT - 1) / KT;
+
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < NS; ++s) {
+      mbar_init(full(s), 128);
+      mbar_init(empty(s), 256);
+      mbar_init(full_v(s), 128);
+      mbar_init(empty_v(s), 256);
+    }
+  }
+  __syncthreads();
+
+  if (tid < 128) {
+    // ---- producer ----
+    setmaxnreg_dec<kWsProducerRegs>();
+    const int64_t row_bytes = static_cast<int64_t>(p.num_kv_heads) * kD * EB;
+    const int64_t head_off = static_cast<int64_t>(kvh) * kD * EB;
+    const int32_t* bt = p.block_tables + static_cast<int64_t>(b) * p.max_blocks_per_seq;
+    const bool bs_pow2 = (p.block_size & (p.block_size - 1)) == 0;
+    const int bs_shift = __ffs(p.block_size) - 1;
+    auto slot_off = [&](int j) {
+      const int blk = bs_pow2 ? j >> bs_shift : j / p.block_size;
+      const int in_blk = bs_pow2 ? j & (p.block_size - 1) : j % p.block_size;
+      return (static_cast<int64_t>(bt[blk]) * p.block_size + in_blk) * row_bytes + head_off;
+    };
+    if constexpr (DT == kBf16) {
+      auto issue = [&](int it) {
+        const int j0 = tile_lo + it * KT;
+        const uint32_t dk = smem_u32(sKV + (it % NS) * 2 * kTileBytes), dv = dk + kTileBytes;
+        // Keys j and j + 8 per step: j % 16 < 8 (j0 is a multiple of 16), so
+        // both sit in one page (pages are multiples of 16 tokens): one
+        // block-table lookup for two keys.
+#pragma unroll 4
+        for (int i = 0; i < KT * 16 / 128; i += 2) {
+          const int c = tid + i * 128, key = c / 16, ch = c % 16, j = j0 + key;
+          const bool ok0 = j >= kv_lo && j < kv_hi, ok1 = j + 8 >= kv_lo && j + 8 < kv_hi;
+          int64_t off = 0;
+          if (ok0 || ok1) off = slot_off(j) + ch * 16;
+          const int64_t off0 = ok0 ? off : 0, off1 = ok1 ? off + 8 * row_bytes : 0;
+          cp_async16(dk + swz_chunk(KT, key, ch), p.k_cache + off0, ok0);
+          cp_async16(dv + swz_chunk(KT, key, ch), p.v_cache + off0, ok0);
+          cp_async16(dk + swz_chunk(KT, key + 8, ch), p.k_cache + off1, ok1);
+          cp_async16(dv + swz_chunk(KT, key + 8, ch), p.v_cache + off1, ok1);
+        }
+        cp_async_commit();
+      };
+      // Tiles NS - 1 ahead; tile it + NS - 1 reuses the stage of tile it - 1.
+#pragma unroll
+      for (int k = 0; k < NS - 1; ++k) {
+        if (k < ntiles) issue(k);
+        else cp_async_commit();
+      }
+      for (int it = 0; it < ntiles; ++it) {
+        cp_async_wait<NS - 2>();  // this thread's copies of tile it
+        fence_proxy_async();
+        mbar_arrive(full(it % NS));
+        const int nx = it + NS - 1;
+        if (nx < ntiles) {
+          mbar_wait(empty(nx % NS), ((nx / NS) & 1) ^ 1);
+          issue(nx);
+        } else {
+          cp_async_commit();
+        }
+      }
+    } else {
+      auto issue_raw = [&](int it) {
+        const int j0 = tile_lo + it * KT;
+        const uint32_t dk = smem_u32(sRaw + (it & 1) * 2 * kRawBytes), dv = dk + kRawBytes;
+#pragma unroll 2
+        for (int i = 0; i < KT * 8 / 128; ++i) {
+          const int c = tid + i * 128, key = c / 8, ch = c % 8, j = j0 + key;
+          const bool ok = j >= kv_lo && j < kv_hi;
+          int64_t off = 0;
+          if (ok) off = slot_off(j) + ch * 16;
+          cp_async16(dk + key * 128 + ch * 16, p.k_cache + off, ok);
+          cp_async16(dv + key * 128 + ch * 16, p.v_cache + off, ok);
+        }
+        cp_async_commit();
+      };
+      issue_raw(0);
+      for (int it = 0; it < ntiles; ++it) {
+        if (it + 1 < ntiles) issue_raw(it + 1);  // its staging held tile it - 1, converted by this thread
+        else cp_async_commit();
+        cp_async_wait<1>();  // this thread's copies of tile it
+        const int st = it % NS;
+        const uint8_t* rk = sRaw + (it & 1) * 2 * kRawBytes;
+        uint8_t* dst = sKV + st * 2 * kTileBytes;
+        // K half (once K of tile it - NS is released), then the V half.
+#pragma unroll 1
+        for (int kv = 0; kv < 2; ++kv) {
+          mbar_wait(kv == 0 ? empty(st) : empty_v(st), ((it / NS) & 1) ^ 1);
+#pragma unroll 2
+          for (int i = 0; i < KT * 8 / 128; ++i) {
+            const int c = tid + i * 128, key = c / 8, ch = c % 8;
+            const uint4 w4 = *reinterpret_cast<const uint4*>(rk + kv * kRawBytes + key * 128 + ch * 16);
+            const uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
+            uint32_t hw[8];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              hw[2 * e] = fp8x2_to_f16x2<DT>(w[e]);
+              hw[2 * e + 1] = fp8x2_to_f16x2<DT>(w[e] >> 16);
+            }
+            uint8_t* d = dst + kv * kTileBytes;
+            *reinterpret_cast<uint4*>(d + swz_chunk(KT, key, 2 * ch)) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+            *reinterpret_cast<uint4*>(d + swz_chunk(KT, key, 2 * ch + 1)) = make_uint4(hw[4], hw[5], hw[6], hw[7]);
+          }
+          fence_proxy_async();
+          mbar_arrive(kv == 0 ? full(st) : full_v(st));
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  setmaxnreg_inc<kWsConsumerRegs>();
+  const int ct = tid - 128, cw = ct >> 7, lane = ct & 31, wwarp = (ct >> 5) & 3, g = lane >> 2, t = lane & 3;
+  // Q rows cw * 64 .. + 63 -> shared memory (swizzled, MMA type), rows past nq zero.
+  for (int c = ct & 127; c < 64 * (kD / 8); c += 128) {
+    const int row = cw * 64 + c / (kD / 8), ch = c % (kD / 8), qi = qtile * kBM + row;
+    uint32_t w[4] = {0, 0, 0, 0};
+    if (qi < nq) {
+      const int64_t off = (static_cast<int64_t>(q0 + qi) * p.num_heads + h) * kD + ch * 8;
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        w[e] = pack2<DT>(load_act(p.q, off + 2 * e, p.q_bf16), load_act(p.q, off + 2 * e + 1, p.q_bf16));
+    }
+    *reinterpret_cast<uint4*>(sQ + swz_chunk(kBM, row, ch)) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+  fence_proxy_async();
+  named_bar_sync(1 + cw, 128);
+
+  const int r0 = cw * 64 + wwarp * 16 + g;
+  const int qi0 = qtile * kBM + r0;
+  const int qpos[2] = {pos0 + qi0, pos0 + qi0 + 8};
+  const bool qvalid[2] = {qi0 < nq, qi0 + 8 < nq};
+  const float ks_ = DT == kBf16 ? 1.0f : p.k_scale[p.k_scale_count == 1 ? 0 : kvh];
+  const bool softcap = p.softcap > 0.0f;
+  const float score_mul = softcap ? p.softmax_scale * ks_ / p.softcap : p.softmax_scale * ks_ * kLog2e;
+
+  float o[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+  // Scale, mask, online softmax of tile j0 (probabilities left in s; o is
+  // not touched: alpha returns the rescale factors).
+  auto softmax = [&](float (&s)[KT / 2], int j0, float (&alpha)[2]) {
+    float mul = score_mul;
+    if (softcap) {
+#pragma unroll
+      for (int i = 0; i < KT / 2; ++i) s[i] = p.softcap * tanhf(s[i] * score_mul) * kLog2e;
+      mul = 1.0f;
+    }
+    const bool full_tile = j0 >= kv_lo && j0 + KT - 1 <= qpos[0] && (p.window == 0 || qpos[1] - j0 < p.window) &&
+                           qvalid[1];
+    if (!full_tile) {
+#pragma unroll
+      for (int n = 0; n < KT / 8; ++n)
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int j = j0 + n * 8 + 2 * t + e;
+            const bool vis = j >= kv_lo && j <= qpos[rr] && (p.window == 0 || qpos[rr] - j < p.window);
+            if (!vis) s[4 * n + rr * 2 + e] = -INFINITY;
+          }
+    }
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < KT / 8; ++n) mx = fmaxf(mx, fmaxf(s[4 * n + rr * 2], s[4 * n + rr * 2 + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[rr], mx * mul);
+      const float mref = m_new == -INFINITY ? 0.0f : m_new;
+      alpha[rr] = ex2_approx(m[rr] - mref);
+      m[rr] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int n = 0; n < KT / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pe = ex2_approx(fmaf(s[4 * n + rr * 2 + e], mul, -mref));
+          s[4 * n + rr * 2 + e] = pe;
+          sum += pe;
+        }
+      l[rr] = l[rr] * alpha[rr] + sum;
+    }
+  };
+  auto pack_p = [&](float (&s)[KT / 2], uint32_t (&pa)[KT / 16][4]) {
+#pragma unroll
+    for (int kk = 0; kk < KT / 16; ++kk) {
+      pa[kk][0] = pack2<DT>(s[8 * kk + 0], s[8 * kk + 1]);
+      pa[kk][1] = pack2<DT>(s[8 * kk + 2], s[8 * kk + 3]);
+      pa[kk][2] = pack2<DT>(s[8 * kk + 4], s[8 * kk + 5]);
+      pa[kk][3] = pack2<DT>(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+  };
+  auto turn_begin = [&]() { if constexpr (PP) named_bar_sync(3 + cw, 256); };
+  auto turn_end = [&]() { if constexpr (PP) named_bar_arrive(3 + (cw ^ 1), 256); };
+  if constexpr (PP) {
+    if (cw == 1) named_bar_arrive(3, 256);  // consumer 0 issues first
+  }
+  const uint32_t qa = smem_u32(sQ) + cw * 64 * 128;
+  auto ktile = [&](int it) { return smem_u32(sKV + (it % NS) * 2 * kTileBytes); };
+
+  float s[KT / 2];
+  uint32_t pa[KT / 16][4];
+  float alpha[2];
+  mbar_wait(full(0), 0);
+  turn_begin();
+  qk_issue<DT, KT>(s, qa, kBM * 128, ktile(0));
+  turn_end();
+  wgmma_wait<0>();
+  reg_fence(s);
+  if constexpr (kSplit) mbar_arrive(empty(0));
+  softmax(s, tile_lo, alpha);
+  pack_p(s, pa);
+  for (int it = 1; it < ntiles; ++it) {
+    mbar_wait(full(it % NS), (it / NS) & 1);
+    if constexpr (kSplit) mbar_wait(full_v((it - 1) % NS), ((it - 1) / NS) & 1);
+    turn_begin();
+    qk_issue<DT, KT, false>(s, qa, kBM * 128, ktile(it));
+    pv_issue<DT, KT>(o, pa, ktile(it - 1) + kTileBytes);
+    turn_end();
+    wgmma_wait<1>();  // S(it); O += P V(it - 1) may still run
+    reg_fence(s);
+    if constexpr (kSplit) mbar_arrive(empty(it % NS));  // K of tile it
+    softmax(s, tile_lo + it * KT, alpha);
+    wgmma_wait<0>();
+    reg_fence(o);
+    reg_fence(s);  // P(it) is packed over P(it - 1)'s registers only after the wait
+    mbar_arrive(kSplit ? empty_v((it - 1) % NS) : empty((it - 1) % NS));
+#pragma unroll
+    for (int i = 0; i < kD / 8; ++i) {
+      o[4 * i] *= alpha[0];
+      o[4 * i + 1] *= alpha[0];
+      o[4 * i + 2] *= alpha[1];
+      o[4 * i + 3] *= alpha[1];
+    }
+    pack_p(s, pa);
+  }
+  if constexpr (kSplit) mbar_wait(full_v((ntiles - 1) % NS), ((ntiles - 1) / NS) & 1);
+  turn_begin();
+  pv_issue<DT, KT>(o, pa, ktile(ntiles - 1) + kTileBytes);
+  turn_end();
+  wgmma_wait<0>();
+  reg_fence(o);
+  if constexpr (PP) {
+    if (cw == 0) named_bar_sync(3, 256);  // consumer 1's last turn_end
+  }
+
+  const float vs = DT == kBf16 ? 1.0f : p.v_scale[p.v_scale_count == 1 ? 0 : kvh];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float L = l[rr];
+    L += __shfl_xor_sync(0xffffffffu, L, 1);
+    L += __shfl_xor_sync(0xffffffffu, L, 2);
+    if (!qvalid[rr]) continue;
+    const float f = L > 0.0f ? vs / L : 0.0f;
+    const int64_t base = (static_cast<int64_t>(q0 + qi0 + rr * 8) * p.num_heads + h) * kD;
+#pragma unroll
+    for (int i = 0; i < kD / 8; ++i) {
+      const int d = i * 8 + 2 * t;
+      if (p.out_bf16) {
+        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.out) + base + d) =
+            __floats2bfloat162_rn(o[4 * i + rr * 2] * f, o[4 * i + rr * 2 + 1] * f);
+      } else {
+        *reinterpret_cast<float2*>(static_cast<float*>(p.out) + base + d) =
+            make_float2(o[4 * i + rr * 2] * f, o[4 * i + rr * 2 + 1] * f);
+      }
+    }
+  }
+}
+
+template <int DT, int KT, bool PP>
+void launch_ws_t(const WgParams& p, dim3 grid, cudaStream_t stream) {
+  constexpr int smem = ws_smem<DT, KT>();
+  detail::set_func_attribute_once(prefill_ws_kernel<DT, KT, PP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  prefill_ws_kernel<DT, KT, PP><<<grid, 384, smem, stream>>>(p);
+  FP8KV_CUDA_CHECK(cudaGetLastError());
+}
+template <int KT, bool PP>
+void launch_ws(const WgParams& p, KvDtype dt, dim3 grid, cudaStream_t stream) {
+  switch (dt) {
+    case KvDtype::bf16: launch_ws_t<kBf16, KT, PP>(p, grid, stream); break;
+    case KvDtype::fp8_e4m3: launch_ws_t<kE4m3, KT, PP>(p, grid, stream); break;
+    case KvDtype::fp8_e5m2: launch_ws_t<kE5m2, KT, PP>(p, grid, stream); break;
+  }
+}
+
 // ---- building-block self-tests ----------------------------------------------
 
 constexpr int kTestSmem = 1024 + 2 * kKTest * kD * 2;
@@ -496,9 +858,9 @@ std::vector<float> run_selftest(K kernel, const std::vector<uint16_t>& a, const 
   return out;
 }
 
-// FP8KV_WGMMA_CFG = 64x2 (default), 128x2, 64x1 or 64x2p (read per call:
+// FP8KV_WGMMA_CFG = 64x2 (default), 128x2, 64x1, 64x2p, 64x2d, or the warp-specialized ws, wsp, ws64, ws64p (read per call:
 // the GPU script tests and benchmarks each). Returns {KT, NWG, pipelined}.
-struct WgCfg { int kt, nwg; bool pipe; int nst; };
+struct WgCfg { int kt, nwg; bool pipe; int nst; bool ws = false, pp = false; };
 WgCfg wgmma_config() {
   const char* env = std::getenv("FP8KV_WGMMA_CFG");
   if (!env || !*env) return {64, 2, false, 2};
@@ -508,7 +870,12 @@ WgCfg wgmma_config() {
   if (v == "64x1") return {64, 1, false, 2};
   if (v == "64x2p") return {64, 2, true, 2};
   if (v == "64x2d") return {64, 2, false, 4};
-  throw std::invalid_argument("FP8KV_WGMMA_CFG: expected 64x2, 128x2, 64x1, 64x2p or 64x2d, got '" + v + "'");
+  if (v == "ws") return {128, 2, false, 0, true, false};
+  if (v == "wsp") return {128, 2, false, 0, true, true};
+  if (v == "ws64") return {64, 2, false, 0, true, false};
+  if (v == "ws64p") return {64, 2, false, 0, true, true};
+  throw std::invalid_argument("FP8KV_WGMMA_CFG: expected 64x2, 128x2, 64x1, 64x2p, 64x2d, ws, wsp, ws64 or ws64p, got '" +
+                              v + "'");
 }
 
 template <int KT, int NWG, bool PIPE, int NST = 2>
@@ -537,7 +904,12 @@ void paged_prefill_wgmma(const PrefillArgs& a, cudaStream_t stream) {
   // Heads fastest: the CTAs of one query tile across all heads run together
   // and share K/V in L2 (GQA groups read the same KV head).
   const dim3 grid(a.num_heads, p.num_q_tiles, a.batch);
-  if (cfg.kt == 128) launch_wgmma<128, 2, false>(p, a.kv.layout.dtype, grid, stream);
+  if (cfg.ws) {
+    if (cfg.kt == 128) cfg.pp ? launch_ws<128, true>(p, a.kv.layout.dtype, grid, stream)
+                              : launch_ws<128, false>(p, a.kv.layout.dtype, grid, stream);
+    else cfg.pp ? launch_ws<64, true>(p, a.kv.layout.dtype, grid, stream)
+                : launch_ws<64, false>(p, a.kv.layout.dtype, grid, stream);
+  } else if (cfg.kt == 128) launch_wgmma<128, 2, false>(p, a.kv.layout.dtype, grid, stream);
   else if (cfg.nwg == 1) launch_wgmma<64, 1, false>(p, a.kv.layout.dtype, grid, stream);
   else if (cfg.pipe) launch_wgmma<64, 2, true>(p, a.kv.layout.dtype, grid, stream);
   else if (cfg.nst == 4) launch_wgmma<64, 2, false, 4>(p, a.kv.layout.dtype, grid, stream);
