@@ -166,7 +166,7 @@ void add_common(CLI::App* sub, BenchArgs* a) {
   sub->add_option("--input-len", a->s.input_len, "Prompt tokens per request (random ids)")->check(at_least(1));
   sub->add_option("--output-len", a->s.output_len, "Generated tokens per request (>= 2)")->check(at_least(2));
   sub->add_flag("--ignore-eos", a->s.ignore_eos, "Generate --output-len tokens even past EOS");
-  sub->add_option("--seed", a->s.seed, "Seed of the random prompts");
+  sub->add_option("--seed", a->s.seed, "Seed of the random prompts (default 0; -1: random, logged)")->transform(seed_rule());
   sub->add_flag("--json", a->json, "Print the result as JSON");
   sub->add_option("--gemv-routes", a->gemv_routes,
                   "cuda: after the run, rerun per GEMV route set, e.g. \"down=lt;down=simt,qkv=mma\" "
