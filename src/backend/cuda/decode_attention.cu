@@ -45,6 +45,7 @@ constexpr int kMaxGroup = 8;    // query heads per CTA
 struct DecodeParams : PagedKvParams {
   int gchunks, split_tokens, max_splits;
   int l2_prefetch;  // register path: this warp's tiles kept prefetched to L2 ahead (0 = off; FP8KV_DECODE_PF)
+  bool fused_reduce;      // the last CTA of each (sequence, KV head, chunk) combines the splits (FP8KV_DECODE_FUSED)
   bool l2_prefetch_pair;  // prefetch the KV-head pair's rows (2 x D x EB bytes, one bulk prefetch per row)
   float* part_o;    // [batch][num_heads][max_splits][D]
   float* part_lse;  // [batch][num_heads][max_splits] (log2 domain)
@@ -97,6 +98,78 @@ struct DecodeCfg {
   static_assert(!USE_RING || VBYTES >= 16, "ring: V in 16-byte units");
 };
 
+// Split counters of the fused reduction (FP8KV_DECODE_FUSED=1, version 7):
+// one per (sequence, KV head, head chunk) of a launch, zero at module load;
+// the CTA that finds its split the last to arrive resets it to zero, so the
+// next launch on this device starts from zero again. Per device (module
+// globals are per device). Two decode launches in flight at once on one
+// device (two streams) would share them: the fused path is for one decode
+// stream per device (the engine's), hence a variant.
+constexpr int kSplitCounters = 16384;
+__device__ unsigned int g_split_counters[kSplitCounters];
+
+// The last CTA of a (sequence, KV head, head chunk) to finish combines the
+// splits of its nh heads (out = sum_s w_s O_s / sum_s w_s, w_s = 2^(lse_s - M),
+// s in order: deterministic, the same for a sequence whatever the batch), so
+// no second kernel runs. Partials are read with ld.global.cg (L2; this SM's
+// L1 never held them). smem: [nh][nsplits] weights (launch_decode checks the
+// size).
+template <int D>
+__device__ __forceinline__ void fused_reduce(const DecodeParams& p, uint8_t* smem, int b, int h0, int nh,
+                                             int nsplits) {
+  __shared__ int s_last;
+  __threadfence();  // this CTA's partials are visible device-wide before it counts
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned int* ctr = g_split_counters + (static_cast<int64_t>(b) * gridDim.x + blockIdx.x);
+    const unsigned int old = atomicAdd(ctr, 1u);
+    const int last = old == static_cast<unsigned int>(nsplits - 1);
+    if (last) *ctr = 0u;  // every split of this launch has counted
+    s_last = last;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  float* sw = reinterpret_cast<float*>(smem);
+  const int64_t base = (static_cast<int64_t>(b) * p.num_heads + h0) * p.max_splits;
+  for (int i = threadIdx.x; i < nh * nsplits; i += blockDim.x) {
+    const int row = i / nsplits, s = i % nsplits;
+    sw[i] = __ldcg(p.part_lse + base + static_cast<int64_t>(row) * p.max_splits + s);
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int row = warp; row < nh; row += kWarps) {
+    float M = -INFINITY;
+    for (int s = lane; s < nsplits; s += 32) M = fmaxf(M, sw[row * nsplits + s]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    const float Mref = M == -INFINITY ? 0.0f : M;
+    __syncwarp();
+    for (int s = lane; s < nsplits; s += 32) sw[row * nsplits + s] = exp2f(sw[row * nsplits + s] - Mref);
+  }
+  __syncthreads();
+  constexpr int Q = D / 4;  // float4 columns per row
+  for (int u = threadIdx.x; u < nh * Q; u += blockDim.x) {
+    const int row = u / Q, c = u % Q;
+    const float* w = sw + row * nsplits;
+    const float vs = p.v_scale == nullptr ? 1.0f : p.v_scale[p.v_scale_count == 1 ? 0 : (h0 + row) / p.group];
+    const float4* src = reinterpret_cast<const float4*>(p.part_o + (base + static_cast<int64_t>(row) * p.max_splits) * D) + c;
+    float W = 0.0f;
+    float4 O = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+    for (int s = 0; s < nsplits; ++s) {
+      const float4 v = __ldcg(src + static_cast<int64_t>(s) * Q);
+      W += w[s];
+      O.x += w[s] * v.x; O.y += w[s] * v.y; O.z += w[s] * v.z; O.w += w[s] * v.w;
+    }
+    const int64_t off = (static_cast<int64_t>(b) * p.num_heads + h0 + row) * D + 4 * c;
+    store_act(p.out, off + 0, W > 0.0f ? O.x / W * vs : 0.0f, p.out_bf16);
+    store_act(p.out, off + 1, W > 0.0f ? O.y / W * vs : 0.0f, p.out_bf16);
+    store_act(p.out, off + 2, W > 0.0f ? O.z / W * vs : 0.0f, p.out_bf16);
+    store_act(p.out, off + 3, W > 0.0f ? O.w / W * vs : 0.0f, p.out_bf16);
+  }
+}
+
 // DEEP (D = 128 only, a tuning variant chosen by FP8KV_DECODE_DEEP=1, see
 // deep_pipeline()): one more tile in flight in the register path (fp8: two
 // tiles ahead; bf16: one, where the default has none), at the cost of ~200-230
@@ -106,7 +179,17 @@ struct DecodeCfg {
 // prefetch (one tile in registers at a time), at most 128 registers (4 CTAs,
 // 16 warps per SM instead of 12); the bytes in flight come from the L2
 // prefetch (l2_prefetch, 2 tiles ahead unless FP8KV_DECODE_PF says otherwise).
-template <int D, int DT, bool DEEP = false, bool LEAN = false>
+//
+// HPW (D = 128 register path only, FP8KV_DECODE_HPW=1, version 7 variant):
+// heads per warp. A CTA covers kWarps adjacent KV heads, warp w the KV head
+// 4 * blockIdx.x + w over every tile of the split (instead of one KV head
+// whose tiles the 4 warps take in turn). The 4 warps read the same key rows
+// of 4 adjacent heads: 4 x D x EB contiguous bytes per row (512 B fp8, 1 KB
+// bf16) from one SM at about the same time, where the default reads 128 B
+// (fp8) at a 1 KB stride per CTA. One warp accumulates all tiles of a split
+// (no cross-warp combine), so results differ from the default's in rounding
+// (not bitwise); batched == single holds as for every variant.
+template <int D, int DT, bool DEEP = false, bool LEAN = false, bool HPW = false>
 __global__ void __launch_bounds__(kWarps * 32, LEAN ? 4 : 0) decode_kernel(const DecodeParams p) {
   using C = DecodeCfg<D, DT>;
   constexpr int EB = C::EB;
@@ -121,7 +204,10 @@ __global__ void __launch_bounds__(kWarps * 32, LEAN ? 4 : 0) decode_kernel(const
   float* sm_l = sm_m + kWarps * kMaxGroup;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r = lane >> 2, t = lane & 3;
-  const int kvh = blockIdx.x / p.gchunks, gc = blockIdx.x % p.gchunks;
+  const int kvh = HPW ? blockIdx.x * kWarps + warp : blockIdx.x / p.gchunks;
+  const int gc = HPW ? 0 : blockIdx.x % p.gchunks;
+  constexpr int TS = HPW ? 1 : kWarps;  // register path: tile stride of a warp
+  const int T0 = HPW ? 0 : warp;         // and its first tile
   const int b = blockIdx.y, split = blockIdx.z;
   const int ctx = p.context_lens[b];
   int first, tstart, nsplits;
@@ -200,9 +286,9 @@ __global__ void __launch_bounds__(kWarps * 32, LEAN ? 4 : 0) decode_kernel(const
   // Register path: the first tile's loads are issued before Q's, so the two
   // latencies overlap (version 5; they were serial).
   uint32_t kw[2][KW], vw[4][VW];
-  if (!C::USE_RING && warp < ntiles) load_tile(warp, kw, vw);
+  if (!C::USE_RING && T0 < ntiles) load_tile(T0, kw, vw);
   uint32_t kn[2][KW], vn[4][VW];  // tile it + kWarps (in flight), two-ahead variant only
-  if (kPrefetch2 && warp + kWarps < ntiles) load_tile(warp + kWarps, kn, vn);
+  if (kPrefetch2 && T0 + TS < ntiles) load_tile(T0 + TS, kn, vn);
 
   // L2 prefetch (version 6 variant, FP8KV_DECODE_PF=n): the register path
   // keeps this warp's next n tiles requested into L2 by prefetch.global.L2,
@@ -211,7 +297,7 @@ __global__ void __launch_bounds__(kWarps * 32, LEAN ? 4 : 0) decode_kernel(const
   // unchanged (same results bitwise). Block ids 32 tiles at a time, one per
   // lane (as the ring path does), so a prefetch waits on no table load.
   constexpr int LPR = D * EB >= 128 ? D * EB / 128 : 1;  // 128-byte lines per key row
-  const int pf = C::USE_RING ? 0 : p.l2_prefetch;
+  const int pf = C::USE_RING || HPW ? 0 : p.l2_prefetch;
   int pf_bt = 0;
   auto prefetch_tile = [&](int k) {  // this warp's k-th tile (k >= 1, increasing by one per call)
     if (k >= nmine) return;          // warp-uniform
@@ -391,15 +477,15 @@ __global__ void __launch_bounds__(kWarps * 32, LEAN ? 4 : 0) decode_kernel(const
     }
     cp_async_wait<0>();
   } else {
-    for (int it = warp, ow = 0; it < ntiles; it += kWarps, ++ow) {
+    for (int it = T0, ow = 0; it < ntiles; it += TS, ++ow) {
       const int j0 = s_begin + it * kTile;
-      const bool has_next = it + kWarps < ntiles;
+      const bool has_next = it + TS < ntiles;
       if (pf > 0) prefetch_tile(ow + pf);
       uint32_t k2[2][KW], v2[4][VW];
       if constexpr (kPrefetch2) {
-        if (it + 2 * kWarps < ntiles) load_tile(it + 2 * kWarps, k2, v2);
+        if (it + 2 * TS < ntiles) load_tile(it + 2 * TS, k2, v2);
       } else if (kPrefetch && has_next) {
-        load_tile(it + kWarps, kn, vn);
+        load_tile(it + TS, kn, vn);
       }
 
       // S = Q K^T for keys j0 + nt*8 + (0..7).
@@ -516,7 +602,7 @@ __global__ void __launch_bounds__(kWarps * 32, LEAN ? 4 : 0) decode_kernel(const
               for (int w = 0; w < VW; ++w) vn[i][w] = v2[i][w];
           }
         } else {
-          load_tile(it + kWarps, kw, vw);
+          load_tile(it + TS, kw, vw);
         }
       }
     }
@@ -540,28 +626,52 @@ __global__ void __launch_bounds__(kWarps * 32, LEAN ? 4 : 0) decode_kernel(const
   }
   __syncthreads();
   const float vs = DT == kBf16 ? 1.0f : p.v_scale[p.v_scale_count == 1 ? 0 : kvh];
-  for (int idx = threadIdx.x; idx < nh * D; idx += blockDim.x) {
-    const int row = idx / D, d = idx % D;
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sm_m[w * kMaxGroup + row]);
-    const float Mref = M == -INFINITY ? 0.0f : M;
-    float L = 0.0f, O = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float f = exp2f(sm_m[w * kMaxGroup + row] - Mref);
-      L += sm_l[w * kMaxGroup + row] * f;
-      O += reinterpret_cast<const float*>(smem + w * C::RING)[row * D + d] * f;
+  if constexpr (HPW) {
+    // Each warp's heads are its own: its partial is final for this split.
+    const float* so = reinterpret_cast<const float*>(smem + warp * C::RING);
+    for (int idx = lane; idx < nh * D; idx += 32) {
+      const int row = idx / D, d = idx % D;
+      const float M = sm_m[warp * kMaxGroup + row], L = sm_l[warp * kMaxGroup + row], O = so[row * D + d];
+      const int head = h0 + row;
+      if (nsplits == 1) {
+        store_act(p.out, (static_cast<int64_t>(b) * p.num_heads + head) * D + d, L > 0.0f ? O / L * vs : 0.0f,
+                  p.out_bf16);
+      } else {
+        const int64_t slot = (static_cast<int64_t>(b) * p.num_heads + head) * p.max_splits + split;
+        p.part_o[slot * D + d] = L > 0.0f ? O / L : 0.0f;
+        if (d == 0) p.part_lse[slot] = L > 0.0f ? M + log2f(L) : -INFINITY;
+      }
     }
-    const int head = h0 + row;
-    if (nsplits == 1) {
-      store_act(p.out, (static_cast<int64_t>(b) * p.num_heads + head) * D + d, L > 0.0f ? O / L * vs : 0.0f,
-                p.out_bf16);
-    } else {
-      const int64_t slot = (static_cast<int64_t>(b) * p.num_heads + head) * p.max_splits + split;
-      p.part_o[slot * D + d] = L > 0.0f ? O / L : 0.0f;
-      if (d == 0) p.part_lse[slot] = L > 0.0f ? M + log2f(L) : -INFINITY;
+  } else {
+    for (int idx = threadIdx.x; idx < nh * D; idx += blockDim.x) {
+      const int row = idx / D, d = idx % D;
+      float M = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sm_m[w * kMaxGroup + row]);
+      const float Mref = M == -INFINITY ? 0.0f : M;
+      float L = 0.0f, O = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float f = exp2f(sm_m[w * kMaxGroup + row] - Mref);
+        L += sm_l[w * kMaxGroup + row] * f;
+        O += reinterpret_cast<const float*>(smem + w * C::RING)[row * D + d] * f;
+      }
+      const int head = h0 + row;
+      if (nsplits == 1) {
+        store_act(p.out, (static_cast<int64_t>(b) * p.num_heads + head) * D + d, L > 0.0f ? O / L * vs : 0.0f,
+                  p.out_bf16);
+      } else {
+        const int64_t slot = (static_cast<int64_t>(b) * p.num_heads + head) * p.max_splits + split;
+        p.part_o[slot * D + d] = L > 0.0f ? O / L : 0.0f;
+        if (d == 0) p.part_lse[slot] = L > 0.0f ? M + log2f(L) : -INFINITY;
+      }
     }
+  }
+  if (!LEAN && p.fused_reduce && nsplits > 1) {
+    if constexpr (HPW)
+      fused_reduce<D>(p, smem, b, blockIdx.x * kWarps * p.group, kWarps * nh, nsplits);
+    else
+      fused_reduce<D>(p, smem, b, h0, nh, nsplits);
   }
 }
 
@@ -664,6 +774,31 @@ int l2_prefetch_env_value() {  // -1: unset
   }();
   return env;
 }
+// FP8KV_DECODE_FUSED=1: the split reduction in the decode kernel's last CTA
+// per (sequence, KV head, chunk) instead of a second kernel (version 7).
+constexpr bool kDefaultFusedReduce = false;
+// FP8KV_DECODE_HPW=1: the heads-per-warp kernel (HPW) where it applies
+// (use_hpw; version 7 variant).
+constexpr bool kDefaultHpw = false;
+bool hpw_env() {
+  static const bool on = [] {
+    const char* e = std::getenv("FP8KV_DECODE_HPW");
+    if (e == nullptr || *e == 0) return kDefaultHpw;
+    return std::string(e) == "1";
+  }();
+  return on;
+}
+bool use_hpw(int head_dim, int num_heads, int num_kv_heads) {
+  return hpw_env() && head_dim == 128 && num_kv_heads % kWarps == 0 && num_heads / num_kv_heads <= kMaxGroup;
+}
+bool fused_reduce_env() {
+  static const bool on = [] {
+    const char* e = std::getenv("FP8KV_DECODE_FUSED");
+    if (e == nullptr || *e == 0) return kDefaultFusedReduce;
+    return std::string(e) == "1";
+  }();
+  return on;
+}
 constexpr bool kDefaultL2PrefetchPair = false;
 bool l2_prefetch_pair_env() {
   static const bool on = [] {
@@ -697,28 +832,47 @@ int pipeline_variant() {
 // needed before a launch and before an occupancy query.
 // Kernel attributes are per device: set once per device (TP ranks are threads
 // of one process, one GPU each), by set_func_attribute_once (common.cuh).
-template <int D, int DT, bool DEEP, bool LEAN>
+template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false>
 void prepare_decode_t() {
   constexpr int smem = DecodeCfg<D, DT>::SMEM;
-  set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   // All of the unified L1 as shared memory for the ring (so 2 CTAs of 96 KB
   // fit per SM).
   if constexpr (DecodeCfg<D, DT>::USE_RING)
-    set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW>, cudaFuncAttributePreferredSharedMemoryCarveout,
                             cudaSharedmemCarveoutMaxShared);
 }
 
-template <int D, int DT, bool DEEP, bool LEAN>
-void launch_decode_tv(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
-  prepare_decode_t<D, DT, DEEP, LEAN>();
-  decode_kernel<D, DT, DEEP, LEAN><<<grid, kWarps * 32, DecodeCfg<D, DT>::SMEM, stream>>>(p);
+// Returns whether the kernel combined the splits itself (fused reduction; not
+// compiled into LEAN, whose 128 registers it would overflow).
+template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false>
+bool launch_decode_tv(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
+  prepare_decode_t<D, DT, DEEP, LEAN, HPW>();
+  if (LEAN && p.fused_reduce) {
+    DecodeParams q = p;
+    q.fused_reduce = false;
+    decode_kernel<D, DT, DEEP, LEAN, HPW><<<grid, kWarps * 32, DecodeCfg<D, DT>::SMEM, stream>>>(q);
+    return false;
+  }
+  decode_kernel<D, DT, DEEP, LEAN, HPW><<<grid, kWarps * 32, DecodeCfg<D, DT>::SMEM, stream>>>(p);
+  return p.fused_reduce;
 }
 
-template <int D, int DT, bool DEEP, bool LEAN>
+template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false>
 int resident_ctas_t();
 
+// HPW instantiation (D = 128): the DEEP pipeline for bf16 (its default), the
+// default one for fp8.
 template <int D, int DT>
-void launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
+constexpr bool kHpwDeep = DT == kBf16;
+
+template <int D, int DT>
+bool launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool hpw) {
+  if constexpr (D == 128) {
+    if (hpw) {
+      return launch_decode_tv<D, DT, kHpwDeep<D, DT>, false, true>(p, grid, stream);
+    }
+  }
   if constexpr (D == 128 && DT == kE4m3) {
     // LEAN auto (version 6, run F): a grid of more than one wave at the
     // default's 3 CTAs per SM that fits one wave at LEAN's 4 (B=64 at 1K:
@@ -731,27 +885,26 @@ void launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
       if (r0 > 0 && r1 > r0 && ctas > sms * r0 && ctas <= sms * r1) {
         DecodeParams q = p;
         if (l2_prefetch_env_value() < 0) q.l2_prefetch = std::max(2, q.l2_prefetch);
-        launch_decode_tv<D, DT, false, true>(q, grid, stream);
-        return;
+        return launch_decode_tv<D, DT, false, true>(q, grid, stream);
       }
     }
   }
   if constexpr (kHasDeep<D, DT>) {
     switch (pipeline_variant<D, DT>()) {
-      case 1: launch_decode_tv<D, DT, true, false>(p, grid, stream); return;
+      case 1: return launch_decode_tv<D, DT, true, false>(p, grid, stream);
       case 2:
-        if constexpr (DT == kE4m3) launch_decode_tv<D, DT, false, true>(p, grid, stream);
-        return;
+        if constexpr (DT == kE4m3) return launch_decode_tv<D, DT, false, true>(p, grid, stream);
+        return false;
       default: break;
     }
   }
-  launch_decode_tv<D, DT, false, false>(p, grid, stream);
+  return launch_decode_tv<D, DT, false, false>(p, grid, stream);
 }
 
 // Resident decode CTAs per SM (occupancy API) of one instantiation on the
 // current device; 0 when it cannot be asked (no device). Cached per
 // instantiation and device (thread-safe: atomics).
-template <int D, int DT, bool DEEP, bool LEAN>
+template <int D, int DT, bool DEEP, bool LEAN, bool HPW>
 int resident_ctas_t() {
   static std::array<std::atomic<int>, 64> cache{};  // 0 = not asked yet
   int dev = 0;
@@ -767,8 +920,8 @@ int resident_ctas_t() {
   int c = 0;
   bool ok = false;
   try {
-    prepare_decode_t<D, DT, DEEP, LEAN>();
-    ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, decode_kernel<D, DT, DEEP, LEAN>, kWarps * 32,
+    prepare_decode_t<D, DT, DEEP, LEAN, HPW>();
+    ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, decode_kernel<D, DT, DEEP, LEAN, HPW>, kWarps * 32,
                                                        DecodeCfg<D, DT>::SMEM) == cudaSuccess;
   } catch (const std::runtime_error&) {
   }
@@ -781,7 +934,10 @@ int resident_ctas_t() {
 }
 
 template <int D, int DT>
-int resident_ctas_v() {
+int resident_ctas_v(bool hpw) {
+  if constexpr (D == 128) {
+    if (hpw) return resident_ctas_t<D, DT, kHpwDeep<D, DT>, false, true>();
+  }
   if constexpr (kHasDeep<D, DT>) {
     switch (pipeline_variant<D, DT>()) {
       case 1: return resident_ctas_t<D, DT, true, false>();
@@ -795,33 +951,34 @@ int resident_ctas_v() {
 }
 
 template <int D>
-int resident_ctas_d(KvDtype dt) {
+int resident_ctas_d(KvDtype dt, bool hpw) {
   switch (dt) {
-    case KvDtype::bf16: return resident_ctas_v<D, kBf16>();
-    case KvDtype::fp8_e4m3: return resident_ctas_v<D, kE4m3>();
-    case KvDtype::fp8_e5m2: return resident_ctas_v<D, kE5m2>();
+    case KvDtype::bf16: return resident_ctas_v<D, kBf16>(hpw);
+    case KvDtype::fp8_e4m3: return resident_ctas_v<D, kE4m3>(hpw);
+    case KvDtype::fp8_e5m2: return resident_ctas_v<D, kE5m2>(hpw);
   }
   return 0;
 }
 
-int resident_ctas(int head_dim, KvDtype dt) {
+int resident_ctas(int head_dim, KvDtype dt, bool hpw) {
   switch (head_dim) {
-    case 64: return resident_ctas_d<64>(dt);
-    case 128: return resident_ctas_d<128>(dt);
-    case 256: return resident_ctas_d<256>(dt);
+    case 64: return resident_ctas_d<64>(dt, false);
+    case 128: return resident_ctas_d<128>(dt, hpw);
+    case 256: return resident_ctas_d<256>(dt, false);
   }
   return 0;
 }
 
 template <int D>
-void launch_decode(const DecodeParams& p, KvDtype dt, dim3 grid, int batch, cudaStream_t stream) {
+void launch_decode(const DecodeParams& p, KvDtype dt, dim3 grid, int batch, cudaStream_t stream, bool hpw) {
+  bool fused = false;
   switch (dt) {
-    case KvDtype::bf16: launch_decode_t<D, kBf16>(p, grid, stream); break;
-    case KvDtype::fp8_e4m3: launch_decode_t<D, kE4m3>(p, grid, stream); break;
-    case KvDtype::fp8_e5m2: launch_decode_t<D, kE5m2>(p, grid, stream); break;
+    case KvDtype::bf16: fused = launch_decode_t<D, kBf16>(p, grid, stream, hpw); break;
+    case KvDtype::fp8_e4m3: fused = launch_decode_t<D, kE4m3>(p, grid, stream, hpw); break;
+    case KvDtype::fp8_e5m2: fused = launch_decode_t<D, kE5m2>(p, grid, stream, hpw); break;
   }
   FP8KV_CUDA_CHECK(cudaGetLastError());
-  if (p.max_splits > 1) {
+  if (p.max_splits > 1 && !fused) {
     // Programmatic dependent launch: the reduce grid is set up while the
     // decode grid drains; griddepcontrol.wait in it orders the reads.
     cudaLaunchConfig_t cfg = {};
@@ -851,8 +1008,28 @@ int span_tokens(int max_context_len, int window) {
 // overhead ~6 tiles). Ties go to fewer splits (less reduce work).
 constexpr int kCtaOverheadTiles = 6;
 constexpr int kReduceTiles = 3;
+// Bandwidth term (version 7, FP8KV_DECODE_PLAN=bw; docs/cuda.md "Version 7").
+// The wave model above takes a wave as long as one CTA at its latency-bound
+// rate, so a partial last wave costs a whole CTA time. That holds while the
+// resident CTAs cannot saturate DRAM; a CTA whose tiles carry more bytes
+// saturates it with fewer CTAs, and then the time is the bytes over the
+// bandwidth whatever the wave count, and a split only adds work. Model: DRAM
+// saturates at `sat` streaming CTAs, sat = slots * 16 KB / (the CTA's bytes
+// per tile step: 4 warps x 16 keys x K+V x D x EB). fp8 d128 (16 KB per step)
+// needs every slot (run G: 256 CTAs of B=32/16K read at 3.37 TB/s, 768 at 3.85),
+// so its plans stay as they are; bf16 d128 and fp8 d256 (32 KB) saturate at
+// half the slots, bf16 d256 at a quarter. In the saturated regime a CTA's
+// time in tile units is its tiles plus kBwOverheadTiles (prologue and partial
+// write that the streaming CTAs do not hide; run G bf16 B=64/4K split sweep:
+// 256.6 / 270.1 / 287.5 / 314.6 us at 1 / 2 / 4 / 8 splits fit 2.1-3.5 tiles).
+// cost = max(wave model, N * (tiles + kBwOverheadTiles) / sat) (+ reduce).
+// With sat = slots (fp8 d128) the second term never exceeds the first
+// (N / slots <= waves, kBwOverheadTiles < kCtaOverheadTiles): same plans.
+constexpr int kBwOverheadTiles = 3;
 
-int choose_split_tokens(int64_t base, int span, int64_t slots) {
+// kpu: keys per tile unit of one CTA (64: 4 warps take 16-key tiles in turn;
+// 16 under HPW, where one warp walks every tile of its head).
+int choose_split_tokens(int64_t base, int span, int64_t slots, int64_t sat_x16, int kpu) {
   const int64_t max_n = std::min<int64_t>((span + 63) / 64, std::max<int64_t>(1, (8 * slots + base - 1) / base));
   int best_split = (span + 63) / 64 * 64;
   int64_t best_cost = -1;
@@ -861,13 +1038,28 @@ int choose_split_tokens(int64_t base, int span, int64_t slots) {
     const int64_t n_eff = (span + split - 1) / split;
     if (n > 1 && split == best_split) continue;
     const int64_t waves = (base * n_eff + slots - 1) / slots;
-    const int64_t cost = waves * (split / 64 + kCtaOverheadTiles) + (n_eff > 1 ? kReduceTiles : 0);
+    int64_t cost = waves * (split / kpu + kCtaOverheadTiles);
+    if (sat_x16 > 0)  // bandwidth term, in tile units (sat_x16 = 16 * sat, so sat may be fractional)
+      cost = std::max(cost, (16 * base * n_eff * (split / kpu + kBwOverheadTiles) + sat_x16 - 1) / sat_x16);
+    cost += n_eff > 1 ? kReduceTiles : 0;
     if (best_cost < 0 || cost < best_cost) {
       best_cost = cost;
       best_split = static_cast<int>(split);
     }
   }
   return best_split;
+}
+
+// FP8KV_DECODE_PLAN: "wave" (version 5 model) or "bw" (with the bandwidth
+// term). Read once per process.
+constexpr bool kDefaultPlanBw = false;
+bool plan_bw_env() {
+  static const bool v = [] {
+    const char* e = std::getenv("FP8KV_DECODE_PLAN");
+    if (e == nullptr || *e == 0) return kDefaultPlanBw;
+    return std::string(e) == "bw";
+  }();
+  return v;
 }
 
 }  // namespace
@@ -883,11 +1075,15 @@ DecodePlan plan_decode(int batch, int num_heads, int num_kv_heads, int head_dim,
     // Fill every SM with its resident CTAs (occupancy API; 3 per SM when no
     // device answers: fp8 d128 at 167 registers), in as few and as full waves
     // as the wave model above finds.
-    if (ctas_per_sm <= 0) ctas_per_sm = resident_ctas(head_dim, dtype);
+    const bool hpw = use_hpw(head_dim, num_heads, num_kv_heads);
+    if (ctas_per_sm <= 0) ctas_per_sm = resident_ctas(head_dim, dtype, hpw);
     if (ctas_per_sm <= 0) ctas_per_sm = 3;
-    const int64_t base = static_cast<int64_t>(batch) * num_kv_heads * gchunks;
+    const int64_t base = static_cast<int64_t>(batch) * (hpw ? num_kv_heads / kWarps : num_kv_heads * gchunks);
     const int64_t slots = static_cast<int64_t>(std::max(1, num_sms)) * ctas_per_sm;
-    split_tokens = choose_split_tokens(base, span, slots);
+    // Bandwidth term (plan_bw_env): sat = slots * 16 KB / (64 * 2 * D * EB) bytes per CTA tile step.
+    const int64_t step_bytes = static_cast<int64_t>(kWarps) * kTile * 2 * head_dim * kv_dtype_bytes(dtype);
+    const int64_t sat_x16 = plan_bw_env() ? std::max<int64_t>(1, 16 * slots * 16384 / step_bytes) : 0;
+    split_tokens = choose_split_tokens(base, span, slots, sat_x16, hpw ? kTile : kWarps * kTile);
   }
   DecodePlan plan;
   plan.split_tokens = (split_tokens + 63) / 64 * 64;
@@ -924,16 +1120,25 @@ void paged_decode(const DecodeArgs& a, cudaStream_t stream) {
   p.split_tokens = a.plan.split_tokens;
   p.max_splits = a.plan.max_splits;
   p.l2_prefetch = l2_prefetch_for(L.dtype, L.head_dim);
+  // Fused split reduction (version 7 variant): counters for every CTA of the
+  // launch, weights of <= 8 heads x max_splits in the CTA's shared memory
+  // (at least kWarps x kMaxGroup x D floats at every D).
+  const bool hpw = use_hpw(L.head_dim, a.num_heads, L.num_kv_heads);
+  const int ctas_x = hpw ? L.num_kv_heads / kWarps : L.num_kv_heads * p.gchunks;
+  const int heads_per_cta = hpw ? kWarps * p.group : std::min(p.group, kMaxGroup);
+  p.fused_reduce = p.max_splits > 1 && fused_reduce_env() &&
+                   static_cast<int64_t>(a.batch) * ctas_x <= kSplitCounters &&
+                   static_cast<int64_t>(heads_per_cta) * p.max_splits <= kWarps * kMaxGroup * L.head_dim;
   p.l2_prefetch_pair = p.l2_prefetch > 0 && L.num_kv_heads % 2 == 0 && l2_prefetch_pair_env();
   if (p.max_splits > 1) {
     p.part_o = static_cast<float*>(a.workspace);
     p.part_lse = p.part_o + static_cast<size_t>(a.batch) * a.num_heads * p.max_splits * L.head_dim;
   }
-  const dim3 grid(L.num_kv_heads * p.gchunks, a.batch, p.max_splits);
+  const dim3 grid(ctas_x, a.batch, p.max_splits);
   switch (L.head_dim) {
-    case 64: launch_decode<64>(p, L.dtype, grid, a.batch, stream); break;
-    case 128: launch_decode<128>(p, L.dtype, grid, a.batch, stream); break;
-    case 256: launch_decode<256>(p, L.dtype, grid, a.batch, stream); break;
+    case 64: launch_decode<64>(p, L.dtype, grid, a.batch, stream, hpw); break;
+    case 128: launch_decode<128>(p, L.dtype, grid, a.batch, stream, hpw); break;
+    case 256: launch_decode<256>(p, L.dtype, grid, a.batch, stream, hpw); break;
   }
 }
 
