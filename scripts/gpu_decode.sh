@@ -52,10 +52,11 @@ for l in open(sys.argv[1]):
 # is skipped when the run is past the group's time gate.
 # Version 7: fused = the split reduction in the decode kernel's last CTA;
 # hpw = heads per warp (a CTA reads 4 adjacent KV heads' rows); planbw = the
-# split plan with the bandwidth term.
-VARIANTS_A=${VARIANTS_A:-"base= fused=FP8KV_DECODE_FUSED=1 hpw=FP8KV_DECODE_HPW=1 hpwfused=FP8KV_DECODE_HPW=1,FP8KV_DECODE_FUSED=1 planbw=FP8KV_DECODE_PLAN=bw"}
+# split plan with the bandwidth term; hpwfused = both.
+# d256reg = fp8 D=256 on the register path (d256 rows only matter).
+VARIANTS_A=${VARIANTS_A:-"base= fused=FP8KV_DECODE_FUSED=1 hpw=FP8KV_DECODE_HPW=1 d256reg=FP8KV_DECODE_D256REG=1 hpwfused=FP8KV_DECODE_HPW=1,FP8KV_DECODE_FUSED=1 planbw=FP8KV_DECODE_PLAN=bw"}
 VARIANTS_B=${VARIANTS_B:-""}
-D256_VARIANTS=${D256_VARIANTS:-"base fused planbw"}
+D256_VARIANTS=${D256_VARIANTS:-"base fused d256reg planbw"}
 NAMES=()
 run_variants() {  # gate_seconds variant...
   local gate=$1; shift

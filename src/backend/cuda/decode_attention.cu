@@ -79,7 +79,10 @@ __device__ __forceinline__ uint4 lds16(uint32_t a) {
   return v;
 }
 // Shapes of one (D, cache dtype) instantiation.
-template <int D, int DT>
+// REG (version 7 variant, FP8KV_DECODE_D256REG=1): fp8 D = 256 on the
+// register path (its rows are 256 bytes, as bf16 d128's, whose register path
+// reads at 4.0-4.2 TB/s where the fp8 d256 ring reads at 2.5-2.9).
+template <int D, int DT, bool REG = false>
 struct DecodeCfg {
   static constexpr int EB = DT == kBf16 ? 2 : 1;        // bytes per cache element
   static constexpr int KC = D * EB / 64;                 // 16-byte K chunks per thread per key row
@@ -90,7 +93,7 @@ struct DecodeCfg {
   // cp.async ring for D = 256 (no spills; bf16 d256 reads at 4.2 TB/s);
   // register-staged tiles for D <= 128, which measured faster there (v3 at
   // 3.9 TB/s vs the ring's 3.2 TB/s on fp8 d128, 2026-11-30 runs 1-2).
-  static constexpr bool USE_RING = D == 256;
+  static constexpr bool USE_RING = D == 256 && !REG;
   static constexpr int S = STAGE <= 2048 ? 8 : STAGE <= 4096 ? 4 : 3;  // stages per warp
   static constexpr int RING = USE_RING ? S * STAGE : kMaxGroup * D * 4;  // bytes per warp
   static constexpr int SMEM = kWarps * RING + 2 * kWarps * kMaxGroup * 4;
@@ -189,9 +192,9 @@ __device__ __forceinline__ void fused_reduce(const DecodeParams& p, uint8_t* sme
 // (fp8) at a 1 KB stride per CTA. One warp accumulates all tiles of a split
 // (no cross-warp combine), so results differ from the default's in rounding
 // (not bitwise); batched == single holds as for every variant.
-template <int D, int DT, bool DEEP = false, bool LEAN = false, bool HPW = false>
+template <int D, int DT, bool DEEP = false, bool LEAN = false, bool HPW = false, bool REG = false>
 __global__ void __launch_bounds__(kWarps * 32, LEAN ? 4 : 0) decode_kernel(const DecodeParams p) {
-  using C = DecodeCfg<D, DT>;
+  using C = DecodeCfg<D, DT, REG>;
   constexpr int EB = C::EB;
   constexpr int E = 16 / EB;               // elements per 16-byte chunk
   constexpr int J = E / 4;                 // k-steps per chunk
@@ -791,6 +794,15 @@ bool hpw_env() {
 bool use_hpw(int head_dim, int num_heads, int num_kv_heads) {
   return hpw_env() && head_dim == 128 && num_kv_heads % kWarps == 0 && num_heads / num_kv_heads <= kMaxGroup;
 }
+// FP8KV_DECODE_D256REG=1: fp8 D = 256 on the register path (REG), with the
+// L2 prefetch 2 tiles ahead unless FP8KV_DECODE_PF says otherwise.
+bool d256_reg_env() {
+  static const bool on = [] {
+    const char* e = std::getenv("FP8KV_DECODE_D256REG");
+    return e != nullptr && std::string(e) == "1";
+  }();
+  return on;
+}
 bool fused_reduce_env() {
   static const bool on = [] {
     const char* e = std::getenv("FP8KV_DECODE_FUSED");
@@ -812,6 +824,7 @@ int l2_prefetch_for(KvDtype dt, int head_dim) {
   const int env = l2_prefetch_env_value();
   if (env >= 0) return env;
   if (dt == KvDtype::bf16) return kDefaultL2PrefetchBf16;
+  if (head_dim == 256 && d256_reg_env()) return 2;
   const bool lean = dt == KvDtype::fp8_e4m3 && head_dim == 128 && lean_env();
   return lean ? std::max(2, kDefaultL2PrefetchFp8) : kDefaultL2PrefetchFp8;
 }
@@ -832,33 +845,35 @@ int pipeline_variant() {
 // needed before a launch and before an occupancy query.
 // Kernel attributes are per device: set once per device (TP ranks are threads
 // of one process, one GPU each), by set_func_attribute_once (common.cuh).
-template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false>
+template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false>
 void prepare_decode_t() {
-  constexpr int smem = DecodeCfg<D, DT>::SMEM;
-  set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  constexpr int smem = DecodeCfg<D, DT, REG>::SMEM;
+  set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          smem);
   // All of the unified L1 as shared memory for the ring (so 2 CTAs of 96 KB
   // fit per SM).
-  if constexpr (DecodeCfg<D, DT>::USE_RING)
-    set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW>, cudaFuncAttributePreferredSharedMemoryCarveout,
+  if constexpr (DecodeCfg<D, DT, REG>::USE_RING)
+    set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG>, cudaFuncAttributePreferredSharedMemoryCarveout,
                             cudaSharedmemCarveoutMaxShared);
 }
 
 // Returns whether the kernel combined the splits itself (fused reduction; not
 // compiled into LEAN, whose 128 registers it would overflow).
-template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false>
+template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false>
 bool launch_decode_tv(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
-  prepare_decode_t<D, DT, DEEP, LEAN, HPW>();
+  prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG>();
+  constexpr int smem = DecodeCfg<D, DT, REG>::SMEM;
   if (LEAN && p.fused_reduce) {
     DecodeParams q = p;
     q.fused_reduce = false;
-    decode_kernel<D, DT, DEEP, LEAN, HPW><<<grid, kWarps * 32, DecodeCfg<D, DT>::SMEM, stream>>>(q);
+    decode_kernel<D, DT, DEEP, LEAN, HPW, REG><<<grid, kWarps * 32, smem, stream>>>(q);
     return false;
   }
-  decode_kernel<D, DT, DEEP, LEAN, HPW><<<grid, kWarps * 32, DecodeCfg<D, DT>::SMEM, stream>>>(p);
+  decode_kernel<D, DT, DEEP, LEAN, HPW, REG><<<grid, kWarps * 32, smem, stream>>>(p);
   return p.fused_reduce;
 }
 
-template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false>
+template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false>
 int resident_ctas_t();
 
 // HPW instantiation (D = 128): the DEEP pipeline for bf16 (its default), the
@@ -868,6 +883,9 @@ constexpr bool kHpwDeep = DT == kBf16;
 
 template <int D, int DT>
 bool launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool hpw) {
+  if constexpr (D == 256 && DT != kBf16) {
+    if (d256_reg_env()) return launch_decode_tv<D, DT, false, false, false, true>(p, grid, stream);
+  }
   if constexpr (D == 128) {
     if (hpw) {
       return launch_decode_tv<D, DT, kHpwDeep<D, DT>, false, true>(p, grid, stream);
@@ -904,7 +922,7 @@ bool launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool
 // Resident decode CTAs per SM (occupancy API) of one instantiation on the
 // current device; 0 when it cannot be asked (no device). Cached per
 // instantiation and device (thread-safe: atomics).
-template <int D, int DT, bool DEEP, bool LEAN, bool HPW>
+template <int D, int DT, bool DEEP, bool LEAN, bool HPW, bool REG>
 int resident_ctas_t() {
   static std::array<std::atomic<int>, 64> cache{};  // 0 = not asked yet
   int dev = 0;
@@ -920,9 +938,9 @@ int resident_ctas_t() {
   int c = 0;
   bool ok = false;
   try {
-    prepare_decode_t<D, DT, DEEP, LEAN, HPW>();
-    ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, decode_kernel<D, DT, DEEP, LEAN, HPW>, kWarps * 32,
-                                                       DecodeCfg<D, DT>::SMEM) == cudaSuccess;
+    prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG>();
+    ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, decode_kernel<D, DT, DEEP, LEAN, HPW, REG>, kWarps * 32,
+                                                       DecodeCfg<D, DT, REG>::SMEM) == cudaSuccess;
   } catch (const std::runtime_error&) {
   }
   if (!ok) {
@@ -935,6 +953,9 @@ int resident_ctas_t() {
 
 template <int D, int DT>
 int resident_ctas_v(bool hpw) {
+  if constexpr (D == 256 && DT != kBf16) {
+    if (d256_reg_env()) return resident_ctas_t<D, DT, false, false, false, true>();
+  }
   if constexpr (D == 128) {
     if (hpw) return resident_ctas_t<D, DT, kHpwDeep<D, DT>, false, true>();
   }
