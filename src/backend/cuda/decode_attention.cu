@@ -1029,28 +1029,10 @@ int span_tokens(int max_context_len, int window) {
 // overhead ~6 tiles). Ties go to fewer splits (less reduce work).
 constexpr int kCtaOverheadTiles = 6;
 constexpr int kReduceTiles = 3;
-// Bandwidth term (version 7, FP8KV_DECODE_PLAN=bw; docs/cuda.md "Version 7").
-// The wave model above takes a wave as long as one CTA at its latency-bound
-// rate, so a partial last wave costs a whole CTA time. That holds while the
-// resident CTAs cannot saturate DRAM; a CTA whose tiles carry more bytes
-// saturates it with fewer CTAs, and then the time is the bytes over the
-// bandwidth whatever the wave count, and a split only adds work. Model: DRAM
-// saturates at `sat` streaming CTAs, sat = slots * 16 KB / (the CTA's bytes
-// per tile step: 4 warps x 16 keys x K+V x D x EB). fp8 d128 (16 KB per step)
-// needs every slot (run G: 256 CTAs of B=32/16K read at 3.37 TB/s, 768 at 3.85),
-// so its plans stay as they are; bf16 d128 and fp8 d256 (32 KB) saturate at
-// half the slots, bf16 d256 at a quarter. In the saturated regime a CTA's
-// time in tile units is its tiles plus kBwOverheadTiles (prologue and partial
-// write that the streaming CTAs do not hide; run G bf16 B=64/4K split sweep:
-// 256.6 / 270.1 / 287.5 / 314.6 us at 1 / 2 / 4 / 8 splits fit 2.1-3.5 tiles).
-// cost = max(wave model, N * (tiles + kBwOverheadTiles) / sat) (+ reduce).
-// With sat = slots (fp8 d128) the second term never exceeds the first
-// (N / slots <= waves, kBwOverheadTiles < kCtaOverheadTiles): same plans.
-constexpr int kBwOverheadTiles = 3;
 
 // kpu: keys per tile unit of one CTA (64: 4 warps take 16-key tiles in turn;
 // 16 under HPW, where one warp walks every tile of its head).
-int choose_split_tokens(int64_t base, int span, int64_t slots, int64_t sat_x16, int kpu) {
+int choose_split_tokens(int64_t base, int span, int64_t slots, int kpu) {
   const int64_t max_n = std::min<int64_t>((span + 63) / 64, std::max<int64_t>(1, (8 * slots + base - 1) / base));
   int best_split = (span + 63) / 64 * 64;
   int64_t best_cost = -1;
@@ -1059,10 +1041,7 @@ int choose_split_tokens(int64_t base, int span, int64_t slots, int64_t sat_x16, 
     const int64_t n_eff = (span + split - 1) / split;
     if (n > 1 && split == best_split) continue;
     const int64_t waves = (base * n_eff + slots - 1) / slots;
-    int64_t cost = waves * (split / kpu + kCtaOverheadTiles);
-    if (sat_x16 > 0)  // bandwidth term, in tile units (sat_x16 = 16 * sat, so sat may be fractional)
-      cost = std::max(cost, (16 * base * n_eff * (split / kpu + kBwOverheadTiles) + sat_x16 - 1) / sat_x16);
-    cost += n_eff > 1 ? kReduceTiles : 0;
+    const int64_t cost = waves * (split / kpu + kCtaOverheadTiles) + (n_eff > 1 ? kReduceTiles : 0);
     if (best_cost < 0 || cost < best_cost) {
       best_cost = cost;
       best_split = static_cast<int>(split);
@@ -1071,17 +1050,6 @@ int choose_split_tokens(int64_t base, int span, int64_t slots, int64_t sat_x16, 
   return best_split;
 }
 
-// FP8KV_DECODE_PLAN: "wave" (version 5 model) or "bw" (with the bandwidth
-// term). Read once per process.
-constexpr bool kDefaultPlanBw = false;
-bool plan_bw_env() {
-  static const bool v = [] {
-    const char* e = std::getenv("FP8KV_DECODE_PLAN");
-    if (e == nullptr || *e == 0) return kDefaultPlanBw;
-    return std::string(e) == "bw";
-  }();
-  return v;
-}
 
 }  // namespace
 
@@ -1101,10 +1069,7 @@ DecodePlan plan_decode(int batch, int num_heads, int num_kv_heads, int head_dim,
     if (ctas_per_sm <= 0) ctas_per_sm = 3;
     const int64_t base = static_cast<int64_t>(batch) * (hpw ? num_kv_heads / kWarps : num_kv_heads * gchunks);
     const int64_t slots = static_cast<int64_t>(std::max(1, num_sms)) * ctas_per_sm;
-    // Bandwidth term (plan_bw_env): sat = slots * 16 KB / (64 * 2 * D * EB) bytes per CTA tile step.
-    const int64_t step_bytes = static_cast<int64_t>(kWarps) * kTile * 2 * head_dim * kv_dtype_bytes(dtype);
-    const int64_t sat_x16 = plan_bw_env() ? std::max<int64_t>(1, 16 * slots * 16384 / step_bytes) : 0;
-    split_tokens = choose_split_tokens(base, span, slots, sat_x16, hpw ? kTile : kWarps * kTile);
+    split_tokens = choose_split_tokens(base, span, slots, hpw ? kTile : kWarps * kTile);
   }
   DecodePlan plan;
   plan.split_tokens = (split_tokens + 63) / 64 * 64;
