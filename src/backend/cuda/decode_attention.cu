@@ -112,11 +112,14 @@ constexpr int kSplitCounters = 16384;
 __device__ unsigned int g_split_counters[kSplitCounters];
 
 // The last CTA of a (sequence, KV head, head chunk) to finish combines the
-// splits of its nh heads (out = sum_s w_s O_s / sum_s w_s, w_s = 2^(lse_s - M),
-// s in order: deterministic, the same for a sequence whatever the batch), so
-// no second kernel runs. Partials are read with ld.global.cg (L2; this SM's
-// L1 never held them). smem: [nh][nsplits] weights (launch_decode checks the
-// size).
+// splits of its nh heads, so no second kernel runs. Same arithmetic in the
+// same order as decode_reduce_kernel (bitwise the same output: R interleaved
+// partial sums over s = rho, rho + R, ..., then added in rho order), so a
+// launch that falls back to the reduce kernel (LEAN, too many CTAs for the
+// counters) gives the same bits and batched == single holds across them.
+// Partials are read with ld.global.cg (L2; this SM's L1 never held them).
+// smem: [nh][nsplits] weights (launch_decode checks the size).
+constexpr int kReduceThreads = 256;
 template <int D>
 __device__ __forceinline__ void fused_reduce(const DecodeParams& p, uint8_t* smem, int b, int h0, int nh,
                                              int nsplits) {
@@ -151,25 +154,34 @@ __device__ __forceinline__ void fused_reduce(const DecodeParams& p, uint8_t* sme
     for (int s = lane; s < nsplits; s += 32) sw[row * nsplits + s] = exp2f(sw[row * nsplits + s] - Mref);
   }
   __syncthreads();
-  constexpr int Q = D / 4;  // float4 columns per row
+  constexpr int Q = D / 4;                  // float4 columns per row
+  constexpr int R = kReduceThreads / Q;     // decode_reduce_kernel's rows
   for (int u = threadIdx.x; u < nh * Q; u += blockDim.x) {
     const int row = u / Q, c = u % Q;
     const float* w = sw + row * nsplits;
     const float vs = p.v_scale == nullptr ? 1.0f : p.v_scale[p.v_scale_count == 1 ? 0 : (h0 + row) / p.group];
     const float4* src = reinterpret_cast<const float4*>(p.part_o + (base + static_cast<int64_t>(row) * p.max_splits) * D) + c;
-    float W = 0.0f;
-    float4 O = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 8
-    for (int s = 0; s < nsplits; ++s) {
-      const float4 v = __ldcg(src + static_cast<int64_t>(s) * Q);
-      W += w[s];
-      O.x += w[s] * v.x; O.y += w[s] * v.y; O.z += w[s] * v.z; O.w += w[s] * v.w;
+    float Wt = 0.0f;
+    float4 Ot = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int rho = 0; rho < R; ++rho) {
+      float W = 0.0f;
+      float4 O = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+      for (int s = rho; s < nsplits; s += R) {
+        const float ws = w[s];
+        const float4 v = __ldcg(src + static_cast<int64_t>(s) * Q);
+        W += ws;
+        O.x += ws * v.x; O.y += ws * v.y; O.z += ws * v.z; O.w += ws * v.w;
+      }
+      Wt += W;
+      Ot.x += O.x; Ot.y += O.y; Ot.z += O.z; Ot.w += O.w;
     }
     const int64_t off = (static_cast<int64_t>(b) * p.num_heads + h0 + row) * D + 4 * c;
-    store_act(p.out, off + 0, W > 0.0f ? O.x / W * vs : 0.0f, p.out_bf16);
-    store_act(p.out, off + 1, W > 0.0f ? O.y / W * vs : 0.0f, p.out_bf16);
-    store_act(p.out, off + 2, W > 0.0f ? O.z / W * vs : 0.0f, p.out_bf16);
-    store_act(p.out, off + 3, W > 0.0f ? O.w / W * vs : 0.0f, p.out_bf16);
+    store_act(p.out, off + 0, Wt > 0.0f ? Ot.x / Wt * vs : 0.0f, p.out_bf16);
+    store_act(p.out, off + 1, Wt > 0.0f ? Ot.y / Wt * vs : 0.0f, p.out_bf16);
+    store_act(p.out, off + 2, Wt > 0.0f ? Ot.z / Wt * vs : 0.0f, p.out_bf16);
+    store_act(p.out, off + 3, Wt > 0.0f ? Ot.w / Wt * vs : 0.0f, p.out_bf16);
   }
 }
 
@@ -681,8 +693,7 @@ __global__ void __launch_bounds__(kWarps * 32, LEAN ? 4 : 0) decode_kernel(const
 // Combines the splits of one (sequence, head): out = sum_s w_s O_s / sum_s w_s.
 // 256 threads: R rows of D/4 threads; row rho takes splits rho, rho+R, ...
 // (float4 loads, several in flight), then the R partial sums are added in a
-// fixed order.
-constexpr int kReduceThreads = 256;
+// fixed order (fused_reduce repeats this arithmetic).
 template <int D>
 __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const DecodeParams p) {
   constexpr int TPS = D / 4, R = kReduceThreads / TPS;
