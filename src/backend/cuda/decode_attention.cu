@@ -807,10 +807,12 @@ bool use_hpw(int head_dim, int num_heads, int num_kv_heads) {
 }
 // FP8KV_DECODE_D256REG=1: fp8 D = 256 on the register path (REG), with the
 // L2 prefetch 2 tiles ahead unless FP8KV_DECODE_PF says otherwise.
+constexpr bool kDefaultD256Reg = false;
 bool d256_reg_env() {
   static const bool on = [] {
     const char* e = std::getenv("FP8KV_DECODE_D256REG");
-    return e != nullptr && std::string(e) == "1";
+    if (e == nullptr || *e == 0) return kDefaultD256Reg;
+    return std::string(e) == "1";
   }();
   return on;
 }
