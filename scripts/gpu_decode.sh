@@ -33,10 +33,18 @@ timeout 90 $TEST --gtest_filter='CudaDecode.*:CudaStore.*:CudaPlan.*' --gtest_ou
 phase sdpa
 timeout 45 python3 tools/bench_sdpa.py >"$OUT/sdpa.jsonl" 2>&1; tail -1 "$OUT/sdpa.jsonl"
 
-# bf16 B=64/4K, 32/4K, 64/1K first in a fresh process (run G: the same plan
-# ran 12% slower in the decode phase than in the plan phase).
+# bf16 B=64/4K, 32/4K, 64/1K first in a fresh process, then after the
+# largest bf16 row (run G: the same plan ran 12% slower in the decode phase
+# than in the plan phase). GPU clocks, power and temperatures sampled every
+# 200 ms from here to the end of the variants (smi.csv; phase times above).
+SMI_PID=
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,temperature.memory,clocks_throttle_reasons.active \
+    --format=csv -lms 200 >"$OUT/smi.csv" 2>/dev/null &
+  SMI_PID=$!
+fi
 phase probe
-timeout 20 $BENCH probe 2>/dev/null | grep -v '"kind":"copy"' >"$OUT/probe.jsonl"
+timeout 25 $BENCH probe 2>/dev/null | grep -v '"kind":"copy"' >"$OUT/probe.jsonl"
 python3 -c '
 import json,sys
 for l in open(sys.argv[1]):
@@ -85,6 +93,7 @@ run_variants() {  # gate_seconds variant...
   done
 }
 run_variants 210 $VARIANTS_A
+[ -n "$SMI_PID" ] && kill "$SMI_PID" 2>/dev/null
 
 # Nsight Compute on the problem shapes (--clock-control none: leave the
 # clocks alone), base and a version 7 variant (NCU=1 only).
