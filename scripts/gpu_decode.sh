@@ -39,8 +39,9 @@ timeout 45 python3 tools/bench_sdpa.py >"$OUT/sdpa.jsonl" 2>&1; tail -1 "$OUT/sd
 # 200 ms from here to the end of the variants (smi.csv; phase times above).
 SMI_PID=
 if command -v nvidia-smi >/dev/null; then
-  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,temperature.memory,clocks_throttle_reasons.active \
-    --format=csv -lms 200 >"$OUT/smi.csv" 2>/dev/null &
+  Q=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,temperature.memory,clocks_event_reasons.active
+  nvidia-smi --query-gpu=$Q --format=csv -c 1 >/dev/null 2>&1 || Q=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu
+  nvidia-smi --query-gpu=$Q --format=csv -lms 200 >"$OUT/smi.csv" 2>/dev/null &
   SMI_PID=$!
 fi
 phase probe
