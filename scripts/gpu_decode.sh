@@ -155,5 +155,20 @@ for l in open(sys.argv[1]):
         elif r["kind"]=="split": g[k].append("s%d:%.1f"%(r["split_tokens"],r["ms"]*1e3))
 for k,v in g.items(): print("  %s d%d B=%d ctx=%d: "%k+" ".join(v))' "$OUT/plans.jsonl" | tee -a "$OUT/table.txt"
 fi
+if [ -s "$OUT/smi.csv" ]; then
+  python3 - "$OUT/smi.csv" <<'PY' | tee -a "$OUT/table.txt"
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+hdr, data = [h.strip() for h in rows[0]], [r for r in rows[1:] if len(r) == len(rows[0])]
+num = lambda v: float(v.strip().split()[0]) if v.strip() and v.strip().split()[0].replace(".", "").isdigit() else None
+out = []
+for i, h in enumerate(hdr[1:], 1):
+    vals = [x for x in (num(r[i]) for r in data) if x is not None]
+    if vals:
+        out.append(f"{h} {min(vals):g}-{max(vals):g}")
+reasons = sorted({r[-1].strip() for r in data}) if "event" in hdr[-1] else []
+print(f"nvidia-smi over {len(data)} samples: " + "; ".join(out) + (f"; event reasons {reasons}" if reasons else ""))
+PY
+fi
 grep -E "^\[  (PASSED|FAILED) |tests ran" "$OUT/test_cuda.log"
 phase done
