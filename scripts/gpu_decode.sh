@@ -131,6 +131,9 @@ if [ $(el) -lt 255 ]; then
   phase "plans + splits"
   FP8KV_BENCH_CTAS=2,3,4 timeout 15 $BENCH plans 2>/dev/null | grep -v '"kind":"copy"' >"$OUT/plans.jsonl"
   [ $(el) -lt 265 ] && timeout 18 $BENCH splits 2>/dev/null | grep -v '"kind":"copy"' >>"$OUT/plans.jsonl"
+  # The same forced splits with the fused reduction ('fN' in the table).
+  [ $(el) -lt 275 ] && FP8KV_DECODE_FUSED=1 timeout 18 $BENCH splits 2>/dev/null | grep -v '"kind":"copy"' |
+    sed 's/"kind":"split"/"kind":"split_fused"/' >>"$OUT/plans.jsonl"
 fi
 
 phase sass
@@ -142,7 +145,7 @@ if grep -vq "LDL/STL=0$" "$OUT/sass.txt"; then echo "SASS CHECK: FAIL (local mem
 phase table
 python3 tools/decode_variants.py "$OUT" "${NAMES[@]}" | tee "$OUT/table.txt"
 if [ -s "$OUT/plans.jsonl" ]; then
-  echo "base kernel: plan at assumed CTAs per SM 'cN: us (splits)'; forced split sizes 'sN: us'" | tee -a "$OUT/table.txt"
+  echo "base kernel: plan at assumed CTAs per SM 'cN: us (splits)'; forced split sizes 'sN: us' ('fN': fused reduction)" | tee -a "$OUT/table.txt"
   python3 -c '
 import json,sys,collections
 g=collections.defaultdict(list)
@@ -153,6 +156,7 @@ for l in open(sys.argv[1]):
         k=(r["dtype"],r["d"],r["batch"],r["ctx"])
         if r["kind"]=="plan": g[k].append("c%d:%.1f(%d)"%(r["ctas_per_sm"],r["ms"]*1e3,r["splits"]))
         elif r["kind"]=="split": g[k].append("s%d:%.1f"%(r["split_tokens"],r["ms"]*1e3))
+        elif r["kind"]=="split_fused": g[k].append("f%d:%.1f"%(r["split_tokens"],r["ms"]*1e3))
 for k,v in g.items(): print("  %s d%d B=%d ctx=%d: "%k+" ".join(v))' "$OUT/plans.jsonl" | tee -a "$OUT/table.txt"
 fi
 if [ -s "$OUT/smi.csv" ]; then
