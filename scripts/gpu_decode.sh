@@ -93,7 +93,7 @@ run_variants() {  # gate_seconds variant...
     fi
   done
 }
-run_variants 210 $VARIANTS_A
+run_variants 200 $VARIANTS_A
 [ -n "$SMI_PID" ] && kill "$SMI_PID" 2>/dev/null
 
 # Nsight Compute on the problem shapes (--clock-control none: leave the
@@ -125,14 +125,14 @@ else
   echo "ncu: not run (NCU=${NCU:-1}, binary '${NCU_BIN}')"
 fi
 
-run_variants 230 $VARIANTS_B
+run_variants 220 $VARIANTS_B
 
-if [ $(el) -lt 255 ]; then
+if [ $(el) -lt 240 ]; then
   phase "plans + splits"
   FP8KV_BENCH_CTAS=2,3,4 timeout 15 $BENCH plans 2>/dev/null | grep -v '"kind":"copy"' >"$OUT/plans.jsonl"
-  [ $(el) -lt 265 ] && timeout 18 $BENCH splits 2>/dev/null | grep -v '"kind":"copy"' >>"$OUT/plans.jsonl"
+  [ $(el) -lt 252 ] && timeout 18 $BENCH splits 2>/dev/null | grep -v '"kind":"copy"' >>"$OUT/plans.jsonl"
   # The same forced splits with the fused reduction ('fN' in the table).
-  [ $(el) -lt 275 ] && FP8KV_DECODE_FUSED=1 timeout 18 $BENCH splits 2>/dev/null | grep -v '"kind":"copy"' |
+  [ $(el) -lt 262 ] && FP8KV_DECODE_FUSED=1 timeout 18 $BENCH splits 2>/dev/null | grep -v '"kind":"copy"' |
     sed 's/"kind":"split"/"kind":"split_fused"/' >>"$OUT/plans.jsonl"
 fi
 
