@@ -435,7 +435,10 @@ TEST(CudaPlan, SplitsCoverTheSpanAndFillTheGpu) {
             EXPECT_EQ(p.split_tokens % 64, 0);
             EXPECT_GE(static_cast<int64_t>(p.max_splits) * p.split_tokens, span);
             EXPECT_LT(static_cast<int64_t>(p.max_splits - 1) * p.split_tokens, span);
-            EXPECT_EQ(p.workspace_bytes, p.max_splits > 1 ? static_cast<size_t>(B) * H * p.max_splits * (D + 1) * 4 : 0u);
+            // Partials (floats), 8-byte aligned, then one 8-byte split counter per
+            // (sequence, KV head) for the fused reduction (version 7).
+            const size_t partials = (static_cast<size_t>(B) * H * p.max_splits * (D + 1) * 4 + 7) / 8 * 8;
+            EXPECT_EQ(p.workspace_bytes, p.max_splits > 1 ? partials + static_cast<size_t>(B) * hkv * 8 : 0u);
             const int64_t base = static_cast<int64_t>(B) * hkv, slots = sms * cps;
             if (base * 2 <= slots) {
               EXPECT_LE(base * p.max_splits, slots) << "a second wave for a small batch";

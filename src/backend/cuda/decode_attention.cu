@@ -46,6 +46,8 @@ struct DecodeParams : PagedKvParams {
   int gchunks, split_tokens, max_splits;
   int l2_prefetch;  // register path: this warp's tiles kept prefetched to L2 ahead (0 = off; FP8KV_DECODE_PF)
   bool fused_reduce;      // the last CTA of each (sequence, KV head, chunk) combines the splits (FP8KV_DECODE_FUSED)
+  unsigned long long* split_counters;  // fused: [batch][gridDim.x] in the workspace
+  unsigned long long epoch;            // fused: this launch's tag (48 bits, != 0)
   bool l2_prefetch_pair;  // prefetch the KV-head pair's rows (2 x D x EB bytes, one bulk prefetch per row)
   float* part_o;    // [batch][num_heads][max_splits][D]
   float* part_lse;  // [batch][num_heads][max_splits] (log2 domain)
@@ -102,21 +104,20 @@ struct DecodeCfg {
 };
 
 // Split counters of the fused reduction (FP8KV_DECODE_FUSED=1, version 7):
-// one per (sequence, KV head, head chunk) of a launch, zero at module load;
-// the CTA that finds its split the last to arrive resets it to zero, so the
-// next launch on this device starts from zero again. Per device (module
-// globals are per device). Two decode launches in flight at once on one
-// device (two streams) would share them: the fused path is for one decode
-// stream per device (the engine's), hence a variant.
-constexpr int kSplitCounters = 16384;
-__device__ unsigned int g_split_counters[kSplitCounters];
+// one 64-bit word per CTA column (sequence, blockIdx.x) in the workspace,
+// after the partials (so concurrent launches with their own workspaces never
+// share one): launch epoch << 16 | splits counted. A word of another epoch
+// (an earlier launch, or whatever the memory held) counts as zero, so the
+// workspace needs no clearing; the CTA that counts last writes 0, so a
+// replayed CUDA graph (same epoch baked in) starts from zero too. The epoch
+// is a per-process 48-bit hash of a launch counter, never 0.
 
 // The last CTA of a (sequence, KV head, head chunk) to finish combines the
 // splits of its nh heads, so no second kernel runs. Same arithmetic in the
 // same order as decode_reduce_kernel (bitwise the same output: R interleaved
 // partial sums over s = rho, rho + R, ..., then added in rho order), so a
-// launch that falls back to the reduce kernel (LEAN, too many CTAs for the
-// counters) gives the same bits and batched == single holds across them.
+// launch that falls back to the reduce kernel (a LEAN kernel) gives the same
+// bits and batched == single holds across them.
 // Partials are read with ld.global.cg (L2; this SM's L1 never held them).
 // smem: [nh][nsplits] weights (launch_decode checks the size).
 constexpr int kReduceThreads = 256;
@@ -127,10 +128,17 @@ __device__ __forceinline__ void fused_reduce(const DecodeParams& p, uint8_t* sme
   __threadfence();  // this CTA's partials are visible device-wide before it counts
   __syncthreads();
   if (threadIdx.x == 0) {
-    unsigned int* ctr = g_split_counters + (static_cast<int64_t>(b) * gridDim.x + blockIdx.x);
-    const unsigned int old = atomicAdd(ctr, 1u);
-    const int last = old == static_cast<unsigned int>(nsplits - 1);
-    if (last) *ctr = 0u;  // every split of this launch has counted
+    unsigned long long* ctr = p.split_counters + (static_cast<int64_t>(b) * gridDim.x + blockIdx.x);
+    unsigned long long cur = atomicAdd(ctr, 0ull), seen;
+    int count;
+    for (;;) {
+      count = (cur >> 16) == p.epoch ? static_cast<int>(cur & 0xffffu) : 0;
+      seen = atomicCAS(ctr, cur, (p.epoch << 16) | static_cast<unsigned long long>(count + 1));
+      if (seen == cur) break;
+      cur = seen;
+    }
+    const int last = count + 1 == nsplits;
+    if (last) atomicExch(ctr, 0ull);  // every split of this launch has counted
     s_last = last;
   }
   __syncthreads();
@@ -1064,6 +1072,26 @@ int choose_split_tokens(int64_t base, int span, int64_t slots, int kpu) {
 }
 
 
+// Workspace: partial outputs [batch][heads][splits][D] and log-sum-exps
+// [batch][heads][splits] (floats), then (8-byte aligned) the fused
+// reduction's split counters, one per CTA column (at most batch x KV heads x
+// head chunks of them).
+size_t split_counters_offset(int batch, int num_heads, int max_splits, int head_dim) {
+  const size_t partials = static_cast<size_t>(batch) * num_heads * max_splits * (head_dim + 1) * sizeof(float);
+  return (partials + 7) / 8 * 8;
+}
+
+// 48-bit launch tags for the fused reduction's counters: a hash
+// (splitmix64) of a process-wide launch count, never 0.
+unsigned long long next_launch_epoch() {
+  static std::atomic<unsigned long long> n{0};
+  unsigned long long z = n.fetch_add(1, std::memory_order_relaxed) + 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z = (z ^ (z >> 31)) & 0xffffffffffffull;
+  return z == 0 ? 1 : z;
+}
+
 }  // namespace
 
 DecodePlan plan_decode(int batch, int num_heads, int num_kv_heads, int head_dim, int max_context_len, int window,
@@ -1088,7 +1116,8 @@ DecodePlan plan_decode(int batch, int num_heads, int num_kv_heads, int head_dim,
   plan.split_tokens = (split_tokens + 63) / 64 * 64;
   plan.max_splits = (span + plan.split_tokens - 1) / plan.split_tokens;
   if (plan.max_splits > 1)
-    plan.workspace_bytes = static_cast<size_t>(batch) * num_heads * plan.max_splits * (head_dim + 1) * sizeof(float);
+    plan.workspace_bytes = split_counters_offset(batch, num_heads, plan.max_splits, head_dim) +
+                           static_cast<size_t>(batch) * num_kv_heads * gchunks * sizeof(unsigned long long);
   return plan;
 }
 
@@ -1125,13 +1154,15 @@ void paged_decode(const DecodeArgs& a, cudaStream_t stream) {
   const bool hpw = use_hpw(L.head_dim, a.num_heads, L.num_kv_heads);
   const int ctas_x = hpw ? L.num_kv_heads / kWarps : L.num_kv_heads * p.gchunks;
   const int heads_per_cta = hpw ? kWarps * p.group : std::min(p.group, kMaxGroup);
-  p.fused_reduce = p.max_splits > 1 && fused_reduce_env() &&
-                   static_cast<int64_t>(a.batch) * ctas_x <= kSplitCounters &&
+  p.fused_reduce = p.max_splits > 1 && p.max_splits < 65536 && fused_reduce_env() &&
                    static_cast<int64_t>(heads_per_cta) * p.max_splits <= kWarps * kMaxGroup * L.head_dim;
   p.l2_prefetch_pair = p.l2_prefetch > 0 && L.num_kv_heads % 2 == 0 && l2_prefetch_pair_env();
   if (p.max_splits > 1) {
     p.part_o = static_cast<float*>(a.workspace);
     p.part_lse = p.part_o + static_cast<size_t>(a.batch) * a.num_heads * p.max_splits * L.head_dim;
+    p.split_counters = reinterpret_cast<unsigned long long*>(
+        static_cast<uint8_t*>(a.workspace) + split_counters_offset(a.batch, a.num_heads, p.max_splits, L.head_dim));
+    if (p.fused_reduce) p.epoch = next_launch_epoch();
   }
   const dim3 grid(ctas_x, a.batch, p.max_splits);
   switch (L.head_dim) {
