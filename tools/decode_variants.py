@@ -93,6 +93,27 @@ def main():
         f = lambda v: f"{v:.1f}" if v is not None else "-"
         print(f"  {n:>14}: {sm['bf16_min_x']:.2f} | {sm['fp8_max_t']:.2f} | {f(sm['b1_64k'])} | {f(sm['b32_16k'])} | "
               f"{status[n]}")
+    # D = 256 (Gemma-3-12B shape, 16/8 heads), fp8 e4m3, same targets.
+    d256 = [k for k in keys if k[1] == 256 and k[0] == "fp8_e4m3"]
+    if d256:
+        print("targets per variant (d256 fp8): max t/SDPA at B >= 8, ctx >= 16K (<= 0.55) | %copy B=1/64K (>= 65) | "
+              "B=32/16K (>= 90)")
+        for n in names:
+            ts, b1, b32 = [], None, None
+            for k in d256:
+                r = var[n].get(k)
+                s = sdpa.get((256, k[2], k[3]))
+                if not r:
+                    continue
+                if s and k[2] >= 8 and k[3] >= 16384:
+                    ts.append(r["ms"] / s)
+                if (k[2], k[3]) == (1, 65536):
+                    b1 = 100 * r["GBps"] / copy
+                if (k[2], k[3]) == (32, 16384):
+                    b32 = 100 * r["GBps"] / copy
+            if ts or b1 is not None:
+                f = lambda v: f"{v:.1f}" if v is not None else "-"
+                print(f"  {n:>14}: {max(ts) if ts else float('nan'):.2f} | {f(b1)} | {f(b32)}")
     # Per dtype: each variant against base over the d128 rows (geometric mean
     # of base time / variant time; the worst and best rows).
     if "base" in var:

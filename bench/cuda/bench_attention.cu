@@ -5,7 +5,9 @@
 //             Gemma-3-12B's (16 q heads, 8 KV heads, head_dim 256)
 //   plans   : the auto plan at assumed CTAs per SM (FP8KV_BENCH_CTAS, plan tuning)
 //   splits  : fp8 d128 decode at forced split sizes (plan tuning)
-//   (argument: all | store | prefill | prefill-mma | prefill-wgmma | decode | decode128 (d128 rows only) | plans | splits)
+//   (argument: all | store | prefill | prefill-mma | prefill-wgmma | decode | decode128 (d128 rows only) |
+//    decode256 (d256 rows only) | probe (bf16 B=64/4K, 32/4K, 64/1K, then B=32/64K, then the three again) |
+//    plans | splits)
 //   prefill : 8K causal prefill from the paged cache (if built with prefill)
 //   store   : store of 64K tokens, bf16 input, bf16 vs fp8 cache
 // Working sets are rotated among several caches so that each launch reads
@@ -176,10 +178,11 @@ void bench_decode_one(double copy_gbs, const float* scales, KvDtype dt, int H, i
   CK(cudaFree(ws));
 }
 
-void bench_decode(double copy_gbs, const float* scales, bool d256) {
+void bench_decode(double copy_gbs, const float* scales, bool d256, bool d128 = true) {
   for (KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3}) {
-    for (int B : {1, 8, 32, 64})
-      for (int C : {1024, 4096, 16384, 65536}) bench_decode_one(copy_gbs, scales, dt, kH, kHkv, kD, B, C, 0, "decode");
+    if (d128)
+      for (int B : {1, 8, 32, 64})
+        for (int C : {1024, 4096, 16384, 65536}) bench_decode_one(copy_gbs, scales, dt, kH, kHkv, kD, B, C, 0, "decode");
     if (!d256) continue;
     for (int B : {1, 8, 32})
       for (int C : {16384, 65536}) bench_decode_one(copy_gbs, scales, dt, 16, 8, 256, B, C, 0, "decode");
@@ -195,6 +198,9 @@ void bench_splits(double copy_gbs, const float* scales) {
   for (int C : {1024, 4096})
     for (int st : {256, 512, 1024, 2048, 4096})
       if (st <= C) bench_decode_one(copy_gbs, scales, KvDtype::bf16, kH, kHkv, kD, 64, C, st, "split");
+  // bf16 B=32/4K and B=8/16K (version 7: the plan's bandwidth term moves them).
+  for (int st : {1024, 2048, 4096}) bench_decode_one(copy_gbs, scales, KvDtype::bf16, kH, kHkv, kD, 32, 4096, st, "split");
+  for (int st : {2048, 4096, 8192}) bench_decode_one(copy_gbs, scales, KvDtype::bf16, kH, kHkv, kD, 8, 16384, st, "split");
 }
 
 // The auto plan at several assumed resident CTAs per SM (plan_decode's
@@ -335,6 +341,19 @@ int main(int argc, char** argv) {
   if (only == "prefill-wgmma") bench_prefill(scales, "wgmma");
 
   if (only == "all" || only == "decode" || only == "decode128") bench_decode(copy_gbs, scales, only != "decode128");
+  if (only == "decode256") bench_decode(copy_gbs, scales, true, false);
+  // probe: the bf16 rows whose time moved 12% between the decode and plan
+  // phases of run G (same plan), first thing in a fresh process, twice.
+  // Between the two passes the largest bf16 row (B=32/64K, 8.6 GB of caches
+  // allocated, read 13 times, freed), as in the decode phase before B=64.
+  if (only == "probe") {
+    const int shapes[][2] = {{64, 4096}, {32, 4096}, {64, 1024}};
+    for (int rep = 0; rep < 2; ++rep) {
+      for (const auto& bc : shapes)
+        bench_decode_one(copy_gbs, scales, KvDtype::bf16, kH, kHkv, kD, bc[0], bc[1], 0, "probe");
+      if (rep == 0) bench_decode_one(copy_gbs, scales, KvDtype::bf16, kH, kHkv, kD, 32, 65536, 0, "probe");
+    }
+  }
   if (only == "all" || only == "plans") bench_plans(copy_gbs, scales);
   if (only == "all" || only == "splits") bench_splits(copy_gbs, scales);
   // shape DTYPE D B CTX: one decode row at the auto plan (for a profiler:

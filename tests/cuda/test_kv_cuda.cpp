@@ -274,6 +274,28 @@ TEST(CudaDecode, LeanAutoBatchEqualsSingle) {
   EXPECT_LE(worst, 1.0);
 }
 
+// KV-head counts that are multiples of 4 (4 and 8, as Llama-3-8B): the shapes
+// the heads-per-warp kernel (FP8KV_DECODE_HPW=1, version 7) runs, with many
+// splits (forced 64 and 256 keys: the split reduction, fused under
+// FP8KV_DECODE_FUSED=1, whose counters must return to zero for the next
+// launch: every case launches the batch and then each sequence alone) and
+// the auto plan; windows and softcap. gpu_decode.sh runs it under every variant.
+TEST(CudaDecode, KvHeadsInFoursBatchedEqualsSingle) {
+  FP8KV_REQUIRE_GPU();
+  std::mt19937_64 rng(test_seed());
+  int n = 0;
+  for (KvDtype dt : kDtypes)
+    for (int hkv : {4, 8})
+      for (int split : {64, 256, 0}) {
+        const int window = n % 3 == 1 ? 100 : 0;
+        const DecodeCase c{dt, 128, n % 2 ? 4 : 2, hkv, n % 2 ? 16 : 32, window,
+                           static_cast<ScaleMode>(n % 3), n % 4 == 3 ? 30.0f : 0.0f};
+        EXPECT_LE(run_decode_case(rng, c, split, true), 1.0);
+        ++n;
+        if (HasFailure()) return;
+      }
+}
+
 // Long splits: more than 32 tiles per warp (block-table refresh) and many
 // trips around each warp's shared-memory ring, one split (direct output) and
 // two uneven splits (reduction).
@@ -413,7 +435,10 @@ TEST(CudaPlan, SplitsCoverTheSpanAndFillTheGpu) {
             EXPECT_EQ(p.split_tokens % 64, 0);
             EXPECT_GE(static_cast<int64_t>(p.max_splits) * p.split_tokens, span);
             EXPECT_LT(static_cast<int64_t>(p.max_splits - 1) * p.split_tokens, span);
-            EXPECT_EQ(p.workspace_bytes, p.max_splits > 1 ? static_cast<size_t>(B) * H * p.max_splits * (D + 1) * 4 : 0u);
+            // Partials (floats), 8-byte aligned, then one 8-byte split counter per
+            // (sequence, KV head) for the fused reduction (version 7).
+            const size_t partials = (static_cast<size_t>(B) * H * p.max_splits * (D + 1) * 4 + 7) / 8 * 8;
+            EXPECT_EQ(p.workspace_bytes, p.max_splits > 1 ? partials + static_cast<size_t>(B) * hkv * 8 : 0u);
             const int64_t base = static_cast<int64_t>(B) * hkv, slots = sms * cps;
             if (base * 2 <= slots) {
               EXPECT_LE(base * p.max_splits, slots) << "a second wave for a small batch";

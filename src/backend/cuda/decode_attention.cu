@@ -45,6 +45,9 @@ constexpr int kMaxGroup = 8;    // query heads per CTA
 struct DecodeParams : PagedKvParams {
   int gchunks, split_tokens, max_splits;
   int l2_prefetch;  // register path: this warp's tiles kept prefetched to L2 ahead (0 = off; FP8KV_DECODE_PF)
+  bool fused_reduce;      // the last CTA of each (sequence, KV head, chunk) combines the splits (FP8KV_DECODE_FUSED)
+  unsigned long long* split_counters;  // fused: [batch][gridDim.x] in the workspace
+  unsigned long long epoch;            // fused: this launch's tag (48 bits, != 0)
   bool l2_prefetch_pair;  // prefetch the KV-head pair's rows (2 x D x EB bytes, one bulk prefetch per row)
   float* part_o;    // [batch][num_heads][max_splits][D]
   float* part_lse;  // [batch][num_heads][max_splits] (log2 domain)
@@ -78,7 +81,12 @@ __device__ __forceinline__ uint4 lds16(uint32_t a) {
   return v;
 }
 // Shapes of one (D, cache dtype) instantiation.
-template <int D, int DT>
+// REG (version 7, FP8KV_DECODE_D256REG, default on): fp8 D = 256 on the
+// register path (its rows are 256 bytes, as bf16 d128's, whose register path
+// reads at 4.0-4.2 TB/s where the fp8 d256 ring read at 2.5-2.9; run H: the
+// register path reads fp8 d256 at 3.6-3.9 TB/s). The ring stays for bf16
+// d256 (a register tile would not fit) and as FP8KV_DECODE_D256REG=0.
+template <int D, int DT, bool REG = false>
 struct DecodeCfg {
   static constexpr int EB = DT == kBf16 ? 2 : 1;        // bytes per cache element
   static constexpr int KC = D * EB / 64;                 // 16-byte K chunks per thread per key row
@@ -89,13 +97,103 @@ struct DecodeCfg {
   // cp.async ring for D = 256 (no spills; bf16 d256 reads at 4.2 TB/s);
   // register-staged tiles for D <= 128, which measured faster there (v3 at
   // 3.9 TB/s vs the ring's 3.2 TB/s on fp8 d128, 2026-11-30 runs 1-2).
-  static constexpr bool USE_RING = D == 256;
+  static constexpr bool USE_RING = D == 256 && !REG;
   static constexpr int S = STAGE <= 2048 ? 8 : STAGE <= 4096 ? 4 : 3;  // stages per warp
   static constexpr int RING = USE_RING ? S * STAGE : kMaxGroup * D * 4;  // bytes per warp
   static constexpr int SMEM = kWarps * RING + 2 * kWarps * kMaxGroup * 4;
   static_assert(RING >= kMaxGroup * D * 4, "the epilogue reuses the ring");
   static_assert(!USE_RING || VBYTES >= 16, "ring: V in 16-byte units");
 };
+
+// Split counters of the fused reduction (FP8KV_DECODE_FUSED=1, version 7):
+// one 64-bit word per CTA column (sequence, blockIdx.x) in the workspace,
+// after the partials (so concurrent launches with their own workspaces never
+// share one): launch epoch << 16 | splits counted. A word of another epoch
+// (an earlier launch, or whatever the memory held) counts as zero, so the
+// workspace needs no clearing; the CTA that counts last writes 0, so a
+// replayed CUDA graph (same epoch baked in) starts from zero too. The epoch
+// is a per-process 48-bit hash of a launch counter, never 0.
+
+// The last CTA of a (sequence, KV head, head chunk) to finish combines the
+// splits of its nh heads, so no second kernel runs. Same arithmetic in the
+// same order as decode_reduce_kernel (bitwise the same output: R interleaved
+// partial sums over s = rho, rho + R, ..., then added in rho order), so a
+// launch that falls back to the reduce kernel (a LEAN kernel) gives the same
+// bits and batched == single holds across them.
+// Partials are read with ld.global.cg (L2; this SM's L1 never held them).
+// smem: [nh][nsplits] weights (launch_decode checks the size).
+constexpr int kReduceThreads = 256;
+template <int D>
+__device__ __forceinline__ void fused_reduce(const DecodeParams& p, uint8_t* smem, int b, int h0, int nh,
+                                             int nsplits) {
+  __shared__ int s_last;
+  __threadfence();  // this CTA's partials are visible device-wide before it counts
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned long long* ctr = p.split_counters + (static_cast<int64_t>(b) * gridDim.x + blockIdx.x);
+    unsigned long long cur = atomicAdd(ctr, 0ull), seen;
+    int count;
+    for (;;) {
+      count = (cur >> 16) == p.epoch ? static_cast<int>(cur & 0xffffu) : 0;
+      seen = atomicCAS(ctr, cur, (p.epoch << 16) | static_cast<unsigned long long>(count + 1));
+      if (seen == cur) break;
+      cur = seen;
+    }
+    const int last = count + 1 == nsplits;
+    if (last) atomicExch(ctr, 0ull);  // every split of this launch has counted
+    s_last = last;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  float* sw = reinterpret_cast<float*>(smem);
+  const int64_t base = (static_cast<int64_t>(b) * p.num_heads + h0) * p.max_splits;
+  for (int i = threadIdx.x; i < nh * nsplits; i += blockDim.x) {
+    const int row = i / nsplits, s = i % nsplits;
+    sw[i] = __ldcg(p.part_lse + base + static_cast<int64_t>(row) * p.max_splits + s);
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int row = warp; row < nh; row += kWarps) {
+    float M = -INFINITY;
+    for (int s = lane; s < nsplits; s += 32) M = fmaxf(M, sw[row * nsplits + s]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    const float Mref = M == -INFINITY ? 0.0f : M;
+    __syncwarp();
+    for (int s = lane; s < nsplits; s += 32) sw[row * nsplits + s] = exp2f(sw[row * nsplits + s] - Mref);
+  }
+  __syncthreads();
+  constexpr int Q = D / 4;                  // float4 columns per row
+  constexpr int R = kReduceThreads / Q;     // decode_reduce_kernel's rows
+  for (int u = threadIdx.x; u < nh * Q; u += blockDim.x) {
+    const int row = u / Q, c = u % Q;
+    const float* w = sw + row * nsplits;
+    const float vs = p.v_scale == nullptr ? 1.0f : p.v_scale[p.v_scale_count == 1 ? 0 : (h0 + row) / p.group];
+    const float4* src = reinterpret_cast<const float4*>(p.part_o + (base + static_cast<int64_t>(row) * p.max_splits) * D) + c;
+    float Wt = 0.0f;
+    float4 Ot = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int rho = 0; rho < R; ++rho) {
+      float W = 0.0f;
+      float4 O = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+      for (int s = rho; s < nsplits; s += R) {
+        const float ws = w[s];
+        const float4 v = __ldcg(src + static_cast<int64_t>(s) * Q);
+        W += ws;
+        O.x += ws * v.x; O.y += ws * v.y; O.z += ws * v.z; O.w += ws * v.w;
+      }
+      Wt += W;
+      Ot.x += O.x; Ot.y += O.y; Ot.z += O.z; Ot.w += O.w;
+    }
+    const int64_t off = (static_cast<int64_t>(b) * p.num_heads + h0 + row) * D + 4 * c;
+    store_act(p.out, off + 0, Wt > 0.0f ? Ot.x / Wt * vs : 0.0f, p.out_bf16);
+    store_act(p.out, off + 1, Wt > 0.0f ? Ot.y / Wt * vs : 0.0f, p.out_bf16);
+    store_act(p.out, off + 2, Wt > 0.0f ? Ot.z / Wt * vs : 0.0f, p.out_bf16);
+    store_act(p.out, off + 3, Wt > 0.0f ? Ot.w / Wt * vs : 0.0f, p.out_bf16);
+  }
+}
 
 // DEEP (D = 128 only, a tuning variant chosen by FP8KV_DECODE_DEEP=1, see
 // deep_pipeline()): one more tile in flight in the register path (fp8: two
@@ -106,9 +204,19 @@ struct DecodeCfg {
 // prefetch (one tile in registers at a time), at most 128 registers (4 CTAs,
 // 16 warps per SM instead of 12); the bytes in flight come from the L2
 // prefetch (l2_prefetch, 2 tiles ahead unless FP8KV_DECODE_PF says otherwise).
-template <int D, int DT, bool DEEP = false, bool LEAN = false>
+//
+// HPW (D = 128 register path only, FP8KV_DECODE_HPW=1, version 7 variant):
+// heads per warp. A CTA covers kWarps adjacent KV heads, warp w the KV head
+// 4 * blockIdx.x + w over every tile of the split (instead of one KV head
+// whose tiles the 4 warps take in turn). The 4 warps read the same key rows
+// of 4 adjacent heads: 4 x D x EB contiguous bytes per row (512 B fp8, 1 KB
+// bf16) from one SM at about the same time, where the default reads 128 B
+// (fp8) at a 1 KB stride per CTA. One warp accumulates all tiles of a split
+// (no cross-warp combine), so results differ from the default's in rounding
+// (not bitwise); batched == single holds as for every variant.
+template <int D, int DT, bool DEEP = false, bool LEAN = false, bool HPW = false, bool REG = false>
 __global__ void __launch_bounds__(kWarps * 32, LEAN ? 4 : 0) decode_kernel(const DecodeParams p) {
-  using C = DecodeCfg<D, DT>;
+  using C = DecodeCfg<D, DT, REG>;
   constexpr int EB = C::EB;
   constexpr int E = 16 / EB;               // elements per 16-byte chunk
   constexpr int J = E / 4;                 // k-steps per chunk
@@ -121,7 +229,10 @@ __global__ void __launch_bounds__(kWarps * 32, LEAN ? 4 : 0) decode_kernel(const
   float* sm_l = sm_m + kWarps * kMaxGroup;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r = lane >> 2, t = lane & 3;
-  const int kvh = blockIdx.x / p.gchunks, gc = blockIdx.x % p.gchunks;
+  const int kvh = HPW ? blockIdx.x * kWarps + warp : blockIdx.x / p.gchunks;
+  const int gc = HPW ? 0 : blockIdx.x % p.gchunks;
+  constexpr int TS = HPW ? 1 : kWarps;  // register path: tile stride of a warp
+  const int T0 = HPW ? 0 : warp;         // and its first tile
   const int b = blockIdx.y, split = blockIdx.z;
   const int ctx = p.context_lens[b];
   int first, tstart, nsplits;
@@ -200,9 +311,9 @@ __global__ void __launch_bounds__(kWarps * 32, LEAN ? 4 : 0) decode_kernel(const
   // Register path: the first tile's loads are issued before Q's, so the two
   // latencies overlap (version 5; they were serial).
   uint32_t kw[2][KW], vw[4][VW];
-  if (!C::USE_RING && warp < ntiles) load_tile(warp, kw, vw);
+  if (!C::USE_RING && T0 < ntiles) load_tile(T0, kw, vw);
   uint32_t kn[2][KW], vn[4][VW];  // tile it + kWarps (in flight), two-ahead variant only
-  if (kPrefetch2 && warp + kWarps < ntiles) load_tile(warp + kWarps, kn, vn);
+  if (kPrefetch2 && T0 + TS < ntiles) load_tile(T0 + TS, kn, vn);
 
   // L2 prefetch (version 6 variant, FP8KV_DECODE_PF=n): the register path
   // keeps this warp's next n tiles requested into L2 by prefetch.global.L2,
@@ -211,7 +322,7 @@ __global__ void __launch_bounds__(kWarps * 32, LEAN ? 4 : 0) decode_kernel(const
   // unchanged (same results bitwise). Block ids 32 tiles at a time, one per
   // lane (as the ring path does), so a prefetch waits on no table load.
   constexpr int LPR = D * EB >= 128 ? D * EB / 128 : 1;  // 128-byte lines per key row
-  const int pf = C::USE_RING ? 0 : p.l2_prefetch;
+  const int pf = C::USE_RING || HPW ? 0 : p.l2_prefetch;
   int pf_bt = 0;
   auto prefetch_tile = [&](int k) {  // this warp's k-th tile (k >= 1, increasing by one per call)
     if (k >= nmine) return;          // warp-uniform
@@ -391,15 +502,15 @@ __global__ void __launch_bounds__(kWarps * 32, LEAN ? 4 : 0) decode_kernel(const
     }
     cp_async_wait<0>();
   } else {
-    for (int it = warp, ow = 0; it < ntiles; it += kWarps, ++ow) {
+    for (int it = T0, ow = 0; it < ntiles; it += TS, ++ow) {
       const int j0 = s_begin + it * kTile;
-      const bool has_next = it + kWarps < ntiles;
+      const bool has_next = it + TS < ntiles;
       if (pf > 0) prefetch_tile(ow + pf);
       uint32_t k2[2][KW], v2[4][VW];
       if constexpr (kPrefetch2) {
-        if (it + 2 * kWarps < ntiles) load_tile(it + 2 * kWarps, k2, v2);
+        if (it + 2 * TS < ntiles) load_tile(it + 2 * TS, k2, v2);
       } else if (kPrefetch && has_next) {
-        load_tile(it + kWarps, kn, vn);
+        load_tile(it + TS, kn, vn);
       }
 
       // S = Q K^T for keys j0 + nt*8 + (0..7).
@@ -516,7 +627,7 @@ __global__ void __launch_bounds__(kWarps * 32, LEAN ? 4 : 0) decode_kernel(const
               for (int w = 0; w < VW; ++w) vn[i][w] = v2[i][w];
           }
         } else {
-          load_tile(it + kWarps, kw, vw);
+          load_tile(it + TS, kw, vw);
         }
       }
     }
@@ -540,36 +651,59 @@ __global__ void __launch_bounds__(kWarps * 32, LEAN ? 4 : 0) decode_kernel(const
   }
   __syncthreads();
   const float vs = DT == kBf16 ? 1.0f : p.v_scale[p.v_scale_count == 1 ? 0 : kvh];
-  for (int idx = threadIdx.x; idx < nh * D; idx += blockDim.x) {
-    const int row = idx / D, d = idx % D;
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sm_m[w * kMaxGroup + row]);
-    const float Mref = M == -INFINITY ? 0.0f : M;
-    float L = 0.0f, O = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float f = exp2f(sm_m[w * kMaxGroup + row] - Mref);
-      L += sm_l[w * kMaxGroup + row] * f;
-      O += reinterpret_cast<const float*>(smem + w * C::RING)[row * D + d] * f;
+  if constexpr (HPW) {
+    // Each warp's heads are its own: its partial is final for this split.
+    const float* so = reinterpret_cast<const float*>(smem + warp * C::RING);
+    for (int idx = lane; idx < nh * D; idx += 32) {
+      const int row = idx / D, d = idx % D;
+      const float M = sm_m[warp * kMaxGroup + row], L = sm_l[warp * kMaxGroup + row], O = so[row * D + d];
+      const int head = h0 + row;
+      if (nsplits == 1) {
+        store_act(p.out, (static_cast<int64_t>(b) * p.num_heads + head) * D + d, L > 0.0f ? O / L * vs : 0.0f,
+                  p.out_bf16);
+      } else {
+        const int64_t slot = (static_cast<int64_t>(b) * p.num_heads + head) * p.max_splits + split;
+        p.part_o[slot * D + d] = L > 0.0f ? O / L : 0.0f;
+        if (d == 0) p.part_lse[slot] = L > 0.0f ? M + log2f(L) : -INFINITY;
+      }
     }
-    const int head = h0 + row;
-    if (nsplits == 1) {
-      store_act(p.out, (static_cast<int64_t>(b) * p.num_heads + head) * D + d, L > 0.0f ? O / L * vs : 0.0f,
-                p.out_bf16);
-    } else {
-      const int64_t slot = (static_cast<int64_t>(b) * p.num_heads + head) * p.max_splits + split;
-      p.part_o[slot * D + d] = L > 0.0f ? O / L : 0.0f;
-      if (d == 0) p.part_lse[slot] = L > 0.0f ? M + log2f(L) : -INFINITY;
+  } else {
+    for (int idx = threadIdx.x; idx < nh * D; idx += blockDim.x) {
+      const int row = idx / D, d = idx % D;
+      float M = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sm_m[w * kMaxGroup + row]);
+      const float Mref = M == -INFINITY ? 0.0f : M;
+      float L = 0.0f, O = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float f = exp2f(sm_m[w * kMaxGroup + row] - Mref);
+        L += sm_l[w * kMaxGroup + row] * f;
+        O += reinterpret_cast<const float*>(smem + w * C::RING)[row * D + d] * f;
+      }
+      const int head = h0 + row;
+      if (nsplits == 1) {
+        store_act(p.out, (static_cast<int64_t>(b) * p.num_heads + head) * D + d, L > 0.0f ? O / L * vs : 0.0f,
+                  p.out_bf16);
+      } else {
+        const int64_t slot = (static_cast<int64_t>(b) * p.num_heads + head) * p.max_splits + split;
+        p.part_o[slot * D + d] = L > 0.0f ? O / L : 0.0f;
+        if (d == 0) p.part_lse[slot] = L > 0.0f ? M + log2f(L) : -INFINITY;
+      }
     }
+  }
+  if (!LEAN && p.fused_reduce && nsplits > 1) {
+    if constexpr (HPW)
+      fused_reduce<D>(p, smem, b, blockIdx.x * kWarps * p.group, kWarps * nh, nsplits);
+    else
+      fused_reduce<D>(p, smem, b, h0, nh, nsplits);
   }
 }
 
 // Combines the splits of one (sequence, head): out = sum_s w_s O_s / sum_s w_s.
 // 256 threads: R rows of D/4 threads; row rho takes splits rho, rho+R, ...
 // (float4 loads, several in flight), then the R partial sums are added in a
-// fixed order.
-constexpr int kReduceThreads = 256;
+// fixed order (fused_reduce repeats this arithmetic).
 template <int D>
 __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const DecodeParams p) {
   constexpr int TPS = D / 4, R = kReduceThreads / TPS;
@@ -664,6 +798,45 @@ int l2_prefetch_env_value() {  // -1: unset
   }();
   return env;
 }
+// FP8KV_DECODE_FUSED=1: the split reduction in the decode kernel's last CTA
+// per (sequence, KV head, chunk) instead of a second kernel (version 7).
+constexpr bool kDefaultFusedReduce = false;
+// FP8KV_DECODE_HPW=1: the heads-per-warp kernel (HPW) where it applies
+// (use_hpw; version 7 variant).
+constexpr bool kDefaultHpw = false;
+bool hpw_env() {
+  static const bool on = [] {
+    const char* e = std::getenv("FP8KV_DECODE_HPW");
+    if (e == nullptr || *e == 0) return kDefaultHpw;
+    return std::string(e) == "1";
+  }();
+  return on;
+}
+bool use_hpw(int head_dim, int num_heads, int num_kv_heads) {
+  return hpw_env() && head_dim == 128 && num_kv_heads % kWarps == 0 && num_heads / num_kv_heads <= kMaxGroup;
+}
+// FP8KV_DECODE_D256REG (unset or "1": on; "0": off): fp8 D = 256 on the
+// register path (REG), with the L2 prefetch 2 tiles ahead unless
+// FP8KV_DECODE_PF says otherwise.
+// On by default (version 7, run H: fp8 d256 0.71-0.75x -> 0.46-0.58x SDPA,
+// B=32/16K 902.4 -> 576.4 us); "0" selects the cp.async ring.
+constexpr bool kDefaultD256Reg = true;
+bool d256_reg_env() {
+  static const bool on = [] {
+    const char* e = std::getenv("FP8KV_DECODE_D256REG");
+    if (e == nullptr || *e == 0) return kDefaultD256Reg;
+    return std::string(e) != "0";
+  }();
+  return on;
+}
+bool fused_reduce_env() {
+  static const bool on = [] {
+    const char* e = std::getenv("FP8KV_DECODE_FUSED");
+    if (e == nullptr || *e == 0) return kDefaultFusedReduce;
+    return std::string(e) == "1";
+  }();
+  return on;
+}
 constexpr bool kDefaultL2PrefetchPair = false;
 bool l2_prefetch_pair_env() {
   static const bool on = [] {
@@ -677,6 +850,7 @@ int l2_prefetch_for(KvDtype dt, int head_dim) {
   const int env = l2_prefetch_env_value();
   if (env >= 0) return env;
   if (dt == KvDtype::bf16) return kDefaultL2PrefetchBf16;
+  if (head_dim == 256 && d256_reg_env()) return 2;
   const bool lean = dt == KvDtype::fp8_e4m3 && head_dim == 128 && lean_env();
   return lean ? std::max(2, kDefaultL2PrefetchFp8) : kDefaultL2PrefetchFp8;
 }
@@ -697,28 +871,52 @@ int pipeline_variant() {
 // needed before a launch and before an occupancy query.
 // Kernel attributes are per device: set once per device (TP ranks are threads
 // of one process, one GPU each), by set_func_attribute_once (common.cuh).
-template <int D, int DT, bool DEEP, bool LEAN>
+template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false>
 void prepare_decode_t() {
-  constexpr int smem = DecodeCfg<D, DT>::SMEM;
-  set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  constexpr int smem = DecodeCfg<D, DT, REG>::SMEM;
+  set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          smem);
   // All of the unified L1 as shared memory for the ring (so 2 CTAs of 96 KB
   // fit per SM).
-  if constexpr (DecodeCfg<D, DT>::USE_RING)
-    set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN>, cudaFuncAttributePreferredSharedMemoryCarveout,
+  if constexpr (DecodeCfg<D, DT, REG>::USE_RING)
+    set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG>, cudaFuncAttributePreferredSharedMemoryCarveout,
                             cudaSharedmemCarveoutMaxShared);
 }
 
-template <int D, int DT, bool DEEP, bool LEAN>
-void launch_decode_tv(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
-  prepare_decode_t<D, DT, DEEP, LEAN>();
-  decode_kernel<D, DT, DEEP, LEAN><<<grid, kWarps * 32, DecodeCfg<D, DT>::SMEM, stream>>>(p);
+// Returns whether the kernel combined the splits itself (fused reduction; not
+// compiled into LEAN, whose 128 registers it would overflow).
+template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false>
+bool launch_decode_tv(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
+  prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG>();
+  constexpr int smem = DecodeCfg<D, DT, REG>::SMEM;
+  if (LEAN && p.fused_reduce) {
+    DecodeParams q = p;
+    q.fused_reduce = false;
+    decode_kernel<D, DT, DEEP, LEAN, HPW, REG><<<grid, kWarps * 32, smem, stream>>>(q);
+    return false;
+  }
+  decode_kernel<D, DT, DEEP, LEAN, HPW, REG><<<grid, kWarps * 32, smem, stream>>>(p);
+  return p.fused_reduce;
 }
 
-template <int D, int DT, bool DEEP, bool LEAN>
+template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false>
 int resident_ctas_t();
 
+// HPW instantiation (D = 128): the DEEP pipeline for bf16 (its default), the
+// default one for fp8.
 template <int D, int DT>
-void launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
+constexpr bool kHpwDeep = DT == kBf16;
+
+template <int D, int DT>
+bool launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool hpw) {
+  if constexpr (D == 256 && DT != kBf16) {
+    if (d256_reg_env()) return launch_decode_tv<D, DT, false, false, false, true>(p, grid, stream);
+  }
+  if constexpr (D == 128) {
+    if (hpw) {
+      return launch_decode_tv<D, DT, kHpwDeep<D, DT>, false, true>(p, grid, stream);
+    }
+  }
   if constexpr (D == 128 && DT == kE4m3) {
     // LEAN auto (version 6, run F): a grid of more than one wave at the
     // default's 3 CTAs per SM that fits one wave at LEAN's 4 (B=64 at 1K:
@@ -731,27 +929,26 @@ void launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
       if (r0 > 0 && r1 > r0 && ctas > sms * r0 && ctas <= sms * r1) {
         DecodeParams q = p;
         if (l2_prefetch_env_value() < 0) q.l2_prefetch = std::max(2, q.l2_prefetch);
-        launch_decode_tv<D, DT, false, true>(q, grid, stream);
-        return;
+        return launch_decode_tv<D, DT, false, true>(q, grid, stream);
       }
     }
   }
   if constexpr (kHasDeep<D, DT>) {
     switch (pipeline_variant<D, DT>()) {
-      case 1: launch_decode_tv<D, DT, true, false>(p, grid, stream); return;
+      case 1: return launch_decode_tv<D, DT, true, false>(p, grid, stream);
       case 2:
-        if constexpr (DT == kE4m3) launch_decode_tv<D, DT, false, true>(p, grid, stream);
-        return;
+        if constexpr (DT == kE4m3) return launch_decode_tv<D, DT, false, true>(p, grid, stream);
+        return false;
       default: break;
     }
   }
-  launch_decode_tv<D, DT, false, false>(p, grid, stream);
+  return launch_decode_tv<D, DT, false, false>(p, grid, stream);
 }
 
 // Resident decode CTAs per SM (occupancy API) of one instantiation on the
 // current device; 0 when it cannot be asked (no device). Cached per
 // instantiation and device (thread-safe: atomics).
-template <int D, int DT, bool DEEP, bool LEAN>
+template <int D, int DT, bool DEEP, bool LEAN, bool HPW, bool REG>
 int resident_ctas_t() {
   static std::array<std::atomic<int>, 64> cache{};  // 0 = not asked yet
   int dev = 0;
@@ -767,9 +964,9 @@ int resident_ctas_t() {
   int c = 0;
   bool ok = false;
   try {
-    prepare_decode_t<D, DT, DEEP, LEAN>();
-    ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, decode_kernel<D, DT, DEEP, LEAN>, kWarps * 32,
-                                                       DecodeCfg<D, DT>::SMEM) == cudaSuccess;
+    prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG>();
+    ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, decode_kernel<D, DT, DEEP, LEAN, HPW, REG>, kWarps * 32,
+                                                       DecodeCfg<D, DT, REG>::SMEM) == cudaSuccess;
   } catch (const std::runtime_error&) {
   }
   if (!ok) {
@@ -781,7 +978,13 @@ int resident_ctas_t() {
 }
 
 template <int D, int DT>
-int resident_ctas_v() {
+int resident_ctas_v(bool hpw) {
+  if constexpr (D == 256 && DT != kBf16) {
+    if (d256_reg_env()) return resident_ctas_t<D, DT, false, false, false, true>();
+  }
+  if constexpr (D == 128) {
+    if (hpw) return resident_ctas_t<D, DT, kHpwDeep<D, DT>, false, true>();
+  }
   if constexpr (kHasDeep<D, DT>) {
     switch (pipeline_variant<D, DT>()) {
       case 1: return resident_ctas_t<D, DT, true, false>();
@@ -795,33 +998,34 @@ int resident_ctas_v() {
 }
 
 template <int D>
-int resident_ctas_d(KvDtype dt) {
+int resident_ctas_d(KvDtype dt, bool hpw) {
   switch (dt) {
-    case KvDtype::bf16: return resident_ctas_v<D, kBf16>();
-    case KvDtype::fp8_e4m3: return resident_ctas_v<D, kE4m3>();
-    case KvDtype::fp8_e5m2: return resident_ctas_v<D, kE5m2>();
+    case KvDtype::bf16: return resident_ctas_v<D, kBf16>(hpw);
+    case KvDtype::fp8_e4m3: return resident_ctas_v<D, kE4m3>(hpw);
+    case KvDtype::fp8_e5m2: return resident_ctas_v<D, kE5m2>(hpw);
   }
   return 0;
 }
 
-int resident_ctas(int head_dim, KvDtype dt) {
+int resident_ctas(int head_dim, KvDtype dt, bool hpw) {
   switch (head_dim) {
-    case 64: return resident_ctas_d<64>(dt);
-    case 128: return resident_ctas_d<128>(dt);
-    case 256: return resident_ctas_d<256>(dt);
+    case 64: return resident_ctas_d<64>(dt, false);
+    case 128: return resident_ctas_d<128>(dt, hpw);
+    case 256: return resident_ctas_d<256>(dt, false);
   }
   return 0;
 }
 
 template <int D>
-void launch_decode(const DecodeParams& p, KvDtype dt, dim3 grid, int batch, cudaStream_t stream) {
+void launch_decode(const DecodeParams& p, KvDtype dt, dim3 grid, int batch, cudaStream_t stream, bool hpw) {
+  bool fused = false;
   switch (dt) {
-    case KvDtype::bf16: launch_decode_t<D, kBf16>(p, grid, stream); break;
-    case KvDtype::fp8_e4m3: launch_decode_t<D, kE4m3>(p, grid, stream); break;
-    case KvDtype::fp8_e5m2: launch_decode_t<D, kE5m2>(p, grid, stream); break;
+    case KvDtype::bf16: fused = launch_decode_t<D, kBf16>(p, grid, stream, hpw); break;
+    case KvDtype::fp8_e4m3: fused = launch_decode_t<D, kE4m3>(p, grid, stream, hpw); break;
+    case KvDtype::fp8_e5m2: fused = launch_decode_t<D, kE5m2>(p, grid, stream, hpw); break;
   }
   FP8KV_CUDA_CHECK(cudaGetLastError());
-  if (p.max_splits > 1) {
+  if (p.max_splits > 1 && !fused) {
     // Programmatic dependent launch: the reduce grid is set up while the
     // decode grid drains; griddepcontrol.wait in it orders the reads.
     cudaLaunchConfig_t cfg = {};
@@ -852,7 +1056,9 @@ int span_tokens(int max_context_len, int window) {
 constexpr int kCtaOverheadTiles = 6;
 constexpr int kReduceTiles = 3;
 
-int choose_split_tokens(int64_t base, int span, int64_t slots) {
+// kpu: keys per tile unit of one CTA (64: 4 warps take 16-key tiles in turn;
+// 16 under HPW, where one warp walks every tile of its head).
+int choose_split_tokens(int64_t base, int span, int64_t slots, int kpu) {
   const int64_t max_n = std::min<int64_t>((span + 63) / 64, std::max<int64_t>(1, (8 * slots + base - 1) / base));
   int best_split = (span + 63) / 64 * 64;
   int64_t best_cost = -1;
@@ -861,13 +1067,34 @@ int choose_split_tokens(int64_t base, int span, int64_t slots) {
     const int64_t n_eff = (span + split - 1) / split;
     if (n > 1 && split == best_split) continue;
     const int64_t waves = (base * n_eff + slots - 1) / slots;
-    const int64_t cost = waves * (split / 64 + kCtaOverheadTiles) + (n_eff > 1 ? kReduceTiles : 0);
+    const int64_t cost = waves * (split / kpu + kCtaOverheadTiles) + (n_eff > 1 ? kReduceTiles : 0);
     if (best_cost < 0 || cost < best_cost) {
       best_cost = cost;
       best_split = static_cast<int>(split);
     }
   }
   return best_split;
+}
+
+
+// Workspace: partial outputs [batch][heads][splits][D] and log-sum-exps
+// [batch][heads][splits] (floats), then (8-byte aligned) the fused
+// reduction's split counters, one per CTA column (at most batch x KV heads x
+// head chunks of them).
+size_t split_counters_offset(int batch, int num_heads, int max_splits, int head_dim) {
+  const size_t partials = static_cast<size_t>(batch) * num_heads * max_splits * (head_dim + 1) * sizeof(float);
+  return (partials + 7) / 8 * 8;
+}
+
+// 48-bit launch tags for the fused reduction's counters: a hash
+// (splitmix64) of a process-wide launch count, never 0.
+unsigned long long next_launch_epoch() {
+  static std::atomic<unsigned long long> n{0};
+  unsigned long long z = n.fetch_add(1, std::memory_order_relaxed) + 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z = (z ^ (z >> 31)) & 0xffffffffffffull;
+  return z == 0 ? 1 : z;
 }
 
 }  // namespace
@@ -883,17 +1110,19 @@ DecodePlan plan_decode(int batch, int num_heads, int num_kv_heads, int head_dim,
     // Fill every SM with its resident CTAs (occupancy API; 3 per SM when no
     // device answers: fp8 d128 at 167 registers), in as few and as full waves
     // as the wave model above finds.
-    if (ctas_per_sm <= 0) ctas_per_sm = resident_ctas(head_dim, dtype);
+    const bool hpw = use_hpw(head_dim, num_heads, num_kv_heads);
+    if (ctas_per_sm <= 0) ctas_per_sm = resident_ctas(head_dim, dtype, hpw);
     if (ctas_per_sm <= 0) ctas_per_sm = 3;
-    const int64_t base = static_cast<int64_t>(batch) * num_kv_heads * gchunks;
+    const int64_t base = static_cast<int64_t>(batch) * (hpw ? num_kv_heads / kWarps : num_kv_heads * gchunks);
     const int64_t slots = static_cast<int64_t>(std::max(1, num_sms)) * ctas_per_sm;
-    split_tokens = choose_split_tokens(base, span, slots);
+    split_tokens = choose_split_tokens(base, span, slots, hpw ? kTile : kWarps * kTile);
   }
   DecodePlan plan;
   plan.split_tokens = (split_tokens + 63) / 64 * 64;
   plan.max_splits = (span + plan.split_tokens - 1) / plan.split_tokens;
   if (plan.max_splits > 1)
-    plan.workspace_bytes = static_cast<size_t>(batch) * num_heads * plan.max_splits * (head_dim + 1) * sizeof(float);
+    plan.workspace_bytes = split_counters_offset(batch, num_heads, plan.max_splits, head_dim) +
+                           static_cast<size_t>(batch) * num_kv_heads * gchunks * sizeof(unsigned long long);
   return plan;
 }
 
@@ -924,16 +1153,27 @@ void paged_decode(const DecodeArgs& a, cudaStream_t stream) {
   p.split_tokens = a.plan.split_tokens;
   p.max_splits = a.plan.max_splits;
   p.l2_prefetch = l2_prefetch_for(L.dtype, L.head_dim);
+  // Fused split reduction (version 7 variant): counters for every CTA of the
+  // launch, weights of <= 8 heads x max_splits in the CTA's shared memory
+  // (at least kWarps x kMaxGroup x D floats at every D).
+  const bool hpw = use_hpw(L.head_dim, a.num_heads, L.num_kv_heads);
+  const int ctas_x = hpw ? L.num_kv_heads / kWarps : L.num_kv_heads * p.gchunks;
+  const int heads_per_cta = hpw ? kWarps * p.group : std::min(p.group, kMaxGroup);
+  p.fused_reduce = p.max_splits > 1 && p.max_splits < 65536 && fused_reduce_env() &&
+                   static_cast<int64_t>(heads_per_cta) * p.max_splits <= kWarps * kMaxGroup * L.head_dim;
   p.l2_prefetch_pair = p.l2_prefetch > 0 && L.num_kv_heads % 2 == 0 && l2_prefetch_pair_env();
   if (p.max_splits > 1) {
     p.part_o = static_cast<float*>(a.workspace);
     p.part_lse = p.part_o + static_cast<size_t>(a.batch) * a.num_heads * p.max_splits * L.head_dim;
+    p.split_counters = reinterpret_cast<unsigned long long*>(
+        static_cast<uint8_t*>(a.workspace) + split_counters_offset(a.batch, a.num_heads, p.max_splits, L.head_dim));
+    if (p.fused_reduce) p.epoch = next_launch_epoch();
   }
-  const dim3 grid(L.num_kv_heads * p.gchunks, a.batch, p.max_splits);
+  const dim3 grid(ctas_x, a.batch, p.max_splits);
   switch (L.head_dim) {
-    case 64: launch_decode<64>(p, L.dtype, grid, a.batch, stream); break;
-    case 128: launch_decode<128>(p, L.dtype, grid, a.batch, stream); break;
-    case 256: launch_decode<256>(p, L.dtype, grid, a.batch, stream); break;
+    case 64: launch_decode<64>(p, L.dtype, grid, a.batch, stream, hpw); break;
+    case 128: launch_decode<128>(p, L.dtype, grid, a.batch, stream, hpw); break;
+    case 256: launch_decode<256>(p, L.dtype, grid, a.batch, stream, hpw); break;
   }
 }
 
