@@ -261,7 +261,7 @@ void bench_prefill(const float* scales, const std::string& which = "both") {
       const double flops = 4.0 * kH * kD * (double(S) * (S + 1) / 2);
       // FP8KV_WGMMA_CFG (keys per tile x warpgroups: 64x2 default, 128x2, 64x1).
       const char* cfg = std::getenv("FP8KV_WGMMA_CFG");
-      const std::string kname = kern == PrefillKernel::wgmma ? std::string("wgmma/") + (cfg && *cfg ? cfg : "64x2")
+      const std::string kname = kern == PrefillKernel::wgmma ? std::string("wgmma/") + (cfg && *cfg ? cfg : "ws")
                                                              : std::string("mma");
       std::printf("{\"kind\":\"prefill\",\"dtype\":\"%s\",\"kernel\":\"%s\",\"seq\":%d,\"ms\":%.4f,\"TFLOPs\":%.1f}\n",
                   std::string(kv_dtype_name(dt)).c_str(), kname.c_str(), S, ms,

@@ -858,12 +858,13 @@ std::vector<float> run_selftest(K kernel, const std::vector<uint16_t>& a, const 
   return out;
 }
 
-// FP8KV_WGMMA_CFG = 64x2 (default), 128x2, 64x1, 64x2p, 64x2d, or the warp-specialized ws, wsp, ws64, ws64p (read per call:
+// FP8KV_WGMMA_CFG = ws (the default since run I: warp-specialized, 128-key tiles; docs/cuda.md "Prefill v2"), wsp,
+// ws64, ws64p, or the earlier 64x2, 128x2, 64x1, 64x2p, 64x2d (read per call:
 // the GPU script tests and benchmarks each). Returns {KT, NWG, pipelined}.
 struct WgCfg { int kt, nwg; bool pipe; int nst; bool ws = false, pp = false; };
 WgCfg wgmma_config() {
   const char* env = std::getenv("FP8KV_WGMMA_CFG");
-  if (!env || !*env) return {64, 2, false, 2};
+  if (!env || !*env) return {128, 2, false, 0, true, false};  // ws
   const std::string v(env);
   if (v == "64x2") return {64, 2, false, 2};
   if (v == "128x2") return {128, 2, false, 2};
