@@ -8,27 +8,8 @@
 #include <string_view>
 
 #include "template/chat_template.h"
+#include "template_inputs.h"
 
-namespace {
-
-const nlohmann::ordered_json& messages() {
-  static const auto m = nlohmann::ordered_json::parse(R"([
-    {"role": "system", "content": "sys"},
-    {"role": "user", "content": "Hi <think>x</think> 🩷"},
-    {"role": "assistant", "content": "Hello", "tool_calls": [{"type": "function",
-      "function": {"name": "f", "arguments": {"a": 1}}}]},
-    {"role": "tool", "content": "42"},
-    {"role": "user", "content": [{"type": "text", "text": "t"}, {"type": "image"}]}])");
-  return m;
-}
-
-const nlohmann::ordered_json& extra() {
-  static const auto e = nlohmann::ordered_json::parse(
-      R"({"bos_token": "<s>", "eos_token": "</s>", "tools": [{"type": "function", "function": {"name": "f"}}]})");
-  return e;
-}
-
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view src(reinterpret_cast<const char*>(data), size);
@@ -43,7 +24,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   for (bool gen : {false, true}) {
     try {
-      (void)t->render(messages(), gen, extra());
+      (void)t->render(fp8kv::tmpl::fuzz::messages(), gen, fp8kv::tmpl::fuzz::extra());
     } catch (const TemplateError& e) {
       if (e.kind != TemplateError::Kind::Render) __builtin_trap();
     }

@@ -14,23 +14,13 @@
 #include <string>
 #include <typeinfo>
 
+#include "../fuzz/template_inputs.h"
 #include "template/chat_template.h"
 
 namespace fs = std::filesystem;
 
 namespace fp8kv::tmpl {
 namespace {
-
-// The fuzz target's fixed inputs (tests/fuzz/fuzz_template.cpp).
-const nlohmann::ordered_json kMessages = nlohmann::ordered_json::parse(R"([
-    {"role": "system", "content": "sys"},
-    {"role": "user", "content": "Hi <think>x</think> 🩷"},
-    {"role": "assistant", "content": "Hello", "tool_calls": [{"type": "function",
-      "function": {"name": "f", "arguments": {"a": 1}}}]},
-    {"role": "tool", "content": "42"},
-    {"role": "user", "content": [{"type": "text", "text": "t"}, {"type": "image"}]}])");
-const nlohmann::ordered_json kExtra = nlohmann::ordered_json::parse(
-    R"({"bos_token": "<s>", "eos_token": "</s>", "tools": [{"type": "function", "function": {"name": "f"}}]})");
 
 TEST(TemplateFuzzCorpus, EveryInputLoadsAndRendersOrFailsWithItsKind) {
   const fs::path dir = fs::path(FP8KV_SOURCE_DIR) / "tests" / "data" / "fuzz_template";
@@ -56,7 +46,7 @@ TEST(TemplateFuzzCorpus, EveryInputLoadsAndRendersOrFailsWithItsKind) {
     }
     for (bool gen : {false, true}) {
       try {
-        (void)t->render(kMessages, gen, kExtra);
+        (void)t->render(fuzz::messages(), gen, fuzz::extra());
         ++rendered;
       } catch (const TemplateError& err) {
         EXPECT_EQ(err.kind, TemplateError::Kind::Render) << e.path() << ": " << err.what();
