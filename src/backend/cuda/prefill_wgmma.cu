@@ -557,14 +557,20 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
       auto issue_raw = [&](int it) {
         const int j0 = tile_lo + it * KT;
         const uint32_t dk = smem_u32(sRaw + (it & 1) * 2 * kRawBytes), dv = dk + kRawBytes;
+        // As for bf16: keys key and key + 8 share one 16-key group, so one
+        // page and one block-table lookup. The conversion below walks the
+        // same (key, chunk) pairs, so a thread converts only its own copies.
 #pragma unroll 2
-        for (int i = 0; i < KT * 8 / 128; ++i) {
-          const int c = tid + i * 128, key = c / 8, ch = c % 8, j = j0 + key;
-          const bool ok = j >= kv_lo && j < kv_hi;
+        for (int i = 0; i < KT * 4 / 128; ++i) {
+          const int c = tid + i * 128, q = c / 8, ch = c % 8, key = (q >> 3) * 16 + (q & 7), j = j0 + key;
+          const bool ok0 = j >= kv_lo && j < kv_hi, ok1 = j + 8 >= kv_lo && j + 8 < kv_hi;
           int64_t off = 0;
-          if (ok) off = slot_off(j) + ch * 16;
-          cp_async16(dk + key * 128 + ch * 16, p.k_cache + off, ok);
-          cp_async16(dv + key * 128 + ch * 16, p.v_cache + off, ok);
+          if (ok0 || ok1) off = slot_off(j) + ch * 16;
+          const int64_t off0 = ok0 ? off : 0, off1 = ok1 ? off + 8 * row_bytes : 0;
+          cp_async16(dk + key * 128 + ch * 16, p.k_cache + off0, ok0);
+          cp_async16(dv + key * 128 + ch * 16, p.v_cache + off0, ok0);
+          cp_async16(dk + (key + 8) * 128 + ch * 16, p.k_cache + off1, ok1);
+          cp_async16(dv + (key + 8) * 128 + ch * 16, p.v_cache + off1, ok1);
         }
         cp_async_commit();
       };
@@ -582,7 +588,7 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
           mbar_wait(kv == 0 ? empty(st) : empty_v(st), ((it / NS) & 1) ^ 1);
 #pragma unroll 2
           for (int i = 0; i < KT * 8 / 128; ++i) {
-            const int c = tid + i * 128, key = c / 8, ch = c % 8;
+            const int c = tid + (i >> 1) * 128, q = c / 8, ch = c % 8, key = (q >> 3) * 16 + (q & 7) + (i & 1) * 8;
             const uint4 w4 = *reinterpret_cast<const uint4*>(rk + kv * kRawBytes + key * 128 + ch * 16);
             const uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
             uint32_t hw[8];
