@@ -40,8 +40,14 @@ extern "C" void on_signal(int sig) {
 // (tokenizer_config.json: a string or {"content": ...}).
 nlohmann::ordered_json special_token_vars(const std::filesystem::path& model_dir) {
   nlohmann::ordered_json vars = nlohmann::ordered_json::object();
-  std::ifstream in(model_dir / "tokenizer_config.json");
-  if (!in) return vars;
+  const std::filesystem::path path = model_dir / "tokenizer_config.json";
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return vars;
+  // A FIFO or device would block or never end (docs/robustness.md).
+  if (!std::filesystem::is_regular_file(path, ec))
+    throw InputError(fmt::format("{}: not a regular file", path.string()));
+  std::ifstream in(path);
+  if (!in) throw InputError(fmt::format("{}: cannot be read", path.string()));
   nlohmann::json cfg;
   try {
     cfg = nlohmann::json::parse(in);

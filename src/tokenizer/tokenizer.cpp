@@ -376,7 +376,9 @@ std::optional<int> HfTokenizer::bos_id() const { return bos_id_; }
 namespace {
 std::string slurp(const std::filesystem::path& p) {
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(p, ec)) throw InputError(fmt::format("{}: no such file", p.string()));
+  if (!std::filesystem::is_regular_file(p, ec))
+    throw InputError(fmt::format("{}: {}", p.string(),
+                                 std::filesystem::exists(p, ec) ? "not a regular file" : "no such file"));
   std::ifstream f(p, std::ios::binary);
   if (!f) throw InputError(fmt::format("{}: cannot open", p.string()));
   auto size = std::filesystem::file_size(p, ec);

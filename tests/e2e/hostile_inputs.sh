@@ -65,6 +65,9 @@ cp -r "$M" "$T/mf"; rm "$T/mf/model.safetensors"; mkfifo "$T/mf/model.safetensor
 t "model.safetensors is a FIFO (no hang)" "$T/mf/model.safetensors: not a regular file" "$BIN" inspect "$T/mf"
 cp -r "$M" "$T/mc"; rm "$T/mc/config.json"; mkfifo "$T/mc/config.json"
 t "config.json is a FIFO (no hang)" "$T/mc/config.json: is not a regular file (a FIFO)" "$BIN" capacity "$T/mc" --kv-memory 1GiB
+cp -r "$M" "$T/mt"; rm "$T/mt/tokenizer_config.json"; mkfifo "$T/mt/tokenizer_config.json"
+t "tokenizer_config.json is a FIFO (no hang)" "$T/mt/tokenizer_config.json: not a regular file" "$BIN" tokenize "$T/mt" --text x
+t "serve: tokenizer_config.json is a FIFO (no hang)" "$T/mt/tokenizer_config.json: not a regular file" "$BIN" serve "$T/mt" --port 0
 cp -r "$M" "$T/md"; rm "$T/md/model.safetensors"; mkdir "$T/md/model.safetensors"
 t "model.safetensors is a directory" "$T/md/model.safetensors: not a regular file" "$BIN" inspect "$T/md"
 t "checkpoint dir is a file" "$T/good.txt: not a directory" "$BIN" inspect "$T/good.txt"
