@@ -3,6 +3,7 @@
 
   python3 tools/bench_sdpa.py                 # JSON lines: sdpa decode/prefill, cuBLAS bf16 GEMM
   python3 tools/bench_sdpa.py --prefill-only  # only the 8K causal prefill row (scripts/gpu_prefill.sh)
+  python3 tools/bench_sdpa.py --decode-fresh 32,8,128,64,4096 ...  # decode rows, each in a fresh CUDA context
   python3 tools/bench_sdpa.py --table OURS.jsonl SDPA.jsonl [BASE.jsonl]   # the summary table
 
 Decode: F.scaled_dot_product_attention(q[B,32,1,128], k/v[B,8,C,128] bf16,
@@ -62,19 +63,52 @@ def run(prefill_only=False):
     # Decode.
     shapes = [(H, HKV, D, B, C) for B in (1, 8, 32, 64) for C in (1024, 4096, 16384, 65536)]
     shapes += [(16, 8, 256, B, C) for B in (1, 8, 32) for C in (16384, 65536)]
-    for (h, hkv, d, B, C) in shapes:
-        kv_bytes = 2 * B * C * hkv * d * 2
-        copies = max(1, min(64, -(-(1 << 30) // kv_bytes)))
-        ks = [torch.randn(B, hkv, C, d, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
-        vs = [torch.randn(B, hkv, C, d, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
-        q = torch.randn(B, h, 1, d, device=dev, dtype=torch.bfloat16)
-        reps = 10 if kv_bytes > 4e9 else 30
-        ms = median_ms(lambda i: F.scaled_dot_product_attention(q, ks[i % copies], vs[i % copies], enable_gqa=True),
-                       3, reps)
-        print(json.dumps({"kind": "sdpa_decode", "d": d, "heads": h, "batch": B, "ctx": C, "ms": ms,
-                          "kv_bytes": kv_bytes, "GBps": kv_bytes / (ms * 1e-3) / 1e9}), flush=True)
-        del ks, vs, q
-        torch.cuda.empty_cache()
+    for shape in shapes:
+        decode_row(*shape)
+
+
+def decode_row(h, hkv, d, B, C):
+    import torch
+    import torch.nn.functional as F
+    dev = "cuda"
+    kv_bytes = 2 * B * C * hkv * d * 2
+    copies = max(1, min(64, -(-(1 << 30) // kv_bytes)))
+    ks = [torch.randn(B, hkv, C, d, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
+    vs = [torch.randn(B, hkv, C, d, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
+    q = torch.randn(B, h, 1, d, device=dev, dtype=torch.bfloat16)
+    reps = 10 if kv_bytes > 4e9 else 30
+    ms = median_ms(lambda i: F.scaled_dot_product_attention(q, ks[i % copies], vs[i % copies], enable_gqa=True),
+                   3, reps)
+    print(json.dumps({"kind": "sdpa_decode", "d": d, "heads": h, "batch": B, "ctx": C, "ms": ms,
+                      "kv_bytes": kv_bytes, "GBps": kv_bytes / (ms * 1e-3) / 1e9}), flush=True)
+    del ks, vs, q
+    torch.cuda.empty_cache()
+
+
+def decode_fresh(shapes):
+    """Each decode row in a fresh CUDA context (docs/cuda.md, "Decode v8"):
+    torch is imported once here (CUDA stays uninitialised in this process),
+    then every row runs in a forked child that initialises CUDA, allocates,
+    measures and exits, so no row sees the allocations an earlier one left,
+    the same treatment scripts/gpu_decode.sh gives bench_attention's rows (one
+    process per row)."""
+    import os
+    import torch
+    torch.set_num_threads(1)
+    assert not torch.cuda.is_initialized()
+    for shape in shapes:
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                decode_row(*shape)
+            except Exception as e:  # a failed row is reported, the others still run
+                print(json.dumps({"kind": "sdpa_error", "shape": list(shape), "error": str(e)}), flush=True)
+                code = 1
+            sys.stdout.flush()
+            os._exit(code)
+        os.waitpid(pid, 0)
 
 
 def load(path):
@@ -154,5 +188,14 @@ def table(ours_path, sdpa_path, base_path=None, base_label="base"):
 if __name__ == "__main__":
     if len(sys.argv) in (4, 5, 6) and sys.argv[1] == "--table":
         table(*sys.argv[2:])
+    elif len(sys.argv) >= 2 and sys.argv[1] == "--decode-fresh":
+        # --decode-fresh "H,HKV,D,B,C" ...: those decode rows, each in a fresh CUDA context.
+        try:
+            rows = [tuple(int(x) for x in a.split(",")) for a in sys.argv[2:]]
+            if not rows or any(len(r) != 5 or min(r) <= 0 for r in rows):
+                raise ValueError
+        except ValueError:
+            sys.exit("bench_sdpa.py --decode-fresh: arguments are H,HKV,D,B,C (positive integers)")
+        decode_fresh(rows)
     else:
         run(prefill_only="--prefill-only" in sys.argv[1:])
