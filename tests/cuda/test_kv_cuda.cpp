@@ -276,10 +276,9 @@ TEST(CudaDecode, LeanAutoBatchEqualsSingle) {
 
 // KV-head counts that are multiples of 4 (4 and 8, as Llama-3-8B): the shapes
 // the heads-per-warp kernel (FP8KV_DECODE_HPW=1, version 7) runs, with many
-// splits (forced 64 and 256 keys: the split reduction, fused under
-// FP8KV_DECODE_FUSED=1, whose counters must return to zero for the next
-// launch: every case launches the batch and then each sequence alone) and
-// the auto plan; windows and softcap. gpu_decode.sh runs it under every variant.
+// splits (forced 64 and 256 keys: the split reduction; every case launches
+// the batch and then each sequence alone) and the auto plan; windows and
+// softcap.
 TEST(CudaDecode, KvHeadsInFoursBatchedEqualsSingle) {
   FP8KV_REQUIRE_GPU();
   std::mt19937_64 rng(test_seed());
@@ -435,10 +434,10 @@ TEST(CudaPlan, SplitsCoverTheSpanAndFillTheGpu) {
             EXPECT_EQ(p.split_tokens % 64, 0);
             EXPECT_GE(static_cast<int64_t>(p.max_splits) * p.split_tokens, span);
             EXPECT_LT(static_cast<int64_t>(p.max_splits - 1) * p.split_tokens, span);
-            // Partials (floats), 8-byte aligned, then one 8-byte split counter per
-            // (sequence, KV head) for the fused reduction (version 7).
-            const size_t partials = (static_cast<size_t>(B) * H * p.max_splits * (D + 1) * 4 + 7) / 8 * 8;
-            EXPECT_EQ(p.workspace_bytes, p.max_splits > 1 ? partials + static_cast<size_t>(B) * hkv * 8 : 0u);
+            // Partials (floats: [B][H][splits] outputs of D and one log-sum-exp);
+            // version 8 dropped version 7's split counters with the fused reduction.
+            const size_t partials = static_cast<size_t>(B) * H * p.max_splits * (D + 1) * 4;
+            EXPECT_EQ(p.workspace_bytes, p.max_splits > 1 ? partials : 0u);
             const int64_t base = static_cast<int64_t>(B) * hkv, slots = sms * cps;
             if (base * 2 <= slots) {
               EXPECT_LE(base * p.max_splits, slots) << "a second wave for a small batch";

@@ -45,9 +45,6 @@ constexpr int kMaxGroup = 8;    // query heads per CTA
 struct DecodeParams : PagedKvParams {
   int gchunks, split_tokens, max_splits;
   int l2_prefetch;  // register path: this warp's tiles kept prefetched to L2 ahead (0 = off; FP8KV_DECODE_PF)
-  bool fused_reduce;      // the last CTA of each (sequence, KV head, chunk) combines the splits (FP8KV_DECODE_FUSED)
-  unsigned long long* split_counters;  // fused: [batch][gridDim.x] in the workspace
-  unsigned long long epoch;            // fused: this launch's tag (48 bits, != 0)
   bool l2_prefetch_pair;  // prefetch the KV-head pair's rows (2 x D x EB bytes, one bulk prefetch per row)
   float* part_o;    // [batch][num_heads][max_splits][D]
   float* part_lse;  // [batch][num_heads][max_splits] (log2 domain)
@@ -105,95 +102,7 @@ struct DecodeCfg {
   static_assert(!USE_RING || VBYTES >= 16, "ring: V in 16-byte units");
 };
 
-// Split counters of the fused reduction (FP8KV_DECODE_FUSED=1, version 7):
-// one 64-bit word per CTA column (sequence, blockIdx.x) in the workspace,
-// after the partials (so concurrent launches with their own workspaces never
-// share one): launch epoch << 16 | splits counted. A word of another epoch
-// (an earlier launch, or whatever the memory held) counts as zero, so the
-// workspace needs no clearing; the CTA that counts last writes 0, so a
-// replayed CUDA graph (same epoch baked in) starts from zero too. The epoch
-// is a per-process 48-bit hash of a launch counter, never 0.
-
-// The last CTA of a (sequence, KV head, head chunk) to finish combines the
-// splits of its nh heads, so no second kernel runs. Same arithmetic in the
-// same order as decode_reduce_kernel (bitwise the same output: R interleaved
-// partial sums over s = rho, rho + R, ..., then added in rho order), so a
-// launch that falls back to the reduce kernel (a LEAN kernel) gives the same
-// bits and batched == single holds across them.
-// Partials are read with ld.global.cg (L2; this SM's L1 never held them).
-// smem: [nh][nsplits] weights (launch_decode checks the size).
-constexpr int kReduceThreads = 256;
-template <int D>
-__device__ __forceinline__ void fused_reduce(const DecodeParams& p, uint8_t* smem, int b, int h0, int nh,
-                                             int nsplits) {
-  __shared__ int s_last;
-  __threadfence();  // this CTA's partials are visible device-wide before it counts
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned long long* ctr = p.split_counters + (static_cast<int64_t>(b) * gridDim.x + blockIdx.x);
-    unsigned long long cur = atomicAdd(ctr, 0ull), seen;
-    int count;
-    for (;;) {
-      count = (cur >> 16) == p.epoch ? static_cast<int>(cur & 0xffffu) : 0;
-      seen = atomicCAS(ctr, cur, (p.epoch << 16) | static_cast<unsigned long long>(count + 1));
-      if (seen == cur) break;
-      cur = seen;
-    }
-    const int last = count + 1 == nsplits;
-    if (last) atomicExch(ctr, 0ull);  // every split of this launch has counted
-    s_last = last;
-  }
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  float* sw = reinterpret_cast<float*>(smem);
-  const int64_t base = (static_cast<int64_t>(b) * p.num_heads + h0) * p.max_splits;
-  for (int i = threadIdx.x; i < nh * nsplits; i += blockDim.x) {
-    const int row = i / nsplits, s = i % nsplits;
-    sw[i] = __ldcg(p.part_lse + base + static_cast<int64_t>(row) * p.max_splits + s);
-  }
-  __syncthreads();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int row = warp; row < nh; row += kWarps) {
-    float M = -INFINITY;
-    for (int s = lane; s < nsplits; s += 32) M = fmaxf(M, sw[row * nsplits + s]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-    const float Mref = M == -INFINITY ? 0.0f : M;
-    __syncwarp();
-    for (int s = lane; s < nsplits; s += 32) sw[row * nsplits + s] = exp2f(sw[row * nsplits + s] - Mref);
-  }
-  __syncthreads();
-  constexpr int Q = D / 4;                  // float4 columns per row
-  constexpr int R = kReduceThreads / Q;     // decode_reduce_kernel's rows
-  for (int u = threadIdx.x; u < nh * Q; u += blockDim.x) {
-    const int row = u / Q, c = u % Q;
-    const float* w = sw + row * nsplits;
-    const float vs = p.v_scale == nullptr ? 1.0f : p.v_scale[p.v_scale_count == 1 ? 0 : (h0 + row) / p.group];
-    const float4* src = reinterpret_cast<const float4*>(p.part_o + (base + static_cast<int64_t>(row) * p.max_splits) * D) + c;
-    float Wt = 0.0f;
-    float4 Ot = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-    for (int rho = 0; rho < R; ++rho) {
-      float W = 0.0f;
-      float4 O = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 4
-      for (int s = rho; s < nsplits; s += R) {
-        const float ws = w[s];
-        const float4 v = __ldcg(src + static_cast<int64_t>(s) * Q);
-        W += ws;
-        O.x += ws * v.x; O.y += ws * v.y; O.z += ws * v.z; O.w += ws * v.w;
-      }
-      Wt += W;
-      Ot.x += O.x; Ot.y += O.y; Ot.z += O.z; Ot.w += O.w;
-    }
-    const int64_t off = (static_cast<int64_t>(b) * p.num_heads + h0 + row) * D + 4 * c;
-    store_act(p.out, off + 0, Wt > 0.0f ? Ot.x / Wt * vs : 0.0f, p.out_bf16);
-    store_act(p.out, off + 1, Wt > 0.0f ? Ot.y / Wt * vs : 0.0f, p.out_bf16);
-    store_act(p.out, off + 2, Wt > 0.0f ? Ot.z / Wt * vs : 0.0f, p.out_bf16);
-    store_act(p.out, off + 3, Wt > 0.0f ? Ot.w / Wt * vs : 0.0f, p.out_bf16);
-  }
-}
+constexpr int kReduceThreads = 256;  // decode_reduce_kernel
 
 // DEEP (D = 128 only, a tuning variant chosen by FP8KV_DECODE_DEEP=1, see
 // deep_pipeline()): one more tile in flight in the register path (fp8: two
@@ -692,18 +601,14 @@ __global__ void __launch_bounds__(kWarps * 32, LEAN ? 4 : 0) decode_kernel(const
       }
     }
   }
-  if (!LEAN && p.fused_reduce && nsplits > 1) {
-    if constexpr (HPW)
-      fused_reduce<D>(p, smem, b, blockIdx.x * kWarps * p.group, kWarps * nh, nsplits);
-    else
-      fused_reduce<D>(p, smem, b, h0, nh, nsplits);
-  }
 }
 
 // Combines the splits of one (sequence, head): out = sum_s w_s O_s / sum_s w_s.
 // 256 threads: R rows of D/4 threads; row rho takes splits rho, rho+R, ...
 // (float4 loads, several in flight), then the R partial sums are added in a
-// fixed order (fused_reduce repeats this arithmetic).
+// fixed order. (Version 7's fused variant, the combine in the decode
+// kernel's last CTA per KV head, measured slower at every size in run H and
+// was removed in version 8: docs/cuda.md.)
 template <int D>
 __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const DecodeParams p) {
   constexpr int TPS = D / 4, R = kReduceThreads / TPS;
@@ -798,9 +703,6 @@ int l2_prefetch_env_value() {  // -1: unset
   }();
   return env;
 }
-// FP8KV_DECODE_FUSED=1: the split reduction in the decode kernel's last CTA
-// per (sequence, KV head, chunk) instead of a second kernel (version 7).
-constexpr bool kDefaultFusedReduce = false;
 // FP8KV_DECODE_HPW=1: the heads-per-warp kernel (HPW) where it applies
 // (use_hpw; version 7 variant).
 constexpr bool kDefaultHpw = false;
@@ -826,14 +728,6 @@ bool d256_reg_env() {
     const char* e = std::getenv("FP8KV_DECODE_D256REG");
     if (e == nullptr || *e == 0) return kDefaultD256Reg;
     return std::string(e) != "0";
-  }();
-  return on;
-}
-bool fused_reduce_env() {
-  static const bool on = [] {
-    const char* e = std::getenv("FP8KV_DECODE_FUSED");
-    if (e == nullptr || *e == 0) return kDefaultFusedReduce;
-    return std::string(e) == "1";
   }();
   return on;
 }
@@ -883,20 +777,11 @@ void prepare_decode_t() {
                             cudaSharedmemCarveoutMaxShared);
 }
 
-// Returns whether the kernel combined the splits itself (fused reduction; not
-// compiled into LEAN, whose 128 registers it would overflow).
 template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false>
-bool launch_decode_tv(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
+void launch_decode_tv(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
   prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG>();
   constexpr int smem = DecodeCfg<D, DT, REG>::SMEM;
-  if (LEAN && p.fused_reduce) {
-    DecodeParams q = p;
-    q.fused_reduce = false;
-    decode_kernel<D, DT, DEEP, LEAN, HPW, REG><<<grid, kWarps * 32, smem, stream>>>(q);
-    return false;
-  }
   decode_kernel<D, DT, DEEP, LEAN, HPW, REG><<<grid, kWarps * 32, smem, stream>>>(p);
-  return p.fused_reduce;
 }
 
 template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false>
@@ -908,7 +793,7 @@ template <int D, int DT>
 constexpr bool kHpwDeep = DT == kBf16;
 
 template <int D, int DT>
-bool launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool hpw) {
+void launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool hpw) {
   if constexpr (D == 256 && DT != kBf16) {
     if (d256_reg_env()) return launch_decode_tv<D, DT, false, false, false, true>(p, grid, stream);
   }
@@ -938,7 +823,7 @@ bool launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool
       case 1: return launch_decode_tv<D, DT, true, false>(p, grid, stream);
       case 2:
         if constexpr (DT == kE4m3) return launch_decode_tv<D, DT, false, true>(p, grid, stream);
-        return false;
+        break;
       default: break;
     }
   }
@@ -1018,14 +903,13 @@ int resident_ctas(int head_dim, KvDtype dt, bool hpw) {
 
 template <int D>
 void launch_decode(const DecodeParams& p, KvDtype dt, dim3 grid, int batch, cudaStream_t stream, bool hpw) {
-  bool fused = false;
   switch (dt) {
-    case KvDtype::bf16: fused = launch_decode_t<D, kBf16>(p, grid, stream, hpw); break;
-    case KvDtype::fp8_e4m3: fused = launch_decode_t<D, kE4m3>(p, grid, stream, hpw); break;
-    case KvDtype::fp8_e5m2: fused = launch_decode_t<D, kE5m2>(p, grid, stream, hpw); break;
+    case KvDtype::bf16: launch_decode_t<D, kBf16>(p, grid, stream, hpw); break;
+    case KvDtype::fp8_e4m3: launch_decode_t<D, kE4m3>(p, grid, stream, hpw); break;
+    case KvDtype::fp8_e5m2: launch_decode_t<D, kE5m2>(p, grid, stream, hpw); break;
   }
   FP8KV_CUDA_CHECK(cudaGetLastError());
-  if (p.max_splits > 1 && !fused) {
+  if (p.max_splits > 1) {
     // Programmatic dependent launch: the reduce grid is set up while the
     // decode grid drains; griddepcontrol.wait in it orders the reads.
     cudaLaunchConfig_t cfg = {};
@@ -1078,23 +962,10 @@ int choose_split_tokens(int64_t base, int span, int64_t slots, int kpu) {
 
 
 // Workspace: partial outputs [batch][heads][splits][D] and log-sum-exps
-// [batch][heads][splits] (floats), then (8-byte aligned) the fused
-// reduction's split counters, one per CTA column (at most batch x KV heads x
-// head chunks of them).
-size_t split_counters_offset(int batch, int num_heads, int max_splits, int head_dim) {
-  const size_t partials = static_cast<size_t>(batch) * num_heads * max_splits * (head_dim + 1) * sizeof(float);
-  return (partials + 7) / 8 * 8;
-}
-
-// 48-bit launch tags for the fused reduction's counters: a hash
-// (splitmix64) of a process-wide launch count, never 0.
-unsigned long long next_launch_epoch() {
-  static std::atomic<unsigned long long> n{0};
-  unsigned long long z = n.fetch_add(1, std::memory_order_relaxed) + 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z = (z ^ (z >> 31)) & 0xffffffffffffull;
-  return z == 0 ? 1 : z;
+// [batch][heads][splits] (floats). (Version 7's split counters after them
+// went with the fused reduction in version 8.)
+size_t workspace_for(int batch, int num_heads, int max_splits, int head_dim) {
+  return static_cast<size_t>(batch) * num_heads * max_splits * (head_dim + 1) * sizeof(float);
 }
 
 }  // namespace
@@ -1120,9 +991,7 @@ DecodePlan plan_decode(int batch, int num_heads, int num_kv_heads, int head_dim,
   DecodePlan plan;
   plan.split_tokens = (split_tokens + 63) / 64 * 64;
   plan.max_splits = (span + plan.split_tokens - 1) / plan.split_tokens;
-  if (plan.max_splits > 1)
-    plan.workspace_bytes = split_counters_offset(batch, num_heads, plan.max_splits, head_dim) +
-                           static_cast<size_t>(batch) * num_kv_heads * gchunks * sizeof(unsigned long long);
+  if (plan.max_splits > 1) plan.workspace_bytes = workspace_for(batch, num_heads, plan.max_splits, head_dim);
   return plan;
 }
 
@@ -1153,21 +1022,12 @@ void paged_decode(const DecodeArgs& a, cudaStream_t stream) {
   p.split_tokens = a.plan.split_tokens;
   p.max_splits = a.plan.max_splits;
   p.l2_prefetch = l2_prefetch_for(L.dtype, L.head_dim);
-  // Fused split reduction (version 7 variant): counters for every CTA of the
-  // launch, weights of <= 8 heads x max_splits in the CTA's shared memory
-  // (at least kWarps x kMaxGroup x D floats at every D).
   const bool hpw = use_hpw(L.head_dim, a.num_heads, L.num_kv_heads);
   const int ctas_x = hpw ? L.num_kv_heads / kWarps : L.num_kv_heads * p.gchunks;
-  const int heads_per_cta = hpw ? kWarps * p.group : std::min(p.group, kMaxGroup);
-  p.fused_reduce = p.max_splits > 1 && p.max_splits < 65536 && fused_reduce_env() &&
-                   static_cast<int64_t>(heads_per_cta) * p.max_splits <= kWarps * kMaxGroup * L.head_dim;
   p.l2_prefetch_pair = p.l2_prefetch > 0 && L.num_kv_heads % 2 == 0 && l2_prefetch_pair_env();
   if (p.max_splits > 1) {
     p.part_o = static_cast<float*>(a.workspace);
     p.part_lse = p.part_o + static_cast<size_t>(a.batch) * a.num_heads * p.max_splits * L.head_dim;
-    p.split_counters = reinterpret_cast<unsigned long long*>(
-        static_cast<uint8_t*>(a.workspace) + split_counters_offset(a.batch, a.num_heads, p.max_splits, L.head_dim));
-    if (p.fused_reduce) p.epoch = next_launch_epoch();
   }
   const dim3 grid(ctas_x, a.batch, p.max_splits);
   switch (L.head_dim) {
