@@ -56,14 +56,14 @@ timeout 75 python3 tools/bench_sdpa.py --decode-fresh "${SARGS[@]}" >"$OUT/sdpa.
 rc=$?
 echo "sdpa rows: $(grep -c sdpa_decode "$OUT/sdpa.jsonl") of ${#ROWS[@]} (rc $rc)"; tail -2 "$OUT/sdpa.err"
 
-bench_rows() {  # name gate dtypes D-filter [ENV=VAL ...]
-  local name=$1 gate=$2 dts=$3 dsel=$4; shift 4
+bench_rows() {  # name gate dtypes D-filter B-filter [ENV=VAL ...]
+  local name=$1 gate=$2 dts=$3 dsel=$4 bsel=$5; shift 5
   local r dt h hkv d b c n=0
   : >"$OUT/bench_$name.jsonl"
   for dt in $dts; do
     for r in "${ROWS[@]}"; do
       read -r h hkv d b c <<<"$r"
-      [[ " $dsel " == *" $d "* ]] || continue
+      [[ " $dsel " == *" $d "* && " $bsel " == *" $b "* ]] || continue
       [ $(el) -lt $gate ] || { echo "skip the rest of $name (time, $(el) s)"; return; }
       env "$@" timeout 20 $BENCH shape $dt $d $b $c >>"$OUT/bench_$name.jsonl" 2>>"$OUT/bench_$name.err" ||
         echo "row $name $dt d$d B=$b ctx=$c: rc $?"
@@ -73,9 +73,25 @@ bench_rows() {  # name gate dtypes D-filter [ENV=VAL ...]
   echo "$name: $n rows"
 }
 phase "ours (fresh process per row)"
-bench_rows base 185 "bf16 fp8_e4m3" "128 256"
+bench_rows base 185 "bf16 fp8_e4m3" "128 256" "1 8 32 64"
 phase "fp8 d256 on the cp.async ring (FP8KV_DECODE_D256REG=0)"
-bench_rows d256ring 180 "fp8_e4m3" "256" FP8KV_DECODE_D256REG=0
+bench_rows d256ring 175 "fp8_e4m3" "256" "1 8 32" FP8KV_DECODE_D256REG=0
+
+# Version 8 variant: the split reduction with 32 columns per CTA
+# (FP8KV_DECODE_REDUCE=wide): decode tests under it (all but the 12 s LEAN
+# batch test), then the rows with many splits (B = 1 and 8).
+if [ $(el) -lt 160 ]; then
+  phase "variant wide (FP8KV_DECODE_REDUCE=wide)"
+  FP8KV_DECODE_REDUCE=wide timeout 30 $TEST --gtest_filter='CudaDecode.*:-CudaDecode.LeanAutoBatchEqualsSingle' >"$OUT/test_wide.log" 2>&1
+  rc=$?
+  if [ $rc = 0 ] && grep -q "^\[  PASSED  \]" "$OUT/test_wide.log" && ! grep -q "^\[  FAILED  \]" "$OUT/test_wide.log"; then
+    echo PASS >"$OUT/test_wide.status"
+  else
+    echo FAIL >"$OUT/test_wide.status"
+  fi
+  echo "decode tests under wide: $(cat "$OUT/test_wide.status") (rc $rc)"
+  bench_rows wide 180 "fp8_e4m3 bf16" "128 256" "1 8" FP8KV_DECODE_REDUCE=wide
+fi
 
 # The order effect itself (version 7): bf16 B=64/4K, 32/4K, 64/1K first in a
 # fresh process, then after the largest bf16 row (8.6 GB allocated, read,
@@ -88,7 +104,7 @@ fi
 
 phase sass
 cuobjdump -sass $BENCH 2>/dev/null | awk '/Function :/ {f=$3; n[f]=0} /LDL|STL/ {l[f]++} END {for (k in n) printf "%s LDL/STL=%d\n", k, l[k]}' |
-  grep -E "decode_kernel|decode_reduce" | sed -E 's/^_ZN[^ ]*[0-9]+(decode_kernel|decode_reduce_kernel)(ILi([0-9]+)E(Li([0-9]+)E)?(Lb([01])E)?(Lb([01])E)?(Lb([01])E)?(Lb([01])E)?)?[^ ]*/\1<\3,\5,\7\9\11\13>/' |
+  grep -E "decode_kernel|decode_reduce" | sed -E 's/^_ZN.*_cu_[0-9a-f]+[0-9][0-9](decode_)/\1/; s/EEvN[^ ]*//' |
   sort >"$OUT/sass.txt"
 if [ ! -s "$OUT/sass.txt" ]; then echo "SASS CHECK: no decode kernels found" | tee -a "$OUT/sass.txt"
 elif grep -vq "LDL/STL=0$" "$OUT/sass.txt"; then grep -v "LDL/STL=0$" "$OUT/sass.txt"; echo "SASS CHECK: FAIL (local memory above)"

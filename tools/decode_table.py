@@ -5,7 +5,8 @@
 
 Reads OUTDIR/bench_base.jsonl (bench_attention `shape`, one process per row:
 a copy line and a decode line each), OUTDIR/bench_d256ring.jsonl (fp8 D = 256
-on the cp.async ring), OUTDIR/sdpa.jsonl (PyTorch SDPA bf16, a fresh CUDA
+on the cp.async ring), OUTDIR/bench_wide.jsonl (FP8KV_DECODE_REDUCE=wide),
+OUTDIR/sdpa.jsonl (PyTorch SDPA bf16, a fresh CUDA
 context per row), OUTDIR/test_base.status, OUTDIR/probe.jsonl and
 OUTDIR/sass.txt. Copy bandwidth: the median of the per-process copies.
 x = SDPA time / ours (bf16 goal >= 0.95); t = ours / SDPA (fp8 goal <= 0.55
@@ -82,6 +83,20 @@ def main():
             v = 100 * r["GBps"] / copy if r else None
             line(f"fp8 d{d} B={B}/{C // 1024}K % of copy", v is not None and f"{v:.1f}" or None, f">= {goal}",
                  v is not None and v >= goal)
+    wide = {(r["dtype"], r["d"], r["batch"], r["ctx"]): r for r in load(os.path.join(out, "bench_wide.jsonl"))
+            if r["kind"] == "decode"}
+    if wide:
+        ws = os.path.join(out, "test_wide.status")
+        wst = open(ws).read().strip() if os.path.exists(ws) else "?"
+        cells = []
+        for k in sorted(wide, key=lambda k: (k[1], k[0], k[2], k[3])):
+            b = ours.get(k)
+            if b:
+                cells.append(f"{k[0][:4]} d{k[1]} B={k[2]}/{k[3] // 1024}K {b['ms'] * 1e3:.1f}->{wide[k]['ms'] * 1e3:.1f}"
+                             + (f" ({100 * wide[k]['GBps'] / copy:.1f}%)" if k[0] != "bf16" and k[2] == 1 else ""))
+        print(f"variant wide (FP8KV_DECODE_REDUCE=wide, decode tests {wst}), base -> wide us:")
+        for i in range(0, len(cells), 4):
+            print("  " + "; ".join(cells[i:i + 4]))
     probe = load(os.path.join(out, "probe.jsonl"))
     if probe:
         print("order probe (one process, bf16 d128): " + "; ".join(

@@ -603,19 +603,27 @@ __global__ void __launch_bounds__(kWarps * 32, LEAN ? 4 : 0) decode_kernel(const
   }
 }
 
-// Combines the splits of one (sequence, head): out = sum_s w_s O_s / sum_s w_s.
-// 256 threads: R rows of D/4 threads; row rho takes splits rho, rho+R, ...
-// (float4 loads, several in flight), then the R partial sums are added in a
-// fixed order. (Version 7's fused variant, the combine in the decode
-// kernel's last CTA per KV head, measured slower at every size in run H and
-// was removed in version 8: docs/cuda.md.)
-template <int D>
+// Combines the splits of one (sequence, head): out = sum_s w_s O_s / sum_s w_s,
+// CW of the D columns per CTA (blockIdx.z = column chunk). 256 threads: R
+// rows of CW/4 threads; row rho takes splits rho, rho+R, ... (float4 loads,
+// several in flight), then the R partial sums are added in a fixed order.
+// CW = D (default): one CTA per (sequence, head), R = 8 at D = 128.
+// CW = 32 (FP8KV_DECODE_REDUCE=wide, version 8 variant): D/32 CTAs per head,
+// R = 32, so a thread's chain of dependent-in-time loads is nsplits/32 long
+// instead of nsplits/8 (B=1/64K: 49 splits, 2 loads instead of 7) and 4x
+// more CTAs at small batches; another summation order (results differ from
+// the default in rounding, within the bound; batched == single holds).
+// (Version 7's fused variant, the combine in the decode kernel's last CTA
+// per KV head, measured slower at every size in run H and was removed in
+// version 8: docs/cuda.md.)
+template <int D, int CW = D>
 __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const DecodeParams p) {
-  constexpr int TPS = D / 4, R = kReduceThreads / TPS;
-  __shared__ __align__(16) float red[R][D];
+  static_assert(D % CW == 0 && CW % 4 == 0 && kReduceThreads % (CW / 4) == 0, "column chunk");
+  constexpr int TPS = CW / 4, R = kReduceThreads / TPS;
+  __shared__ __align__(16) float red[R][CW];
   __shared__ float wsum[R], smax[kReduceThreads / 32];
   asm volatile("griddepcontrol.wait;" ::: "memory");  // the decode kernel's results are visible
-  const int head = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
+  const int head = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, c0 = blockIdx.z * CW;
   const int ctx = p.context_lens[b];
   int first, tstart, nsplits;
   seq_range(p, ctx, first, tstart, nsplits);
@@ -637,7 +645,7 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Dec
 #pragma unroll 4
   for (int s = rho; s < nsplits; s += R) {
     const float w = exp2f(p.part_lse[base + s] - Mref);
-    const float4 v = *reinterpret_cast<const float4*>(p.part_o + (base + s) * D + col * 4);
+    const float4 v = *reinterpret_cast<const float4*>(p.part_o + (base + s) * D + c0 + col * 4);
     W += w;
     O.x += w * v.x; O.y += w * v.y; O.z += w * v.z; O.w += w * v.w;
   }
@@ -646,14 +654,14 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Dec
   __syncthreads();
   const int kvh = head / p.group;
   const float vs = p.v_scale == nullptr ? 1.0f : p.v_scale[p.v_scale_count == 1 ? 0 : kvh];
-  for (int d = tid; d < D; d += kReduceThreads) {
+  for (int d = tid; d < CW; d += kReduceThreads) {
     float Wt = 0.0f, Ot = 0.0f;
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       Wt += wsum[i];
       Ot += red[i][d];
     }
-    store_act(p.out, (static_cast<int64_t>(b) * p.num_heads + head) * D + d, Wt > 0.0f ? Ot / Wt * vs : 0.0f,
+    store_act(p.out, (static_cast<int64_t>(b) * p.num_heads + head) * D + c0 + d, Wt > 0.0f ? Ot / Wt * vs : 0.0f,
               p.out_bf16);
   }
 }
@@ -728,6 +736,17 @@ bool d256_reg_env() {
     const char* e = std::getenv("FP8KV_DECODE_D256REG");
     if (e == nullptr || *e == 0) return kDefaultD256Reg;
     return std::string(e) != "0";
+  }();
+  return on;
+}
+// FP8KV_DECODE_REDUCE=wide: the split reduction with 32 columns per CTA
+// (decode_reduce_kernel<D, 32>; version 8 variant, off by default).
+constexpr bool kDefaultReduceWide = false;
+bool reduce_wide_env() {
+  static const bool on = [] {
+    const char* e = std::getenv("FP8KV_DECODE_REDUCE");
+    if (e == nullptr || *e == 0) return kDefaultReduceWide;
+    return std::string(e) == "wide";
   }();
   return on;
 }
@@ -913,7 +932,9 @@ void launch_decode(const DecodeParams& p, KvDtype dt, dim3 grid, int batch, cuda
     // Programmatic dependent launch: the reduce grid is set up while the
     // decode grid drains; griddepcontrol.wait in it orders the reads.
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(p.num_heads, batch);
+    constexpr int kWideCols = 32;
+    const bool wide = reduce_wide_env();
+    cfg.gridDim = dim3(p.num_heads, batch, wide ? D / kWideCols : 1);
     cfg.blockDim = dim3(kReduceThreads);
     cfg.stream = stream;
     cudaLaunchAttribute attr[1];
@@ -921,7 +942,10 @@ void launch_decode(const DecodeParams& p, KvDtype dt, dim3 grid, int batch, cuda
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    FP8KV_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_reduce_kernel<D>, p));
+    if (wide)
+      FP8KV_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_reduce_kernel<D, kWideCols>, p));
+    else
+      FP8KV_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_reduce_kernel<D>, p));
   }
 }
 
