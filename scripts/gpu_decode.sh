@@ -90,7 +90,7 @@ if [ $(el) -lt 160 ]; then
     echo FAIL >"$OUT/test_wide.status"
   fi
   echo "decode tests under wide: $(cat "$OUT/test_wide.status") (rc $rc)"
-  bench_rows wide 180 "fp8_e4m3 bf16" "128 256" "1 8" FP8KV_DECODE_REDUCE=wide
+  bench_rows wide 180 "fp8_e4m3 bf16" "128" "1 8" FP8KV_DECODE_REDUCE=wide
 fi
 
 # The order effect itself (version 7): bf16 B=64/4K, 32/4K, 64/1K first in a
