@@ -12,6 +12,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/prefill_profile.h"
 #include "io/errors.h"
 #include "model/weights.h"
 
@@ -75,11 +76,13 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const BackendOptions& opts)
   FP8KV_CU(cudaSetDevice(device_));
   FP8KV_CU(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   gemm_ = std::make_unique<cuda::Gemm>();
+  if (const int n = cuda::PrefillProfile::threshold_from_env(); n > 0) prof_ = std::make_unique<cuda::PrefillProfile>(n);
   cuda::upload_f32(rope_full_.inv_freq(), inv_freq_full_);
   cuda::upload_f32(rope_sliding_.inv_freq(), inv_freq_sliding_);
 }
 
 CudaBackend::~CudaBackend() {
+  prof_.reset();  // prints the pending prefill profile while the stream exists
   for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g.exec);
   if (stream_) {
     cudaStreamSynchronize(stream_);
@@ -327,6 +330,7 @@ void CudaBackend::begin_step(const StepBatch& b) {
   }
   step_ = std::move(v);
   have_step_ = true;
+  if (prof_) prof_->begin_step(T, S, nd, stream_, capturing_);
 }
 
 const CudaBackend::StepView& CudaBackend::step(const char* op) const {
@@ -348,6 +352,7 @@ void CudaBackend::embedding(const Tensor& table, float scale, Tensor& out) {
   const StepView& s = step("embedding");
   if (out.rows != s.T || out.cols != table.cols)
     bad("embedding", fmt::format("out {}, expected [{}][{}]", shape(out), s.T, table.cols));
+  cuda::PrefillProfile::Scope ps(prof_.get(), "embedding");
   cuda::embedding(matrix(table, "embedding"), s.ids, s.T, scale, f32(out, "embedding", "out"), stream_);
 }
 
@@ -356,6 +361,8 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, T
     bad("linear", fmt::format("x {}, W {}, y {}", shape(x), shape(w), shape(y)));
   const cuda::DeviceMatrix W = matrix(w, "linear");
   const float* bp = opt_vec(bias, w.rows, "linear", "bias");
+  cuda::PrefillProfile::Scope ps(prof_.get(), prof_ ? fmt::format("gemm N={} K={}", w.rows, w.cols) : std::string(),
+                                 2.0 * static_cast<double>(x.rows) * static_cast<double>(w.rows) * static_cast<double>(w.cols));
   const uint16_t* xb = to_bf16_input(x, "linear");
   if (y.dtype == ScalarType::f32) {
     gemm_->linear(xb, x.rows, W, bp, static_cast<float*>(y.data), false, stream_);
@@ -374,6 +381,7 @@ void CudaBackend::rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y
   const float* wp = opt_vec(w, x.cols, "rmsnorm", "w");
   if (!wp) bad("rmsnorm", "w is empty");
   // Without a delta the kernel only reads h.
+  cuda::PrefillProfile::Scope ps(prof_.get(), "rmsnorm");
   cuda::rmsnorm_residual(f32(x, "rmsnorm", "x"), nullptr, nullptr, wp, eps, x.rows, static_cast<int>(x.cols), y.data,
                          y.dtype == ScalarType::bf16, stream_);
 }
@@ -384,6 +392,7 @@ void CudaBackend::add_rmsnorm(Tensor& h, const Tensor& x, const Tensor& w, float
   if (y.dtype != ScalarType::f32 && y.dtype != ScalarType::bf16) bad("add_rmsnorm", "y must be f32 or bf16");
   const float* wp = opt_vec(w, h.cols, "add_rmsnorm", "w");
   if (!wp) bad("add_rmsnorm", "w is empty");
+  cuda::PrefillProfile::Scope ps(prof_.get(), "add+rmsnorm");
   cuda::rmsnorm_residual(f32(h, "add_rmsnorm", "h"), f32(x, "add_rmsnorm", "x"), nullptr, wp, eps, h.rows,
                          static_cast<int>(h.cols), y.data, y.dtype == ScalarType::bf16, stream_);
 }
@@ -501,6 +510,7 @@ void CudaBackend::qkv_split_impl(int layer, const Tensor& qkv, const Tensor& q_n
   a.k_out = f32(k, "qkv_split", "k");
   a.v_out = f32(v, "qkv_split", "v");
   if (store) a.store = *store;
+  cuda::PrefillProfile::Scope ps(prof_.get(), store ? "qkv prep+store" : "qkv prep");
   cuda::qkv_prep(a, stream_);
 }
 
@@ -510,6 +520,7 @@ void CudaBackend::gated_act_fused(Activation act, const Tensor& gate_up, Tensor&
   if (out.dtype != ScalarType::f32 && out.dtype != ScalarType::bf16) bad("gated_act_fused", "out must be f32 or bf16");
   const float* g = f32(gate_up, "gated_act_fused", "gate_up");
   if (!out.data && out.numel() > 0) bad("gated_act_fused", "out is empty");
+  cuda::PrefillProfile::Scope ps(prof_.get(), "act (f32 in)");
   cuda::gated_act(act, g, g + out.cols, gate_up.cols, out.rows, out.cols, out.data, out.dtype == ScalarType::bf16,
                   stream_);
 }
@@ -544,7 +555,12 @@ void CudaBackend::linear_gated_act(Activation act, const Tensor& x, const Tensor
         out.rows == T && out.cols * 2 == w.rows && gate_up.data && gate_up.numel() == T * w.rows &&
         (out.dtype == ScalarType::bf16 || out.dtype == ScalarType::f32) && out.data) {
       auto* gu = static_cast<uint16_t*>(gate_up.data);  // [T][2I] bf16 in the f32 buffer's first half
-      gemm_->linear_bf16_out(static_cast<const uint16_t*>(x.data), T, matrix(w, "linear_gated_act"), gu, stream_);
+      {
+        cuda::PrefillProfile::Scope ps(prof_.get(), prof_ ? fmt::format("gemm N={} K={} bf16 out", w.rows, w.cols) : std::string(),
+                                       2.0 * static_cast<double>(T) * static_cast<double>(w.rows) * static_cast<double>(w.cols));
+        gemm_->linear_bf16_out(static_cast<const uint16_t*>(x.data), T, matrix(w, "linear_gated_act"), gu, stream_);
+      }
+      cuda::PrefillProfile::Scope ps(prof_.get(), "act (bf16 in)");
       cuda::gated_act_bf16_in(act, gu, gu + out.cols, w.rows, T, out.cols, out.data, out.dtype == ScalarType::bf16,
                               stream_);
       return;
@@ -584,6 +600,7 @@ void CudaBackend::store_kv(const StepBatch& b, int layer, const Tensor& q, const
   const int group = layer_group_.at(layer);
   const KvLayerStorage st = kv_layer(layer);
   const LayerScales& sc = scales_[layer];
+  cuda::PrefillProfile::Scope ps(prof_.get(), "store_kv");
   cuda::StoreKvArgs a;
   a.layout = layout_;
   a.k_cache = st.k_cache;
@@ -645,6 +662,7 @@ void CudaBackend::attention(const StepBatch& b, int layer, const Tensor& q, Tens
                                /*split_tokens=*/0, /*ctas_per_sm=*/0, layout_.dtype);
     grow(decode_ws_, std::max<size_t>(a.plan.workspace_bytes, 16));
     a.workspace = decode_ws_.get();
+    cuda::PrefillProfile::Scope ps(prof_.get(), "attention (decode rows)");
     cuda::paged_decode(a, stream_);
   }
   // Prefill chunks: sequences [nd, S), query rows from query_start[nd].
@@ -665,6 +683,7 @@ void CudaBackend::attention(const StepBatch& b, int layer, const Tensor& q, Tens
     a.q_dtype = cuda::ActDtype::f32;
     a.out = op + static_cast<int64_t>(s.prefill_row0) * Hq * D * oeb;
     a.out_dtype = odt;
+    cuda::PrefillProfile::Scope ps(prof_.get(), "attention (prefill)");
     cuda::paged_prefill(a, stream_);
   }
 }
@@ -678,6 +697,7 @@ void CudaBackend::logits(const Tensor& hidden, std::span<const int32_t> rows, co
   if (n == 0) return;
   const float* h = f32(hidden, "logits", "hidden");
   float* y = f32(out, "logits", "out");
+  cuda::PrefillProfile::Scope ps(prof_.get(), "logits");
   rows_dev_.reserve(static_cast<size_t>(n) * 4);
   FP8KV_CU(cudaMemcpyAsync(rows_dev_.get(), rows.data(), static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream_));
   // Its own staging buffer: never in a graph, so its growth does not drop them.

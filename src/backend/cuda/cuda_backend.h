@@ -17,6 +17,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/prefill_profile.h"
 #include "model/rope.h"
 
 namespace fp8kv {
@@ -149,6 +150,8 @@ class CudaBackend final : public Backend {
   uint64_t buffers_gen_ = 0;
   uint64_t routes_gen_at_capture_ = 0;
   std::map<int64_t, Graph> graphs_;
+  // FP8KV_PREFILL_PROFILE (prefill_profile.h): per-op event timing of prefill steps; null when off.
+  std::unique_ptr<cuda::PrefillProfile> prof_;
 };
 
 }  // namespace fp8kv
