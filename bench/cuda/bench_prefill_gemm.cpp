@@ -1,0 +1,144 @@
+// cuBLASLt (cuda::Gemm, the CUDA backend's GEMM) at prefill shapes: the
+// Llama-3.1-8B projections (fused qkv and gate|up, as the CUDA backend runs
+// them) with T = 8192 rows by default, bf16 inputs, fp32 output (and bf16
+// output for gate|up, FP8KV_PREFILL_BF16_ACT), each with cuBLASLt's first
+// heuristic algorithm (the engine's default) and with the best of the first
+// 16 heuristic candidates (FP8KV_LT_TUNE=16). A square 8192^3 GEMM with bf16
+// output gives the attainable peak on this box next to the 790
+// TFLOP/s. Prints one line per (shape, T, algorithm choice) with us and
+// TFLOP/s, and the implied GEMM time of one prefill (32 layers) per T
+// (docs/cuda_backend.md "Prefill/TTFT (2026-12-01)").
+//   bench_prefill_gemm [--t 8192,1024] [--json FILE]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/membw.h"
+#include "backend/cuda/ops.h"
+
+using namespace fp8kv;
+
+namespace {
+
+struct Shape {
+  const char* name;
+  int64_t n, k;
+  bool bf16_out;
+  int per_prefill;  // calls per prefill step (32 layers); 0: reference only
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* json = nullptr;
+  std::vector<int64_t> Ts = {8192};
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], "--json") == 0) json = argv[i + 1];
+    if (std::strcmp(argv[i], "--t") == 0) {
+      Ts.clear();
+      for (const char* p = argv[i + 1]; *p;) {
+        Ts.push_back(std::strtoll(p, nullptr, 10));
+        p = std::strchr(p, ',');
+        if (!p) break;
+        ++p;
+      }
+    }
+  }
+  if (!cuda::device_present()) {
+    std::printf("bench_prefill_gemm: no CUDA device\n");
+    return 0;
+  }
+  const Shape shapes[] = {{"qkv", 6144, 4096, false, 32},        {"o_proj", 4096, 4096, false, 32},
+                          {"gate_up", 28672, 4096, false, 32},   {"gate_up_bf16", 28672, 4096, true, 0},
+                          {"down", 4096, 14336, false, 32},      {"square_bf16", 8192, 8192, true, 0}};
+  int64_t max_t = 8192;
+  for (int64_t t : Ts) max_t = std::max(max_t, t);
+  cudaStream_t st;
+  FP8KV_CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  // Two Gemms: the heuristic's first pick (the default) and the best of 16
+  // (FP8KV_LT_TUNE is read at construction).
+  unsetenv("FP8KV_LT_TUNE");
+  auto heur = std::make_unique<cuda::Gemm>();
+  setenv("FP8KV_LT_TUNE", "16", 1);
+  auto tuned = std::make_unique<cuda::Gemm>();
+  unsetenv("FP8KV_LT_TUNE");
+  heur->set_gemv_max_rows(0);
+  tuned->set_gemv_max_rows(0);
+  size_t max_k = 0, max_n = 0, max_w = 0;
+  for (const Shape& s : shapes) {
+    max_k = std::max<size_t>(max_k, s.k);
+    max_n = std::max<size_t>(max_n, s.n);
+    max_w = std::max<size_t>(max_w, s.n * s.k);
+  }
+  cuda::DeviceBuffer w(max_w * 2), x(static_cast<size_t>(max_t) * max_k * 2), y(static_cast<size_t>(max_t) * max_n * 4);
+  FP8KV_CU(cudaMemset(w.get(), 0x3c, w.bytes()));  // ~0.01 in bf16
+  FP8KV_CU(cudaMemset(x.get(), 0x3c, x.bytes()));
+  cudaEvent_t e0, e1;
+  FP8KV_CU(cudaEventCreate(&e0));
+  FP8KV_CU(cudaEventCreate(&e1));
+  FILE* jf = json ? std::fopen(json, "w") : nullptr;
+  if (jf) std::fprintf(jf, "{\"cases\": [\n");
+  bool first = true;
+  std::printf("%-13s %6s %6s %6s %-6s %10s %8s\n", "shape", "T", "N", "K", "algo", "us", "TFLOP/s");
+  for (int64_t T : Ts) {
+    double prefill_us[2] = {0, 0};
+    for (const Shape& s : shapes) {
+      const int64_t rows = std::string(s.name) == "square_bf16" ? 8192 : T;
+      if (std::string(s.name) == "square_bf16" && T != Ts.front()) continue;
+      const cuda::DeviceMatrix W{w.as<const uint16_t>(), s.n, s.k};
+      for (int a = 0; a < 2; ++a) {
+        cuda::Gemm& g = a == 0 ? *heur : *tuned;
+        auto run = [&] {
+          if (s.bf16_out)
+            g.linear_bf16_out(x.as<uint16_t>(), rows, W, y.as<uint16_t>(), st);
+          else
+            g.linear(x.as<uint16_t>(), rows, W, nullptr, y.as<float>(), false, st);
+        };
+        for (int r = 0; r < 3; ++r) run();  // the first call tunes (a == 1)
+        const int reps = 5;
+        std::vector<float> ms;
+        for (int rep = 0; rep < 5; ++rep) {
+          FP8KV_CU(cudaEventRecord(e0, st));
+          for (int r = 0; r < reps; ++r) run();
+          FP8KV_CU(cudaEventRecord(e1, st));
+          FP8KV_CU(cudaEventSynchronize(e1));
+          float t = 0;
+          FP8KV_CU(cudaEventElapsedTime(&t, e0, e1));
+          ms.push_back(t / reps);
+        }
+        std::sort(ms.begin(), ms.end());
+        const double us = ms[ms.size() / 2] * 1e3;
+        const double tflops = 2.0 * rows * s.n * s.k / (us * 1e-6) / 1e12;
+        const char* algo = a == 0 ? "heur" : "best16";
+        std::printf("%-13s %6lld %6lld %6lld %-6s %10.1f %8.1f\n", s.name, static_cast<long long>(rows),
+                    static_cast<long long>(s.n), static_cast<long long>(s.k), algo, us, tflops);
+        prefill_us[a] += us * s.per_prefill;
+        if (jf) {
+          std::fprintf(jf,
+                       "%s{\"shape\": \"%s\", \"t\": %lld, \"n\": %lld, \"k\": %lld, \"algo\": \"%s\", \"us\": %.3f, "
+                       "\"tflops\": %.2f}",
+                       first ? "" : ",\n", s.name, static_cast<long long>(rows), static_cast<long long>(s.n),
+                       static_cast<long long>(s.k), algo, us, tflops);
+          first = false;
+        }
+      }
+    }
+    std::printf("T=%lld: GEMMs of one prefill step (32 layers, fp32 out) heuristic %.2f ms, best of 16 %.2f ms\n",
+                static_cast<long long>(T), prefill_us[0] / 1e3, prefill_us[1] / 1e3);
+  }
+  if (jf) {
+    std::fprintf(jf, "\n]}\n");
+    std::fclose(jf);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaStreamDestroy(st);
+  return 0;
+}
