@@ -1,5 +1,6 @@
 #include "backend/cuda/prefill_profile.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -13,6 +14,11 @@ int PrefillProfile::threshold_from_env() {
   const int n = std::atoi(e);
   if (n <= 0) return 0;
   return n == 1 ? 64 : n;
+}
+
+PrefillProfile::PrefillProfile(int min_rows) : min_rows_(min_rows) {
+  if (const char* e = std::getenv("FP8KV_PREFILL_PROFILE_SKIP")) skip_ = std::max(0LL, std::atoll(e));
+  if (const char* e = std::getenv("FP8KV_PREFILL_PROFILE_STEPS")) max_steps_ = std::max(0LL, std::atoll(e));
 }
 
 PrefillProfile::~PrefillProfile() {
@@ -35,7 +41,9 @@ cudaEvent_t PrefillProfile::event(int i) {
 
 void PrefillProfile::begin_step(int T, int num_seqs, int num_decodes, cudaStream_t stream, bool capturing) {
   flush();
-  active_ = !capturing && T >= min_rows_;
+  if (capturing || T < min_rows_) return;
+  const int64_t n = seen_++;
+  active_ = n >= skip_ && (max_steps_ < 0 || n < skip_ + max_steps_);
   if (!active_) return;
   stream_ = stream;
   T_ = T;

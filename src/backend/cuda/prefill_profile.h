@@ -9,6 +9,10 @@
 // The events sit between kernels, so PDL overlap across an event is lost:
 // the per-op sums are upper bounds of what each op costs inside the normal
 // chain (the span shows the cost of profiling next to the unprofiled TTFT).
+// FP8KV_PREFILL_PROFILE_SKIP=s leaves the first s such steps unprofiled and
+// FP8KV_PREFILL_PROFILE_STEPS=k profiles at most k after them (default: all),
+// so that a benchmark's timed iterations can run without the events (e.g.
+// skip the first warm-up prefill, whose span includes cuBLASLt's plan setup).
 // Off (unset / 0): no events, no cost. Never active while a graph is
 // captured (decode graphs are below the row threshold anyway).
 #pragma once
@@ -25,7 +29,8 @@ class PrefillProfile {
  public:
   // Row threshold from FP8KV_PREFILL_PROFILE (0: off).
   static int threshold_from_env();
-  explicit PrefillProfile(int min_rows) : min_rows_(min_rows) {}
+  // skip / steps from FP8KV_PREFILL_PROFILE_SKIP / _STEPS.
+  explicit PrefillProfile(int min_rows);
   ~PrefillProfile();
   PrefillProfile(const PrefillProfile&) = delete;
   PrefillProfile& operator=(const PrefillProfile&) = delete;
@@ -73,6 +78,7 @@ class PrefillProfile {
   void print(const char* what, const std::map<std::string, Sum>& s, double span_ms, int64_t tokens) const;
 
   int min_rows_ = 64;
+  int64_t skip_ = 0, max_steps_ = -1, seen_ = 0;  // qualifying steps so far
   bool active_ = false;
   int depth_ = 0;  // nested scopes are not timed (the outer one is)
   cudaStream_t stream_ = nullptr;
