@@ -1,6 +1,7 @@
 #include "backend/cuda/prefill_profile.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 
@@ -40,8 +41,9 @@ cudaEvent_t PrefillProfile::event(int i) {
 }
 
 void PrefillProfile::begin_step(int T, int num_seqs, int num_decodes, cudaStream_t stream, bool capturing) {
+  if (capturing) return;  // no event sync inside a capture (the runner begins steps before capturing)
   flush();
-  if (capturing || T < min_rows_) return;
+  if (T < min_rows_) return;
   const int64_t n = seen_++;
   active_ = n >= skip_ && (max_steps_ < 0 || n < skip_ + max_steps_);
   if (!active_) return;
@@ -52,6 +54,7 @@ void PrefillProfile::begin_step(int T, int num_seqs, int num_decodes, cudaStream
   used_ = 1;
   depth_ = 0;
   FP8KV_CU(cudaEventRecord(event(0), stream_));  // the step's start
+  wall0_ = std::chrono::steady_clock::now();
 }
 
 void PrefillProfile::start(const std::string& key, double flops) {
@@ -78,6 +81,10 @@ void PrefillProfile::flush() {
     marks_.clear();
     return;
   }
+  // Host wall time from this step's begin_step to the next one's (or to the
+  // flush): the GPU span plus what the host did around it (logits download,
+  // sampling, scheduling the next step) that the GPU did not overlap.
+  const double wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - wall0_).count();
   FP8KV_CU(cudaEventSynchronize(event(marks_.back().ev1)));
   std::map<std::string, Sum> s;
   for (const Mark& m : marks_) {
@@ -92,8 +99,8 @@ void PrefillProfile::flush() {
   float span = 0;
   FP8KV_CU(cudaEventElapsedTime(&span, event(0), event(marks_.back().ev1)));
   marks_.clear();
-  char what[96];
-  std::snprintf(what, sizeof what, "step T=%d seqs=%d decodes=%d", T_, S_, nd_);
+  char what[128];
+  std::snprintf(what, sizeof what, "step T=%d seqs=%d decodes=%d, host wall %.3f ms", T_, S_, nd_, wall_ms);
   print(what, s, span, T_);
   for (const auto& [k, v] : s) {
     Sum& t = total_[k];

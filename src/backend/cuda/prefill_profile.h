@@ -2,8 +2,9 @@
 // (2026-12-01)"): with FP8KV_PREFILL_PROFILE=N (N >= 1) the CUDA backend
 // brackets each op of a step of >= N tokens (N = 1: >= 64) with a pair of
 // CUDA events and, when the next step begins (or the backend goes away),
-// prints to stderr one line per step: the span from begin_step to the last
-// op, and per op class (GEMMs by shape with their TFLOP/s, norms, qkv
+// prints to stderr one line per step: the host wall time from begin_step to
+// the next begin_step, the GPU span from begin_step to the last op, and per
+// op class (GEMMs by shape with their TFLOP/s, norms, qkv
 // prep + store, attention, activation, logits) the summed event time and the
 // number of calls. A total over all profiled steps is printed at the end.
 // The events sit between kernels, so PDL overlap across an event is lost:
@@ -18,6 +19,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -83,6 +85,7 @@ class PrefillProfile {
   int depth_ = 0;  // nested scopes are not timed (the outer one is)
   cudaStream_t stream_ = nullptr;
   int T_ = 0, S_ = 0, nd_ = 0;
+  std::chrono::steady_clock::time_point wall0_;
   std::vector<cudaEvent_t> events_;
   int used_ = 0;
   std::vector<Mark> marks_;
