@@ -713,6 +713,7 @@ void CudaBackend::sample(const Tensor& logits, std::span<const RowSampling> para
   if (static_cast<int64_t>(params.size()) != n || static_cast<int64_t>(ids.size()) != n)
     bad("sample", fmt::format("params/ids do not have one entry per logits row {}", shape(logits)));
   if (n == 0) return;
+  cuda::PrefillProfile::Scope ps(prof_.get(), "sample (+ids download)");
   std::vector<cuda::SampleParams> p(static_cast<size_t>(n));
   for (int64_t r = 0; r < n; ++r)
     p[r] = cuda::SampleParams{params[r].temperature, params[r].top_p, params[r].top_k, params[r].seed, params[r].counter};

@@ -58,29 +58,33 @@ void PrefillProfile::begin_step(int T, int num_seqs, int num_decodes, cudaStream
 }
 
 void PrefillProfile::start(const std::string& key, double flops) {
-  if (depth_++ > 0) return;
+  if (depth_ > 0) {  // nested: the outer scope times it
+    ++depth_;
+    return;
+  }
   Mark m;
   m.key = key;
   m.flops = flops;
-  m.ev0 = used_++;
+  m.ev0 = used_;
   FP8KV_CU(cudaEventRecord(event(m.ev0), stream_));
+  ++used_;
   marks_.push_back(std::move(m));
+  ++depth_;
 }
 
 void PrefillProfile::stop() {
-  if (--depth_ > 0) return;
+  if (depth_ == 0 || --depth_ > 0 || marks_.empty()) return;
   Mark& m = marks_.back();
+  FP8KV_CU(cudaEventRecord(event(used_), stream_));
   m.ev1 = used_++;
-  FP8KV_CU(cudaEventRecord(event(m.ev1), stream_));
 }
 
 void PrefillProfile::flush() {
   if (!active_) return;
   active_ = false;
-  if (marks_.empty() || marks_.back().ev1 < 0) {
-    marks_.clear();
-    return;
-  }
+  depth_ = 0;
+  while (!marks_.empty() && marks_.back().ev1 < 0) marks_.pop_back();  // an op that threw
+  if (marks_.empty()) return;
   // Host wall time from this step's begin_step to the next one's (or to the
   // flush): the GPU span plus what the host did around it (logits download,
   // sampling, scheduling the next step) that the GPU did not overlap.
