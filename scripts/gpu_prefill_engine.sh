@@ -15,7 +15,8 @@
 #     per-op prefill profile (FP8KV_PREFILL_PROFILE) on warm-up / early steps
 #     only, so the timed iterations run without events: ttft_8k_fp8 (one
 #     8K chunk), thr_256x1k_fp8, then b32 16K fp8 / bf16 (the pair runs only
-#     if both fit: ~130 s; BUDGET_S=300 runs everything, ~270-290 s; the
+#     if both fit: ~130 s; BUDGET_S=300 runs them, ~270-290 s; BUDGET_S=350
+#     adds thr_256x1k_fp8_mbt16k, 16K-token chunks; the
 #     8B dummy load costs ~35 s per row); each row reports the copy
 #     bandwidth measured in its process. ONLY="name ..." picks rows.
 # Prints a table at the end; logs + JSON under $OUT.
@@ -100,6 +101,8 @@ CASES=(
   "thr_256x1k_fp8|48|$ACT FP8KV_PREFILL_PROFILE=1 FP8KV_PREFILL_PROFILE_SKIP=2 FP8KV_PREFILL_PROFILE_STEPS=4|throughput --num-prompts 256 --input-len 1024 --output-len 128 --num-iters-warmup 0 --kv-cache-dtype fp8"
   "lat_b32_16k_fp8|135|$ACT FP8KV_PREFILL_PROFILE=1 FP8KV_PREFILL_PROFILE_SKIP=3 FP8KV_PREFILL_PROFILE_STEPS=2|latency --batch-size 32 --input-len 16384 --output-len 128 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8"
   "lat_b32_16k_bf16|65|$ACT|latency --batch-size 32 --input-len 16384 --output-len 128 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype bf16"
+  # Larger prefill chunks (16 prompts of 1K per step instead of 8): only with a larger BUDGET_S.
+  "thr_256x1k_fp8_mbt16k|48|$ACT|throughput --num-prompts 256 --input-len 1024 --output-len 128 --num-iters-warmup 0 --kv-cache-dtype fp8 --max-num-batched-tokens 16384"
 )
 phase bench
 for c in "${CASES[@]}"; do
@@ -131,7 +134,7 @@ def get(n, k=None):
     except Exception:
         return None
 print(f"{'case':18} {'ms/step':>8} {'dec tok/s':>9} {'out tok/s':>9} {'TTFT ms':>8} {'copy GB/s':>9} {'floor':>6}")
-for n in ["ttft_8k_fp8", "thr_256x1k_fp8", "lat_b32_16k_fp8", "lat_b32_16k_bf16"]:
+for n in ["ttft_8k_fp8", "thr_256x1k_fp8", "lat_b32_16k_fp8", "lat_b32_16k_bf16", "thr_256x1k_fp8_mbt16k"]:
     j = get(n)
     if not j:
         print(f"{n:18} (no result)"); continue
@@ -144,6 +147,9 @@ if t:
 o = get("thr_256x1k_fp8", "output_tokens_per_s")
 if o:
     print(f"throughput 256 x 1K: {o:.0f} out tok/s (target ~3,700; run I 3,575, bf16 act 3,610)")
+m = get("thr_256x1k_fp8_mbt16k", "output_tokens_per_s")
+if o and m:
+    print(f"throughput 256 x 1K: --max-num-batched-tokens 16384 {m:.0f} out tok/s ({m / o:.3f}x of 8192)")
 for k in ("decode_tokens_per_s", "full_batch_decode_tokens_per_s"):
     a, b = get("lat_b32_16k_fp8", k), get("lat_b32_16k_bf16", k)
     if a and b:
