@@ -164,10 +164,10 @@ except Exception as e:
     print("prefill_gemm.json:", e)
 for f in ["score_summary.txt"] + [os.path.basename(p) for p in sorted(glob.glob(os.path.join(out, "*.profile.txt")))]:
     p = os.path.join(out, f)
-    if os.path.exists(p):
-        lines = open(p).read().splitlines()
+    lines = open(p).read().splitlines() if os.path.exists(p) else []
+    if lines:
         print(f"== {f}")
-        print("\n".join(lines[:60]))
+        print("\n".join(l.replace("prefill profile: ", "") for l in lines[:100]))
 for v in ("bf16act", "default"):
     p = os.path.join(out, f"tests_{v}.log")
     if os.path.exists(p):
