@@ -43,7 +43,7 @@ cmake -S . -B $BUILD -G Ninja -DFP8KV_CUDA=ON -DFP8KV_WERROR=OFF -DCMAKE_BUILD_T
 FP8KV=$BUILD/fp8kv
 [ -x $FP8KV ] || { echo "build failed: no $FP8KV"; exit 1; }
 
-TESTS='*CudaGoldenHd64*:CudaEngine.*:CudaGraphs.*:Families/CudaBackendVsCpu.*:CudaOps.GemmBf16OutAndActBf16In:CudaOps.LinearMatchesCpu'
+TESTS='*CudaGoldenHd64*:CudaEngine.*:CudaGraphs.*:Families/CudaBackendVsCpu.*:CudaOps.GemmBf16OutAndActBf16In:CudaOps.LinearMatchesCpu:CudaOps.PrefillProfileCountsOpsPerStep'
 if [ -x $BUILD/tests/test_cuda_ops ]; then
   phase "tests (FP8KV_PREFILL_BF16_ACT=1, then unset)"
   for v in bf16act default; do
