@@ -162,6 +162,19 @@ try:
             print(f"gemm {c['shape']:12} T={c['t']:5} {c['tflops']:6.1f} TFLOP/s (best of 16: {best[0]['tflops'] if best else 0:6.1f})")
 except Exception as e:
     print("prefill_gemm.json:", e)
+# The TTFT step's GEMMs in the engine (profile) next to the same shape alone (bench_prefill_gemm, T = 8192).
+import re
+try:
+    g = json.load(open(os.path.join(out, "prefill_gemm.json")))["cases"]
+    alone = {(c["n"], c["k"], c["shape"].endswith("bf16")): c["tflops"] for c in g if c["t"] == 8192 and c["algo"] == "heur"}
+    step = open(os.path.join(out, "ttft_8k_fp8.profile.txt")).read().split("total")[0]
+    for m in re.finditer(r"gemm N=(\d+) K=(\d+)( bf16 out)?\s+(\d+) calls\s+([\d.]+) ms\s+([\d.]+)%\s+([\d.]+) TFLOP/s", step):
+        n, k, b = int(m.group(1)), int(m.group(2)), bool(m.group(3))
+        a = alone.get((n, k, b))
+        print(f"TTFT step gemm N={n:6} K={k:6}{' bf16 out' if b else '         '}: {float(m.group(5)):8.2f} ms, engine {float(m.group(7)):6.1f} TFLOP/s"
+              + (f", alone {a:6.1f} ({float(m.group(7)) / a:.2f})" if a else ""))
+except Exception as e:
+    print("gemm engine vs alone:", e)
 for f in ["score_summary.txt"] + [os.path.basename(p) for p in sorted(glob.glob(os.path.join(out, "*.profile.txt")))]:
     p = os.path.join(out, f)
     lines = open(p).read().splitlines() if os.path.exists(p) else []
