@@ -140,6 +140,19 @@ for n in ["ttft_8k_fp8", "thr_256x1k_fp8", "lat_b32_16k_fp8", "lat_b32_16k_bf16"
         print(f"{n:18} (no result)"); continue
     print(f"{n:18} {j.get('decode_ms_per_step', 0):8.3f} {j.get('decode_tokens_per_s', 0):9.1f} "
           f"{j.get('output_tokens_per_s', 0):9.1f} {j.get('ttft_ms', 0):8.1f} {j.get('copy_gbps', 0):9.0f} {j.get('floor_fraction', 0):6.3f}")
+# Model load per row (the dummy weights' log line to the KV budget line): the fixed cost of each row.
+import datetime, re as _re
+for n in ["ttft_8k_fp8", "thr_256x1k_fp8", "lat_b32_16k_fp8", "lat_b32_16k_bf16", "thr_256x1k_fp8_mbt16k"]:
+    try:
+        ts = {}
+        for l in open(os.path.join(out, n + ".log")):
+            m = _re.match(r"\[(\d+-\d+-\d+ \d+:\d+:\d+\.\d+)\]", l)
+            if m and ("dummy" in l or "KV budget" in l):
+                ts["dummy" if "dummy" in l else "kv"] = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S.%f")
+        if len(ts) == 2:
+            print(f"{n}: model load (dummy weights + upload) {(ts['kv'] - ts['dummy']).total_seconds():.1f} s")
+    except Exception:
+        pass
 t = get("ttft_8k_fp8", "ttft_ms")
 if t:
     # Run I's floor: GEMMs at 790 TFLOP/s (156 ms) + 32 layers of 8K causal attention at SDPA's speed (29.5 ms).
