@@ -361,7 +361,7 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, T
     bad("linear", fmt::format("x {}, W {}, y {}", shape(x), shape(w), shape(y)));
   const cuda::DeviceMatrix W = matrix(w, "linear");
   const float* bp = opt_vec(bias, w.rows, "linear", "bias");
-  cuda::PrefillProfile::Scope ps(prof_.get(), prof_ ? fmt::format("gemm N={} K={}", w.rows, w.cols) : std::string(),
+  cuda::PrefillProfile::Scope ps(prof_.get(), prof_ && prof_->active() ? fmt::format("gemm N={} K={}", w.rows, w.cols) : std::string(),
                                  2.0 * static_cast<double>(x.rows) * static_cast<double>(w.rows) * static_cast<double>(w.cols));
   const uint16_t* xb = to_bf16_input(x, "linear");
   if (y.dtype == ScalarType::f32) {
@@ -556,7 +556,7 @@ void CudaBackend::linear_gated_act(Activation act, const Tensor& x, const Tensor
         (out.dtype == ScalarType::bf16 || out.dtype == ScalarType::f32) && out.data) {
       auto* gu = static_cast<uint16_t*>(gate_up.data);  // [T][2I] bf16 in the f32 buffer's first half
       {
-        cuda::PrefillProfile::Scope ps(prof_.get(), prof_ ? fmt::format("gemm N={} K={} bf16 out", w.rows, w.cols) : std::string(),
+        cuda::PrefillProfile::Scope ps(prof_.get(), prof_ && prof_->active() ? fmt::format("gemm N={} K={} bf16 out", w.rows, w.cols) : std::string(),
                                        2.0 * static_cast<double>(T) * static_cast<double>(w.rows) * static_cast<double>(w.cols));
         gemm_->linear_bf16_out(static_cast<const uint16_t*>(x.data), T, matrix(w, "linear_gated_act"), gu, stream_);
       }
