@@ -50,6 +50,15 @@ void same_shape(const char* op, const Tensor& a, const Tensor& b) {
 
 size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 
+// FP8KV_PREFILL_PROFILE (prefill_profile.h): a GEMM's class key (by weight
+// shape; formatted only on profiled steps) and FLOPs.
+std::string gemm_key(const cuda::PrefillProfile* p, const Tensor& w, const char* suffix = "") {
+  return p && p->active() ? fmt::format("gemm N={} K={}{}", w.rows, w.cols, suffix) : std::string();
+}
+double gemm_flops(int64_t T, const Tensor& w) {
+  return 2.0 * static_cast<double>(T) * static_cast<double>(w.rows) * static_cast<double>(w.cols);
+}
+
 }  // namespace
 
 bool cuda_device_available() { return cuda::cuda_device_available(); }
@@ -76,7 +85,8 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const BackendOptions& opts)
   FP8KV_CU(cudaSetDevice(device_));
   FP8KV_CU(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   gemm_ = std::make_unique<cuda::Gemm>();
-  if (const int n = cuda::PrefillProfile::threshold_from_env(); n > 0) prof_ = std::make_unique<cuda::PrefillProfile>(n);
+  if (const int n = cuda::PrefillProfile::threshold_from_env(); n > 0)
+    prof_ = std::make_unique<cuda::PrefillProfile>(n);  // FP8KV_PREFILL_PROFILE
   cuda::upload_f32(rope_full_.inv_freq(), inv_freq_full_);
   cuda::upload_f32(rope_sliding_.inv_freq(), inv_freq_sliding_);
 }
@@ -361,8 +371,7 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, T
     bad("linear", fmt::format("x {}, W {}, y {}", shape(x), shape(w), shape(y)));
   const cuda::DeviceMatrix W = matrix(w, "linear");
   const float* bp = opt_vec(bias, w.rows, "linear", "bias");
-  cuda::PrefillProfile::Scope ps(prof_.get(), prof_ && prof_->active() ? fmt::format("gemm N={} K={}", w.rows, w.cols) : std::string(),
-                                 2.0 * static_cast<double>(x.rows) * static_cast<double>(w.rows) * static_cast<double>(w.cols));
+  cuda::PrefillProfile::Scope ps(prof_.get(), gemm_key(prof_.get(), w), gemm_flops(x.rows, w));
   const uint16_t* xb = to_bf16_input(x, "linear");
   if (y.dtype == ScalarType::f32) {
     gemm_->linear(xb, x.rows, W, bp, static_cast<float*>(y.data), false, stream_);
@@ -556,8 +565,7 @@ void CudaBackend::linear_gated_act(Activation act, const Tensor& x, const Tensor
         (out.dtype == ScalarType::bf16 || out.dtype == ScalarType::f32) && out.data) {
       auto* gu = static_cast<uint16_t*>(gate_up.data);  // [T][2I] bf16 in the f32 buffer's first half
       {
-        cuda::PrefillProfile::Scope ps(prof_.get(), prof_ && prof_->active() ? fmt::format("gemm N={} K={} bf16 out", w.rows, w.cols) : std::string(),
-                                       2.0 * static_cast<double>(T) * static_cast<double>(w.rows) * static_cast<double>(w.cols));
+        cuda::PrefillProfile::Scope ps(prof_.get(), gemm_key(prof_.get(), w, " bf16 out"), gemm_flops(T, w));
         gemm_->linear_bf16_out(static_cast<const uint16_t*>(x.data), T, matrix(w, "linear_gated_act"), gu, stream_);
       }
       cuda::PrefillProfile::Scope ps(prof_.get(), "act (bf16 in)");
