@@ -551,14 +551,16 @@ void CudaBackend::linear_gated_act(Activation act, const Tensor& x, const Tensor
   const cuda::DeviceMatrix W = fuse ? matrix(w, "linear_gated_act") : cuda::DeviceMatrix{};
   const uint16_t* xb = fuse ? static_cast<const uint16_t*>(x.data) : nullptr;
   if (!fuse || !cuda::gemv_bf16_fits(xb, T, W) || !out.data) {
-    // FP8KV_PREFILL_BF16_ACT=1 (off by default): past the GEMV rows, the
-    // gate|up GEMM writes bf16 (half the bytes of the widest GEMM output,
-    // written and read back once per layer) and the activation reads bf16;
-    // gate and up are rounded to bf16 before the activation, as in a bf16
-    // transformers model. Only without a bias (Llama / Qwen / Gemma MLPs).
+    // FP8KV_PREFILL_BF16_ACT (default on since 2026-12-01; =0 turns it off):
+    // past the GEMV rows, the gate|up GEMM writes bf16 (half the bytes of
+    // the widest GEMM output, written and read back once per layer) and the
+    // activation reads bf16; gate and up are rounded to bf16 before the
+    // activation, as in a bf16 transformers model. The residual stream and
+    // q/k/v stay fp32. Only without a bias (Llama / Qwen / Gemma MLPs).
+    // GPU accuracy with it on: docs/cuda_backend.md "Prefill/TTFT (2026-12-01)".
     static const bool bf16_act = [] {
       const char* e = std::getenv("FP8KV_PREFILL_BF16_ACT");
-      return e && std::atoi(e) > 0;
+      return !e || std::atoi(e) > 0;
     }();
     if (bf16_act && bias.empty() && x.dtype == ScalarType::bf16 && T > gemm_->gemv_max_rows() && w.rows % 2 == 0 &&
         out.rows == T && out.cols * 2 == w.rows && gate_up.data && gate_up.numel() == T * w.rows &&
