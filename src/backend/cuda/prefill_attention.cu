@@ -14,6 +14,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/prefill_common.cuh"
 #include "backend/cuda/prefill_wgmma.h"
 
 namespace fp8kv::cuda {
@@ -90,6 +91,11 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams p
   const int64_t row_bytes = static_cast<int64_t>(p.num_kv_heads) * D * EB;
   const int64_t head_off = static_cast<int64_t>(kvh) * D * EB;
   const int32_t* bt = p.block_tables + static_cast<int64_t>(b) * p.max_blocks_per_seq;
+  // Byte offset of key j's row (PageMap's arithmetic without its power-of-two
+  // path: PageMap's extra registers make prefill_kernel<256> spill).
+  auto slot_off = [&](int j) {
+    return (static_cast<int64_t>(bt[j / p.block_size]) * p.block_size + j % p.block_size) * row_bytes + head_off;
+  };
 
   // This warp's rows: queries qtile*64 + warp*16 + {g, g+8}.
   const int qi0 = qtile * kQTile + warp * 16 + g;
@@ -146,8 +152,7 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams p
     for (int i = 0; i < LOADS; ++i) {
       const int c = tid + i * kThreads, key = c / CH, ch = c % CH, j = j0 + key;
       if (j >= kv_lo && j < kv_hi) {
-        const int64_t blk = bt[j / p.block_size];
-        const int64_t off = (blk * p.block_size + j % p.block_size) * row_bytes + head_off + ch * 16;
+        const int64_t off = slot_off(j) + ch * 16;
         rk[i] = ld_stream16(p.k_cache + off);
         rv[i] = ld_stream16(p.v_cache + off);
       } else {
@@ -192,8 +197,7 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams p
       const bool ok = j >= kv_lo && j < kv_hi;
       int64_t off = 0;
       if (ok) {
-        const int64_t blk = bt[j / p.block_size];
-        off = (blk * p.block_size + j % p.block_size) * row_bytes + head_off + ch * 16;
+        off = slot_off(j) + ch * 16;
       }
       uint16_t* kb = sk + buf * 2 * KT * PITCH;
       cp_async16_zfill(kb + key * PITCH + ch * 8, p.k_cache + off, ok);
@@ -304,26 +308,7 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams p
   }
 
   const float vs = DT == kBf16 ? 1.0f : p.v_scale[p.v_scale_count == 1 ? 0 : kvh];
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    float L = l[rr];
-    L += __shfl_xor_sync(0xffffffffu, L, 1);
-    L += __shfl_xor_sync(0xffffffffu, L, 2);
-    if (!qvalid[rr]) continue;
-    const float f = L > 0.0f ? vs / L : 0.0f;
-    const int64_t base = (static_cast<int64_t>(q0 + qi0 + rr * 8) * p.num_heads + h) * D;
-#pragma unroll
-    for (int i = 0; i < ONT; ++i) {
-      const int d = i * 8 + 2 * t;
-      if (p.out_bf16) {
-        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.out) + base + d) =
-            __floats2bfloat162_rn(o[i][rr * 2] * f, o[i][rr * 2 + 1] * f);
-      } else {
-        *reinterpret_cast<float2*>(static_cast<float*>(p.out) + base + d) =
-            make_float2(o[i][rr * 2] * f, o[i][rr * 2 + 1] * f);
-      }
-    }
-  }
+  store_o_rows<D>(p, q0 + qi0, h, t, l, qvalid, vs, [&](int i, int rr, int e) { return o[i][rr * 2 + e]; });
 }
 
 template <int D, int DT>

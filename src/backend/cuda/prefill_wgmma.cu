@@ -18,6 +18,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "backend/cuda/prefill_common.cuh"
 #include "backend/cuda/prefill_wgmma.h"
 #include "backend/cuda/wgmma.cuh"
 
@@ -55,6 +56,7 @@ static_assert(wg_smem<128, 2, false>() <= 227 * 1024 && 2 * wg_smem<64, 1, false
 struct WgParams : PagedKvParams {
   const int32_t* q_start;
   int num_q_tiles;
+  int batch;
 };
 
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
@@ -143,9 +145,6 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1) prefill_wgmma_ker
   const int ctx = p.context_lens[b];
   const int pos0 = ctx - nq;
   const int kvh = h / p.group;
-  const int64_t row_bytes = static_cast<int64_t>(p.num_kv_heads) * kD * EB;
-  const int64_t head_off = static_cast<int64_t>(kvh) * kD * EB;
-  const int32_t* bt = p.block_tables + static_cast<int64_t>(b) * p.max_blocks_per_seq;
 
   // This thread's rows: CTA rows r0 and r0 + 8.
   const int r0 = wg * 64 + wwarp * 16 + g;
@@ -185,15 +184,7 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1) prefill_wgmma_ker
   for (int i = 0; i < 64; ++i) o[i] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
-  // Byte offset of key j's row of this KV head (block sizes are multiples of
-  // 16; powers of two, the usual case, avoid the integer division).
-  const bool bs_pow2 = (p.block_size & (p.block_size - 1)) == 0;
-  const int bs_shift = __ffs(p.block_size) - 1;
-  auto slot_off = [&](int j) {
-    const int blk = bs_pow2 ? j >> bs_shift : j / p.block_size;
-    const int in_blk = bs_pow2 ? j & (p.block_size - 1) : j % p.block_size;
-    return (static_cast<int64_t>(bt[blk]) * p.block_size + in_blk) * row_bytes + head_off;
-  };
+  const PageMap pm(p, b, kvh, kD, EB);  // byte offset of key j's row: pm.slot_off(j)
   // Copies of tile j0 into ring stage `st` (one commit group), zero-filled
   // outside [kv_lo, kv_hi): unwritten / freed slots may hold NaN.
   auto issue = [&](int j0, int st) {
@@ -204,7 +195,7 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1) prefill_wgmma_ker
         const int c = tid + i * kWThreads, key = c / 16, ch = c % 16, j = j0 + key;
         const bool ok = j >= kv_lo && j < kv_hi;
         int64_t off = 0;
-        if (ok) off = slot_off(j) + ch * 16;
+        if (ok) off = pm.slot_off(j) + ch * 16;
         cp_async16(dk + swz_chunk(kKT, key, ch), p.k_cache + off, ok);
         cp_async16(dv + swz_chunk(kKT, key, ch), p.v_cache + off, ok);
       }
@@ -215,7 +206,7 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1) prefill_wgmma_ker
         const int c = tid + i * kWThreads, key = c / 8, ch = c % 8, j = j0 + key;
         const bool ok = j >= kv_lo && j < kv_hi;
         int64_t off = 0;
-        if (ok) off = slot_off(j) + ch * 16;
+        if (ok) off = pm.slot_off(j) + ch * 16;
         cp_async16(dk + key * 128 + ch * 16, p.k_cache + off, ok);
         cp_async16(dv + key * 128 + ch * 16, p.v_cache + off, ok);
       }
@@ -392,26 +383,7 @@ __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1) prefill_wgmma_ker
   }
 
   const float vs = DT == kBf16 ? 1.0f : p.v_scale[p.v_scale_count == 1 ? 0 : kvh];
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    float L = l[rr];
-    L += __shfl_xor_sync(0xffffffffu, L, 1);
-    L += __shfl_xor_sync(0xffffffffu, L, 2);
-    if (!qvalid[rr]) continue;
-    const float f = L > 0.0f ? vs / L : 0.0f;
-    const int64_t base = (static_cast<int64_t>(q0 + qi0 + rr * 8) * p.num_heads + h) * kD;
-#pragma unroll
-    for (int i = 0; i < kD / 8; ++i) {
-      const int d = i * 8 + 2 * t;
-      if (p.out_bf16) {
-        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.out) + base + d) =
-            __floats2bfloat162_rn(o[4 * i + rr * 2] * f, o[4 * i + rr * 2 + 1] * f);
-      } else {
-        *reinterpret_cast<float2*>(static_cast<float*>(p.out) + base + d) =
-            make_float2(o[4 * i + rr * 2] * f, o[4 * i + rr * 2 + 1] * f);
-      }
-    }
-  }
+  store_o_rows<kD>(p, q0 + qi0, h, t, l, qvalid, vs, [&](int i, int rr, int e) { return o[4 * i + rr * 2 + e]; });
 }
 
 template <int DT, int KT, int NWG, bool PIPE, int NST>
@@ -440,6 +412,8 @@ void launch_wgmma_t(const WgParams& p, dim3 grid, cudaStream_t stream) {
 // their barrier counts match. Softmax: exp2 by ex2.approx.ftz with the score
 // scale folded into one FFMA; softcap and masking branch per tile.
 constexpr int kWsProducerRegs = 40, kWsConsumerRegs = 232;  // 40*128 + 232*256 = 168*384
+// PF / PERS: the producer keeps block ids and the work item in registers.
+constexpr int kWsProducerRegsPf = 56, kWsConsumerRegsPf = 224;  // 56*128 + 224*256 = 168*384
 template <int DT, int KT>
 __host__ __device__ constexpr int ws_stages() { return KT == 128 ? (DT == kBf16 ? 3 : 2) : 4; }
 template <int DT, int KT>
@@ -451,8 +425,19 @@ static_assert(ws_smem<kBf16, 128>() <= 227 * 1024 && ws_smem<kE4m3, 128>() <= 22
                   ws_smem<kBf16, 64>() <= 227 * 1024 && ws_smem<kE4m3, 64>() <= 227 * 1024,
               "ws shared memory");
 
-template <int DT, int KT, bool PP>
+// PF (wsf, wsl): the producer loads the block ids (one per 16-key group) of
+// tile i + 1 into registers right after issuing tile i's copies, so no
+// block-table load sits between the copies of consecutive tiles.
+// PERS (wsl): persistent grid, one CTA per SM walks work items (head, query
+// tile, sequence) ordered heads fastest, then sequences, then query tiles
+// from the last (longest) one; CTA c takes item r G + c in even rounds r and
+// r G + G - 1 - c in odd ones (G CTAs), so the per-CTA sums of the linearly
+// shrinking causal items balance over each pair of rounds. The mbarrier ring
+// runs on across items (tile counters continue), so the producer gathers the
+// next item's first tiles while the consumers finish the current one.
+template <int DT, int KT, bool PP, bool PF = false, bool PERS = false>
 __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
+  static_assert(!(PP && PERS), "the persistent kernel has no ping-pong");
   constexpr int EB = DT == kBf16 ? 2 : 1;
   constexpr int kBM = 128;
   constexpr int NS = ws_stages<DT, KT>();
@@ -475,21 +460,6 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
   auto empty_v = [&](int s) { return bar0 + 8 * (3 * NS + s); };
 
   const int tid = threadIdx.x;
-  const int h = blockIdx.x;
-  const int qtile = p.num_q_tiles - 1 - static_cast<int>(blockIdx.y);  // longest (latest) tiles first
-  const int b = blockIdx.z;
-  const int q0 = p.q_start[b], nq = p.q_start[b + 1] - q0;
-  if (qtile * kBM >= nq) return;
-  const int ctx = p.context_lens[b];
-  const int pos0 = ctx - nq;
-  const int kvh = h / p.group;
-  const int cta_first_q = pos0 + qtile * kBM;
-  const int cta_last_q = pos0 + min(nq, (qtile + 1) * kBM) - 1;
-  const int kv_lo = p.window > 0 ? max(0, cta_first_q - p.window + 1) : 0;
-  const int kv_hi = cta_last_q + 1;
-  const int tile_lo = kv_lo / KT * KT;
-  const int ntiles = (kv_hi - tile_lo + KT - 1) / KT;
-
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < NS; ++s) {
@@ -501,191 +471,183 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
   }
   __syncthreads();
 
+  // One work item: query tile qtile (128 rows) of head h of sequence b.
+  struct Item {
+    int h, qtile, b, q0, nq, pos0, kvh, kv_lo, kv_hi, tile_lo, ntiles;
+  };
+  [[maybe_unused]] const int num_items = PERS ? p.num_heads * p.batch * p.num_q_tiles : 1;
+  // Item of round r (false past the end); w.ntiles == 0: an empty item.
+  auto item = [&](int r, Item& w) {
+    if constexpr (PERS) {
+      const int G = gridDim.x, c = blockIdx.x;
+      const int k = r * G + ((r & 1) ? G - 1 - c : c);
+      if (k >= num_items) return false;
+      w.h = k % p.num_heads;
+      const int rest = k / p.num_heads;
+      w.b = rest % p.batch;
+      w.qtile = p.num_q_tiles - 1 - rest / p.batch;  // longest (latest) tiles first
+    } else {
+      if (r > 0) return false;
+      w.h = blockIdx.x;
+      w.qtile = p.num_q_tiles - 1 - static_cast<int>(blockIdx.y);  // longest (latest) tiles first
+      w.b = blockIdx.z;
+    }
+    w.q0 = p.q_start[w.b];
+    w.nq = p.q_start[w.b + 1] - w.q0;
+    w.ntiles = 0;
+    if (w.qtile * kBM >= w.nq) return true;
+    w.pos0 = p.context_lens[w.b] - w.nq;
+    w.kvh = w.h / p.group;
+    const int cta_first_q = w.pos0 + w.qtile * kBM;
+    const int cta_last_q = w.pos0 + min(w.nq, (w.qtile + 1) * kBM) - 1;
+    w.kv_lo = p.window > 0 ? max(0, cta_first_q - p.window + 1) : 0;
+    w.kv_hi = cta_last_q + 1;
+    w.tile_lo = w.kv_lo / KT * KT;
+    w.ntiles = (w.kv_hi - w.tile_lo + KT - 1) / KT;
+    return true;
+  };
+
   if (tid < 128) {
     // ---- producer ----
-    setmaxnreg_dec<kWsProducerRegs>();
-    const int64_t row_bytes = static_cast<int64_t>(p.num_kv_heads) * kD * EB;
-    const int64_t head_off = static_cast<int64_t>(kvh) * kD * EB;
-    const int32_t* bt = p.block_tables + static_cast<int64_t>(b) * p.max_blocks_per_seq;
-    const bool bs_pow2 = (p.block_size & (p.block_size - 1)) == 0;
-    const int bs_shift = __ffs(p.block_size) - 1;
-    auto slot_off = [&](int j) {
-      const int blk = bs_pow2 ? j >> bs_shift : j / p.block_size;
-      const int in_blk = bs_pow2 ? j & (p.block_size - 1) : j % p.block_size;
-      return (static_cast<int64_t>(bt[blk]) * p.block_size + in_blk) * row_bytes + head_off;
-    };
-    if constexpr (DT == kBf16) {
-      auto issue = [&](int it) {
-        const int j0 = tile_lo + it * KT;
-        const uint32_t dk = smem_u32(sKV + (it % NS) * 2 * kTileBytes), dv = dk + kTileBytes;
-        // Keys j and j + 8 per step: j % 16 < 8 (j0 is a multiple of 16), so
-        // both sit in one page (pages are multiples of 16 tokens): one
-        // block-table lookup for two keys.
-#pragma unroll 4
-        for (int i = 0; i < KT * 16 / 128; i += 2) {
-          const int c = tid + i * 128, key = c / 16, ch = c % 16, j = j0 + key;
-          const bool ok0 = j >= kv_lo && j < kv_hi, ok1 = j + 8 >= kv_lo && j + 8 < kv_hi;
-          int64_t off = 0;
-          if (ok0 || ok1) off = slot_off(j) + ch * 16;
-          const int64_t off0 = ok0 ? off : 0, off1 = ok1 ? off + 8 * row_bytes : 0;
-          cp_async16(dk + swz_chunk(KT, key, ch), p.k_cache + off0, ok0);
-          cp_async16(dv + swz_chunk(KT, key, ch), p.v_cache + off0, ok0);
-          cp_async16(dk + swz_chunk(KT, key + 8, ch), p.k_cache + off1, ok1);
-          cp_async16(dv + swz_chunk(KT, key + 8, ch), p.v_cache + off1, ok1);
-        }
-        cp_async_commit();
-      };
-      // Tiles NS - 1 ahead; tile it + NS - 1 reuses the stage of tile it - 1.
+    setmaxnreg_dec<PF || PERS ? kWsProducerRegsPf : kWsProducerRegs>();
+    int gbase = 0;  // ring position: tiles of the earlier items
+    Item w;
+    for (int r = 0; item(r, w); ++r) {
+      if (w.ntiles == 0) continue;
+      const PageMap pm(p, w.b, w.kvh, kD, EB);
+      // PF: block ids of this thread's 16-key groups of a tile (0 for a
+      // group outside [kv_lo, kv_hi): never used).
+      constexpr int NG = DT == kBf16 ? KT / 16 : KT / 32;
+      auto group_of = [&](int gi) { return DT == kBf16 ? gi : (tid >> 6) + 2 * gi; };
+      auto load_ids = [&](int it, int32_t(&ids)[NG]) {
+        const int j0 = w.tile_lo + it * KT;
 #pragma unroll
-      for (int k = 0; k < NS - 1; ++k) {
-        if (k < ntiles) issue(k);
-        else cp_async_commit();
-      }
-      for (int it = 0; it < ntiles; ++it) {
-        cp_async_wait<NS - 2>();  // this thread's copies of tile it
-        fence_proxy_async();
-        mbar_arrive(full(it % NS));
-        const int nx = it + NS - 1;
-        if (nx < ntiles) {
-          mbar_wait(empty(nx % NS), ((nx / NS) & 1) ^ 1);
-          issue(nx);
-        } else {
-          cp_async_commit();
+        for (int gi = 0; gi < NG; ++gi) {
+          const int jg = j0 + 16 * group_of(gi);
+          ids[gi] = jg < w.kv_hi && jg + 16 > w.kv_lo ? pm.bt[pm.block_of(jg)] : 0;
         }
-      }
-    } else {
-      auto issue_raw = [&](int it) {
-        const int j0 = tile_lo + it * KT;
-        const uint32_t dk = smem_u32(sRaw + (it & 1) * 2 * kRawBytes), dv = dk + kRawBytes;
-        // As for bf16: keys key and key + 8 share one 16-key group, so one
-        // page and one block-table lookup. The conversion below walks the
-        // same (key, chunk) pairs, so a thread converts only its own copies.
-#pragma unroll 2
-        for (int i = 0; i < KT * 4 / 128; ++i) {
-          const int c = tid + i * 128, q = c / 8, ch = c % 8, key = (q >> 3) * 16 + (q & 7), j = j0 + key;
-          const bool ok0 = j >= kv_lo && j < kv_hi, ok1 = j + 8 >= kv_lo && j + 8 < kv_hi;
-          int64_t off = 0;
-          if (ok0 || ok1) off = slot_off(j) + ch * 16;
-          const int64_t off0 = ok0 ? off : 0, off1 = ok1 ? off + 8 * row_bytes : 0;
-          cp_async16(dk + key * 128 + ch * 16, p.k_cache + off0, ok0);
-          cp_async16(dv + key * 128 + ch * 16, p.v_cache + off0, ok0);
-          cp_async16(dk + (key + 8) * 128 + ch * 16, p.k_cache + off1, ok1);
-          cp_async16(dv + (key + 8) * 128 + ch * 16, p.v_cache + off1, ok1);
-        }
-        cp_async_commit();
       };
-      issue_raw(0);
-      for (int it = 0; it < ntiles; ++it) {
-        if (it + 1 < ntiles) issue_raw(it + 1);  // its staging held tile it - 1, converted by this thread
-        else cp_async_commit();
-        cp_async_wait<1>();  // this thread's copies of tile it
-        const int st = it % NS;
-        const uint8_t* rk = sRaw + (it & 1) * 2 * kRawBytes;
-        uint8_t* dst = sKV + st * 2 * kTileBytes;
-        // K half (once K of tile it - NS is released), then the V half.
-#pragma unroll 1
-        for (int kv = 0; kv < 2; ++kv) {
-          mbar_wait(kv == 0 ? empty(st) : empty_v(st), ((it / NS) & 1) ^ 1);
-#pragma unroll 2
-          for (int i = 0; i < KT * 8 / 128; ++i) {
-            const int c = tid + (i >> 1) * 128, q = c / 8, ch = c % 8, key = (q >> 3) * 16 + (q & 7) + (i & 1) * 8;
-            const uint4 w4 = *reinterpret_cast<const uint4*>(rk + kv * kRawBytes + key * 128 + ch * 16);
-            const uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
-            uint32_t hw[8];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              hw[2 * e] = fp8x2_to_f16x2<DT>(w[e]);
-              hw[2 * e + 1] = fp8x2_to_f16x2<DT>(w[e] >> 16);
-            }
-            uint8_t* d = dst + kv * kTileBytes;
-            *reinterpret_cast<uint4*>(d + swz_chunk(KT, key, 2 * ch)) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
-            *reinterpret_cast<uint4*>(d + swz_chunk(KT, key, 2 * ch + 1)) = make_uint4(hw[4], hw[5], hw[6], hw[7]);
+      int32_t ids[NG];
+      if constexpr (PF) load_ids(0, ids);
+      if constexpr (DT == kBf16) {
+        auto issue = [&](int it) {
+          const int j0 = w.tile_lo + it * KT;
+          const uint32_t dk = smem_u32(sKV + ((gbase + it) % NS) * 2 * kTileBytes), dv = dk + kTileBytes;
+          // Keys j and j + 8 per step: j % 16 < 8 (j0 is a multiple of 16), so
+          // both sit in one page (pages are multiples of 16 tokens): one
+          // block-table lookup for two keys.
+#pragma unroll PF ? 8 : 4
+          for (int i = 0; i < KT * 16 / 128; i += 2) {
+            const int c = tid + i * 128, key = c / 16, ch = c % 16, j = j0 + key;
+            const bool ok0 = j >= w.kv_lo && j < w.kv_hi, ok1 = j + 8 >= w.kv_lo && j + 8 < w.kv_hi;
+            int64_t off = 0;
+            if (ok0 || ok1) off = (PF ? pm.slot_off_in(ids[i / 2], j) : pm.slot_off(j)) + ch * 16;
+            const int64_t off0 = ok0 ? off : 0, off1 = ok1 ? off + 8 * pm.row_bytes : 0;
+            cp_async16(dk + swz_chunk(KT, key, ch), p.k_cache + off0, ok0);
+            cp_async16(dv + swz_chunk(KT, key, ch), p.v_cache + off0, ok0);
+            cp_async16(dk + swz_chunk(KT, key + 8, ch), p.k_cache + off1, ok1);
+            cp_async16(dv + swz_chunk(KT, key + 8, ch), p.v_cache + off1, ok1);
           }
+          cp_async_commit();
+          if constexpr (PF) {
+            if (it + 1 < w.ntiles) load_ids(it + 1, ids);
+          }
+        };
+        // Tiles NS - 1 ahead; tile it + NS - 1 reuses the stage of tile it - 1
+        // (the first use of a stage waits on a fresh barrier: returns at once).
+#pragma unroll
+        for (int k = 0; k < NS - 1; ++k) {
+          if (k < w.ntiles) {
+            mbar_wait(empty((gbase + k) % NS), (((gbase + k) / NS) & 1) ^ 1);
+            issue(k);
+          } else {
+            cp_async_commit();
+          }
+        }
+        for (int it = 0; it < w.ntiles; ++it) {
+          cp_async_wait<NS - 2>();  // this thread's copies of tile it
           fence_proxy_async();
-          mbar_arrive(kv == 0 ? full(st) : full_v(st));
+          mbar_arrive(full((gbase + it) % NS));
+          const int nx = it + NS - 1;
+          if (nx < w.ntiles) {
+            mbar_wait(empty((gbase + nx) % NS), (((gbase + nx) / NS) & 1) ^ 1);
+            issue(nx);
+          } else {
+            cp_async_commit();
+          }
+        }
+      } else {
+        auto issue_raw = [&](int it) {
+          const int j0 = w.tile_lo + it * KT;
+          const uint32_t dk = smem_u32(sRaw + ((gbase + it) & 1) * 2 * kRawBytes), dv = dk + kRawBytes;
+          // As for bf16: keys key and key + 8 share one 16-key group, so one
+          // page and one block-table lookup. The conversion below walks the
+          // same (key, chunk) pairs, so a thread converts only its own copies.
+#pragma unroll PF ? 4 : 2
+          for (int i = 0; i < KT * 4 / 128; ++i) {
+            const int c = tid + i * 128, q = c / 8, ch = c % 8, key = (q >> 3) * 16 + (q & 7), j = j0 + key;
+            const bool ok0 = j >= w.kv_lo && j < w.kv_hi, ok1 = j + 8 >= w.kv_lo && j + 8 < w.kv_hi;
+            int64_t off = 0;
+            if (ok0 || ok1) off = (PF ? pm.slot_off_in(ids[i], j) : pm.slot_off(j)) + ch * 16;
+            const int64_t off0 = ok0 ? off : 0, off1 = ok1 ? off + 8 * pm.row_bytes : 0;
+            cp_async16(dk + key * 128 + ch * 16, p.k_cache + off0, ok0);
+            cp_async16(dv + key * 128 + ch * 16, p.v_cache + off0, ok0);
+            cp_async16(dk + (key + 8) * 128 + ch * 16, p.k_cache + off1, ok1);
+            cp_async16(dv + (key + 8) * 128 + ch * 16, p.v_cache + off1, ok1);
+          }
+          cp_async_commit();
+          if constexpr (PF) {
+            if (it + 1 < w.ntiles) load_ids(it + 1, ids);
+          }
+        };
+        issue_raw(0);
+        for (int it = 0; it < w.ntiles; ++it) {
+          if (it + 1 < w.ntiles) issue_raw(it + 1);  // its staging held tile it - 1, converted by this thread
+          else cp_async_commit();
+          cp_async_wait<1>();  // this thread's copies of tile it
+          const int g = gbase + it, st = g % NS;
+          const uint8_t* rk = sRaw + (g & 1) * 2 * kRawBytes;
+          uint8_t* dst = sKV + st * 2 * kTileBytes;
+          // K half (once K of tile it - NS is released), then the V half.
+#pragma unroll 1
+          for (int kv = 0; kv < 2; ++kv) {
+            mbar_wait(kv == 0 ? empty(st) : empty_v(st), ((g / NS) & 1) ^ 1);
+#pragma unroll 2
+            for (int i = 0; i < KT * 8 / 128; ++i) {
+              const int c = tid + (i >> 1) * 128, q = c / 8, ch = c % 8, key = (q >> 3) * 16 + (q & 7) + (i & 1) * 8;
+              const uint4 w4 = *reinterpret_cast<const uint4*>(rk + kv * kRawBytes + key * 128 + ch * 16);
+              const uint32_t wd[4] = {w4.x, w4.y, w4.z, w4.w};
+              uint32_t hw[8];
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                hw[2 * e] = fp8x2_to_f16x2<DT>(wd[e]);
+                hw[2 * e + 1] = fp8x2_to_f16x2<DT>(wd[e] >> 16);
+              }
+              uint8_t* d = dst + kv * kTileBytes;
+              *reinterpret_cast<uint4*>(d + swz_chunk(KT, key, 2 * ch)) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+              *reinterpret_cast<uint4*>(d + swz_chunk(KT, key, 2 * ch + 1)) = make_uint4(hw[4], hw[5], hw[6], hw[7]);
+            }
+            fence_proxy_async();
+            mbar_arrive(kv == 0 ? full(st) : full_v(st));
+          }
         }
       }
+      gbase += w.ntiles;
     }
     return;
   }
 
   // ---- consumers ----
-  setmaxnreg_inc<kWsConsumerRegs>();
+  setmaxnreg_inc<PF || PERS ? kWsConsumerRegsPf : kWsConsumerRegs>();
   const int ct = tid - 128, cw = ct >> 7, lane = ct & 31, wwarp = (ct >> 5) & 3, g = lane >> 2, t = lane & 3;
-  // Q rows cw * 64 .. + 63 -> shared memory (swizzled, MMA type), rows past nq zero.
-  for (int c = ct & 127; c < 64 * (kD / 8); c += 128) {
-    const int row = cw * 64 + c / (kD / 8), ch = c % (kD / 8), qi = qtile * kBM + row;
-    uint32_t w[4] = {0, 0, 0, 0};
-    if (qi < nq) {
-      const int64_t off = (static_cast<int64_t>(q0 + qi) * p.num_heads + h) * kD + ch * 8;
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        w[e] = pack2<DT>(load_act(p.q, off + 2 * e, p.q_bf16), load_act(p.q, off + 2 * e + 1, p.q_bf16));
-    }
-    *reinterpret_cast<uint4*>(sQ + swz_chunk(kBM, row, ch)) = make_uint4(w[0], w[1], w[2], w[3]);
-  }
-  fence_proxy_async();
-  named_bar_sync(1 + cw, 128);
-
-  const int r0 = cw * 64 + wwarp * 16 + g;
-  const int qi0 = qtile * kBM + r0;
-  const int qpos[2] = {pos0 + qi0, pos0 + qi0 + 8};
-  const bool qvalid[2] = {qi0 < nq, qi0 + 8 < nq};
-  const float ks_ = DT == kBf16 ? 1.0f : p.k_scale[p.k_scale_count == 1 ? 0 : kvh];
   const bool softcap = p.softcap > 0.0f;
-  const float score_mul = softcap ? p.softmax_scale * ks_ / p.softcap : p.softmax_scale * ks_ * kLog2e;
-
-  float o[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) o[i] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-
-  // Scale, mask, online softmax of tile j0 (probabilities left in s; o is
-  // not touched: alpha returns the rescale factors).
-  auto softmax = [&](float (&s)[KT / 2], int j0, float (&alpha)[2]) {
-    float mul = score_mul;
-    if (softcap) {
-#pragma unroll
-      for (int i = 0; i < KT / 2; ++i) s[i] = p.softcap * tanhf(s[i] * score_mul) * kLog2e;
-      mul = 1.0f;
-    }
-    const bool full_tile = j0 >= kv_lo && j0 + KT - 1 <= qpos[0] && (p.window == 0 || qpos[1] - j0 < p.window) &&
-                           qvalid[1];
-    if (!full_tile) {
-#pragma unroll
-      for (int n = 0; n < KT / 8; ++n)
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int j = j0 + n * 8 + 2 * t + e;
-            const bool vis = j >= kv_lo && j <= qpos[rr] && (p.window == 0 || qpos[rr] - j < p.window);
-            if (!vis) s[4 * n + rr * 2 + e] = -INFINITY;
-          }
-    }
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < KT / 8; ++n) mx = fmaxf(mx, fmaxf(s[4 * n + rr * 2], s[4 * n + rr * 2 + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m[rr], mx * mul);
-      const float mref = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[rr] = ex2_approx(m[rr] - mref);
-      m[rr] = m_new;
-      float sum = 0.0f;
-#pragma unroll
-      for (int n = 0; n < KT / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float pe = ex2_approx(fmaf(s[4 * n + rr * 2 + e], mul, -mref));
-          s[4 * n + rr * 2 + e] = pe;
-          sum += pe;
-        }
-      l[rr] = l[rr] * alpha[rr] + sum;
-    }
-  };
+  auto turn_begin = [&]() { if constexpr (PP) named_bar_sync(3 + cw, 256); };
+  auto turn_end = [&]() { if constexpr (PP) named_bar_arrive(3 + (cw ^ 1), 256); };
+  if constexpr (PP) {
+    if (cw == 1) named_bar_arrive(3, 256);  // consumer 0 issues first
+  }
+  const uint32_t qa = smem_u32(sQ) + cw * 64 * 128;
+  auto ktile = [&](int gi) { return smem_u32(sKV + (gi % NS) * 2 * kTileBytes); };
   auto pack_p = [&](float (&s)[KT / 2], uint32_t (&pa)[KT / 16][4]) {
 #pragma unroll
     for (int kk = 0; kk < KT / 16; ++kk) {
@@ -695,96 +657,158 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
       pa[kk][3] = pack2<DT>(s[8 * kk + 6], s[8 * kk + 7]);
     }
   };
-  auto turn_begin = [&]() { if constexpr (PP) named_bar_sync(3 + cw, 256); };
-  auto turn_end = [&]() { if constexpr (PP) named_bar_arrive(3 + (cw ^ 1), 256); };
-  if constexpr (PP) {
-    if (cw == 1) named_bar_arrive(3, 256);  // consumer 0 issues first
-  }
-  const uint32_t qa = smem_u32(sQ) + cw * 64 * 128;
-  auto ktile = [&](int it) { return smem_u32(sKV + (it % NS) * 2 * kTileBytes); };
 
-  float s[KT / 2];
-  uint32_t pa[KT / 16][4];
-  float alpha[2];
-  mbar_wait(full(0), 0);
-  turn_begin();
-  qk_issue<DT, KT>(s, qa, kBM * 128, ktile(0));
-  turn_end();
-  wgmma_wait<0>();
-  reg_fence(s);
-  if constexpr (kSplit) mbar_arrive(empty(0));
-  softmax(s, tile_lo, alpha);
-  pack_p(s, pa);
-  for (int it = 1; it < ntiles; ++it) {
-    mbar_wait(full(it % NS), (it / NS) & 1);
-    if constexpr (kSplit) mbar_wait(full_v((it - 1) % NS), ((it - 1) / NS) & 1);
+  int gbase = 0;
+  Item w;
+  for (int r = 0; item(r, w); ++r) {
+    if (w.ntiles == 0) continue;
+    // Q rows cw * 64 .. + 63 -> shared memory (swizzled, MMA type), rows past
+    // nq zero. (This warpgroup's MMAs of the previous item have completed.)
+    for (int c = ct & 127; c < 64 * (kD / 8); c += 128) {
+      const int row = cw * 64 + c / (kD / 8), ch = c % (kD / 8), qi = w.qtile * kBM + row;
+      uint32_t wq[4] = {0, 0, 0, 0};
+      if (qi < w.nq) {
+        const int64_t off = (static_cast<int64_t>(w.q0 + qi) * p.num_heads + w.h) * kD + ch * 8;
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          wq[e] = pack2<DT>(load_act(p.q, off + 2 * e, p.q_bf16), load_act(p.q, off + 2 * e + 1, p.q_bf16));
+      }
+      *reinterpret_cast<uint4*>(sQ + swz_chunk(kBM, row, ch)) = make_uint4(wq[0], wq[1], wq[2], wq[3]);
+    }
+    fence_proxy_async();
+    named_bar_sync(1 + cw, 128);
+
+    const int r0 = cw * 64 + wwarp * 16 + g;
+    const int qi0 = w.qtile * kBM + r0;
+    const int qpos[2] = {w.pos0 + qi0, w.pos0 + qi0 + 8};
+    const bool qvalid[2] = {qi0 < w.nq, qi0 + 8 < w.nq};
+    const float ks_ = DT == kBf16 ? 1.0f : p.k_scale[p.k_scale_count == 1 ? 0 : w.kvh];
+    const float score_mul = softcap ? p.softmax_scale * ks_ / p.softcap : p.softmax_scale * ks_ * kLog2e;
+    const int kv_lo = w.kv_lo;
+
+    float o[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+    // Scale, mask, online softmax of tile j0 (probabilities left in s; o is
+    // not touched: alpha returns the rescale factors).
+    auto softmax = [&](float (&s)[KT / 2], int j0, float (&alpha)[2]) {
+      float mul = score_mul;
+      if (softcap) {
+#pragma unroll
+        for (int i = 0; i < KT / 2; ++i) s[i] = p.softcap * tanhf(s[i] * score_mul) * kLog2e;
+        mul = 1.0f;
+      }
+      const bool full_tile = j0 >= kv_lo && j0 + KT - 1 <= qpos[0] && (p.window == 0 || qpos[1] - j0 < p.window) &&
+                             qvalid[1];
+      if (!full_tile) {
+#pragma unroll
+        for (int n = 0; n < KT / 8; ++n)
+#pragma unroll
+          for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int j = j0 + n * 8 + 2 * t + e;
+              const bool vis = j >= kv_lo && j <= qpos[rr] && (p.window == 0 || qpos[rr] - j < p.window);
+              if (!vis) s[4 * n + rr * 2 + e] = -INFINITY;
+            }
+      }
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < KT / 8; ++n) mx = fmaxf(mx, fmaxf(s[4 * n + rr * 2], s[4 * n + rr * 2 + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[rr], mx * mul);
+        const float mref = m_new == -INFINITY ? 0.0f : m_new;
+        alpha[rr] = ex2_approx(m[rr] - mref);
+        m[rr] = m_new;
+        float sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < KT / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float pe = ex2_approx(fmaf(s[4 * n + rr * 2 + e], mul, -mref));
+            s[4 * n + rr * 2 + e] = pe;
+            sum += pe;
+          }
+        l[rr] = l[rr] * alpha[rr] + sum;
+      }
+    };
+
+    const int ntiles = w.ntiles, g0 = gbase;
+    float s[KT / 2];
+    uint32_t pa[KT / 16][4];
+    float alpha[2];
+    mbar_wait(full(g0 % NS), (g0 / NS) & 1);
     turn_begin();
-    qk_issue<DT, KT, false>(s, qa, kBM * 128, ktile(it));
-    pv_issue<DT, KT>(o, pa, ktile(it - 1) + kTileBytes);
+    qk_issue<DT, KT>(s, qa, kBM * 128, ktile(g0));
     turn_end();
-    wgmma_wait<1>();  // S(it); O += P V(it - 1) may still run
+    wgmma_wait<0>();
     reg_fence(s);
-    if constexpr (kSplit) mbar_arrive(empty(it % NS));  // K of tile it
-    softmax(s, tile_lo + it * KT, alpha);
+    if constexpr (kSplit) mbar_arrive(empty(g0 % NS));
+    softmax(s, w.tile_lo, alpha);
+    pack_p(s, pa);
+    for (int it = 1; it < ntiles; ++it) {
+      const int gi = g0 + it;
+      mbar_wait(full(gi % NS), (gi / NS) & 1);
+      if constexpr (kSplit) mbar_wait(full_v((gi - 1) % NS), ((gi - 1) / NS) & 1);
+      turn_begin();
+      qk_issue<DT, KT, false>(s, qa, kBM * 128, ktile(gi));
+      pv_issue<DT, KT>(o, pa, ktile(gi - 1) + kTileBytes);
+      turn_end();
+      wgmma_wait<1>();  // S(it); O += P V(it - 1) may still run
+      reg_fence(s);
+      if constexpr (kSplit) mbar_arrive(empty(gi % NS));  // K of tile it
+      softmax(s, w.tile_lo + it * KT, alpha);
+      wgmma_wait<0>();
+      reg_fence(o);
+      reg_fence(s);  // P(it) is packed over P(it - 1)'s registers only after the wait
+      mbar_arrive(kSplit ? empty_v((gi - 1) % NS) : empty((gi - 1) % NS));
+#pragma unroll
+      for (int i = 0; i < kD / 8; ++i) {
+        o[4 * i] *= alpha[0];
+        o[4 * i + 1] *= alpha[0];
+        o[4 * i + 2] *= alpha[1];
+        o[4 * i + 3] *= alpha[1];
+      }
+      pack_p(s, pa);
+    }
+    const int gl = g0 + ntiles - 1;
+    if constexpr (kSplit) mbar_wait(full_v(gl % NS), (gl / NS) & 1);
+    turn_begin();
+    pv_issue<DT, KT>(o, pa, ktile(gl) + kTileBytes);
+    turn_end();
     wgmma_wait<0>();
     reg_fence(o);
-    reg_fence(s);  // P(it) is packed over P(it - 1)'s registers only after the wait
-    mbar_arrive(kSplit ? empty_v((it - 1) % NS) : empty((it - 1) % NS));
-#pragma unroll
-    for (int i = 0; i < kD / 8; ++i) {
-      o[4 * i] *= alpha[0];
-      o[4 * i + 1] *= alpha[0];
-      o[4 * i + 2] *= alpha[1];
-      o[4 * i + 3] *= alpha[1];
+    if constexpr (PERS) mbar_arrive(kSplit ? empty_v(gl % NS) : empty(gl % NS));  // the ring runs on
+    if constexpr (PP) {
+      if (cw == 0) named_bar_sync(3, 256);  // consumer 1's last turn_end
     }
-    pack_p(s, pa);
-  }
-  if constexpr (kSplit) mbar_wait(full_v((ntiles - 1) % NS), ((ntiles - 1) / NS) & 1);
-  turn_begin();
-  pv_issue<DT, KT>(o, pa, ktile(ntiles - 1) + kTileBytes);
-  turn_end();
-  wgmma_wait<0>();
-  reg_fence(o);
-  if constexpr (PP) {
-    if (cw == 0) named_bar_sync(3, 256);  // consumer 1's last turn_end
-  }
 
-  const float vs = DT == kBf16 ? 1.0f : p.v_scale[p.v_scale_count == 1 ? 0 : kvh];
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    float L = l[rr];
-    L += __shfl_xor_sync(0xffffffffu, L, 1);
-    L += __shfl_xor_sync(0xffffffffu, L, 2);
-    if (!qvalid[rr]) continue;
-    const float f = L > 0.0f ? vs / L : 0.0f;
-    const int64_t base = (static_cast<int64_t>(q0 + qi0 + rr * 8) * p.num_heads + h) * kD;
-#pragma unroll
-    for (int i = 0; i < kD / 8; ++i) {
-      const int d = i * 8 + 2 * t;
-      if (p.out_bf16) {
-        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.out) + base + d) =
-            __floats2bfloat162_rn(o[4 * i + rr * 2] * f, o[4 * i + rr * 2 + 1] * f);
-      } else {
-        *reinterpret_cast<float2*>(static_cast<float*>(p.out) + base + d) =
-            make_float2(o[4 * i + rr * 2] * f, o[4 * i + rr * 2 + 1] * f);
-      }
-    }
+    const float vs = DT == kBf16 ? 1.0f : p.v_scale[p.v_scale_count == 1 ? 0 : w.kvh];
+    store_o_rows<kD>(p, w.q0 + qi0, w.h, t, l, qvalid, vs, [&](int i, int rr, int e) { return o[4 * i + rr * 2 + e]; });
+    gbase += ntiles;
   }
 }
 
-template <int DT, int KT, bool PP>
+template <int DT, int KT, bool PP, bool PF = false, bool PERS = false>
 void launch_ws_t(const WgParams& p, dim3 grid, cudaStream_t stream) {
   constexpr int smem = ws_smem<DT, KT>();
-  detail::set_func_attribute_once(prefill_ws_kernel<DT, KT, PP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  prefill_ws_kernel<DT, KT, PP><<<grid, 384, smem, stream>>>(p);
+  auto* kern = prefill_ws_kernel<DT, KT, PP, PF, PERS>;
+  detail::set_func_attribute_once(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  kern<<<grid, 384, smem, stream>>>(p);
   FP8KV_CUDA_CHECK(cudaGetLastError());
 }
-template <int KT, bool PP>
+template <int KT, bool PP, bool PF = false, bool PERS = false>
 void launch_ws(const WgParams& p, KvDtype dt, dim3 grid, cudaStream_t stream) {
   switch (dt) {
-    case KvDtype::bf16: launch_ws_t<kBf16, KT, PP>(p, grid, stream); break;
-    case KvDtype::fp8_e4m3: launch_ws_t<kE4m3, KT, PP>(p, grid, stream); break;
-    case KvDtype::fp8_e5m2: launch_ws_t<kE5m2, KT, PP>(p, grid, stream); break;
+    // bf16 + PERS: no PF (its 8 block ids per tile would spill next to the work item).
+    case KvDtype::bf16: launch_ws_t<kBf16, KT, PP, PF && !PERS, PERS>(p, grid, stream); break;
+    case KvDtype::fp8_e4m3: launch_ws_t<kE4m3, KT, PP, PF, PERS>(p, grid, stream); break;
+    case KvDtype::fp8_e5m2: launch_ws_t<kE5m2, KT, PP, PF, PERS>(p, grid, stream); break;
   }
 }
 
@@ -865,9 +889,10 @@ std::vector<float> run_selftest(K kernel, const std::vector<uint16_t>& a, const 
 }
 
 // FP8KV_WGMMA_CFG = ws (the default since run I: warp-specialized, 128-key tiles; docs/cuda.md "Prefill v2"), wsp,
-// ws64, ws64p, or the earlier 64x2, 128x2, 64x1, 64x2p, 64x2d (read per call:
-// the GPU script tests and benchmarks each). Returns {KT, NWG, pipelined}.
-struct WgCfg { int kt, nwg; bool pipe; int nst; bool ws = false, pp = false; };
+// ws64, ws64p, wsf (ws + block ids prefetched a tile ahead), wsl (wsf on a
+// persistent grid; docs/cuda.md "Prefill v3"), or the earlier 64x2, 128x2,
+// 64x1, 64x2p, 64x2d (read per call: the GPU script tests and benchmarks each).
+struct WgCfg { int kt, nwg; bool pipe; int nst; bool ws = false, pp = false, pf = false, pers = false; };
 WgCfg wgmma_config() {
   const char* env = std::getenv("FP8KV_WGMMA_CFG");
   if (!env || !*env) return {128, 2, false, 0, true, false};  // ws
@@ -881,8 +906,10 @@ WgCfg wgmma_config() {
   if (v == "wsp") return {128, 2, false, 0, true, true};
   if (v == "ws64") return {64, 2, false, 0, true, false};
   if (v == "ws64p") return {64, 2, false, 0, true, true};
-  throw std::invalid_argument("FP8KV_WGMMA_CFG: expected 64x2, 128x2, 64x1, 64x2p, 64x2d, ws, wsp, ws64 or ws64p, got '" +
-                              v + "'");
+  if (v == "wsf") return {128, 2, false, 0, true, false, true, false};
+  if (v == "wsl") return {128, 2, false, 0, true, false, true, true};
+  throw std::invalid_argument(
+      "FP8KV_WGMMA_CFG: expected 64x2, 128x2, 64x1, 64x2p, 64x2d, ws, wsp, ws64, ws64p, wsf or wsl, got '" + v + "'");
 }
 
 template <int KT, int NWG, bool PIPE, int NST = 2>
@@ -911,7 +938,26 @@ void paged_prefill_wgmma(const PrefillArgs& a, cudaStream_t stream) {
   // Heads fastest: the CTAs of one query tile across all heads run together
   // and share K/V in L2 (GQA groups read the same KV head).
   const dim3 grid(a.num_heads, p.num_q_tiles, a.batch);
-  if (cfg.ws) {
+  p.batch = a.batch;
+  if (cfg.ws && cfg.pers) {
+    // One CTA per SM (225 KB of shared memory each), at most one per item.
+    int dev = 0, sms = 0;
+    FP8KV_CUDA_CHECK(cudaGetDevice(&dev));
+    FP8KV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    // FP8KV_WGMMA_GRID (tests): at most this many CTAs, so that each walks many items.
+    if (const char* env = std::getenv("FP8KV_WGMMA_GRID"); env && *env) {
+      char* end = nullptr;
+      const long v = std::strtol(env, &end, 10);
+      if (*end != '\0' || v < 1 || v > 1 << 20)
+        throw std::invalid_argument(std::string("FP8KV_WGMMA_GRID: expected a CTA count >= 1, got '") + env + "'");
+      sms = std::min<int>(sms, static_cast<int>(v));
+    }
+    const int64_t items = static_cast<int64_t>(a.num_heads) * p.num_q_tiles * a.batch;
+    launch_ws<128, false, true, true>(p, a.kv.layout.dtype, dim3(static_cast<unsigned>(std::min<int64_t>(items, sms))),
+                                      stream);
+  } else if (cfg.ws && cfg.pf) {
+    launch_ws<128, false, true, false>(p, a.kv.layout.dtype, grid, stream);
+  } else if (cfg.ws) {
     if (cfg.kt == 128) cfg.pp ? launch_ws<128, true>(p, a.kv.layout.dtype, grid, stream)
                               : launch_ws<128, false>(p, a.kv.layout.dtype, grid, stream);
     else cfg.pp ? launch_ws<64, true>(p, a.kv.layout.dtype, grid, stream)
