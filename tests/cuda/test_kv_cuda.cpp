@@ -508,6 +508,59 @@ TEST_P(CudaPrefill, LongPromptsBatchedEqualsSingle) {
   }
 }
 
+// bf16 activations (the engine's; the other prefill tests pass f32): q in
+// bf16 and out in bf16 give bitwise the bf16 rounding of the f32 run on the
+// same (bf16-exact) q. Covers the 16-byte Q loads of wsf / wsl
+// (docs/cuda.md "Prefill v3") for both q dtypes.
+TEST_P(CudaPrefill, Bf16ActivationsEqualRoundedF32) {
+  FP8KV_REQUIRE_GPU();
+  const uint64_t seed = test_seed();
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  const std::vector<int> ctx = {300, 129, 77};
+  const std::vector<int> nq = {300, 129, 40};
+  for (KvDtype dt : kDtypes) {
+    Scenario s = make_scenario(rng, 128, 2, 16, dt, ScaleMode::per_head, ctx, /*bf16_input=*/true);
+    const int B = s.batch(), H = 8, D = 128;
+    std::vector<int32_t> qs(B + 1, 0);
+    for (int b = 0; b < B; ++b) qs[b + 1] = qs[b] + nq[b];
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> q(static_cast<size_t>(qs[B]) * H * D);
+    std::vector<uint16_t> qb(q.size());
+    for (size_t i = 0; i < q.size(); ++i) {
+      q[i] = round_bf16(nd(rng));
+      qb[i] = f32_to_bf16(q[i]);
+    }
+    DevBuf dq(q), dqb(qb), dqs(qs), dout(q.size() * sizeof(float)), doutb(q.size() * 2);
+    dout.fill(0xff);
+    doutb.fill(0xff);
+    cuda::PrefillArgs a;
+    a.kv = s.paged();
+    a.batch = B;
+    a.num_heads = H;
+    a.max_query_len = *std::max_element(nq.begin(), nq.end());
+    a.window = dt == KvDtype::fp8_e5m2 ? 100 : 0;
+    a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(D));
+    a.q_start = dqs.as<int32_t>();
+    a.q = dq.get();
+    a.out = dout.get();
+    a.kernel = GetParam();
+    cuda::paged_prefill(a, nullptr);
+    a.q = dqb.get();
+    a.q_dtype = cuda::ActDtype::bf16;
+    a.out = doutb.get();
+    a.out_dtype = cuda::ActDtype::bf16;
+    cuda::paged_prefill(a, nullptr);
+    const auto o32 = dout.download<float>();
+    const auto o16 = doutb.download<uint16_t>();
+    size_t bad = 0;
+    for (size_t i = 0; i < o32.size(); ++i) bad += o16[i] != f32_to_bf16(o32[i]);
+    EXPECT_EQ(bad, 0u) << kv_dtype_name(dt) << ": bf16 q/out differs from the rounded f32 run";
+    std::printf("prefill-bf16act %s %-8s mismatches %zu of %zu\n", kernel_name(GetParam()),
+                std::string(kv_dtype_name(dt)).c_str(), bad, o32.size());
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Kernels, CudaPrefill, ::testing::Values(cuda::PrefillKernel::mma, cuda::PrefillKernel::wgmma),
                          [](const ::testing::TestParamInfo<cuda::PrefillKernel>& i) {
                            return std::string(kernel_name(i.param));

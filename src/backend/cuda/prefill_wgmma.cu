@@ -427,7 +427,10 @@ static_assert(ws_smem<kBf16, 128>() <= 227 * 1024 && ws_smem<kE4m3, 128>() <= 22
 
 // PF (wsf, wsl): the producer loads the block ids (one per 16-key group) of
 // tile i + 1 into registers right after issuing tile i's copies, so no
-// block-table load sits between the copies of consecutive tiles.
+// block-table load sits between the copies of consecutive tiles; the
+// consumers load Q with 16-byte loads, all of a thread's chunks in flight
+// (the scalar path issues 8 dependent rounds of 2-byte loads). Registers
+// 56 (producer) / 224 (consumers).
 // PERS (wsl): persistent grid, one CTA per SM walks work items (head, query
 // tile, sequence) ordered heads fastest, then sequences, then query tiles
 // from the last (longest) one; CTA c takes item r G + c in even rounds r and
@@ -664,16 +667,74 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
     if (w.ntiles == 0) continue;
     // Q rows cw * 64 .. + 63 -> shared memory (swizzled, MMA type), rows past
     // nq zero. (This warpgroup's MMAs of the previous item have completed.)
-    for (int c = ct & 127; c < 64 * (kD / 8); c += 128) {
-      const int row = cw * 64 + c / (kD / 8), ch = c % (kD / 8), qi = w.qtile * kBM + row;
-      uint32_t wq[4] = {0, 0, 0, 0};
-      if (qi < w.nq) {
-        const int64_t off = (static_cast<int64_t>(w.q0 + qi) * p.num_heads + w.h) * kD + ch * 8;
+    // PF: 16-byte loads, all 8 chunks of a thread in flight at once (the
+    // same values as the scalar path: bf16 -> float -> MMA type).
+    constexpr int kQIt = 64 * (kD / 8) / 128;
+    auto q_chunk = [&](int k, int& row, int& ch, int64_t& off) {
+      const int c = (ct & 127) + k * 128;
+      row = cw * 64 + c / (kD / 8);
+      ch = c % (kD / 8);
+      const int qi = w.qtile * kBM + row;
+      off = qi < w.nq ? (static_cast<int64_t>(w.q0 + qi) * p.num_heads + w.h) * kD + ch * 8 : -1;
+    };
+    if ((PF || PERS) && (reinterpret_cast<uintptr_t>(p.q) & 15) == 0 && p.q_bf16) {
+      uint4 raw[kQIt];
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          wq[e] = pack2<DT>(load_act(p.q, off + 2 * e, p.q_bf16), load_act(p.q, off + 2 * e + 1, p.q_bf16));
+      for (int k = 0; k < kQIt; ++k) {
+        int row, ch;
+        int64_t off;
+        q_chunk(k, row, ch, off);
+        raw[k] = off >= 0 ? __ldg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.q) + off))
+                          : make_uint4(0, 0, 0, 0);
       }
-      *reinterpret_cast<uint4*>(sQ + swz_chunk(kBM, row, ch)) = make_uint4(wq[0], wq[1], wq[2], wq[3]);
+#pragma unroll
+      for (int k = 0; k < kQIt; ++k) {
+        int row, ch;
+        int64_t off;
+        q_chunk(k, row, ch, off);
+        uint4 v = raw[k];
+        if constexpr (DT != kBf16) {
+          uint32_t* u = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u[e]));
+            u[e] = pack2<DT>(f.x, f.y);
+          }
+        }
+        *reinterpret_cast<uint4*>(sQ + swz_chunk(kBM, row, ch)) = v;
+      }
+    } else if ((PF || PERS) && (reinterpret_cast<uintptr_t>(p.q) & 15) == 0) {
+      float4 raw[kQIt][2];
+#pragma unroll
+      for (int k = 0; k < kQIt; ++k) {
+        int row, ch;
+        int64_t off;
+        q_chunk(k, row, ch, off);
+        const float4* src = reinterpret_cast<const float4*>(static_cast<const float*>(p.q) + (off >= 0 ? off : 0));
+        raw[k][0] = off >= 0 ? __ldg(src) : make_float4(0, 0, 0, 0);
+        raw[k][1] = off >= 0 ? __ldg(src + 1) : make_float4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int k = 0; k < kQIt; ++k) {
+        int row, ch;
+        int64_t off;
+        q_chunk(k, row, ch, off);
+        *reinterpret_cast<uint4*>(sQ + swz_chunk(kBM, row, ch)) =
+            make_uint4(pack2<DT>(raw[k][0].x, raw[k][0].y), pack2<DT>(raw[k][0].z, raw[k][0].w),
+                       pack2<DT>(raw[k][1].x, raw[k][1].y), pack2<DT>(raw[k][1].z, raw[k][1].w));
+      }
+    } else {
+      for (int c = ct & 127; c < 64 * (kD / 8); c += 128) {
+        const int row = cw * 64 + c / (kD / 8), ch = c % (kD / 8), qi = w.qtile * kBM + row;
+        uint32_t wq[4] = {0, 0, 0, 0};
+        if (qi < w.nq) {
+          const int64_t off = (static_cast<int64_t>(w.q0 + qi) * p.num_heads + w.h) * kD + ch * 8;
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            wq[e] = pack2<DT>(load_act(p.q, off + 2 * e, p.q_bf16), load_act(p.q, off + 2 * e + 1, p.q_bf16));
+        }
+        *reinterpret_cast<uint4*>(sQ + swz_chunk(kBM, row, ch)) = make_uint4(wq[0], wq[1], wq[2], wq[3]);
+      }
     }
     fence_proxy_async();
     named_bar_sync(1 + cw, 128);
