@@ -4,9 +4,11 @@
 # the 8K causal bench (bf16 / e4m3 / e5m2 caches) for the default ws and the
 # new configurations wsf and wsl (ws again at the end: drift control), PyTorch
 # SDPA in the same run, the wgmma building-block tests, the prefill
-# correctness tests under each new configuration (wsl twice: with
-# FP8KV_WGMMA_GRID=7, so that every CTA walks many work items, and, while the
-# budget allows, on the full grid), the SASS spill check, a short table.
+# correctness tests under ws (its code moved into the shared item loop) and
+# each new configuration (wsl twice: with FP8KV_WGMMA_GRID=7, so that every
+# CTA walks many work items, and on the full grid), then the mma.sync prefill
+# tests (shared epilogue), each while the budget allows; the SASS spill
+# check; a short table.
 #   run(command="bash scripts/gpu_prefill.sh", carry=[".debs"])
 # Budget: <= 180 s with the build (run I: build 41 s, one config's prefill
 # tests ~40 s). Each test gets at most what is left of the budget.
@@ -34,7 +36,7 @@ runtest() {
   phase "test $name ($* limit ${left} s)"
   env "$@" timeout $left $TEST --gtest_filter="$filter" >"$OUT/test_$name.log" 2>&1
   local rc=$?
-  grep -E "^\[  (PASSED|FAILED) |worst|Failure|gpu .* cpu|batched != single|error" "$OUT/test_$name.log" | head -12
+  grep -E "^\[  (PASSED|FAILED) |worst|mismatches|Failure|gpu .* cpu|batched != single|error" "$OUT/test_$name.log" | head -14
   RES[$name]=$([ $rc = 0 ] && echo PASS || echo "FAIL(rc=$rc)")
 }
 phase bench
@@ -46,9 +48,13 @@ phase sdpa
 timeout 30 python3 tools/bench_sdpa.py --prefill-only 2>&1 | tee "$OUT/sdpa.jsonl"
 runtest wgmma_blocks 'CudaWgmma.*' 20
 P='Kernels/CudaPrefill.*/wgmma'
+# ws first: the default's code moved into the item loop shared with wsl.
+runtest ws "$P" 60 FP8KV_WGMMA_CFG=ws
 runtest wsl_grid7 "$P" 60 FP8KV_WGMMA_CFG=wsl FP8KV_WGMMA_GRID=7
 runtest wsf "$P" 60 FP8KV_WGMMA_CFG=wsf
 runtest wsl "$P" 60 FP8KV_WGMMA_CFG=wsl
+# mma.sync (head_dim 64/128/256): its epilogue is now the shared helper.
+runtest mma 'Kernels/CudaPrefill.*/mma' 60
 phase sass
 cuobjdump -sass $BENCH 2>/dev/null | awk '/Function :/ {f=$3; n[f]=0} /HGMMA/ {w[f]++} /LDL|STL/ {l[f]++} END {for (k in n) printf "%s HGMMA=%d LDL/STL=%d\n", k, w[k], l[k]}' | grep -E "prefill" | sed -E 's/^_ZN[^ ]*[0-9]+(prefill_wgmma_kernel|prefill_ws_kernel|prefill_kernel)(I[^ ]*E)?EvN[^ ]*/\1\2/' | sort > "$OUT/sass.txt"
 grep -c . "$OUT/sass.txt" | sed 's/^/prefill kernels in SASS: /'
@@ -68,5 +74,5 @@ for r in rows:
     x = f"{r['TFLOPs']/sdpa:.3f}" if sdpa else "-"
     print(f"{r['dtype']:10} {r['kernel']:11} {r['ms']:8.4f} {r['TFLOPs']:8.1f} {x:>7}")
 PY
-echo "tests: wgmma blocks ${RES[wgmma_blocks]}; prefill/wgmma wsl(grid 7) ${RES[wsl_grid7]}; wsf ${RES[wsf]}; wsl ${RES[wsl]}; SASS no-spill $spill"
+echo "tests: wgmma blocks ${RES[wgmma_blocks]}; prefill/wgmma ws ${RES[ws]}; wsl(grid 7) ${RES[wsl_grid7]}; wsf ${RES[wsf]}; wsl ${RES[wsl]}; prefill/mma ${RES[mma]}; SASS no-spill $spill"
 phase done
