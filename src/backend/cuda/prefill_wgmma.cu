@@ -949,14 +949,17 @@ std::vector<float> run_selftest(K kernel, const std::vector<uint16_t>& a, const 
   return out;
 }
 
-// FP8KV_WGMMA_CFG = ws (the default since run I: warp-specialized, 128-key tiles; docs/cuda.md "Prefill v2"), wsp,
-// ws64, ws64p, wsf (ws + block ids prefetched a tile ahead), wsl (wsf on a
-// persistent grid; docs/cuda.md "Prefill v3"), or the earlier 64x2, 128x2,
+// FP8KV_WGMMA_CFG = wsl (the default since run K1: wsf on a persistent grid;
+// docs/cuda.md "Prefill v3"), ws (warp-specialized, 128-key tiles; default in
+// runs I-J, docs/cuda.md "Prefill v2"), wsp, ws64, ws64p, wsf (ws + block ids
+// prefetched a tile ahead, 16-byte Q loads), or the earlier 64x2, 128x2,
 // 64x1, 64x2p, 64x2d (read per call: the GPU script tests and benchmarks each).
 struct WgCfg { int kt, nwg; bool pipe; int nst; bool ws = false, pp = false, pf = false, pers = false; };
 WgCfg wgmma_config() {
   const char* env = std::getenv("FP8KV_WGMMA_CFG");
-  if (!env || !*env) return {128, 2, false, 0, true, false};  // ws
+  // Unset: wsl (since run K1 of 2026-12-01: faster than ws for bf16 and fp8
+  // in the same run, prefill tests pass; docs/cuda.md "Prefill v3").
+  if (!env || !*env) return {128, 2, false, 0, true, false, true, true};
   const std::string v(env);
   if (v == "64x2") return {64, 2, false, 2};
   if (v == "128x2") return {128, 2, false, 2};
