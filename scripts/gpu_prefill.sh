@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU machine: the Hopper wgmma prefill kernel (issue 14), prefill v3
+# GPU machine: the Hopper wgmma prefill kernel (issue 14), prefill v3; wsl is
+# the default since run K1 (the bench names each config explicitly)
 # (docs/cuda.md "Prefill v3"). Builds test_cuda + bench_attention only, then:
 # the 8K causal bench (bf16 / e4m3 / e5m2 caches) for the default ws and the
 # new configurations wsf and wsl (ws again at the end: drift control), PyTorch
