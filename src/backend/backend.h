@@ -266,6 +266,12 @@ class Backend {
   virtual bool replay_graph(int64_t /*key*/) { return false; }
   virtual void begin_graph_capture(int64_t /*key*/) {}
   virtual void end_graph_capture(int64_t /*key*/) {}
+  // Step profiling (CUDA: FP8KV_STEP_PROFILE). op_profile_due: the runner
+  // should run one extra eager copy of this decode step's forward, bracketed
+  // by op_profile(true) / op_profile(false), before replaying its graph (the
+  // copy recomputes the same values: the replay overwrites them bitwise).
+  virtual bool op_profile_due() { return false; }
+  virtual void op_profile(bool /*on*/) {}
 
   // ---- tensor parallelism (docs/design.md, "Tensor parallelism") ----
   // The rank's Communicator (not owned; nullptr = a single rank, the

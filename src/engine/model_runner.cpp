@@ -144,6 +144,11 @@ void ModelRunner::run_prepared() {
     fwd_.run(batch_, rs_);
     return;
   }
+  if (be_.op_profile_due()) {  // FP8KV_STEP_PROFILE: one op-timed eager copy of this step (same values)
+    be_.op_profile(true);
+    fwd_.run(batch_, rs_);
+    be_.op_profile(false);
+  }
   if (be_.replay_graph(bucket)) {
     ++graph_replays_;
     return;

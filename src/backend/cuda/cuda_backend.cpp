@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include <cuda_profiler_api.h>
 #include <fmt/format.h>
 
 #include "backend/cuda/check.h"
@@ -72,6 +73,10 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const BackendOptions& opts)
     throw InputError(fmt::format("--backend cuda: num_heads {} is not a multiple of num_kv_heads {}", cfg.num_heads,
                                  cfg.num_kv_heads));
   enforce_eager_ = opts.enforce_eager;
+  if (const char* e = std::getenv("FP8KV_STEP_PROFILE"); e && *e && std::string(e) != "0") {
+    prof_.on = true;
+    prof_.op_step = std::max(1, std::atoi(e));
+  }
   FP8KV_CU(cudaSetDevice(device_));
   FP8KV_CU(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   gemm_ = std::make_unique<cuda::Gemm>();
@@ -83,8 +88,120 @@ CudaBackend::~CudaBackend() {
   for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g.exec);
   if (stream_) {
     cudaStreamSynchronize(stream_);
+    if (prof_.on) prof_report(true);
     cudaStreamDestroy(stream_);
   }
+  for (cudaEvent_t e : {prof_.begin, prof_.graph_end, prof_.tail_end, prof_.prev_end, prof_.op_start})
+    if (e) cudaEventDestroy(e);
+  for (cudaEvent_t e : prof_.op_events) cudaEventDestroy(e);
+}
+
+CudaBackend::Pinned::~Pinned() {
+  if (done) {
+    cudaEventSynchronize(done);
+    cudaEventDestroy(done);
+  }
+  if (p) cudaFreeHost(p);
+}
+
+void* CudaBackend::Pinned::get(size_t bytes) {
+  if (pending) {
+    FP8KV_CU(cudaEventSynchronize(done));
+    pending = false;
+  }
+  if (bytes > n) {
+    if (p) FP8KV_CU(cudaFreeHost(p));
+    p = nullptr;
+    n = 0;
+    const size_t want = std::max<size_t>({bytes, n + n / 2, 256});
+    FP8KV_CU(cudaHostAlloc(&p, want, cudaHostAllocDefault));
+    n = want;
+  }
+  return p;
+}
+
+void CudaBackend::Pinned::copied(cudaStream_t stream) {
+  if (!done) FP8KV_CU(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  FP8KV_CU(cudaEventRecord(done, stream));
+  pending = true;
+}
+
+// ---- step profile (FP8KV_STEP_PROFILE) ------------------------------------------
+
+namespace {
+cudaEvent_t timing_event(cudaEvent_t& e) {
+  if (!e) FP8KV_CU(cudaEventCreate(&e));
+  return e;
+}
+float elapsed_us(cudaEvent_t a, cudaEvent_t b) {
+  float ms = 0;
+  FP8KV_CU(cudaEventElapsedTime(&ms, a, b));
+  return ms * 1e3f;
+}
+}  // namespace
+
+bool CudaBackend::op_profile_due() {
+  return prof_.on && !prof_.op_done && !capturing_ && prof_.replays + 1 >= prof_.op_step;
+}
+
+void CudaBackend::op_profile(bool on) {
+  if (!prof_.on) return;
+  if (on) {
+    prof_.op_mode = true;
+    prof_.op_used = 0;
+    FP8KV_CU(cudaStreamSynchronize(stream_));
+    cudaProfilerStart();  // for ncu --profile-from-start off (scripts/gpu_step.sh); a no-op otherwise
+    FP8KV_CU(cudaEventRecord(timing_event(prof_.op_start), stream_));
+    return;
+  }
+  prof_.op_mode = false;
+  prof_.op_done = true;
+  FP8KV_CU(cudaStreamSynchronize(stream_));
+  cudaProfilerStop();
+  // Per label: time from the previous mark to this op's end (eager, the
+  // host launching ahead: GPU time of the op plus the gap before it).
+  std::map<std::string, std::pair<double, int>> per;
+  double total = 0;
+  cudaEvent_t prev = prof_.op_start;
+  for (size_t i = 0; i < prof_.op_used; ++i) {
+    const double us = elapsed_us(prev, prof_.op_events[i]);
+    auto& [t, c] = per[prof_.op_labels[i]];
+    t += us;
+    ++c;
+    total += us;
+    prev = prof_.op_events[i];
+  }
+  std::vector<std::pair<std::string, std::pair<double, int>>> rows(per.begin(), per.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  fmt::print(stderr, "step profile: eager op-timed decode step (replayed step {}): {} ops, {:.1f} us\n",
+             prof_.replays + 1, prof_.op_used, total);
+  for (const auto& [label, tc] : rows)
+    fmt::print(stderr, "step profile op: {:34} {:9.1f} us {:4d} calls {:8.2f} us/call {:6.1f}%\n", label, tc.first,
+               tc.second, tc.first / tc.second, 100.0 * tc.first / std::max(total, 1e-9));
+}
+
+void CudaBackend::op_mark(const char* op, int64_t n, int64_t k) {
+  if (prof_.op_used == prof_.op_events.size()) {
+    prof_.op_events.push_back(nullptr);
+    timing_event(prof_.op_events.back());
+    prof_.op_labels.emplace_back();
+  }
+  prof_.op_labels[prof_.op_used] = n > 0 ? fmt::format("{} {}x{}", op, n, k) : std::string(op);
+  FP8KV_CU(cudaEventRecord(prof_.op_events[prof_.op_used], stream_));
+  ++prof_.op_used;
+}
+
+void CudaBackend::prof_report(bool final_report) {
+  const StepProfile& p = prof_;
+  if (p.n == 0) return;
+  const double n = static_cast<double>(p.n);
+  const double idle = p.n_idle ? p.idle_us / p.n_idle : 0, gap = p.n_host_gap ? p.host_gap_us / p.n_host_gap : 0;
+  fmt::print(stderr,
+             "step profile{}: {} replayed steps, per step (us): graph {:.1f} (begin_step's copy + replay, on the "
+             "device), logits+sample tail {:.1f}, device idle before the step {:.1f} ({} steps); period {:.1f}; "
+             "host: sample's sync -> begin_step {:.1f}, begin_step + launch {:.1f}\n",
+             final_report ? "" : " (running)", p.n, p.graph_us / n, p.tail_us / n, idle, p.n_idle,
+             p.graph_us / n + p.tail_us / n + idle, gap, p.host_launch_us / n);
 }
 
 MemoryInfo CudaBackend::memory_info() const {
@@ -265,6 +382,15 @@ void CudaBackend::set_kv_scales(const KvScales& scales) {
 // ---- step ------------------------------------------------------------------------
 
 void CudaBackend::begin_step(const StepBatch& b) {
+  if (prof_.on) {
+    prof_.t_begin = std::chrono::steady_clock::now();
+    if (prof_.have_synced && prof_.sampled)
+      prof_.host_gap_us += std::chrono::duration<double, std::micro>(prof_.t_begin - prof_.t_synced).count(),
+          ++prof_.n_host_gap;
+    prof_.have_prev = prof_.have_prev && prof_.sampled;
+    prof_.replayed = prof_.sampled = false;
+    FP8KV_CU(cudaEventRecord(timing_event(prof_.begin), stream_));
+  }
   const int T = b.num_tokens, S = b.num_seqs, G = b.num_groups, B = b.max_blocks_per_seq, nd = b.num_decodes;
   if (static_cast<int>(b.token_ids.size()) != T || static_cast<int>(b.positions.size()) != T ||
       static_cast<int>(b.query_start.size()) != S + 1 || static_cast<int>(b.context_lens.size()) != S ||
@@ -304,18 +430,20 @@ void CudaBackend::begin_step(const StepBatch& b) {
   std::vector<size_t> o_slots(G), o_bt(G);
   for (int g = 0; g < G; ++g) o_slots[g] = section(static_cast<size_t>(T) * 8);
   for (int g = 0; g < G; ++g) o_bt[g] = section(static_cast<size_t>(S) * B * 4);
-  step_host_.assign(off, 0);
-  std::memcpy(step_host_.data() + o_ids, b.token_ids.data(), T * 4);
-  std::memcpy(step_host_.data() + o_pos, b.positions.data(), T * 4);
-  std::memcpy(step_host_.data() + o_ctx, b.context_lens.data(), S * 4);
-  auto* qs = reinterpret_cast<int32_t*>(step_host_.data() + o_qs);
+  auto* host = static_cast<uint8_t*>(step_host_.get(std::max<size_t>(off, 16)));
+  std::memset(host, 0, off);
+  std::memcpy(host + o_ids, b.token_ids.data(), T * 4);
+  std::memcpy(host + o_pos, b.positions.data(), T * 4);
+  std::memcpy(host + o_ctx, b.context_lens.data(), S * 4);
+  auto* qs = reinterpret_cast<int32_t*>(host + o_qs);
   for (int i = 0; i <= P; ++i) qs[i] = b.query_start[nd + i] - v.prefill_row0;
   for (int g = 0; g < G; ++g) {
-    std::memcpy(step_host_.data() + o_slots[g], b.slot_mapping[g].data(), static_cast<size_t>(T) * 8);
-    std::memcpy(step_host_.data() + o_bt[g], b.block_tables[g].data(), static_cast<size_t>(S) * B * 4);
+    std::memcpy(host + o_slots[g], b.slot_mapping[g].data(), static_cast<size_t>(T) * 8);
+    std::memcpy(host + o_bt[g], b.block_tables[g].data(), static_cast<size_t>(S) * B * 4);
   }
   grow(step_dev_, std::max<size_t>(off, 16));
-  FP8KV_CU(cudaMemcpyAsync(step_dev_.get(), step_host_.data(), off, cudaMemcpyHostToDevice, stream_));
+  FP8KV_CU(cudaMemcpyAsync(step_dev_.get(), host, off, cudaMemcpyHostToDevice, stream_));
+  step_host_.copied(stream_);
   const auto* base = static_cast<const uint8_t*>(step_dev_.get());
   v.ids = reinterpret_cast<const int32_t*>(base + o_ids);
   v.positions = reinterpret_cast<const int32_t*>(base + o_pos);
@@ -345,6 +473,7 @@ const uint16_t* CudaBackend::to_bf16_input(const Tensor& x, const char* op) {
 }
 
 void CudaBackend::embedding(const Tensor& table, float scale, Tensor& out) {
+  OpMark mark(this, "embedding");
   const StepView& s = step("embedding");
   if (out.rows != s.T || out.cols != table.cols)
     bad("embedding", fmt::format("out {}, expected [{}][{}]", shape(out), s.T, table.cols));
@@ -352,6 +481,7 @@ void CudaBackend::embedding(const Tensor& table, float scale, Tensor& out) {
 }
 
 void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
+  OpMark mark(this, "linear", w.rows, w.cols);
   if (x.cols != w.cols || y.rows != x.rows || y.cols != w.rows)
     bad("linear", fmt::format("x {}, W {}, y {}", shape(x), shape(w), shape(y)));
   const cuda::DeviceMatrix W = matrix(w, "linear");
@@ -369,6 +499,7 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, T
 }
 
 void CudaBackend::rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) {
+  OpMark mark(this, "rmsnorm");
   same_shape("rmsnorm", x, y);
   if (y.dtype != ScalarType::f32 && y.dtype != ScalarType::bf16) bad("rmsnorm", "y must be f32 or bf16");
   const float* wp = opt_vec(w, x.cols, "rmsnorm", "w");
@@ -379,6 +510,7 @@ void CudaBackend::rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y
 }
 
 void CudaBackend::add_rmsnorm(Tensor& h, const Tensor& x, const Tensor& w, float eps, Tensor& y) {
+  OpMark mark(this, "add_rmsnorm");
   same_shape("add_rmsnorm", h, x);
   same_shape("add_rmsnorm", h, y);
   if (y.dtype != ScalarType::f32 && y.dtype != ScalarType::bf16) bad("add_rmsnorm", "y must be f32 or bf16");
@@ -444,6 +576,7 @@ void CudaBackend::qkv_split(int layer, const Tensor& qkv, const Tensor& q_norm, 
 
 void CudaBackend::qkv_split_store(const StepBatch& b, int layer, const Tensor& qkv, const Tensor& q_norm,
                                   const Tensor& k_norm, float eps, Tensor& q, Tensor& k, Tensor& v) {
+  OpMark mark(this, "qkv_split_store");
   // "store=separate" in the routes (FP8KV_GEMV_ROUTES, bench --gemv-routes):
   // the separate store kernel (A/B and fallback).
   if (!cuda::linear_routes().fused_store || observer_) {  // the observer gets host copies of q/k/v at store_kv
@@ -520,6 +653,7 @@ void CudaBackend::gated_act_fused(Activation act, const Tensor& gate_up, Tensor&
 // written. Otherwise the GEMM, then the activation kernel.
 void CudaBackend::linear_gated_act(Activation act, const Tensor& x, const Tensor& w, const Tensor& bias,
                                    Tensor& gate_up, Tensor& out) {
+  OpMark mark(this, "linear_gated_act");
   const int64_t T = x.rows;
   bool fuse = cuda::linear_routes().fused_act && out.dtype == ScalarType::bf16 && x.dtype == ScalarType::bf16 &&
               T >= 1 && T <= std::min<int64_t>(cuda::kGemvGatedActMaxRows, gemm_->gemv_max_rows()) &&
@@ -562,6 +696,7 @@ void CudaBackend::add(Tensor& x, const Tensor& y) {
 }
 
 void CudaBackend::store_kv(const StepBatch& b, int layer, const Tensor& q, const Tensor& k, const Tensor& v) {
+  OpMark mark(this, "store_kv");
   const StepView& s = step("store_kv");
   const int T = b.num_tokens, Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
   if (T != s.T || q.rows != T || k.rows != T || v.rows != T || q.cols != static_cast<int64_t>(Hq) * D ||
@@ -599,6 +734,7 @@ void CudaBackend::store_kv(const StepBatch& b, int layer, const Tensor& q, const
 }
 
 void CudaBackend::attention(const StepBatch& b, int layer, const Tensor& q, Tensor& out) {
+  OpMark mark(this, "attention");
   const StepView& s = step("attention");
   const int Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
   same_shape("attention", q, out);
@@ -678,8 +814,12 @@ void CudaBackend::logits(const Tensor& hidden, std::span<const int32_t> rows, co
   if (n == 0) return;
   const float* h = f32(hidden, "logits", "hidden");
   float* y = f32(out, "logits", "out");
+  OpMark mark(this, "logits", n, V);
   rows_dev_.reserve(static_cast<size_t>(n) * 4);
-  FP8KV_CU(cudaMemcpyAsync(rows_dev_.get(), rows.data(), static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream_));
+  void* rh = rows_host_.get(static_cast<size_t>(n) * 4);
+  std::memcpy(rh, rows.data(), static_cast<size_t>(n) * 4);
+  FP8KV_CU(cudaMemcpyAsync(rows_dev_.get(), rh, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream_));
+  rows_host_.copied(stream_);
   // Its own staging buffer: never in a graph, so its growth does not drop them.
   logits_x_bf16_.reserve(static_cast<size_t>(n * H) * 2);
   cuda::to_bf16_rows(h, rows_dev_.as<int32_t>(), n, H, logits_x_bf16_.as<uint16_t>(), stream_);
@@ -689,20 +829,39 @@ void CudaBackend::logits(const Tensor& hidden, std::span<const int32_t> rows, co
 }
 
 void CudaBackend::sample(const Tensor& logits, std::span<const RowSampling> params, std::span<int32_t> ids) {
+  OpMark mark(this, "sample");
   const int64_t n = logits.rows, V = logits.cols;
   if (static_cast<int64_t>(params.size()) != n || static_cast<int64_t>(ids.size()) != n)
     bad("sample", fmt::format("params/ids do not have one entry per logits row {}", shape(logits)));
   if (n == 0) return;
-  std::vector<cuda::SampleParams> p(static_cast<size_t>(n));
+  const size_t pbytes = static_cast<size_t>(n) * sizeof(cuda::SampleParams);
+  auto* p = static_cast<cuda::SampleParams*>(params_host_.get(pbytes));
   for (int64_t r = 0; r < n; ++r)
     p[r] = cuda::SampleParams{params[r].temperature, params[r].top_p, params[r].top_k, params[r].seed, params[r].counter};
-  sample_params_.reserve(p.size() * sizeof(cuda::SampleParams));
+  sample_params_.reserve(pbytes);
   sample_ids_.reserve(static_cast<size_t>(n) * 4);
-  FP8KV_CU(cudaMemcpyAsync(sample_params_.get(), p.data(), p.size() * sizeof(cuda::SampleParams),
-                           cudaMemcpyHostToDevice, stream_));
+  FP8KV_CU(cudaMemcpyAsync(sample_params_.get(), p, pbytes, cudaMemcpyHostToDevice, stream_));
+  params_host_.copied(stream_);
   cuda::sample_rows(f32(logits, "sample", "logits"), static_cast<int>(n), static_cast<int>(V),
                     sample_params_.as<cuda::SampleParams>(), sample_ids_.as<int32_t>(), stream_);
-  download(ids.data(), sample_ids_.get(), static_cast<size_t>(n) * 4);
+  void* ih = ids_host_.get(static_cast<size_t>(n) * 4);
+  FP8KV_CU(cudaMemcpyAsync(ih, sample_ids_.get(), static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost, stream_));
+  if (prof_.on) FP8KV_CU(cudaEventRecord(timing_event(prof_.tail_end), stream_));
+  FP8KV_CU(cudaStreamSynchronize(stream_));
+  std::memcpy(ids.data(), ih, static_cast<size_t>(n) * 4);
+  if (prof_.on) {
+    StepProfile& q = prof_;
+    if (q.replayed) {
+      q.graph_us += elapsed_us(q.begin, q.graph_end);
+      q.tail_us += elapsed_us(q.graph_end, q.tail_end);
+      if (q.have_prev) q.idle_us += elapsed_us(q.prev_end, q.begin), ++q.n_idle;
+      if (++q.n % 256 == 0) prof_report(false);
+    }
+    std::swap(q.prev_end, q.tail_end);
+    q.have_prev = q.sampled = true;
+    q.t_synced = std::chrono::steady_clock::now();
+    q.have_synced = true;
+  }
   for (int64_t r = 0; r < n; ++r)
     if (ids[r] < 0) throw std::runtime_error(fmt::format("non-finite logits (NaN) from the model in sampled row {}", r));
 }
@@ -741,6 +900,13 @@ bool CudaBackend::replay_graph(int64_t key) {
     return false;
   }
   FP8KV_CU(cudaGraphLaunch(it->second.exec, stream_));
+  if (prof_.on) {
+    FP8KV_CU(cudaEventRecord(timing_event(prof_.graph_end), stream_));
+    prof_.host_launch_us +=
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - prof_.t_begin).count();
+    prof_.replayed = true;
+    ++prof_.replays;
+  }
   return true;
 }
 

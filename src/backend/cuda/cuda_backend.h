@@ -11,8 +11,10 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -83,7 +85,58 @@ class CudaBackend final : public Backend {
   void end_graph_capture(int64_t key) override;
   void abort_graph_capture() override;
 
+  // Step profile (FP8KV_STEP_PROFILE=N; docs/cuda_backend.md "Batch-1 step
+  // (2026-12-01)"): per replayed step, event times of the graph, the
+  // logits/sample tail and the device idle time between steps, printed to
+  // stderr; and one eager, op-timed copy of the N-th replayed step.
+  bool op_profile_due() override;
+  void op_profile(bool on) override;
+
  private:
+  // Pinned host staging for the per-step copies (truly async: no staging
+  // through pageable memory). Reuse waits for the copy that last read or
+  // wrote it (an event), so a step never overwrites data still in flight.
+  struct Pinned {
+    void* p = nullptr;
+    size_t n = 0;
+    cudaEvent_t done = nullptr;
+    bool pending = false;
+    Pinned() = default;
+    Pinned(const Pinned&) = delete;
+    Pinned& operator=(const Pinned&) = delete;
+    ~Pinned();
+    void* get(size_t bytes);            // waits for the last copy, grows
+    void copied(cudaStream_t stream);   // after enqueueing a copy of it
+  };
+  // Records an event at the end of an op while an op profile runs.
+  struct OpMark {
+    CudaBackend* be;
+    const char* op;
+    int64_t n, k;
+    OpMark(CudaBackend* b, const char* o, int64_t n_ = 0, int64_t k_ = 0) : be(b), op(o), n(n_), k(k_) {}
+    ~OpMark() {
+      if (be->prof_.op_mode) be->op_mark(op, n, k);
+    }
+  };
+  void op_mark(const char* op, int64_t n, int64_t k);
+  void prof_report(bool final_report);
+  struct StepProfile {
+    bool on = false;
+    int op_step = 20;        // replayed step that gets the op-timed eager copy
+    bool op_done = false, op_mode = false;
+    int64_t replays = 0;     // replayed steps so far
+    bool replayed = false, sampled = false, have_prev = false;
+    cudaEvent_t begin = nullptr, graph_end = nullptr, tail_end = nullptr, prev_end = nullptr;
+    std::chrono::steady_clock::time_point t_begin{}, t_synced{};
+    bool have_synced = false;
+    int64_t n = 0;
+    double graph_us = 0, tail_us = 0, idle_us = 0, host_gap_us = 0, host_launch_us = 0;
+    int64_t n_idle = 0, n_host_gap = 0;
+    cudaEvent_t op_start = nullptr;
+    std::vector<cudaEvent_t> op_events;
+    std::vector<std::string> op_labels;
+    size_t op_used = 0;
+  };
   // Device views of the current step (pointers into step_dev_).
   struct StepView {
     int T = 0, S = 0, num_decodes = 0, B = 0;
@@ -123,8 +176,9 @@ class CudaBackend final : public Backend {
   std::vector<DeviceBuffer> kv_storage_;
   std::vector<LayerScales> scales_;
   StoreObserver* observer_ = nullptr;
-  // Step upload: one host staging buffer, one device buffer.
-  std::vector<uint8_t> step_host_;
+  // Step upload: one pinned host staging buffer, one device buffer.
+  Pinned step_host_;
+  Pinned rows_host_, params_host_, ids_host_;  // logits rows, sample params, sampled ids
   cuda::DeviceBuffer step_dev_;
   StepView step_;
   bool have_step_ = false;
@@ -149,6 +203,7 @@ class CudaBackend final : public Backend {
   uint64_t buffers_gen_ = 0;
   uint64_t routes_gen_at_capture_ = 0;
   std::map<int64_t, Graph> graphs_;
+  StepProfile prof_;
 };
 
 }  // namespace fp8kv
