@@ -427,6 +427,13 @@ void CudaBackend::begin_step(const StepBatch& b) {
     return at;
   };
   const size_t o_ids = section(T * 4), o_pos = section(T * 4), o_ctx = section(S * 4), o_qs = section((P + 1) * 4);
+  const int ns = static_cast<int>(b.sample_rows.size());
+  if (b.sample_params.size() != b.sample_rows.size()) bad("begin_step", "sample_rows and sample_params differ in size");
+  for (int i = 0; i < ns; ++i)
+    if (b.sample_rows[i] < 0 || b.sample_rows[i] >= T)
+      bad("begin_step", fmt::format("sample row {} outside the step's {} rows", b.sample_rows[i], T));
+  const size_t o_srows = section(static_cast<size_t>(ns) * 4),
+               o_sparams = section(static_cast<size_t>(ns) * sizeof(cuda::SampleParams));
   std::vector<size_t> o_slots(G), o_bt(G);
   for (int g = 0; g < G; ++g) o_slots[g] = section(static_cast<size_t>(T) * 8);
   for (int g = 0; g < G; ++g) o_bt[g] = section(static_cast<size_t>(S) * B * 4);
@@ -441,6 +448,12 @@ void CudaBackend::begin_step(const StepBatch& b) {
     std::memcpy(host + o_slots[g], b.slot_mapping[g].data(), static_cast<size_t>(T) * 8);
     std::memcpy(host + o_bt[g], b.block_tables[g].data(), static_cast<size_t>(S) * B * 4);
   }
+  std::memcpy(host + o_srows, b.sample_rows.data(), static_cast<size_t>(ns) * 4);
+  for (int i = 0; i < ns; ++i) {
+    const RowSampling& r = b.sample_params[i];
+    const cuda::SampleParams sp{r.temperature, r.top_p, r.top_k, r.seed, r.counter};
+    std::memcpy(host + o_sparams + i * sizeof(cuda::SampleParams), &sp, sizeof sp);
+  }
   grow(step_dev_, std::max<size_t>(off, 16));
   FP8KV_CU(cudaMemcpyAsync(step_dev_.get(), host, off, cudaMemcpyHostToDevice, stream_));
   step_host_.copied(stream_);
@@ -453,6 +466,9 @@ void CudaBackend::begin_step(const StepBatch& b) {
     v.slots.push_back(reinterpret_cast<const int64_t*>(base + o_slots[g]));
     v.block_tables.push_back(reinterpret_cast<const int32_t*>(base + o_bt[g]));
   }
+  v.n_sample = ns;
+  v.sample_rows = reinterpret_cast<const int32_t*>(base + o_srows);
+  v.sample_params = reinterpret_cast<const cuda::SampleParams*>(base + o_sparams);
   step_ = std::move(v);
   have_step_ = true;
 }
@@ -849,19 +865,63 @@ void CudaBackend::sample(const Tensor& logits, std::span<const RowSampling> para
   if (prof_.on) FP8KV_CU(cudaEventRecord(timing_event(prof_.tail_end), stream_));
   FP8KV_CU(cudaStreamSynchronize(stream_));
   std::memcpy(ids.data(), ih, static_cast<size_t>(n) * 4);
-  if (prof_.on) {
-    StepProfile& q = prof_;
-    if (q.replayed) {
-      q.graph_us += elapsed_us(q.begin, q.graph_end);
-      q.tail_us += elapsed_us(q.graph_end, q.tail_end);
-      if (q.have_prev) q.idle_us += elapsed_us(q.prev_end, q.begin), ++q.n_idle;
-      if (++q.n % 256 == 0) prof_report(false);
-    }
-    std::swap(q.prev_end, q.tail_end);
-    q.have_prev = q.sampled = true;
-    q.t_synced = std::chrono::steady_clock::now();
-    q.have_synced = true;
+  prof_synced();
+  for (int64_t r = 0; r < n; ++r)
+    if (ids[r] < 0) throw std::runtime_error(fmt::format("non-finite logits (NaN) from the model in sampled row {}", r));
+}
+
+void CudaBackend::prof_synced() {
+  if (!prof_.on) return;
+  StepProfile& q = prof_;
+  if (q.replayed) {
+    q.graph_us += elapsed_us(q.begin, q.graph_end);
+    q.tail_us += elapsed_us(q.graph_end, q.tail_end);
+    if (q.have_prev) q.idle_us += elapsed_us(q.prev_end, q.begin), ++q.n_idle;
+    if (++q.n % 256 == 0) prof_report(false);
   }
+  std::swap(q.prev_end, q.tail_end);
+  q.have_prev = q.sampled = true;
+  q.t_synced = std::chrono::steady_clock::now();
+  q.have_synced = true;
+}
+
+// The LM head of the step's sample rows and the sampling kernel, with every
+// input in the step buffer (begin_step) and every output in a buffer that
+// only grows through grow(): capturable, so a decode graph ends with the
+// sampled ids on the device. The same kernels as logits() + sample() (the
+// LM-head route of n rows, then sample_rows).
+void CudaBackend::sample_step(const Tensor& hidden, const Tensor& output, Tensor& out) {
+  OpMark mark(this, "sample_step");
+  const StepView& s = step("sample_step");
+  const int64_t n = s.n_sample, H = hidden.cols, V = output.rows;
+  if (n == 0) bad("sample_step", "the step has no sample rows (StepBatch::sample_rows)");
+  if (output.cols != H || out.rows != n || out.cols != V || hidden.rows != s.T)
+    bad("sample_step", fmt::format("hidden {}, output {}, out {} for {} rows", shape(hidden), shape(output),
+                                   shape(out), n));
+  const float* h = f32(hidden, "sample_step", "hidden");
+  float* y = f32(out, "sample_step", "out");
+  grow(step_logits_x_, static_cast<size_t>(n * H) * 2);
+  grow(step_sample_ids_, static_cast<size_t>(n) * 4);
+  cuda::to_bf16_rows(h, s.sample_rows, n, H, step_logits_x_.as<uint16_t>(), stream_);
+  gemm_->linear(step_logits_x_.as<uint16_t>(), n, matrix(output, "sample_step"), nullptr, y, false, stream_);
+  if (cfg_.final_logit_softcapping)
+    cuda::softcap(y, n * V, static_cast<float>(*cfg_.final_logit_softcapping), stream_);
+  cuda::sample_rows(y, static_cast<int>(n), static_cast<int>(V), s.sample_params, step_sample_ids_.as<int32_t>(),
+                    stream_);
+}
+
+void CudaBackend::step_sampled_ids(std::span<int32_t> ids) {
+  const StepView& s = step("step_sampled_ids");
+  const int64_t n = static_cast<int64_t>(ids.size());
+  if (n > s.n_sample) bad("step_sampled_ids", fmt::format("{} ids asked, the step sampled {} rows", n, s.n_sample));
+  if (n == 0) return;
+  if (capturing_) throw std::logic_error("CudaBackend::step_sampled_ids during graph capture");
+  void* ih = ids_host_.get(static_cast<size_t>(n) * 4);
+  FP8KV_CU(cudaMemcpyAsync(ih, step_sample_ids_.get(), static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost, stream_));
+  if (prof_.on) FP8KV_CU(cudaEventRecord(timing_event(prof_.tail_end), stream_));
+  FP8KV_CU(cudaStreamSynchronize(stream_));
+  std::memcpy(ids.data(), ih, static_cast<size_t>(n) * 4);
+  prof_synced();
   for (int64_t r = 0; r < n; ++r)
     if (ids[r] < 0) throw std::runtime_error(fmt::format("non-finite logits (NaN) from the model in sampled row {}", r));
 }

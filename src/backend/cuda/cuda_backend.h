@@ -62,6 +62,11 @@ class CudaBackend final : public Backend {
   void attention(const StepBatch& batch, int layer, const Tensor& q, Tensor& out) override;
   void logits(const Tensor& hidden, std::span<const int32_t> rows, const Tensor& output, Tensor& out) override;
   void sample(const Tensor& logits, std::span<const RowSampling> params, std::span<int32_t> host_ids) override;
+  // Logits rows + sampling inside the step (and its CUDA graph): one replay
+  // and one small D2H copy per decode step.
+  bool samples_in_step() const override { return true; }
+  void sample_step(const Tensor& hidden, const Tensor& output, Tensor& logits) override;
+  void step_sampled_ids(std::span<int32_t> host_ids) override;
 
   // Fused QKV and gate|up GEMMs (weights concatenated at upload).
   bool fuses_projections() const override { return true; }
@@ -150,6 +155,9 @@ class CudaBackend final : public Backend {
     const int32_t* prefill_q_start = nullptr;  // [S - num_decodes + 1], relative to prefill_row0
     std::vector<const int64_t*> slots;         // [G] -> [T]
     std::vector<const int32_t*> block_tables;  // [G] -> [S][B]
+    int n_sample = 0;                          // StepBatch::sample_rows.size()
+    const int32_t* sample_rows = nullptr;      // [n_sample]
+    const cuda::SampleParams* sample_params = nullptr;  // [n_sample]
   };
   struct LayerScales {
     cuda::DeviceBuffer k, v;
@@ -190,6 +198,10 @@ class CudaBackend final : public Backend {
   cuda::DeviceBuffer logits_x_bf16_; // LM-head input [n][H] bf16
   cuda::DeviceBuffer sample_params_; // [n] SampleParams
   cuda::DeviceBuffer sample_ids_;    // [n] int32
+  // sample_step's buffers (graphs point into them: grown with grow()).
+  cuda::DeviceBuffer step_logits_x_;   // [n][H] bf16
+  cuda::DeviceBuffer step_sample_ids_; // [n] int32
+  void prof_synced();  // step profile bookkeeping after a step's ids reached the host
   std::vector<float> obs_q_, obs_k_, obs_v_;  // host copies for the observer
   // Graphs: one executable graph per bucket key, valid while buffers_gen_
   // (bumped by every reallocation of memory a graph may use) is unchanged.
