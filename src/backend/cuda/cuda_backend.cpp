@@ -110,10 +110,10 @@ void* CudaBackend::Pinned::get(size_t bytes) {
     pending = false;
   }
   if (bytes > n) {
+    const size_t want = std::max<size_t>({bytes, n + n / 2, 256});
     if (p) FP8KV_CU(cudaFreeHost(p));
     p = nullptr;
     n = 0;
-    const size_t want = std::max<size_t>({bytes, n + n / 2, 256});
     FP8KV_CU(cudaHostAlloc(&p, want, cudaHostAllocDefault));
     n = want;
   }
@@ -150,14 +150,17 @@ void CudaBackend::op_profile(bool on) {
     prof_.op_mode = true;
     prof_.op_used = 0;
     FP8KV_CU(cudaStreamSynchronize(stream_));
-    cudaProfilerStart();  // for ncu --profile-from-start off (scripts/gpu_step.sh); a no-op otherwise
+    (void)cudaProfilerStart();  // for ncu --profile-from-start off (scripts/gpu_step.sh); a no-op otherwise
+    (void)cudaGetLastError();   // (the stream is idle: nothing else can be pending)
+    prof_.op_this_step = true;  // this step's graph time would contain the copy: not counted
     FP8KV_CU(cudaEventRecord(timing_event(prof_.op_start), stream_));
     return;
   }
   prof_.op_mode = false;
   prof_.op_done = true;
   FP8KV_CU(cudaStreamSynchronize(stream_));
-  cudaProfilerStop();
+  (void)cudaProfilerStop();
+  (void)cudaGetLastError();
   // Per label: time from the previous mark to this op's end (eager, the
   // host launching ahead: GPU time of the op plus the gap before it).
   std::map<std::string, std::pair<double, int>> per;
@@ -388,7 +391,7 @@ void CudaBackend::begin_step(const StepBatch& b) {
       prof_.host_gap_us += std::chrono::duration<double, std::micro>(prof_.t_begin - prof_.t_synced).count(),
           ++prof_.n_host_gap;
     prof_.have_prev = prof_.have_prev && prof_.sampled;
-    prof_.replayed = prof_.sampled = false;
+    prof_.replayed = prof_.sampled = prof_.op_this_step = false;
     FP8KV_CU(cudaEventRecord(timing_event(prof_.begin), stream_));
   }
   const int T = b.num_tokens, S = b.num_seqs, G = b.num_groups, B = b.max_blocks_per_seq, nd = b.num_decodes;
@@ -877,7 +880,7 @@ void CudaBackend::prof_synced() {
     q.graph_us += elapsed_us(q.begin, q.graph_end);
     q.tail_us += elapsed_us(q.graph_end, q.tail_end);
     if (q.have_prev) q.idle_us += elapsed_us(q.prev_end, q.begin), ++q.n_idle;
-    if (++q.n % 256 == 0) prof_report(false);
+    if (++q.n % 32 == 0) prof_report(false);
   }
   std::swap(q.prev_end, q.tail_end);
   q.have_prev = q.sampled = true;
@@ -964,7 +967,7 @@ bool CudaBackend::replay_graph(int64_t key) {
     FP8KV_CU(cudaEventRecord(timing_event(prof_.graph_end), stream_));
     prof_.host_launch_us +=
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - prof_.t_begin).count();
-    prof_.replayed = true;
+    prof_.replayed = !prof_.op_this_step;
     ++prof_.replays;
   }
   return true;

@@ -128,7 +128,7 @@ class CudaBackend final : public Backend {
   struct StepProfile {
     bool on = false;
     int op_step = 20;        // replayed step that gets the op-timed eager copy
-    bool op_done = false, op_mode = false;
+    bool op_done = false, op_mode = false, op_this_step = false;
     int64_t replays = 0;     // replayed steps so far
     bool replayed = false, sampled = false, have_prev = false;
     cudaEvent_t begin = nullptr, graph_end = nullptr, tail_end = nullptr, prev_end = nullptr;
