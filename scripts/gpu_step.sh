@@ -41,11 +41,16 @@ fi
 
 MODEL=tests/data/configs/llama-3.1-8b
 L1K="latency --batch-size 1 --input-len 1024 --output-len 64 --num-iters-warmup 1 --num-iters 2"
+# In the 1K process after its main run (default routes, sampling inside the
+# graph), one model load, ~1 s each: the sampling after the graph (the old
+# path: A/B of this change) and the best route set of run I (lm_head=simt2).
+DEF_ROUTES="qkv=simtk,o_proj=simtk,gate_up=auto,down=simt8,lm_head=auto"
+ROUTE_SETS="$DEF_ROUTES,sample=separate;${DEF_ROUTES/lm_head=auto/lm_head=simt2};$DEF_ROUTES"
 # name | estimated seconds | environment | bench arguments. FP8KV_STEP_PROFILE=20:
 # the op-timed eager copy is made at the 20th replayed step (in the warm-up
 # iteration, so the timed iterations do not contain it).
 CASES=(
-  "lat_b1_1k_fp8|55|FP8KV_STEP_PROFILE=20|$L1K --kv-cache-dtype fp8"
+  "lat_b1_1k_fp8|60|FP8KV_STEP_PROFILE=20|$L1K --kv-cache-dtype fp8 --gemv-routes $ROUTE_SETS"
   "lat_b1_60k_fp8|50|FP8KV_STEP_PROFILE=10|latency --batch-size 1 --input-len 60000 --output-len 32 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8"
 )
 phase bench
@@ -90,16 +95,23 @@ for n in ("lat_b1_1k_fp8", "lat_b1_60k_fp8"):
         continue
     print(f"{n:16} {j.get('decode_ms_per_step', 0):8.3f} {j.get('decode_tokens_per_s', 0):7.1f} "
           f"{j.get('floor_fraction', 0):6.3f} {j.get('copy_gbps', 0):9.0f} {j.get('bytes_per_step', 0) / 1e9:8.2f}")
+try:
+    j = json.load(open(os.path.join(out, "lat_b1_1k_fp8.json")))
+    print(f"route sets at batch 1 1K (same process; main run {j.get('gemv_routes')}: {j.get('decode_ms_per_step', 0):.3f} ms/step)")
+    for r in j.get("gemv_route_runs", []):
+        print(f"  {r['routes']:82} {r['decode_ms_per_step']:7.3f} ms/step {r['decode_tokens_per_s']:6.1f} tok/s floor {r['floor_fraction']:.3f}")
+except Exception as e:
+    print("route runs:", e)
 for n in ("lat_b1_1k_fp8", "lat_b1_60k_fp8"):
     p = os.path.join(out, n + ".log")
     if not os.path.exists(p):
         continue
     lines = [l.rstrip() for l in open(p) if l.startswith("step profile")]
-    tl = [l for l in lines if l.startswith("step profile:") and "replayed steps" in l]
+    tl = [l for l in lines if l.startswith("step profile:") and "replayed steps" in l]  # one per route set
     ops = [l for l in lines if l.startswith("step profile op:")]
     hdr = [l for l in lines if "op-timed" in l]
     print(f"== {n}")
-    for l in (tl[-1:] + hdr[:1] + ops[:14]):
+    for l in (tl + hdr[:1] + ops[:14]):
         print("  " + l)
 # ncu: one eager decode step's kernels.
 p = os.path.join(out, "ncu_b1_1k.csv")

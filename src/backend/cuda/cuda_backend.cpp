@@ -202,9 +202,9 @@ void CudaBackend::prof_report(bool final_report) {
   fmt::print(stderr,
              "step profile{}: {} replayed steps, per step (us): graph {:.1f} (begin_step's copy + replay, on the "
              "device), logits+sample tail {:.1f}, device idle before the step {:.1f} ({} steps); period {:.1f}; "
-             "host: sample's sync -> begin_step {:.1f}, begin_step + launch {:.1f}\n",
+             "host: sample's sync -> begin_step {:.1f}, begin_step + launch {:.1f}; routes {}\n",
              final_report ? "" : " (running)", p.n, p.graph_us / n, p.tail_us / n, idle, p.n_idle,
-             p.graph_us / n + p.tail_us / n + idle, gap, p.host_launch_us / n);
+             p.graph_us / n + p.tail_us / n + idle, gap, p.host_launch_us / n, p.routes);
 }
 
 MemoryInfo CudaBackend::memory_info() const {
@@ -386,6 +386,14 @@ void CudaBackend::set_kv_scales(const KvScales& scales) {
 
 void CudaBackend::begin_step(const StepBatch& b) {
   if (prof_.on) {
+    if (prof_.routes_gen != cuda::linear_routes_generation()) {  // a new route set: report, restart
+      prof_report(true);
+      prof_.routes_gen = cuda::linear_routes_generation();
+      prof_.n = prof_.n_idle = prof_.n_host_gap = 0;
+      prof_.graph_us = prof_.tail_us = prof_.idle_us = prof_.host_gap_us = prof_.host_launch_us = 0;
+      prof_.routes.clear();
+    }
+    if (prof_.routes.empty()) prof_.routes = cuda::linear_routes_string(cuda::linear_routes());
     prof_.t_begin = std::chrono::steady_clock::now();
     if (prof_.have_synced && prof_.sampled)
       prof_.host_gap_us += std::chrono::duration<double, std::micro>(prof_.t_begin - prof_.t_synced).count(),
@@ -912,6 +920,8 @@ void CudaBackend::sample_step(const Tensor& hidden, const Tensor& output, Tensor
   cuda::sample_rows(y, static_cast<int>(n), static_cast<int>(V), s.sample_params, step_sample_ids_.as<int32_t>(),
                     stream_);
 }
+
+bool CudaBackend::samples_in_step() const { return cuda::linear_routes().sample_in_graph; }
 
 void CudaBackend::step_sampled_ids(std::span<int32_t> ids) {
   const StepView& s = step("step_sampled_ids");

@@ -64,7 +64,7 @@ class CudaBackend final : public Backend {
   void sample(const Tensor& logits, std::span<const RowSampling> params, std::span<int32_t> host_ids) override;
   // Logits rows + sampling inside the step (and its CUDA graph): one replay
   // and one small D2H copy per decode step.
-  bool samples_in_step() const override { return true; }
+  bool samples_in_step() const override;
   void sample_step(const Tensor& hidden, const Tensor& output, Tensor& logits) override;
   void step_sampled_ids(std::span<int32_t> host_ids) override;
 
@@ -141,6 +141,8 @@ class CudaBackend final : public Backend {
     std::vector<cudaEvent_t> op_events;
     std::vector<std::string> op_labels;
     size_t op_used = 0;
+    uint64_t routes_gen = 0;  // counters restart when the GEMV routes change (bench --gemv-routes)
+    std::string routes;       // the routes of the counted steps
   };
   // Device views of the current step (pointers into step_dev_).
   struct StepView {
