@@ -74,8 +74,8 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const BackendOptions& opts)
                                  cfg.num_kv_heads));
   enforce_eager_ = opts.enforce_eager;
   if (const char* e = std::getenv("FP8KV_STEP_PROFILE"); e && *e && std::string(e) != "0") {
-    prof_.on = true;
-    prof_.op_step = std::max(1, std::atoi(e));
+    sprof_.on = true;
+    sprof_.op_step = std::max(1, std::atoi(e));
   }
   FP8KV_CU(cudaSetDevice(device_));
   FP8KV_CU(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -88,12 +88,12 @@ CudaBackend::~CudaBackend() {
   for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g.exec);
   if (stream_) {
     cudaStreamSynchronize(stream_);
-    if (prof_.on) prof_report(true);
+    if (sprof_.on) prof_report(true);
     cudaStreamDestroy(stream_);
   }
-  for (cudaEvent_t e : {prof_.begin, prof_.graph_end, prof_.tail_end, prof_.prev_end, prof_.op_start})
+  for (cudaEvent_t e : {sprof_.begin, sprof_.graph_end, sprof_.tail_end, sprof_.prev_end, sprof_.op_start})
     if (e) cudaEventDestroy(e);
-  for (cudaEvent_t e : prof_.op_events) cudaEventDestroy(e);
+  for (cudaEvent_t e : sprof_.op_events) cudaEventDestroy(e);
 }
 
 CudaBackend::Pinned::~Pinned() {
@@ -141,23 +141,23 @@ float elapsed_us(cudaEvent_t a, cudaEvent_t b) {
 }  // namespace
 
 bool CudaBackend::op_profile_due() {
-  return prof_.on && !prof_.op_done && !capturing_ && prof_.replays + 1 >= prof_.op_step;
+  return sprof_.on && !sprof_.op_done && !capturing_ && sprof_.replays + 1 >= sprof_.op_step;
 }
 
 void CudaBackend::op_profile(bool on) {
-  if (!prof_.on) return;
+  if (!sprof_.on) return;
   if (on) {
-    prof_.op_mode = true;
-    prof_.op_used = 0;
+    sprof_.op_mode = true;
+    sprof_.op_used = 0;
     FP8KV_CU(cudaStreamSynchronize(stream_));
     (void)cudaProfilerStart();  // for ncu --profile-from-start off (scripts/gpu_step.sh); a no-op otherwise
     (void)cudaGetLastError();   // (the stream is idle: nothing else can be pending)
-    prof_.op_this_step = true;  // this step's graph time would contain the copy: not counted
-    FP8KV_CU(cudaEventRecord(timing_event(prof_.op_start), stream_));
+    sprof_.op_this_step = true;  // this step's graph time would contain the copy: not counted
+    FP8KV_CU(cudaEventRecord(timing_event(sprof_.op_start), stream_));
     return;
   }
-  prof_.op_mode = false;
-  prof_.op_done = true;
+  sprof_.op_mode = false;
+  sprof_.op_done = true;
   FP8KV_CU(cudaStreamSynchronize(stream_));
   (void)cudaProfilerStop();
   (void)cudaGetLastError();
@@ -165,37 +165,37 @@ void CudaBackend::op_profile(bool on) {
   // host launching ahead: GPU time of the op plus the gap before it).
   std::map<std::string, std::pair<double, int>> per;
   double total = 0;
-  cudaEvent_t prev = prof_.op_start;
-  for (size_t i = 0; i < prof_.op_used; ++i) {
-    const double us = elapsed_us(prev, prof_.op_events[i]);
-    auto& [t, c] = per[prof_.op_labels[i]];
+  cudaEvent_t prev = sprof_.op_start;
+  for (size_t i = 0; i < sprof_.op_used; ++i) {
+    const double us = elapsed_us(prev, sprof_.op_events[i]);
+    auto& [t, c] = per[sprof_.op_labels[i]];
     t += us;
     ++c;
     total += us;
-    prev = prof_.op_events[i];
+    prev = sprof_.op_events[i];
   }
   std::vector<std::pair<std::string, std::pair<double, int>>> rows(per.begin(), per.end());
   std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
   fmt::print(stderr, "step profile: eager op-timed decode step (replayed step {}): {} ops, {:.1f} us\n",
-             prof_.replays + 1, prof_.op_used, total);
+             sprof_.replays + 1, sprof_.op_used, total);
   for (const auto& [label, tc] : rows)
     fmt::print(stderr, "step profile op: {:34} {:9.1f} us {:4d} calls {:8.2f} us/call {:6.1f}%\n", label, tc.first,
                tc.second, tc.first / tc.second, 100.0 * tc.first / std::max(total, 1e-9));
 }
 
 void CudaBackend::op_mark(const char* op, int64_t n, int64_t k) {
-  if (prof_.op_used == prof_.op_events.size()) {
-    prof_.op_events.push_back(nullptr);
-    timing_event(prof_.op_events.back());
-    prof_.op_labels.emplace_back();
+  if (sprof_.op_used == sprof_.op_events.size()) {
+    sprof_.op_events.push_back(nullptr);
+    timing_event(sprof_.op_events.back());
+    sprof_.op_labels.emplace_back();
   }
-  prof_.op_labels[prof_.op_used] = n > 0 ? fmt::format("{} {}x{}", op, n, k) : std::string(op);
-  FP8KV_CU(cudaEventRecord(prof_.op_events[prof_.op_used], stream_));
-  ++prof_.op_used;
+  sprof_.op_labels[sprof_.op_used] = n > 0 ? fmt::format("{} {}x{}", op, n, k) : std::string(op);
+  FP8KV_CU(cudaEventRecord(sprof_.op_events[sprof_.op_used], stream_));
+  ++sprof_.op_used;
 }
 
 void CudaBackend::prof_report(bool final_report) {
-  const StepProfile& p = prof_;
+  const StepProfile& p = sprof_;
   if (p.n == 0) return;
   const double n = static_cast<double>(p.n);
   const double idle = p.n_idle ? p.idle_us / p.n_idle : 0, gap = p.n_host_gap ? p.host_gap_us / p.n_host_gap : 0;
@@ -385,22 +385,22 @@ void CudaBackend::set_kv_scales(const KvScales& scales) {
 // ---- step ------------------------------------------------------------------------
 
 void CudaBackend::begin_step(const StepBatch& b) {
-  if (prof_.on) {
-    if (prof_.routes_gen != cuda::linear_routes_generation()) {  // a new route set: report, restart
+  if (sprof_.on) {
+    if (sprof_.routes_gen != cuda::linear_routes_generation()) {  // a new route set: report, restart
       prof_report(true);
-      prof_.routes_gen = cuda::linear_routes_generation();
-      prof_.n = prof_.n_idle = prof_.n_host_gap = 0;
-      prof_.graph_us = prof_.tail_us = prof_.idle_us = prof_.host_gap_us = prof_.host_launch_us = 0;
-      prof_.routes.clear();
+      sprof_.routes_gen = cuda::linear_routes_generation();
+      sprof_.n = sprof_.n_idle = sprof_.n_host_gap = 0;
+      sprof_.graph_us = sprof_.tail_us = sprof_.idle_us = sprof_.host_gap_us = sprof_.host_launch_us = 0;
+      sprof_.routes.clear();
     }
-    if (prof_.routes.empty()) prof_.routes = cuda::linear_routes_string(cuda::linear_routes());
-    prof_.t_begin = std::chrono::steady_clock::now();
-    if (prof_.have_synced && prof_.sampled)
-      prof_.host_gap_us += std::chrono::duration<double, std::micro>(prof_.t_begin - prof_.t_synced).count(),
-          ++prof_.n_host_gap;
-    prof_.have_prev = prof_.have_prev && prof_.sampled;
-    prof_.replayed = prof_.sampled = prof_.op_this_step = false;
-    FP8KV_CU(cudaEventRecord(timing_event(prof_.begin), stream_));
+    if (sprof_.routes.empty()) sprof_.routes = cuda::linear_routes_string(cuda::linear_routes());
+    sprof_.t_begin = std::chrono::steady_clock::now();
+    if (sprof_.have_synced && sprof_.sampled)
+      sprof_.host_gap_us += std::chrono::duration<double, std::micro>(sprof_.t_begin - sprof_.t_synced).count(),
+          ++sprof_.n_host_gap;
+    sprof_.have_prev = sprof_.have_prev && sprof_.sampled;
+    sprof_.replayed = sprof_.sampled = sprof_.op_this_step = false;
+    FP8KV_CU(cudaEventRecord(timing_event(sprof_.begin), stream_));
   }
   const int T = b.num_tokens, S = b.num_seqs, G = b.num_groups, B = b.max_blocks_per_seq, nd = b.num_decodes;
   if (static_cast<int>(b.token_ids.size()) != T || static_cast<int>(b.positions.size()) != T ||
@@ -873,7 +873,7 @@ void CudaBackend::sample(const Tensor& logits, std::span<const RowSampling> para
                     sample_params_.as<cuda::SampleParams>(), sample_ids_.as<int32_t>(), stream_);
   void* ih = ids_host_.get(static_cast<size_t>(n) * 4);
   FP8KV_CU(cudaMemcpyAsync(ih, sample_ids_.get(), static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost, stream_));
-  if (prof_.on) FP8KV_CU(cudaEventRecord(timing_event(prof_.tail_end), stream_));
+  if (sprof_.on) FP8KV_CU(cudaEventRecord(timing_event(sprof_.tail_end), stream_));
   FP8KV_CU(cudaStreamSynchronize(stream_));
   std::memcpy(ids.data(), ih, static_cast<size_t>(n) * 4);
   prof_synced();
@@ -882,8 +882,8 @@ void CudaBackend::sample(const Tensor& logits, std::span<const RowSampling> para
 }
 
 void CudaBackend::prof_synced() {
-  if (!prof_.on) return;
-  StepProfile& q = prof_;
+  if (!sprof_.on) return;
+  StepProfile& q = sprof_;
   if (q.replayed) {
     q.graph_us += elapsed_us(q.begin, q.graph_end);
     q.tail_us += elapsed_us(q.graph_end, q.tail_end);
@@ -931,7 +931,7 @@ void CudaBackend::step_sampled_ids(std::span<int32_t> ids) {
   if (capturing_) throw std::logic_error("CudaBackend::step_sampled_ids during graph capture");
   void* ih = ids_host_.get(static_cast<size_t>(n) * 4);
   FP8KV_CU(cudaMemcpyAsync(ih, step_sample_ids_.get(), static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost, stream_));
-  if (prof_.on) FP8KV_CU(cudaEventRecord(timing_event(prof_.tail_end), stream_));
+  if (sprof_.on) FP8KV_CU(cudaEventRecord(timing_event(sprof_.tail_end), stream_));
   FP8KV_CU(cudaStreamSynchronize(stream_));
   std::memcpy(ids.data(), ih, static_cast<size_t>(n) * 4);
   prof_synced();
@@ -973,12 +973,12 @@ bool CudaBackend::replay_graph(int64_t key) {
     return false;
   }
   FP8KV_CU(cudaGraphLaunch(it->second.exec, stream_));
-  if (prof_.on) {
-    FP8KV_CU(cudaEventRecord(timing_event(prof_.graph_end), stream_));
-    prof_.host_launch_us +=
-        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - prof_.t_begin).count();
-    prof_.replayed = !prof_.op_this_step;
-    ++prof_.replays;
+  if (sprof_.on) {
+    FP8KV_CU(cudaEventRecord(timing_event(sprof_.graph_end), stream_));
+    sprof_.host_launch_us +=
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - sprof_.t_begin).count();
+    sprof_.replayed = !sprof_.op_this_step;
+    ++sprof_.replays;
   }
   return true;
 }

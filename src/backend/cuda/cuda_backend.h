@@ -120,7 +120,7 @@ class CudaBackend final : public Backend {
     int64_t n, k;
     OpMark(CudaBackend* b, const char* o, int64_t n_ = 0, int64_t k_ = 0) : be(b), op(o), n(n_), k(k_) {}
     ~OpMark() {
-      if (be->prof_.op_mode) be->op_mark(op, n, k);
+      if (be->sprof_.op_mode) be->op_mark(op, n, k);
     }
   };
   void op_mark(const char* op, int64_t n, int64_t k);
@@ -217,7 +217,7 @@ class CudaBackend final : public Backend {
   uint64_t buffers_gen_ = 0;
   uint64_t routes_gen_at_capture_ = 0;
   std::map<int64_t, Graph> graphs_;
-  StepProfile prof_;
+  StepProfile sprof_;
 };
 
 }  // namespace fp8kv
