@@ -448,8 +448,12 @@ void CudaBackend::begin_step(const StepBatch& b) {
   std::vector<size_t> o_slots(G), o_bt(G);
   for (int g = 0; g < G; ++g) o_slots[g] = section(static_cast<size_t>(T) * 8);
   for (int g = 0; g < G; ++g) o_bt[g] = section(static_cast<size_t>(S) * B * 4);
-  auto* host = static_cast<uint8_t*>(step_host_.get(std::max<size_t>(off, 16)));
-  std::memset(host, 0, off);
+  // Pageable staging on purpose: a small pageable H2D copy is staged by the
+  // driver at the call (the buffer is free again on return); the pinned
+  // variant (a copy-engine DMA) gained nothing in run K2 (docs/cuda_backend.md
+  // "Batch-1 step (2026-12-01)").
+  step_host_.assign(off, 0);
+  uint8_t* host = step_host_.data();
   std::memcpy(host + o_ids, b.token_ids.data(), T * 4);
   std::memcpy(host + o_pos, b.positions.data(), T * 4);
   std::memcpy(host + o_ctx, b.context_lens.data(), S * 4);
@@ -467,7 +471,6 @@ void CudaBackend::begin_step(const StepBatch& b) {
   }
   grow(step_dev_, std::max<size_t>(off, 16));
   FP8KV_CU(cudaMemcpyAsync(step_dev_.get(), host, off, cudaMemcpyHostToDevice, stream_));
-  step_host_.copied(stream_);
   const auto* base = static_cast<const uint8_t*>(step_dev_.get());
   v.ids = reinterpret_cast<const int32_t*>(base + o_ids);
   v.positions = reinterpret_cast<const int32_t*>(base + o_pos);

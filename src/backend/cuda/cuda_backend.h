@@ -186,8 +186,8 @@ class CudaBackend final : public Backend {
   std::vector<DeviceBuffer> kv_storage_;
   std::vector<LayerScales> scales_;
   StoreObserver* observer_ = nullptr;
-  // Step upload: one pinned host staging buffer, one device buffer.
-  Pinned step_host_;
+  // Step upload: one host staging buffer, one device buffer.
+  std::vector<uint8_t> step_host_;
   Pinned rows_host_, params_host_, ids_host_;  // logits rows, sample params, sampled ids
   cuda::DeviceBuffer step_dev_;
   StepView step_;
