@@ -48,10 +48,12 @@ DEF_ROUTES="qkv=simtk,o_proj=simtk,gate_up=auto,down=simt8,lm_head=auto"
 ROUTE_SETS="$DEF_ROUTES,sample=separate;${DEF_ROUTES/lm_head=auto/lm_head=simt2};$DEF_ROUTES"
 # name | estimated seconds | environment | bench arguments. FP8KV_STEP_PROFILE=20:
 # the op-timed eager copy is made at the 20th replayed step (in the warm-up
-# iteration, so the timed iterations do not contain it).
+# iteration, so the timed iterations do not contain it). 60K has no warm-up
+# iteration: 1000 = no op-timed copy there (run K2's copy at step 10 cost
+# its decode tok/s ~3%), the per-step times only.
 CASES=(
   "lat_b1_1k_fp8|60|FP8KV_STEP_PROFILE=20|$L1K --kv-cache-dtype fp8 --gemv-routes $ROUTE_SETS"
-  "lat_b1_60k_fp8|50|FP8KV_STEP_PROFILE=10|latency --batch-size 1 --input-len 60000 --output-len 32 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8"
+  "lat_b1_60k_fp8|50|FP8KV_STEP_PROFILE=1000|latency --batch-size 1 --input-len 60000 --output-len 32 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8"
 )
 phase bench
 for c in "${CASES[@]}"; do
