@@ -118,15 +118,6 @@ struct KvLayerStorage {
   void* v_cache = nullptr;
 };
 
-// Per-row sampling parameters for Backend::sample (device sampling).
-struct RowSampling {
-  float temperature = 0.0f;  // 0: greedy (argmax, ties -> lowest id)
-  float top_p = 1.0f;        // (0, 1]
-  int top_k = 0;             // 0: off
-  uint64_t seed = 0;         // request seed
-  uint64_t counter = 0;      // tokens this request has sampled so far (stream position)
-};
-
 struct BackendOptions {
   int num_threads = 0;         // CPU: OpenMP threads (0: default)
   bool enforce_eager = false;  // CUDA: no CUDA graphs
@@ -210,6 +201,20 @@ class Backend {
   // Greedy rows (temperature 0) take the argmax, ties to the lowest id, on
   // every backend. Seeded random streams are backend-specific.
   virtual void sample(const Tensor& logits, std::span<const RowSampling> params, std::span<int32_t> host_ids) = 0;
+  // Sampling inside the step (optional; docs/cuda_backend.md "Batch-1 step
+  // (2026-12-01)"). When samples_in_step(), the runner may put rows and
+  // parameters into the StepBatch (sample_rows / sample_params), call
+  // sample_step after the forward's ops (inside a CUDA graph capture too:
+  // logits of those rows into `logits` [n][V], then one id per row on the
+  // device), and fetch the ids with step_sampled_ids (the first ids.size()
+  // rows; throws on a NaN row, as sample does). Same math as logits + sample.
+  virtual bool samples_in_step() const { return false; }
+  virtual void sample_step(const Tensor& /*hidden*/, const Tensor& /*output*/, Tensor& /*logits*/) {
+    throw std::logic_error("Backend::sample_step: not supported by this backend");
+  }
+  virtual void step_sampled_ids(std::span<int32_t> /*host_ids*/) {
+    throw std::logic_error("Backend::step_sampled_ids: not supported by this backend");
+  }
 
   // ---- fused projections (optional; used when fuses_projections()) ----
   // The forward pass then runs linear(x, qkv_proj) into qkv [T][(Hq+2Hkv)*D]
@@ -266,6 +271,12 @@ class Backend {
   virtual bool replay_graph(int64_t /*key*/) { return false; }
   virtual void begin_graph_capture(int64_t /*key*/) {}
   virtual void end_graph_capture(int64_t /*key*/) {}
+  // Step profiling (CUDA: FP8KV_STEP_PROFILE). op_profile_due: the runner
+  // should run one extra eager copy of this decode step's forward, bracketed
+  // by op_profile(true) / op_profile(false), before replaying its graph (the
+  // copy recomputes the same values: the replay overwrites them bitwise).
+  virtual bool op_profile_due() { return false; }
+  virtual void op_profile(bool /*on*/) {}
 
   // ---- tensor parallelism (docs/design.md, "Tensor parallelism") ----
   // The rank's Communicator (not owned; nullptr = a single rank, the

@@ -19,6 +19,15 @@
 
 namespace fp8kv {
 
+// Per-row sampling parameters for Backend::sample (device sampling).
+struct RowSampling {
+  float temperature = 0.0f;  // 0: greedy (argmax, ties -> lowest id)
+  float top_p = 1.0f;        // (0, 1]
+  int top_k = 0;             // 0: off
+  uint64_t seed = 0;         // request seed
+  uint64_t counter = 0;      // tokens this request has sampled so far (stream position)
+};
+
 struct StepBatch {
   int num_tokens = 0;       // T
   int num_seqs = 0;         // S
@@ -45,6 +54,12 @@ struct StepBatch {
   // physical page). -1 pads the rows and marks pages a sliding-window group
   // has released; attention never reads those.
   std::vector<std::vector<int32_t>> block_tables;  // [G][S * B]
+  // Sampling inside the step (Backend::samples_in_step; empty: none): rows
+  // of the step's hidden states to sample and their parameters [n] each.
+  // Not sent to tensor-parallel followers (the runner samples in the step
+  // only on one rank).
+  std::vector<int32_t> sample_rows;
+  std::vector<RowSampling> sample_params;
 
   int query_len(int s) const { return query_start[s + 1] - query_start[s]; }
   const int32_t* block_table(int group, int s) const {

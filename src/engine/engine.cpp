@@ -347,6 +347,21 @@ class EngineImpl final : public Engine {
                                      kv_->num_free_blocks()));
       return events;
     }
+    if (backend_->name() != "cpu") {
+      // Announce the step's sampling, so that a decode step can sample inside
+      // its CUDA graph (ModelRunner::set_step_sampling; the same parameters
+      // as the sample() call below).
+      std::vector<int> seqs;
+      std::vector<RowSampling> params;
+      for (size_t i = 0; i < out.seqs.size(); ++i) {
+        if (!out.seqs[i].samples) continue;
+        const SchedRequest& r = *out.seqs[i].req;
+        seqs.push_back(static_cast<int>(i));
+        params.push_back(RowSampling{r.gen.sampling.temperature, r.gen.sampling.top_p, r.gen.sampling.top_k,
+                                     r.gen.sampling.seed, static_cast<uint64_t>(r.generated)});
+      }
+      runner_->set_step_sampling(std::move(seqs), std::move(params));
+    }
     runner_->execute(out);
 
     // Scoring rows (every row, in order, skipping rows a preempted request

@@ -133,16 +133,53 @@ void ModelRunner::execute(const SchedulerOutput& out) {
   run_prepared();
 }
 
+void ModelRunner::set_step_sampling(std::vector<int> seqs, std::vector<RowSampling> params) {
+  if (seqs.size() != params.size()) throw std::logic_error("ModelRunner::set_step_sampling: sizes differ");
+  next_seqs_ = std::move(seqs);
+  next_params_ = std::move(params);
+}
+
 void ModelRunner::run_prepared() {
   const bool decode_only = batch_.num_seqs > 0 && batch_.num_decodes == batch_.num_seqs;
   const int bucket = decode_only ? graph_bucket(batch_.num_seqs) : 0;
   // Tensor-parallel ranks capture only with FP8KV_TP_GRAPHS=1 (engine/tp_shard.h; docs/tp.md).
   const bool graphs = bucket > 0 && be_.supports_graphs() && (tp_.world == 1 || tp_cuda_graphs_enabled());
+  const int S = batch_.num_seqs;
+  // Sampling inside the step: padded decode steps where every sequence
+  // samples (its only row), on one rank (set_step_sampling).
+  bool in_step = bucket > 0 && (graphs || pad_eager_) && tp_.world == 1 && be_.samples_in_step() &&
+                 bucket <= rs_.max_logits_rows && static_cast<int>(next_seqs_.size()) == S;
+  for (int i = 0; in_step && i < S; ++i) in_step = next_seqs_[i] == i;
+  batch_.sample_rows.clear();
+  batch_.sample_params.clear();
+  sampled_in_step_ = false;
   if (bucket > 0 && (graphs || pad_eager_)) pad_batch(bucket);
+  if (in_step) {
+    for (int r = 0; r < bucket; ++r) batch_.sample_rows.push_back(r);
+    batch_.sample_params = next_params_;
+    batch_.sample_params.resize(bucket);  // padding rows: greedy (RowSampling{}); their ids are dropped
+  }
+  next_seqs_.clear();
+  next_params_.clear();
   be_.begin_step(batch_);
-  if (!graphs || pad_eager_) {
+  auto forward = [&] {
     fwd_.run(batch_, rs_);
+    if (!in_step) return;
+    Tensor l = rs_.logits.view(ScalarType::f32, bucket, cfg_.vocab_size);
+    be_.sample_step(ForwardPass::hidden(rs_, cfg_, batch_.num_tokens), weights_.output, l);
+  };
+  if (in_step) {
+    sampled_in_step_ = true;
+    sampled_rows_ = S;
+  }
+  if (!graphs || pad_eager_) {
+    forward();
     return;
+  }
+  if (be_.op_profile_due()) {  // FP8KV_STEP_PROFILE: one op-timed eager copy of this step (same values)
+    be_.op_profile(true);
+    fwd_.run(batch_, rs_);
+    be_.op_profile(false);
   }
   if (be_.replay_graph(bucket)) {
     ++graph_replays_;
@@ -151,10 +188,10 @@ void ModelRunner::run_prepared() {
   // First step of this bucket (or after the backend dropped its graphs): an
   // eager run computes the step and sizes every scratch buffer, then the same
   // ops are captured (not run: the capture only records) for the next steps.
-  fwd_.run(batch_, rs_);
+  forward();
   be_.begin_graph_capture(bucket);
   try {
-    fwd_.run(batch_, rs_);
+    forward();
   } catch (...) {
     be_.abort_graph_capture();
     throw;
@@ -176,6 +213,20 @@ void ModelRunner::logits_to_host(std::span<const int32_t> rows, std::vector<floa
 }
 
 void ModelRunner::sample(std::span<const int32_t> rows, std::span<const RowSampling> params, std::span<int32_t> ids) {
+  if (sampled_in_step_) {
+    sampled_in_step_ = false;
+    bool same = static_cast<int>(rows.size()) == sampled_rows_ && params.size() == rows.size() &&
+                ids.size() == rows.size();
+    for (size_t i = 0; same && i < rows.size(); ++i) {
+      const RowSampling &a = params[i], &b = batch_.sample_params[i];
+      same = rows[i] == static_cast<int32_t>(i) && a.temperature == b.temperature && a.top_p == b.top_p &&
+             a.top_k == b.top_k && a.seed == b.seed && a.counter == b.counter;
+    }
+    if (same) {
+      be_.step_sampled_ids(ids);
+      return;
+    }
+  }
   const int V = cfg_.vocab_size;
   const Tensor hidden = ForwardPass::hidden(rs_, cfg_, batch_.num_tokens);
   const size_t chunk = static_cast<size_t>(rs_.max_logits_rows);

@@ -73,6 +73,16 @@ class ModelRunner {
   // Logits of chosen rows, sampled on the backend (ids to the host; tensor
   // parallel: every rank calls it, rank 0 samples and fills ids).
   void sample(std::span<const int32_t> rows, std::span<const RowSampling> params, std::span<int32_t> ids);
+  // The next execute()'s sampling, announced before it runs: sequence
+  // indices (into out.seqs, ascending) that sample their last row, and their
+  // parameters. A decode-only step run with a padded bucket (graphs or
+  // pad_eager) on a backend that samples_in_step(), where every sequence
+  // samples, then computes the logits and samples inside the step (and its
+  // CUDA graph; padding rows sample greedily and are dropped): the next
+  // sample() with the same rows and parameters only fetches the ids
+  // (docs/cuda_backend.md "Batch-1 step (2026-12-01)"). Otherwise sample()
+  // runs as before. Cleared by every execute().
+  void set_step_sampling(std::vector<int> seqs, std::vector<RowSampling> params);
 
   Backend& backend() { return be_; }
 
@@ -95,6 +105,10 @@ class ModelRunner {
   DeviceBuffer logits_local_;  // [kLogitsRows][V / world] f32, vocab-parallel only
   std::vector<int> buckets_;  // ascending
   bool pad_eager_ = false;
+  std::vector<int> next_seqs_;               // set_step_sampling
+  std::vector<RowSampling> next_params_;
+  bool sampled_in_step_ = false;             // this step's ids wait on the device
+  int sampled_rows_ = 0;                     // real (unpadded) rows sampled in the step
   int64_t graph_replays_ = 0, graph_captures_ = 0;
 };
 

@@ -100,6 +100,11 @@ class TpRunner {
   int first_row(int i) const { return ranks_[0].runner->first_row(i); }
   void logits_to_host(std::span<const int32_t> rows, std::vector<float>& out);
   void sample(std::span<const int32_t> rows, std::span<const RowSampling> params, std::span<int32_t> ids);
+  // One rank: ModelRunner::set_step_sampling (sampling inside the decode
+  // step's graph). Several ranks sample after the step (ignored).
+  void set_step_sampling(std::vector<int> seqs, std::vector<RowSampling> params) {
+    if (world_ == 1) ranks_[0].runner->set_step_sampling(std::move(seqs), std::move(params));
+  }
 
  private:
   struct Rank {

@@ -407,6 +407,25 @@ TEST_P(CudaBackendVsCpu, TwoStepsStageByStage) {
       const float* row = lg.data() + static_cast<size_t>(r) * V;
       EXPECT_EQ(ids[r], static_cast<int32_t>(std::max_element(row, row + V) - row)) << "greedy row " << r;
     }
+    // Sampling inside the step (what a decode graph captures): the same
+    // logits bits and the same ids as logits() + sample(), greedy and seeded.
+    {
+      StepBatch b2 = b;
+      b2.sample_rows = rows;
+      b2.sample_params.assign(n, RowSampling{});
+      for (int r = 1; r < n; r += 2) b2.sample_params[r] = RowSampling{0.8f, 0.9f, 40, 1234u + r, 7u};
+      be.begin_step(b2);
+      DeviceBuffer lb2 = be.alloc(static_cast<size_t>(n) * V * 4);
+      Tensor lt2 = lb2.view(ScalarType::f32, n, V);
+      be.sample_step(h, bw.output, lt2);
+      std::vector<int32_t> ids2(n), ids3(n);
+      be.step_sampled_ids(ids2);
+      const auto lg2 = dl(be, lt2);
+      ASSERT_EQ(0, std::memcmp(lg2.data(), lg.data(), lg.size() * sizeof(float))) << "sample_step logits";
+      be.sample(lt, b2.sample_params, ids3);
+      EXPECT_EQ(ids2, ids3) << "sample_step ids";
+      for (int r = 0; r < n; r += 2) EXPECT_EQ(ids2[r], ids[r]) << "greedy row " << r;
+    }
   }
 }
 

@@ -205,12 +205,16 @@ TEST(CudaOps, LinearRoutesParse) {  // host only: runs without a GPU too
             "qkv=mma,o_proj=auto,gate_up=auto,down=lt,lm_head=auto,store=fused,act=fused");
   EXPECT_FALSE(cuda::parse_linear_routes("act=separate", "test").fused_act);
   EXPECT_FALSE(cuda::parse_linear_routes("store=separate", "test").fused_store);
+  EXPECT_TRUE(cuda::parse_linear_routes("", "test").sample_in_graph);
+  EXPECT_FALSE(cuda::parse_linear_routes("sample=separate", "test").sample_in_graph);
+  EXPECT_EQ(cuda::linear_routes_string(cuda::parse_linear_routes("down=lt,sample=separate", "test")),
+            "qkv=auto,o_proj=auto,gate_up=auto,down=lt,lm_head=auto,store=fused,act=fused,sample=separate");
   // The canonical string parses back to the same routes; "" and "default" are the default.
   EXPECT_EQ(cuda::parse_linear_routes(cuda::linear_routes_string(r), "test"), r);
   EXPECT_EQ(cuda::parse_linear_routes("", "test"), cuda::parse_linear_routes(cuda::kDefaultLinearRoutes, "test"));
   EXPECT_EQ(cuda::parse_linear_routes("default", "test"), cuda::parse_linear_routes("", "test"));
   EXPECT_EQ(cuda::parse_linear_routes("gate_up=simt,", "test").of(LinearProj::gate_up), GemvKernel::simt);
-  for (const char* bad : {"down", "down=fast", "ffn=lt", "=lt", "down=lt,qkv", "store=lt", "act=silu"}) {
+  for (const char* bad : {"down", "down=fast", "ffn=lt", "=lt", "down=lt,qkv", "store=lt", "act=silu", "sample=host"}) {
     try {
       (void)cuda::parse_linear_routes(bad, "FP8KV_GEMV_ROUTES");
       ADD_FAILURE() << "accepted " << bad;

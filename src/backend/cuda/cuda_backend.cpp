@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include <cuda_profiler_api.h>
 #include <fmt/format.h>
 
 #include "backend/cuda/check.h"
@@ -82,6 +83,10 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const BackendOptions& opts)
     throw InputError(fmt::format("--backend cuda: num_heads {} is not a multiple of num_kv_heads {}", cfg.num_heads,
                                  cfg.num_kv_heads));
   enforce_eager_ = opts.enforce_eager;
+  if (const char* e = std::getenv("FP8KV_STEP_PROFILE"); e && *e && std::string(e) != "0") {
+    sprof_.on = true;
+    sprof_.op_step = std::max(1, std::atoi(e));
+  }
   FP8KV_CU(cudaSetDevice(device_));
   FP8KV_CU(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   gemm_ = std::make_unique<cuda::Gemm>();
@@ -96,8 +101,123 @@ CudaBackend::~CudaBackend() {
   for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g.exec);
   if (stream_) {
     cudaStreamSynchronize(stream_);
+    if (sprof_.on) prof_report(true);
     cudaStreamDestroy(stream_);
   }
+  for (cudaEvent_t e : {sprof_.begin, sprof_.graph_end, sprof_.tail_end, sprof_.prev_end, sprof_.op_start})
+    if (e) cudaEventDestroy(e);
+  for (cudaEvent_t e : sprof_.op_events) cudaEventDestroy(e);
+}
+
+CudaBackend::Pinned::~Pinned() {
+  if (done) {
+    cudaEventSynchronize(done);
+    cudaEventDestroy(done);
+  }
+  if (p) cudaFreeHost(p);
+}
+
+void* CudaBackend::Pinned::get(size_t bytes) {
+  if (pending) {
+    FP8KV_CU(cudaEventSynchronize(done));
+    pending = false;
+  }
+  if (bytes > n) {
+    const size_t want = std::max<size_t>({bytes, n + n / 2, 256});
+    if (p) FP8KV_CU(cudaFreeHost(p));
+    p = nullptr;
+    n = 0;
+    FP8KV_CU(cudaHostAlloc(&p, want, cudaHostAllocDefault));
+    n = want;
+  }
+  return p;
+}
+
+void CudaBackend::Pinned::copied(cudaStream_t stream) {
+  if (!done) FP8KV_CU(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  FP8KV_CU(cudaEventRecord(done, stream));
+  pending = true;
+}
+
+// ---- step profile (FP8KV_STEP_PROFILE) ------------------------------------------
+
+namespace {
+cudaEvent_t timing_event(cudaEvent_t& e) {
+  if (!e) FP8KV_CU(cudaEventCreate(&e));
+  return e;
+}
+float elapsed_us(cudaEvent_t a, cudaEvent_t b) {
+  float ms = 0;
+  FP8KV_CU(cudaEventElapsedTime(&ms, a, b));
+  return ms * 1e3f;
+}
+}  // namespace
+
+bool CudaBackend::op_profile_due() {
+  return sprof_.on && !sprof_.op_done && !capturing_ && sprof_.replays + 1 >= sprof_.op_step;
+}
+
+void CudaBackend::op_profile(bool on) {
+  if (!sprof_.on) return;
+  if (on) {
+    sprof_.op_mode = true;
+    sprof_.op_used = 0;
+    FP8KV_CU(cudaStreamSynchronize(stream_));
+    (void)cudaProfilerStart();  // for ncu --profile-from-start off (scripts/gpu_step.sh); a no-op otherwise
+    (void)cudaGetLastError();   // (the stream is idle: nothing else can be pending)
+    sprof_.op_this_step = true;  // this step's graph time would contain the copy: not counted
+    FP8KV_CU(cudaEventRecord(timing_event(sprof_.op_start), stream_));
+    return;
+  }
+  sprof_.op_mode = false;
+  sprof_.op_done = true;
+  FP8KV_CU(cudaStreamSynchronize(stream_));
+  (void)cudaProfilerStop();
+  (void)cudaGetLastError();
+  // Per label: time from the previous mark to this op's end (eager, the
+  // host launching ahead: GPU time of the op plus the gap before it).
+  std::map<std::string, std::pair<double, int>> per;
+  double total = 0;
+  cudaEvent_t prev = sprof_.op_start;
+  for (size_t i = 0; i < sprof_.op_used; ++i) {
+    const double us = elapsed_us(prev, sprof_.op_events[i]);
+    auto& [t, c] = per[sprof_.op_labels[i]];
+    t += us;
+    ++c;
+    total += us;
+    prev = sprof_.op_events[i];
+  }
+  std::vector<std::pair<std::string, std::pair<double, int>>> rows(per.begin(), per.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  fmt::print(stderr, "step profile: eager op-timed decode step (replayed step {}): {} ops, {:.1f} us\n",
+             sprof_.replays + 1, sprof_.op_used, total);
+  for (const auto& [label, tc] : rows)
+    fmt::print(stderr, "step profile op: {:34} {:9.1f} us {:4d} calls {:8.2f} us/call {:6.1f}%\n", label, tc.first,
+               tc.second, tc.first / tc.second, 100.0 * tc.first / std::max(total, 1e-9));
+}
+
+void CudaBackend::op_mark(const char* op, int64_t n, int64_t k) {
+  if (sprof_.op_used == sprof_.op_events.size()) {
+    sprof_.op_events.push_back(nullptr);
+    timing_event(sprof_.op_events.back());
+    sprof_.op_labels.emplace_back();
+  }
+  sprof_.op_labels[sprof_.op_used] = n > 0 ? fmt::format("{} {}x{}", op, n, k) : std::string(op);
+  FP8KV_CU(cudaEventRecord(sprof_.op_events[sprof_.op_used], stream_));
+  ++sprof_.op_used;
+}
+
+void CudaBackend::prof_report(bool final_report) {
+  const StepProfile& p = sprof_;
+  if (p.n == 0) return;
+  const double n = static_cast<double>(p.n);
+  const double idle = p.n_idle ? p.idle_us / p.n_idle : 0, gap = p.n_host_gap ? p.host_gap_us / p.n_host_gap : 0;
+  fmt::print(stderr,
+             "step profile{}: {} replayed steps, per step (us): graph {:.1f} (begin_step's copy + replay, on the "
+             "device), logits+sample tail {:.1f}, device idle before the step {:.1f} ({} steps); period {:.1f}; "
+             "host: sample's sync -> begin_step {:.1f}, begin_step + launch {:.1f}; routes {}\n",
+             final_report ? "" : " (running)", p.n, p.graph_us / n, p.tail_us / n, idle, p.n_idle,
+             p.graph_us / n + p.tail_us / n + idle, gap, p.host_launch_us / n, p.routes);
 }
 
 MemoryInfo CudaBackend::memory_info() const {
@@ -278,6 +398,23 @@ void CudaBackend::set_kv_scales(const KvScales& scales) {
 // ---- step ------------------------------------------------------------------------
 
 void CudaBackend::begin_step(const StepBatch& b) {
+  if (sprof_.on) {
+    if (sprof_.routes_gen != cuda::linear_routes_generation()) {  // a new route set: report, restart
+      prof_report(true);
+      sprof_.routes_gen = cuda::linear_routes_generation();
+      sprof_.n = sprof_.n_idle = sprof_.n_host_gap = 0;
+      sprof_.graph_us = sprof_.tail_us = sprof_.idle_us = sprof_.host_gap_us = sprof_.host_launch_us = 0;
+      sprof_.routes.clear();
+    }
+    if (sprof_.routes.empty()) sprof_.routes = cuda::linear_routes_string(cuda::linear_routes());
+    sprof_.t_begin = std::chrono::steady_clock::now();
+    if (sprof_.have_synced && sprof_.sampled)
+      sprof_.host_gap_us += std::chrono::duration<double, std::micro>(sprof_.t_begin - sprof_.t_synced).count(),
+          ++sprof_.n_host_gap;
+    sprof_.have_prev = sprof_.have_prev && sprof_.sampled;
+    sprof_.replayed = sprof_.sampled = sprof_.op_this_step = false;
+    FP8KV_CU(cudaEventRecord(timing_event(sprof_.begin), stream_));
+  }
   const int T = b.num_tokens, S = b.num_seqs, G = b.num_groups, B = b.max_blocks_per_seq, nd = b.num_decodes;
   if (static_cast<int>(b.token_ids.size()) != T || static_cast<int>(b.positions.size()) != T ||
       static_cast<int>(b.query_start.size()) != S + 1 || static_cast<int>(b.context_lens.size()) != S ||
@@ -314,21 +451,39 @@ void CudaBackend::begin_step(const StepBatch& b) {
     return at;
   };
   const size_t o_ids = section(T * 4), o_pos = section(T * 4), o_ctx = section(S * 4), o_qs = section((P + 1) * 4);
+  const int ns = static_cast<int>(b.sample_rows.size());
+  if (b.sample_params.size() != b.sample_rows.size()) bad("begin_step", "sample_rows and sample_params differ in size");
+  for (int i = 0; i < ns; ++i)
+    if (b.sample_rows[i] < 0 || b.sample_rows[i] >= T)
+      bad("begin_step", fmt::format("sample row {} outside the step's {} rows", b.sample_rows[i], T));
+  const size_t o_srows = section(static_cast<size_t>(ns) * 4),
+               o_sparams = section(static_cast<size_t>(ns) * sizeof(cuda::SampleParams));
   std::vector<size_t> o_slots(G), o_bt(G);
   for (int g = 0; g < G; ++g) o_slots[g] = section(static_cast<size_t>(T) * 8);
   for (int g = 0; g < G; ++g) o_bt[g] = section(static_cast<size_t>(S) * B * 4);
+  // Pageable staging on purpose: a small pageable H2D copy is staged by the
+  // driver at the call (the buffer is free again on return); the pinned
+  // variant (a copy-engine DMA) gained nothing in run K2 (docs/cuda_backend.md
+  // "Batch-1 step (2026-12-01)").
   step_host_.assign(off, 0);
-  std::memcpy(step_host_.data() + o_ids, b.token_ids.data(), T * 4);
-  std::memcpy(step_host_.data() + o_pos, b.positions.data(), T * 4);
-  std::memcpy(step_host_.data() + o_ctx, b.context_lens.data(), S * 4);
-  auto* qs = reinterpret_cast<int32_t*>(step_host_.data() + o_qs);
+  uint8_t* host = step_host_.data();
+  std::memcpy(host + o_ids, b.token_ids.data(), T * 4);
+  std::memcpy(host + o_pos, b.positions.data(), T * 4);
+  std::memcpy(host + o_ctx, b.context_lens.data(), S * 4);
+  auto* qs = reinterpret_cast<int32_t*>(host + o_qs);
   for (int i = 0; i <= P; ++i) qs[i] = b.query_start[nd + i] - v.prefill_row0;
   for (int g = 0; g < G; ++g) {
-    std::memcpy(step_host_.data() + o_slots[g], b.slot_mapping[g].data(), static_cast<size_t>(T) * 8);
-    std::memcpy(step_host_.data() + o_bt[g], b.block_tables[g].data(), static_cast<size_t>(S) * B * 4);
+    std::memcpy(host + o_slots[g], b.slot_mapping[g].data(), static_cast<size_t>(T) * 8);
+    std::memcpy(host + o_bt[g], b.block_tables[g].data(), static_cast<size_t>(S) * B * 4);
+  }
+  std::memcpy(host + o_srows, b.sample_rows.data(), static_cast<size_t>(ns) * 4);
+  for (int i = 0; i < ns; ++i) {
+    const RowSampling& r = b.sample_params[i];
+    const cuda::SampleParams sp{r.temperature, r.top_p, r.top_k, r.seed, r.counter};
+    std::memcpy(host + o_sparams + i * sizeof(cuda::SampleParams), &sp, sizeof sp);
   }
   grow(step_dev_, std::max<size_t>(off, 16));
-  FP8KV_CU(cudaMemcpyAsync(step_dev_.get(), step_host_.data(), off, cudaMemcpyHostToDevice, stream_));
+  FP8KV_CU(cudaMemcpyAsync(step_dev_.get(), host, off, cudaMemcpyHostToDevice, stream_));
   const auto* base = static_cast<const uint8_t*>(step_dev_.get());
   v.ids = reinterpret_cast<const int32_t*>(base + o_ids);
   v.positions = reinterpret_cast<const int32_t*>(base + o_pos);
@@ -338,6 +493,9 @@ void CudaBackend::begin_step(const StepBatch& b) {
     v.slots.push_back(reinterpret_cast<const int64_t*>(base + o_slots[g]));
     v.block_tables.push_back(reinterpret_cast<const int32_t*>(base + o_bt[g]));
   }
+  v.n_sample = ns;
+  v.sample_rows = reinterpret_cast<const int32_t*>(base + o_srows);
+  v.sample_params = reinterpret_cast<const cuda::SampleParams*>(base + o_sparams);
   step_ = std::move(v);
   have_step_ = true;
   if (prof_) prof_->begin_step(T, S, nd, stream_, capturing_);
@@ -359,6 +517,7 @@ const uint16_t* CudaBackend::to_bf16_input(const Tensor& x, const char* op) {
 }
 
 void CudaBackend::embedding(const Tensor& table, float scale, Tensor& out) {
+  OpMark mark(this, "embedding");
   const StepView& s = step("embedding");
   if (out.rows != s.T || out.cols != table.cols)
     bad("embedding", fmt::format("out {}, expected [{}][{}]", shape(out), s.T, table.cols));
@@ -367,6 +526,7 @@ void CudaBackend::embedding(const Tensor& table, float scale, Tensor& out) {
 }
 
 void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
+  OpMark mark(this, "linear", w.rows, w.cols);
   if (x.cols != w.cols || y.rows != x.rows || y.cols != w.rows)
     bad("linear", fmt::format("x {}, W {}, y {}", shape(x), shape(w), shape(y)));
   const cuda::DeviceMatrix W = matrix(w, "linear");
@@ -385,6 +545,7 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, T
 }
 
 void CudaBackend::rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) {
+  OpMark mark(this, "rmsnorm");
   same_shape("rmsnorm", x, y);
   if (y.dtype != ScalarType::f32 && y.dtype != ScalarType::bf16) bad("rmsnorm", "y must be f32 or bf16");
   const float* wp = opt_vec(w, x.cols, "rmsnorm", "w");
@@ -396,6 +557,7 @@ void CudaBackend::rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y
 }
 
 void CudaBackend::add_rmsnorm(Tensor& h, const Tensor& x, const Tensor& w, float eps, Tensor& y) {
+  OpMark mark(this, "add_rmsnorm");
   same_shape("add_rmsnorm", h, x);
   same_shape("add_rmsnorm", h, y);
   if (y.dtype != ScalarType::f32 && y.dtype != ScalarType::bf16) bad("add_rmsnorm", "y must be f32 or bf16");
@@ -462,6 +624,7 @@ void CudaBackend::qkv_split(int layer, const Tensor& qkv, const Tensor& q_norm, 
 
 void CudaBackend::qkv_split_store(const StepBatch& b, int layer, const Tensor& qkv, const Tensor& q_norm,
                                   const Tensor& k_norm, float eps, Tensor& q, Tensor& k, Tensor& v) {
+  OpMark mark(this, "qkv_split_store");
   // "store=separate" in the routes (FP8KV_GEMV_ROUTES, bench --gemv-routes):
   // the separate store kernel (A/B and fallback).
   if (!cuda::linear_routes().fused_store || observer_) {  // the observer gets host copies of q/k/v at store_kv
@@ -540,6 +703,7 @@ void CudaBackend::gated_act_fused(Activation act, const Tensor& gate_up, Tensor&
 // written. Otherwise the GEMM, then the activation kernel.
 void CudaBackend::linear_gated_act(Activation act, const Tensor& x, const Tensor& w, const Tensor& bias,
                                    Tensor& gate_up, Tensor& out) {
+  OpMark mark(this, "linear_gated_act");
   const int64_t T = x.rows;
   bool fuse = cuda::linear_routes().fused_act && out.dtype == ScalarType::bf16 && x.dtype == ScalarType::bf16 &&
               T >= 1 && T <= std::min<int64_t>(cuda::kGemvGatedActMaxRows, gemm_->gemv_max_rows()) &&
@@ -588,6 +752,7 @@ void CudaBackend::add(Tensor& x, const Tensor& y) {
 }
 
 void CudaBackend::store_kv(const StepBatch& b, int layer, const Tensor& q, const Tensor& k, const Tensor& v) {
+  OpMark mark(this, "store_kv");
   const StepView& s = step("store_kv");
   const int T = b.num_tokens, Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
   if (T != s.T || q.rows != T || k.rows != T || v.rows != T || q.cols != static_cast<int64_t>(Hq) * D ||
@@ -626,6 +791,7 @@ void CudaBackend::store_kv(const StepBatch& b, int layer, const Tensor& q, const
 }
 
 void CudaBackend::attention(const StepBatch& b, int layer, const Tensor& q, Tensor& out) {
+  OpMark mark(this, "attention");
   const StepView& s = step("attention");
   const int Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
   same_shape("attention", q, out);
@@ -708,8 +874,12 @@ void CudaBackend::logits(const Tensor& hidden, std::span<const int32_t> rows, co
   const float* h = f32(hidden, "logits", "hidden");
   float* y = f32(out, "logits", "out");
   cuda::PrefillProfile::Scope ps(prof_.get(), "logits");
+  OpMark mark(this, "logits", n, V);
   rows_dev_.reserve(static_cast<size_t>(n) * 4);
-  FP8KV_CU(cudaMemcpyAsync(rows_dev_.get(), rows.data(), static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream_));
+  void* rh = rows_host_.get(static_cast<size_t>(n) * 4);
+  std::memcpy(rh, rows.data(), static_cast<size_t>(n) * 4);
+  FP8KV_CU(cudaMemcpyAsync(rows_dev_.get(), rh, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream_));
+  rows_host_.copied(stream_);
   // Its own staging buffer: never in a graph, so its growth does not drop them.
   logits_x_bf16_.reserve(static_cast<size_t>(n * H) * 2);
   cuda::to_bf16_rows(h, rows_dev_.as<int32_t>(), n, H, logits_x_bf16_.as<uint16_t>(), stream_);
@@ -719,21 +889,86 @@ void CudaBackend::logits(const Tensor& hidden, std::span<const int32_t> rows, co
 }
 
 void CudaBackend::sample(const Tensor& logits, std::span<const RowSampling> params, std::span<int32_t> ids) {
+  OpMark mark(this, "sample");
   const int64_t n = logits.rows, V = logits.cols;
   if (static_cast<int64_t>(params.size()) != n || static_cast<int64_t>(ids.size()) != n)
     bad("sample", fmt::format("params/ids do not have one entry per logits row {}", shape(logits)));
   if (n == 0) return;
   cuda::PrefillProfile::Scope ps(prof_.get(), "sample (+ids download)");
-  std::vector<cuda::SampleParams> p(static_cast<size_t>(n));
+  const size_t pbytes = static_cast<size_t>(n) * sizeof(cuda::SampleParams);
+  auto* p = static_cast<cuda::SampleParams*>(params_host_.get(pbytes));
   for (int64_t r = 0; r < n; ++r)
     p[r] = cuda::SampleParams{params[r].temperature, params[r].top_p, params[r].top_k, params[r].seed, params[r].counter};
-  sample_params_.reserve(p.size() * sizeof(cuda::SampleParams));
+  sample_params_.reserve(pbytes);
   sample_ids_.reserve(static_cast<size_t>(n) * 4);
-  FP8KV_CU(cudaMemcpyAsync(sample_params_.get(), p.data(), p.size() * sizeof(cuda::SampleParams),
-                           cudaMemcpyHostToDevice, stream_));
+  FP8KV_CU(cudaMemcpyAsync(sample_params_.get(), p, pbytes, cudaMemcpyHostToDevice, stream_));
+  params_host_.copied(stream_);
   cuda::sample_rows(f32(logits, "sample", "logits"), static_cast<int>(n), static_cast<int>(V),
                     sample_params_.as<cuda::SampleParams>(), sample_ids_.as<int32_t>(), stream_);
-  download(ids.data(), sample_ids_.get(), static_cast<size_t>(n) * 4);
+  void* ih = ids_host_.get(static_cast<size_t>(n) * 4);
+  FP8KV_CU(cudaMemcpyAsync(ih, sample_ids_.get(), static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost, stream_));
+  if (sprof_.on) FP8KV_CU(cudaEventRecord(timing_event(sprof_.tail_end), stream_));
+  FP8KV_CU(cudaStreamSynchronize(stream_));
+  std::memcpy(ids.data(), ih, static_cast<size_t>(n) * 4);
+  prof_synced();
+  for (int64_t r = 0; r < n; ++r)
+    if (ids[r] < 0) throw std::runtime_error(fmt::format("non-finite logits (NaN) from the model in sampled row {}", r));
+}
+
+void CudaBackend::prof_synced() {
+  if (!sprof_.on) return;
+  StepProfile& q = sprof_;
+  if (q.replayed) {
+    q.graph_us += elapsed_us(q.begin, q.graph_end);
+    q.tail_us += elapsed_us(q.graph_end, q.tail_end);
+    if (q.have_prev) q.idle_us += elapsed_us(q.prev_end, q.begin), ++q.n_idle;
+    if (++q.n % 32 == 0) prof_report(false);
+  }
+  std::swap(q.prev_end, q.tail_end);
+  q.have_prev = q.sampled = true;
+  q.t_synced = std::chrono::steady_clock::now();
+  q.have_synced = true;
+}
+
+// The LM head of the step's sample rows and the sampling kernel, with every
+// input in the step buffer (begin_step) and every output in a buffer that
+// only grows through grow(): capturable, so a decode graph ends with the
+// sampled ids on the device. The same kernels as logits() + sample() (the
+// LM-head route of n rows, then sample_rows).
+void CudaBackend::sample_step(const Tensor& hidden, const Tensor& output, Tensor& out) {
+  OpMark mark(this, "sample_step");
+  const StepView& s = step("sample_step");
+  const int64_t n = s.n_sample, H = hidden.cols, V = output.rows;
+  if (n == 0) bad("sample_step", "the step has no sample rows (StepBatch::sample_rows)");
+  if (output.cols != H || out.rows != n || out.cols != V || hidden.rows != s.T)
+    bad("sample_step", fmt::format("hidden {}, output {}, out {} for {} rows", shape(hidden), shape(output),
+                                   shape(out), n));
+  const float* h = f32(hidden, "sample_step", "hidden");
+  float* y = f32(out, "sample_step", "out");
+  grow(step_logits_x_, static_cast<size_t>(n * H) * 2);
+  grow(step_sample_ids_, static_cast<size_t>(n) * 4);
+  cuda::to_bf16_rows(h, s.sample_rows, n, H, step_logits_x_.as<uint16_t>(), stream_);
+  gemm_->linear(step_logits_x_.as<uint16_t>(), n, matrix(output, "sample_step"), nullptr, y, false, stream_);
+  if (cfg_.final_logit_softcapping)
+    cuda::softcap(y, n * V, static_cast<float>(*cfg_.final_logit_softcapping), stream_);
+  cuda::sample_rows(y, static_cast<int>(n), static_cast<int>(V), s.sample_params, step_sample_ids_.as<int32_t>(),
+                    stream_);
+}
+
+bool CudaBackend::samples_in_step() const { return cuda::linear_routes().sample_in_graph; }
+
+void CudaBackend::step_sampled_ids(std::span<int32_t> ids) {
+  const StepView& s = step("step_sampled_ids");
+  const int64_t n = static_cast<int64_t>(ids.size());
+  if (n > s.n_sample) bad("step_sampled_ids", fmt::format("{} ids asked, the step sampled {} rows", n, s.n_sample));
+  if (n == 0) return;
+  if (capturing_) throw std::logic_error("CudaBackend::step_sampled_ids during graph capture");
+  void* ih = ids_host_.get(static_cast<size_t>(n) * 4);
+  FP8KV_CU(cudaMemcpyAsync(ih, step_sample_ids_.get(), static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost, stream_));
+  if (sprof_.on) FP8KV_CU(cudaEventRecord(timing_event(sprof_.tail_end), stream_));
+  FP8KV_CU(cudaStreamSynchronize(stream_));
+  std::memcpy(ids.data(), ih, static_cast<size_t>(n) * 4);
+  prof_synced();
   for (int64_t r = 0; r < n; ++r)
     if (ids[r] < 0) throw std::runtime_error(fmt::format("non-finite logits (NaN) from the model in sampled row {}", r));
 }
@@ -772,6 +1007,13 @@ bool CudaBackend::replay_graph(int64_t key) {
     return false;
   }
   FP8KV_CU(cudaGraphLaunch(it->second.exec, stream_));
+  if (sprof_.on) {
+    FP8KV_CU(cudaEventRecord(timing_event(sprof_.graph_end), stream_));
+    sprof_.host_launch_us +=
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - sprof_.t_begin).count();
+    sprof_.replayed = !sprof_.op_this_step;
+    ++sprof_.replays;
+  }
   return true;
 }
 

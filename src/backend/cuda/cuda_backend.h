@@ -11,8 +11,10 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -61,6 +63,11 @@ class CudaBackend final : public Backend {
   void attention(const StepBatch& batch, int layer, const Tensor& q, Tensor& out) override;
   void logits(const Tensor& hidden, std::span<const int32_t> rows, const Tensor& output, Tensor& out) override;
   void sample(const Tensor& logits, std::span<const RowSampling> params, std::span<int32_t> host_ids) override;
+  // Logits rows + sampling inside the step (and its CUDA graph): one replay
+  // and one small D2H copy per decode step.
+  bool samples_in_step() const override;
+  void sample_step(const Tensor& hidden, const Tensor& output, Tensor& logits) override;
+  void step_sampled_ids(std::span<int32_t> host_ids) override;
 
   // Fused QKV and gate|up GEMMs (weights concatenated at upload).
   bool fuses_projections() const override { return true; }
@@ -84,7 +91,60 @@ class CudaBackend final : public Backend {
   void end_graph_capture(int64_t key) override;
   void abort_graph_capture() override;
 
+  // Step profile (FP8KV_STEP_PROFILE=N; docs/cuda_backend.md "Batch-1 step
+  // (2026-12-01)"): per replayed step, event times of the graph, the
+  // logits/sample tail and the device idle time between steps, printed to
+  // stderr; and one eager, op-timed copy of the N-th replayed step.
+  bool op_profile_due() override;
+  void op_profile(bool on) override;
+
  private:
+  // Pinned host staging for the per-step copies (truly async: no staging
+  // through pageable memory). Reuse waits for the copy that last read or
+  // wrote it (an event), so a step never overwrites data still in flight.
+  struct Pinned {
+    void* p = nullptr;
+    size_t n = 0;
+    cudaEvent_t done = nullptr;
+    bool pending = false;
+    Pinned() = default;
+    Pinned(const Pinned&) = delete;
+    Pinned& operator=(const Pinned&) = delete;
+    ~Pinned();
+    void* get(size_t bytes);            // waits for the last copy, grows
+    void copied(cudaStream_t stream);   // after enqueueing a copy of it
+  };
+  // Records an event at the end of an op while an op profile runs.
+  struct OpMark {
+    CudaBackend* be;
+    const char* op;
+    int64_t n, k;
+    OpMark(CudaBackend* b, const char* o, int64_t n_ = 0, int64_t k_ = 0) : be(b), op(o), n(n_), k(k_) {}
+    ~OpMark() {
+      if (be->sprof_.op_mode) be->op_mark(op, n, k);
+    }
+  };
+  void op_mark(const char* op, int64_t n, int64_t k);
+  void prof_report(bool final_report);
+  struct StepProfile {
+    bool on = false;
+    int op_step = 20;        // replayed step that gets the op-timed eager copy
+    bool op_done = false, op_mode = false, op_this_step = false;
+    int64_t replays = 0;     // replayed steps so far
+    bool replayed = false, sampled = false, have_prev = false;
+    cudaEvent_t begin = nullptr, graph_end = nullptr, tail_end = nullptr, prev_end = nullptr;
+    std::chrono::steady_clock::time_point t_begin{}, t_synced{};
+    bool have_synced = false;
+    int64_t n = 0;
+    double graph_us = 0, tail_us = 0, idle_us = 0, host_gap_us = 0, host_launch_us = 0;
+    int64_t n_idle = 0, n_host_gap = 0;
+    cudaEvent_t op_start = nullptr;
+    std::vector<cudaEvent_t> op_events;
+    std::vector<std::string> op_labels;
+    size_t op_used = 0;
+    uint64_t routes_gen = 0;  // counters restart when the GEMV routes change (bench --gemv-routes)
+    std::string routes;       // the routes of the counted steps
+  };
   // Device views of the current step (pointers into step_dev_).
   struct StepView {
     int T = 0, S = 0, num_decodes = 0, B = 0;
@@ -98,6 +158,9 @@ class CudaBackend final : public Backend {
     const int32_t* prefill_q_start = nullptr;  // [S - num_decodes + 1], relative to prefill_row0
     std::vector<const int64_t*> slots;         // [G] -> [T]
     std::vector<const int32_t*> block_tables;  // [G] -> [S][B]
+    int n_sample = 0;                          // StepBatch::sample_rows.size()
+    const int32_t* sample_rows = nullptr;      // [n_sample]
+    const cuda::SampleParams* sample_params = nullptr;  // [n_sample]
   };
   struct LayerScales {
     cuda::DeviceBuffer k, v;
@@ -126,6 +189,7 @@ class CudaBackend final : public Backend {
   StoreObserver* observer_ = nullptr;
   // Step upload: one host staging buffer, one device buffer.
   std::vector<uint8_t> step_host_;
+  Pinned rows_host_, params_host_, ids_host_;  // logits rows, sample params, sampled ids
   cuda::DeviceBuffer step_dev_;
   StepView step_;
   bool have_step_ = false;
@@ -137,6 +201,10 @@ class CudaBackend final : public Backend {
   cuda::DeviceBuffer logits_x_bf16_; // LM-head input [n][H] bf16
   cuda::DeviceBuffer sample_params_; // [n] SampleParams
   cuda::DeviceBuffer sample_ids_;    // [n] int32
+  // sample_step's buffers (graphs point into them: grown with grow()).
+  cuda::DeviceBuffer step_logits_x_;   // [n][H] bf16
+  cuda::DeviceBuffer step_sample_ids_; // [n] int32
+  void prof_synced();  // step profile bookkeeping after a step's ids reached the host
   std::vector<float> obs_q_, obs_k_, obs_v_;  // host copies for the observer
   // Graphs: one executable graph per bucket key, valid while buffers_gen_
   // (bumped by every reallocation of memory a graph may use) is unchanged.
@@ -152,6 +220,7 @@ class CudaBackend final : public Backend {
   std::map<int64_t, Graph> graphs_;
   // FP8KV_PREFILL_PROFILE (prefill_profile.h): per-op event timing of prefill steps; null when off.
   std::unique_ptr<cuda::PrefillProfile> prof_;
+  StepProfile sprof_;
 };
 
 }  // namespace fp8kv

@@ -72,6 +72,12 @@ LinearRoutes parse_linear_routes(std::string_view spec, std::string_view source)
       r.fused_store = val == "fused";
       continue;
     }
+    if (key == "sample") {
+      if (val != "graph" && val != "separate")
+        throw InputError(fmt::format("{}: sample must be graph or separate, got '{}'", source, val));
+      r.sample_in_graph = val == "graph";
+      continue;
+    }
     if (key == "act") {
       if (val != "fused" && val != "separate")
         throw InputError(fmt::format("{}: act must be fused or separate, got '{}'", source, val));
@@ -84,7 +90,7 @@ LinearRoutes parse_linear_routes(std::string_view spec, std::string_view source)
     for (int x = 0; x < kNumKernels; ++x)
       if (val == kKernelNames[x]) k = x;
     if (p < 0)
-      throw InputError(fmt::format("{}: unknown projection '{}' (qkv, o_proj, gate_up, down, lm_head, store, act)",
+      throw InputError(fmt::format("{}: unknown projection '{}' (qkv, o_proj, gate_up, down, lm_head, store, act, sample)",
                                    source, key));
     if (k < 0)
       throw InputError(fmt::format("{}: unknown kernel '{}' for {} (auto, lt, simt, mma, simt2, simt4, simt8, simtk)",
@@ -98,7 +104,9 @@ std::string linear_routes_string(const LinearRoutes& r) {
   std::string s;
   for (int p = 0; p < kNumLinearProj; ++p)
     s += fmt::format("{}{}={}", p ? "," : "", kProjNames[p], kKernelNames[static_cast<int>(r.kernel[p])]);
-  return s + (r.fused_store ? ",store=fused" : ",store=separate") + (r.fused_act ? ",act=fused" : ",act=separate");
+  // sample= only when not the default, so the canonical strings of earlier runs stay the same.
+  return s + (r.fused_store ? ",store=fused" : ",store=separate") + (r.fused_act ? ",act=fused" : ",act=separate") +
+         (r.sample_in_graph ? "" : ",sample=separate");
 }
 
 LinearRoutes linear_routes() {

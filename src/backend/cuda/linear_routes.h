@@ -33,6 +33,10 @@ struct LinearRoutes {
   // the default) or its own kernel ("act=separate");
   // CudaBackend::linear_gated_act.
   bool fused_act = true;
+  // Logits rows + sampling inside the decode step's CUDA graph
+  // ("sample=graph", the default) or after it ("sample=separate");
+  // CudaBackend::samples_in_step (docs/cuda_backend.md "Batch-1 step").
+  bool sample_in_graph = true;
   GemvKernel of(LinearProj p) const { return kernel[static_cast<size_t>(p)]; }
   bool operator==(const LinearRoutes&) const = default;
 };

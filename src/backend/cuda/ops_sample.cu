@@ -88,13 +88,31 @@ __global__ void sample_kernel(const float* __restrict__ logits, int V, const Sam
   const int chunk = (V + kThreads - 1) / kThreads;
   const int beg = min(V, static_cast<int>(threadIdx.x) * chunk), end = min(V, beg + chunk);
 
-  // 1. max (ties -> lowest id) and NaN check.
+  // 1. max (ties -> lowest id) and NaN check. The (value, lowest id) max and
+  // the NaN flag do not depend on which thread sees which id, so this pass
+  // reads the row coalesced and 16 bytes at a time (thread j: float4s j,
+  // j + kThreads, ...) instead of by the chunks below (2026-12-01, "Batch-1
+  // step": one block streams the row; same result bitwise).
   ArgMax best{-INFINITY, V};
   int nan = 0;
-  for (int i = beg; i < end; ++i) {
-    const float v = x[i];
+  auto see = [&](float v, int i) {
     if (v != v) nan = 1;
     else if (v > best.v || (v == best.v && i < best.i)) best = ArgMax{v, i};
+  };
+  if ((reinterpret_cast<uintptr_t>(x) & 15u) == 0) {
+    const int V4 = V / 4;
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+#pragma unroll 4
+    for (int j = threadIdx.x; j < V4; j += kThreads) {
+      const float4 q = x4[j];
+      see(q.x, 4 * j);
+      see(q.y, 4 * j + 1);
+      see(q.z, 4 * j + 2);
+      see(q.w, 4 * j + 3);
+    }
+    for (int i = 4 * V4 + threadIdx.x; i < V; i += kThreads) see(x[i], i);
+  } else {
+    for (int i = threadIdx.x; i < V; i += kThreads) see(x[i], i);
   }
   const ArgMax b = ArgReduce(tmp.a).Reduce(best, ArgMaxOp());
   __syncthreads();

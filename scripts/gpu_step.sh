@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# GPU machine (repo root): the batch-1 decode step (docs/cuda_backend.md
+# "Batch-1 step (2026-12-01)"). Builds fp8kv + test_cuda_ops, runs
+# test_cuda_ops (CUDA graph replay == eager bitwise, the GPU goldens), then
+# `fp8kv bench latency` at batch 1 on the Llama-3.1-8B shape (dummy weights,
+# fp8 cache, CUDA graphs) at 1K and 60K context with FP8KV_STEP_PROFILE set:
+# the backend prints, per replayed step, the device time of the graph, of the
+# logits/sample tail and the device idle time between steps, and the per-op
+# event times of one eager copy of a decode step (stderr -> $OUT/*.log).
+# If the budget allows, Nsight Compute (ncu) then times every kernel of one
+# eager decode step (cudaProfilerStart/Stop bracket it). A table at the end.
+#   run(command="ln -sfn ../../.debs .debs; bash scripts/gpu_step.sh", carry=[".debs"])
+# Budget: BUDGET_S (default 200 s, build included); a case that would start
+# with less than its estimate left is skipped. NO_TESTS=1 skips the tests.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/fp8kv-out}
+mkdir -p "$OUT"
+BUDGET_S=${BUDGET_S:-200}
+T0=$(date +%s)
+now() { echo $(( $(date +%s) - T0 )); }
+phase() { echo "== $1 ($(now) s)"; }
+left() { echo $(( BUDGET_S - $(now) )); }
+source scripts/gpu_env.sh
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/env.txt"
+git log --oneline -1 | tee -a "$OUT/env.txt"
+
+phase build
+BUILD=build-gpu
+cmake -S . -B $BUILD -G Ninja -DFP8KV_CUDA=ON -DFP8KV_WERROR=OFF -DCMAKE_BUILD_TYPE=Release >"$OUT/build.log" 2>&1 &&
+  cmake --build $BUILD --target fp8kv test_cuda_ops -j16 -- -k 0 >>"$OUT/build.log" 2>&1 ||
+  { grep -E "error" -A3 "$OUT/build.log" | head -40; tail -20 "$OUT/build.log"; }
+FP8KV=$BUILD/fp8kv
+[ -x $FP8KV ] || { echo "build failed: no $FP8KV"; exit 1; }
+
+if [ -z "${NO_TESTS:-}" ] && [ -x $BUILD/tests/test_cuda_ops ]; then
+  phase tests
+  timeout 90 $BUILD/tests/test_cuda_ops 2>&1 | tee "$OUT/test_cuda_ops.log" |
+    grep -E "^\[  (FAILED|PASSED) |\[ graphs \]|tests ran|Failure|Expected|Which is" | head -40
+fi
+
+MODEL=tests/data/configs/llama-3.1-8b
+L1K="latency --batch-size 1 --input-len 1024 --output-len 64 --num-iters-warmup 1 --num-iters 2"
+# In the 1K process after its main run (default routes, sampling inside the
+# graph), one model load, ~1 s each: the sampling after the graph (the old
+# path: A/B of this change) and the best route set of run I (lm_head=simt2).
+DEF_ROUTES="qkv=simtk,o_proj=simtk,gate_up=auto,down=simt8,lm_head=auto"
+ROUTE_SETS="$DEF_ROUTES,sample=separate;${DEF_ROUTES/lm_head=auto/lm_head=simt2};$DEF_ROUTES"
+# name | estimated seconds | environment | bench arguments. FP8KV_STEP_PROFILE=20:
+# the op-timed eager copy is made at the 20th replayed step (in the warm-up
+# iteration, so the timed iterations do not contain it). 60K has no warm-up
+# iteration: 1000 = no op-timed copy there (run K2's copy at step 10 cost
+# its decode tok/s ~3%), the per-step times only.
+CASES=(
+  "lat_b1_1k_fp8|60|FP8KV_STEP_PROFILE=20|$L1K --kv-cache-dtype fp8 --gemv-routes $ROUTE_SETS"
+  "lat_b1_60k_fp8|50|FP8KV_STEP_PROFILE=1000|latency --batch-size 1 --input-len 60000 --output-len 32 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8"
+)
+phase bench
+for c in "${CASES[@]}"; do
+  IFS='|' read -r name est envs args <<<"$c"
+  l=$(left)
+  if [ "$l" -lt "$est" ]; then echo "$name: skipped: budget ($l s left, needs ~$est s)" | tee "$OUT/$name.skipped"; continue; fi
+  t=$(date +%s)
+  # shellcheck disable=SC2086
+  timeout $(( l > 10 ? l - 5 : 5 )) env $envs $FP8KV bench $args $MODEL --load-format dummy --ignore-eos --backend cuda \
+    --json >"$OUT/$name.json" 2>"$OUT/$name.log"
+  rc=$?
+  echo "$name: rc $rc, $(( $(date +%s) - t )) s"
+  [ $rc -ne 0 ] && tail -5 "$OUT/$name.log"
+done
+
+# Per-kernel durations of one eager decode step under ncu (kernels serialized,
+# caches and clocks left alone): only if ~55 s remain.
+NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [ -n "$NCU_BIN" ] && [ "$(left)" -ge 55 ]; then
+  phase "ncu ($NCU_BIN)"
+  l=$(left)
+  FP8KV_STEP_PROFILE=5 timeout $(( l - 3 )) "$NCU_BIN" --profile-from-start off --clock-control none --cache-control none \
+    --metrics gpu__time_duration.sum --csv --page raw \
+    $FP8KV bench latency --batch-size 1 --input-len 1024 --output-len 12 --num-iters-warmup 0 --num-iters 1 \
+    --kv-cache-dtype fp8 $MODEL --load-format dummy --ignore-eos --backend cuda >"$OUT/ncu_b1_1k.csv" 2>"$OUT/ncu_b1_1k.log"
+  echo "ncu: rc $?"
+else
+  echo "ncu: skipped (${NCU_BIN:-no ncu}; $(left) s left)"
+fi
+
+phase table
+python3 - "$OUT" <<'EOF'
+import csv, collections, glob, json, os, re, sys
+out = sys.argv[1]
+print(f"{'case':16} {'ms/step':>8} {'tok/s':>7} {'floor':>6} {'copy GB/s':>9} {'GB/step':>8}")
+for n in ("lat_b1_1k_fp8", "lat_b1_60k_fp8"):
+    try:
+        j = json.load(open(os.path.join(out, n + ".json")))
+    except Exception:
+        print(f"{n:16} (no result)")
+        continue
+    print(f"{n:16} {j.get('decode_ms_per_step', 0):8.3f} {j.get('decode_tokens_per_s', 0):7.1f} "
+          f"{j.get('floor_fraction', 0):6.3f} {j.get('copy_gbps', 0):9.0f} {j.get('bytes_per_step', 0) / 1e9:8.2f}")
+try:
+    j = json.load(open(os.path.join(out, "lat_b1_1k_fp8.json")))
+    print(f"route sets at batch 1 1K (same process; main run {j.get('gemv_routes')}: {j.get('decode_ms_per_step', 0):.3f} ms/step)")
+    for r in j.get("gemv_route_runs", []):
+        print(f"  {r['routes']:82} {r['decode_ms_per_step']:7.3f} ms/step {r['decode_tokens_per_s']:6.1f} tok/s floor {r['floor_fraction']:.3f}")
+except Exception as e:
+    print("route runs:", e)
+for n in ("lat_b1_1k_fp8", "lat_b1_60k_fp8"):
+    p = os.path.join(out, n + ".log")
+    if not os.path.exists(p):
+        continue
+    lines = [l.rstrip() for l in open(p) if l.startswith("step profile")]
+    tl = [l for l in lines if l.startswith("step profile:") and "replayed steps" in l]  # one per route set
+    ops = [l for l in lines if l.startswith("step profile op:")]
+    hdr = [l for l in lines if "op-timed" in l]
+    print(f"== {n}")
+    for l in (tl + hdr[:1] + ops[:14]):
+        print("  " + l)
+# ncu: one eager decode step's kernels.
+p = os.path.join(out, "ncu_b1_1k.csv")
+if os.path.exists(p):
+    rows = []
+    with open(p, newline="") as f:
+        lines = [l for l in f if l.startswith('"')]
+    rd = csv.reader(lines)
+    hdr = next(rd, None)
+    if hdr and "Kernel Name" in hdr and "gpu__time_duration.sum" in hdr:
+        ki, ti = hdr.index("Kernel Name"), hdr.index("gpu__time_duration.sum")
+        unit = None
+        per = collections.defaultdict(lambda: [0.0, 0])
+        for r in rd:
+            try:
+                v = float(r[ti].replace(",", ""))
+            except (ValueError, IndexError):
+                unit = r[ti] if len(r) > ti else unit
+                continue
+            name = re.sub(r"\(.*", "", r[ki]).replace("void ", "")[:70]
+            per[name][0] += v
+            per[name][1] += 1
+        scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(unit, 1e-3)
+        tot = sum(v for v, _ in per.values()) * scale
+        print(f"== ncu: one eager decode step, {sum(c for _, c in per.values())} kernels, {tot:.1f} us "
+              f"(unit {unit}; kernels serialized)")
+        for name, (v, c) in sorted(per.items(), key=lambda kv: -kv[1][0])[:16]:
+            print(f"  {name:70} {v * scale:8.1f} us {c:4d} calls {v * scale / c:7.2f} us/call")
+    else:
+        print("ncu csv: no kernel rows")
+EOF
+phase done
