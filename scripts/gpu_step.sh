@@ -14,24 +14,8 @@
 # with less than its estimate left is skipped. NO_TESTS=1 skips the tests.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/fp8kv-out}
-mkdir -p "$OUT"
 BUDGET_S=${BUDGET_S:-200}
-T0=$(date +%s)
-now() { echo $(( $(date +%s) - T0 )); }
-phase() { echo "== $1 ($(now) s)"; }
-left() { echo $(( BUDGET_S - $(now) )); }
-source scripts/gpu_env.sh
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/env.txt"
-git log --oneline -1 | tee -a "$OUT/env.txt"
-
-phase build
-BUILD=build-gpu
-cmake -S . -B $BUILD -G Ninja -DFP8KV_CUDA=ON -DFP8KV_WERROR=OFF -DCMAKE_BUILD_TYPE=Release >"$OUT/build.log" 2>&1 &&
-  cmake --build $BUILD --target fp8kv test_cuda_ops -j16 -- -k 0 >>"$OUT/build.log" 2>&1 ||
-  { grep -E "error" -A3 "$OUT/build.log" | head -40; tail -20 "$OUT/build.log"; }
-FP8KV=$BUILD/fp8kv
-[ -x $FP8KV ] || { echo "build failed: no $FP8KV"; exit 1; }
+source scripts/gpu_engine_build.sh fp8kv test_cuda_ops
 
 if [ -z "${NO_TESTS:-}" ] && [ -x $BUILD/tests/test_cuda_ops ]; then
   phase tests

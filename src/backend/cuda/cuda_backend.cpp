@@ -905,13 +905,20 @@ void CudaBackend::sample(const Tensor& logits, std::span<const RowSampling> para
   params_host_.copied(stream_);
   cuda::sample_rows(f32(logits, "sample", "logits"), static_cast<int>(n), static_cast<int>(V),
                     sample_params_.as<cuda::SampleParams>(), sample_ids_.as<int32_t>(), stream_);
-  void* ih = ids_host_.get(static_cast<size_t>(n) * 4);
-  FP8KV_CU(cudaMemcpyAsync(ih, sample_ids_.get(), static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost, stream_));
+  download_ids(sample_ids_.get(), ids);
+}
+
+// The sampled ids of the last sample kernel (on the device at dev) -> ids,
+// one copy and the step's only sync; a negative id is the kernel's NaN mark.
+void CudaBackend::download_ids(const void* dev, std::span<int32_t> ids) {
+  const size_t bytes = ids.size() * sizeof(int32_t);
+  void* ih = ids_host_.get(bytes);
+  FP8KV_CU(cudaMemcpyAsync(ih, dev, bytes, cudaMemcpyDeviceToHost, stream_));
   if (sprof_.on) FP8KV_CU(cudaEventRecord(timing_event(sprof_.tail_end), stream_));
   FP8KV_CU(cudaStreamSynchronize(stream_));
-  std::memcpy(ids.data(), ih, static_cast<size_t>(n) * 4);
+  std::memcpy(ids.data(), ih, bytes);
   prof_synced();
-  for (int64_t r = 0; r < n; ++r)
+  for (size_t r = 0; r < ids.size(); ++r)
     if (ids[r] < 0) throw std::runtime_error(fmt::format("non-finite logits (NaN) from the model in sampled row {}", r));
 }
 
@@ -963,14 +970,7 @@ void CudaBackend::step_sampled_ids(std::span<int32_t> ids) {
   if (n > s.n_sample) bad("step_sampled_ids", fmt::format("{} ids asked, the step sampled {} rows", n, s.n_sample));
   if (n == 0) return;
   if (capturing_) throw std::logic_error("CudaBackend::step_sampled_ids during graph capture");
-  void* ih = ids_host_.get(static_cast<size_t>(n) * 4);
-  FP8KV_CU(cudaMemcpyAsync(ih, step_sample_ids_.get(), static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost, stream_));
-  if (sprof_.on) FP8KV_CU(cudaEventRecord(timing_event(sprof_.tail_end), stream_));
-  FP8KV_CU(cudaStreamSynchronize(stream_));
-  std::memcpy(ids.data(), ih, static_cast<size_t>(n) * 4);
-  prof_synced();
-  for (int64_t r = 0; r < n; ++r)
-    if (ids[r] < 0) throw std::runtime_error(fmt::format("non-finite logits (NaN) from the model in sampled row {}", r));
+  download_ids(step_sample_ids_.get(), ids);
 }
 
 // ---- CUDA graphs --------------------------------------------------------------

@@ -205,6 +205,7 @@ class CudaBackend final : public Backend {
   cuda::DeviceBuffer step_logits_x_;   // [n][H] bf16
   cuda::DeviceBuffer step_sample_ids_; // [n] int32
   void prof_synced();  // step profile bookkeeping after a step's ids reached the host
+  void download_ids(const void* dev, std::span<int32_t> ids);  // ids D2H + sync + NaN check
   std::vector<float> obs_q_, obs_k_, obs_v_;  // host copies for the observer
   // Graphs: one executable graph per bucket key, valid while buffers_gen_
   // (bumped by every reallocation of memory a graph may use) is unchanged.
