@@ -19,6 +19,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/membw.h"
 #include "backend/cuda/ops.h"
+#include "event_median.h"
 
 using namespace fp8kv;
 
@@ -89,20 +90,7 @@ int main(int argc, char** argv) {
         else
           gemm.linear(x.as<uint16_t>(), T, W, nullptr, y.as<float>(), false, st);
       };
-      for (int r = 0; r < 3; ++r) run();
-      const int reps = 20;
-      std::vector<float> ms;
-      for (int rep = 0; rep < 5; ++rep) {
-        FP8KV_CU(cudaEventRecord(e0, st));
-        for (int r = 0; r < reps; ++r) run();
-        FP8KV_CU(cudaEventRecord(e1, st));
-        FP8KV_CU(cudaEventSynchronize(e1));
-        float t = 0;
-        FP8KV_CU(cudaEventElapsedTime(&t, e0, e1));
-        ms.push_back(t / reps);
-      }
-      std::sort(ms.begin(), ms.end());
-      const double us = ms[ms.size() / 2] * 1e3;
+      const double us = bench::median_call_us(st, e0, e1, 20, run);
       const double bytes = static_cast<double>(s.n * s.k) * 2 + static_cast<double>(T) * (s.k * 2 + s.n * 4);
       const double gbps = bytes / (us * 1e-6) / 1e9;
       std::printf("%-8s %6lld %6lld %3d %-5s %9.2f %8.0f %7.3f\n", s.name, static_cast<long long>(s.n),

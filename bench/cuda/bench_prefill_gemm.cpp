@@ -23,6 +23,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/membw.h"
 #include "backend/cuda/ops.h"
+#include "event_median.h"
 
 using namespace fp8kv;
 
@@ -115,20 +116,8 @@ int main(int argc, char** argv) {
           else
             g.linear(x.as<uint16_t>(), rows, W, nullptr, y.as<float>(), false, st);
         };
-        for (int r = 0; r < 3; ++r) run();  // the first call tunes (a == 1)
-        const int reps = 5;
-        std::vector<float> ms;
-        for (int rep = 0; rep < 5; ++rep) {
-          FP8KV_CU(cudaEventRecord(e0, st));
-          for (int r = 0; r < reps; ++r) run();
-          FP8KV_CU(cudaEventRecord(e1, st));
-          FP8KV_CU(cudaEventSynchronize(e1));
-          float t = 0;
-          FP8KV_CU(cudaEventElapsedTime(&t, e0, e1));
-          ms.push_back(t / reps);
-        }
-        std::sort(ms.begin(), ms.end());
-        const double us = ms[ms.size() / 2] * 1e3;
+        // The first warm-up call tunes (a == 1).
+        const double us = bench::median_call_us(st, e0, e1, 5, run);
         const double tflops = 2.0 * rows * s.n * s.k / (us * 1e-6) / 1e12;
         const char* algo = a == 0 ? "heur" : "best16";
         std::printf("%-13s %6lld %6lld %6lld %-6s %10.1f %8.1f\n", s.name, static_cast<long long>(rows),
