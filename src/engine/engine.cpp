@@ -18,6 +18,7 @@
 #include <spdlog/spdlog.h>
 
 #include "backend/backend.h"
+#include "backend/startup_profile.h"
 #include "engine/dummy_weights.h"
 #include "engine/model_runner.h"
 #include "engine/tp_runner.h"
@@ -116,10 +117,12 @@ class EngineImpl final : public Engine {
     // shard (engine/tp_shard.h dummy_weights_shard; docs/tp.md).
     RankWeightsFn rank_weights;
     if (!w) rank_weights = [c = cfg_](const TpShard& t) { return maybe_widen(dummy_weights_shard(c, t)); };
+    StartupPhase ph_runner("backend + weights upload + activation buffers (all ranks)");
     runner_ = std::make_unique<TpRunner>(cfg_, std::move(w), o.backend, bo, o.tensor_parallel_size,
                                          o.max_num_batched_tokens, o.max_num_seqs,
                                          TpMultiProcess{o.nnodes, o.node_rank, o.master_addr, o.master_port},
                                          rank_weights);
+    ph_runner.done();
     backend_ = &runner_->backend();  // rank 0's
     if (backend_->name() != "cpu") weights_.reset();
     if (o.gpu_memory_utilization > 0.0 && backend_->name() == "cpu")
@@ -139,6 +142,7 @@ class EngineImpl final : public Engine {
     const KvBudget budget = kv_budget(o, s);
     s.kv_memory_bytes = budget.kv_memory_bytes;
     s.budget_source = budget.source;
+    StartupPhase ph_kv("KV plan + pool (all ranks)");
     plan_ = plan_kv_cache(cfg_, s);
     kv_ = std::make_unique<KvCacheManager>(cfg_, plan_);
     runner_->allocate_kv(plan_, kv_->layout());
@@ -151,6 +155,7 @@ class EngineImpl final : public Engine {
     lim.max_model_len = plan_.max_model_len;
     sched_ = std::make_unique<Scheduler>(*kv_, lim, cfg_.eos_token_ids);
     kv_->set_prefix_caching(o.enable_prefix_caching);
+    ph_kv.done();
     engine_log()->info("{}", kv_plan_log_line(plan_));
   }
 
@@ -504,7 +509,9 @@ std::shared_ptr<const ModelWeights> maybe_widen(std::shared_ptr<const ModelWeigh
 std::unique_ptr<Engine> Engine::create(ModelConfig cfg, std::shared_ptr<const ModelWeights> weights,
                                        const EngineOptions& opts) {
   const KvDtype d = opts.kv_cache_dtype == "auto" ? KvDtype::bf16 : resolve_kv_cache_dtype(opts.kv_cache_dtype, {});
-  return std::make_unique<EngineImpl>(std::move(cfg), maybe_widen(std::move(weights)), opts, d);
+  const bool cpu = resolve_backend_name(opts.backend) == "cpu";
+  return std::make_unique<EngineImpl>(std::move(cfg), cpu ? maybe_widen(std::move(weights)) : std::move(weights),
+                                      opts, d);
 }
 
 namespace {
@@ -535,18 +542,36 @@ std::unique_ptr<Engine> load_engine(const std::filesystem::path& dir, const Engi
     throw InputError("--load-format must be auto or dummy (got '" + opts.load_format + "')");
   ModelConfig cfg = load_model_config(dir);
   const KvDtype d = resolve_kv_cache_dtype(opts.kv_cache_dtype, dir);
-  (void)require_backend(opts.backend);  // before weights are read or made (tens of GB for --load-format dummy)
+  // Before weights are read or made (tens of GB for --load-format dummy).
+  // Only the CPU backend widens bf16 matrices to fp32 (maybe_widen): a device
+  // backend uploads bf16, so widening would only cost host time and memory
+  // (an 8B model: 32 GB written, then converted back at upload).
+  const bool cpu = require_backend(opts.backend) == "cpu";
+  auto widen = [&](std::shared_ptr<const ModelWeights> w) {
+    if (!cpu) return w;
+    StartupPhase ph("widen bf16 -> fp32 (cpu backend)");
+    return maybe_widen(std::move(w));
+  };
   if (opts.load_format == "dummy") {
     // Random weights from config.json alone (no safetensors read); unity KV scales.
     engine_log()->info("--load-format dummy: random weights (N(0, 0.02), norms 1) for {}", dir.string());
     if (opts.tensor_parallel_size > 1) return std::make_unique<EngineImpl>(cfg, nullptr, opts, d);  // per rank
-    return std::make_unique<EngineImpl>(cfg, maybe_widen(dummy_weights(cfg)), opts, d);
+    std::shared_ptr<const ModelWeights> w;
+    {
+      StartupPhase ph("dummy weights (host)");
+      w = dummy_weights(cfg);
+    }
+    return std::make_unique<EngineImpl>(cfg, widen(std::move(w)), opts, d);
   }
   std::shared_ptr<const Checkpoint> ckpt = Checkpoint::open(dir);
-  auto w = ModelWeights::load(ckpt, cfg);
+  std::shared_ptr<const ModelWeights> w;
+  {
+    StartupPhase ph("checkpoint weights (host)");
+    w = ModelWeights::load(ckpt, cfg);
+  }
   // KV scales from the checkpoint (validated; one coverage warning for fp8): kv/scale_loader.h.
   KvScales scales = load_kv_scales_for_run(*ckpt, KvScaleShape{cfg.num_layers, cfg.num_heads, cfg.num_kv_heads}, d);
-  auto engine = std::make_unique<EngineImpl>(std::move(cfg), maybe_widen(std::move(w)), opts, d);
+  auto engine = std::make_unique<EngineImpl>(std::move(cfg), widen(std::move(w)), opts, d);
   engine->set_kv_scales(std::move(scales));
   return engine;
 }

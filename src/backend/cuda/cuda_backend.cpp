@@ -14,8 +14,10 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/prefill_profile.h"
+#include "backend/startup_profile.h"
 #include "io/errors.h"
 #include "model/weights.h"
+#include "numerics/fp8.h"
 
 namespace fp8kv {
 
@@ -60,6 +62,92 @@ double gemm_flops(int64_t T, const Tensor& w) {
   return 2.0 * static_cast<double>(T) * static_cast<double>(w.rows) * static_cast<double>(w.cols);
 }
 
+// Weight upload through two pinned staging buffers (docs/cuda_backend.md
+// "Startup (2026-12-01)"): the host fills one buffer (a parallel copy, or
+// the parallel fp32 -> bf16 RNE conversion of f32_to_bf16) while the copy
+// engine reads the other, so the upload runs at pinned-copy speed instead
+// of the driver's pageable staging, and fp32 checkpoints convert on all
+// cores. The bytes on the device are the same as upload_matrix_bf16_to's.
+// A failed pinned allocation falls back to that function.
+class PinnedUploader {
+ public:
+  explicit PinnedUploader(cudaStream_t stream) : stream_(stream) {}
+  PinnedUploader(const PinnedUploader&) = delete;
+  PinnedUploader& operator=(const PinnedUploader&) = delete;
+  ~PinnedUploader() {
+    for (Buf& b : bufs_) {
+      if (b.ev) {
+        cudaEventSynchronize(b.ev);
+        cudaEventDestroy(b.ev);
+      }
+      if (b.p) cudaFreeHost(b.p);
+    }
+  }
+  void copy(const MatrixRef& m, uint16_t* dst) {
+    const size_t count = static_cast<size_t>(m.rows) * static_cast<size_t>(m.cols);
+    if (!count) return;
+    bytes_ += count * 2;
+    if (!ready()) {
+      cuda::upload_matrix_bf16_to(m, dst);
+      return;
+    }
+    for (size_t i0 = 0; i0 < count; i0 += kChunk) {
+      Buf& b = bufs_[next_];
+      next_ ^= 1;
+      if (b.pending) FP8KV_CU(cudaEventSynchronize(b.ev));
+      b.pending = false;
+      const int64_t n = static_cast<int64_t>(std::min(kChunk, count - i0));
+      if (m.type == WeightType::bf16) {
+        const auto* src = static_cast<const uint16_t*>(m.data) + i0;
+        constexpr int64_t kPiece = int64_t{1} << 19;  // 1 MB per task
+#pragma omp parallel for schedule(static)
+        for (int64_t j = 0; j < n; j += kPiece)
+          std::memcpy(b.p + j, src + j, static_cast<size_t>(std::min(kPiece, n - j)) * 2);
+      } else {
+        const float* src = static_cast<const float*>(m.data) + i0;
+#pragma omp parallel for schedule(static)
+        for (int64_t j = 0; j < n; ++j) b.p[j] = f32_to_bf16(src[j]);
+      }
+      FP8KV_CU(cudaMemcpyAsync(dst + i0, b.p, static_cast<size_t>(n) * 2, cudaMemcpyHostToDevice, stream_));
+      FP8KV_CU(cudaEventRecord(b.ev, stream_));
+      b.pending = true;
+    }
+  }
+  void finish() { FP8KV_CU(cudaStreamSynchronize(stream_)); }
+  size_t bytes() const { return bytes_; }
+  bool pinned() const { return state_ == 1; }
+
+ private:
+  static constexpr size_t kChunk = size_t{1} << 25;  // elements per staging buffer (64 MB)
+  struct Buf {
+    uint16_t* p = nullptr;
+    cudaEvent_t ev = nullptr;
+    bool pending = false;
+  };
+  bool ready() {
+    if (state_ == 0) {
+      state_ = 1;
+      for (Buf& b : bufs_) {
+        void* p = nullptr;
+        if (cudaHostAlloc(&p, kChunk * 2, cudaHostAllocDefault) != cudaSuccess ||
+            cudaEventCreateWithFlags(&b.ev, cudaEventDisableTiming) != cudaSuccess) {
+          (void)cudaGetLastError();
+          if (p) cudaFreeHost(p);
+          state_ = 2;  // pageable fallback
+          break;
+        }
+        b.p = static_cast<uint16_t*>(p);
+      }
+    }
+    return state_ == 1;
+  }
+  cudaStream_t stream_;
+  Buf bufs_[2];
+  int next_ = 0;
+  int state_ = 0;  // 0: not yet allocated, 1: pinned, 2: pageable fallback
+  size_t bytes_ = 0;
+};
+
 }  // namespace
 
 bool cuda_device_available() { return cuda::cuda_device_available(); }
@@ -83,6 +171,7 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const BackendOptions& opts)
     throw InputError(fmt::format("--backend cuda: num_heads {} is not a multiple of num_kv_heads {}", cfg.num_heads,
                                  cfg.num_kv_heads));
   enforce_eager_ = opts.enforce_eager;
+  StartupPhase phase("backend init (cuda context, stream, cuBLASLt)");
   if (const char* e = std::getenv("FP8KV_STEP_PROFILE"); e && *e && std::string(e) != "0") {
     sprof_.on = true;
     sprof_.op_step = std::max(1, std::atoi(e));
@@ -249,12 +338,14 @@ void CudaBackend::synchronize() { FP8KV_CU(cudaStreamSynchronize(stream_)); }
 // ---- weights ----------------------------------------------------------------
 
 BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w) {
+  StartupPhase phase("weights upload (cuda)");
   BackendWeights b;
+  PinnedUploader up(stream_);
   auto mat = [&](const WeightMatrix& m) -> Tensor {
     if (!m.data) return {};
     DeviceBuffer buf = alloc(static_cast<size_t>(m.rows * m.cols) * 2);
-    cuda::upload_matrix_bf16_to(MatrixRef{m.data, m.bf16 ? WeightType::bf16 : WeightType::f32, m.rows, m.cols},
-                                static_cast<uint16_t*>(buf.data()));
+    up.copy(MatrixRef{m.data, m.bf16 ? WeightType::bf16 : WeightType::f32, m.rows, m.cols},
+            static_cast<uint16_t*>(buf.data()));
     Tensor t{buf.data(), ScalarType::bf16, m.rows, m.cols};
     b.storage.push_back(std::move(buf));
     return t;
@@ -285,8 +376,7 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
     auto* base = static_cast<uint16_t*>(buf.data());
     int64_t r0 = 0;
     for (auto [m, t] : parts) {
-      cuda::upload_matrix_bf16_to(MatrixRef{m->data, m->bf16 ? WeightType::bf16 : WeightType::f32, m->rows, m->cols},
-                                  base + r0 * cols);
+      up.copy(MatrixRef{m->data, m->bf16 ? WeightType::bf16 : WeightType::f32, m->rows, m->cols}, base + r0 * cols);
       *t = Tensor{base + r0 * cols, ScalarType::bf16, m->rows, m->cols};
       r0 += m->rows;
     }
@@ -341,6 +431,10 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
     gemm_->name_shape(o.down_proj.rows, o.down_proj.cols, cuda::LinearProj::down);
   }
   gemm_->name_shape(b.output.rows, b.output.cols, cuda::LinearProj::lm_head);
+  up.finish();
+  phase.set_detail(fmt::format(", {:.2f} GB matrices, {:.1f} GB/s ({})", static_cast<double>(up.bytes()) / 1e9,
+                               static_cast<double>(up.bytes()) / 1e9 / std::max(phase.seconds(), 1e-9),
+                               up.pinned() ? "pinned staging" : "pageable"));
   return b;  // the host weights are no longer needed (host_owner stays empty)
 }
 
@@ -368,12 +462,14 @@ void CudaBackend::allocate_kv(const KvPlan& plan, const KvCacheLayout& layout) {
     if (layer_group_[l] < 0) throw std::logic_error(fmt::format("CudaBackend::allocate_kv: layer {} is in no KV group", l));
   drop_graphs();
   kv_storage_.clear();
+  StartupPhase phase("KV pool alloc + zero (cuda)");
   const size_t bytes = layout.cache_bytes();
   for (int i = 0; i < plan.group_size * 2; ++i) {
     kv_storage_.push_back(alloc(bytes));
     FP8KV_CU(cudaMemsetAsync(kv_storage_.back().data(), 0, bytes, stream_));
   }
   FP8KV_CU(cudaStreamSynchronize(stream_));
+  phase.set_detail(fmt::format(", {:.2f} GB", static_cast<double>(bytes) * plan.group_size * 2 / 1e9));
 }
 
 KvLayerStorage CudaBackend::kv_layer(int layer) const {
