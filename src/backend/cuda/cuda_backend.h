@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/kernels.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/prefill_profile.h"
 #include "model/rope.h"
@@ -152,6 +153,7 @@ class CudaBackend final : public Backend {
     int decode_plan_context = 0; // the decode plan's context (StepBatch::decode_plan_context or the above)
     int max_prefill_query = 0;   // over prefill sequences
     int prefill_row0 = 0;        // query_start[num_decodes]
+    bool prefill_q_bf16 = false; // FP8KV_PREFILL_Q_BF16 on a prefill-only step: q written / read as bf16
     const int32_t* ids = nullptr;        // [T]
     const int32_t* positions = nullptr;  // [T]
     const int32_t* context_lens = nullptr;     // [S]
@@ -207,6 +209,12 @@ class CudaBackend final : public Backend {
   void prof_synced();  // step profile bookkeeping after a step's ids reached the host
   void download_ids(const void* dev, std::span<int32_t> ids);  // ids D2H + sync + NaN check
   std::vector<float> obs_q_, obs_k_, obs_v_;  // host copies for the observer
+  // Prefill attention (docs/cuda_backend.md "Prefill attention in the engine"):
+  // the q buffer that qkv_split_store last filled with bf16 rows (null: fp32),
+  // and FP8KV_PREFILL_ATTN_AB's scratch (q as bf16, a throwaway output).
+  const void* q_bf16_data_ = nullptr;
+  cuda::DeviceBuffer ab_q_, ab_out_;
+  void prefill_attention(const cuda::PrefillArgs& a, int layer);
   // Graphs: one executable graph per bucket key, valid while buffers_gen_
   // (bumped by every reallocation of memory a graph may use) is unchanged.
   struct Graph {

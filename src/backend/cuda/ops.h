@@ -209,6 +209,10 @@ struct QkvPrepArgs {
   int rot_dim = 0;
   float attention_factor = 1.0f;
   float* q_out = nullptr;  // [T][num_q_heads][head_dim]
+  // q_out holds bf16 (RNE) elements instead of fp32 (the same [T][heads][D]
+  // order, half the bytes): the prefill attention's bf16 q
+  // (FP8KV_PREFILL_Q_BF16, docs/cuda_backend.md "Prefill attention in the engine").
+  bool q_out_bf16 = false;
   float* k_out = nullptr;  // [T][num_kv_heads][head_dim]
   float* v_out = nullptr;  // [T][num_kv_heads][head_dim]
   // Optional store fused in (kv_cache non-null): k and v rows go straight to

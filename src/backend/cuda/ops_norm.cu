@@ -269,7 +269,12 @@ __global__ void qkv_prep_kernel(QkvPrepArgs a) {
       }
       res[j] = r;
     }
-    if (out) {
+    if (out && hh < nq && a.q_out_bf16) {
+      __nv_bfloat16* qb = reinterpret_cast<__nv_bfloat16*>(a.q_out) + (static_cast<int64_t>(t) * nq + hh) * D;
+#pragma unroll
+      for (int j = 0; j < kMaxHeadDim / 32; ++j)
+        if (lane + 32 * j < D) qb[lane + 32 * j] = __float2bfloat16_rn(res[j]);
+    } else if (out) {
 #pragma unroll
       for (int j = 0; j < kMaxHeadDim / 32; ++j)
         if (lane + 32 * j < D) out[lane + 32 * j] = res[j];
