@@ -1,39 +1,38 @@
 #!/usr/bin/env bash
-# GPU machine (repo root), prefill side of issue 12 (docs/cuda_backend.md
-# "Prefill/TTFT (2026-12-01)"), in <= BUDGET_S (default 240) seconds with the build:
-#  1. the GPU accuracy tests with FP8KV_PREFILL_BF16_ACT=1 (bf16 gate|up
-#     output between the prefill GEMMs): test_cuda_ops' engine / golden /
-#     graph / backend-vs-CPU tests (CudaGoldenHd64: CUDA logprobs vs the
-#     transformers goldens; CudaEngine: fp8 vs the CPU engine), once with the
-#     flag and once without (same figures side by side), and perplexity
-#     parity on models/fp8kv-mini (score, cpu vs cuda, bf16 and fp8 caches,
-#     cuda with and without the flag);
-#  2. cuBLASLt at the prefill shapes (bench_prefill_gemm: T = 8192 and 1024,
-#     heuristic vs best of 16, square peak);
-#  3. `fp8kv bench` rows on the Llama-3.1-8B shape (dummy weights, fp8 cache,
-#     FP8KV_PREFILL_BF16_ACT=1), the TTFT and throughput ones with the
-#     per-op prefill profile (FP8KV_PREFILL_PROFILE) on warm-up / early steps
-#     only, so the timed iterations run without events: ttft_8k_fp8 (one
-#     8K chunk), thr_256x1k_fp8, then b32 16K fp8 / bf16 (the pair runs only
-#     if both fit: ~130 s; BUDGET_S=300 runs them, ~270-290 s; BUDGET_S=350
-#     adds thr_256x1k_fp8_mbt16k, 16K-token chunks; the
-#     8B dummy load costs ~35 s per row); each row reports the copy
-#     bandwidth measured in its process. ONLY="name ..." picks rows.
-# Prints a table at the end; logs + JSON under $OUT.
+# GPU machine (repo root), prefill / startup side of issue 12
+# (docs/cuda_backend.md "Startup (2026-12-01)" and "Prefill attention in the
+# engine"), in <= BUDGET_S (default 300) seconds with the build:
+#  1. test_cuda_ops' engine / golden / graph / backend-vs-CPU tests, with the
+#     CUDA goldens on (FP8KV_CUDA_GOLDENS=1: CudaGoldenHd64, 20 cases, CUDA
+#     logprobs vs transformers), once as shipped and once with
+#     FP8KV_PREFILL_Q_BF16=1 (q in bf16 on prefill-only steps);
+#  2. perplexity parity on models/fp8kv-mini (score, cpu vs cuda, bf16 and
+#     fp8 caches; cuda also with FP8KV_PREFILL_Q_BF16=1);
+#  3. the 8K TTFT row on the Llama-3.1-8B shape (dummy weights, fp8 cache)
+#     with FP8KV_STARTUP_PROFILE=1 (one dated line per load phase: the load
+#     was 35-40 s per row in run L) and the per-op prefill profile of the
+#     second warm-up with FP8KV_PREFILL_ATTN_AB=1 (the attention again, with
+#     q in bf16, after 200 ms idle: where the 1.89 vs 1.54 ms per layer goes),
+#     then the same row with FP8KV_PREFILL_Q_BF16=1 (timed TTFT A/B), and
+#     the bf16-cache TTFT (q bf16 is bitwise there); nvidia-smi samples SM
+#     clock and power every 50 ms during the rows (smi_<row>.csv);
+#  4. if time is left: thr_256x1k_fp8 (the throughput row, load included).
+# ONLY="name ..." picks bench rows. Prints a table at the end; logs under $OUT.
 #   run(command="ln -sfn ../../.debs .debs; bash scripts/gpu_prefill_engine.sh", carry=[".debs"])
 set -uo pipefail
 cd "$(dirname "$0")/.."
-BUDGET_S=${BUDGET_S:-240}
-source scripts/gpu_engine_build.sh fp8kv test_cuda_ops bench_prefill_gemm
+BUDGET_S=${BUDGET_S:-300}
+source scripts/gpu_engine_build.sh fp8kv test_cuda_ops
 
-TESTS='*CudaGoldenHd64*:CudaEngine.*:CudaGraphs.*:Families/CudaBackendVsCpu.*:CudaOps.GemmBf16OutAndActBf16In:CudaOps.LinearMatchesCpu:CudaOps.PrefillProfileCountsOpsPerStep'
+TESTS='*CudaGoldenHd64*:CudaEngine.*:CudaGraphs.*:Families/CudaBackendVsCpu.*:CudaOps.GemmBf16OutAndActBf16In:CudaOps.LinearMatchesCpu:CudaOps.PrefillProfileCountsOpsPerStep:CudaOps.PrefillQBf16*:CudaOps.Startup*'
 if [ -x $BUILD/tests/test_cuda_ops ]; then
-  phase "tests (FP8KV_PREFILL_BF16_ACT=1, then unset)"
-  for v in bf16act default; do
-    e="FP8KV_PREFILL_BF16_ACT=0"; [ $v = bf16act ] && e="FP8KV_PREFILL_BF16_ACT=1"
+  phase "tests (as shipped, then FP8KV_PREFILL_Q_BF16=1)"
+  for v in default qbf16; do
+    e="FP8KV_PREFILL_Q_BF16=0"; [ $v = qbf16 ] && e="FP8KV_PREFILL_Q_BF16=1"
     timeout 90 env FP8KV_CUDA_GOLDENS=1 $e $BUILD/tests/test_cuda_ops --gtest_filter="$TESTS" >"$OUT/tests_$v.log" 2>&1
     echo "tests $v: rc $? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test' "$OUT/tests_$v.log" | tr '\n' ' ')"
     grep -E "^\[  FAILED  \] [A-Z]" "$OUT/tests_$v.log" | head -10
+    echo "  golden cases: $(grep -cE '^\[       OK \] All/CudaGoldenHd64' "$OUT/tests_$v.log") ok, $(grep -cE '^\[  SKIPPED \] All/CudaGoldenHd64' "$OUT/tests_$v.log") skipped"
   done
 fi
 
@@ -41,9 +40,9 @@ phase "perplexity parity (models/fp8kv-mini)"
 S=/tmp/fp8kv-prefill-score; mkdir -p $S
 head -c 30000 models/fp8kv-mini/eval/heldout_1.txt > $S/text.txt
 for run in cpu:bf16: cpu:fp8: cuda:bf16:0 cuda:fp8:0 cuda:bf16:1 cuda:fp8:1; do
-  IFS=: read -r be dt act <<<"$run"
-  n=${be}_${dt}; [ "$act" = 1 ] && n=${n}_bf16act
-  timeout 40 env ${act:+FP8KV_PREFILL_BF16_ACT=$act} $FP8KV score models/fp8kv-mini --text-file $S/text.txt --context 1024 \
+  IFS=: read -r be dt qb <<<"$run"
+  n=${be}_${dt}; [ "$qb" = 1 ] && n=${n}_qbf16
+  timeout 40 env ${qb:+FP8KV_PREFILL_Q_BF16=$qb} $FP8KV score models/fp8kv-mini --text-file $S/text.txt --context 1024 \
     --kv-cache-dtype $dt --backend $be --output "$OUT/score_$n.json" >"$OUT/score_$n.log" 2>&1 || echo "score $n: rc $?"
 done
 python3 - "$OUT" <<'PY' | tee "$OUT/score_summary.txt"
@@ -55,7 +54,7 @@ def lp(n):
         return [x for s in d["sequences"] for x in s["logprobs"] if x is not None]
     except Exception as e:
         print(f"{n}: missing ({e})"); return None
-r = {n: lp(n) for n in ["cpu_bf16", "cpu_fp8", "cuda_bf16", "cuda_fp8", "cuda_bf16_bf16act", "cuda_fp8_bf16act"]}
+r = {n: lp(n) for n in ["cpu_bf16", "cpu_fp8", "cuda_bf16", "cuda_fp8", "cuda_bf16_qbf16", "cuda_fp8_qbf16"]}
 for n, v in r.items():
     if not v: continue
     cpu = r["cpu_fp8" if "fp8" in n else "cpu_bf16"]
@@ -65,46 +64,45 @@ for n, v in r.items():
         pc = math.exp(-sum(cpu) / len(cpu))
         mad = sum(abs(a - b) for a, b in zip(v, cpu)) / len(v)
         line += f"  vs cpu: ppl {100 * (ppl / pc - 1):+.3f}% (limit 0.2%)  mean|dlp| {mad:.5f}"
+    base = r.get(n.replace("_qbf16", "")) if n.endswith("_qbf16") else None
+    if base:
+        same = sum(1 for a, b in zip(v, base) if a == b)
+        line += f"  vs q fp32: {same}/{len(v)} identical, max|dlp| {max(abs(a - b) for a, b in zip(v, base)):.5f}"
     print(line)
 PY
 
-if [ -x $BUILD/bench/bench_prefill_gemm ]; then
-  phase gemm
-  timeout 60 $BUILD/bench/bench_prefill_gemm --t 8192,1024 --json "$OUT/prefill_gemm.json" 2>&1 | tee "$OUT/prefill_gemm.log" | grep -E "T=|square"
-fi
-
 MODEL=tests/data/configs/llama-3.1-8b
-# The TTFT row: 2 warm-ups (the second profiled: FP8KV_PREFILL_PROFILE_SKIP=1
+# TTFT rows: 2 warm-ups (the second profiled: FP8KV_PREFILL_PROFILE_SKIP=1
 # leaves the first, with cuBLASLt's plan setup, alone), 3 timed iterations
-# without events. Throughput: steps 3-6 of >= 64 rows profiled (the first
-# prefills and mixed prefill + decode steps), ~1 s of ~9 s perturbed at most.
-ACT="FP8KV_PREFILL_BF16_ACT=1"
+# without events. The A/B probe runs only inside the profiled warm-up.
+ST="FP8KV_STARTUP_PROFILE=1"
+PROF="FP8KV_PREFILL_PROFILE=1 FP8KV_PREFILL_PROFILE_SKIP=1 FP8KV_PREFILL_PROFILE_STEPS=1"
+TTFT="latency --batch-size 1 --input-len 8192 --output-len 2 --num-iters-warmup 2 --num-iters 3"
 CASES=(
-  "ttft_8k_fp8|45|$ACT FP8KV_PREFILL_PROFILE=1 FP8KV_PREFILL_PROFILE_SKIP=1 FP8KV_PREFILL_PROFILE_STEPS=1|latency --batch-size 1 --input-len 8192 --output-len 2 --num-iters-warmup 2 --num-iters 3 --kv-cache-dtype fp8"
-  "thr_256x1k_fp8|48|$ACT FP8KV_PREFILL_PROFILE=1 FP8KV_PREFILL_PROFILE_SKIP=2 FP8KV_PREFILL_PROFILE_STEPS=4|throughput --num-prompts 256 --input-len 1024 --output-len 128 --num-iters-warmup 0 --kv-cache-dtype fp8"
-  "lat_b32_16k_fp8|135|$ACT FP8KV_PREFILL_PROFILE=1 FP8KV_PREFILL_PROFILE_SKIP=3 FP8KV_PREFILL_PROFILE_STEPS=2|latency --batch-size 32 --input-len 16384 --output-len 128 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8"
-  "lat_b32_16k_bf16|65|$ACT|latency --batch-size 32 --input-len 16384 --output-len 128 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype bf16"
-  # Larger prefill chunks (16 prompts of 1K per step instead of 8): only with a larger BUDGET_S.
-  "thr_256x1k_fp8_mbt16k|48|$ACT|throughput --num-prompts 256 --input-len 1024 --output-len 128 --num-iters-warmup 0 --kv-cache-dtype fp8 --max-num-batched-tokens 16384"
+  "ttft_8k_fp8|30|$ST $PROF FP8KV_PREFILL_ATTN_AB=1|$TTFT --kv-cache-dtype fp8"
+  "ttft_8k_fp8_qbf16|30|$ST $PROF FP8KV_PREFILL_Q_BF16=1|$TTFT --kv-cache-dtype fp8"
+  "ttft_8k_bf16|30|$ST $PROF|$TTFT --kv-cache-dtype bf16"
+  "thr_256x1k_fp8|40|$ST|throughput --num-prompts 256 --input-len 1024 --output-len 128 --num-iters-warmup 0 --kv-cache-dtype fp8"
 )
+ROWS="ttft_8k_fp8 ttft_8k_fp8_qbf16 ttft_8k_bf16 thr_256x1k_fp8"
 phase bench
 for c in "${CASES[@]}"; do
   IFS='|' read -r name est envs args <<<"$c"
   if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then continue; fi
   l=$(left)
-  # The batch-32 pair: bf16 only next to an fp8 result.
-  if [ "$name" = lat_b32_16k_bf16 ] && [ ! -s "$OUT/lat_b32_16k_fp8.json" ]; then
-    echo "$name: skipped: no fp8 row to pair with" | tee "$OUT/$name.skipped"; continue
-  fi
   if [ "$l" -lt "$est" ]; then
     echo "$name: skipped: budget ($l s left, needs ~$est s)" | tee "$OUT/$name.skipped"
     continue
   fi
   t=$(date +%s)
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms 50 \
+    >"$OUT/smi_$name.csv" 2>/dev/null &
+  smi=$!
   # shellcheck disable=SC2086
   timeout $(( l > 10 ? l - 5 : 5 )) env $envs $FP8KV bench $args $MODEL --load-format dummy --ignore-eos --backend cuda --json \
     >"$OUT/$name.json" 2>"$OUT/$name.log"
   rc=$?
+  kill $smi 2>/dev/null; wait $smi 2>/dev/null
   echo "$name: rc $rc, $(( $(date +%s) - t )) s"
   [ $rc -ne 0 ] && tail -5 "$OUT/$name.log"
   grep "prefill profile" "$OUT/$name.log" > "$OUT/$name.profile.txt"
@@ -112,8 +110,9 @@ done
 
 phase table
 python3 - "$OUT" <<'EOF2'
-import json, os, sys, glob
+import json, os, sys, glob, re, datetime
 out = sys.argv[1]
+ROWS = ["ttft_8k_fp8", "ttft_8k_fp8_qbf16", "ttft_8k_bf16", "thr_256x1k_fp8"]
 def get(n, k=None):
     try:
         j = json.load(open(os.path.join(out, n + ".json")))
@@ -121,72 +120,73 @@ def get(n, k=None):
     except Exception:
         return None
 print(f"{'case':18} {'ms/step':>8} {'dec tok/s':>9} {'out tok/s':>9} {'TTFT ms':>8} {'copy GB/s':>9} {'floor':>6}")
-for n in ["ttft_8k_fp8", "thr_256x1k_fp8", "lat_b32_16k_fp8", "lat_b32_16k_bf16", "thr_256x1k_fp8_mbt16k"]:
+for n in ROWS:
     j = get(n)
     if not j:
         print(f"{n:18} (no result)"); continue
     print(f"{n:18} {j.get('decode_ms_per_step', 0):8.3f} {j.get('decode_tokens_per_s', 0):9.1f} "
           f"{j.get('output_tokens_per_s', 0):9.1f} {j.get('ttft_ms', 0):8.1f} {j.get('copy_gbps', 0):9.0f} {j.get('floor_fraction', 0):6.3f}")
-# Model load per row (the dummy weights' log line to the KV budget line): the fixed cost of each row.
-import datetime, re as _re
-for n in ["ttft_8k_fp8", "thr_256x1k_fp8", "lat_b32_16k_fp8", "lat_b32_16k_bf16", "thr_256x1k_fp8_mbt16k"]:
+# Load per row: the dummy weights' log line to the KV budget line (run L: 35.8-40.8 s), and the phases.
+for n in ROWS:
     try:
-        ts = {}
+        ts, phases = {}, []
         for l in open(os.path.join(out, n + ".log")):
-            m = _re.match(r"\[(\d+-\d+-\d+ \d+:\d+:\d+\.\d+)\]", l)
-            if m and ("dummy" in l or "KV budget" in l):
-                ts["dummy" if "dummy" in l else "kv"] = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S.%f")
+            m = re.match(r"\[(\d+-\d+-\d+ \d+:\d+:\d+\.\d+)\]", l)
+            if m and ("random weights" in l or "KV budget" in l):
+                ts["dummy" if "random weights" in l else "kv"] = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S.%f")
+            if "startup:" in l:
+                phases.append(l.split("startup: ", 1)[1].strip())
         if len(ts) == 2:
-            print(f"{n}: model load (dummy weights + upload) {(ts['kv'] - ts['dummy']).total_seconds():.1f} s")
+            print(f"{n}: model load (dummy weights + upload, to the KV budget line) {(ts['kv'] - ts['dummy']).total_seconds():.1f} s (run L: 35.8-40.8 s)")
+        for p in phases:
+            print(f"  startup: {p}")
     except Exception:
         pass
-t = get("ttft_8k_fp8", "ttft_ms")
-if t:
+ta, tb, tc = get("ttft_8k_fp8", "ttft_ms"), get("ttft_8k_fp8_qbf16", "ttft_ms"), get("ttft_8k_bf16", "ttft_ms")
+if ta:
     # Run I's floor: GEMMs at 790 TFLOP/s (156 ms) + 32 layers of 8K causal attention at SDPA's speed (29.5 ms).
-    print(f"TTFT 8K (FP8KV_PREFILL_BF16_ACT=1): {t:.1f} ms = {t / 185.5:.3f}x the floor 185.5 ms (target <= 1.3x)")
+    print(f"TTFT 8K fp8, q fp32 (as shipped): {ta:.1f} ms = {ta / 185.5:.3f}x the floor 185.5 ms (target <= 1.3x; run L 239.1)")
+if tb:
+    print(f"TTFT 8K fp8, FP8KV_PREFILL_Q_BF16=1: {tb:.1f} ms = {tb / 185.5:.3f}x the floor" + (f" ({tb - ta:+.1f} ms vs q fp32)" if ta else ""))
+if tc:
+    print(f"TTFT 8K bf16 cache: {tc:.1f} ms = {tc / 185.5:.3f}x the floor")
+# The attention scopes of the profiled step (per layer), incl. the A/B probe.
+for n in ["ttft_8k_fp8", "ttft_8k_fp8_qbf16", "ttft_8k_bf16"]:
+    p = os.path.join(out, n + ".profile.txt")
+    if not os.path.exists(p):
+        continue
+    step = open(p).read().split("total")[0]
+    for m in re.finditer(r"((?:\[ab\] )?(?:attention \(prefill\)|q f32)[^\n]*?)\s+(\d+) calls\s+([\d.]+) ms", step):
+        calls, ms = int(m.group(2)), float(m.group(3))
+        print(f"{n}: {m.group(1).strip():44} {calls:3d} calls {ms / calls:7.3f} ms/call (bench_attention fp8 wsl: 1.538)")
+# SM clock / power during each row (nvidia-smi every 50 ms): median and min while power > 400 W.
+for n in ROWS:
+    p = os.path.join(out, f"smi_{n}.csv")
+    try:
+        rows = [l.split(",") for l in open(p) if l.count(",") >= 3]
+        clk = [float(r[1]) for r in rows if r[1].strip().replace(".", "").isdigit()]
+        pw = [float(r[2]) for r in rows if r[2].strip().replace(".", "").isdigit()]
+        busy = [c for c, w in zip(clk, pw) if w > 400]
+        if clk:
+            print(f"{n}: SM clock median {sorted(clk)[len(clk)//2]:.0f} MHz, max {max(clk):.0f}; "
+                  f"while > 400 W ({len(busy)} samples): min {min(busy) if busy else 0:.0f} median {sorted(busy)[len(busy)//2] if busy else 0:.0f} MHz; max power {max(pw) if pw else 0:.0f} W")
+    except Exception as e:
+        print(f"{n}: smi: {e}")
 o = get("thr_256x1k_fp8", "output_tokens_per_s")
 if o:
-    print(f"throughput 256 x 1K: {o:.0f} out tok/s (target ~3,700; run I 3,575, bf16 act 3,610)")
-m = get("thr_256x1k_fp8_mbt16k", "output_tokens_per_s")
-if o and m:
-    print(f"throughput 256 x 1K: --max-num-batched-tokens 16384 {m:.0f} out tok/s ({m / o:.3f}x of 8192)")
-for k in ("decode_tokens_per_s", "full_batch_decode_tokens_per_s"):
-    a, b = get("lat_b32_16k_fp8", k), get("lat_b32_16k_bf16", k)
-    if a and b:
-        print(f"batch 32 ctx 16K: fp8 / bf16 {k} = {a / b:.3f} (target >= 1.5)")
-try:
-    g = json.load(open(os.path.join(out, "prefill_gemm.json")))["cases"]
-    for c in g:
-        if c["algo"] == "heur":
-            best = [d for d in g if d["shape"] == c["shape"] and d["t"] == c["t"] and d["algo"] == "best16"]
-            print(f"gemm {c['shape']:12} T={c['t']:5} {c['tflops']:6.1f} TFLOP/s (best of 16: {best[0]['tflops'] if best else 0:6.1f})")
-except Exception as e:
-    print("prefill_gemm.json:", e)
-# The TTFT step's GEMMs in the engine (profile) next to the same shape alone (bench_prefill_gemm, T = 8192).
-import re
-try:
-    g = json.load(open(os.path.join(out, "prefill_gemm.json")))["cases"]
-    alone = {(c["n"], c["k"], c["shape"].endswith("bf16")): c["tflops"] for c in g if c["t"] == 8192 and c["algo"] == "heur"}
-    step = open(os.path.join(out, "ttft_8k_fp8.profile.txt")).read().split("total")[0]
-    for m in re.finditer(r"gemm N=(\d+) K=(\d+)( bf16 out)?\s+(\d+) calls\s+([\d.]+) ms\s+([\d.]+)%\s+([\d.]+) TFLOP/s", step):
-        n, k, b = int(m.group(1)), int(m.group(2)), bool(m.group(3))
-        a = alone.get((n, k, b))
-        print(f"TTFT step gemm N={n:6} K={k:6}{' bf16 out' if b else '         '}: {float(m.group(5)):8.2f} ms, engine {float(m.group(7)):6.1f} TFLOP/s"
-              + (f", alone {a:6.1f} ({float(m.group(7)) / a:.2f})" if a else ""))
-except Exception as e:
-    print("gemm engine vs alone:", e)
+    print(f"throughput 256 x 1K: {o:.0f} out tok/s (run L 3,717)")
 for f in ["score_summary.txt"] + [os.path.basename(p) for p in sorted(glob.glob(os.path.join(out, "*.profile.txt")))]:
     p = os.path.join(out, f)
     lines = open(p).read().splitlines() if os.path.exists(p) else []
     if lines:
         print(f"== {f}")
-        print("\n".join(l.replace("prefill profile: ", "") for l in lines[:100]))
-for v in ("bf16act", "default"):
+        print("\n".join(l.replace("prefill profile: ", "") for l in lines[:40]))
+for v in ("default", "qbf16"):
     p = os.path.join(out, f"tests_{v}.log")
     if os.path.exists(p):
         print(f"== tests {v}: " + " ".join(l.strip() for l in open(p) if l.startswith("[  PASSED") or l.startswith("[  FAILED  ] ") and "test" in l and "," not in l)[:300])
         for l in open(p):
-            if l.startswith("[ golden ]") or l.startswith("[ engine ]"):
+            if l.startswith("[ golden ]") or l.startswith("[ engine ]") or l.startswith("[ qbf16 ]"):
                 print("  " + l.rstrip())
 EOF2
 phase done

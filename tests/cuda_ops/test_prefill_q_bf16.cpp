@@ -1,0 +1,126 @@
+// Startup and prefill-attention paths of the CUDA engine (docs/cuda_backend.md
+// "Startup (2026-12-01)" and "Prefill attention in the engine"):
+//  - the pinned, double-buffered weight upload writes the same device bytes
+//    as the plain upload (bf16 copied, fp32 rounded RNE), across its 64 MB
+//    staging chunks;
+//  - FP8KV_PREFILL_Q_BF16=1 (q in bf16 on prefill-only steps). With a bf16
+//    cache the attention kernels round q to bf16 (RNE) themselves, so the
+//    logprobs are bitwise those of fp32 q. With an fp8 cache the kernels
+//    round q to f16 (11-bit significand): q in bf16 first (8-bit) adds a
+//    relative error of at most 2^-8 per q element, against 2^-4 per K
+//    element from e4m3 itself, so its logprob change must be a small part of
+//    the fp8 cache's own gap to the bf16 cache: at most 1/4 of it (the ratio
+//    of the unit roundoffs is 1/16).
+#include <cmath>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+
+#include "backend/backend.h"
+#include "cuda_ops_util.h"
+#include "engine/engine.h"
+#include "model/weights.h"
+
+namespace fp8kv {
+namespace {
+
+using namespace cudaops_test;
+
+// Llama-shaped, head_dim 128 (the wgmma prefill kernel) or 64 (mma.sync).
+ModelConfig small_llama(int head_dim, int vocab, int hidden) {
+  nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"hidden_size", hidden},
+                      {"intermediate_size", 2 * hidden}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+                      {"num_key_value_heads", 2}, {"head_dim", head_dim}, {"vocab_size", vocab},
+                      {"max_position_embeddings", 1024}, {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0},
+                      {"tie_word_embeddings", false}, {"eos_token_id", 2}};
+  return parse_model_config(j, "small llama test config");
+}
+
+TEST(CudaOps, StartupPinnedUploadBitwise) {
+  FP8KV_NEED_GPU();
+  // 66000 x 512 = 33.8M elements: more than one 2^25-element staging chunk.
+  const ModelConfig cfg = small_llama(128, 66000, 512);
+  for (bool bf16 : {true, false}) {
+    auto w = ModelWeights::random(cfg, 91, 0.05f, bf16);
+    auto be = make_cuda_backend(cfg, BackendOptions{});
+    const BackendWeights bw = be->upload_weights(w);
+    for (const auto& [host, dev] : {std::pair{&w->embed, &bw.embed}, std::pair{&*w->lm_head, &bw.output},
+                                    std::pair{&w->layers[1].down_proj, &bw.layers[1].down_proj}}) {
+      const size_t n = static_cast<size_t>(host->rows * host->cols);
+      ASSERT_EQ(dev->rows, host->rows);
+      ASSERT_EQ(dev->cols, host->cols);
+      std::vector<uint16_t> got(n);
+      be->download(got.data(), dev->data, n * 2);
+      size_t bad = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t want = bf16 ? static_cast<const uint16_t*>(host->data)[i]
+                                   : f32_to_bf16(static_cast<const float*>(host->data)[i]);
+        bad += got[i] != want;
+      }
+      EXPECT_EQ(bad, 0u) << (bf16 ? "bf16" : "fp32") << " matrix " << host->rows << "x" << host->cols;
+    }
+  }
+}
+
+struct EnvGuard {
+  explicit EnvGuard(const char* v) {
+    if (v)
+      setenv("FP8KV_PREFILL_Q_BF16", v, 1);
+    else
+      unsetenv("FP8KV_PREFILL_Q_BF16");
+  }
+  ~EnvGuard() { unsetenv("FP8KV_PREFILL_Q_BF16"); }
+};
+
+TEST(CudaOps, PrefillQBf16) {
+  FP8KV_NEED_GPU();
+  for (int D : {128, 64}) {
+    const ModelConfig cfg = small_llama(D, 512, 256);
+    auto w = ModelWeights::random(cfg, 93, 0.08f, /*bf16=*/true);
+    std::mt19937_64 rng(test_seed());
+    std::uniform_int_distribution<int> tok(3, cfg.vocab_size - 1);
+    std::vector<std::vector<int>> seqs(3);
+    const int lens[] = {300, 170, 90};  // prefill-only steps of >= 64 rows, several chunks
+    for (int i = 0; i < 3; ++i)
+      for (int t = 0; t < lens[i]; ++t) seqs[i].push_back(tok(rng));
+    // res[dtype][q]: dtype 0 bf16, 1 fp8_e4m3; q 0 fp32, 1 bf16.
+    std::vector<ScoreResult> res[2][2];
+    for (int dt = 0; dt < 2; ++dt)
+      for (int qb = 0; qb < 2; ++qb) {
+        EnvGuard env(qb ? "1" : nullptr);
+        EngineOptions o;
+        o.backend = "cuda";
+        o.kv_cache_dtype = dt ? "fp8_e4m3" : "bf16";
+        o.kv_memory_bytes = 8u << 20;
+        o.max_model_len = 512;
+        o.max_num_batched_tokens = 256;
+        auto eng = Engine::create(cfg, w, o);
+        ScoreOptions so;
+        so.chunk_size = 128;
+        res[dt][qb] = eng->score_batch(seqs, so);
+      }
+    auto gap = [&](const std::vector<ScoreResult>& a, const std::vector<ScoreResult>& b, int* differ) {
+      double sum = 0;
+      int n = 0;
+      for (size_t s = 0; s < seqs.size(); ++s)
+        for (size_t p = 1; p < seqs[s].size(); ++p) {
+          EXPECT_TRUE(std::isfinite(*a[s].logprobs[p]) && std::isfinite(*b[s].logprobs[p]));
+          if (differ) *differ += *a[s].logprobs[p] != *b[s].logprobs[p];
+          sum += std::fabs(*a[s].logprobs[p] - *b[s].logprobs[p]);
+          ++n;
+        }
+      return sum / n;
+    };
+    int bf16_differ = 0, fp8_differ = 0;
+    gap(res[0][1], res[0][0], &bf16_differ);
+    const double fp8_q = gap(res[1][1], res[1][0], &fp8_differ);
+    const double fp8_cache = gap(res[1][0], res[0][0], nullptr);
+    std::printf("[ qbf16 ] D=%d: bf16 cache %d logprobs differ (want 0); fp8 cache: q bf16 vs fp32 mean |dlp| %.6f "
+                "(%d differ), fp8 vs bf16 cache %.6f, ratio %.3f (limit 0.25)\n",
+                D, bf16_differ, fp8_q, fp8_differ, fp8_cache, fp8_q / std::max(fp8_cache, 1e-12));
+    EXPECT_EQ(bf16_differ, 0) << "D=" << D;
+    EXPECT_LE(fp8_q, 0.25 * fp8_cache) << "D=" << D;
+  }
+}
+
+}  // namespace
+}  // namespace fp8kv
