@@ -14,9 +14,11 @@
 #     second warm-up with FP8KV_PREFILL_ATTN_AB=1 (the attention again, with
 #     q in bf16, after 200 ms idle: where the 1.89 vs 1.54 ms per layer goes),
 #     then the same row with FP8KV_PREFILL_Q_BF16=1 (timed TTFT A/B), and
-#     the bf16-cache TTFT (q bf16 is bitwise there); nvidia-smi samples SM
+#     the bf16-cache TTFT (q bf16 is bitwise there) with the dummy weights
+#     made on the device (FP8KV_DUMMY_DEVICE=1: the load without host math
+#     or upload); nvidia-smi samples SM
 #     clock and power every 50 ms during the rows (smi_<row>.csv);
-#  4. if time is left: thr_256x1k_fp8 (the throughput row, load included).
+#  4. if time is left: thr_256x1k_fp8 (the throughput row, device dummy weights).
 # ONLY="name ..." picks bench rows. Prints a table at the end; logs under $OUT.
 #   run(command="ln -sfn ../../.debs .debs; bash scripts/gpu_prefill_engine.sh", carry=[".debs"])
 set -uo pipefail
@@ -81,8 +83,8 @@ TTFT="latency --batch-size 1 --input-len 8192 --output-len 2 --num-iters-warmup 
 CASES=(
   "ttft_8k_fp8|30|$ST $PROF FP8KV_PREFILL_ATTN_AB=1|$TTFT --kv-cache-dtype fp8"
   "ttft_8k_fp8_qbf16|30|$ST $PROF FP8KV_PREFILL_Q_BF16=1|$TTFT --kv-cache-dtype fp8"
-  "ttft_8k_bf16|30|$ST $PROF|$TTFT --kv-cache-dtype bf16"
-  "thr_256x1k_fp8|40|$ST|throughput --num-prompts 256 --input-len 1024 --output-len 128 --num-iters-warmup 0 --kv-cache-dtype fp8"
+  "ttft_8k_bf16|30|$ST $PROF FP8KV_DUMMY_DEVICE=1|$TTFT --kv-cache-dtype bf16"
+  "thr_256x1k_fp8|40|$ST FP8KV_DUMMY_DEVICE=1|throughput --num-prompts 256 --input-len 1024 --output-len 128 --num-iters-warmup 0 --kv-cache-dtype fp8"
 )
 ROWS="ttft_8k_fp8 ttft_8k_fp8_qbf16 ttft_8k_bf16 thr_256x1k_fp8"
 phase bench
@@ -186,7 +188,7 @@ for v in ("default", "qbf16"):
     if os.path.exists(p):
         print(f"== tests {v}: " + " ".join(l.strip() for l in open(p) if l.startswith("[  PASSED") or l.startswith("[  FAILED  ] ") and "test" in l and "," not in l)[:300])
         for l in open(p):
-            if l.startswith("[ golden ]") or l.startswith("[ engine ]") or l.startswith("[ qbf16 ]"):
+            if l.startswith("[ golden ]") or l.startswith("[ engine ]") or l.startswith("[ qbf16 ]") or l.startswith("[ dummy ]"):
                 print("  " + l.rstrip())
 EOF2
 phase done

@@ -61,6 +61,8 @@ std::vector<float> zeros(int64_t n) { return std::vector<float>(static_cast<size
 
 }  // namespace
 
+uint64_t dummy_matrix_key(uint64_t seed, uint64_t id) { return mix(seed ^ mix(id)); }
+
 WeightMatrix dummy_matrix_block(uint64_t seed, uint64_t id, int64_t rows, int64_t cols, int64_t r0, int64_t nr,
                                 int64_t c0, int64_t nc, float std) {
   (void)rows;
@@ -79,11 +81,23 @@ WeightMatrix dummy_matrix_block(uint64_t seed, uint64_t id, int64_t rows, int64_
   return m;
 }
 
-std::shared_ptr<ModelWeights> dummy_weights(const ModelConfig& c, uint64_t seed, float std) {
+std::shared_ptr<ModelWeights> dummy_weights(const ModelConfig& c, uint64_t seed, float std, bool lazy) {
   const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads, I = c.intermediate_size,
                 V = c.vocab_size;
   auto w = std::make_shared<ModelWeights>();
   uint64_t id = 0;
+  // lazy: the descriptor of the same matrix (same id order), filled on the device.
+  auto dummy_matrix = [lazy](uint64_t sd, uint64_t i, int64_t rows, int64_t cols, float s) {
+    if (!lazy) return fp8kv::dummy_matrix(sd, i, rows, cols, s);
+    WeightMatrix m;
+    m.rows = rows;
+    m.cols = cols;
+    m.bf16 = true;
+    m.dummy = true;
+    m.dummy_key = dummy_matrix_key(sd, i);
+    m.dummy_std = s;
+    return m;
+  };
   w->embed = dummy_matrix(seed, id++, V, H, std);
   if (!c.tie_word_embeddings) w->lm_head = dummy_matrix(seed, id++, V, H, std);
   w->final_norm = ones(H);

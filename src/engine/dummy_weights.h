@@ -12,7 +12,14 @@
 
 namespace fp8kv {
 
-std::shared_ptr<ModelWeights> dummy_weights(const ModelConfig& cfg, uint64_t seed = 0, float std = 0.02f);
+// lazy: matrices are descriptors only (WeightMatrix::dummy, data null) that
+// a device backend fills on the device (backend/cuda/dummy_fill.h); vectors
+// as usual. Only for a device backend at tensor-parallel size 1.
+std::shared_ptr<ModelWeights> dummy_weights(const ModelConfig& cfg, uint64_t seed = 0, float std = 0.02f,
+                                            bool lazy = false);
+
+// The generator key of dummy matrix `id` (element e = f(key + e / 2)).
+uint64_t dummy_matrix_key(uint64_t seed, uint64_t id);
 
 // Rows [r0, r0 + nr) x columns [c0, c0 + nc) of dummy matrix `id`
 // (rows x cols): bitwise the same elements as that block of the full

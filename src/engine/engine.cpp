@@ -537,6 +537,13 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
 }
 
 namespace {
+// FP8KV_DUMMY_DEVICE: 1 generates `--load-format dummy` matrices on a device
+// backend (default 0 until a GPU run has compared it with the host generator).
+bool dummy_on_device() {
+  const char* e = std::getenv("FP8KV_DUMMY_DEVICE");
+  return e && std::atoi(e) > 0;
+}
+
 std::unique_ptr<Engine> load_engine(const std::filesystem::path& dir, const EngineOptions& opts) {
   if (opts.load_format != "auto" && opts.load_format != "dummy")
     throw InputError("--load-format must be auto or dummy (got '" + opts.load_format + "')");
@@ -556,10 +563,14 @@ std::unique_ptr<Engine> load_engine(const std::filesystem::path& dir, const Engi
     // Random weights from config.json alone (no safetensors read); unity KV scales.
     engine_log()->info("--load-format dummy: random weights (N(0, 0.02), norms 1) for {}", dir.string());
     if (opts.tensor_parallel_size > 1) return std::make_unique<EngineImpl>(cfg, nullptr, opts, d);  // per rank
+    // A device backend generates the matrices on the device (the same
+    // generator, docs/cuda_backend.md "Startup (2026-12-01)") unless
+    // FP8KV_DUMMY_DEVICE=0; the CPU builds them on the host.
+    const bool on_device = !cpu && dummy_on_device();
     std::shared_ptr<const ModelWeights> w;
     {
-      StartupPhase ph("dummy weights (host)");
-      w = dummy_weights(cfg);
+      StartupPhase ph(on_device ? "dummy weights (descriptors; made on the device at upload)" : "dummy weights (host)");
+      w = dummy_weights(cfg, 0, 0.02f, on_device);
     }
     return std::make_unique<EngineImpl>(cfg, widen(std::move(w)), opts, d);
   }

@@ -23,6 +23,12 @@ struct WeightMatrix {
   int64_t rows = 0, cols = 0;
   const void* data = nullptr;           // into `owned` or into a mapped checkpoint
   std::shared_ptr<const void> owner;    // keeps `data` alive
+  // `--load-format dummy` made on the device (engine/dummy_weights.h,
+  // lazy): data is null and a device backend generates the bf16 matrix from
+  // dummy_key / dummy_std at upload. Host code never sees such a matrix.
+  bool dummy = false;
+  uint64_t dummy_key = 0;
+  float dummy_std = 0.0f;
   size_t bytes() const { return static_cast<size_t>(rows * cols) * (bf16 ? 2 : 4); }
 };
 

@@ -3,6 +3,9 @@
 //  - the pinned, double-buffered weight upload writes the same device bytes
 //    as the plain upload (bf16 copied, fp32 rounded RNE), across its 64 MB
 //    staging chunks;
+//  - the device dummy generator (FP8KV_DUMMY_DEVICE) gives the host's
+//    elements, except where glibc's fp32 log / sin / cos round differently
+//    from the correctly rounded value: then one bf16 ulp, and rarely;
 //  - FP8KV_PREFILL_Q_BF16=1 (q in bf16 on prefill-only steps). With a bf16
 //    cache the attention kernels round q to bf16 (RNE) themselves, so the
 //    logprobs are bitwise those of fp32 q. With an fp8 cache the kernels
@@ -15,8 +18,16 @@
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
 #include "backend/backend.h"
+#include "backend/cuda/check.h"
+#include "backend/cuda/dummy_fill.h"
 #include "cuda_ops_util.h"
+#include "engine/dummy_weights.h"
 #include "engine/engine.h"
 #include "model/weights.h"
 
@@ -59,6 +70,71 @@ TEST(CudaOps, StartupPinnedUploadBitwise) {
       EXPECT_EQ(bad, 0u) << (bf16 ? "bf16" : "fp32") << " matrix " << host->rows << "x" << host->cols;
     }
   }
+}
+
+TEST(CudaOps, StartupDummyOnDeviceMatchesHost) {
+  FP8KV_NEED_GPU();
+  int64_t total = 0, differ = 0;
+  for (uint64_t id : {0u, 1u, 7u, 200u}) {
+    const int64_t n = (int64_t{1} << 22) + 1;  // odd: the last pair's second element is not stored
+    const float sd = id == 7 ? 0.5f : 0.02f;
+    const WeightMatrix h = dummy_matrix_block(3, id, 1, n, 0, 1, 0, n, sd);
+    cuda::DeviceBuffer d(static_cast<size_t>(n) * 2);
+    cuda::dummy_fill_bf16(d.as<uint16_t>(), dummy_matrix_key(3, id), n, sd, nullptr);
+    FP8KV_CU(cudaDeviceSynchronize());
+    const auto got = to_host<uint16_t>(d, static_cast<size_t>(n));
+    const auto* want = static_cast<const uint16_t*>(h.data);
+    for (int64_t i = 0; i < n; ++i) {
+      ++total;
+      if (got[i] == want[i]) continue;
+      ++differ;
+      // One bf16 ulp at most (same sign, neighbouring codes).
+      EXPECT_LE(std::abs(static_cast<int>(got[i]) - static_cast<int>(want[i])), 1) << "id " << id << " element " << i;
+    }
+  }
+  std::printf("[ dummy ] device vs host generator: %lld of %lld elements differ\n", static_cast<long long>(differ),
+              static_cast<long long>(total));
+  EXPECT_LE(differ, total / 100000);  // rare: <= 1e-5 of the elements
+}
+
+// `--load-format dummy` through Engine::load on the device generator vs the
+// host one: the same model up to those rare one-ulp elements.
+TEST(CudaOps, StartupDummyOnDeviceEngine) {
+  FP8KV_NEED_GPU();
+  const auto dir = std::filesystem::temp_directory_path() / ("fp8kv_dummy_dev_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  {
+    nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"hidden_size", 256},
+                        {"intermediate_size", 512}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+                        {"num_key_value_heads", 2}, {"head_dim", 128}, {"vocab_size", 512},
+                        {"max_position_embeddings", 1024}, {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0},
+                        {"tie_word_embeddings", false}, {"eos_token_id", 2}};
+    std::ofstream(dir / "config.json") << j.dump();
+  }
+  std::vector<std::vector<int>> seqs = {{}};
+  for (int t = 0; t < 200; ++t) seqs[0].push_back(3 + (t * 37) % 500);
+  std::vector<ScoreResult> res[2];
+  for (int dev = 0; dev < 2; ++dev) {
+    if (dev) setenv("FP8KV_DUMMY_DEVICE", "1", 1);
+    else setenv("FP8KV_DUMMY_DEVICE", "0", 1);
+    EngineOptions o;
+    o.backend = "cuda";
+    o.load_format = "dummy";
+    o.kv_cache_dtype = "bf16";
+    o.kv_memory_bytes = 8u << 20;
+    o.max_model_len = 512;
+    auto eng = Engine::load(dir, o);
+    res[dev] = eng->score_batch(seqs, ScoreOptions{});
+  }
+  unsetenv("FP8KV_DUMMY_DEVICE");
+  std::filesystem::remove_all(dir);
+  double sum = 0;
+  for (size_t p = 1; p < seqs[0].size(); ++p) {
+    ASSERT_TRUE(std::isfinite(*res[1][0].logprobs[p]));
+    sum += std::fabs(*res[1][0].logprobs[p] - *res[0][0].logprobs[p]);
+  }
+  std::printf("[ dummy ] engine, device vs host dummy weights: mean |dlogprob| %.2e\n", sum / (seqs[0].size() - 1));
+  EXPECT_LE(sum / (seqs[0].size() - 1), 1e-3);
 }
 
 struct EnvGuard {

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/dummy_fill.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/prefill_profile.h"
 #include "backend/startup_profile.h"
@@ -345,11 +346,19 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
   StartupPhase phase("weights upload (cuda)");
   BackendWeights b;
   PinnedUploader up(stream_);
+  // A host matrix through the staging buffers, or a dummy one generated here.
+  size_t generated = 0;  // bytes made on the device (dummy)
+  auto put = [&](const WeightMatrix& m, uint16_t* dst) {
+    if (m.dummy) {
+      cuda::dummy_fill_bf16(dst, m.dummy_key, m.rows * m.cols, m.dummy_std, stream_);
+      generated += static_cast<size_t>(m.rows * m.cols) * 2;
+    } else
+      up.copy(MatrixRef{m.data, m.bf16 ? WeightType::bf16 : WeightType::f32, m.rows, m.cols}, dst);
+  };
   auto mat = [&](const WeightMatrix& m) -> Tensor {
-    if (!m.data) return {};
+    if (!m.data && !m.dummy) return {};
     DeviceBuffer buf = alloc(static_cast<size_t>(m.rows * m.cols) * 2);
-    up.copy(MatrixRef{m.data, m.bf16 ? WeightType::bf16 : WeightType::f32, m.rows, m.cols},
-            static_cast<uint16_t*>(buf.data()));
+    put(m, static_cast<uint16_t*>(buf.data()));
     Tensor t{buf.data(), ScalarType::bf16, m.rows, m.cols};
     b.storage.push_back(std::move(buf));
     return t;
@@ -371,7 +380,7 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
   auto fused = [&](std::initializer_list<std::pair<const WeightMatrix*, Tensor*>> parts) -> Tensor {
     int64_t rows = 0, cols = -1;
     for (auto [m, t] : parts) {
-      if (!m->data) bad("upload_weights", "a fused projection part is missing");
+      if (!m->data && !m->dummy) bad("upload_weights", "a fused projection part is missing");
       if (cols >= 0 && m->cols != cols) bad("upload_weights", "fused projection parts differ in columns");
       cols = m->cols;
       rows += m->rows;
@@ -380,7 +389,7 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
     auto* base = static_cast<uint16_t*>(buf.data());
     int64_t r0 = 0;
     for (auto [m, t] : parts) {
-      up.copy(MatrixRef{m->data, m->bf16 ? WeightType::bf16 : WeightType::f32, m->rows, m->cols}, base + r0 * cols);
+      put(*m, base + r0 * cols);
       *t = Tensor{base + r0 * cols, ScalarType::bf16, m->rows, m->cols};
       r0 += m->rows;
     }
@@ -436,9 +445,11 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
   }
   gemm_->name_shape(b.output.rows, b.output.cols, cuda::LinearProj::lm_head);
   up.finish();
-  phase.set_detail(fmt::format(", {:.2f} GB matrices, {:.1f} GB/s ({})", static_cast<double>(up.bytes()) / 1e9,
+  phase.set_detail(fmt::format(", {:.2f} GB matrices copied, {:.1f} GB/s ({}), {:.2f} GB generated on the device",
+                               static_cast<double>(up.bytes()) / 1e9,
                                static_cast<double>(up.bytes()) / 1e9 / std::max(phase.seconds(), 1e-9),
-                               up.pinned() ? "pinned staging" : "pageable"));
+                               up.pinned() ? "pinned staging" : up.bytes() ? "pageable" : "none",
+                               static_cast<double>(generated) / 1e9));
   return b;  // the host weights are no longer needed (host_owner stays empty)
 }
 
