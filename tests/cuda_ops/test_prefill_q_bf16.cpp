@@ -6,6 +6,9 @@
 //  - the device dummy generator (FP8KV_DUMMY_DEVICE) gives the host's
 //    elements, except where glibc's fp32 log / sin / cos round differently
 //    from the correctly rounded value: then one bf16 ulp, and rarely;
+//  - one op scope (CudaBackend::OpScope) feeds both op profiles: with
+//    FP8KV_PREFILL_PROFILE and FP8KV_STEP_PROFILE on, a generate prints the
+//    prefill profile's op classes and the step profile's op-timed decode step;
 //  - FP8KV_PREFILL_Q_BF16=1 (q in bf16 on prefill-only steps). With a bf16
 //    cache the attention kernels round q to bf16 (RNE) themselves, so the
 //    logprobs are bitwise those of fp32 q. With an fp8 cache the kernels
@@ -135,6 +138,39 @@ TEST(CudaOps, StartupDummyOnDeviceEngine) {
   }
   std::printf("[ dummy ] engine, device vs host dummy weights: mean |dlogprob| %.2e\n", sum / (seqs[0].size() - 1));
   EXPECT_LE(sum / (seqs[0].size() - 1), 1e-3);
+}
+
+TEST(CudaOps, OpScopeFeedsBothProfiles) {
+  FP8KV_NEED_GPU();
+  const ModelConfig cfg = small_llama(128, 512, 256);
+  auto w = ModelWeights::random(cfg, 95, 0.08f, true);
+  setenv("FP8KV_PREFILL_PROFILE", "1", 1);
+  setenv("FP8KV_STEP_PROFILE", "3", 1);
+  testing::internal::CaptureStderr();
+  {
+    EngineOptions o;
+    o.backend = "cuda";
+    o.kv_cache_dtype = "fp8_e4m3";
+    o.kv_memory_bytes = 8u << 20;
+    o.max_model_len = 512;
+    auto eng = Engine::create(cfg, w, o);  // both profiles read their variables here
+    GenerateOptions g;
+    g.max_tokens = 12;
+    g.stop_at_eos = false;
+    std::vector<int> prompt;
+    for (int t = 0; t < 100; ++t) prompt.push_back(3 + (t * 11) % 500);
+    (void)eng->generate(prompt, g);
+  }  // the backend goes away: both profiles print their totals
+  const std::string err = testing::internal::GetCapturedStderr();
+  unsetenv("FP8KV_PREFILL_PROFILE");
+  unsetenv("FP8KV_STEP_PROFILE");
+  for (const char* want : {"prefill profile: step T=100", "gemm N=1024 K=256", "TFLOP/s", "attention (prefill)",
+                           "add+rmsnorm", "qkv prep+store", "act (bf16 in)", "embedding", "step profile: eager op-timed decode step",
+                           "step profile op: linear", "step profile op: attention", "step profile op: qkv_split_store",
+                           "step profile op: add_rmsnorm", "step profile op: linear_gated_act"})
+    EXPECT_NE(err.find(want), std::string::npos) << "missing '" << want << "' in:\n" << err;
+  // Decode steps are below the prefill profile's 64-row threshold.
+  EXPECT_EQ(err.find("prefill profile: step T=1 "), std::string::npos);
 }
 
 struct EnvGuard {

@@ -290,6 +290,34 @@ void CudaBackend::op_profile(bool on) {
                tc.second, tc.first / tc.second, 100.0 * tc.first / std::max(total, 1e-9));
 }
 
+CudaBackend::OpScope::OpScope(CudaBackend* b, const char* step_op, const char* prefill_key, double flops)
+    : be_(b), op_(step_op) {
+  start(prefill_key, flops);
+}
+
+CudaBackend::OpScope::OpScope(CudaBackend* b, const char* step_op, int64_t n, int64_t k,
+                              const std::string& prefill_key, double flops)
+    : be_(b), op_(step_op), n_(n), k_(k) {
+  start(prefill_key.empty() ? nullptr : prefill_key.c_str(), flops);
+}
+
+CudaBackend::OpScope::OpScope(CudaBackend* b, const char* step_op, const std::string& prefill_key, double flops)
+    : be_(b), op_(step_op) {
+  start(prefill_key.empty() ? nullptr : prefill_key.c_str(), flops);
+}
+
+void CudaBackend::OpScope::start(const char* prefill_key, double flops) {
+  cuda::PrefillProfile* p = be_->prof_.get();
+  if (!prefill_key || !p || !p->active()) return;
+  p->start(prefill_key, flops);
+  prefill_ = p;
+}
+
+CudaBackend::OpScope::~OpScope() {
+  if (prefill_) prefill_->stop();
+  if (op_ && be_->sprof_.op_mode) be_->op_mark(op_, n_, k_);
+}
+
 void CudaBackend::op_mark(const char* op, int64_t n, int64_t k) {
   if (sprof_.op_used == sprof_.op_events.size()) {
     sprof_.op_events.push_back(nullptr);
@@ -630,21 +658,19 @@ const uint16_t* CudaBackend::to_bf16_input(const Tensor& x, const char* op) {
 }
 
 void CudaBackend::embedding(const Tensor& table, float scale, Tensor& out) {
-  OpMark mark(this, "embedding");
+  OpScope op(this, "embedding", "embedding");
   const StepView& s = step("embedding");
   if (out.rows != s.T || out.cols != table.cols)
     bad("embedding", fmt::format("out {}, expected [{}][{}]", shape(out), s.T, table.cols));
-  cuda::PrefillProfile::Scope ps(prof_.get(), "embedding");
   cuda::embedding(matrix(table, "embedding"), s.ids, s.T, scale, f32(out, "embedding", "out"), stream_);
 }
 
 void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
-  OpMark mark(this, "linear", w.rows, w.cols);
+  OpScope op(this, "linear", w.rows, w.cols, gemm_key(prof_.get(), w), gemm_flops(x.rows, w));
   if (x.cols != w.cols || y.rows != x.rows || y.cols != w.rows)
     bad("linear", fmt::format("x {}, W {}, y {}", shape(x), shape(w), shape(y)));
   const cuda::DeviceMatrix W = matrix(w, "linear");
   const float* bp = opt_vec(bias, w.rows, "linear", "bias");
-  cuda::PrefillProfile::Scope ps(prof_.get(), gemm_key(prof_.get(), w), gemm_flops(x.rows, w));
   const uint16_t* xb = to_bf16_input(x, "linear");
   if (y.dtype == ScalarType::f32) {
     gemm_->linear(xb, x.rows, W, bp, static_cast<float*>(y.data), false, stream_);
@@ -658,25 +684,23 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, T
 }
 
 void CudaBackend::rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) {
-  OpMark mark(this, "rmsnorm");
+  OpScope op(this, "rmsnorm", "rmsnorm");
   same_shape("rmsnorm", x, y);
   if (y.dtype != ScalarType::f32 && y.dtype != ScalarType::bf16) bad("rmsnorm", "y must be f32 or bf16");
   const float* wp = opt_vec(w, x.cols, "rmsnorm", "w");
   if (!wp) bad("rmsnorm", "w is empty");
   // Without a delta the kernel only reads h.
-  cuda::PrefillProfile::Scope ps(prof_.get(), "rmsnorm");
   cuda::rmsnorm_residual(f32(x, "rmsnorm", "x"), nullptr, nullptr, wp, eps, x.rows, static_cast<int>(x.cols), y.data,
                          y.dtype == ScalarType::bf16, stream_);
 }
 
 void CudaBackend::add_rmsnorm(Tensor& h, const Tensor& x, const Tensor& w, float eps, Tensor& y) {
-  OpMark mark(this, "add_rmsnorm");
+  OpScope op(this, "add_rmsnorm", "add+rmsnorm");
   same_shape("add_rmsnorm", h, x);
   same_shape("add_rmsnorm", h, y);
   if (y.dtype != ScalarType::f32 && y.dtype != ScalarType::bf16) bad("add_rmsnorm", "y must be f32 or bf16");
   const float* wp = opt_vec(w, h.cols, "add_rmsnorm", "w");
   if (!wp) bad("add_rmsnorm", "w is empty");
-  cuda::PrefillProfile::Scope ps(prof_.get(), "add+rmsnorm");
   cuda::rmsnorm_residual(f32(h, "add_rmsnorm", "h"), f32(x, "add_rmsnorm", "x"), nullptr, wp, eps, h.rows,
                          static_cast<int>(h.cols), y.data, y.dtype == ScalarType::bf16, stream_);
 }
@@ -737,7 +761,7 @@ void CudaBackend::qkv_split(int layer, const Tensor& qkv, const Tensor& q_norm, 
 
 void CudaBackend::qkv_split_store(const StepBatch& b, int layer, const Tensor& qkv, const Tensor& q_norm,
                                   const Tensor& k_norm, float eps, Tensor& q, Tensor& k, Tensor& v) {
-  OpMark mark(this, "qkv_split_store");
+  OpScope op(this, "qkv_split_store");
   // "store=separate" in the routes (FP8KV_GEMV_ROUTES, bench --gemv-routes):
   // the separate store kernel (A/B and fallback).
   if (!cuda::linear_routes().fused_store || observer_) {  // the observer gets host copies of q/k/v at store_kv
@@ -799,7 +823,7 @@ void CudaBackend::qkv_split_impl(int layer, const Tensor& qkv, const Tensor& q_n
   // store path only: the observer's host copies read fp32 q).
   a.q_out_bf16 = store && s.prefill_q_bf16;
   q_bf16_data_ = a.q_out_bf16 ? q.data : nullptr;
-  cuda::PrefillProfile::Scope ps(prof_.get(), store ? "qkv prep+store" : "qkv prep");
+  OpScope ps(this, nullptr, store ? "qkv prep+store" : "qkv prep");
   cuda::qkv_prep(a, stream_);
 }
 
@@ -809,7 +833,7 @@ void CudaBackend::gated_act_fused(Activation act, const Tensor& gate_up, Tensor&
   if (out.dtype != ScalarType::f32 && out.dtype != ScalarType::bf16) bad("gated_act_fused", "out must be f32 or bf16");
   const float* g = f32(gate_up, "gated_act_fused", "gate_up");
   if (!out.data && out.numel() > 0) bad("gated_act_fused", "out is empty");
-  cuda::PrefillProfile::Scope ps(prof_.get(), "act (f32 in)");
+  OpScope ps(this, nullptr, "act (f32 in)");
   cuda::gated_act(act, g, g + out.cols, gate_up.cols, out.rows, out.cols, out.data, out.dtype == ScalarType::bf16,
                   stream_);
 }
@@ -820,7 +844,7 @@ void CudaBackend::gated_act_fused(Activation act, const Tensor& gate_up, Tensor&
 // written. Otherwise the GEMM, then the activation kernel.
 void CudaBackend::linear_gated_act(Activation act, const Tensor& x, const Tensor& w, const Tensor& bias,
                                    Tensor& gate_up, Tensor& out) {
-  OpMark mark(this, "linear_gated_act");
+  OpScope op(this, "linear_gated_act");
   const int64_t T = x.rows;
   bool fuse = cuda::linear_routes().fused_act && out.dtype == ScalarType::bf16 && x.dtype == ScalarType::bf16 &&
               T >= 1 && T <= std::min<int64_t>(cuda::kGemvGatedActMaxRows, gemm_->gemv_max_rows()) &&
@@ -848,10 +872,10 @@ void CudaBackend::linear_gated_act(Activation act, const Tensor& x, const Tensor
         (out.dtype == ScalarType::bf16 || out.dtype == ScalarType::f32) && out.data) {
       auto* gu = static_cast<uint16_t*>(gate_up.data);  // [T][2I] bf16 in the f32 buffer's first half
       {
-        cuda::PrefillProfile::Scope ps(prof_.get(), gemm_key(prof_.get(), w, " bf16 out"), gemm_flops(T, w));
+        OpScope ps(this, nullptr, gemm_key(prof_.get(), w, " bf16 out"), gemm_flops(T, w));
         gemm_->linear_bf16_out(static_cast<const uint16_t*>(x.data), T, matrix(w, "linear_gated_act"), gu, stream_);
       }
-      cuda::PrefillProfile::Scope ps(prof_.get(), "act (bf16 in)");
+      OpScope ps(this, nullptr, "act (bf16 in)");
       cuda::gated_act_bf16_in(act, gu, gu + out.cols, w.rows, T, out.cols, out.data, out.dtype == ScalarType::bf16,
                               stream_);
       return;
@@ -869,7 +893,7 @@ void CudaBackend::add(Tensor& x, const Tensor& y) {
 }
 
 void CudaBackend::store_kv(const StepBatch& b, int layer, const Tensor& q, const Tensor& k, const Tensor& v) {
-  OpMark mark(this, "store_kv");
+  OpScope op(this, "store_kv");
   const StepView& s = step("store_kv");
   const int T = b.num_tokens, Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
   if (T != s.T || q.rows != T || k.rows != T || v.rows != T || q.cols != static_cast<int64_t>(Hq) * D ||
@@ -892,7 +916,7 @@ void CudaBackend::store_kv(const StepBatch& b, int layer, const Tensor& q, const
   const int group = layer_group_.at(layer);
   const KvLayerStorage st = kv_layer(layer);
   const LayerScales& sc = scales_[layer];
-  cuda::PrefillProfile::Scope ps(prof_.get(), "store_kv");
+  OpScope ps(this, nullptr, "store_kv");
   cuda::StoreKvArgs a;
   a.layout = layout_;
   a.k_cache = st.k_cache;
@@ -908,7 +932,7 @@ void CudaBackend::store_kv(const StepBatch& b, int layer, const Tensor& q, const
 }
 
 void CudaBackend::attention(const StepBatch& b, int layer, const Tensor& q, Tensor& out) {
-  OpMark mark(this, "attention");
+  OpScope scope(this, "attention");
   const StepView& s = step("attention");
   const int Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_dim;
   same_shape("attention", q, out);
@@ -957,7 +981,7 @@ void CudaBackend::attention(const StepBatch& b, int layer, const Tensor& q, Tens
                                /*split_tokens=*/0, /*ctas_per_sm=*/0, layout_.dtype);
     grow(decode_ws_, std::max<size_t>(a.plan.workspace_bytes, 16));
     a.workspace = decode_ws_.get();
-    cuda::PrefillProfile::Scope ps(prof_.get(), "attention (decode rows)");
+    OpScope ps(this, nullptr, "attention (decode rows)");
     cuda::paged_decode(a, stream_);
   }
   // Prefill chunks: sequences [nd, S), query rows from query_start[nd].
@@ -1002,7 +1026,7 @@ bool prefill_q_bf16_from_env() {
 // power draw). docs/cuda_backend.md "Prefill attention in the engine".
 void CudaBackend::prefill_attention(const cuda::PrefillArgs& a, int layer) {
   {
-    cuda::PrefillProfile::Scope ps(prof_.get(), "attention (prefill)");
+    OpScope ps(this, nullptr, "attention (prefill)");
     cuda::paged_prefill(a, stream_);
   }
   static const bool ab = [] {
@@ -1017,18 +1041,18 @@ void CudaBackend::prefill_attention(const cuda::PrefillArgs& a, int layer) {
   cuda::PrefillArgs b = a;
   b.out = ab_out_.get();
   {
-    cuda::PrefillProfile::Scope ps(prof_.get(), "attention (prefill) [ab] again");
+    OpScope ps(this, nullptr, "attention (prefill) [ab] again");
     cuda::paged_prefill(b, stream_);
   }
   if (a.q_dtype == cuda::ActDtype::f32) {
     ab_q_.reserve(static_cast<size_t>(rows * width * 2));
     {
-      cuda::PrefillProfile::Scope ps(prof_.get(), "[ab] q f32 -> bf16");
+      OpScope ps(this, nullptr, "[ab] q f32 -> bf16");
       cuda::to_bf16_rows(static_cast<const float*>(a.q), nullptr, rows, width, ab_q_.as<uint16_t>(), stream_);
     }
     b.q = ab_q_.get();
     b.q_dtype = cuda::ActDtype::bf16;
-    cuda::PrefillProfile::Scope ps(prof_.get(), "attention (prefill) [ab] q bf16");
+    OpScope ps(this, nullptr, "attention (prefill) [ab] q bf16");
     cuda::paged_prefill(b, stream_);
     b.q = a.q;
     b.q_dtype = a.q_dtype;
@@ -1036,7 +1060,7 @@ void CudaBackend::prefill_attention(const cuda::PrefillArgs& a, int layer) {
   if (layer % 8 == 0) {
     FP8KV_CU(cudaStreamSynchronize(stream_));
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    cuda::PrefillProfile::Scope ps(prof_.get(), "attention (prefill) [ab] after 200 ms idle");
+    OpScope ps(this, nullptr, "attention (prefill) [ab] after 200 ms idle");
     cuda::paged_prefill(b, stream_);
   }
 }
@@ -1050,8 +1074,7 @@ void CudaBackend::logits(const Tensor& hidden, std::span<const int32_t> rows, co
   if (n == 0) return;
   const float* h = f32(hidden, "logits", "hidden");
   float* y = f32(out, "logits", "out");
-  cuda::PrefillProfile::Scope ps(prof_.get(), "logits");
-  OpMark mark(this, "logits", n, V);
+  OpScope op(this, "logits", n, V, std::string("logits"));
   rows_dev_.reserve(static_cast<size_t>(n) * 4);
   void* rh = rows_host_.get(static_cast<size_t>(n) * 4);
   std::memcpy(rh, rows.data(), static_cast<size_t>(n) * 4);
@@ -1066,12 +1089,12 @@ void CudaBackend::logits(const Tensor& hidden, std::span<const int32_t> rows, co
 }
 
 void CudaBackend::sample(const Tensor& logits, std::span<const RowSampling> params, std::span<int32_t> ids) {
-  OpMark mark(this, "sample");
+  OpScope op(this, "sample");
   const int64_t n = logits.rows, V = logits.cols;
   if (static_cast<int64_t>(params.size()) != n || static_cast<int64_t>(ids.size()) != n)
     bad("sample", fmt::format("params/ids do not have one entry per logits row {}", shape(logits)));
   if (n == 0) return;
-  cuda::PrefillProfile::Scope ps(prof_.get(), "sample (+ids download)");
+  OpScope ps(this, nullptr, "sample (+ids download)");
   const size_t pbytes = static_cast<size_t>(n) * sizeof(cuda::SampleParams);
   auto* p = static_cast<cuda::SampleParams*>(params_host_.get(pbytes));
   for (int64_t r = 0; r < n; ++r)
@@ -1120,7 +1143,7 @@ void CudaBackend::prof_synced() {
 // sampled ids on the device. The same kernels as logits() + sample() (the
 // LM-head route of n rows, then sample_rows).
 void CudaBackend::sample_step(const Tensor& hidden, const Tensor& output, Tensor& out) {
-  OpMark mark(this, "sample_step");
+  OpScope op(this, "sample_step");
   const StepView& s = step("sample_step");
   const int64_t n = s.n_sample, H = hidden.cols, V = output.rows;
   if (n == 0) bad("sample_step", "the step has no sample rows (StepBatch::sample_rows)");

@@ -115,15 +115,32 @@ class CudaBackend final : public Backend {
     void* get(size_t bytes);            // waits for the last copy, grows
     void copied(cudaStream_t stream);   // after enqueueing a copy of it
   };
-  // Records an event at the end of an op while an op profile runs.
-  struct OpMark {
-    CudaBackend* be;
-    const char* op;
-    int64_t n, k;
-    OpMark(CudaBackend* b, const char* o, int64_t n_ = 0, int64_t k_ = 0) : be(b), op(o), n(n_), k(k_) {}
-    ~OpMark() {
-      if (be->sprof_.op_mode) be->op_mark(op, n, k);
-    }
+  // One op's profiling scope, feeding whichever profile is active (both
+  // formats unchanged; docs/cuda_backend.md "One op scope (2026-12-01)"):
+  //  - the step profile (FP8KV_STEP_PROFILE, its op-timed eager step): an
+  //    event at the scope's end, labelled step_op ("linear 4096x4096" with
+  //    n x k); null step_op: not a step-profile op;
+  //  - the prefill profile (FP8KV_PREFILL_PROFILE, an active prefill step):
+  //    start / stop events around the scope under prefill_key (GEMMs with
+  //    their flops for the TFLOP/s column); null / empty key: not a prefill op
+  //    (a nested scope's key times the inner part instead).
+  // Neither active: a flag test, no event, no string.
+  class OpScope {
+   public:
+    OpScope(CudaBackend* b, const char* step_op, const char* prefill_key = nullptr, double flops = 0);
+    OpScope(CudaBackend* b, const char* step_op, int64_t n, int64_t k, const std::string& prefill_key = {},
+            double flops = 0);
+    OpScope(CudaBackend* b, const char* step_op, const std::string& prefill_key, double flops = 0);
+    ~OpScope();
+    OpScope(const OpScope&) = delete;
+    OpScope& operator=(const OpScope&) = delete;
+
+   private:
+    void start(const char* prefill_key, double flops);
+    CudaBackend* be_;
+    const char* op_;
+    int64_t n_ = 0, k_ = 0;
+    cuda::PrefillProfile* prefill_ = nullptr;  // started there (stopped by the destructor)
   };
   void op_mark(const char* op, int64_t n, int64_t k);
   void prof_report(bool final_report);

@@ -47,7 +47,10 @@ class PrefillProfile {
   // Prints the pending step and the total (called by the destructor too).
   void flush();
 
-  // RAII bracket; a no-op when the profile is null or inactive.
+  // RAII bracket; a no-op when the profile is null or inactive. The CUDA
+  // backend's ops bracket themselves with CudaBackend::OpScope instead (one
+  // scope for this profile and the step profile); this one is for code
+  // outside the backend (tests).
   class Scope {
    public:
     Scope(PrefillProfile* p, const char* key, double flops = 0) : p_(p && p->active() ? p : nullptr) {
