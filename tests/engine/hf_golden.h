@@ -30,6 +30,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -73,27 +76,60 @@ inline int longest_reduction(const ModelConfig& c) {
 struct KvBounds {
   std::vector<std::vector<double>> k, v;  // [token][kv_heads * head_dim]
 };
-inline KvBounds kv_layer0_bounds(const std::filesystem::path& dir, const ModelConfig& c, const std::vector<int>& ids) {
-  KvBounds out;
-  if (c.qk_norm || c.gemma_norm_plus_one || c.sandwich_norms) return out;
+// The layer-0 tensors kv_layer0_bounds reads, as fp32, loaded once per
+// checkpoint directory (each golden case has several sequences; the file was
+// re-read for every one). ok: the model has them all.
+struct Layer0Tensors {
+  bool ok = false;
+  std::vector<float> emb, nw;
+  struct Proj {
+    std::vector<float> w, b;  // b: zeros when there is no bias
+    bool has_b = false;
+    double u_w = 0, u_b = 0;  // 2^-9 when the checkpoint dtype is not bf16
+  } k, v;
+};
+inline const Layer0Tensors& layer0_tensors(const std::filesystem::path& dir, const ModelConfig& c) {
+  static std::mutex mu;
+  static std::map<std::string, std::unique_ptr<Layer0Tensors>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& slot = cache[std::filesystem::weakly_canonical(dir).string()];
+  if (slot) return *slot;
+  slot = std::make_unique<Layer0Tensors>();
+  Layer0Tensors& t = *slot;
   auto m = SafetensorsFile::open(dir / "model.safetensors");
   const std::string L0 = "model.layers.0.";
   for (const char* n : {"model.embed_tokens.weight", "model.layers.0.input_layernorm.weight",
                         "model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.v_proj.weight"})
-    if (!m->find(n)) return out;
-  const int H = c.hidden_size, P = c.num_kv_heads * c.head_dim, D = c.head_dim;
-  const std::vector<float> emb = m->to_f32("model.embed_tokens.weight");
-  const std::vector<float> nw = m->to_f32(L0 + "input_layernorm.weight");
-  const double acc = (H + 2) * 0x1p-24;
+    if (!m->find(n)) return t;
+  const int P = c.num_kv_heads * c.head_dim;
+  t.emb = m->to_f32("model.embed_tokens.weight");
+  t.nw = m->to_f32(L0 + "input_layernorm.weight");
   auto rel = [&](const std::string& n) { return m->find(n)->dtype == DType::BF16 ? 0.0 : 0x1p-9; };
-  auto proj = [&](const char* which, bool rope, std::vector<std::vector<double>>& dst) {
+  for (auto [which, pr] : {std::pair{"k", &t.k}, std::pair{"v", &t.v}}) {
     const std::string wn = L0 + "self_attn." + which + "_proj.weight", bn = L0 + "self_attn." + which + "_proj.bias";
-    const std::vector<float> w = m->to_f32(wn);
-    const bool has_b = m->find(bn) != nullptr;
-    const std::vector<float> b = has_b ? m->to_f32(bn) : std::vector<float>(static_cast<size_t>(P), 0.0f);
-    const double u = 0x1p-9 + rel(wn) + acc, ub = has_b ? rel(bn) : 0.0;
+    pr->w = m->to_f32(wn);
+    pr->has_b = m->find(bn) != nullptr;
+    pr->b = pr->has_b ? m->to_f32(bn) : std::vector<float>(static_cast<size_t>(P), 0.0f);
+    pr->u_w = rel(wn);
+    pr->u_b = pr->has_b ? rel(bn) : 0.0;
+  }
+  t.ok = true;
+  return t;
+}
+
+inline KvBounds kv_layer0_bounds(const std::filesystem::path& dir, const ModelConfig& c, const std::vector<int>& ids) {
+  KvBounds out;
+  if (c.qk_norm || c.gemma_norm_plus_one || c.sandwich_norms) return out;
+  const Layer0Tensors& t = layer0_tensors(dir, c);
+  if (!t.ok) return out;
+  const int H = c.hidden_size, P = c.num_kv_heads * c.head_dim, D = c.head_dim;
+  const double acc = (H + 2) * 0x1p-24;
+  auto proj = [&](const Layer0Tensors::Proj& pr, bool rope, std::vector<std::vector<double>>& dst) {
+    const std::vector<float>& w = pr.w;
+    const std::vector<float>& b = pr.b;
+    const double u = 0x1p-9 + pr.u_w + acc, ub = pr.u_b;
     for (int id : ids) {
-      const float* e = &emb[static_cast<size_t>(id) * H];
+      const float* e = &t.emb[static_cast<size_t>(id) * H];
       double ms = 0;
       for (int i = 0; i < H; ++i) ms += static_cast<double>(e[i]) * e[i];
       const double r = 1.0 / std::sqrt(ms / H + c.rms_norm_eps);
@@ -101,7 +137,7 @@ inline KvBounds kv_layer0_bounds(const std::filesystem::path& dir, const ModelCo
       for (int j = 0; j < P; ++j) {
         double sabs = 0, sv = b[j];
         for (int i = 0; i < H; ++i) {
-          const double xw = e[i] * r * nw[i] * w[static_cast<size_t>(j) * H + i];
+          const double xw = e[i] * r * t.nw[i] * w[static_cast<size_t>(j) * H + i];
           sabs += std::abs(xw);
           sv += xw;
         }
@@ -119,8 +155,8 @@ inline KvBounds kv_layer0_bounds(const std::filesystem::path& dir, const ModelCo
       dst.push_back(std::move(bound));
     }
   };
-  proj("k", true, out.k);
-  proj("v", false, out.v);
+  proj(t.k, true, out.k);
+  proj(t.v, false, out.v);
   return out;
 }
 

@@ -46,5 +46,30 @@ TEST(GoldenHd64Files, HfBf16GapIsRecordedAndPlausible) {
   }
 }
 
+// kv_layer0_bounds (the CUDA goldens' layer-0 K/V bound) reads the
+// checkpoint once per directory: the second call takes the cached tensors,
+// and a batch of ids gives each id's rows as when asked alone.
+TEST(GoldenHd64Files, Layer0BoundsCachedPerCheckpoint) {
+  const auto dir = testing::hd64_golden_dir("llama");
+  const ModelConfig c = load_model_config(dir);
+  const testing::Layer0Tensors& a = testing::layer0_tensors(dir, c);
+  ASSERT_TRUE(a.ok);
+  EXPECT_EQ(&a, &testing::layer0_tensors(dir / "." , c));  // same checkpoint, same entry
+  const testing::KvBounds all = testing::kv_layer0_bounds(dir, c, {5, 17, 5});
+  ASSERT_EQ(all.k.size(), 3u);
+  ASSERT_EQ(all.v.size(), 3u);
+  EXPECT_EQ(all.k[0], all.k[2]);
+  for (int i : {0, 1}) {
+    const testing::KvBounds one = testing::kv_layer0_bounds(dir, c, {i == 0 ? 5 : 17});
+    EXPECT_EQ(one.k[0], all.k[i]);
+    EXPECT_EQ(one.v[0], all.v[i]);
+  }
+  for (double b : all.k[1]) EXPECT_TRUE(b > 0 && std::isfinite(b));
+  // Families the bound does not cover: empty (the caller keeps its fixed bound).
+  EXPECT_TRUE(testing::kv_layer0_bounds(testing::hd64_golden_dir("qwen3"),
+                                        load_model_config(testing::hd64_golden_dir("qwen3")), {5})
+                  .k.empty());
+}
+
 }  // namespace
 }  // namespace fp8kv
