@@ -31,7 +31,7 @@ if [ -x $BUILD/tests/test_cuda_ops ]; then
   phase "tests (as shipped, then FP8KV_PREFILL_Q_BF16=1)"
   for v in default qbf16; do
     e="FP8KV_PREFILL_Q_BF16=0"; [ $v = qbf16 ] && e="FP8KV_PREFILL_Q_BF16=1"
-    timeout 90 env FP8KV_CUDA_GOLDENS=1 $e $BUILD/tests/test_cuda_ops --gtest_filter="$TESTS" >"$OUT/tests_$v.log" 2>&1
+    timeout 150 env FP8KV_CUDA_GOLDENS=1 $e $BUILD/tests/test_cuda_ops --gtest_filter="$TESTS" >"$OUT/tests_$v.log" 2>&1
     echo "tests $v: rc $? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test' "$OUT/tests_$v.log" | tr '\n' ' ')"
     grep -E "^\[  FAILED  \] [A-Z]" "$OUT/tests_$v.log" | head -10
     echo "  golden cases: $(grep -cE '^\[       OK \] All/CudaGoldenHd64' "$OUT/tests_$v.log") ok, $(grep -cE '^\[  SKIPPED \] All/CudaGoldenHd64' "$OUT/tests_$v.log") skipped"

@@ -145,7 +145,9 @@ TEST(CudaOps, OpScopeFeedsBothProfiles) {
   const ModelConfig cfg = small_llama(128, 512, 256);
   auto w = ModelWeights::random(cfg, 95, 0.08f, true);
   setenv("FP8KV_PREFILL_PROFILE", "1", 1);
-  setenv("FP8KV_STEP_PROFILE", "3", 1);
+  unsetenv("FP8KV_PREFILL_PROFILE_SKIP");
+  unsetenv("FP8KV_PREFILL_PROFILE_STEPS");
+  setenv("FP8KV_STEP_PROFILE", "2", 1);
   testing::internal::CaptureStderr();
   {
     EngineOptions o;
@@ -155,7 +157,7 @@ TEST(CudaOps, OpScopeFeedsBothProfiles) {
     o.max_model_len = 512;
     auto eng = Engine::create(cfg, w, o);  // both profiles read their variables here
     GenerateOptions g;
-    g.max_tokens = 12;
+    g.max_tokens = 16;
     g.stop_at_eos = false;
     std::vector<int> prompt;
     for (int t = 0; t < 100; ++t) prompt.push_back(3 + (t * 11) % 500);
