@@ -129,7 +129,7 @@ TEST(CudaOps, StartupDummyOnDeviceEngine) {
     auto eng = Engine::load(dir, o);
     res[dev] = eng->score_batch(seqs, ScoreOptions{});
   }
-  unsetenv("FP8KV_DUMMY_DEVICE");
+  unsetenv("FP8KV_DUMMY_DEVICE");  // (the suite never runs with it set)
   std::filesystem::remove_all(dir);
   double sum = 0;
   for (size_t p = 1; p < seqs[0].size(); ++p) {
@@ -175,14 +175,24 @@ TEST(CudaOps, OpScopeFeedsBothProfiles) {
   EXPECT_EQ(err.find("prefill profile: step T=1 "), std::string::npos);
 }
 
+// Sets FP8KV_PREFILL_Q_BF16 (null: unset) and restores the caller's value
+// (scripts/gpu_prefill_engine.sh runs the whole suite with it on, then off).
 struct EnvGuard {
   explicit EnvGuard(const char* v) {
+    if (const char* o = std::getenv("FP8KV_PREFILL_Q_BF16")) old_ = o, had_ = true;
     if (v)
       setenv("FP8KV_PREFILL_Q_BF16", v, 1);
     else
       unsetenv("FP8KV_PREFILL_Q_BF16");
   }
-  ~EnvGuard() { unsetenv("FP8KV_PREFILL_Q_BF16"); }
+  ~EnvGuard() {
+    if (had_)
+      setenv("FP8KV_PREFILL_Q_BF16", old_.c_str(), 1);
+    else
+      unsetenv("FP8KV_PREFILL_Q_BF16");
+  }
+  std::string old_;
+  bool had_ = false;
 };
 
 TEST(CudaOps, PrefillQBf16) {
