@@ -55,6 +55,7 @@ TEST(CudaOps, StartupPinnedUploadBitwise) {
   const ModelConfig cfg = small_llama(128, 66000, 512);
   for (bool bf16 : {true, false}) {
     auto w = ModelWeights::random(cfg, 91, 0.05f, bf16);
+    ASSERT_TRUE(w->lm_head.has_value());
     auto be = make_cuda_backend(cfg, BackendOptions{});
     const BackendWeights bw = be->upload_weights(w);
     for (const auto& [host, dev] : {std::pair{&w->embed, &bw.embed}, std::pair{&*w->lm_head, &bw.output},
