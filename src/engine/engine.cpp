@@ -563,9 +563,9 @@ std::unique_ptr<Engine> load_engine(const std::filesystem::path& dir, const Engi
     // Random weights from config.json alone (no safetensors read); unity KV scales.
     engine_log()->info("--load-format dummy: random weights (N(0, 0.02), norms 1) for {}", dir.string());
     if (opts.tensor_parallel_size > 1) return std::make_unique<EngineImpl>(cfg, nullptr, opts, d);  // per rank
-    // A device backend generates the matrices on the device (the same
-    // generator, docs/cuda_backend.md "Startup (2026-12-01)") unless
-    // FP8KV_DUMMY_DEVICE=0; the CPU builds them on the host.
+    // With FP8KV_DUMMY_DEVICE=1 a device backend generates the matrices on
+    // the device (the same generator, docs/cuda_backend.md "Startup
+    // (2026-12-01)"); otherwise (and always on the CPU) they are made here.
     const bool on_device = !cpu && dummy_on_device();
     std::shared_ptr<const ModelWeights> w;
     {
