@@ -2,23 +2,19 @@
 # GPU machine (repo root), prefill / startup side of issue 12
 # (docs/cuda_backend.md "Startup (2026-12-01)" and "Prefill attention in the
 # engine"), in <= BUDGET_S (default 300) seconds with the build:
-#  1. test_cuda_ops' engine / golden / graph / backend-vs-CPU tests, with the
-#     CUDA goldens on (FP8KV_CUDA_GOLDENS=1: CudaGoldenHd64, 20 cases, CUDA
-#     logprobs vs transformers), once as shipped and once with
-#     FP8KV_PREFILL_Q_BF16=1 (q in bf16 on prefill-only steps);
+#  1. test_cuda_ops' engine / golden / graph / backend-vs-CPU / startup
+#     tests (CudaGoldenHd64 runs by default since run K2: 20 cases, CUDA
+#     logprobs vs transformers);
 #  2. perplexity parity on models/fp8kv-mini (score, cpu vs cuda, bf16 and
-#     fp8 caches; cuda also with FP8KV_PREFILL_Q_BF16=1);
-#  3. the 8K TTFT row on the Llama-3.1-8B shape (dummy weights, fp8 cache)
-#     with FP8KV_STARTUP_PROFILE=1 (one dated line per load phase: the load
-#     was 35-40 s per row in run L) and the per-op prefill profile of the
-#     second warm-up with FP8KV_PREFILL_ATTN_AB=1 (the attention again, with
-#     q in bf16, after 200 ms idle: where the 1.89 vs 1.54 ms per layer goes),
-#     then the same row with FP8KV_PREFILL_Q_BF16=1 (timed TTFT A/B), and
-#     the bf16-cache TTFT (q bf16 is bitwise there) with the dummy weights
-#     made on the device (FP8KV_DUMMY_DEVICE=1: the load without host math
-#     or upload); nvidia-smi samples SM
-#     clock and power every 50 ms during the rows (smi_<row>.csv);
-#  4. if time is left: thr_256x1k_fp8 (the throughput row, device dummy weights).
+#     fp8 caches);
+#  3. the 8K TTFT row on the Llama-3.1-8B shape (dummy weights made on the
+#     device, the default since run K2; fp8 cache) with
+#     FP8KV_STARTUP_PROFILE=1 (one dated line per load phase) and the per-op
+#     prefill profile of the second warm-up; the bf16-cache TTFT; the
+#     throughput row; last, if the budget allows, the TTFT row again with
+#     FP8KV_PREFILL_ATTN_AB=1 (the attention again / with q in bf16 / after
+#     200 ms idle inside the profiled step: clocks vs call). nvidia-smi
+#     samples SM clock and power every 50 ms during each row (smi_<row>.csv).
 # ONLY="name ..." picks bench rows. Prints a table at the end; logs under $OUT.
 #   run(command="ln -sfn ../../.debs .debs; bash scripts/gpu_prefill_engine.sh", carry=[".debs"])
 set -uo pipefail
@@ -28,10 +24,9 @@ source scripts/gpu_engine_build.sh fp8kv test_cuda_ops
 
 TESTS='*CudaGoldenHd64*:CudaEngine.*:CudaGraphs.*:Families/CudaBackendVsCpu.*:CudaOps.GemmBf16OutAndActBf16In:CudaOps.LinearMatchesCpu:CudaOps.PrefillProfileCountsOpsPerStep:CudaOps.PrefillQBf16*:CudaOps.Startup*:CudaOps.OpScope*'
 if [ -x $BUILD/tests/test_cuda_ops ]; then
-  phase "tests (as shipped, then FP8KV_PREFILL_Q_BF16=1)"
-  for v in default qbf16; do
-    e="FP8KV_PREFILL_Q_BF16=0"; [ $v = qbf16 ] && e="FP8KV_PREFILL_Q_BF16=1"
-    timeout 150 env FP8KV_CUDA_GOLDENS=1 $e $BUILD/tests/test_cuda_ops --gtest_filter="$TESTS" >"$OUT/tests_$v.log" 2>&1
+  phase "tests"
+  for v in default; do
+    timeout 150 $BUILD/tests/test_cuda_ops --gtest_filter="$TESTS" >"$OUT/tests_$v.log" 2>&1
     echo "tests $v: rc $? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test' "$OUT/tests_$v.log" | tr '\n' ' ')"
     grep -E "^\[  FAILED  \] [A-Z]" "$OUT/tests_$v.log" | head -10
     echo "  golden cases: $(grep -cE '^\[       OK \] All/CudaGoldenHd64' "$OUT/tests_$v.log") ok, $(grep -cE '^\[  SKIPPED \] All/CudaGoldenHd64' "$OUT/tests_$v.log") skipped"
@@ -41,7 +36,7 @@ fi
 phase "perplexity parity (models/fp8kv-mini)"
 S=/tmp/fp8kv-prefill-score; mkdir -p $S
 head -c 30000 models/fp8kv-mini/eval/heldout_1.txt > $S/text.txt
-for run in cpu:bf16: cpu:fp8: cuda:bf16:0 cuda:fp8:0 cuda:bf16:1 cuda:fp8:1; do
+for run in cpu:bf16: cpu:fp8: cuda:bf16: cuda:fp8:; do
   IFS=: read -r be dt qb <<<"$run"
   n=${be}_${dt}; [ "$qb" = 1 ] && n=${n}_qbf16
   timeout 40 env ${qb:+FP8KV_PREFILL_Q_BF16=$qb} $FP8KV score models/fp8kv-mini --text-file $S/text.txt --context 1024 \
@@ -56,7 +51,7 @@ def lp(n):
         return [x for s in d["sequences"] for x in s["logprobs"] if x is not None]
     except Exception as e:
         print(f"{n}: missing ({e})"); return None
-r = {n: lp(n) for n in ["cpu_bf16", "cpu_fp8", "cuda_bf16", "cuda_fp8", "cuda_bf16_qbf16", "cuda_fp8_qbf16"]}
+r = {n: lp(n) for n in ["cpu_bf16", "cpu_fp8", "cuda_bf16", "cuda_fp8"]}
 for n, v in r.items():
     if not v: continue
     cpu = r["cpu_fp8" if "fp8" in n else "cpu_bf16"]
@@ -81,12 +76,11 @@ ST="FP8KV_STARTUP_PROFILE=1"
 PROF="FP8KV_PREFILL_PROFILE=1 FP8KV_PREFILL_PROFILE_SKIP=1 FP8KV_PREFILL_PROFILE_STEPS=1"
 TTFT="latency --batch-size 1 --input-len 8192 --output-len 2 --num-iters-warmup 2 --num-iters 3"
 CASES=(
-  "ttft_8k_fp8|30|$ST $PROF FP8KV_PREFILL_ATTN_AB=1|$TTFT --kv-cache-dtype fp8"
-  "ttft_8k_fp8_qbf16|30|$ST $PROF FP8KV_PREFILL_Q_BF16=1|$TTFT --kv-cache-dtype fp8"
-  "ttft_8k_bf16|30|$ST $PROF FP8KV_DUMMY_DEVICE=1|$TTFT --kv-cache-dtype bf16"
-  "thr_256x1k_fp8|40|$ST FP8KV_DUMMY_DEVICE=1|throughput --num-prompts 256 --input-len 1024 --output-len 128 --num-iters-warmup 0 --kv-cache-dtype fp8"
+  "ttft_8k_fp8|15|$ST $PROF|$TTFT --kv-cache-dtype fp8"
+  "ttft_8k_bf16|15|$ST $PROF|$TTFT --kv-cache-dtype bf16"
+  "thr_256x1k_fp8|25|$ST|throughput --num-prompts 256 --input-len 1024 --output-len 128 --num-iters-warmup 0 --kv-cache-dtype fp8"
+  "ttft_8k_fp8_ab|15|$ST $PROF FP8KV_PREFILL_ATTN_AB=1|$TTFT --kv-cache-dtype fp8"
 )
-ROWS="ttft_8k_fp8 ttft_8k_fp8_qbf16 ttft_8k_bf16 thr_256x1k_fp8"
 phase bench
 for c in "${CASES[@]}"; do
   IFS='|' read -r name est envs args <<<"$c"
@@ -114,7 +108,7 @@ phase table
 python3 - "$OUT" <<'EOF2'
 import json, os, sys, glob, re, datetime
 out = sys.argv[1]
-ROWS = ["ttft_8k_fp8", "ttft_8k_fp8_qbf16", "ttft_8k_bf16", "thr_256x1k_fp8"]
+ROWS = ["ttft_8k_fp8", "ttft_8k_bf16", "thr_256x1k_fp8", "ttft_8k_fp8_ab"]
 def get(n, k=None):
     try:
         j = json.load(open(os.path.join(out, n + ".json")))
@@ -144,16 +138,16 @@ for n in ROWS:
             print(f"  startup: {p}")
     except Exception:
         pass
-ta, tb, tc = get("ttft_8k_fp8", "ttft_ms"), get("ttft_8k_fp8_qbf16", "ttft_ms"), get("ttft_8k_bf16", "ttft_ms")
+ta, tc, tab = get("ttft_8k_fp8", "ttft_ms"), get("ttft_8k_bf16", "ttft_ms"), get("ttft_8k_fp8_ab", "ttft_ms")
+# Run I's floor: GEMMs at 790 TFLOP/s (156 ms) + 32 layers of 8K causal attention at SDPA's speed (29.5 ms).
 if ta:
-    # Run I's floor: GEMMs at 790 TFLOP/s (156 ms) + 32 layers of 8K causal attention at SDPA's speed (29.5 ms).
-    print(f"TTFT 8K fp8, q fp32 (as shipped): {ta:.1f} ms = {ta / 185.5:.3f}x the floor 185.5 ms (target <= 1.3x; run L 239.1)")
-if tb:
-    print(f"TTFT 8K fp8, FP8KV_PREFILL_Q_BF16=1: {tb:.1f} ms = {tb / 185.5:.3f}x the floor" + (f" ({tb - ta:+.1f} ms vs q fp32)" if ta else ""))
+    print(f"TTFT 8K fp8: {ta:.1f} ms = {ta / 185.5:.3f}x the floor 185.5 ms (target <= 1.3x; run L 239.1, run K2 233.1)")
 if tc:
-    print(f"TTFT 8K bf16 cache: {tc:.1f} ms = {tc / 185.5:.3f}x the floor")
+    print(f"TTFT 8K bf16 cache: {tc:.1f} ms = {tc / 185.5:.3f}x the floor (run K2 240.6)")
+if tab:
+    print(f"TTFT 8K fp8, the A/B probe's process: {tab:.1f} ms = {tab / 185.5:.3f}x (timed iterations run without the probe)")
 # The attention scopes of the profiled step (per layer), incl. the A/B probe.
-for n in ["ttft_8k_fp8", "ttft_8k_fp8_qbf16", "ttft_8k_bf16"]:
+for n in ["ttft_8k_fp8", "ttft_8k_bf16", "ttft_8k_fp8_ab"]:
     p = os.path.join(out, n + ".profile.txt")
     if not os.path.exists(p):
         continue
@@ -183,7 +177,7 @@ for f in ["score_summary.txt"] + [os.path.basename(p) for p in sorted(glob.glob(
     if lines:
         print(f"== {f}")
         print("\n".join(l.replace("prefill profile: ", "") for l in lines[:40]))
-for v in ("default", "qbf16"):
+for v in ("default",):
     p = os.path.join(out, f"tests_{v}.log")
     if os.path.exists(p):
         print(f"== tests {v}: " + " ".join(l.strip() for l in open(p) if l.startswith("[  PASSED") or l.startswith("[  FAILED  ] ") and "test" in l and "," not in l)[:300])

@@ -24,13 +24,9 @@ class CudaGoldenHd64 : public ::testing::TestWithParam<std::tuple<std::string, s
 
 TEST_P(CudaGoldenHd64, CudaMatchesTransformers) {
   FP8KV_NEED_GPU();
-  // Opt-in (scripts/gpu_prefill_engine.sh sets it): the first GPU run
-  // (2026-12-01) failed hf_golden.h's layer-0 K/V line (2^-7 relative) on
-  // llama / mistral / qwen2 by a few percent of the tolerance, with and
-  // without FP8KV_PREFILL_BF16_ACT; the logprob figures are in
-  // docs/cuda_backend.md. The K/V tolerance for bf16 GEMMs needs a derived
-  // bound before this runs by default.
-  if (!std::getenv("FP8KV_CUDA_GOLDENS")) GTEST_SKIP() << "set FP8KV_CUDA_GOLDENS=1";
+  // Runs by default (skips without a GPU) since run K2 of 2026-12-01: all
+  // 20 cases pass with hf_golden.h's derived layer-0 K/V bound for bf16
+  // GEMMs (docs/cuda_backend.md "Run L" and the eighth session's section).
   const auto [name, variant] = GetParam();
   const testing::GoldenOutcome r = testing::check_hf_golden(name, variant, "cuda");
   std::printf("[ golden ] %s %s cuda: mean |dlogprob| vs golden %.5f, vs fp32 %.5f (max %.4f)\n", name.c_str(),
