@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # GPU machine: the Hopper wgmma prefill kernel (issue 14), prefill v4
 # (docs/cuda.md "Prefill v4"): the candidate wsk (fp8 producer with K ahead of
-# V) against the default wsl. Builds test_cuda + bench_attention only, then:
-# the 8K causal bench (bf16 / e4m3 / e5m2 caches) for wsl, wsk, wsl, wsk
-# (alternating: drift control), PyTorch SDPA in the same run, the wgmma
-# building-block tests, the prefill correctness tests under wsk (with
-# FP8KV_WGMMA_GRID=7, so that every CTA walks many work items, and on the full
-# grid) and wsl, an Nsight Compute profile (one launch of the e4m3 kernel,
-# under wsl then wsk; text under $OUT/ncu), then the prefill tests under wsl
-# with the 7-CTA grid, ws, wsf and mma.sync while the budget allows (each
+# V) and wskp (wsk + ping-pong) against the default wsl. Builds test_cuda +
+# bench_attention only, then: the 8K causal bench (bf16 / e4m3 / e5m2 caches)
+# for wsl, wsk, wskp twice (alternating: drift control), PyTorch SDPA in the
+# same run, the wgmma building-block tests, the prefill correctness tests
+# under wsk (with FP8KV_WGMMA_GRID=7, so that every CTA walks many work items,
+# and on the full grid), wskp (grid 7) and wsl, an Nsight Compute profile (one
+# launch of the e4m3 kernel, under wsl then wsk; text under $OUT/ncu), then
+# the prefill tests under wskp, wsl with the 7-CTA grid, ws, wsf and mma.sync
+# while the budget allows (each
 # skipped one is reported); the SASS spill check; a short table.
 #   run(command="bash scripts/gpu_prefill.sh", carry=[".debs"])
 # Budget: <= 200 s with the build (run L: build 57 s, one config's prefill
@@ -41,7 +42,7 @@ runtest() {
 }
 phase bench
 : >"$OUT/bench.jsonl"
-for cfg in wsl wsk wsl wsk; do
+for cfg in wsl wsk wskp wsl wsk wskp; do
   FP8KV_WGMMA_CFG=$cfg timeout 20 $BENCH prefill-wgmma 2>&1 | grep '"prefill"' | tee -a "$OUT/bench.jsonl"
 done
 phase sdpa
@@ -52,6 +53,7 @@ P='Kernels/CudaPrefill.*/wgmma'
 # crossing items), then on the full grid; then the default wsl.
 runtest wsk_grid7 "$P" 60 FP8KV_WGMMA_CFG=wsk FP8KV_WGMMA_GRID=7
 runtest wsk "$P" 60 FP8KV_WGMMA_CFG=wsk
+runtest wskp_grid7 "$P" 60 FP8KV_WGMMA_CFG=wskp FP8KV_WGMMA_GRID=7
 runtest wsl "$P" 60 FP8KV_WGMMA_CFG=wsl
 # Nsight Compute: one launch of prefill_ws_kernel with the e4m3 cache (bench
 # order: bf16 launches 1-23, e4m3 24-46: the 27th), the sections that say
@@ -92,6 +94,7 @@ PY
 }
 ncu_prof wsl
 ncu_prof wsk
+runtest wskp "$P" 60 FP8KV_WGMMA_CFG=wskp
 runtest wsl_grid7 "$P" 60 FP8KV_WGMMA_CFG=wsl FP8KV_WGMMA_GRID=7
 runtest ws "$P" 60 FP8KV_WGMMA_CFG=ws
 runtest wsf "$P" 60 FP8KV_WGMMA_CFG=wsf
@@ -115,5 +118,5 @@ for r in rows:
     x = f"{r['TFLOPs']/sdpa:.3f}" if sdpa else "-"
     print(f"{r['dtype']:10} {r['kernel']:11} {r['ms']:8.4f} {r['TFLOPs']:8.1f} {x:>7}")
 PY
-echo "tests: wgmma blocks ${RES[wgmma_blocks]}; prefill/wgmma wsk(grid 7) ${RES[wsk_grid7]}; wsk ${RES[wsk]}; wsl ${RES[wsl]}; wsl(grid 7) ${RES[wsl_grid7]}; ws ${RES[ws]}; wsf ${RES[wsf]}; prefill/mma ${RES[mma]}; SASS no-spill $spill; ncu wsl ${RES[ncu_wsl]} wsk ${RES[ncu_wsk]}"
+echo "tests: wgmma blocks ${RES[wgmma_blocks]}; prefill/wgmma wsk(grid 7) ${RES[wsk_grid7]}; wsk ${RES[wsk]}; wskp(grid 7) ${RES[wskp_grid7]}; wskp ${RES[wskp]}; wsl ${RES[wsl]}; wsl(grid 7) ${RES[wsl_grid7]}; ws ${RES[ws]}; wsf ${RES[wsf]}; prefill/mma ${RES[mma]}; SASS no-spill $spill; ncu wsl ${RES[ncu_wsl]} wsk ${RES[ncu_wsk]}"
 phase done

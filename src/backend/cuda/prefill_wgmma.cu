@@ -440,7 +440,6 @@ static_assert(ws_smem<kBf16, 128>() <= 227 * 1024 && ws_smem<kE4m3, 128>() <= 22
 // next item's first tiles while the consumers finish the current one.
 template <int DT, int KT, bool PP, bool PF = false, bool PERS = false, bool KA = false>
 __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
-  static_assert(!(PP && PERS), "the persistent kernel has no ping-pong");
   static_assert(!KA || (PF && PERS && DT != kBf16 && KT == 128), "KA (wsk) is the fp8 wsl producer");
   constexpr int EB = DT == kBf16 ? 2 : 1;
   constexpr int kBM = 128;
@@ -913,13 +912,16 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
     wgmma_wait<0>();
     reg_fence(o);
     if constexpr (PERS) mbar_arrive(kSplit ? empty_v(gl % NS) : empty(gl % NS));  // the ring runs on
-    if constexpr (PP) {
-      if (cw == 0) named_bar_sync(3, 256);  // consumer 1's last turn_end
-    }
 
     const float vs = DT == kBf16 ? 1.0f : p.v_scale[p.v_scale_count == 1 ? 0 : w.kvh];
     store_o_rows<kD>(p, w.q0 + qi0, w.h, t, l, qvalid, vs, [&](int i, int rr, int e) { return o[4 * i + rr * 2 + e]; });
     gbase += ntiles;
+  }
+  // PP: the turns alternate across work items (both consumers take the same
+  // number per item); absorb consumer 1's last turn_end (or its initial
+  // arrive when this CTA had no tiles) once, at the end.
+  if constexpr (PP) {
+    if (cw == 0) named_bar_sync(3, 256);
   }
 }
 
@@ -1023,7 +1025,8 @@ std::vector<float> run_selftest(K kernel, const std::vector<uint16_t>& a, const 
 // runs I-J, docs/cuda.md "Prefill v2"), wsp, ws64, ws64p, wsf (ws + block ids
 // prefetched a tile ahead, 16-byte Q loads), wsk (wsl whose fp8 producer
 // converts K a tile ahead of V, docs/cuda.md "Prefill v4"; bf16: the wsl
-// kernel), or the earlier 64x2, 128x2,
+// kernel), wskp (wsk with ping-pong; bf16: wsl with ping-pong), or the
+// earlier 64x2, 128x2,
 // 64x1, 64x2p, 64x2d (read per call: the GPU script tests and benchmarks each).
 struct WgCfg { int kt, nwg; bool pipe; int nst; bool ws = false, pp = false, pf = false, pers = false, ka = false; };
 WgCfg wgmma_config() {
@@ -1044,8 +1047,10 @@ WgCfg wgmma_config() {
   if (v == "wsf") return {128, 2, false, 0, true, false, true, false};
   if (v == "wsl") return {128, 2, false, 0, true, false, true, true};
   if (v == "wsk") return {128, 2, false, 0, true, false, true, true, true};
+  if (v == "wskp") return {128, 2, false, 0, true, true, true, true, true};
   throw std::invalid_argument(
-      "FP8KV_WGMMA_CFG: expected 64x2, 128x2, 64x1, 64x2p, 64x2d, ws, wsp, ws64, ws64p, wsf, wsl or wsk, got '" + v + "'");
+      "FP8KV_WGMMA_CFG: expected 64x2, 128x2, 64x1, 64x2p, 64x2d, ws, wsp, ws64, ws64p, wsf, wsl, wsk or wskp, got '" +
+      v + "'");
 }
 
 template <int KT, int NWG, bool PIPE, int NST = 2>
@@ -1090,8 +1095,9 @@ void paged_prefill_wgmma(const PrefillArgs& a, cudaStream_t stream) {
     }
     const int64_t items = static_cast<int64_t>(a.num_heads) * p.num_q_tiles * a.batch;
     const dim3 pgrid(static_cast<unsigned>(std::min<int64_t>(items, sms)));
-    cfg.ka ? launch_ws<128, false, true, true, true>(p, a.kv.layout.dtype, pgrid, stream)
-           : launch_ws<128, false, true, true>(p, a.kv.layout.dtype, pgrid, stream);
+    if (cfg.ka && cfg.pp) launch_ws<128, true, true, true, true>(p, a.kv.layout.dtype, pgrid, stream);
+    else if (cfg.ka) launch_ws<128, false, true, true, true>(p, a.kv.layout.dtype, pgrid, stream);
+    else launch_ws<128, false, true, true>(p, a.kv.layout.dtype, pgrid, stream);
   } else if (cfg.ws && cfg.pf) {
     launch_ws<128, false, true, false>(p, a.kv.layout.dtype, grid, stream);
   } else if (cfg.ws) {
