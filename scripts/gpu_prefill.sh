@@ -20,7 +20,7 @@ OUT=${OUT:-/tmp/fp8kv-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
-BUDGET=${BUDGET:-188}
+BUDGET=${BUDGET:-185}
 el() { echo $(( $(date +%s) - T0 )); }
 phase() { echo "== $1 ($(el) s)"; }
 source scripts/gpu_env.sh
