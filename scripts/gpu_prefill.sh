@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # GPU machine: the Hopper wgmma prefill kernel (issue 14), prefill v4
-# (docs/cuda.md "Prefill v4"): the candidate wsk (fp8 producer with K ahead of
-# V) and wskp (wsk + ping-pong) against the default wsl. Builds test_cuda +
-# bench_attention only, then: the 8K causal bench (bf16 / e4m3 / e5m2 caches)
-# for wsl, wsk, wskp twice (alternating: drift control), PyTorch SDPA in the
-# same run, the wgmma building-block tests, the prefill correctness tests
-# under wsk (with FP8KV_WGMMA_GRID=7, so that every CTA walks many work items,
-# and on the full grid), wskp (grid 7) and wsl, an Nsight Compute profile (one
-# launch of the e4m3 kernel, under wsl then wsk; text under $OUT/ncu), then
-# the prefill tests under wskp, wsl with the 7-CTA grid, ws, wsf and mma.sync
-# while the budget allows (each
-# skipped one is reported); the SASS spill check; a short table.
+# (docs/cuda.md "Prefill v4"). The default is now wslp (wsl, bf16 with
+# ping-pong); wslc = wslp whose fp8 producer converts with constant-offset
+# addressing; wsk / wskp (K converted ahead of V) measured slower for fp8.
+# Builds test_cuda + bench_attention only, then: the 8K causal bench (bf16 /
+# e4m3 / e5m2 caches) for wsl, wslp, wslc, wsk, then wsl, wslp, wslc again
+# (drift control), PyTorch SDPA in the same run, the wgmma building-block
+# tests, the prefill correctness tests under the default (unset
+# FP8KV_WGMMA_CFG; with FP8KV_WGMMA_GRID=7, so that every CTA walks many work
+# items, and on the full grid) and wslc (both grids), an Nsight Compute
+# profile (one launch of the e4m3 kernel under wsl and wslc; text under
+# $OUT/ncu), then the prefill tests under wskp, wsk, wsl, ws, wsf and mma.sync
+# while the budget allows (each skipped one is reported); the SASS spill
+# check; a short table.
 #   run(command="bash scripts/gpu_prefill.sh", carry=[".debs"])
-# Budget: <= 200 s with the build (run L: build 57 s, one config's prefill
-# tests ~9 s). Each test gets at most what is left of BUDGET. Logs under $OUT.
+# Budget: <= 200 s with the build (run K1 of 2026-12-01's eighth session:
+# 182 s). Each test gets at most what is left of BUDGET. Logs under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/fp8kv-out}
@@ -42,19 +44,19 @@ runtest() {
 }
 phase bench
 : >"$OUT/bench.jsonl"
-for cfg in wsl wsk wskp wsl wsk wskp; do
+for cfg in wsl wslp wslc wsk wsl wslp wslc; do
   FP8KV_WGMMA_CFG=$cfg timeout 20 $BENCH prefill-wgmma 2>&1 | grep '"prefill"' | tee -a "$OUT/bench.jsonl"
 done
 phase sdpa
 timeout 30 python3 tools/bench_sdpa.py --prefill-only 2>&1 | tee "$OUT/sdpa.jsonl"
 runtest wgmma_blocks 'CudaWgmma.*' 20
 P='Kernels/CudaPrefill.*/wgmma'
-# The candidate first: wsk with a 7-CTA grid (many items per CTA, the ring
-# crossing items), then on the full grid; then the default wsl.
-runtest wsk_grid7 "$P" 60 FP8KV_WGMMA_CFG=wsk FP8KV_WGMMA_GRID=7
-runtest wsk "$P" 60 FP8KV_WGMMA_CFG=wsk
-runtest wskp_grid7 "$P" 60 FP8KV_WGMMA_CFG=wskp FP8KV_WGMMA_GRID=7
-runtest wsl "$P" 60 FP8KV_WGMMA_CFG=wsl
+# The default (wslp) first, with a 7-CTA grid (many items per CTA) and on
+# the full grid; then the candidate wslc (both grids).
+runtest def_grid7 "$P" 60 FP8KV_WGMMA_GRID=7
+runtest def "$P" 60
+runtest wslc_grid7 "$P" 60 FP8KV_WGMMA_CFG=wslc FP8KV_WGMMA_GRID=7
+runtest wslc "$P" 60 FP8KV_WGMMA_CFG=wslc
 # Nsight Compute: one launch of prefill_ws_kernel with the e4m3 cache (bench
 # order: bf16 launches 1-23, e4m3 24-46: the 27th), the sections that say
 # where the time goes (SOL, pipes, shared memory, scheduler, warp states,
@@ -93,9 +95,10 @@ PY
   gzip -f "$OUT/ncu/sass_$1.csv"
 }
 ncu_prof wsl
-ncu_prof wsk
+ncu_prof wslc
 runtest wskp "$P" 60 FP8KV_WGMMA_CFG=wskp
-runtest wsl_grid7 "$P" 60 FP8KV_WGMMA_CFG=wsl FP8KV_WGMMA_GRID=7
+runtest wsk "$P" 60 FP8KV_WGMMA_CFG=wsk
+runtest wsl "$P" 60 FP8KV_WGMMA_CFG=wsl
 runtest ws "$P" 60 FP8KV_WGMMA_CFG=ws
 runtest wsf "$P" 60 FP8KV_WGMMA_CFG=wsf
 runtest mma 'Kernels/CudaPrefill.*/mma' 60
@@ -118,5 +121,5 @@ for r in rows:
     x = f"{r['TFLOPs']/sdpa:.3f}" if sdpa else "-"
     print(f"{r['dtype']:10} {r['kernel']:11} {r['ms']:8.4f} {r['TFLOPs']:8.1f} {x:>7}")
 PY
-echo "tests: wgmma blocks ${RES[wgmma_blocks]}; prefill/wgmma wsk(grid 7) ${RES[wsk_grid7]}; wsk ${RES[wsk]}; wskp(grid 7) ${RES[wskp_grid7]}; wskp ${RES[wskp]}; wsl ${RES[wsl]}; wsl(grid 7) ${RES[wsl_grid7]}; ws ${RES[ws]}; wsf ${RES[wsf]}; prefill/mma ${RES[mma]}; SASS no-spill $spill; ncu wsl ${RES[ncu_wsl]} wsk ${RES[ncu_wsk]}"
+echo "tests: wgmma blocks ${RES[wgmma_blocks]}; prefill/wgmma default(wslp, grid 7) ${RES[def_grid7]}; default ${RES[def]}; wslc(grid 7) ${RES[wslc_grid7]}; wslc ${RES[wslc]}; wskp ${RES[wskp]}; wsk ${RES[wsk]}; wsl ${RES[wsl]}; ws ${RES[ws]}; wsf ${RES[wsf]}; prefill/mma ${RES[mma]}; SASS no-spill $spill; ncu wsl ${RES[ncu_wsl]} wslc ${RES[ncu_wslc]}"
 phase done

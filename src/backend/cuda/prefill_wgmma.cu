@@ -438,7 +438,7 @@ static_assert(ws_smem<kBf16, 128>() <= 227 * 1024 && ws_smem<kE4m3, 128>() <= 22
 // shrinking causal items balance over each pair of rounds. The mbarrier ring
 // runs on across items (tile counters continue), so the producer gathers the
 // next item's first tiles while the consumers finish the current one.
-template <int DT, int KT, bool PP, bool PF = false, bool PERS = false, bool KA = false>
+template <int DT, int KT, bool PP, bool PF = false, bool PERS = false, bool KA = false, bool LC = false>
 __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
   static_assert(!KA || (PF && PERS && DT != kBf16 && KT == 128), "KA (wsk) is the fp8 wsl producer");
   constexpr int EB = DT == kBf16 ? 2 : 1;
@@ -682,6 +682,36 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
 #pragma unroll 1
           for (int kv = 0; kv < 2; ++kv) {
             mbar_wait(kv == 0 ? empty(st) : empty_v(st), ((g / NS) & 1) ^ 1);
+            if constexpr (LC) {
+              // LC (wslc): the same chunks, addressed as per-thread bases plus
+              // compile-time offsets. Chunk i of this thread is key key0 + dk
+              // (dk = 32 (i / 2) + 8 (i % 2), a multiple of 8, so the swizzle's
+              // key % 8 is key0's), channel tid % 8 as above: the loop below
+              // recomputes the same addresses with ~25 integer instructions per
+              // chunk and one LDS in flight (run K1 of the eighth session).
+              const int key0 = (tid >> 6) * 16 + ((tid >> 3) & 7), ch = tid & 7;
+              const uint8_t* rsrc = rk + kv * kRawBytes + key0 * 128 + ch * 16;
+              uint8_t* d = dst + kv * kTileBytes;
+              uint8_t* d0 = d + swz_chunk(KT, key0, 2 * ch);
+              uint8_t* d1 = d + swz_chunk(KT, key0, 2 * ch + 1);
+#pragma unroll
+              for (int i = 0; i < KT * 8 / 128; ++i) {
+                const int dk = 32 * (i >> 1) + 8 * (i & 1);
+                const uint4 w4 = *reinterpret_cast<const uint4*>(rsrc + dk * 128);
+                const uint32_t wd[4] = {w4.x, w4.y, w4.z, w4.w};
+                uint32_t hw[8];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                  hw[2 * e] = fp8x2_to_f16x2<DT>(wd[e]);
+                  hw[2 * e + 1] = fp8x2_to_f16x2<DT>(wd[e] >> 16);
+                }
+                *reinterpret_cast<uint4*>(d0 + dk * 128) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+                *reinterpret_cast<uint4*>(d1 + dk * 128) = make_uint4(hw[4], hw[5], hw[6], hw[7]);
+              }
+              fence_proxy_async();
+              mbar_arrive(kv == 0 ? full(st) : full_v(st));
+              continue;
+            }
 #pragma unroll 2
             for (int i = 0; i < KT * 8 / 128; ++i) {
               const int c = tid + (i >> 1) * 128, q = c / 8, ch = c % 8, key = (q >> 3) * 16 + (q & 7) + (i & 1) * 8;
@@ -925,22 +955,22 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
   }
 }
 
-template <int DT, int KT, bool PP, bool PF = false, bool PERS = false, bool KA = false>
+template <int DT, int KT, bool PP, bool PF = false, bool PERS = false, bool KA = false, bool LC = false>
 void launch_ws_t(const WgParams& p, dim3 grid, cudaStream_t stream) {
   constexpr int smem = ws_smem<DT, KT>();
-  auto* kern = prefill_ws_kernel<DT, KT, PP, PF, PERS, KA>;
+  auto* kern = prefill_ws_kernel<DT, KT, PP, PF, PERS, KA, LC>;
   detail::set_func_attribute_once(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   kern<<<grid, 384, smem, stream>>>(p);
   FP8KV_CUDA_CHECK(cudaGetLastError());
 }
-template <int KT, bool PP, bool PF = false, bool PERS = false, bool KA = false>
+template <int KT, bool PP, bool PF = false, bool PERS = false, bool KA = false, bool LC = false>
 void launch_ws(const WgParams& p, KvDtype dt, dim3 grid, cudaStream_t stream) {
   switch (dt) {
     // bf16 + PERS: no PF (its 8 block ids per tile would spill next to the work item);
     // KA is fp8-only (bf16 under wsk runs the wsl kernel).
     case KvDtype::bf16: launch_ws_t<kBf16, KT, PP, PF && !PERS, PERS>(p, grid, stream); break;
-    case KvDtype::fp8_e4m3: launch_ws_t<kE4m3, KT, PP, PF, PERS, KA>(p, grid, stream); break;
-    case KvDtype::fp8_e5m2: launch_ws_t<kE5m2, KT, PP, PF, PERS, KA>(p, grid, stream); break;
+    case KvDtype::fp8_e4m3: launch_ws_t<kE4m3, KT, PP, PF, PERS, KA, LC>(p, grid, stream); break;
+    case KvDtype::fp8_e5m2: launch_ws_t<kE5m2, KT, PP, PF, PERS, KA, LC>(p, grid, stream); break;
   }
 }
 
@@ -1027,14 +1057,15 @@ std::vector<float> run_selftest(K kernel, const std::vector<uint16_t>& a, const 
 // runs I-J, docs/cuda.md "Prefill v2"), wsp, ws64, ws64p, wsf (ws + block ids
 // prefetched a tile ahead, 16-byte Q loads), wsk (wsl whose fp8 producer
 // converts K a tile ahead of V, docs/cuda.md "Prefill v4"; bf16: the wsl
-// kernel), wskp (wsk with ping-pong; bf16: wsl with ping-pong), or the
+// kernel), wskp (wsk with ping-pong; bf16: wsl with ping-pong), wslc (wslp
+// whose fp8 producer converts with constant-offset addressing), or the
 // earlier 64x2, 128x2,
 // 64x1, 64x2p, 64x2d (read per call: the GPU script tests and benchmarks each).
 struct WgCfg {
   int kt, nwg;
   bool pipe;
   int nst;
-  bool ws = false, pp = false, pf = false, pers = false, ka = false, bf16pp = false;
+  bool ws = false, pp = false, pf = false, pers = false, ka = false, bf16pp = false, lc = false;
 };
 WgCfg wgmma_config() {
   const char* env = std::getenv("FP8KV_WGMMA_CFG");
@@ -1056,10 +1087,11 @@ WgCfg wgmma_config() {
   if (v == "wsf") return {128, 2, false, 0, true, false, true, false};
   if (v == "wsl") return {128, 2, false, 0, true, false, true, true};
   if (v == "wslp") return {128, 2, false, 0, true, false, true, true, false, true};
+  if (v == "wslc") return {128, 2, false, 0, true, false, true, true, false, true, true};
   if (v == "wsk") return {128, 2, false, 0, true, false, true, true, true};
   if (v == "wskp") return {128, 2, false, 0, true, true, true, true, true};
   throw std::invalid_argument(
-      "FP8KV_WGMMA_CFG: expected 64x2, 128x2, 64x1, 64x2p, 64x2d, ws, wsp, ws64, ws64p, wsf, wsl, wslp, wsk or wskp, got '" +
+      "FP8KV_WGMMA_CFG: expected 64x2, 128x2, 64x1, 64x2p, 64x2d, ws, wsp, ws64, ws64p, wsf, wsl, wslp, wslc, wsk or wskp, got '" +
       v + "'");
 }
 
@@ -1109,6 +1141,7 @@ void paged_prefill_wgmma(const PrefillArgs& a, cudaStream_t stream) {
     if ((cfg.ka && cfg.pp) || (cfg.bf16pp && a.kv.layout.dtype == KvDtype::bf16))
       launch_ws<128, true, true, true, true>(p, a.kv.layout.dtype, pgrid, stream);
     else if (cfg.ka) launch_ws<128, false, true, true, true>(p, a.kv.layout.dtype, pgrid, stream);
+    else if (cfg.lc) launch_ws<128, false, true, true, false, true>(p, a.kv.layout.dtype, pgrid, stream);
     else launch_ws<128, false, true, true>(p, a.kv.layout.dtype, pgrid, stream);
   } else if (cfg.ws && cfg.pf) {
     launch_ws<128, false, true, false>(p, a.kv.layout.dtype, grid, stream);
