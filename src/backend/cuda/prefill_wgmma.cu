@@ -686,7 +686,7 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
               // LC (wslc): the same chunks, addressed as per-thread bases plus
               // compile-time offsets. Chunk i of this thread is key key0 + dk
               // (dk = 32 (i / 2) + 8 (i % 2), a multiple of 8, so the swizzle's
-              // key % 8 is key0's), channel tid % 8 as above: the loop below
+              // key % 8 is key0's), channel tid % 8 as in the copy: the else branch
               // recomputes the same addresses with ~25 integer instructions per
               // chunk and one LDS in flight (run K1 of the eighth session).
               const int key0 = (tid >> 6) * 16 + ((tid >> 3) & 7), ch = tid & 7;
@@ -708,24 +708,22 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
                 *reinterpret_cast<uint4*>(d0 + dk * 128) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
                 *reinterpret_cast<uint4*>(d1 + dk * 128) = make_uint4(hw[4], hw[5], hw[6], hw[7]);
               }
-              fence_proxy_async();
-              mbar_arrive(kv == 0 ? full(st) : full_v(st));
-              continue;
-            }
+            } else {
 #pragma unroll 2
-            for (int i = 0; i < KT * 8 / 128; ++i) {
-              const int c = tid + (i >> 1) * 128, q = c / 8, ch = c % 8, key = (q >> 3) * 16 + (q & 7) + (i & 1) * 8;
-              const uint4 w4 = *reinterpret_cast<const uint4*>(rk + kv * kRawBytes + key * 128 + ch * 16);
-              const uint32_t wd[4] = {w4.x, w4.y, w4.z, w4.w};
-              uint32_t hw[8];
+              for (int i = 0; i < KT * 8 / 128; ++i) {
+                const int c = tid + (i >> 1) * 128, q = c / 8, ch = c % 8, key = (q >> 3) * 16 + (q & 7) + (i & 1) * 8;
+                const uint4 w4 = *reinterpret_cast<const uint4*>(rk + kv * kRawBytes + key * 128 + ch * 16);
+                const uint32_t wd[4] = {w4.x, w4.y, w4.z, w4.w};
+                uint32_t hw[8];
 #pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                hw[2 * e] = fp8x2_to_f16x2<DT>(wd[e]);
-                hw[2 * e + 1] = fp8x2_to_f16x2<DT>(wd[e] >> 16);
+                for (int e = 0; e < 4; ++e) {
+                  hw[2 * e] = fp8x2_to_f16x2<DT>(wd[e]);
+                  hw[2 * e + 1] = fp8x2_to_f16x2<DT>(wd[e] >> 16);
+                }
+                uint8_t* d = dst + kv * kTileBytes;
+                *reinterpret_cast<uint4*>(d + swz_chunk(KT, key, 2 * ch)) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+                *reinterpret_cast<uint4*>(d + swz_chunk(KT, key, 2 * ch + 1)) = make_uint4(hw[4], hw[5], hw[6], hw[7]);
               }
-              uint8_t* d = dst + kv * kTileBytes;
-              *reinterpret_cast<uint4*>(d + swz_chunk(KT, key, 2 * ch)) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
-              *reinterpret_cast<uint4*>(d + swz_chunk(KT, key, 2 * ch + 1)) = make_uint4(hw[4], hw[5], hw[6], hw[7]);
             }
             fence_proxy_async();
             mbar_arrive(kv == 0 ? full(st) : full_v(st));
