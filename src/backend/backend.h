@@ -18,6 +18,8 @@
 //               gate_up_proj, qkv_split, gated_act_fused.
 //   2026-12-01  qkv_split_store (default: qkv_split then store_kv; CUDA
 //               stores K/V from the split kernel, k/v left unwritten).
+//   2026-12-01  linear_add_rmsnorm (default: linear, all_reduce, add_rmsnorm;
+//               CUDA fuses the residual norm into the decode GEMV).
 //
 // Memory model
 //   The backend owns all memory the ops touch: weights (upload_weights), KV
@@ -250,6 +252,20 @@ class Backend {
                                 Tensor& out) {
     linear(x, w, bias, gate_up);
     gated_act_fused(act, gate_up, out);
+  }
+
+  // A residual projection (o_proj, down_proj) and the residual add + norm
+  // that follows it: tmp = linear(x, w, bias), summed over the tensor-
+  // parallel ranks (all_reduce), then add_rmsnorm(h, tmp, norm_w, eps, y):
+  // h += tmp; y = rmsnorm(h) * norm_w (y may alias h). tmp holds the
+  // projection's output afterwards. A backend may fuse the three (CUDA: the
+  // norm in the decode GEMV's last block, docs/cuda_backend.md "Residual norm
+  // fused into the GEMV") with the same bits.
+  virtual void linear_add_rmsnorm(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& tmp, Tensor& h,
+                                  const Tensor& norm_w, float eps, Tensor& y) {
+    linear(x, w, bias, tmp);
+    all_reduce(tmp);
+    add_rmsnorm(h, tmp, norm_w, eps, y);
   }
 
   // ---- CUDA graphs (optional; the defaults mean "not supported") ----

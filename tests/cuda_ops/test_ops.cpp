@@ -159,6 +159,74 @@ TEST(CudaOps, GemvGatedActMatchesTwoKernels) {
       }
 }
 
+// The GEMV with the residual add + RMSNorm fused into its last block
+// (gemv_add_rmsnorm_bf16) writes bitwise what the split SIMT GEMV followed by
+// the norm kernel writes (the same sums in the same order: the norm row math
+// is shared, ops_norm.cuh): y, the new residual h and the normed output, bf16
+// or fp32, out aliasing h (the final norm), with and without a bias, for every
+// split, hidden sizes on each register-row size (8, 16, 32 per thread) and
+// not a multiple of a block's columns. Two launches in a row on one counter:
+// the counter is back to 0 after each (CUDA graph replays rely on it).
+TEST(CudaOps, GemvAddRmsNormMatchesTwoKernels) {
+  FP8KV_NEED_GPU();
+  std::mt19937_64 rng(test_seed());
+  const int K = 1032;
+  const float eps = 1e-5f;
+  auto counter = to_device(std::vector<uint32_t>{0u});
+  for (int N : {203, 2048, 4096, 5000})
+    for (int split : {1, 2, 4, 8, 0})
+      for (int mode : {0, 1, 2}) {  // out bf16; out fp32; out = h (fp32, in place)
+        const bool bias = split == 2 || N == 203;
+        SCOPED_TRACE(::testing::Message() << "N=" << N << " split=" << split << " mode=" << mode << " bias=" << bias);
+        const std::vector<uint16_t> wb = to_bf16(randn(rng, static_cast<size_t>(N) * K, 0.05f));
+        cuda::DeviceBuffer dW;
+        const cuda::DeviceMatrix W = cuda::upload_matrix_bf16(MatrixRef{wb.data(), WeightType::bf16, N, K}, dW);
+        auto dx = to_device(to_bf16(randn(rng, K, 1.0f)));
+        auto db = to_device(randn(rng, N, 0.5f));
+        const float* bp = bias ? db.as<float>() : nullptr;
+        const std::vector<float> h0 = randn(rng, N, 3.0f), nw = randn(rng, N, 1.0f);
+        auto dnw = to_device(nw);
+        const bool out_bf16 = mode == 0;
+        const size_t out_bytes = static_cast<size_t>(N) * (out_bf16 ? 2 : 4);
+        // Two kernels.
+        auto h_a = to_device(h0);
+        auto y_a = to_device(std::vector<float>(N, 0.0f));
+        cuda::DeviceBuffer out_a(out_bytes);
+        cuda::gemv_bf16_simt_split(dx.as<uint16_t>(), 1, W, bp, y_a.as<float>(), false, split, nullptr);
+        cuda::rmsnorm_residual(h_a.as<float>(), y_a.as<float>(), nullptr, dnw.as<float>(), eps, 1, N,
+                               mode == 2 ? h_a.get() : out_a.get(), out_bf16, nullptr);
+        // Fused, twice (the second launch must see the counter back at 0).
+        for (int rep = 0; rep < 2; ++rep) {
+          auto h_b = to_device(h0);
+          auto y_b = to_device(std::vector<float>(N, -1.0f));
+          cuda::DeviceBuffer out_b(out_bytes);
+          cuda::gemv_add_rmsnorm_bf16(dx.as<uint16_t>(), 1, W, bp, y_b.as<float>(), split, h_b.as<float>(),
+                                      dnw.as<float>(), eps, mode == 2 ? h_b.get() : out_b.get(), out_bf16,
+                                      counter.as<unsigned int>(), nullptr);
+          EXPECT_EQ(to_host<uint32_t>(counter, 1)[0], 0u);
+          EXPECT_EQ(to_host<float>(y_a, N), to_host<float>(y_b, N));
+          EXPECT_EQ(to_host<float>(h_a, N), to_host<float>(h_b, N));
+          if (mode == 0) {
+            EXPECT_EQ(to_host<uint16_t>(out_a, N), to_host<uint16_t>(out_b, N));
+          } else if (mode == 1) {
+            EXPECT_EQ(to_host<float>(out_a, N), to_host<float>(out_b, N));
+          }
+        }
+      }
+  // Out of its range: more than one row, or N past the register row.
+  EXPECT_THROW(cuda::gemv_add_rmsnorm_bf16(reinterpret_cast<const uint16_t*>(256), 2, cuda::DeviceMatrix{
+                   reinterpret_cast<const uint16_t*>(256), 16, 16}, nullptr, reinterpret_cast<float*>(256), 1,
+                   reinterpret_cast<float*>(256), reinterpret_cast<const float*>(256), eps,
+                   reinterpret_cast<void*>(256), true, counter.as<unsigned int>(), nullptr),
+               std::invalid_argument);
+  EXPECT_THROW(cuda::gemv_add_rmsnorm_bf16(reinterpret_cast<const uint16_t*>(256), 1, cuda::DeviceMatrix{
+                   reinterpret_cast<const uint16_t*>(256), cuda::kGemvNormMaxCols + 1, 16}, nullptr,
+                   reinterpret_cast<float*>(256), 1, reinterpret_cast<float*>(256),
+                   reinterpret_cast<const float*>(256), eps, reinterpret_cast<void*>(256), true,
+                   counter.as<unsigned int>(), nullptr),
+               std::invalid_argument);
+}
+
 // The prefill path behind FP8KV_PREFILL_BF16_ACT: the GEMM with bf16 output
 // is the fp32-output GEMM rounded to bf16 (up to the accumulation order: one
 // bf16 ulp plus the fp32 bound), and the activation on bf16 inputs is
@@ -207,6 +275,10 @@ TEST(CudaOps, LinearRoutesParse) {  // host only: runs without a GPU too
   EXPECT_FALSE(cuda::parse_linear_routes("store=separate", "test").fused_store);
   EXPECT_TRUE(cuda::parse_linear_routes("", "test").sample_in_graph);
   EXPECT_FALSE(cuda::parse_linear_routes("sample=separate", "test").sample_in_graph);
+  EXPECT_TRUE(cuda::parse_linear_routes("", "test").fused_norm);
+  EXPECT_FALSE(cuda::parse_linear_routes("norm=separate", "test").fused_norm);
+  EXPECT_EQ(cuda::linear_routes_string(cuda::parse_linear_routes("norm=separate", "test")),
+            "qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto,store=fused,act=fused,norm=separate");
   EXPECT_EQ(cuda::linear_routes_string(cuda::parse_linear_routes("down=lt,sample=separate", "test")),
             "qkv=auto,o_proj=auto,gate_up=auto,down=lt,lm_head=auto,store=fused,act=fused,sample=separate");
   // The canonical string parses back to the same routes; "" and "default" are the default.

@@ -746,6 +746,44 @@ void CudaBackend::linear_gated_act(Activation act, const Tensor& x, const Tensor
                             static_cast<uint16_t*>(out.data), stream_);
 }
 
+void CudaBackend::linear_add_rmsnorm(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& tmp, Tensor& h,
+                                     const Tensor& norm_w, float eps, Tensor& y) {
+  const int64_t T = x.rows;
+  bool fuse = cuda::linear_routes().fused_norm && tp_world() == 1 && T == 1 && T <= gemm_->gemv_max_rows() &&
+              x.dtype == ScalarType::bf16 && x.cols == w.cols && w.rows <= cuda::kGemvNormMaxCols &&
+              tmp.dtype == ScalarType::f32 && tmp.rows == T && tmp.cols == w.rows && h.dtype == ScalarType::f32 &&
+              h.rows == T && h.cols == w.rows && y.rows == T && y.cols == w.rows &&
+              (y.dtype == ScalarType::f32 || y.dtype == ScalarType::bf16) && x.data && tmp.data && h.data && y.data &&
+              (norm_counter_.get() || !capturing_);
+  int split = 1;
+  if (fuse) {
+    switch (gemm_->route(T, w.rows, w.cols)) {
+      case cuda::GemvKernel::simt: split = 1; break;
+      case cuda::GemvKernel::simt2: split = 2; break;
+      case cuda::GemvKernel::simt4: split = 4; break;
+      case cuda::GemvKernel::simt8: split = 8; break;
+      case cuda::GemvKernel::simtk: split = 0; break;
+      case cuda::GemvKernel::auto_: fuse = T < cuda::kGemvMmaMinRows; break;  // gemv_bf16's SIMT rows
+      default: fuse = false;  // cuBLASLt / mma: the separate norm kernel
+    }
+  }
+  const cuda::DeviceMatrix W = fuse ? matrix(w, "linear_add_rmsnorm") : cuda::DeviceMatrix{};
+  const float* nw = fuse ? opt_vec(norm_w, w.rows, "linear_add_rmsnorm", "norm_w") : nullptr;
+  if (!fuse || !nw || !cuda::gemv_bf16_fits(static_cast<const uint16_t*>(x.data), T, W)) {
+    Backend::linear_add_rmsnorm(x, w, bias, tmp, h, norm_w, eps, y);  // linear + add_rmsnorm, each with its mark
+    return;
+  }
+  OpMark mark(this, "linear_add_rmsnorm", w.rows, w.cols);
+  if (!norm_counter_.get()) {
+    norm_counter_ = cuda::DeviceBuffer(sizeof(unsigned int));
+    FP8KV_CU(cudaMemsetAsync(norm_counter_.get(), 0, sizeof(unsigned int), stream_));
+  }
+  cuda::PrefillProfile::Scope ps(prof_.get(), gemm_key(prof_.get(), w, " +add+rmsnorm"), gemm_flops(T, w));
+  cuda::gemv_add_rmsnorm_bf16(static_cast<const uint16_t*>(x.data), T, W, opt_vec(bias, w.rows, "linear_add_rmsnorm", "bias"),
+                              static_cast<float*>(tmp.data), split, static_cast<float*>(h.data), nw, eps, y.data,
+                              y.dtype == ScalarType::bf16, norm_counter_.as<unsigned int>(), stream_);
+}
+
 void CudaBackend::add(Tensor& x, const Tensor& y) {
   same_shape("add", x, y);
   cuda::add_inplace(f32(x, "add", "x"), f32(y, "add", "y"), x.numel(), stream_);

@@ -37,6 +37,11 @@ struct LinearRoutes {
   // ("sample=graph", the default) or after it ("sample=separate");
   // CudaBackend::samples_in_step (docs/cuda_backend.md "Batch-1 step").
   bool sample_in_graph = true;
+  // The residual add + RMSNorm after o_proj / down_proj fused into the GEMV's
+  // last block at one row ("norm=fused", the default) or its own kernel
+  // ("norm=separate"); CudaBackend::linear_add_rmsnorm
+  // (docs/cuda_backend.md "Residual norm fused into the GEMV").
+  bool fused_norm = true;
   GemvKernel of(LinearProj p) const { return kernel[static_cast<size_t>(p)]; }
   bool operator==(const LinearRoutes&) const = default;
 };

@@ -171,6 +171,23 @@ constexpr int kGemvGatedActMaxRows = 2;
 void gemv_gated_act_bf16(Activation act, const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias,
                          uint16_t* out, cudaStream_t stream);
 
+// The SIMT GEMV of one row (split as gemv_bf16_simt_split: 1, 2, 4, 8 or
+// <= 0 for the auto split) with the residual add + RMSNorm of its output
+// fused into the grid's last block: y[N] = x W^T (+ bias) (written, as
+// gemv_bf16_simt_split), then rmsnorm_residual(h, y, nullptr, norm_w, eps,
+// 1, N, out, out_bf16): h += y; out = rmsnorm(h) * norm_w (out may alias h).
+// Bitwise the two kernels (same sums, same norm row math). counter: a device
+// unsigned int that is 0 before the call; the kernel leaves it 0 (atomicInc
+// wraps), so a CUDA graph may replay the launch. Launches that may overlap
+// (other streams) need counters of their own. T = 1 and N <=
+// kGemvNormMaxCols (the register-held norm row), else std::invalid_argument;
+// same fit rules as gemv_bf16 otherwise. docs/cuda_backend.md "Residual norm
+// fused into the GEMV".
+constexpr int kGemvNormMaxCols = 32 * 256;
+void gemv_add_rmsnorm_bf16(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y,
+                           int split, float* h, const float* norm_w, float eps, void* out, bool out_bf16,
+                           unsigned int* counter, cudaStream_t stream);
+
 // ---- norms ----------------------------------------------------------------
 
 // Per row r of [rows][n]:

@@ -15,6 +15,7 @@
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_act.cuh"
 #include "backend/cuda/ops_launch.cuh"
+#include "backend/cuda/ops_norm.cuh"
 
 namespace fp8kv::cuda {
 
@@ -176,6 +177,57 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int64_t jj = static_cast<int64_t>(blockIdx.x) * kCols + c;
     if (jj < I) out[t * I + jj] = __float2bfloat16_rn(gated_act_value<A>(part[c][t], part[kCols + c][t]));
   }
+}
+
+// The SIMT GEMV of one row (gemv_kernel<1, S>: the same sums, bitwise) with
+// the residual add and RMSNorm of its output fused into the grid's last
+// block (ops.h gemv_add_rmsnorm_bf16). Every block writes its columns of y,
+// fences, and counts itself done on `counter` with atomicInc, which wraps to
+// 0 at the last block: the counter is 0 again after each launch, so CUDA
+// graph replays need no reset. The block that sees gridDim.x - 1 runs the
+// norm kernel's row math (ops_norm.cuh) on h += y: bitwise
+// rmsnorm_residual(h, y, nullptr, w, ...). Saves the norm kernel's launch,
+// its PDL wait and one dependent round trip per projection.
+template <int S, int kPer>
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_add_rmsnorm_kernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ W,
+                            const float* __restrict__ bias, float* y, int64_t N, int64_t K, float* h,
+                            const float* __restrict__ norm_w, float eps, void* out, bool out_bf16,
+                            unsigned int* counter) {
+  static_assert(kWarps % S == 0, "S must divide the warps of a block");
+  static_assert(kWarps * 32 == kNormThreads, "the last block runs the norm with the norm kernel's block size");
+  constexpr int kCols = kWarps / S;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int sub = warp % S;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kCols + warp / S;
+  const bool live = n < N;
+  float acc[1];
+  warp_dot<1, S>(x, reinterpret_cast<const uint4*>(W + (live ? n : 0) * K), live ? K / 8 : 0, K,
+                 static_cast<int64_t>(sub) * 32 + lane, acc);
+  __shared__ float part[kWarps];
+  __shared__ unsigned int ticket;
+  if constexpr (S > 1) {
+    if (lane == 0) part[warp] = acc[0];
+    __syncthreads();
+    if (sub == 0 && live) {
+      float v = part[warp];
+#pragma unroll
+      for (int s = 1; s < S; ++s) v += part[warp + s];
+      acc[0] = v;
+    }
+  }
+  if (sub == 0 && live && lane == 0) {
+    y[n] = acc[0] + (bias ? bias[n] : 0.0f);  // gemv_kernel's v = acc + b
+    __threadfence();  // y[n] visible device-wide before this block counts itself done
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) ticket = atomicInc(counter, gridDim.x - 1);
+  __syncthreads();
+  if (ticket != gridDim.x - 1) return;
+  __threadfence();  // every other block's y is visible (their fences preceded their increments)
+  __shared__ NormReduce::TempStorage tmp;
+  __shared__ float bcast;
+  rmsnorm_residual_row<kPer, true>(h, y, nullptr, norm_w, eps, static_cast<int>(N), out, out_bf16, tmp, bcast);
 }
 
 // ---- tensor-core variant (T = 2..8) --------------------------------------------
@@ -356,6 +408,46 @@ void gemv_bf16_simt_split(const uint16_t* x, int64_t T, const DeviceMatrix& W, c
     case 6: launch_split<6>(x, W, bias, y, accumulate, split, stream); break;
     case 7: launch_split<7>(x, W, bias, y, accumulate, split, stream); break;
     case 8: launch_split<8>(x, W, bias, y, accumulate, split, stream); break;
+  }
+}
+
+namespace {
+
+template <int S>
+void launch_add_rmsnorm(const uint16_t* x, const DeviceMatrix& W, const float* bias, float* y, float* h,
+                        const float* norm_w, float eps, void* out, bool out_bf16, unsigned int* counter,
+                        cudaStream_t stream) {
+  constexpr int kCols = kWarps / S;
+  const dim3 grid(static_cast<unsigned>((W.rows + kCols - 1) / kCols)), block(kWarps * 32);
+  if (W.rows <= 8 * kNormThreads)
+    launch_pdl(true, gemv_add_rmsnorm_kernel<S, 8>, grid, block, stream, x, W.data, bias, y, W.rows, W.cols, h, norm_w,
+               eps, out, out_bf16, counter);
+  else if (W.rows <= 16 * kNormThreads)
+    launch_pdl(true, gemv_add_rmsnorm_kernel<S, 16>, grid, block, stream, x, W.data, bias, y, W.rows, W.cols, h,
+               norm_w, eps, out, out_bf16, counter);
+  else
+    launch_pdl(true, gemv_add_rmsnorm_kernel<S, 32>, grid, block, stream, x, W.data, bias, y, W.rows, W.cols, h,
+               norm_w, eps, out, out_bf16, counter);
+}
+
+}  // namespace
+
+void gemv_add_rmsnorm_bf16(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y,
+                           int split, float* h, const float* norm_w, float eps, void* out, bool out_bf16,
+                           unsigned int* counter, cudaStream_t stream) {
+  check_fits("gemv_add_rmsnorm_bf16", x, T, W);
+  if (T != 1 || W.rows > kGemvNormMaxCols || !y || !h || !norm_w || !out || !counter)
+    throw std::invalid_argument("cuda::gemv_add_rmsnorm_bf16: needs T = 1 (got " + std::to_string(T) + "), N <= " +
+                                std::to_string(kGemvNormMaxCols) + " (got " + std::to_string(W.rows) +
+                                ") and y, h, norm_w, out, counter");
+  if (split <= 0) split = gemv_simt_auto_split(W.rows, W.cols);
+  switch (split) {
+    case 1: launch_add_rmsnorm<1>(x, W, bias, y, h, norm_w, eps, out, out_bf16, counter, stream); break;
+    case 2: launch_add_rmsnorm<2>(x, W, bias, y, h, norm_w, eps, out, out_bf16, counter, stream); break;
+    case 4: launch_add_rmsnorm<4>(x, W, bias, y, h, norm_w, eps, out, out_bf16, counter, stream); break;
+    case 8: launch_add_rmsnorm<8>(x, W, bias, y, h, norm_w, eps, out, out_bf16, counter, stream); break;
+    default: throw std::invalid_argument("cuda::gemv_add_rmsnorm_bf16: split must be 1, 2, 4 or 8, got " +
+                                         std::to_string(split));
   }
 }
 

@@ -12,18 +12,11 @@
 #include "backend/cuda/kv_quant.cuh"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_launch.cuh"
+#include "backend/cuda/ops_norm.cuh"
 
 namespace fp8kv::cuda {
 
 namespace {
-
-constexpr int kNormThreads = 256;
-using NormReduce = cub::BlockReduce<float, kNormThreads>;
-
-// 1 / sqrt(ss / n + eps) with IEEE division and square root (rmsnorm_cpu).
-__device__ __forceinline__ float inv_rms(float ss, int n, float eps) {
-  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(n)), eps)));
-}
 
 // Block-wide sum of x^2 over a row of n elements.
 __device__ float row_sumsq(const float* x, int n, NormReduce::TempStorage& tmp, float* bcast) {
@@ -76,7 +69,9 @@ __global__ void rmsnorm_residual_kernel(float* h, const float* __restrict__ delt
 // values in the same order: bitwise the same output), and every load of the
 // row is issued at once instead of once per pass. At decode (one row of 4096
 // per token) the loop kernel is three dependent passes of 16 loads each on
-// one SM; this is one round trip per pass. n <= kPer * kNormThreads.
+// one SM; this is one round trip per pass. n <= kPer * kNormThreads. The row
+// math is ops_norm.cuh rmsnorm_residual_row, which the GEMV with the norm
+// fused (ops_gemv.cu) runs too.
 template <int kPer>
 __global__ void rmsnorm_residual_reg_kernel(float* h, const float* __restrict__ delta,
                                             const float* __restrict__ delta_w, const float* __restrict__ w,
@@ -89,70 +84,10 @@ __global__ void rmsnorm_residual_reg_kernel(float* h, const float* __restrict__ 
   pdl_trigger();
   pdl_wait();
   const int64_t r = blockIdx.x;
-  float* hr = h + r * n;
-  float hv[kPer];
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int i = threadIdx.x + j * kNormThreads;
-    hv[j] = i < n ? hr[i] : 0.0f;
-  }
-  if (delta) {
-    const float* dr = delta + r * n;
-    float dv[kPer];
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int i = threadIdx.x + j * kNormThreads;
-      dv[j] = i < n ? dr[i] : 0.0f;
-    }
-    if (delta_w) {
-      float ss = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kPer; ++j)
-        if (threadIdx.x + j * kNormThreads < n) ss += dv[j] * dv[j];
-      const float total = NormReduce(tmp).Sum(ss);
-      if (threadIdx.x == 0) bcast = total;
-      __syncthreads();
-      const float inv = inv_rms(bcast, n, eps);
-      __syncthreads();  // tmp / bcast reused below
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        const int i = threadIdx.x + j * kNormThreads;
-        if (i < n) hv[j] = __fadd_rn(hv[j], __fmul_rn(__fmul_rn(dv[j], inv), delta_w[i]));
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) hv[j] = __fadd_rn(hv[j], dv[j]);
-    }
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int i = threadIdx.x + j * kNormThreads;
-      if (i < n) hr[i] = hv[j];
-    }
-  }
-  float ss = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kPer; ++j)
-    if (threadIdx.x + j * kNormThreads < n) ss += hv[j] * hv[j];
-  const float total = NormReduce(tmp).Sum(ss);
-  if (threadIdx.x == 0) bcast = total;
-  __syncthreads();
-  const float inv = inv_rms(bcast, n, eps);
-  // out may alias h: h's element i was written above by this same thread.
-  if (out_bf16) {
-    __nv_bfloat16* o = static_cast<__nv_bfloat16*>(out) + r * n;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int i = threadIdx.x + j * kNormThreads;
-      if (i < n) o[i] = __float2bfloat16_rn(__fmul_rn(__fmul_rn(hv[j], inv), w[i]));
-    }
-  } else {
-    float* o = static_cast<float*>(out) + r * n;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int i = threadIdx.x + j * kNormThreads;
-      if (i < n) o[i] = __fmul_rn(__fmul_rn(hv[j], inv), w[i]);
-    }
-  }
+  void* out_row = out_bf16 ? static_cast<void*>(static_cast<__nv_bfloat16*>(out) + r * n)
+                           : static_cast<void*>(static_cast<float*>(out) + r * n);
+  rmsnorm_residual_row<kPer, false>(h + r * n, delta ? delta + r * n : nullptr, delta_w, w, eps, n, out_row, out_bf16,
+                                    tmp, bcast);
 }
 
 __global__ void rmsnorm_rows_kernel(const float* __restrict__ h, const int32_t* __restrict__ row_index,
