@@ -11,8 +11,9 @@
 # eager decode step (cudaProfilerStart/Stop bracket it). A table at the end.
 #   run(command="ln -sfn ../../.debs .debs; bash scripts/gpu_step.sh", carry=[".debs"])
 # Eighth session (2026-12-01): the residual add + RMSNorm fused into the
-# o_proj / down GEMV (routes norm=fused, the default) is A/B'd against the
-# separate norm kernel (norm=separate) in the same process at 1K and 60K;
+# o_proj / down GEMV (routes norm=fused, the default) and the qkv prep + KV
+# store fused into the qkv GEMV (prep=fused) are A/B'd against the separate
+# kernels (norm=separate, prep=separate) in the same process at 1K and 60K;
 # then, if the budget allows, batch 32 at 16K with fp8 and bf16 caches (the
 # step profile's per-op times of each: where the fp8 step's time goes).
 # Budget: BUDGET_S (default 240 s, build included); a case that would start
@@ -31,12 +32,14 @@ fi
 
 MODEL=tests/data/configs/llama-3.1-8b
 L1K="latency --batch-size 1 --input-len 1024 --output-len 64 --num-iters-warmup 1 --num-iters 2"
-# In the 1K and 60K processes after their main run (default routes: the norm
-# fused into the GEMV), one model load, ~1 s (1K) / ~4 s (60K) each: the
-# separate norm kernel (norm=separate: A/B of this change), then the default
-# again (A/B/A, for drift).
+# In the 1K and 60K processes after their main run (default routes: the
+# residual norm fused into the o_proj / down GEMV, the qkv prep + KV store
+# into the qkv GEMV), one model load, ~1 s (1K) / ~4 s (60K) each: 1K: each
+# fusion off alone, both off (the seventh session's step), then the default
+# again (A/B/A, for drift); 60K: both off, then the default.
 DEF_ROUTES="qkv=simtk,o_proj=simtk,gate_up=auto,down=simt8,lm_head=auto"
-ROUTE_SETS="$DEF_ROUTES,norm=separate;$DEF_ROUTES"
+ROUTE_SETS="$DEF_ROUTES,norm=separate;$DEF_ROUTES,prep=separate;$DEF_ROUTES,norm=separate,prep=separate;$DEF_ROUTES"
+ROUTE_SETS_60K="$DEF_ROUTES,norm=separate,prep=separate;$DEF_ROUTES"
 # name | estimated seconds | environment | bench arguments. FP8KV_STEP_PROFILE=20:
 # the op-timed eager copy is made at the 20th replayed step (in the warm-up
 # iteration, so the timed iterations do not contain it). 60K has no warm-up
@@ -49,7 +52,7 @@ ROUTE_SETS="$DEF_ROUTES,norm=separate;$DEF_ROUTES"
 LB32="latency --batch-size 32 --input-len 16384 --output-len 128 --num-iters-warmup 0 --num-iters 1"
 CASES=(
   "lat_b1_1k_fp8|55|FP8KV_STEP_PROFILE=20|$L1K --kv-cache-dtype fp8 --gemv-routes $ROUTE_SETS"
-  "lat_b1_60k_fp8|55|FP8KV_STEP_PROFILE=1000|latency --batch-size 1 --input-len 60000 --output-len 32 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8 --gemv-routes $ROUTE_SETS"
+  "lat_b1_60k_fp8|55|FP8KV_STEP_PROFILE=1000|latency --batch-size 1 --input-len 60000 --output-len 32 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8 --gemv-routes $ROUTE_SETS_60K"
   "lat_b32_16k_fp8|70|FP8KV_STEP_PROFILE=100|$LB32 --kv-cache-dtype fp8"
   "lat_b32_16k_bf16|75|FP8KV_STEP_PROFILE=100|$LB32 --kv-cache-dtype bf16"
 )

@@ -20,6 +20,8 @@
 //               stores K/V from the split kernel, k/v left unwritten).
 //   2026-12-01  linear_add_rmsnorm (default: linear, all_reduce, add_rmsnorm;
 //               CUDA fuses the residual norm into the decode GEMV).
+//   2026-12-01  linear_qkv_split_store (default: linear, qkv_split_store;
+//               CUDA fuses the prep + store into the decode qkv GEMV).
 //
 // Memory model
 //   The backend owns all memory the ops touch: weights (upload_weights), KV
@@ -238,6 +240,16 @@ class Backend {
                                const Tensor& k_norm, float eps, Tensor& q, Tensor& k, Tensor& v) {
     qkv_split(layer, qkv, q_norm, k_norm, eps, q, k, v);
     store_kv(batch, layer, q, k, v);
+  }
+  // The fused QKV projection and its split: linear(x, w, bias) into qkv,
+  // then qkv_split_store(batch, layer, qkv, ...). What the fused forward pass
+  // runs. A backend may run the split inside the GEMM (CUDA at one row:
+  // each head's prep in the GEMV block that finishes it), with the same bits.
+  virtual void linear_qkv_split_store(const StepBatch& batch, int layer, const Tensor& x, const Tensor& w,
+                                      const Tensor& bias, Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
+                                      float eps, Tensor& q, Tensor& k, Tensor& v) {
+    linear(x, w, bias, qkv);
+    qkv_split_store(batch, layer, qkv, q_norm, k_norm, eps, q, k, v);
   }
   // out [T][I] = act(gate) * up with gate = gate_up[:, :I], up = gate_up[:, I:];
   // out may be bf16 (the next GEMM's input) or f32.

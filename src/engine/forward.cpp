@@ -55,9 +55,9 @@ void ForwardPass::residual_norm(int layer, const Tensor& w, Step& st) {
 
 void ForwardPass::attention_core(int layer, Step& st) {
   const BackendLayerWeights& L = w_.layers[layer];
-  if (fused_) {  // one GEMM, then norms + RoPE + split in one op
-    be_.linear(st.x, L.qkv_proj, L.qkv_bias, st.qkv);
-    be_.qkv_split_store(*st.batch, layer, st.qkv, L.q_norm, L.k_norm, eps_, st.q, st.k, st.v);
+  if (fused_) {  // one GEMM, then norms + RoPE + split (+ the KV store) in one op
+    be_.linear_qkv_split_store(*st.batch, layer, st.x, L.qkv_proj, L.qkv_bias, st.qkv, L.q_norm, L.k_norm, eps_,
+                               st.q, st.k, st.v);
     be_.attention(*st.batch, layer, st.q, st.attn);
     return;
   }

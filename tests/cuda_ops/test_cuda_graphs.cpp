@@ -69,18 +69,20 @@ TEST(CudaGraphs, ReplayEqualsPaddedEagerGemma3Fp8) {
   check("gemma3", "fp8_e4m3");
 }
 
-// The residual add + RMSNorm fused into the o_proj / down GEMV at one row
-// (routes norm=fused, the default; CudaBackend::linear_add_rmsnorm) gives
-// the bits of the separate norm kernel (norm=separate): the same generated
-// tokens and logprobs, graphs on (the batch-1 steps replay the fused kernel
-// with its self-resetting counter).
+// The residual add + RMSNorm fused into the o_proj / down GEMV and the qkv
+// prep + KV store fused into the qkv GEMV at one row (routes norm=fused,
+// prep=fused, the defaults; CudaBackend::linear_add_rmsnorm /
+// linear_qkv_split_store) give the bits of the separate kernels
+// (norm=separate, prep=separate): the same generated tokens and logprobs,
+// graphs on (the batch-1 steps replay the fused kernels with their
+// self-resetting counters).
 TEST(CudaGraphs, FusedResidualNormEqualsSeparate) {
   FP8KV_NEED_GPU();
   const uint64_t seed = test_seed();
   const cuda::LinearRoutes saved = cuda::linear_routes();
   cuda::LinearRoutes sep = saved, fused = saved;
-  sep.fused_norm = false;
-  fused.fused_norm = true;
+  sep.fused_norm = sep.fused_prep = false;
+  fused.fused_norm = fused.fused_prep = true;
   cuda::set_linear_routes(sep);
   const Trace a = run("llama", "fp8_e4m3", true, seed);
   cuda::set_linear_routes(fused);

@@ -78,6 +78,12 @@ LinearRoutes parse_linear_routes(std::string_view spec, std::string_view source)
       r.sample_in_graph = val == "graph";
       continue;
     }
+    if (key == "prep") {
+      if (val != "fused" && val != "separate")
+        throw InputError(fmt::format("{}: prep must be fused or separate, got '{}'", source, val));
+      r.fused_prep = val == "fused";
+      continue;
+    }
     if (key == "norm") {
       if (val != "fused" && val != "separate")
         throw InputError(fmt::format("{}: norm must be fused or separate, got '{}'", source, val));
@@ -96,7 +102,7 @@ LinearRoutes parse_linear_routes(std::string_view spec, std::string_view source)
     for (int x = 0; x < kNumKernels; ++x)
       if (val == kKernelNames[x]) k = x;
     if (p < 0)
-      throw InputError(fmt::format("{}: unknown projection '{}' (qkv, o_proj, gate_up, down, lm_head, store, act, sample, norm)",
+      throw InputError(fmt::format("{}: unknown projection '{}' (qkv, o_proj, gate_up, down, lm_head, store, act, sample, norm, prep)",
                                    source, key));
     if (k < 0)
       throw InputError(fmt::format("{}: unknown kernel '{}' for {} (auto, lt, simt, mma, simt2, simt4, simt8, simtk)",
@@ -110,9 +116,10 @@ std::string linear_routes_string(const LinearRoutes& r) {
   std::string s;
   for (int p = 0; p < kNumLinearProj; ++p)
     s += fmt::format("{}{}={}", p ? "," : "", kProjNames[p], kKernelNames[static_cast<int>(r.kernel[p])]);
-  // sample= and norm= only when not the default, so the canonical strings of earlier runs stay the same.
+  // sample=, norm= and prep= only when not the default, so the canonical strings of earlier runs stay the same.
   return s + (r.fused_store ? ",store=fused" : ",store=separate") + (r.fused_act ? ",act=fused" : ",act=separate") +
-         (r.sample_in_graph ? "" : ",sample=separate") + (r.fused_norm ? "" : ",norm=separate");
+         (r.sample_in_graph ? "" : ",sample=separate") + (r.fused_norm ? "" : ",norm=separate") +
+         (r.fused_prep ? "" : ",prep=separate");
 }
 
 LinearRoutes linear_routes() {

@@ -42,6 +42,11 @@ struct LinearRoutes {
   // ("norm=separate"); CudaBackend::linear_add_rmsnorm
   // (docs/cuda_backend.md "Residual norm fused into the GEMV").
   bool fused_norm = true;
+  // The qkv prep (QK-norm, RoPE, KV store) fused into the qkv GEMV at one
+  // row ("prep=fused", the default; each head's prep in the GEMV block that
+  // finishes it) or its own kernel ("prep=separate");
+  // CudaBackend::linear_qkv_split_store.
+  bool fused_prep = true;
   GemvKernel of(LinearProj p) const { return kernel[static_cast<size_t>(p)]; }
   bool operator==(const LinearRoutes&) const = default;
 };

@@ -244,6 +244,17 @@ struct QkvPrepArgs {
   } store;
 };
 void qkv_prep(const QkvPrepArgs& args, cudaStream_t stream);
+// The SIMT GEMV of one row over the fused q|k|v weights (split as
+// gemv_bf16_simt_split) with qkv_prep(args) fused in: y[N] = x W^T (+ bias)
+// (written), and each head's prep runs in the last block that finishes the
+// head's columns. Bitwise gemv_bf16_simt_split + qkv_prep(args). args: T = 1,
+// q_in = y, k_in = y + Hq D, v_in = k_in + Hkv D (N = (Hq + 2 Hkv) D), the
+// rest as for qkv_prep. counters: num_counters >= Hq + 2 Hkv device unsigned
+// ints, 0 before the call and left 0 (CUDA graph replays). The block's
+// columns (8 / split) must divide head_dim. Else std::invalid_argument.
+// docs/cuda_backend.md "qkv prep fused into the GEMV".
+void gemv_qkv_prep_bf16(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y, int split,
+                        const QkvPrepArgs& args, unsigned int* counters, int num_counters, cudaStream_t stream);
 
 // ---- MLP, embedding, logits -------------------------------------------------
 

@@ -16,6 +16,7 @@
 #include "backend/cuda/ops_act.cuh"
 #include "backend/cuda/ops_launch.cuh"
 #include "backend/cuda/ops_norm.cuh"
+#include "backend/cuda/ops_qkv.cuh"
 
 namespace fp8kv::cuda {
 
@@ -228,6 +229,59 @@ __global__ void __launch_bounds__(kWarps * 32)
   __shared__ NormReduce::TempStorage tmp;
   __shared__ float bcast;
   rmsnorm_residual_row<kPer, true>(h, y, nullptr, norm_w, eps, static_cast<int>(N), out, out_bf16, tmp, bcast);
+}
+
+// The SIMT GEMV of one row over the fused q|k|v projection
+// (gemv_kernel<1, S>: the same sums, bitwise) with the attention input prep
+// fused in (ops.h gemv_qkv_prep_bf16): a block's kWarps / S columns lie in
+// one head (they divide head_dim); every block writes its columns of y,
+// fences and counts itself done on its head's counter (atomicInc wraps to 0
+// at the head's last block: no reset between CUDA graph replays), and the
+// head's last block runs qkv_prep_kernel's head math (ops_qkv.cuh) on it:
+// q -> q_out, k / v -> the paged cache. The heads' prep overlaps the rest of
+// the GEMV instead of running after it in its own kernel.
+template <int S>
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_qkv_prep_kernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ W,
+                         const float* __restrict__ bias, float* y, int64_t N, int64_t K, const QkvPrepArgs a,
+                         unsigned int* counters) {
+  static_assert(kWarps % S == 0, "S must divide the warps of a block");
+  constexpr int kCols = kWarps / S;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int sub = warp % S;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kCols + warp / S;
+  const bool live = n < N;
+  float acc[1];
+  warp_dot<1, S>(x, reinterpret_cast<const uint4*>(W + (live ? n : 0) * K), live ? K / 8 : 0, K,
+                 static_cast<int64_t>(sub) * 32 + lane, acc);
+  __shared__ float part[kWarps];
+  __shared__ unsigned int ticket;
+  if constexpr (S > 1) {
+    if (lane == 0) part[warp] = acc[0];
+    __syncthreads();
+    if (sub == 0 && live) {
+      float v = part[warp];
+#pragma unroll
+      for (int s = 1; s < S; ++s) v += part[warp + s];
+      acc[0] = v;
+    }
+  }
+  if (sub == 0 && live && lane == 0) {
+    y[n] = acc[0] + (bias ? bias[n] : 0.0f);  // gemv_kernel's v = acc + b
+    __threadfence();
+  }
+  __syncthreads();
+  const int D = a.head_dim;
+  const int head = static_cast<int>(static_cast<int64_t>(blockIdx.x) * kCols / D);
+  const unsigned int blocks_per_head = static_cast<unsigned int>(D / kCols);
+  if (threadIdx.x == 0) ticket = atomicInc(counters + head, blocks_per_head - 1);
+  __syncthreads();
+  if (ticket != blocks_per_head - 1) return;
+  __threadfence();  // the head's other blocks' y is visible
+  __shared__ float cs[kMaxHeadDim / 2], sn[kMaxHeadDim / 2], sb[kMaxHeadDim];
+  qkv_prep_rope_table(a, 0, cs, sn);
+  __syncthreads();
+  if (warp == 0) qkv_prep_head<true>(a, 0, head, lane, sb, cs, sn);
 }
 
 // ---- tensor-core variant (T = 2..8) --------------------------------------------
@@ -447,6 +501,33 @@ void gemv_add_rmsnorm_bf16(const uint16_t* x, int64_t T, const DeviceMatrix& W, 
     case 4: launch_add_rmsnorm<4>(x, W, bias, y, h, norm_w, eps, out, out_bf16, counter, stream); break;
     case 8: launch_add_rmsnorm<8>(x, W, bias, y, h, norm_w, eps, out, out_bf16, counter, stream); break;
     default: throw std::invalid_argument("cuda::gemv_add_rmsnorm_bf16: split must be 1, 2, 4 or 8, got " +
+                                         std::to_string(split));
+  }
+}
+
+void gemv_qkv_prep_bf16(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y, int split,
+                        const QkvPrepArgs& args, unsigned int* counters, int num_counters, cudaStream_t stream) {
+  check_fits("gemv_qkv_prep_bf16", x, T, W);
+  if (split <= 0) split = gemv_simt_auto_split(W.rows, W.cols);
+  const int D = args.head_dim;
+  const int heads = args.num_q_heads + 2 * args.num_kv_heads;
+  const int cols = split >= 1 && split <= kWarps ? kWarps / split : 0;
+  if (T != 1 || args.T != 1 || !y || !counters || !args.k_in || !args.v_in || D <= 0 || D > kMaxHeadDim ||
+      cols == 0 || D % cols != 0 || W.rows != static_cast<int64_t>(heads) * D || heads > num_counters ||
+      args.q_in != y || args.k_in != y + static_cast<int64_t>(args.num_q_heads) * D ||
+      args.v_in != args.k_in + static_cast<int64_t>(args.num_kv_heads) * D)
+    throw std::invalid_argument("cuda::gemv_qkv_prep_bf16: needs T = 1, W rows = (q + 2 kv heads) x head_dim <= " +
+                                std::to_string(kMaxHeadDim) + " with a block's columns dividing head_dim, the prep "
+                                "reading y's q|k|v and a counter per head (T=" + std::to_string(T) + ", rows " +
+                                std::to_string(W.rows) + ", head_dim " + std::to_string(D) + ", split " +
+                                std::to_string(split) + ")");
+  const dim3 grid(static_cast<unsigned>(W.rows / cols)), block(kWarps * 32);
+  switch (split) {
+    case 1: launch_pdl(true, gemv_qkv_prep_kernel<1>, grid, block, stream, x, W.data, bias, y, W.rows, W.cols, args, counters); break;
+    case 2: launch_pdl(true, gemv_qkv_prep_kernel<2>, grid, block, stream, x, W.data, bias, y, W.rows, W.cols, args, counters); break;
+    case 4: launch_pdl(true, gemv_qkv_prep_kernel<4>, grid, block, stream, x, W.data, bias, y, W.rows, W.cols, args, counters); break;
+    case 8: launch_pdl(true, gemv_qkv_prep_kernel<8>, grid, block, stream, x, W.data, bias, y, W.rows, W.cols, args, counters); break;
+    default: throw std::invalid_argument("cuda::gemv_qkv_prep_bf16: split must be 1, 2, 4 or 8, got " +
                                          std::to_string(split));
   }
 }
