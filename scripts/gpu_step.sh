@@ -34,11 +34,13 @@ MODEL=tests/data/configs/llama-3.1-8b
 L1K="latency --batch-size 1 --input-len 1024 --output-len 64 --num-iters-warmup 1 --num-iters 2"
 # In the 1K and 60K processes after their main run (default routes: the
 # residual norm fused into the o_proj / down GEMV, the qkv prep + KV store
-# into the qkv GEMV), one model load, ~1 s (1K) / ~4 s (60K) each: 1K: each
-# fusion off alone, both off (the seventh session's step), then the default
-# again (A/B/A, for drift); 60K: both off, then the default.
+# into the qkv GEMV, each on a one-wave grid of looping blocks), one model
+# load, ~1 s (1K) / ~4 s (60K) each: 1K: each fusion off alone, both off (the
+# seventh session's step), both fused on one block per column group
+# (norm=blocks, prep=blocks), then the default again (A/B/A, for drift);
+# 60K: both off, then the default.
 DEF_ROUTES="qkv=simtk,o_proj=simtk,gate_up=auto,down=simt8,lm_head=auto"
-ROUTE_SETS="$DEF_ROUTES,norm=separate;$DEF_ROUTES,prep=separate;$DEF_ROUTES,norm=separate,prep=separate;$DEF_ROUTES"
+ROUTE_SETS="$DEF_ROUTES,norm=separate;$DEF_ROUTES,prep=separate;$DEF_ROUTES,norm=separate,prep=separate;$DEF_ROUTES,norm=blocks,prep=blocks;$DEF_ROUTES"
 ROUTE_SETS_60K="$DEF_ROUTES,norm=separate,prep=separate;$DEF_ROUTES"
 # name | estimated seconds | environment | bench arguments. FP8KV_STEP_PROFILE=20:
 # the op-timed eager copy is made at the 20th replayed step (in the warm-up

@@ -195,14 +195,15 @@ TEST(CudaOps, GemvAddRmsNormMatchesTwoKernels) {
         cuda::gemv_bf16_simt_split(dx.as<uint16_t>(), 1, W, bp, y_a.as<float>(), false, split, nullptr);
         cuda::rmsnorm_residual(h_a.as<float>(), y_a.as<float>(), nullptr, dnw.as<float>(), eps, 1, N,
                                mode == 2 ? h_a.get() : out_a.get(), out_bf16, nullptr);
-        // Fused, twice (the second launch must see the counter back at 0).
-        for (int rep = 0; rep < 2; ++rep) {
+        // Fused, twice per grid shape (the second launch must see the counter
+        // back at 0): one block per column group, then one wave of looping blocks.
+        for (int rep = 0; rep < 4; ++rep) {
           auto h_b = to_device(h0);
           auto y_b = to_device(std::vector<float>(N, -1.0f));
           cuda::DeviceBuffer out_b(out_bytes);
           cuda::gemv_add_rmsnorm_bf16(dx.as<uint16_t>(), 1, W, bp, y_b.as<float>(), split, h_b.as<float>(),
                                       dnw.as<float>(), eps, mode == 2 ? h_b.get() : out_b.get(), out_bf16,
-                                      counter.as<unsigned int>(), nullptr);
+                                      counter.as<unsigned int>(), rep >= 2, nullptr);
           EXPECT_EQ(to_host<uint32_t>(counter, 1)[0], 0u);
           EXPECT_EQ(to_host<float>(y_a, N), to_host<float>(y_b, N));
           EXPECT_EQ(to_host<float>(h_a, N), to_host<float>(h_b, N));
@@ -217,13 +218,13 @@ TEST(CudaOps, GemvAddRmsNormMatchesTwoKernels) {
   EXPECT_THROW(cuda::gemv_add_rmsnorm_bf16(reinterpret_cast<const uint16_t*>(256), 2, cuda::DeviceMatrix{
                    reinterpret_cast<const uint16_t*>(256), 16, 16}, nullptr, reinterpret_cast<float*>(256), 1,
                    reinterpret_cast<float*>(256), reinterpret_cast<const float*>(256), eps,
-                   reinterpret_cast<void*>(256), true, counter.as<unsigned int>(), nullptr),
+                   reinterpret_cast<void*>(256), true, counter.as<unsigned int>(), false, nullptr),
                std::invalid_argument);
   EXPECT_THROW(cuda::gemv_add_rmsnorm_bf16(reinterpret_cast<const uint16_t*>(256), 1, cuda::DeviceMatrix{
                    reinterpret_cast<const uint16_t*>(256), cuda::kGemvNormMaxCols + 1, 16}, nullptr,
                    reinterpret_cast<float*>(256), 1, reinterpret_cast<float*>(256),
                    reinterpret_cast<const float*>(256), eps, reinterpret_cast<void*>(256), true,
-                   counter.as<unsigned int>(), nullptr),
+                   counter.as<unsigned int>(), false, nullptr),
                std::invalid_argument);
 }
 
@@ -279,6 +280,10 @@ TEST(CudaOps, LinearRoutesParse) {  // host only: runs without a GPU too
   EXPECT_FALSE(cuda::parse_linear_routes("norm=separate", "test").fused_norm);
   EXPECT_TRUE(cuda::parse_linear_routes("", "test").fused_prep);
   EXPECT_FALSE(cuda::parse_linear_routes("prep=separate", "test").fused_prep);
+  EXPECT_TRUE(cuda::parse_linear_routes("prep=blocks", "test").fused_prep);
+  EXPECT_FALSE(cuda::parse_linear_routes("prep=blocks", "test").prep_one_wave);
+  EXPECT_EQ(cuda::linear_routes_string(cuda::parse_linear_routes("norm=blocks,prep=separate", "test")),
+            "qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto,store=fused,act=fused,norm=blocks,prep=separate");
   EXPECT_EQ(cuda::linear_routes_string(cuda::parse_linear_routes("norm=separate", "test")),
             "qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto,store=fused,act=fused,norm=separate");
   EXPECT_EQ(cuda::linear_routes_string(cuda::parse_linear_routes("down=lt,sample=separate", "test")),
@@ -617,7 +622,7 @@ TEST(CudaOps, GemvQkvPrepMatchesTwoKernels) {
           L.dtype = dt;
           const size_t bytes = L.cache_bytes();
           const std::vector<uint8_t> fill(bytes, 0xA5);
-          auto run = [&](bool fused, cuda::DeviceBuffer& y, cuda::DeviceBuffer& q, cuda::DeviceBuffer& kc,
+          auto run = [&](int fused, cuda::DeviceBuffer& y, cuda::DeviceBuffer& q, cuda::DeviceBuffer& kc,
                          cuda::DeviceBuffer& vc) {
             cuda::QkvPrepArgs a;
             a.T = 1;
@@ -649,7 +654,7 @@ TEST(CudaOps, GemvQkvPrepMatchesTwoKernels) {
             const float* bp = bias ? db.as<float>() : nullptr;
             if (fused) {
               cuda::gemv_qkv_prep_bf16(dx.as<uint16_t>(), 1, W, bp, y.as<float>(), split, a,
-                                       counters.as<unsigned int>(), 64, nullptr);
+                                       counters.as<unsigned int>(), 64, fused == 2, nullptr);
             } else {
               cuda::gemv_bf16_simt_split(dx.as<uint16_t>(), 1, W, bp, y.as<float>(), false, split, nullptr);
               cuda::qkv_prep(a, nullptr);
@@ -657,11 +662,11 @@ TEST(CudaOps, GemvQkvPrepMatchesTwoKernels) {
           };
           cuda::DeviceBuffer ya(static_cast<size_t>(N) * 4), qa(static_cast<size_t>(Hq) * D * 4);
           auto ka = to_device(fill), va = to_device(fill);
-          run(false, ya, qa, ka, va);
-          for (int rep = 0; rep < 2; ++rep) {
+          run(0, ya, qa, ka, va);
+          for (int rep = 0; rep < 4; ++rep) {  // one block per group twice, then one wave twice
             cuda::DeviceBuffer yb(static_cast<size_t>(N) * 4), qb(static_cast<size_t>(Hq) * D * 4);
             auto kb = to_device(fill), vb = to_device(fill);
-            run(true, yb, qb, kb, vb);
+            run(rep >= 2 ? 2 : 1, yb, qb, kb, vb);
             EXPECT_EQ(to_host<uint32_t>(counters, 64), std::vector<uint32_t>(64, 0u));
             EXPECT_EQ(to_host<float>(ya, N), to_host<float>(yb, N));
             EXPECT_EQ(to_host<float>(qa, static_cast<size_t>(Hq) * D), to_host<float>(qb, static_cast<size_t>(Hq) * D));

@@ -740,7 +740,7 @@ void CudaBackend::linear_qkv_split_store(const StepBatch& b, int layer, const Te
   cuda::PrefillProfile::Scope ps(prof_.get(), gemm_key(prof_.get(), w, " +qkv prep+store"), gemm_flops(T, w));
   cuda::gemv_qkv_prep_bf16(static_cast<const uint16_t*>(x.data), T, W,
                            opt_vec(bias, w.rows, "linear_qkv_split_store", "bias"), static_cast<float*>(qkv.data),
-                           split, a, prep_counters_.as<unsigned int>(), kPrepCounters, stream_);
+                           split, a, prep_counters_.as<unsigned int>(), kPrepCounters, routes.prep_one_wave, stream_);
 }
 
 void CudaBackend::gated_act_fused(Activation act, const Tensor& gate_up, Tensor& out) {
@@ -838,7 +838,8 @@ void CudaBackend::linear_add_rmsnorm(const Tensor& x, const Tensor& w, const Ten
   cuda::PrefillProfile::Scope ps(prof_.get(), gemm_key(prof_.get(), w, " +add+rmsnorm"), gemm_flops(T, w));
   cuda::gemv_add_rmsnorm_bf16(static_cast<const uint16_t*>(x.data), T, W, opt_vec(bias, w.rows, "linear_add_rmsnorm", "bias"),
                               static_cast<float*>(tmp.data), split, static_cast<float*>(h.data), nw, eps, y.data,
-                              y.dtype == ScalarType::bf16, norm_counter_.as<unsigned int>(), stream_);
+                              y.dtype == ScalarType::bf16, norm_counter_.as<unsigned int>(),
+                              cuda::linear_routes().norm_one_wave, stream_);
 }
 
 void CudaBackend::add(Tensor& x, const Tensor& y) {

@@ -78,16 +78,11 @@ LinearRoutes parse_linear_routes(std::string_view spec, std::string_view source)
       r.sample_in_graph = val == "graph";
       continue;
     }
-    if (key == "prep") {
-      if (val != "fused" && val != "separate")
-        throw InputError(fmt::format("{}: prep must be fused or separate, got '{}'", source, val));
-      r.fused_prep = val == "fused";
-      continue;
-    }
-    if (key == "norm") {
-      if (val != "fused" && val != "separate")
-        throw InputError(fmt::format("{}: norm must be fused or separate, got '{}'", source, val));
-      r.fused_norm = val == "fused";
+    if (key == "prep" || key == "norm") {
+      if (val != "fused" && val != "blocks" && val != "separate")
+        throw InputError(fmt::format("{}: {} must be fused, blocks or separate, got '{}'", source, key, val));
+      (key == "prep" ? r.fused_prep : r.fused_norm) = val != "separate";
+      (key == "prep" ? r.prep_one_wave : r.norm_one_wave) = val == "fused";
       continue;
     }
     if (key == "act") {
@@ -118,8 +113,8 @@ std::string linear_routes_string(const LinearRoutes& r) {
     s += fmt::format("{}{}={}", p ? "," : "", kProjNames[p], kKernelNames[static_cast<int>(r.kernel[p])]);
   // sample=, norm= and prep= only when not the default, so the canonical strings of earlier runs stay the same.
   return s + (r.fused_store ? ",store=fused" : ",store=separate") + (r.fused_act ? ",act=fused" : ",act=separate") +
-         (r.sample_in_graph ? "" : ",sample=separate") + (r.fused_norm ? "" : ",norm=separate") +
-         (r.fused_prep ? "" : ",prep=separate");
+         (r.sample_in_graph ? "" : ",sample=separate") + (!r.fused_norm ? ",norm=separate" : r.norm_one_wave ? "" : ",norm=blocks") +
+         (!r.fused_prep ? ",prep=separate" : r.prep_one_wave ? "" : ",prep=blocks");
 }
 
 LinearRoutes linear_routes() {

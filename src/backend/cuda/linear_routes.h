@@ -42,11 +42,16 @@ struct LinearRoutes {
   // ("norm=separate"); CudaBackend::linear_add_rmsnorm
   // (docs/cuda_backend.md "Residual norm fused into the GEMV").
   bool fused_norm = true;
+  // With the fusion: a grid of one wave of blocks looping over column groups
+  // ("norm=fused") or one block per group ("norm=blocks"); ops.h
+  // gemv_add_rmsnorm_bf16's one_wave. The same for prep= (prep_one_wave).
+  bool norm_one_wave = true;
   // The qkv prep (QK-norm, RoPE, KV store) fused into the qkv GEMV at one
   // row ("prep=fused", the default; each head's prep in the GEMV block that
   // finishes it) or its own kernel ("prep=separate");
   // CudaBackend::linear_qkv_split_store.
   bool fused_prep = true;
+  bool prep_one_wave = true;
   GemvKernel of(LinearProj p) const { return kernel[static_cast<size_t>(p)]; }
   bool operator==(const LinearRoutes&) const = default;
 };

@@ -181,12 +181,15 @@ void gemv_gated_act_bf16(Activation act, const uint16_t* x, int64_t T, const Dev
 // wraps), so a CUDA graph may replay the launch. Launches that may overlap
 // (other streams) need counters of their own. T = 1 and N <=
 // kGemvNormMaxCols (the register-held norm row), else std::invalid_argument;
-// same fit rules as gemv_bf16 otherwise. docs/cuda_backend.md "Residual norm
-// fused into the GEMV".
+// same fit rules as gemv_bf16 otherwise. one_wave: a grid of at most one
+// wave of resident blocks, each computing a contiguous run of column groups
+// and counting itself done once; else one block per group (8 / split
+// columns), each counting itself (a fence and an atomic round trip per
+// block). docs/cuda_backend.md "Residual norm fused into the GEMV".
 constexpr int kGemvNormMaxCols = 32 * 256;
 void gemv_add_rmsnorm_bf16(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y,
                            int split, float* h, const float* norm_w, float eps, void* out, bool out_bf16,
-                           unsigned int* counter, cudaStream_t stream);
+                           unsigned int* counter, bool one_wave, cudaStream_t stream);
 
 // ---- norms ----------------------------------------------------------------
 
@@ -252,9 +255,12 @@ void qkv_prep(const QkvPrepArgs& args, cudaStream_t stream);
 // rest as for qkv_prep. counters: num_counters >= Hq + 2 Hkv device unsigned
 // ints, 0 before the call and left 0 (CUDA graph replays). The block's
 // columns (8 / split) must divide head_dim. Else std::invalid_argument.
-// docs/cuda_backend.md "qkv prep fused into the GEMV".
+// one_wave: as gemv_add_rmsnorm_bf16 (a block counts itself once per head
+// its run of groups touches). docs/cuda_backend.md "qkv prep fused into the
+// GEMV".
 void gemv_qkv_prep_bf16(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y, int split,
-                        const QkvPrepArgs& args, unsigned int* counters, int num_counters, cudaStream_t stream);
+                        const QkvPrepArgs& args, unsigned int* counters, int num_counters, bool one_wave,
+                        cudaStream_t stream);
 
 // ---- MLP, embedding, logits -------------------------------------------------
 
