@@ -37,10 +37,12 @@ L1K="latency --batch-size 1 --input-len 1024 --output-len 64 --num-iters-warmup 
 # into the qkv GEMV, each on a one-wave grid of looping blocks), one model
 # load, ~1 s (1K) / ~4 s (60K) each: 1K: each fusion off alone, both off (the
 # seventh session's step), both fused on one block per column group
-# (norm=blocks, prep=blocks), then the default again (A/B/A, for drift);
-# 60K: both off, then the default.
+# (norm=blocks, prep=blocks), the decode attention split fixed at 256 / 512
+# / 1088 keys (dsplit=; 1088 = the whole 1K+64 context: one split, no
+# reduce kernel) instead of plan_decode's fill-the-GPU choice, then the
+# default again (A/B/A, for drift); 60K: both off, then the default.
 DEF_ROUTES="qkv=simtk,o_proj=simtk,gate_up=auto,down=simt8,lm_head=auto"
-ROUTE_SETS="$DEF_ROUTES,norm=separate;$DEF_ROUTES,prep=separate;$DEF_ROUTES,norm=separate,prep=separate;$DEF_ROUTES,norm=blocks,prep=blocks;$DEF_ROUTES"
+ROUTE_SETS="$DEF_ROUTES,norm=separate;$DEF_ROUTES,prep=separate;$DEF_ROUTES,norm=separate,prep=separate;$DEF_ROUTES,norm=blocks,prep=blocks;$DEF_ROUTES,dsplit=256;$DEF_ROUTES,dsplit=512;$DEF_ROUTES,dsplit=1088;$DEF_ROUTES"
 ROUTE_SETS_60K="$DEF_ROUTES,norm=separate,prep=separate;$DEF_ROUTES"
 # name | estimated seconds | environment | bench arguments. FP8KV_STEP_PROFILE=20:
 # the op-timed eager copy is made at the 20th replayed step (in the warm-up

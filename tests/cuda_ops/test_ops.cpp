@@ -281,6 +281,12 @@ TEST(CudaOps, LinearRoutesParse) {  // host only: runs without a GPU too
   EXPECT_TRUE(cuda::parse_linear_routes("", "test").fused_prep);
   EXPECT_FALSE(cuda::parse_linear_routes("prep=separate", "test").fused_prep);
   EXPECT_TRUE(cuda::parse_linear_routes("prep=blocks", "test").fused_prep);
+  EXPECT_EQ(cuda::parse_linear_routes("", "test").decode_split_tokens, 0);
+  EXPECT_EQ(cuda::parse_linear_routes("dsplit=256", "test").decode_split_tokens, 256);
+  EXPECT_THROW(cuda::parse_linear_routes("dsplit=12x", "test"), InputError);
+  EXPECT_THROW(cuda::parse_linear_routes("dsplit=-1", "test"), InputError);
+  EXPECT_EQ(cuda::linear_routes_string(cuda::parse_linear_routes("dsplit=512", "test")),
+            "qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto,store=fused,act=fused,dsplit=512");
   EXPECT_FALSE(cuda::parse_linear_routes("prep=blocks", "test").prep_one_wave);
   EXPECT_EQ(cuda::linear_routes_string(cuda::parse_linear_routes("norm=blocks,prep=separate", "test")),
             "qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto,store=fused,act=fused,norm=blocks,prep=separate");

@@ -930,8 +930,9 @@ void CudaBackend::attention(const StepBatch& b, int layer, const Tensor& q, Tens
     a.q_dtype = cuda::ActDtype::f32;
     a.out = op;
     a.out_dtype = odt;
+    // split_tokens: plan_decode's choice, or the routes' dsplit (A/B sweeps).
     a.plan = cuda::plan_decode(s.num_decodes, Hq, Hkv, D, s.decode_plan_context, window, cuda::device_sm_count(),
-                               /*split_tokens=*/0, /*ctas_per_sm=*/0, layout_.dtype);
+                               cuda::linear_routes().decode_split_tokens, /*ctas_per_sm=*/0, layout_.dtype);
     grow(decode_ws_, std::max<size_t>(a.plan.workspace_bytes, 16));
     a.workspace = decode_ws_.get();
     cuda::PrefillProfile::Scope ps(prof_.get(), "attention (decode rows)");

@@ -52,6 +52,11 @@ struct LinearRoutes {
   // CudaBackend::linear_qkv_split_store.
   bool fused_prep = true;
   bool prep_one_wave = true;
+  // Not a GEMM either: keys per split of the decode attention plan
+  // ("dsplit=N", N > 0 rounded up to 64 by plan_decode), or 0: plan_decode's
+  // own choice (fill the GPU; the default). For A/B sweeps of the
+  // short-context split (CudaBackend::attention).
+  int decode_split_tokens = 0;
   GemvKernel of(LinearProj p) const { return kernel[static_cast<size_t>(p)]; }
   bool operator==(const LinearRoutes&) const = default;
 };
