@@ -11,9 +11,10 @@
 # eager decode step (cudaProfilerStart/Stop bracket it). A table at the end.
 #   run(command="ln -sfn ../../.debs .debs; bash scripts/gpu_step.sh", carry=[".debs"])
 # Eighth session (2026-12-01): the residual add + RMSNorm fused into the
-# o_proj / down GEMV (routes norm=fused, the default) and the qkv prep + KV
-# store fused into the qkv GEMV (prep=fused) are A/B'd against the separate
-# kernels (norm=separate, prep=separate) in the same process at 1K and 60K;
+# o_proj / down GEMV (routes norm=fused) and the qkv prep + KV store fused
+# into the qkv GEMV (prep=fused) are A/B'd against the separate kernels
+# (the defaults since run K2 measured the per-block fused kernels slower)
+# in the same process at 1K and 60K;
 # then, if the budget allows, batch 32 at 16K with fp8 and bf16 caches (the
 # step profile's per-op times of each: where the fp8 step's time goes).
 # Budget: BUDGET_S (default 240 s, build included); a case that would start
@@ -32,18 +33,17 @@ fi
 
 MODEL=tests/data/configs/llama-3.1-8b
 L1K="latency --batch-size 1 --input-len 1024 --output-len 64 --num-iters-warmup 1 --num-iters 2"
-# In the 1K and 60K processes after their main run (default routes: the
-# residual norm fused into the o_proj / down GEMV, the qkv prep + KV store
-# into the qkv GEMV, each on a one-wave grid of looping blocks), one model
-# load, ~1 s (1K) / ~4 s (60K) each: 1K: each fusion off alone, both off (the
-# seventh session's step), both fused on one block per column group
-# (norm=blocks, prep=blocks), the decode attention split fixed at 256 / 512
-# / 1088 keys (dsplit=; 1088 = the whole 1K+64 context: one split, no
+# In the 1K and 60K processes after their main run (default routes: separate
+# norm and prep kernels), one model load, ~1 s (1K) / ~4 s (60K) each: 1K:
+# both fusions on a one-wave grid of looping blocks (norm=fused,
+# prep=fused), each alone, both on one block per column group (norm=blocks,
+# prep=blocks: run K2's kernels), the decode attention split fixed at 256 /
+# 512 / 1088 keys (dsplit=; 1088 = the whole 1K+64 context: one split, no
 # reduce kernel) instead of plan_decode's fill-the-GPU choice, then the
-# default again (A/B/A, for drift); 60K: both off, then the default.
+# default again (A/B/A, for drift); 60K: both fused, then the default.
 DEF_ROUTES="qkv=simtk,o_proj=simtk,gate_up=auto,down=simt8,lm_head=auto"
-ROUTE_SETS="$DEF_ROUTES,norm=separate;$DEF_ROUTES,prep=separate;$DEF_ROUTES,norm=separate,prep=separate;$DEF_ROUTES,norm=blocks,prep=blocks;$DEF_ROUTES,dsplit=256;$DEF_ROUTES,dsplit=512;$DEF_ROUTES,dsplit=1088;$DEF_ROUTES"
-ROUTE_SETS_60K="$DEF_ROUTES,norm=separate,prep=separate;$DEF_ROUTES"
+ROUTE_SETS="$DEF_ROUTES,norm=fused,prep=fused;$DEF_ROUTES,norm=fused;$DEF_ROUTES,prep=fused;$DEF_ROUTES,norm=blocks,prep=blocks;$DEF_ROUTES,dsplit=256;$DEF_ROUTES,dsplit=512;$DEF_ROUTES,dsplit=1088;$DEF_ROUTES"
+ROUTE_SETS_60K="$DEF_ROUTES,norm=fused,prep=fused;$DEF_ROUTES"
 # name | estimated seconds | environment | bench arguments. FP8KV_STEP_PROFILE=20:
 # the op-timed eager copy is made at the 20th replayed step (in the warm-up
 # iteration, so the timed iterations do not contain it). 60K has no warm-up

@@ -71,7 +71,7 @@ TEST(CudaGraphs, ReplayEqualsPaddedEagerGemma3Fp8) {
 
 // The residual add + RMSNorm fused into the o_proj / down GEMV and the qkv
 // prep + KV store fused into the qkv GEMV at one row (routes norm=fused,
-// prep=fused, the defaults; CudaBackend::linear_add_rmsnorm /
+// prep=fused; CudaBackend::linear_add_rmsnorm /
 // linear_qkv_split_store) give the bits of the separate kernels
 // (norm=separate, prep=separate): the same generated tokens and logprobs,
 // graphs on (the batch-1 steps replay the fused kernels with their

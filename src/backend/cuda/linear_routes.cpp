@@ -129,8 +129,8 @@ std::string linear_routes_string(const LinearRoutes& r) {
     s += fmt::format("{}{}={}", p ? "," : "", kProjNames[p], kKernelNames[static_cast<int>(r.kernel[p])]);
   // sample=, norm=, prep= and dsplit= only when not the default, so the canonical strings of earlier runs stay the same.
   return s + (r.fused_store ? ",store=fused" : ",store=separate") + (r.fused_act ? ",act=fused" : ",act=separate") +
-         (r.sample_in_graph ? "" : ",sample=separate") + (!r.fused_norm ? ",norm=separate" : r.norm_one_wave ? "" : ",norm=blocks") +
-         (!r.fused_prep ? ",prep=separate" : r.prep_one_wave ? "" : ",prep=blocks") +
+         (r.sample_in_graph ? "" : ",sample=separate") + (!r.fused_norm ? "" : r.norm_one_wave ? ",norm=fused" : ",norm=blocks") +
+         (!r.fused_prep ? "" : r.prep_one_wave ? ",prep=fused" : ",prep=blocks") +
          (r.decode_split_tokens ? fmt::format(",dsplit={}", r.decode_split_tokens) : std::string());
 }
 
