@@ -10,11 +10,19 @@
 # If the budget allows, Nsight Compute (ncu) then times every kernel of one
 # eager decode step (cudaProfilerStart/Stop bracket it). A table at the end.
 #   run(command="ln -sfn ../../.debs .debs; bash scripts/gpu_step.sh", carry=[".debs"])
-# Budget: BUDGET_S (default 200 s, build included); a case that would start
-# with less than its estimate left is skipped. NO_TESTS=1 skips the tests.
+# Eighth session (2026-12-01): the residual add + RMSNorm fused into the
+# o_proj / down GEMV (routes norm=fused) and the qkv prep + KV store fused
+# into the qkv GEMV (prep=fused) are A/B'd against the separate kernels
+# (the defaults since run K2 measured the per-block fused kernels slower)
+# in the same process at 1K and 60K;
+# then, if the budget allows, batch 32 at 16K with fp8 and bf16 caches (the
+# step profile's per-op times of each: where the fp8 step's time goes).
+# Budget: BUDGET_S (default 240 s, build included); a case that would start
+# with less than its estimate left is skipped (in the order below: the b32
+# rows, then ncu, go first). NO_TESTS=1 skips the tests.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-BUDGET_S=${BUDGET_S:-200}
+BUDGET_S=${BUDGET_S:-240}
 source scripts/gpu_engine_build.sh fp8kv test_cuda_ops
 
 if [ -z "${NO_TESTS:-}" ] && [ -x $BUILD/tests/test_cuda_ops ]; then
@@ -25,19 +33,35 @@ fi
 
 MODEL=tests/data/configs/llama-3.1-8b
 L1K="latency --batch-size 1 --input-len 1024 --output-len 64 --num-iters-warmup 1 --num-iters 2"
-# In the 1K process after its main run (default routes, sampling inside the
-# graph), one model load, ~1 s each: the sampling after the graph (the old
-# path: A/B of this change) and the best route set of run I (lm_head=simt2).
+# In the 1K and 60K processes after their main run (default routes: separate
+# norm and prep kernels), one model load, ~1 s (1K) / ~4 s (60K) each: 1K:
+# both fusions on a one-wave grid of looping blocks (norm=fused,
+# prep=fused), each alone, both on one block per column group (norm=blocks,
+# prep=blocks: run K2's kernels), the decode attention split fixed at 256 /
+# 512 / 1088 keys (dsplit=; 1088 = the whole 1K+64 context: one split, no
+# reduce kernel) instead of plan_decode's fill-the-GPU choice, then the
+# default again (A/B/A, for drift); 60K: both fused, then the default.
 DEF_ROUTES="qkv=simtk,o_proj=simtk,gate_up=auto,down=simt8,lm_head=auto"
-ROUTE_SETS="$DEF_ROUTES,sample=separate;${DEF_ROUTES/lm_head=auto/lm_head=simt2};$DEF_ROUTES"
+ROUTE_SETS="$DEF_ROUTES,norm=fused,prep=fused;$DEF_ROUTES,norm=fused;$DEF_ROUTES,prep=fused;$DEF_ROUTES,norm=blocks,prep=blocks;$DEF_ROUTES,dsplit=256;$DEF_ROUTES,dsplit=512;$DEF_ROUTES,dsplit=1088;$DEF_ROUTES"
+ROUTE_SETS_60K="$DEF_ROUTES,norm=fused,prep=fused;$DEF_ROUTES"
 # name | estimated seconds | environment | bench arguments. FP8KV_STEP_PROFILE=20:
 # the op-timed eager copy is made at the 20th replayed step (in the warm-up
 # iteration, so the timed iterations do not contain it). 60K has no warm-up
 # iteration: 1000 = no op-timed copy there (run K2's copy at step 10 cost
 # its decode tok/s ~3%), the per-step times only.
+# Batch 32 at 16K (~35-40 s load, ~25 s prefill of 512K tokens each): no
+# warm-up iteration, so the op-timed copy (step 100) lands in the timed
+# iteration (its tok/s carries one eager step of 128); the step profile's
+# per-step graph time excludes it.
+LB32="latency --batch-size 32 --input-len 16384 --output-len 128 --num-iters-warmup 0 --num-iters 1"
+# Estimates: the 8B dummy load (~40 s; ~1 s with FP8KV_DUMMY_DEVICE=1, the
+# device-side dummy weights, where the build has them) plus the run.
+LD=$([ "${FP8KV_DUMMY_DEVICE:-0}" = 1 ] && echo 2 || echo 40)
 CASES=(
-  "lat_b1_1k_fp8|60|FP8KV_STEP_PROFILE=20|$L1K --kv-cache-dtype fp8 --gemv-routes $ROUTE_SETS"
-  "lat_b1_60k_fp8|50|FP8KV_STEP_PROFILE=1000|latency --batch-size 1 --input-len 60000 --output-len 32 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8"
+  "lat_b1_1k_fp8|$((LD + 15))|FP8KV_STEP_PROFILE=20|$L1K --kv-cache-dtype fp8 --gemv-routes $ROUTE_SETS"
+  "lat_b1_60k_fp8|$((LD + 15))|FP8KV_STEP_PROFILE=1000|latency --batch-size 1 --input-len 60000 --output-len 32 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8 --gemv-routes $ROUTE_SETS_60K"
+  "lat_b32_16k_fp8|$((LD + 30))|FP8KV_STEP_PROFILE=100|$LB32 --kv-cache-dtype fp8"
+  "lat_b32_16k_bf16|$((LD + 35))|FP8KV_STEP_PROFILE=100|$LB32 --kv-cache-dtype bf16"
 )
 phase bench
 for c in "${CASES[@]}"; do
@@ -73,22 +97,28 @@ python3 - "$OUT" <<'EOF'
 import csv, collections, glob, json, os, re, sys
 out = sys.argv[1]
 print(f"{'case':16} {'ms/step':>8} {'tok/s':>7} {'floor':>6} {'copy GB/s':>9} {'GB/step':>8}")
-for n in ("lat_b1_1k_fp8", "lat_b1_60k_fp8"):
+NAMES = ("lat_b1_1k_fp8", "lat_b1_60k_fp8", "lat_b32_16k_fp8", "lat_b32_16k_bf16")
+res = {}
+for n in NAMES:
     try:
         j = json.load(open(os.path.join(out, n + ".json")))
     except Exception:
         print(f"{n:16} (no result)")
         continue
+    res[n] = j
     print(f"{n:16} {j.get('decode_ms_per_step', 0):8.3f} {j.get('decode_tokens_per_s', 0):7.1f} "
           f"{j.get('floor_fraction', 0):6.3f} {j.get('copy_gbps', 0):9.0f} {j.get('bytes_per_step', 0) / 1e9:8.2f}")
-try:
-    j = json.load(open(os.path.join(out, "lat_b1_1k_fp8.json")))
-    print(f"route sets at batch 1 1K (same process; main run {j.get('gemv_routes')}: {j.get('decode_ms_per_step', 0):.3f} ms/step)")
+if "lat_b32_16k_fp8" in res and "lat_b32_16k_bf16" in res:
+    a, b = res["lat_b32_16k_fp8"], res["lat_b32_16k_bf16"]
+    print(f"b32 16K fp8/bf16 decode tok/s ratio {a.get('decode_tokens_per_s', 0) / max(b.get('decode_tokens_per_s', 0), 1e-9):.3f} (target 1.5)")
+for n in ("lat_b1_1k_fp8", "lat_b1_60k_fp8"):
+    if n not in res:
+        continue
+    j = res[n]
+    print(f"route sets, {n} (same process; main run {j.get('gemv_routes')}: {j.get('decode_ms_per_step', 0):.3f} ms/step)")
     for r in j.get("gemv_route_runs", []):
         print(f"  {r['routes']:82} {r['decode_ms_per_step']:7.3f} ms/step {r['decode_tokens_per_s']:6.1f} tok/s floor {r['floor_fraction']:.3f}")
-except Exception as e:
-    print("route runs:", e)
-for n in ("lat_b1_1k_fp8", "lat_b1_60k_fp8"):
+for n in NAMES:
     p = os.path.join(out, n + ".log")
     if not os.path.exists(p):
         continue
@@ -97,7 +127,7 @@ for n in ("lat_b1_1k_fp8", "lat_b1_60k_fp8"):
     ops = [l for l in lines if l.startswith("step profile op:")]
     hdr = [l for l in lines if "op-timed" in l]
     print(f"== {n}")
-    for l in (tl + hdr[:1] + ops[:14]):
+    for l in (tl + hdr[:1] + ops[:16]):
         print("  " + l)
 # ncu: one eager decode step's kernels.
 p = os.path.join(out, "ncu_b1_1k.csv")

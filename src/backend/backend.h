@@ -18,6 +18,10 @@
 //               gate_up_proj, qkv_split, gated_act_fused.
 //   2026-12-01  qkv_split_store (default: qkv_split then store_kv; CUDA
 //               stores K/V from the split kernel, k/v left unwritten).
+//   2026-12-01  linear_add_rmsnorm (default: linear, all_reduce, add_rmsnorm;
+//               CUDA fuses the residual norm into the decode GEMV).
+//   2026-12-01  linear_qkv_split_store (default: linear, qkv_split_store;
+//               CUDA fuses the prep + store into the decode qkv GEMV).
 //
 // Memory model
 //   The backend owns all memory the ops touch: weights (upload_weights), KV
@@ -237,6 +241,16 @@ class Backend {
     qkv_split(layer, qkv, q_norm, k_norm, eps, q, k, v);
     store_kv(batch, layer, q, k, v);
   }
+  // The fused QKV projection and its split: linear(x, w, bias) into qkv,
+  // then qkv_split_store(batch, layer, qkv, ...). What the fused forward pass
+  // runs. A backend may run the split inside the GEMM (CUDA at one row:
+  // each head's prep in the GEMV block that finishes it), with the same bits.
+  virtual void linear_qkv_split_store(const StepBatch& batch, int layer, const Tensor& x, const Tensor& w,
+                                      const Tensor& bias, Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
+                                      float eps, Tensor& q, Tensor& k, Tensor& v) {
+    linear(x, w, bias, qkv);
+    qkv_split_store(batch, layer, qkv, q_norm, k_norm, eps, q, k, v);
+  }
   // out [T][I] = act(gate) * up with gate = gate_up[:, :I], up = gate_up[:, I:];
   // out may be bf16 (the next GEMM's input) or f32.
   virtual void gated_act_fused(Activation /*act*/, const Tensor& /*gate_up*/, Tensor& /*out*/) {
@@ -250,6 +264,20 @@ class Backend {
                                 Tensor& out) {
     linear(x, w, bias, gate_up);
     gated_act_fused(act, gate_up, out);
+  }
+
+  // A residual projection (o_proj, down_proj) and the residual add + norm
+  // that follows it: tmp = linear(x, w, bias), summed over the tensor-
+  // parallel ranks (all_reduce), then add_rmsnorm(h, tmp, norm_w, eps, y):
+  // h += tmp; y = rmsnorm(h) * norm_w (y may alias h). tmp holds the
+  // projection's output afterwards. A backend may fuse the three (CUDA: the
+  // norm in the decode GEMV's last block, docs/cuda_backend.md "Residual norm
+  // fused into the GEMV") with the same bits.
+  virtual void linear_add_rmsnorm(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& tmp, Tensor& h,
+                                  const Tensor& norm_w, float eps, Tensor& y) {
+    linear(x, w, bias, tmp);
+    all_reduce(tmp);
+    add_rmsnorm(h, tmp, norm_w, eps, y);
   }
 
   // ---- CUDA graphs (optional; the defaults mean "not supported") ----

@@ -4,7 +4,10 @@
 // dtype (weights.cpp), query_pre_attn_scalar (config attention_scale),
 // gelu_tanh (hidden_act), local/global rope bases (config rope_sliding/full).
 //   x = norm(h); h += norm(attn(x)); x = norm(h); h += norm(mlp(x))
-// The last residual add is fused with the next layer's first norm.
+// The last residual add is fused with the next layer's first norm. The
+// post-attention / post-feedforward norms sit between each projection and
+// its residual add, so this recipe keeps the unfused ops (linear, rmsnorm,
+// add_rmsnorm), not Backend::linear_add_rmsnorm.
 #include "engine/forward.h"
 
 namespace fp8kv {

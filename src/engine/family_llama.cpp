@@ -2,18 +2,25 @@
 // The differences among these families live in the weights (biases, q/k
 // norms) and the config (rope, sliding windows), not in the layer recipe.
 //   x = norm(h); h += attn(x); x = norm(h); h += mlp(x)
-// Each residual add is fused with the norm that follows it (add_rmsnorm):
-// the MLP output joins h at the next layer's first norm (or the final norm).
+// Each residual projection (o_proj, down_proj) is one op with the residual
+// add and the norm that follow it (Backend::linear_add_rmsnorm: linear,
+// all_reduce, add_rmsnorm unless the backend fuses them): the MLP output
+// joins h at the next layer's first norm, or the final norm (in place) after
+// the last layer.
 #include "engine/forward.h"
 
 namespace fp8kv {
 
 void ForwardPass::llama_layer(int layer, Step& st) {
   const BackendLayerWeights& L = w_.layers[layer];
-  residual_norm(layer, L.input_norm, st);
-  attention(layer, st);
-  be_.add_rmsnorm(st.h, st.tmp, L.post_attention_norm, eps_, st.x);  // HF name for the pre-MLP norm
-  mlp(layer, st);
+  if (layer == 0) be_.rmsnorm(st.h, L.input_norm, eps_, st.x);  // later layers: the previous down_proj's op
+  attention_core(layer, st);
+  be_.linear_add_rmsnorm(st.attn, L.o_proj, L.o_bias, st.tmp, st.h, L.post_attention_norm, eps_,
+                         st.x);  // post_attention_norm: HF name for the pre-MLP norm
+  const Tensor& down_in = mlp_core(layer, st);
+  const bool last = layer + 1 == cfg_.num_layers;
+  be_.linear_add_rmsnorm(down_in, L.down_proj, L.down_bias, st.tmp, st.h,
+                         last ? w_.final_norm : w_.layers[layer + 1].input_norm, eps_, last ? st.h : st.x);
 }
 
 }  // namespace fp8kv

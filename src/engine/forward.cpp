@@ -53,14 +53,12 @@ void ForwardPass::residual_norm(int layer, const Tensor& w, Step& st) {
     be_.add_rmsnorm(st.h, st.tmp, w, eps_, st.x);
 }
 
-void ForwardPass::attention(int layer, Step& st) {
+void ForwardPass::attention_core(int layer, Step& st) {
   const BackendLayerWeights& L = w_.layers[layer];
-  if (fused_) {  // one GEMM, then norms + RoPE + split in one op
-    be_.linear(st.x, L.qkv_proj, L.qkv_bias, st.qkv);
-    be_.qkv_split_store(*st.batch, layer, st.qkv, L.q_norm, L.k_norm, eps_, st.q, st.k, st.v);
+  if (fused_) {  // one GEMM, then norms + RoPE + split (+ the KV store) in one op
+    be_.linear_qkv_split_store(*st.batch, layer, st.x, L.qkv_proj, L.qkv_bias, st.qkv, L.q_norm, L.k_norm, eps_,
+                               st.q, st.k, st.v);
     be_.attention(*st.batch, layer, st.q, st.attn);
-    be_.linear(st.attn, L.o_proj, L.o_bias, st.tmp);
-    be_.all_reduce(st.tmp);  // row-parallel o_proj (no-op on one rank)
     return;
   }
   be_.linear(st.x, L.q_proj, L.q_bias, st.q);
@@ -71,22 +69,29 @@ void ForwardPass::attention(int layer, Step& st) {
   be_.rope(layer, st.q, st.k);
   be_.store_kv(*st.batch, layer, st.q, st.k, st.v);
   be_.attention(*st.batch, layer, st.q, st.attn);
-  be_.linear(st.attn, L.o_proj, L.o_bias, st.tmp);
+}
+
+void ForwardPass::attention(int layer, Step& st) {
+  attention_core(layer, st);
+  be_.linear(st.attn, w_.layers[layer].o_proj, w_.layers[layer].o_bias, st.tmp);
   be_.all_reduce(st.tmp);  // row-parallel o_proj: sum the ranks' partials (no-op on one rank)
 }
 
-void ForwardPass::mlp(int layer, Step& st) {
+const Tensor& ForwardPass::mlp_core(int layer, Step& st) {
   const BackendLayerWeights& L = w_.layers[layer];
   if (fused_) {  // gate|up in one GEMM; the activation writes the down GEMM's bf16 input
     be_.linear_gated_act(act_, st.x, L.gate_up_proj, L.gate_up_bias, st.gate_up, st.act_bf16);
-    be_.linear(st.act_bf16, L.down_proj, L.down_bias, st.tmp);
-    be_.all_reduce(st.tmp);  // row-parallel down_proj
-    return;
+    return st.act_bf16;
   }
   be_.linear(st.x, L.gate_proj, L.gate_bias, st.gate);
   be_.linear(st.x, L.up_proj, L.up_bias, st.up);
   be_.gated_act(act_, st.gate, st.up, st.gate);
-  be_.linear(st.gate, L.down_proj, L.down_bias, st.tmp);
+  return st.gate;
+}
+
+void ForwardPass::mlp(int layer, Step& st) {
+  const Tensor& in = mlp_core(layer, st);
+  be_.linear(in, w_.layers[layer].down_proj, w_.layers[layer].down_bias, st.tmp);
   be_.all_reduce(st.tmp);  // row-parallel down_proj
 }
 
@@ -128,8 +133,9 @@ void ForwardPass::run(const StepBatch& b, RunState& rs) {
     else
       llama_layer(l, st);
   }
-  // The last layer's MLP output joins the residual stream, then the final norm (in place).
-  be_.add_rmsnorm(st.h, st.tmp, w_.final_norm, eps_, st.h);
+  // Gemma 3: the last layer's MLP output joins the residual stream, then the
+  // final norm (in place). Pre-norm families did this in llama_layer.
+  if (cfg_.sandwich_norms) be_.add_rmsnorm(st.h, st.tmp, w_.final_norm, eps_, st.h);
 }
 
 }  // namespace fp8kv

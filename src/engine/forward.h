@@ -65,8 +65,12 @@ class ForwardPass {
   void residual_norm(int layer, const Tensor& w, Step& st);
   // x [T][H] (already normed) -> attention output [T][H] (after o_proj) in tmp.
   void attention(int layer, Step& st);
+  // attention without o_proj: x -> attn [T][Hq*D].
+  void attention_core(int layer, Step& st);
   // x [T][H] (already normed) -> MLP output [T][H] in tmp.
   void mlp(int layer, Step& st);
+  // mlp without down_proj: x -> the down GEMM's input (act_bf16 or gate), returned.
+  const Tensor& mlp_core(int layer, Step& st);
 
   ModelConfig cfg_;
   Backend& be_;

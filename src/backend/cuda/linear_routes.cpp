@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <iterator>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 
 #include "io/errors.h"
 
@@ -78,6 +80,27 @@ LinearRoutes parse_linear_routes(std::string_view spec, std::string_view source)
       r.sample_in_graph = val == "graph";
       continue;
     }
+    if (key == "dsplit") {
+      int v = -1;
+      try {
+        size_t used = 0;
+        v = std::stoi(std::string(val), &used);
+        if (used != val.size()) v = -1;
+      } catch (const std::exception&) {
+        v = -1;
+      }
+      if (v < 0 || v > (1 << 20))
+        throw InputError(fmt::format("{}: dsplit must be a key count 0..1048576 (0: automatic), got '{}'", source, val));
+      r.decode_split_tokens = v;
+      continue;
+    }
+    if (key == "prep" || key == "norm") {
+      if (val != "fused" && val != "blocks" && val != "separate")
+        throw InputError(fmt::format("{}: {} must be fused, blocks or separate, got '{}'", source, key, val));
+      (key == "prep" ? r.fused_prep : r.fused_norm) = val != "separate";
+      (key == "prep" ? r.prep_one_wave : r.norm_one_wave) = val == "fused";
+      continue;
+    }
     if (key == "act") {
       if (val != "fused" && val != "separate")
         throw InputError(fmt::format("{}: act must be fused or separate, got '{}'", source, val));
@@ -90,7 +113,7 @@ LinearRoutes parse_linear_routes(std::string_view spec, std::string_view source)
     for (int x = 0; x < kNumKernels; ++x)
       if (val == kKernelNames[x]) k = x;
     if (p < 0)
-      throw InputError(fmt::format("{}: unknown projection '{}' (qkv, o_proj, gate_up, down, lm_head, store, act, sample)",
+      throw InputError(fmt::format("{}: unknown projection '{}' (qkv, o_proj, gate_up, down, lm_head, store, act, sample, norm, prep, dsplit)",
                                    source, key));
     if (k < 0)
       throw InputError(fmt::format("{}: unknown kernel '{}' for {} (auto, lt, simt, mma, simt2, simt4, simt8, simtk)",
@@ -104,9 +127,11 @@ std::string linear_routes_string(const LinearRoutes& r) {
   std::string s;
   for (int p = 0; p < kNumLinearProj; ++p)
     s += fmt::format("{}{}={}", p ? "," : "", kProjNames[p], kKernelNames[static_cast<int>(r.kernel[p])]);
-  // sample= only when not the default, so the canonical strings of earlier runs stay the same.
+  // sample=, norm=, prep= and dsplit= only when not the default, so the canonical strings of earlier runs stay the same.
   return s + (r.fused_store ? ",store=fused" : ",store=separate") + (r.fused_act ? ",act=fused" : ",act=separate") +
-         (r.sample_in_graph ? "" : ",sample=separate");
+         (r.sample_in_graph ? "" : ",sample=separate") + (!r.fused_norm ? "" : r.norm_one_wave ? ",norm=fused" : ",norm=blocks") +
+         (!r.fused_prep ? "" : r.prep_one_wave ? ",prep=fused" : ",prep=blocks") +
+         (r.decode_split_tokens ? fmt::format(",dsplit={}", r.decode_split_tokens) : std::string());
 }
 
 LinearRoutes linear_routes() {

@@ -12,18 +12,12 @@
 #include "backend/cuda/kv_quant.cuh"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_launch.cuh"
+#include "backend/cuda/ops_norm.cuh"
+#include "backend/cuda/ops_qkv.cuh"
 
 namespace fp8kv::cuda {
 
 namespace {
-
-constexpr int kNormThreads = 256;
-using NormReduce = cub::BlockReduce<float, kNormThreads>;
-
-// 1 / sqrt(ss / n + eps) with IEEE division and square root (rmsnorm_cpu).
-__device__ __forceinline__ float inv_rms(float ss, int n, float eps) {
-  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(n)), eps)));
-}
 
 // Block-wide sum of x^2 over a row of n elements.
 __device__ float row_sumsq(const float* x, int n, NormReduce::TempStorage& tmp, float* bcast) {
@@ -76,7 +70,9 @@ __global__ void rmsnorm_residual_kernel(float* h, const float* __restrict__ delt
 // values in the same order: bitwise the same output), and every load of the
 // row is issued at once instead of once per pass. At decode (one row of 4096
 // per token) the loop kernel is three dependent passes of 16 loads each on
-// one SM; this is one round trip per pass. n <= kPer * kNormThreads.
+// one SM; this is one round trip per pass. n <= kPer * kNormThreads. The row
+// math is ops_norm.cuh rmsnorm_residual_row, which the GEMV with the norm
+// fused (ops_gemv.cu) runs too.
 template <int kPer>
 __global__ void rmsnorm_residual_reg_kernel(float* h, const float* __restrict__ delta,
                                             const float* __restrict__ delta_w, const float* __restrict__ w,
@@ -89,70 +85,10 @@ __global__ void rmsnorm_residual_reg_kernel(float* h, const float* __restrict__ 
   pdl_trigger();
   pdl_wait();
   const int64_t r = blockIdx.x;
-  float* hr = h + r * n;
-  float hv[kPer];
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int i = threadIdx.x + j * kNormThreads;
-    hv[j] = i < n ? hr[i] : 0.0f;
-  }
-  if (delta) {
-    const float* dr = delta + r * n;
-    float dv[kPer];
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int i = threadIdx.x + j * kNormThreads;
-      dv[j] = i < n ? dr[i] : 0.0f;
-    }
-    if (delta_w) {
-      float ss = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kPer; ++j)
-        if (threadIdx.x + j * kNormThreads < n) ss += dv[j] * dv[j];
-      const float total = NormReduce(tmp).Sum(ss);
-      if (threadIdx.x == 0) bcast = total;
-      __syncthreads();
-      const float inv = inv_rms(bcast, n, eps);
-      __syncthreads();  // tmp / bcast reused below
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        const int i = threadIdx.x + j * kNormThreads;
-        if (i < n) hv[j] = __fadd_rn(hv[j], __fmul_rn(__fmul_rn(dv[j], inv), delta_w[i]));
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) hv[j] = __fadd_rn(hv[j], dv[j]);
-    }
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int i = threadIdx.x + j * kNormThreads;
-      if (i < n) hr[i] = hv[j];
-    }
-  }
-  float ss = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kPer; ++j)
-    if (threadIdx.x + j * kNormThreads < n) ss += hv[j] * hv[j];
-  const float total = NormReduce(tmp).Sum(ss);
-  if (threadIdx.x == 0) bcast = total;
-  __syncthreads();
-  const float inv = inv_rms(bcast, n, eps);
-  // out may alias h: h's element i was written above by this same thread.
-  if (out_bf16) {
-    __nv_bfloat16* o = static_cast<__nv_bfloat16*>(out) + r * n;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int i = threadIdx.x + j * kNormThreads;
-      if (i < n) o[i] = __float2bfloat16_rn(__fmul_rn(__fmul_rn(hv[j], inv), w[i]));
-    }
-  } else {
-    float* o = static_cast<float*>(out) + r * n;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int i = threadIdx.x + j * kNormThreads;
-      if (i < n) o[i] = __fmul_rn(__fmul_rn(hv[j], inv), w[i]);
-    }
-  }
+  void* out_row = out_bf16 ? static_cast<void*>(static_cast<__nv_bfloat16*>(out) + r * n)
+                           : static_cast<void*>(static_cast<float*>(out) + r * n);
+  rmsnorm_residual_row<kPer, false>(h + r * n, delta ? delta + r * n : nullptr, delta_w, w, eps, n, out_row, out_bf16,
+                                    tmp, bcast);
 }
 
 __global__ void rmsnorm_rows_kernel(const float* __restrict__ h, const int32_t* __restrict__ row_index,
@@ -168,126 +104,22 @@ __global__ void rmsnorm_rows_kernel(const float* __restrict__ h, const int32_t* 
 
 // ---- qkv prep ----------------------------------------------------------------
 
-// Element i of kv head h of a token with `slot` -> the paged cache
-// ([slot][head][d], QkvPrepArgs::FusedStore), the byte(s) store_kv writes.
-__device__ __forceinline__ void store_code(const QkvPrepArgs::FusedStore& st, int num_kv_heads, bool is_v,
-                                           int64_t slot, int h, int D, int i, float x) {
-  using namespace detail;
-  const int64_t idx = (slot * num_kv_heads + h) * D + i;
-  void* cache = is_v ? st.v_cache : st.k_cache;
-  if (st.dtype == KvDtype::bf16) {
-    static_cast<uint16_t*>(cache)[idx] = static_cast<uint16_t>(bf16_bits(x));
-    return;
-  }
-  const float* sc = is_v ? st.v_scale : st.k_scale;
-  const float s = sc[(is_v ? st.v_scale_count : st.k_scale_count) == 1 ? 0 : h];
-  static_cast<uint8_t*>(cache)[idx] = static_cast<uint8_t>(
-      st.dtype == KvDtype::fp8_e5m2 ? quant_fp8_exact<kE5m2>(x, s) : quant_fp8_exact<kE4m3>(x, s));
-}
-
-constexpr int kPrepWarps = 8;
-constexpr int kMaxHeadDim = 256;
-
 // One block per token and head group (blockIdx.y); cos/sin for the token in
 // shared memory, then one warp per head (q heads, then k heads, then v heads).
+// The per-head math is ops_qkv.cuh qkv_prep_head, which the qkv GEMV with the
+// prep fused (ops_gemv.cu) runs too.
 __global__ void qkv_prep_kernel(QkvPrepArgs a) {
   __shared__ float cs[kMaxHeadDim / 2], sn[kMaxHeadDim / 2];
   __shared__ float buf[kPrepWarps][kMaxHeadDim];
   pdl_trigger();
   pdl_wait();  // the qkv GEMV's output (ops_launch.cuh)
   const int t = blockIdx.x;
-  const int D = a.head_dim, half = a.rot_dim / 2;
-  if (a.inv_freq) {
-    const float pf = static_cast<float>(a.positions[t]);
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-      const float f = __fmul_rn(a.inv_freq[i], pf);  // fp32 product, as RopeTable::fill
-      double s, c;
-      sincos(static_cast<double>(f), &s, &c);
-      cs[i] = __fmul_rn(static_cast<float>(c), a.attention_factor);
-      sn[i] = __fmul_rn(static_cast<float>(s), a.attention_factor);
-    }
-  }
+  qkv_prep_rope_table(a, t, cs, sn);
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int nq = a.num_q_heads, nk = a.k_in ? a.num_kv_heads : 0, nv = a.v_in ? a.num_kv_heads : 0;
-  float* sb = buf[warp];
-  for (int hh = blockIdx.y * kPrepWarps + warp; hh < nq + nk + nv; hh += gridDim.y * kPrepWarps) {
-    const float* in;
-    float* out;  // null: a k head stored to the cache (fused store)
-    const float* nw;
-    int kv_head = -1;
-    if (hh < nq) {
-      in = a.q_in + static_cast<int64_t>(t) * a.q_stride + static_cast<int64_t>(hh) * D;
-      out = a.q_out + (static_cast<int64_t>(t) * nq + hh) * D;
-      nw = a.q_norm_w;
-    } else if (hh < nq + nk) {
-      const int h = hh - nq;
-      in = a.k_in + static_cast<int64_t>(t) * a.k_stride + static_cast<int64_t>(h) * D;
-      out = a.store.k_cache ? nullptr : a.k_out + (static_cast<int64_t>(t) * nk + h) * D;
-      nw = a.k_norm_w;
-      kv_head = h;
-    } else {
-      const int h = hh - nq - nk;
-      const float* vin = a.v_in + static_cast<int64_t>(t) * a.v_stride + static_cast<int64_t>(h) * D;
-      if (a.store.k_cache) {
-        const int64_t slot = a.store.slots[t];
-        if (slot >= 0 && slot < a.store.capacity)
-          for (int i = lane; i < D; i += 32) store_code(a.store, a.num_kv_heads, true, slot, h, D, i, vin[i]);
-        continue;
-      }
-      float* vout = a.v_out + (static_cast<int64_t>(t) * nk + h) * D;
-      for (int i = lane; i < D; i += 32) vout[i] = vin[i];
-      continue;
-    }
-    float ss = 0.0f;
-    for (int i = lane; i < D; i += 32) {
-      const float x = in[i];
-      sb[i] = x;
-      ss += x * x;
-    }
-    if (nw) {
-      for (int o = 16; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      const float inv = inv_rms(ss, D, a.eps);
-      for (int i = lane; i < D; i += 32) sb[i] = __fmul_rn(__fmul_rn(sb[i], inv), nw[i]);
-    }
-    __syncwarp();
-    // The results stay in registers (lane's elements lane + 32 j): RoPE reads
-    // partner elements of other lanes from sb, so sb is not overwritten.
-    float res[kMaxHeadDim / 32];
-#pragma unroll
-    for (int j = 0; j < kMaxHeadDim / 32; ++j) {
-      const int i = lane + 32 * j;
-      if (i >= D) break;
-      float r = sb[i];
-      if (a.inv_freq) {
-        if (i < half) {  // lo = a*c + (-b)*s
-          r = __fadd_rn(__fmul_rn(sb[i], cs[i]), __fmul_rn(-sb[i + half], sn[i]));
-        } else if (i < 2 * half) {  // hi = b*c + a*s
-          const int m = i - half;
-          r = __fadd_rn(__fmul_rn(sb[i], cs[m]), __fmul_rn(sb[m], sn[m]));
-        }
-      }
-      res[j] = r;
-    }
-    if (out && hh < nq && a.q_out_bf16) {
-      __nv_bfloat16* qb = reinterpret_cast<__nv_bfloat16*>(a.q_out) + (static_cast<int64_t>(t) * nq + hh) * D;
-#pragma unroll
-      for (int j = 0; j < kMaxHeadDim / 32; ++j)
-        if (lane + 32 * j < D) qb[lane + 32 * j] = __float2bfloat16_rn(res[j]);
-    } else if (out) {
-#pragma unroll
-      for (int j = 0; j < kMaxHeadDim / 32; ++j)
-        if (lane + 32 * j < D) out[lane + 32 * j] = res[j];
-    } else {
-      const int64_t slot = a.store.slots[t];
-      if (slot >= 0 && slot < a.store.capacity) {
-#pragma unroll
-        for (int j = 0; j < kMaxHeadDim / 32; ++j)
-          if (lane + 32 * j < D) store_code(a.store, a.num_kv_heads, false, slot, kv_head, D, lane + 32 * j, res[j]);
-      }
-    }
-    __syncwarp();  // sb reused by this warp's next head
-  }
+  for (int hh = blockIdx.y * kPrepWarps + warp; hh < nq + nk + nv; hh += gridDim.y * kPrepWarps)
+    qkv_prep_head<false>(a, t, hh, lane, buf[warp], cs, sn);
 }
 
 }  // namespace
