@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# GPU machine: decode kernels (issue 14, docs/cuda.md "Decode v8"). Builds
+# GPU machine: decode kernels (issue 14, docs/cuda.md "Decode v9"). Builds
 # test_cuda + bench_attention (gpu_kernel_build.sh), runs the decode
 # correctness tests (CudaDecode.*, CudaPlan.*: within the derived bound,
 # batched == single bitwise), then the decode benchmark with every row in a
 # fresh process: bench_attention `shape` (copy bandwidth + one decode row per
 # process) for bf16 and fp8 e4m3 at D = 128 (Llama-3-8B, 32/8 heads) and
 # D = 256 (Gemma-3-12B, 16/8 heads), PyTorch SDPA bf16 on the same rows, each
-# in a fresh CUDA context (tools/bench_sdpa.py --decode-fresh), the fp8 D = 256
-# cp.async ring rows (FP8KV_DECODE_D256REG=0), the in-process order probe,
-# the SASS spill check and a table against the targets at the end.
+# in a fresh CUDA context (tools/bench_sdpa.py --decode-fresh); the v9
+# variant (FP8KV_DECODE_V9=1): decode tests under it and A/B rows at the
+# targets' sizes; fp8 d128 B=32/16K at forced splits; Nsight Compute on fp8
+# d128 B=32/16K (default, v9) and bf16 (same shape); the SASS spill check,
+# SASS and opcode histograms of the A/B kernels; a table against the targets.
 #   run(command="bash scripts/gpu_decode.sh", carry=[".debs"])
-# Budget: <= 200 s including the build; optional phases (ring rows, probe)
-# are skipped when the run is late. Logs under $OUT.
+# Budget: <= 200 s including the build; optional phases are skipped when the
+# run is late. Logs under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/fp8kv-out}
@@ -74,33 +76,76 @@ bench_rows() {  # name gate dtypes D-filter B-filter [ENV=VAL ...]
 }
 phase "ours (fresh process per row)"
 bench_rows base 185 "bf16 fp8_e4m3" "128 256" "1 8 32 64"
-phase "fp8 d256 on the cp.async ring (FP8KV_DECODE_D256REG=0)"
-bench_rows d256ring 175 "fp8_e4m3" "256" "1 8 32" FP8KV_DECODE_D256REG=0
-
-# Version 8 variant: the split reduction with 32 columns per CTA
-# (FP8KV_DECODE_REDUCE=wide): decode tests under it (all but the 12 s LEAN
-# batch test), then the rows with many splits (B = 1 and 8).
-if [ $(el) -lt 160 ]; then
-  phase "variant wide (FP8KV_DECODE_REDUCE=wide)"
-  FP8KV_DECODE_REDUCE=wide timeout 30 $TEST --gtest_filter='CudaDecode.*:-CudaDecode.LeanAutoBatchEqualsSingle' >"$OUT/test_wide.log" 2>&1
+# Version 9 variant (FP8KV_DECODE_V9=1, the FAST kernels: fewer instructions
+# per tile, bitwise the same results): decode tests under it (all but the
+# 12 s LEAN batch test), then A/B rows where the targets are (B >= 8 at
+# >= 16K, B = 1 at 64K), base and v9 interleaved per row, each in a fresh
+# process (the base rows above are a third sample of the default).
+if [ $(el) -lt 150 ]; then
+  phase "variant v9 (FP8KV_DECODE_V9=1)"
+  FP8KV_DECODE_V9=1 timeout 40 $TEST --gtest_filter='CudaDecode.*:-CudaDecode.LeanAutoBatchEqualsSingle' >"$OUT/test_v9.log" 2>&1
   rc=$?
-  if [ $rc = 0 ] && grep -q "^\[  PASSED  \]" "$OUT/test_wide.log" && ! grep -q "^\[  FAILED  \]" "$OUT/test_wide.log"; then
-    echo PASS >"$OUT/test_wide.status"
+  if [ $rc = 0 ] && grep -q "^\[  PASSED  \]" "$OUT/test_v9.log" && ! grep -q "^\[  FAILED  \]" "$OUT/test_v9.log"; then
+    echo PASS >"$OUT/test_v9.status"
   else
-    echo FAIL >"$OUT/test_wide.status"
+    echo FAIL >"$OUT/test_v9.status"
   fi
-  echo "decode tests under wide: $(cat "$OUT/test_wide.status") (rc $rc)"
-  bench_rows wide 180 "fp8_e4m3 bf16" "128" "1 8" FP8KV_DECODE_REDUCE=wide
+  echo "decode tests under v9: $(cat "$OUT/test_v9.status") (rc $rc)"
+  grep -E "^\[  (PASSED|FAILED) |worst|FAILED" "$OUT/test_v9.log" | tail -8
+  : >"$OUT/bench_ab_base.jsonl"; : >"$OUT/bench_ab_v9.jsonl"
+  n=0
+  for job in "fp8_e4m3 128 8 16384" "fp8_e4m3 128 32 16384" "fp8_e4m3 128 64 16384" "fp8_e4m3 128 8 65536" \
+             "fp8_e4m3 128 32 65536" "fp8_e4m3 128 64 65536" "fp8_e4m3 128 1 65536" \
+             "bf16 128 32 16384" "bf16 128 32 65536" "bf16 128 64 16384" "bf16 128 64 65536" \
+             "fp8_e4m3 256 8 16384" "fp8_e4m3 256 32 16384" "fp8_e4m3 256 8 65536" "fp8_e4m3 256 32 65536" \
+             "fp8_e4m3 256 1 65536"; do
+    [ $(el) -lt 172 ] || { echo "skip the rest of the A/B rows (time, $(el) s)"; break; }
+    timeout 20 $BENCH shape $job >>"$OUT/bench_ab_base.jsonl" 2>>"$OUT/bench_ab.err" || echo "row ab base $job: rc $?"
+    FP8KV_DECODE_V9=1 timeout 20 $BENCH shape $job >>"$OUT/bench_ab_v9.jsonl" 2>>"$OUT/bench_ab.err" ||
+      echo "row ab v9 $job: rc $?"
+    n=$((n + 1))
+  done
+  echo "A/B: $n shapes"
 fi
 
-# The order effect itself (version 7): bf16 B=64/4K, 32/4K, 64/1K first in a
-# fresh process, then after the largest bf16 row (8.6 GB allocated, read,
-# freed), in one process.
-if [ $(el) -lt 183 ]; then
-  phase probe
-  timeout 12 $BENCH probe 2>/dev/null | grep -v '"kind":"copy"' >"$OUT/probe.jsonl"
+# The split plan at B = 32 (issue 14's 768-CTA question): fp8 d128 B=32/16K
+# with 1, 2, 4 and 8 splits (the auto plan picks 3), default kernel.
+if [ $(el) -lt 175 ]; then
+  phase "splits fp8 d128 B=32/16K"
+  : >"$OUT/bench_splits.jsonl"
+  for st in 16384 8192 4096 2048; do
+    timeout 20 $BENCH shape fp8_e4m3 128 32 16384 $st >>"$OUT/bench_splits.jsonl" 2>/dev/null || echo "split $st: rc $?"
+  done
 fi
 [ -n "$SMI_PID" ] && kill "$SMI_PID" 2>/dev/null
+
+# Nsight Compute, one launch each (--clock-control none: the clocks as in the
+# bench): fp8 d128 B=32/16K default and v9, bf16 d128 B=32/16K for contrast.
+# --set detailed plus the per-reason stall ratios and the pipe utilisations.
+NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [ "${NCU:-1}" != 0 ] && [ -n "$NCU_BIN" ]; then
+  phase "ncu ($NCU_BIN)"
+  NCU_METRICS=(--metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__inst_executed_pipe_.*\.avg\.pct_of_peak_sustained_active,smsp__inst_executed.sum,dram__bytes_read.sum')
+  for job in "fp8_e4m3 128 32 16384:base=" "fp8_e4m3 128 32 16384:v9=FP8KV_DECODE_V9=1" "bf16 128 32 16384:base="; do
+    shape=${job%%:*}; v=${job#*:}
+    [ $(el) -lt 180 ] || { echo "skip ncu $shape $v (time)"; continue; }
+    name=${v%%=*}; envs=${v#*=}; ev=(); [ -n "$envs" ] && IFS=',' read -ra ev <<<"$envs"
+    tag=$(echo "$shape" | awk '{printf "%s_d%s_b%s_c%s", ($1=="bf16"?"bf16":"fp8"), $2, $3, $4}')_$name
+    ncu_run() {
+      env FP8KV_BENCH_WARMUP_MS=0 "${ev[@]}" timeout 20 "$NCU_BIN" --clock-control none -k regex:decode_kernel \
+        --launch-skip 3 --launch-count 1 --set detailed "${NCU_METRICS[@]}" $BENCH shape $shape >"$OUT/ncu_$tag.txt" 2>&1
+    }
+    if ! ncu_run && [ ${#NCU_METRICS[@]} -gt 0 ]; then
+      echo "ncu $tag failed with the extra metrics (tail: $(tail -2 "$OUT/ncu_$tag.txt" | paste -sd' ')); without them from now on"
+      NCU_METRICS=()
+      ncu_run || echo "ncu $tag: rc $? (tail: $(tail -2 "$OUT/ncu_$tag.txt" | paste -sd' '))"
+    fi
+    grep -E "^\s*(Duration|DRAM Throughput|Executed Ipc Active|Warp Cycles Per Issued Instruction|Issue Slots Busy) " \
+      "$OUT/ncu_$tag.txt" | head -5 | sed -E "s/ +/ /g; s/^/  $tag:/"
+  done
+else
+  echo "ncu: not run (NCU=${NCU:-1}, binary '${NCU_BIN}')"
+fi
 
 phase sass
 cuobjdump -sass $BENCH 2>/dev/null | awk '/Function :/ {f=$3; n[f]=0} /LDL|STL/ {l[f]++} END {for (k in n) printf "%s LDL/STL=%d\n", k, l[k]}' |
@@ -109,6 +154,23 @@ cuobjdump -sass $BENCH 2>/dev/null | awk '/Function :/ {f=$3; n[f]=0} /LDL|STL/ 
 if [ ! -s "$OUT/sass.txt" ]; then echo "SASS CHECK: no decode kernels found" | tee -a "$OUT/sass.txt"
 elif grep -vq "LDL/STL=0$" "$OUT/sass.txt"; then grep -v "LDL/STL=0$" "$OUT/sass.txt"; echo "SASS CHECK: FAIL (local memory above)"
 else echo "SASS CHECK: ok (no LDL/STL in $(wc -l <"$OUT/sass.txt") decode kernels)"; fi
+# The SASS of the kernels the A/B compares (default and FAST: fp8 d128, bf16
+# d128 DEEP, fp8 d256 REG) and an opcode histogram of each, for reading.
+cuobjdump -sass $BENCH 2>/dev/null | awk -v out="$OUT" '
+  /Function :/ { f = ""; n = $3
+    if (n ~ /decode_kernelILi128ELi1ELb0ELb0ELb0ELb0E(Lb0E)?EEv/) f = "fp8_d128_base"
+    if (n ~ /decode_kernelILi128ELi1ELb0ELb0ELb0ELb0ELb1EEEv/) f = "fp8_d128_v9"
+    if (n ~ /decode_kernelILi128ELi0ELb1ELb0ELb0ELb0E(Lb0E)?EEv/) f = "bf16_d128_base"
+    if (n ~ /decode_kernelILi128ELi0ELb1ELb0ELb0ELb0ELb1EEEv/) f = "bf16_d128_v9"
+    if (n ~ /decode_kernelILi256ELi1ELb0ELb0ELb0ELb1E(Lb0E)?EEv/) f = "fp8_d256_base"
+    if (n ~ /decode_kernelILi256ELi1ELb0ELb0ELb0ELb1ELb1EEEv/) f = "fp8_d256_v9" }
+  f != "" { print > (out "/sass_" f ".txt") }'
+for f in "$OUT"/sass_*_*.txt; do
+  [ -f "$f" ] || continue
+  grep -oE "^\s+/\*[0-9a-f]+\*/\s+[@!A-Z0-9_.]+( [A-Z0-9_.]+)?" "$f" | awk -v name="$(basename "$f" .txt)" '{op=$2; if (op ~ /^@/) op=$3; sub(/\..*/, "", op); h[op]++; t++}
+    END {printf "%s total=%d", name, t; for (k in h) if (h[k] >= 8) printf " %s=%d", k, h[k]; printf "\n"}' >>"$OUT/sass_hist.txt"
+done
+[ -s "$OUT/sass_hist.txt" ] && cat "$OUT/sass_hist.txt"
 
 phase table
 python3 tools/decode_table.py "$OUT" | tee "$OUT/table.txt"

@@ -8,7 +8,8 @@ a copy line and a decode line each), OUTDIR/bench_d256ring.jsonl (fp8 D = 256
 on the cp.async ring), OUTDIR/bench_wide.jsonl (FP8KV_DECODE_REDUCE=wide),
 OUTDIR/sdpa.jsonl (PyTorch SDPA bf16, a fresh CUDA
 context per row), OUTDIR/test_base.status, OUTDIR/probe.jsonl and
-OUTDIR/sass.txt. Copy bandwidth: the median of the per-process copies.
+OUTDIR/sass.txt, and decode v9's OUTDIR/bench_ab_{base,v9}.jsonl (A/B rows)
+and OUTDIR/bench_splits.jsonl (forced splits). Copy bandwidth: the median of the per-process copies.
 x = SDPA time / ours (bf16 goal >= 0.95); t = ours / SDPA (fp8 goal <= 0.55
 at B >= 8, ctx >= 16K); %copy = KV bytes / time / copy bandwidth.
 """
@@ -83,20 +84,48 @@ def main():
             v = 100 * r["GBps"] / copy if r else None
             line(f"fp8 d{d} B={B}/{C // 1024}K % of copy", v is not None and f"{v:.1f}" or None, f">= {goal}",
                  v is not None and v >= goal)
-    wide = {(r["dtype"], r["d"], r["batch"], r["ctx"]): r for r in load(os.path.join(out, "bench_wide.jsonl"))
-            if r["kind"] == "decode"}
-    if wide:
-        ws = os.path.join(out, "test_wide.status")
-        wst = open(ws).read().strip() if os.path.exists(ws) else "?"
+    # Version 9 A/B (FP8KV_DECODE_V9=1): base and v9 interleaved per row, each
+    # in a fresh process; the base rows above are a third sample of the default.
+    key = lambda r: (r["dtype"], r["d"], r["batch"], r["ctx"])
+    abb = {key(r): r for r in load(os.path.join(out, "bench_ab_base.jsonl")) if r["kind"] == "decode"}
+    abv = {key(r): r for r in load(os.path.join(out, "bench_ab_v9.jsonl")) if r["kind"] == "decode"}
+    if abv:
+        vs = os.path.join(out, "test_v9.status")
+        vst = open(vs).read().strip() if os.path.exists(vs) else "?"
+        print(f"variant v9 (FP8KV_DECODE_V9=1, decode tests {vst}); us, speed = mean(base) / v9:")
+        print(f"  {'row':<22} {'base':>7} {'base2':>7} {'v9':>7} {'speed':>6} {'%copy':>6} {'t/x SDPA':>8}")
+        for k in sorted(abv, key=lambda k: (k[1], k[0], k[2], k[3])):
+            b1, b2, v = ours.get(k), abb.get(k), abv[k]
+            bs = [r["ms"] for r in (b1, b2) if r]
+            sp = statistics.mean(bs) / v["ms"] if bs else None
+            sd = sdpa.get(k[1:])
+            rel = (v["ms"] / sd if k[0] != "bf16" else sd / v["ms"]) if sd else None
+            f = lambda r: f"{r['ms'] * 1e3:7.1f}" if r else f"{'-':>7}"
+            print(f"  {k[0][:4]} d{k[1]} B={k[2]}/{k[3] // 1024}K{'':<{22 - len(f'{k[0][:4]} d{k[1]} B={k[2]}/{k[3] // 1024}K')}}"
+                  f" {f(b1)} {f(b2)} {f(v)} {sp if sp is not None else float('nan'):6.3f} "
+                  f"{100 * v['GBps'] / copy:6.1f} {rel if rel is not None else float('nan'):8.3f}")
+        tv = [(abv[k]["ms"] / sdpa[k[1:]], k) for k in abv if k[0] == "fp8_e4m3" and k[1] == 128 and k[2] >= 8
+              and k[3] >= 16384 and k[1:] in sdpa]
+        xv = [(sdpa[k[1:]] / abv[k]["ms"], k) for k in abv if k[0] == "bf16" and k[1:] in sdpa]
         cells = []
-        for k in sorted(wide, key=lambda k: (k[1], k[0], k[2], k[3])):
-            b = ours.get(k)
-            if b:
-                cells.append(f"{k[0][:4]} d{k[1]} B={k[2]}/{k[3] // 1024}K {b['ms'] * 1e3:.1f}->{wide[k]['ms'] * 1e3:.1f}"
-                             + (f" ({100 * wide[k]['GBps'] / copy:.1f}%)" if k[0] != "bf16" and k[2] == 1 else ""))
-        print(f"variant wide (FP8KV_DECODE_REDUCE=wide, decode tests {wst}), base -> wide us:")
-        for i in range(0, len(cells), 4):
-            print("  " + "; ".join(cells[i:i + 4]))
+        if tv:
+            w = max(tv)
+            cells.append(f"fp8 d128 max t {w[0]:.3f} (B={w[1][2]}/{w[1][3] // 1024}K; goal <= 0.55)")
+        for d in (128, 256):
+            r = abv.get(("fp8_e4m3", d, 32, 16384))
+            if r:
+                cells.append(f"fp8 d{d} B=32/16K {100 * r['GBps'] / copy:.1f}% (goal >= 90)")
+        if xv:
+            w = min(xv)
+            cells.append(f"bf16 d128 min x {w[0]:.3f} over the A/B rows (goal >= 0.95)")
+        print("  targets under v9: " + "; ".join(cells))
+    spl = [r for r in load(os.path.join(out, "bench_splits.jsonl")) if r["kind"] == "split"]
+    if spl:
+        b = ours.get(("fp8_e4m3", 128, 32, 16384))
+        print("fp8 d128 B=32/16K by split (default kernel; auto plan "
+              + (f"{b['splits']} splits {b['ms'] * 1e3:.1f} us" if b else "-") + "): " + "; ".join(
+                  f"{r['splits']} x {r['split_tokens']} {r['ms'] * 1e3:.1f} us ({100 * r['GBps'] / copy:.1f}%)"
+                  for r in spl))
     probe = load(os.path.join(out, "probe.jsonl"))
     if probe:
         print("order probe (one process, bf16 d128): " + "; ".join(
