@@ -7,9 +7,9 @@
 # process) for bf16 and fp8 e4m3 at D = 128 (Llama-3-8B, 32/8 heads) and
 # D = 256 (Gemma-3-12B, 16/8 heads), PyTorch SDPA bf16 on the same rows, each
 # in a fresh CUDA context (tools/bench_sdpa.py --decode-fresh); the v9
-# variant (FP8KV_DECODE_V9=1): decode tests under it and A/B rows at the
-# targets' sizes; fp8 d128 B=32/16K at forced splits; Nsight Compute on fp8
-# d128 B=32/16K (default, v9) and bf16 (same shape); the SASS spill check,
+# variants (FP8KV_DECODE_V9=1 and =ring): decode tests under each and A/B
+# rows at the targets' sizes; Nsight Compute on fp8 d128 B=32/16K (default,
+# v9, ring) and bf16 (same shape); fp8 d128 B=32/16K at forced splits; the SASS spill check,
 # SASS and opcode histograms of the A/B kernels; a table against the targets.
 #   run(command="bash scripts/gpu_decode.sh", carry=[".debs"])
 # Budget: <= 200 s including the build; optional phases are skipped when the
@@ -76,57 +76,57 @@ bench_rows() {  # name gate dtypes D-filter B-filter [ENV=VAL ...]
 }
 phase "ours (fresh process per row)"
 bench_rows base 185 "bf16 fp8_e4m3" "128 256" "1 8 32 64"
-# Version 9 variant (FP8KV_DECODE_V9=1, the FAST kernels: fewer instructions
-# per tile, bitwise the same results): decode tests under it (all but the
-# 12 s LEAN batch test), then A/B rows where the targets are (B >= 8 at
-# >= 16K, B = 1 at 64K), base and v9 interleaved per row, each in a fresh
-# process (the base rows above are a third sample of the default).
-if [ $(el) -lt 150 ]; then
-  phase "variant v9 (FP8KV_DECODE_V9=1)"
-  FP8KV_DECODE_V9=1 timeout 40 $TEST --gtest_filter='CudaDecode.*:-CudaDecode.LeanAutoBatchEqualsSingle' >"$OUT/test_v9.log" 2>&1
-  rc=$?
-  if [ $rc = 0 ] && grep -q "^\[  PASSED  \]" "$OUT/test_v9.log" && ! grep -q "^\[  FAILED  \]" "$OUT/test_v9.log"; then
-    echo PASS >"$OUT/test_v9.status"
+# Version 9 variants: FP8KV_DECODE_V9=1 (the FAST kernels: fewer
+# instructions per tile) and FP8KV_DECODE_V9=ring (fp8 d128 on the cp.async
+# ring: 4x the bytes in flight), both bitwise the default's results: decode
+# tests under each (all but the 12 s LEAN batch test), then A/B rows where the
+# targets are (B >= 8 at >= 16K, B = 1 at 64K), base / v9 / ring interleaved
+# per row, each in a fresh process (the base rows above are another sample).
+vtest() {  # name value
+  FP8KV_DECODE_V9=$2 timeout 40 $TEST --gtest_filter='CudaDecode.*:-CudaDecode.LeanAutoBatchEqualsSingle' >"$OUT/test_$1.log" 2>&1
+  local rc=$?
+  if [ $rc = 0 ] && grep -q "^\[  PASSED  \]" "$OUT/test_$1.log" && ! grep -q "^\[  FAILED  \]" "$OUT/test_$1.log"; then
+    echo PASS >"$OUT/test_$1.status"
   else
-    echo FAIL >"$OUT/test_v9.status"
+    echo FAIL >"$OUT/test_$1.status"
   fi
-  echo "decode tests under v9: $(cat "$OUT/test_v9.status") (rc $rc)"
-  grep -E "^\[  (PASSED|FAILED) |worst|FAILED" "$OUT/test_v9.log" | tail -8
-  : >"$OUT/bench_ab_base.jsonl"; : >"$OUT/bench_ab_v9.jsonl"
+  echo "decode tests under $1 (FP8KV_DECODE_V9=$2): $(cat "$OUT/test_$1.status") (rc $rc)"
+  grep -E "^\[  FAILED  \]|worst" "$OUT/test_$1.log" | tail -6
+}
+if [ $(el) -lt 150 ]; then
+  phase "variants v9 (FP8KV_DECODE_V9=1) and ring (FP8KV_DECODE_V9=ring)"
+  vtest v9 1
+  vtest ring ring
+  : >"$OUT/bench_ab_base.jsonl"; : >"$OUT/bench_ab_v9.jsonl"; : >"$OUT/bench_ab_ring.jsonl"
   n=0
-  for job in "fp8_e4m3 128 8 16384" "fp8_e4m3 128 32 16384" "fp8_e4m3 128 64 16384" "fp8_e4m3 128 8 65536" \
-             "fp8_e4m3 128 32 65536" "fp8_e4m3 128 64 65536" "fp8_e4m3 128 1 65536" \
-             "bf16 128 32 16384" "bf16 128 32 65536" "bf16 128 64 16384" "bf16 128 64 65536" \
-             "fp8_e4m3 256 8 16384" "fp8_e4m3 256 32 16384" "fp8_e4m3 256 8 65536" "fp8_e4m3 256 32 65536" \
-             "fp8_e4m3 256 1 65536"; do
-    [ $(el) -lt 172 ] || { echo "skip the rest of the A/B rows (time, $(el) s)"; break; }
+  for job in "fp8_e4m3 128 32 16384" "fp8_e4m3 128 8 16384" "fp8_e4m3 128 32 65536" "fp8_e4m3 128 64 16384" \
+             "fp8_e4m3 128 8 65536" "fp8_e4m3 128 64 65536" "fp8_e4m3 128 1 65536" \
+             "bf16 128 32 65536" "bf16 128 32 16384" "bf16 128 64 65536" \
+             "fp8_e4m3 256 32 16384" "fp8_e4m3 256 8 16384" "fp8_e4m3 256 32 65536"; do
+    [ $(el) -lt 165 ] || { echo "skip the rest of the A/B rows (time, $(el) s)"; break; }
     timeout 20 $BENCH shape $job >>"$OUT/bench_ab_base.jsonl" 2>>"$OUT/bench_ab.err" || echo "row ab base $job: rc $?"
     FP8KV_DECODE_V9=1 timeout 20 $BENCH shape $job >>"$OUT/bench_ab_v9.jsonl" 2>>"$OUT/bench_ab.err" ||
       echo "row ab v9 $job: rc $?"
+    if [[ $job == "fp8_e4m3 128 "* ]]; then
+      FP8KV_DECODE_V9=ring timeout 20 $BENCH shape $job >>"$OUT/bench_ab_ring.jsonl" 2>>"$OUT/bench_ab.err" ||
+        echo "row ab ring $job: rc $?"
+    fi
     n=$((n + 1))
   done
   echo "A/B: $n shapes"
 fi
-
-# The split plan at B = 32 (issue 14's 768-CTA question): fp8 d128 B=32/16K
-# with 1, 2, 4 and 8 splits (the auto plan picks 3), default kernel.
-if [ $(el) -lt 175 ]; then
-  phase "splits fp8 d128 B=32/16K"
-  : >"$OUT/bench_splits.jsonl"
-  for st in 16384 8192 4096 2048; do
-    timeout 20 $BENCH shape fp8_e4m3 128 32 16384 $st >>"$OUT/bench_splits.jsonl" 2>/dev/null || echo "split $st: rc $?"
-  done
-fi
 [ -n "$SMI_PID" ] && kill "$SMI_PID" 2>/dev/null
 
 # Nsight Compute, one launch each (--clock-control none: the clocks as in the
-# bench): fp8 d128 B=32/16K default and v9, bf16 d128 B=32/16K for contrast.
-# --set detailed plus the per-reason stall ratios and the pipe utilisations.
+# bench): fp8 d128 B=32/16K default, v9 and ring, bf16 d128 B=32/16K for
+# contrast. --set detailed plus the per-reason stall ratios and the pipe
+# utilisations.
 NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ "${NCU:-1}" != 0 ] && [ -n "$NCU_BIN" ]; then
   phase "ncu ($NCU_BIN)"
   NCU_METRICS=(--metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__inst_executed_pipe_.*\.avg\.pct_of_peak_sustained_active,smsp__inst_executed.sum,dram__bytes_read.sum')
-  for job in "fp8_e4m3 128 32 16384:base=" "fp8_e4m3 128 32 16384:v9=FP8KV_DECODE_V9=1" "bf16 128 32 16384:base="; do
+  for job in "fp8_e4m3 128 32 16384:base=" "bf16 128 32 16384:base=" "fp8_e4m3 128 32 16384:v9=FP8KV_DECODE_V9=1" \
+             "fp8_e4m3 128 32 16384:ring=FP8KV_DECODE_V9=ring"; do
     shape=${job%%:*}; v=${job#*:}
     [ $(el) -lt 180 ] || { echo "skip ncu $shape $v (time)"; continue; }
     name=${v%%=*}; envs=${v#*=}; ev=(); [ -n "$envs" ] && IFS=',' read -ra ev <<<"$envs"
@@ -147,6 +147,17 @@ else
   echo "ncu: not run (NCU=${NCU:-1}, binary '${NCU_BIN}')"
 fi
 
+# The split plan at B = 32 (issue 14's 768-CTA question): fp8 d128 B=32/16K
+# with 1, 2, 4 and 8 splits (the auto plan picks 3), default kernel.
+if [ $(el) -lt 184 ]; then
+  phase "splits fp8 d128 B=32/16K"
+  : >"$OUT/bench_splits.jsonl"
+  for st in 16384 8192 4096 2048; do
+    [ $(el) -lt 188 ] || break
+    timeout 10 $BENCH shape fp8_e4m3 128 32 16384 $st >>"$OUT/bench_splits.jsonl" 2>/dev/null || echo "split $st: rc $?"
+  done
+fi
+
 phase sass
 cuobjdump -sass $BENCH 2>/dev/null | awk '/Function :/ {f=$3; n[f]=0} /LDL|STL/ {l[f]++} END {for (k in n) printf "%s LDL/STL=%d\n", k, l[k]}' |
   grep -E "decode_kernel|decode_reduce" | sed -E 's/^_ZN.*_cu_[0-9a-f]+[0-9][0-9](decode_)/\1/; s/EEvN[^ ]*//' |
@@ -158,12 +169,13 @@ else echo "SASS CHECK: ok (no LDL/STL in $(wc -l <"$OUT/sass.txt") decode kernel
 # d128 DEEP, fp8 d256 REG) and an opcode histogram of each, for reading.
 cuobjdump -sass $BENCH 2>/dev/null | awk -v out="$OUT" '
   /Function :/ { f = ""; n = $3
-    if (n ~ /decode_kernelILi128ELi1ELb0ELb0ELb0ELb0E(Lb0E)?EEv/) f = "fp8_d128_base"
-    if (n ~ /decode_kernelILi128ELi1ELb0ELb0ELb0ELb0ELb1EEEv/) f = "fp8_d128_v9"
-    if (n ~ /decode_kernelILi128ELi0ELb1ELb0ELb0ELb0E(Lb0E)?EEv/) f = "bf16_d128_base"
-    if (n ~ /decode_kernelILi128ELi0ELb1ELb0ELb0ELb0ELb1EEEv/) f = "bf16_d128_v9"
-    if (n ~ /decode_kernelILi256ELi1ELb0ELb0ELb0ELb1E(Lb0E)?EEv/) f = "fp8_d256_base"
-    if (n ~ /decode_kernelILi256ELi1ELb0ELb0ELb0ELb1ELb1EEEv/) f = "fp8_d256_v9" }
+    if (n ~ /decode_kernelILi128ELi1ELb0ELb0ELb0ELb0ELb0ELb0EEEv/) f = "fp8_d128_base"
+    if (n ~ /decode_kernelILi128ELi1ELb0ELb0ELb0ELb0ELb1ELb0EEEv/) f = "fp8_d128_v9"
+    if (n ~ /decode_kernelILi128ELi1ELb0ELb0ELb0ELb0ELb0ELb1EEEv/) f = "fp8_d128_ring"
+    if (n ~ /decode_kernelILi128ELi0ELb1ELb0ELb0ELb0ELb0ELb0EEEv/) f = "bf16_d128_base"
+    if (n ~ /decode_kernelILi128ELi0ELb1ELb0ELb0ELb0ELb1ELb0EEEv/) f = "bf16_d128_v9"
+    if (n ~ /decode_kernelILi256ELi1ELb0ELb0ELb0ELb1ELb0ELb0EEEv/) f = "fp8_d256_base"
+    if (n ~ /decode_kernelILi256ELi1ELb0ELb0ELb0ELb1ELb1ELb0EEEv/) f = "fp8_d256_v9" }
   f != "" { print > (out "/sass_" f ".txt") }'
 for f in "$OUT"/sass_*_*.txt; do
   [ -f "$f" ] || continue

@@ -89,11 +89,14 @@ def main():
     key = lambda r: (r["dtype"], r["d"], r["batch"], r["ctx"])
     abb = {key(r): r for r in load(os.path.join(out, "bench_ab_base.jsonl")) if r["kind"] == "decode"}
     abv = {key(r): r for r in load(os.path.join(out, "bench_ab_v9.jsonl")) if r["kind"] == "decode"}
+    abr = {key(r): r for r in load(os.path.join(out, "bench_ab_ring.jsonl")) if r["kind"] == "decode"}
     if abv:
-        vs = os.path.join(out, "test_v9.status")
-        vst = open(vs).read().strip() if os.path.exists(vs) else "?"
-        print(f"variant v9 (FP8KV_DECODE_V9=1, decode tests {vst}); us, speed = mean(base) / v9:")
-        print(f"  {'row':<22} {'base':>7} {'base2':>7} {'v9':>7} {'speed':>6} {'%copy':>6} {'t/x SDPA':>8}")
+        st = lambda n: open(os.path.join(out, f"test_{n}.status")).read().strip() if os.path.exists(
+            os.path.join(out, f"test_{n}.status")) else "?"
+        print(f"variants v9 (FP8KV_DECODE_V9=1, decode tests {st('v9')}) and ring (FP8KV_DECODE_V9=ring, decode tests "
+              f"{st('ring')}); us, speed = mean(base) / variant; %copy and t/x SDPA of v9:")
+        print(f"  {'row':<22} {'base':>7} {'base2':>7} {'v9':>7} {'speed':>6} {'%copy':>6} {'t/x SDPA':>8} "
+              f"{'ring':>7} {'speed':>6}")
         for k in sorted(abv, key=lambda k: (k[1], k[0], k[2], k[3])):
             b1, b2, v = ours.get(k), abb.get(k), abv[k]
             bs = [r["ms"] for r in (b1, b2) if r]
@@ -103,7 +106,8 @@ def main():
             f = lambda r: f"{r['ms'] * 1e3:7.1f}" if r else f"{'-':>7}"
             print(f"  {k[0][:4]} d{k[1]} B={k[2]}/{k[3] // 1024}K{'':<{22 - len(f'{k[0][:4]} d{k[1]} B={k[2]}/{k[3] // 1024}K')}}"
                   f" {f(b1)} {f(b2)} {f(v)} {sp if sp is not None else float('nan'):6.3f} "
-                  f"{100 * v['GBps'] / copy:6.1f} {rel if rel is not None else float('nan'):8.3f}")
+                  f"{100 * v['GBps'] / copy:6.1f} {rel if rel is not None else float('nan'):8.3f} "
+                  f"{f(abr.get(k))} " + (f"{statistics.mean(bs) / abr[k]['ms']:6.3f}" if k in abr and bs else ""))
         tv = [(abv[k]["ms"] / sdpa[k[1:]], k) for k in abv if k[0] == "fp8_e4m3" and k[1] == 128 and k[2] >= 8
               and k[3] >= 16384 and k[1:] in sdpa]
         xv = [(sdpa[k[1:]] / abv[k]["ms"], k) for k in abv if k[0] == "bf16" and k[1:] in sdpa]
@@ -119,6 +123,13 @@ def main():
             w = min(xv)
             cells.append(f"bf16 d128 min x {w[0]:.3f} over the A/B rows (goal >= 0.95)")
         print("  targets under v9: " + "; ".join(cells))
+        tr = [(abr[k]["ms"] / sdpa[k[1:]], k) for k in abr if k[2] >= 8 and k[3] >= 16384 and k[1:] in sdpa]
+        r = abr.get(("fp8_e4m3", 128, 32, 16384))
+        if tr or r:
+            w = max(tr) if tr else None
+            print("  targets under ring: " + "; ".join(
+                ([f"fp8 d128 max t {w[0]:.3f} (B={w[1][2]}/{w[1][3] // 1024}K)"] if w else [])
+                + ([f"fp8 d128 B=32/16K {100 * r['GBps'] / copy:.1f}%"] if r else [])))
     spl = [r for r in load(os.path.join(out, "bench_splits.jsonl")) if r["kind"] == "split"]
     if spl:
         b = ours.get(("fp8_e4m3", 128, 32, 16384))

@@ -83,7 +83,7 @@ __device__ __forceinline__ uint4 lds16(uint32_t a) {
 // reads at 4.0-4.2 TB/s where the fp8 d256 ring read at 2.5-2.9; run H: the
 // register path reads fp8 d256 at 3.6-3.9 TB/s). The ring stays for bf16
 // d256 (a register tile would not fit) and as FP8KV_DECODE_D256REG=0.
-template <int D, int DT, bool REG = false>
+template <int D, int DT, bool REG = false, bool RG = false>
 struct DecodeCfg {
   static constexpr int EB = DT == kBf16 ? 2 : 1;        // bytes per cache element
   static constexpr int KC = D * EB / 64;                 // 16-byte K chunks per thread per key row
@@ -94,7 +94,7 @@ struct DecodeCfg {
   // cp.async ring for D = 256 (no spills; bf16 d256 reads at 4.2 TB/s);
   // register-staged tiles for D <= 128, which measured faster there (v3 at
   // 3.9 TB/s vs the ring's 3.2 TB/s on fp8 d128, 2026-11-30 runs 1-2).
-  static constexpr bool USE_RING = D == 256 && !REG;
+  static constexpr bool USE_RING = (D == 256 && !REG) || RG;  // RG: version 9's RING variant (fp8 d128)
   static constexpr int S = STAGE <= 2048 ? 8 : STAGE <= 4096 ? 4 : 3;  // stages per warp
   static constexpr int RING = USE_RING ? S * STAGE : kMaxGroup * D * 4;  // bytes per warp
   static constexpr int SMEM = kWarps * RING + 2 * kWarps * kMaxGroup * 4;
@@ -136,11 +136,22 @@ constexpr int kReduceThreads = 256;  // decode_reduce_kernel
 // masks only on tiles that cross [first, s_end) (warp-uniform test). Launch
 // bounds keep the default's CTAs per SM (3 for fp8 d128, 2 for DEEP bf16 and
 // fp8 d256).
-template <int D, int DT, bool DEEP = false, bool LEAN = false, bool HPW = false, bool REG = false, bool FAST = false>
-__global__ void __launch_bounds__(kWarps * 32, LEAN ? 4 : FAST ? (D * (DT == kBf16 ? 2 : 1) <= 128 && !DEEP ? 3 : 2) : 0)
+//
+// RING (version 9 variant, FP8KV_DECODE_V9=ring; fp8 e4m3 d128): the D = 256
+// cp.async ring at D = 128, 4 stages of 4 KB per warp, 3 CTAs per SM (66 KB
+// of shared memory each): 16 KB in flight per warp, 192 KB per SM, where the
+// register path has one 4 KB tile per warp (48 KB per SM). It tests whether
+// fp8 d128 is short of bytes in flight (decode v4 measured an earlier
+// 3-stage ring slower at d128, cause not established). Same tiles and
+// arithmetic as the default: bitwise the same results.
+template <int D, int DT, bool DEEP = false, bool LEAN = false, bool HPW = false, bool REG = false, bool FAST = false,
+          bool RING = false>
+__global__ void __launch_bounds__(kWarps * 32,
+                                  LEAN ? 4 : FAST ? (D * (DT == kBf16 ? 2 : 1) <= 128 && !DEEP ? 3 : 2) : RING ? 3 : 0)
     decode_kernel(const DecodeParams p) {
   static_assert(!FAST || (!HPW && !LEAN && !DecodeCfg<D, DT, REG>::USE_RING), "FAST: register path only");
-  using C = DecodeCfg<D, DT, REG>;
+  static_assert(!RING || (!FAST && !HPW && !LEAN && !DEEP && D == 128), "RING: d128 default pipeline only");
+  using C = DecodeCfg<D, DT, REG, RING>;
   constexpr int EB = C::EB;
   constexpr int E = 16 / EB;               // elements per 16-byte chunk
   constexpr int J = E / 4;                 // k-steps per chunk
@@ -923,17 +934,21 @@ bool reduce_wide_env() {
   }();
   return on;
 }
-// FP8KV_DECODE_V9=1: the FAST kernels (version 9 variant, off by default;
-// see decode_kernel) where instantiated (kHasFast), else the default.
-constexpr bool kDefaultV9 = false;
-bool v9_env() {
-  static const bool on = [] {
+// FP8KV_DECODE_V9 (version 9 variants, off by default; see decode_kernel):
+// "1" the FAST kernels where instantiated (kHasFast), "ring" fp8 e4m3 d128
+// on the cp.async ring (RING); anything else the defaults.
+constexpr int kDefaultV9 = 0;  // 0 off, 1 FAST, 2 RING
+int v9_mode() {
+  static const int v = [] {
     const char* e = std::getenv("FP8KV_DECODE_V9");
     if (e == nullptr || *e == 0) return kDefaultV9;
-    return std::string(e) == "1";
+    const std::string s = e;
+    return s == "1" ? 1 : s == "ring" ? 2 : 0;
   }();
-  return on;
+  return v;
 }
+bool v9_env() { return v9_mode() == 1; }
+bool v9_ring_env() { return v9_mode() == 2; }
 constexpr bool kDefaultL2PrefetchPair = false;
 bool l2_prefetch_pair_env() {
   static const bool on = [] {
@@ -968,26 +983,30 @@ int pipeline_variant() {
 // needed before a launch and before an occupancy query.
 // Kernel attributes are per device: set once per device (TP ranks are threads
 // of one process, one GPU each), by set_func_attribute_once (common.cuh).
-template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false, bool FAST = false>
+template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false, bool FAST = false,
+          bool RING = false>
 void prepare_decode_t() {
-  constexpr int smem = DecodeCfg<D, DT, REG>::SMEM;
-  set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST>,
+  constexpr int smem = DecodeCfg<D, DT, REG, RING>::SMEM;
+  set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING>,
                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   // All of the unified L1 as shared memory for the ring (so 2 CTAs of 96 KB
   // fit per SM).
-  if constexpr (DecodeCfg<D, DT, REG>::USE_RING)
-    set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST>, cudaFuncAttributePreferredSharedMemoryCarveout,
+  if constexpr (DecodeCfg<D, DT, REG, RING>::USE_RING)
+    set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING>,
+                            cudaFuncAttributePreferredSharedMemoryCarveout,
                             cudaSharedmemCarveoutMaxShared);
 }
 
-template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false, bool FAST = false>
+template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false, bool FAST = false,
+          bool RING = false>
 void launch_decode_tv(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
-  prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG, FAST>();
-  constexpr int smem = DecodeCfg<D, DT, REG>::SMEM;
-  decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST><<<grid, kWarps * 32, smem, stream>>>(p);
+  prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG, FAST, RING>();
+  constexpr int smem = DecodeCfg<D, DT, REG, RING>::SMEM;
+  decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING><<<grid, kWarps * 32, smem, stream>>>(p);
 }
 
-template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false, bool FAST = false>
+template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false, bool FAST = false,
+          bool RING = false>
 int resident_ctas_t();
 
 // FAST instantiations (version 9, FP8KV_DECODE_V9=1): the defaults of e4m3
@@ -1038,6 +1057,10 @@ void launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool
         if (v == 0) return launch_decode_tv<D, DT, false, false, false, false, true>(p, grid, stream);
       }
     }
+    if constexpr (DT == kE4m3) {
+      if (v9_ring_env() && pipeline_variant<D, DT>() == 0)
+        return launch_decode_tv<D, DT, false, false, false, false, false, true>(p, grid, stream);
+    }
   }
   if constexpr (kHasDeep<D, DT>) {
     switch (pipeline_variant<D, DT>()) {
@@ -1054,7 +1077,7 @@ void launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool
 // Resident decode CTAs per SM (occupancy API) of one instantiation on the
 // current device; 0 when it cannot be asked (no device). Cached per
 // instantiation and device (thread-safe: atomics).
-template <int D, int DT, bool DEEP, bool LEAN, bool HPW, bool REG, bool FAST>
+template <int D, int DT, bool DEEP, bool LEAN, bool HPW, bool REG, bool FAST, bool RING>
 int resident_ctas_t() {
   static std::array<std::atomic<int>, 64> cache{};  // 0 = not asked yet
   int dev = 0;
@@ -1070,9 +1093,9 @@ int resident_ctas_t() {
   int c = 0;
   bool ok = false;
   try {
-    prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG, FAST>();
-    ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST>, kWarps * 32,
-                                                       DecodeCfg<D, DT, REG>::SMEM) == cudaSuccess;
+    prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG, FAST, RING>();
+    ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING>,
+                                                       kWarps * 32, DecodeCfg<D, DT, REG, RING>::SMEM) == cudaSuccess;
   } catch (const std::runtime_error&) {
   }
   if (!ok) {
@@ -1102,6 +1125,10 @@ int resident_ctas_v(bool hpw) {
       } else {
         if (v == 0) return resident_ctas_t<D, DT, false, false, false, false, true>();
       }
+    }
+    if constexpr (DT == kE4m3) {
+      if (v9_ring_env() && pipeline_variant<D, DT>() == 0)
+        return resident_ctas_t<D, DT, false, false, false, false, false, true>();
     }
   }
   if constexpr (kHasDeep<D, DT>) {
