@@ -102,7 +102,7 @@ if [ $(el) -lt 150 ]; then
   for job in "fp8_e4m3 128 32 16384" "fp8_e4m3 128 8 16384" "fp8_e4m3 128 32 65536" "fp8_e4m3 128 64 16384" \
              "fp8_e4m3 128 8 65536" "fp8_e4m3 128 64 65536" "fp8_e4m3 128 1 65536" \
              "bf16 128 32 65536" "bf16 128 64 65536" "fp8_e4m3 256 32 16384" "fp8_e4m3 256 32 65536"; do
-    [ $(el) -lt 165 ] || { echo "skip the rest of the A/B rows (time, $(el) s)"; break; }
+    [ $(el) -lt 160 ] || { echo "skip the rest of the A/B rows (time, $(el) s)"; break; }
     timeout 20 $BENCH shape $job >>"$OUT/bench_ab_base.jsonl" 2>>"$OUT/bench_ab.err" || echo "row ab base $job: rc $?"
     FP8KV_DECODE_V9=1 timeout 20 $BENCH shape $job >>"$OUT/bench_ab_v9.jsonl" 2>>"$OUT/bench_ab.err" ||
       echo "row ab v9 $job: rc $?"
@@ -127,11 +127,11 @@ if [ "${NCU:-1}" != 0 ] && [ -n "$NCU_BIN" ]; then
   for job in "fp8_e4m3 128 32 16384:base=" "bf16 128 32 16384:base=" "fp8_e4m3 128 32 16384:v9=FP8KV_DECODE_V9=1" \
              "fp8_e4m3 128 32 16384:ring=FP8KV_DECODE_V9=ring"; do
     shape=${job%%:*}; v=${job#*:}
-    [ $(el) -lt 172 ] || { echo "skip ncu $shape $v (time)"; continue; }
+    [ $(el) -lt 176 ] || { echo "skip ncu $shape $v (time)"; continue; }
     name=${v%%=*}; envs=${v#*=}; ev=(); [ -n "$envs" ] && IFS=',' read -ra ev <<<"$envs"
     tag=$(echo "$shape" | awk '{printf "%s_d%s_b%s_c%s", ($1=="bf16"?"bf16":"fp8"), $2, $3, $4}')_$name
     ncu_run() {
-      env FP8KV_BENCH_WARMUP_MS=0 "${ev[@]}" timeout 20 "$NCU_BIN" --clock-control none -k regex:decode_kernel \
+      env FP8KV_BENCH_WARMUP_MS=0 "${ev[@]}" timeout 15 "$NCU_BIN" --clock-control none -k regex:decode_kernel \
         --launch-skip 3 --launch-count 1 --set detailed "${NCU_METRICS[@]}" $BENCH shape $shape >"$OUT/ncu_$tag.txt" 2>&1
     }
     if ! ncu_run && [ ${#NCU_METRICS[@]} -gt 0 ]; then
@@ -155,6 +155,16 @@ if [ $(el) -lt 184 ]; then
     [ $(el) -lt 188 ] || break
     timeout 10 $BENCH shape fp8_e4m3 128 32 16384 $st >>"$OUT/bench_splits.jsonl" 2>/dev/null || echo "split $st: rc $?"
   done
+fi
+# The LEAN batch test under v9 (batch 64 runs LEAN, each single sequence the
+# FAST kernel: bitwise equal only if FAST's arithmetic is the default's), the
+# condition for making FAST a default; optional (12 s).
+if [ $(el) -lt 183 ] && [ -f "$OUT/test_v9.status" ]; then
+  phase "LEAN batch test under v9"
+  FP8KV_DECODE_V9=1 timeout 15 $TEST --gtest_filter='CudaDecode.LeanAutoBatchEqualsSingle' >"$OUT/test_v9_lean.log" 2>&1
+  rc=$?
+  if [ $rc = 0 ] && grep -q "^\[  PASSED  \] 1 test" "$OUT/test_v9_lean.log"; then echo PASS; else echo "FAIL or cut (rc $rc)"; fi |
+    tee "$OUT/test_v9_lean.status" | sed 's/^/LeanAutoBatchEqualsSingle under v9: /'
 fi
 
 phase sass
