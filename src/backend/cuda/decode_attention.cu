@@ -936,19 +936,29 @@ bool reduce_wide_env() {
 }
 // FP8KV_DECODE_V9 (version 9 variants, off by default; see decode_kernel):
 // "1" the FAST kernels where instantiated (kHasFast), "ring" fp8 e4m3 d128
-// on the cp.async ring (RING); anything else the defaults.
-constexpr int kDefaultV9 = 0;  // 0 off, 1 FAST, 2 RING
+// on the cp.async ring (RING), "0" (or anything else) the defaults. A bit
+// set: kV9Fp8 (FAST fp8 e4m3 d128), kV9Bf16 (FAST bf16 d128), kV9D256 (FAST
+// fp8 e4m3 d256), kV9Ring; kDefaultV9 applies when the variable is unset.
+constexpr int kV9Fp8 = 1, kV9Bf16 = 2, kV9D256 = 4, kV9Ring = 8;
+constexpr int kDefaultV9 = 0;
 int v9_mode() {
   static const int v = [] {
     const char* e = std::getenv("FP8KV_DECODE_V9");
     if (e == nullptr || *e == 0) return kDefaultV9;
     const std::string s = e;
-    return s == "1" ? 1 : s == "ring" ? 2 : 0;
+    return s == "1" ? kV9Fp8 | kV9Bf16 | kV9D256 : s == "ring" ? kV9Ring : 0;
   }();
   return v;
 }
-bool v9_env() { return v9_mode() == 1; }
-bool v9_ring_env() { return v9_mode() == 2; }
+template <int D, int DT>
+bool v9_fast() {  // the FAST kernel of (D, DT), when instantiated
+  const int v = v9_mode();
+  if constexpr (D == 128 && DT == kE4m3) return (v & kV9Fp8) != 0;
+  if constexpr (D == 128 && DT == kBf16) return (v & kV9Bf16) != 0;
+  if constexpr (D == 256 && DT == kE4m3) return (v & kV9D256) != 0;
+  return false;
+}
+bool v9_ring_env() { return (v9_mode() & kV9Ring) != 0; }
 constexpr bool kDefaultL2PrefetchPair = false;
 bool l2_prefetch_pair_env() {
   static const bool on = [] {
@@ -1023,7 +1033,7 @@ template <int D, int DT>
 void launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool hpw) {
   if constexpr (D == 256 && DT != kBf16) {
     if constexpr (kHasFast<D, DT>) {
-      if (d256_reg_env() && v9_env()) return launch_decode_tv<D, DT, false, false, false, true, true>(p, grid, stream);
+      if (d256_reg_env() && v9_fast<D, DT>()) return launch_decode_tv<D, DT, false, false, false, true, true>(p, grid, stream);
     }
     if (d256_reg_env()) return launch_decode_tv<D, DT, false, false, false, true>(p, grid, stream);
   }
@@ -1049,7 +1059,7 @@ void launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool
     }
   }
   if constexpr (D == 128 && kHasFast<D, DT>) {
-    if (v9_env()) {
+    if (v9_fast<D, DT>()) {
       const int v = pipeline_variant<D, DT>();
       if constexpr (DT == kBf16) {
         if (v == 1) return launch_decode_tv<D, DT, true, false, false, false, true>(p, grid, stream);
@@ -1110,7 +1120,7 @@ template <int D, int DT>
 int resident_ctas_v(bool hpw) {
   if constexpr (D == 256 && DT != kBf16) {
     if constexpr (kHasFast<D, DT>) {
-      if (d256_reg_env() && v9_env()) return resident_ctas_t<D, DT, false, false, false, true, true>();
+      if (d256_reg_env() && v9_fast<D, DT>()) return resident_ctas_t<D, DT, false, false, false, true, true>();
     }
     if (d256_reg_env()) return resident_ctas_t<D, DT, false, false, false, true>();
   }
@@ -1118,7 +1128,7 @@ int resident_ctas_v(bool hpw) {
     if (hpw) return resident_ctas_t<D, DT, kHpwDeep<D, DT>, false, true>();
   }
   if constexpr (D == 128 && kHasFast<D, DT>) {
-    if (v9_env()) {
+    if (v9_fast<D, DT>()) {
       const int v = pipeline_variant<D, DT>();
       if constexpr (DT == kBf16) {
         if (v == 1) return resident_ctas_t<D, DT, true, false, false, false, true>();
