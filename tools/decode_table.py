@@ -37,7 +37,8 @@ def main():
     out = sys.argv[1]
     base = load(os.path.join(out, "bench_base.jsonl"))
     ring = load(os.path.join(out, "bench_d256ring.jsonl"))
-    copies = [r["GBps"] for r in base + ring if r["kind"] == "copy"]
+    ab_all = [r for n in ("base", "v9", "ring") for r in load(os.path.join(out, f"bench_ab_{n}.jsonl"))]
+    copies = [r["GBps"] for r in base + ring if r["kind"] == "copy"] or [r["GBps"] for r in ab_all if r["kind"] == "copy"]
     copy = statistics.median(copies) if copies else float("nan")
     sdpa = {(r["d"], r["batch"], r["ctx"]): r["ms"] for r in load(os.path.join(out, "sdpa.jsonl"))
             if r["kind"] == "sdpa_decode"}
