@@ -317,9 +317,9 @@ TEST(CudaDecode, LongSplitsWrapTheRing) {
 TEST(CudaDecode, VeryLongSplitRefillsBlockIds) {
   FP8KV_REQUIRE_GPU();
   std::mt19937_64 rng(test_seed());
-  for (KvDtype dt : kDtypes)
+  for (KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3})  // the FAST kernels' dtypes
     for (int D : {128, 256}) {
-      const std::vector<int> lengths = {9000, 8211, 33};
+      const std::vector<int> lengths = {9000, 33};  // (the random cache fill dominates the test's time)
       run_decode_case(rng, DecodeCase{dt, D, 4, 2, 16, 0, ScaleMode::per_head, 0.0f}, 16384, true, lengths);
       run_decode_case(rng, DecodeCase{dt, D, 2, 1, 32, 8999, ScaleMode::per_tensor, 0.0f}, 16384, false, lengths);
       if (HasFailure()) return;
