@@ -495,23 +495,34 @@ __global__ void __launch_bounds__(kWarps * 32,
           mma16816<DT>(s[nt], qa[ks_][0], 0u, qa[ks_][1], 0u, b0, b1);
         }
       }
-      // Only a tile crossing [first, s_end) needs the masks (warp-uniform).
+      // Only a tile crossing [first, s_end) needs the masks, and the softcap
+      // branch is taken once per tile, not per score (both warp-uniform).
       const bool edge = j0 < first || j0 + kTile > s_end;
       float x[2][2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) x[nt][e] = s[nt][e] * score_mul;
+      if (softcap) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) x[nt][e] = p.softcap * tanhf(x[nt][e]) * kLog2e;
+      }
+      if (edge) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int j = j0 + nt * 8 + 2 * t + e;
+            x[nt][e] = (j >= first && j < s_end) ? x[nt][e] : -INFINITY;
+          }
+      }
       float mx = -INFINITY;
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float v = s[nt][e] * score_mul;
-          if (softcap) v = p.softcap * tanhf(v) * kLog2e;
-          if (edge) {
-            const int j = j0 + nt * 8 + 2 * t + e;
-            v = (j >= first && j < s_end) ? v : -INFINITY;
-          }
-          x[nt][e] = v;
-          mx = fmaxf(mx, v);
-        }
+        for (int e = 0; e < 2; ++e) mx = fmaxf(mx, x[nt][e]);
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_new = fmaxf(m, mx);
