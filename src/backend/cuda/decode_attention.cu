@@ -492,7 +492,13 @@ __global__ void __launch_bounds__(kWarps * 32,
             b0 = fp8x2_to_f16x2<DT>(w);
             b1 = fp8x2_to_f16x2<DT>(w >> 16);
           }
-          mma16816<DT>(s[nt], qa[ks_][0], 0u, qa[ks_][1], 0u, b0, b1);
+          // A rows 8-15 (a1, a3) only feed S rows 8-15, which are never
+          // read: opaque values (no defining instruction) instead of zeros,
+          // which the default re-materialises every tile (16 moves in SASS).
+          uint32_t z1, z3;
+          asm volatile("" : "=r"(z1));
+          asm volatile("" : "=r"(z3));
+          mma16816<DT>(s[nt], qa[ks_][0], z1, qa[ks_][1], z3, b0, b1);
         }
       }
       // Only a tile crossing [first, s_end) needs the masks, and the softcap
