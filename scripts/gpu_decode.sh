@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # GPU machine: decode kernels (issue 14, docs/cuda.md "Decode v9"). Builds
-# test_cuda + bench_attention (gpu_kernel_build.sh), runs the decode
-# correctness tests (CudaDecode.*, CudaPlan.*: within the derived bound,
-# batched == single bitwise), then the decode benchmark with every row in a
-# fresh process: bench_attention `shape` (copy bandwidth + one decode row per
-# process) for bf16 and fp8 e4m3 at D = 128 (Llama-3-8B, 32/8 heads) and
-# D = 256 (Gemma-3-12B, 16/8 heads), PyTorch SDPA bf16 on the same rows, each
-# in a fresh CUDA context (tools/bench_sdpa.py --decode-fresh); the v9
-# variants (FP8KV_DECODE_V9=1 and =ring): decode tests under each and A/B
-# rows at the targets' sizes; Nsight Compute on fp8 d128 B=32/16K (default,
-# v9, ring) and bf16 (same shape); fp8 d128 B=32/16K at forced splits; the SASS spill check,
-# SASS and opcode histograms of the A/B kernels; a table against the targets.
+# test_cuda + bench_attention (gpu_kernel_build.sh). Full mode, in the order
+# of what matters: decode correctness tests (CudaDecode.*, CudaPlan.*: within
+# the derived bound, batched == single bitwise) under the default, then under
+# the first ALT variant (FP8KV_DECODE_V9 values); A/B rows (default vs ALT,
+# interleaved, one fresh process per row) at the targets' sizes; Nsight
+# Compute on fp8 d128 B=32/16K (default, ALT) and bf16 (same shape); PyTorch
+# SDPA bf16 on every table row, each in a fresh CUDA context
+# (tools/bench_sdpa.py --decode-fresh); our rows (bench_attention `shape`,
+# one process per row; bf16 and fp8 e4m3 at D = 128, Llama-3-8B 32/8 heads,
+# and D = 256, Gemma-3-12B 16/8 heads); the SASS spill check, SASS dumps and
+# opcode histograms; a table against the targets. Short mode (BUDGET=N):
+# see below.
 #   run(command="bash scripts/gpu_decode.sh", carry=[".debs"])
-# Budget: <= 200 s including the build; optional phases are skipped when the
-# run is late. Logs under $OUT.
+# Budget: <= 200 s including the build; later phases are cut when the run is
+# late. Logs under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/fp8kv-out}
@@ -75,6 +76,11 @@ if [ "${BUDGET:-0}" -gt 0 ]; then
   exit 0
 fi
 
+# Full mode, in the order of what matters (the lead's note after run K1):
+# decode tests (default), the variants' A/B rows and Nsight Compute first,
+# then SDPA and the full base table, the SASS check and the table. ALT is
+# the A/B variant list (name:FP8KV_DECODE_V9 value).
+ALT=${ALT:-"v9:1 ring:ring"}
 phase test
 timeout 60 $TEST --gtest_filter='CudaDecode.*:CudaPlan.*' --gtest_output=json:"$OUT/test_cuda.json" >"$OUT/test_cuda.log" 2>&1
 rc=$?
@@ -93,16 +99,71 @@ if command -v nvidia-smi >/dev/null; then
   SMI_PID=$!
 fi
 
+# Decode tests under the first ALT variant (all but the 12 s LEAN batch test).
+first=${ALT%% *}; fname=${first%%:*}; fval=${first#*:}
+if [ -n "$first" ] && [ $(el) -lt 120 ]; then
+  phase "decode tests under $fname (FP8KV_DECODE_V9=$fval)"
+  FP8KV_DECODE_V9=$fval timeout 40 $TEST --gtest_filter='CudaDecode.*:-CudaDecode.LeanAutoBatchEqualsSingle' >"$OUT/test_$fname.log" 2>&1
+  rc=$?
+  if [ $rc = 0 ] && grep -q "^\[  PASSED  \]" "$OUT/test_$fname.log" && ! grep -q "^\[  FAILED  \]" "$OUT/test_$fname.log"; then
+    echo PASS >"$OUT/test_$fname.status"; else echo FAIL >"$OUT/test_$fname.status"; fi
+  echo "decode tests under $fname: $(cat "$OUT/test_$fname.status") (rc $rc)"
+  grep -E "^\[  FAILED  \]|worst" "$OUT/test_$fname.log" | tail -5
+fi
+
+# A/B rows: fp8 d128 at B >= 8 and ctx >= 16K, B=1/64K, fp8 d256 B=32/16K, bf16
+# B=32/64K; the default and each ALT variant interleaved per row, each in a
+# fresh process (the variants other than FAST apply to fp8 d128 only).
+phase "A/B rows (default vs $ALT)"
+: >"$OUT/bench_ab_base.jsonl"
+for a in $ALT; do : >"$OUT/bench_ab_${a%%:*}.jsonl"; done
+for job in "fp8_e4m3 128 32 16384" "fp8_e4m3 128 8 16384" "fp8_e4m3 128 64 16384" "fp8_e4m3 128 8 65536" \
+           "fp8_e4m3 128 32 65536" "fp8_e4m3 128 64 65536" "fp8_e4m3 128 1 65536" "fp8_e4m3 256 32 16384" \
+           "bf16 128 32 65536" "bf16 128 64 65536"; do
+  [ $(el) -lt 110 ] || { echo "A/B: stop at $job (time, $(el) s)"; break; }
+  timeout 10 $BENCH shape $job >>"$OUT/bench_ab_base.jsonl" 2>>"$OUT/bench_ab.err" || echo "row ab base $job: rc $?"
+  for a in $ALT; do
+    n=${a%%:*}; v=${a#*:}
+    [[ $n == v9 || $n == old || $job == "fp8_e4m3 128 "* ]] || continue
+    FP8KV_DECODE_V9=$v timeout 10 $BENCH shape $job >>"$OUT/bench_ab_$n.jsonl" 2>>"$OUT/bench_ab.err" || echo "row ab $n $job: rc $?"
+  done
+done
+
+# Nsight Compute, one launch each (--clock-control none: the clocks as in the
+# bench): fp8 d128 B=32/16K default and each ALT variant, then bf16 (same
+# shape) for contrast: the detailed sections plus the per-reason stall ratios.
+NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [ "${NCU:-1}" != 0 ] && [ -n "$NCU_BIN" ]; then
+  phase "ncu ($NCU_BIN)"
+  jobs_=("fp8_e4m3 128 32 16384:base:")
+  for a in $ALT; do jobs_+=("fp8_e4m3 128 32 16384:${a%%:*}:${a#*:}"); done
+  jobs_+=("bf16 128 32 16384:base:")
+  for job in "${jobs_[@]}"; do
+    shape=${job%%:*}; rest=${job#*:}; name=${rest%%:*}; v9=${rest#*:}
+    [ $(el) -lt 140 ] || { echo "skip ncu $shape $name (time)"; continue; }
+    tag=$(echo "$shape" | awk '{printf "%s_d%s_b%s_c%s", ($1=="bf16"?"bf16":"fp8"), $2, $3, $4}')_$name
+    FP8KV_BENCH_WARMUP_MS=0 FP8KV_DECODE_V9=$v9 timeout 15 "$NCU_BIN" --clock-control none -k regex:decode_kernel \
+      --launch-skip 3 --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+      --section SchedulerStats --section InstructionStats --section ComputeWorkloadAnalysis --section Occupancy \
+      --section LaunchStats --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,dram__bytes_read.sum' \
+      $BENCH shape $shape >"$OUT/ncu_$tag.txt" 2>&1 || echo "ncu $tag: rc $?"
+    grep -E "^\s*(Duration|DRAM Throughput|L2 Cache Throughput|Warp Cycles Per Issued Instruction|Issue Slots Busy|Executed Instructions) " \
+      "$OUT/ncu_$tag.txt" | head -6 | sed -E "s/ +/ /g; s/^/  $tag:/"
+  done
+fi
+
 # The rows (H HKV D B CTX), each measured in a fresh process / CUDA context.
 ROWS=()
 for B in 1 8 32 64; do for C in 1024 4096 16384 65536; do ROWS+=("32 8 128 $B $C"); done; done
 for B in 1 8 32; do for C in 16384 65536; do ROWS+=("16 8 256 $B $C"); done; done
 
-phase "sdpa (fresh context per row)"
-SARGS=(); for r in "${ROWS[@]}"; do SARGS+=("${r// /,}"); done
-timeout 75 python3 tools/bench_sdpa.py --decode-fresh "${SARGS[@]}" >"$OUT/sdpa.jsonl" 2>"$OUT/sdpa.err"
-rc=$?
-echo "sdpa rows: $(grep -c sdpa_decode "$OUT/sdpa.jsonl") of ${#ROWS[@]} (rc $rc)"; tail -2 "$OUT/sdpa.err"
+if [ $(el) -lt 150 ]; then
+  phase "sdpa (fresh context per row)"
+  SARGS=(); for r in "${ROWS[@]}"; do SARGS+=("${r// /,}"); done
+  timeout $(( 185 - $(el) < 60 ? 185 - $(el) : 60 )) python3 tools/bench_sdpa.py --decode-fresh "${SARGS[@]}" >"$OUT/sdpa.jsonl" 2>"$OUT/sdpa.err"
+  rc=$?
+  echo "sdpa rows: $(grep -c sdpa_decode "$OUT/sdpa.jsonl") of ${#ROWS[@]} (rc $rc)"; tail -2 "$OUT/sdpa.err"
+fi
 
 bench_rows() {  # name gate dtypes D-filter B-filter [ENV=VAL ...]
   local name=$1 gate=$2 dts=$3 dsel=$4 bsel=$5; shift 5
@@ -121,97 +182,8 @@ bench_rows() {  # name gate dtypes D-filter B-filter [ENV=VAL ...]
   echo "$name: $n rows"
 }
 phase "ours (fresh process per row)"
-bench_rows base 185 "bf16 fp8_e4m3" "128 256" "1 8 32 64"
-# Version 9 variants: FP8KV_DECODE_V9=1 (the FAST kernels: fewer
-# instructions per tile) and FP8KV_DECODE_V9=ring (fp8 d128 on the cp.async
-# ring: 4x the bytes in flight), both bitwise the default's results: decode
-# tests under each (all but the 12 s LEAN batch test), then A/B rows where the
-# targets are (B >= 8 at >= 16K, B = 1 at 64K), base / v9 / ring interleaved
-# per row, each in a fresh process (the base rows above are another sample).
-vtest() {  # name value
-  FP8KV_DECODE_V9=$2 timeout 40 $TEST --gtest_filter='CudaDecode.*:-CudaDecode.LeanAutoBatchEqualsSingle' >"$OUT/test_$1.log" 2>&1
-  local rc=$?
-  if [ $rc = 0 ] && grep -q "^\[  PASSED  \]" "$OUT/test_$1.log" && ! grep -q "^\[  FAILED  \]" "$OUT/test_$1.log"; then
-    echo PASS >"$OUT/test_$1.status"
-  else
-    echo FAIL >"$OUT/test_$1.status"
-  fi
-  echo "decode tests under $1 (FP8KV_DECODE_V9=$2): $(cat "$OUT/test_$1.status") (rc $rc)"
-  grep -E "^\[  FAILED  \]|worst" "$OUT/test_$1.log" | tail -6
-}
-if [ $(el) -lt 150 ]; then
-  phase "variants v9 (FP8KV_DECODE_V9=1) and ring (FP8KV_DECODE_V9=ring)"
-  vtest v9 1
-  vtest ring ring
-  : >"$OUT/bench_ab_base.jsonl"; : >"$OUT/bench_ab_v9.jsonl"; : >"$OUT/bench_ab_ring.jsonl"
-  n=0
-  for job in "fp8_e4m3 128 32 16384" "fp8_e4m3 128 8 16384" "fp8_e4m3 128 32 65536" "fp8_e4m3 128 64 16384" \
-             "fp8_e4m3 128 8 65536" "fp8_e4m3 128 64 65536" "fp8_e4m3 128 1 65536" \
-             "bf16 128 32 65536" "bf16 128 64 65536" "fp8_e4m3 256 32 16384" "fp8_e4m3 256 32 65536"; do
-    [ $(el) -lt 160 ] || { echo "skip the rest of the A/B rows (time, $(el) s)"; break; }
-    timeout 20 $BENCH shape $job >>"$OUT/bench_ab_base.jsonl" 2>>"$OUT/bench_ab.err" || echo "row ab base $job: rc $?"
-    FP8KV_DECODE_V9=1 timeout 20 $BENCH shape $job >>"$OUT/bench_ab_v9.jsonl" 2>>"$OUT/bench_ab.err" ||
-      echo "row ab v9 $job: rc $?"
-    if [[ $job == "fp8_e4m3 128 "* ]]; then
-      FP8KV_DECODE_V9=ring timeout 20 $BENCH shape $job >>"$OUT/bench_ab_ring.jsonl" 2>>"$OUT/bench_ab.err" ||
-        echo "row ab ring $job: rc $?"
-    fi
-    n=$((n + 1))
-  done
-  echo "A/B: $n shapes"
-fi
+bench_rows base 188 "fp8_e4m3 bf16" "128 256" "1 8 32 64"
 [ -n "$SMI_PID" ] && kill "$SMI_PID" 2>/dev/null
-
-# Nsight Compute, one launch each (--clock-control none: the clocks as in the
-# bench): fp8 d128 B=32/16K default, v9 and ring, bf16 d128 B=32/16K for
-# contrast. --set detailed plus the per-reason stall ratios and the pipe
-# utilisations.
-NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-if [ "${NCU:-1}" != 0 ] && [ -n "$NCU_BIN" ]; then
-  phase "ncu ($NCU_BIN)"
-  NCU_METRICS=(--metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__inst_executed_pipe_.*\.avg\.pct_of_peak_sustained_active,smsp__inst_executed.sum,dram__bytes_read.sum')
-  for job in "fp8_e4m3 128 32 16384:base=" "bf16 128 32 16384:base=" "fp8_e4m3 128 32 16384:v9=FP8KV_DECODE_V9=1" \
-             "fp8_e4m3 128 32 16384:ring=FP8KV_DECODE_V9=ring"; do
-    shape=${job%%:*}; v=${job#*:}
-    [ $(el) -lt 176 ] || { echo "skip ncu $shape $v (time)"; continue; }
-    name=${v%%=*}; envs=${v#*=}; ev=(); [ -n "$envs" ] && IFS=',' read -ra ev <<<"$envs"
-    tag=$(echo "$shape" | awk '{printf "%s_d%s_b%s_c%s", ($1=="bf16"?"bf16":"fp8"), $2, $3, $4}')_$name
-    ncu_run() {
-      env FP8KV_BENCH_WARMUP_MS=0 "${ev[@]}" timeout 15 "$NCU_BIN" --clock-control none -k regex:decode_kernel \
-        --launch-skip 3 --launch-count 1 --set detailed "${NCU_METRICS[@]}" $BENCH shape $shape >"$OUT/ncu_$tag.txt" 2>&1
-    }
-    if ! ncu_run && [ ${#NCU_METRICS[@]} -gt 0 ]; then
-      echo "ncu $tag failed with the extra metrics (tail: $(tail -2 "$OUT/ncu_$tag.txt" | paste -sd' ')); without them from now on"
-      NCU_METRICS=()
-      ncu_run || echo "ncu $tag: rc $? (tail: $(tail -2 "$OUT/ncu_$tag.txt" | paste -sd' '))"
-    fi
-    grep -E "^\s*(Duration|DRAM Throughput|Executed Ipc Active|Warp Cycles Per Issued Instruction|Issue Slots Busy) " \
-      "$OUT/ncu_$tag.txt" | head -5 | sed -E "s/ +/ /g; s/^/  $tag:/"
-  done
-else
-  echo "ncu: not run (NCU=${NCU:-1}, binary '${NCU_BIN}')"
-fi
-
-# The split plan at B = 32 (issue 14's 768-CTA question): fp8 d128 B=32/16K
-# with 1, 2, 4 and 8 splits (the auto plan picks 3), default kernel.
-if [ $(el) -lt 184 ]; then
-  phase "splits fp8 d128 B=32/16K"
-  : >"$OUT/bench_splits.jsonl"
-  for st in 16384 8192 4096 2048; do
-    [ $(el) -lt 188 ] || break
-    timeout 10 $BENCH shape fp8_e4m3 128 32 16384 $st >>"$OUT/bench_splits.jsonl" 2>/dev/null || echo "split $st: rc $?"
-  done
-fi
-# The LEAN batch test under v9 (batch 64 runs LEAN, each single sequence the
-# FAST kernel: bitwise equal only if FAST's arithmetic is the default's), the
-# condition for making FAST a default; optional (12 s).
-if [ $(el) -lt 183 ] && [ -f "$OUT/test_v9.status" ]; then
-  phase "LEAN batch test under v9"
-  FP8KV_DECODE_V9=1 timeout 15 $TEST --gtest_filter='CudaDecode.LeanAutoBatchEqualsSingle' >"$OUT/test_v9_lean.log" 2>&1
-  rc=$?
-  if [ $rc = 0 ] && grep -q "^\[  PASSED  \] 1 test" "$OUT/test_v9_lean.log"; then echo PASS; else echo "FAIL or cut (rc $rc)"; fi |
-    tee "$OUT/test_v9_lean.status" | sed 's/^/LeanAutoBatchEqualsSingle under v9: /'
-fi
 
 phase sass
 SASS_ALL=$(mktemp)
