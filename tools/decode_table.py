@@ -89,48 +89,38 @@ def main():
     # in a fresh process; the base rows above are a third sample of the default.
     key = lambda r: (r["dtype"], r["d"], r["batch"], r["ctx"])
     abb = {key(r): r for r in load(os.path.join(out, "bench_ab_base.jsonl")) if r["kind"] == "decode"}
-    abv = {key(r): r for r in load(os.path.join(out, "bench_ab_v9.jsonl")) if r["kind"] == "decode"}
-    abr = {key(r): r for r in load(os.path.join(out, "bench_ab_ring.jsonl")) if r["kind"] == "decode"}
-    if abv:
+    # Every other bench_ab_NAME.jsonl is a variant (v9 = FP8KV_DECODE_V9=1, ring
+    # = FP8KV_DECODE_V9=ring, old = FP8KV_DECODE_V9=0 once a variant is the default).
+    names = sorted(f[len("bench_ab_"):-len(".jsonl")] for f in os.listdir(out)
+                   if f.startswith("bench_ab_") and f.endswith(".jsonl") and f != "bench_ab_base.jsonl")
+    names.sort(key=lambda n: {"v9": 0, "old": 1, "ring": 2}.get(n, 3))
+    var = {n: {key(r): r for r in load(os.path.join(out, f"bench_ab_{n}.jsonl")) if r["kind"] == "decode"}
+           for n in names}
+    var = {n: v for n, v in var.items() if v}
+    if var:
         st = lambda n: open(os.path.join(out, f"test_{n}.status")).read().strip() if os.path.exists(
-            os.path.join(out, f"test_{n}.status")) else "?"
-        print(f"variants v9 (FP8KV_DECODE_V9=1, decode tests {st('v9')}) and ring (FP8KV_DECODE_V9=ring, decode tests "
-              f"{st('ring')}); us, speed = mean(base) / variant; %copy and t/x SDPA of v9:")
-        print(f"  {'row':<22} {'base':>7} {'base2':>7} {'v9':>7} {'speed':>6} {'%copy':>6} {'t/x SDPA':>8} "
-              f"{'ring':>7} {'speed':>6}")
-        for k in sorted(abv, key=lambda k: (k[1], k[0], k[2], k[3])):
-            b1, b2, v = ours.get(k), abb.get(k), abv[k]
+            os.path.join(out, f"test_{n}.status")) else "not run here"
+        print("A/B (us; speed = mean(default samples) / variant; %copy and t = us / SDPA (fp8) or x = SDPA / us (bf16) "
+              "per column): " + "; ".join(f"{n} decode tests {st(n)}" for n in var))
+        print(f"  {'row':<22} {'base':>7} {'base2':>7} {'%copy':>6} {'t/x':>6}" + "".join(
+            f" | {n:>7} {'speed':>6} {'%copy':>6} {'t/x':>6}" for n in var))
+        allk = sorted({k for v in var.values() for k in v} | set(abb), key=lambda k: (k[1], k[0], k[2], k[3]))
+        fm = lambda v, w, p=1: f"{v:{w}.{p}f}" if v is not None else f"{'-':>{w}}"
+        rel = lambda k, r: ((r["ms"] / sdpa[k[1:]] if k[0] != "bf16" else sdpa[k[1:]] / r["ms"])
+                            if r and k[1:] in sdpa else None)
+        for k in allk:
+            b1, b2 = ours.get(k), abb.get(k)
             bs = [r["ms"] for r in (b1, b2) if r]
-            sp = statistics.mean(bs) / v["ms"] if bs else None
-            sd = sdpa.get(k[1:])
-            rel = (v["ms"] / sd if k[0] != "bf16" else sd / v["ms"]) if sd else None
-            f = lambda r: f"{r['ms'] * 1e3:7.1f}" if r else f"{'-':>7}"
-            print(f"  {k[0][:4]} d{k[1]} B={k[2]}/{k[3] // 1024}K{'':<{22 - len(f'{k[0][:4]} d{k[1]} B={k[2]}/{k[3] // 1024}K')}}"
-                  f" {f(b1)} {f(b2)} {f(v)} {sp if sp is not None else float('nan'):6.3f} "
-                  f"{100 * v['GBps'] / copy:6.1f} {rel if rel is not None else float('nan'):8.3f} "
-                  f"{f(abr.get(k))} " + (f"{statistics.mean(bs) / abr[k]['ms']:6.3f}" if k in abr and bs else ""))
-        tv = [(abv[k]["ms"] / sdpa[k[1:]], k) for k in abv if k[0] == "fp8_e4m3" and k[1] == 128 and k[2] >= 8
-              and k[3] >= 16384 and k[1:] in sdpa]
-        xv = [(sdpa[k[1:]] / abv[k]["ms"], k) for k in abv if k[0] == "bf16" and k[1:] in sdpa]
-        cells = []
-        if tv:
-            w = max(tv)
-            cells.append(f"fp8 d128 max t {w[0]:.3f} (B={w[1][2]}/{w[1][3] // 1024}K; goal <= 0.55)")
-        for d in (128, 256):
-            r = abv.get(("fp8_e4m3", d, 32, 16384))
-            if r:
-                cells.append(f"fp8 d{d} B=32/16K {100 * r['GBps'] / copy:.1f}% (goal >= 90)")
-        if xv:
-            w = min(xv)
-            cells.append(f"bf16 d128 min x {w[0]:.3f} over the A/B rows (goal >= 0.95)")
-        print("  targets under v9: " + "; ".join(cells))
-        tr = [(abr[k]["ms"] / sdpa[k[1:]], k) for k in abr if k[2] >= 8 and k[3] >= 16384 and k[1:] in sdpa]
-        r = abr.get(("fp8_e4m3", 128, 32, 16384))
-        if tr or r:
-            w = max(tr) if tr else None
-            print("  targets under ring: " + "; ".join(
-                ([f"fp8 d128 max t {w[0]:.3f} (B={w[1][2]}/{w[1][3] // 1024}K)"] if w else [])
-                + ([f"fp8 d128 B=32/16K {100 * r['GBps'] / copy:.1f}%"] if r else [])))
+            bref = b2 or b1
+            name = f"{k[0][:4]} d{k[1]} B={k[2]}/{k[3] // 1024}K"
+            line = (f"  {name:<22} {fm(b1 and b1['ms'] * 1e3, 7)} {fm(b2 and b2['ms'] * 1e3, 7)} "
+                    f"{fm(bref and 100 * bref['GBps'] / copy, 6)} {fm(rel(k, bref), 6, 3)}")
+            for n, v in var.items():
+                r = v.get(k)
+                sp = statistics.mean(bs) / r["ms"] if (r and bs) else None
+                line += (f" | {fm(r and r['ms'] * 1e3, 7)} {fm(sp, 6, 3)} {fm(r and 100 * r['GBps'] / copy, 6)} "
+                         f"{fm(rel(k, r), 6, 3)}")
+            print(line)
     spl = [r for r in load(os.path.join(out, "bench_splits.jsonl")) if r["kind"] == "split"]
     if spl:
         b = ours.get(("fp8_e4m3", 128, 32, 16384))
