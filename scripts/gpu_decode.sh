@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# GPU machine: decode kernels (issue 14, docs/cuda.md "Decode v8"). Builds
-# test_cuda + bench_attention (gpu_kernel_build.sh), runs the decode
-# correctness tests (CudaDecode.*, CudaPlan.*: within the derived bound,
-# batched == single bitwise), then the decode benchmark with every row in a
-# fresh process: bench_attention `shape` (copy bandwidth + one decode row per
-# process) for bf16 and fp8 e4m3 at D = 128 (Llama-3-8B, 32/8 heads) and
-# D = 256 (Gemma-3-12B, 16/8 heads), PyTorch SDPA bf16 on the same rows, each
-# in a fresh CUDA context (tools/bench_sdpa.py --decode-fresh), the fp8 D = 256
-# cp.async ring rows (FP8KV_DECODE_D256REG=0), the in-process order probe,
-# the SASS spill check and a table against the targets at the end.
+# GPU machine: decode kernels (issue 14, docs/cuda.md "Decode v9"). Builds
+# test_cuda + bench_attention (gpu_kernel_build.sh). Full mode, in the order
+# of what matters: decode correctness tests (CudaDecode.*, CudaPlan.*: within
+# the derived bound, batched == single bitwise) under the default, then under
+# the first ALT variant (FP8KV_DECODE_V9 values); A/B rows (default vs ALT,
+# interleaved, one fresh process per row) at the targets' sizes; Nsight
+# Compute on fp8 d128 B=32/16K (default, ALT) and bf16 (same shape); PyTorch
+# SDPA bf16 on every table row, each in a fresh CUDA context
+# (tools/bench_sdpa.py --decode-fresh); our rows (bench_attention `shape`,
+# one process per row; bf16 and fp8 e4m3 at D = 128, Llama-3-8B 32/8 heads,
+# and D = 256, Gemma-3-12B 16/8 heads); the SASS spill check, SASS dumps and
+# opcode histograms; a table against the targets. Short mode (BUDGET=N):
+# see below.
 #   run(command="bash scripts/gpu_decode.sh", carry=[".debs"])
-# Budget: <= 200 s including the build; optional phases (ring rows, probe)
-# are skipped when the run is late. Logs under $OUT.
+# Budget: <= 200 s including the build; later phases are cut when the run is
+# late. Logs under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/fp8kv-out}
@@ -27,6 +30,58 @@ git log -1 --format='commit %h %s' 2>/dev/null | tee -a "$OUT/env.txt"
 phase build
 source scripts/gpu_kernel_build.sh
 
+# Short mode (BUDGET=N seconds, e.g. a mid-session slot): decode tests under
+# the candidate (FP8KV_DECODE_V9=1), A/B rows of fp8 d128 at B >= 8 and
+# ctx >= 16K (base / v9 / ring interleaved, fresh processes; then fp8 d256
+# B=32/16K and bf16 B=32/64K), Nsight Compute of fp8 d128 B=32/16K base and
+# v9 (then ring, bf16), a table; nothing else. Each step is gated on the time
+# left.
+if [ "${BUDGET:-0}" -gt 0 ]; then
+  left() { echo $(( BUDGET - $(el) )); }
+  phase "short mode (BUDGET=$BUDGET s)"
+  FP8KV_DECODE_V9=1 timeout $(( $(left) > 45 ? 30 : 15 )) $TEST \
+    --gtest_filter='CudaDecode.*:CudaPlan.*:-CudaDecode.LeanAutoBatchEqualsSingle' >"$OUT/test_v9.log" 2>&1
+  rc=$?
+  if [ $rc = 0 ] && grep -q "^\[  PASSED  \]" "$OUT/test_v9.log" && ! grep -q "^\[  FAILED  \]" "$OUT/test_v9.log"; then
+    echo PASS >"$OUT/test_v9.status"; else echo FAIL >"$OUT/test_v9.status"; fi
+  echo "decode tests under v9: $(cat "$OUT/test_v9.status") (rc $rc, $(el) s)"
+  grep -E "^\[  FAILED  \]|worst" "$OUT/test_v9.log" | tail -5
+  : >"$OUT/bench_ab_base.jsonl"; : >"$OUT/bench_ab_v9.jsonl"; : >"$OUT/bench_ab_ring.jsonl"
+  for job in "fp8_e4m3 128 32 16384" "fp8_e4m3 128 8 16384" "fp8_e4m3 128 64 16384" "fp8_e4m3 128 8 65536" \
+             "fp8_e4m3 128 32 65536" "fp8_e4m3 128 64 65536" "fp8_e4m3 256 32 16384" "bf16 128 32 65536"; do
+    [ $(left) -gt 28 ] || { echo "A/B: stop at $job (time, $(el) s)"; break; }
+    FP8KV_BENCH_WARMUP_MS=100 timeout 8 $BENCH shape $job >>"$OUT/bench_ab_base.jsonl" 2>>"$OUT/bench_ab.err"
+    FP8KV_BENCH_WARMUP_MS=100 FP8KV_DECODE_V9=1 timeout 8 $BENCH shape $job >>"$OUT/bench_ab_v9.jsonl" 2>>"$OUT/bench_ab.err"
+    if [[ $job == "fp8_e4m3 128 "* ]]; then
+      FP8KV_BENCH_WARMUP_MS=100 FP8KV_DECODE_V9=ring timeout 8 $BENCH shape $job >>"$OUT/bench_ab_ring.jsonl" 2>>"$OUT/bench_ab.err"
+    fi
+  done
+  echo "A/B done ($(el) s): $(grep -c decode "$OUT/bench_ab_v9.jsonl") shapes"
+  NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  for job in "fp8_e4m3 128 32 16384:base" "fp8_e4m3 128 32 16384:v9" "fp8_e4m3 128 32 16384:ring" "bf16 128 32 16384:base"; do
+    [ -n "$NCU_BIN" ] && [ $(left) -gt 16 ] || { echo "ncu: stop at $job ($(el) s)"; break; }
+    shape=${job%%:*}; name=${job#*:}; v9=0; [ $name = v9 ] && v9=1; [ $name = ring ] && v9=ring
+    tag=$(echo "$shape" | awk '{printf "%s_d%s_b%s_c%s", ($1=="bf16"?"bf16":"fp8"), $2, $3, $4}')_$name
+    FP8KV_BENCH_WARMUP_MS=0 FP8KV_DECODE_V9=$v9 timeout 14 "$NCU_BIN" --clock-control none -k regex:decode_kernel \
+      --launch-skip 3 --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+      --section SchedulerStats --section InstructionStats --section ComputeWorkloadAnalysis --section Occupancy \
+      --section LaunchStats --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,dram__bytes_read.sum' \
+      $BENCH shape $shape >"$OUT/ncu_$tag.txt" 2>&1 || echo "ncu $tag: rc $?"
+    grep -E "^\s*(Duration|DRAM Throughput|L2 Cache Throughput|Warp Cycles Per Issued Instruction|Issue Slots Busy|Executed Instructions) " \
+      "$OUT/ncu_$tag.txt" | head -6 | sed -E "s/ +/ /g; s/^/  $tag:/"
+  done
+  phase table
+  python3 tools/decode_table.py "$OUT" | tee "$OUT/table.txt"
+  phase done
+  exit 0
+fi
+
+# Full mode, in the order of what matters (the lead's note after run K1):
+# decode tests (default), the A/B rows, the decode tests under the first
+# variant and Nsight Compute first, then SDPA and the full base table (cut
+# when late), the SASS check and the table. ALT is
+# the A/B variant list (name:FP8KV_DECODE_V9 value).
+ALT=${ALT:-"v9:1 ring:ring"}
 phase test
 timeout 60 $TEST --gtest_filter='CudaDecode.*:CudaPlan.*' --gtest_output=json:"$OUT/test_cuda.json" >"$OUT/test_cuda.log" 2>&1
 rc=$?
@@ -45,16 +100,71 @@ if command -v nvidia-smi >/dev/null; then
   SMI_PID=$!
 fi
 
+# A/B rows: fp8 d128 at B >= 8 and ctx >= 16K, B=1/64K, fp8 d256 B=32/16K, bf16
+# B=32/64K; the default and each ALT variant interleaved per row, each in a
+# fresh process (the variants other than FAST apply to fp8 d128 only).
+phase "A/B rows (default vs $ALT)"
+: >"$OUT/bench_ab_base.jsonl"
+for a in $ALT; do : >"$OUT/bench_ab_${a%%:*}.jsonl"; done
+for job in "fp8_e4m3 128 32 16384" "fp8_e4m3 128 8 16384" "fp8_e4m3 128 64 16384" "fp8_e4m3 128 8 65536" \
+           "fp8_e4m3 128 32 65536" "fp8_e4m3 128 64 65536" "fp8_e4m3 128 1 65536" "fp8_e4m3 256 32 16384" \
+           "bf16 128 32 65536" "bf16 128 64 65536"; do
+  [ $(el) -lt 150 ] || { echo "A/B: stop at $job (time, $(el) s)"; break; }
+  timeout 10 $BENCH shape $job >>"$OUT/bench_ab_base.jsonl" 2>>"$OUT/bench_ab.err" || echo "row ab base $job: rc $?"
+  for a in $ALT; do
+    n=${a%%:*}; v=${a#*:}
+    [[ $n == v9 || $n == old || $job == "fp8_e4m3 128 "* ]] || continue
+    FP8KV_DECODE_V9=$v timeout 10 $BENCH shape $job >>"$OUT/bench_ab_$n.jsonl" 2>>"$OUT/bench_ab.err" || echo "row ab $n $job: rc $?"
+  done
+done
+
+# Decode tests under the first ALT variant (all but the 12 s LEAN batch test).
+first=${ALT%% *}; fname=${first%%:*}; fval=${first#*:}
+if [ -n "$first" ] && [ $(el) -lt 160 ]; then
+  phase "decode tests under $fname (FP8KV_DECODE_V9=$fval)"
+  FP8KV_DECODE_V9=$fval timeout 30 $TEST --gtest_filter='CudaDecode.*:-CudaDecode.LeanAutoBatchEqualsSingle' >"$OUT/test_$fname.log" 2>&1
+  rc=$?
+  if [ $rc = 0 ] && grep -q "^\[  PASSED  \]" "$OUT/test_$fname.log" && ! grep -q "^\[  FAILED  \]" "$OUT/test_$fname.log"; then
+    echo PASS >"$OUT/test_$fname.status"; else echo FAIL >"$OUT/test_$fname.status"; fi
+  echo "decode tests under $fname: $(cat "$OUT/test_$fname.status") (rc $rc)"
+  grep -E "^\[  FAILED  \]|worst" "$OUT/test_$fname.log" | tail -5
+fi
+
+# Nsight Compute, one launch each (--clock-control none: the clocks as in the
+# bench): fp8 d128 B=32/16K default and each ALT variant, then bf16 (same
+# shape) for contrast: the detailed sections plus the per-reason stall ratios.
+NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [ "${NCU:-1}" != 0 ] && [ -n "$NCU_BIN" ]; then
+  phase "ncu ($NCU_BIN)"
+  jobs_=("fp8_e4m3 128 32 16384:base:")
+  for a in $ALT; do jobs_+=("fp8_e4m3 128 32 16384:${a%%:*}:${a#*:}"); done
+  jobs_+=("bf16 128 32 16384:base:")
+  for job in "${jobs_[@]}"; do
+    shape=${job%%:*}; rest=${job#*:}; name=${rest%%:*}; v9=${rest#*:}
+    [ $(el) -lt 175 ] || { echo "skip ncu $shape $name (time)"; continue; }
+    tag=$(echo "$shape" | awk '{printf "%s_d%s_b%s_c%s", ($1=="bf16"?"bf16":"fp8"), $2, $3, $4}')_$name
+    FP8KV_BENCH_WARMUP_MS=0 FP8KV_DECODE_V9=$v9 timeout 12 "$NCU_BIN" --clock-control none -k regex:decode_kernel \
+      --launch-skip 3 --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+      --section SchedulerStats --section InstructionStats --section ComputeWorkloadAnalysis --section Occupancy \
+      --section LaunchStats --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,dram__bytes_read.sum' \
+      $BENCH shape $shape >"$OUT/ncu_$tag.txt" 2>&1 || echo "ncu $tag: rc $?"
+    grep -E "^\s*(Duration|DRAM Throughput|L2 Cache Throughput|Warp Cycles Per Issued Instruction|Issue Slots Busy|Executed Instructions) " \
+      "$OUT/ncu_$tag.txt" | head -6 | sed -E "s/ +/ /g; s/^/  $tag:/"
+  done
+fi
+
 # The rows (H HKV D B CTX), each measured in a fresh process / CUDA context.
 ROWS=()
 for B in 1 8 32 64; do for C in 1024 4096 16384 65536; do ROWS+=("32 8 128 $B $C"); done; done
 for B in 1 8 32; do for C in 16384 65536; do ROWS+=("16 8 256 $B $C"); done; done
 
-phase "sdpa (fresh context per row)"
-SARGS=(); for r in "${ROWS[@]}"; do SARGS+=("${r// /,}"); done
-timeout 75 python3 tools/bench_sdpa.py --decode-fresh "${SARGS[@]}" >"$OUT/sdpa.jsonl" 2>"$OUT/sdpa.err"
-rc=$?
-echo "sdpa rows: $(grep -c sdpa_decode "$OUT/sdpa.jsonl") of ${#ROWS[@]} (rc $rc)"; tail -2 "$OUT/sdpa.err"
+if [ $(el) -lt 160 ]; then
+  phase "sdpa (fresh context per row)"
+  SARGS=(); for r in "${ROWS[@]}"; do SARGS+=("${r// /,}"); done
+  timeout $(( 185 - $(el) < 60 ? 185 - $(el) : 60 )) python3 tools/bench_sdpa.py --decode-fresh "${SARGS[@]}" >"$OUT/sdpa.jsonl" 2>"$OUT/sdpa.err"
+  rc=$?
+  echo "sdpa rows: $(grep -c sdpa_decode "$OUT/sdpa.jsonl") of ${#ROWS[@]} (rc $rc)"; tail -2 "$OUT/sdpa.err"
+fi
 
 bench_rows() {  # name gate dtypes D-filter B-filter [ENV=VAL ...]
   local name=$1 gate=$2 dts=$3 dsel=$4 bsel=$5; shift 5
@@ -73,42 +183,37 @@ bench_rows() {  # name gate dtypes D-filter B-filter [ENV=VAL ...]
   echo "$name: $n rows"
 }
 phase "ours (fresh process per row)"
-bench_rows base 185 "bf16 fp8_e4m3" "128 256" "1 8 32 64"
-phase "fp8 d256 on the cp.async ring (FP8KV_DECODE_D256REG=0)"
-bench_rows d256ring 175 "fp8_e4m3" "256" "1 8 32" FP8KV_DECODE_D256REG=0
-
-# Version 8 variant: the split reduction with 32 columns per CTA
-# (FP8KV_DECODE_REDUCE=wide): decode tests under it (all but the 12 s LEAN
-# batch test), then the rows with many splits (B = 1 and 8).
-if [ $(el) -lt 160 ]; then
-  phase "variant wide (FP8KV_DECODE_REDUCE=wide)"
-  FP8KV_DECODE_REDUCE=wide timeout 30 $TEST --gtest_filter='CudaDecode.*:-CudaDecode.LeanAutoBatchEqualsSingle' >"$OUT/test_wide.log" 2>&1
-  rc=$?
-  if [ $rc = 0 ] && grep -q "^\[  PASSED  \]" "$OUT/test_wide.log" && ! grep -q "^\[  FAILED  \]" "$OUT/test_wide.log"; then
-    echo PASS >"$OUT/test_wide.status"
-  else
-    echo FAIL >"$OUT/test_wide.status"
-  fi
-  echo "decode tests under wide: $(cat "$OUT/test_wide.status") (rc $rc)"
-  bench_rows wide 180 "fp8_e4m3 bf16" "128" "1 8" FP8KV_DECODE_REDUCE=wide
-fi
-
-# The order effect itself (version 7): bf16 B=64/4K, 32/4K, 64/1K first in a
-# fresh process, then after the largest bf16 row (8.6 GB allocated, read,
-# freed), in one process.
-if [ $(el) -lt 183 ]; then
-  phase probe
-  timeout 12 $BENCH probe 2>/dev/null | grep -v '"kind":"copy"' >"$OUT/probe.jsonl"
-fi
+bench_rows base 188 "fp8_e4m3 bf16" "128 256" "1 8 32 64"
 [ -n "$SMI_PID" ] && kill "$SMI_PID" 2>/dev/null
 
 phase sass
-cuobjdump -sass $BENCH 2>/dev/null | awk '/Function :/ {f=$3; n[f]=0} /LDL|STL/ {l[f]++} END {for (k in n) printf "%s LDL/STL=%d\n", k, l[k]}' |
+SASS_ALL=$(mktemp)
+cuobjdump -sass $BENCH >"$SASS_ALL" 2>/dev/null
+awk '/Function :/ {f=$3; n[f]=0} /LDL|STL/ {l[f]++} END {for (k in n) printf "%s LDL/STL=%d\n", k, l[k]}' "$SASS_ALL" |
   grep -E "decode_kernel|decode_reduce" | sed -E 's/^_ZN.*_cu_[0-9a-f]+[0-9][0-9](decode_)/\1/; s/EEvN[^ ]*//' |
   sort >"$OUT/sass.txt"
 if [ ! -s "$OUT/sass.txt" ]; then echo "SASS CHECK: no decode kernels found" | tee -a "$OUT/sass.txt"
 elif grep -vq "LDL/STL=0$" "$OUT/sass.txt"; then grep -v "LDL/STL=0$" "$OUT/sass.txt"; echo "SASS CHECK: FAIL (local memory above)"
 else echo "SASS CHECK: ok (no LDL/STL in $(wc -l <"$OUT/sass.txt") decode kernels)"; fi
+# The SASS of the kernels the A/B compares (default and FAST: fp8 d128, bf16
+# d128 DEEP, fp8 d256 REG) and an opcode histogram of each, for reading.
+awk -v out="$OUT" '
+  /Function :/ { f = ""; n = $3
+    if (n ~ /decode_kernelILi128ELi1ELb0ELb0ELb0ELb0ELb0ELb0EEEv/) f = "fp8_d128_base"
+    if (n ~ /decode_kernelILi128ELi1ELb0ELb0ELb0ELb0ELb1ELb0EEEv/) f = "fp8_d128_v9"
+    if (n ~ /decode_kernelILi128ELi1ELb0ELb0ELb0ELb0ELb0ELb1EEEv/) f = "fp8_d128_ring"
+    if (n ~ /decode_kernelILi128ELi0ELb1ELb0ELb0ELb0ELb0ELb0EEEv/) f = "bf16_d128_base"
+    if (n ~ /decode_kernelILi128ELi0ELb1ELb0ELb0ELb0ELb1ELb0EEEv/) f = "bf16_d128_v9"
+    if (n ~ /decode_kernelILi256ELi1ELb0ELb0ELb0ELb1ELb0ELb0EEEv/) f = "fp8_d256_base"
+    if (n ~ /decode_kernelILi256ELi1ELb0ELb0ELb0ELb1ELb1ELb0EEEv/) f = "fp8_d256_v9" }
+  f != "" { print > (out "/sass_" f ".txt") }' "$SASS_ALL"
+rm -f "$SASS_ALL"
+for f in "$OUT"/sass_*_*.txt; do
+  [ -f "$f" ] || continue
+  grep -oE "^\s+/\*[0-9a-f]+\*/\s+[@!A-Z0-9_.]+( [A-Z0-9_.]+)?" "$f" | awk -v name="$(basename "$f" .txt)" '{op=$2; if (op ~ /^@/) op=$3; sub(/\..*/, "", op); h[op]++; t++}
+    END {printf "%s total=%d", name, t; for (k in h) if (h[k] >= 8) printf " %s=%d", k, h[k]; printf "\n"}' >>"$OUT/sass_hist.txt"
+done
+[ -s "$OUT/sass_hist.txt" ] && cat "$OUT/sass_hist.txt"
 
 phase table
 python3 tools/decode_table.py "$OUT" | tee "$OUT/table.txt"

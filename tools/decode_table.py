@@ -8,7 +8,8 @@ a copy line and a decode line each), OUTDIR/bench_d256ring.jsonl (fp8 D = 256
 on the cp.async ring), OUTDIR/bench_wide.jsonl (FP8KV_DECODE_REDUCE=wide),
 OUTDIR/sdpa.jsonl (PyTorch SDPA bf16, a fresh CUDA
 context per row), OUTDIR/test_base.status, OUTDIR/probe.jsonl and
-OUTDIR/sass.txt. Copy bandwidth: the median of the per-process copies.
+OUTDIR/sass.txt, and decode v9's OUTDIR/bench_ab_{base,v9}.jsonl (A/B rows)
+and OUTDIR/bench_splits.jsonl (forced splits). Copy bandwidth: the median of the per-process copies.
 x = SDPA time / ours (bf16 goal >= 0.95); t = ours / SDPA (fp8 goal <= 0.55
 at B >= 8, ctx >= 16K); %copy = KV bytes / time / copy bandwidth.
 """
@@ -36,7 +37,8 @@ def main():
     out = sys.argv[1]
     base = load(os.path.join(out, "bench_base.jsonl"))
     ring = load(os.path.join(out, "bench_d256ring.jsonl"))
-    copies = [r["GBps"] for r in base + ring if r["kind"] == "copy"]
+    ab_all = [r for n in ("base", "v9", "ring") for r in load(os.path.join(out, f"bench_ab_{n}.jsonl"))]
+    copies = [r["GBps"] for r in base + ring if r["kind"] == "copy"] or [r["GBps"] for r in ab_all if r["kind"] == "copy"]
     copy = statistics.median(copies) if copies else float("nan")
     sdpa = {(r["d"], r["batch"], r["ctx"]): r["ms"] for r in load(os.path.join(out, "sdpa.jsonl"))
             if r["kind"] == "sdpa_decode"}
@@ -83,20 +85,49 @@ def main():
             v = 100 * r["GBps"] / copy if r else None
             line(f"fp8 d{d} B={B}/{C // 1024}K % of copy", v is not None and f"{v:.1f}" or None, f">= {goal}",
                  v is not None and v >= goal)
-    wide = {(r["dtype"], r["d"], r["batch"], r["ctx"]): r for r in load(os.path.join(out, "bench_wide.jsonl"))
-            if r["kind"] == "decode"}
-    if wide:
-        ws = os.path.join(out, "test_wide.status")
-        wst = open(ws).read().strip() if os.path.exists(ws) else "?"
-        cells = []
-        for k in sorted(wide, key=lambda k: (k[1], k[0], k[2], k[3])):
-            b = ours.get(k)
-            if b:
-                cells.append(f"{k[0][:4]} d{k[1]} B={k[2]}/{k[3] // 1024}K {b['ms'] * 1e3:.1f}->{wide[k]['ms'] * 1e3:.1f}"
-                             + (f" ({100 * wide[k]['GBps'] / copy:.1f}%)" if k[0] != "bf16" and k[2] == 1 else ""))
-        print(f"variant wide (FP8KV_DECODE_REDUCE=wide, decode tests {wst}), base -> wide us:")
-        for i in range(0, len(cells), 4):
-            print("  " + "; ".join(cells[i:i + 4]))
+    # Version 9 A/B (FP8KV_DECODE_V9=1): base and v9 interleaved per row, each
+    # in a fresh process; the base rows above are a third sample of the default.
+    key = lambda r: (r["dtype"], r["d"], r["batch"], r["ctx"])
+    abb = {key(r): r for r in load(os.path.join(out, "bench_ab_base.jsonl")) if r["kind"] == "decode"}
+    # Every other bench_ab_NAME.jsonl is a variant (v9 = FP8KV_DECODE_V9=1, ring
+    # = FP8KV_DECODE_V9=ring, old = FP8KV_DECODE_V9=0 once a variant is the default).
+    names = sorted(f[len("bench_ab_"):-len(".jsonl")] for f in os.listdir(out)
+                   if f.startswith("bench_ab_") and f.endswith(".jsonl") and f != "bench_ab_base.jsonl")
+    names.sort(key=lambda n: {"v9": 0, "old": 1, "ring": 2}.get(n, 3))
+    var = {n: {key(r): r for r in load(os.path.join(out, f"bench_ab_{n}.jsonl")) if r["kind"] == "decode"}
+           for n in names}
+    var = {n: v for n, v in var.items() if v}
+    if var:
+        st = lambda n: open(os.path.join(out, f"test_{n}.status")).read().strip() if os.path.exists(
+            os.path.join(out, f"test_{n}.status")) else "not run here"
+        print("A/B (us; speed = mean(default samples) / variant; %copy and t = us / SDPA (fp8) or x = SDPA / us (bf16) "
+              "per column): " + "; ".join(f"{n} decode tests {st(n)}" for n in var))
+        print(f"  {'row':<22} {'base':>7} {'base2':>7} {'%copy':>6} {'t/x':>6}" + "".join(
+            f" | {n:>7} {'speed':>6} {'%copy':>6} {'t/x':>6}" for n in var))
+        allk = sorted({k for v in var.values() for k in v} | set(abb), key=lambda k: (k[1], k[0], k[2], k[3]))
+        fm = lambda v, w, p=1: f"{v:{w}.{p}f}" if v is not None else f"{'-':>{w}}"
+        rel = lambda k, r: ((r["ms"] / sdpa[k[1:]] if k[0] != "bf16" else sdpa[k[1:]] / r["ms"])
+                            if r and k[1:] in sdpa else None)
+        for k in allk:
+            b1, b2 = ours.get(k), abb.get(k)
+            bs = [r["ms"] for r in (b1, b2) if r]
+            bref = b2 or b1
+            name = f"{k[0][:4]} d{k[1]} B={k[2]}/{k[3] // 1024}K"
+            line = (f"  {name:<22} {fm(b1 and b1['ms'] * 1e3, 7)} {fm(b2 and b2['ms'] * 1e3, 7)} "
+                    f"{fm(bref and 100 * bref['GBps'] / copy, 6)} {fm(rel(k, bref), 6, 3)}")
+            for n, v in var.items():
+                r = v.get(k)
+                sp = statistics.mean(bs) / r["ms"] if (r and bs) else None
+                line += (f" | {fm(r and r['ms'] * 1e3, 7)} {fm(sp, 6, 3)} {fm(r and 100 * r['GBps'] / copy, 6)} "
+                         f"{fm(rel(k, r), 6, 3)}")
+            print(line)
+    spl = [r for r in load(os.path.join(out, "bench_splits.jsonl")) if r["kind"] == "split"]
+    if spl:
+        b = ours.get(("fp8_e4m3", 128, 32, 16384))
+        print("fp8 d128 B=32/16K by split (default kernel; auto plan "
+              + (f"{b['splits']} splits {b['ms'] * 1e3:.1f} us" if b else "-") + "): " + "; ".join(
+                  f"{r['splits']} x {r['split_tokens']} {r['ms'] * 1e3:.1f} us ({100 * r['GBps'] / copy:.1f}%)"
+                  for r in spl))
     probe = load(os.path.join(out, "probe.jsonl"))
     if probe:
         print("order probe (one process, bf16 d128): " + "; ".join(

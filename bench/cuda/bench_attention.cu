@@ -379,11 +379,17 @@ int main(int argc, char** argv) {
   }
   if (only == "all" || only == "plans") bench_plans(copy_gbs, scales);
   if (only == "all" || only == "splits") bench_splits(copy_gbs, scales);
-  // shape DTYPE D B CTX: one decode row at the auto plan (for a profiler:
-  // ncu in scripts/gpu_decode.sh).
+  // shape DTYPE D B CTX [SPLIT]: one decode row at the auto plan, or with
+  // SPLIT-key splits (a multiple of 64; decode v9's plan rows), for a
+  // profiler too (ncu in scripts/gpu_decode.sh).
   if (only == "shape") {
-    if (argc != 6) {
-      std::fprintf(stderr, "usage: bench_attention shape bf16|fp8_e4m3|fp8_e5m2 D B CTX\n");
+    if (argc != 6 && argc != 7) {
+      std::fprintf(stderr, "usage: bench_attention shape bf16|fp8_e4m3|fp8_e5m2 D B CTX [SPLIT]\n");
+      return 2;
+    }
+    const int split = argc == 7 ? std::atoi(argv[6]) : 0;
+    if (argc == 7 && (split <= 0 || split % 64 != 0)) {
+      std::fprintf(stderr, "bench_attention shape: SPLIT must be a positive multiple of 64, got '%s'\n", argv[6]);
       return 2;
     }
     const std::string dts = argv[2];
@@ -394,7 +400,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "bench_attention shape: bad dtype/D/B/CTX\n");
       return 2;
     }
-    bench_decode_one(copy_gbs, scales, dt, D == 256 ? 16 : kH, kHkv, D, B, C, 0, "decode");
+    bench_decode_one(copy_gbs, scales, dt, D == 256 ? 16 : kH, kHkv, D, B, C, split, split > 0 ? "split" : "decode");
   }
   // Last in "all": a fault in a new prefill kernel must not cost the decode rows.
   if (only == "all") bench_prefill(scales);

@@ -310,6 +310,22 @@ TEST(CudaDecode, LongSplitsWrapTheRing) {
     }
 }
 
+// One split of > 128 tiles per warp (9000 keys; 16384-key splits): the FAST
+// kernels (FP8KV_DECODE_V9=1, decode v9) fetch block ids 32 tiles ahead and
+// rotate them at tiles 32, 64, 96 and 128 of a warp; a window starting
+// mid-tile and a 16-key block size cross the edge-tile masks.
+TEST(CudaDecode, VeryLongSplitRefillsBlockIds) {
+  FP8KV_REQUIRE_GPU();
+  std::mt19937_64 rng(test_seed());
+  for (KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3})  // the FAST kernels' dtypes
+    for (int D : {128, 256}) {
+      const std::vector<int> lengths = {9000, 33};  // (the random cache fill dominates the test's time)
+      run_decode_case(rng, DecodeCase{dt, D, 4, 2, 16, 0, ScaleMode::per_head, 0.0f}, 16384, true, lengths);
+      run_decode_case(rng, DecodeCase{dt, D, 2, 1, 32, 8999, ScaleMode::per_tensor, 0.0f}, 16384, false, lengths);
+      if (HasFailure()) return;
+    }
+}
+
 // ---- prefill / chunked prefill ---------------------------------------------
 
 struct PrefillCase {

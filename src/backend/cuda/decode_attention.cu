@@ -83,7 +83,7 @@ __device__ __forceinline__ uint4 lds16(uint32_t a) {
 // reads at 4.0-4.2 TB/s where the fp8 d256 ring read at 2.5-2.9; run H: the
 // register path reads fp8 d256 at 3.6-3.9 TB/s). The ring stays for bf16
 // d256 (a register tile would not fit) and as FP8KV_DECODE_D256REG=0.
-template <int D, int DT, bool REG = false>
+template <int D, int DT, bool REG = false, bool RG = false>
 struct DecodeCfg {
   static constexpr int EB = DT == kBf16 ? 2 : 1;        // bytes per cache element
   static constexpr int KC = D * EB / 64;                 // 16-byte K chunks per thread per key row
@@ -94,7 +94,7 @@ struct DecodeCfg {
   // cp.async ring for D = 256 (no spills; bf16 d256 reads at 4.2 TB/s);
   // register-staged tiles for D <= 128, which measured faster there (v3 at
   // 3.9 TB/s vs the ring's 3.2 TB/s on fp8 d128, 2026-11-30 runs 1-2).
-  static constexpr bool USE_RING = D == 256 && !REG;
+  static constexpr bool USE_RING = (D == 256 && !REG) || RG;  // RG: version 9's RING variant (fp8 d128)
   static constexpr int S = STAGE <= 2048 ? 8 : STAGE <= 4096 ? 4 : 3;  // stages per warp
   static constexpr int RING = USE_RING ? S * STAGE : kMaxGroup * D * 4;  // bytes per warp
   static constexpr int SMEM = kWarps * RING + 2 * kWarps * kMaxGroup * 4;
@@ -123,9 +123,35 @@ constexpr int kReduceThreads = 256;  // decode_reduce_kernel
 // (fp8) at a 1 KB stride per CTA. One warp accumulates all tiles of a split
 // (no cross-warp combine), so results differ from the default's in rounding
 // (not bitwise); batched == single holds as for every variant.
-template <int D, int DT, bool DEEP = false, bool LEAN = false, bool HPW = false, bool REG = false>
-__global__ void __launch_bounds__(kWarps * 32, LEAN ? 4 : 0) decode_kernel(const DecodeParams p) {
-  using C = DecodeCfg<D, DT, REG>;
+//
+// FAST (version 9 variant, FP8KV_DECODE_V9=1; register path, not HPW): the
+// same tiles, order and arithmetic as the default (bitwise the same results)
+// with fewer instructions per tile, the fp8 path's cost per byte (docs/cuda.md,
+// "Decode v9"): block-table entries 32 tiles at a time one per lane, fetched
+// 32 tiles ahead (no integer division and no dependent table load per tile),
+// tile addresses as a 64-bit tile base plus hoisted 32-bit per-thread
+// offsets; the register stages ping-pong (loop unrolled by two: no register
+// copies of the tile in flight); the accumulator rescale skipped when no row's
+// running max moved (alpha == 1 in every lane: multiplying by 1 is exact);
+// masks only on tiles that cross [first, s_end) (warp-uniform test). Launch
+// bounds keep the default's CTAs per SM (3 for fp8 d128, 2 for DEEP bf16 and
+// fp8 d256).
+//
+// RING (version 9 variant, FP8KV_DECODE_V9=ring; fp8 e4m3 d128): the D = 256
+// cp.async ring at D = 128, 4 stages of 4 KB per warp, 3 CTAs per SM (66 KB
+// of shared memory each): 16 KB in flight per warp, 192 KB per SM, where the
+// register path has one 4 KB tile per warp (48 KB per SM). It tests whether
+// fp8 d128 is short of bytes in flight (decode v4 measured an earlier
+// 3-stage ring slower at d128, cause not established). Same tiles and
+// arithmetic as the default: bitwise the same results.
+template <int D, int DT, bool DEEP = false, bool LEAN = false, bool HPW = false, bool REG = false, bool FAST = false,
+          bool RING = false>
+__global__ void __launch_bounds__(kWarps * 32,
+                                  LEAN ? 4 : FAST ? (D * (DT == kBf16 ? 2 : 1) <= 128 && !DEEP ? 3 : 2) : RING ? 3 : 0)
+    decode_kernel(const DecodeParams p) {
+  static_assert(!FAST || (!HPW && !LEAN && !DecodeCfg<D, DT, REG>::USE_RING), "FAST: register path only");
+  static_assert(!RING || (!FAST && !HPW && !LEAN && !DEEP && D == 128), "RING: d128 default pipeline only");
+  using C = DecodeCfg<D, DT, REG, RING>;
   constexpr int EB = C::EB;
   constexpr int E = 16 / EB;               // elements per 16-byte chunk
   constexpr int J = E / 4;                 // k-steps per chunk
@@ -220,7 +246,7 @@ __global__ void __launch_bounds__(kWarps * 32, LEAN ? 4 : 0) decode_kernel(const
   // Register path: the first tile's loads are issued before Q's, so the two
   // latencies overlap (version 5; they were serial).
   uint32_t kw[2][KW], vw[4][VW];
-  if (!C::USE_RING && T0 < ntiles) load_tile(T0, kw, vw);
+  if (!C::USE_RING && !FAST && T0 < ntiles) load_tile(T0, kw, vw);
   uint32_t kn[2][KW], vn[4][VW];  // tile it + kWarps (in flight), two-ahead variant only
   if (kPrefetch2 && T0 + TS < ntiles) load_tile(T0 + TS, kn, vn);
 
@@ -260,6 +286,44 @@ __global__ void __launch_bounds__(kWarps * 32, LEAN ? 4 : 0) decode_kernel(const
     }
   };
   for (int k = 1; k < pf; ++k) prefetch_tile(k);
+
+  // FAST (version 9): per-thread byte offsets inside a tile (32-bit: 16 rows
+  // of row_bytes), hoisted out of the loop; the byte offset of each tile of
+  // this warp (64-bit), 32 tiles at a time, one per lane, the next 32 fetched
+  // when a batch starts (the table load then has 32 tiles to land).
+  static_assert(!FAST || !kPrefetch2, "FAST: at most one tile ahead in registers");
+  uint32_t fk_off[2] = {0u, 0u}, fv_off[4] = {0u, 0u, 0u, 0u};
+  long long f_cur = 0, f_nxt = 0;
+  auto f_fetch = [&](int kk) -> long long {
+    if (kk >= nmine) return 0;
+    const int j = s_begin + (T0 + kk * TS) * kTile;
+    const int64_t blk = bt[j / p.block_size];
+    return (blk * p.block_size + j % p.block_size) * row_bytes + head_off;
+  };
+  auto f_load = [&](int k, uint32_t (&kw_)[2][KW], uint32_t (&vw_)[4][VW]) {  // k: this warp's tile, +1 per call
+    if ((k & 31) == 0 && k > 0) {
+      f_cur = f_nxt;
+      f_nxt = f_fetch(k + 32 + lane);
+    }
+    const long long off = __shfl_sync(0xffffffffu, f_cur, k & 31);
+    const uint8_t* kb = p.k_cache + off;
+    const uint8_t* vb = p.v_cache + off;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int c = 0; c < KW / 4; ++c) ld_words<16>(kb + fk_off[nt] + c * 64, &kw_[nt][4 * c]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) ld_words<VBYTES>(vb + fv_off[i], vw_[i]);
+  };
+  if constexpr (FAST) {
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) fk_off[nt] = static_cast<uint32_t>((nt * 8 + r) * row_bytes + t * 16);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) fv_off[i] = static_cast<uint32_t>(vtok[i] * row_bytes + r * VBYTES);
+    f_cur = f_fetch(lane);
+    f_nxt = f_fetch(32 + lane);
+    if (T0 < ntiles) f_load(0, kw, vw);
+  }
 
   // Q fragments (A operand, rows = heads, 8..15 zero) in the permuted dim order:
   // k-step s, slot pair {2t, 2t+1} -> dims base, base+1; {2t+8, 2t+9} -> base+2, base+3.
@@ -410,6 +474,143 @@ __global__ void __launch_bounds__(kWarps * 32, LEAN ? 4 : 0) decode_kernel(const
       st = st + 1 == S ? 0 : st + 1;
     }
     cp_async_wait<0>();
+  } else if constexpr (FAST) {
+    // One tile's math (the default loop's, bitwise): see FAST above.
+    auto math = [&](int j0, uint32_t (&kw_)[2][KW], uint32_t (&vw_)[4][VW]) {
+      float s[2][4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+        for (int ks_ = 0; ks_ < KS; ++ks_) {
+          uint32_t b0, b1;
+          if constexpr (DT == kBf16) {
+            b0 = kw_[nt][(ks_ / J) * 4 + 2 * (ks_ % J)];
+            b1 = kw_[nt][(ks_ / J) * 4 + 2 * (ks_ % J) + 1];
+          } else {
+            const uint32_t w = kw_[nt][(ks_ / J) * 4 + (ks_ % J)];
+            b0 = fp8x2_to_f16x2<DT>(w);
+            b1 = fp8x2_to_f16x2<DT>(w >> 16);
+          }
+          // A rows 8-15 (a1, a3) only feed S rows 8-15, which are never
+          // read: opaque values (no defining instruction) instead of zeros,
+          // which the default re-materialises every tile (16 moves in SASS).
+          uint32_t z1, z3;
+          asm volatile("" : "=r"(z1));
+          asm volatile("" : "=r"(z3));
+          mma16816<DT>(s[nt], qa[ks_][0], z1, qa[ks_][1], z3, b0, b1);
+        }
+      }
+      // Only a tile crossing [first, s_end) needs the masks, and the softcap
+      // branch is taken once per tile, not per score (both warp-uniform).
+      const bool edge = j0 < first || j0 + kTile > s_end;
+      float x[2][2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) x[nt][e] = s[nt][e] * score_mul;
+      if (softcap) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) x[nt][e] = p.softcap * tanhf(x[nt][e]) * kLog2e;
+      }
+      if (edge) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int j = j0 + nt * 8 + 2 * t + e;
+            x[nt][e] = (j >= first && j < s_end) ? x[nt][e] : -INFINITY;
+          }
+      }
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) mx = fmaxf(mx, x[nt][e]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m, mx);
+      const float mref = m_new == -INFINITY ? 0.0f : m_new;
+      const float alpha = exp2f(m - mref);
+      m = m_new;
+      float pr[2][2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) pr[nt][e] = exp2f(x[nt][e] - mref);
+      l = l * alpha + (pr[0][0] + pr[0][1] + pr[1][0] + pr[1][1]);
+      // alpha == 1 in every lane: the rescale would multiply by 1 (exact).
+      if (__any_sync(0xffffffffu, alpha != 1.0f)) {
+        const float alpha_lo = __shfl_sync(0xffffffffu, alpha, (2 * t) * 4);  // heads 2t, 2t+1
+        const float alpha_hi = __shfl_sync(0xffffffffu, alpha, (2 * t + 1) * 4);
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+          o[i][0] *= alpha_lo; o[i][1] *= alpha_hi; o[i][2] *= alpha_lo; o[i][3] *= alpha_hi;
+        }
+      }
+      const uint32_t pa0 = pack2<DT>(pr[0][0], pr[0][1]);
+      const uint32_t pa2 = pack2<DT>(pr[1][0], pr[1][1]);
+      if (edge) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int j = j0 + vtok[i];
+          if (j < first || j >= s_end)
+#pragma unroll
+            for (int w = 0; w < VW; ++w) vw_[i][w] = 0u;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        uint32_t a0, a1, a2, a3;
+        if constexpr (DT == kBf16) {
+          a0 = __byte_perm(vw_[0][i], vw_[1][i], 0x5410u);
+          a1 = __byte_perm(vw_[0][i], vw_[1][i], 0x7632u);
+          a2 = __byte_perm(vw_[2][i], vw_[3][i], 0x5410u);
+          a3 = __byte_perm(vw_[2][i], vw_[3][i], 0x7632u);
+        } else {
+          const uint32_t b = 2 * (i & 1);
+          if constexpr (DT == kE5m2) {
+            const uint32_t sl = b | (b << 4) | ((b + 4) << 8) | ((b + 4) << 12);
+            const uint32_t sh = (b + 1) | ((b + 1) << 4) | ((b + 5) << 8) | ((b + 5) << 12);
+            a0 = __byte_perm(vw_[0][i / 2], vw_[1][i / 2], sl) & 0xff00ff00u;
+            a1 = __byte_perm(vw_[0][i / 2], vw_[1][i / 2], sh) & 0xff00ff00u;
+            a2 = __byte_perm(vw_[2][i / 2], vw_[3][i / 2], sl) & 0xff00ff00u;
+            a3 = __byte_perm(vw_[2][i / 2], vw_[3][i / 2], sh) & 0xff00ff00u;
+          } else {
+            const uint32_t sel = b | ((b + 4) << 4) | ((b + 1) << 8) | ((b + 5) << 12);
+            const uint32_t w01 = __byte_perm(vw_[0][i / 2], vw_[1][i / 2], sel);
+            const uint32_t w23 = __byte_perm(vw_[2][i / 2], vw_[3][i / 2], sel);
+            a0 = fp8x2_to_f16x2<DT>(w01);
+            a1 = fp8x2_to_f16x2<DT>(w01 >> 16);
+            a2 = fp8x2_to_f16x2<DT>(w23);
+            a3 = fp8x2_to_f16x2<DT>(w23 >> 16);
+          }
+        }
+        mma16816<DT>(o[i], a0, a1, a2, a3, pa0, pa2);
+      }
+    };
+    if constexpr (kPrefetch) {
+      // Ping-pong: tile ow in (kc, vc) while tile ow + 1 loads into (kx, vx).
+      auto step = [&](int it, int ow, uint32_t (&kc)[2][KW], uint32_t (&vc)[4][VW], uint32_t (&kx)[2][KW],
+                      uint32_t (&vx)[4][VW]) {
+        if (pf > 0) prefetch_tile(ow + pf);
+        if (it + TS < ntiles) f_load(ow + 1, kx, vx);
+        math(s_begin + it * kTile, kc, vc);
+      };
+      for (int it = T0, ow = 0; it < ntiles; it += 2 * TS, ow += 2) {
+        step(it, ow, kw, vw, kn, vn);
+        if (it + TS >= ntiles) break;
+        step(it + TS, ow + 1, kn, vn, kw, vw);
+      }
+    } else {
+      for (int it = T0, ow = 0; it < ntiles; it += TS, ++ow) {
+        if (pf > 0) prefetch_tile(ow + pf);
+        math(s_begin + it * kTile, kw, vw);
+        if (it + TS < ntiles) f_load(ow + 1, kw, vw);
+      }
+    }
   } else {
     for (int it = T0, ow = 0; it < ntiles; it += TS, ++ow) {
       const int j0 = s_begin + it * kTile;
@@ -750,6 +951,31 @@ bool reduce_wide_env() {
   }();
   return on;
 }
+// FP8KV_DECODE_V9 (version 9 variants, off by default; see decode_kernel):
+// "1" the FAST kernels where instantiated (kHasFast), "ring" fp8 e4m3 d128
+// on the cp.async ring (RING), "0" (or anything else) the defaults. A bit
+// set: kV9Fp8 (FAST fp8 e4m3 d128), kV9Bf16 (FAST bf16 d128), kV9D256 (FAST
+// fp8 e4m3 d256), kV9Ring; kDefaultV9 applies when the variable is unset.
+constexpr int kV9Fp8 = 1, kV9Bf16 = 2, kV9D256 = 4, kV9Ring = 8;
+constexpr int kDefaultV9 = 0;
+int v9_mode() {
+  static const int v = [] {
+    const char* e = std::getenv("FP8KV_DECODE_V9");
+    if (e == nullptr || *e == 0) return kDefaultV9;
+    const std::string s = e;
+    return s == "1" ? kV9Fp8 | kV9Bf16 | kV9D256 : s == "ring" ? kV9Ring : 0;
+  }();
+  return v;
+}
+template <int D, int DT>
+bool v9_fast() {  // the FAST kernel of (D, DT), when instantiated
+  const int v = v9_mode();
+  if constexpr (D == 128 && DT == kE4m3) return (v & kV9Fp8) != 0;
+  if constexpr (D == 128 && DT == kBf16) return (v & kV9Bf16) != 0;
+  if constexpr (D == 256 && DT == kE4m3) return (v & kV9D256) != 0;
+  return false;
+}
+bool v9_ring_env() { return (v9_mode() & kV9Ring) != 0; }
 constexpr bool kDefaultL2PrefetchPair = false;
 bool l2_prefetch_pair_env() {
   static const bool on = [] {
@@ -784,27 +1010,36 @@ int pipeline_variant() {
 // needed before a launch and before an occupancy query.
 // Kernel attributes are per device: set once per device (TP ranks are threads
 // of one process, one GPU each), by set_func_attribute_once (common.cuh).
-template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false>
+template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false, bool FAST = false,
+          bool RING = false>
 void prepare_decode_t() {
-  constexpr int smem = DecodeCfg<D, DT, REG>::SMEM;
-  set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                          smem);
+  constexpr int smem = DecodeCfg<D, DT, REG, RING>::SMEM;
+  set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING>,
+                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   // All of the unified L1 as shared memory for the ring (so 2 CTAs of 96 KB
   // fit per SM).
-  if constexpr (DecodeCfg<D, DT, REG>::USE_RING)
-    set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG>, cudaFuncAttributePreferredSharedMemoryCarveout,
+  if constexpr (DecodeCfg<D, DT, REG, RING>::USE_RING)
+    set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING>,
+                            cudaFuncAttributePreferredSharedMemoryCarveout,
                             cudaSharedmemCarveoutMaxShared);
 }
 
-template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false>
+template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false, bool FAST = false,
+          bool RING = false>
 void launch_decode_tv(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
-  prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG>();
-  constexpr int smem = DecodeCfg<D, DT, REG>::SMEM;
-  decode_kernel<D, DT, DEEP, LEAN, HPW, REG><<<grid, kWarps * 32, smem, stream>>>(p);
+  prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG, FAST, RING>();
+  constexpr int smem = DecodeCfg<D, DT, REG, RING>::SMEM;
+  decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING><<<grid, kWarps * 32, smem, stream>>>(p);
 }
 
-template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false>
+template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false, bool FAST = false,
+          bool RING = false>
 int resident_ctas_t();
+
+// FAST instantiations (version 9, FP8KV_DECODE_V9=1): the defaults of e4m3
+// d128 (3 CTAs per SM), bf16 d128 (DEEP) and e4m3 d256 (REG).
+template <int D, int DT>
+constexpr bool kHasFast = (D == 128 && DT != kE5m2) || (D == 256 && DT == kE4m3);
 
 // HPW instantiation (D = 128): the DEEP pipeline for bf16 (its default), the
 // default one for fp8.
@@ -814,6 +1049,9 @@ constexpr bool kHpwDeep = DT == kBf16;
 template <int D, int DT>
 void launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool hpw) {
   if constexpr (D == 256 && DT != kBf16) {
+    if constexpr (kHasFast<D, DT>) {
+      if (d256_reg_env() && v9_fast<D, DT>()) return launch_decode_tv<D, DT, false, false, false, true, true>(p, grid, stream);
+    }
     if (d256_reg_env()) return launch_decode_tv<D, DT, false, false, false, true>(p, grid, stream);
   }
   if constexpr (D == 128) {
@@ -837,6 +1075,20 @@ void launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool
       }
     }
   }
+  if constexpr (D == 128 && kHasFast<D, DT>) {
+    if (v9_fast<D, DT>()) {
+      const int v = pipeline_variant<D, DT>();
+      if constexpr (DT == kBf16) {
+        if (v == 1) return launch_decode_tv<D, DT, true, false, false, false, true>(p, grid, stream);
+      } else {
+        if (v == 0) return launch_decode_tv<D, DT, false, false, false, false, true>(p, grid, stream);
+      }
+    }
+    if constexpr (DT == kE4m3) {
+      if (v9_ring_env() && pipeline_variant<D, DT>() == 0)
+        return launch_decode_tv<D, DT, false, false, false, false, false, true>(p, grid, stream);
+    }
+  }
   if constexpr (kHasDeep<D, DT>) {
     switch (pipeline_variant<D, DT>()) {
       case 1: return launch_decode_tv<D, DT, true, false>(p, grid, stream);
@@ -852,7 +1104,7 @@ void launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool
 // Resident decode CTAs per SM (occupancy API) of one instantiation on the
 // current device; 0 when it cannot be asked (no device). Cached per
 // instantiation and device (thread-safe: atomics).
-template <int D, int DT, bool DEEP, bool LEAN, bool HPW, bool REG>
+template <int D, int DT, bool DEEP, bool LEAN, bool HPW, bool REG, bool FAST, bool RING>
 int resident_ctas_t() {
   static std::array<std::atomic<int>, 64> cache{};  // 0 = not asked yet
   int dev = 0;
@@ -868,9 +1120,9 @@ int resident_ctas_t() {
   int c = 0;
   bool ok = false;
   try {
-    prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG>();
-    ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, decode_kernel<D, DT, DEEP, LEAN, HPW, REG>, kWarps * 32,
-                                                       DecodeCfg<D, DT, REG>::SMEM) == cudaSuccess;
+    prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG, FAST, RING>();
+    ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING>,
+                                                       kWarps * 32, DecodeCfg<D, DT, REG, RING>::SMEM) == cudaSuccess;
   } catch (const std::runtime_error&) {
   }
   if (!ok) {
@@ -884,10 +1136,27 @@ int resident_ctas_t() {
 template <int D, int DT>
 int resident_ctas_v(bool hpw) {
   if constexpr (D == 256 && DT != kBf16) {
+    if constexpr (kHasFast<D, DT>) {
+      if (d256_reg_env() && v9_fast<D, DT>()) return resident_ctas_t<D, DT, false, false, false, true, true>();
+    }
     if (d256_reg_env()) return resident_ctas_t<D, DT, false, false, false, true>();
   }
   if constexpr (D == 128) {
     if (hpw) return resident_ctas_t<D, DT, kHpwDeep<D, DT>, false, true>();
+  }
+  if constexpr (D == 128 && kHasFast<D, DT>) {
+    if (v9_fast<D, DT>()) {
+      const int v = pipeline_variant<D, DT>();
+      if constexpr (DT == kBf16) {
+        if (v == 1) return resident_ctas_t<D, DT, true, false, false, false, true>();
+      } else {
+        if (v == 0) return resident_ctas_t<D, DT, false, false, false, false, true>();
+      }
+    }
+    if constexpr (DT == kE4m3) {
+      if (v9_ring_env() && pipeline_variant<D, DT>() == 0)
+        return resident_ctas_t<D, DT, false, false, false, false, false, true>();
+    }
   }
   if constexpr (kHasDeep<D, DT>) {
     switch (pipeline_variant<D, DT>()) {
