@@ -81,7 +81,7 @@ fi
 # variant and Nsight Compute first, then SDPA and the full base table (cut
 # when late), the SASS check and the table. ALT is
 # the A/B variant list (name:FP8KV_DECODE_V9 value).
-ALT=${ALT:-"v9:1 ring:ring"}
+ALT=${ALT:-"old:0 ring:ring"}
 phase test
 timeout 60 $TEST --gtest_filter='CudaDecode.*:CudaPlan.*' --gtest_output=json:"$OUT/test_cuda.json" >"$OUT/test_cuda.log" 2>&1
 rc=$?

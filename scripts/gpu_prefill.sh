@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU machine: the Hopper wgmma prefill kernel (issue 14), prefill v4
-# (docs/cuda.md "Prefill v4"). The default is now wslp (wsl, bf16 with
-# ping-pong); wslc = wslp whose fp8 producer converts with constant-offset
-# addressing; wsk / wskp (K converted ahead of V) measured slower for fp8.
+# (docs/cuda.md "Prefill v4"). The default is now wslc (run L, 2026-12-01):
+# wslp (wsl, bf16 with ping-pong) whose fp8 producer converts with
+# constant-offset addressing; wsk / wskp (K converted ahead of V) measured
+# slower for fp8.
 # Builds test_cuda + bench_attention only, then: the 8K causal bench (bf16 /
 # e4m3 / e5m2 caches) for wsl, wslp, wslc, wsk, then wsl, wslp, wslc again
 # (drift control), PyTorch SDPA in the same run, the wgmma building-block
@@ -51,7 +52,7 @@ phase sdpa
 timeout 30 python3 tools/bench_sdpa.py --prefill-only 2>&1 | tee "$OUT/sdpa.jsonl"
 runtest wgmma_blocks 'CudaWgmma.*' 20
 P='Kernels/CudaPrefill.*/wgmma'
-# The default (wslp) first, with a 7-CTA grid (many items per CTA) and on
+# The default (wslc) first, with a 7-CTA grid (many items per CTA) and on
 # the full grid; then the candidate wslc (both grids).
 runtest def_grid7 "$P" 60 FP8KV_WGMMA_GRID=7
 runtest def "$P" 60
@@ -121,5 +122,5 @@ for r in rows:
     x = f"{r['TFLOPs']/sdpa:.3f}" if sdpa else "-"
     print(f"{r['dtype']:10} {r['kernel']:11} {r['ms']:8.4f} {r['TFLOPs']:8.1f} {x:>7}")
 PY
-echo "tests: wgmma blocks ${RES[wgmma_blocks]}; prefill/wgmma default(wslp, grid 7) ${RES[def_grid7]}; default ${RES[def]}; wslc(grid 7) ${RES[wslc_grid7]}; wslc ${RES[wslc]}; wskp ${RES[wskp]}; wsk ${RES[wsk]}; wsl ${RES[wsl]}; ws ${RES[ws]}; wsf ${RES[wsf]}; prefill/mma ${RES[mma]}; SASS no-spill $spill; ncu wsl ${RES[ncu_wsl]} wslc ${RES[ncu_wslc]}"
+echo "tests: wgmma blocks ${RES[wgmma_blocks]}; prefill/wgmma default(wslc, grid 7) ${RES[def_grid7]}; default ${RES[def]}; wslc(grid 7) ${RES[wslc_grid7]}; wslc ${RES[wslc]}; wskp ${RES[wskp]}; wsk ${RES[wsk]}; wsl ${RES[wsl]}; ws ${RES[ws]}; wsf ${RES[wsf]}; prefill/mma ${RES[mma]}; SASS no-spill $spill; ncu wsl ${RES[ncu_wsl]} wslc ${RES[ncu_wslc]}"
 phase done

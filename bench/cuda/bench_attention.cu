@@ -282,9 +282,9 @@ void bench_prefill(const float* scales, const std::string& which = "both") {
       a.kernel = kern;
       const double ms = median_ms([&](int i) { a.kv = cs.paged(i, scales); paged_prefill(a, nullptr); }, 3, 20);
       const double flops = 4.0 * kH * kD * (double(S) * (S + 1) / 2);
-      // FP8KV_WGMMA_CFG (the wgmma configuration: wslp default; docs/cuda.md lists them).
+      // FP8KV_WGMMA_CFG (the wgmma configuration: wslc default; docs/cuda.md lists them).
       const char* cfg = std::getenv("FP8KV_WGMMA_CFG");
-      const std::string kname = kern == PrefillKernel::wgmma ? std::string("wgmma/") + (cfg && *cfg ? cfg : "wslp")
+      const std::string kname = kern == PrefillKernel::wgmma ? std::string("wgmma/") + (cfg && *cfg ? cfg : "wslc")
                                                              : std::string("mma");
       std::printf("{\"kind\":\"prefill\",\"dtype\":\"%s\",\"kernel\":\"%s\",\"seq\":%d,\"ms\":%.4f,\"TFLOPs\":%.1f}\n",
                   std::string(kv_dtype_name(dt)).c_str(), kname.c_str(), S, ms,
