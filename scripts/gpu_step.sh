@@ -54,9 +54,9 @@ ROUTE_SETS_60K="$DEF_ROUTES,norm=fused,prep=fused;$DEF_ROUTES"
 # iteration (its tok/s carries one eager step of 128); the step profile's
 # per-step graph time excludes it.
 LB32="latency --batch-size 32 --input-len 16384 --output-len 128 --num-iters-warmup 0 --num-iters 1"
-# Estimates: the 8B dummy load (~40 s; ~1 s with FP8KV_DUMMY_DEVICE=1, the
-# device-side dummy weights, where the build has them) plus the run.
-LD=$([ "${FP8KV_DUMMY_DEVICE:-0}" = 1 ] && echo 2 || echo 40)
+# Estimates: the 8B dummy load (~1 s: device-side dummy weights, the
+# default; ~12 s with FP8KV_DUMMY_DEVICE=0) plus the run.
+LD=$([ "${FP8KV_DUMMY_DEVICE:-1}" = 0 ] && echo 12 || echo 2)
 CASES=(
   "lat_b1_1k_fp8|$((LD + 15))|FP8KV_STEP_PROFILE=20|$L1K --kv-cache-dtype fp8 --gemv-routes $ROUTE_SETS"
   "lat_b1_60k_fp8|$((LD + 15))|FP8KV_STEP_PROFILE=1000|latency --batch-size 1 --input-len 60000 --output-len 32 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8 --gemv-routes $ROUTE_SETS_60K"
