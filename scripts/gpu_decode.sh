@@ -10,8 +10,8 @@
 # (tools/bench_sdpa.py --decode-fresh); our rows (bench_attention `shape`,
 # one process per row; bf16 and fp8 e4m3 at D = 128, Llama-3-8B 32/8 heads,
 # and D = 256, Gemma-3-12B 16/8 heads); the SASS spill check, SASS dumps and
-# opcode histograms; a table against the targets. Short mode (BUDGET=N):
-# see below.
+# opcode histograms; a table against the targets. (The short mode of the
+# eighth session, BUDGET=N, is gone: it A/B'd v9, now the default.)
 #   run(command="bash scripts/gpu_decode.sh", carry=[".debs"])
 # Budget: <= 200 s including the build; later phases are cut when the run is
 # late. Logs under $OUT.
@@ -29,52 +29,6 @@ nvcc --version | tail -1 | tee -a "$OUT/env.txt"
 git log -1 --format='commit %h %s' 2>/dev/null | tee -a "$OUT/env.txt"
 phase build
 source scripts/gpu_kernel_build.sh
-
-# Short mode (BUDGET=N seconds, e.g. a mid-session slot): decode tests under
-# the candidate (FP8KV_DECODE_V9=1), A/B rows of fp8 d128 at B >= 8 and
-# ctx >= 16K (base / v9 / ring interleaved, fresh processes; then fp8 d256
-# B=32/16K and bf16 B=32/64K), Nsight Compute of fp8 d128 B=32/16K base and
-# v9 (then ring, bf16), a table; nothing else. Each step is gated on the time
-# left.
-if [ "${BUDGET:-0}" -gt 0 ]; then
-  left() { echo $(( BUDGET - $(el) )); }
-  phase "short mode (BUDGET=$BUDGET s)"
-  FP8KV_DECODE_V9=1 timeout $(( $(left) > 45 ? 30 : 15 )) $TEST \
-    --gtest_filter='CudaDecode.*:CudaPlan.*:-CudaDecode.LeanAutoBatchEqualsSingle' >"$OUT/test_v9.log" 2>&1
-  rc=$?
-  if [ $rc = 0 ] && grep -q "^\[  PASSED  \]" "$OUT/test_v9.log" && ! grep -q "^\[  FAILED  \]" "$OUT/test_v9.log"; then
-    echo PASS >"$OUT/test_v9.status"; else echo FAIL >"$OUT/test_v9.status"; fi
-  echo "decode tests under v9: $(cat "$OUT/test_v9.status") (rc $rc, $(el) s)"
-  grep -E "^\[  FAILED  \]|worst" "$OUT/test_v9.log" | tail -5
-  : >"$OUT/bench_ab_base.jsonl"; : >"$OUT/bench_ab_v9.jsonl"; : >"$OUT/bench_ab_ring.jsonl"
-  for job in "fp8_e4m3 128 32 16384" "fp8_e4m3 128 8 16384" "fp8_e4m3 128 64 16384" "fp8_e4m3 128 8 65536" \
-             "fp8_e4m3 128 32 65536" "fp8_e4m3 128 64 65536" "fp8_e4m3 256 32 16384" "bf16 128 32 65536"; do
-    [ $(left) -gt 28 ] || { echo "A/B: stop at $job (time, $(el) s)"; break; }
-    FP8KV_BENCH_WARMUP_MS=100 timeout 8 $BENCH shape $job >>"$OUT/bench_ab_base.jsonl" 2>>"$OUT/bench_ab.err"
-    FP8KV_BENCH_WARMUP_MS=100 FP8KV_DECODE_V9=1 timeout 8 $BENCH shape $job >>"$OUT/bench_ab_v9.jsonl" 2>>"$OUT/bench_ab.err"
-    if [[ $job == "fp8_e4m3 128 "* ]]; then
-      FP8KV_BENCH_WARMUP_MS=100 FP8KV_DECODE_V9=ring timeout 8 $BENCH shape $job >>"$OUT/bench_ab_ring.jsonl" 2>>"$OUT/bench_ab.err"
-    fi
-  done
-  echo "A/B done ($(el) s): $(grep -c decode "$OUT/bench_ab_v9.jsonl") shapes"
-  NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  for job in "fp8_e4m3 128 32 16384:base" "fp8_e4m3 128 32 16384:v9" "fp8_e4m3 128 32 16384:ring" "bf16 128 32 16384:base"; do
-    [ -n "$NCU_BIN" ] && [ $(left) -gt 16 ] || { echo "ncu: stop at $job ($(el) s)"; break; }
-    shape=${job%%:*}; name=${job#*:}; v9=0; [ $name = v9 ] && v9=1; [ $name = ring ] && v9=ring
-    tag=$(echo "$shape" | awk '{printf "%s_d%s_b%s_c%s", ($1=="bf16"?"bf16":"fp8"), $2, $3, $4}')_$name
-    FP8KV_BENCH_WARMUP_MS=0 FP8KV_DECODE_V9=$v9 timeout 14 "$NCU_BIN" --clock-control none -k regex:decode_kernel \
-      --launch-skip 3 --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
-      --section SchedulerStats --section InstructionStats --section ComputeWorkloadAnalysis --section Occupancy \
-      --section LaunchStats --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,dram__bytes_read.sum' \
-      $BENCH shape $shape >"$OUT/ncu_$tag.txt" 2>&1 || echo "ncu $tag: rc $?"
-    grep -E "^\s*(Duration|DRAM Throughput|L2 Cache Throughput|Warp Cycles Per Issued Instruction|Issue Slots Busy|Executed Instructions) " \
-      "$OUT/ncu_$tag.txt" | head -6 | sed -E "s/ +/ /g; s/^/  $tag:/"
-  done
-  phase table
-  python3 tools/decode_table.py "$OUT" | tee "$OUT/table.txt"
-  phase done
-  exit 0
-fi
 
 # Full mode, in the order of what matters (the lead's note after run K1):
 # decode tests (default), the A/B rows, the decode tests under the first
