@@ -5,8 +5,10 @@
 // a bf16 cache): mean |logprob - golden fp32| <= min(1.5 x transformers' own
 // bf16-vs-fp32 gap, 0.02); fp8 caches: <= 1.5 x the fp8 golden's own gap to
 // fp32 (the CPU engine's fp8 gap, which it matches to fp32 tolerance).
-// Layer-0 K/V at the store point within 2^-7 relative of transformers' fp32
-// K/V (bf16 GEMMs). The goldens' sequences are prefilled in one step of
+// Layer-0 K/V at the store point within the bound hf_golden.h's
+// kv_layer0_bounds derives (bf16 GEMM inputs: 2^-9 sum |x_i W_ji| plus fp32
+// accumulation, the RoPE partner's bound added for K; 2^-7 (1 + |K|)
+// where the model has QK-norm or a non-plain RMSNorm). The goldens' sequences are prefilled in one step of
 // up to 112 rows, so these run the prefill GEMM path (past the GEMV rows),
 // including FP8KV_PREFILL_BF16_ACT when it is set (docs/cuda_backend.md
 // "Prefill/TTFT (2026-12-01)").
