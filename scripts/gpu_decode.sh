@@ -26,7 +26,9 @@ phase() { echo "== $1 ($(el) s)"; }
 source scripts/gpu_env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/env.txt"
 nvcc --version | tail -1 | tee -a "$OUT/env.txt"
-git log -1 --format='commit %h %s' 2>/dev/null | tee -a "$OUT/env.txt"
+# The runner's FP8KV_GIT_COMMIT when set: the device copy's .git can lag the tree.
+{ [ -n "${FP8KV_GIT_COMMIT:-}" ] && echo "commit $FP8KV_GIT_COMMIT (FP8KV_GIT_COMMIT)" || git log -1 --format='commit %h %s' 2>/dev/null; } |
+  tee -a "$OUT/env.txt"
 phase build
 source scripts/gpu_kernel_build.sh
 

@@ -14,7 +14,9 @@ left() { echo $(( BUDGET_S - $(now) )); }
 source scripts/gpu_env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/env.txt"
 nvcc --version | tail -1 | tee -a "$OUT/env.txt"
-git log --oneline -1 | tee -a "$OUT/env.txt"
+# The runner's FP8KV_GIT_COMMIT when set: the device copy's .git can lag the tree.
+{ [ -n "${FP8KV_GIT_COMMIT:-}" ] && echo "commit $FP8KV_GIT_COMMIT (FP8KV_GIT_COMMIT)" || git log -1 --format='commit %h %s' 2>/dev/null; } |
+  tee -a "$OUT/env.txt"
 
 phase build
 BUILD=build-gpu

