@@ -438,9 +438,8 @@ static_assert(ws_smem<kBf16, 128>() <= 227 * 1024 && ws_smem<kE4m3, 128>() <= 22
 // shrinking causal items balance over each pair of rounds. The mbarrier ring
 // runs on across items (tile counters continue), so the producer gathers the
 // next item's first tiles while the consumers finish the current one.
-template <int DT, int KT, bool PP, bool PF = false, bool PERS = false, bool KA = false, bool LC = false>
+template <int DT, int KT, bool PP, bool PF = false, bool PERS = false, bool LC = false>
 __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
-  static_assert(!KA || (PF && PERS && DT != kBf16 && KT == 128), "KA (wsk) is the fp8 wsl producer");
   constexpr int EB = DT == kBf16 ? 2 : 1;
   constexpr int kBM = 128;
   constexpr int NS = ws_stages<DT, KT>();
@@ -531,7 +530,7 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
         }
       };
       int32_t ids[NG];
-      if constexpr (PF && !KA) load_ids(0, ids);
+      if constexpr (PF) load_ids(0, ids);
       if constexpr (DT == kBf16) {
         auto issue = [&](int it) {
           const int j0 = w.tile_lo + it * KT;
@@ -578,73 +577,6 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
           } else {
             cp_async_commit();
           }
-        }
-      } else if constexpr (KA) {
-        // KA (wsk): K runs ahead of V. The K and V halves of the staging ring
-        // are separate rings (K of tile t in slot t & 1, V likewise), so the
-        // K conversion never queues behind a V conversion (which waits for the
-        // consumers to release V of tile t - 2 at the end of their tile t - 1).
-        // Step s: convert K(s + 1); copy raw K(s + 3); convert V(s); copy raw
-        // V(s + 2). cp.async group order: K0, (empty), K1, V0, K2, V1, then
-        // per step K(s + 3), V(s + 2) (empty groups past the item's end), so
-        // every wait is wait_group 3. Block ids: looked up per copy (the
-        // 4 loads of a half-tile independent); ids kept in registers next to
-        // the two rings spilled the 56-register producer.
-        auto issue_half = [&](int it, int kv) {
-          if (it < w.ntiles) {
-            const int j0 = w.tile_lo + it * KT;
-            const uint32_t d = smem_u32(sRaw + (it & 1) * 2 * kRawBytes + kv * kRawBytes);
-            const uint8_t* src = kv ? p.v_cache : p.k_cache;
-#pragma unroll
-            for (int i = 0; i < KT * 4 / 128; ++i) {
-              const int c = tid + i * 128, q = c / 8, ch = c % 8, key = (q >> 3) * 16 + (q & 7), j = j0 + key;
-              const bool ok0 = j >= w.kv_lo && j < w.kv_hi, ok1 = j + 8 >= w.kv_lo && j + 8 < w.kv_hi;
-              int64_t off = 0;
-              if (ok0 || ok1) off = pm.slot_off(j) + ch * 16;
-              const int64_t off0 = ok0 ? off : 0, off1 = ok1 ? off + 8 * pm.row_bytes : 0;
-              cp_async16(d + key * 128 + ch * 16, src + off0, ok0);
-              cp_async16(d + (key + 8) * 128 + ch * 16, src + off1, ok1);
-            }
-          }
-          cp_async_commit();
-        };
-        // Raw half kv of tile it (this thread's own chunks) -> f16 ring stage.
-        auto convert = [&](int it, int kv) {
-          const int g = gbase + it, st = g % NS;
-          mbar_wait(kv == 0 ? empty(st) : empty_v(st), ((g / NS) & 1) ^ 1);
-          const uint8_t* rk = sRaw + (it & 1) * 2 * kRawBytes + kv * kRawBytes;
-          uint8_t* d = sKV + st * 2 * kTileBytes + kv * kTileBytes;
-#pragma unroll 2
-          for (int i = 0; i < KT * 8 / 128; ++i) {
-            const int c = tid + (i >> 1) * 128, q = c / 8, ch = c % 8, key = (q >> 3) * 16 + (q & 7) + (i & 1) * 8;
-            const uint4 w4 = *reinterpret_cast<const uint4*>(rk + key * 128 + ch * 16);
-            const uint32_t wd[4] = {w4.x, w4.y, w4.z, w4.w};
-            uint32_t hw[8];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              hw[2 * e] = fp8x2_to_f16x2<DT>(wd[e]);
-              hw[2 * e + 1] = fp8x2_to_f16x2<DT>(wd[e] >> 16);
-            }
-            *reinterpret_cast<uint4*>(d + swz_chunk(KT, key, 2 * ch)) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
-            *reinterpret_cast<uint4*>(d + swz_chunk(KT, key, 2 * ch + 1)) = make_uint4(hw[4], hw[5], hw[6], hw[7]);
-          }
-          fence_proxy_async();
-          mbar_arrive(kv == 0 ? full(st) : full_v(st));
-        };
-        // One loop over jobs x (one inlined conversion and one copy site: two
-        // spilled the producer): x even converts K(x / 2), x odd V(x / 2 - 1);
-        // then the raw copy of the same half of tile (converted one) + 2 into
-        // the slot just freed. The empty group after K0 keeps every wait at 3.
-        issue_half(0, 0);
-        cp_async_commit();
-        issue_half(1, 0);
-        issue_half(0, 1);
-#pragma unroll 1
-        for (int x = 0; x < 2 * w.ntiles + 2; ++x) {
-          const int kv = x & 1, it = (x >> 1) - kv;
-          cp_async_wait<3>();  // this thread's raw copies of half kv of tile it
-          if (it >= 0 && it < w.ntiles) convert(it, kv);
-          issue_half(it + 2, kv);
         }
       } else {
         auto issue_raw = [&](int it) {
@@ -953,22 +885,22 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
   }
 }
 
-template <int DT, int KT, bool PP, bool PF = false, bool PERS = false, bool KA = false, bool LC = false>
+template <int DT, int KT, bool PP, bool PF = false, bool PERS = false, bool LC = false>
 void launch_ws_t(const WgParams& p, dim3 grid, cudaStream_t stream) {
   constexpr int smem = ws_smem<DT, KT>();
-  auto* kern = prefill_ws_kernel<DT, KT, PP, PF, PERS, KA, LC>;
+  auto* kern = prefill_ws_kernel<DT, KT, PP, PF, PERS, LC>;
   detail::set_func_attribute_once(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   kern<<<grid, 384, smem, stream>>>(p);
   FP8KV_CUDA_CHECK(cudaGetLastError());
 }
-template <int KT, bool PP, bool PF = false, bool PERS = false, bool KA = false, bool LC = false>
+template <int KT, bool PP, bool PF = false, bool PERS = false, bool LC = false>
 void launch_ws(const WgParams& p, KvDtype dt, dim3 grid, cudaStream_t stream) {
   switch (dt) {
     // bf16 + PERS: no PF (its 8 block ids per tile would spill next to the work item);
-    // KA is fp8-only (bf16 under wsk runs the wsl kernel).
+    // LC is the fp8 producer's addressing (bf16 has no conversion).
     case KvDtype::bf16: launch_ws_t<kBf16, KT, PP, PF && !PERS, PERS>(p, grid, stream); break;
-    case KvDtype::fp8_e4m3: launch_ws_t<kE4m3, KT, PP, PF, PERS, KA, LC>(p, grid, stream); break;
-    case KvDtype::fp8_e5m2: launch_ws_t<kE5m2, KT, PP, PF, PERS, KA, LC>(p, grid, stream); break;
+    case KvDtype::fp8_e4m3: launch_ws_t<kE4m3, KT, PP, PF, PERS, LC>(p, grid, stream); break;
+    case KvDtype::fp8_e5m2: launch_ws_t<kE5m2, KT, PP, PF, PERS, LC>(p, grid, stream); break;
   }
 }
 
@@ -1054,17 +986,15 @@ std::vector<float> run_selftest(K kernel, const std::vector<uint16_t>& a, const 
 // default from run K1 of the seventh session: wsf on a persistent grid;
 // docs/cuda.md "Prefill v3"), ws (warp-specialized, 128-key tiles; default in
 // runs I-J, docs/cuda.md "Prefill v2"), wsp, ws64, ws64p, wsf (ws + block ids
-// prefetched a tile ahead, 16-byte Q loads), wsk (wsl whose fp8 producer
-// converts K a tile ahead of V, docs/cuda.md "Prefill v4"; bf16: the wsl
-// kernel), wskp (wsk with ping-pong; bf16: wsl with ping-pong), wslc (wslp
-// whose fp8 producer converts with constant-offset addressing), or the
+// prefetched a tile ahead, 16-byte Q loads), wslc (wslp whose fp8 producer
+// converts with constant-offset addressing), or the
 // earlier 64x2, 128x2,
 // 64x1, 64x2p, 64x2d (read per call: the GPU script tests and benchmarks each).
 struct WgCfg {
   int kt, nwg;
   bool pipe;
   int nst;
-  bool ws = false, pp = false, pf = false, pers = false, ka = false, bf16pp = false, lc = false;
+  bool ws = false, pp = false, pf = false, pers = false, bf16pp = false, lc = false;
 };
 WgCfg wgmma_config() {
   const char* env = std::getenv("FP8KV_WGMMA_CFG");
@@ -1073,7 +1003,7 @@ WgCfg wgmma_config() {
   // (2026-12-01): fp8 e4m3 382.7 / 382.1 TFLOP/s vs wslp 358.0 / 354.5 and
   // wsl 354.7 / 356.2 in the same run (+7%), bf16 = wslp's kernel; prefill
   // tests pass under it (full and 7-CTA grid); docs/cuda.md "Prefill v4".
-  if (!env || !*env) return {128, 2, false, 0, true, false, true, true, false, true, true};
+  if (!env || !*env) return {128, 2, false, 0, true, false, true, true, true, true};
   const std::string v(env);
   if (v == "64x2") return {64, 2, false, 2};
   if (v == "128x2") return {128, 2, false, 2};
@@ -1086,12 +1016,10 @@ WgCfg wgmma_config() {
   if (v == "ws64p") return {64, 2, false, 0, true, true};
   if (v == "wsf") return {128, 2, false, 0, true, false, true, false};
   if (v == "wsl") return {128, 2, false, 0, true, false, true, true};
-  if (v == "wslp") return {128, 2, false, 0, true, false, true, true, false, true};
-  if (v == "wslc") return {128, 2, false, 0, true, false, true, true, false, true, true};
-  if (v == "wsk") return {128, 2, false, 0, true, false, true, true, true};
-  if (v == "wskp") return {128, 2, false, 0, true, true, true, true, true};
+  if (v == "wslp") return {128, 2, false, 0, true, false, true, true, true};
+  if (v == "wslc") return {128, 2, false, 0, true, false, true, true, true, true};
   throw std::invalid_argument(
-      "FP8KV_WGMMA_CFG: expected 64x2, 128x2, 64x1, 64x2p, 64x2d, ws, wsp, ws64, ws64p, wsf, wsl, wslp, wslc, wsk or wskp, got '" +
+      "FP8KV_WGMMA_CFG: expected 64x2, 128x2, 64x1, 64x2p, 64x2d, ws, wsp, ws64, ws64p, wsf, wsl, wslp or wslc (wsk and wskp were removed in the ninth session), got '" +
       v + "'");
 }
 
@@ -1137,11 +1065,11 @@ void paged_prefill_wgmma(const PrefillArgs& a, cudaStream_t stream) {
     }
     const int64_t items = static_cast<int64_t>(a.num_heads) * p.num_q_tiles * a.batch;
     const dim3 pgrid(static_cast<unsigned>(std::min<int64_t>(items, sms)));
-    // wslp's bf16 kernel is wskp's (KA is fp8-only): wsl + ping-pong.
-    if ((cfg.ka && cfg.pp) || (cfg.bf16pp && a.kv.layout.dtype == KvDtype::bf16))
-      launch_ws<128, true, true, true, true>(p, a.kv.layout.dtype, pgrid, stream);
-    else if (cfg.ka) launch_ws<128, false, true, true, true>(p, a.kv.layout.dtype, pgrid, stream);
-    else if (cfg.lc) launch_ws<128, false, true, true, false, true>(p, a.kv.layout.dtype, pgrid, stream);
+    // wslp / wslc for a bf16 cache: wsl + ping-pong (bf16 + PERS: no PF, as in
+    // launch_ws; called directly so that no fp8 ping-pong kernel is built).
+    if (cfg.bf16pp && a.kv.layout.dtype == KvDtype::bf16)
+      launch_ws_t<kBf16, 128, true, false, true>(p, pgrid, stream);
+    else if (cfg.lc) launch_ws<128, false, true, true, true>(p, a.kv.layout.dtype, pgrid, stream);
     else launch_ws<128, false, true, true>(p, a.kv.layout.dtype, pgrid, stream);
   } else if (cfg.ws && cfg.pf) {
     launch_ws<128, false, true, false>(p, a.kv.layout.dtype, grid, stream);
