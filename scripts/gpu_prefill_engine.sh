@@ -69,9 +69,10 @@ for n, v in r.items():
 PY
 
 MODEL=tests/data/configs/llama-3.1-8b
-# TTFT rows: 2 warm-ups (the second profiled: FP8KV_PREFILL_PROFILE_SKIP=1
-# leaves the first, with cuBLASLt's plan setup, alone), 3 timed iterations
-# without events. The A/B probe runs only inside the profiled warm-up.
+# TTFT rows: FP8KV_PREFILL_PROFILE_SKIP=1 leaves the first counted prefill
+# (the engine's startup warm-up prefill, since the ninth session; it carries
+# cuBLASLt's plan setup) alone and profiles the next one (the first of 2
+# warm-ups); 3 timed iterations without events. The A/B probe runs only inside the profiled warm-up.
 ST="FP8KV_STARTUP_PROFILE=1"
 PROF="FP8KV_PREFILL_PROFILE=1 FP8KV_PREFILL_PROFILE_SKIP=1 FP8KV_PREFILL_PROFILE_STEPS=1"
 TTFT="latency --batch-size 1 --input-len 8192 --output-len 2 --num-iters-warmup 2 --num-iters 3"

@@ -191,6 +191,17 @@ class EngineImpl final : public Engine {
   std::string_view backend_name() const override { return backend_->name(); }
   int64_t graph_replays() const override { return runner_->graph_replays(); }
   int64_t graph_captures() const override { return runner_->graph_captures(); }
+  // Startup: the decode CUDA graphs of every bucket, captured before the
+  // first request (ModelRunner::warm_up_graphs), after the KV scales are set
+  // (setting them drops every graph).
+  void warm_up() {
+    if (!backend_->supports_graphs()) return;
+    StartupPhase ph("CUDA graphs (max prefill + every decode bucket)");
+    const int n = runner_->warm_up_graphs();
+    ph.set_detail(fmt::format(", {} decode graphs", n));
+    ph.done();
+    if (n > 0) engine_log()->info("CUDA graphs: captured {} decode buckets in {:.2f} s", n, ph.seconds());
+  }
 
   void set_kv_scales(KvScales s) override {
     // The shared validator (kv/scale_loader.h): the same rule and wording as at load.
@@ -523,6 +534,7 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
   check_multi_process(TpMultiProcess{opts.nnodes, opts.node_rank, opts.master_addr, opts.master_port},
                       opts.tensor_parallel_size);
   auto e = load_engine(dir, opts);
+  static_cast<EngineImpl&>(*e).warm_up();
   if (opts.nnodes > 1 && opts.node_rank > 0) {
     // A follower process: serve rank 0's steps, then end the process (the
     // command's own work belongs to rank 0). Errors propagate (exit != 0).

@@ -20,6 +20,7 @@ ModelRunner::ModelRunner(const ModelConfig& cfg, Backend& backend, std::shared_p
           backend.name() == "cpu" ? kLogitsRows : std::clamp(max_num_seqs, kLogitsRows, 256), fwd_.fused()) {
   if (tp.world > 1 && backend.tp_world() != tp.world)
     throw std::logic_error("ModelRunner: tensor parallel without a matching Communicator on the backend");
+  max_num_batched_tokens_ = max_num_batched_tokens;
   if (vocab_parallel_)
     logits_local_ = be_.alloc(static_cast<size_t>(rs_.max_logits_rows) * (cfg_.vocab_size / tp.world) * 4);
   // vLLM's capture sizes: 1, 2, 4, then multiples of 8, up to max_num_seqs
@@ -34,6 +35,58 @@ int ModelRunner::graph_bucket(int S) const {
   for (int b : buckets_)
     if (S <= b) return b;
   return 0;
+}
+
+int ModelRunner::warm_up_graphs() {
+  if (!kv_ || pad_eager_ || tp_.world != 1 || !be_.supports_graphs() || buckets_.empty()) return 0;
+  const KvPlan& plan = kv_->plan();
+  const int B = plan.block_size, G = kv_->num_groups(), L = plan.max_model_len;
+  const int max_seqs = buckets_.back();
+  // The largest prefill step: T tokens in S sequences of at most L tokens
+  // each (split evenly, so that none is a one-token "decode").
+  const int T = std::min(max_num_batched_tokens_, max_seqs * L);
+  const int S = T >= 2 ? std::max((T + L - 1) / L, 1) : 0;
+  if (S > 0 && T / S >= 2) {
+    StepBatch& b = batch_;
+    b = StepBatch{};
+    const int width = (std::min(T, L) + B - 1) / B;
+    b.num_tokens = T;
+    b.num_seqs = S;
+    b.num_groups = G;
+    b.max_blocks_per_seq = width;
+    b.query_start.assign(1, 0);
+    b.slot_mapping.assign(G, std::vector<int64_t>(T, -1));  // no KV written
+    b.block_tables.assign(G, std::vector<int32_t>(static_cast<size_t>(S) * width, 0));  // block 0 only
+    for (int i = 0, t = 0; i < S; ++i) {
+      const int n = T / S + (i < T % S ? 1 : 0);
+      for (int j = 0; j < n; ++j, ++t) {
+        b.token_ids.push_back(0);
+        b.positions.push_back(j);
+      }
+      b.query_start.push_back(t);
+      b.context_lens.push_back(n);
+      b.is_decode.push_back(0);
+      b.max_query_len = std::max(b.max_query_len, n);
+      b.max_context_len = std::max(b.max_context_len, n);
+    }
+    next_seqs_.clear();
+    next_params_.clear();
+    be_.begin_step(batch_);
+    fwd_.run(batch_, rs_);
+  }
+  const int64_t before = graph_captures_;
+  for (auto it = buckets_.rbegin(); it != buckets_.rend(); ++it) {
+    const int bucket = *it;
+    build_batch(SchedulerOutput{});
+    pad_batch(bucket);  // every row padding: context 0, slot -1
+    std::vector<int> seqs(static_cast<size_t>(bucket));
+    for (int i = 0; i < bucket; ++i) seqs[static_cast<size_t>(i)] = i;
+    set_step_sampling(std::move(seqs), std::vector<RowSampling>(static_cast<size_t>(bucket)));  // greedy
+    run_prepared();
+  }
+  sampled_in_step_ = false;
+  batch_ = StepBatch{};
+  return static_cast<int>(graph_captures_ - before);
 }
 
 void ModelRunner::compute_logits(const Tensor& hidden, std::span<const int32_t> rows, Tensor& l) {

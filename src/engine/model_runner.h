@@ -48,6 +48,17 @@ class ModelRunner {
   void set_pad_eager(bool on) { pad_eager_ = on; }
   // Bucket of a decode step of S sequences; 0 when S exceeds the largest.
   int graph_bucket(int S) const;
+  // Startup warm-up, as vLLM captures its CUDA graphs before serving (after
+  // set_kv and the KV scales): one eager prefill of the largest step
+  // (max_num_batched_tokens tokens in sequences of at most max_model_len;
+  // every block-table entry block 0, every slot -1, so it reads block 0 and
+  // writes no KV), which sizes the backend's scratch buffers, then one
+  // capture per decode bucket, largest first, on all-padding batches (the
+  // padding rows of pad_batch). A graph is dropped when a scratch buffer grows
+  // later, so without the prefill the first real prefill would discard them.
+  // Does nothing (returns 0) unless the backend supports_graphs(), on one
+  // rank, without pad_eager. Returns the graphs captured.
+  int warm_up_graphs();
   int64_t graph_replays() const { return graph_replays_; }
   int64_t graph_captures() const { return graph_captures_; }
   // The KV bookkeeping the step's slot mappings and block tables come from.
@@ -104,6 +115,7 @@ class ModelRunner {
   StepBatch batch_;
   DeviceBuffer logits_local_;  // [kLogitsRows][V / world] f32, vocab-parallel only
   std::vector<int> buckets_;  // ascending
+  int max_num_batched_tokens_ = 0;
   bool pad_eager_ = false;
   std::vector<int> next_seqs_;               // set_step_sampling
   std::vector<RowSampling> next_params_;

@@ -87,6 +87,9 @@ class TpRunner {
   }
   int64_t graph_replays() const { return ranks_[0].runner->graph_replays(); }
   int64_t graph_captures() const { return ranks_[0].runner->graph_captures(); }
+  // ModelRunner::warm_up_graphs on one rank (tensor-parallel ranks capture
+  // lazily, as before): graphs captured.
+  int warm_up_graphs() { return world_ == 1 && !ctl_ ? ranks_[0].runner->warm_up_graphs() : 0; }
 
   // Fan-outs to every rank.
   void set_kv(KvCacheManager& kv);

@@ -43,7 +43,9 @@ cudaEvent_t PrefillProfile::event(int i) {
 void PrefillProfile::begin_step(int T, int num_seqs, int num_decodes, cudaStream_t stream, bool capturing) {
   if (capturing) return;  // no event sync inside a capture (the runner begins steps before capturing)
   flush();
-  if (T < min_rows_) return;
+  // Steps with a prefill part only: decode-only steps (e.g. the engine's
+  // startup graph warm-up of the large decode buckets) are not counted.
+  if (T < min_rows_ || num_decodes >= num_seqs) return;
   const int64_t n = seen_++;
   active_ = n >= skip_ && (max_steps_ < 0 || n < skip_ + max_steps_);
   if (!active_) return;

@@ -1,6 +1,7 @@
 // Per-op timing of prefill steps (docs/cuda_backend.md "Prefill/TTFT
 // (2026-12-01)"): with FP8KV_PREFILL_PROFILE=N (N >= 1) the CUDA backend
-// brackets each op of a step of >= N tokens (N = 1: >= 64) with a pair of
+// brackets each op of a step of >= N tokens (N = 1: >= 64) that has a
+// prefill part (decode-only steps are never counted) with a pair of
 // CUDA events and, when the next step begins (or the backend goes away),
 // prints to stderr one line per step: the host wall time from begin_step to
 // the next begin_step, the GPU span from begin_step to the last op, and per
