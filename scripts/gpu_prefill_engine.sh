@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 BUDGET_S=${BUDGET_S:-300}
 source scripts/gpu_engine_build.sh fp8kv test_cuda_ops
 
-TESTS='*CudaGoldenHd64*:CudaEngine.*:CudaGraphs.*:Families/CudaBackendVsCpu.*:CudaOps.GemmBf16OutAndActBf16In:CudaOps.LinearMatchesCpu:CudaOps.PrefillProfileCountsOpsPerStep:CudaOps.PrefillQBf16*:CudaOps.Startup*:CudaOps.OpScope*'
+TESTS='*CudaGoldenHd64*:CudaEngine.*:CudaGraphs.*:Families/CudaBackendVsCpu.*:CudaOps.GemmBf16OutAndActBf16In:CudaOps.LinearMatchesCpu:CudaOps.PrefillProfileCountsOpsPerStep:CudaOps.PrefillQBf16*:CudaOps.Startup*:CudaOps.OpScope*:CudaGraphWarmup.*'
 if [ -x $BUILD/tests/test_cuda_ops ]; then
   phase "tests"
   for v in default; do
