@@ -160,6 +160,7 @@ BenchResult run_bench(Engine& e, const BenchSettings& s, double copy_bytes_per_s
     run_round(e, s, latency ? n : std::min(n, 4), rng, &scratch);
   }
   Tally t;
+  const int64_t replays0 = e.graph_replays(), captures0 = e.graph_captures();
   for (int i = 0; i < iters; ++i) run_round(e, s, n, rng, &t);
   if (t.decode_step_s.empty()) throw std::runtime_error("bench: no decode step was measured");
 
@@ -168,6 +169,8 @@ BenchResult run_bench(Engine& e, const BenchSettings& s, double copy_bytes_per_s
   r.prompt_tokens = t.prompt_tokens;
   r.output_tokens = t.output_tokens;
   r.steps = t.steps;
+  r.graph_replays = e.graph_replays() - replays0;
+  r.graph_captures = e.graph_captures() - captures0;
   r.decode_steps = static_cast<int64_t>(t.decode_step_s.size());
   r.output_tokens_per_s = t.output_tokens / t.elapsed_s;
   r.total_tokens_per_s = (t.output_tokens + t.prompt_tokens) / t.elapsed_s;
@@ -223,6 +226,8 @@ nlohmann::json to_json(const BenchResult& r, const BenchSettings& s) {
   j["output_tokens"] = r.output_tokens;
   j["steps"] = r.steps;
   j["decode_steps"] = r.decode_steps;
+  j["graph_replays"] = r.graph_replays;
+  j["graph_captures"] = r.graph_captures;
   j["full_batch_decode_steps"] = r.full_batch_decode_steps;
   j["full_batch_decode_ms_per_step"] = r.full_batch_decode_ms_per_step;
   j["full_batch_decode_tokens_per_s"] = r.full_batch_decode_tokens_per_s;

@@ -55,6 +55,10 @@ struct BenchResult {
   double full_batch_decode_ms_per_step = 0, full_batch_decode_tokens_per_s = 0;
   double full_batch_bytes_per_step = 0, full_batch_weight_bytes_per_step = 0, full_batch_kv_bytes_per_step = 0;
   double full_batch_gbps = 0, full_batch_floor_fraction = 0, full_batch_context = 0;
+  // CUDA graphs during the timed iterations: decode steps replayed, and
+  // graphs captured (0 since the engine captures every bucket at load; a
+  // capture is an eager step plus instantiation inside the timed region).
+  int64_t graph_replays = 0, graph_captures = 0;
 };
 
 // How run_bench counts a step, from the round's state before it ran:

@@ -22,6 +22,8 @@ for k in ["output_tokens_per_s", "total_tokens_per_s", "decode_tokens_per_s", "d
     assert j[k] > 0, f"{k} = {j[k]}"
 assert j["mode"] == mode and j["input_len"] == inp and j["output_len"] == out
 assert j["backend"] == "cpu"
+# No CUDA graphs on the CPU backend.
+assert j["graph_replays"] == 0 and j["graph_captures"] == 0, (j["graph_replays"], j["graph_captures"])
 iters = j.get("num_iters", 1)
 # --ignore-eos: every request generates exactly output_len tokens.
 assert j["output_tokens"] == n * out * iters, j["output_tokens"]
