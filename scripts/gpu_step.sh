@@ -17,33 +17,42 @@
 # in the same process at 1K and 60K;
 # then, if the budget allows, batch 32 at 16K with fp8 and bf16 caches (the
 # step profile's per-op times of each: where the fp8 step's time goes).
-# Budget: BUDGET_S (default 240 s, build included); a case that would start
+# Ninth session (2026-12-01, step9): the batch-1 variants of
+# docs/cuda_backend.md "Batch-1 variants (ninth session)" (route key pre=:
+# weight batches each GEMV warp loads before its PDL wait) as same-process
+# route sets at 1K and 60K, after the tests that cover those kernels
+# (TESTS_FILTER); the batch-32 rows only with B32=1. The table at the end
+# has one row per route set with its ms/step and tok/s and the change
+# against the mean of the process's default runs.
+# Budget: BUDGET_S (default 200 s, build included); a case that would start
 # with less than its estimate left is skipped (in the order below: the b32
 # rows, then ncu, go first). NO_TESTS=1 skips the tests.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-BUDGET_S=${BUDGET_S:-240}
+BUDGET_S=${BUDGET_S:-200}
 source scripts/gpu_engine_build.sh fp8kv test_cuda_ops
 
 if [ -z "${NO_TESTS:-}" ] && [ -x $BUILD/tests/test_cuda_ops ]; then
   phase tests
-  timeout 90 $BUILD/tests/test_cuda_ops 2>&1 | tee "$OUT/test_cuda_ops.log" |
+  # The tests of the kernels this script's variants change (GEMV, norm, prep,
+  # routes) and the engine-level graph == eager / variant == default checks.
+  TESTS_FILTER=${TESTS_FILTER:-'CudaOps.Linear*:CudaOps.Gemv*:CudaOps.RmsNorm*:CudaOps.QkvPrep*:CudaGraphs.*'}
+  timeout 90 $BUILD/tests/test_cuda_ops --gtest_filter="$TESTS_FILTER" 2>&1 | tee "$OUT/test_cuda_ops.log" |
     grep -E "^\[  (FAILED|PASSED) |\[ graphs \]|tests ran|Failure|Expected|Which is" | head -40
 fi
 
 MODEL=tests/data/configs/llama-3.1-8b
 L1K="latency --batch-size 1 --input-len 1024 --output-len 64 --num-iters-warmup 1 --num-iters 2"
-# In the 1K and 60K processes after their main run (default routes: separate
-# norm and prep kernels), one model load, ~1 s (1K) / ~4 s (60K) each: 1K:
-# both fusions on a one-wave grid of looping blocks (norm=fused,
-# prep=fused), each alone, both on one block per column group (norm=blocks,
-# prep=blocks: run K2's kernels), the decode attention split fixed at 256 /
-# 512 / 1088 keys (dsplit=; 1088 = the whole 1K+64 context: one split, no
-# reduce kernel) instead of plan_decode's fill-the-GPU choice, then the
-# default again (A/B/A, for drift); 60K: both fused, then the default.
+# In the 1K and 60K processes after their main run (default routes), one
+# model load, ~1 s (1K) / ~4 s (60K) per route set. 1K: pre=2, pre=4 (all
+# GEMVs; qkv / o_proj at simtk = 4 warps per column have one batch per lane,
+# so pre changes only gate_up, down, lm_head there), pre=4 with fewer warps
+# per column on qkv / o_proj / down (more bytes per warp in flight), the
+# default (A/B/A), pre=4 again; 60K: pre=4, pre=2, the default.
 DEF_ROUTES="qkv=simtk,o_proj=simtk,gate_up=auto,down=simt8,lm_head=auto"
-ROUTE_SETS="$DEF_ROUTES,norm=fused,prep=fused;$DEF_ROUTES,norm=fused;$DEF_ROUTES,prep=fused;$DEF_ROUTES,norm=blocks,prep=blocks;$DEF_ROUTES,dsplit=256;$DEF_ROUTES,dsplit=512;$DEF_ROUTES,dsplit=1088;$DEF_ROUTES"
-ROUTE_SETS_60K="$DEF_ROUTES,norm=fused,prep=fused;$DEF_ROUTES"
+SPLIT2="qkv=simt2,o_proj=simt2,gate_up=auto,down=simt4,lm_head=auto"
+ROUTE_SETS="$DEF_ROUTES,pre=2;$DEF_ROUTES,pre=4;$SPLIT2,pre=4;$SPLIT2,pre=2;$DEF_ROUTES;$DEF_ROUTES,pre=4"
+ROUTE_SETS_60K="$DEF_ROUTES,pre=4;$DEF_ROUTES,pre=2;$DEF_ROUTES"
 # name | estimated seconds | environment | bench arguments. FP8KV_STEP_PROFILE=20:
 # the op-timed eager copy is made at the 20th replayed step (in the warm-up
 # iteration, so the timed iterations do not contain it). 60K has no warm-up
@@ -59,7 +68,9 @@ LB32="latency --batch-size 32 --input-len 16384 --output-len 128 --num-iters-war
 LD=$([ "${FP8KV_DUMMY_DEVICE:-1}" = 0 ] && echo 12 || echo 2)
 CASES=(
   "lat_b1_1k_fp8|$((LD + 15))|FP8KV_STEP_PROFILE=20|$L1K --kv-cache-dtype fp8 --gemv-routes $ROUTE_SETS"
-  "lat_b1_60k_fp8|$((LD + 15))|FP8KV_STEP_PROFILE=1000|latency --batch-size 1 --input-len 60000 --output-len 32 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8 --gemv-routes $ROUTE_SETS_60K"
+  "lat_b1_60k_fp8|$((LD + 22))|FP8KV_STEP_PROFILE=1000|latency --batch-size 1 --input-len 60000 --output-len 32 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8 --gemv-routes $ROUTE_SETS_60K"
+)
+[ -n "${B32:-}" ] && CASES+=(
   "lat_b32_16k_fp8|$((LD + 30))|FP8KV_STEP_PROFILE=100|$LB32 --kv-cache-dtype fp8"
   "lat_b32_16k_bf16|$((LD + 35))|FP8KV_STEP_PROFILE=100|$LB32 --kv-cache-dtype bf16"
 )
@@ -78,12 +89,14 @@ for c in "${CASES[@]}"; do
 done
 
 # Per-kernel durations of one eager decode step under ncu (kernels serialized,
-# caches and clocks left alone): only if ~55 s remain.
+# caches and clocks left alone): only if ~55 s remain. NCU_ROUTES (default:
+# the default routes with pre=4) picks the routes of that step: the
+# O_1 run has the default's kernels.
 NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ -n "$NCU_BIN" ] && [ "$(left)" -ge 55 ]; then
   phase "ncu ($NCU_BIN)"
   l=$(left)
-  FP8KV_STEP_PROFILE=5 timeout $(( l - 3 )) "$NCU_BIN" --profile-from-start off --clock-control none --cache-control none \
+  FP8KV_GEMV_ROUTES="${NCU_ROUTES:-$DEF_ROUTES,pre=4}" FP8KV_STEP_PROFILE=5 timeout $(( l - 3 )) "$NCU_BIN" --profile-from-start off --clock-control none --cache-control none \
     --metrics gpu__time_duration.sum --csv --page raw \
     $FP8KV bench latency --batch-size 1 --input-len 1024 --output-len 12 --num-iters-warmup 0 --num-iters 1 \
     --kv-cache-dtype fp8 $MODEL --load-format dummy --ignore-eos --backend cuda >"$OUT/ncu_b1_1k.csv" 2>"$OUT/ncu_b1_1k.log"
@@ -118,6 +131,23 @@ for n in ("lat_b1_1k_fp8", "lat_b1_60k_fp8"):
     print(f"route sets, {n} (same process; main run {j.get('gemv_routes')}: {j.get('decode_ms_per_step', 0):.3f} ms/step)")
     for r in j.get("gemv_route_runs", []):
         print(f"  {r['routes']:82} {r['decode_ms_per_step']:7.3f} ms/step {r['decode_tokens_per_s']:6.1f} tok/s floor {r['floor_fraction']:.3f}")
+# The variant table: every route set of the batch-1 processes (the main run
+# = the default routes), ms/step, tok/s, and the change against the mean of
+# that process's default-route runs (negative = faster).
+DEF = "qkv=simtk,o_proj=simtk,gate_up=auto,down=simt8,lm_head=auto,store=fused,act=fused"
+for n in ("lat_b1_1k_fp8", "lat_b1_60k_fp8"):
+    if n not in res:
+        continue
+    j = res[n]
+    runs = [{"routes": j.get("gemv_routes", "?"), "decode_ms_per_step": j.get("decode_ms_per_step", 0),
+             "decode_tokens_per_s": j.get("decode_tokens_per_s", 0)}] + j.get("gemv_route_runs", [])
+    base = [r["decode_ms_per_step"] for r in runs if r["routes"] == DEF and r["decode_ms_per_step"] > 0]
+    b = sum(base) / len(base) if base else 0.0
+    print(f"== variants {n}: default mean {b:.3f} ms/step over {len(base)} runs")
+    for r in runs:
+        name = r["routes"].replace(DEF, "DEFAULT").replace("qkv=simt2,o_proj=simt2,gate_up=auto,down=simt4,lm_head=auto,store=fused,act=fused", "SPLIT2")
+        d = (r["decode_ms_per_step"] / b - 1) * 100 if b else 0.0
+        print(f"  {name:40} {r['decode_ms_per_step']:7.3f} ms/step {r['decode_tokens_per_s']:6.1f} tok/s {d:+6.2f}%")
 for n in NAMES:
     p = os.path.join(out, n + ".log")
     if not os.path.exists(p):

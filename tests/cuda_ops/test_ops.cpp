@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
+#include "backend/cuda/check.h"
 #include "backend/cuda/kernels.h"
 #include "cuda_ops_util.h"
 #include "io/errors.h"
@@ -290,6 +291,11 @@ TEST(CudaOps, LinearRoutesParse) {  // host only: runs without a GPU too
   EXPECT_EQ(cuda::linear_routes_string(cuda::parse_linear_routes("dsplit=512", "test")),
             "qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto,store=fused,act=fused,dsplit=512");
   EXPECT_FALSE(cuda::parse_linear_routes("prep=blocks", "test").prep_one_wave);
+  EXPECT_EQ(cuda::parse_linear_routes("", "test").gemv_prefetch, 1);
+  EXPECT_EQ(cuda::parse_linear_routes("pre=4", "test").gemv_prefetch, 4);
+  EXPECT_THROW(cuda::parse_linear_routes("pre=3", "test"), InputError);
+  EXPECT_EQ(cuda::linear_routes_string(cuda::parse_linear_routes("pre=2", "test")),
+            "qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto,store=fused,act=fused,pre=2");
   EXPECT_EQ(cuda::linear_routes_string(cuda::parse_linear_routes("norm=blocks,prep=separate", "test")),
             "qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto,store=fused,act=fused,norm=blocks");
   EXPECT_EQ(cuda::linear_routes_string(cuda::parse_linear_routes("norm=fused", "test")),
@@ -366,6 +372,76 @@ TEST(CudaOps, LinearRoutesDispatch) {
   EXPECT_EQ(gemm.route(1, N + 1, K), GemvKernel::auto_);  // unnamed shape
   gemm.name_shape(N, K, LinearProj::qkv);                 // now named twice
   EXPECT_EQ(gemm.route(1, N, K), GemvKernel::auto_);
+  cuda::set_linear_routes(saved);
+}
+
+// The deeper weight prefetch (route key pre=2 / pre=4: warp_dot_ring, ninth
+// session) multiplies the same chunks in the same order as pre=1: bitwise the
+// same y for every split at one row (bias, accumulate, N not a multiple of a
+// block's columns, K shorter than one batch, not a multiple of it, and the
+// 8B down_proj's K), and the same bf16 output of the fused gate|up GEMV
+// (silu). Two rows ignore pre (the T = 1 kernels only).
+TEST(CudaOps, GemvPrefetchDepthIsBitwise) {
+  FP8KV_NEED_GPU();
+  const cuda::LinearRoutes saved = cuda::linear_routes();
+  std::mt19937_64 rng(test_seed());
+  auto with_pre = [&](int pre, const std::function<void()>& f) {
+    cuda::LinearRoutes r = saved;
+    r.gemv_prefetch = pre;
+    cuda::set_linear_routes(r);
+    f();
+    FP8KV_CU(cudaDeviceSynchronize());
+  };
+  for (const auto& [N, K] : std::vector<std::pair<int, int>>{{201, 320}, {77, 4104}, {5, 8}, {64, 14336}, {40, 4096}}) {
+    const std::vector<uint16_t> wb = to_bf16(randn(rng, static_cast<size_t>(N) * K, 0.05f));
+    cuda::DeviceBuffer dW;
+    const cuda::DeviceMatrix W = cuda::upload_matrix_bf16(MatrixRef{wb.data(), WeightType::bf16, N, K}, dW);
+    auto db = to_device(randn(rng, N, 0.5f));
+    const std::vector<float> y0 = randn(rng, static_cast<size_t>(2) * N, 2.0f);
+    for (int T : {1, 2}) {
+      auto dx = to_device(to_bf16(randn(rng, static_cast<size_t>(T) * K, 1.0f)));
+      for (int split : {1, 2, 4, 8})
+        for (bool bias : {false, true})
+          for (bool acc : {false, true}) {
+            SCOPED_TRACE(::testing::Message() << "N=" << N << " K=" << K << " T=" << T << " split=" << split
+                                              << " bias=" << bias << " acc=" << acc);
+            auto run = [&](int pre) {
+              auto dy = to_device(std::vector<float>(y0.begin(), y0.begin() + static_cast<size_t>(T) * N));
+              with_pre(pre, [&] {
+                cuda::gemv_bf16_simt_split(dx.as<uint16_t>(), T, W, bias ? db.as<float>() : nullptr, dy.as<float>(),
+                                           acc, split, nullptr);
+              });
+              return to_host<float>(dy, static_cast<size_t>(T) * N);
+            };
+            const auto a = run(1);
+            EXPECT_EQ(run(2), a);
+            EXPECT_EQ(run(4), a);
+          }
+    }
+  }
+  {
+    const int I = 203, K = 4104;
+    const std::vector<uint16_t> wb = to_bf16(randn(rng, static_cast<size_t>(2 * I) * K, 0.05f));
+    cuda::DeviceBuffer dW;
+    const cuda::DeviceMatrix W = cuda::upload_matrix_bf16(MatrixRef{wb.data(), WeightType::bf16, 2 * I, K}, dW);
+    auto db = to_device(randn(rng, 2 * I, 0.5f));
+    auto dx = to_device(to_bf16(randn(rng, K, 1.0f)));
+    for (bool bias : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "gated act bias=" << bias);
+      auto run = [&](int pre) {
+        auto o = to_device(std::vector<uint16_t>(I, 0));
+        with_pre(pre, [&] {
+          cuda::gemv_gated_act_bf16(Activation::silu, dx.as<uint16_t>(), 1, W, bias ? db.as<float>() : nullptr,
+                                    o.as<uint16_t>(), nullptr);
+        });
+        return to_host<uint16_t>(o, I);
+      };
+      const auto a = run(1);
+      EXPECT_NE(std::count(a.begin(), a.end(), uint16_t{0}), static_cast<long>(a.size()));
+      EXPECT_EQ(run(2), a);
+      EXPECT_EQ(run(4), a);
+    }
+  }
   cuda::set_linear_routes(saved);
 }
 

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/linear_routes.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_act.cuh"
 #include "backend/cuda/ops_launch.cuh"
@@ -97,6 +98,71 @@ __device__ __forceinline__ void warp_dot(const uint16_t* __restrict__ x, const u
   }
 }
 
+// warp_dot with a deeper weight pipeline (ninth session, route key pre=D,
+// D = 2..4): a ring of D batches of kUnroll chunks per lane in registers.
+// All D batches are loaded BEFORE the PDL wait (today's warp_dot loads one),
+// so a block that becomes resident while the previous kernel (norm, prep,
+// attention, the previous GEMV's tail) still runs streams D x 2 KB per warp
+// instead of 2 KB; afterwards each batch's slot is refilled with the batch
+// D ahead as soon as it has been multiplied. The chunks are multiplied in
+// warp_dot's order (c0 = first, first + kBatch, ...; u = 0..kUnroll-1), so
+// the sums are bitwise warp_dot's. docs/cuda_backend.md "Deeper prefetch".
+template <int T, int S, int D>
+__device__ __forceinline__ void warp_dot_ring(const uint16_t* __restrict__ x, const uint4* __restrict__ w,
+                                              int64_t chunks, int64_t K, int64_t first, float (&acc)[T]) {
+  constexpr int64_t kStride = 32 * S;
+  constexpr int64_t kBatch = kStride * kUnroll;
+#pragma unroll
+  for (int t = 0; t < T; ++t) acc[t] = 0.0f;
+  uint4 buf[D][kUnroll];
+  auto load_w = [&](uint4(&v)[kUnroll], int64_t c0) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = c0 + u * kStride;
+      v[u] = c < chunks ? __ldcs(w + c) : make_uint4(0, 0, 0, 0);
+    }
+  };
+#pragma unroll
+  for (int d = 0; d < D; ++d) load_w(buf[d], first + d * kBatch);
+  wait_for_inputs();
+  for (int64_t c0 = first; c0 < chunks; c0 += D * kBatch) {
+#pragma unroll
+    for (int d = 0; d < D; ++d) {
+      const int64_t cb = c0 + d * kBatch;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t c = cb + u * kStride;
+        if (c >= chunks) break;
+        float wf[8];
+        bf16x8_to_f32(buf[d][u], wf);
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+          float xf[8];
+          bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(x + t * K) + c), xf);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[t] = fmaf(xf[i], wf[i], acc[t]);
+        }
+      }
+      load_w(buf[d], cb + D * kBatch);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], o);
+  }
+}
+
+// warp_dot (D <= 1) or warp_dot_ring (D >= 2).
+template <int T, int S, int D>
+__device__ __forceinline__ void warp_dot_d(const uint16_t* __restrict__ x, const uint4* __restrict__ w,
+                                           int64_t chunks, int64_t K, int64_t first, float (&acc)[T]) {
+  if constexpr (D <= 1)
+    warp_dot<T, S>(x, w, chunks, K, first, acc);
+  else
+    warp_dot_ring<T, S, D>(x, w, chunks, K, first, acc);
+}
+
 // S warps share one output column n (split K, for shapes with few columns
 // and / or long rows: o_proj, qkv, down at the 8B shape, where one warp per
 // column left too few bytes in flight, run G): warp sub = 0..S-1 of column n
@@ -105,7 +171,7 @@ __device__ __forceinline__ void warp_dot(const uint16_t* __restrict__ x, const u
 // result is deterministic. S = 1 is the one-warp-per-column kernel, bitwise
 // unchanged. The weight loads are double-buffered: the next kUnroll chunks
 // are in flight while the current ones are multiplied.
-template <int T, int S>
+template <int T, int S, int D = 1>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_kernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ W, const float* __restrict__ bias,
                 float* __restrict__ y, int64_t N, int64_t K, bool accumulate) {
@@ -122,8 +188,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   }
   float acc[T];
-  warp_dot<T, S>(x, reinterpret_cast<const uint4*>(W + (live ? n : 0) * K), live ? K / 8 : 0, K,
-                 static_cast<int64_t>(sub) * 32 + lane, acc);
+  warp_dot_d<T, S, D>(x, reinterpret_cast<const uint4*>(W + (live ? n : 0) * K), live ? K / 8 : 0, K,
+                      static_cast<int64_t>(sub) * 32 + lane, acc);
   if constexpr (S > 1) {
     __shared__ float part[kWarps][T];
     if (lane == 0) {
@@ -157,7 +223,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 // 1>: the same sums, bitwise), and the block writes out[t][j] =
 // bf16(act(gate + b) * (up + b)) with the activation kernel's element math
 // (ops_act.cuh). Saves the activation kernel and the fp32 gate|up round trip.
-template <int T, Activation A>
+template <int T, Activation A, int D = 1>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_gated_act_kernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ W,
                           const float* __restrict__ bias, __nv_bfloat16* __restrict__ out, int64_t I, int64_t K) {
@@ -167,7 +233,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const bool live = j < I;
   const int64_t n = (warp < kCols ? 0 : I) + (live ? j : 0);
   float acc[T];
-  warp_dot<T, 1>(x, reinterpret_cast<const uint4*>(W + n * K), live ? K / 8 : 0, K, lane, acc);
+  warp_dot_d<T, 1, D>(x, reinterpret_cast<const uint4*>(W + n * K), live ? K / 8 : 0, K, lane, acc);
   __shared__ float part[kWarps][T];
   if (lane == 0) {
     const float b = bias && live ? bias[n] : 0.0f;
@@ -406,13 +472,34 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   }
 }
 
+// The weight-prefetch depth of the one-row SIMT GEMVs (route key pre=,
+// linear_routes.h): 1 = warp_dot (the default), 2 or 4 = warp_dot_ring, at
+// most the batches a lane has (K / 8 chunks over 32 S lanes, kUnroll per
+// batch: qkv / o_proj at S = 4 on the 8B shape have one, so they keep
+// warp_dot and its occupancy; down at S = 8 two; gate|up four). Read at
+// launch (graph capture re-runs the launches after a route change).
+int prefetch_depth(int64_t T, int64_t K, int S) {
+  if (T != 1) return 1;
+  const int d = linear_routes().gemv_prefetch;
+  const int64_t per_lane = (K / 8 + 32 * S - 1) / (32 * S);
+  const int64_t batches = (per_lane + kUnroll - 1) / kUnroll;
+  return d >= 4 && batches >= 3 ? 4 : d >= 2 && batches >= 2 ? 2 : 1;
+}
+
 template <int T, int S>
 void launch(const uint16_t* x, const DeviceMatrix& W, const float* bias, float* y, bool accumulate,
             cudaStream_t stream) {
   constexpr int kCols = kWarps / S;
   const int64_t blocks = (W.rows + kCols - 1) / kCols;
-  launch_pdl(true, gemv_kernel<T, S>, dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32), stream, x, W.data, bias,
-             y, W.rows, W.cols, accumulate);
+  const dim3 grid(static_cast<unsigned>(blocks)), block(kWarps * 32);
+  if constexpr (T == 1) {
+    switch (prefetch_depth(T, W.cols, S)) {
+      case 2: launch_pdl(true, gemv_kernel<T, S, 2>, grid, block, stream, x, W.data, bias, y, W.rows, W.cols, accumulate); return;
+      case 4: launch_pdl(true, gemv_kernel<T, S, 4>, grid, block, stream, x, W.data, bias, y, W.rows, W.cols, accumulate); return;
+      default: break;
+    }
+  }
+  launch_pdl(true, gemv_kernel<T, S>, grid, block, stream, x, W.data, bias, y, W.rows, W.cols, accumulate);
 }
 
 template <int T>
@@ -603,6 +690,20 @@ void launch_gated_act(Activation act, const uint16_t* x, const DeviceMatrix& W, 
   auto* o = reinterpret_cast<__nv_bfloat16*>(out);
   switch (act) {
     case Activation::silu:
+      // pre=2 / pre=4 (one row, silu only: the Llama shape this is measured on).
+      if constexpr (T == 1) {
+        const int d = prefetch_depth(T, W.cols, 1);
+        if (d == 2) {
+          launch_pdl(true, gemv_gated_act_kernel<T, Activation::silu, 2>, grid, block, stream, x, W.data, bias, o, I,
+                     W.cols);
+          break;
+        }
+        if (d == 4) {
+          launch_pdl(true, gemv_gated_act_kernel<T, Activation::silu, 4>, grid, block, stream, x, W.data, bias, o, I,
+                     W.cols);
+          break;
+        }
+      }
       launch_pdl(true, gemv_gated_act_kernel<T, Activation::silu>, grid, block, stream, x, W.data, bias, o, I, W.cols);
       break;
     case Activation::gelu_tanh:
