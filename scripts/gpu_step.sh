@@ -45,14 +45,17 @@ MODEL=tests/data/configs/llama-3.1-8b
 L1K="latency --batch-size 1 --input-len 1024 --output-len 64 --num-iters-warmup 1 --num-iters 2"
 # In the 1K and 60K processes after their main run (default routes), one
 # model load, ~1 s (1K) / ~4 s (60K) per route set. 1K: pre=2, pre=4 (all
-# GEMVs; qkv / o_proj at simtk = 4 warps per column have one batch per lane,
-# so pre changes only gate_up, down, lm_head there), pre=4 with fewer warps
-# per column on qkv / o_proj / down (more bytes per warp in flight), the
-# default (A/B/A), pre=4 again; 60K: pre=4, pre=2, the default.
+# one-row SIMT GEMVs; qkv / o_proj at simtk = 4 warps per column have one
+# batch per lane, so pre= changes only gate_up, down, lm_head there), slab=3
+# (shared-memory slab), slab=3 and pre=4 with fewer warps per column on qkv /
+# o_proj / down (SPLIT2: 2 per column, SPLIT1: 1; more bytes per warp
+# before the wait), the default (A/B/A), slab=3 and pre=2 again; 60K: slab=3,
+# pre=2, SPLIT2 + slab=3, the default.
 DEF_ROUTES="qkv=simtk,o_proj=simtk,gate_up=auto,down=simt8,lm_head=auto"
 SPLIT2="qkv=simt2,o_proj=simt2,gate_up=auto,down=simt4,lm_head=auto"
-ROUTE_SETS="$DEF_ROUTES,pre=2;$DEF_ROUTES,pre=4;$SPLIT2,pre=4;$SPLIT2,pre=2;$DEF_ROUTES;$DEF_ROUTES,pre=4"
-ROUTE_SETS_60K="$DEF_ROUTES,pre=4;$DEF_ROUTES,pre=2;$DEF_ROUTES"
+SPLIT1="qkv=simt,o_proj=simt,gate_up=auto,down=simt4,lm_head=auto"
+ROUTE_SETS="$DEF_ROUTES,pre=2;$DEF_ROUTES,pre=4;$DEF_ROUTES,slab=3;$SPLIT2,slab=3;$SPLIT1,slab=3;$SPLIT2,pre=4;$DEF_ROUTES;$DEF_ROUTES,slab=3;$DEF_ROUTES,pre=2"
+ROUTE_SETS_60K="$DEF_ROUTES,slab=3;$DEF_ROUTES,pre=2;$SPLIT2,slab=3;$DEF_ROUTES"
 # name | estimated seconds | environment | bench arguments. FP8KV_STEP_PROFILE=20:
 # the op-timed eager copy is made at the 20th replayed step (in the warm-up
 # iteration, so the timed iterations do not contain it). 60K has no warm-up
@@ -67,8 +70,8 @@ LB32="latency --batch-size 32 --input-len 16384 --output-len 128 --num-iters-war
 # default; ~12 s with FP8KV_DUMMY_DEVICE=0) plus the run.
 LD=$([ "${FP8KV_DUMMY_DEVICE:-1}" = 0 ] && echo 12 || echo 2)
 CASES=(
-  "lat_b1_1k_fp8|$((LD + 15))|FP8KV_STEP_PROFILE=20|$L1K --kv-cache-dtype fp8 --gemv-routes $ROUTE_SETS"
-  "lat_b1_60k_fp8|$((LD + 22))|FP8KV_STEP_PROFILE=1000|latency --batch-size 1 --input-len 60000 --output-len 32 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8 --gemv-routes $ROUTE_SETS_60K"
+  "lat_b1_1k_fp8|$((LD + 20))|FP8KV_STEP_PROFILE=20|$L1K --kv-cache-dtype fp8 --gemv-routes $ROUTE_SETS"
+  "lat_b1_60k_fp8|$((LD + 28))|FP8KV_STEP_PROFILE=1000|latency --batch-size 1 --input-len 60000 --output-len 32 --num-iters-warmup 0 --num-iters 1 --kv-cache-dtype fp8 --gemv-routes $ROUTE_SETS_60K"
 )
 [ -n "${B32:-}" ] && CASES+=(
   "lat_b32_16k_fp8|$((LD + 30))|FP8KV_STEP_PROFILE=100|$LB32 --kv-cache-dtype fp8"
@@ -90,13 +93,13 @@ done
 
 # Per-kernel durations of one eager decode step under ncu (kernels serialized,
 # caches and clocks left alone): only if ~55 s remain. NCU_ROUTES (default:
-# the default routes with pre=4) picks the routes of that step: the
+# the default routes with slab=3) picks the routes of that step: the
 # O_1 run has the default's kernels.
 NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ -n "$NCU_BIN" ] && [ "$(left)" -ge 55 ]; then
   phase "ncu ($NCU_BIN)"
   l=$(left)
-  FP8KV_GEMV_ROUTES="${NCU_ROUTES:-$DEF_ROUTES,pre=4}" FP8KV_STEP_PROFILE=5 timeout $(( l - 3 )) "$NCU_BIN" --profile-from-start off --clock-control none --cache-control none \
+  FP8KV_GEMV_ROUTES="${NCU_ROUTES:-$DEF_ROUTES,slab=3}" FP8KV_STEP_PROFILE=5 timeout $(( l - 3 )) "$NCU_BIN" --profile-from-start off --clock-control none --cache-control none \
     --metrics gpu__time_duration.sum --csv --page raw \
     $FP8KV bench latency --batch-size 1 --input-len 1024 --output-len 12 --num-iters-warmup 0 --num-iters 1 \
     --kv-cache-dtype fp8 $MODEL --load-format dummy --ignore-eos --backend cuda >"$OUT/ncu_b1_1k.csv" 2>"$OUT/ncu_b1_1k.log"
@@ -146,6 +149,7 @@ for n in ("lat_b1_1k_fp8", "lat_b1_60k_fp8"):
     print(f"== variants {n}: default mean {b:.3f} ms/step over {len(base)} runs")
     for r in runs:
         name = r["routes"].replace(DEF, "DEFAULT").replace("qkv=simt2,o_proj=simt2,gate_up=auto,down=simt4,lm_head=auto,store=fused,act=fused", "SPLIT2")
+        name = name.replace("qkv=simt,o_proj=simt,gate_up=auto,down=simt4,lm_head=auto,store=fused,act=fused", "SPLIT1")
         d = (r["decode_ms_per_step"] / b - 1) * 100 if b else 0.0
         print(f"  {name:40} {r['decode_ms_per_step']:7.3f} ms/step {r['decode_tokens_per_s']:6.1f} tok/s {d:+6.2f}%")
 for n in NAMES:

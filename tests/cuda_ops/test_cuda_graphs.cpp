@@ -107,9 +107,10 @@ TEST(CudaGraphs, Batch1VariantsEqualDefault) {
   const cuda::LinearRoutes saved = cuda::linear_routes();
   cuda::LinearRoutes def = saved;
   def.gemv_prefetch = 1;
+  def.gemv_slab = false;
   cuda::set_linear_routes(def);
   const Trace a = run("llama", "fp8_e4m3", true, seed);
-  for (const char* spec : {"pre=2", "pre=4"}) {
+  for (const char* spec : {"pre=2", "pre=4", "slab=3"}) {
     SCOPED_TRACE(spec);
     cuda::LinearRoutes r = cuda::parse_linear_routes(cuda::linear_routes_string(def) + "," + spec, "test");
     cuda::set_linear_routes(r);

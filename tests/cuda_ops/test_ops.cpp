@@ -294,6 +294,11 @@ TEST(CudaOps, LinearRoutesParse) {  // host only: runs without a GPU too
   EXPECT_EQ(cuda::parse_linear_routes("", "test").gemv_prefetch, 1);
   EXPECT_EQ(cuda::parse_linear_routes("pre=4", "test").gemv_prefetch, 4);
   EXPECT_THROW(cuda::parse_linear_routes("pre=3", "test"), InputError);
+  EXPECT_FALSE(cuda::parse_linear_routes("", "test").gemv_slab);
+  EXPECT_TRUE(cuda::parse_linear_routes("slab=3", "test").gemv_slab);
+  EXPECT_THROW(cuda::parse_linear_routes("slab=2", "test"), InputError);
+  EXPECT_EQ(cuda::linear_routes_string(cuda::parse_linear_routes("pre=4,slab=3", "test")),
+            "qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto,store=fused,act=fused,pre=4,slab=3");
   EXPECT_EQ(cuda::linear_routes_string(cuda::parse_linear_routes("pre=2", "test")),
             "qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto,store=fused,act=fused,pre=2");
   EXPECT_EQ(cuda::linear_routes_string(cuda::parse_linear_routes("norm=blocks,prep=separate", "test")),
@@ -375,8 +380,8 @@ TEST(CudaOps, LinearRoutesDispatch) {
   cuda::set_linear_routes(saved);
 }
 
-// The deeper weight prefetch (route key pre=2 / pre=4: warp_dot_ring, ninth
-// session) multiplies the same chunks in the same order as pre=1: bitwise the
+// The deeper weight prefetch (route keys pre=2 / pre=4: warp_dot_ring, and
+// slab=3: warp_dot_slab, ninth session) multiplies the same chunks in the same order as pre=1: bitwise the
 // same y for every split at one row (bias, accumulate, N not a multiple of a
 // block's columns, K shorter than one batch, not a multiple of it, and the
 // 8B down_proj's K), and the same bf16 output of the fused gate|up GEMV
@@ -385,9 +390,11 @@ TEST(CudaOps, GemvPrefetchDepthIsBitwise) {
   FP8KV_NEED_GPU();
   const cuda::LinearRoutes saved = cuda::linear_routes();
   std::mt19937_64 rng(test_seed());
+  // pre = 1, 2, 4; 3: slab=3 (warp_dot_slab).
   auto with_pre = [&](int pre, const std::function<void()>& f) {
     cuda::LinearRoutes r = saved;
-    r.gemv_prefetch = pre;
+    r.gemv_prefetch = pre == 3 ? 1 : pre;
+    r.gemv_slab = pre == 3;
     cuda::set_linear_routes(r);
     f();
     FP8KV_CU(cudaDeviceSynchronize());
@@ -416,6 +423,7 @@ TEST(CudaOps, GemvPrefetchDepthIsBitwise) {
             const auto a = run(1);
             EXPECT_EQ(run(2), a);
             EXPECT_EQ(run(4), a);
+            EXPECT_EQ(run(3), a);
           }
     }
   }
@@ -440,6 +448,7 @@ TEST(CudaOps, GemvPrefetchDepthIsBitwise) {
       EXPECT_NE(std::count(a.begin(), a.end(), uint16_t{0}), static_cast<long>(a.size()));
       EXPECT_EQ(run(2), a);
       EXPECT_EQ(run(4), a);
+      EXPECT_EQ(run(3), a);
     }
   }
   cuda::set_linear_routes(saved);

@@ -153,14 +153,103 @@ __device__ __forceinline__ void warp_dot_ring(const uint16_t* __restrict__ x, co
   }
 }
 
-// warp_dot (D <= 1) or warp_dot_ring (D >= 2).
+// warp_dot with a shared-memory slab in front (route key slab=3, ninth
+// session): before the PDL wait each lane copies its chunks of the first
+// kSlabBatches batches into shared memory with cp.async (no registers held:
+// the block keeps warp_dot's occupancy) and loads batch kSlabBatches into
+// registers as warp_dot does; after the wait it multiplies the slab's batches,
+// then continues with warp_dot's double-buffered loop. 8 KB per warp before
+// the wait instead of 2 KB (a whole row of the 8B gate|up at S = 1). The
+// chunks are multiplied in warp_dot's order: bitwise the same sums. Each
+// lane reads back only the slots it copied, so no warp sync is needed.
+constexpr int kSlabBatches = 3;
+constexpr int kSlabBytes = kWarps * kSlabBatches * kUnroll * 32 * 16;  // 48 KB per block
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(gmem) : "memory");
+}
+
+template <int T, int S>
+__device__ __forceinline__ void warp_dot_slab(const uint16_t* __restrict__ x, const uint4* __restrict__ w,
+                                              int64_t chunks, int64_t K, int64_t first, float (&acc)[T],
+                                              uint4* slab /* this warp's [kSlabBatches][kUnroll][32] */) {
+  constexpr int64_t kStride = 32 * S;
+  constexpr int64_t kBatch = kStride * kUnroll;
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int t = 0; t < T; ++t) acc[t] = 0.0f;
+#pragma unroll
+  for (int b = 0; b < kSlabBatches; ++b)
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = first + b * kBatch + u * kStride;
+      if (c < chunks) cp_async16(slab + (b * kUnroll + u) * 32 + lane, w + c);
+    }
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+  uint4 cur[kUnroll], nxt[kUnroll];
+  auto load_w = [&](uint4(&v)[kUnroll], int64_t c0) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = c0 + u * kStride;
+      v[u] = c < chunks ? __ldcs(w + c) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  auto mul = [&](const uint4& wv, int64_t c) {
+    float wf[8];
+    bf16x8_to_f32(wv, wf);
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      float xf[8];
+      bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(x + t * K) + c), xf);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[t] = fmaf(xf[i], wf[i], acc[t]);
+    }
+  };
+  const int64_t rest = first + kSlabBatches * kBatch;
+  load_w(cur, rest);
+  wait_for_inputs();
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#pragma unroll
+  for (int b = 0; b < kSlabBatches; ++b)
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = first + b * kBatch + u * kStride;
+      if (c < chunks) mul(slab[(b * kUnroll + u) * 32 + lane], c);
+    }
+  for (int64_t c0 = rest; c0 < chunks; c0 += kBatch) {
+    load_w(nxt, c0 + kBatch);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = c0 + u * kStride;
+      if (c >= chunks) break;
+      mul(cur[u], c);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) cur[u] = nxt[u];
+  }
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], o);
+  }
+}
+
+// warp_dot (D = 1), warp_dot_ring (D = 2, 4) or warp_dot_slab (D = kDepthSlab:
+// the block's dynamic shared memory holds the slab, kSlabBytes).
+constexpr int kDepthSlab = -1;
 template <int T, int S, int D>
 __device__ __forceinline__ void warp_dot_d(const uint16_t* __restrict__ x, const uint4* __restrict__ w,
                                            int64_t chunks, int64_t K, int64_t first, float (&acc)[T]) {
-  if constexpr (D <= 1)
+  if constexpr (D == kDepthSlab) {
+    extern __shared__ uint4 slab_smem[];
+    warp_dot_slab<T, S>(x, w, chunks, K, first, acc,
+                        slab_smem + (threadIdx.x >> 5) * (kSlabBatches * kUnroll * 32));
+  } else if constexpr (D <= 1) {
     warp_dot<T, S>(x, w, chunks, K, first, acc);
-  else
+  } else {
     warp_dot_ring<T, S, D>(x, w, chunks, K, first, acc);
+  }
 }
 
 // S warps share one output column n (split K, for shapes with few columns
@@ -171,8 +260,10 @@ __device__ __forceinline__ void warp_dot_d(const uint16_t* __restrict__ x, const
 // result is deterministic. S = 1 is the one-warp-per-column kernel, bitwise
 // unchanged. The weight loads are double-buffered: the next kUnroll chunks
 // are in flight while the current ones are multiplied.
+// D = kDepthSlab: 4 resident blocks per SM (<= 64 registers), as warp_dot's
+// kernel gets on its own: the slab's 4 x 48 KB of shared memory fit beside.
 template <int T, int S, int D = 1>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, D == kDepthSlab ? 4 : 1)
     gemv_kernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ W, const float* __restrict__ bias,
                 float* __restrict__ y, int64_t N, int64_t K, bool accumulate) {
   static_assert(kWarps % S == 0, "S must divide the warps of a block");
@@ -224,7 +315,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 // bf16(act(gate + b) * (up + b)) with the activation kernel's element math
 // (ops_act.cuh). Saves the activation kernel and the fp32 gate|up round trip.
 template <int T, Activation A, int D = 1>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, D == kDepthSlab ? 4 : 1)
     gemv_gated_act_kernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ W,
                           const float* __restrict__ bias, __nv_bfloat16* __restrict__ out, int64_t I, int64_t K) {
   constexpr int kCols = kWarps / 2;
@@ -472,17 +563,20 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   }
 }
 
-// The weight-prefetch depth of the one-row SIMT GEMVs (route key pre=,
-// linear_routes.h): 1 = warp_dot (the default), 2 or 4 = warp_dot_ring, at
+// The weight-prefetch depth of the one-row SIMT GEMVs (route keys pre= and
+// slab=, linear_routes.h): 1 = warp_dot (the default), 2 or 4 =
+// warp_dot_ring, kDepthSlab = warp_dot_slab (slab=3, wins over pre=), at
 // most the batches a lane has (K / 8 chunks over 32 S lanes, kUnroll per
 // batch: qkv / o_proj at S = 4 on the 8B shape have one, so they keep
 // warp_dot and its occupancy; down at S = 8 two; gate|up four). Read at
 // launch (graph capture re-runs the launches after a route change).
 int prefetch_depth(int64_t T, int64_t K, int S) {
   if (T != 1) return 1;
-  const int d = linear_routes().gemv_prefetch;
+  const LinearRoutes r = linear_routes();
+  const int d = r.gemv_prefetch;
   const int64_t per_lane = (K / 8 + 32 * S - 1) / (32 * S);
   const int64_t batches = (per_lane + kUnroll - 1) / kUnroll;
+  if (r.gemv_slab && batches >= 2) return kDepthSlab;  // slab=3: before pre=
   return d >= 4 && batches >= 3 ? 4 : d >= 2 && batches >= 2 ? 2 : 1;
 }
 
@@ -496,6 +590,10 @@ void launch(const uint16_t* x, const DeviceMatrix& W, const float* bias, float* 
     switch (prefetch_depth(T, W.cols, S)) {
       case 2: launch_pdl(true, gemv_kernel<T, S, 2>, grid, block, stream, x, W.data, bias, y, W.rows, W.cols, accumulate); return;
       case 4: launch_pdl(true, gemv_kernel<T, S, 4>, grid, block, stream, x, W.data, bias, y, W.rows, W.cols, accumulate); return;
+      case kDepthSlab:
+        launch_pdl_smem(true, gemv_kernel<T, S, kDepthSlab>, kSlabBytes, grid, block, stream, x, W.data, bias, y, W.rows,
+                        W.cols, accumulate);
+        return;
       default: break;
     }
   }
@@ -690,7 +788,7 @@ void launch_gated_act(Activation act, const uint16_t* x, const DeviceMatrix& W, 
   auto* o = reinterpret_cast<__nv_bfloat16*>(out);
   switch (act) {
     case Activation::silu:
-      // pre=2 / pre=4 (one row, silu only: the Llama shape this is measured on).
+      // pre=2 / pre=4 / slab=3 (one row, silu only: the Llama shape this is measured on).
       if constexpr (T == 1) {
         const int d = prefetch_depth(T, W.cols, 1);
         if (d == 2) {
@@ -701,6 +799,11 @@ void launch_gated_act(Activation act, const uint16_t* x, const DeviceMatrix& W, 
         if (d == 4) {
           launch_pdl(true, gemv_gated_act_kernel<T, Activation::silu, 4>, grid, block, stream, x, W.data, bias, o, I,
                      W.cols);
+          break;
+        }
+        if (d == kDepthSlab) {
+          launch_pdl_smem(true, gemv_gated_act_kernel<T, Activation::silu, kDepthSlab>, kSlabBytes, grid, block, stream,
+                          x, W.data, bias, o, I, W.cols);
           break;
         }
       }
