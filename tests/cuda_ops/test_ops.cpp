@@ -380,6 +380,57 @@ TEST(CudaOps, LinearRoutesDispatch) {
   cuda::set_linear_routes(saved);
 }
 
+// slab=3's kernels raise their dynamic shared memory limit at their first
+// launch; here that launch is inside a CUDA graph capture (a route change
+// re-captures the decode graphs): the captured graph replays to the eager
+// result, bitwise. (Defined before GemvPrefetchDepthIsBitwise, whose eager
+// launches would otherwise come first.)
+TEST(CudaOps, GemvSlabCapturedEqualsEager) {
+  FP8KV_NEED_GPU();
+  const cuda::LinearRoutes saved = cuda::linear_routes();
+  std::mt19937_64 rng(test_seed());
+  const int N = 24, K = 4096, I = 12;
+  const std::vector<uint16_t> wb = to_bf16(randn(rng, static_cast<size_t>(N) * K, 0.05f));
+  cuda::DeviceBuffer dW;
+  const cuda::DeviceMatrix W = cuda::upload_matrix_bf16(MatrixRef{wb.data(), WeightType::bf16, N, K}, dW);
+  auto dx = to_device(to_bf16(randn(rng, K, 1.0f)));
+  auto y_graph = to_device(std::vector<float>(N, 0.0f));
+  auto o_graph = to_device(std::vector<uint16_t>(I, 0));
+  cuda::LinearRoutes slab = saved;
+  slab.gemv_prefetch = 1;
+  slab.gemv_slab = true;
+  cuda::set_linear_routes(slab);
+  cudaStream_t st;
+  FP8KV_CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  FP8KV_CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+  cuda::gemv_bf16_simt_split(dx.as<uint16_t>(), 1, W, nullptr, y_graph.as<float>(), false, 2, st);
+  cuda::gemv_gated_act_bf16(Activation::silu, dx.as<uint16_t>(), 1, W, nullptr, o_graph.as<uint16_t>(), st);
+  FP8KV_CU(cudaStreamEndCapture(st, &graph));
+  cudaGraphExec_t exec;
+  FP8KV_CU(cudaGraphInstantiate(&exec, graph, 0));
+  FP8KV_CU(cudaGraphLaunch(exec, st));
+  FP8KV_CU(cudaStreamSynchronize(st));
+  FP8KV_CU(cudaGraphExecDestroy(exec));
+  FP8KV_CU(cudaGraphDestroy(graph));
+  FP8KV_CU(cudaStreamDestroy(st));
+  cuda::set_linear_routes(saved);
+  auto y_eager = to_device(std::vector<float>(N, 0.0f));
+  auto o_eager = to_device(std::vector<uint16_t>(I, 0));
+  cuda::LinearRoutes plain = saved;
+  plain.gemv_prefetch = 1;
+  plain.gemv_slab = false;
+  cuda::set_linear_routes(plain);
+  cuda::gemv_bf16_simt_split(dx.as<uint16_t>(), 1, W, nullptr, y_eager.as<float>(), false, 2, nullptr);
+  cuda::gemv_gated_act_bf16(Activation::silu, dx.as<uint16_t>(), 1, W, nullptr, o_eager.as<uint16_t>(), nullptr);
+  FP8KV_CU(cudaDeviceSynchronize());
+  cuda::set_linear_routes(saved);
+  EXPECT_EQ(to_host<float>(y_graph, N), to_host<float>(y_eager, N));
+  const auto a = to_host<uint16_t>(o_graph, I);
+  EXPECT_EQ(a, to_host<uint16_t>(o_eager, I));
+  EXPECT_NE(std::count(a.begin(), a.end(), uint16_t{0}), static_cast<long>(a.size()));
+}
+
 // The deeper weight prefetch (route keys pre=2 / pre=4: warp_dot_ring, and
 // slab=3: warp_dot_slab, ninth session) multiplies the same chunks in the same order as pre=1: bitwise the
 // same y for every split at one row (bias, accumulate, N not a multiple of a

@@ -63,7 +63,15 @@ void launch_pdl_smem(bool pdl, void (*kernel)(KArgs...), int smem, dim3 grid, di
     std::lock_guard<std::mutex> lock(mu);
     int& r = raised[reinterpret_cast<const void*>(kernel)];
     if (r < smem) {
-      FP8KV_CU(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      // The first launch may be inside a CUDA graph capture (a route change
+      // re-captures): the attribute call is not a stream operation; relaxed
+      // capture mode for this thread keeps a global-mode capture from
+      // refusing it.
+      cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+      FP8KV_CU(cudaThreadExchangeStreamCaptureMode(&mode));
+      const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      FP8KV_CU(cudaThreadExchangeStreamCaptureMode(&mode));
+      FP8KV_CU(e);
       r = smem;
     }
   }
