@@ -18,8 +18,9 @@
 # then, if the budget allows, batch 32 at 16K with fp8 and bf16 caches (the
 # step profile's per-op times of each: where the fp8 step's time goes).
 # Ninth session (2026-12-01, step9): the batch-1 variants of
-# docs/cuda_backend.md "Batch-1 variants (ninth session)" (route key pre=:
-# weight batches each GEMV warp loads before its PDL wait) as same-process
+# docs/cuda_backend.md "Batch-1 variants (ninth session)" (route keys pre=
+# and slab=: the weight batches each GEMV warp loads before its PDL wait, in
+# registers or a shared-memory slab) as same-process
 # route sets at 1K and 60K, after the tests that cover those kernels
 # (TESTS_FILTER); the batch-32 rows only with B32=1. The table at the end
 # has one row per route set with its ms/step and tok/s and the change
