@@ -17,14 +17,13 @@
 # in the same process at 1K and 60K;
 # then, if the budget allows, batch 32 at 16K with fp8 and bf16 caches (the
 # step profile's per-op times of each: where the fp8 step's time goes).
-# Ninth session (2026-12-01, step9): the batch-1 variants of
-# docs/cuda_backend.md "Batch-1 variants (ninth session)" (route keys pre=
-# and slab=: the weight batches each GEMV warp loads before its PDL wait, in
-# registers or a shared-memory slab) as same-process
-# route sets at 1K and 60K, after the tests that cover those kernels
-# (TESTS_FILTER); the batch-32 rows only with B32=1. The table at the end
-# has one row per route set with its ms/step and tok/s and the change
-# against the mean of the process's default runs.
+# Ninth session (2026-12-01, step9): the tests that cover the decode GEMV,
+# norm and prep kernels first (TESTS_FILTER), then the 1K and 60K rows with
+# same-process route sets (the variants of docs/cuda_backend.md "Batch-1
+# variants (ninth session)" were measured in run O_2 and deleted); the
+# batch-32 rows only with B32=1. The table at the end has one row per route
+# set with its ms/step and tok/s and the change against the mean of the
+# process's default runs.
 # Budget: BUDGET_S (default 200 s, build included); a case that would start
 # with less than its estimate left is skipped (in the order below: the b32
 # rows, then ncu, go first). NO_TESTS=1 skips the tests.
@@ -35,8 +34,8 @@ source scripts/gpu_engine_build.sh fp8kv test_cuda_ops
 
 if [ -z "${NO_TESTS:-}" ] && [ -x $BUILD/tests/test_cuda_ops ]; then
   phase tests
-  # The tests of the kernels this script's variants change (GEMV, norm, prep,
-  # routes) and the engine-level graph == eager / variant == default checks.
+  # The tests of the decode GEMV, norm, prep and route kernels and the
+  # engine-level graph == eager checks.
   TESTS_FILTER=${TESTS_FILTER:-'CudaOps.Linear*:CudaOps.Gemv*:CudaOps.RmsNorm*:CudaOps.QkvPrep*:CudaGraphs.*'}
   timeout 90 $BUILD/tests/test_cuda_ops --gtest_filter="$TESTS_FILTER" 2>&1 | tee "$OUT/test_cuda_ops.log" |
     grep -E "^\[  (FAILED|PASSED) |\[ graphs \]|tests ran|Failure|Expected|Which is" | head -40
@@ -45,24 +44,22 @@ fi
 MODEL=tests/data/configs/llama-3.1-8b
 L1K="latency --batch-size 1 --input-len 1024 --output-len 64 --num-iters-warmup 1 --num-iters 2"
 # In the 1K and 60K processes after their main run (default routes), one
-# model load, ~1 s (1K) / ~4 s (60K) per route set. 1K: pre=2, pre=4 (all
-# one-row SIMT GEMVs; qkv / o_proj at simtk = 4 warps per column have one
-# batch per lane, so pre= changes only gate_up, down, lm_head there), slab=3
-# (shared-memory slab), slab=3 and pre=4 with fewer warps per column on qkv /
-# o_proj / down (SPLIT2: 2 per column, SPLIT1: 1; more bytes per warp
-# before the wait), the default (A/B/A), slab=3 and pre=2 again; 60K: slab=3,
-# pre=2, SPLIT2 + slab=3, the default.
+# model load, ~1 s (1K) / ~4 s (60K) per route set: the default again (1K
+# twice, 60K once), so the table shows the run-to-run spread in one process.
+# Ninth session: the pre= / slab= variants were measured in run O_2 (none
+# faster, slab=3 +27 %) and deleted; docs/cuda_backend.md "Batch-1 variants
+# (ninth session)". A new variant goes in as ";$DEF_ROUTES,key=value".
 DEF_ROUTES="qkv=simtk,o_proj=simtk,gate_up=auto,down=simt8,lm_head=auto"
-SPLIT2="qkv=simt2,o_proj=simt2,gate_up=auto,down=simt4,lm_head=auto"
-SPLIT1="qkv=simt,o_proj=simt,gate_up=auto,down=simt4,lm_head=auto"
-ROUTE_SETS="$DEF_ROUTES,pre=2;$DEF_ROUTES,pre=4;$DEF_ROUTES,slab=3;$SPLIT2,slab=3;$SPLIT1,slab=3;$SPLIT2,pre=4;$DEF_ROUTES;$DEF_ROUTES,slab=3;$DEF_ROUTES,pre=2"
-ROUTE_SETS_60K="$DEF_ROUTES,slab=3;$DEF_ROUTES,pre=2;$SPLIT2,slab=3;$DEF_ROUTES"
+ROUTE_SETS="$DEF_ROUTES;$DEF_ROUTES"
+ROUTE_SETS_60K="$DEF_ROUTES"
 # 60K and b32 run one warm-up iteration (ninth session, the lead's note of
 # 22:45): without it the timed iteration's first decode step is the eager
 # step that captures the CUDA graph, which decode tok/s counts (run O_1's
 # 60K: 174.6 tok/s against 180.1 from its median step); each route set's
 # run re-captures in its own warm-up iteration too (one more 60K prefill
 # each, ~4 s). The variant table also gives 1000 / median ms per step.
+# (Main captures the decode graphs at engine load since 5c9c29b, so the
+# warm-up iteration is belt and braces there.)
 # name | estimated seconds | environment | bench arguments. FP8KV_STEP_PROFILE=20:
 # the op-timed eager copy is made at the 20th replayed step (in the warm-up
 # iteration, so the timed iterations do not contain it). 60K: 1000 = no
@@ -75,8 +72,8 @@ LB32="latency --batch-size 32 --input-len 16384 --output-len 128 --num-iters-war
 # default; ~12 s with FP8KV_DUMMY_DEVICE=0) plus the run.
 LD=$([ "${FP8KV_DUMMY_DEVICE:-1}" = 0 ] && echo 12 || echo 2)
 CASES=(
-  "lat_b1_1k_fp8|$((LD + 20))|FP8KV_STEP_PROFILE=20|$L1K --kv-cache-dtype fp8 --gemv-routes $ROUTE_SETS"
-  "lat_b1_60k_fp8|$((LD + 45))|FP8KV_STEP_PROFILE=1000|latency --batch-size 1 --input-len 60000 --output-len 32 --num-iters-warmup 1 --num-iters 1 --kv-cache-dtype fp8 --gemv-routes $ROUTE_SETS_60K"
+  "lat_b1_1k_fp8|$((LD + 15))|FP8KV_STEP_PROFILE=20|$L1K --kv-cache-dtype fp8 --gemv-routes $ROUTE_SETS"
+  "lat_b1_60k_fp8|$((LD + 25))|FP8KV_STEP_PROFILE=1000|latency --batch-size 1 --input-len 60000 --output-len 32 --num-iters-warmup 1 --num-iters 1 --kv-cache-dtype fp8 --gemv-routes $ROUTE_SETS_60K"
 )
 [ -n "${B32:-}" ] && CASES+=(
   "lat_b32_16k_fp8|$((LD + 55))|FP8KV_STEP_PROFILE=100|$LB32 --kv-cache-dtype fp8"
@@ -98,13 +95,12 @@ done
 
 # Per-kernel durations of one eager decode step under ncu (kernels serialized,
 # caches and clocks left alone): only if ~55 s remain. NCU_ROUTES (default:
-# the default routes with slab=3) picks the routes of that step: the
-# O_1 run has the default's kernels.
+# the default routes) picks the routes of that step.
 NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ -n "$NCU_BIN" ] && [ "$(left)" -ge 55 ]; then
   phase "ncu ($NCU_BIN)"
   l=$(left)
-  FP8KV_GEMV_ROUTES="${NCU_ROUTES:-$DEF_ROUTES,slab=3}" FP8KV_STEP_PROFILE=5 timeout $(( l - 3 )) "$NCU_BIN" --profile-from-start off --clock-control none --cache-control none \
+  FP8KV_GEMV_ROUTES="${NCU_ROUTES:-$DEF_ROUTES}" FP8KV_STEP_PROFILE=5 timeout $(( l - 3 )) "$NCU_BIN" --profile-from-start off --clock-control none --cache-control none \
     --metrics gpu__time_duration.sum --csv --page raw \
     $FP8KV bench latency --batch-size 1 --input-len 1024 --output-len 12 --num-iters-warmup 0 --num-iters 1 \
     --kv-cache-dtype fp8 $MODEL --load-format dummy --ignore-eos --backend cuda >"$OUT/ncu_b1_1k.csv" 2>"$OUT/ncu_b1_1k.log"
@@ -153,8 +149,7 @@ for n in ("lat_b1_1k_fp8", "lat_b1_60k_fp8"):
     b = sum(base) / len(base) if base else 0.0
     print(f"== variants {n}: default mean {b:.3f} ms/step over {len(base)} runs")
     for r in runs:
-        name = r["routes"].replace(DEF, "DEFAULT").replace("qkv=simt2,o_proj=simt2,gate_up=auto,down=simt4,lm_head=auto,store=fused,act=fused", "SPLIT2")
-        name = name.replace("qkv=simt,o_proj=simt,gate_up=auto,down=simt4,lm_head=auto,store=fused,act=fused", "SPLIT1")
+        name = r["routes"].replace(DEF, "DEFAULT")
         d = (r["decode_ms_per_step"] / b - 1) * 100 if b else 0.0
         ms = r["decode_ms_per_step"]
         print(f"  {name:40} {ms:7.3f} ms/step {1e3 / ms if ms else 0:6.1f} tok/s (median step) "

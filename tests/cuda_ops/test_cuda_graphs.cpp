@@ -98,35 +98,6 @@ TEST(CudaGraphs, FusedResidualNormEqualsSeparate) {
   }
 }
 
-// The ninth session's batch-1 variants (route keys; docs/cuda_backend.md
-// "Batch-1 variants (ninth session)") give the default routes' tokens and
-// logprobs bitwise, eager and replayed (the Llama model here runs T = 1 steps).
-TEST(CudaGraphs, Batch1VariantsEqualDefault) {
-  FP8KV_NEED_GPU();
-  const uint64_t seed = test_seed();
-  const cuda::LinearRoutes saved = cuda::linear_routes();
-  cuda::LinearRoutes def = saved;
-  def.gemv_prefetch = 1;
-  def.gemv_slab = false;
-  cuda::set_linear_routes(def);
-  const Trace a = run("llama", "fp8_e4m3", true, seed);
-  for (const char* spec : {"pre=2", "pre=4", "slab=3"}) {
-    SCOPED_TRACE(spec);
-    cuda::LinearRoutes r = cuda::parse_linear_routes(cuda::linear_routes_string(def) + "," + spec, "test");
-    cuda::set_linear_routes(r);
-    const Trace b = run("llama", "fp8_e4m3", true, seed);
-    EXPECT_GT(b.replays, 30);
-    for (size_t i = 0; i < 3; ++i) {
-      ASSERT_EQ(a.tokens[i], b.tokens[i]) << "request " << i;
-      ASSERT_EQ(a.logprobs[i].size(), b.logprobs[i].size());
-      for (size_t j = 0; j < a.logprobs[i].size(); ++j)
-        EXPECT_EQ(0, std::memcmp(&a.logprobs[i][j], &b.logprobs[i][j], sizeof(float)))
-            << "request " << i << " token " << j << ": default " << a.logprobs[i][j] << " vs " << b.logprobs[i][j];
-    }
-  }
-  cuda::set_linear_routes(saved);
-}
-
 TEST(CudaGraphs, Buckets) {
   // vLLM's capture sizes, bounded by max_num_seqs; no GPU needed (CPU backend).
   const ModelConfig cfg = parse_model_config(

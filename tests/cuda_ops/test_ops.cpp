@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
-#include "backend/cuda/check.h"
 #include "backend/cuda/kernels.h"
 #include "cuda_ops_util.h"
 #include "io/errors.h"
@@ -291,16 +290,6 @@ TEST(CudaOps, LinearRoutesParse) {  // host only: runs without a GPU too
   EXPECT_EQ(cuda::linear_routes_string(cuda::parse_linear_routes("dsplit=512", "test")),
             "qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto,store=fused,act=fused,dsplit=512");
   EXPECT_FALSE(cuda::parse_linear_routes("prep=blocks", "test").prep_one_wave);
-  EXPECT_EQ(cuda::parse_linear_routes("", "test").gemv_prefetch, 1);
-  EXPECT_EQ(cuda::parse_linear_routes("pre=4", "test").gemv_prefetch, 4);
-  EXPECT_THROW(cuda::parse_linear_routes("pre=3", "test"), InputError);
-  EXPECT_FALSE(cuda::parse_linear_routes("", "test").gemv_slab);
-  EXPECT_TRUE(cuda::parse_linear_routes("slab=3", "test").gemv_slab);
-  EXPECT_THROW(cuda::parse_linear_routes("slab=2", "test"), InputError);
-  EXPECT_EQ(cuda::linear_routes_string(cuda::parse_linear_routes("pre=4,slab=3", "test")),
-            "qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto,store=fused,act=fused,pre=4,slab=3");
-  EXPECT_EQ(cuda::linear_routes_string(cuda::parse_linear_routes("pre=2", "test")),
-            "qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto,store=fused,act=fused,pre=2");
   EXPECT_EQ(cuda::linear_routes_string(cuda::parse_linear_routes("norm=blocks,prep=separate", "test")),
             "qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto,store=fused,act=fused,norm=blocks");
   EXPECT_EQ(cuda::linear_routes_string(cuda::parse_linear_routes("norm=fused", "test")),
@@ -377,131 +366,6 @@ TEST(CudaOps, LinearRoutesDispatch) {
   EXPECT_EQ(gemm.route(1, N + 1, K), GemvKernel::auto_);  // unnamed shape
   gemm.name_shape(N, K, LinearProj::qkv);                 // now named twice
   EXPECT_EQ(gemm.route(1, N, K), GemvKernel::auto_);
-  cuda::set_linear_routes(saved);
-}
-
-// slab=3's kernels raise their dynamic shared memory limit at their first
-// launch; here that launch is inside a CUDA graph capture (a route change
-// re-captures the decode graphs): the captured graph replays to the eager
-// result, bitwise. (Defined before GemvPrefetchDepthIsBitwise, whose eager
-// launches would otherwise come first.)
-TEST(CudaOps, GemvSlabCapturedEqualsEager) {
-  FP8KV_NEED_GPU();
-  const cuda::LinearRoutes saved = cuda::linear_routes();
-  std::mt19937_64 rng(test_seed());
-  const int N = 24, K = 4096, I = 12;
-  const std::vector<uint16_t> wb = to_bf16(randn(rng, static_cast<size_t>(N) * K, 0.05f));
-  cuda::DeviceBuffer dW;
-  const cuda::DeviceMatrix W = cuda::upload_matrix_bf16(MatrixRef{wb.data(), WeightType::bf16, N, K}, dW);
-  auto dx = to_device(to_bf16(randn(rng, K, 1.0f)));
-  auto y_graph = to_device(std::vector<float>(N, 0.0f));
-  auto o_graph = to_device(std::vector<uint16_t>(I, 0));
-  cuda::LinearRoutes slab = saved;
-  slab.gemv_prefetch = 1;
-  slab.gemv_slab = true;
-  cuda::set_linear_routes(slab);
-  cudaStream_t st;
-  FP8KV_CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  FP8KV_CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-  cuda::gemv_bf16_simt_split(dx.as<uint16_t>(), 1, W, nullptr, y_graph.as<float>(), false, 2, st);
-  cuda::gemv_gated_act_bf16(Activation::silu, dx.as<uint16_t>(), 1, W, nullptr, o_graph.as<uint16_t>(), st);
-  FP8KV_CU(cudaStreamEndCapture(st, &graph));
-  cudaGraphExec_t exec;
-  FP8KV_CU(cudaGraphInstantiate(&exec, graph, 0));
-  FP8KV_CU(cudaGraphLaunch(exec, st));
-  FP8KV_CU(cudaStreamSynchronize(st));
-  FP8KV_CU(cudaGraphExecDestroy(exec));
-  FP8KV_CU(cudaGraphDestroy(graph));
-  FP8KV_CU(cudaStreamDestroy(st));
-  cuda::set_linear_routes(saved);
-  auto y_eager = to_device(std::vector<float>(N, 0.0f));
-  auto o_eager = to_device(std::vector<uint16_t>(I, 0));
-  cuda::LinearRoutes plain = saved;
-  plain.gemv_prefetch = 1;
-  plain.gemv_slab = false;
-  cuda::set_linear_routes(plain);
-  cuda::gemv_bf16_simt_split(dx.as<uint16_t>(), 1, W, nullptr, y_eager.as<float>(), false, 2, nullptr);
-  cuda::gemv_gated_act_bf16(Activation::silu, dx.as<uint16_t>(), 1, W, nullptr, o_eager.as<uint16_t>(), nullptr);
-  FP8KV_CU(cudaDeviceSynchronize());
-  cuda::set_linear_routes(saved);
-  EXPECT_EQ(to_host<float>(y_graph, N), to_host<float>(y_eager, N));
-  const auto a = to_host<uint16_t>(o_graph, I);
-  EXPECT_EQ(a, to_host<uint16_t>(o_eager, I));
-  EXPECT_NE(std::count(a.begin(), a.end(), uint16_t{0}), static_cast<long>(a.size()));
-}
-
-// The deeper weight prefetch (route keys pre=2 / pre=4: warp_dot_ring, and
-// slab=3: warp_dot_slab, ninth session) multiplies the same chunks in the same order as pre=1: bitwise the
-// same y for every split at one row (bias, accumulate, N not a multiple of a
-// block's columns, K shorter than one batch, not a multiple of it, and the
-// 8B down_proj's K), and the same bf16 output of the fused gate|up GEMV
-// (silu). Two rows ignore pre (the T = 1 kernels only).
-TEST(CudaOps, GemvPrefetchDepthIsBitwise) {
-  FP8KV_NEED_GPU();
-  const cuda::LinearRoutes saved = cuda::linear_routes();
-  std::mt19937_64 rng(test_seed());
-  // pre = 1, 2, 4; 3: slab=3 (warp_dot_slab).
-  auto with_pre = [&](int pre, const std::function<void()>& f) {
-    cuda::LinearRoutes r = saved;
-    r.gemv_prefetch = pre == 3 ? 1 : pre;
-    r.gemv_slab = pre == 3;
-    cuda::set_linear_routes(r);
-    f();
-    FP8KV_CU(cudaDeviceSynchronize());
-  };
-  for (const auto& [N, K] : std::vector<std::pair<int, int>>{{201, 320}, {77, 4104}, {5, 8}, {64, 14336}, {40, 4096}}) {
-    const std::vector<uint16_t> wb = to_bf16(randn(rng, static_cast<size_t>(N) * K, 0.05f));
-    cuda::DeviceBuffer dW;
-    const cuda::DeviceMatrix W = cuda::upload_matrix_bf16(MatrixRef{wb.data(), WeightType::bf16, N, K}, dW);
-    auto db = to_device(randn(rng, N, 0.5f));
-    const std::vector<float> y0 = randn(rng, static_cast<size_t>(2) * N, 2.0f);
-    for (int T : {1, 2}) {
-      auto dx = to_device(to_bf16(randn(rng, static_cast<size_t>(T) * K, 1.0f)));
-      for (int split : {1, 2, 4, 8})
-        for (bool bias : {false, true})
-          for (bool acc : {false, true}) {
-            SCOPED_TRACE(::testing::Message() << "N=" << N << " K=" << K << " T=" << T << " split=" << split
-                                              << " bias=" << bias << " acc=" << acc);
-            auto run = [&](int pre) {
-              auto dy = to_device(std::vector<float>(y0.begin(), y0.begin() + static_cast<size_t>(T) * N));
-              with_pre(pre, [&] {
-                cuda::gemv_bf16_simt_split(dx.as<uint16_t>(), T, W, bias ? db.as<float>() : nullptr, dy.as<float>(),
-                                           acc, split, nullptr);
-              });
-              return to_host<float>(dy, static_cast<size_t>(T) * N);
-            };
-            const auto a = run(1);
-            EXPECT_EQ(run(2), a);
-            EXPECT_EQ(run(4), a);
-            EXPECT_EQ(run(3), a);
-          }
-    }
-  }
-  {
-    const int I = 203, K = 4104;
-    const std::vector<uint16_t> wb = to_bf16(randn(rng, static_cast<size_t>(2 * I) * K, 0.05f));
-    cuda::DeviceBuffer dW;
-    const cuda::DeviceMatrix W = cuda::upload_matrix_bf16(MatrixRef{wb.data(), WeightType::bf16, 2 * I, K}, dW);
-    auto db = to_device(randn(rng, 2 * I, 0.5f));
-    auto dx = to_device(to_bf16(randn(rng, K, 1.0f)));
-    for (bool bias : {false, true}) {
-      SCOPED_TRACE(::testing::Message() << "gated act bias=" << bias);
-      auto run = [&](int pre) {
-        auto o = to_device(std::vector<uint16_t>(I, 0));
-        with_pre(pre, [&] {
-          cuda::gemv_gated_act_bf16(Activation::silu, dx.as<uint16_t>(), 1, W, bias ? db.as<float>() : nullptr,
-                                    o.as<uint16_t>(), nullptr);
-        });
-        return to_host<uint16_t>(o, I);
-      };
-      const auto a = run(1);
-      EXPECT_NE(std::count(a.begin(), a.end(), uint16_t{0}), static_cast<long>(a.size()));
-      EXPECT_EQ(run(2), a);
-      EXPECT_EQ(run(4), a);
-      EXPECT_EQ(run(3), a);
-    }
-  }
   cuda::set_linear_routes(saved);
 }
 

@@ -94,18 +94,6 @@ LinearRoutes parse_linear_routes(std::string_view spec, std::string_view source)
       r.decode_split_tokens = v;
       continue;
     }
-    if (key == "pre") {
-      if (val != "1" && val != "2" && val != "4")
-        throw InputError(fmt::format("{}: pre must be 1, 2 or 4 (weight batches in flight per warp), got '{}'", source, val));
-      r.gemv_prefetch = val[0] - '0';
-      continue;
-    }
-    if (key == "slab") {
-      if (val != "0" && val != "3")
-        throw InputError(fmt::format("{}: slab must be 0 or 3 (weight batches per lane copied to shared memory), got '{}'", source, val));
-      r.gemv_slab = val == "3";
-      continue;
-    }
     if (key == "prep" || key == "norm") {
       if (val != "fused" && val != "blocks" && val != "separate")
         throw InputError(fmt::format("{}: {} must be fused, blocks or separate, got '{}'", source, key, val));
@@ -125,7 +113,7 @@ LinearRoutes parse_linear_routes(std::string_view spec, std::string_view source)
     for (int x = 0; x < kNumKernels; ++x)
       if (val == kKernelNames[x]) k = x;
     if (p < 0)
-      throw InputError(fmt::format("{}: unknown projection '{}' (qkv, o_proj, gate_up, down, lm_head, store, act, sample, norm, prep, dsplit, pre, slab)",
+      throw InputError(fmt::format("{}: unknown projection '{}' (qkv, o_proj, gate_up, down, lm_head, store, act, sample, norm, prep, dsplit)",
                                    source, key));
     if (k < 0)
       throw InputError(fmt::format("{}: unknown kernel '{}' for {} (auto, lt, simt, mma, simt2, simt4, simt8, simtk)",
@@ -143,8 +131,7 @@ std::string linear_routes_string(const LinearRoutes& r) {
   return s + (r.fused_store ? ",store=fused" : ",store=separate") + (r.fused_act ? ",act=fused" : ",act=separate") +
          (r.sample_in_graph ? "" : ",sample=separate") + (!r.fused_norm ? "" : r.norm_one_wave ? ",norm=fused" : ",norm=blocks") +
          (!r.fused_prep ? "" : r.prep_one_wave ? ",prep=fused" : ",prep=blocks") +
-         (r.decode_split_tokens ? fmt::format(",dsplit={}", r.decode_split_tokens) : std::string()) +
-         (r.gemv_prefetch != 1 ? fmt::format(",pre={}", r.gemv_prefetch) : std::string()) + (r.gemv_slab ? ",slab=3" : "");
+         (r.decode_split_tokens ? fmt::format(",dsplit={}", r.decode_split_tokens) : std::string());
 }
 
 LinearRoutes linear_routes() {

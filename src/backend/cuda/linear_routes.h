@@ -58,17 +58,6 @@ struct LinearRoutes {
   // own choice (fill the GPU; the default). For A/B sweeps of the
   // short-context split (CudaBackend::attention).
   int decode_split_tokens = 0;
-  // Weight batches each warp of a one-row SIMT GEMV (gemv_kernel<1, S>,
-  // the fused gate|up GEMV; not the norm- / prep-fused ones) loads before
-  // its PDL wait and keeps in flight ("pre=1": warp_dot, the default; "pre=2"
-  // / "pre=4": warp_dot_ring, bitwise the same sums); ops_gemv.cu,
-  // docs/cuda_backend.md "Deeper prefetch (ninth session)".
-  int gemv_prefetch = 1;
-  // "slab=3": those GEMVs copy their first 3 weight batches per lane into
-  // shared memory (cp.async) before the PDL wait, and load the 4th into
-  // registers (warp_dot_slab: 8 KB per warp, warp_dot's occupancy; bitwise
-  // the same sums); wins over pre=. "slab=0": off, the default.
-  bool gemv_slab = false;
   GemvKernel of(LinearProj p) const { return kernel[static_cast<size_t>(p)]; }
   bool operator==(const LinearRoutes&) const = default;
 };

@@ -14,7 +14,6 @@
 #include <string>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/linear_routes.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_act.cuh"
 #include "backend/cuda/ops_launch.cuh"
@@ -98,160 +97,6 @@ __device__ __forceinline__ void warp_dot(const uint16_t* __restrict__ x, const u
   }
 }
 
-// warp_dot with a deeper weight pipeline (ninth session, route key pre=D,
-// D = 2..4): a ring of D batches of kUnroll chunks per lane in registers.
-// All D batches are loaded BEFORE the PDL wait (today's warp_dot loads one),
-// so a block that becomes resident while the previous kernel (norm, prep,
-// attention, the previous GEMV's tail) still runs streams D x 2 KB per warp
-// instead of 2 KB; afterwards each batch's slot is refilled with the batch
-// D ahead as soon as it has been multiplied. The chunks are multiplied in
-// warp_dot's order (c0 = first, first + kBatch, ...; u = 0..kUnroll-1), so
-// the sums are bitwise warp_dot's. docs/cuda_backend.md "Deeper prefetch".
-template <int T, int S, int D>
-__device__ __forceinline__ void warp_dot_ring(const uint16_t* __restrict__ x, const uint4* __restrict__ w,
-                                              int64_t chunks, int64_t K, int64_t first, float (&acc)[T]) {
-  constexpr int64_t kStride = 32 * S;
-  constexpr int64_t kBatch = kStride * kUnroll;
-#pragma unroll
-  for (int t = 0; t < T; ++t) acc[t] = 0.0f;
-  uint4 buf[D][kUnroll];
-  auto load_w = [&](uint4(&v)[kUnroll], int64_t c0) {
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t c = c0 + u * kStride;
-      v[u] = c < chunks ? __ldcs(w + c) : make_uint4(0, 0, 0, 0);
-    }
-  };
-#pragma unroll
-  for (int d = 0; d < D; ++d) load_w(buf[d], first + d * kBatch);
-  wait_for_inputs();
-  for (int64_t c0 = first; c0 < chunks; c0 += D * kBatch) {
-#pragma unroll
-    for (int d = 0; d < D; ++d) {
-      const int64_t cb = c0 + d * kBatch;
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t c = cb + u * kStride;
-        if (c >= chunks) break;
-        float wf[8];
-        bf16x8_to_f32(buf[d][u], wf);
-#pragma unroll
-        for (int t = 0; t < T; ++t) {
-          float xf[8];
-          bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(x + t * K) + c), xf);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) acc[t] = fmaf(xf[i], wf[i], acc[t]);
-        }
-      }
-      load_w(buf[d], cb + D * kBatch);
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < T; ++t) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], o);
-  }
-}
-
-// warp_dot with a shared-memory slab in front (route key slab=3, ninth
-// session): before the PDL wait each lane copies its chunks of the first
-// kSlabBatches batches into shared memory with cp.async (no registers held:
-// the block keeps warp_dot's occupancy) and loads batch kSlabBatches into
-// registers as warp_dot does; after the wait it multiplies the slab's batches,
-// then continues with warp_dot's double-buffered loop. 8 KB per warp before
-// the wait instead of 2 KB (a whole row of the 8B gate|up at S = 1). The
-// chunks are multiplied in warp_dot's order: bitwise the same sums. Each
-// lane reads back only the slots it copied, so no warp sync is needed.
-constexpr int kSlabBatches = 3;
-constexpr int kSlabBytes = kWarps * kSlabBatches * kUnroll * 32 * 16;  // 48 KB per block
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(gmem) : "memory");
-}
-
-template <int T, int S>
-__device__ __forceinline__ void warp_dot_slab(const uint16_t* __restrict__ x, const uint4* __restrict__ w,
-                                              int64_t chunks, int64_t K, int64_t first, float (&acc)[T],
-                                              uint4* slab /* this warp's [kSlabBatches][kUnroll][32] */) {
-  constexpr int64_t kStride = 32 * S;
-  constexpr int64_t kBatch = kStride * kUnroll;
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int t = 0; t < T; ++t) acc[t] = 0.0f;
-#pragma unroll
-  for (int b = 0; b < kSlabBatches; ++b)
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t c = first + b * kBatch + u * kStride;
-      if (c < chunks) cp_async16(slab + (b * kUnroll + u) * 32 + lane, w + c);
-    }
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-  uint4 cur[kUnroll], nxt[kUnroll];
-  auto load_w = [&](uint4(&v)[kUnroll], int64_t c0) {
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t c = c0 + u * kStride;
-      v[u] = c < chunks ? __ldcs(w + c) : make_uint4(0, 0, 0, 0);
-    }
-  };
-  auto mul = [&](const uint4& wv, int64_t c) {
-    float wf[8];
-    bf16x8_to_f32(wv, wf);
-#pragma unroll
-    for (int t = 0; t < T; ++t) {
-      float xf[8];
-      bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(x + t * K) + c), xf);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc[t] = fmaf(xf[i], wf[i], acc[t]);
-    }
-  };
-  const int64_t rest = first + kSlabBatches * kBatch;
-  load_w(cur, rest);
-  wait_for_inputs();
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-#pragma unroll
-  for (int b = 0; b < kSlabBatches; ++b)
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t c = first + b * kBatch + u * kStride;
-      if (c < chunks) mul(slab[(b * kUnroll + u) * 32 + lane], c);
-    }
-  for (int64_t c0 = rest; c0 < chunks; c0 += kBatch) {
-    load_w(nxt, c0 + kBatch);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t c = c0 + u * kStride;
-      if (c >= chunks) break;
-      mul(cur[u], c);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) cur[u] = nxt[u];
-  }
-#pragma unroll
-  for (int t = 0; t < T; ++t) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], o);
-  }
-}
-
-// warp_dot (D = 1), warp_dot_ring (D = 2, 4) or warp_dot_slab (D = kDepthSlab:
-// the block's dynamic shared memory holds the slab, kSlabBytes).
-constexpr int kDepthSlab = -1;
-template <int T, int S, int D>
-__device__ __forceinline__ void warp_dot_d(const uint16_t* __restrict__ x, const uint4* __restrict__ w,
-                                           int64_t chunks, int64_t K, int64_t first, float (&acc)[T]) {
-  if constexpr (D == kDepthSlab) {
-    extern __shared__ uint4 slab_smem[];
-    warp_dot_slab<T, S>(x, w, chunks, K, first, acc,
-                        slab_smem + (threadIdx.x >> 5) * (kSlabBatches * kUnroll * 32));
-  } else if constexpr (D <= 1) {
-    warp_dot<T, S>(x, w, chunks, K, first, acc);
-  } else {
-    warp_dot_ring<T, S, D>(x, w, chunks, K, first, acc);
-  }
-}
-
 // S warps share one output column n (split K, for shapes with few columns
 // and / or long rows: o_proj, qkv, down at the 8B shape, where one warp per
 // column left too few bytes in flight, run G): warp sub = 0..S-1 of column n
@@ -260,10 +105,8 @@ __device__ __forceinline__ void warp_dot_d(const uint16_t* __restrict__ x, const
 // result is deterministic. S = 1 is the one-warp-per-column kernel, bitwise
 // unchanged. The weight loads are double-buffered: the next kUnroll chunks
 // are in flight while the current ones are multiplied.
-// D = kDepthSlab: 4 resident blocks per SM (<= 64 registers), as warp_dot's
-// kernel gets on its own: the slab's 4 x 48 KB of shared memory fit beside.
-template <int T, int S, int D = 1>
-__global__ void __launch_bounds__(kWarps * 32, D == kDepthSlab ? 4 : 1)
+template <int T, int S>
+__global__ void __launch_bounds__(kWarps * 32)
     gemv_kernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ W, const float* __restrict__ bias,
                 float* __restrict__ y, int64_t N, int64_t K, bool accumulate) {
   static_assert(kWarps % S == 0, "S must divide the warps of a block");
@@ -279,8 +122,8 @@ __global__ void __launch_bounds__(kWarps * 32, D == kDepthSlab ? 4 : 1)
     }
   }
   float acc[T];
-  warp_dot_d<T, S, D>(x, reinterpret_cast<const uint4*>(W + (live ? n : 0) * K), live ? K / 8 : 0, K,
-                      static_cast<int64_t>(sub) * 32 + lane, acc);
+  warp_dot<T, S>(x, reinterpret_cast<const uint4*>(W + (live ? n : 0) * K), live ? K / 8 : 0, K,
+                 static_cast<int64_t>(sub) * 32 + lane, acc);
   if constexpr (S > 1) {
     __shared__ float part[kWarps][T];
     if (lane == 0) {
@@ -314,8 +157,8 @@ __global__ void __launch_bounds__(kWarps * 32, D == kDepthSlab ? 4 : 1)
 // 1>: the same sums, bitwise), and the block writes out[t][j] =
 // bf16(act(gate + b) * (up + b)) with the activation kernel's element math
 // (ops_act.cuh). Saves the activation kernel and the fp32 gate|up round trip.
-template <int T, Activation A, int D = 1>
-__global__ void __launch_bounds__(kWarps * 32, D == kDepthSlab ? 4 : 1)
+template <int T, Activation A>
+__global__ void __launch_bounds__(kWarps * 32)
     gemv_gated_act_kernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ W,
                           const float* __restrict__ bias, __nv_bfloat16* __restrict__ out, int64_t I, int64_t K) {
   constexpr int kCols = kWarps / 2;
@@ -324,7 +167,7 @@ __global__ void __launch_bounds__(kWarps * 32, D == kDepthSlab ? 4 : 1)
   const bool live = j < I;
   const int64_t n = (warp < kCols ? 0 : I) + (live ? j : 0);
   float acc[T];
-  warp_dot_d<T, 1, D>(x, reinterpret_cast<const uint4*>(W + n * K), live ? K / 8 : 0, K, lane, acc);
+  warp_dot<T, 1>(x, reinterpret_cast<const uint4*>(W + n * K), live ? K / 8 : 0, K, lane, acc);
   __shared__ float part[kWarps][T];
   if (lane == 0) {
     const float b = bias && live ? bias[n] : 0.0f;
@@ -563,41 +406,13 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   }
 }
 
-// The weight-prefetch depth of the one-row SIMT GEMVs (route keys pre= and
-// slab=, linear_routes.h): 1 = warp_dot (the default), 2 or 4 =
-// warp_dot_ring, kDepthSlab = warp_dot_slab (slab=3, wins over pre=), at
-// most the batches a lane has (K / 8 chunks over 32 S lanes, kUnroll per
-// batch: qkv / o_proj at S = 4 on the 8B shape have one, so they keep
-// warp_dot and its occupancy; down at S = 8 two; gate|up four). Read at
-// launch (graph capture re-runs the launches after a route change).
-int prefetch_depth(int64_t T, int64_t K, int S) {
-  if (T != 1) return 1;
-  const LinearRoutes r = linear_routes();
-  const int d = r.gemv_prefetch;
-  const int64_t per_lane = (K / 8 + 32 * S - 1) / (32 * S);
-  const int64_t batches = (per_lane + kUnroll - 1) / kUnroll;
-  if (r.gemv_slab && batches >= 2) return kDepthSlab;  // slab=3: before pre=
-  return d >= 4 && batches >= 3 ? 4 : d >= 2 && batches >= 2 ? 2 : 1;
-}
-
 template <int T, int S>
 void launch(const uint16_t* x, const DeviceMatrix& W, const float* bias, float* y, bool accumulate,
             cudaStream_t stream) {
   constexpr int kCols = kWarps / S;
   const int64_t blocks = (W.rows + kCols - 1) / kCols;
-  const dim3 grid(static_cast<unsigned>(blocks)), block(kWarps * 32);
-  if constexpr (T == 1) {
-    switch (prefetch_depth(T, W.cols, S)) {
-      case 2: launch_pdl(true, gemv_kernel<T, S, 2>, grid, block, stream, x, W.data, bias, y, W.rows, W.cols, accumulate); return;
-      case 4: launch_pdl(true, gemv_kernel<T, S, 4>, grid, block, stream, x, W.data, bias, y, W.rows, W.cols, accumulate); return;
-      case kDepthSlab:
-        launch_pdl_smem(true, gemv_kernel<T, S, kDepthSlab>, kSlabBytes, grid, block, stream, x, W.data, bias, y, W.rows,
-                        W.cols, accumulate);
-        return;
-      default: break;
-    }
-  }
-  launch_pdl(true, gemv_kernel<T, S>, grid, block, stream, x, W.data, bias, y, W.rows, W.cols, accumulate);
+  launch_pdl(true, gemv_kernel<T, S>, dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32), stream, x, W.data, bias,
+             y, W.rows, W.cols, accumulate);
 }
 
 template <int T>
@@ -788,25 +603,6 @@ void launch_gated_act(Activation act, const uint16_t* x, const DeviceMatrix& W, 
   auto* o = reinterpret_cast<__nv_bfloat16*>(out);
   switch (act) {
     case Activation::silu:
-      // pre=2 / pre=4 / slab=3 (one row, silu only: the Llama shape this is measured on).
-      if constexpr (T == 1) {
-        const int d = prefetch_depth(T, W.cols, 1);
-        if (d == 2) {
-          launch_pdl(true, gemv_gated_act_kernel<T, Activation::silu, 2>, grid, block, stream, x, W.data, bias, o, I,
-                     W.cols);
-          break;
-        }
-        if (d == 4) {
-          launch_pdl(true, gemv_gated_act_kernel<T, Activation::silu, 4>, grid, block, stream, x, W.data, bias, o, I,
-                     W.cols);
-          break;
-        }
-        if (d == kDepthSlab) {
-          launch_pdl_smem(true, gemv_gated_act_kernel<T, Activation::silu, kDepthSlab>, kSlabBytes, grid, block, stream,
-                          x, W.data, bias, o, I, W.cols);
-          break;
-        }
-      }
       launch_pdl(true, gemv_gated_act_kernel<T, Activation::silu>, grid, block, stream, x, W.data, bias, o, I, W.cols);
       break;
     case Activation::gelu_tanh:

@@ -11,8 +11,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
-#include <map>
-#include <mutex>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/ops.h"
@@ -49,42 +47,6 @@ void launch_pdl(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaS
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  FP8KV_CU(cudaLaunchKernelEx(&cfg, kernel, args...));
-}
-
-// launch_pdl with `smem` bytes of dynamic shared memory; raises the kernel's
-// dynamic shared memory limit the first time (above 48 KB needs the opt-in).
-template <typename... KArgs, typename... Args>
-void launch_pdl_smem(bool pdl, void (*kernel)(KArgs...), int smem, dim3 grid, dim3 block, cudaStream_t stream,
-                     Args... args) {
-  static std::mutex mu;
-  static std::map<const void*, int> raised;  // per kernel: the limit set
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    int& r = raised[reinterpret_cast<const void*>(kernel)];
-    if (r < smem) {
-      // The first launch may be inside a CUDA graph capture (a route change
-      // re-captures): the attribute call is not a stream operation; relaxed
-      // capture mode for this thread keeps a global-mode capture from
-      // refusing it.
-      cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-      FP8KV_CU(cudaThreadExchangeStreamCaptureMode(&mode));
-      const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      FP8KV_CU(cudaThreadExchangeStreamCaptureMode(&mode));
-      FP8KV_CU(e);
-      r = smem;
-    }
-  }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
   FP8KV_CU(cudaLaunchKernelEx(&cfg, kernel, args...));
 }
 
