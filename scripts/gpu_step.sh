@@ -10,18 +10,14 @@
 # If the budget allows, Nsight Compute (ncu) then times every kernel of one
 # eager decode step (cudaProfilerStart/Stop bracket it). A table at the end.
 #   run(command="ln -sfn ../../.debs .debs; bash scripts/gpu_step.sh", carry=[".debs"])
-# Eighth session (2026-12-01): the residual add + RMSNorm fused into the
-# o_proj / down GEMV (routes norm=fused) and the qkv prep + KV store fused
-# into the qkv GEMV (prep=fused) are A/B'd against the separate kernels
-# (the defaults since run K2 measured the per-block fused kernels slower)
-# in the same process at 1K and 60K;
-# then, if the budget allows, batch 32 at 16K with fp8 and bf16 caches (the
-# step profile's per-op times of each: where the fp8 step's time goes).
+# (The eighth session's fused GEMV epilogues, routes norm= / prep=, were
+# measured slower in K2, N_L and O_1 and deleted in the ninth.)
 # Ninth session (2026-12-01, step9): the tests that cover the decode GEMV,
-# norm and prep kernels first (TESTS_FILTER), then the 1K and 60K rows with
+# norm and prep kernels first (TESTS_FILTER), then the 1K and 60K rows (and,
+# with B32=1, batch 32 at 16K with fp8 and bf16 caches) with
 # same-process route sets (the variants of docs/cuda_backend.md "Batch-1
-# variants (ninth session)" were measured in run O_2 and deleted); the
-# batch-32 rows only with B32=1. The table at the end has one row per route
+# variants (ninth session)" were measured in run O_2 and deleted). The
+# table at the end has one row per route
 # set with its ms/step and tok/s and the change against the mean of the
 # process's default runs.
 # Budget: BUDGET_S (default 200 s, build included); a case that would start
