@@ -69,35 +69,6 @@ TEST(CudaGraphs, ReplayEqualsPaddedEagerGemma3Fp8) {
   check("gemma3", "fp8_e4m3");
 }
 
-// The residual add + RMSNorm fused into the o_proj / down GEMV and the qkv
-// prep + KV store fused into the qkv GEMV at one row (routes norm=fused,
-// prep=fused; CudaBackend::linear_add_rmsnorm /
-// linear_qkv_split_store) give the bits of the separate kernels
-// (norm=separate, prep=separate): the same generated tokens and logprobs,
-// graphs on (the batch-1 steps replay the fused kernels with their
-// self-resetting counters).
-TEST(CudaGraphs, FusedResidualNormEqualsSeparate) {
-  FP8KV_NEED_GPU();
-  const uint64_t seed = test_seed();
-  const cuda::LinearRoutes saved = cuda::linear_routes();
-  cuda::LinearRoutes sep = saved, fused = saved;
-  sep.fused_norm = sep.fused_prep = false;
-  fused.fused_norm = fused.fused_prep = true;
-  cuda::set_linear_routes(sep);
-  const Trace a = run("llama", "fp8_e4m3", true, seed);
-  cuda::set_linear_routes(fused);
-  const Trace b = run("llama", "fp8_e4m3", true, seed);
-  cuda::set_linear_routes(saved);
-  EXPECT_GT(b.replays, 30);
-  for (size_t i = 0; i < 3; ++i) {
-    ASSERT_EQ(a.tokens[i], b.tokens[i]) << "request " << i;
-    ASSERT_EQ(a.logprobs[i].size(), b.logprobs[i].size());
-    for (size_t j = 0; j < a.logprobs[i].size(); ++j)
-      EXPECT_EQ(0, std::memcmp(&a.logprobs[i][j], &b.logprobs[i][j], sizeof(float)))
-          << "request " << i << " token " << j << ": separate " << a.logprobs[i][j] << " vs fused " << b.logprobs[i][j];
-  }
-}
-
 TEST(CudaGraphs, Buckets) {
   // vLLM's capture sizes, bounded by max_num_seqs; no GPU needed (CPU backend).
   const ModelConfig cfg = parse_model_config(

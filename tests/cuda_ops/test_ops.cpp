@@ -159,75 +159,6 @@ TEST(CudaOps, GemvGatedActMatchesTwoKernels) {
       }
 }
 
-// The GEMV with the residual add + RMSNorm fused into its last block
-// (gemv_add_rmsnorm_bf16) writes bitwise what the split SIMT GEMV followed by
-// the norm kernel writes (the same sums in the same order: the norm row math
-// is shared, ops_norm.cuh): y, the new residual h and the normed output, bf16
-// or fp32, out aliasing h (the final norm), with and without a bias, for every
-// split, hidden sizes on each register-row size (8, 16, 32 per thread) and
-// not a multiple of a block's columns. Two launches in a row on one counter:
-// the counter is back to 0 after each (CUDA graph replays rely on it).
-TEST(CudaOps, GemvAddRmsNormMatchesTwoKernels) {
-  FP8KV_NEED_GPU();
-  std::mt19937_64 rng(test_seed());
-  const int K = 1032;
-  const float eps = 1e-5f;
-  auto counter = to_device(std::vector<uint32_t>{0u});
-  for (int N : {203, 2048, 4096, 5000})
-    for (int split : {1, 2, 4, 8, 0})
-      for (int mode : {0, 1, 2}) {  // out bf16; out fp32; out = h (fp32, in place)
-        const bool bias = split == 2 || N == 203;
-        SCOPED_TRACE(::testing::Message() << "N=" << N << " split=" << split << " mode=" << mode << " bias=" << bias);
-        const std::vector<uint16_t> wb = to_bf16(randn(rng, static_cast<size_t>(N) * K, 0.05f));
-        cuda::DeviceBuffer dW;
-        const cuda::DeviceMatrix W = cuda::upload_matrix_bf16(MatrixRef{wb.data(), WeightType::bf16, N, K}, dW);
-        auto dx = to_device(to_bf16(randn(rng, K, 1.0f)));
-        auto db = to_device(randn(rng, N, 0.5f));
-        const float* bp = bias ? db.as<float>() : nullptr;
-        const std::vector<float> h0 = randn(rng, N, 3.0f), nw = randn(rng, N, 1.0f);
-        auto dnw = to_device(nw);
-        const bool out_bf16 = mode == 0;
-        const size_t out_bytes = static_cast<size_t>(N) * (out_bf16 ? 2 : 4);
-        // Two kernels.
-        auto h_a = to_device(h0);
-        auto y_a = to_device(std::vector<float>(N, 0.0f));
-        cuda::DeviceBuffer out_a(out_bytes);
-        cuda::gemv_bf16_simt_split(dx.as<uint16_t>(), 1, W, bp, y_a.as<float>(), false, split, nullptr);
-        cuda::rmsnorm_residual(h_a.as<float>(), y_a.as<float>(), nullptr, dnw.as<float>(), eps, 1, N,
-                               mode == 2 ? h_a.get() : out_a.get(), out_bf16, nullptr);
-        // Fused, twice per grid shape (the second launch must see the counter
-        // back at 0): one block per column group, then one wave of looping blocks.
-        for (int rep = 0; rep < 4; ++rep) {
-          auto h_b = to_device(h0);
-          auto y_b = to_device(std::vector<float>(N, -1.0f));
-          cuda::DeviceBuffer out_b(out_bytes);
-          cuda::gemv_add_rmsnorm_bf16(dx.as<uint16_t>(), 1, W, bp, y_b.as<float>(), split, h_b.as<float>(),
-                                      dnw.as<float>(), eps, mode == 2 ? h_b.get() : out_b.get(), out_bf16,
-                                      counter.as<unsigned int>(), rep >= 2, nullptr);
-          EXPECT_EQ(to_host<uint32_t>(counter, 1)[0], 0u);
-          EXPECT_EQ(to_host<float>(y_a, N), to_host<float>(y_b, N));
-          EXPECT_EQ(to_host<float>(h_a, N), to_host<float>(h_b, N));
-          if (mode == 0) {
-            EXPECT_EQ(to_host<uint16_t>(out_a, N), to_host<uint16_t>(out_b, N));
-          } else if (mode == 1) {
-            EXPECT_EQ(to_host<float>(out_a, N), to_host<float>(out_b, N));
-          }
-        }
-      }
-  // Out of its range: more than one row, or N past the register row.
-  EXPECT_THROW(cuda::gemv_add_rmsnorm_bf16(reinterpret_cast<const uint16_t*>(256), 2, cuda::DeviceMatrix{
-                   reinterpret_cast<const uint16_t*>(256), 16, 16}, nullptr, reinterpret_cast<float*>(256), 1,
-                   reinterpret_cast<float*>(256), reinterpret_cast<const float*>(256), eps,
-                   reinterpret_cast<void*>(256), true, counter.as<unsigned int>(), false, nullptr),
-               std::invalid_argument);
-  EXPECT_THROW(cuda::gemv_add_rmsnorm_bf16(reinterpret_cast<const uint16_t*>(256), 1, cuda::DeviceMatrix{
-                   reinterpret_cast<const uint16_t*>(256), cuda::kGemvNormMaxCols + 1, 16}, nullptr,
-                   reinterpret_cast<float*>(256), 1, reinterpret_cast<float*>(256),
-                   reinterpret_cast<const float*>(256), eps, reinterpret_cast<void*>(256), true,
-                   counter.as<unsigned int>(), false, nullptr),
-               std::invalid_argument);
-}
-
 // The prefill path behind FP8KV_PREFILL_BF16_ACT: the GEMM with bf16 output
 // is the fp32-output GEMM rounded to bf16 (up to the accumulation order: one
 // bf16 ulp plus the fp32 bound), and the activation on bf16 inputs is
@@ -276,24 +207,12 @@ TEST(CudaOps, LinearRoutesParse) {  // host only: runs without a GPU too
   EXPECT_FALSE(cuda::parse_linear_routes("store=separate", "test").fused_store);
   EXPECT_TRUE(cuda::parse_linear_routes("", "test").sample_in_graph);
   EXPECT_FALSE(cuda::parse_linear_routes("sample=separate", "test").sample_in_graph);
-  EXPECT_FALSE(cuda::parse_linear_routes("", "test").fused_norm);  // measured slower (run K2)
-  EXPECT_TRUE(cuda::parse_linear_routes("norm=fused", "test").fused_norm);
-  EXPECT_FALSE(cuda::parse_linear_routes("norm=separate", "test").fused_norm);
-  EXPECT_FALSE(cuda::parse_linear_routes("", "test").fused_prep);
-  EXPECT_TRUE(cuda::parse_linear_routes("prep=fused", "test").fused_prep);
-  EXPECT_FALSE(cuda::parse_linear_routes("prep=separate", "test").fused_prep);
-  EXPECT_TRUE(cuda::parse_linear_routes("prep=blocks", "test").fused_prep);
   EXPECT_EQ(cuda::parse_linear_routes("", "test").decode_split_tokens, 0);
   EXPECT_EQ(cuda::parse_linear_routes("dsplit=256", "test").decode_split_tokens, 256);
   EXPECT_THROW(cuda::parse_linear_routes("dsplit=12x", "test"), InputError);
   EXPECT_THROW(cuda::parse_linear_routes("dsplit=-1", "test"), InputError);
   EXPECT_EQ(cuda::linear_routes_string(cuda::parse_linear_routes("dsplit=512", "test")),
             "qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto,store=fused,act=fused,dsplit=512");
-  EXPECT_FALSE(cuda::parse_linear_routes("prep=blocks", "test").prep_one_wave);
-  EXPECT_EQ(cuda::linear_routes_string(cuda::parse_linear_routes("norm=blocks,prep=separate", "test")),
-            "qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto,store=fused,act=fused,norm=blocks");
-  EXPECT_EQ(cuda::linear_routes_string(cuda::parse_linear_routes("norm=fused", "test")),
-            "qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto,store=fused,act=fused,norm=fused");
   EXPECT_EQ(cuda::linear_routes_string(cuda::parse_linear_routes("down=lt,sample=separate", "test")),
             "qkv=auto,o_proj=auto,gate_up=auto,down=lt,lm_head=auto,store=fused,act=fused,sample=separate");
   // The canonical string parses back to the same routes; "" and "default" are the default.
@@ -301,7 +220,9 @@ TEST(CudaOps, LinearRoutesParse) {  // host only: runs without a GPU too
   EXPECT_EQ(cuda::parse_linear_routes("", "test"), cuda::parse_linear_routes(cuda::kDefaultLinearRoutes, "test"));
   EXPECT_EQ(cuda::parse_linear_routes("default", "test"), cuda::parse_linear_routes("", "test"));
   EXPECT_EQ(cuda::parse_linear_routes("gate_up=simt,", "test").of(LinearProj::gate_up), GemvKernel::simt);
-  for (const char* bad : {"down", "down=fast", "ffn=lt", "=lt", "down=lt,qkv", "store=lt", "act=silu", "sample=host"}) {
+  // norm= / prep= (the fused GEMV epilogues) were deleted in the ninth session.
+  for (const char* bad : {"down", "down=fast", "ffn=lt", "=lt", "down=lt,qkv", "store=lt", "act=silu", "sample=host",
+                          "norm=fused", "prep=fused"}) {
     try {
       (void)cuda::parse_linear_routes(bad, "FP8KV_GEMV_ROUTES");
       ADD_FAILURE() << "accepted " << bad;
@@ -582,109 +503,6 @@ void check_qkv(std::mt19937_64& rng, int D, const RopeParams& rp, bool norm, boo
     EXPECT_EQ(to_host<uint8_t>(fv, bytes), to_host<uint8_t>(rv, bytes)) << "V cache bytes";
     EXPECT_EQ(to_host<float>(dq2, q.size()), qg) << "q with the fused store";
   }
-}
-
-// The qkv GEMV with the prep fused into each head's last block
-// (gemv_qkv_prep_bf16) gives bitwise what the split SIMT GEMV followed by
-// qkv_prep with the fused store gives: y (the q|k|v row), q, and the K / V
-// cache bytes, for head_dim 64 / 128 / 256, every split (1 to 8 columns per
-// block), with and without QK-norm and a bias, bf16 and fp8 caches, a slot
-// in the middle of the pool and a skipped slot (-1). Twice per case: the
-// per-head counters are back to 0 after each launch.
-TEST(CudaOps, GemvQkvPrepMatchesTwoKernels) {
-  FP8KV_NEED_GPU();
-  std::mt19937_64 rng(test_seed());
-  RopeParams l3;
-  l3.type = "llama3";
-  l3.theta = 500000.0;
-  l3.factor = 8.0;
-  l3.low_freq_factor = 1.0;
-  l3.high_freq_factor = 4.0;
-  l3.original_max_position_embeddings = 1024;
-  const int Hq = 4, Hkv = 2, K = 520, cap = 48;
-  auto counters = to_device(std::vector<uint32_t>(64, 0u));
-  for (int D : {64, 128, 256})
-    for (int split : {1, 2, 4, 8})
-      for (KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3})
-        for (int64_t slot : {int64_t{37}, int64_t{-1}}) {
-          const bool norm = split != 4, bias = split == 2;
-          SCOPED_TRACE(::testing::Message() << "D=" << D << " split=" << split << " dt=" << kv_dtype_name(dt)
-                                            << " slot=" << slot << " norm=" << norm << " bias=" << bias);
-          const int N = (Hq + 2 * Hkv) * D;
-          const RopeTable rope(l3, D, 4096);
-          const std::vector<uint16_t> wb = to_bf16(randn(rng, static_cast<size_t>(N) * K, 0.05f));
-          cuda::DeviceBuffer dW;
-          const cuda::DeviceMatrix W = cuda::upload_matrix_bf16(MatrixRef{wb.data(), WeightType::bf16, N, K}, dW);
-          auto dx = to_device(to_bf16(randn(rng, K, 1.0f)));
-          auto db = to_device(randn(rng, N, 0.5f));
-          auto dqn = to_device(randn(rng, D, 1.0f)), dkn = to_device(randn(rng, D, 1.0f));
-          auto dpos = to_device(std::vector<int32_t>{3001});
-          auto dinv = to_device(rope.inv_freq());
-          auto dslots = to_device(std::vector<int64_t>{slot});
-          auto dks = to_device(std::vector<float>{0.02f, 0.7f}), dvs = to_device(std::vector<float>{1.3f, 0.05f});
-          KvCacheLayout L;
-          L.num_blocks = 3;
-          L.block_size = cap / 3;
-          L.num_kv_heads = Hkv;
-          L.head_dim = D;
-          L.dtype = dt;
-          const size_t bytes = L.cache_bytes();
-          const std::vector<uint8_t> fill(bytes, 0xA5);
-          auto run = [&](int fused, cuda::DeviceBuffer& y, cuda::DeviceBuffer& q, cuda::DeviceBuffer& kc,
-                         cuda::DeviceBuffer& vc) {
-            cuda::QkvPrepArgs a;
-            a.T = 1;
-            a.num_q_heads = Hq;
-            a.num_kv_heads = Hkv;
-            a.head_dim = D;
-            a.q_in = y.as<float>();
-            a.k_in = a.q_in + Hq * D;
-            a.v_in = a.k_in + Hkv * D;
-            a.q_stride = a.k_stride = a.v_stride = N;
-            if (norm) {
-              a.q_norm_w = dqn.as<float>();
-              a.k_norm_w = dkn.as<float>();
-            }
-            a.eps = 1e-6f;
-            a.positions = dpos.as<int32_t>();
-            a.inv_freq = dinv.as<float>();
-            a.rot_dim = rope.rot_dim();
-            a.attention_factor = rope.attention_factor();
-            a.q_out = q.as<float>();
-            a.store.k_cache = kc.get();
-            a.store.v_cache = vc.get();
-            a.store.dtype = dt;
-            a.store.slots = dslots.as<int64_t>();
-            a.store.capacity = cap;
-            a.store.k_scale = dks.as<float>();
-            a.store.v_scale = dvs.as<float>();
-            a.store.k_scale_count = a.store.v_scale_count = Hkv;
-            const float* bp = bias ? db.as<float>() : nullptr;
-            if (fused) {
-              cuda::gemv_qkv_prep_bf16(dx.as<uint16_t>(), 1, W, bp, y.as<float>(), split, a,
-                                       counters.as<unsigned int>(), 64, fused == 2, nullptr);
-            } else {
-              cuda::gemv_bf16_simt_split(dx.as<uint16_t>(), 1, W, bp, y.as<float>(), false, split, nullptr);
-              cuda::qkv_prep(a, nullptr);
-            }
-          };
-          cuda::DeviceBuffer ya(static_cast<size_t>(N) * 4), qa(static_cast<size_t>(Hq) * D * 4);
-          auto ka = to_device(fill), va = to_device(fill);
-          run(0, ya, qa, ka, va);
-          for (int rep = 0; rep < 4; ++rep) {  // one block per group twice, then one wave twice
-            cuda::DeviceBuffer yb(static_cast<size_t>(N) * 4), qb(static_cast<size_t>(Hq) * D * 4);
-            auto kb = to_device(fill), vb = to_device(fill);
-            run(rep >= 2 ? 2 : 1, yb, qb, kb, vb);
-            EXPECT_EQ(to_host<uint32_t>(counters, 64), std::vector<uint32_t>(64, 0u));
-            EXPECT_EQ(to_host<float>(ya, N), to_host<float>(yb, N));
-            EXPECT_EQ(to_host<float>(qa, static_cast<size_t>(Hq) * D), to_host<float>(qb, static_cast<size_t>(Hq) * D));
-            EXPECT_EQ(to_host<uint8_t>(ka, bytes), to_host<uint8_t>(kb, bytes)) << "K cache bytes";
-            EXPECT_EQ(to_host<uint8_t>(va, bytes), to_host<uint8_t>(vb, bytes)) << "V cache bytes";
-          }
-          if (slot >= 0) {
-            EXPECT_NE(to_host<uint8_t>(ka, bytes), fill);  // the store happened
-          }
-        }
 }
 
 TEST(CudaOps, QkvPrepMatchesCpuForEveryRopeType) {

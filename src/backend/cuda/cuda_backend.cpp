@@ -839,52 +839,6 @@ cuda::QkvPrepArgs CudaBackend::qkv_split_args(int layer, const Tensor& qkv, cons
   return a;
 }
 
-// At one row on a SIMT GEMV route (prep=fused and store=fused in the routes,
-// no observer): the qkv GEMV runs each head's prep + KV store in the block
-// that finishes the head (ops.h gemv_qkv_prep_bf16: bitwise the GEMV +
-// qkv_prep); else linear, then qkv_split_store.
-void CudaBackend::linear_qkv_split_store(const StepBatch& b, int layer, const Tensor& x, const Tensor& w,
-                                         const Tensor& bias, Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
-                                         float eps, Tensor& q, Tensor& k, Tensor& v) {
-  const int64_t T = x.rows;
-  const int heads = cfg_.num_heads + 2 * cfg_.num_kv_heads;
-  const cuda::LinearRoutes routes = cuda::linear_routes();
-  bool fuse = routes.fused_prep && routes.fused_store && !observer_ && T == 1 && T <= gemm_->gemv_max_rows() &&
-              x.dtype == ScalarType::bf16 && x.cols == w.cols && qkv.dtype == ScalarType::f32 && qkv.rows == T &&
-              qkv.cols == w.rows && w.rows == static_cast<int64_t>(heads) * cfg_.head_dim && x.data && qkv.data &&
-              heads <= kPrepCounters && (prep_counters_.get() || !capturing_);
-  int split = 1;
-  if (fuse) {
-    switch (gemm_->route(T, w.rows, w.cols)) {
-      case cuda::GemvKernel::simt: split = 1; break;
-      case cuda::GemvKernel::simt2: split = 2; break;
-      case cuda::GemvKernel::simt4: split = 4; break;
-      case cuda::GemvKernel::simt8: split = 8; break;
-      case cuda::GemvKernel::simtk: split = cuda::gemv_simt_auto_split(w.rows, w.cols); break;
-      case cuda::GemvKernel::auto_: fuse = T < cuda::kGemvMmaMinRows; break;  // gemv_bf16's SIMT rows
-      default: fuse = false;  // cuBLASLt / mma: the separate prep kernel
-    }
-    fuse = fuse && cfg_.head_dim % (8 / split) == 0;  // a GEMV block's 8 / split columns lie in one head
-  }
-  const cuda::DeviceMatrix W = fuse ? matrix(w, "linear_qkv_split_store") : cuda::DeviceMatrix{};
-  if (!fuse || !cuda::gemv_bf16_fits(static_cast<const uint16_t*>(x.data), T, W)) {
-    Backend::linear_qkv_split_store(b, layer, x, w, bias, qkv, q_norm, k_norm, eps, q, k, v);  // two ops, two marks
-    return;
-  }
-  OpScope op(this, "linear_qkv_split_store", w.rows, w.cols, gemm_key(prof_.get(), w, " +qkv prep+store"),
-             gemm_flops(T, w));
-  const cuda::QkvPrepArgs::FusedStore fs = fused_store_target(b, layer, "linear_qkv_split_store");
-  const cuda::QkvPrepArgs a = qkv_split_args(layer, qkv, q_norm, k_norm, eps, q, k, v, &fs);
-  q_bf16_data_ = a.q_out_bf16 ? q.data : nullptr;
-  if (!prep_counters_.get()) {
-    prep_counters_ = cuda::DeviceBuffer(sizeof(unsigned int) * kPrepCounters);
-    FP8KV_CU(cudaMemsetAsync(prep_counters_.get(), 0, sizeof(unsigned int) * kPrepCounters, stream_));
-  }
-  cuda::gemv_qkv_prep_bf16(static_cast<const uint16_t*>(x.data), T, W,
-                           opt_vec(bias, w.rows, "linear_qkv_split_store", "bias"), static_cast<float*>(qkv.data),
-                           split, a, prep_counters_.as<unsigned int>(), kPrepCounters, routes.prep_one_wave, stream_);
-}
-
 void CudaBackend::gated_act_fused(Activation act, const Tensor& gate_up, Tensor& out) {
   if (gate_up.cols % 2 != 0 || out.rows != gate_up.rows || out.cols * 2 != gate_up.cols)
     bad("gated_act_fused", fmt::format("gate_up {}, out {}", shape(gate_up), shape(out)));
@@ -943,44 +897,6 @@ void CudaBackend::linear_gated_act(Activation act, const Tensor& x, const Tensor
   }
   cuda::gemv_gated_act_bf16(act, xb, T, W, opt_vec(bias, w.rows, "linear_gated_act", "bias"),
                             static_cast<uint16_t*>(out.data), stream_);
-}
-
-void CudaBackend::linear_add_rmsnorm(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& tmp, Tensor& h,
-                                     const Tensor& norm_w, float eps, Tensor& y) {
-  const int64_t T = x.rows;
-  bool fuse = cuda::linear_routes().fused_norm && tp_world() == 1 && T == 1 && T <= gemm_->gemv_max_rows() &&
-              x.dtype == ScalarType::bf16 && x.cols == w.cols && w.rows <= cuda::kGemvNormMaxCols &&
-              tmp.dtype == ScalarType::f32 && tmp.rows == T && tmp.cols == w.rows && h.dtype == ScalarType::f32 &&
-              h.rows == T && h.cols == w.rows && y.rows == T && y.cols == w.rows &&
-              (y.dtype == ScalarType::f32 || y.dtype == ScalarType::bf16) && x.data && tmp.data && h.data && y.data &&
-              (norm_counter_.get() || !capturing_);
-  int split = 1;
-  if (fuse) {
-    switch (gemm_->route(T, w.rows, w.cols)) {
-      case cuda::GemvKernel::simt: split = 1; break;
-      case cuda::GemvKernel::simt2: split = 2; break;
-      case cuda::GemvKernel::simt4: split = 4; break;
-      case cuda::GemvKernel::simt8: split = 8; break;
-      case cuda::GemvKernel::simtk: split = 0; break;
-      case cuda::GemvKernel::auto_: fuse = T < cuda::kGemvMmaMinRows; break;  // gemv_bf16's SIMT rows
-      default: fuse = false;  // cuBLASLt / mma: the separate norm kernel
-    }
-  }
-  const cuda::DeviceMatrix W = fuse ? matrix(w, "linear_add_rmsnorm") : cuda::DeviceMatrix{};
-  const float* nw = fuse ? opt_vec(norm_w, w.rows, "linear_add_rmsnorm", "norm_w") : nullptr;
-  if (!fuse || !nw || !cuda::gemv_bf16_fits(static_cast<const uint16_t*>(x.data), T, W)) {
-    Backend::linear_add_rmsnorm(x, w, bias, tmp, h, norm_w, eps, y);  // linear + add_rmsnorm, each with its mark
-    return;
-  }
-  OpScope op(this, "linear_add_rmsnorm", w.rows, w.cols, gemm_key(prof_.get(), w, " +add+rmsnorm"), gemm_flops(T, w));
-  if (!norm_counter_.get()) {
-    norm_counter_ = cuda::DeviceBuffer(sizeof(unsigned int));
-    FP8KV_CU(cudaMemsetAsync(norm_counter_.get(), 0, sizeof(unsigned int), stream_));
-  }
-  cuda::gemv_add_rmsnorm_bf16(static_cast<const uint16_t*>(x.data), T, W, opt_vec(bias, w.rows, "linear_add_rmsnorm", "bias"),
-                              static_cast<float*>(tmp.data), split, static_cast<float*>(h.data), nw, eps, y.data,
-                              y.dtype == ScalarType::bf16, norm_counter_.as<unsigned int>(),
-                              cuda::linear_routes().norm_one_wave, stream_);
 }
 
 void CudaBackend::add(Tensor& x, const Tensor& y) {

@@ -85,17 +85,6 @@ class CudaBackend final : public Backend {
   void gated_act_fused(Activation act, const Tensor& gate_up, Tensor& out) override;
   void linear_gated_act(Activation act, const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& gate_up,
                         Tensor& out) override;
-  // At one row on a SIMT GEMV route (and norm=fused in the routes, one
-  // rank): the residual add + RMSNorm in the GEMV's last block (ops.h
-  // gemv_add_rmsnorm_bf16, bitwise the unfused ops); else the default.
-  void linear_add_rmsnorm(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& tmp, Tensor& h,
-                          const Tensor& norm_w, float eps, Tensor& y) override;
-  // At one row on a SIMT GEMV route (prep=fused, store=fused, no observer):
-  // the split + KV store in the qkv GEMV (ops.h gemv_qkv_prep_bf16, bitwise
-  // the GEMV + split kernel); else the default.
-  void linear_qkv_split_store(const StepBatch& batch, int layer, const Tensor& x, const Tensor& w, const Tensor& bias,
-                              Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, float eps, Tensor& q,
-                              Tensor& k, Tensor& v) override;
   // Without an observer: the store fused into the split kernel (ops.h
   // QkvPrepArgs::FusedStore), one launch per layer less.
   void qkv_split_store(const StepBatch& batch, int layer, const Tensor& qkv, const Tensor& q_norm,
@@ -239,9 +228,6 @@ class CudaBackend final : public Backend {
   // sample_step's buffers (graphs point into them: grown with grow()).
   cuda::DeviceBuffer step_logits_x_;   // [n][H] bf16
   cuda::DeviceBuffer step_sample_ids_; // [n] int32
-  cuda::DeviceBuffer norm_counter_;    // gemv_add_rmsnorm_bf16's block counter (0 between launches)
-  static constexpr int kPrepCounters = 1024;  // heads (q + 2 kv) the fused qkv prep takes
-  cuda::DeviceBuffer prep_counters_;   // gemv_qkv_prep_bf16's per-head counters (0 between launches)
   void prof_synced();  // step profile bookkeeping after a step's ids reached the host
   void download_ids(const void* dev, std::span<int32_t> ids);  // ids D2H + sync + NaN check
   std::vector<float> obs_q_, obs_k_, obs_v_;  // host copies for the observer

@@ -94,13 +94,6 @@ LinearRoutes parse_linear_routes(std::string_view spec, std::string_view source)
       r.decode_split_tokens = v;
       continue;
     }
-    if (key == "prep" || key == "norm") {
-      if (val != "fused" && val != "blocks" && val != "separate")
-        throw InputError(fmt::format("{}: {} must be fused, blocks or separate, got '{}'", source, key, val));
-      (key == "prep" ? r.fused_prep : r.fused_norm) = val != "separate";
-      (key == "prep" ? r.prep_one_wave : r.norm_one_wave) = val == "fused";
-      continue;
-    }
     if (key == "act") {
       if (val != "fused" && val != "separate")
         throw InputError(fmt::format("{}: act must be fused or separate, got '{}'", source, val));
@@ -113,7 +106,7 @@ LinearRoutes parse_linear_routes(std::string_view spec, std::string_view source)
     for (int x = 0; x < kNumKernels; ++x)
       if (val == kKernelNames[x]) k = x;
     if (p < 0)
-      throw InputError(fmt::format("{}: unknown projection '{}' (qkv, o_proj, gate_up, down, lm_head, store, act, sample, norm, prep, dsplit)",
+      throw InputError(fmt::format("{}: unknown projection '{}' (qkv, o_proj, gate_up, down, lm_head, store, act, sample, dsplit)",
                                    source, key));
     if (k < 0)
       throw InputError(fmt::format("{}: unknown kernel '{}' for {} (auto, lt, simt, mma, simt2, simt4, simt8, simtk)",
@@ -127,10 +120,9 @@ std::string linear_routes_string(const LinearRoutes& r) {
   std::string s;
   for (int p = 0; p < kNumLinearProj; ++p)
     s += fmt::format("{}{}={}", p ? "," : "", kProjNames[p], kKernelNames[static_cast<int>(r.kernel[p])]);
-  // sample=, norm=, prep= and dsplit= only when not the default, so the canonical strings of earlier runs stay the same.
+  // sample= and dsplit= only when not the default, so the canonical strings of earlier runs stay the same.
   return s + (r.fused_store ? ",store=fused" : ",store=separate") + (r.fused_act ? ",act=fused" : ",act=separate") +
-         (r.sample_in_graph ? "" : ",sample=separate") + (!r.fused_norm ? "" : r.norm_one_wave ? ",norm=fused" : ",norm=blocks") +
-         (!r.fused_prep ? "" : r.prep_one_wave ? ",prep=fused" : ",prep=blocks") +
+         (r.sample_in_graph ? "" : ",sample=separate") +
          (r.decode_split_tokens ? fmt::format(",dsplit={}", r.decode_split_tokens) : std::string());
 }
 

@@ -37,22 +37,6 @@ struct LinearRoutes {
   // ("sample=graph", the default) or after it ("sample=separate");
   // CudaBackend::samples_in_step (docs/cuda_backend.md "Batch-1 step").
   bool sample_in_graph = true;
-  // The residual add + RMSNorm after o_proj / down_proj fused into the GEMV's
-  // last block at one row ("norm=fused") or its own kernel ("norm=separate",
-  // the default: the fused GEMV measured slower, run K2 2026-12-01);
-  // CudaBackend::linear_add_rmsnorm (docs/cuda_backend.md "Residual norm
-  // fused into the GEMV").
-  bool fused_norm = false;
-  // With the fusion: a grid of one wave of blocks looping over column groups
-  // ("norm=fused") or one block per group ("norm=blocks"); ops.h
-  // gemv_add_rmsnorm_bf16's one_wave. The same for prep= (prep_one_wave).
-  bool norm_one_wave = true;
-  // The qkv prep (QK-norm, RoPE, KV store) fused into the qkv GEMV at one
-  // row ("prep=fused": each head's prep in the GEMV block that finishes it)
-  // or its own kernel ("prep=separate", the default, as norm=);
-  // CudaBackend::linear_qkv_split_store.
-  bool fused_prep = false;
-  bool prep_one_wave = true;
   // Not a GEMM either: keys per split of the decode attention plan
   // ("dsplit=N", N > 0 rounded up to 64 by plan_decode), or 0: plan_decode's
   // own choice (fill the GPU; the default). For A/B sweeps of the

@@ -171,26 +171,6 @@ constexpr int kGemvGatedActMaxRows = 2;
 void gemv_gated_act_bf16(Activation act, const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias,
                          uint16_t* out, cudaStream_t stream);
 
-// The SIMT GEMV of one row (split as gemv_bf16_simt_split: 1, 2, 4, 8 or
-// <= 0 for the auto split) with the residual add + RMSNorm of its output
-// fused into the grid's last block: y[N] = x W^T (+ bias) (written, as
-// gemv_bf16_simt_split), then rmsnorm_residual(h, y, nullptr, norm_w, eps,
-// 1, N, out, out_bf16): h += y; out = rmsnorm(h) * norm_w (out may alias h).
-// Bitwise the two kernels (same sums, same norm row math). counter: a device
-// unsigned int that is 0 before the call; the kernel leaves it 0 (atomicInc
-// wraps), so a CUDA graph may replay the launch. Launches that may overlap
-// (other streams) need counters of their own. T = 1 and N <=
-// kGemvNormMaxCols (the register-held norm row), else std::invalid_argument;
-// same fit rules as gemv_bf16 otherwise. one_wave: a grid of at most one
-// wave of resident blocks, each computing a contiguous run of column groups
-// and counting itself done once; else one block per group (8 / split
-// columns), each counting itself (a fence and an atomic round trip per
-// block). docs/cuda_backend.md "Residual norm fused into the GEMV".
-constexpr int kGemvNormMaxCols = 32 * 256;
-void gemv_add_rmsnorm_bf16(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y,
-                           int split, float* h, const float* norm_w, float eps, void* out, bool out_bf16,
-                           unsigned int* counter, bool one_wave, cudaStream_t stream);
-
 // ---- norms ----------------------------------------------------------------
 
 // Per row r of [rows][n]:
@@ -251,21 +231,6 @@ struct QkvPrepArgs {
   } store;
 };
 void qkv_prep(const QkvPrepArgs& args, cudaStream_t stream);
-// The SIMT GEMV of one row over the fused q|k|v weights (split as
-// gemv_bf16_simt_split) with qkv_prep(args) fused in: y[N] = x W^T (+ bias)
-// (written), and each head's prep runs in the last block that finishes the
-// head's columns. Bitwise gemv_bf16_simt_split + qkv_prep(args). args: T = 1,
-// q_in = y, k_in = y + Hq D, v_in = k_in + Hkv D (N = (Hq + 2 Hkv) D), the
-// rest as for qkv_prep. counters: num_counters >= Hq + 2 Hkv device unsigned
-// ints, 0 before the call and left 0 (CUDA graph replays). The block's
-// columns (8 / split) must divide head_dim. Else std::invalid_argument.
-// one_wave: as gemv_add_rmsnorm_bf16 (a block counts itself once per head
-// its run of groups touches). docs/cuda_backend.md "qkv prep fused into the
-// GEMV".
-void gemv_qkv_prep_bf16(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y, int split,
-                        const QkvPrepArgs& args, unsigned int* counters, int num_counters, bool one_wave,
-                        cudaStream_t stream);
-
 // ---- MLP, embedding, logits -------------------------------------------------
 
 // out[r][i] = act(gate[r][i]) * up[r][i] for r < rows, i < n (out bf16 or

@@ -8,8 +8,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <map>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -17,8 +15,6 @@
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_act.cuh"
 #include "backend/cuda/ops_launch.cuh"
-#include "backend/cuda/ops_norm.cuh"
-#include "backend/cuda/ops_qkv.cuh"
 
 namespace fp8kv::cuda {
 
@@ -179,141 +175,6 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int c = threadIdx.x % kCols, t = threadIdx.x / kCols;
     const int64_t jj = static_cast<int64_t>(blockIdx.x) * kCols + c;
     if (jj < I) out[t * I + jj] = __float2bfloat16_rn(gated_act_value<A>(part[c][t], part[kCols + c][t]));
-  }
-}
-
-// Column group g (kWarps / S consecutive output columns) of the one-row SIMT
-// GEMV, as gemv_kernel<1, S> computes it (the same sums, bitwise): y[n] =
-// x . W[n] (+ bias[n]). The thread that wrote a column returns true. `part`:
-// the block's shared partial sums (S > 1); the block is synced on return, so
-// the next group may reuse it.
-template <int S>
-__device__ __forceinline__ bool gemv_group(const uint16_t* __restrict__ x, const uint16_t* __restrict__ W,
-                                           const float* __restrict__ bias, float* y, int64_t N, int64_t K,
-                                           int64_t g, float* part) {
-  constexpr int kCols = kWarps / S;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int sub = warp % S;
-  const int64_t n = g * kCols + warp / S;
-  const bool live = n < N;
-  float acc[1];
-  warp_dot<1, S>(x, reinterpret_cast<const uint4*>(W + (live ? n : 0) * K), live ? K / 8 : 0, K,
-                 static_cast<int64_t>(sub) * 32 + lane, acc);
-  if constexpr (S > 1) {
-    if (lane == 0) part[warp] = acc[0];
-    __syncthreads();
-    if (sub == 0 && live) {
-      float v = part[warp];
-#pragma unroll
-      for (int s = 1; s < S; ++s) v += part[warp + s];
-      acc[0] = v;
-    }
-  }
-  const bool wrote = sub == 0 && live && lane == 0;
-  if (wrote) y[n] = acc[0] + (bias ? bias[n] : 0.0f);  // gemv_kernel's v = acc + b
-  if constexpr (S > 1) __syncthreads();  // part is rewritten by the next group
-  return wrote;
-}
-
-// The first group and the group count of block b when `groups` groups are
-// split over gridDim.x blocks in contiguous runs (the first groups % grid
-// blocks take one more).
-__device__ __forceinline__ void block_groups(int64_t groups, int64_t& g0, int64_t& count) {
-  const int64_t per = groups / gridDim.x, extra = groups % gridDim.x, b = blockIdx.x;
-  g0 = b * per + (b < extra ? b : extra);
-  count = per + (b < extra ? 1 : 0);
-}
-
-// The SIMT GEMV of one row (gemv_kernel<1, S>: the same sums, bitwise) with
-// the residual add and RMSNorm of its output fused into the grid's last
-// block (ops.h gemv_add_rmsnorm_bf16). Each block computes a contiguous run
-// of column groups (gridDim.x <= groups: one group per block, or a grid of
-// one wave whose blocks loop), writes them, fences once and counts itself
-// done on `counter` with atomicInc, which wraps to 0 at the last block: the
-// counter is 0 again after each launch, so CUDA graph replays need no reset.
-// The block that sees gridDim.x - 1 runs the norm kernel's row math
-// (ops_norm.cuh) on h += y: bitwise rmsnorm_residual(h, y, nullptr, w, ...).
-// Saves the norm kernel's launch, its PDL wait and one dependent round trip
-// per projection.
-// 4 resident blocks per SM, as gemv_kernel<1, S> (<= 64 registers; the
-// tail's row arrays may spill: it runs in one block).
-template <int S, int kPer>
-__global__ void __launch_bounds__(kWarps * 32, 4)
-    gemv_add_rmsnorm_kernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ W,
-                            const float* __restrict__ bias, float* y, int64_t N, int64_t K, float* h,
-                            const float* __restrict__ norm_w, float eps, void* out, bool out_bf16,
-                            unsigned int* counter) {
-  static_assert(kWarps % S == 0, "S must divide the warps of a block");
-  static_assert(kWarps * 32 == kNormThreads, "the last block runs the norm with the norm kernel's block size");
-  constexpr int kCols = kWarps / S;
-  __shared__ float part[kWarps];
-  __shared__ unsigned int ticket;
-  int64_t g0, count;
-  block_groups((N + kCols - 1) / kCols, g0, count);
-  bool wrote = false;
-  for (int64_t g = g0; g < g0 + count; ++g) wrote |= gemv_group<S>(x, W, bias, y, N, K, g, part);
-  if (wrote) __threadfence();  // this thread's y visible device-wide before the block counts itself done
-  __syncthreads();
-  if (threadIdx.x == 0) ticket = atomicInc(counter, gridDim.x - 1);
-  __syncthreads();
-  if (ticket != gridDim.x - 1) return;
-  __threadfence();  // every other block's y is visible (their fences preceded their increments)
-  __shared__ NormReduce::TempStorage tmp;
-  __shared__ float bcast;
-  rmsnorm_residual_row<kPer, true>(h, y, nullptr, norm_w, eps, static_cast<int>(N), out, out_bf16, tmp, bcast);
-}
-
-// The SIMT GEMV of one row over the fused q|k|v projection
-// (gemv_kernel<1, S>: the same sums, bitwise) with the attention input prep
-// fused in (ops.h gemv_qkv_prep_bf16): a group's kWarps / S columns lie in
-// one head (they divide head_dim). Each block computes a contiguous run of
-// groups; where its run leaves a head (or ends), it fences and adds its
-// groups of that head to the head's counter; the block that completes the
-// head's groups resets the counter to 0 (no more adds to it in this launch;
-// the next launch waits for this grid: CUDA graph replays need no reset) and
-// runs qkv_prep_kernel's head math (ops_qkv.cuh) on it: q -> q_out, k / v ->
-// the paged cache. The heads' prep overlaps the rest of the GEMV instead of
-// running after it in its own kernel.
-template <int S>
-__global__ void __launch_bounds__(kWarps * 32, 4)
-    gemv_qkv_prep_kernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ W,
-                         const float* __restrict__ bias, float* y, int64_t N, int64_t K, const QkvPrepArgs a,
-                         unsigned int* counters) {
-  static_assert(kWarps % S == 0, "S must divide the warps of a block");
-  constexpr int kCols = kWarps / S;
-  __shared__ float part[kWarps];
-  __shared__ unsigned int ticket;
-  __shared__ float cs[kMaxHeadDim / 2], sn[kMaxHeadDim / 2], sb[kMaxHeadDim];
-  const int D = a.head_dim;
-  const int64_t per_head = D / kCols;
-  int64_t g0, count;
-  block_groups(N / kCols, g0, count);
-  bool wrote = false, table = false;
-  int64_t run = 0;  // groups of the current head done by this block
-  for (int64_t g = g0; g < g0 + count; ++g) {
-    wrote |= gemv_group<S>(x, W, bias, y, N, K, g, part);
-    ++run;
-    const int64_t head = g / per_head;
-    if (g + 1 < g0 + count && (g + 1) / per_head == head) continue;  // the run stays in this head
-    if (wrote) __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      const unsigned int before = atomicAdd(counters + head, static_cast<unsigned int>(run));
-      ticket = before + run == static_cast<unsigned int>(per_head);
-      if (ticket) counters[head] = 0u;
-    }
-    __syncthreads();
-    run = 0;
-    wrote = false;
-    if (!ticket) continue;
-    __threadfence();  // the head's other blocks' y is visible
-    if (!table) {
-      qkv_prep_rope_table(a, 0, cs, sn);
-      __syncthreads();
-      table = true;
-    }
-    if ((threadIdx.x >> 5) == 0) qkv_prep_head<true>(a, 0, static_cast<int>(head), threadIdx.x & 31, sb, cs, sn);
-    __syncthreads();  // sb / ticket reused
   }
 }
 
@@ -495,101 +356,6 @@ void gemv_bf16_simt_split(const uint16_t* x, int64_t T, const DeviceMatrix& W, c
     case 6: launch_split<6>(x, W, bias, y, accumulate, split, stream); break;
     case 7: launch_split<7>(x, W, bias, y, accumulate, split, stream); break;
     case 8: launch_split<8>(x, W, bias, y, accumulate, split, stream); break;
-  }
-}
-
-namespace {
-
-// The grid of a fused GEMV: one block per column group, or (one_wave) at
-// most one wave of resident blocks, each looping over a contiguous run of
-// groups (one fence + count per block instead of per group).
-template <typename Kernel>
-int64_t fused_grid(Kernel kernel, int64_t groups, bool one_wave) {
-  if (!one_wave) return groups;
-  static std::mutex mu;
-  static std::map<const void*, int64_t> waves;  // per kernel: SMs x resident blocks per SM
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = waves.find(reinterpret_cast<const void*>(kernel));
-  if (it == waves.end()) {
-    int dev = 0, sms = 0, per_sm = 0;
-    FP8KV_CU(cudaGetDevice(&dev));
-    FP8KV_CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    FP8KV_CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, 0));
-    it = waves.emplace(reinterpret_cast<const void*>(kernel), static_cast<int64_t>(std::max(1, sms * per_sm))).first;
-  }
-  return std::min(groups, it->second);
-}
-
-template <int S>
-void launch_add_rmsnorm(const uint16_t* x, const DeviceMatrix& W, const float* bias, float* y, float* h,
-                        const float* norm_w, float eps, void* out, bool out_bf16, unsigned int* counter,
-                        bool one_wave, cudaStream_t stream) {
-  constexpr int kCols = kWarps / S;
-  const int64_t groups = (W.rows + kCols - 1) / kCols;
-  const dim3 block(kWarps * 32);
-  auto grid_of = [&](auto kernel) { return dim3(static_cast<unsigned>(fused_grid(kernel, groups, one_wave))); };
-  if (W.rows <= 8 * kNormThreads)
-    launch_pdl(true, gemv_add_rmsnorm_kernel<S, 8>, grid_of(gemv_add_rmsnorm_kernel<S, 8>), block, stream, x, W.data, bias, y, W.rows, W.cols, h, norm_w,
-               eps, out, out_bf16, counter);
-  else if (W.rows <= 16 * kNormThreads)
-    launch_pdl(true, gemv_add_rmsnorm_kernel<S, 16>, grid_of(gemv_add_rmsnorm_kernel<S, 16>), block, stream, x, W.data, bias, y, W.rows, W.cols, h,
-               norm_w, eps, out, out_bf16, counter);
-  else
-    launch_pdl(true, gemv_add_rmsnorm_kernel<S, 32>, grid_of(gemv_add_rmsnorm_kernel<S, 32>), block, stream, x, W.data, bias, y, W.rows, W.cols, h,
-               norm_w, eps, out, out_bf16, counter);
-}
-
-}  // namespace
-
-void gemv_add_rmsnorm_bf16(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y,
-                           int split, float* h, const float* norm_w, float eps, void* out, bool out_bf16,
-                           unsigned int* counter, bool one_wave, cudaStream_t stream) {
-  check_fits("gemv_add_rmsnorm_bf16", x, T, W);
-  if (T != 1 || W.rows > kGemvNormMaxCols || !y || !h || !norm_w || !out || !counter)
-    throw std::invalid_argument("cuda::gemv_add_rmsnorm_bf16: needs T = 1 (got " + std::to_string(T) + "), N <= " +
-                                std::to_string(kGemvNormMaxCols) + " (got " + std::to_string(W.rows) +
-                                ") and y, h, norm_w, out, counter");
-  if (split <= 0) split = gemv_simt_auto_split(W.rows, W.cols);
-  switch (split) {
-    case 1: launch_add_rmsnorm<1>(x, W, bias, y, h, norm_w, eps, out, out_bf16, counter, one_wave, stream); break;
-    case 2: launch_add_rmsnorm<2>(x, W, bias, y, h, norm_w, eps, out, out_bf16, counter, one_wave, stream); break;
-    case 4: launch_add_rmsnorm<4>(x, W, bias, y, h, norm_w, eps, out, out_bf16, counter, one_wave, stream); break;
-    case 8: launch_add_rmsnorm<8>(x, W, bias, y, h, norm_w, eps, out, out_bf16, counter, one_wave, stream); break;
-    default: throw std::invalid_argument("cuda::gemv_add_rmsnorm_bf16: split must be 1, 2, 4 or 8, got " +
-                                         std::to_string(split));
-  }
-}
-
-void gemv_qkv_prep_bf16(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y, int split,
-                        const QkvPrepArgs& args, unsigned int* counters, int num_counters, bool one_wave,
-                        cudaStream_t stream) {
-  check_fits("gemv_qkv_prep_bf16", x, T, W);
-  if (split <= 0) split = gemv_simt_auto_split(W.rows, W.cols);
-  const int D = args.head_dim;
-  const int heads = args.num_q_heads + 2 * args.num_kv_heads;
-  const int cols = split >= 1 && split <= kWarps ? kWarps / split : 0;
-  if (T != 1 || args.T != 1 || !y || !counters || !args.k_in || !args.v_in || D <= 0 || D > kMaxHeadDim ||
-      cols == 0 || D % cols != 0 || W.rows != static_cast<int64_t>(heads) * D || heads > num_counters ||
-      args.q_in != y || args.k_in != y + static_cast<int64_t>(args.num_q_heads) * D ||
-      args.v_in != args.k_in + static_cast<int64_t>(args.num_kv_heads) * D)
-    throw std::invalid_argument("cuda::gemv_qkv_prep_bf16: needs T = 1, W rows = (q + 2 kv heads) x head_dim <= " +
-                                std::to_string(kMaxHeadDim) + " with a block's columns dividing head_dim, the prep "
-                                "reading y's q|k|v and a counter per head (T=" + std::to_string(T) + ", rows " +
-                                std::to_string(W.rows) + ", head_dim " + std::to_string(D) + ", split " +
-                                std::to_string(split) + ")");
-  const int64_t groups = W.rows / cols;
-  const dim3 block(kWarps * 32);
-  auto go = [&](auto kernel) {
-    launch_pdl(true, kernel, dim3(static_cast<unsigned>(fused_grid(kernel, groups, one_wave))), block, stream, x,
-               W.data, bias, y, W.rows, W.cols, args, counters);
-  };
-  switch (split) {
-    case 1: go(gemv_qkv_prep_kernel<1>); break;
-    case 2: go(gemv_qkv_prep_kernel<2>); break;
-    case 4: go(gemv_qkv_prep_kernel<4>); break;
-    case 8: go(gemv_qkv_prep_kernel<8>); break;
-    default: throw std::invalid_argument("cuda::gemv_qkv_prep_bf16: split must be 1, 2, 4 or 8, got " +
-                                         std::to_string(split));
   }
 }
 

@@ -71,8 +71,7 @@ __global__ void rmsnorm_residual_kernel(float* h, const float* __restrict__ delt
 // row is issued at once instead of once per pass. At decode (one row of 4096
 // per token) the loop kernel is three dependent passes of 16 loads each on
 // one SM; this is one round trip per pass. n <= kPer * kNormThreads. The row
-// math is ops_norm.cuh rmsnorm_residual_row, which the GEMV with the norm
-// fused (ops_gemv.cu) runs too.
+// math is ops_norm.cuh rmsnorm_residual_row.
 template <int kPer>
 __global__ void rmsnorm_residual_reg_kernel(float* h, const float* __restrict__ delta,
                                             const float* __restrict__ delta_w, const float* __restrict__ w,
@@ -87,7 +86,7 @@ __global__ void rmsnorm_residual_reg_kernel(float* h, const float* __restrict__ 
   const int64_t r = blockIdx.x;
   void* out_row = out_bf16 ? static_cast<void*>(static_cast<__nv_bfloat16*>(out) + r * n)
                            : static_cast<void*>(static_cast<float*>(out) + r * n);
-  rmsnorm_residual_row<kPer, false>(h + r * n, delta ? delta + r * n : nullptr, delta_w, w, eps, n, out_row, out_bf16,
+  rmsnorm_residual_row<kPer>(h + r * n, delta ? delta + r * n : nullptr, delta_w, w, eps, n, out_row, out_bf16,
                                     tmp, bcast);
 }
 
@@ -106,8 +105,7 @@ __global__ void rmsnorm_rows_kernel(const float* __restrict__ h, const int32_t* 
 
 // One block per token and head group (blockIdx.y); cos/sin for the token in
 // shared memory, then one warp per head (q heads, then k heads, then v heads).
-// The per-head math is ops_qkv.cuh qkv_prep_head, which the qkv GEMV with the
-// prep fused (ops_gemv.cu) runs too.
+// The per-head math is ops_qkv.cuh qkv_prep_head.
 __global__ void qkv_prep_kernel(QkvPrepArgs a) {
   __shared__ float cs[kMaxHeadDim / 2], sn[kMaxHeadDim / 2];
   __shared__ float buf[kPrepWarps][kMaxHeadDim];
@@ -119,7 +117,7 @@ __global__ void qkv_prep_kernel(QkvPrepArgs a) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int nq = a.num_q_heads, nk = a.k_in ? a.num_kv_heads : 0, nv = a.v_in ? a.num_kv_heads : 0;
   for (int hh = blockIdx.y * kPrepWarps + warp; hh < nq + nk + nv; hh += gridDim.y * kPrepWarps)
-    qkv_prep_head<false>(a, t, hh, lane, buf[warp], cs, sn);
+    qkv_prep_head(a, t, hh, lane, buf[warp], cs, sn);
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
-// One row of the residual add + RMSNorm with the row held in registers,
-// shared by the norm kernel (ops_norm.cu rmsnorm_residual_reg_kernel) and the
-// GEMV with the norm fused into its last block (ops_gemv.cu
-// gemv_add_rmsnorm_bf16), so both give the same bits (as ops_act.cuh does for
-// the activations). docs/cuda_backend.md "Residual norm fused into the GEMV".
+// One row of the residual add + RMSNorm with the row held in registers, for
+// the norm kernel (ops_norm.cu rmsnorm_residual_reg_kernel). (The GEMV with
+// the norm fused into its last block shared it until the ninth session
+// deleted that kernel; a GEMV prologue norm would share it the same way:
+// docs/cuda_backend.md "Residual norm fused into the GEMV".)
 #pragma once
 
 #include <cuda_bf16.h>
@@ -26,10 +26,8 @@ __device__ __forceinline__ float inv_rms(float ss, int n, float eps) {
 //   out = rmsnorm(hr) * w  (bf16 when out_bf16, else fp32; may alias hr)
 // Thread j owns elements j, j + 256, ... (n <= kPer * kNormThreads); its
 // fp32 sums and the block reduction see the same values in the same order
-// for every kPer that fits n, so the bits do not depend on kPer. kCoherent:
-// dr was written by other blocks of the calling grid (read through L2, not
-// the non-coherent read-only path).
-template <int kPer, bool kCoherent>
+// for every kPer that fits n, so the bits do not depend on kPer.
+template <int kPer>
 __device__ __forceinline__ void rmsnorm_residual_row(float* hr, const float* __restrict__ dr,
                                                      const float* __restrict__ delta_w, const float* __restrict__ w,
                                                      float eps, int n, void* out_row, bool out_bf16,
@@ -38,14 +36,14 @@ __device__ __forceinline__ void rmsnorm_residual_row(float* hr, const float* __r
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int i = threadIdx.x + j * kNormThreads;
-    hv[j] = i < n ? (kCoherent ? __ldcg(hr + i) : hr[i]) : 0.0f;
+    hv[j] = i < n ? hr[i] : 0.0f;
   }
   if (dr) {
     float dv[kPer];
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const int i = threadIdx.x + j * kNormThreads;
-      dv[j] = i < n ? (kCoherent ? __ldcg(dr + i) : dr[i]) : 0.0f;
+      dv[j] = i < n ? dr[i] : 0.0f;
     }
     if (delta_w) {
       float ss = 0.0f;

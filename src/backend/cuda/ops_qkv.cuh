@@ -1,8 +1,7 @@
 // The attention input prep of one head (per-head QK-norm + RoPE, fused KV
-// store), shared by the prep kernel (ops_norm.cu qkv_prep_kernel) and the qkv
-// GEMV with the prep fused into each head's last block (ops_gemv.cu
-// gemv_qkv_prep_bf16), so both give the same bits (as ops_act.cuh does for
-// the activations). docs/cuda_backend.md "qkv prep fused into the GEMV".
+// store) for the prep kernel (ops_norm.cu qkv_prep_kernel). (The qkv GEMV
+// with the prep fused in shared it until the ninth session deleted that
+// kernel: docs/cuda_backend.md "qkv prep fused into the GEMV".)
 #pragma once
 
 #include "backend/cuda/kv_quant.cuh"
@@ -47,12 +46,10 @@ __device__ __forceinline__ void qkv_prep_rope_table(const QkvPrepArgs& a, int t,
 }
 
 // Head hh of token t (q heads, then k heads, then v heads) by one warp; sb:
-// this warp's kMaxHeadDim floats of shared memory. kCoherent: the inputs
-// were written by other blocks of the calling grid (read through L2).
-template <bool kCoherent>
+// this warp's kMaxHeadDim floats of shared memory.
 __device__ __forceinline__ void qkv_prep_head(const QkvPrepArgs& a, int t, int hh, int lane, float* sb,
                                               const float* cs, const float* sn) {
-  auto ld = [](const float* p) { return kCoherent ? __ldcg(p) : *p; };
+  auto ld = [](const float* p) { return *p; };
   const int D = a.head_dim, half = a.rot_dim / 2;
   const int nq = a.num_q_heads, nk = a.k_in ? a.num_kv_heads : 0;
   const float* in;
