@@ -46,8 +46,11 @@ struct DecodeParams : PagedKvParams {
   int gchunks, split_tokens, max_splits;
   int l2_prefetch;  // register path: this warp's tiles kept prefetched to L2 ahead (0 = off; FP8KV_DECODE_PF)
   bool l2_prefetch_pair;  // prefetch the KV-head pair's rows (2 x D x EB bytes, one bulk prefetch per row)
+  bool fuse;              // FAST kernels merge the splits themselves (FUSE; FP8KV_DECODE_FUSE), host-side choice
   float* part_o;    // [batch][num_heads][max_splits][D]
   float* part_lse;  // [batch][num_heads][max_splits] (log2 domain)
+  unsigned long long* split_counters;  // FUSE: [batch][gridDim.x] in the workspace, after the partials
+  unsigned long long epoch;            // FUSE: this launch's tag (48 bits, != 0)
 };
 
 __device__ __forceinline__ void seq_range(const DecodeParams& p, int ctx, int& first, int& tstart, int& nsplits) {
@@ -104,6 +107,116 @@ struct DecodeCfg {
 
 constexpr int kReduceThreads = 256;  // decode_reduce_kernel
 
+// FUSE (version 10 variant, FP8KV_DECODE_FUSE=1; the FAST kernels): the last
+// CTA of a (sequence, KV head, head chunk) to finish its split merges the
+// partials of its nh heads, so no reduce kernel runs (one launch and its wait
+// on the whole decode grid less per layer).
+// Counters: one 64-bit word per CTA column (sequence, blockIdx.x) in the
+// workspace after the partials (so launches with their own workspaces never
+// share one): launch epoch << 16 | splits counted, by compare-and-swap. A word
+// of another epoch (an earlier launch, or whatever the memory held) counts as
+// zero, so the workspace needs no clearing; the CTA that counts last writes 0,
+// so a replayed CUDA graph (its epoch baked in) starts from zero too.
+// Arithmetic: decode_reduce_kernel's, in its order, so the output is bitwise
+// the reduce kernel's (a launch that falls back to the reduce kernel, e.g. a
+// LEAN-auto batch, gives the same bits): per (head, float4 column), R =
+// kReduceThreads / (D / 4) interleaved sums (W_rho, O_rho over splits s = rho,
+// rho + R, ... in increasing s), then added in rho order from zero; the
+// weights exp2(lse_s - max lse) as there. What differs from version 7's fused
+// tail (slower everywhere in run H, docs/cuda.md "Version 7"): that one walked
+// the R chains one after another, ~nsplits dependent-in-time L2 loads per
+// thread (49 at B=1/64K); here a thread issues the R loads of s0 .. s0 + R - 1
+// together (R chains advanced in lockstep, unrolled by two: 2R float4 loads in
+// flight per thread), so the tail is ~nsplits / (2R) L2 round trips.
+// Partials are read with ld.global.cg (L2; this SM's L1 never held them).
+// smem: [nh][nsplits] weights (paged_decode checks the size).
+template <int D>
+__device__ __forceinline__ void fused_merge(const DecodeParams& p, uint8_t* smem, int b, int h0, int nh,
+                                            int nsplits) {
+  __shared__ int s_last;
+  __threadfence();  // this CTA's partials are visible device-wide before it counts
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned long long* ctr = p.split_counters + (static_cast<int64_t>(b) * gridDim.x + blockIdx.x);
+    unsigned long long cur = atomicAdd(ctr, 0ull), seen;
+    int count;
+    for (;;) {
+      count = (cur >> 16) == p.epoch ? static_cast<int>(cur & 0xffffu) : 0;
+      seen = atomicCAS(ctr, cur, (p.epoch << 16) | static_cast<unsigned long long>(count + 1));
+      if (seen == cur) break;
+      cur = seen;
+    }
+    const int last = count + 1 == nsplits;
+    if (last) atomicExch(ctr, 0ull);  // every split of this launch has counted
+    s_last = last;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  float* sw = reinterpret_cast<float*>(smem);
+  const int64_t base = (static_cast<int64_t>(b) * p.num_heads + h0) * p.max_splits;
+  for (int i = threadIdx.x; i < nh * nsplits; i += blockDim.x) {
+    const int row = i / nsplits, s = i % nsplits;
+    sw[i] = __ldcg(p.part_lse + base + static_cast<int64_t>(row) * p.max_splits + s);
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int row = warp; row < nh; row += kWarps) {
+    float M = -INFINITY;
+    for (int s = lane; s < nsplits; s += 32) M = fmaxf(M, sw[row * nsplits + s]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    const float Mref = M == -INFINITY ? 0.0f : M;
+    __syncwarp();
+    for (int s = lane; s < nsplits; s += 32) sw[row * nsplits + s] = exp2f(sw[row * nsplits + s] - Mref);
+  }
+  __syncthreads();
+  constexpr int Q = D / 4;               // float4 columns per head
+  constexpr int R = kReduceThreads / Q;  // decode_reduce_kernel's rows
+  for (int u = threadIdx.x; u < nh * Q; u += blockDim.x) {
+    const int row = u / Q, c = u % Q;
+    const float* w = sw + row * nsplits;
+    const float4* src =
+        reinterpret_cast<const float4*>(p.part_o + (base + static_cast<int64_t>(row) * p.max_splits) * D) + c;
+    float W[R];
+    float4 O[R];
+#pragma unroll
+    for (int rho = 0; rho < R; ++rho) {
+      W[rho] = 0.0f;
+      O[rho] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll 2
+    for (int s0 = 0; s0 < nsplits; s0 += R) {
+      float4 v[R];
+#pragma unroll
+      for (int rho = 0; rho < R; ++rho)
+        v[rho] = s0 + rho < nsplits ? __ldcg(src + static_cast<int64_t>(s0 + rho) * Q) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int rho = 0; rho < R; ++rho) {
+        if (s0 + rho < nsplits) {
+          const float ws = w[s0 + rho];
+          W[rho] += ws;
+          O[rho].x += ws * v[rho].x; O[rho].y += ws * v[rho].y; O[rho].z += ws * v[rho].z; O[rho].w += ws * v[rho].w;
+        }
+      }
+    }
+    float Wt = 0.0f;
+    float4 Ot = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int rho = 0; rho < R; ++rho) {
+      Wt += W[rho];
+      Ot.x += O[rho].x; Ot.y += O[rho].y; Ot.z += O[rho].z; Ot.w += O[rho].w;
+    }
+    const int kvh = (h0 + row) / p.group;
+    const float vs = p.v_scale == nullptr ? 1.0f : p.v_scale[p.v_scale_count == 1 ? 0 : kvh];
+    const int64_t off = (static_cast<int64_t>(b) * p.num_heads + h0 + row) * D + 4 * c;
+    store_act(p.out, off + 0, Wt > 0.0f ? Ot.x / Wt * vs : 0.0f, p.out_bf16);
+    store_act(p.out, off + 1, Wt > 0.0f ? Ot.y / Wt * vs : 0.0f, p.out_bf16);
+    store_act(p.out, off + 2, Wt > 0.0f ? Ot.z / Wt * vs : 0.0f, p.out_bf16);
+    store_act(p.out, off + 3, Wt > 0.0f ? Ot.w / Wt * vs : 0.0f, p.out_bf16);
+  }
+}
+
 // DEEP (D = 128 only, a tuning variant chosen by FP8KV_DECODE_DEEP=1, see
 // deep_pipeline()): one more tile in flight in the register path (fp8: two
 // tiles ahead; bf16: one, where the default has none), at the cost of ~200-230
@@ -145,12 +258,13 @@ constexpr int kReduceThreads = 256;  // decode_reduce_kernel
 // 3-stage ring slower at d128, cause not established). Same tiles and
 // arithmetic as the default: bitwise the same results.
 template <int D, int DT, bool DEEP = false, bool LEAN = false, bool HPW = false, bool REG = false, bool FAST = false,
-          bool RING = false>
+          bool RING = false, bool FUSE = false>
 __global__ void __launch_bounds__(kWarps * 32,
                                   LEAN ? 4 : FAST ? (D * (DT == kBf16 ? 2 : 1) <= 128 && !DEEP ? 3 : 2) : RING ? 3 : 0)
     decode_kernel(const DecodeParams p) {
   static_assert(!FAST || (!HPW && !LEAN && !DecodeCfg<D, DT, REG>::USE_RING), "FAST: register path only");
   static_assert(!RING || (!FAST && !HPW && !LEAN && !DEEP && D == 128), "RING: d128 default pipeline only");
+  static_assert(!FUSE || FAST, "FUSE: the FAST kernels only");
   using C = DecodeCfg<D, DT, REG, RING>;
   constexpr int EB = C::EB;
   constexpr int E = 16 / EB;               // elements per 16-byte chunk
@@ -801,6 +915,9 @@ __global__ void __launch_bounds__(kWarps * 32,
         if (d == 0) p.part_lse[slot] = L > 0.0f ? M + log2f(L) : -INFINITY;
       }
     }
+    if constexpr (FUSE) {
+      if (nsplits > 1) fused_merge<D>(p, smem, b, h0, nh, nsplits);
+    }
   }
 }
 
@@ -979,6 +1096,22 @@ bool v9_fast() {  // the FAST kernel of (D, DT), when instantiated
   return false;
 }
 bool v9_ring_env() { return (v9_mode() & kV9Ring) != 0; }
+// FP8KV_DECODE_FUSE (version 10 variant, see fused_merge): "1" the FAST
+// kernels merge the splits in their last CTA per (sequence, KV head, chunk)
+// (no reduce kernel); "0" off. set_decode_fuse_override (kernels.h, for
+// tests) overrides the variable at run time.
+constexpr bool kDefaultFuse = false;
+std::atomic<int> g_fuse_override{-1};
+bool fuse_env() {
+  const int o = g_fuse_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o != 0;
+  static const bool on = [] {
+    const char* e = std::getenv("FP8KV_DECODE_FUSE");
+    if (e == nullptr || *e == 0) return kDefaultFuse;
+    return std::string(e) == "1";
+  }();
+  return on;
+}
 constexpr bool kDefaultL2PrefetchPair = false;
 bool l2_prefetch_pair_env() {
   static const bool on = [] {
@@ -1014,25 +1147,35 @@ int pipeline_variant() {
 // Kernel attributes are per device: set once per device (TP ranks are threads
 // of one process, one GPU each), by set_func_attribute_once (common.cuh).
 template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false, bool FAST = false,
-          bool RING = false>
+          bool RING = false, bool FUSE = false>
 void prepare_decode_t() {
   constexpr int smem = DecodeCfg<D, DT, REG, RING>::SMEM;
-  set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING>,
+  set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, FUSE>,
                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   // All of the unified L1 as shared memory for the ring (so 2 CTAs of 96 KB
   // fit per SM).
   if constexpr (DecodeCfg<D, DT, REG, RING>::USE_RING)
-    set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING>,
+    set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, FUSE>,
                             cudaFuncAttributePreferredSharedMemoryCarveout,
                             cudaSharedmemCarveoutMaxShared);
 }
 
+// Returns whether the kernel merged the splits itself (FUSE: a FAST kernel
+// with p.fuse set; then no reduce kernel runs).
 template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false, bool FAST = false,
           bool RING = false>
-void launch_decode_tv(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
-  prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG, FAST, RING>();
+bool launch_decode_tv(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
   constexpr int smem = DecodeCfg<D, DT, REG, RING>::SMEM;
+  if constexpr (FAST) {
+    if (p.fuse) {
+      prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, true>();
+      decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, true><<<grid, kWarps * 32, smem, stream>>>(p);
+      return true;
+    }
+  }
+  prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG, FAST, RING>();
   decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING><<<grid, kWarps * 32, smem, stream>>>(p);
+  return false;
 }
 
 template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false, bool FAST = false,
@@ -1050,7 +1193,7 @@ template <int D, int DT>
 constexpr bool kHpwDeep = DT == kBf16;
 
 template <int D, int DT>
-void launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool hpw) {
+bool launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool hpw) {
   if constexpr (D == 256 && DT != kBf16) {
     if constexpr (kHasFast<D, DT>) {
       if (d256_reg_env() && v9_fast<D, DT>()) return launch_decode_tv<D, DT, false, false, false, true, true>(p, grid, stream);
@@ -1194,13 +1337,14 @@ int resident_ctas(int head_dim, KvDtype dt, bool hpw) {
 
 template <int D>
 void launch_decode(const DecodeParams& p, KvDtype dt, dim3 grid, int batch, cudaStream_t stream, bool hpw) {
+  bool fused = false;
   switch (dt) {
-    case KvDtype::bf16: launch_decode_t<D, kBf16>(p, grid, stream, hpw); break;
-    case KvDtype::fp8_e4m3: launch_decode_t<D, kE4m3>(p, grid, stream, hpw); break;
-    case KvDtype::fp8_e5m2: launch_decode_t<D, kE5m2>(p, grid, stream, hpw); break;
+    case KvDtype::bf16: fused = launch_decode_t<D, kBf16>(p, grid, stream, hpw); break;
+    case KvDtype::fp8_e4m3: fused = launch_decode_t<D, kE4m3>(p, grid, stream, hpw); break;
+    case KvDtype::fp8_e5m2: fused = launch_decode_t<D, kE5m2>(p, grid, stream, hpw); break;
   }
   FP8KV_CUDA_CHECK(cudaGetLastError());
-  if (p.max_splits > 1) {
+  if (p.max_splits > 1 && !fused) {
     // Programmatic dependent launch: the reduce grid is set up while the
     // decode grid drains; griddepcontrol.wait in it orders the reads.
     cudaLaunchConfig_t cfg = {};
@@ -1258,10 +1402,28 @@ int choose_split_tokens(int64_t base, int span, int64_t slots, int kpu) {
 
 
 // Workspace: partial outputs [batch][heads][splits][D] and log-sum-exps
-// [batch][heads][splits] (floats). (Version 7's split counters after them
-// went with the fused reduction in version 8.)
-size_t workspace_for(int batch, int num_heads, int max_splits, int head_dim) {
-  return static_cast<size_t>(batch) * num_heads * max_splits * (head_dim + 1) * sizeof(float);
+// [batch][heads][splits] (floats), then (8-byte aligned) the fused merge's
+// split counters (FUSE, version 10), one 64-bit word per CTA column: batch x
+// KV heads x head chunks of them (version 7 had the same layout).
+size_t split_counters_offset(int batch, int num_heads, int max_splits, int head_dim) {
+  const size_t partials = static_cast<size_t>(batch) * num_heads * max_splits * (head_dim + 1) * sizeof(float);
+  return (partials + 7) / 8 * 8;
+}
+size_t workspace_for(int batch, int num_heads, int num_kv_heads, int max_splits, int head_dim) {
+  const int gchunks = (num_heads / num_kv_heads + kMaxGroup - 1) / kMaxGroup;
+  return split_counters_offset(batch, num_heads, max_splits, head_dim) +
+         static_cast<size_t>(batch) * num_kv_heads * gchunks * sizeof(unsigned long long);
+}
+
+// 48-bit launch tags for the fused merge's counters: a hash (splitmix64) of
+// a process-wide launch count, never 0.
+unsigned long long next_launch_epoch() {
+  static std::atomic<unsigned long long> n{0};
+  unsigned long long z = n.fetch_add(1, std::memory_order_relaxed) + 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z = (z ^ (z >> 31)) & 0xffffffffffffull;
+  return z == 0 ? 1 : z;
 }
 
 }  // namespace
@@ -1287,9 +1449,11 @@ DecodePlan plan_decode(int batch, int num_heads, int num_kv_heads, int head_dim,
   DecodePlan plan;
   plan.split_tokens = (split_tokens + 63) / 64 * 64;
   plan.max_splits = (span + plan.split_tokens - 1) / plan.split_tokens;
-  if (plan.max_splits > 1) plan.workspace_bytes = workspace_for(batch, num_heads, plan.max_splits, head_dim);
+  if (plan.max_splits > 1) plan.workspace_bytes = workspace_for(batch, num_heads, num_kv_heads, plan.max_splits, head_dim);
   return plan;
 }
+
+void set_decode_fuse_override(int v) { g_fuse_override.store(v < 0 ? -1 : v != 0, std::memory_order_relaxed); }
 
 void paged_decode(const DecodeArgs& a, cudaStream_t stream) {
   const KvCacheLayout& L = a.kv.layout;
@@ -1324,6 +1488,19 @@ void paged_decode(const DecodeArgs& a, cudaStream_t stream) {
   if (p.max_splits > 1) {
     p.part_o = static_cast<float*>(a.workspace);
     p.part_lse = p.part_o + static_cast<size_t>(a.batch) * a.num_heads * p.max_splits * L.head_dim;
+    // Fused merge (FUSE, version 10 variant): counters after the partials;
+    // the weights of <= kMaxGroup heads x max_splits go in the CTA's shared
+    // memory (at least kWarps x kMaxGroup x D floats at every D); the
+    // workspace must hold the counters (a plan from this plan_decode does).
+    const int heads_per_cta = std::min(p.group, kMaxGroup);
+    p.fuse = !hpw && fuse_env() && p.max_splits < 65536 &&
+             static_cast<int64_t>(heads_per_cta) * p.max_splits <= static_cast<int64_t>(kWarps) * kMaxGroup * L.head_dim &&
+             a.plan.workspace_bytes >= workspace_for(a.batch, a.num_heads, L.num_kv_heads, p.max_splits, L.head_dim);
+    if (p.fuse) {
+      p.split_counters = reinterpret_cast<unsigned long long*>(
+          static_cast<uint8_t*>(a.workspace) + split_counters_offset(a.batch, a.num_heads, p.max_splits, L.head_dim));
+      p.epoch = next_launch_epoch();
+    }
   }
   const dim3 grid(ctas_x, a.batch, p.max_splits);
   switch (L.head_dim) {
