@@ -160,6 +160,10 @@ def main():
         fresh = {(r["batch"], r["ctx"]): r["ms"] * 1e3 for k, r in ours.items() if k[0] == "bf16" and k[1] == 128}
         print("  (fresh-process rows above: " + ", ".join(
             f"B={B}/{C} {fresh[(B, C)]:.1f}" for B, C in ((64, 4096), (32, 4096), (64, 1024)) if (B, C) in fresh) + ")")
+    sts = sorted(f for f in os.listdir(out) if f.startswith("test_") and f.endswith(".status"))
+    if sts:
+        print("decode tests: " + "; ".join(
+            f"{f[len('test_'):-len('.status')]} {open(os.path.join(out, f)).read().strip()}" for f in sts))
     sp = os.path.join(out, "sass.txt")
     if os.path.exists(sp):
         lines = [l for l in open(sp).read().splitlines() if l.strip()]

@@ -154,6 +154,17 @@ double run_decode_case(std::mt19937_64& rng, const DecodeCase& c, int split_toke
   cuda::paged_decode(a, nullptr);
   const auto out = dout.download<float>();
   if (out_copy) *out_copy = out;
+  {
+    // FNV-1a of the output bytes, one line per launch: with FP8KV_SEED fixed,
+    // scripts/gpu_decode.sh compares these lines between processes run under
+    // different kernel variants (FP8KV_DECODE_*: bitwise the same outputs).
+    uint64_t h = 1469598103934665603ull;
+    const auto* bytes = reinterpret_cast<const unsigned char*>(out.data());
+    for (size_t i = 0; i < out.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+    std::printf("decode-hash %s D=%d group=%d hkv=%d bs=%d window=%d split=%d B=%d %016llx\n",
+                std::string(kv_dtype_name(c.dt)).c_str(), D, c.group, c.num_kv_heads, c.block_size, c.window,
+                split_tokens_override, B, static_cast<unsigned long long>(h));
+  }
   if (graph_replays > 0) {
     cudaStream_t st;
     EXPECT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));

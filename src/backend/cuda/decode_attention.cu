@@ -1074,6 +1074,14 @@ bool reduce_wide_env() {
 // set: kV9Fp8 (FAST fp8 e4m3 d128), kV9Bf16 (FAST bf16 d128), kV9D256 (FAST
 // fp8 e4m3 d256), kV9Ring; kDefaultV9 applies when the variable is unset.
 constexpr int kV9Fp8 = 1, kV9Bf16 = 2, kV9D256 = 4, kV9Ring = 8;
+// Version 10: also e5m2 d128, every dtype at D = 64 and e5m2 d256 (REG),
+// behind kV9Rest (FP8KV_DECODE_V9=all; not a default until measured): every
+// register-path kernel of the default pipelines has a FAST form.
+template <int D, int DT>
+constexpr bool kHasFast = D == 64 || D == 128 || (D == 256 && DT != kBf16);
+// Version 10: kV9Rest, FAST for the other register-path kernels (e5m2 d128
+// and d256, D = 64 every dtype); "all" = every FAST bit (not ring).
+constexpr int kV9Rest = 16;
 // Default since run L of the eighth session (2026-12-01; docs/cuda.md "Decode
 // v9"): the FAST kernels for fp8 e4m3 d128 (1.025-1.061x), bf16 d128
 // (1.001-1.002x) and fp8 e4m3 d256 (1.017x); decode tests pass under them.
@@ -1083,7 +1091,8 @@ int v9_mode() {
     const char* e = std::getenv("FP8KV_DECODE_V9");
     if (e == nullptr || *e == 0) return kDefaultV9;
     const std::string s = e;
-    return s == "1" ? kV9Fp8 | kV9Bf16 | kV9D256 : s == "ring" ? kV9Ring : 0;
+    return s == "1" ? kV9Fp8 | kV9Bf16 | kV9D256 : s == "all" ? kV9Fp8 | kV9Bf16 | kV9D256 | kV9Rest
+                    : s == "ring" ? kV9Ring : 0;
   }();
   return v;
 }
@@ -1093,6 +1102,7 @@ bool v9_fast() {  // the FAST kernel of (D, DT), when instantiated
   if constexpr (D == 128 && DT == kE4m3) return (v & kV9Fp8) != 0;
   if constexpr (D == 128 && DT == kBf16) return (v & kV9Bf16) != 0;
   if constexpr (D == 256 && DT == kE4m3) return (v & kV9D256) != 0;
+  if constexpr (kHasFast<D, DT>) return (v & kV9Rest) != 0;
   return false;
 }
 bool v9_ring_env() { return (v9_mode() & kV9Ring) != 0; }
@@ -1166,7 +1176,7 @@ template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = fals
           bool RING = false>
 bool launch_decode_tv(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
   constexpr int smem = DecodeCfg<D, DT, REG, RING>::SMEM;
-  if constexpr (FAST) {
+  if constexpr (FAST && D >= 128) {  // (D = 64: R = 16 chains would not fit the registers; the reduce kernel)
     if (p.fuse) {
       prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, true>();
       decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, true><<<grid, kWarps * 32, smem, stream>>>(p);
@@ -1183,9 +1193,8 @@ template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = fals
 int resident_ctas_t();
 
 // FAST instantiations (version 9, FP8KV_DECODE_V9=1): the defaults of e4m3
-// d128 (3 CTAs per SM), bf16 d128 (DEEP) and e4m3 d256 (REG).
-template <int D, int DT>
-constexpr bool kHasFast = (D == 128 && DT != kE5m2) || (D == 256 && DT == kE4m3);
+// d128 (3 CTAs per SM), bf16 d128 (DEEP) and e4m3 d256 (REG); kHasFast
+// (with the FP8KV_DECODE_V9 bits above) lists every one.
 
 // HPW instantiation (D = 128): the DEEP pipeline for bf16 (its default), the
 // default one for fp8.
@@ -1220,6 +1229,9 @@ bool launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool
         return launch_decode_tv<D, DT, false, true>(q, grid, stream);
       }
     }
+  }
+  if constexpr (D == 64) {
+    if (v9_fast<D, DT>()) return launch_decode_tv<D, DT, false, false, false, false, true>(p, grid, stream);
   }
   if constexpr (D == 128 && kHasFast<D, DT>) {
     if (v9_fast<D, DT>()) {
@@ -1289,6 +1301,9 @@ int resident_ctas_v(bool hpw) {
   }
   if constexpr (D == 128) {
     if (hpw) return resident_ctas_t<D, DT, kHpwDeep<D, DT>, false, true>();
+  }
+  if constexpr (D == 64) {
+    if (v9_fast<D, DT>()) return resident_ctas_t<D, DT, false, false, false, false, true>();
   }
   if constexpr (D == 128 && kHasFast<D, DT>) {
     if (v9_fast<D, DT>()) {
@@ -1493,7 +1508,7 @@ void paged_decode(const DecodeArgs& a, cudaStream_t stream) {
     // memory (at least kWarps x kMaxGroup x D floats at every D); the
     // workspace must hold the counters (a plan from this plan_decode does).
     const int heads_per_cta = std::min(p.group, kMaxGroup);
-    p.fuse = !hpw && fuse_env() && p.max_splits < 65536 &&
+    p.fuse = !hpw && fuse_env() && L.head_dim >= 128 && p.max_splits < 65536 &&
              static_cast<int64_t>(heads_per_cta) * p.max_splits <= static_cast<int64_t>(kWarps) * kMaxGroup * L.head_dim &&
              a.plan.workspace_bytes >= workspace_for(a.batch, a.num_heads, L.num_kv_heads, p.max_splits, L.head_dim);
     if (p.fuse) {
