@@ -134,9 +134,13 @@ template <int D>
 __device__ __forceinline__ void fused_merge(const DecodeParams& p, uint8_t* smem, int b, int h0, int nh,
                                             int nsplits) {
   __shared__ int s_last;
-  __threadfence();  // this CTA's partials are visible device-wide before it counts
+  // The CTA's partials, then one thread's gpu-scope fence and count (the
+  // pattern of cooperative groups' grid sync: bar.sync orders every thread's
+  // stores before thread 0's fence, whose release is cumulative), so the 127
+  // other threads do not each wait on a fence.
   __syncthreads();
   if (threadIdx.x == 0) {
+    __threadfence();
     unsigned long long* ctr = p.split_counters + (static_cast<int64_t>(b) * gridDim.x + blockIdx.x);
     unsigned long long cur = atomicAdd(ctr, 0ull), seen;
     int count;
@@ -147,12 +151,14 @@ __device__ __forceinline__ void fused_merge(const DecodeParams& p, uint8_t* smem
       cur = seen;
     }
     const int last = count + 1 == nsplits;
-    if (last) atomicExch(ctr, 0ull);  // every split of this launch has counted
+    if (last) {
+      atomicExch(ctr, 0ull);  // every split of this launch has counted
+      __threadfence();        // acquire: the other CTAs' partials, for the reads after the barrier
+    }
     s_last = last;
   }
   __syncthreads();
   if (!s_last) return;
-  __threadfence();
   float* sw = reinterpret_cast<float*>(smem);
   const int64_t base = (static_cast<int64_t>(b) * p.num_heads + h0) * p.max_splits;
   for (int i = threadIdx.x; i < nh * nsplits; i += blockDim.x) {
