@@ -36,9 +36,12 @@ phase build
 source scripts/gpu_kernel_build.sh
 
 # ALT: the A/B variant list (NAME:VAR=VALUE; NAME:VALUE = FP8KV_DECODE_V9=VALUE).
-# fusepf: the fused merge plus the L2 prefetch 2 tiles ahead (FP8KV_DECODE_PF,
-# version 6; FAST honours it), on the latency-bound rows only (B=1, B=8/16K).
-ALT=${ALT:-"fuse:FP8KV_DECODE_FUSE=1 fusepf:FP8KV_DECODE_FUSE=1,FP8KV_DECODE_PF=2"}
+# Default (after run O_2): nopdl = FP8KV_DECODE_PDL=0, the decode kernel
+# launched without programmatic serialization (version 10's default has it).
+# Run O_2's list was "fuse:FP8KV_DECODE_FUSE=1 fusepf:FP8KV_DECODE_FUSE=1,FP8KV_DECODE_PF=2"
+# (fusepf: the fused merge plus the L2 prefetch 2 tiles ahead, on the B=1
+# and B=8/16K rows only).
+ALT=${ALT:-"nopdl:FP8KV_DECODE_PDL=0"}
 altenv() {  # the VAR=VALUE words of an ALT entry (commas separate several)
   local v=${1#*:}
   [[ $v == *=* ]] && echo "${v//,/ }" || echo "FP8KV_DECODE_V9=$v"
@@ -102,13 +105,13 @@ for job in "fp8_e4m3 128 32 16384 8192" "fp8_e4m3 128 32 16384 4096" "fp8_e4m3 1
   done
 done
 
-# Decode tests (all but the 12 s LEAN batch test) under TESTALT: the fused
-# merge, and `all` (FP8KV_DECODE_V9=all: the FAST kernels for e5m2 and D = 64
+# Decode tests (all but the 12 s LEAN batch test) under TESTALT: no PDL, the
+# fused merge, and `all` (FP8KV_DECODE_V9=all: the FAST kernels for e5m2 and D = 64
 # too, decode v10), each compared launch by launch with the default's output
 # hashes (where the default runs the version-8 kernels, e5m2 and D = 64, this
 # is FAST == version 8 bitwise). fusepf only adds L2 prefetches (same
 # arithmetic): not re-tested.
-TESTALT=${TESTALT:-"fuse:FP8KV_DECODE_FUSE=1 all:FP8KV_DECODE_V9=all"}
+TESTALT=${TESTALT:-"nopdl:FP8KV_DECODE_PDL=0 fuse:FP8KV_DECODE_FUSE=1 all:FP8KV_DECODE_V9=all"}
 for a in $TESTALT; do
   fname=${a%%:*}; fenv=$(altenv "$a")
   [ $(el) -lt 125 ] || { echo "skip decode tests under $fname (time)"; continue; }
@@ -131,16 +134,14 @@ done
 
 # Nsight Compute, one launch each (--clock-control none: the clocks as in the
 # bench), every kernel of one call (regex decode_: the decode kernel and, in
-# the default, the reduce kernel after it): fp8 d128 B=32/16K and B=1/64K,
-# default and the first ALT variant.
+# the default, the reduce kernel after it): fp8 d128 B=32/16K and B=1/1K,
+# the default.
 NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 first=${ALT%% *}
 if [ "${NCU:-1}" != 0 ] && [ -n "$NCU_BIN" ]; then
   phase "ncu ($NCU_BIN)"
-  jobs_=("fp8_e4m3 128 32 16384:base:FP8KV_DECODE_FUSE=0")
-  [ -n "$first" ] && jobs_+=("fp8_e4m3 128 32 16384:${first%%:*}:$(altenv "$first")")
-  jobs_+=("fp8_e4m3 128 1 65536:base:FP8KV_DECODE_FUSE=0")
-  [ -n "$first" ] && jobs_+=("fp8_e4m3 128 1 65536:${first%%:*}:$(altenv "$first")")
+  # (Run O_2 profiled fuse here too; the kernels do not change under nopdl.)
+  jobs_=("fp8_e4m3 128 32 16384:base:FP8KV_DECODE_FUSE=0" "fp8_e4m3 128 1 1024:base:FP8KV_DECODE_FUSE=0")
   for job in "${jobs_[@]}"; do
     shape=${job%%:*}; rest=${job#*:}; name=${rest%%:*}; ev=${rest#*:}
     [ $(el) -lt 150 ] || { echo "skip ncu $shape $name (time)"; continue; }

@@ -47,6 +47,7 @@ struct DecodeParams : PagedKvParams {
   int l2_prefetch;  // register path: this warp's tiles kept prefetched to L2 ahead (0 = off; FP8KV_DECODE_PF)
   bool l2_prefetch_pair;  // prefetch the KV-head pair's rows (2 x D x EB bytes, one bulk prefetch per row)
   bool fuse;              // FAST kernels merge the splits themselves (FUSE; FP8KV_DECODE_FUSE), host-side choice
+  bool pdl;               // programmatic dependent launch of the decode kernel (FP8KV_DECODE_PDL)
   float* part_o;    // [batch][num_heads][max_splits][D]
   float* part_lse;  // [batch][num_heads][max_splits] (log2 domain)
   unsigned long long* split_counters;  // FUSE: [batch][gridDim.x] in the workspace, after the partials
@@ -293,6 +294,15 @@ __global__ void __launch_bounds__(kWarps * 32,
   int first, tstart, nsplits;
   seq_range(p, ctx, first, tstart, nsplits);
   if (split >= nsplits) return;
+  // Programmatic dependent launch (version 10, FP8KV_DECODE_PDL, on by
+  // default): this grid may start while the previous kernel in the stream
+  // drains. Before this wait it reads only the context lengths and block
+  // tables (the step's inputs, copied before the step's first kernel); Q, the
+  // K/V caches, the scales and every write (workspace, output) come after it.
+  // The FAST kernels wait after fetching their first block ids (one dependent
+  // round trip overlapped with the previous kernel); the others at once. A
+  // no-op when the launch is not programmatic.
+  if constexpr (!FAST) asm volatile("griddepcontrol.wait;" ::: "memory");
   const int s_begin = tstart + split * p.split_tokens;
   const int s_end = min(ctx, s_begin + p.split_tokens);
   const int h0 = kvh * p.group + gc * kMaxGroup;
@@ -405,7 +415,6 @@ __global__ void __launch_bounds__(kWarps * 32,
       prefetch_l2(base + (row0 + row) * row_bytes + head_off + line * 128);
     }
   };
-  for (int k = 1; k < pf; ++k) prefetch_tile(k);
 
   // FAST (version 9): per-thread byte offsets inside a tile (32-bit: 16 rows
   // of row_bytes), hoisted out of the loop; the byte offset of each tile of
@@ -442,8 +451,10 @@ __global__ void __launch_bounds__(kWarps * 32,
     for (int i = 0; i < 4; ++i) fv_off[i] = static_cast<uint32_t>(vtok[i] * row_bytes + r * VBYTES);
     f_cur = f_fetch(lane);
     f_nxt = f_fetch(32 + lane);
+    asm volatile("griddepcontrol.wait;" ::: "memory");
     if (T0 < ntiles) f_load(0, kw, vw);
   }
+  for (int k = 1; k < pf; ++k) prefetch_tile(k);  // (after the wait: L2 prefetches of K/V)
 
   // Q fragments (A operand, rows = heads, 8..15 zero) in the permuted dim order:
   // k-step s, slot pair {2t, 2t+1} -> dims base, base+1; {2t+8, 2t+9} -> base+2, base+3.
@@ -947,6 +958,9 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Dec
   __shared__ __align__(16) float red[R][CW];
   __shared__ float wsum[R], smax[kReduceThreads / 32];
   asm volatile("griddepcontrol.wait;" ::: "memory");  // the decode kernel's results are visible
+  // The next kernel (e.g. the engine's o_proj GEMV, PDL-launched: it
+  // prefetches its weights before its own wait) may start now (version 10).
+  if (p.pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int head = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, c0 = blockIdx.z * CW;
   const int ctx = p.context_lens[b];
   int first, tstart, nsplits;
@@ -1128,6 +1142,19 @@ bool fuse_env() {
   }();
   return on;
 }
+// FP8KV_DECODE_PDL (version 10; unset or "1": on, "0": off): the decode
+// kernel launched with programmatic stream serialization, and the reduce
+// kernel letting its dependent launch early (griddepcontrol.launch_dependents
+// after its wait). Off: both as in version 9.
+constexpr bool kDefaultPdl = true;
+bool pdl_env() {
+  static const bool on = [] {
+    const char* e = std::getenv("FP8KV_DECODE_PDL");
+    if (e == nullptr || *e == 0) return kDefaultPdl;
+    return std::string(e) != "0";
+  }();
+  return on;
+}
 constexpr bool kDefaultL2PrefetchPair = false;
 bool l2_prefetch_pair_env() {
   static const bool on = [] {
@@ -1176,6 +1203,29 @@ void prepare_decode_t() {
                             cudaSharedmemCarveoutMaxShared);
 }
 
+// Launches one decode kernel: with programmatic stream serialization when
+// p.pdl (FP8KV_DECODE_PDL, version 10), so it may start while the previous
+// kernel drains (griddepcontrol.wait in the kernel orders its reads and
+// writes); stream capture keeps the attribute as a programmatic edge.
+template <typename K>
+void launch_decode_kernel(K kernel, dim3 grid, int smem, cudaStream_t stream, const DecodeParams& p) {
+  if (!p.pdl) {
+    kernel<<<grid, kWarps * 32, smem, stream>>>(p);
+    return;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kWarps * 32);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  FP8KV_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
+}
+
 // Returns whether the kernel merged the splits itself (FUSE: a FAST kernel
 // with p.fuse set; then no reduce kernel runs).
 template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false, bool FAST = false,
@@ -1185,12 +1235,12 @@ bool launch_decode_tv(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
   if constexpr (FAST && D >= 128) {  // (D = 64: R = 16 chains would not fit the registers; the reduce kernel)
     if (p.fuse) {
       prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, true>();
-      decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, true><<<grid, kWarps * 32, smem, stream>>>(p);
+      launch_decode_kernel(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, true>, grid, smem, stream, p);
       return true;
     }
   }
   prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG, FAST, RING>();
-  decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING><<<grid, kWarps * 32, smem, stream>>>(p);
+  launch_decode_kernel(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING>, grid, smem, stream, p);
   return false;
 }
 
@@ -1503,6 +1553,7 @@ void paged_decode(const DecodeArgs& a, cudaStream_t stream) {
   p.split_tokens = a.plan.split_tokens;
   p.max_splits = a.plan.max_splits;
   p.l2_prefetch = l2_prefetch_for(L.dtype, L.head_dim);
+  p.pdl = pdl_env();
   const bool hpw = use_hpw(L.head_dim, a.num_heads, L.num_kv_heads);
   const int ctas_x = hpw ? L.num_kv_heads / kWarps : L.num_kv_heads * p.gchunks;
   p.l2_prefetch_pair = p.l2_prefetch > 0 && L.num_kv_heads % 2 == 0 && l2_prefetch_pair_env();
