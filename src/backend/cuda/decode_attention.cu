@@ -22,7 +22,9 @@
 // D/8) of keys 2t, 2t+1, 2t+8, 2t+9. fp8 -> f16 happens in registers
 // (exact); k_scale is folded into the score scale, v_scale applied once at
 // the end. Splits are combined by a second kernel (programmatic dependent
-// launch) in a fixed order (deterministic).
+// launch) in a fixed order (deterministic). Since version 10 the decode
+// kernel itself is launched programmatically too (FP8KV_DECODE_PDL; see
+// griddepcontrol.wait in decode_kernel).
 #include <algorithm>
 #include <array>
 #include <atomic>
