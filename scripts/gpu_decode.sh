@@ -37,11 +37,12 @@ source scripts/gpu_kernel_build.sh
 
 # ALT: the A/B variant list (NAME:VAR=VALUE; NAME:VALUE = FP8KV_DECODE_V9=VALUE).
 # Default (after run O_2): nopdl = FP8KV_DECODE_PDL=0, the decode kernel
-# launched without programmatic serialization (version 10's default has it).
+# launched without programmatic serialization (version 10's default has it);
 # Run O_2's list was "fuse:FP8KV_DECODE_FUSE=1 fusepf:FP8KV_DECODE_FUSE=1,FP8KV_DECODE_PF=2"
 # (fusepf: the fused merge plus the L2 prefetch 2 tiles ahead, on the B=1
 # and B=8/16K rows only).
-ALT=${ALT:-"nopdl:FP8KV_DECODE_PDL=0"}
+# fuse again (its counters reworked after O_2: one atomicAdd per CTA).
+ALT=${ALT:-"nopdl:FP8KV_DECODE_PDL=0 fuse:FP8KV_DECODE_FUSE=1"}
 altenv() {  # the VAR=VALUE words of an ALT entry (commas separate several)
   local v=${1#*:}
   [[ $v == *=* ]] && echo "${v//,/ }" || echo "FP8KV_DECODE_V9=$v"
@@ -115,7 +116,7 @@ done
 # arithmetic): not re-tested.
 # (fuse: its in-process test FusedMergeEqualsReduceKernel runs in the default
 # run; run O_2 also ran the whole suite under it: TESTALT="... fuse:FP8KV_DECODE_FUSE=1".)
-TESTALT=${TESTALT:-"nopdl:FP8KV_DECODE_PDL=0 all:FP8KV_DECODE_V9=all"}
+TESTALT=${TESTALT:-"nopdl:FP8KV_DECODE_PDL=0 fuse:FP8KV_DECODE_FUSE=1 all:FP8KV_DECODE_V9=all"}
 for a in $TESTALT; do
   fname=${a%%:*}; fenv=$(altenv "$a")
   [ $(el) -lt 125 ] || { echo "skip decode tests under $fname (time)"; continue; }
@@ -138,14 +139,15 @@ done
 
 # Nsight Compute, one launch each (--clock-control none: the clocks as in the
 # bench), every kernel of one call (regex decode_: the decode kernel and, in
-# the default, the reduce kernel after it): fp8 d128 B=32/16K and B=1/1K,
-# the default.
+# the default, the reduce kernel after it): the fused kernel at fp8 d128
+# B=1/64K and B=32/16K (run O_2 has the default's there), the default at B=1/1K.
 NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 first=${ALT%% *}
 if [ "${NCU:-1}" != 0 ] && [ -n "$NCU_BIN" ]; then
   phase "ncu ($NCU_BIN)"
-  # (Run O_2 profiled fuse here too; the kernels do not change under nopdl.)
-  jobs_=("fp8_e4m3 128 32 16384:base:FP8KV_DECODE_FUSE=0" "fp8_e4m3 128 1 1024:base:FP8KV_DECODE_FUSE=0")
+  # (The kernels do not change under nopdl.)
+  jobs_=("fp8_e4m3 128 1 65536:fuse:FP8KV_DECODE_FUSE=1" "fp8_e4m3 128 32 16384:fuse:FP8KV_DECODE_FUSE=1"
+         "fp8_e4m3 128 1 1024:base:FP8KV_DECODE_FUSE=0")
   for job in "${jobs_[@]}"; do
     shape=${job%%:*}; rest=${job#*:}; name=${rest%%:*}; ev=${rest#*:}
     [ $(el) -lt 150 ] || { echo "skip ncu $shape $name (time)"; continue; }

@@ -53,7 +53,7 @@ struct DecodeParams : PagedKvParams {
   float* part_o;    // [batch][num_heads][max_splits][D]
   float* part_lse;  // [batch][num_heads][max_splits] (log2 domain)
   unsigned long long* split_counters;  // FUSE: [batch][gridDim.x] in the workspace, after the partials
-  unsigned long long epoch;            // FUSE: this launch's tag (48 bits, != 0)
+  unsigned long long epoch;            // FUSE: the counters' tag (48 bits, kCounterTag)
 };
 
 __device__ __forceinline__ void seq_range(const DecodeParams& p, int ctx, int& first, int& tstart, int& nsplits) {
@@ -116,10 +116,13 @@ constexpr int kReduceThreads = 256;  // decode_reduce_kernel
 // on the whole decode grid less per layer).
 // Counters: one 64-bit word per CTA column (sequence, blockIdx.x) in the
 // workspace after the partials (so launches with their own workspaces never
-// share one): launch epoch << 16 | splits counted, by compare-and-swap. A word
-// of another epoch (an earlier launch, or whatever the memory held) counts as
-// zero, so the workspace needs no clearing; the CTA that counts last writes 0,
-// so a replayed CUDA graph (its epoch baked in) starts from zero too.
+// share one): tag << 16 | splits counted, the tag a fixed 48-bit constant.
+// The CTA that counts last writes tag | 0, so the next launch (or graph
+// replay) counts with one atomicAdd per CTA; a word without the tag
+// (whatever the memory held: first use) is counted by compare-and-swap as
+// zero, so the workspace needs no clearing. (Run O_2 measured the first
+// form, a per-launch tag and compare-and-swap for every CTA: slower at
+// batch 1, the retries of 49 CTAs counting at once.)
 // Arithmetic: decode_reduce_kernel's, in its order, so the output is bitwise
 // the reduce kernel's (a launch that falls back to the reduce kernel, e.g. a
 // LEAN-auto batch, gives the same bits): per (head, float4 column), R =
@@ -145,18 +148,32 @@ __device__ __forceinline__ void fused_merge(const DecodeParams& p, uint8_t* smem
   if (threadIdx.x == 0) {
     __threadfence();
     unsigned long long* ctr = p.split_counters + (static_cast<int64_t>(b) * gridDim.x + blockIdx.x);
-    unsigned long long cur = atomicAdd(ctr, 0ull), seen;
+    const unsigned long long tag = p.epoch << 16;
+    // Fast path (every launch after a workspace's first): the word holds
+    // tag | count, one atomicAdd counts (run O_2: the compare-and-swap loop
+    // that every CTA ran before cost one more round trip per CTA that
+    // counted at the same moment, ~16 us for 49 splits at batch 1).
+    unsigned long long cur = atomicAdd(ctr, 1ull), seen;
     int count;
-    for (;;) {
-      count = (cur >> 16) == p.epoch ? static_cast<int>(cur & 0xffffu) : 0;
-      seen = atomicCAS(ctr, cur, (p.epoch << 16) | static_cast<unsigned long long>(count + 1));
-      if (seen == cur) break;
-      cur = seen;
+    if ((cur >> 16) == p.epoch) {
+      count = static_cast<int>(cur & 0xffffu);
+    } else {
+      // The word holds no tagged count (memory never used as this counter):
+      // count by compare-and-swap, an untagged word reading as zero (the add
+      // above went into it and is overwritten by the first tagged value).
+      // Another CTA's add that lands after that sees a tag: the fast path.
+      cur = atomicAdd(ctr, 0ull);
+      for (;;) {
+        count = (cur >> 16) == p.epoch ? static_cast<int>(cur & 0xffffu) : 0;
+        seen = atomicCAS(ctr, cur, tag | static_cast<unsigned long long>(count + 1));
+        if (seen == cur) break;
+        cur = seen;
+      }
     }
     const int last = count + 1 == nsplits;
     if (last) {
-      atomicExch(ctr, 0ull);  // every split of this launch has counted
-      __threadfence();        // acquire: the other CTAs' partials, for the reads after the barrier
+      atomicExch(ctr, tag);  // every split of this launch has counted: tag | 0 for the next launch
+      __threadfence();       // acquire: the other CTAs' partials, for the reads after the barrier
     }
     s_last = last;
   }
@@ -1488,16 +1505,9 @@ size_t workspace_for(int batch, int num_heads, int num_kv_heads, int max_splits,
          static_cast<size_t>(batch) * num_kv_heads * gchunks * sizeof(unsigned long long);
 }
 
-// 48-bit launch tags for the fused merge's counters: a hash (splitmix64) of
-// a process-wide launch count, never 0.
-unsigned long long next_launch_epoch() {
-  static std::atomic<unsigned long long> n{0};
-  unsigned long long z = n.fetch_add(1, std::memory_order_relaxed) + 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z = (z ^ (z >> 31)) & 0xffffffffffffull;
-  return z == 0 ? 1 : z;
-}
+// The fused merge's counter tag (48 bits, fixed): a counter word is valid
+// iff its upper 48 bits are this tag (see fused_merge).
+constexpr unsigned long long kCounterTag = 0x5ec0de5eed42ull;
 
 }  // namespace
 
@@ -1573,7 +1583,7 @@ void paged_decode(const DecodeArgs& a, cudaStream_t stream) {
     if (p.fuse) {
       p.split_counters = reinterpret_cast<unsigned long long*>(
           static_cast<uint8_t*>(a.workspace) + split_counters_offset(a.batch, a.num_heads, p.max_splits, L.head_dim));
-      p.epoch = next_launch_epoch();
+      p.epoch = kCounterTag;
     }
   }
   const dim3 grid(ctas_x, a.batch, p.max_splits);
