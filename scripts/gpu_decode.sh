@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
-# GPU machine: decode kernels (issue 14, docs/cuda.md "Decode v9"). Builds
-# test_cuda + bench_attention (gpu_kernel_build.sh). Full mode, in the order
-# of what matters: decode correctness tests (CudaDecode.*, CudaPlan.*: within
-# the derived bound, batched == single bitwise) under the default, then under
-# the first ALT variant (FP8KV_DECODE_V9 values); A/B rows (default vs ALT,
-# interleaved, one fresh process per row) at the targets' sizes; Nsight
-# Compute on fp8 d128 B=32/16K (default, ALT) and bf16 (same shape); PyTorch
-# SDPA bf16 on every table row, each in a fresh CUDA context
-# (tools/bench_sdpa.py --decode-fresh); our rows (bench_attention `shape`,
-# one process per row; bf16 and fp8 e4m3 at D = 128, Llama-3-8B 32/8 heads,
-# and D = 256, Gemma-3-12B 16/8 heads); the SASS spill check, SASS dumps and
-# opcode histograms; a table against the targets. (The short mode of the
-# eighth session, BUDGET=N, is gone: it A/B'd v9, now the default.)
+# GPU machine: decode kernels (issue 14, docs/cuda.md "Decode v10"). Builds
+# test_cuda + bench_attention (gpu_kernel_build.sh). In the order of what
+# matters: decode correctness tests (CudaDecode.*, CudaPlan.*: within the
+# derived bound, batched == single bitwise, the fused merge bitwise equal to
+# the reduce kernel) under the default; A/B rows (default vs each ALT
+# variant, interleaved, one fresh process per row) at the targets' sizes,
+# plus forced-split rows; the decode tests under each ALT variant; Nsight
+# Compute (decode kernel and reduce kernel of the default, the fused kernel,
+# at B=32/16K and B=1/64K); PyTorch SDPA bf16 on every table row, each in a
+# fresh CUDA context (tools/bench_sdpa.py --decode-fresh); our rows
+# (bench_attention `shape`, one process per row; bf16 and fp8 e4m3 at
+# D = 128, Llama-3-8B 32/8 heads, and D = 256, Gemma-3-12B 16/8 heads); the
+# SASS spill check, SASS dumps and opcode histograms; a table against the
+# targets.
 #   run(command="bash scripts/gpu_decode.sh", carry=[".debs"])
-# Budget: <= 200 s including the build; later phases are cut when the run is
+# ALT: space-separated NAME:VAR=VALUE (a bare NAME:VALUE means
+# FP8KV_DECODE_V9=VALUE, the eighth session's form). Default: the fused merge.
+# Budget: <= 200 s after the build; later phases are cut when the run is
 # late. Logs under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,14 +35,27 @@ nvcc --version | tail -1 | tee -a "$OUT/env.txt"
 phase build
 source scripts/gpu_kernel_build.sh
 
-# Full mode, in the order of what matters (the lead's note after run K1):
-# decode tests (default), the A/B rows, the decode tests under the first
-# variant and Nsight Compute first, then SDPA and the full base table (cut
-# when late), the SASS check and the table. ALT is
-# the A/B variant list (name:FP8KV_DECODE_V9 value).
-ALT=${ALT:-"old:0 ring:ring"}
+# ALT: the A/B variant list (NAME:VAR=VALUE; NAME:VALUE = FP8KV_DECODE_V9=VALUE).
+# Default (after run O_2): nopdl = FP8KV_DECODE_PDL=0, the decode kernel
+# launched without programmatic serialization (version 10's default has it);
+# Run O_2's list was "fuse:FP8KV_DECODE_FUSE=1 fusepf:FP8KV_DECODE_FUSE=1,FP8KV_DECODE_PF=2"
+# (fusepf: the fused merge plus the L2 prefetch 2 tiles ahead, on the B=1
+# and B=8/16K rows only).
+# fuse again (its counters reworked after O_2: one atomicAdd per CTA).
+ALT=${ALT:-"nopdl:FP8KV_DECODE_PDL=0 fuse:FP8KV_DECODE_FUSE=1"}
+altenv() {  # the VAR=VALUE words of an ALT entry (commas separate several)
+  local v=${1#*:}
+  [[ $v == *=* ]] && echo "${v//,/ }" || echo "FP8KV_DECODE_V9=$v"
+}
+altrow() {  # whether ALT entry $1 runs row $2
+  [[ ${1%%:*} != fusepf ]] && return 0
+  [[ $2 == "fp8_e4m3 128 1 "* || $2 == "fp8_e4m3 128 8 16384"* ]]
+}
 phase test
-timeout 60 $TEST --gtest_filter='CudaDecode.*:CudaPlan.*' --gtest_output=json:"$OUT/test_cuda.json" >"$OUT/test_cuda.log" 2>&1
+# A fixed seed: every test process draws the same cases, so the per-launch
+# output hashes ("decode-hash" lines) compare across the variants' processes.
+export FP8KV_SEED=${FP8KV_SEED:-20261201}
+timeout 75 $TEST --gtest_filter='CudaDecode.*:CudaPlan.*' --gtest_output=json:"$OUT/test_cuda.json" >"$OUT/test_cuda.log" 2>&1
 rc=$?
 if [ $rc = 0 ] && grep -q "^\[  PASSED  \]" "$OUT/test_cuda.log" && ! grep -q "^\[  FAILED  \]" "$OUT/test_cuda.log"; then
   echo PASS >"$OUT/test_base.status"
@@ -47,7 +63,7 @@ else
   echo FAIL >"$OUT/test_base.status"
 fi
 echo "decode tests: $(cat "$OUT/test_base.status") (rc $rc)"
-grep -E "^\[  (PASSED|FAILED) |worst|FAILED|tests ran" "$OUT/test_cuda.log" | tail -12
+grep -E "^\[  (PASSED|FAILED) |worst|FAILED|tests ran|fused merge" "$OUT/test_cuda.log" | tail -12
 
 # GPU clocks, power and temperatures every 200 ms over the benchmarks.
 SMI_PID=
@@ -56,56 +72,96 @@ if command -v nvidia-smi >/dev/null; then
   SMI_PID=$!
 fi
 
-# A/B rows: fp8 d128 at B >= 8 and ctx >= 16K, B=1/64K, fp8 d256 B=32/16K, bf16
-# B=32/64K; the default and each ALT variant interleaved per row, each in a
-# fresh process (the variants other than FAST apply to fp8 d128 only).
+# A/B rows: the targets' rows (fp8 d128 B=8/32/64 at 16K and 64K, B=1 at 64K
+# and 1K; fp8 d256 B=32 at 16K and 64K; bf16 d128 B=32/16K, B=1/64K); the
+# default and each ALT variant interleaved per row, each in a fresh process.
 phase "A/B rows (default vs $ALT)"
 : >"$OUT/bench_ab_base.jsonl"
 for a in $ALT; do : >"$OUT/bench_ab_${a%%:*}.jsonl"; done
-for job in "fp8_e4m3 128 32 16384" "fp8_e4m3 128 8 16384" "fp8_e4m3 128 64 16384" "fp8_e4m3 128 8 65536" \
-           "fp8_e4m3 128 32 65536" "fp8_e4m3 128 64 65536" "fp8_e4m3 128 1 65536" "fp8_e4m3 256 32 16384" \
-           "bf16 128 32 65536" "bf16 128 64 65536"; do
-  [ $(el) -lt 150 ] || { echo "A/B: stop at $job (time, $(el) s)"; break; }
+for job in "fp8_e4m3 128 32 16384" "fp8_e4m3 128 8 16384" "fp8_e4m3 128 1 65536" "fp8_e4m3 128 64 16384" \
+           "fp8_e4m3 256 32 16384" "fp8_e4m3 128 8 65536" "fp8_e4m3 128 1 1024" "fp8_e4m3 128 32 65536" \
+           "bf16 128 32 16384" "bf16 128 1 65536" "fp8_e4m3 256 32 65536" "fp8_e4m3 128 64 65536"; do
+  [ $(el) -lt 110 ] || { echo "A/B: stop at $job (time, $(el) s)"; break; }
   timeout 10 $BENCH shape $job >>"$OUT/bench_ab_base.jsonl" 2>>"$OUT/bench_ab.err" || echo "row ab base $job: rc $?"
   for a in $ALT; do
-    n=${a%%:*}; v=${a#*:}
-    [[ $n == v9 || $n == old || $job == "fp8_e4m3 128 "* ]] || continue
-    FP8KV_DECODE_V9=$v timeout 10 $BENCH shape $job >>"$OUT/bench_ab_$n.jsonl" 2>>"$OUT/bench_ab.err" || echo "row ab $n $job: rc $?"
+    n=${a%%:*}; altrow "$a" "$job" || continue
+    env $(altenv "$a") timeout 10 $BENCH shape $job >>"$OUT/bench_ab_$n.jsonl" 2>>"$OUT/bench_ab.err" || echo "row ab $n $job: rc $?"
+  done
+done
+# Forced splits (the plan under the fused merge, docs/cuda.md "Decode v10"):
+# fp8 d128 B=32/16K at 2 and 4 splits (auto: 3), B=8/16K at 4 and 8 (auto:
+# 6), B=1/64K at 32 and 64 (auto: 49), fp8 d256 B=32/16K at 2 (auto: 1);
+# default and each ALT, interleaved.
+# (Measured in run O_2, the auto plan best everywhere: only with SPLITS=1.)
+[ "${SPLITS:-0}" = 1 ] && phase "forced-split rows"
+: >"$OUT/bench_split_base.jsonl"
+for a in $ALT; do : >"$OUT/bench_split_${a%%:*}.jsonl"; done
+for job in "fp8_e4m3 128 32 16384 8192" "fp8_e4m3 128 32 16384 4096" "fp8_e4m3 128 8 16384 4096" \
+           "fp8_e4m3 128 8 16384 2048" "fp8_e4m3 128 1 65536 2048" "fp8_e4m3 128 1 65536 1024" \
+           "fp8_e4m3 256 32 16384 8192"; do
+  [ "${SPLITS:-0}" = 1 ] || break
+  [ $(el) -lt 120 ] || { echo "splits: stop at $job (time, $(el) s)"; break; }
+  timeout 10 $BENCH shape $job >>"$OUT/bench_split_base.jsonl" 2>>"$OUT/bench_ab.err" || echo "row split base $job: rc $?"
+  for a in $ALT; do
+    n=${a%%:*}; altrow "$a" "$job" || continue
+    env $(altenv "$a") timeout 10 $BENCH shape $job >>"$OUT/bench_split_$n.jsonl" 2>>"$OUT/bench_ab.err" || echo "row split $n $job: rc $?"
   done
 done
 
-# Decode tests under the first ALT variant (all but the 12 s LEAN batch test).
-first=${ALT%% *}; fname=${first%%:*}; fval=${first#*:}
-if [ -n "$first" ] && [ $(el) -lt 160 ]; then
-  phase "decode tests under $fname (FP8KV_DECODE_V9=$fval)"
-  FP8KV_DECODE_V9=$fval timeout 30 $TEST --gtest_filter='CudaDecode.*:-CudaDecode.LeanAutoBatchEqualsSingle' >"$OUT/test_$fname.log" 2>&1
+# Decode tests (all but the 12 s LEAN batch test) under TESTALT: no PDL, the
+# fused merge, and `all` (FP8KV_DECODE_V9=all: the FAST kernels for e5m2 and D = 64
+# too, decode v10), each compared launch by launch with the default's output
+# hashes (where the default runs the version-8 kernels, e5m2 and D = 64, this
+# is FAST == version 8 bitwise). fusepf only adds L2 prefetches (same
+# arithmetic): not re-tested.
+# (fuse: its in-process test FusedMergeEqualsReduceKernel runs in the default
+# run; run O_2 also ran the whole suite under it: TESTALT="... fuse:FP8KV_DECODE_FUSE=1".)
+# (`all` was bitwise = default in all 144 launches in run O_2; add
+# "all:FP8KV_DECODE_V9=all" to TESTALT to repeat it: ~28 s.)
+TESTALT=${TESTALT:-"nopdl:FP8KV_DECODE_PDL=0 fuse:FP8KV_DECODE_FUSE=1"}
+for a in $TESTALT; do
+  fname=${a%%:*}; fenv=$(altenv "$a")
+  [ $(el) -lt 125 ] || { echo "skip decode tests under $fname (time)"; continue; }
+  phase "decode tests under $fname ($fenv)"
+  env $fenv timeout 40 $TEST --gtest_filter='CudaDecode.*:-CudaDecode.LeanAutoBatchEqualsSingle' >"$OUT/test_$fname.log" 2>&1
   rc=$?
   if [ $rc = 0 ] && grep -q "^\[  PASSED  \]" "$OUT/test_$fname.log" && ! grep -q "^\[  FAILED  \]" "$OUT/test_$fname.log"; then
     echo PASS >"$OUT/test_$fname.status"; else echo FAIL >"$OUT/test_$fname.status"; fi
+  # Bitwise: every launch's output hash under the variant equals the default
+  # run's for the same case (same seed; sorted: one test runs threads).
+  grep "^decode-hash" "$OUT/test_cuda.log" | sort >"$OUT/hash_base.txt"
+  grep "^decode-hash" "$OUT/test_$fname.log" | sort >"$OUT/hash_$fname.txt"
+  nh=$(wc -l <"$OUT/hash_$fname.txt"); nd=$(comm -23 "$OUT/hash_$fname.txt" "$OUT/hash_base.txt" | wc -l)
+  if [ "$nh" -gt 0 ] && [ "$nd" = 0 ]; then hs="outputs bitwise = default in all $nh launches"
+  else hs="outputs differ from default in $nd of $nh launches"; fi
+  echo "$(cat "$OUT/test_$fname.status"), $hs" >"$OUT/test_$fname.status"
   echo "decode tests under $fname: $(cat "$OUT/test_$fname.status") (rc $rc)"
   grep -E "^\[  FAILED  \]|worst" "$OUT/test_$fname.log" | tail -5
-fi
+done
 
 # Nsight Compute, one launch each (--clock-control none: the clocks as in the
-# bench): fp8 d128 B=32/16K default and each ALT variant, then bf16 (same
-# shape) for contrast: the detailed sections plus the per-reason stall ratios.
+# bench), every kernel of one call (regex decode_: the decode kernel and, in
+# the default, the reduce kernel after it): the fused kernel at fp8 d128
+# B=1/64K and B=32/16K (run O_2 has the default's there), the default at B=1/1K.
 NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+first=${ALT%% *}
 if [ "${NCU:-1}" != 0 ] && [ -n "$NCU_BIN" ]; then
   phase "ncu ($NCU_BIN)"
-  jobs_=("fp8_e4m3 128 32 16384:base:")
-  for a in $ALT; do jobs_+=("fp8_e4m3 128 32 16384:${a%%:*}:${a#*:}"); done
-  jobs_+=("bf16 128 32 16384:base:")
+  # (The kernels do not change under nopdl.)
+  jobs_=("fp8_e4m3 128 1 65536:fuse:FP8KV_DECODE_FUSE=1" "fp8_e4m3 128 32 16384:fuse:FP8KV_DECODE_FUSE=1"
+         "fp8_e4m3 128 1 1024:base:FP8KV_DECODE_FUSE=0")
   for job in "${jobs_[@]}"; do
-    shape=${job%%:*}; rest=${job#*:}; name=${rest%%:*}; v9=${rest#*:}
-    [ $(el) -lt 175 ] || { echo "skip ncu $shape $name (time)"; continue; }
+    shape=${job%%:*}; rest=${job#*:}; name=${rest%%:*}; ev=${rest#*:}
+    [ $(el) -lt 150 ] || { echo "skip ncu $shape $name (time)"; continue; }
     tag=$(echo "$shape" | awk '{printf "%s_d%s_b%s_c%s", ($1=="bf16"?"bf16":"fp8"), $2, $3, $4}')_$name
-    FP8KV_BENCH_WARMUP_MS=0 FP8KV_DECODE_V9=$v9 timeout 12 "$NCU_BIN" --clock-control none -k regex:decode_kernel \
-      --launch-skip 3 --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
-      --section SchedulerStats --section InstructionStats --section ComputeWorkloadAnalysis --section Occupancy \
-      --section LaunchStats --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,dram__bytes_read.sum' \
+    # 3 warm-up calls, then the kernels of one call (2 when there is a reduce kernel).
+    env FP8KV_BENCH_WARMUP_MS=0 $ev timeout 15 "$NCU_BIN" --clock-control none -k regex:decode_ \
+      --launch-skip 6 --launch-count 2 --section SpeedOfLight --section WarpStateStats \
+      --section SchedulerStats --section Occupancy --section LaunchStats \
+      --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,dram__bytes_read.sum' \
       $BENCH shape $shape >"$OUT/ncu_$tag.txt" 2>&1 || echo "ncu $tag: rc $?"
-    grep -E "^\s*(Duration|DRAM Throughput|L2 Cache Throughput|Warp Cycles Per Issued Instruction|Issue Slots Busy|Executed Instructions) " \
-      "$OUT/ncu_$tag.txt" | head -6 | sed -E "s/ +/ /g; s/^/  $tag:/"
+    grep -E "^  [a-z_:0-9<>, ]*decode_|^\s*(Duration|DRAM Throughput|Warp Cycles Per Issued Instruction|Issue Slots Busy|Registers Per Thread) " \
+      "$OUT/ncu_$tag.txt" | head -12 | sed -E "s/ +/ /g; s/\(unnamed>::DecodeParams\)//; s/, Context.*//; s/^/  $tag:/" | cut -c1-160
   done
 fi
 
@@ -114,10 +170,10 @@ ROWS=()
 for B in 1 8 32 64; do for C in 1024 4096 16384 65536; do ROWS+=("32 8 128 $B $C"); done; done
 for B in 1 8 32; do for C in 16384 65536; do ROWS+=("16 8 256 $B $C"); done; done
 
-if [ $(el) -lt 160 ]; then
+if [ $(el) -lt 165 ]; then
   phase "sdpa (fresh context per row)"
   SARGS=(); for r in "${ROWS[@]}"; do SARGS+=("${r// /,}"); done
-  timeout $(( 185 - $(el) < 60 ? 185 - $(el) : 60 )) python3 tools/bench_sdpa.py --decode-fresh "${SARGS[@]}" >"$OUT/sdpa.jsonl" 2>"$OUT/sdpa.err"
+  timeout $(( 190 - $(el) < 45 ? 190 - $(el) : 45 )) python3 tools/bench_sdpa.py --decode-fresh "${SARGS[@]}" >"$OUT/sdpa.jsonl" 2>"$OUT/sdpa.err"
   rc=$?
   echo "sdpa rows: $(grep -c sdpa_decode "$OUT/sdpa.jsonl") of ${#ROWS[@]} (rc $rc)"; tail -2 "$OUT/sdpa.err"
 fi
@@ -139,7 +195,7 @@ bench_rows() {  # name gate dtypes D-filter B-filter [ENV=VAL ...]
   echo "$name: $n rows"
 }
 phase "ours (fresh process per row)"
-bench_rows base 188 "fp8_e4m3 bf16" "128 256" "1 8 32 64"
+bench_rows base 185 "fp8_e4m3 bf16" "128 256" "1 8 32 64"
 [ -n "$SMI_PID" ] && kill "$SMI_PID" 2>/dev/null
 
 phase sass
@@ -151,17 +207,17 @@ awk '/Function :/ {f=$3; n[f]=0} /LDL|STL/ {l[f]++} END {for (k in n) printf "%s
 if [ ! -s "$OUT/sass.txt" ]; then echo "SASS CHECK: no decode kernels found" | tee -a "$OUT/sass.txt"
 elif grep -vq "LDL/STL=0$" "$OUT/sass.txt"; then grep -v "LDL/STL=0$" "$OUT/sass.txt"; echo "SASS CHECK: FAIL (local memory above)"
 else echo "SASS CHECK: ok (no LDL/STL in $(wc -l <"$OUT/sass.txt") decode kernels)"; fi
-# The SASS of the kernels the A/B compares (default and FAST: fp8 d128, bf16
-# d128 DEEP, fp8 d256 REG) and an opcode histogram of each, for reading.
+# The SASS of the kernels the A/B compares (FAST, the default: fp8 d128, bf16
+# d128 DEEP, fp8 d256 REG; FAST with the fused merge; the version-8 fp8 d128
+# kernel) and an opcode histogram of each, for reading.
 awk -v out="$OUT" '
   /Function :/ { f = ""; n = $3
-    if (n ~ /decode_kernelILi128ELi1ELb0ELb0ELb0ELb0ELb0ELb0EEEv/) f = "fp8_d128_base"
-    if (n ~ /decode_kernelILi128ELi1ELb0ELb0ELb0ELb0ELb1ELb0EEEv/) f = "fp8_d128_v9"
-    if (n ~ /decode_kernelILi128ELi1ELb0ELb0ELb0ELb0ELb0ELb1EEEv/) f = "fp8_d128_ring"
-    if (n ~ /decode_kernelILi128ELi0ELb1ELb0ELb0ELb0ELb0ELb0EEEv/) f = "bf16_d128_base"
-    if (n ~ /decode_kernelILi128ELi0ELb1ELb0ELb0ELb0ELb1ELb0EEEv/) f = "bf16_d128_v9"
-    if (n ~ /decode_kernelILi256ELi1ELb0ELb0ELb0ELb1ELb0ELb0EEEv/) f = "fp8_d256_base"
-    if (n ~ /decode_kernelILi256ELi1ELb0ELb0ELb0ELb1ELb1ELb0EEEv/) f = "fp8_d256_v9" }
+    if (n ~ /decode_kernelILi128ELi1ELb0ELb0ELb0ELb0ELb0ELb0ELb0EEEv/) f = "fp8_d128_old"
+    if (n ~ /decode_kernelILi128ELi1ELb0ELb0ELb0ELb0ELb1ELb0ELb0EEEv/) f = "fp8_d128_v9"
+    if (n ~ /decode_kernelILi128ELi1ELb0ELb0ELb0ELb0ELb1ELb0ELb1EEEv/) f = "fp8_d128_fuse"
+    if (n ~ /decode_kernelILi128ELi0ELb1ELb0ELb0ELb0ELb1ELb0ELb0EEEv/) f = "bf16_d128_v9"
+    if (n ~ /decode_kernelILi256ELi1ELb0ELb0ELb0ELb1ELb1ELb0ELb0EEEv/) f = "fp8_d256_v9"
+    if (n ~ /decode_kernelILi256ELi1ELb0ELb0ELb0ELb1ELb1ELb0ELb1EEEv/) f = "fp8_d256_fuse" }
   f != "" { print > (out "/sass_" f ".txt") }' "$SASS_ALL"
 rm -f "$SASS_ALL"
 for f in "$OUT"/sass_*_*.txt; do

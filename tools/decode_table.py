@@ -85,8 +85,9 @@ def main():
             v = 100 * r["GBps"] / copy if r else None
             line(f"fp8 d{d} B={B}/{C // 1024}K % of copy", v is not None and f"{v:.1f}" or None, f">= {goal}",
                  v is not None and v >= goal)
-    # Version 9 A/B (FP8KV_DECODE_V9=1): base and v9 interleaved per row, each
-    # in a fresh process; the base rows above are a third sample of the default.
+    # A/B (version 9: FP8KV_DECODE_V9 values; version 10: fuse =
+    # FP8KV_DECODE_FUSE=1): base and the variants interleaved per row, each in
+    # a fresh process; the base rows above are another sample of the default.
     key = lambda r: (r["dtype"], r["d"], r["batch"], r["ctx"])
     abb = {key(r): r for r in load(os.path.join(out, "bench_ab_base.jsonl")) if r["kind"] == "decode"}
     # Every other bench_ab_NAME.jsonl is a variant (v9 = FP8KV_DECODE_V9=1, ring
@@ -121,6 +122,30 @@ def main():
                 line += (f" | {fm(r and r['ms'] * 1e3, 7)} {fm(sp, 6, 3)} {fm(r and 100 * r['GBps'] / copy, 6)} "
                          f"{fm(rel(k, r), 6, 3)}")
             print(line)
+    # Forced-split rows (decode v10): bench_split_base.jsonl and
+    # bench_split_NAME.jsonl (the ALT variants), interleaved per row.
+    sb = [r for r in load(os.path.join(out, "bench_split_base.jsonl")) if r["kind"] == "split"]
+    if sb:
+        skey = lambda r: (r["dtype"], r["d"], r["batch"], r["ctx"], r["split_tokens"])
+        snames = sorted(f[len("bench_split_"):-len(".jsonl")] for f in os.listdir(out)
+                        if f.startswith("bench_split_") and f.endswith(".jsonl") and f != "bench_split_base.jsonl")
+        sv = {n: {skey(r): r for r in load(os.path.join(out, f"bench_split_{n}.jsonl")) if r["kind"] == "split"}
+              for n in snames}
+        autos = {k: r for k, r in ours.items()}
+        for k, r in abb.items():
+            autos.setdefault(k, r)
+        print("forced splits (us, %copy; auto = the A/B default row's plan): " + " | ".join(["base"] + snames))
+        for r in sb:
+            k = skey(r)
+            a = autos.get(k[:4])
+            line = (f"  {k[0][:4]} d{k[1]} B={k[2]}/{k[3] // 1024}K {r['splits']:>3} x {k[4]:>5}: "
+                    f"{r['ms'] * 1e3:7.1f} {100 * r['GBps'] / copy:5.1f}%")
+            for n in snames:
+                v = sv[n].get(k)
+                line += f" | {n} {v['ms'] * 1e3:7.1f} {100 * v['GBps'] / copy:5.1f}%" if v else f" | {n} -"
+            if a:
+                line += f"   (auto {a['splits']} splits {a['ms'] * 1e3:.1f})"
+            print(line)
     spl = [r for r in load(os.path.join(out, "bench_splits.jsonl")) if r["kind"] == "split"]
     if spl:
         b = ours.get(("fp8_e4m3", 128, 32, 16384))
@@ -135,6 +160,10 @@ def main():
         fresh = {(r["batch"], r["ctx"]): r["ms"] * 1e3 for k, r in ours.items() if k[0] == "bf16" and k[1] == 128}
         print("  (fresh-process rows above: " + ", ".join(
             f"B={B}/{C} {fresh[(B, C)]:.1f}" for B, C in ((64, 4096), (32, 4096), (64, 1024)) if (B, C) in fresh) + ")")
+    sts = sorted(f for f in os.listdir(out) if f.startswith("test_") and f.endswith(".status"))
+    if sts:
+        print("decode tests: " + "; ".join(
+            f"{f[len('test_'):-len('.status')]} {open(os.path.join(out, f)).read().strip()}" for f in sts))
     sp = os.path.join(out, "sass.txt")
     if os.path.exists(sp):
         lines = [l for l in open(sp).read().splitlines() if l.strip()]

@@ -120,8 +120,12 @@ std::vector<int> mixed_lengths(std::mt19937_64& rng, int block_size, int window)
 }
 
 // Returns max |err| / tol over the batch (<= 1 passes).
+// out_copy: receives the batched output. graph_replays > 0: the launch is
+// also captured into a CUDA graph and replayed that many times, each replay
+// bitwise equal to the direct launch (the fused merge's counters reset).
 double run_decode_case(std::mt19937_64& rng, const DecodeCase& c, int split_tokens_override, bool check_single,
-                       const std::vector<int>& lengths = {}) {
+                       const std::vector<int>& lengths = {}, std::vector<float>* out_copy = nullptr,
+                       int graph_replays = 0) {
   const std::vector<int> ctx = lengths.empty() ? mixed_lengths(rng, c.block_size, c.window) : lengths;
   Scenario s = make_scenario(rng, c.D, c.num_kv_heads, c.block_size, c.dt, c.mode, ctx);
   EXPECT_TRUE(s.k_cache_gpu == s.k_cache && s.v_cache_gpu == s.v_cache) << "CUDA store bytes differ from CPU store";
@@ -149,6 +153,39 @@ double run_decode_case(std::mt19937_64& rng, const DecodeCase& c, int split_toke
   a.workspace = ws.get();
   cuda::paged_decode(a, nullptr);
   const auto out = dout.download<float>();
+  if (out_copy) *out_copy = out;
+  {
+    // FNV-1a of the output bytes, one line per launch: with FP8KV_SEED fixed,
+    // scripts/gpu_decode.sh compares these lines between processes run under
+    // different kernel variants (FP8KV_DECODE_*: bitwise the same outputs).
+    uint64_t h = 1469598103934665603ull;
+    const auto* bytes = reinterpret_cast<const unsigned char*>(out.data());
+    for (size_t i = 0; i < out.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+    std::printf("decode-hash %s D=%d group=%d hkv=%d bs=%d window=%d split=%d B=%d %016llx\n",
+                std::string(kv_dtype_name(c.dt)).c_str(), D, c.group, c.num_kv_heads, c.block_size, c.window,
+                split_tokens_override, B, static_cast<unsigned long long>(h));
+  }
+  if (graph_replays > 0) {
+    cudaStream_t st;
+    EXPECT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaGraph_t g = nullptr;
+    cudaGraphExec_t ge = nullptr;
+    EXPECT_EQ(cudaSuccess, cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    cuda::paged_decode(a, st);
+    EXPECT_EQ(cudaSuccess, cudaStreamEndCapture(st, &g));
+    EXPECT_EQ(cudaSuccess, cudaGraphInstantiate(&ge, g, 0));
+    for (int i = 0; i < graph_replays; ++i) {
+      dout.fill(0xff);
+      EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());  // the memset (legacy stream) before the replay
+      EXPECT_EQ(cudaSuccess, cudaGraphLaunch(ge, st));
+      EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(st));
+      const auto o = dout.download<float>();
+      EXPECT_EQ(0, std::memcmp(o.data(), out.data(), o.size() * sizeof(float))) << "graph replay " << i << " differs";
+    }
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    cudaStreamDestroy(st);
+  }
   double worst = 0;
   std::vector<float> ref(static_cast<size_t>(H) * D);
   for (int b = 0; b < B; ++b) {
@@ -326,6 +363,45 @@ TEST(CudaDecode, VeryLongSplitRefillsBlockIds) {
     }
 }
 
+// The fused split merge (FP8KV_DECODE_FUSE=1, decode v10 variant: the last
+// CTA per (sequence, KV head, chunk) merges the partials, no reduce kernel)
+// gives bitwise the reduce kernel's output (same arithmetic, same order):
+// every case runs with the merge off and on (set_decode_fuse_override) from
+// the same random state; many splits (64-key forced splits; 71
+// splits at 9000 keys: more than 2R chains of the merge), windows, softcap, all dtypes
+// (the merge is in the FAST kernels: e4m3 d128/d256, bf16 d128; the others
+// fall back to the reduce kernel). Batched == single under the merge, and
+// every fused launch also captured into a CUDA graph and replayed three
+// times, each replay bitwise equal (the counters reset).
+TEST(CudaDecode, FusedMergeEqualsReduceKernel) {
+  FP8KV_REQUIRE_GPU();
+  const uint64_t seed = test_seed();
+  int n = 0;
+  for (KvDtype dt : kDtypes)
+    for (int D : {64, 128, 256})
+      for (int split : {64, 128}) {
+        const int window = n % 3 == 1 ? 100 : 0;
+        const DecodeCase c{dt, D, n % 2 ? 4 : 2, 2, n % 2 ? 16 : 32, window, static_cast<ScaleMode>(n % 3),
+                           n % 4 == 3 ? 30.0f : 0.0f};
+        const std::vector<int> lengths = split == 128 ? std::vector<int>{9000, 33, 1300} : std::vector<int>{};
+        std::vector<float> off, on;
+        std::mt19937_64 r0(seed + n), r1(seed + n);
+        cuda::set_decode_fuse_override(0);
+        const double w0 = run_decode_case(r0, c, split, false, lengths, &off);
+        cuda::set_decode_fuse_override(1);
+        const double w1 = run_decode_case(r1, c, split, true, lengths, &on, 3);
+        cuda::set_decode_fuse_override(-1);
+        EXPECT_LE(w0, 1.0);
+        EXPECT_LE(w1, 1.0);
+        ASSERT_EQ(off.size(), on.size());
+        EXPECT_EQ(0, std::memcmp(off.data(), on.data(), off.size() * sizeof(float)))
+            << kv_dtype_name(dt) << " D=" << D << " split " << split << ": fused merge != reduce kernel";
+        ++n;
+        if (HasFailure()) return;
+      }
+  std::printf("fused merge == reduce kernel bitwise in %d cases\n", n);
+}
+
 // ---- prefill / chunked prefill ---------------------------------------------
 
 struct PrefillCase {
@@ -471,10 +547,13 @@ TEST(CudaPlan, SplitsCoverTheSpanAndFillTheGpu) {
             EXPECT_EQ(p.split_tokens % 64, 0);
             EXPECT_GE(static_cast<int64_t>(p.max_splits) * p.split_tokens, span);
             EXPECT_LT(static_cast<int64_t>(p.max_splits - 1) * p.split_tokens, span);
-            // Partials (floats: [B][H][splits] outputs of D and one log-sum-exp);
-            // version 8 dropped version 7's split counters with the fused reduction.
+            // Partials (floats: [B][H][splits] outputs of D and one log-sum-exp),
+            // then (8-byte aligned) one 64-bit split counter per (sequence, KV
+            // head, head chunk) for the fused merge (decode v10; version 7 had
+            // the same, version 8 dropped it).
             const size_t partials = static_cast<size_t>(B) * H * p.max_splits * (D + 1) * 4;
-            EXPECT_EQ(p.workspace_bytes, p.max_splits > 1 ? partials : 0u);
+            const size_t counters = static_cast<size_t>(B) * hkv * 8;  // group 4: one chunk
+            EXPECT_EQ(p.workspace_bytes, p.max_splits > 1 ? (partials + 7) / 8 * 8 + counters : 0u);
             const int64_t base = static_cast<int64_t>(B) * hkv, slots = sms * cps;
             if (base * 2 <= slots) {
               EXPECT_LE(base * p.max_splits, slots) << "a second wave for a small batch";

@@ -22,7 +22,9 @@
 // D/8) of keys 2t, 2t+1, 2t+8, 2t+9. fp8 -> f16 happens in registers
 // (exact); k_scale is folded into the score scale, v_scale applied once at
 // the end. Splits are combined by a second kernel (programmatic dependent
-// launch) in a fixed order (deterministic).
+// launch) in a fixed order (deterministic). Since version 10 the decode
+// kernel itself is launched programmatically too (FP8KV_DECODE_PDL; see
+// griddepcontrol.wait in decode_kernel).
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -46,8 +48,12 @@ struct DecodeParams : PagedKvParams {
   int gchunks, split_tokens, max_splits;
   int l2_prefetch;  // register path: this warp's tiles kept prefetched to L2 ahead (0 = off; FP8KV_DECODE_PF)
   bool l2_prefetch_pair;  // prefetch the KV-head pair's rows (2 x D x EB bytes, one bulk prefetch per row)
+  bool fuse;              // FAST kernels merge the splits themselves (FUSE; FP8KV_DECODE_FUSE), host-side choice
+  bool pdl;               // programmatic dependent launch of the decode kernel (FP8KV_DECODE_PDL)
   float* part_o;    // [batch][num_heads][max_splits][D]
   float* part_lse;  // [batch][num_heads][max_splits] (log2 domain)
+  unsigned long long* split_counters;  // FUSE: [batch][gridDim.x] in the workspace, after the partials
+  unsigned long long epoch;            // FUSE: the counters' tag (48 bits, kCounterTag)
 };
 
 __device__ __forceinline__ void seq_range(const DecodeParams& p, int ctx, int& first, int& tstart, int& nsplits) {
@@ -104,6 +110,139 @@ struct DecodeCfg {
 
 constexpr int kReduceThreads = 256;  // decode_reduce_kernel
 
+// FUSE (version 10 variant, FP8KV_DECODE_FUSE=1; the FAST kernels): the last
+// CTA of a (sequence, KV head, head chunk) to finish its split merges the
+// partials of its nh heads, so no reduce kernel runs (one launch and its wait
+// on the whole decode grid less per layer).
+// Counters: one 64-bit word per CTA column (sequence, blockIdx.x) in the
+// workspace after the partials (so launches with their own workspaces never
+// share one): tag << 16 | splits counted, the tag a fixed 48-bit constant.
+// The CTA that counts last writes tag | 0, so the next launch (or graph
+// replay) counts with one atomicAdd per CTA; a word without the tag
+// (whatever the memory held: first use) is counted by compare-and-swap as
+// zero, so the workspace needs no clearing. (Run O_2 measured the first
+// form, a per-launch tag and compare-and-swap for every CTA: slower at
+// batch 1, the retries of 49 CTAs counting at once.)
+// Arithmetic: decode_reduce_kernel's, in its order, so the output is bitwise
+// the reduce kernel's (a launch that falls back to the reduce kernel, e.g. a
+// LEAN-auto batch, gives the same bits): per (head, float4 column), R =
+// kReduceThreads / (D / 4) interleaved sums (W_rho, O_rho over splits s = rho,
+// rho + R, ... in increasing s), then added in rho order from zero; the
+// weights exp2(lse_s - max lse) as there. What differs from version 7's fused
+// tail (slower everywhere in run H, docs/cuda.md "Version 7"): that one walked
+// the R chains one after another, ~nsplits dependent-in-time L2 loads per
+// thread (49 at B=1/64K); here a thread issues the R loads of s0 .. s0 + R - 1
+// together (R chains advanced in lockstep, unrolled by two: 2R float4 loads in
+// flight per thread), so the tail is ~nsplits / (2R) L2 round trips.
+// Partials are read with ld.global.cg (L2; this SM's L1 never held them).
+// smem: [nh][nsplits] weights (paged_decode checks the size).
+template <int D>
+__device__ __forceinline__ void fused_merge(const DecodeParams& p, uint8_t* smem, int b, int h0, int nh,
+                                            int nsplits) {
+  __shared__ int s_last;
+  // The CTA's partials, then one thread's gpu-scope fence and count (the
+  // pattern of cooperative groups' grid sync: bar.sync orders every thread's
+  // stores before thread 0's fence, whose release is cumulative), so the 127
+  // other threads do not each wait on a fence.
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    unsigned long long* ctr = p.split_counters + (static_cast<int64_t>(b) * gridDim.x + blockIdx.x);
+    const unsigned long long tag = p.epoch << 16;
+    // Fast path (every launch after a workspace's first): the word holds
+    // tag | count, one atomicAdd counts (run O_2: the compare-and-swap loop
+    // that every CTA ran before cost one more round trip per CTA that
+    // counted at the same moment, ~16 us for 49 splits at batch 1).
+    unsigned long long cur = atomicAdd(ctr, 1ull), seen;
+    int count;
+    if ((cur >> 16) == p.epoch) {
+      count = static_cast<int>(cur & 0xffffu);
+    } else {
+      // The word holds no tagged count (memory never used as this counter):
+      // count by compare-and-swap, an untagged word reading as zero (the add
+      // above went into it and is overwritten by the first tagged value).
+      // Another CTA's add that lands after that sees a tag: the fast path.
+      cur = atomicAdd(ctr, 0ull);
+      for (;;) {
+        count = (cur >> 16) == p.epoch ? static_cast<int>(cur & 0xffffu) : 0;
+        seen = atomicCAS(ctr, cur, tag | static_cast<unsigned long long>(count + 1));
+        if (seen == cur) break;
+        cur = seen;
+      }
+    }
+    const int last = count + 1 == nsplits;
+    if (last) {
+      atomicExch(ctr, tag);  // every split of this launch has counted: tag | 0 for the next launch
+      __threadfence();       // acquire: the other CTAs' partials, for the reads after the barrier
+    }
+    s_last = last;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  float* sw = reinterpret_cast<float*>(smem);
+  const int64_t base = (static_cast<int64_t>(b) * p.num_heads + h0) * p.max_splits;
+  for (int i = threadIdx.x; i < nh * nsplits; i += blockDim.x) {
+    const int row = i / nsplits, s = i % nsplits;
+    sw[i] = __ldcg(p.part_lse + base + static_cast<int64_t>(row) * p.max_splits + s);
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int row = warp; row < nh; row += kWarps) {
+    float M = -INFINITY;
+    for (int s = lane; s < nsplits; s += 32) M = fmaxf(M, sw[row * nsplits + s]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    const float Mref = M == -INFINITY ? 0.0f : M;
+    __syncwarp();
+    for (int s = lane; s < nsplits; s += 32) sw[row * nsplits + s] = exp2f(sw[row * nsplits + s] - Mref);
+  }
+  __syncthreads();
+  constexpr int Q = D / 4;               // float4 columns per head
+  constexpr int R = kReduceThreads / Q;  // decode_reduce_kernel's rows
+  for (int u = threadIdx.x; u < nh * Q; u += blockDim.x) {
+    const int row = u / Q, c = u % Q;
+    const float* w = sw + row * nsplits;
+    const float4* src =
+        reinterpret_cast<const float4*>(p.part_o + (base + static_cast<int64_t>(row) * p.max_splits) * D) + c;
+    float W[R];
+    float4 O[R];
+#pragma unroll
+    for (int rho = 0; rho < R; ++rho) {
+      W[rho] = 0.0f;
+      O[rho] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll 2
+    for (int s0 = 0; s0 < nsplits; s0 += R) {
+      float4 v[R];
+#pragma unroll
+      for (int rho = 0; rho < R; ++rho)
+        v[rho] = s0 + rho < nsplits ? __ldcg(src + static_cast<int64_t>(s0 + rho) * Q) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int rho = 0; rho < R; ++rho) {
+        if (s0 + rho < nsplits) {
+          const float ws = w[s0 + rho];
+          W[rho] += ws;
+          O[rho].x += ws * v[rho].x; O[rho].y += ws * v[rho].y; O[rho].z += ws * v[rho].z; O[rho].w += ws * v[rho].w;
+        }
+      }
+    }
+    float Wt = 0.0f;
+    float4 Ot = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int rho = 0; rho < R; ++rho) {
+      Wt += W[rho];
+      Ot.x += O[rho].x; Ot.y += O[rho].y; Ot.z += O[rho].z; Ot.w += O[rho].w;
+    }
+    const int kvh = (h0 + row) / p.group;
+    const float vs = p.v_scale == nullptr ? 1.0f : p.v_scale[p.v_scale_count == 1 ? 0 : kvh];
+    const int64_t off = (static_cast<int64_t>(b) * p.num_heads + h0 + row) * D + 4 * c;
+    store_act(p.out, off + 0, Wt > 0.0f ? Ot.x / Wt * vs : 0.0f, p.out_bf16);
+    store_act(p.out, off + 1, Wt > 0.0f ? Ot.y / Wt * vs : 0.0f, p.out_bf16);
+    store_act(p.out, off + 2, Wt > 0.0f ? Ot.z / Wt * vs : 0.0f, p.out_bf16);
+    store_act(p.out, off + 3, Wt > 0.0f ? Ot.w / Wt * vs : 0.0f, p.out_bf16);
+  }
+}
+
 // DEEP (D = 128 only, a tuning variant chosen by FP8KV_DECODE_DEEP=1, see
 // deep_pipeline()): one more tile in flight in the register path (fp8: two
 // tiles ahead; bf16: one, where the default has none), at the cost of ~200-230
@@ -145,12 +284,13 @@ constexpr int kReduceThreads = 256;  // decode_reduce_kernel
 // 3-stage ring slower at d128, cause not established). Same tiles and
 // arithmetic as the default: bitwise the same results.
 template <int D, int DT, bool DEEP = false, bool LEAN = false, bool HPW = false, bool REG = false, bool FAST = false,
-          bool RING = false>
+          bool RING = false, bool FUSE = false>
 __global__ void __launch_bounds__(kWarps * 32,
                                   LEAN ? 4 : FAST ? (D * (DT == kBf16 ? 2 : 1) <= 128 && !DEEP ? 3 : 2) : RING ? 3 : 0)
     decode_kernel(const DecodeParams p) {
   static_assert(!FAST || (!HPW && !LEAN && !DecodeCfg<D, DT, REG>::USE_RING), "FAST: register path only");
   static_assert(!RING || (!FAST && !HPW && !LEAN && !DEEP && D == 128), "RING: d128 default pipeline only");
+  static_assert(!FUSE || FAST, "FUSE: the FAST kernels only");
   using C = DecodeCfg<D, DT, REG, RING>;
   constexpr int EB = C::EB;
   constexpr int E = 16 / EB;               // elements per 16-byte chunk
@@ -173,6 +313,15 @@ __global__ void __launch_bounds__(kWarps * 32,
   int first, tstart, nsplits;
   seq_range(p, ctx, first, tstart, nsplits);
   if (split >= nsplits) return;
+  // Programmatic dependent launch (version 10, FP8KV_DECODE_PDL, on by
+  // default): this grid may start while the previous kernel in the stream
+  // drains. Before this wait it reads only the context lengths and block
+  // tables (the step's inputs, copied before the step's first kernel); Q, the
+  // K/V caches, the scales and every write (workspace, output) come after it.
+  // The FAST kernels wait after fetching their first block ids (one dependent
+  // round trip overlapped with the previous kernel); the others at once. A
+  // no-op when the launch is not programmatic.
+  if constexpr (!FAST) asm volatile("griddepcontrol.wait;" ::: "memory");
   const int s_begin = tstart + split * p.split_tokens;
   const int s_end = min(ctx, s_begin + p.split_tokens);
   const int h0 = kvh * p.group + gc * kMaxGroup;
@@ -285,7 +434,6 @@ __global__ void __launch_bounds__(kWarps * 32,
       prefetch_l2(base + (row0 + row) * row_bytes + head_off + line * 128);
     }
   };
-  for (int k = 1; k < pf; ++k) prefetch_tile(k);
 
   // FAST (version 9): per-thread byte offsets inside a tile (32-bit: 16 rows
   // of row_bytes), hoisted out of the loop; the byte offset of each tile of
@@ -322,8 +470,10 @@ __global__ void __launch_bounds__(kWarps * 32,
     for (int i = 0; i < 4; ++i) fv_off[i] = static_cast<uint32_t>(vtok[i] * row_bytes + r * VBYTES);
     f_cur = f_fetch(lane);
     f_nxt = f_fetch(32 + lane);
+    asm volatile("griddepcontrol.wait;" ::: "memory");
     if (T0 < ntiles) f_load(0, kw, vw);
   }
+  for (int k = 1; k < pf; ++k) prefetch_tile(k);  // (after the wait: L2 prefetches of K/V)
 
   // Q fragments (A operand, rows = heads, 8..15 zero) in the permuted dim order:
   // k-step s, slot pair {2t, 2t+1} -> dims base, base+1; {2t+8, 2t+9} -> base+2, base+3.
@@ -801,6 +951,9 @@ __global__ void __launch_bounds__(kWarps * 32,
         if (d == 0) p.part_lse[slot] = L > 0.0f ? M + log2f(L) : -INFINITY;
       }
     }
+    if constexpr (FUSE) {
+      if (nsplits > 1) fused_merge<D>(p, smem, b, h0, nh, nsplits);
+    }
   }
 }
 
@@ -824,6 +977,9 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Dec
   __shared__ __align__(16) float red[R][CW];
   __shared__ float wsum[R], smax[kReduceThreads / 32];
   asm volatile("griddepcontrol.wait;" ::: "memory");  // the decode kernel's results are visible
+  // The next kernel (e.g. the engine's o_proj GEMV, PDL-launched: it
+  // prefetches its weights before its own wait) may start now (version 10).
+  if (p.pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int head = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, c0 = blockIdx.z * CW;
   const int ctx = p.context_lens[b];
   int first, tstart, nsplits;
@@ -957,6 +1113,14 @@ bool reduce_wide_env() {
 // set: kV9Fp8 (FAST fp8 e4m3 d128), kV9Bf16 (FAST bf16 d128), kV9D256 (FAST
 // fp8 e4m3 d256), kV9Ring; kDefaultV9 applies when the variable is unset.
 constexpr int kV9Fp8 = 1, kV9Bf16 = 2, kV9D256 = 4, kV9Ring = 8;
+// Version 10: also e5m2 d128, every dtype at D = 64 and e5m2 d256 (REG),
+// behind kV9Rest (FP8KV_DECODE_V9=all; not a default until measured): every
+// register-path kernel of the default pipelines has a FAST form.
+template <int D, int DT>
+constexpr bool kHasFast = D == 64 || D == 128 || (D == 256 && DT != kBf16);
+// Version 10: kV9Rest, FAST for the other register-path kernels (e5m2 d128
+// and d256, D = 64 every dtype); "all" = every FAST bit (not ring).
+constexpr int kV9Rest = 16;
 // Default since run L of the eighth session (2026-12-01; docs/cuda.md "Decode
 // v9"): the FAST kernels for fp8 e4m3 d128 (1.025-1.061x), bf16 d128
 // (1.001-1.002x) and fp8 e4m3 d256 (1.017x); decode tests pass under them.
@@ -966,7 +1130,8 @@ int v9_mode() {
     const char* e = std::getenv("FP8KV_DECODE_V9");
     if (e == nullptr || *e == 0) return kDefaultV9;
     const std::string s = e;
-    return s == "1" ? kV9Fp8 | kV9Bf16 | kV9D256 : s == "ring" ? kV9Ring : 0;
+    return s == "1" ? kV9Fp8 | kV9Bf16 | kV9D256 : s == "all" ? kV9Fp8 | kV9Bf16 | kV9D256 | kV9Rest
+                    : s == "ring" ? kV9Ring : 0;
   }();
   return v;
 }
@@ -976,9 +1141,39 @@ bool v9_fast() {  // the FAST kernel of (D, DT), when instantiated
   if constexpr (D == 128 && DT == kE4m3) return (v & kV9Fp8) != 0;
   if constexpr (D == 128 && DT == kBf16) return (v & kV9Bf16) != 0;
   if constexpr (D == 256 && DT == kE4m3) return (v & kV9D256) != 0;
+  if constexpr (kHasFast<D, DT>) return (v & kV9Rest) != 0;
   return false;
 }
 bool v9_ring_env() { return (v9_mode() & kV9Ring) != 0; }
+// FP8KV_DECODE_FUSE (version 10 variant, see fused_merge): "1" the FAST
+// kernels merge the splits in their last CTA per (sequence, KV head, chunk)
+// (no reduce kernel); "0" off. set_decode_fuse_override (kernels.h, for
+// tests) overrides the variable at run time.
+constexpr bool kDefaultFuse = false;
+std::atomic<int> g_fuse_override{-1};
+bool fuse_env() {
+  const int o = g_fuse_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o != 0;
+  static const bool on = [] {
+    const char* e = std::getenv("FP8KV_DECODE_FUSE");
+    if (e == nullptr || *e == 0) return kDefaultFuse;
+    return std::string(e) == "1";
+  }();
+  return on;
+}
+// FP8KV_DECODE_PDL (version 10; unset or "1": on, "0": off): the decode
+// kernel launched with programmatic stream serialization, and the reduce
+// kernel letting its dependent launch early (griddepcontrol.launch_dependents
+// after its wait). Off: both as in version 9.
+constexpr bool kDefaultPdl = true;
+bool pdl_env() {
+  static const bool on = [] {
+    const char* e = std::getenv("FP8KV_DECODE_PDL");
+    if (e == nullptr || *e == 0) return kDefaultPdl;
+    return std::string(e) != "0";
+  }();
+  return on;
+}
 constexpr bool kDefaultL2PrefetchPair = false;
 bool l2_prefetch_pair_env() {
   static const bool on = [] {
@@ -1014,25 +1209,58 @@ int pipeline_variant() {
 // Kernel attributes are per device: set once per device (TP ranks are threads
 // of one process, one GPU each), by set_func_attribute_once (common.cuh).
 template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false, bool FAST = false,
-          bool RING = false>
+          bool RING = false, bool FUSE = false>
 void prepare_decode_t() {
   constexpr int smem = DecodeCfg<D, DT, REG, RING>::SMEM;
-  set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING>,
+  set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, FUSE>,
                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   // All of the unified L1 as shared memory for the ring (so 2 CTAs of 96 KB
   // fit per SM).
   if constexpr (DecodeCfg<D, DT, REG, RING>::USE_RING)
-    set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING>,
+    set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, FUSE>,
                             cudaFuncAttributePreferredSharedMemoryCarveout,
                             cudaSharedmemCarveoutMaxShared);
 }
 
+// Launches one decode kernel: with programmatic stream serialization when
+// p.pdl (FP8KV_DECODE_PDL, version 10), so it may start while the previous
+// kernel drains (griddepcontrol.wait in the kernel orders its reads and
+// writes); stream capture keeps the attribute as a programmatic edge.
+template <typename K>
+void launch_decode_kernel(K kernel, dim3 grid, int smem, cudaStream_t stream, const DecodeParams& p) {
+  if (!p.pdl) {
+    kernel<<<grid, kWarps * 32, smem, stream>>>(p);
+    return;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kWarps * 32);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  FP8KV_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
+}
+
+// Returns whether the kernel merged the splits itself (FUSE: a FAST kernel
+// with p.fuse set; then no reduce kernel runs).
 template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false, bool FAST = false,
           bool RING = false>
-void launch_decode_tv(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
-  prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG, FAST, RING>();
+bool launch_decode_tv(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
   constexpr int smem = DecodeCfg<D, DT, REG, RING>::SMEM;
-  decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING><<<grid, kWarps * 32, smem, stream>>>(p);
+  if constexpr (FAST && D >= 128) {  // (D = 64: R = 16 chains would not fit the registers; the reduce kernel)
+    if (p.fuse) {
+      prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, true>();
+      launch_decode_kernel(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, true>, grid, smem, stream, p);
+      return true;
+    }
+  }
+  prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG, FAST, RING>();
+  launch_decode_kernel(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING>, grid, smem, stream, p);
+  return false;
 }
 
 template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false, bool FAST = false,
@@ -1040,9 +1268,8 @@ template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = fals
 int resident_ctas_t();
 
 // FAST instantiations (version 9, FP8KV_DECODE_V9=1): the defaults of e4m3
-// d128 (3 CTAs per SM), bf16 d128 (DEEP) and e4m3 d256 (REG).
-template <int D, int DT>
-constexpr bool kHasFast = (D == 128 && DT != kE5m2) || (D == 256 && DT == kE4m3);
+// d128 (3 CTAs per SM), bf16 d128 (DEEP) and e4m3 d256 (REG); kHasFast
+// (with the FP8KV_DECODE_V9 bits above) lists every one.
 
 // HPW instantiation (D = 128): the DEEP pipeline for bf16 (its default), the
 // default one for fp8.
@@ -1050,7 +1277,7 @@ template <int D, int DT>
 constexpr bool kHpwDeep = DT == kBf16;
 
 template <int D, int DT>
-void launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool hpw) {
+bool launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool hpw) {
   if constexpr (D == 256 && DT != kBf16) {
     if constexpr (kHasFast<D, DT>) {
       if (d256_reg_env() && v9_fast<D, DT>()) return launch_decode_tv<D, DT, false, false, false, true, true>(p, grid, stream);
@@ -1077,6 +1304,9 @@ void launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool
         return launch_decode_tv<D, DT, false, true>(q, grid, stream);
       }
     }
+  }
+  if constexpr (D == 64) {
+    if (v9_fast<D, DT>()) return launch_decode_tv<D, DT, false, false, false, false, true>(p, grid, stream);
   }
   if constexpr (D == 128 && kHasFast<D, DT>) {
     if (v9_fast<D, DT>()) {
@@ -1147,6 +1377,9 @@ int resident_ctas_v(bool hpw) {
   if constexpr (D == 128) {
     if (hpw) return resident_ctas_t<D, DT, kHpwDeep<D, DT>, false, true>();
   }
+  if constexpr (D == 64) {
+    if (v9_fast<D, DT>()) return resident_ctas_t<D, DT, false, false, false, false, true>();
+  }
   if constexpr (D == 128 && kHasFast<D, DT>) {
     if (v9_fast<D, DT>()) {
       const int v = pipeline_variant<D, DT>();
@@ -1194,13 +1427,14 @@ int resident_ctas(int head_dim, KvDtype dt, bool hpw) {
 
 template <int D>
 void launch_decode(const DecodeParams& p, KvDtype dt, dim3 grid, int batch, cudaStream_t stream, bool hpw) {
+  bool fused = false;
   switch (dt) {
-    case KvDtype::bf16: launch_decode_t<D, kBf16>(p, grid, stream, hpw); break;
-    case KvDtype::fp8_e4m3: launch_decode_t<D, kE4m3>(p, grid, stream, hpw); break;
-    case KvDtype::fp8_e5m2: launch_decode_t<D, kE5m2>(p, grid, stream, hpw); break;
+    case KvDtype::bf16: fused = launch_decode_t<D, kBf16>(p, grid, stream, hpw); break;
+    case KvDtype::fp8_e4m3: fused = launch_decode_t<D, kE4m3>(p, grid, stream, hpw); break;
+    case KvDtype::fp8_e5m2: fused = launch_decode_t<D, kE5m2>(p, grid, stream, hpw); break;
   }
   FP8KV_CUDA_CHECK(cudaGetLastError());
-  if (p.max_splits > 1) {
+  if (p.max_splits > 1 && !fused) {
     // Programmatic dependent launch: the reduce grid is set up while the
     // decode grid drains; griddepcontrol.wait in it orders the reads.
     cudaLaunchConfig_t cfg = {};
@@ -1258,11 +1492,22 @@ int choose_split_tokens(int64_t base, int span, int64_t slots, int kpu) {
 
 
 // Workspace: partial outputs [batch][heads][splits][D] and log-sum-exps
-// [batch][heads][splits] (floats). (Version 7's split counters after them
-// went with the fused reduction in version 8.)
-size_t workspace_for(int batch, int num_heads, int max_splits, int head_dim) {
-  return static_cast<size_t>(batch) * num_heads * max_splits * (head_dim + 1) * sizeof(float);
+// [batch][heads][splits] (floats), then (8-byte aligned) the fused merge's
+// split counters (FUSE, version 10), one 64-bit word per CTA column: batch x
+// KV heads x head chunks of them (version 7 had the same layout).
+size_t split_counters_offset(int batch, int num_heads, int max_splits, int head_dim) {
+  const size_t partials = static_cast<size_t>(batch) * num_heads * max_splits * (head_dim + 1) * sizeof(float);
+  return (partials + 7) / 8 * 8;
 }
+size_t workspace_for(int batch, int num_heads, int num_kv_heads, int max_splits, int head_dim) {
+  const int gchunks = (num_heads / num_kv_heads + kMaxGroup - 1) / kMaxGroup;
+  return split_counters_offset(batch, num_heads, max_splits, head_dim) +
+         static_cast<size_t>(batch) * num_kv_heads * gchunks * sizeof(unsigned long long);
+}
+
+// The fused merge's counter tag (48 bits, fixed): a counter word is valid
+// iff its upper 48 bits are this tag (see fused_merge).
+constexpr unsigned long long kCounterTag = 0x5ec0de5eed42ull;
 
 }  // namespace
 
@@ -1287,9 +1532,11 @@ DecodePlan plan_decode(int batch, int num_heads, int num_kv_heads, int head_dim,
   DecodePlan plan;
   plan.split_tokens = (split_tokens + 63) / 64 * 64;
   plan.max_splits = (span + plan.split_tokens - 1) / plan.split_tokens;
-  if (plan.max_splits > 1) plan.workspace_bytes = workspace_for(batch, num_heads, plan.max_splits, head_dim);
+  if (plan.max_splits > 1) plan.workspace_bytes = workspace_for(batch, num_heads, num_kv_heads, plan.max_splits, head_dim);
   return plan;
 }
+
+void set_decode_fuse_override(int v) { g_fuse_override.store(v < 0 ? -1 : v != 0, std::memory_order_relaxed); }
 
 void paged_decode(const DecodeArgs& a, cudaStream_t stream) {
   const KvCacheLayout& L = a.kv.layout;
@@ -1318,12 +1565,26 @@ void paged_decode(const DecodeArgs& a, cudaStream_t stream) {
   p.split_tokens = a.plan.split_tokens;
   p.max_splits = a.plan.max_splits;
   p.l2_prefetch = l2_prefetch_for(L.dtype, L.head_dim);
+  p.pdl = pdl_env();
   const bool hpw = use_hpw(L.head_dim, a.num_heads, L.num_kv_heads);
   const int ctas_x = hpw ? L.num_kv_heads / kWarps : L.num_kv_heads * p.gchunks;
   p.l2_prefetch_pair = p.l2_prefetch > 0 && L.num_kv_heads % 2 == 0 && l2_prefetch_pair_env();
   if (p.max_splits > 1) {
     p.part_o = static_cast<float*>(a.workspace);
     p.part_lse = p.part_o + static_cast<size_t>(a.batch) * a.num_heads * p.max_splits * L.head_dim;
+    // Fused merge (FUSE, version 10 variant): counters after the partials;
+    // the weights of <= kMaxGroup heads x max_splits go in the CTA's shared
+    // memory (at least kWarps x kMaxGroup x D floats at every D); the
+    // workspace must hold the counters (a plan from this plan_decode does).
+    const int heads_per_cta = std::min(p.group, kMaxGroup);
+    p.fuse = !hpw && fuse_env() && L.head_dim >= 128 && p.max_splits < 65536 &&
+             static_cast<int64_t>(heads_per_cta) * p.max_splits <= static_cast<int64_t>(kWarps) * kMaxGroup * L.head_dim &&
+             a.plan.workspace_bytes >= workspace_for(a.batch, a.num_heads, L.num_kv_heads, p.max_splits, L.head_dim);
+    if (p.fuse) {
+      p.split_counters = reinterpret_cast<unsigned long long*>(
+          static_cast<uint8_t*>(a.workspace) + split_counters_offset(a.batch, a.num_heads, p.max_splits, L.head_dim));
+      p.epoch = kCounterTag;
+    }
   }
   const dim3 grid(ctas_x, a.batch, p.max_splits);
   switch (L.head_dim) {

@@ -103,6 +103,10 @@ struct DecodeArgs {
   void* workspace = nullptr;  // plan.workspace_bytes, device
 };
 void paged_decode(const DecodeArgs& args, cudaStream_t stream);
+// Tests only: overrides FP8KV_DECODE_FUSE (the fused split merge, decode
+// v10 variant; docs/cuda.md) for later paged_decode calls of this process:
+// 1 on, 0 off, -1 back to the variable.
+void set_decode_fuse_override(int v);
 
 // ---- prefill / chunked prefill --------------------------------------------
 
