@@ -312,7 +312,14 @@ __global__ void __launch_bounds__(kWarps * 32,
   const int ctx = p.context_lens[b];
   int first, tstart, nsplits;
   seq_range(p, ctx, first, tstart, nsplits);
-  if (split >= nsplits) return;
+  if (split >= nsplits) {
+    // Waits even so: if no CTA of this grid waited (an all-padding step, e.g.
+    // the engine's startup graph warm-up, where every context is 0), the grid
+    // could complete before the previous kernel, and the kernels after it,
+    // which wait only for this grid, would no longer follow that one.
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    return;
+  }
   // Programmatic dependent launch (version 10, FP8KV_DECODE_PDL, on by
   // default): this grid may start while the previous kernel in the stream
   // drains. Before this wait it reads only the context lengths and block
