@@ -36,13 +36,14 @@ phase build
 source scripts/gpu_kernel_build.sh
 
 # ALT: the A/B variant list (NAME:VAR=VALUE; NAME:VALUE = FP8KV_DECODE_V9=VALUE).
-# Default (after run O_2): nopdl = FP8KV_DECODE_PDL=0, the decode kernel
-# launched without programmatic serialization (version 10's default has it);
+# Default (after the ninth session's final run): pdl = FP8KV_DECODE_PDL=1, the
+# decode kernel launched with programmatic serialization (off by default: the
+# engine's batch-1 1K step was 0.8% slower with it);
 # Run O_2's list was "fuse:FP8KV_DECODE_FUSE=1 fusepf:FP8KV_DECODE_FUSE=1,FP8KV_DECODE_PF=2"
 # (fusepf: the fused merge plus the L2 prefetch 2 tiles ahead, on the B=1
 # and B=8/16K rows only).
 # fuse again (its counters reworked after O_2: one atomicAdd per CTA).
-ALT=${ALT:-"nopdl:FP8KV_DECODE_PDL=0 fuse:FP8KV_DECODE_FUSE=1"}
+ALT=${ALT:-"pdl:FP8KV_DECODE_PDL=1 fuse:FP8KV_DECODE_FUSE=1"}
 altenv() {  # the VAR=VALUE words of an ALT entry (commas separate several)
   local v=${1#*:}
   [[ $v == *=* ]] && echo "${v//,/ }" || echo "FP8KV_DECODE_V9=$v"
@@ -118,7 +119,7 @@ done
 # run; run O_2 also ran the whole suite under it: TESTALT="... fuse:FP8KV_DECODE_FUSE=1".)
 # (`all` was bitwise = default in all 144 launches in run O_2; add
 # "all:FP8KV_DECODE_V9=all" to TESTALT to repeat it: ~28 s.)
-TESTALT=${TESTALT:-"nopdl:FP8KV_DECODE_PDL=0 fuse:FP8KV_DECODE_FUSE=1"}
+TESTALT=${TESTALT:-"pdl:FP8KV_DECODE_PDL=1 fuse:FP8KV_DECODE_FUSE=1"}
 for a in $TESTALT; do
   fname=${a%%:*}; fenv=$(altenv "$a")
   [ $(el) -lt 125 ] || { echo "skip decode tests under $fname (time)"; continue; }
@@ -147,7 +148,7 @@ NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-comput
 first=${ALT%% *}
 if [ "${NCU:-1}" != 0 ] && [ -n "$NCU_BIN" ]; then
   phase "ncu ($NCU_BIN)"
-  # (The kernels do not change under nopdl.)
+  # (The kernels do not change under pdl.)
   jobs_=("fp8_e4m3 128 1 65536:fuse:FP8KV_DECODE_FUSE=1" "fp8_e4m3 128 32 16384:fuse:FP8KV_DECODE_FUSE=1"
          "fp8_e4m3 128 1 1024:base:FP8KV_DECODE_FUSE=0")
   for job in "${jobs_[@]}"; do

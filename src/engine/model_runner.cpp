@@ -42,14 +42,18 @@ int ModelRunner::warm_up_graphs() {
   const KvPlan& plan = kv_->plan();
   const int B = plan.block_size, G = kv_->num_groups(), L = plan.max_model_len;
   const int max_seqs = buckets_.back();
-  // The largest prefill step: T tokens in S sequences of at most L tokens
-  // each (split evenly, so that none is a one-token "decode").
+  // The largest step: T = max_num_batched_tokens tokens (at most max_model_len
+  // per sequence) in as many sequences as a step may hold (each >= 2 tokens,
+  // so that none is a one-token "decode"), block tables max_model_len wide
+  // and one sampled row per sequence: the step buffer then holds any real
+  // step (a mixed step of 255 decodes and a prefill chunk included), so no
+  // later begin_step grows it (which would drop every graph).
   const int T = std::min(max_num_batched_tokens_, max_seqs * L);
-  const int S = T >= 2 ? std::max((T + L - 1) / L, 1) : 0;
-  if (S > 0 && T / S >= 2) {
+  const int S = std::min(max_seqs, T / 2);
+  if (S > 0 && (T + S - 1) / S <= L) {
     StepBatch& b = batch_;
     b = StepBatch{};
-    const int width = (std::min(T, L) + B - 1) / B;
+    const int width = (L + B - 1) / B;
     b.num_tokens = T;
     b.num_seqs = S;
     b.num_groups = G;
@@ -68,7 +72,9 @@ int ModelRunner::warm_up_graphs() {
       b.is_decode.push_back(0);
       b.max_query_len = std::max(b.max_query_len, n);
       b.max_context_len = std::max(b.max_context_len, n);
+      b.sample_rows.push_back(t - 1);  // sized in the step buffer; the forward pass below samples nothing
     }
+    b.sample_params.resize(static_cast<size_t>(S));
     next_seqs_.clear();
     next_params_.clear();
     be_.begin_step(batch_);

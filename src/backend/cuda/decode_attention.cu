@@ -1168,11 +1168,14 @@ bool fuse_env() {
   }();
   return on;
 }
-// FP8KV_DECODE_PDL (version 10; unset or "1": on, "0": off): the decode
+// FP8KV_DECODE_PDL (version 10; "1": on, unset or "0": off): the decode
 // kernel launched with programmatic stream serialization, and the reduce
 // kernel letting its dependent launch early (griddepcontrol.launch_dependents
-// after its wait). Off: both as in version 9.
-constexpr bool kDefaultPdl = true;
+// after its wait). Off: both as in version 9. Off by default since the
+// ninth session's final run (docs/cuda.md "PDL for the decode kernel"): the
+// engine's batch-1 1K step was 0.8% slower with it (three process pairs),
+// 60K 0.6% faster; the flip rule written before the run asked for <= 0.5%.
+constexpr bool kDefaultPdl = false;
 bool pdl_env() {
   static const bool on = [] {
     const char* e = std::getenv("FP8KV_DECODE_PDL");
