@@ -296,6 +296,11 @@ class Backend {
   // capture the runner calls abort_graph_capture.
   // Not called under enforce_eager or when supports_graphs() is false.
   virtual bool supports_graphs() const { return false; }
+  // Startup (ModelRunner::warm_up_graphs): size the scratch that depends on
+  // the decode plan for every decode batch of up to max_seqs sequences at up
+  // to max_context tokens, so that no later step grows it (a growth drops
+  // every graph). A no-op where nothing is planned per step.
+  virtual void reserve_decode_scratch(int /*max_seqs*/, int /*max_context*/) {}
   virtual bool replay_graph(int64_t /*key*/) { return false; }
   virtual void begin_graph_capture(int64_t /*key*/) {}
   virtual void end_graph_capture(int64_t /*key*/) {}

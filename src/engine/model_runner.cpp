@@ -48,6 +48,7 @@ int ModelRunner::warm_up_graphs() {
   // and one sampled row per sequence: the step buffer then holds any real
   // step (a mixed step of 255 decodes and a prefill chunk included), so no
   // later begin_step grows it (which would drop every graph).
+  be_.reserve_decode_scratch(max_seqs, L);
   const int T = std::min(max_num_batched_tokens_, max_seqs * L);
   const int S = std::min(max_seqs, T / 2);
   if (S > 0 && (T + S - 1) / S <= L) {

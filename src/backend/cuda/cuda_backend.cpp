@@ -11,6 +11,7 @@
 
 #include <cuda_profiler_api.h>
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/dummy_fill.h"
@@ -1205,8 +1206,31 @@ void CudaBackend::grow(cuda::DeviceBuffer& buf, size_t bytes) {
                                        "(the eager warm-up must size it)",
                                        bytes));
   // Geometric growth: a few reallocations (each invalidates the graphs) in a run.
+  if (!graphs_.empty())
+    spdlog::info("CudaBackend: a scratch buffer grows from {} to {} bytes: {} CUDA graphs will be re-captured",
+                  buf.bytes(), bytes, graphs_.size());
   buf.reserve(std::max(bytes, buf.bytes() + buf.bytes() / 2));
   ++buffers_gen_;
+}
+
+// The decode workspace of every plan a step can ask for: batches of 1 ..
+// max_seqs decode rows (a mixed step's decode part is not a bucket size) at
+// max_context, for each distinct window of the model's layers. plan_decode
+// is host arithmetic; the largest workspace is reserved once.
+void CudaBackend::reserve_decode_scratch(int max_seqs, int max_context) {
+  std::vector<int> windows;
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    const int w = cfg_.window_for_layer(l);
+    if (std::find(windows.begin(), windows.end(), w) == windows.end()) windows.push_back(w);
+  }
+  size_t most = 16;
+  for (int w : windows)
+    for (int b = 1; b <= max_seqs; ++b)
+      most = std::max(most, cuda::plan_decode(b, cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim, max_context, w,
+                                              cuda::device_sm_count(), cuda::linear_routes().decode_split_tokens,
+                                              /*ctas_per_sm=*/0, layout_.dtype)
+                                .workspace_bytes);
+  grow(decode_ws_, most);
 }
 
 void CudaBackend::drop_graphs() {

@@ -92,6 +92,7 @@ class CudaBackend final : public Backend {
 
   // CUDA graphs per decode bucket (docs/cuda_backend.md "CUDA graphs").
   bool supports_graphs() const override { return !enforce_eager_ && observer_ == nullptr; }
+  void reserve_decode_scratch(int max_seqs, int max_context) override;
   bool replay_graph(int64_t key) override;
   void begin_graph_capture(int64_t key) override;
   void end_graph_capture(int64_t key) override;
