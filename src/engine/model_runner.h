@@ -49,13 +49,15 @@ class ModelRunner {
   // Bucket of a decode step of S sequences; 0 when S exceeds the largest.
   int graph_bucket(int S) const;
   // Startup warm-up, as vLLM captures its CUDA graphs before serving (after
-  // set_kv and the KV scales): one eager prefill of the largest step
-  // (max_num_batched_tokens tokens in sequences of at most max_model_len;
+  // set_kv and the KV scales): Backend::reserve_decode_scratch for every
+  // decode batch size, one eager prefill as large as any step can be
+  // (max_num_batched_tokens tokens in up to max_num_seqs sequences of at most
+  // max_model_len, tables max_model_len wide, a sampled row per sequence;
   // every block-table entry block 0, every slot -1, so it reads block 0 and
   // writes no KV), which sizes the backend's scratch buffers, then one
   // capture per decode bucket, largest first, on all-padding batches (the
   // padding rows of pad_batch). A graph is dropped when a scratch buffer grows
-  // later, so without the prefill the first real prefill would discard them.
+  // later, so without the sizing the first real mixed step would discard them.
   // Does nothing (returns 0) unless the backend supports_graphs(), on one
   // rank, without pad_eager. Returns the graphs captured.
   int warm_up_graphs();
