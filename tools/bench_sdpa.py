@@ -36,6 +36,29 @@ def median_ms(fn, warmup, reps):
     return ts[len(ts) // 2]
 
 
+def stream_median_ms(fn, first, reps):
+    """Stream method (docs/cuda.md, "Decode v11"), as bench_attention's: the
+    per-call GPU time of calls issued back to back behind a spin
+    (torch.cuda._sleep), events around each call and no host sync between
+    them, so no call waits for its own host-side launch (Python and the
+    dispatcher). Returns (median ms, mean host us per call)."""
+    import time
+    import torch
+    torch.cuda.synchronize()
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
+    # ~2 ms + 200 us per call at ~2 GHz: every call is queued before the GPU gets there.
+    torch.cuda._sleep(int((2e-3 + 2e-4 * reps) * 2e9))
+    h0 = time.perf_counter()
+    ev[0].record()
+    for i in range(reps):
+        fn(first + i)
+        ev[i + 1].record()
+    h1 = time.perf_counter()
+    ev[reps].synchronize()
+    ts = sorted(ev[i].elapsed_time(ev[i + 1]) for i in range(reps))
+    return ts[len(ts) // 2], (h1 - h0) / reps * 1e6
+
+
 def run(prefill_only=False):
     import torch
     import torch.nn.functional as F
@@ -92,8 +115,10 @@ def decode_row(h, hkv, d, B, C):
         if time.perf_counter() - t0 >= warm_s:
             break
     ms = median_ms(fn, 3, reps)
+    ms_stream, host_us = stream_median_ms(fn, 3 + reps, reps)
     print(json.dumps({"kind": "sdpa_decode", "d": d, "heads": h, "batch": B, "ctx": C, "ms": ms,
-                      "kv_bytes": kv_bytes, "GBps": kv_bytes / (ms * 1e-3) / 1e9}), flush=True)
+                      "kv_bytes": kv_bytes, "GBps": kv_bytes / (ms * 1e-3) / 1e9, "ms_stream": ms_stream,
+                      "host_us": host_us}), flush=True)
     del ks, vs, q
     torch.cuda.empty_cache()
 

@@ -11,10 +11,12 @@
 //   prefill : 8K causal prefill from the paged cache (if built with prefill)
 //   store   : store of 64K tokens, bf16 input, bf16 vs fp8 cache
 // Working sets are rotated among several caches so that each launch reads
-// well past the 60 MB L2. CUDA events, warm-up, medians.
+// well past the 60 MB L2. CUDA events, warm-up, medians; decode rows and the
+// copy also by the stream method (stream_median_ms).
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -78,17 +80,64 @@ double median_ms(F&& launch, int warmup, int reps) {
   return t[t.size() / 2];
 }
 
+// Keeps the GPU busy for about `us` microseconds (a one-thread spin on the
+// global timer), so that the launches enqueued behind it are all queued
+// before the GPU reaches them.
+__global__ void spin_kernel(unsigned long long ns) {
+  unsigned long long t0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  for (unsigned long long t = t0; t - t0 < ns;) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+}
+
+// Stream method (docs/cuda.md, "Decode v11"): the per-call GPU time of calls
+// issued back to back behind a spin kernel, as a CUDA graph or a busy engine
+// stream runs them: events e_0 .. e_reps around the calls, no host sync
+// between them, so no call waits for its own host-side launch. Returns the
+// median of e_{i+1} - e_i; *host_us: the mean host time of one launch() call.
+template <class F>
+double stream_median_ms(F&& launch, int first, int reps, double* host_us = nullptr) {
+  std::vector<cudaEvent_t> e(reps + 1);
+  for (auto& x : e) CK(cudaEventCreate(&x));
+  CK(cudaDeviceSynchronize());
+  spin_kernel<<<1, 1>>>(static_cast<unsigned long long>(2000000 + 100000ull * reps));  // 2 ms + 100 us per call
+  CK(cudaGetLastError());
+  const auto h0 = std::chrono::steady_clock::now();
+  CK(cudaEventRecord(e[0]));
+  for (int i = 0; i < reps; ++i) {
+    launch(first + i);
+    CK(cudaEventRecord(e[i + 1]));
+  }
+  const auto h1 = std::chrono::steady_clock::now();
+  CK(cudaEventSynchronize(e[reps]));
+  std::vector<float> t;
+  for (int i = 0; i < reps; ++i) {
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e[i], e[i + 1]));
+    t.push_back(ms);
+  }
+  for (auto& x : e) CK(cudaEventDestroy(x));
+  if (host_us) *host_us = std::chrono::duration<double, std::micro>(h1 - h0).count() / reps;
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+double g_copy_stream_gbs = 0;  // bench_copy's stream-method bandwidth
+
 double bench_copy() {
   const size_t n = size_t(2) << 30;
   void *a, *b;
   CK(cudaMalloc(&a, n));
   CK(cudaMalloc(&b, n));
   fill(a, n, 1, false);
-  const double ms = median_ms([&](int) { CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice)); }, 3, 15);
+  auto copy = [&](int) { CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice)); };
+  const double ms = median_ms(copy, 3, 15);
+  const double ms_stream = stream_median_ms(copy, 0, 15);
   CK(cudaFree(a));
   CK(cudaFree(b));
   const double gbs = 2.0 * n / (ms * 1e-3) / 1e9;
-  std::printf("{\"kind\":\"copy\",\"bytes\":%zu,\"ms\":%.4f,\"GBps\":%.1f}\n", 2 * n, ms, gbs);
+  g_copy_stream_gbs = 2.0 * n / (ms_stream * 1e-3) / 1e9;
+  std::printf("{\"kind\":\"copy\",\"bytes\":%zu,\"ms\":%.4f,\"GBps\":%.1f,\"ms_stream\":%.4f,\"GBps_stream\":%.1f}\n",
+              2 * n, ms, gbs, ms_stream, g_copy_stream_gbs);
   return gbs;
 }
 
@@ -189,12 +238,15 @@ void bench_decode_one(double copy_gbs, const float* scales, KvDtype dt, int H, i
     CK(cudaEventDestroy(w1));
   }
   const double ms = median_ms(launch, 3, reps);
-  const double gbs = kv_bytes / (ms * 1e-3) / 1e9;
+  double host_us = 0;
+  const double ms_stream = stream_median_ms(launch, 3 + reps, reps, &host_us);
+  const double gbs = kv_bytes / (ms * 1e-3) / 1e9, gbs_stream = kv_bytes / (ms_stream * 1e-3) / 1e9;
   std::printf("{\"kind\":\"%s\",\"dtype\":\"%s\",\"d\":%d,\"heads\":%d,\"batch\":%d,\"ctx\":%d,\"ms\":%.4f,"
               "\"kv_bytes\":%.0f,\"GBps\":%.1f,\"frac_copy\":%.3f,\"split_tokens\":%d,\"splits\":%d,\"copies\":%zu,"
-              "\"ctas_per_sm\":%d}\n",
+              "\"ctas_per_sm\":%d,\"ms_stream\":%.4f,\"GBps_stream\":%.1f,\"frac_copy_stream\":%.3f,\"host_us\":%.1f}\n",
               kind, std::string(kv_dtype_name(dt)).c_str(), D, H, B, C, ms, kv_bytes, gbs, gbs / copy_gbs,
-              a.plan.split_tokens, a.plan.max_splits, cs.k.size(), ctas_per_sm);
+              a.plan.split_tokens, a.plan.max_splits, cs.k.size(), ctas_per_sm, ms_stream, gbs_stream,
+              g_copy_stream_gbs > 0 ? gbs_stream / g_copy_stream_gbs : 0.0, host_us);
   std::fflush(stdout);
   CK(cudaFree(q));
   CK(cudaFree(out));
