@@ -30,6 +30,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -37,6 +39,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl_launch.cuh"
 
 namespace fp8kv::cuda {
 namespace {
@@ -1032,6 +1035,18 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Dec
   }
 }
 
+// One FP8KV_DECODE_* switch (the callers below keep its value in a
+// function-local static: read once per process): `unset` when the variable
+// is unset or empty, else the value of the first of `choices` whose text it
+// equals, else `other`.
+int env_choice(const char* name, int unset, std::initializer_list<std::pair<const char*, int>> choices, int other) {
+  const char* e = std::getenv(name);
+  if (e == nullptr || *e == 0) return unset;
+  for (const auto& [text, v] : choices)
+    if (std::strcmp(e, text) == 0) return v;
+  return other;
+}
+
 // FP8KV_DECODE_DEEP selects the DEEP variant at D = 128 for measurement
 // (scripts/gpu_cuda.sh and gpu_decode.sh run the decode tests and the
 // benchmark with it too): "1" for bf16 and e4m3, "bf16" for bf16 only (e4m3
@@ -1043,12 +1058,7 @@ constexpr int kDefaultLean = 2;         // 0 off, 1 always (e4m3 d128), 2 auto (
 constexpr int kDefaultL2PrefetchBf16 = 0;  // tiles per warp (register path)
 constexpr int kDefaultL2PrefetchFp8 = 0;   // LEAN implies at least 2
 int deep_env() {  // 0 off, 1 all, 2 bf16 only
-  static const int v = [] {
-    const char* e = std::getenv("FP8KV_DECODE_DEEP");
-    if (e == nullptr || *e == 0) return kDefaultDeep;
-    const std::string s = e;
-    return s == "1" ? 1 : s == "bf16" ? 2 : 0;
-  }();
+  static const int v = env_choice("FP8KV_DECODE_DEEP", kDefaultDeep, {{"1", 1}, {"bf16", 2}}, 0);
   return v;
 }
 template <int DT>
@@ -1061,12 +1071,7 @@ bool deep_pipeline() {
 // FP8KV_DECODE_PF=n applies to every dtype; unset: the per-dtype defaults
 // above (at least 2 for an e4m3 LEAN kernel).
 int lean_mode() {
-  static const int v = [] {
-    const char* e = std::getenv("FP8KV_DECODE_LEAN");
-    if (e == nullptr || *e == 0) return kDefaultLean;
-    const std::string s = e;
-    return s == "1" ? 1 : s == "auto" ? 2 : 0;
-  }();
+  static const int v = env_choice("FP8KV_DECODE_LEAN", kDefaultLean, {{"1", 1}, {"auto", 2}}, 0);
   return v;
 }
 bool lean_env() { return lean_mode() == 1; }
@@ -1081,11 +1086,7 @@ int l2_prefetch_env_value() {  // -1: unset
 // (use_hpw; version 7 variant).
 constexpr bool kDefaultHpw = false;
 bool hpw_env() {
-  static const bool on = [] {
-    const char* e = std::getenv("FP8KV_DECODE_HPW");
-    if (e == nullptr || *e == 0) return kDefaultHpw;
-    return std::string(e) == "1";
-  }();
+  static const bool on = env_choice("FP8KV_DECODE_HPW", kDefaultHpw, {{"1", 1}}, 0) != 0;
   return on;
 }
 bool use_hpw(int head_dim, int num_heads, int num_kv_heads) {
@@ -1098,22 +1099,14 @@ bool use_hpw(int head_dim, int num_heads, int num_kv_heads) {
 // B=32/16K 902.4 -> 576.4 us); "0" selects the cp.async ring.
 constexpr bool kDefaultD256Reg = true;
 bool d256_reg_env() {
-  static const bool on = [] {
-    const char* e = std::getenv("FP8KV_DECODE_D256REG");
-    if (e == nullptr || *e == 0) return kDefaultD256Reg;
-    return std::string(e) != "0";
-  }();
+  static const bool on = env_choice("FP8KV_DECODE_D256REG", kDefaultD256Reg, {{"0", 0}}, 1) != 0;
   return on;
 }
 // FP8KV_DECODE_REDUCE=wide: the split reduction with 32 columns per CTA
 // (decode_reduce_kernel<D, 32>; version 8 variant, off by default).
 constexpr bool kDefaultReduceWide = false;
 bool reduce_wide_env() {
-  static const bool on = [] {
-    const char* e = std::getenv("FP8KV_DECODE_REDUCE");
-    if (e == nullptr || *e == 0) return kDefaultReduceWide;
-    return std::string(e) == "wide";
-  }();
+  static const bool on = env_choice("FP8KV_DECODE_REDUCE", kDefaultReduceWide, {{"wide", 1}}, 0) != 0;
   return on;
 }
 // FP8KV_DECODE_V9 (version 9 variants; see decode_kernel):
@@ -1135,13 +1128,11 @@ constexpr int kV9Rest = 16;
 // (1.001-1.002x) and fp8 e4m3 d256 (1.017x); decode tests pass under them.
 constexpr int kDefaultV9 = kV9Fp8 | kV9Bf16 | kV9D256;
 int v9_mode() {
-  static const int v = [] {
-    const char* e = std::getenv("FP8KV_DECODE_V9");
-    if (e == nullptr || *e == 0) return kDefaultV9;
-    const std::string s = e;
-    return s == "1" ? kV9Fp8 | kV9Bf16 | kV9D256 : s == "all" ? kV9Fp8 | kV9Bf16 | kV9D256 | kV9Rest
-                    : s == "ring" ? kV9Ring : 0;
-  }();
+  static const int v = env_choice("FP8KV_DECODE_V9", kDefaultV9,
+                                  {{"1", kV9Fp8 | kV9Bf16 | kV9D256},
+                                   {"all", kV9Fp8 | kV9Bf16 | kV9D256 | kV9Rest},
+                                   {"ring", kV9Ring}},
+                                  0);
   return v;
 }
 template <int D, int DT>
@@ -1163,11 +1154,7 @@ std::atomic<int> g_fuse_override{-1};
 bool fuse_env() {
   const int o = g_fuse_override.load(std::memory_order_relaxed);
   if (o >= 0) return o != 0;
-  static const bool on = [] {
-    const char* e = std::getenv("FP8KV_DECODE_FUSE");
-    if (e == nullptr || *e == 0) return kDefaultFuse;
-    return std::string(e) == "1";
-  }();
+  static const bool on = env_choice("FP8KV_DECODE_FUSE", kDefaultFuse, {{"1", 1}}, 0) != 0;
   return on;
 }
 // FP8KV_DECODE_PDL (version 10; "1": on, unset or "0": off): the decode
@@ -1179,20 +1166,12 @@ bool fuse_env() {
 // 60K 0.6% faster; the flip rule written before the run asked for <= 0.5%.
 constexpr bool kDefaultPdl = false;
 bool pdl_env() {
-  static const bool on = [] {
-    const char* e = std::getenv("FP8KV_DECODE_PDL");
-    if (e == nullptr || *e == 0) return kDefaultPdl;
-    return std::string(e) != "0";
-  }();
+  static const bool on = env_choice("FP8KV_DECODE_PDL", kDefaultPdl, {{"0", 0}}, 1) != 0;
   return on;
 }
 constexpr bool kDefaultL2PrefetchPair = false;
 bool l2_prefetch_pair_env() {
-  static const bool on = [] {
-    const char* e = std::getenv("FP8KV_DECODE_PFPAIR");
-    if (e == nullptr || *e == 0) return kDefaultL2PrefetchPair;
-    return std::string(e) == "1";
-  }();
+  static const bool on = env_choice("FP8KV_DECODE_PFPAIR", kDefaultL2PrefetchPair, {{"1", 1}}, 0) != 0;
   return on;
 }
 int l2_prefetch_for(KvDtype dt, int head_dim) {
@@ -1240,21 +1219,7 @@ void prepare_decode_t() {
 // writes); stream capture keeps the attribute as a programmatic edge.
 template <typename K>
 void launch_decode_kernel(K kernel, dim3 grid, int smem, cudaStream_t stream, const DecodeParams& p) {
-  if (!p.pdl) {
-    kernel<<<grid, kWarps * 32, smem, stream>>>(p);
-    return;
-  }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kWarps * 32);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  FP8KV_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
+  FP8KV_CUDA_CHECK(launch_maybe_pdl(p.pdl, kernel, grid, dim3(kWarps * 32), smem, stream, p));
 }
 
 // Returns whether the kernel merged the splits itself (FUSE: a FAST kernel
@@ -1449,21 +1414,11 @@ void launch_decode(const DecodeParams& p, KvDtype dt, dim3 grid, int batch, cuda
   if (p.max_splits > 1 && !fused) {
     // Programmatic dependent launch: the reduce grid is set up while the
     // decode grid drains; griddepcontrol.wait in it orders the reads.
-    cudaLaunchConfig_t cfg = {};
     constexpr int kWideCols = 32;
     const bool wide = reduce_wide_env();
-    cfg.gridDim = dim3(p.num_heads, batch, wide ? D / kWideCols : 1);
-    cfg.blockDim = dim3(kReduceThreads);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    if (wide)
-      FP8KV_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_reduce_kernel<D, kWideCols>, p));
-    else
-      FP8KV_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_reduce_kernel<D>, p));
+    FP8KV_CUDA_CHECK(launch_maybe_pdl(true, wide ? decode_reduce_kernel<D, kWideCols> : decode_reduce_kernel<D>,
+                                      dim3(p.num_heads, batch, wide ? D / kWideCols : 1), dim3(kReduceThreads), 0,
+                                      stream, p));
   }
 }
 
@@ -1508,11 +1463,7 @@ int choose_split_tokens_wave(int64_t base, int span, int64_t slots, int kpu) {
 // plan by that same measure; unset or "wave": the wave model alone.
 constexpr bool kDefaultPlanList = false;
 bool plan_list_env() {
-  static const bool on = [] {
-    const char* e = std::getenv("FP8KV_DECODE_PLAN");
-    if (e == nullptr || *e == 0) return kDefaultPlanList;
-    return std::string(e) == "list";
-  }();
+  static const bool on = env_choice("FP8KV_DECODE_PLAN", kDefaultPlanList, {{"list", 1}}, 0) != 0;
   return on;
 }
 constexpr int kListMaxSplits = 8;

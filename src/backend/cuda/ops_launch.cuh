@@ -14,6 +14,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/pdl_launch.cuh"
 
 namespace fp8kv::cuda {
 
@@ -33,21 +34,7 @@ inline bool pdl_small_kernels() {
 
 template <typename... KArgs, typename... Args>
 void launch_pdl(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t stream, Args... args) {
-  if (!pdl) {
-    kernel<<<grid, block, 0, stream>>>(args...);
-    FP8KV_CU_LAUNCH();
-    return;
-  }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  FP8KV_CU(cudaLaunchKernelEx(&cfg, kernel, args...));
+  FP8KV_CU(launch_maybe_pdl(pdl, kernel, grid, block, 0, stream, args...));
 }
 
 }  // namespace fp8kv::cuda
