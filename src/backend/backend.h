@@ -22,6 +22,9 @@
 //               CUDA fuses the residual norm into the decode GEMV).
 //   2026-12-01  linear_qkv_split_store (default: linear, qkv_split_store;
 //               CUDA fuses the prep + store into the decode qkv GEMV).
+//   2026-12-01  CUDA no longer overrides linear_add_rmsnorm /
+//               linear_qkv_split_store (its fused GEMVs were removed); both
+//               run their default bodies everywhere.
 //
 // Memory model
 //   The backend owns all memory the ops touch: weights (upload_weights), KV
@@ -243,8 +246,10 @@ class Backend {
   }
   // The fused QKV projection and its split: linear(x, w, bias) into qkv,
   // then qkv_split_store(batch, layer, qkv, ...). What the fused forward pass
-  // runs. A backend may run the split inside the GEMM (CUDA at one row:
-  // each head's prep in the GEMV block that finishes it), with the same bits.
+  // runs. A backend may run the split inside the GEMM, with the same bits
+  // (none does since the ninth session, 2026-12-01: CUDA's GEMV-fused prep
+  // measured slower and was removed, docs/cuda_backend.md; the op stays, the
+  // interface being additive only).
   virtual void linear_qkv_split_store(const StepBatch& batch, int layer, const Tensor& x, const Tensor& w,
                                       const Tensor& bias, Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
                                       float eps, Tensor& q, Tensor& k, Tensor& v) {
@@ -270,9 +275,11 @@ class Backend {
   // that follows it: tmp = linear(x, w, bias), summed over the tensor-
   // parallel ranks (all_reduce), then add_rmsnorm(h, tmp, norm_w, eps, y):
   // h += tmp; y = rmsnorm(h) * norm_w (y may alias h). tmp holds the
-  // projection's output afterwards. A backend may fuse the three (CUDA: the
-  // norm in the decode GEMV's last block, docs/cuda_backend.md "Residual norm
-  // fused into the GEMV") with the same bits.
+  // projection's output afterwards. A backend may fuse the three with the
+  // same bits (none does since the ninth session, 2026-12-01: CUDA's norm in
+  // the decode GEMV's last block measured slower and was removed,
+  // docs/cuda_backend.md "Residual norm fused into the GEMV"; the op stays,
+  // the interface being additive only).
   virtual void linear_add_rmsnorm(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& tmp, Tensor& h,
                                   const Tensor& norm_w, float eps, Tensor& y) {
     linear(x, w, bias, tmp);
