@@ -180,12 +180,14 @@ def main():
             k = skey(r)
             a = autos.get(k[:4])
             line = (f"  {k[0][:4]} d{k[1]} B={k[2]}/{k[3] // 1024}K {r['splits']:>3} x {k[4]:>5}: "
-                    f"{r['ms'] * 1e3:7.1f} {100 * r['GBps'] / copy:5.1f}%")
+                    f"{r['ms'] * 1e3:7.1f} {100 * r['GBps'] / copy:5.1f}%"
+                    + (f" stream {r['ms_stream'] * 1e3:7.1f}" if r.get("ms_stream") else ""))
             for n in snames:
                 v = sv[n].get(k)
                 line += f" | {n} {v['ms'] * 1e3:7.1f} {100 * v['GBps'] / copy:5.1f}%" if v else f" | {n} -"
             if a:
-                line += f"   (auto {a['splits']} splits {a['ms'] * 1e3:.1f})"
+                line += f"   (auto {a['splits']} splits {a['ms'] * 1e3:.1f}" + (
+                    f", stream {a['ms_stream'] * 1e3:.1f})" if a.get("ms_stream") else ")")
             print(line)
     spl = [r for r in load(os.path.join(out, "bench_splits.jsonl")) if r["kind"] == "split"]
     if spl:

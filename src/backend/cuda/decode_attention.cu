@@ -1504,7 +1504,11 @@ int64_t list_makespan(int64_t base, int span, int split, int64_t slots, int kpu)
   return end;
 }
 
-int choose_split_tokens(int64_t base, int span, int64_t slots, int kpu) {
+// lean_hi > 0: grids of more than `slots` and at most lean_hi CTAs run the
+// LEAN kernel (fp8 e4m3 d128, LEAN auto: see launch_decode_t), whose cost per
+// tile this model does not know (run P_1: the list plan's 512-CTA grid at
+// B=32/16K ran LEAN, 0.79x); the list search skips them.
+int choose_split_tokens(int64_t base, int span, int64_t slots, int kpu, int64_t lean_hi) {
   const int wave = choose_split_tokens_wave(base, span, slots, kpu);
   if (!plan_list_env()) return wave;
   const auto score = [&](int64_t split) {
@@ -1513,13 +1517,14 @@ int choose_split_tokens(int64_t base, int span, int64_t slots, int kpu) {
   // The engine plans every layer of a step alike: the last few answers are
   // kept (per thread), so a step costs one search.
   struct Memo {
-    int64_t base, slots;
+    int64_t base, slots, lean_hi;
     int span, kpu, split;
   };
   thread_local std::array<Memo, 8> memo{};
   thread_local int memo_next = 0;
   for (const Memo& m : memo)
-    if (m.split > 0 && m.base == base && m.slots == slots && m.span == span && m.kpu == kpu) return m.split;
+    if (m.split > 0 && m.base == base && m.slots == slots && m.lean_hi == lean_hi && m.span == span && m.kpu == kpu)
+      return m.split;
   int best = wave;
   int64_t best_cost = score(wave);
   // Every split of at most kListMaxSplits pieces: for each count n, the
@@ -1533,7 +1538,9 @@ int choose_split_tokens(int64_t base, int span, int64_t slots, int kpu) {
       const int64_t split = std::max<int64_t>(64, (even + (prev - even) * i / steps + 63) / 64 * 64);
       // A small batch (at most half the slots unsplit) stays in one wave, as
       // the wave model keeps it (tests/cuda CudaPlan): no trailing partial wave.
-      if (base * 2 <= slots && base * ((span + split - 1) / split) > slots) continue;
+      const int64_t ctas = base * ((span + split - 1) / split);
+      if (base * 2 <= slots && ctas > slots) continue;
+      if (ctas > slots && ctas <= lean_hi) continue;
       const int64_t cost = score(split);
       if (cost < best_cost || (cost == best_cost && best != wave && split > best)) {
         best_cost = cost;
@@ -1541,7 +1548,7 @@ int choose_split_tokens(int64_t base, int span, int64_t slots, int kpu) {
       }
     }
   }
-  memo[memo_next] = Memo{base, slots, span, kpu, best};
+  memo[memo_next] = Memo{base, slots, lean_hi, span, kpu, best};
   memo_next = (memo_next + 1) % static_cast<int>(memo.size());
   return best;
 }
@@ -1583,7 +1590,14 @@ DecodePlan plan_decode(int batch, int num_heads, int num_kv_heads, int head_dim,
     if (ctas_per_sm <= 0) ctas_per_sm = 3;
     const int64_t base = static_cast<int64_t>(batch) * (hpw ? num_kv_heads / kWarps : num_kv_heads * gchunks);
     const int64_t slots = static_cast<int64_t>(std::max(1, num_sms)) * ctas_per_sm;
-    split_tokens = choose_split_tokens(base, span, slots, hpw ? kTile : kWarps * kTile);
+    // The LEAN-auto band (see choose_split_tokens), fp8 e4m3 d128 only.
+    int64_t lean_hi = 0;
+    if (dtype == KvDtype::fp8_e4m3 && head_dim == 128 && !hpw && lean_mode() == 2 &&
+        pipeline_variant<128, kE4m3>() == 0) {
+      const int r1 = resident_ctas_t<128, kE4m3, false, true>();
+      lean_hi = static_cast<int64_t>(std::max(1, num_sms)) * (r1 > 0 ? r1 : 4);
+    }
+    split_tokens = choose_split_tokens(base, span, slots, hpw ? kTile : kWarps * kTile, lean_hi);
   }
   DecodePlan plan;
   plan.split_tokens = (split_tokens + 63) / 64 * 64;
