@@ -43,10 +43,10 @@ source scripts/gpu_kernel_build.sh
 # (fusepf: the fused merge plus the L2 prefetch 2 tiles ahead, on the B=1
 # and B=8/16K rows only).
 # fuse again (its counters reworked after O_2: one atomicAdd per CTA).
-# Decode v11 (tenth session): plan = FP8KV_DECODE_PLAN=list (the list-scheduling
-# split planner, uneven splits; docs/cuda.md "Decode v11"); pf3 = the L2
-# prefetch 3 tiles ahead (fp8 d256's default is 2; d128 fp8 has it off).
-ALT=${ALT:-"plan:FP8KV_DECODE_PLAN=list pf3:FP8KV_DECODE_PF=3"}
+# Runs P_1 / P_2 of the tenth session had plan = FP8KV_DECODE_PLAN=list (a
+# list-scheduling split planner, removed after them: docs/cuda.md "Decode
+# v11") and pf3 = FP8KV_DECODE_PF=3 (the L2 prefetch 3 tiles ahead).
+ALT=${ALT:-"pdl:FP8KV_DECODE_PDL=1 fuse:FP8KV_DECODE_FUSE=1"}
 altenv() {  # the VAR=VALUE words of an ALT entry (commas separate several)
   local v=${1#*:}
   [[ $v == *=* ]] && echo "${v//,/ }" || echo "FP8KV_DECODE_V9=$v"
@@ -114,7 +114,6 @@ for job in "fp8_e4m3 128 1 1024 128" "fp8_e4m3 128 1 1024 256" "fp8_e4m3 128 8 1
   timeout 10 $BENCH shape $job >>"$OUT/bench_split_base.jsonl" 2>>"$OUT/bench_ab.err" || echo "row split base $job: rc $?"
   for a in $ALT; do
     n=${a%%:*}; altrow "$a" "$job" || continue
-    [ "$n" = plan ] && continue  # a forced split is no plan's choice
     env $(altenv "$a") timeout 10 $BENCH shape $job >>"$OUT/bench_split_$n.jsonl" 2>>"$OUT/bench_ab.err" || echo "row split $n $job: rc $?"
   done
 done
@@ -129,9 +128,7 @@ done
 # run; run O_2 also ran the whole suite under it: TESTALT="... fuse:FP8KV_DECODE_FUSE=1".)
 # (`all` was bitwise = default in all 144 launches in run O_2; add
 # "all:FP8KV_DECODE_V9=all" to TESTALT to repeat it: ~28 s.)
-# (Decode v11: plan changes the split sizes, so its outputs differ from the
-# default's where its plan does; the tests must pass.)
-TESTALT=${TESTALT:-"plan:FP8KV_DECODE_PLAN=list"}
+TESTALT=${TESTALT:-"pdl:FP8KV_DECODE_PDL=1 fuse:FP8KV_DECODE_FUSE=1"}
 for a in $TESTALT; do
   fname=${a%%:*}; fenv=$(altenv "$a")
   [ $(el) -lt 125 ] || { echo "skip decode tests under $fname (time)"; continue; }

@@ -312,13 +312,17 @@ void check_rmsnorm(std::mt19937_64& rng, int rows, int n, bool delta, bool delta
   const auto h_gpu = to_host<float>(dh, h.size());
   const auto out_gpu = from_bf16(to_host<uint16_t>(dout, h.size()));
 
-  // Residual: exact without the post-norm (one fp32 add); with it, d's norm
-  // carries (n + 8) u relative.
+  // Residual: exact without the post-norm (one fp32 add, the same on both
+  // sides). With it, the GPU's and the CPU's norms of d are each within
+  // (n + 8) u relative of the exact one, so 2 (n + 8) u |d| apart; then each
+  // side rounds its own sum h + d once, u |ref| each (run P_2 of the tenth
+  // session, FP8KV_SEED=437317722, was 1 ulp apart at |ref| in [4, 8), over
+  // the one-rounding bound this had).
   std::vector<float> d_ref = d;
   if (delta_w) rmsnorm_cpu(d.data(), rows, n, dw.data(), eps, d_ref.data());
   for (size_t i = 0; i < h.size(); ++i) {
     const float ref = delta ? h[i] + d_ref[i] : h[i];
-    const double tol = delta_w ? (n + 8) * kU32 * std::fabs(d_ref[i]) + kU32 * std::fabs(ref) : 0.0;
+    const double tol = delta_w ? 2.0 * (n + 8) * kU32 * std::fabs(d_ref[i]) + 2.0 * kU32 * std::fabs(ref) : 0.0;
     ASSERT_LE(std::fabs(h_gpu[i] - ref), tol) << "h[" << i << "]";
   }
   // Output: the CPU norm of the GPU's residual.

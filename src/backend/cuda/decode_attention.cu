@@ -35,7 +35,6 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
@@ -1439,7 +1438,7 @@ constexpr int kReduceTiles = 3;
 
 // kpu: keys per tile unit of one CTA (64: 4 warps take 16-key tiles in turn;
 // 16 under HPW, where one warp walks every tile of its head).
-int choose_split_tokens_wave(int64_t base, int span, int64_t slots, int kpu) {
+int choose_split_tokens(int64_t base, int span, int64_t slots, int kpu) {
   const int64_t max_n = std::min<int64_t>((span + 63) / 64, std::max<int64_t>(1, (8 * slots + base - 1) / base));
   int best_split = (span + 63) / 64 * 64;
   int64_t best_cost = -1;
@@ -1456,103 +1455,6 @@ int choose_split_tokens_wave(int64_t base, int span, int64_t slots, int kpu) {
   }
   return best_split;
 }
-
-// FP8KV_DECODE_PLAN (decode v11): "list" also scores plans of at most
-// kListMaxSplits splits, uneven ones included (the last split shorter), by
-// list_makespan below, and takes one only where it beats the wave model's
-// plan by that same measure; unset or "wave": the wave model alone.
-constexpr bool kDefaultPlanList = false;
-bool plan_list_env() {
-  static const bool on = env_choice("FP8KV_DECODE_PLAN", kDefaultPlanList, {{"list", 1}}, 0) != 0;
-  return on;
-}
-constexpr int kListMaxSplits = 8;
-
-// Makespan in tile units of a decode grid under greedy list scheduling: the
-// GPU starts CTAs in launch order (the split index is the grid's slowest
-// dimension: every unit's split 0, then every split 1, ...), each on the
-// first of `slots` resident slots to free. A CTA costs its split's tiles
-// (ceil(keys / kpu)) plus kCtaOverheadTiles; `base` CTAs per split. Slots are
-// kept as (free time, count) groups: the work grows with splits x groups, not
-// with CTAs. Where a wave of equal CTAs would leave slots idle at its end, a
-// shorter last split can fill them: fp8 d128 B=32/16K at 3 CTAs per SM scores
-// 2 splits of 11072 + 5312 keys (512 CTAs, 2 partials per head) at 179 + 3
-// against 184 + 3 for the wave model's 3 x 5504 (768 CTAs).
-int64_t list_makespan(int64_t base, int span, int split, int64_t slots, int kpu) {
-  std::vector<std::pair<int64_t, int64_t>> groups{{0, slots}};  // a min-heap on the free time
-  const auto later = [](const std::pair<int64_t, int64_t>& a, const std::pair<int64_t, int64_t>& b) {
-    return a.first > b.first;
-  };
-  int64_t end = 0;
-  for (int64_t z0 = 0; z0 < span; z0 += split) {
-    const int64_t cost = (std::min<int64_t>(split, span - z0) + kpu - 1) / kpu + kCtaOverheadTiles;
-    for (int64_t left = base; left > 0;) {
-      std::pop_heap(groups.begin(), groups.end(), later);
-      const auto [t, c] = groups.back();
-      groups.pop_back();
-      const int64_t k = std::min(c, left);
-      left -= k;
-      end = std::max(end, t + cost);
-      groups.emplace_back(t + cost, k);
-      std::push_heap(groups.begin(), groups.end(), later);
-      if (c > k) {
-        groups.emplace_back(t, c - k);
-        std::push_heap(groups.begin(), groups.end(), later);
-      }
-    }
-  }
-  return end;
-}
-
-// lean_hi > 0: grids of more than `slots` and at most lean_hi CTAs run the
-// LEAN kernel (fp8 e4m3 d128, LEAN auto: see launch_decode_t), whose cost per
-// tile this model does not know (run P_1: the list plan's 512-CTA grid at
-// B=32/16K ran LEAN, 0.79x); the list search skips them.
-int choose_split_tokens(int64_t base, int span, int64_t slots, int kpu, int64_t lean_hi) {
-  const int wave = choose_split_tokens_wave(base, span, slots, kpu);
-  if (!plan_list_env()) return wave;
-  const auto score = [&](int64_t split) {
-    return list_makespan(base, span, static_cast<int>(split), slots, kpu) + (split < span ? kReduceTiles : 0);
-  };
-  // The engine plans every layer of a step alike: the last few answers are
-  // kept (per thread), so a step costs one search.
-  struct Memo {
-    int64_t base, slots, lean_hi;
-    int span, kpu, split;
-  };
-  thread_local std::array<Memo, 8> memo{};
-  thread_local int memo_next = 0;
-  for (const Memo& m : memo)
-    if (m.split > 0 && m.base == base && m.slots == slots && m.lean_hi == lean_hi && m.span == span && m.kpu == kpu)
-      return m.split;
-  int best = wave;
-  int64_t best_cost = score(wave);
-  // Every split of at most kListMaxSplits pieces: for each count n, the
-  // 64-key multiples from the even split of n up to that of n - 1 (at most
-  // 128 of them, evenly spaced); ties keep the wave model's plan, then the
-  // fewer splits.
-  for (int n = 1; n <= kListMaxSplits; ++n) {
-    const int64_t even = (span + n - 1) / n, prev = n > 1 ? (span + n - 2) / (n - 1) : even;
-    const int64_t steps = std::min<int64_t>(128, std::max<int64_t>(1, (prev - even) / 64));
-    for (int64_t i = 0; i < steps; ++i) {
-      const int64_t split = std::max<int64_t>(64, (even + (prev - even) * i / steps + 63) / 64 * 64);
-      // A small batch (at most half the slots unsplit) stays in one wave, as
-      // the wave model keeps it (tests/cuda CudaPlan): no trailing partial wave.
-      const int64_t ctas = base * ((span + split - 1) / split);
-      if (base * 2 <= slots && ctas > slots) continue;
-      if (ctas > slots && ctas <= lean_hi) continue;
-      const int64_t cost = score(split);
-      if (cost < best_cost || (cost == best_cost && best != wave && split > best)) {
-        best_cost = cost;
-        best = static_cast<int>(split);
-      }
-    }
-  }
-  memo[memo_next] = Memo{base, slots, lean_hi, span, kpu, best};
-  memo_next = (memo_next + 1) % static_cast<int>(memo.size());
-  return best;
-}
-
 
 // Workspace: partial outputs [batch][heads][splits][D] and log-sum-exps
 // [batch][heads][splits] (floats), then (8-byte aligned) the fused merge's
@@ -1590,14 +1492,7 @@ DecodePlan plan_decode(int batch, int num_heads, int num_kv_heads, int head_dim,
     if (ctas_per_sm <= 0) ctas_per_sm = 3;
     const int64_t base = static_cast<int64_t>(batch) * (hpw ? num_kv_heads / kWarps : num_kv_heads * gchunks);
     const int64_t slots = static_cast<int64_t>(std::max(1, num_sms)) * ctas_per_sm;
-    // The LEAN-auto band (see choose_split_tokens), fp8 e4m3 d128 only.
-    int64_t lean_hi = 0;
-    if (dtype == KvDtype::fp8_e4m3 && head_dim == 128 && !hpw && lean_mode() == 2 &&
-        pipeline_variant<128, kE4m3>() == 0) {
-      const int r1 = resident_ctas_t<128, kE4m3, false, true>();
-      lean_hi = static_cast<int64_t>(std::max(1, num_sms)) * (r1 > 0 ? r1 : 4);
-    }
-    split_tokens = choose_split_tokens(base, span, slots, hpw ? kTile : kWarps * kTile, lean_hi);
+    split_tokens = choose_split_tokens(base, span, slots, hpw ? kTile : kWarps * kTile);
   }
   DecodePlan plan;
   plan.split_tokens = (split_tokens + 63) / 64 * 64;
