@@ -80,9 +80,9 @@ double median_ms(F&& launch, int warmup, int reps) {
   return t[t.size() / 2];
 }
 
-// Keeps the GPU busy for about `us` microseconds (a one-thread spin on the
-// global timer), so that the launches enqueued behind it are all queued
-// before the GPU reaches them.
+// Keeps the GPU busy for `ns` nanoseconds (a one-thread spin on the global
+// timer), so that the launches enqueued behind it are all queued before the
+// GPU reaches them.
 __global__ void spin_kernel(unsigned long long ns) {
   unsigned long long t0;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
@@ -93,7 +93,8 @@ __global__ void spin_kernel(unsigned long long ns) {
 // issued back to back behind a spin kernel, as a CUDA graph or a busy engine
 // stream runs them: events e_0 .. e_reps around the calls, no host sync
 // between them, so no call waits for its own host-side launch. Returns the
-// median of e_{i+1} - e_i; *host_us: the mean host time of one launch() call.
+// median of e_{i+1} - e_i; *host_us: the mean host time of one launch() call
+// and its event record.
 template <class F>
 double stream_median_ms(F&& launch, int first, int reps, double* host_us = nullptr) {
   std::vector<cudaEvent_t> e(reps + 1);

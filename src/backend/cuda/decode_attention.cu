@@ -988,7 +988,7 @@ __global__ void __launch_bounds__(kWarps * 32,
 // loaded together with the log-sum-exps of the maximum, so the kernel waits
 // on one round trip to the partials instead of three (the context length,
 // the log-sum-exps, then the partials). Same sums in the same order: bitwise
-// version 10's results (run P_4: 144 launches; GPU time 4.6% less at B=1/1K,
+// version 10's results (run P_4: 144 launches; GPU time 4.4% less at B=1/1K,
 // the same elsewhere; docs/cuda.md "Decode v11").
 template <int D, int CW = D>
 __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const DecodeParams p) {
