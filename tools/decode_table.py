@@ -144,8 +144,9 @@ def main():
             os.path.join(out, f"test_{n}.status")) else "not run here"
         print("A/B (us; speed = mean(default samples) / variant; %copy and t = us / SDPA (fp8) or x = SDPA / us (bf16) "
               "per column): " + "; ".join(f"{n} decode tests {st(n)}" for n in var))
+        print("  (s.speed: the same ratio by the stream method's GPU times, ms_stream, where the rows have them)")
         print(f"  {'row':<22} {'base':>7} {'base2':>7} {'%copy':>6} {'t/x':>6}" + "".join(
-            f" | {n:>7} {'speed':>6} {'%copy':>6} {'t/x':>6}" for n in var))
+            f" | {n:>7} {'speed':>6} {'s.speed':>7} {'%copy':>6} {'t/x':>6}" for n in var))
         allk = sorted({k for v in var.values() for k in v} | set(abb), key=lambda k: (k[1], k[0], k[2], k[3]))
         fm = lambda v, w, p=1: f"{v:{w}.{p}f}" if v is not None else f"{'-':>{w}}"
         rel = lambda k, r: ((r["ms"] / sdpa[k[1:]] if k[0] != "bf16" else sdpa[k[1:]] / r["ms"])
@@ -157,11 +158,13 @@ def main():
             name = f"{k[0][:4]} d{k[1]} B={k[2]}/{k[3] // 1024}K"
             line = (f"  {name:<22} {fm(b1 and b1['ms'] * 1e3, 7)} {fm(b2 and b2['ms'] * 1e3, 7)} "
                     f"{fm(bref and 100 * bref['GBps'] / copy, 6)} {fm(rel(k, bref), 6, 3)}")
+            bss = [r["ms_stream"] for r in (b1, b2) if r and r.get("ms_stream")]
             for n, v in var.items():
                 r = v.get(k)
                 sp = statistics.mean(bs) / r["ms"] if (r and bs) else None
-                line += (f" | {fm(r and r['ms'] * 1e3, 7)} {fm(sp, 6, 3)} {fm(r and 100 * r['GBps'] / copy, 6)} "
-                         f"{fm(rel(k, r), 6, 3)}")
+                ssp = statistics.mean(bss) / r["ms_stream"] if (r and bss and r.get("ms_stream")) else None
+                line += (f" | {fm(r and r['ms'] * 1e3, 7)} {fm(sp, 6, 3)} {fm(ssp, 7, 3)} "
+                         f"{fm(r and 100 * r['GBps'] / copy, 6)} {fm(rel(k, r), 6, 3)}")
             print(line)
     # Forced-split rows (decode v10): bench_split_base.jsonl and
     # bench_split_NAME.jsonl (the ALT variants), interleaved per row.
