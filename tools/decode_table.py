@@ -68,23 +68,27 @@ def main():
             fp_t.setdefault(d, []).append((t, B, C))
         print(f"{d:>3} {B:>3} {C:>6} | {f(s * 1e3 if s else None, 7)} | {f(us(b), 7)} {f(x, 5, 2)} {f(pc(b), 5)} | "
               f"{f(us(e), 7)} {f(t, 5, 2)} {f(pc(e), 5)} {e['splits'] if e else '-':>3} | {f(us(g), 8)} {f(tg, 5, 2)}")
-    print("targets (issue 14):")
-
     def line(name, val, goal, ok):
         v = "no data" if val is None else val
         print(f"  {name:<44} {v:<26} goal {goal:<8} {'MET' if ok else ('-' if val is None else 'missed')}")
 
-    for d in (128, 256):
-        m = min(bf_min.get(d, []), default=None)
-        line(f"bf16 d{d} min x SDPA (every size)", m and f"{m[0]:.3f} (B={m[1]}/{m[2]})", ">= 0.95", m and m[0] >= 0.95)
-        w = max(fp_t.get(d, []), default=None)
-        line(f"fp8 d{d} max t/SDPA (B >= 8, ctx >= 16K)", w and f"{w[0]:.3f} (B={w[1]}/{w[2]})", "<= 0.55",
-             w and w[0] <= 0.55)
-        for B, C, goal in ((32, 16384, 90), (1, 65536, 65)):
-            r = ours.get(("fp8_e4m3", d, B, C))
-            v = 100 * r["GBps"] / copy if r else None
-            line(f"fp8 d{d} B={B}/{C // 1024}K % of copy", v is not None and f"{v:.1f}" or None, f">= {goal}",
-                 v is not None and v >= goal)
+    def targets(title, bf, fp, pct):
+        """Issue 14's targets: bf / fp the (x, B, C) / (t, B, C) lists per d,
+        pct(row) the row's % of copy (None without data); one method each."""
+        print(title)
+        for d in (128, 256):
+            m = min(bf.get(d, []), default=None)
+            line(f"bf16 d{d} min x SDPA (every size)", m and f"{m[0]:.3f} (B={m[1]}/{m[2]})", ">= 0.95",
+                 m and m[0] >= 0.95)
+            w = max(fp.get(d, []), default=None)
+            line(f"fp8 d{d} max t/SDPA (B >= 8, ctx >= 16K)", w and f"{w[0]:.3f} (B={w[1]}/{w[2]})", "<= 0.55",
+                 w and w[0] <= 0.55)
+            for B, C, goal in ((32, 16384, 90), (1, 65536, 65)):
+                v = pct(ours.get(("fp8_e4m3", d, B, C)))
+                line(f"fp8 d{d} B={B}/{C // 1024}K % of copy", v is not None and f"{v:.1f}" or None, f">= {goal}",
+                     v is not None and v >= goal)
+
+    targets("targets (issue 14):", bf_min, fp_t, lambda r: 100 * r["GBps"] / copy if r else None)
     # The stream method (decode v11; bench_attention and bench_sdpa's
     # ms_stream): the same rows' per-call GPU time of calls issued back to back
     # (no host launch in the time), %copy against the copy by the same method.
@@ -98,12 +102,12 @@ def main():
         print(f"{'d':>3} {'B':>3} {'ctx':>6} | {'sdpa':>7} | {'bf16':>7} {'x':>5} {'%copy':>5} | {'fp8':>7} {'t':>5} "
               f"{'%copy':>5} {'host':>5}")
         bf_s, fp_s = {}, {}
+        f = lambda v, w, p=1: f"{v:{w}.{p}f}" if v is not None else f"{'-':>{w}}"
+        ms_ = lambda r: r.get("ms_stream") if r else None
+        pc = lambda r: 100 * r["kv_bytes"] / (r["ms_stream"] * 1e-3) / 1e9 / copy_s if ms_(r) else None
         for d, B, C in keys:
             s = sdpa_s.get((d, B, C))
             b, e = ours.get(("bf16", d, B, C)), ours.get(("fp8_e4m3", d, B, C))
-            f = lambda v, w, p=1: f"{v:{w}.{p}f}" if v is not None else f"{'-':>{w}}"
-            ms_ = lambda r: r.get("ms_stream") if r else None
-            pc = lambda r: 100 * r["kv_bytes"] / (r["ms_stream"] * 1e-3) / 1e9 / copy_s if ms_(r) else None
             x = s / ms_(b) if (s and ms_(b)) else None
             t = ms_(e) / s if (s and ms_(e)) else None
             if x is not None:
@@ -113,19 +117,7 @@ def main():
             print(f"{d:>3} {B:>3} {C:>6} | {f(s * 1e3 if s else None, 7)} | {f(ms_(b) and ms_(b) * 1e3, 7)} "
                   f"{f(x, 5, 2)} {f(pc(b), 5)} | {f(ms_(e) and ms_(e) * 1e3, 7)} {f(t, 5, 2)} {f(pc(e), 5)} "
                   f"{f(e and e.get('host_us'), 5)}")
-        print("targets (issue 14), stream method:")
-        for d in (128, 256):
-            m = min(bf_s.get(d, []), default=None)
-            line(f"bf16 d{d} min x SDPA (every size)", m and f"{m[0]:.3f} (B={m[1]}/{m[2]})", ">= 0.95",
-                 m and m[0] >= 0.95)
-            w = max(fp_s.get(d, []), default=None)
-            line(f"fp8 d{d} max t/SDPA (B >= 8, ctx >= 16K)", w and f"{w[0]:.3f} (B={w[1]}/{w[2]})", "<= 0.55",
-                 w and w[0] <= 0.55)
-            for B, C, goal in ((32, 16384, 90), (1, 65536, 65)):
-                r = ours.get(("fp8_e4m3", d, B, C))
-                v = 100 * r["kv_bytes"] / (r["ms_stream"] * 1e-3) / 1e9 / copy_s if r and r.get("ms_stream") else None
-                line(f"fp8 d{d} B={B}/{C // 1024}K % of copy", v is not None and f"{v:.1f}" or None, f">= {goal}",
-                     v is not None and v >= goal)
+        targets("targets (issue 14), stream method:", bf_s, fp_s, pc)
     # A/B (version 9: FP8KV_DECODE_V9 values; version 10: fuse =
     # FP8KV_DECODE_FUSE=1): base and the variants interleaved per row, each in
     # a fresh process; the base rows above are another sample of the default.
