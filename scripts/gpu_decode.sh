@@ -52,6 +52,8 @@ altenv() {  # the VAR=VALUE words of an ALT entry (commas separate several)
   [[ $v == *=* ]] && echo "${v//,/ }" || echo "FP8KV_DECODE_V9=$v"
 }
 altrow() {  # whether ALT entry $1 runs row $2
+  # d256*: a D = 256 variant (decode v12's FP8KV_DECODE_D256), those rows only.
+  [[ ${1%%:*} == d256* ]] && { [[ $2 == *" 256 "* ]]; return; }
   [[ ${1%%:*} != fusepf ]] && return 0
   [[ $2 == "fp8_e4m3 128 1 "* || $2 == "fp8_e4m3 128 8 16384"* ]]
 }
@@ -82,9 +84,15 @@ fi
 phase "A/B rows (default vs $ALT)"
 : >"$OUT/bench_ab_base.jsonl"
 for a in $ALT; do : >"$OUT/bench_ab_${a%%:*}.jsonl"; done
-for job in "fp8_e4m3 128 32 16384" "fp8_e4m3 128 8 16384" "fp8_e4m3 128 1 65536" "fp8_e4m3 128 64 16384" \
-           "fp8_e4m3 256 32 16384" "fp8_e4m3 128 8 65536" "fp8_e4m3 128 1 1024" "fp8_e4m3 128 32 65536" \
-           "bf16 128 32 16384" "bf16 128 1 65536" "fp8_e4m3 256 32 65536" "fp8_e4m3 128 64 65536"; do
+# ABROWS=d256: the fp8 d256 rows first (decode v12), then the d128 ones.
+ROWS_D128=("fp8_e4m3 128 32 16384" "fp8_e4m3 128 8 16384" "fp8_e4m3 128 1 65536" "fp8_e4m3 128 64 16384"
+           "fp8_e4m3 256 32 16384" "fp8_e4m3 128 8 65536" "fp8_e4m3 128 1 1024" "fp8_e4m3 128 32 65536"
+           "bf16 128 32 16384" "bf16 128 1 65536" "fp8_e4m3 256 32 65536" "fp8_e4m3 128 64 65536")
+ROWS_D256=("fp8_e4m3 256 32 16384" "fp8_e4m3 256 8 16384" "fp8_e4m3 256 1 65536" "fp8_e4m3 256 32 65536"
+           "fp8_e4m3 256 64 16384" "fp8_e4m3 256 8 65536" "fp8_e4m3 256 1 1024" "fp8_e4m3 256 1 16384"
+           "fp8_e4m3 128 32 16384" "fp8_e4m3 128 8 16384" "fp8_e4m3 128 1 65536")
+if [ "${ABROWS:-}" = d256 ]; then ROWS=("${ROWS_D256[@]}"); else ROWS=("${ROWS_D128[@]}"); fi
+for job in "${ROWS[@]}"; do
   [ $(el) -lt 110 ] || { echo "A/B: stop at $job (time, $(el) s)"; break; }
   timeout 10 $BENCH shape $job >>"$OUT/bench_ab_base.jsonl" 2>>"$OUT/bench_ab.err" || echo "row ab base $job: rc $?"
   for a in $ALT; do
