@@ -149,9 +149,16 @@ for a in $TESTALT; do
   # run's for the same case (same seed; sorted: one test runs threads).
   grep "^decode-hash" "$OUT/test_cuda.log" | sort >"$OUT/hash_base.txt"
   grep "^decode-hash" "$OUT/test_$fname.log" | sort >"$OUT/hash_$fname.txt"
-  nh=$(wc -l <"$OUT/hash_$fname.txt"); nd=$(comm -23 "$OUT/hash_$fname.txt" "$OUT/hash_base.txt" | wc -l)
-  if [ "$nh" -gt 0 ] && [ "$nd" = 0 ]; then hs="outputs bitwise = default in all $nh launches"
-  else hs="outputs differ from default in $nd of $nh launches"; fi
+  # Only launches with the default's plan compare (the line's fields but the
+  # hash): a variant with another occupancy (decode v12's d256 C3) plans
+  # other splits for some auto-plan cases, which round differently.
+  read -r nh nd no < <(awk 'NR == FNR { full[$0]++; k = $0; sub(/ [0-9a-f]+$/, "", k); key[k] = 1; next }
+    { k = $0; sub(/ [0-9a-f]+$/, "", k)
+      if (k in key) { c++; if (full[$0] > 0) full[$0]--; else d++ } else o++ }
+    END { print c + 0, d + 0, o + 0 }' "$OUT/hash_base.txt" "$OUT/hash_$fname.txt")
+  if [ "$nh" -gt 0 ] && [ "$nd" = 0 ]; then hs="outputs bitwise = default in all $nh launches with its plan"
+  else hs="outputs differ from default in $nd of $nh launches with its plan"; fi
+  [ "$no" = 0 ] || hs="$hs ($no launches with another plan, not compared)"
   echo "$(cat "$OUT/test_$fname.status"), $hs" >"$OUT/test_$fname.status"
   echo "decode tests under $fname: $(cat "$OUT/test_$fname.status") (rc $rc)"
   grep -E "^\[  FAILED  \]|worst" "$OUT/test_$fname.log" | tail -5
