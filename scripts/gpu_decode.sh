@@ -175,6 +175,9 @@ if [ "${NCU:-1}" != 0 ] && [ -n "$NCU_BIN" ]; then
   # (The kernels do not change under pdl.)
   jobs_=("fp8_e4m3 128 1 65536:fuse:FP8KV_DECODE_FUSE=1" "fp8_e4m3 128 32 16384:fuse:FP8KV_DECODE_FUSE=1"
          "fp8_e4m3 128 1 1024:base:FP8KV_DECODE_FUSE=0")
+  # NCUJOBS: another list, entries "SHAPE:NAME:VAR=VALUE" separated by ';',
+  # '+' for the spaces in SHAPE (e.g. fp8_e4m3+256+32+16384:stag:FP8KV_DECODE_D256=stag).
+  [ -n "${NCUJOBS:-}" ] && IFS=';' read -ra jobs_ <<<"${NCUJOBS//+/ }"
   for job in "${jobs_[@]}"; do
     shape=${job%%:*}; rest=${job#*:}; name=${rest%%:*}; ev=${rest#*:}
     [ $(el) -lt 150 ] || { echo "skip ncu $shape $name (time)"; continue; }

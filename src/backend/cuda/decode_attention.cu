@@ -297,11 +297,22 @@ __device__ __forceinline__ void fused_merge(const DecodeParams& p, uint8_t* smem
 // O^T += V^T P^T (its first 8 keys after the m-tiles that read V words 0-3),
 // so K and V never hold 64 registers together (-32). Same tiles, order and
 // arithmetic as FAST: bitwise the same results.
+//
+// STAG (version 12 variant, FP8KV_DECODE_D256=stag; FAST fp8 d256 only): 2
+// CTAs per SM and Q in registers, as FAST, but the next tile's loads are
+// issued as soon as their registers are free instead of after the whole tile:
+// K rows r / 8 + r after the scores of keys 0-7 / 8-15, V's first / second 16
+// bytes per row after the m-tiles that read them (0-7 / 8-15). FAST issues
+// both after its last m-tile, so each warp waits a whole L2 round trip per
+// tile; here each load has half a tile of math behind it. Bitwise FAST's
+// results. KVS selects: 0 FAST's loads, 1 C3, 2 STAG.
 template <int D, int DT, bool DEEP = false, bool LEAN = false, bool HPW = false, bool REG = false, bool FAST = false,
-          bool RING = false, bool FUSE = false, bool C3 = false>
+          bool RING = false, bool FUSE = false, int KVS = 0>
 __global__ void __launch_bounds__(kWarps * 32,
-                                  LEAN ? 4 : C3 ? 3 : FAST ? (D * (DT == kBf16 ? 2 : 1) <= 128 && !DEEP ? 3 : 2) : RING ? 3 : 0)
+                                  LEAN ? 4 : KVS == 1 ? 3 : FAST ? (D * (DT == kBf16 ? 2 : 1) <= 128 && !DEEP ? 3 : 2) : RING ? 3 : 0)
     decode_kernel(const DecodeParams p) {
+  constexpr bool C3 = KVS == 1, STG = KVS == 2;
+  static_assert(!STG || (FAST && !FUSE && D == 256 && DT != kBf16), "STAG: FAST fp8 d256 only, without FUSE");
   static_assert(!FAST || (!HPW && !LEAN && !DecodeCfg<D, DT, REG>::USE_RING), "FAST: register path only");
   static_assert(!RING || (!FAST && !HPW && !LEAN && !DEEP && D == 128), "RING: d128 default pipeline only");
   static_assert(!FUSE || FAST, "FUSE: the FAST kernels only");
@@ -710,6 +721,12 @@ __global__ void __launch_bounds__(kWarps * 32,
           c3_load_v(2 * nt, vw_);
           c3_load_v(2 * nt + 1, vw_);
         }
+        if constexpr (STG) {  // K rows nt * 8 + r are consumed: the next tile's into their place
+          if (more) {
+            if (nt == 0) c3_off = f_off(ow + 1);
+            c3_load_k(nt, kw_);
+          }
+        }
       }
       // Only a tile crossing [first, s_end) needs the masks, and the softcap
       // branch is taken once per tile, not per score (both warp-uniform).
@@ -805,6 +822,13 @@ __global__ void __launch_bounds__(kWarps * 32,
             c3_load_k(i == MT - 1 ? 1 : 0, kw_);
           }
         }
+        if constexpr (STG) {  // V words 0-3 (m-tiles 0-7) / 4-7 consumed: the next tile's into their place
+          if (more && (i == MT / 2 - 1 || i == MT - 1)) {
+            const int h = i == MT - 1 ? 1 : 0;
+#pragma unroll
+            for (int rw = 0; rw < 4; ++rw) ld_words<16>(p.v_cache + c3_off + fv_off[rw] + 16 * h, &vw_[rw][4 * h]);
+          }
+        }
       }
     };
     if constexpr (kPrefetch) {
@@ -820,7 +844,7 @@ __global__ void __launch_bounds__(kWarps * 32,
         if (it + TS >= ntiles) break;
         step(it + TS, ow + 1, kn, vn, kw, vw);
       }
-    } else if constexpr (C3) {
+    } else if constexpr (C3 || STG) {
       for (int it = T0, ow = 0; it < ntiles; it += TS, ++ow) {
         if (pf > 0) prefetch_tile(ow + pf);
         math(s_begin + it * kTile, kw, vw, ow, it + TS < ntiles);
@@ -1193,12 +1217,13 @@ bool d256_reg_env() {
   static const bool on = env_choice("FP8KV_DECODE_D256REG", kDefaultD256Reg, {{"0", 0}}, 1) != 0;
   return on;
 }
-// FP8KV_DECODE_D256=c3 (version 12 variant, off until measured): the FAST
-// fp8 e4m3 d256 kernel at 3 CTAs per SM (C3 in decode_kernel).
-constexpr bool kDefaultD256C3 = false;
-bool d256_c3_env() {
-  static const bool on = env_choice("FP8KV_DECODE_D256", kDefaultD256C3, {{"c3", 1}}, 0) != 0;
-  return on;
+// FP8KV_DECODE_D256 (version 12 variants of the FAST fp8 e4m3 d256 kernel,
+// decode_kernel's KVS): "c3" 3 CTAs per SM (C3), "stag" the next tile's
+// loads issued as their registers free up (STAG); unset or else: FAST's.
+constexpr int kDefaultD256Kvs = 0;
+int d256_kvs_env() {
+  static const int v = env_choice("FP8KV_DECODE_D256", kDefaultD256Kvs, {{"c3", 1}, {"stag", 2}}, 0);
+  return v;
 }
 // FP8KV_DECODE_REDUCE=wide: the split reduction with 32 columns per CTA
 // (decode_reduce_kernel<D, 32>; version 8 variant, off by default).
@@ -1298,15 +1323,15 @@ int pipeline_variant() {
 // Kernel attributes are per device: set once per device (TP ranks are threads
 // of one process, one GPU each), by set_func_attribute_once (common.cuh).
 template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false, bool FAST = false,
-          bool RING = false, bool FUSE = false, bool C3 = false>
+          bool RING = false, bool FUSE = false, int KVS = 0>
 void prepare_decode_t() {
   constexpr int smem = DecodeCfg<D, DT, REG, RING>::SMEM;
-  set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, FUSE, C3>,
+  set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, FUSE, KVS>,
                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   // All of the unified L1 as shared memory for the ring (so 2 CTAs of 96 KB
   // fit per SM).
   if constexpr (DecodeCfg<D, DT, REG, RING>::USE_RING)
-    set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, FUSE, C3>,
+    set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, FUSE, KVS>,
                             cudaFuncAttributePreferredSharedMemoryCarveout,
                             cudaSharedmemCarveoutMaxShared);
 }
@@ -1323,12 +1348,12 @@ void launch_decode_kernel(K kernel, dim3 grid, int smem, cudaStream_t stream, co
 // Returns whether the kernel merged the splits itself (FUSE: a FAST kernel
 // with p.fuse set; then no reduce kernel runs).
 template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false, bool FAST = false,
-          bool RING = false, bool C3 = false>
+          bool RING = false, int KVS = 0>
 bool launch_decode_tv(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
   constexpr int smem = DecodeCfg<D, DT, REG, RING>::SMEM;
-  if constexpr (C3) {  // (never fused: the reduce kernel merges its splits)
-    prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, false, true>();
-    launch_decode_kernel(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, false, true>, grid, smem, stream, p);
+  if constexpr (KVS != 0) {  // (never fused: the reduce kernel merges its splits)
+    prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, false, KVS>();
+    launch_decode_kernel(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, false, KVS>, grid, smem, stream, p);
     return false;
   }
   if constexpr (FAST && D >= 128) {  // (D = 64: R = 16 chains would not fit the registers; the reduce kernel)
@@ -1344,7 +1369,7 @@ bool launch_decode_tv(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
 }
 
 template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false, bool FAST = false,
-          bool RING = false, bool C3 = false>
+          bool RING = false, int KVS = 0>
 int resident_ctas_t();
 
 // FAST instantiations (version 9, FP8KV_DECODE_V9=1): the defaults of e4m3
@@ -1362,7 +1387,8 @@ bool launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool
     if constexpr (kHasFast<D, DT>) {
       if (d256_reg_env() && v9_fast<D, DT>()) {
         if constexpr (DT == kE4m3) {
-          if (d256_c3_env()) return launch_decode_tv<D, DT, false, false, false, true, true, false, true>(p, grid, stream);
+          if (d256_kvs_env() == 1) return launch_decode_tv<D, DT, false, false, false, true, true, false, 1>(p, grid, stream);
+          if (d256_kvs_env() == 2) return launch_decode_tv<D, DT, false, false, false, true, true, false, 2>(p, grid, stream);
         }
         return launch_decode_tv<D, DT, false, false, false, true, true>(p, grid, stream);
       }
@@ -1422,7 +1448,7 @@ bool launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool
 // Resident decode CTAs per SM (occupancy API) of one instantiation on the
 // current device; 0 when it cannot be asked (no device). Cached per
 // instantiation and device (thread-safe: atomics).
-template <int D, int DT, bool DEEP, bool LEAN, bool HPW, bool REG, bool FAST, bool RING, bool C3>
+template <int D, int DT, bool DEEP, bool LEAN, bool HPW, bool REG, bool FAST, bool RING, int KVS>
 int resident_ctas_t() {
   static std::array<std::atomic<int>, 64> cache{};  // 0 = not asked yet
   int dev = 0;
@@ -1438,8 +1464,8 @@ int resident_ctas_t() {
   int c = 0;
   bool ok = false;
   try {
-    prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, false, C3>();
-    ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, false, C3>,
+    prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, false, KVS>();
+    ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, false, KVS>,
                                                        kWarps * 32, DecodeCfg<D, DT, REG, RING>::SMEM) == cudaSuccess;
   } catch (const std::runtime_error&) {
   }
@@ -1457,7 +1483,8 @@ int resident_ctas_v(bool hpw) {
     if constexpr (kHasFast<D, DT>) {
       if (d256_reg_env() && v9_fast<D, DT>()) {
         if constexpr (DT == kE4m3) {
-          if (d256_c3_env()) return resident_ctas_t<D, DT, false, false, false, true, true, false, true>();
+          if (d256_kvs_env() == 1) return resident_ctas_t<D, DT, false, false, false, true, true, false, 1>();
+          if (d256_kvs_env() == 2) return resident_ctas_t<D, DT, false, false, false, true, true, false, 2>();
         }
         return resident_ctas_t<D, DT, false, false, false, true, true>();
       }
