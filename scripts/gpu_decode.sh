@@ -177,6 +177,7 @@ if [ "${NCU:-1}" != 0 ] && [ -n "$NCU_BIN" ]; then
          "fp8_e4m3 128 1 1024:base:FP8KV_DECODE_FUSE=0")
   # NCUJOBS: another list, entries "SHAPE:NAME:VAR=VALUE" separated by ';',
   # '+' for the spaces in SHAPE (e.g. fp8_e4m3+256+32+16384:stag:FP8KV_DECODE_D256=stag).
+  # NCUEXTRA: more metrics, comma-separated (e.g. the L2's: lts__t_requests.sum).
   [ -n "${NCUJOBS:-}" ] && IFS=';' read -ra jobs_ <<<"${NCUJOBS//+/ }"
   for job in "${jobs_[@]}"; do
     shape=${job%%:*}; rest=${job#*:}; name=${rest%%:*}; ev=${rest#*:}
@@ -186,7 +187,7 @@ if [ "${NCU:-1}" != 0 ] && [ -n "$NCU_BIN" ]; then
     env FP8KV_BENCH_WARMUP_MS=0 $ev timeout 15 "$NCU_BIN" --clock-control none -k regex:decode_ \
       --launch-skip 6 --launch-count 2 --section SpeedOfLight --section WarpStateStats \
       --section SchedulerStats --section Occupancy --section LaunchStats \
-      --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,dram__bytes_read.sum' \
+      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,dram__bytes_read.sum${NCUEXTRA:+,$NCUEXTRA}" \
       $BENCH shape $shape >"$OUT/ncu_$tag.txt" 2>&1 || echo "ncu $tag: rc $?"
     grep -E "^  [a-z_:0-9<>, ]*decode_|^\s*(Duration|DRAM Throughput|Warp Cycles Per Issued Instruction|Issue Slots Busy|Registers Per Thread) " \
       "$OUT/ncu_$tag.txt" | head -12 | sed -E "s/ +/ /g; s/\(unnamed>::DecodeParams\)//; s/, Context.*//; s/^/  $tag:/" | cut -c1-160
