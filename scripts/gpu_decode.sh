@@ -52,7 +52,7 @@ altenv() {  # the VAR=VALUE words of an ALT entry (commas separate several)
   [[ $v == *=* ]] && echo "${v//,/ }" || echo "FP8KV_DECODE_V9=$v"
 }
 altrow() {  # whether ALT entry $1 runs row $2
-  # d256*: a D = 256 variant (decode v12's FP8KV_DECODE_D256), those rows only.
+  # d256*: a D = 256 variant (e.g. decode v12's FP8KV_DECODE_PF runs), those rows only.
   [[ ${1%%:*} == d256* ]] && { [[ $2 == *" 256 "* ]]; return; }
   [[ ${1%%:*} != fusepf ]] && return 0
   [[ $2 == "fp8_e4m3 128 1 "* || $2 == "fp8_e4m3 128 8 16384"* ]]
@@ -137,6 +137,7 @@ done
 # (`all` was bitwise = default in all 144 launches in run O_2; add
 # "all:FP8KV_DECODE_V9=all" to TESTALT to repeat it: ~28 s.)
 TESTALT=${TESTALT:-"pdl:FP8KV_DECODE_PDL=1 fuse:FP8KV_DECODE_FUSE=1"}
+[ "$TESTALT" = - ] && TESTALT=""  # "-": no decode tests under variants
 for a in $TESTALT; do
   fname=${a%%:*}; fenv=$(altenv "$a")
   [ $(el) -lt 125 ] || { echo "skip decode tests under $fname (time)"; continue; }
@@ -150,7 +151,7 @@ for a in $TESTALT; do
   grep "^decode-hash" "$OUT/test_cuda.log" | sort >"$OUT/hash_base.txt"
   grep "^decode-hash" "$OUT/test_$fname.log" | sort >"$OUT/hash_$fname.txt"
   # Only launches with the default's plan compare (the line's fields but the
-  # hash): a variant with another occupancy (decode v12's d256 C3) plans
+  # hash): a variant with another occupancy (decode v12's d256 C3, removed) plans
   # other splits for some auto-plan cases, which round differently.
   read -r nh nd no < <(awk 'NR == FNR { full[$0]++; k = $0; sub(/ [0-9a-f]+$/, "", k); key[k] = 1; next }
     { k = $0; sub(/ [0-9a-f]+$/, "", k)
@@ -176,7 +177,7 @@ if [ "${NCU:-1}" != 0 ] && [ -n "$NCU_BIN" ]; then
   jobs_=("fp8_e4m3 128 1 65536:fuse:FP8KV_DECODE_FUSE=1" "fp8_e4m3 128 32 16384:fuse:FP8KV_DECODE_FUSE=1"
          "fp8_e4m3 128 1 1024:base:FP8KV_DECODE_FUSE=0")
   # NCUJOBS: another list, entries "SHAPE:NAME:VAR=VALUE" separated by ';',
-  # '+' for the spaces in SHAPE (e.g. fp8_e4m3+256+32+16384:stag:FP8KV_DECODE_D256=stag).
+  # '+' for the spaces in SHAPE (e.g. fp8_e4m3+256+32+16384:pf2:FP8KV_DECODE_PF=2).
   # NCUEXTRA: more metrics, comma-separated (e.g. the L2's: lts__t_requests.sum).
   [ -n "${NCUJOBS:-}" ] && IFS=';' read -ra jobs_ <<<"${NCUJOBS//+/ }"
   for job in "${jobs_[@]}"; do

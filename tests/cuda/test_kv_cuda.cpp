@@ -162,7 +162,8 @@ double run_decode_case(std::mt19937_64& rng, const DecodeCase& c, int split_toke
     const auto* bytes = reinterpret_cast<const unsigned char*>(out.data());
     for (size_t i = 0; i < out.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
     // plan= the split size used: a variant with another occupancy (decode
-    // v12's C3) gets other auto plans, which round differently.
+    // v12's C3, measured and removed) gets other auto plans, which round
+    // differently.
     std::printf("decode-hash %s D=%d group=%d hkv=%d bs=%d window=%d split=%d plan=%d B=%d %016llx\n",
                 std::string(kv_dtype_name(c.dt)).c_str(), D, c.group, c.num_kv_heads, c.block_size, c.window,
                 split_tokens_override, a.plan.split_tokens, B, static_cast<unsigned long long>(h));

@@ -287,36 +287,14 @@ __device__ __forceinline__ void fused_merge(const DecodeParams& p, uint8_t* smem
 // fp8 d128 is short of bytes in flight (decode v4 measured an earlier
 // 3-stage ring slower at d128, cause not established). Same tiles and
 // arithmetic as the default: bitwise the same results.
-//
-// C3 (version 12 variant, FP8KV_DECODE_D256=c3; FAST fp8 d256 only): 3 CTAs
-// per SM instead of 2 (<= 168 registers, was 229). Q's fragments go to the
-// warp's shared-memory region (read back by the same thread, 16 bytes per two
-// k-steps: -32 registers), and a tile's V is loaded during S = Q K^T (rows
-// 2t, 2t+1 after the first 8 keys' scores, rows 2t+8, 2t+9 after the rest,
-// each into registers that K no longer needs) and the next tile's K during
-// O^T += V^T P^T (its first 8 keys after the m-tiles that read V words 0-3),
-// so K and V never hold 64 registers together (-32). Same tiles, order and
-// arithmetic as FAST: bitwise the same results.
-//
-// STAG (version 12 variant, FP8KV_DECODE_D256=stag; FAST fp8 d256 only): 2
-// CTAs per SM and Q in registers, as FAST, but the next tile's loads are
-// issued as soon as their registers are free instead of after the whole tile:
-// K rows r / 8 + r after the scores of keys 0-7 / 8-15, V's first / second 16
-// bytes per row after the m-tiles that read them (0-7 / 8-15). FAST issues
-// both after its last m-tile, so each warp waits a whole L2 round trip per
-// tile; here each load has half a tile of math behind it. Bitwise FAST's
-// results. KVS selects: 0 FAST's loads, 1 C3, 2 STAG.
 template <int D, int DT, bool DEEP = false, bool LEAN = false, bool HPW = false, bool REG = false, bool FAST = false,
-          bool RING = false, bool FUSE = false, int KVS = 0>
+          bool RING = false, bool FUSE = false>
 __global__ void __launch_bounds__(kWarps * 32,
-                                  LEAN ? 4 : KVS == 1 ? 3 : FAST ? (D * (DT == kBf16 ? 2 : 1) <= 128 && !DEEP ? 3 : 2) : RING ? 3 : 0)
+                                  LEAN ? 4 : FAST ? (D * (DT == kBf16 ? 2 : 1) <= 128 && !DEEP ? 3 : 2) : RING ? 3 : 0)
     decode_kernel(const DecodeParams p) {
-  constexpr bool C3 = KVS == 1, STG = KVS == 2;
-  static_assert(!STG || (FAST && !FUSE && D == 256 && DT != kBf16), "STAG: FAST fp8 d256 only, without FUSE");
   static_assert(!FAST || (!HPW && !LEAN && !DecodeCfg<D, DT, REG>::USE_RING), "FAST: register path only");
   static_assert(!RING || (!FAST && !HPW && !LEAN && !DEEP && D == 128), "RING: d128 default pipeline only");
   static_assert(!FUSE || FAST, "FUSE: the FAST kernels only");
-  static_assert(!C3 || (FAST && !FUSE && D == 256 && DT != kBf16), "C3: FAST fp8 d256 only, without FUSE");
   using C = DecodeCfg<D, DT, REG, RING>;
   constexpr int EB = C::EB;
   constexpr int E = 16 / EB;               // elements per 16-byte chunk
@@ -481,15 +459,12 @@ __global__ void __launch_bounds__(kWarps * 32,
     const int64_t blk = bt[j / p.block_size];
     return (blk * p.block_size + j % p.block_size) * row_bytes + head_off;
   };
-  auto f_off = [&](int k) -> long long {  // k: this warp's tile, +1 per call
+  auto f_load = [&](int k, uint32_t (&kw_)[2][KW], uint32_t (&vw_)[4][VW]) {  // k: this warp's tile, +1 per call
     if ((k & 31) == 0 && k > 0) {
       f_cur = f_nxt;
       f_nxt = f_fetch(k + 32 + lane);
     }
-    return __shfl_sync(0xffffffffu, f_cur, k & 31);
-  };
-  auto f_load = [&](int k, uint32_t (&kw_)[2][KW], uint32_t (&vw_)[4][VW]) {
-    const long long off = f_off(k);
+    const long long off = __shfl_sync(0xffffffffu, f_cur, k & 31);
     const uint8_t* kb = p.k_cache + off;
     const uint8_t* vb = p.v_cache + off;
 #pragma unroll
@@ -499,14 +474,6 @@ __global__ void __launch_bounds__(kWarps * 32,
 #pragma unroll
     for (int i = 0; i < 4; ++i) ld_words<VBYTES>(vb + fv_off[i], vw_[i]);
   };
-  // C3: the current tile's byte offset; K's rows nt * 8 + r and V's row
-  // vtok[i] of it, loaded separately (see C3 above).
-  long long c3_off = 0;
-  auto c3_load_k = [&](int nt, uint32_t (&kw_)[2][KW]) {
-#pragma unroll
-    for (int c = 0; c < KW / 4; ++c) ld_words<16>(p.k_cache + c3_off + fk_off[nt] + c * 64, &kw_[nt][4 * c]);
-  };
-  auto c3_load_v = [&](int i, uint32_t (&vw_)[4][VW]) { ld_words<VBYTES>(p.v_cache + c3_off + fv_off[i], vw_[i]); };
   if constexpr (FAST) {
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) fk_off[nt] = static_cast<uint32_t>((nt * 8 + r) * row_bytes + t * 16);
@@ -515,15 +482,7 @@ __global__ void __launch_bounds__(kWarps * 32,
     f_cur = f_fetch(lane);
     f_nxt = f_fetch(32 + lane);
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    if constexpr (C3) {
-      if (T0 < ntiles) {
-        c3_off = f_off(0);
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) c3_load_k(nt, kw);
-      }
-    } else {
-      if (T0 < ntiles) f_load(0, kw, vw);
-    }
+    if (T0 < ntiles) f_load(0, kw, vw);
   }
   for (int k = 1; k < pf; ++k) prefetch_tile(k);  // (after the wait: L2 prefetches of K/V)
 
@@ -541,13 +500,6 @@ __global__ void __launch_bounds__(kWarps * 32,
       for (int i = 0; i < 4; ++i) x[i] = valid ? load_act(p.q, qoff + base + i, p.q_bf16) : 0.0f;
       qa[s][0] = pack2<DT>(x[0], x[1]);
       qa[s][1] = pack2<DT>(x[2], x[3]);
-    }
-    if constexpr (C3) {  // this warp's region, [k-step pair][lane][16 B]: conflict-free, read by the same thread
-#pragma unroll
-      for (int s = 0; s < KS; s += 2)
-        asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(ring + ((s / 2) * 32 + lane) * 16), "r"(qa[s][0]),
-                     "r"(qa[s][1]), "r"(qa[s + 1][0]), "r"(qa[s + 1][1])
-                     : "memory");
     }
   }
   const float ks = DT == kBf16 ? 1.0f : p.k_scale[p.k_scale_count == 1 ? 0 : kvh];
@@ -685,13 +637,11 @@ __global__ void __launch_bounds__(kWarps * 32,
     cp_async_wait<0>();
   } else if constexpr (FAST) {
     // One tile's math (the default loop's, bitwise): see FAST above.
-    // C3: ow is this warp's tile index, `more` whether it has a next tile.
-    auto math = [&](int j0, uint32_t (&kw_)[2][KW], uint32_t (&vw_)[4][VW], int ow = 0, bool more = false) {
+    auto math = [&](int j0, uint32_t (&kw_)[2][KW], uint32_t (&vw_)[4][VW]) {
       float s[2][4];
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
         s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-        uint4 q4 = make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
         for (int ks_ = 0; ks_ < KS; ++ks_) {
           uint32_t b0, b1;
@@ -709,23 +659,7 @@ __global__ void __launch_bounds__(kWarps * 32,
           uint32_t z1, z3;
           asm volatile("" : "=r"(z1));
           asm volatile("" : "=r"(z3));
-          uint32_t q0 = qa[ks_][0], q1 = qa[ks_][1];
-          if constexpr (C3) {
-            if (ks_ % 2 == 0) q4 = lds16(ring + ((ks_ / 2) * 32 + lane) * 16);
-            q0 = ks_ % 2 == 0 ? q4.x : q4.z;
-            q1 = ks_ % 2 == 0 ? q4.y : q4.w;
-          }
-          mma16816<DT>(s[nt], q0, z1, q1, z3, b0, b1);
-        }
-        if constexpr (C3) {  // K rows nt * 8 + r are consumed: V rows 2t + 8nt, 2t + 8nt + 1 into their place
-          c3_load_v(2 * nt, vw_);
-          c3_load_v(2 * nt + 1, vw_);
-        }
-        if constexpr (STG) {  // K rows nt * 8 + r are consumed: the next tile's into their place
-          if (more) {
-            if (nt == 0) c3_off = f_off(ow + 1);
-            c3_load_k(nt, kw_);
-          }
+          mma16816<DT>(s[nt], qa[ks_][0], z1, qa[ks_][1], z3, b0, b1);
         }
       }
       // Only a tile crossing [first, s_end) needs the masks, and the softcap
@@ -816,19 +750,6 @@ __global__ void __launch_bounds__(kWarps * 32,
           }
         }
         mma16816<DT>(o[i], a0, a1, a2, a3, pa0, pa2);
-        if constexpr (C3) {  // V words 0-3 (m-tiles 0-7) / 4-7 consumed: the next tile's K rows r / 8 + r
-          if (more && (i == MT / 2 - 1 || i == MT - 1)) {
-            if (i == MT / 2 - 1) c3_off = f_off(ow + 1);
-            c3_load_k(i == MT - 1 ? 1 : 0, kw_);
-          }
-        }
-        if constexpr (STG) {  // V words 0-3 (m-tiles 0-7) / 4-7 consumed: the next tile's into their place
-          if (more && (i == MT / 2 - 1 || i == MT - 1)) {
-            const int h = i == MT - 1 ? 1 : 0;
-#pragma unroll
-            for (int rw = 0; rw < 4; ++rw) ld_words<16>(p.v_cache + c3_off + fv_off[rw] + 16 * h, &vw_[rw][4 * h]);
-          }
-        }
       }
     };
     if constexpr (kPrefetch) {
@@ -843,11 +764,6 @@ __global__ void __launch_bounds__(kWarps * 32,
         step(it, ow, kw, vw, kn, vn);
         if (it + TS >= ntiles) break;
         step(it + TS, ow + 1, kn, vn, kw, vw);
-      }
-    } else if constexpr (C3 || STG) {
-      for (int it = T0, ow = 0; it < ntiles; it += TS, ++ow) {
-        if (pf > 0) prefetch_tile(ow + pf);
-        math(s_begin + it * kTile, kw, vw, ow, it + TS < ntiles);
       }
     } else {
       for (int it = T0, ow = 0; it < ntiles; it += TS, ++ow) {
@@ -995,7 +911,6 @@ __global__ void __launch_bounds__(kWarps * 32,
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
   if (t == 0) { sm_m[warp * kMaxGroup + r] = m; sm_l[warp * kMaxGroup + r] = l; }
-  if constexpr (C3) __syncwarp();  // every lane's last Q read precedes the partial's writes over it
   {
     float* so = reinterpret_cast<float*>(smem + warp * C::RING);
 #pragma unroll
@@ -1209,22 +1124,14 @@ bool use_hpw(int head_dim, int num_heads, int num_kv_heads) {
   return hpw_env() && head_dim == 128 && num_kv_heads % kWarps == 0 && num_heads / num_kv_heads <= kMaxGroup;
 }
 // FP8KV_DECODE_D256REG (unset or "1": on; "0": off): fp8 D = 256 on the
-// register path (REG), with the L2 prefetch 2 tiles ahead unless
-// FP8KV_DECODE_PF says otherwise.
+// register path (REG), with the L2 prefetch 2 tiles ahead for e5m2 and none
+// for e4m3 (decode v12) unless FP8KV_DECODE_PF says otherwise.
 // On by default (version 7, run H: fp8 d256 0.71-0.75x -> 0.46-0.58x SDPA,
 // B=32/16K 902.4 -> 576.4 us); "0" selects the cp.async ring.
 constexpr bool kDefaultD256Reg = true;
 bool d256_reg_env() {
   static const bool on = env_choice("FP8KV_DECODE_D256REG", kDefaultD256Reg, {{"0", 0}}, 1) != 0;
   return on;
-}
-// FP8KV_DECODE_D256 (version 12 variants of the FAST fp8 e4m3 d256 kernel,
-// decode_kernel's KVS): "c3" 3 CTAs per SM (C3), "stag" the next tile's
-// loads issued as their registers free up (STAG); unset or else: FAST's.
-constexpr int kDefaultD256Kvs = 0;
-int d256_kvs_env() {
-  static const int v = env_choice("FP8KV_DECODE_D256", kDefaultD256Kvs, {{"c3", 1}, {"stag", 2}}, 0);
-  return v;
 }
 // FP8KV_DECODE_REDUCE=wide: the split reduction with 32 columns per CTA
 // (decode_reduce_kernel<D, 32>; version 8 variant, off by default).
@@ -1328,15 +1235,15 @@ int pipeline_variant() {
 // Kernel attributes are per device: set once per device (TP ranks are threads
 // of one process, one GPU each), by set_func_attribute_once (common.cuh).
 template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false, bool FAST = false,
-          bool RING = false, bool FUSE = false, int KVS = 0>
+          bool RING = false, bool FUSE = false>
 void prepare_decode_t() {
   constexpr int smem = DecodeCfg<D, DT, REG, RING>::SMEM;
-  set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, FUSE, KVS>,
+  set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, FUSE>,
                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   // All of the unified L1 as shared memory for the ring (so 2 CTAs of 96 KB
   // fit per SM).
   if constexpr (DecodeCfg<D, DT, REG, RING>::USE_RING)
-    set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, FUSE, KVS>,
+    set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, FUSE>,
                             cudaFuncAttributePreferredSharedMemoryCarveout,
                             cudaSharedmemCarveoutMaxShared);
 }
@@ -1353,14 +1260,9 @@ void launch_decode_kernel(K kernel, dim3 grid, int smem, cudaStream_t stream, co
 // Returns whether the kernel merged the splits itself (FUSE: a FAST kernel
 // with p.fuse set; then no reduce kernel runs).
 template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false, bool FAST = false,
-          bool RING = false, int KVS = 0>
+          bool RING = false>
 bool launch_decode_tv(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
   constexpr int smem = DecodeCfg<D, DT, REG, RING>::SMEM;
-  if constexpr (KVS != 0) {  // (never fused: the reduce kernel merges its splits)
-    prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, false, KVS>();
-    launch_decode_kernel(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, false, KVS>, grid, smem, stream, p);
-    return false;
-  }
   if constexpr (FAST && D >= 128) {  // (D = 64: R = 16 chains would not fit the registers; the reduce kernel)
     if (p.fuse) {
       prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, true>();
@@ -1374,7 +1276,7 @@ bool launch_decode_tv(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
 }
 
 template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false, bool FAST = false,
-          bool RING = false, int KVS = 0>
+          bool RING = false>
 int resident_ctas_t();
 
 // FAST instantiations (version 9, FP8KV_DECODE_V9=1): the defaults of e4m3
@@ -1390,13 +1292,7 @@ template <int D, int DT>
 bool launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool hpw) {
   if constexpr (D == 256 && DT != kBf16) {
     if constexpr (kHasFast<D, DT>) {
-      if (d256_reg_env() && v9_fast<D, DT>()) {
-        if constexpr (DT == kE4m3) {
-          if (d256_kvs_env() == 1) return launch_decode_tv<D, DT, false, false, false, true, true, false, 1>(p, grid, stream);
-          if (d256_kvs_env() == 2) return launch_decode_tv<D, DT, false, false, false, true, true, false, 2>(p, grid, stream);
-        }
-        return launch_decode_tv<D, DT, false, false, false, true, true>(p, grid, stream);
-      }
+      if (d256_reg_env() && v9_fast<D, DT>()) return launch_decode_tv<D, DT, false, false, false, true, true>(p, grid, stream);
     }
     if (d256_reg_env()) return launch_decode_tv<D, DT, false, false, false, true>(p, grid, stream);
   }
@@ -1453,7 +1349,7 @@ bool launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool
 // Resident decode CTAs per SM (occupancy API) of one instantiation on the
 // current device; 0 when it cannot be asked (no device). Cached per
 // instantiation and device (thread-safe: atomics).
-template <int D, int DT, bool DEEP, bool LEAN, bool HPW, bool REG, bool FAST, bool RING, int KVS>
+template <int D, int DT, bool DEEP, bool LEAN, bool HPW, bool REG, bool FAST, bool RING>
 int resident_ctas_t() {
   static std::array<std::atomic<int>, 64> cache{};  // 0 = not asked yet
   int dev = 0;
@@ -1469,8 +1365,8 @@ int resident_ctas_t() {
   int c = 0;
   bool ok = false;
   try {
-    prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, false, KVS>();
-    ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, false, KVS>,
+    prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG, FAST, RING>();
+    ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING>,
                                                        kWarps * 32, DecodeCfg<D, DT, REG, RING>::SMEM) == cudaSuccess;
   } catch (const std::runtime_error&) {
   }
@@ -1486,13 +1382,7 @@ template <int D, int DT>
 int resident_ctas_v(bool hpw) {
   if constexpr (D == 256 && DT != kBf16) {
     if constexpr (kHasFast<D, DT>) {
-      if (d256_reg_env() && v9_fast<D, DT>()) {
-        if constexpr (DT == kE4m3) {
-          if (d256_kvs_env() == 1) return resident_ctas_t<D, DT, false, false, false, true, true, false, 1>();
-          if (d256_kvs_env() == 2) return resident_ctas_t<D, DT, false, false, false, true, true, false, 2>();
-        }
-        return resident_ctas_t<D, DT, false, false, false, true, true>();
-      }
+      if (d256_reg_env() && v9_fast<D, DT>()) return resident_ctas_t<D, DT, false, false, false, true, true>();
     }
     if (d256_reg_env()) return resident_ctas_t<D, DT, false, false, false, true>();
   }
