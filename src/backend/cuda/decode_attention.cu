@@ -1086,8 +1086,7 @@ int env_choice(const char* name, int unset, std::initializer_list<std::pair<cons
 constexpr int kDefaultDeep = 2;         // 0 off, 1 bf16 + e4m3, 2 bf16 only
 constexpr int kDefaultLean = 2;         // 0 off, 1 always (e4m3 d128), 2 auto (see launch_decode_t)
 constexpr int kDefaultL2PrefetchBf16 = 0;  // tiles per warp (register path)
-constexpr int kDefaultL2PrefetchFp8 = 0;   // LEAN implies at least 2
-constexpr int kDefaultL2PrefetchD256E4m3 = 0;  // was 2 before decode v12 (see l2_prefetch_for)
+constexpr int kDefaultL2PrefetchFp8 = 0;   // every fp8 D (D = 256 too since decode v12); LEAN implies at least 2
 int deep_env() {  // 0 off, 1 all, 2 bf16 only
   static const int v = env_choice("FP8KV_DECODE_DEEP", kDefaultDeep, {{"1", 1}, {"bf16", 2}}, 0);
   return v;
@@ -1124,8 +1123,8 @@ bool use_hpw(int head_dim, int num_heads, int num_kv_heads) {
   return hpw_env() && head_dim == 128 && num_kv_heads % kWarps == 0 && num_heads / num_kv_heads <= kMaxGroup;
 }
 // FP8KV_DECODE_D256REG (unset or "1": on; "0": off): fp8 D = 256 on the
-// register path (REG), with the L2 prefetch 2 tiles ahead for e5m2 and none
-// for e4m3 (decode v12) unless FP8KV_DECODE_PF says otherwise.
+// register path (REG); no L2 prefetch since decode v12 (2 tiles ahead
+// before) unless FP8KV_DECODE_PF says otherwise.
 // On by default (version 7, run H: fp8 d256 0.71-0.75x -> 0.46-0.58x SDPA,
 // B=32/16K 902.4 -> 576.4 us); "0" selects the cp.async ring.
 constexpr bool kDefaultD256Reg = true;
@@ -1209,11 +1208,10 @@ int l2_prefetch_for(KvDtype dt, int head_dim) {
   const int env = l2_prefetch_env_value();
   if (env >= 0) return env;
   if (dt == KvDtype::bf16) return kDefaultL2PrefetchBf16;
-  // D = 256 on the register path: 2 tiles ahead since version 7, except e4m3
-  // since decode v12 (run Q_3: 0 is 1.037x over the d256 rows, B=32/16K
-  // 1.042x; with the prefetch every byte crossed the L2 twice and the L2 ran
-  // at 95% of its throughput). e5m2 d256 was not measured: it keeps 2.
-  if (head_dim == 256 && d256_reg_env()) return dt == KvDtype::fp8_e4m3 ? kDefaultL2PrefetchD256E4m3 : 2;
+  // (D = 256 on the register path ran 2 tiles ahead from version 7 to decode
+  // v12; without it: e4m3 1.034-1.037x over the d256 rows, runs Q_3 and Q_5,
+  // where the prefetch had every byte cross the L2 twice and the L2 ran at 95%
+  // of its throughput; e5m2 1.013x, run Q_6. docs/cuda.md "Decode v12".)
   const bool lean = dt == KvDtype::fp8_e4m3 && head_dim == 128 && lean_env();
   return lean ? std::max(2, kDefaultL2PrefetchFp8) : kDefaultL2PrefetchFp8;
 }
