@@ -185,12 +185,15 @@ if [ "${NCU:-1}" != 0 ] && [ -n "$NCU_BIN" ]; then
     [ $(el) -lt 150 ] || { echo "skip ncu $shape $name (time)"; continue; }
     tag=$(echo "$shape" | awk '{printf "%s_d%s_b%s_c%s", ($1=="bf16"?"bf16":"fp8"), $2, $3, $4}')_$name
     # 3 warm-up calls, then the kernels of one call (2 when there is a reduce kernel).
-    env FP8KV_BENCH_WARMUP_MS=0 $ev timeout 15 "$NCU_BIN" --clock-control none -k regex:decode_ \
-      --launch-skip 6 --launch-count 2 --section SpeedOfLight --section WarpStateStats \
+    # SHAPE "read": bench_attention's read-only streaming kernel instead (its 4th launch).
+    kre=decode_ skip=6 cnt=2 args="shape $shape"
+    [ "$shape" = read ] && { kre=read_kernel skip=3 cnt=1 args=read tag=read_$name; }
+    env FP8KV_BENCH_WARMUP_MS=0 $ev timeout 15 "$NCU_BIN" --clock-control none -k regex:$kre \
+      --launch-skip $skip --launch-count $cnt --section SpeedOfLight --section WarpStateStats \
       --section SchedulerStats --section Occupancy --section LaunchStats \
       --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,dram__bytes_read.sum${NCUEXTRA:+,$NCUEXTRA}" \
-      $BENCH shape $shape >"$OUT/ncu_$tag.txt" 2>&1 || echo "ncu $tag: rc $?"
-    grep -E "^  [a-z_:0-9<>, ]*decode_|^\s*(Duration|DRAM Throughput|Warp Cycles Per Issued Instruction|Issue Slots Busy|Registers Per Thread) " \
+      $BENCH $args >"$OUT/ncu_$tag.txt" 2>&1 || echo "ncu $tag: rc $?"
+    grep -E "^  [a-z_:0-9<>, ]*(decode_|read_kernel)|^\s*(Duration|DRAM Throughput|Warp Cycles Per Issued Instruction|Issue Slots Busy|Registers Per Thread) " \
       "$OUT/ncu_$tag.txt" | head -12 | sed -E "s/ +/ /g; s/\(unnamed>::DecodeParams\)//; s/, Context.*//; s/^/  $tag:/" | cut -c1-160
   done
 fi
@@ -226,6 +229,9 @@ bench_rows() {  # name gate dtypes D-filter B-filter [ENV=VAL ...]
 }
 phase "ours (fresh process per row)"
 bench_rows base 185 "fp8_e4m3 bf16" "128 256" "1 8 32 64"
+# The read-only ceiling (decode v12): a streaming kernel that only reads, as
+# decode does (the copy ceiling also writes); the table prints it beside the copy.
+timeout 20 $BENCH read >"$OUT/read.jsonl" 2>>"$OUT/bench_base.err" || echo "read ceiling: rc $?"
 [ -n "$SMI_PID" ] && kill "$SMI_PID" 2>/dev/null
 
 phase sass

@@ -89,6 +89,12 @@ def main():
                      v is not None and v >= goal)
 
     targets("targets (issue 14):", bf_min, fp_t, lambda r: 100 * r["GBps"] / copy if r else None)
+    # The read-only ceiling (decode v12, OUTDIR/read.jsonl when the run has it):
+    # a kernel that only streams reads, as decode does, beside the copy.
+    for r in load(os.path.join(out, "read.jsonl")):
+        if r.get("kind") == "read":
+            print(f"read-only streaming kernel: {r['GBps']:.0f} GB/s ({100 * r['GBps'] / copy:.1f}% of copy), "
+                  f"stream method {r.get('GBps_stream', float('nan')):.0f} GB/s")
     # The stream method (decode v11; bench_attention and bench_sdpa's
     # ms_stream): the same rows' per-call GPU time of calls issued back to back
     # (no host launch in the time), %copy against the copy by the same method.

@@ -1,11 +1,14 @@
 // Kernel benchmarks for the paged KV cache (one GPU run, JSON lines on stdout):
 //   copy    : cudaMemcpy D2D bandwidth (bytes read + written), the ceiling
+//   read    : a read-only streaming kernel's bandwidth (subcommand `read`;
+//             decode only reads, the copy also writes: a second reference,
+//             and a kernel Nsight Compute can profile beside decode's)
 //   decode  : paged decode, Llama-3-8B attention shape (32 q heads, 8 KV heads,
 //             head_dim 128), batch x context, bf16 and fp8 e4m3 caches; and
 //             Gemma-3-12B's (16 q heads, 8 KV heads, head_dim 256)
 //   plans   : the auto plan at assumed CTAs per SM (FP8KV_BENCH_CTAS, plan tuning)
 //   splits  : fp8 d128 decode at forced split sizes (plan tuning)
-//   (argument: all | store | prefill | prefill-mma | prefill-wgmma | decode | decode128 (d128 rows only) |
+//   (argument: all | store | read | prefill | prefill-mma | prefill-wgmma | decode | decode128 (d128 rows only) |
 //    decode256 (d256 rows only) | probe (bf16 B=64/4K, 32/4K, 64/1K, then B=32/64K, then the three again) |
 //    plans | splits)
 //   prefill : 8K causal prefill from the paged cache (if built with prefill)
@@ -140,6 +143,57 @@ double bench_copy() {
   std::printf("{\"kind\":\"copy\",\"bytes\":%zu,\"ms\":%.4f,\"GBps\":%.1f,\"ms_stream\":%.4f,\"GBps_stream\":%.1f}\n",
               2 * n, ms, gbs, ms_stream, g_copy_stream_gbs);
   return gbs;
+}
+
+// Read-only streaming: every thread keeps 8 independent 16-byte loads in
+// flight (ld.global.nc, no L1 allocation, as the decode kernels' K/V loads),
+// grid-stride over the buffer; the XOR of what it read decides a store that
+// never happens, so the loads stay.
+__global__ void read_kernel(const uint4* __restrict__ p, size_t n16, unsigned* sink) {
+  constexpr int U = 8;
+  uint32_t acc = 0;
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + (U - 1) * stride < n16; i += U * stride) {
+    uint4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const uint4* a = p + i + u * stride;
+      asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                   : "=r"(v[u].x), "=r"(v[u].y), "=r"(v[u].z), "=r"(v[u].w)
+                   : "l"(a));
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (; i < n16; i += stride) {
+    const uint4 v = p[i];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;
+}
+
+// The read-only ceiling: 4 GiB read per call (the copy's bytes: 2 GiB read
+// + 2 GiB written), 8 CTAs of 256 threads per SM; both timing methods.
+void bench_read() {
+  const size_t n = size_t(4) << 30;
+  void* a;
+  unsigned* sink;
+  CK(cudaMalloc(&a, n));
+  CK(cudaMalloc(&sink, sizeof(unsigned)));
+  fill(a, n, 7, false);
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  auto rd = [&](int) {
+    read_kernel<<<sms * 8, 256>>>(static_cast<const uint4*>(a), n / 16, sink);
+    CK(cudaGetLastError());
+  };
+  const double ms = median_ms(rd, 3, 15);
+  const double ms_stream = stream_median_ms(rd, 0, 15);
+  CK(cudaFree(a));
+  CK(cudaFree(sink));
+  std::printf("{\"kind\":\"read\",\"bytes\":%zu,\"ms\":%.4f,\"GBps\":%.1f,\"ms_stream\":%.4f,\"GBps_stream\":%.1f}\n", n, ms,
+              n / (ms * 1e-3) / 1e9, ms_stream, n / (ms_stream * 1e-3) / 1e9);
 }
 
 // A set of paged caches (rotated) for `batch` sequences of `ctx` tokens.
@@ -411,6 +465,7 @@ int main(int argc, char** argv) {
   CK(cudaMemcpy(scales, hs, 8, cudaMemcpyHostToDevice));
   const double copy_gbs = bench_copy();
   if (only == "all" || only == "store") bench_store(scales);
+  if (only == "read") bench_read();
 
   if (only == "prefill") bench_prefill(scales);
   if (only == "prefill-mma") bench_prefill(scales, "mma");
