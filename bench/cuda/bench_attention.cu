@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/common.cuh"  // ld_stream16: the decode kernels' K/V load
 #include "backend/cuda/kernels.h"
 
 using namespace fp8kv;
@@ -157,12 +158,7 @@ __global__ void read_kernel(const uint4* __restrict__ p, size_t n16, unsigned* s
   for (; i + (U - 1) * stride < n16; i += U * stride) {
     uint4 v[U];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const uint4* a = p + i + u * stride;
-      asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                   : "=r"(v[u].x), "=r"(v[u].y), "=r"(v[u].z), "=r"(v[u].w)
-                   : "l"(a));
-    }
+    for (int u = 0; u < U; ++u) v[u] = detail::ld_stream16(p + i + u * stride);
 #pragma unroll
     for (int u = 0; u < U; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
   }
