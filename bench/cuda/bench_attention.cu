@@ -146,12 +146,12 @@ double bench_copy() {
   return gbs;
 }
 
-// Read-only streaming: every thread keeps 8 independent 16-byte loads in
+// Read-only streaming: every thread keeps U independent 16-byte loads in
 // flight (ld.global.nc, no L1 allocation, as the decode kernels' K/V loads),
 // grid-stride over the buffer; the XOR of what it read decides a store that
 // never happens, so the loads stay.
+template <int U>
 __global__ void read_kernel(const uint4* __restrict__ p, size_t n16, unsigned* sink) {
-  constexpr int U = 8;
   uint32_t acc = 0;
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -169,9 +169,57 @@ __global__ void read_kernel(const uint4* __restrict__ p, size_t n16, unsigned* s
   if (acc == 0x9e3779b9u) sink[0] = acc;
 }
 
+// The same stream through bulk copies (decode v13's BULK ring): each warp
+// keeps S tiles of 4 KB in flight in its shared-memory ring, one mbarrier
+// per stage; a tile is 32 copies of 128 bytes (one per lane, as the decode
+// ring copies its K/V rows) when ROW = 128, one copy of 4 KB when ROW = 4096.
+template <int S, int ROW>
+__global__ void bulk_read_kernel(const uint8_t* __restrict__ p, size_t ntiles, unsigned* sink) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  constexpr int kTileB = 4096;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + warp * S * kTileB;
+  const uint32_t bars = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + nw * S * kTileB + warp * S * 8;
+  if (lane == 0) {
+    for (int st = 0; st < S; ++st) detail::mbar_init(bars + 8 * st, 1);
+    detail::mbar_init_fence();
+  }
+  __syncwarp();
+  const size_t gw = size_t(blockIdx.x) * nw + warp, nwarps = size_t(gridDim.x) * nw;
+  auto issue = [&](size_t k, int st) {
+    const size_t tile = gw + k * nwarps;
+    if (tile >= ntiles) return;
+    const uint8_t* src = p + tile * kTileB;
+    if (lane == 0) detail::mbar_arrive_expect_tx(bars + 8 * st, kTileB);
+    __syncwarp();
+    if (ROW == kTileB) {
+      if (lane == 0) detail::bulk_g2s(ring + st * kTileB, src, kTileB, bars + 8 * st);
+    } else {
+      detail::bulk_g2s(ring + st * kTileB + lane * ROW, src + lane * ROW, ROW, bars + 8 * st);
+    }
+  };
+  for (int st = 0; st < S; ++st) issue(st, st);
+  uint32_t acc = 0;
+  const size_t mine = gw < ntiles ? (ntiles - gw + nwarps - 1) / nwarps : 0;
+  for (size_t k = 0; k < mine; ++k) {
+    const int st = static_cast<int>(k % S);
+    detail::mbar_wait(bars + 8 * st, static_cast<uint32_t>((k / S) & 1));
+    uint32_t w;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(w) : "r"(ring + st * kTileB + lane * 4));
+    acc ^= w;
+    __syncwarp();
+    issue(k + S, st);
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;
+}
+
 // The read-only ceiling: 4 GiB read per call (the copy's bytes: 2 GiB read
-// + 2 GiB written), 8 CTAs of 256 threads per SM; both timing methods.
-void bench_read() {
+// + 2 GiB written), 8 CTAs of 256 threads per SM, 8 loads in flight per
+// thread (256 KB per SM); both timing methods. `sweep` (decode v13): the
+// same kernel at fewer bytes in flight per SM (U loads per thread, CTAs per
+// SM, threads per CTA), down to the fp8 d128 decode kernel's 384 threads per
+// SM, one JSON line (kind "read") per configuration.
+void bench_read(bool sweep) {
   const size_t n = size_t(4) << 30;
   void* a;
   unsigned* sink;
@@ -180,16 +228,54 @@ void bench_read() {
   fill(a, n, 7, false);
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  auto rd = [&](int) {
-    read_kernel<<<sms * 8, 256>>>(static_cast<const uint4*>(a), n / 16, sink);
-    CK(cudaGetLastError());
-  };
-  const double ms = median_ms(rd, 3, 15);
-  const double ms_stream = stream_median_ms(rd, 0, 15);
+  // bulk: 0 = ld.global (U loads per thread), else bulk copies with U stages
+  // of 4 KB per warp, 128-byte rows (1) or one 4 KB copy per tile (2).
+  struct Cfg { int u, ctas, threads, bulk = 0; };
+  std::vector<Cfg> cfgs{{8, 8, 256}};
+  if (sweep)
+    cfgs = {{8, 8, 256}, {2, 8, 256}, {1, 8, 256}, {16, 3, 128}, {8, 3, 128}, {4, 3, 128},
+            {8, 4, 128}, {4, 4, 128}, {8, 5, 128}, {8, 6, 128}, {8, 4, 256}, {8, 2, 128},
+            {2, 3, 128, 1}, {3, 3, 128, 1}, {4, 3, 128, 1}, {2, 4, 128, 1}, {3, 4, 128, 1},
+            {3, 3, 128, 2}, {2, 2, 128, 1}, {4, 2, 128, 1}};
+  for (const Cfg& c : cfgs) {
+    const int bulk_smem = c.bulk ? c.threads / 32 * c.u * (4096 + 8) : 0;
+    auto rd = [&](int) {
+      const dim3 g(sms * c.ctas), b(c.threads);
+      const auto* src = static_cast<const uint4*>(a);
+      if (c.bulk) {
+        const auto* s8 = static_cast<const uint8_t*>(a);
+        auto run = [&](auto kernel) {
+          CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bulk_smem));
+          kernel<<<g, b, bulk_smem>>>(s8, n / 4096, sink);
+        };
+        if (c.bulk == 2) run(bulk_read_kernel<3, 4096>);
+        else if (c.u == 2) run(bulk_read_kernel<2, 128>);
+        else if (c.u == 3) run(bulk_read_kernel<3, 128>);
+        else run(bulk_read_kernel<4, 128>);
+        CK(cudaGetLastError());
+        return;
+      }
+      switch (c.u) {
+        case 1: read_kernel<1><<<g, b>>>(src, n / 16, sink); break;
+        case 2: read_kernel<2><<<g, b>>>(src, n / 16, sink); break;
+        case 4: read_kernel<4><<<g, b>>>(src, n / 16, sink); break;
+        case 8: read_kernel<8><<<g, b>>>(src, n / 16, sink); break;
+        case 16: read_kernel<16><<<g, b>>>(src, n / 16, sink); break;
+        default: read_kernel<32><<<g, b>>>(src, n / 16, sink); break;
+      }
+      CK(cudaGetLastError());
+    };
+    const double ms = median_ms(rd, 3, 15);
+    const double ms_stream = stream_median_ms(rd, 0, 15);
+    std::printf(
+        "{\"kind\":\"read\",\"bulk\":%d,\"u\":%d,\"ctas_per_sm\":%d,\"threads\":%d,\"inflight_kb_per_sm\":%d,\"bytes\":%zu,"
+        "\"ms\":%.4f,\"GBps\":%.1f,\"ms_stream\":%.4f,\"GBps_stream\":%.1f}\n",
+        c.bulk, c.u, c.ctas, c.threads, c.bulk ? c.u * c.ctas * c.threads / 32 * 4 : c.u * c.ctas * c.threads * 16 / 1024, n, ms, n / (ms * 1e-3) / 1e9, ms_stream,
+        n / (ms_stream * 1e-3) / 1e9);
+    std::fflush(stdout);
+  }
   CK(cudaFree(a));
   CK(cudaFree(sink));
-  std::printf("{\"kind\":\"read\",\"bytes\":%zu,\"ms\":%.4f,\"GBps\":%.1f,\"ms_stream\":%.4f,\"GBps_stream\":%.1f}\n", n, ms,
-              n / (ms * 1e-3) / 1e9, ms_stream, n / (ms_stream * 1e-3) / 1e9);
 }
 
 // A set of paged caches (rotated) for `batch` sequences of `ctx` tokens.
@@ -461,7 +547,7 @@ int main(int argc, char** argv) {
   CK(cudaMemcpy(scales, hs, 8, cudaMemcpyHostToDevice));
   const double copy_gbs = bench_copy();
   if (only == "all" || only == "store") bench_store(scales);
-  if (only == "read") bench_read();
+  if (only == "read" || only == "read-sweep") bench_read(only == "read-sweep");
 
   if (only == "prefill") bench_prefill(scales);
   if (only == "prefill-mma") bench_prefill(scales, "mma");

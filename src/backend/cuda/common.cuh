@@ -145,6 +145,48 @@ __device__ __forceinline__ void ld_words(const uint8_t* p, uint32_t* w) {
   }
 }
 
+// Shared-memory mbarriers (phase parity): the prefill wgmma kernels' rings
+// and the decode BULK ring (decode v13).
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+// Waits until the phase with the given parity has completed (a fresh
+// barrier counts its "previous" phase, parity 1, as completed).
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t ok;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(ok)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!ok);
+}
+// Orders this thread's generic-proxy shared-memory accesses before later
+// async-proxy ones: its writes (st.shared, cp.async) visible to wgmma, its
+// reads done before a bulk copy overwrites the bytes.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// The transaction bytes this phase waits for, and this thread's arrival.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// Orders this thread's mbarrier.init before the async proxy's use of it
+// (the bulk copies' complete_tx).
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+// Bulk copy (the TMA unit, no registers) of `bytes` (a multiple of 16, both
+// addresses 16-byte aligned) from global to this CTA's shared memory; its
+// completion counts `bytes` on the mbarrier `bar`.
+__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst), "l"(src),
+      "r"(bytes), "r"(bar)
+      : "memory");
+}
+
 constexpr float kLog2e = 1.4426950408889634f;
 
 // Kernel parameters shared by decode and prefill (passed by value): the paged

@@ -104,10 +104,19 @@ struct DecodeCfg {
   // cp.async ring for D = 256 (no spills; bf16 d256 reads at 4.2 TB/s);
   // register-staged tiles for D <= 128, which measured faster there (v3 at
   // 3.9 TB/s vs the ring's 3.2 TB/s on fp8 d128, 2026-11-30 runs 1-2).
-  static constexpr bool USE_RING = (D == 256 && !REG) || RG;  // RG: version 9's RING variant (fp8 d128)
+  static constexpr bool USE_RING = D == 256 && !REG;
   static constexpr int S = STAGE <= 2048 ? 8 : STAGE <= 4096 ? 4 : 3;  // stages per warp
-  static constexpr int RING = USE_RING ? S * STAGE : kMaxGroup * D * 4;  // bytes per warp
-  static constexpr int SMEM = kWarps * RING + 2 * kWarps * kMaxGroup * 4;
+  // BULK (RG, decode v13; fp8 d128): per warp BS stages of one tile, 16 K rows
+  // KROW bytes apart, then 16 V rows VROW apart, filled by bulk copies (one
+  // 128-byte row per lane) and read with 16-byte shared loads without bank
+  // conflicts: K rows r and r + 1 (one quarter-warp) 64 bytes apart mod 128,
+  // V rows 2t (4 per quarter-warp) 32 bytes apart mod 128.
+  static constexpr int KROW = D * EB + 64, VROW = D * EB + 16;
+  static constexpr int BS = 2, BSTAGE = 16 * (KROW + VROW);
+  static constexpr int RING = USE_RING ? S * STAGE : RG ? BS * BSTAGE : kMaxGroup * D * 4;  // bytes per warp
+  static constexpr int BARS = RG ? kWarps * BS * 8 : 0;  // BULK: one mbarrier per stage and warp
+  static constexpr int SMEM = kWarps * RING + 2 * kWarps * kMaxGroup * 4 + BARS;
+  static_assert(!RG || D * EB == 128, "BULK: the bank layout above assumes 128-byte rows");
   static_assert(RING >= kMaxGroup * D * 4, "the epilogue reuses the ring");
   static_assert(!USE_RING || VBYTES >= 16, "ring: V in 16-byte units");
 };
@@ -280,20 +289,23 @@ __device__ __forceinline__ void fused_merge(const DecodeParams& p, uint8_t* smem
 // bounds keep the default's CTAs per SM (3 for fp8 d128, 2 for DEEP bf16 and
 // fp8 d256).
 //
-// RING (version 9 variant, FP8KV_DECODE_V9=ring; fp8 e4m3 d128): the D = 256
-// cp.async ring at D = 128, 4 stages of 4 KB per warp, 3 CTAs per SM (66 KB
-// of shared memory each): 16 KB in flight per warp, 192 KB per SM, where the
-// register path has one 4 KB tile per warp (48 KB per SM). It tests whether
-// fp8 d128 is short of bytes in flight (decode v4 measured an earlier
-// 3-stage ring slower at d128, cause not established). Same tiles and
-// arithmetic as the default: bitwise the same results.
+// BULK (decode v13, FP8KV_DECODE_BULK=1; template flag RING with FAST, fp8
+// e4m3 d128): the FAST kernel's tiles, order and arithmetic (bitwise its
+// results), with K/V brought in by bulk copies (the TMA unit: one 128-byte
+// row per lane, no registers) into a 2-stage shared-memory ring per warp,
+// completion on one mbarrier per stage. A warp reads its tile's words into
+// registers, refills the stage with the tile two ahead, then does the math:
+// two tiles in flight per warp, none in registers, so 4 CTAs fit per SM (16
+// warps; the register-staged FAST kernel runs 3). Run R_2's read sweep: a
+// read-only kernel with 12 warps per SM streams at ~4.2 TB/s whatever its
+// bytes in flight (24-192 KB per SM), 64 warps at ~4.6 TB/s.
 template <int D, int DT, bool DEEP = false, bool LEAN = false, bool HPW = false, bool REG = false, bool FAST = false,
           bool RING = false, bool FUSE = false>
 __global__ void __launch_bounds__(kWarps * 32,
-                                  LEAN ? 4 : FAST ? (D * (DT == kBf16 ? 2 : 1) <= 128 && !DEEP ? 3 : 2) : RING ? 3 : 0)
+                                  RING ? 4 : LEAN ? 4 : FAST ? (D * (DT == kBf16 ? 2 : 1) <= 128 && !DEEP ? 3 : 2) : 0)
     decode_kernel(const DecodeParams p) {
   static_assert(!FAST || (!HPW && !LEAN && !DecodeCfg<D, DT, REG>::USE_RING), "FAST: register path only");
-  static_assert(!RING || (!FAST && !HPW && !LEAN && !DEEP && D == 128), "RING: d128 default pipeline only");
+  static_assert(!RING || (FAST && !HPW && !LEAN && !DEEP && D == 128 && DT == kE4m3), "BULK: FAST fp8 e4m3 d128 only");
   static_assert(!FUSE || FAST, "FUSE: the FAST kernels only");
   using C = DecodeCfg<D, DT, REG, RING>;
   constexpr int EB = C::EB;
@@ -474,6 +486,24 @@ __global__ void __launch_bounds__(kWarps * 32,
 #pragma unroll
     for (int i = 0; i < 4; ++i) ld_words<VBYTES>(vb + fv_off[i], vw_[i]);
   };
+  // BULK: this warp's k-th tile into stage st (k increasing by one per call,
+  // as f_load's): lane i < 16 copies K row i, lane 16 + i V row i.
+  const uint32_t b_bars = static_cast<uint32_t>(__cvta_generic_to_shared(smem + kWarps * C::RING +
+                                                                         2 * kWarps * kMaxGroup * 4)) +
+                          warp * C::BS * 8;
+  const uint32_t b_dst = lane < 16 ? lane * C::KROW : 16 * C::KROW + (lane - 16) * C::VROW;
+  const uint8_t* b_src = (lane < 16 ? p.k_cache : p.v_cache) + (lane & 15) * row_bytes;
+  auto b_issue = [&](int k, int st) {
+    if (k >= nmine) return;  // warp-uniform
+    if ((k & 31) == 0 && k > 0) {
+      f_cur = f_nxt;
+      f_nxt = f_fetch(k + 32 + lane);
+    }
+    const long long off = __shfl_sync(0xffffffffu, f_cur, k & 31);
+    if (lane == 0) mbar_arrive_expect_tx(b_bars + 8 * st, C::STAGE);
+    __syncwarp();
+    bulk_g2s(ring + st * C::BSTAGE + b_dst, b_src + off, D * EB, b_bars + 8 * st);
+  };
   if constexpr (FAST) {
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) fk_off[nt] = static_cast<uint32_t>((nt * 8 + r) * row_bytes + t * 16);
@@ -481,8 +511,21 @@ __global__ void __launch_bounds__(kWarps * 32,
     for (int i = 0; i < 4; ++i) fv_off[i] = static_cast<uint32_t>(vtok[i] * row_bytes + r * VBYTES);
     f_cur = f_fetch(lane);
     f_nxt = f_fetch(32 + lane);
+    if constexpr (RING) {
+      if (lane == 0) {
+#pragma unroll
+        for (int st = 0; st < C::BS; ++st) mbar_init(b_bars + 8 * st, 1);
+        mbar_init_fence();
+      }
+      __syncwarp();
+    }
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    if (T0 < ntiles) f_load(0, kw, vw);
+    if constexpr (RING) {
+#pragma unroll
+      for (int st = 0; st < C::BS; ++st) b_issue(st, st);
+    } else {
+      if (T0 < ntiles) f_load(0, kw, vw);
+    }
   }
   for (int k = 1; k < pf; ++k) prefetch_tile(k);  // (after the wait: L2 prefetches of K/V)
 
@@ -752,7 +795,34 @@ __global__ void __launch_bounds__(kWarps * 32,
         mma16816<DT>(o[i], a0, a1, a2, a3, pa0, pa2);
       }
     };
-    if constexpr (kPrefetch) {
+    if constexpr (RING) {
+      // BULK: wait for tile k's stage, read this thread's words (the FAST
+      // kernel's register layout), hand the stage to tile k + BS, then the math.
+      for (int it = T0, k = 0; it < ntiles; it += TS, ++k) {
+        const int st = k % C::BS;
+        mbar_wait(b_bars + 8 * st, static_cast<uint32_t>((k / C::BS) & 1));
+        const uint32_t sb = ring + st * C::BSTAGE;
+        uint32_t kc[2][KW], vc[4][VW];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int c = 0; c < KW / 4; ++c) {
+            const uint4 w = lds16(sb + (nt * 8 + r) * C::KROW + c * 64 + t * 16);
+            kc[nt][4 * c] = w.x; kc[nt][4 * c + 1] = w.y; kc[nt][4 * c + 2] = w.z; kc[nt][4 * c + 3] = w.w;
+          }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint4 w = lds16(sb + 16 * C::KROW + vtok[i] * C::VROW + r * VBYTES);
+          vc[i][0] = w.x; vc[i][1] = w.y; vc[i][2] = w.z; vc[i][3] = w.w;
+        }
+        // The reads above are done (generic proxy) before the bulk copies
+        // (async proxy) overwrite the stage; every lane's, so the warp syncs.
+        fence_proxy_async();
+        __syncwarp();
+        b_issue(k + C::BS, st);
+        math(s_begin + it * kTile, kc, vc);
+      }
+    } else if constexpr (kPrefetch) {
       // Ping-pong: tile ow in (kc, vc) while tile ow + 1 loads into (kx, vx).
       auto step = [&](int it, int ow, uint32_t (&kc)[2][KW], uint32_t (&vc)[4][VW], uint32_t (&kx)[2][KW],
                       uint32_t (&vx)[4][VW]) {
@@ -1140,11 +1210,12 @@ bool reduce_wide_env() {
   return on;
 }
 // FP8KV_DECODE_V9 (version 9 variants; see decode_kernel):
-// "1" the FAST kernels where instantiated (kHasFast), "ring" fp8 e4m3 d128
-// on the cp.async ring (RING), "0" (or anything else) the version-8 kernels. A bit
-// set: kV9Fp8 (FAST fp8 e4m3 d128), kV9Bf16 (FAST bf16 d128), kV9D256 (FAST
-// fp8 e4m3 d256), kV9Ring; kDefaultV9 applies when the variable is unset.
-constexpr int kV9Fp8 = 1, kV9Bf16 = 2, kV9D256 = 4, kV9Ring = 8;
+// "1" the FAST kernels where instantiated (kHasFast), "0" (or anything else)
+// the version-8 kernels. A bit set: kV9Fp8 (FAST fp8 e4m3 d128), kV9Bf16
+// (FAST bf16 d128), kV9D256 (FAST fp8 e4m3 d256); kDefaultV9 applies when the
+// variable is unset. (Version 9's "ring", fp8 d128 on a cp.async ring,
+// measured 21-23% slower, is gone: decode v13's BULK took its template flag.)
+constexpr int kV9Fp8 = 1, kV9Bf16 = 2, kV9D256 = 4;
 // Version 10: also e5m2 d128, every dtype at D = 64 and e5m2 d256 (REG),
 // behind kV9Rest (FP8KV_DECODE_V9=all; not a default until measured): every
 // register-path kernel of the default pipelines has a FAST form.
@@ -1160,8 +1231,7 @@ constexpr int kDefaultV9 = kV9Fp8 | kV9Bf16 | kV9D256;
 int v9_mode() {
   static const int v = env_choice("FP8KV_DECODE_V9", kDefaultV9,
                                   {{"1", kV9Fp8 | kV9Bf16 | kV9D256},
-                                   {"all", kV9Fp8 | kV9Bf16 | kV9D256 | kV9Rest},
-                                   {"ring", kV9Ring}},
+                                   {"all", kV9Fp8 | kV9Bf16 | kV9D256 | kV9Rest}},
                                   0);
   return v;
 }
@@ -1174,7 +1244,13 @@ bool v9_fast() {  // the FAST kernel of (D, DT), when instantiated
   if constexpr (kHasFast<D, DT>) return (v & kV9Rest) != 0;
   return false;
 }
-bool v9_ring_env() { return (v9_mode() & kV9Ring) != 0; }
+// FP8KV_DECODE_BULK (decode v13; "1": on, unset or "0": off): fp8 e4m3 d128
+// runs the BULK kernel where it would run FAST (see decode_kernel).
+constexpr bool kDefaultBulk = false;
+bool bulk_env() {
+  static const bool on = env_choice("FP8KV_DECODE_BULK", kDefaultBulk, {{"0", 0}}, 1) != 0;
+  return on;
+}
 // FP8KV_DECODE_FUSE (version 10 variant, see fused_merge): "1" the FAST
 // kernels merge the splits in their last CTA per (sequence, KV head, chunk)
 // (no reduce kernel); "0" off. set_decode_fuse_override (kernels.h, for
@@ -1239,8 +1315,8 @@ void prepare_decode_t() {
   set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, FUSE>,
                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   // All of the unified L1 as shared memory for the ring (so 2 CTAs of 96 KB
-  // fit per SM).
-  if constexpr (DecodeCfg<D, DT, REG, RING>::USE_RING)
+  // fit per SM) and for BULK (4 CTAs of 43 KB).
+  if constexpr (DecodeCfg<D, DT, REG, RING>::USE_RING || RING)
     set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, FUSE>,
                             cudaFuncAttributePreferredSharedMemoryCarveout,
                             cudaSharedmemCarveoutMaxShared);
@@ -1304,7 +1380,8 @@ bool launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool
     // default's 3 CTAs per SM that fits one wave at LEAN's 4 (B=64 at 1K:
     // 512 CTAs, 64.9 -> 52.7 us) runs LEAN with the L2 prefetch 2 ahead as
     // measured. Same tile order and arithmetic: bitwise the same results.
-    if (lean_mode() == 2 && pipeline_variant<D, DT>() == 0) {
+    // (Not under BULK: its plans count 4 CTAs per SM already.)
+    if (lean_mode() == 2 && pipeline_variant<D, DT>() == 0 && !(bulk_env() && v9_fast<D, DT>())) {
       const int64_t ctas = static_cast<int64_t>(grid.x) * grid.y * grid.z;
       const int64_t sms = device_sm_count();
       const int r0 = resident_ctas_t<D, DT, false, false>(), r1 = resident_ctas_t<D, DT, false, true>();
@@ -1324,12 +1401,13 @@ bool launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool
       if constexpr (DT == kBf16) {
         if (v == 1) return launch_decode_tv<D, DT, true, false, false, false, true>(p, grid, stream);
       } else {
-        if (v == 0) return launch_decode_tv<D, DT, false, false, false, false, true>(p, grid, stream);
+        if (v == 0) {
+          if constexpr (DT == kE4m3) {
+            if (bulk_env()) return launch_decode_tv<D, DT, false, false, false, false, true, true>(p, grid, stream);
+          }
+          return launch_decode_tv<D, DT, false, false, false, false, true>(p, grid, stream);
+        }
       }
-    }
-    if constexpr (DT == kE4m3) {
-      if (v9_ring_env() && pipeline_variant<D, DT>() == 0)
-        return launch_decode_tv<D, DT, false, false, false, false, false, true>(p, grid, stream);
     }
   }
   if constexpr (kHasDeep<D, DT>) {
@@ -1396,12 +1474,13 @@ int resident_ctas_v(bool hpw) {
       if constexpr (DT == kBf16) {
         if (v == 1) return resident_ctas_t<D, DT, true, false, false, false, true>();
       } else {
-        if (v == 0) return resident_ctas_t<D, DT, false, false, false, false, true>();
+        if (v == 0) {
+          if constexpr (DT == kE4m3) {
+            if (bulk_env()) return resident_ctas_t<D, DT, false, false, false, false, true, true>();
+          }
+          return resident_ctas_t<D, DT, false, false, false, false, true>();
+        }
       }
-    }
-    if constexpr (DT == kE4m3) {
-      if (v9_ring_env() && pipeline_variant<D, DT>() == 0)
-        return resident_ctas_t<D, DT, false, false, false, false, false, true>();
     }
   }
   if constexpr (kHasDeep<D, DT>) {
