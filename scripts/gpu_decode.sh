@@ -248,12 +248,13 @@ else echo "SASS CHECK: ok (no LDL/STL in $(wc -l <"$OUT/sass.txt") decode kernel
 # kernel) and an opcode histogram of each, for reading.
 awk -v out="$OUT" '
   /Function :/ { f = ""; n = $3
-    if (n ~ /decode_kernelILi128ELi1ELb0ELb0ELb0ELb0ELb0ELb0ELb0EEEv/) f = "fp8_d128_old"
-    if (n ~ /decode_kernelILi128ELi1ELb0ELb0ELb0ELb0ELb1ELb0ELb0EEEv/) f = "fp8_d128_v9"
-    if (n ~ /decode_kernelILi128ELi1ELb0ELb0ELb0ELb0ELb1ELb0ELb1EEEv/) f = "fp8_d128_fuse"
-    if (n ~ /decode_kernelILi128ELi0ELb1ELb0ELb0ELb0ELb1ELb0ELb0EEEv/) f = "bf16_d128_v9"
-    if (n ~ /decode_kernelILi256ELi1ELb0ELb0ELb0ELb1ELb1ELb0ELb0EEEv/) f = "fp8_d256_v9"
-    if (n ~ /decode_kernelILi256ELi1ELb0ELb0ELb0ELb1ELb1ELb0ELb1EEEv/) f = "fp8_d256_fuse" }
+    if (n ~ /decode_kernelILi128ELi1ELb0ELb0ELb0ELb0ELb0ELb0EEEv/) f = "fp8_d128_old"
+    if (n ~ /decode_kernelILi128ELi1ELb0ELb0ELb0ELb0ELb1ELb0EEEv/) f = "fp8_d128_v9"
+    if (n ~ /decode_kernelILi128ELi1ELb0ELb0ELb0ELb0ELb1ELb1EEEv/) f = "fp8_d128_fuse"
+    if (n ~ /decode_kernelILi128ELi1ELb0ELb1ELb0ELb0ELb1ELb0EEEv/) f = "fp8_d128_f4"
+    if (n ~ /decode_kernelILi128ELi0ELb1ELb0ELb0ELb0ELb1ELb0EEEv/) f = "bf16_d128_v9"
+    if (n ~ /decode_kernelILi256ELi1ELb0ELb0ELb0ELb1ELb1ELb0EEEv/) f = "fp8_d256_v9"
+    if (n ~ /decode_kernelILi256ELi1ELb0ELb0ELb0ELb1ELb1ELb1EEEv/) f = "fp8_d256_fuse" }
   f != "" { print > (out "/sass_" f ".txt") }' "$SASS_ALL"
 rm -f "$SASS_ALL"
 for f in "$OUT"/sass_*_*.txt; do

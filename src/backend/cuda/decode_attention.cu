@@ -93,7 +93,7 @@ __device__ __forceinline__ uint4 lds16(uint32_t a) {
 // reads at 4.0-4.2 TB/s where the fp8 d256 ring read at 2.5-2.9; run H: the
 // register path reads fp8 d256 at 3.6-3.9 TB/s). The ring stays for bf16
 // d256 (a register tile would not fit) and as FP8KV_DECODE_D256REG=0.
-template <int D, int DT, bool REG = false, bool RG = false>
+template <int D, int DT, bool REG = false>
 struct DecodeCfg {
   static constexpr int EB = DT == kBf16 ? 2 : 1;        // bytes per cache element
   static constexpr int KC = D * EB / 64;                 // 16-byte K chunks per thread per key row
@@ -106,17 +106,8 @@ struct DecodeCfg {
   // 3.9 TB/s vs the ring's 3.2 TB/s on fp8 d128, 2026-11-30 runs 1-2).
   static constexpr bool USE_RING = D == 256 && !REG;
   static constexpr int S = STAGE <= 2048 ? 8 : STAGE <= 4096 ? 4 : 3;  // stages per warp
-  // BULK (RG, decode v13; fp8 d128): per warp BS stages of one tile, 16 K rows
-  // KROW bytes apart, then 16 V rows VROW apart, filled by bulk copies (one
-  // 128-byte row per lane) and read with 16-byte shared loads without bank
-  // conflicts: K rows r and r + 1 (one quarter-warp) 64 bytes apart mod 128,
-  // V rows 2t (4 per quarter-warp) 32 bytes apart mod 128.
-  static constexpr int KROW = D * EB + 64, VROW = D * EB + 16;
-  static constexpr int BS = 2, BSTAGE = 16 * (KROW + VROW);
-  static constexpr int RING = USE_RING ? S * STAGE : RG ? BS * BSTAGE : kMaxGroup * D * 4;  // bytes per warp
-  static constexpr int BARS = RG ? kWarps * BS * 8 : 0;  // BULK: one mbarrier per stage and warp
-  static constexpr int SMEM = kWarps * RING + 2 * kWarps * kMaxGroup * 4 + BARS;
-  static_assert(!RG || D * EB == 128, "BULK: the bank layout above assumes 128-byte rows");
+  static constexpr int RING = USE_RING ? S * STAGE : kMaxGroup * D * 4;  // bytes per warp
+  static constexpr int SMEM = kWarps * RING + 2 * kWarps * kMaxGroup * 4;
   static_assert(RING >= kMaxGroup * D * 4, "the epilogue reuses the ring");
   static_assert(!USE_RING || VBYTES >= 16, "ring: V in 16-byte units");
 };
@@ -289,25 +280,22 @@ __device__ __forceinline__ void fused_merge(const DecodeParams& p, uint8_t* smem
 // bounds keep the default's CTAs per SM (3 for fp8 d128, 2 for DEEP bf16 and
 // fp8 d256).
 //
-// BULK (decode v13, FP8KV_DECODE_BULK=1; template flag RING with FAST, fp8
-// e4m3 d128): the FAST kernel's tiles, order and arithmetic (bitwise its
-// results), with K/V brought in by bulk copies (the TMA unit: one 128-byte
-// row per lane, no registers) into a 2-stage shared-memory ring per warp,
-// completion on one mbarrier per stage. A warp reads its tile's words into
-// registers, refills the stage with the tile two ahead, then does the math:
-// two tiles in flight per warp, none in registers, so 4 CTAs fit per SM (16
-// warps; the register-staged FAST kernel runs 3). Run R_2's read sweep: a
-// read-only kernel with 12 warps per SM streams at ~4.2 TB/s whatever its
-// bytes in flight (24-192 KB per SM), 64 warps at ~4.6 TB/s.
+// F4 (decode v13, FP8KV_DECODE_F4=1; FAST with LEAN, fp8 e4m3 d128): the
+// FAST kernel without its second register stage (each warp loads its next
+// tile after the math of this one), so it fits 128 registers and 4 CTAs per
+// SM: 16 warps, where FAST runs 12. Run R_2's read sweep: a read-only kernel
+// streams at ~4.2 TB/s with 12 warps per SM whatever its bytes in flight
+// (24-192 KB per SM), 4.47 with 16 and 4.6 with 20 or more. Bitwise FAST's
+// results (same tiles, order and arithmetic).
 template <int D, int DT, bool DEEP = false, bool LEAN = false, bool HPW = false, bool REG = false, bool FAST = false,
-          bool RING = false, bool FUSE = false>
+          bool FUSE = false>
 __global__ void __launch_bounds__(kWarps * 32,
-                                  RING ? 4 : LEAN ? 4 : FAST ? (D * (DT == kBf16 ? 2 : 1) <= 128 && !DEEP ? 3 : 2) : 0)
+                                  LEAN ? 4 : FAST ? (D * (DT == kBf16 ? 2 : 1) <= 128 && !DEEP ? 3 : 2) : 0)
     decode_kernel(const DecodeParams p) {
-  static_assert(!FAST || (!HPW && !LEAN && !DecodeCfg<D, DT, REG>::USE_RING), "FAST: register path only");
-  static_assert(!RING || (FAST && !HPW && !LEAN && !DEEP && D == 128 && DT == kE4m3), "BULK: FAST fp8 e4m3 d128 only");
+  static_assert(!FAST || (!HPW && !DecodeCfg<D, DT, REG>::USE_RING), "FAST: register path only");
+  static_assert(!FAST || !LEAN || (D == 128 && DT == kE4m3), "F4: FAST fp8 e4m3 d128 only");
   static_assert(!FUSE || FAST, "FUSE: the FAST kernels only");
-  using C = DecodeCfg<D, DT, REG, RING>;
+  using C = DecodeCfg<D, DT, REG>;
   constexpr int EB = C::EB;
   constexpr int E = 16 / EB;               // elements per 16-byte chunk
   constexpr int J = E / 4;                 // k-steps per chunk
@@ -486,24 +474,6 @@ __global__ void __launch_bounds__(kWarps * 32,
 #pragma unroll
     for (int i = 0; i < 4; ++i) ld_words<VBYTES>(vb + fv_off[i], vw_[i]);
   };
-  // BULK: this warp's k-th tile into stage st (k increasing by one per call,
-  // as f_load's): lane i < 16 copies K row i, lane 16 + i V row i.
-  const uint32_t b_bars = static_cast<uint32_t>(__cvta_generic_to_shared(smem + kWarps * C::RING +
-                                                                         2 * kWarps * kMaxGroup * 4)) +
-                          warp * C::BS * 8;
-  const uint32_t b_dst = lane < 16 ? lane * C::KROW : 16 * C::KROW + (lane - 16) * C::VROW;
-  const uint8_t* b_src = (lane < 16 ? p.k_cache : p.v_cache) + (lane & 15) * row_bytes;
-  auto b_issue = [&](int k, int st) {
-    if (k >= nmine) return;  // warp-uniform
-    if ((k & 31) == 0 && k > 0) {
-      f_cur = f_nxt;
-      f_nxt = f_fetch(k + 32 + lane);
-    }
-    const long long off = __shfl_sync(0xffffffffu, f_cur, k & 31);
-    if (lane == 0) mbar_arrive_expect_tx(b_bars + 8 * st, C::STAGE);
-    __syncwarp();
-    bulk_g2s(ring + st * C::BSTAGE + b_dst, b_src + off, D * EB, b_bars + 8 * st);
-  };
   if constexpr (FAST) {
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) fk_off[nt] = static_cast<uint32_t>((nt * 8 + r) * row_bytes + t * 16);
@@ -511,21 +481,8 @@ __global__ void __launch_bounds__(kWarps * 32,
     for (int i = 0; i < 4; ++i) fv_off[i] = static_cast<uint32_t>(vtok[i] * row_bytes + r * VBYTES);
     f_cur = f_fetch(lane);
     f_nxt = f_fetch(32 + lane);
-    if constexpr (RING) {
-      if (lane == 0) {
-#pragma unroll
-        for (int st = 0; st < C::BS; ++st) mbar_init(b_bars + 8 * st, 1);
-        mbar_init_fence();
-      }
-      __syncwarp();
-    }
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    if constexpr (RING) {
-#pragma unroll
-      for (int st = 0; st < C::BS; ++st) b_issue(st, st);
-    } else {
-      if (T0 < ntiles) f_load(0, kw, vw);
-    }
+    if (T0 < ntiles) f_load(0, kw, vw);
   }
   for (int k = 1; k < pf; ++k) prefetch_tile(k);  // (after the wait: L2 prefetches of K/V)
 
@@ -795,34 +752,7 @@ __global__ void __launch_bounds__(kWarps * 32,
         mma16816<DT>(o[i], a0, a1, a2, a3, pa0, pa2);
       }
     };
-    if constexpr (RING) {
-      // BULK: wait for tile k's stage, read this thread's words (the FAST
-      // kernel's register layout), hand the stage to tile k + BS, then the math.
-      for (int it = T0, k = 0; it < ntiles; it += TS, ++k) {
-        const int st = k % C::BS;
-        mbar_wait(b_bars + 8 * st, static_cast<uint32_t>((k / C::BS) & 1));
-        const uint32_t sb = ring + st * C::BSTAGE;
-        uint32_t kc[2][KW], vc[4][VW];
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-          for (int c = 0; c < KW / 4; ++c) {
-            const uint4 w = lds16(sb + (nt * 8 + r) * C::KROW + c * 64 + t * 16);
-            kc[nt][4 * c] = w.x; kc[nt][4 * c + 1] = w.y; kc[nt][4 * c + 2] = w.z; kc[nt][4 * c + 3] = w.w;
-          }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const uint4 w = lds16(sb + 16 * C::KROW + vtok[i] * C::VROW + r * VBYTES);
-          vc[i][0] = w.x; vc[i][1] = w.y; vc[i][2] = w.z; vc[i][3] = w.w;
-        }
-        // The reads above are done (generic proxy) before the bulk copies
-        // (async proxy) overwrite the stage; every lane's, so the warp syncs.
-        fence_proxy_async();
-        __syncwarp();
-        b_issue(k + C::BS, st);
-        math(s_begin + it * kTile, kc, vc);
-      }
-    } else if constexpr (kPrefetch) {
+    if constexpr (kPrefetch) {
       // Ping-pong: tile ow in (kc, vc) while tile ow + 1 loads into (kx, vx).
       auto step = [&](int it, int ow, uint32_t (&kc)[2][KW], uint32_t (&vc)[4][VW], uint32_t (&kx)[2][KW],
                       uint32_t (&vx)[4][VW]) {
@@ -1214,7 +1144,7 @@ bool reduce_wide_env() {
 // the version-8 kernels. A bit set: kV9Fp8 (FAST fp8 e4m3 d128), kV9Bf16
 // (FAST bf16 d128), kV9D256 (FAST fp8 e4m3 d256); kDefaultV9 applies when the
 // variable is unset. (Version 9's "ring", fp8 d128 on a cp.async ring,
-// measured 21-23% slower, is gone: decode v13's BULK took its template flag.)
+// measured 21-23% slower, is gone since decode v13, with its template flag.)
 constexpr int kV9Fp8 = 1, kV9Bf16 = 2, kV9D256 = 4;
 // Version 10: also e5m2 d128, every dtype at D = 64 and e5m2 d256 (REG),
 // behind kV9Rest (FP8KV_DECODE_V9=all; not a default until measured): every
@@ -1244,11 +1174,11 @@ bool v9_fast() {  // the FAST kernel of (D, DT), when instantiated
   if constexpr (kHasFast<D, DT>) return (v & kV9Rest) != 0;
   return false;
 }
-// FP8KV_DECODE_BULK (decode v13; "1": on, unset or "0": off): fp8 e4m3 d128
-// runs the BULK kernel where it would run FAST (see decode_kernel).
-constexpr bool kDefaultBulk = false;
-bool bulk_env() {
-  static const bool on = env_choice("FP8KV_DECODE_BULK", kDefaultBulk, {{"0", 0}}, 1) != 0;
+// FP8KV_DECODE_F4 (decode v13; "1": on, unset or "0": off): fp8 e4m3 d128
+// runs the F4 kernel (FAST at 4 CTAs per SM) where it would run FAST.
+constexpr bool kDefaultF4 = false;
+bool f4_env() {
+  static const bool on = env_choice("FP8KV_DECODE_F4", kDefaultF4, {{"0", 0}}, 1) != 0;
   return on;
 }
 // FP8KV_DECODE_FUSE (version 10 variant, see fused_merge): "1" the FAST
@@ -1309,15 +1239,15 @@ int pipeline_variant() {
 // Kernel attributes are per device: set once per device (TP ranks are threads
 // of one process, one GPU each), by set_func_attribute_once (common.cuh).
 template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false, bool FAST = false,
-          bool RING = false, bool FUSE = false>
+          bool FUSE = false>
 void prepare_decode_t() {
-  constexpr int smem = DecodeCfg<D, DT, REG, RING>::SMEM;
-  set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, FUSE>,
+  constexpr int smem = DecodeCfg<D, DT, REG>::SMEM;
+  set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, FUSE>,
                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   // All of the unified L1 as shared memory for the ring (so 2 CTAs of 96 KB
-  // fit per SM) and for BULK (4 CTAs of 43 KB).
-  if constexpr (DecodeCfg<D, DT, REG, RING>::USE_RING || RING)
-    set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, FUSE>,
+  // fit per SM).
+  if constexpr (DecodeCfg<D, DT, REG>::USE_RING)
+    set_func_attribute_once(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, FUSE>,
                             cudaFuncAttributePreferredSharedMemoryCarveout,
                             cudaSharedmemCarveoutMaxShared);
 }
@@ -1333,24 +1263,22 @@ void launch_decode_kernel(K kernel, dim3 grid, int smem, cudaStream_t stream, co
 
 // Returns whether the kernel merged the splits itself (FUSE: a FAST kernel
 // with p.fuse set; then no reduce kernel runs).
-template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false, bool FAST = false,
-          bool RING = false>
+template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false, bool FAST = false>
 bool launch_decode_tv(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
-  constexpr int smem = DecodeCfg<D, DT, REG, RING>::SMEM;
+  constexpr int smem = DecodeCfg<D, DT, REG>::SMEM;
   if constexpr (FAST && D >= 128) {  // (D = 64: R = 16 chains would not fit the registers; the reduce kernel)
     if (p.fuse) {
-      prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, true>();
-      launch_decode_kernel(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING, true>, grid, smem, stream, p);
+      prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG, FAST, true>();
+      launch_decode_kernel(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, true>, grid, smem, stream, p);
       return true;
     }
   }
-  prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG, FAST, RING>();
-  launch_decode_kernel(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING>, grid, smem, stream, p);
+  prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG, FAST>();
+  launch_decode_kernel(decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST>, grid, smem, stream, p);
   return false;
 }
 
-template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false, bool FAST = false,
-          bool RING = false>
+template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false, bool FAST = false>
 int resident_ctas_t();
 
 // FAST instantiations (version 9, FP8KV_DECODE_V9=1): the defaults of e4m3
@@ -1380,8 +1308,8 @@ bool launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool
     // default's 3 CTAs per SM that fits one wave at LEAN's 4 (B=64 at 1K:
     // 512 CTAs, 64.9 -> 52.7 us) runs LEAN with the L2 prefetch 2 ahead as
     // measured. Same tile order and arithmetic: bitwise the same results.
-    // (Not under BULK: its plans count 4 CTAs per SM already.)
-    if (lean_mode() == 2 && pipeline_variant<D, DT>() == 0 && !(bulk_env() && v9_fast<D, DT>())) {
+    // (Not under F4: its plans count 4 CTAs per SM already.)
+    if (lean_mode() == 2 && pipeline_variant<D, DT>() == 0 && !(f4_env() && v9_fast<D, DT>())) {
       const int64_t ctas = static_cast<int64_t>(grid.x) * grid.y * grid.z;
       const int64_t sms = device_sm_count();
       const int r0 = resident_ctas_t<D, DT, false, false>(), r1 = resident_ctas_t<D, DT, false, true>();
@@ -1403,7 +1331,7 @@ bool launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool
       } else {
         if (v == 0) {
           if constexpr (DT == kE4m3) {
-            if (bulk_env()) return launch_decode_tv<D, DT, false, false, false, false, true, true>(p, grid, stream);
+            if (f4_env()) return launch_decode_tv<D, DT, false, true, false, false, true>(p, grid, stream);
           }
           return launch_decode_tv<D, DT, false, false, false, false, true>(p, grid, stream);
         }
@@ -1425,7 +1353,7 @@ bool launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool
 // Resident decode CTAs per SM (occupancy API) of one instantiation on the
 // current device; 0 when it cannot be asked (no device). Cached per
 // instantiation and device (thread-safe: atomics).
-template <int D, int DT, bool DEEP, bool LEAN, bool HPW, bool REG, bool FAST, bool RING>
+template <int D, int DT, bool DEEP, bool LEAN, bool HPW, bool REG, bool FAST>
 int resident_ctas_t() {
   static std::array<std::atomic<int>, 64> cache{};  // 0 = not asked yet
   int dev = 0;
@@ -1441,9 +1369,9 @@ int resident_ctas_t() {
   int c = 0;
   bool ok = false;
   try {
-    prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG, FAST, RING>();
-    ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST, RING>,
-                                                       kWarps * 32, DecodeCfg<D, DT, REG, RING>::SMEM) == cudaSuccess;
+    prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG, FAST>();
+    ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST>,
+                                                       kWarps * 32, DecodeCfg<D, DT, REG>::SMEM) == cudaSuccess;
   } catch (const std::runtime_error&) {
   }
   if (!ok) {
@@ -1476,7 +1404,7 @@ int resident_ctas_v(bool hpw) {
       } else {
         if (v == 0) {
           if constexpr (DT == kE4m3) {
-            if (bulk_env()) return resident_ctas_t<D, DT, false, false, false, false, true, true>();
+            if (f4_env()) return resident_ctas_t<D, DT, false, true, false, false, true>();
           }
           return resident_ctas_t<D, DT, false, false, false, false, true>();
         }
