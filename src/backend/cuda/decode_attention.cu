@@ -459,21 +459,26 @@ __global__ void __launch_bounds__(kWarps * 32,
     const int64_t blk = bt[j / p.block_size];
     return (blk * p.block_size + j % p.block_size) * row_bytes + head_off;
   };
-  auto f_load = [&](int k, uint32_t (&kw_)[2][KW], uint32_t (&vw_)[4][VW]) {  // k: this warp's tile, +1 per call
+  // (f_load_k returns the tile's offset for f_load_v.)
+  auto f_load_k = [&](int k, uint32_t (&kw_)[2][KW]) -> long long {  // k: this warp's tile, +1 per call
     if ((k & 31) == 0 && k > 0) {
       f_cur = f_nxt;
       f_nxt = f_fetch(k + 32 + lane);
     }
     const long long off = __shfl_sync(0xffffffffu, f_cur, k & 31);
     const uint8_t* kb = p.k_cache + off;
-    const uint8_t* vb = p.v_cache + off;
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int c = 0; c < KW / 4; ++c) ld_words<16>(kb + fk_off[nt] + c * 64, &kw_[nt][4 * c]);
+    return off;
+  };
+  auto f_load_v = [&](long long off, uint32_t (&vw_)[4][VW]) {
+    const uint8_t* vb = p.v_cache + off;
 #pragma unroll
     for (int i = 0; i < 4; ++i) ld_words<VBYTES>(vb + fv_off[i], vw_[i]);
   };
+  auto f_load = [&](int k, uint32_t (&kw_)[2][KW], uint32_t (&vw_)[4][VW]) { f_load_v(f_load_k(k, kw_), vw_); };
   if constexpr (FAST) {
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) fk_off[nt] = static_cast<uint32_t>((nt * 8 + r) * row_bytes + t * 16);
@@ -637,7 +642,10 @@ __global__ void __launch_bounds__(kWarps * 32,
     cp_async_wait<0>();
   } else if constexpr (FAST) {
     // One tile's math (the default loop's, bitwise): see FAST above.
-    auto math = [&](int j0, uint32_t (&kw_)[2][KW], uint32_t (&vw_)[4][VW]) {
+    // kn >= 0 (F4): once the scores are done (K's words dead), the loads of
+    // this warp's tile kn's K into kw_, its offset into k_next_off.
+    long long k_next_off = 0;
+    auto math = [&](int j0, uint32_t (&kw_)[2][KW], uint32_t (&vw_)[4][VW], int kn) {
       float s[2][4];
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
@@ -662,6 +670,7 @@ __global__ void __launch_bounds__(kWarps * 32,
           mma16816<DT>(s[nt], qa[ks_][0], z1, qa[ks_][1], z3, b0, b1);
         }
       }
+      if (kn >= 0) k_next_off = f_load_k(kn, kw_);
       // Only a tile crossing [first, s_end) needs the masks, and the softcap
       // branch is taken once per tile, not per score (both warp-uniform).
       const bool edge = j0 < first || j0 + kTile > s_end;
@@ -758,7 +767,7 @@ __global__ void __launch_bounds__(kWarps * 32,
                       uint32_t (&vx)[4][VW]) {
         if (pf > 0) prefetch_tile(ow + pf);
         if (it + TS < ntiles) f_load(ow + 1, kx, vx);
-        math(s_begin + it * kTile, kc, vc);
+        math(s_begin + it * kTile, kc, vc, -1);
       };
       for (int it = T0, ow = 0; it < ntiles; it += 2 * TS, ow += 2) {
         step(it, ow, kw, vw, kn, vn);
@@ -768,8 +777,16 @@ __global__ void __launch_bounds__(kWarps * 32,
     } else {
       for (int it = T0, ow = 0; it < ntiles; it += TS, ++ow) {
         if (pf > 0) prefetch_tile(ow + pf);
-        math(s_begin + it * kTile, kw, vw);
-        if (it + TS < ntiles) f_load(ow + 1, kw, vw);
+        const bool next = it + TS < ntiles;
+        if constexpr (LEAN) {
+          // F4: one register stage, refilled as it frees: the next tile's K
+          // once the scores are done, its V after the last m-tile.
+          math(s_begin + it * kTile, kw, vw, next ? ow + 1 : -1);
+          if (next) f_load_v(k_next_off, vw);
+        } else {
+          math(s_begin + it * kTile, kw, vw, -1);
+          if (next) f_load(ow + 1, kw, vw);
+        }
       }
     }
   } else {
