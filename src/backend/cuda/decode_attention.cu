@@ -1191,12 +1191,16 @@ bool v9_fast() {  // the FAST kernel of (D, DT), when instantiated
   if constexpr (kHasFast<D, DT>) return (v & kV9Rest) != 0;
   return false;
 }
-// FP8KV_DECODE_F4 (decode v13; "1": on, unset or "0": off): fp8 e4m3 d128
-// runs the F4 kernel (FAST at 4 CTAs per SM) where it would run FAST.
-constexpr bool kDefaultF4 = false;
-bool f4_env() {
-  static const bool on = env_choice("FP8KV_DECODE_F4", kDefaultF4, {{"0", 0}}, 1) != 0;
-  return on;
+// FP8KV_DECODE_F4 (decode v13): where fp8 e4m3 d128 would run FAST, "1"
+// runs F4 (FAST at 4 CTAs per SM) always, "0" never (FAST, and LEAN auto as
+// before decode v13), unset or "auto" (the default, kF4Auto) where FAST's
+// plan needs more than one wave: the plan is then made for F4's 4 CTAs per
+// SM (plan_decode), and a grid above one FAST wave launches F4.
+constexpr int kF4Off = 0, kF4On = 1, kF4Auto = 2;
+constexpr int kDefaultF4 = kF4Auto;
+int f4_mode() {
+  static const int v = env_choice("FP8KV_DECODE_F4", kDefaultF4, {{"0", kF4Off}, {"1", kF4On}, {"auto", kF4Auto}}, kF4On);
+  return v;
 }
 // FP8KV_DECODE_FUSE (version 10 variant, see fused_merge): "1" the FAST
 // kernels merge the splits in their last CTA per (sequence, KV head, chunk)
@@ -1325,8 +1329,8 @@ bool launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool
     // default's 3 CTAs per SM that fits one wave at LEAN's 4 (B=64 at 1K:
     // 512 CTAs, 64.9 -> 52.7 us) runs LEAN with the L2 prefetch 2 ahead as
     // measured. Same tile order and arithmetic: bitwise the same results.
-    // (Not under F4: its plans count 4 CTAs per SM already.)
-    if (lean_mode() == 2 && pipeline_variant<D, DT>() == 0 && !(f4_env() && v9_fast<D, DT>())) {
+    // (Only with F4 off: F4 covers these grids.)
+    if (lean_mode() == 2 && pipeline_variant<D, DT>() == 0 && !(f4_mode() != kF4Off && v9_fast<D, DT>())) {
       const int64_t ctas = static_cast<int64_t>(grid.x) * grid.y * grid.z;
       const int64_t sms = device_sm_count();
       const int r0 = resident_ctas_t<D, DT, false, false>(), r1 = resident_ctas_t<D, DT, false, true>();
@@ -1348,7 +1352,11 @@ bool launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool
       } else {
         if (v == 0) {
           if constexpr (DT == kE4m3) {
-            if (f4_env()) return launch_decode_tv<D, DT, false, true, false, false, true>(p, grid, stream);
+            const int m = f4_mode();
+            if (m == kF4On || (m == kF4Auto && static_cast<int64_t>(grid.x) * grid.y * grid.z >
+                                                   static_cast<int64_t>(device_sm_count()) *
+                                                       resident_ctas_t<D, DT, false, false, false, false, true>()))
+              return launch_decode_tv<D, DT, false, true, false, false, true>(p, grid, stream);
           }
           return launch_decode_tv<D, DT, false, false, false, false, true>(p, grid, stream);
         }
@@ -1421,7 +1429,7 @@ int resident_ctas_v(bool hpw) {
       } else {
         if (v == 0) {
           if constexpr (DT == kE4m3) {
-            if (f4_env()) return resident_ctas_t<D, DT, false, true, false, false, true>();
+            if (f4_mode() == kF4On) return resident_ctas_t<D, DT, false, true, false, false, true>();
           }
           return resident_ctas_t<D, DT, false, false, false, false, true>();
         }
@@ -1532,6 +1540,15 @@ size_t workspace_for(int batch, int num_heads, int num_kv_heads, int max_splits,
 // iff its upper 48 bits are this tag (see fused_merge).
 constexpr unsigned long long kCounterTag = 0x5ec0de5eed42ull;
 
+// F4 auto (decode v13): F4's resident CTAs per SM where a plan may count
+// them (fp8 e4m3 d128 on FAST, FP8KV_DECODE_F4 auto), else 0.
+int f4_auto_resident(int head_dim, KvDtype dt, bool hpw) {
+  if (head_dim != 128 || dt != KvDtype::fp8_e4m3 || hpw || f4_mode() != kF4Auto || !v9_fast<128, kE4m3>() ||
+      pipeline_variant<128, kE4m3>() != 0)
+    return 0;
+  return resident_ctas_t<128, kE4m3, false, true, false, false, true>();
+}
+
 }  // namespace
 
 DecodePlan plan_decode(int batch, int num_heads, int num_kv_heads, int head_dim, int max_context_len, int window,
@@ -1546,11 +1563,20 @@ DecodePlan plan_decode(int batch, int num_heads, int num_kv_heads, int head_dim,
     // device answers: fp8 d128 at 167 registers), in as few and as full waves
     // as the wave model above finds.
     const bool hpw = use_hpw(head_dim, num_heads, num_kv_heads);
-    if (ctas_per_sm <= 0) ctas_per_sm = resident_ctas(head_dim, dtype, hpw);
+    const bool occupancy = ctas_per_sm <= 0;
+    if (occupancy) ctas_per_sm = resident_ctas(head_dim, dtype, hpw);
     if (ctas_per_sm <= 0) ctas_per_sm = 3;
     const int64_t base = static_cast<int64_t>(batch) * (hpw ? num_kv_heads / kWarps : num_kv_heads * gchunks);
     const int64_t slots = static_cast<int64_t>(std::max(1, num_sms)) * ctas_per_sm;
-    split_tokens = choose_split_tokens(base, span, slots, hpw ? kTile : kWarps * kTile);
+    const int kpu = hpw ? kTile : kWarps * kTile;
+    split_tokens = choose_split_tokens(base, span, slots, kpu);
+    // F4 auto: a plan of more than one wave at FAST's occupancy is made again
+    // for F4's, and runs F4 (launch_decode_t: its grid exceeds a FAST wave).
+    if (occupancy) {
+      const int r4 = f4_auto_resident(head_dim, dtype, hpw);
+      if (r4 > ctas_per_sm && base * ((span + split_tokens - 1) / split_tokens) > slots)
+        split_tokens = choose_split_tokens(base, span, static_cast<int64_t>(std::max(1, num_sms)) * r4, kpu);
+    }
   }
   DecodePlan plan;
   plan.split_tokens = (split_tokens + 63) / 64 * 64;
