@@ -169,7 +169,8 @@ __global__ void read_kernel(const uint4* __restrict__ p, size_t n16, unsigned* s
   if (acc == 0x9e3779b9u) sink[0] = acc;
 }
 
-// The same stream through bulk copies (decode v13's BULK ring): each warp
+// The same stream through bulk copies (decode v13's BULK variant, since
+// removed from the decode kernels): each warp
 // keeps S tiles of 4 KB in flight in its shared-memory ring, one mbarrier
 // per stage; a tile is 32 copies of 128 bytes (one per lane, as the decode
 // ring copies its K/V rows) when ROW = 128, one copy of 4 KB when ROW = 4096.
@@ -239,6 +240,7 @@ void bench_read(bool sweep) {
             {3, 3, 128, 2}, {2, 2, 128, 1}, {4, 2, 128, 1}};
   for (const Cfg& c : cfgs) {
     const int bulk_smem = c.bulk ? c.threads / 32 * c.u * (4096 + 8) : 0;
+    const int inflight_kb = c.bulk ? c.u * c.ctas * c.threads / 32 * 4 : c.u * c.ctas * c.threads * 16 / 1024;
     auto rd = [&](int) {
       const dim3 g(sms * c.ctas), b(c.threads);
       const auto* src = static_cast<const uint4*>(a);
@@ -268,9 +270,10 @@ void bench_read(bool sweep) {
     const double ms = median_ms(rd, 3, 15);
     const double ms_stream = stream_median_ms(rd, 0, 15);
     std::printf(
-        "{\"kind\":\"read\",\"bulk\":%d,\"u\":%d,\"ctas_per_sm\":%d,\"threads\":%d,\"inflight_kb_per_sm\":%d,\"bytes\":%zu,"
+        "{\"kind\":\"read\",\"bulk\":%d,\"u\":%d,\"ctas_per_sm\":%d,\"threads\":%d,"
+        "\"inflight_kb_per_sm\":%d,\"bytes\":%zu,"
         "\"ms\":%.4f,\"GBps\":%.1f,\"ms_stream\":%.4f,\"GBps_stream\":%.1f}\n",
-        c.bulk, c.u, c.ctas, c.threads, c.bulk ? c.u * c.ctas * c.threads / 32 * 4 : c.u * c.ctas * c.threads * 16 / 1024, n, ms, n / (ms * 1e-3) / 1e9, ms_stream,
+        c.bulk, c.u, c.ctas, c.threads, inflight_kb, n, ms, n / (ms * 1e-3) / 1e9, ms_stream,
         n / (ms_stream * 1e-3) / 1e9);
     std::fflush(stdout);
   }

@@ -280,10 +280,11 @@ __device__ __forceinline__ void fused_merge(const DecodeParams& p, uint8_t* smem
 // bounds keep the default's CTAs per SM (3 for fp8 d128, 2 for DEEP bf16 and
 // fp8 d256).
 //
-// F4 (decode v13, FP8KV_DECODE_F4=1; FAST with LEAN, fp8 e4m3 d128): the
-// FAST kernel without its second register stage (each warp loads its next
-// tile after the math of this one), so it fits 128 registers and 4 CTAs per
-// SM: 16 warps, where FAST runs 12. Run R_2's read sweep: a read-only kernel
+// F4 (decode v13, FP8KV_DECODE_F4, auto by default; FAST with LEAN, fp8 e4m3
+// d128): the FAST kernel without its second register stage (each warp
+// refills its one stage as it frees: the next tile's K once the scores are
+// done, its V after the last m-tile), so it fits 128 registers and 4 CTAs
+// per SM: 16 warps, where FAST runs 12. Run R_2's read sweep: a read-only kernel
 // streams at ~4.2 TB/s with 12 warps per SM whatever its bytes in flight
 // (24-192 KB per SM), 4.47 with 16 and 4.6 with 20 or more. Bitwise FAST's
 // results (same tiles, order and arithmetic).
@@ -1193,13 +1194,15 @@ bool v9_fast() {  // the FAST kernel of (D, DT), when instantiated
 }
 // FP8KV_DECODE_F4 (decode v13): where fp8 e4m3 d128 would run FAST, "1"
 // runs F4 (FAST at 4 CTAs per SM) always, "0" never (FAST, and LEAN auto as
-// before decode v13), unset or "auto" (the default, kF4Auto) where FAST's
-// plan needs more than one wave: the plan is then made for F4's 4 CTAs per
-// SM (plan_decode), and a grid above one FAST wave launches F4.
+// before decode v13), unset, "auto" or anything else: the default, kF4Auto,
+// where FAST's plan needs more than one wave: the plan is then made for F4's
+// 4 CTAs per SM (plan_decode), and a grid above one FAST wave launches F4
+// (docs/cuda.md "Decode v13": run R_6, B >= 32 rows 1.012x, B=64/16K 1.043x).
 constexpr int kF4Off = 0, kF4On = 1, kF4Auto = 2;
 constexpr int kDefaultF4 = kF4Auto;
 int f4_mode() {
-  static const int v = env_choice("FP8KV_DECODE_F4", kDefaultF4, {{"0", kF4Off}, {"1", kF4On}, {"auto", kF4Auto}}, kF4On);
+  static const int v =
+      env_choice("FP8KV_DECODE_F4", kDefaultF4, {{"0", kF4Off}, {"1", kF4On}, {"auto", kF4Auto}}, kDefaultF4);
   return v;
 }
 // FP8KV_DECODE_FUSE (version 10 variant, see fused_merge): "1" the FAST
