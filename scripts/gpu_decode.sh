@@ -79,15 +79,18 @@ if command -v nvidia-smi >/dev/null; then
 fi
 
 # A/B rows: the targets' rows (fp8 d128 B=8/32/64 at 16K and 64K, B=1 at 64K
-# and 1K; fp8 d256 B=32 at 16K and 64K; bf16 d128 B=32/16K, B=1/64K); the
-# default and each ALT variant interleaved per row, each in a fresh process.
+# and 1K; fp8 d256 B=32 at 16K and 64K; bf16 d128 B=32/16K, B=1/64K), and
+# fp8 d128 B=64 at 4K and 1K (decode v13: F4 auto's largest gains, measured
+# only in the table so far); the default and each ALT variant interleaved per
+# row, each in a fresh process.
 phase "A/B rows (default vs $ALT)"
 : >"$OUT/bench_ab_base.jsonl"
 for a in $ALT; do : >"$OUT/bench_ab_${a%%:*}.jsonl"; done
 # ABROWS=d256: the fp8 d256 rows first (decode v12), then the d128 ones.
 ROWS_D128=("fp8_e4m3 128 32 16384" "fp8_e4m3 128 8 16384" "fp8_e4m3 128 1 65536" "fp8_e4m3 128 64 16384"
            "fp8_e4m3 256 32 16384" "fp8_e4m3 128 8 65536" "fp8_e4m3 128 1 1024" "fp8_e4m3 128 32 65536"
-           "bf16 128 32 16384" "bf16 128 1 65536" "fp8_e4m3 256 32 65536" "fp8_e4m3 128 64 65536")
+           "bf16 128 32 16384" "bf16 128 1 65536" "fp8_e4m3 256 32 65536" "fp8_e4m3 128 64 65536"
+           "fp8_e4m3 128 64 4096" "fp8_e4m3 128 64 1024")
 ROWS_D256=("fp8_e4m3 256 32 16384" "fp8_e4m3 256 8 16384" "fp8_e4m3 256 1 65536" "fp8_e4m3 256 32 65536"
            "fp8_e4m3 256 64 16384" "fp8_e4m3 256 8 65536" "fp8_e4m3 256 1 1024" "fp8_e4m3 256 1 16384"
            "fp8_e4m3 128 32 16384" "fp8_e4m3 128 8 16384" "fp8_e4m3 128 1 65536")
