@@ -28,6 +28,9 @@
 #include <string>
 #include <vector>
 
+#include <cuda.h>  // CUtensorMap (the encoder is fetched at run time: no libcuda link)
+#include <cudaTypedefs.h>
+
 #include "backend/cuda/common.cuh"  // ld_stream16: the decode kernels' K/V load
 #include "backend/cuda/kernels.h"
 
@@ -214,6 +217,104 @@ __global__ void bulk_read_kernel(const uint8_t* __restrict__ p, size_t ntiles, u
   if (acc == 0x9e3779b9u) sink[0] = acc;
 }
 
+// The decode kernels' own load shape (decode v13's sweep, not yet run): the
+// buffer as rows of 1 KB (8 KV heads x 128 bytes, fp8 d128's paged rows); a
+// tile is 32 rows of one head's 128-byte column (4 KB, the K and V of one
+// fp8 d128 tile), lane (r, t) loading rows r, r + 8, r + 16, r + 24 at
+// bytes 64c + 16t (c = 0, 1), as the FAST kernel does; U tiles in flight per
+// warp; warp w's tiles w, w + warps, ... (adjacent tiles: adjacent heads).
+template <int U>
+__global__ void paged_read_kernel(const uint8_t* __restrict__ p, size_t ntiles, unsigned* sink) {
+  const int lane = threadIdx.x & 31, r = lane >> 2, t = lane & 3;
+  const size_t nwarps = size_t(gridDim.x) * (blockDim.x >> 5);
+  size_t tile = size_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  uint32_t acc = 0;
+  for (; tile + (U - 1) * nwarps < ntiles; tile += U * nwarps) {
+    uint4 v[U][8];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const size_t tu = tile + u * nwarps;
+      const uint8_t* base = p + (tu / 8) * 32 * 1024 + (tu % 8) * 128 + t * 16;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[u][i] = detail::ld_stream16(base + (r + 8 * (i / 2)) * 1024 + 64 * (i % 2));
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc ^= v[u][i].x ^ v[u][i].y ^ v[u][i].z ^ v[u][i].w;
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;
+}
+
+// The same tiles through a TMA tensor map (decode v13's sweep, not yet run):
+// one `cp.async.bulk.tensor` per 4 KB tile (a box of 32 rows x 128 bytes of
+// the 1 KB-row view), S stages per warp, one mbarrier per stage. Against the
+// 128-byte bulk copies (4.11 TB/s in run R_3), this asks whether one
+// instruction per box lifts the TMA unit's per-copy cap.
+template <int S>
+__global__ void tma_read_kernel(const __grid_constant__ CUtensorMap tm, size_t ntiles, unsigned* sink) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  constexpr int kTileB = 4096;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + warp * S * kTileB;
+  const uint32_t bars = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + nw * S * kTileB + warp * S * 8;
+  if (lane == 0) {
+    for (int st = 0; st < S; ++st) detail::mbar_init(bars + 8 * st, 1);
+    detail::mbar_init_fence();
+  }
+  __syncwarp();
+  const size_t gw = size_t(blockIdx.x) * nw + warp, nwarps = size_t(gridDim.x) * nw;
+  auto issue = [&](size_t k, int st) {
+    const size_t tile = gw + k * nwarps;
+    if (tile >= ntiles || lane != 0) return;
+    const int x = static_cast<int>(tile % 8) * 128, y = static_cast<int>(tile / 8) * 32;
+    detail::mbar_arrive_expect_tx(bars + 8 * st, kTileB);
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::
+            "r"(ring + st * kTileB),
+        "l"(reinterpret_cast<uint64_t>(&tm)), "r"(x), "r"(y), "r"(bars + 8 * st)
+        : "memory");
+  };
+  for (int st = 0; st < S; ++st) issue(st, st);
+  uint32_t acc = 0;
+  const size_t mine = gw < ntiles ? (ntiles - gw + nwarps - 1) / nwarps : 0;
+  for (size_t k = 0; k < mine; ++k) {
+    const int st = static_cast<int>(k % S);
+    detail::mbar_wait(bars + 8 * st, static_cast<uint32_t>((k / S) & 1));
+    uint32_t w;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(w) : "r"(ring + st * kTileB + lane * 4));
+    acc ^= w;
+    __syncwarp();
+    issue(k + S, st);
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;
+}
+
+// The tensor map of the 1 KB-row view of `a` (n bytes), boxes of 32 rows x
+// 128 bytes, through the driver's encoder fetched at run time.
+CUtensorMap row_view_tensor_map(void* a, size_t n) {
+  PFN_cuTensorMapEncodeTiled_v12000 enc = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", reinterpret_cast<void**>(&enc), 12000,
+                                      cudaEnableDefault, &q));
+  if (enc == nullptr || q != cudaDriverEntryPointSuccess) {
+    std::fprintf(stderr, "cuTensorMapEncodeTiled not available\n");
+    std::exit(1);
+  }
+  CUtensorMap tm;
+  const cuuint64_t dims[2] = {1024, n / 1024};
+  const cuuint64_t strides[1] = {1024};
+  const cuuint32_t box[2] = {128, 32}, elem[2] = {1, 1};
+  const CUresult rc = enc(&tm, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, a, dims, strides, box, elem,
+                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (rc != CUDA_SUCCESS) {
+    std::fprintf(stderr, "cuTensorMapEncodeTiled: error %d\n", static_cast<int>(rc));
+    std::exit(1);
+  }
+  return tm;
+}
+
 // The read-only ceiling: 4 GiB read per call (the copy's bytes: 2 GiB read
 // + 2 GiB written), 8 CTAs of 256 threads per SM, 8 loads in flight per
 // thread (256 KB per SM); both timing methods. `sweep` (decode v13): the
@@ -229,21 +330,43 @@ void bench_read(bool sweep) {
   fill(a, n, 7, false);
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  // bulk: 0 = ld.global (U loads per thread), else bulk copies with U stages
-  // of 4 KB per warp, 128-byte rows (1) or one 4 KB copy per tile (2).
+  // bulk: 0 = ld.global (U loads per thread), 1-2 bulk copies with U stages
+  // of 4 KB per warp, 128-byte rows (1) or one 4 KB copy per tile (2); 3 the
+  // TMA tensor map (U stages), 4 the decode kernels' paged-row loads (U tiles
+  // in flight per warp). 3 and 4: run R_3's sweep did not have them yet.
   struct Cfg { int u, ctas, threads, bulk = 0; };
   std::vector<Cfg> cfgs{{8, 8, 256}};
   if (sweep)
     cfgs = {{8, 8, 256}, {2, 8, 256}, {1, 8, 256}, {16, 3, 128}, {8, 3, 128}, {4, 3, 128},
             {8, 4, 128}, {4, 4, 128}, {8, 5, 128}, {8, 6, 128}, {8, 4, 256}, {8, 2, 128},
             {2, 3, 128, 1}, {3, 3, 128, 1}, {4, 3, 128, 1}, {2, 4, 128, 1}, {3, 4, 128, 1},
-            {3, 3, 128, 2}, {2, 2, 128, 1}, {4, 2, 128, 1}};
+            {3, 3, 128, 2}, {2, 2, 128, 1}, {4, 2, 128, 1}, {1, 3, 128, 4}, {2, 3, 128, 4},
+            {1, 4, 128, 4}, {2, 4, 128, 4}, {2, 8, 256, 4}, {2, 3, 128, 3}, {3, 3, 128, 3}, {2, 4, 128, 3},
+            {3, 4, 128, 3}};
+  const CUtensorMap tm = sweep ? row_view_tensor_map(a, n) : CUtensorMap{};
   for (const Cfg& c : cfgs) {
-    const int bulk_smem = c.bulk ? c.threads / 32 * c.u * (4096 + 8) : 0;
+    const int bulk_smem = c.bulk && c.bulk != 4 ? c.threads / 32 * c.u * (4096 + 8) : 0;
     const int inflight_kb = c.bulk ? c.u * c.ctas * c.threads / 32 * 4 : c.u * c.ctas * c.threads * 16 / 1024;
     auto rd = [&](int) {
       const dim3 g(sms * c.ctas), b(c.threads);
       const auto* src = static_cast<const uint4*>(a);
+      if (c.bulk == 4) {
+        const auto* s8 = static_cast<const uint8_t*>(a);
+        if (c.u == 1) paged_read_kernel<1><<<g, b>>>(s8, n / 4096, sink);
+        else paged_read_kernel<2><<<g, b>>>(s8, n / 4096, sink);
+        CK(cudaGetLastError());
+        return;
+      }
+      if (c.bulk == 3) {
+        auto run = [&](auto kernel) {
+          CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bulk_smem));
+          kernel<<<g, b, bulk_smem>>>(tm, n / 4096, sink);
+        };
+        if (c.u == 2) run(tma_read_kernel<2>);
+        else run(tma_read_kernel<3>);
+        CK(cudaGetLastError());
+        return;
+      }
       if (c.bulk) {
         const auto* s8 = static_cast<const uint8_t*>(a);
         auto run = [&](auto kernel) {
