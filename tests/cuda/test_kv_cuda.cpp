@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <thread>
 
 #include "cuda_test_util.h"
@@ -569,6 +571,32 @@ TEST(CudaPlan, SplitsCoverTheSpanAndFillTheGpu) {
   const cuda::DecodePlan f = cuda::plan_decode(2, 32, 8, 128, 5000, 0, sms, 1000);
   EXPECT_EQ(f.split_tokens, 1024);
   EXPECT_EQ(f.max_splits, 5);
+}
+
+// F4 auto (decode v13, docs/cuda.md): an fp8 e4m3 d128 plan made at the
+// device's occupancy is the 3-CTA (FAST) plan when that one fits one wave,
+// else the plan for 4 CTAs per SM (F4's). Assumes the H200's occupancies (FAST
+// 3, F4 4 CTAs per SM); skipped when FP8KV_DECODE_F4 (or a variable that
+// changes the fp8 d128 kernel) is set.
+TEST(CudaPlan, F4AutoReplansBeyondOneWave) {
+  FP8KV_REQUIRE_GPU();
+  for (const char* v : {"FP8KV_DECODE_F4", "FP8KV_DECODE_V9", "FP8KV_DECODE_LEAN", "FP8KV_DECODE_DEEP",
+                        "FP8KV_DECODE_HPW"})
+    if (const char* e = std::getenv(v); e != nullptr && *e != 0) GTEST_SKIP() << v << " is set";
+  const int sms = cuda::device_sm_count();
+  int replanned = 0;
+  for (int B : {1, 8, 32, 64, 256})
+    for (int C : {1024, 4096, 16384, 65536}) {
+      SCOPED_TRACE("B " + std::to_string(B) + " C " + std::to_string(C));
+      const cuda::DecodePlan fast = cuda::plan_decode(B, 32, 8, 128, C, 0, sms, 0, 3);
+      const cuda::DecodePlan f4 = cuda::plan_decode(B, 32, 8, 128, C, 0, sms, 0, 4);
+      const cuda::DecodePlan got = cuda::plan_decode(B, 32, 8, 128, C, 0, sms);
+      const bool beyond = static_cast<int64_t>(B) * 8 * fast.max_splits > static_cast<int64_t>(sms) * 3;
+      EXPECT_EQ(got.split_tokens, beyond ? f4.split_tokens : fast.split_tokens);
+      EXPECT_EQ(got.workspace_bytes, beyond ? f4.workspace_bytes : fast.workspace_bytes);
+      replanned += beyond;
+    }
+  EXPECT_GT(replanned, 0);
 }
 
 // Every prefill test runs under both kernels (PrefillArgs::kernel): mma.sync
