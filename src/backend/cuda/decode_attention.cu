@@ -284,10 +284,10 @@ __device__ __forceinline__ void fused_merge(const DecodeParams& p, uint8_t* smem
 // d128): the FAST kernel without its second register stage (each warp
 // refills its one stage as it frees: the next tile's K once the scores are
 // done, its V after the last m-tile), so it fits 128 registers and 4 CTAs
-// per SM: 16 warps, where FAST runs 12. Run R_2's read sweep: a read-only kernel
-// streams at ~4.2 TB/s with 12 warps per SM whatever its bytes in flight
-// (24-192 KB per SM), 4.47 with 16 and 4.6 with 20 or more. Bitwise FAST's
-// results (same tiles, order and arithmetic).
+// per SM: 16 warps, where FAST runs 12. Runs R_2 / R_3's read sweep: a
+// read-only kernel streams at ~4.2 TB/s with 12 warps per SM whatever its
+// bytes in flight (24-192 KB per SM), ~4.46 with 16 and 4.57-4.61 with 20-24.
+// Bitwise FAST's results (same tiles, order and arithmetic).
 template <int D, int DT, bool DEEP = false, bool LEAN = false, bool HPW = false, bool REG = false, bool FAST = false,
           bool FUSE = false>
 __global__ void __launch_bounds__(kWarps * 32,
