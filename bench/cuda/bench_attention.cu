@@ -172,51 +172,6 @@ __global__ void read_kernel(const uint4* __restrict__ p, size_t n16, unsigned* s
   if (acc == 0x9e3779b9u) sink[0] = acc;
 }
 
-// The same stream through bulk copies (decode v13's BULK variant, since
-// removed from the decode kernels): each warp
-// keeps S tiles of 4 KB in flight in its shared-memory ring, one mbarrier
-// per stage; a tile is 32 copies of 128 bytes (one per lane, as the decode
-// ring copies its K/V rows) when ROW = 128, one copy of 4 KB when ROW = 4096.
-template <int S, int ROW>
-__global__ void bulk_read_kernel(const uint8_t* __restrict__ p, size_t ntiles, unsigned* sink) {
-  extern __shared__ __align__(128) uint8_t smem[];
-  constexpr int kTileB = 4096;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + warp * S * kTileB;
-  const uint32_t bars = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + nw * S * kTileB + warp * S * 8;
-  if (lane == 0) {
-    for (int st = 0; st < S; ++st) detail::mbar_init(bars + 8 * st, 1);
-    detail::mbar_init_fence();
-  }
-  __syncwarp();
-  const size_t gw = size_t(blockIdx.x) * nw + warp, nwarps = size_t(gridDim.x) * nw;
-  auto issue = [&](size_t k, int st) {
-    const size_t tile = gw + k * nwarps;
-    if (tile >= ntiles) return;
-    const uint8_t* src = p + tile * kTileB;
-    if (lane == 0) detail::mbar_arrive_expect_tx(bars + 8 * st, kTileB);
-    __syncwarp();
-    if (ROW == kTileB) {
-      if (lane == 0) detail::bulk_g2s(ring + st * kTileB, src, kTileB, bars + 8 * st);
-    } else {
-      detail::bulk_g2s(ring + st * kTileB + lane * ROW, src + lane * ROW, ROW, bars + 8 * st);
-    }
-  };
-  for (int st = 0; st < S; ++st) issue(st, st);
-  uint32_t acc = 0;
-  const size_t mine = gw < ntiles ? (ntiles - gw + nwarps - 1) / nwarps : 0;
-  for (size_t k = 0; k < mine; ++k) {
-    const int st = static_cast<int>(k % S);
-    detail::mbar_wait(bars + 8 * st, static_cast<uint32_t>((k / S) & 1));
-    uint32_t w;
-    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(w) : "r"(ring + st * kTileB + lane * 4));
-    acc ^= w;
-    __syncwarp();
-    issue(k + S, st);
-  }
-  if (acc == 0x9e3779b9u) sink[0] = acc;
-}
-
 // The decode kernels' own load shape (decode v13's sweep, not yet run): the
 // buffer as rows of 1 KB (8 KV heads x 128 bytes, fp8 d128's paged rows); a
 // tile is 32 rows of one head's 128-byte column (4 KB, the K and V of one
@@ -246,13 +201,17 @@ __global__ void paged_read_kernel(const uint8_t* __restrict__ p, size_t ntiles, 
   if (acc == 0x9e3779b9u) sink[0] = acc;
 }
 
-// The same tiles through a TMA tensor map (decode v13's sweep, not yet run):
-// one `cp.async.bulk.tensor` per 4 KB tile (a box of 32 rows x 128 bytes of
-// the 1 KB-row view), S stages per warp, one mbarrier per stage. Against the
-// 128-byte bulk copies (4.11 TB/s in run R_3), this asks whether one
-// instruction per box lifts the TMA unit's per-copy cap.
-template <int S>
-__global__ void tma_read_kernel(const __grid_constant__ CUtensorMap tm, size_t ntiles, unsigned* sink) {
+// Streams through a shared-memory ring filled by the TMA unit (decode v13's
+// sweep): each warp keeps S tiles of 4 KB in flight, one mbarrier per stage.
+// ROW = 128: 32 bulk copies of 128 bytes per tile (one per lane, as decode
+// v13's BULK variant copied its K/V rows; since removed); ROW = 4096: one
+// bulk copy per tile; ROW = 0: one `cp.async.bulk.tensor` per tile through
+// `tm`, a box of 32 rows x 128 bytes of the 1 KB-row view (paged_read_kernel's
+// tiles; not yet run: does one instruction per box lift the 128-byte copies'
+// cap, 4.11 TB/s in run R_3?).
+template <int S, int ROW>
+__global__ void ring_read_kernel(const __grid_constant__ CUtensorMap tm, const uint8_t* __restrict__ p, size_t ntiles,
+                                 unsigned* sink) {
   extern __shared__ __align__(1024) uint8_t smem[];
   constexpr int kTileB = 4096;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -266,14 +225,24 @@ __global__ void tma_read_kernel(const __grid_constant__ CUtensorMap tm, size_t n
   const size_t gw = size_t(blockIdx.x) * nw + warp, nwarps = size_t(gridDim.x) * nw;
   auto issue = [&](size_t k, int st) {
     const size_t tile = gw + k * nwarps;
-    if (tile >= ntiles || lane != 0) return;
-    const int x = static_cast<int>(tile % 8) * 128, y = static_cast<int>(tile / 8) * 32;
-    detail::mbar_arrive_expect_tx(bars + 8 * st, kTileB);
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::
-            "r"(ring + st * kTileB),
-        "l"(reinterpret_cast<uint64_t>(&tm)), "r"(x), "r"(y), "r"(bars + 8 * st)
-        : "memory");
+    if (tile >= ntiles) return;
+    const uint32_t dst = ring + st * kTileB, bar = bars + 8 * st;
+    if (lane == 0) detail::mbar_arrive_expect_tx(bar, kTileB);
+    __syncwarp();
+    if constexpr (ROW == 0) {
+      if (lane == 0) {
+        const int x = static_cast<int>(tile % 8) * 128, y = static_cast<int>(tile / 8) * 32;
+        asm volatile(
+            "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+            "[%4];" ::"r"(dst),
+            "l"(reinterpret_cast<uint64_t>(&tm)), "r"(x), "r"(y), "r"(bar)
+            : "memory");
+      }
+    } else if constexpr (ROW == kTileB) {
+      if (lane == 0) detail::bulk_g2s(dst, p + tile * kTileB, kTileB, bar);
+    } else {
+      detail::bulk_g2s(dst + lane * ROW, p + tile * kTileB + lane * ROW, ROW, bar);
+    }
   };
   for (int st = 0; st < S; ++st) issue(st, st);
   uint32_t acc = 0;
@@ -357,26 +326,24 @@ void bench_read(bool sweep) {
         CK(cudaGetLastError());
         return;
       }
-      if (c.bulk == 3) {
-        auto run = [&](auto kernel) {
-          CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bulk_smem));
-          kernel<<<g, b, bulk_smem>>>(tm, n / 4096, sink);
-        };
-        if (c.u == 2) run(tma_read_kernel<2>);
-        else run(tma_read_kernel<3>);
-        CK(cudaGetLastError());
-        return;
-      }
       if (c.bulk) {
         const auto* s8 = static_cast<const uint8_t*>(a);
         auto run = [&](auto kernel) {
           CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bulk_smem));
-          kernel<<<g, b, bulk_smem>>>(s8, n / 4096, sink);
+          kernel<<<g, b, bulk_smem>>>(tm, s8, n / 4096, sink);
         };
-        if (c.bulk == 2) run(bulk_read_kernel<3, 4096>);
-        else if (c.u == 2) run(bulk_read_kernel<2, 128>);
-        else if (c.u == 3) run(bulk_read_kernel<3, 128>);
-        else run(bulk_read_kernel<4, 128>);
+        if (c.bulk == 3) {
+          if (c.u == 2) run(ring_read_kernel<2, 0>);
+          else run(ring_read_kernel<3, 0>);
+        } else if (c.bulk == 2) {
+          run(ring_read_kernel<3, 4096>);
+        } else if (c.u == 2) {
+          run(ring_read_kernel<2, 128>);
+        } else if (c.u == 3) {
+          run(ring_read_kernel<3, 128>);
+        } else {
+          run(ring_read_kernel<4, 128>);
+        }
         CK(cudaGetLastError());
         return;
       }
