@@ -28,10 +28,7 @@
 #include <string>
 #include <vector>
 
-#include <cuda.h>  // CUtensorMap (the encoder is fetched at run time: no libcuda link)
-#include <cudaTypedefs.h>
-
-#include "backend/cuda/common.cuh"  // ld_stream16: the decode kernels' K/V load
+#include "backend/cuda/common.cuh"  // ld_stream16 (the decode kernels' K/V load), mbarriers, tensor maps
 #include "backend/cuda/kernels.h"
 
 using namespace fp8kv;
@@ -232,11 +229,7 @@ __global__ void ring_read_kernel(const __grid_constant__ CUtensorMap tm, const u
     if constexpr (ROW == 0) {
       if (lane == 0) {
         const int x = static_cast<int>(tile % 8) * 128, y = static_cast<int>(tile / 8) * 32;
-        asm volatile(
-            "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
-            "[%4];" ::"r"(dst),
-            "l"(reinterpret_cast<uint64_t>(&tm)), "r"(x), "r"(y), "r"(bar)
-            : "memory");
+        detail::tma_load_2d(dst, &tm, x, y, bar);
       }
     } else if constexpr (ROW == kTileB) {
       if (lane == 0) detail::bulk_g2s(dst, p + tile * kTileB, kTileB, bar);
@@ -262,23 +255,10 @@ __global__ void ring_read_kernel(const __grid_constant__ CUtensorMap tm, const u
 // The tensor map of the 1 KB-row view of `a` (n bytes), boxes of 32 rows x
 // 128 bytes, through the driver's encoder fetched at run time.
 CUtensorMap row_view_tensor_map(void* a, size_t n) {
-  PFN_cuTensorMapEncodeTiled_v12000 enc = nullptr;
-  cudaDriverEntryPointQueryResult q{};
-  CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", reinterpret_cast<void**>(&enc), 12000,
-                                      cudaEnableDefault, &q));
-  if (enc == nullptr || q != cudaDriverEntryPointSuccess) {
-    std::fprintf(stderr, "cuTensorMapEncodeTiled not available\n");
-    std::exit(1);
-  }
   CUtensorMap tm;
-  const cuuint64_t dims[2] = {1024, n / 1024};
-  const cuuint64_t strides[1] = {1024};
-  const cuuint32_t box[2] = {128, 32}, elem[2] = {1, 1};
-  const CUresult rc = enc(&tm, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, a, dims, strides, box, elem,
-                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (rc != CUDA_SUCCESS) {
-    std::fprintf(stderr, "cuTensorMapEncodeTiled: error %d\n", static_cast<int>(rc));
+  std::string why;
+  if (!detail::encode_row_tensor_map(&tm, a, 1024, n / 1024, 128, 32, false, &why)) {
+    std::fprintf(stderr, "%s\n", why.c_str());
     std::exit(1);
   }
   return tm;

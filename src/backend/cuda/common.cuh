@@ -1,10 +1,12 @@
 // Device helpers shared by the CUDA kernels: error checks, MMA wrappers,
 // fp8 / bf16 / f16 packing. Small on purpose (compile time).
 #pragma once
+#include <cuda.h>  // CUtensorMap (encode_row_tensor_map fetches the encoder at run time: no libcuda link)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
 
 #include <algorithm>
 #include <cstdint>
@@ -185,6 +187,56 @@ __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst), "l"(src),
       "r"(bytes), "r"(bar)
       : "memory");
+}
+
+// Tensor copy (the TMA unit) of one box of the 2-D tensor map `tm` (a grid
+// constant or global-memory map; its generic address) at element coordinates
+// (x, y) to this CTA's shared memory; completion counts the box's bytes on
+// the mbarrier `bar`.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* tm, int x, int y, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(tm)), "r"(x), "r"(y), "r"(bar)
+      : "memory");
+}
+
+// The tensor map of `rows` rows of `row_bytes` bytes at `base` (a 2-D tensor
+// of bytes), boxes of box_rows rows x box_bytes bytes, swizzled by 128 bytes
+// when `swizzle128` (16-byte chunk c of box row y lands at chunk c ^ (y & 7);
+// the destination must then be 1 KB-aligned). The driver's encoder is
+// fetched once through the runtime (cudaGetDriverEntryPointByVersion), so
+// nothing links libcuda. Returns false (with `why`) when the driver has no
+// encoder or refuses the shape.
+inline bool encode_row_tensor_map(CUtensorMap* out, const void* base, uint64_t row_bytes, uint64_t rows,
+                                  uint32_t box_bytes, uint32_t box_rows, bool swizzle128, std::string* why) {
+  static PFN_cuTensorMapEncodeTiled_v12000 enc = [] {
+    PFN_cuTensorMapEncodeTiled_v12000 f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", reinterpret_cast<void**>(&f), 12000,
+                                         cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      f = nullptr;
+    }
+    return f;
+  }();
+  if (enc == nullptr) {
+    if (why) *why = "cuTensorMapEncodeTiled not available";
+    return false;
+  }
+  const cuuint64_t dims[2] = {row_bytes, rows};
+  const cuuint64_t strides[1] = {row_bytes};
+  const cuuint32_t box[2] = {box_bytes, box_rows}, elem[2] = {1, 1};
+  const CUresult rc =
+      enc(out, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box, elem,
+          CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+          CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (rc != CUDA_SUCCESS) {
+    if (why) *why = "cuTensorMapEncodeTiled: error " + std::to_string(static_cast<int>(rc));
+    return false;
+  }
+  return true;
 }
 
 constexpr float kLog2e = 1.4426950408889634f;

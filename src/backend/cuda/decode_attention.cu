@@ -36,6 +36,9 @@
 #include <string>
 #include <utility>
 
+#include <cuda.h>  // CUtensorMap (TM; the encoder is fetched at run time, no libcuda link)
+#include <mutex>
+
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl_launch.cuh"
@@ -58,6 +61,7 @@ struct DecodeParams : PagedKvParams {
   float* part_lse;  // [batch][num_heads][max_splits] (log2 domain)
   unsigned long long* split_counters;  // FUSE: [batch][gridDim.x] in the workspace, after the partials
   unsigned long long epoch;            // FUSE: the counters' tag (48 bits, kCounterTag)
+  int64_t cache_rows;                  // rows (token slots) of each cache: num_blocks x block_size (TM's maps)
 };
 
 __device__ __forceinline__ void seq_range(const DecodeParams& p, int ctx, int& first, int& tstart, int& nsplits) {
@@ -93,7 +97,7 @@ __device__ __forceinline__ uint4 lds16(uint32_t a) {
 // reads at 4.0-4.2 TB/s where the fp8 d256 ring read at 2.5-2.9; run H: the
 // register path reads fp8 d256 at 3.6-3.9 TB/s). The ring stays for bf16
 // d256 (a register tile would not fit) and as FP8KV_DECODE_D256REG=0.
-template <int D, int DT, bool REG = false>
+template <int D, int DT, bool REG = false, bool TM = false>
 struct DecodeCfg {
   static constexpr int EB = DT == kBf16 ? 2 : 1;        // bytes per cache element
   static constexpr int KC = D * EB / 64;                 // 16-byte K chunks per thread per key row
@@ -106,8 +110,16 @@ struct DecodeCfg {
   // 3.9 TB/s vs the ring's 3.2 TB/s on fp8 d128, 2026-11-30 runs 1-2).
   static constexpr bool USE_RING = D == 256 && !REG;
   static constexpr int S = STAGE <= 2048 ? 8 : STAGE <= 4096 ? 4 : 3;  // stages per warp
-  static constexpr int RING = USE_RING ? S * STAGE : kMaxGroup * D * 4;  // bytes per warp
-  static constexpr int SMEM = kWarps * RING + 2 * kWarps * kMaxGroup * 4;
+  // TM (decode v14; fp8 e4m3 d128): per warp TMS stages of one tile (K's 16
+  // rows of 128 bytes, then V's), filled by the TMA unit through tensor maps
+  // (128-byte swizzle: 16-byte chunk c of row y at chunk c ^ (y & 7)), one
+  // mbarrier per stage; the ring starts 1 KB-aligned (the swizzle's period),
+  // hence the 1 KB of slack.
+  static constexpr int TMS = 2, TSTAGE = 2 * kTile * 128;
+  static constexpr int RING = USE_RING ? S * STAGE : TM ? TMS * TSTAGE : kMaxGroup * D * 4;  // bytes per warp
+  static constexpr int BARS = TM ? kWarps * TMS * 8 : 0;
+  static constexpr int SMEM = kWarps * RING + 2 * kWarps * kMaxGroup * 4 + BARS + (TM ? 1024 : 0);
+  static_assert(!TM || D * EB == 128, "TM: 128-byte rows (the swizzle and box assume them)");
   static_assert(RING >= kMaxGroup * D * 4, "the epilogue reuses the ring");
   static_assert(!USE_RING || VBYTES >= 16, "ring: V in 16-byte units");
 };
@@ -288,15 +300,26 @@ __device__ __forceinline__ void fused_merge(const DecodeParams& p, uint8_t* smem
 // read-only kernel streams at ~4.2 TB/s with 12 warps per SM whatever its
 // bytes in flight (24-192 KB per SM), ~4.46 with 16 and 4.57-4.61 with 20-24.
 // Bitwise FAST's results (same tiles, order and arithmetic).
-template <int D, int DT, bool DEEP = false, bool LEAN = false, bool HPW = false, bool REG = false, bool FAST = false,
-          bool FUSE = false>
-__global__ void __launch_bounds__(kWarps * 32,
-                                  LEAN ? 4 : FAST ? (D * (DT == kBf16 ? 2 : 1) <= 128 && !DEEP ? 3 : 2) : 0)
-    decode_kernel(const DecodeParams p) {
+//
+// TM (decode v14, FP8KV_DECODE_TM=1, fp8 e4m3 d128; kernel decode_kernel_tm):
+// the FAST kernel's tiles, order and arithmetic (bitwise its results), with
+// K and V brought in by the TMA unit through two tensor maps (the caches as
+// rows of num_kv_heads x 128 bytes; one box of 16 rows x 128 bytes per K or
+// V tile: two instructions per tile, where decode v13's BULK needed 32 bulk
+// copies of 128 bytes, which cap at 4.11 TB/s) into a 2-stage shared-memory
+// ring per warp, one mbarrier per stage. A warp reads its tile's words into
+// registers (the FAST layout), hands the stage to the tile two ahead, then
+// does the math: two tiles in flight per warp and none held in registers
+// across the math, so 4 CTAs fit per SM. Run S_1's sweep: tensor-map boxes
+// stream at 4.48-4.51 TB/s with 12-16 warps per SM, where loads reach 4.13
+// with 12 and 4.36 with 16.
+template <int D, int DT, bool DEEP, bool LEAN, bool HPW, bool REG, bool FAST, bool FUSE, bool TM>
+__device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtensorMap* tmk, const CUtensorMap* tmv) {
   static_assert(!FAST || (!HPW && !DecodeCfg<D, DT, REG>::USE_RING), "FAST: register path only");
   static_assert(!FAST || !LEAN || (D == 128 && DT == kE4m3), "F4: FAST fp8 e4m3 d128 only");
   static_assert(!FUSE || FAST, "FUSE: the FAST kernels only");
-  using C = DecodeCfg<D, DT, REG>;
+  static_assert(!TM || (FAST && !LEAN && !FUSE && !DEEP && D == 128 && DT == kE4m3), "TM: FAST fp8 e4m3 d128 only");
+  using C = DecodeCfg<D, DT, REG, TM>;
   constexpr int EB = C::EB;
   constexpr int E = 16 / EB;               // elements per 16-byte chunk
   constexpr int J = E / 4;                 // k-steps per chunk
@@ -304,7 +327,11 @@ __global__ void __launch_bounds__(kWarps * 32,
   constexpr int MT = D / 16;               // m-tiles of O^T = V^T P^T
   constexpr int S = C::S;
 
-  extern __shared__ __align__(16) uint8_t smem[];
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  // (TM: everything from the first 1 KB boundary, so each stage is 1 KB-aligned.)
+  uint8_t* const smem =
+      TM ? smem_raw + ((1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u)
+         : smem_raw;
   float* sm_m = reinterpret_cast<float*>(smem + kWarps * C::RING);
   float* sm_l = sm_m + kWarps * kMaxGroup;
 
@@ -458,6 +485,7 @@ __global__ void __launch_bounds__(kWarps * 32,
     if (kk >= nmine) return 0;
     const int j = s_begin + (T0 + kk * TS) * kTile;
     const int64_t blk = bt[j / p.block_size];
+    if constexpr (TM) return blk * p.block_size + j % p.block_size;  // TM: the tile's first row
     return (blk * p.block_size + j % p.block_size) * row_bytes + head_off;
   };
   // (f_load_k returns the tile's offset for f_load_v.)
@@ -480,15 +508,48 @@ __global__ void __launch_bounds__(kWarps * 32,
     for (int i = 0; i < 4; ++i) ld_words<VBYTES>(vb + fv_off[i], vw_[i]);
   };
   auto f_load = [&](int k, uint32_t (&kw_)[2][KW], uint32_t (&vw_)[4][VW]) { f_load_v(f_load_k(k, kw_), vw_); };
+  // TM: this warp's k-th tile into stage st (k increasing by one per call, as
+  // f_load_k's): lane 0 sets the stage's transaction bytes and issues the two
+  // boxes (K's rows, then V's), at column kvh x 128 bytes of the row view.
+  const uint32_t tm_bars = static_cast<uint32_t>(__cvta_generic_to_shared(smem + kWarps * C::RING +
+                                                                          2 * kWarps * kMaxGroup * 4)) +
+                           warp * C::TMS * 8;
+  auto tm_issue = [&](int k, int st) {
+    if (k >= nmine) return;  // warp-uniform
+    if ((k & 31) == 0 && k > 0) {
+      f_cur = f_nxt;
+      f_nxt = f_fetch(k + 32 + lane);
+    }
+    const int row = static_cast<int>(__shfl_sync(0xffffffffu, f_cur, k & 31));
+    if (lane == 0) {
+      const uint32_t bar = tm_bars + 8 * st, dst = ring + st * C::TSTAGE;
+      mbar_arrive_expect_tx(bar, C::TSTAGE);
+      tma_load_2d(dst, tmk, kvh * 128, row, bar);
+      tma_load_2d(dst + C::TSTAGE / 2, tmv, kvh * 128, row, bar);
+    }
+  };
   if constexpr (FAST) {
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) fk_off[nt] = static_cast<uint32_t>((nt * 8 + r) * row_bytes + t * 16);
 #pragma unroll
     for (int i = 0; i < 4; ++i) fv_off[i] = static_cast<uint32_t>(vtok[i] * row_bytes + r * VBYTES);
+    if constexpr (TM) {
+      if (lane == 0) {
+#pragma unroll
+        for (int st = 0; st < C::TMS; ++st) mbar_init(tm_bars + 8 * st, 1);
+        mbar_init_fence();
+      }
+      __syncwarp();
+    }
     f_cur = f_fetch(lane);
     f_nxt = f_fetch(32 + lane);
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    if (T0 < ntiles) f_load(0, kw, vw);
+    if constexpr (TM) {
+#pragma unroll
+      for (int st = 0; st < C::TMS; ++st) tm_issue(st, st);
+    } else {
+      if (T0 < ntiles) f_load(0, kw, vw);
+    }
   }
   for (int k = 1; k < pf; ++k) prefetch_tile(k);  // (after the wait: L2 prefetches of K/V)
 
@@ -762,7 +823,45 @@ __global__ void __launch_bounds__(kWarps * 32,
         mma16816<DT>(o[i], a0, a1, a2, a3, pa0, pa2);
       }
     };
-    if constexpr (kPrefetch) {
+    if constexpr (TM) {
+      // Wait for tile k's stage, read this thread's words in the FAST layout
+      // (the swizzled chunk of each; K: quarter-warp rows r and r + 1 read
+      // opposite 64-byte halves in one instruction, then swap, so no bank
+      // is hit twice), hand the stage to tile k + TMS, then the math.
+      const bool odd = (r & 1) != 0;
+      uint32_t koff[2][2], voff[4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+          koff[nt][j] = static_cast<uint32_t>((nt * 8 + r) * 128 + ((((j ^ (r & 1)) * 4 + t) ^ r) * 16));
+#pragma unroll
+      for (int i = 0; i < 4; ++i) voff[i] = static_cast<uint32_t>(C::TSTAGE / 2 + vtok[i] * 128 + ((r ^ (vtok[i] & 7)) * 16));
+      for (int it = T0, k = 0; it < ntiles; it += TS, ++k) {
+        const int st = k % C::TMS;
+        mbar_wait(tm_bars + 8 * st, static_cast<uint32_t>((k / C::TMS) & 1));
+        const uint32_t sb = ring + st * C::TSTAGE;
+        uint32_t kc[2][KW], vc[4][VW];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const uint4 w0 = lds16(sb + koff[nt][0]), w1 = lds16(sb + koff[nt][1]);
+          const uint4 g0 = odd ? w1 : w0, g1 = odd ? w0 : w1;  // chunk groups 0 and 1 of the row
+          kc[nt][0] = g0.x; kc[nt][1] = g0.y; kc[nt][2] = g0.z; kc[nt][3] = g0.w;
+          kc[nt][4] = g1.x; kc[nt][5] = g1.y; kc[nt][6] = g1.z; kc[nt][7] = g1.w;
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint4 w = lds16(sb + voff[i]);
+          vc[i][0] = w.x; vc[i][1] = w.y; vc[i][2] = w.z; vc[i][3] = w.w;
+        }
+        // The reads above (generic proxy) are done before the TMA (async
+        // proxy) overwrites the stage: every lane's, so the warp syncs.
+        fence_proxy_async();
+        __syncwarp();
+        tm_issue(k + C::TMS, st);
+        math(s_begin + it * kTile, kc, vc, -1);
+      }
+    } else if constexpr (kPrefetch) {
       // Ping-pong: tile ow in (kc, vc) while tile ow + 1 loads into (kx, vx).
       auto step = [&](int it, int ow, uint32_t (&kc)[2][KW], uint32_t (&vc)[4][VW], uint32_t (&kx)[2][KW],
                       uint32_t (&vx)[4][VW]) {
@@ -986,6 +1085,25 @@ __global__ void __launch_bounds__(kWarps * 32,
   }
 }
 
+template <int D, int DT, bool DEEP = false, bool LEAN = false, bool HPW = false, bool REG = false, bool FAST = false,
+          bool FUSE = false>
+__global__ void __launch_bounds__(kWarps * 32,
+                                  LEAN ? 4 : FAST ? (D * (DT == kBf16 ? 2 : 1) <= 128 && !DEEP ? 3 : 2) : 0)
+    decode_kernel(const DecodeParams p) {
+  decode_body<D, DT, DEEP, LEAN, HPW, REG, FAST, FUSE, false>(p, nullptr, nullptr);
+}
+
+// TM's parameters: the tensor maps of the K and V caches (rows of
+// num_kv_heads x 128 bytes, boxes of 16 rows x 128 bytes, 128-byte swizzle),
+// passed as grid constants (the TMA instruction takes their address).
+struct DecodeTmParams {
+  DecodeParams p;
+  CUtensorMap tmk, tmv;
+};
+__global__ void __launch_bounds__(kWarps * 32, 4) decode_kernel_tm(const __grid_constant__ DecodeTmParams q) {
+  decode_body<128, kE4m3, false, false, false, false, true, false, true>(q.p, &q.tmk, &q.tmv);
+}
+
 // Combines the splits of one (sequence, head): out = sum_s w_s O_s / sum_s w_s,
 // CW of the D columns per CTA (blockIdx.z = column chunk). 256 threads: R
 // rows of CW/4 threads; row rho takes splits rho, rho+R, ... (float4 loads,
@@ -1205,6 +1323,15 @@ int f4_mode() {
       env_choice("FP8KV_DECODE_F4", kDefaultF4, {{"0", kF4Off}, {"1", kF4On}, {"auto", kF4Auto}}, kDefaultF4);
   return v;
 }
+// FP8KV_DECODE_TM (decode v14; "1": on, unset or anything else: off): fp8
+// e4m3 d128 runs the TM kernel (decode_kernel_tm) where it would run FAST or
+// F4, planned at its own occupancy; not with FUSE, and FAST when the tensor
+// maps cannot be made (no encoder in the driver, or a cache of unknown size).
+constexpr bool kDefaultTm = false;
+bool tm_env() {
+  static const bool on = env_choice("FP8KV_DECODE_TM", kDefaultTm, {{"1", 1}}, 0) != 0;
+  return on;
+}
 // FP8KV_DECODE_FUSE (version 10 variant, see fused_merge): "1" the FAST
 // kernels merge the splits in their last CTA per (sequence, KV head, chunk)
 // (no reduce kernel); "0" off. set_decode_fuse_override (kernels.h, for
@@ -1305,6 +1432,78 @@ bool launch_decode_tv(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
 template <int D, int DT, bool DEEP, bool LEAN, bool HPW = false, bool REG = false, bool FAST = false>
 int resident_ctas_t();
 
+// TM: the kernel's attributes (all of the unified L1 as shared memory: 4 CTAs
+// of 34 KB), and its tensor maps, made once per (cache, rows, row bytes) and
+// kept (an engine's caches live as long as the process; a few hundred bytes
+// each, the table cleared past 4,096 entries).
+using TmCfg = DecodeCfg<128, kE4m3, false, true>;
+void prepare_decode_tm() {
+  set_func_attribute_once(decode_kernel_tm, cudaFuncAttributeMaxDynamicSharedMemorySize, TmCfg::SMEM);
+  set_func_attribute_once(decode_kernel_tm, cudaFuncAttributePreferredSharedMemoryCarveout,
+                          cudaSharedmemCarveoutMaxShared);
+}
+bool tm_map_for(const uint8_t* base, int64_t rows, int64_t row_bytes, CUtensorMap* out) {
+  struct Entry {
+    const uint8_t* base;
+    int64_t rows, row_bytes;
+    CUtensorMap map;
+  };
+  static std::mutex mu;
+  static std::vector<Entry> table;
+  std::lock_guard<std::mutex> lock(mu);
+  for (const Entry& e : table)
+    if (e.base == base && e.rows == rows && e.row_bytes == row_bytes) {
+      *out = e.map;
+      return true;
+    }
+  Entry e{base, rows, row_bytes, {}};
+  if (!encode_row_tensor_map(&e.map, base, static_cast<uint64_t>(row_bytes), static_cast<uint64_t>(rows), 128, kTile,
+                             true, nullptr))
+    return false;
+  if (table.size() >= 4096) table.clear();
+  table.push_back(e);
+  *out = e.map;
+  return true;
+}
+// Launches TM; false (nothing launched) when its maps cannot be made.
+bool launch_decode_tm(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
+  if (p.cache_rows <= 0 || p.cache_rows > INT32_MAX) return false;
+  DecodeTmParams q;
+  q.p = p;
+  const int64_t row_bytes = static_cast<int64_t>(p.num_kv_heads) * 128;
+  if (!tm_map_for(p.k_cache, p.cache_rows, row_bytes, &q.tmk) || !tm_map_for(p.v_cache, p.cache_rows, row_bytes, &q.tmv))
+    return false;
+  prepare_decode_tm();
+  FP8KV_CUDA_CHECK(launch_maybe_pdl(p.pdl, decode_kernel_tm, grid, dim3(kWarps * 32), TmCfg::SMEM, stream, q));
+  return true;
+}
+int resident_ctas_tm() {
+  static std::array<std::atomic<int>, 64> cache{};  // 0 = not asked yet (as resident_ctas_t)
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  const bool cached = dev >= 0 && dev < static_cast<int>(cache.size());
+  if (cached) {
+    const int n = cache[dev].load(std::memory_order_relaxed);
+    if (n > 0) return n;
+  }
+  int c = 0;
+  bool ok = false;
+  try {
+    prepare_decode_tm();
+    ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, decode_kernel_tm, kWarps * 32, TmCfg::SMEM) == cudaSuccess;
+  } catch (const std::runtime_error&) {
+  }
+  if (!ok) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  if (cached) cache[dev].store(c, std::memory_order_relaxed);
+  return c;
+}
+
 // FAST instantiations (version 9, FP8KV_DECODE_V9=1): the defaults of e4m3
 // d128 (3 CTAs per SM), bf16 d128 (DEEP) and e4m3 d256 (REG); kHasFast
 // (with the FP8KV_DECODE_V9 bits above) lists every one.
@@ -1333,7 +1532,7 @@ bool launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool
     // 512 CTAs, 64.9 -> 52.7 us) runs LEAN with the L2 prefetch 2 ahead as
     // measured. Same tile order and arithmetic: bitwise the same results.
     // (Only with F4 off: F4 covers these grids.)
-    if (lean_mode() == 2 && pipeline_variant<D, DT>() == 0 && !(f4_mode() != kF4Off && v9_fast<D, DT>())) {
+    if (lean_mode() == 2 && pipeline_variant<D, DT>() == 0 && !((f4_mode() != kF4Off || tm_env()) && v9_fast<D, DT>())) {
       const int64_t ctas = static_cast<int64_t>(grid.x) * grid.y * grid.z;
       const int64_t sms = device_sm_count();
       const int r0 = resident_ctas_t<D, DT, false, false>(), r1 = resident_ctas_t<D, DT, false, true>();
@@ -1355,6 +1554,7 @@ bool launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool
       } else {
         if (v == 0) {
           if constexpr (DT == kE4m3) {
+            if (tm_env() && !p.fuse && launch_decode_tm(p, grid, stream)) return false;
             const int m = f4_mode();
             if (m == kF4On || (m == kF4Auto && static_cast<int64_t>(grid.x) * grid.y * grid.z >
                                                    static_cast<int64_t>(device_sm_count()) *
@@ -1432,6 +1632,7 @@ int resident_ctas_v(bool hpw) {
       } else {
         if (v == 0) {
           if constexpr (DT == kE4m3) {
+            if (tm_env()) return resident_ctas_tm();
             if (f4_mode() == kF4On) return resident_ctas_t<D, DT, false, true, false, false, true>();
           }
           return resident_ctas_t<D, DT, false, false, false, false, true>();
@@ -1546,7 +1747,7 @@ constexpr unsigned long long kCounterTag = 0x5ec0de5eed42ull;
 // F4 auto (decode v13): F4's resident CTAs per SM where a plan may count
 // them (fp8 e4m3 d128 on FAST, FP8KV_DECODE_F4 auto), else 0.
 int f4_auto_resident(int head_dim, KvDtype dt, bool hpw) {
-  if (head_dim != 128 || dt != KvDtype::fp8_e4m3 || hpw || f4_mode() != kF4Auto || !v9_fast<128, kE4m3>() ||
+  if (head_dim != 128 || dt != KvDtype::fp8_e4m3 || hpw || f4_mode() != kF4Auto || tm_env() || !v9_fast<128, kE4m3>() ||
       pipeline_variant<128, kE4m3>() != 0)
     return 0;
   return resident_ctas_t<128, kE4m3, false, true, false, false, true>();
@@ -1618,6 +1819,7 @@ void paged_decode(const DecodeArgs& a, cudaStream_t stream) {
   p.max_splits = a.plan.max_splits;
   p.l2_prefetch = l2_prefetch_for(L.dtype, L.head_dim);
   p.pdl = pdl_env();
+  p.cache_rows = static_cast<int64_t>(L.num_blocks) * L.block_size;
   const bool hpw = use_hpw(L.head_dim, a.num_heads, L.num_kv_heads);
   const int ctas_x = hpw ? L.num_kv_heads / kWarps : L.num_kv_heads * p.gchunks;
   p.l2_prefetch_pair = p.l2_prefetch > 0 && L.num_kv_heads % 2 == 0 && l2_prefetch_pair_env();
