@@ -97,7 +97,7 @@ __device__ __forceinline__ uint4 lds16(uint32_t a) {
 // reads at 4.0-4.2 TB/s where the fp8 d256 ring read at 2.5-2.9; run H: the
 // register path reads fp8 d256 at 3.6-3.9 TB/s). The ring stays for bf16
 // d256 (a register tile would not fit) and as FP8KV_DECODE_D256REG=0.
-template <int D, int DT, bool REG = false, bool TM = false>
+template <int D, int DT, bool REG = false, int TM = 0>
 struct DecodeCfg {
   static constexpr int EB = DT == kBf16 ? 2 : 1;        // bytes per cache element
   static constexpr int KC = D * EB / 64;                 // 16-byte K chunks per thread per key row
@@ -114,8 +114,8 @@ struct DecodeCfg {
   // rows of 128 bytes, then V's), filled by the TMA unit through tensor maps
   // (128-byte swizzle: 16-byte chunk c of row y at chunk c ^ (y & 7)), one
   // mbarrier per stage; the ring starts 1 KB-aligned (the swizzle's period),
-  // hence the 1 KB of slack.
-  static constexpr int TMS = 2, TSTAGE = 2 * kTile * 128;
+  // hence the 1 KB of slack. TM = stages x 10 + CTAs per SM (0: not TM).
+  static constexpr int TMS = TM / 10, TSTAGE = 2 * kTile * 128;
   static constexpr int RING = USE_RING ? S * STAGE : TM ? TMS * TSTAGE : kMaxGroup * D * 4;  // bytes per warp
   static constexpr int BARS = TM ? kWarps * TMS * 8 : 0;
   static constexpr int SMEM = kWarps * RING + 2 * kWarps * kMaxGroup * 4 + BARS + (TM ? 1024 : 0);
@@ -313,7 +313,7 @@ __device__ __forceinline__ void fused_merge(const DecodeParams& p, uint8_t* smem
 // across the math, so 4 CTAs fit per SM. Run S_1's sweep: tensor-map boxes
 // stream at 4.48-4.51 TB/s with 12-16 warps per SM, where loads reach 4.13
 // with 12 and 4.36 with 16.
-template <int D, int DT, bool DEEP, bool LEAN, bool HPW, bool REG, bool FAST, bool FUSE, bool TM>
+template <int D, int DT, bool DEEP, bool LEAN, bool HPW, bool REG, bool FAST, bool FUSE, int TM>
 __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtensorMap* tmk, const CUtensorMap* tmv) {
   static_assert(!FAST || (!HPW && !DecodeCfg<D, DT, REG>::USE_RING), "FAST: register path only");
   static_assert(!FAST || !LEAN || (D == 128 && DT == kE4m3), "F4: FAST fp8 e4m3 d128 only");
@@ -828,23 +828,22 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
       // (the swizzled chunk of each; K: quarter-warp rows r and r + 1 read
       // opposite 64-byte halves in one instruction, then swap, so no bank
       // is hit twice), hand the stage to tile k + TMS, then the math.
+      // (Row nt * 8 + r is 1 KB further for nt = 1 with the same swizzle;
+      // V's rows 2t + 8 and 2t + 9 likewise from 2t and 2t + 1.)
       const bool odd = (r & 1) != 0;
-      uint32_t koff[2][2], voff[4];
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-          koff[nt][j] = static_cast<uint32_t>((nt * 8 + r) * 128 + ((((j ^ (r & 1)) * 4 + t) ^ r) * 16));
-#pragma unroll
-      for (int i = 0; i < 4; ++i) voff[i] = static_cast<uint32_t>(C::TSTAGE / 2 + vtok[i] * 128 + ((r ^ (vtok[i] & 7)) * 16));
+      const uint32_t koff0 = static_cast<uint32_t>(r * 128 + ((((r & 1) * 4 + t) ^ r) * 16));
+      const uint32_t koff1 = static_cast<uint32_t>(r * 128 + (((((r & 1) ^ 1) * 4 + t) ^ r) * 16));
+      const uint32_t voff0 = static_cast<uint32_t>(C::TSTAGE / 2 + 2 * t * 128 + ((r ^ (2 * t)) * 16));
+      const uint32_t voff1 = static_cast<uint32_t>(C::TSTAGE / 2 + (2 * t + 1) * 128 + ((r ^ (2 * t + 1)) * 16));
       for (int it = T0, k = 0; it < ntiles; it += TS, ++k) {
         const int st = k % C::TMS;
         mbar_wait(tm_bars + 8 * st, static_cast<uint32_t>((k / C::TMS) & 1));
         const uint32_t sb = ring + st * C::TSTAGE;
+        const uint32_t voff[4] = {voff0, voff1, voff0 + 1024, voff1 + 1024};
         uint32_t kc[2][KW], vc[4][VW];
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
-          const uint4 w0 = lds16(sb + koff[nt][0]), w1 = lds16(sb + koff[nt][1]);
+          const uint4 w0 = lds16(sb + koff0 + nt * 1024), w1 = lds16(sb + koff1 + nt * 1024);
           const uint4 g0 = odd ? w1 : w0, g1 = odd ? w0 : w1;  // chunk groups 0 and 1 of the row
           kc[nt][0] = g0.x; kc[nt][1] = g0.y; kc[nt][2] = g0.z; kc[nt][3] = g0.w;
           kc[nt][4] = g1.x; kc[nt][5] = g1.y; kc[nt][6] = g1.z; kc[nt][7] = g1.w;
@@ -1090,7 +1089,7 @@ template <int D, int DT, bool DEEP = false, bool LEAN = false, bool HPW = false,
 __global__ void __launch_bounds__(kWarps * 32,
                                   LEAN ? 4 : FAST ? (D * (DT == kBf16 ? 2 : 1) <= 128 && !DEEP ? 3 : 2) : 0)
     decode_kernel(const DecodeParams p) {
-  decode_body<D, DT, DEEP, LEAN, HPW, REG, FAST, FUSE, false>(p, nullptr, nullptr);
+  decode_body<D, DT, DEEP, LEAN, HPW, REG, FAST, FUSE, 0>(p, nullptr, nullptr);
 }
 
 // TM's parameters: the tensor maps of the K and V caches (rows of
@@ -1100,8 +1099,10 @@ struct DecodeTmParams {
   DecodeParams p;
   CUtensorMap tmk, tmv;
 };
-__global__ void __launch_bounds__(kWarps * 32, 4) decode_kernel_tm(const __grid_constant__ DecodeTmParams q) {
-  decode_body<128, kE4m3, false, false, false, false, true, false, true>(q.p, &q.tmk, &q.tmv);
+// TM = stages x 10 + CTAs per SM: 24 (FP8KV_DECODE_TM=1), 34 (=3), 25 (=5).
+template <int TM>
+__global__ void __launch_bounds__(kWarps * 32, TM % 10) decode_kernel_tm(const __grid_constant__ DecodeTmParams q) {
+  decode_body<128, kE4m3, false, false, false, false, true, false, TM>(q.p, &q.tmk, &q.tmv);
 }
 
 // Combines the splits of one (sequence, head): out = sum_s w_s O_s / sum_s w_s,
@@ -1323,14 +1324,16 @@ int f4_mode() {
       env_choice("FP8KV_DECODE_F4", kDefaultF4, {{"0", kF4Off}, {"1", kF4On}, {"auto", kF4Auto}}, kDefaultF4);
   return v;
 }
-// FP8KV_DECODE_TM (decode v14; "1": on, unset or anything else: off): fp8
+// FP8KV_DECODE_TM (decode v14; "1": 2 stages per warp and 4 CTAs per SM,
+// "3": 3 stages, "5": 2 stages and 5 CTAs; unset or anything else: off): fp8
 // e4m3 d128 runs the TM kernel (decode_kernel_tm) where it would run FAST or
 // F4, planned at its own occupancy; not with FUSE, and FAST when the tensor
 // maps cannot be made (no encoder in the driver, or a cache of unknown size).
-constexpr bool kDefaultTm = false;
-bool tm_env() {
-  static const bool on = env_choice("FP8KV_DECODE_TM", kDefaultTm, {{"1", 1}}, 0) != 0;
-  return on;
+// Returns the kernel's TM code (0: off).
+constexpr int kDefaultTm = 0;
+int tm_env() {
+  static const int v = env_choice("FP8KV_DECODE_TM", kDefaultTm, {{"1", 24}, {"3", 34}, {"5", 25}}, 0);
+  return v;
 }
 // FP8KV_DECODE_FUSE (version 10 variant, see fused_merge): "1" the FAST
 // kernels merge the splits in their last CTA per (sequence, KV head, chunk)
@@ -1436,10 +1439,11 @@ int resident_ctas_t();
 // of 34 KB), and its tensor maps, made once per (cache, rows, row bytes) and
 // kept (an engine's caches live as long as the process; a few hundred bytes
 // each, the table cleared past 4,096 entries).
-using TmCfg = DecodeCfg<128, kE4m3, false, true>;
+template <int TM>
 void prepare_decode_tm() {
-  set_func_attribute_once(decode_kernel_tm, cudaFuncAttributeMaxDynamicSharedMemorySize, TmCfg::SMEM);
-  set_func_attribute_once(decode_kernel_tm, cudaFuncAttributePreferredSharedMemoryCarveout,
+  set_func_attribute_once(decode_kernel_tm<TM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          DecodeCfg<128, kE4m3, false, TM>::SMEM);
+  set_func_attribute_once(decode_kernel_tm<TM>, cudaFuncAttributePreferredSharedMemoryCarveout,
                           cudaSharedmemCarveoutMaxShared);
 }
 bool tm_map_for(const uint8_t* base, int64_t rows, int64_t row_bytes, CUtensorMap* out) {
@@ -1465,7 +1469,13 @@ bool tm_map_for(const uint8_t* base, int64_t rows, int64_t row_bytes, CUtensorMa
   *out = e.map;
   return true;
 }
-// Launches TM; false (nothing launched) when its maps cannot be made.
+template <int TM>
+void launch_decode_tm_t(const DecodeTmParams& q, dim3 grid, cudaStream_t stream) {
+  prepare_decode_tm<TM>();
+  FP8KV_CUDA_CHECK(launch_maybe_pdl(q.p.pdl, decode_kernel_tm<TM>, grid, dim3(kWarps * 32),
+                                    DecodeCfg<128, kE4m3, false, TM>::SMEM, stream, q));
+}
+// Launches TM (code tm_env()); false (nothing launched) when its maps cannot be made.
 bool launch_decode_tm(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
   if (p.cache_rows <= 0 || p.cache_rows > INT32_MAX) return false;
   DecodeTmParams q;
@@ -1473,11 +1483,15 @@ bool launch_decode_tm(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
   const int64_t row_bytes = static_cast<int64_t>(p.num_kv_heads) * 128;
   if (!tm_map_for(p.k_cache, p.cache_rows, row_bytes, &q.tmk) || !tm_map_for(p.v_cache, p.cache_rows, row_bytes, &q.tmv))
     return false;
-  prepare_decode_tm();
-  FP8KV_CUDA_CHECK(launch_maybe_pdl(p.pdl, decode_kernel_tm, grid, dim3(kWarps * 32), TmCfg::SMEM, stream, q));
+  switch (tm_env()) {
+    case 34: launch_decode_tm_t<34>(q, grid, stream); break;
+    case 25: launch_decode_tm_t<25>(q, grid, stream); break;
+    default: launch_decode_tm_t<24>(q, grid, stream); break;
+  }
   return true;
 }
-int resident_ctas_tm() {
+template <int TM>
+int resident_ctas_tm_t() {
   static std::array<std::atomic<int>, 64> cache{};  // 0 = not asked yet (as resident_ctas_t)
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) {
@@ -1492,8 +1506,9 @@ int resident_ctas_tm() {
   int c = 0;
   bool ok = false;
   try {
-    prepare_decode_tm();
-    ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, decode_kernel_tm, kWarps * 32, TmCfg::SMEM) == cudaSuccess;
+    prepare_decode_tm<TM>();
+    ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, decode_kernel_tm<TM>, kWarps * 32,
+                                                       DecodeCfg<128, kE4m3, false, TM>::SMEM) == cudaSuccess;
   } catch (const std::runtime_error&) {
   }
   if (!ok) {
@@ -1502,6 +1517,13 @@ int resident_ctas_tm() {
   }
   if (cached) cache[dev].store(c, std::memory_order_relaxed);
   return c;
+}
+int resident_ctas_tm() {
+  switch (tm_env()) {
+    case 34: return resident_ctas_tm_t<34>();
+    case 25: return resident_ctas_tm_t<25>();
+    default: return resident_ctas_tm_t<24>();
+  }
 }
 
 // FAST instantiations (version 9, FP8KV_DECODE_V9=1): the defaults of e4m3
