@@ -581,7 +581,7 @@ TEST(CudaPlan, SplitsCoverTheSpanAndFillTheGpu) {
 TEST(CudaPlan, F4AutoReplansBeyondOneWave) {
   FP8KV_REQUIRE_GPU();
   for (const char* v : {"FP8KV_DECODE_F4", "FP8KV_DECODE_V9", "FP8KV_DECODE_LEAN", "FP8KV_DECODE_DEEP",
-                        "FP8KV_DECODE_HPW"})
+                        "FP8KV_DECODE_HPW", "FP8KV_DECODE_TM"})
     if (const char* e = std::getenv(v); e != nullptr && *e != 0) GTEST_SKIP() << v << " is set";
   const int sms = cuda::device_sm_count();
   int replanned = 0;

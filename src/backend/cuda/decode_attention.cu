@@ -301,7 +301,7 @@ __device__ __forceinline__ void fused_merge(const DecodeParams& p, uint8_t* smem
 // bytes in flight (24-192 KB per SM), ~4.46 with 16 and 4.57-4.61 with 20-24.
 // Bitwise FAST's results (same tiles, order and arithmetic).
 //
-// TM (decode v14, FP8KV_DECODE_TM=1, fp8 e4m3 d128; kernel decode_kernel_tm):
+// TM (decode v14, FP8KV_DECODE_TM, fp8 e4m3 d128; kernel decode_kernel_tm):
 // the FAST kernel's tiles, order and arithmetic (bitwise its results), with
 // K and V brought in by the TMA unit through two tensor maps (the caches as
 // rows of num_kv_heads x 128 bytes; one box of 16 rows x 128 bytes per K or
@@ -312,7 +312,9 @@ __device__ __forceinline__ void fused_merge(const DecodeParams& p, uint8_t* smem
 // does the math: two tiles in flight per warp and none held in registers
 // across the math, so 4 CTAs fit per SM. Run S_1's sweep: tensor-map boxes
 // stream at 4.48-4.51 TB/s with 12-16 warps per SM, where loads reach 4.13
-// with 12 and 4.36 with 16.
+// with 12 and 4.36 with 16. Runs S_2 / S_3: 1.01-1.03x FAST / F4 at B >= 8
+// (the kernel's time at B=32/16K is FAST's: its warps still wait on data),
+// 0.95-0.99 at B = 1 by the isolated call.
 template <int D, int DT, bool DEEP, bool LEAN, bool HPW, bool REG, bool FAST, bool FUSE, int TM>
 __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtensorMap* tmk, const CUtensorMap* tmv) {
   static_assert(!FAST || (!HPW && !DecodeCfg<D, DT, REG>::USE_RING), "FAST: register path only");
@@ -1099,7 +1101,7 @@ struct DecodeTmParams {
   DecodeParams p;
   CUtensorMap tmk, tmv;
 };
-// TM = stages x 10 + CTAs per SM: 24 (FP8KV_DECODE_TM=1), 34 (=3), 25 (=5).
+// TM = stages x 10 + CTAs per SM (kTmCode: 24).
 template <int TM>
 __global__ void __launch_bounds__(kWarps * 32, TM % 10) decode_kernel_tm(const __grid_constant__ DecodeTmParams q) {
   decode_body<128, kE4m3, false, false, false, false, true, false, TM>(q.p, &q.tmk, &q.tmv);
@@ -1324,17 +1326,22 @@ int f4_mode() {
       env_choice("FP8KV_DECODE_F4", kDefaultF4, {{"0", kF4Off}, {"1", kF4On}, {"auto", kF4Auto}}, kDefaultF4);
   return v;
 }
-// FP8KV_DECODE_TM (decode v14; "1": 2 stages per warp and 4 CTAs per SM,
-// "3": 3 stages, "5": 2 stages and 5 CTAs; unset or anything else: off): fp8
-// e4m3 d128 runs the TM kernel (decode_kernel_tm) where it would run FAST or
-// F4, planned at its own occupancy; not with FUSE, and FAST when the tensor
-// maps cannot be made (no encoder in the driver, or a cache of unknown size).
-// Returns the kernel's TM code (0: off).
-constexpr int kDefaultTm = 0;
-int tm_env() {
-  static const int v = env_choice("FP8KV_DECODE_TM", kDefaultTm, {{"1", 24}, {"3", 34}, {"5", 25}}, 0);
+// FP8KV_DECODE_TM (decode v14): "1" fp8 e4m3 d128 runs the TM kernel
+// (decode_kernel_tm) wherever it would run FAST or F4, planned at TM's
+// occupancy; "auto" (kTmAuto) TM where F4 auto would run F4 (grids above one
+// FAST wave); "0" never. Unset or anything else: kDefaultTm. Never with
+// FUSE; FAST or F4 when the tensor maps cannot be made (no encoder in the
+// driver, or a cache of unknown size). (Run S_3 also measured 3 stages per
+// warp, 0.96-1.02x, and 5 CTAs per SM, which spills at 96 registers:
+// 0.75-0.90x; both removed.)
+constexpr int kTmOff = 0, kTmOn = 1, kTmAuto = 2;
+constexpr int kDefaultTm = kTmAuto;
+int tm_mode() {
+  static const int v =
+      env_choice("FP8KV_DECODE_TM", kDefaultTm, {{"0", kTmOff}, {"1", kTmOn}, {"auto", kTmAuto}}, kDefaultTm);
   return v;
 }
+constexpr int kTmCode = 24;  // the TM kernel's form: 2 stages per warp, 4 CTAs per SM
 // FP8KV_DECODE_FUSE (version 10 variant, see fused_merge): "1" the FAST
 // kernels merge the splits in their last CTA per (sequence, KV head, chunk)
 // (no reduce kernel); "0" off. set_decode_fuse_override (kernels.h, for
@@ -1475,7 +1482,7 @@ void launch_decode_tm_t(const DecodeTmParams& q, dim3 grid, cudaStream_t stream)
   FP8KV_CUDA_CHECK(launch_maybe_pdl(q.p.pdl, decode_kernel_tm<TM>, grid, dim3(kWarps * 32),
                                     DecodeCfg<128, kE4m3, false, TM>::SMEM, stream, q));
 }
-// Launches TM (code tm_env()); false (nothing launched) when its maps cannot be made.
+// Launches TM; false (nothing launched) when its maps cannot be made.
 bool launch_decode_tm(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
   if (p.cache_rows <= 0 || p.cache_rows > INT32_MAX) return false;
   DecodeTmParams q;
@@ -1483,11 +1490,7 @@ bool launch_decode_tm(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
   const int64_t row_bytes = static_cast<int64_t>(p.num_kv_heads) * 128;
   if (!tm_map_for(p.k_cache, p.cache_rows, row_bytes, &q.tmk) || !tm_map_for(p.v_cache, p.cache_rows, row_bytes, &q.tmv))
     return false;
-  switch (tm_env()) {
-    case 34: launch_decode_tm_t<34>(q, grid, stream); break;
-    case 25: launch_decode_tm_t<25>(q, grid, stream); break;
-    default: launch_decode_tm_t<24>(q, grid, stream); break;
-  }
+  launch_decode_tm_t<kTmCode>(q, grid, stream);
   return true;
 }
 template <int TM>
@@ -1518,13 +1521,7 @@ int resident_ctas_tm_t() {
   if (cached) cache[dev].store(c, std::memory_order_relaxed);
   return c;
 }
-int resident_ctas_tm() {
-  switch (tm_env()) {
-    case 34: return resident_ctas_tm_t<34>();
-    case 25: return resident_ctas_tm_t<25>();
-    default: return resident_ctas_tm_t<24>();
-  }
-}
+int resident_ctas_tm() { return resident_ctas_tm_t<kTmCode>(); }
 
 // FAST instantiations (version 9, FP8KV_DECODE_V9=1): the defaults of e4m3
 // d128 (3 CTAs per SM), bf16 d128 (DEEP) and e4m3 d256 (REG); kHasFast
@@ -1554,7 +1551,7 @@ bool launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool
     // 512 CTAs, 64.9 -> 52.7 us) runs LEAN with the L2 prefetch 2 ahead as
     // measured. Same tile order and arithmetic: bitwise the same results.
     // (Only with F4 off: F4 covers these grids.)
-    if (lean_mode() == 2 && pipeline_variant<D, DT>() == 0 && !((f4_mode() != kF4Off || tm_env()) && v9_fast<D, DT>())) {
+    if (lean_mode() == 2 && pipeline_variant<D, DT>() == 0 && !((f4_mode() != kF4Off || tm_mode() == kTmOn) && v9_fast<D, DT>())) {
       const int64_t ctas = static_cast<int64_t>(grid.x) * grid.y * grid.z;
       const int64_t sms = device_sm_count();
       const int r0 = resident_ctas_t<D, DT, false, false>(), r1 = resident_ctas_t<D, DT, false, true>();
@@ -1576,12 +1573,16 @@ bool launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool
       } else {
         if (v == 0) {
           if constexpr (DT == kE4m3) {
-            if (tm_env() && !p.fuse && launch_decode_tm(p, grid, stream)) return false;
+            const int tm = tm_mode();
+            if (tm == kTmOn && !p.fuse && launch_decode_tm(p, grid, stream)) return false;
             const int m = f4_mode();
             if (m == kF4On || (m == kF4Auto && static_cast<int64_t>(grid.x) * grid.y * grid.z >
                                                    static_cast<int64_t>(device_sm_count()) *
-                                                       resident_ctas_t<D, DT, false, false, false, false, true>()))
+                                                       resident_ctas_t<D, DT, false, false, false, false, true>())) {
+              // TM auto: TM in F4 auto's band (same plan: 4 CTAs per SM).
+              if (m == kF4Auto && tm == kTmAuto && !p.fuse && launch_decode_tm(p, grid, stream)) return false;
               return launch_decode_tv<D, DT, false, true, false, false, true>(p, grid, stream);
+            }
           }
           return launch_decode_tv<D, DT, false, false, false, false, true>(p, grid, stream);
         }
@@ -1654,7 +1655,7 @@ int resident_ctas_v(bool hpw) {
       } else {
         if (v == 0) {
           if constexpr (DT == kE4m3) {
-            if (tm_env()) return resident_ctas_tm();
+            if (tm_mode() == kTmOn) return resident_ctas_tm();
             if (f4_mode() == kF4On) return resident_ctas_t<D, DT, false, true, false, false, true>();
           }
           return resident_ctas_t<D, DT, false, false, false, false, true>();
@@ -1769,7 +1770,7 @@ constexpr unsigned long long kCounterTag = 0x5ec0de5eed42ull;
 // F4 auto (decode v13): F4's resident CTAs per SM where a plan may count
 // them (fp8 e4m3 d128 on FAST, FP8KV_DECODE_F4 auto), else 0.
 int f4_auto_resident(int head_dim, KvDtype dt, bool hpw) {
-  if (head_dim != 128 || dt != KvDtype::fp8_e4m3 || hpw || f4_mode() != kF4Auto || tm_env() || !v9_fast<128, kE4m3>() ||
+  if (head_dim != 128 || dt != KvDtype::fp8_e4m3 || hpw || f4_mode() != kF4Auto || tm_mode() == kTmOn || !v9_fast<128, kE4m3>() ||
       pipeline_variant<128, kE4m3>() != 0)
     return 0;
   return resident_ctas_t<128, kE4m3, false, true, false, false, true>();
