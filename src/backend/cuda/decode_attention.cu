@@ -1496,9 +1496,12 @@ bool launch_decode_tm(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
   launch_decode_tm_t<kTmCode>(q, grid, stream);
   return true;
 }
-template <int TM>
-int resident_ctas_tm_t() {
-  static std::array<std::atomic<int>, 64> cache{};  // 0 = not asked yet (as resident_ctas_t)
+// Resident CTAs per SM of `kernel` with `smem` bytes of dynamic shared
+// memory (occupancy API), after prepare() (its attributes); 0 when it cannot
+// be asked (no device). Cached per device in `cache` (thread-safe: atomics;
+// 0 = not asked yet).
+template <class Prepare, class Kernel>
+int cached_resident_ctas(std::array<std::atomic<int>, 64>& cache, Prepare prepare, Kernel kernel, int smem) {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -1512,19 +1515,22 @@ int resident_ctas_tm_t() {
   int c = 0;
   bool ok = false;
   try {
-    prepare_decode_tm<TM>();
-    ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, decode_kernel_tm<TM>, kWarps * 32,
-                                                       DecodeCfg<128, kE4m3, false, TM>::SMEM) == cudaSuccess;
+    prepare();
+    ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, kernel, kWarps * 32, smem) == cudaSuccess;
   } catch (const std::runtime_error&) {
   }
   if (!ok) {
-    (void)cudaGetLastError();
+    (void)cudaGetLastError();  // the failed query must not surface at the next launch check
     return 0;
   }
   if (cached) cache[dev].store(c, std::memory_order_relaxed);
   return c;
 }
-int resident_ctas_tm() { return resident_ctas_tm_t<kTmCode>(); }
+int resident_ctas_tm() {
+  static std::array<std::atomic<int>, 64> cache{};
+  return cached_resident_ctas(cache, [] { prepare_decode_tm<kTmCode>(); }, decode_kernel_tm<kTmCode>,
+                              DecodeCfg<128, kE4m3, false, kTmCode>::SMEM);
+}
 
 // FAST instantiations (version 9, FP8KV_DECODE_V9=1): the defaults of e4m3
 // d128 (3 CTAs per SM), bf16 d128 (DEEP) and e4m3 d256 (REG); kHasFast
@@ -1609,31 +1615,9 @@ bool launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool
 // instantiation and device (thread-safe: atomics).
 template <int D, int DT, bool DEEP, bool LEAN, bool HPW, bool REG, bool FAST>
 int resident_ctas_t() {
-  static std::array<std::atomic<int>, 64> cache{};  // 0 = not asked yet
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  const bool cached = dev >= 0 && dev < static_cast<int>(cache.size());
-  if (cached) {
-    const int n = cache[dev].load(std::memory_order_relaxed);
-    if (n > 0) return n;
-  }
-  int c = 0;
-  bool ok = false;
-  try {
-    prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG, FAST>();
-    ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST>,
-                                                       kWarps * 32, DecodeCfg<D, DT, REG>::SMEM) == cudaSuccess;
-  } catch (const std::runtime_error&) {
-  }
-  if (!ok) {
-    (void)cudaGetLastError();  // the failed query must not surface at the next launch check
-    return 0;
-  }
-  if (cached) cache[dev].store(c, std::memory_order_relaxed);
-  return c;
+  static std::array<std::atomic<int>, 64> cache{};
+  return cached_resident_ctas(cache, [] { prepare_decode_t<D, DT, DEEP, LEAN, HPW, REG, FAST>(); },
+                              decode_kernel<D, DT, DEEP, LEAN, HPW, REG, FAST>, DecodeCfg<D, DT, REG>::SMEM);
 }
 
 template <int D, int DT>
