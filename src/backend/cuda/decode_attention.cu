@@ -34,10 +34,9 @@
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
-#include <utility>
-
-#include <cuda.h>  // CUtensorMap (TM; the encoder is fetched at run time, no libcuda link)
 #include <mutex>
+#include <utility>
+#include <vector>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
@@ -1332,9 +1331,9 @@ int f4_mode() {
 // FAST wave); "0" never. Unset or anything else: kDefaultTm, off: run S_4
 // measured TM auto at 1.016x F4 auto over the B >= 32 rows by the isolated
 // call but 1.009x by the stream method, short of the 1.01 its rule asked of
-// both (docs/cuda.md "Decode v14"). Never with
-// FUSE; FAST or F4 when the tensor maps cannot be made (no encoder in the
-// driver, or a cache of unknown size). (Run S_3 also measured 3 stages per
+// both (docs/cuda.md "Decode v14"). Never with FUSE; FAST or F4 when the
+// tensor maps cannot be made (no encoder in the driver, or a cache of
+// unknown size). (Run S_3 also measured 3 stages per
 // warp, 0.96-1.02x, and 5 CTAs per SM, which spills at 96 registers:
 // 0.75-0.90x; both removed.)
 constexpr int kTmOff = 0, kTmOn = 1, kTmAuto = 2;
@@ -1491,7 +1490,8 @@ bool launch_decode_tm(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
   DecodeTmParams q;
   q.p = p;
   const int64_t row_bytes = static_cast<int64_t>(p.num_kv_heads) * 128;
-  if (!tm_map_for(p.k_cache, p.cache_rows, row_bytes, &q.tmk) || !tm_map_for(p.v_cache, p.cache_rows, row_bytes, &q.tmv))
+  if (!tm_map_for(p.k_cache, p.cache_rows, row_bytes, &q.tmk) ||
+      !tm_map_for(p.v_cache, p.cache_rows, row_bytes, &q.tmv))
     return false;
   launch_decode_tm_t<kTmCode>(q, grid, stream);
   return true;
@@ -1560,7 +1560,8 @@ bool launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool
     // 512 CTAs, 64.9 -> 52.7 us) runs LEAN with the L2 prefetch 2 ahead as
     // measured. Same tile order and arithmetic: bitwise the same results.
     // (Only with F4 off: F4 covers these grids.)
-    if (lean_mode() == 2 && pipeline_variant<D, DT>() == 0 && !((f4_mode() != kF4Off || tm_mode() == kTmOn) && v9_fast<D, DT>())) {
+    const bool f4_or_tm = f4_mode() != kF4Off || tm_mode() == kTmOn;
+    if (lean_mode() == 2 && pipeline_variant<D, DT>() == 0 && !(f4_or_tm && v9_fast<D, DT>())) {
       const int64_t ctas = static_cast<int64_t>(grid.x) * grid.y * grid.z;
       const int64_t sms = device_sm_count();
       const int r0 = resident_ctas_t<D, DT, false, false>(), r1 = resident_ctas_t<D, DT, false, true>();
@@ -1757,8 +1758,8 @@ constexpr unsigned long long kCounterTag = 0x5ec0de5eed42ull;
 // F4 auto (decode v13): F4's resident CTAs per SM where a plan may count
 // them (fp8 e4m3 d128 on FAST, FP8KV_DECODE_F4 auto), else 0.
 int f4_auto_resident(int head_dim, KvDtype dt, bool hpw) {
-  if (head_dim != 128 || dt != KvDtype::fp8_e4m3 || hpw || f4_mode() != kF4Auto || tm_mode() == kTmOn || !v9_fast<128, kE4m3>() ||
-      pipeline_variant<128, kE4m3>() != 0)
+  if (head_dim != 128 || dt != KvDtype::fp8_e4m3 || hpw || f4_mode() != kF4Auto || tm_mode() == kTmOn ||
+      !v9_fast<128, kE4m3>() || pipeline_variant<128, kE4m3>() != 0)
     return 0;
   return resident_ctas_t<128, kE4m3, false, true, false, false, true>();
 }
