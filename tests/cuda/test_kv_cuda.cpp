@@ -150,7 +150,8 @@ double run_decode_case(std::mt19937_64& rng, const DecodeCase& c, int split_toke
   a.logit_softcap = c.softcap;
   a.q = dq.get();
   a.out = dout.get();
-  a.plan = cuda::plan_decode(B, H, c.num_kv_heads, D, maxc, c.window, cuda::device_sm_count(), split_tokens_override);
+  a.plan = cuda::plan_decode(B, H, c.num_kv_heads, D, maxc, c.window, cuda::device_sm_count(), split_tokens_override,
+                             /*ctas_per_sm=*/0, c.dt);
   DevBuf ws(std::max<size_t>(a.plan.workspace_bytes, 4));
   a.workspace = ws.get();
   cuda::paged_decode(a, nullptr);
