@@ -96,7 +96,7 @@ __device__ __forceinline__ uint4 lds16(uint32_t a) {
 // reads at 4.0-4.2 TB/s where the fp8 d256 ring read at 2.5-2.9; run H: the
 // register path reads fp8 d256 at 3.6-3.9 TB/s). The ring stays for bf16
 // d256 (a register tile would not fit) and as FP8KV_DECODE_D256REG=0.
-template <int D, int DT, bool REG = false, int TM = 0>
+template <int D, int DT, bool REG = false, bool TM = false>
 struct DecodeCfg {
   static constexpr int EB = DT == kBf16 ? 2 : 1;        // bytes per cache element
   static constexpr int KC = D * EB / 64;                 // 16-byte K chunks per thread per key row
@@ -113,8 +113,8 @@ struct DecodeCfg {
   // rows of 128 bytes, then V's), filled by the TMA unit through tensor maps
   // (128-byte swizzle: 16-byte chunk c of row y at chunk c ^ (y & 7)), one
   // mbarrier per stage; the ring starts 1 KB-aligned (the swizzle's period),
-  // hence the 1 KB of slack. TM = stages x 10 + CTAs per SM (0: not TM).
-  static constexpr int TMS = TM / 10, TSTAGE = 2 * kTile * 128;
+  // hence the 1 KB of slack.
+  static constexpr int TMS = 2, TSTAGE = 2 * kTile * 128;
   static constexpr int RING = USE_RING ? S * STAGE : TM ? TMS * TSTAGE : kMaxGroup * D * 4;  // bytes per warp
   static constexpr int BARS = TM ? kWarps * TMS * 8 : 0;
   static constexpr int SMEM = kWarps * RING + 2 * kWarps * kMaxGroup * 4 + BARS + (TM ? 1024 : 0);
@@ -314,7 +314,7 @@ __device__ __forceinline__ void fused_merge(const DecodeParams& p, uint8_t* smem
 // with 12 and 4.36 with 16. Runs S_2 / S_3: 1.01-1.03x FAST / F4 at B >= 8
 // (the kernel's time at B=32/16K is FAST's: its warps still wait on data),
 // 0.95-0.99 at B = 1 by the isolated call.
-template <int D, int DT, bool DEEP, bool LEAN, bool HPW, bool REG, bool FAST, bool FUSE, int TM>
+template <int D, int DT, bool DEEP, bool LEAN, bool HPW, bool REG, bool FAST, bool FUSE, bool TM>
 __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtensorMap* tmk, const CUtensorMap* tmv) {
   static_assert(!FAST || (!HPW && !DecodeCfg<D, DT, REG>::USE_RING), "FAST: register path only");
   static_assert(!FAST || !LEAN || (D == 128 && DT == kE4m3), "F4: FAST fp8 e4m3 d128 only");
@@ -1090,7 +1090,7 @@ template <int D, int DT, bool DEEP = false, bool LEAN = false, bool HPW = false,
 __global__ void __launch_bounds__(kWarps * 32,
                                   LEAN ? 4 : FAST ? (D * (DT == kBf16 ? 2 : 1) <= 128 && !DEEP ? 3 : 2) : 0)
     decode_kernel(const DecodeParams p) {
-  decode_body<D, DT, DEEP, LEAN, HPW, REG, FAST, FUSE, 0>(p, nullptr, nullptr);
+  decode_body<D, DT, DEEP, LEAN, HPW, REG, FAST, FUSE, false>(p, nullptr, nullptr);
 }
 
 // TM's parameters: the tensor maps of the K and V caches (rows of
@@ -1100,10 +1100,8 @@ struct DecodeTmParams {
   DecodeParams p;
   CUtensorMap tmk, tmv;
 };
-// TM = stages x 10 + CTAs per SM (kTmCode: 24).
-template <int TM>
-__global__ void __launch_bounds__(kWarps * 32, TM % 10) decode_kernel_tm(const __grid_constant__ DecodeTmParams q) {
-  decode_body<128, kE4m3, false, false, false, false, true, false, TM>(q.p, &q.tmk, &q.tmv);
+__global__ void __launch_bounds__(kWarps * 32, 4) decode_kernel_tm(const __grid_constant__ DecodeTmParams q) {
+  decode_body<128, kE4m3, false, false, false, false, true, false, true>(q.p, &q.tmk, &q.tmv);
 }
 
 // Combines the splits of one (sequence, head): out = sum_s w_s O_s / sum_s w_s,
@@ -1343,7 +1341,6 @@ int tm_mode() {
       env_choice("FP8KV_DECODE_TM", kDefaultTm, {{"0", kTmOff}, {"1", kTmOn}, {"auto", kTmAuto}}, kDefaultTm);
   return v;
 }
-constexpr int kTmCode = 24;  // the TM kernel's form: 2 stages per warp, 4 CTAs per SM
 // FP8KV_DECODE_FUSE (version 10 variant, see fused_merge): "1" the FAST
 // kernels merge the splits in their last CTA per (sequence, KV head, chunk)
 // (no reduce kernel); "0" off. set_decode_fuse_override (kernels.h, for
@@ -1448,11 +1445,10 @@ int resident_ctas_t();
 // of 34 KB), and its tensor maps, made once per (cache, rows, row bytes) and
 // kept (an engine's caches live as long as the process; a few hundred bytes
 // each, the table cleared past 4,096 entries).
-template <int TM>
+using TmCfg = DecodeCfg<128, kE4m3, false, true>;
 void prepare_decode_tm() {
-  set_func_attribute_once(decode_kernel_tm<TM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                          DecodeCfg<128, kE4m3, false, TM>::SMEM);
-  set_func_attribute_once(decode_kernel_tm<TM>, cudaFuncAttributePreferredSharedMemoryCarveout,
+  set_func_attribute_once(decode_kernel_tm, cudaFuncAttributeMaxDynamicSharedMemorySize, TmCfg::SMEM);
+  set_func_attribute_once(decode_kernel_tm, cudaFuncAttributePreferredSharedMemoryCarveout,
                           cudaSharedmemCarveoutMaxShared);
 }
 bool tm_map_for(const uint8_t* base, int64_t rows, int64_t row_bytes, CUtensorMap* out) {
@@ -1478,12 +1474,6 @@ bool tm_map_for(const uint8_t* base, int64_t rows, int64_t row_bytes, CUtensorMa
   *out = e.map;
   return true;
 }
-template <int TM>
-void launch_decode_tm_t(const DecodeTmParams& q, dim3 grid, cudaStream_t stream) {
-  prepare_decode_tm<TM>();
-  FP8KV_CUDA_CHECK(launch_maybe_pdl(q.p.pdl, decode_kernel_tm<TM>, grid, dim3(kWarps * 32),
-                                    DecodeCfg<128, kE4m3, false, TM>::SMEM, stream, q));
-}
 // Launches TM; false (nothing launched) when its maps cannot be made.
 bool launch_decode_tm(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
   if (p.cache_rows <= 0 || p.cache_rows > INT32_MAX) return false;
@@ -1493,7 +1483,8 @@ bool launch_decode_tm(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
   if (!tm_map_for(p.k_cache, p.cache_rows, row_bytes, &q.tmk) ||
       !tm_map_for(p.v_cache, p.cache_rows, row_bytes, &q.tmv))
     return false;
-  launch_decode_tm_t<kTmCode>(q, grid, stream);
+  prepare_decode_tm();
+  FP8KV_CUDA_CHECK(launch_maybe_pdl(p.pdl, decode_kernel_tm, grid, dim3(kWarps * 32), TmCfg::SMEM, stream, q));
   return true;
 }
 // Resident CTAs per SM of `kernel` with `smem` bytes of dynamic shared
@@ -1528,8 +1519,7 @@ int cached_resident_ctas(std::array<std::atomic<int>, 64>& cache, Prepare prepar
 }
 int resident_ctas_tm() {
   static std::array<std::atomic<int>, 64> cache{};
-  return cached_resident_ctas(cache, [] { prepare_decode_tm<kTmCode>(); }, decode_kernel_tm<kTmCode>,
-                              DecodeCfg<128, kE4m3, false, kTmCode>::SMEM);
+  return cached_resident_ctas(cache, prepare_decode_tm, decode_kernel_tm, TmCfg::SMEM);
 }
 
 // FAST instantiations (version 9, FP8KV_DECODE_V9=1): the defaults of e4m3
