@@ -56,9 +56,13 @@ close(j["total_token_throughput"] * d, n * (inp + out))
 for m in ["ttft", "tpot", "itl", "e2el"]:
     assert j[f"mean_{m}_ms"] > 0, m
     assert j[f"median_{m}_ms"] <= j[f"p99_{m}_ms"] + 1e-9, m
-# Every request streamed one chunk per token at least after its first:
-# out - 1 gaps or more each, and TTFT <= end-to-end latency <= duration.
-assert all(len(x) >= out - 1 for x in j["itls"]), [len(x) for x in j["itls"]]
+# A chunk carries a batch of new text (docs/server.md): a token that adds no
+# text (a special token, bytes that end mid-character; random weights draw
+# them, and which ones depends on the batch) adds no chunk, so a request has
+# at most out - 1 gaps, not exactly that many. TTFT <= e2e latency <= duration.
+assert len(j["itls"]) == n
+assert all(len(x) <= out - 1 for x in j["itls"]), [len(x) for x in j["itls"]]
+assert all(t >= 0 for x in j["itls"] for t in x)
 assert all(0 < t for t in j["ttfts"])
 assert j["p99_e2el_ms"] <= d * 1e3 + 1e-6
 print("ok   result JSON: completed", j["completed"], "of", n)
