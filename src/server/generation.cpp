@@ -39,6 +39,7 @@ Delta Generation::consume(const std::vector<StepEvent>& events) {
     if (done()) break;
     if (ev.token >= 0) {
       ++completion_tokens_;
+      ++d.tokens;
       const bool eos = req_.gen.stop_at_eos && std::count(eos_ids_.begin(), eos_ids_.end(), ev.token);
       const bool stop_id = std::count(req_.gen.stop_token_ids.begin(), req_.gen.stop_token_ids.end(), ev.token) > 0;
       const bool stop_token = ev.finished == FinishReason::stop && (eos || stop_id);
@@ -157,7 +158,9 @@ std::string Generation::sse(const Delta& d, bool first) {
     chunk({{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr},
            {"finish_reason", nullptr}});
   }
-  const bool has = !d.text.empty() || !d.logprobs.empty();
+  // A chunk for every batch of new tokens, even one whose text is empty (as
+  // vLLM: a client sees each step's progress and can time it).
+  const bool has = !d.text.empty() || !d.logprobs.empty() || d.tokens > 0;
   if (has || done()) {
     json lp = nullptr;
     if (req_.want_logprobs && !d.logprobs.empty()) lp = chat ? chat_logprobs(d.logprobs) : completion_logprobs(d.logprobs);

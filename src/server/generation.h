@@ -25,6 +25,7 @@ struct LogprobEntry {
 struct Delta {
   std::string text;
   std::vector<LogprobEntry> logprobs;
+  int tokens = 0;  // tokens consumed (a token may add no text: bytes that end mid-character, a held-back stop prefix)
 };
 
 class Generation {

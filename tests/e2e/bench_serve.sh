@@ -56,11 +56,10 @@ close(j["total_token_throughput"] * d, n * (inp + out))
 for m in ["ttft", "tpot", "itl", "e2el"]:
     assert j[f"mean_{m}_ms"] > 0, m
     assert j[f"median_{m}_ms"] <= j[f"p99_{m}_ms"] + 1e-9, m
-# A chunk carries a batch of new text (docs/server.md): tokens from steps
+# A chunk carries a batch of new tokens (docs/server.md): tokens from steps
 # that ran while the stream's writer was busy go out in one chunk (a loaded
-# 2-core CI machine does this), and a token that adds no text (a special
-# token, bytes that end mid-character) adds no chunk. So a request has at
-# most out - 1 gaps, not exactly that many. TTFT <= e2e latency <= duration.
+# 2-core CI machine does this). So a request has at most out - 1 gaps, not
+# exactly that many. TTFT <= e2e latency <= duration.
 assert len(j["itls"]) == n
 assert all(len(x) <= out - 1 for x in j["itls"]), [len(x) for x in j["itls"]]
 assert all(t >= 0 for x in j["itls"] for t in x)
@@ -90,8 +89,8 @@ assert j["output_lens"] == [out] * 4, j["output_lens"]
 assert all(n > 0 for n in j["input_lens"]), j["input_lens"]
 assert j["total_input_tokens"] == sum(j["input_lens"])
 assert j["backend"] == "openai-chat"
-# Text deltas: a token whose bytes end mid-character waits for the next, so
-# a chunk may carry several tokens (fewer ITL samples than tokens).
+# A chunk may carry several tokens (steps merged while the writer was busy),
+# so there may be fewer ITL samples than tokens.
 assert all(t > 0 for t in j["ttfts"])
 print("ok   chat endpoint: input tokens", j["input_lens"])
 PY

@@ -1,0 +1,84 @@
+// The streamed output side (src/server/generation.cpp): one SSE chunk per
+// batch of new tokens, as vLLM streams (docs/server.md "Streaming"). A token
+// whose bytes end mid-character adds no text but still gets its chunk, with
+// "text": ""; tokens consumed together go out in one chunk.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "server/generation.h"
+#include "server/request.h"
+#include "tokenizer/tokenizer.h"
+
+using namespace fp8kv;
+using namespace fp8kv::server;
+using nlohmann::json;
+
+namespace {
+const std::filesystem::path kModel = std::filesystem::path(FP8KV_SOURCE_DIR) / "models/fp8kv-mini";
+
+// The JSON bodies of the `data:` lines of an SSE string ("[DONE]" kept as text).
+std::vector<std::string> data_lines(const std::string& sse) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while ((at = sse.find("data: ", at)) != std::string::npos) {
+    const size_t end = sse.find("\n\n", at);
+    out.push_back(sse.substr(at + 6, end - at - 6));
+    at = end;
+  }
+  return out;
+}
+
+StepEvent token(int id, std::optional<FinishReason> fin = std::nullopt) {
+  StepEvent e;
+  e.id = 1;
+  e.token = id;
+  e.finished = fin;
+  return e;
+}
+}  // namespace
+
+TEST(ServerGeneration, EveryBatchOfTokensStreamsAChunkEvenWithoutText) {
+  std::unique_ptr<Tokenizer> tok = Tokenizer::load(kModel);
+  ModelContext ctx;
+  ctx.served_name = "mini";
+  ctx.tokenizer = tok.get();
+  ctx.vocab_size = 8192;
+  ctx.max_model_len = 64;
+  // "€" is three byte tokens in the bundled tokenizer (E2 82 AC): the first
+  // two end mid-character and decode to nothing yet.
+  const std::vector<int> euro = tok->encode("\u20ac", false);
+  ASSERT_EQ(euro.size(), 3u);
+  const std::vector<int> ab = tok->encode(" a b", false);
+  ASSERT_GE(ab.size(), 2u);
+  const ParsedRequest req = parse_completion_request(
+      json{{"model", "mini"}, {"prompt", "x"}, {"max_tokens", 8}, {"stream", true}, {"ignore_eos", true}}, ctx);
+  Generation g(req, *tok, {}, "mini", "cmpl-1", 0);
+
+  std::string all;
+  for (size_t i = 0; i < euro.size(); ++i) {
+    const Delta d = g.consume({token(euro[i])});
+    EXPECT_EQ(d.tokens, 1);
+    const std::vector<std::string> lines = data_lines(g.sse(d, i == 0));
+    ASSERT_EQ(lines.size(), 1u) << "token " << i;
+    const json c = json::parse(lines[0]);
+    EXPECT_EQ(c["object"], "text_completion");
+    EXPECT_EQ(c["choices"][0]["text"], i < 2 ? "" : "\u20ac");
+    EXPECT_TRUE(c["choices"][0]["finish_reason"].is_null());
+    all += c["choices"][0]["text"].get<std::string>();
+  }
+  // Two tokens consumed together (the writer ran late): one chunk with both
+  // texts, here the last one, then [DONE].
+  const Delta d = g.consume({token(ab[0]), token(ab[1], FinishReason::length)});
+  EXPECT_EQ(d.tokens, 2);
+  const std::vector<std::string> lines = data_lines(g.sse(d, false));
+  ASSERT_EQ(lines.size(), 2u);
+  const json c = json::parse(lines[0]);
+  EXPECT_EQ(c["choices"][0]["finish_reason"], "length");
+  all += c["choices"][0]["text"].get<std::string>();
+  EXPECT_EQ(lines[1], "[DONE]");
+  EXPECT_EQ(all, "\u20ac" + tok->decode(std::vector<int>{ab[0], ab[1]}, false));
+  EXPECT_EQ(g.completion_tokens(), 5);
+}
