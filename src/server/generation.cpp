@@ -145,18 +145,25 @@ json Generation::chat_response() const {
 std::string Generation::sse(const Delta& d, bool first) {
   std::string out;
   const bool chat = req_.chat;
-  auto chunk = [&](json choice) {
+  // include_usage: "usage": null in every chunk but the last (OpenAI's
+  // shape); with continuous_usage_stats too, the counts so far (vLLM's).
+  auto chunk = [&](json choice, int completion_tokens) {
     json c = {{"id", id_},
               {"object", chat ? "chat.completion.chunk" : "text_completion"},
               {"created", created_},
               {"model", model_},
               {"choices", json::array({std::move(choice)})}};
-    if (req_.include_usage) c["usage"] = nullptr;
+    if (req_.include_usage)
+      c["usage"] = req_.continuous_usage ? json{{"prompt_tokens", prompt_tokens_},
+                                                {"completion_tokens", completion_tokens},
+                                                {"total_tokens", prompt_tokens_ + completion_tokens}}
+                                         : json();
     out += sse_data(c);
   };
-  if (chat && first) {
+  if (chat && first) {  // the role opens the stream, before any token
     chunk({{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr},
-           {"finish_reason", nullptr}});
+           {"finish_reason", nullptr}},
+          0);
   }
   // A chunk for every batch of new tokens, even one whose text is empty (as
   // vLLM: a client sees each step's progress and can time it).
@@ -172,7 +179,7 @@ std::string Generation::sse(const Delta& d, bool first) {
     }
     choice["finish_reason"] = done() ? json(*finish_reason_) : json();
     choice["stop_reason"] = done() ? stop_reason_json() : json();
-    chunk(std::move(choice));
+    chunk(std::move(choice), completion_tokens_);
   }
   if (done()) {
     if (req_.include_usage) {

@@ -170,8 +170,9 @@ bool common_field(const std::string& k, const json& body, ParsedRequest& r, cons
         if (!ov.is_boolean() && !ov.is_null()) throw bad_field("stream_options.include_usage", "must be a boolean");
         r.include_usage = ov.is_boolean() && ov.get<bool>();
       } else if (ok == "continuous_usage_stats") {
-        if (!(ov.is_null() || (ov.is_boolean() && !ov.get<bool>())))
-          throw bad_field("stream_options.continuous_usage_stats", "is not supported (only false)");
+        if (!ov.is_boolean() && !ov.is_null())
+          throw bad_field("stream_options.continuous_usage_stats", "must be a boolean");
+        r.continuous_usage = ov.is_boolean() && ov.get<bool>();
       } else {
         throw bad_field("stream_options." + ok, "is not supported");
       }

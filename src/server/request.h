@@ -46,6 +46,7 @@ struct ParsedRequest {
   bool chat = false;
   bool stream = false;
   bool include_usage = false;
+  bool continuous_usage = false;   // stream_options.continuous_usage_stats: usage so far in every chunk (with include_usage)
   std::vector<int> prompt;
   GenerateOptions gen;             // max_tokens, sampling, eos, stop ids, logprobs
   std::vector<std::string> stop;   // stop strings

@@ -60,6 +60,24 @@ test("streaming: same text, finish reason, usage chunk, [DONE]", async () => {
   assert.ok(body.trimEnd().endsWith("data: [DONE]"), body);
 });
 
+test("streaming with continuous_usage_stats: every chunk counts the tokens so far (vLLM)", async () => {
+  const stream = await client.completions.create({ model: "mini", prompt: PROMPT, max_tokens: 8, temperature: 0,
+                                                   stream: true,
+                                                   stream_options: { include_usage: true, continuous_usage_stats: true } });
+  const seen = [];
+  let last = null;
+  for await (const c of stream) {
+    assert.ok(c.usage, "a chunk without usage");
+    if (c.choices.length) seen.push(c.usage.completion_tokens);
+    else last = c.usage;
+  }
+  // Increasing (each chunk at least one token further), ending at all 8.
+  for (let i = 1; i < seen.length; i++) assert.ok(seen[i] > seen[i - 1], String(seen));
+  assert.equal(seen.at(-1), 8);
+  assert.equal(last.completion_tokens, 8);
+  assert.equal(last.total_tokens, last.prompt_tokens + 8);
+});
+
 test("logprobs (completions shape)", async () => {
   const r = await client.completions.create({ model: "mini", prompt: PROMPT, max_tokens: 8, temperature: 0, logprobs: 3 });
   const lp = r.choices[0].logprobs;

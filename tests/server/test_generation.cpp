@@ -1,7 +1,9 @@
 // The streamed output side (src/server/generation.cpp): one SSE chunk per
 // batch of new tokens, as vLLM streams (docs/server.md "Streaming"). A token
 // whose bytes end mid-character adds no text but still gets its chunk, with
-// "text": ""; tokens consumed together go out in one chunk.
+// "text": ""; tokens consumed together go out in one chunk. Usage in the
+// chunks: null with include_usage, the counts so far with
+// continuous_usage_stats, then the usage chunk.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -40,13 +42,18 @@ StepEvent token(int id, std::optional<FinishReason> fin = std::nullopt) {
 }
 }  // namespace
 
-TEST(ServerGeneration, EveryBatchOfTokensStreamsAChunkEvenWithoutText) {
+struct ServerGeneration : ::testing::Test {
   std::unique_ptr<Tokenizer> tok = Tokenizer::load(kModel);
   ModelContext ctx;
-  ctx.served_name = "mini";
-  ctx.tokenizer = tok.get();
-  ctx.vocab_size = 8192;
-  ctx.max_model_len = 64;
+  void SetUp() override {
+    ctx.served_name = "mini";
+    ctx.tokenizer = tok.get();
+    ctx.vocab_size = 8192;
+    ctx.max_model_len = 64;
+  }
+};
+
+TEST_F(ServerGeneration, EveryBatchOfTokensStreamsAChunkEvenWithoutText) {
   // "€" is three byte tokens in the bundled tokenizer (E2 82 AC): the first
   // two end mid-character and decode to nothing yet.
   const std::vector<int> euro = tok->encode("\u20ac", false);
@@ -81,4 +88,39 @@ TEST(ServerGeneration, EveryBatchOfTokensStreamsAChunkEvenWithoutText) {
   EXPECT_EQ(lines[1], "[DONE]");
   EXPECT_EQ(all, "\u20ac" + tok->decode(std::vector<int>{ab[0], ab[1]}, false));
   EXPECT_EQ(g.completion_tokens(), 5);
+}
+
+TEST_F(ServerGeneration, ContinuousUsageStatsCountSoFar) {
+  const std::vector<int> ids = tok->encode(" one two three", false);
+  ASSERT_GE(ids.size(), 3u);
+  for (const bool continuous : {false, true}) {
+    SCOPED_TRACE(continuous ? "continuous_usage_stats" : "include_usage only");
+    const ParsedRequest req = parse_completion_request(
+        json{{"model", "mini"},
+             {"prompt", {7, 8, 9, 10}},
+             {"max_tokens", 3},
+             {"stream", true},
+             {"ignore_eos", true},
+             {"stream_options", {{"include_usage", true}, {"continuous_usage_stats", continuous}}}},
+        ctx);
+    EXPECT_EQ(req.continuous_usage, continuous);
+    Generation g(req, *tok, {}, "mini", "cmpl-2", 0);
+    std::vector<json> chunks;
+    for (int i = 0; i < 3; ++i) {
+      const Delta d = g.consume({token(ids[i], i == 2 ? std::optional(FinishReason::length) : std::nullopt)});
+      for (const std::string& l : data_lines(g.sse(d, i == 0)))
+        if (l != "[DONE]") chunks.push_back(json::parse(l));
+    }
+    ASSERT_EQ(chunks.size(), 4u);  // three tokens, then the usage chunk
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(chunks[i].contains("usage"));
+      if (continuous) {
+        EXPECT_EQ(chunks[i]["usage"], (json{{"prompt_tokens", 4}, {"completion_tokens", i + 1}, {"total_tokens", 5 + i}}));
+      } else {
+        EXPECT_TRUE(chunks[i]["usage"].is_null());
+      }
+    }
+    EXPECT_TRUE(chunks[3]["choices"].empty());
+    EXPECT_EQ(chunks[3]["usage"], (json{{"prompt_tokens", 4}, {"completion_tokens", 3}, {"total_tokens", 7}}));
+  }
 }

@@ -94,6 +94,8 @@ TEST_F(ServerRequest, BadFieldsAre400sNamingTheField) {
       {{{"prompt", ""}}, "prompt"},
       {{{"max_tokens", 3}}, "prompt"},
       {{{"prompt", "a"}, {"stream_options", {{"include_usage", true}}}}, "stream_options"},
+      {{{"prompt", "a"}, {"stream", true}, {"stream_options", {{"continuous_usage_stats", "yes"}}}},
+       "stream_options.continuous_usage_stats"},
   };
   for (const auto& [body, field] : cases) {
     const ApiError e = error_of(body);
