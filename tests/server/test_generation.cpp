@@ -12,6 +12,7 @@
 
 #include "server/generation.h"
 #include "server/request.h"
+#include "mini_context.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace fp8kv;
@@ -19,7 +20,6 @@ using namespace fp8kv::server;
 using nlohmann::json;
 
 namespace {
-const std::filesystem::path kModel = std::filesystem::path(FP8KV_SOURCE_DIR) / "models/fp8kv-mini";
 
 // The JSON bodies of the `data:` lines of an SSE string ("[DONE]" kept as text).
 std::vector<std::string> data_lines(const std::string& sse) {
@@ -42,16 +42,7 @@ StepEvent token(int id, std::optional<FinishReason> fin = std::nullopt) {
 }
 }  // namespace
 
-struct ServerGeneration : ::testing::Test {
-  std::unique_ptr<Tokenizer> tok = Tokenizer::load(kModel);
-  ModelContext ctx;
-  void SetUp() override {
-    ctx.served_name = "mini";
-    ctx.tokenizer = tok.get();
-    ctx.vocab_size = 8192;
-    ctx.max_model_len = 64;
-  }
-};
+struct ServerGeneration : ::testing::Test, fp8kv::server::test_support::MiniContext {};
 
 TEST_F(ServerGeneration, EveryBatchOfTokensStreamsAChunkEvenWithoutText) {
   // "€" is three byte tokens in the bundled tokenizer (E2 82 AC): the first

@@ -8,6 +8,7 @@
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/request.h"
+#include "mini_context.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace fp8kv;
@@ -15,18 +16,7 @@ using namespace fp8kv::server;
 using nlohmann::json;
 
 namespace {
-const std::filesystem::path kModel = std::filesystem::path(FP8KV_SOURCE_DIR) / "models/fp8kv-mini";
-
-struct Fixture : ::testing::Test {
-  std::unique_ptr<Tokenizer> tok = Tokenizer::load(kModel);
-  ModelContext ctx;
-  void SetUp() override {
-    ctx.served_name = "mini";
-    ctx.tokenizer = tok.get();
-    ctx.vocab_size = 8192;
-    ctx.max_model_len = 64;
-    ctx.chat_unavailable_reason = "no chat template support in this build";
-  }
+struct Fixture : ::testing::Test, fp8kv::server::test_support::MiniContext {
   ApiError error_of(const json& body, bool chat = false) {
     try {
       chat ? parse_chat_request(body, ctx) : parse_completion_request(body, ctx);
