@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "server/bench_client.h"
 #include "server/generation.h"
 #include "server/request.h"
 #include "mini_context.h"
@@ -21,17 +22,9 @@ using nlohmann::json;
 
 namespace {
 
-// The JSON bodies of the `data:` lines of an SSE string ("[DONE]" kept as text).
-std::vector<std::string> data_lines(const std::string& sse) {
-  std::vector<std::string> out;
-  size_t at = 0;
-  while ((at = sse.find("data: ", at)) != std::string::npos) {
-    const size_t end = sse.find("\n\n", at);
-    out.push_back(sse.substr(at + 6, end - at - 6));
-    at = end;
-  }
-  return out;
-}
+// The `data:` payloads of an SSE string ("[DONE]" kept as text), split as
+// bench serve's client splits them.
+std::vector<std::string> data_lines(const std::string& sse) { return SseSplitter().feed(sse.data(), sse.size()); }
 
 StepEvent token(int id, std::optional<FinishReason> fin = std::nullopt) {
   StepEvent e;
