@@ -314,12 +314,14 @@ __device__ __forceinline__ void fused_merge(const DecodeParams& p, uint8_t* smem
 // with 12 and 4.36 with 16. Runs S_2 / S_3: 1.01-1.03x FAST / F4 at B >= 8
 // (the kernel's time at B=32/16K is FAST's: its warps still wait on data),
 // 0.95-0.99 at B = 1 by the isolated call.
-template <int D, int DT, bool DEEP, bool LEAN, bool HPW, bool REG, bool FAST, bool FUSE, bool TM>
+template <int D, int DT, bool DEEP, bool LEAN, bool HPW, bool REG, bool FAST, bool FUSE, bool TM, bool SP = false>
 __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtensorMap* tmk, const CUtensorMap* tmv) {
   static_assert(!FAST || (!HPW && !DecodeCfg<D, DT, REG>::USE_RING), "FAST: register path only");
   static_assert(!FAST || !LEAN || (D == 128 && DT == kE4m3), "F4: FAST fp8 e4m3 d128 only");
   static_assert(!FUSE || FAST, "FUSE: the FAST kernels only");
   static_assert(!TM || (FAST && !LEAN && !FUSE && !DEEP && D == 128 && DT == kE4m3), "TM: FAST fp8 e4m3 d128 only");
+  static_assert(!SP || (FAST && !LEAN && !FUSE && !TM && !DEEP && D * (DT == kBf16 ? 2 : 1) <= 128),
+                "SP: FAST's two register stages");
   using C = DecodeCfg<D, DT, REG, TM>;
   constexpr int EB = C::EB;
   constexpr int E = 16 / EB;               // elements per 16-byte chunk
@@ -708,13 +710,13 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
     // kn >= 0 (F4): once the scores are done (K's words dead), the loads of
     // this warp's tile kn's K into kw_, its offset into k_next_off.
     long long k_next_off = 0;
-    auto math = [&](int j0, uint32_t (&kw_)[2][KW], uint32_t (&vw_)[4][VW], int kn) {
-      float s[2][4];
+    // S = Q K^T, k-steps [lo, hi) added into s (each accumulator's k-steps in
+    // increasing order however the range is cut: the same sums).
+    auto scores = [&](uint32_t (&kw_)[2][KW], float (&s)[2][4], int lo, int hi) {
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
-        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
-        for (int ks_ = 0; ks_ < KS; ++ks_) {
+        for (int ks_ = lo; ks_ < hi; ++ks_) {
           uint32_t b0, b1;
           if constexpr (DT == kBf16) {
             b0 = kw_[nt][(ks_ / J) * 4 + 2 * (ks_ % J)];
@@ -733,7 +735,15 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
           mma16816<DT>(s[nt], qa[ks_][0], z1, qa[ks_][1], z3, b0, b1);
         }
       }
-      if (kn >= 0) k_next_off = f_load_k(kn, kw_);
+    };
+    // The softmax and O^T += V^T P^T of one tile whose scores are s. SP: the
+    // next tile's scores (its K words knx, into snx), a quarter of the k-steps
+    // between each two stages (hook(0..3)); the others pass any arrays, unused.
+    auto soft_pv = [&](int j0, float (&s)[2][4], uint32_t (&vw_)[4][VW], uint32_t (&knx)[2][KW],
+                       float (&snx)[2][4]) {
+      auto hook = [&](int i) {
+        if constexpr (SP) scores(knx, snx, i * KS / 4, (i + 1) * KS / 4);
+      };
       // Only a tile crossing [first, s_end) needs the masks, and the softcap
       // branch is taken once per tile, not per score (both warp-uniform).
       const bool edge = j0 < first || j0 + kTile > s_end;
@@ -742,6 +752,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) x[nt][e] = s[nt][e] * score_mul;
+      hook(0);
       if (softcap) {
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt)
@@ -764,6 +775,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
         for (int e = 0; e < 2; ++e) mx = fmaxf(mx, x[nt][e]);
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      hook(1);
       const float m_new = fmaxf(m, mx);
       const float mref = m_new == -INFINITY ? 0.0f : m_new;
       const float alpha = exp2f(m - mref);
@@ -774,6 +786,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
 #pragma unroll
         for (int e = 0; e < 2; ++e) pr[nt][e] = exp2f(x[nt][e] - mref);
       l = l * alpha + (pr[0][0] + pr[0][1] + pr[1][0] + pr[1][1]);
+      hook(2);
       // alpha == 1 in every lane: the rescale would multiply by 1 (exact).
       if (__any_sync(0xffffffffu, alpha != 1.0f)) {
         const float alpha_lo = __shfl_sync(0xffffffffu, alpha, (2 * t) * 4);  // heads 2t, 2t+1
@@ -785,6 +798,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
       }
       const uint32_t pa0 = pack2<DT>(pr[0][0], pr[0][1]);
       const uint32_t pa2 = pack2<DT>(pr[1][0], pr[1][1]);
+      hook(3);
       if (edge) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -824,7 +838,59 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
         mma16816<DT>(o[i], a0, a1, a2, a3, pa0, pa2);
       }
     };
-    if constexpr (TM) {
+    // One tile's math: its scores, then (F4, kn >= 0) the loads of this
+    // warp's tile kn's K into kw_ (its words are dead), then the rest.
+    auto math = [&](int j0, uint32_t (&kw_)[2][KW], uint32_t (&vw_)[4][VW], int kn) {
+      float s[2][4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+      scores(kw_, s, 0, KS);
+      if (kn >= 0) k_next_off = f_load_k(kn, kw_);
+      soft_pv(j0, s, vw_, kw_, s);
+    };
+    if constexpr (SP) {
+      // SP (decode v15): the next tile's scores are computed during this
+      // tile's softmax, a quarter of its k-steps between each two stages, so
+      // their MMA chain (8 dependent MMAs per accumulator) overlaps the
+      // softmax's shuffles and exponentials instead of following them. K is
+      // loaded two tiles ahead, V one (as FAST's), in FAST's two register
+      // stages: at this warp's tile ow, K(ow + 2) goes where K(ow) was (its
+      // scores were done at ow - 1) and V(ow + 1) where V(ow - 1) was. Same
+      // sums in the same order: bitwise FAST's results.
+      long long off_n = 0;  // tile ow + 1's offset (its K issued), for its V
+      if (nmine > 1) {
+        off_n = f_load_k(1, kn);
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int w = 0; w < KW; ++w) kn[nt][w] = 0u;  // read (scores of no tile), never used
+      }
+      float sc[2][4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+      scores(kw, sc, 0, KS);
+      auto step = [&](int it, int ow, uint32_t (&kfree)[2][KW], uint32_t (&knext)[2][KW], uint32_t (&vcur)[4][VW],
+                      uint32_t (&vfree)[4][VW]) {
+        long long off_n2 = 0;
+        if (ow + 2 < nmine) off_n2 = f_load_k(ow + 2, kfree);
+        if (ow + 1 < nmine) f_load_v(off_n, vfree);
+        float sn[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) sn[nt][0] = sn[nt][1] = sn[nt][2] = sn[nt][3] = 0.0f;
+        soft_pv(s_begin + it * kTile, sc, vcur, knext, sn);
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sc[nt][e] = sn[nt][e];
+        off_n = off_n2;
+      };
+      for (int it = T0, ow = 0; it < ntiles; it += 2 * TS, ow += 2) {
+        step(it, ow, kw, kn, vw, vn);
+        if (it + TS >= ntiles) break;
+        step(it + TS, ow + 1, kn, kw, vn, vw);
+      }
+    } else if constexpr (TM) {
       // Wait for tile k's stage, read this thread's words in the FAST layout
       // (the swizzled chunk of each; K: quarter-warp rows r and r + 1 read
       // opposite 64-byte halves in one instruction, then swap, so no bank
@@ -1104,6 +1170,13 @@ __global__ void __launch_bounds__(kWarps * 32, 4) decode_kernel_tm(const __grid_
   decode_body<128, kE4m3, false, false, false, false, true, false, true>(q.p, &q.tmk, &q.tmv);
 }
 
+// SP (decode v15, FP8KV_DECODE_SP=1): FAST fp8 e4m3 d128 with the next
+// tile's scores computed during this tile's softmax (see decode_body); FAST's
+// launch bounds (3 CTAs per SM), plan and results.
+__global__ void __launch_bounds__(kWarps * 32, 3) decode_kernel_sp(const DecodeParams p) {
+  decode_body<128, kE4m3, false, false, false, false, true, false, false, true>(p, nullptr, nullptr);
+}
+
 // Combines the splits of one (sequence, head): out = sum_s w_s O_s / sum_s w_s,
 // CW of the D columns per CTA (blockIdx.z = column chunk). 256 threads: R
 // rows of CW/4 threads; row rho takes splits rho, rho+R, ... (float4 loads,
@@ -1334,6 +1407,14 @@ int f4_mode() {
 // unknown size). (Run S_3 also measured 3 stages per
 // warp, 0.96-1.02x, and 5 CTAs per SM, which spills at 96 registers:
 // 0.75-0.90x; both removed.)
+// FP8KV_DECODE_SP (decode v15): "1" fp8 e4m3 d128 runs the SP kernel
+// (decode_kernel_sp) where it would run FAST (not F4 or TM; not with FUSE);
+// unset or anything else: kDefaultSp.
+constexpr bool kDefaultSp = false;
+bool sp_env() {
+  static const bool on = env_choice("FP8KV_DECODE_SP", kDefaultSp, {{"1", 1}, {"0", 0}}, kDefaultSp) != 0;
+  return on;
+}
 constexpr int kTmOff = 0, kTmOn = 1, kTmAuto = 2;
 constexpr int kDefaultTm = kTmOff;
 int tm_mode() {
@@ -1582,6 +1663,12 @@ bool launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool
               // TM auto: TM in F4 auto's band (same plan: 4 CTAs per SM).
               if (m == kF4Auto && tm == kTmAuto && !p.fuse && launch_decode_tm(p, grid, stream)) return false;
               return launch_decode_tv<D, DT, false, true, false, false, true>(p, grid, stream);
+            }
+            if (sp_env() && !p.fuse) {
+              constexpr int smem = DecodeCfg<D, DT>::SMEM;
+              set_func_attribute_once(decode_kernel_sp, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+              launch_decode_kernel(decode_kernel_sp, grid, smem, stream, p);
+              return false;
             }
           }
           return launch_decode_tv<D, DT, false, false, false, false, true>(p, grid, stream);
