@@ -314,14 +314,13 @@ __device__ __forceinline__ void fused_merge(const DecodeParams& p, uint8_t* smem
 // with 12 and 4.36 with 16. Runs S_2 / S_3: 1.01-1.03x FAST / F4 at B >= 8
 // (the kernel's time at B=32/16K is FAST's: its warps still wait on data),
 // 0.95-0.99 at B = 1 by the isolated call.
-template <int D, int DT, bool DEEP, bool LEAN, bool HPW, bool REG, bool FAST, bool FUSE, bool TM, bool SP = false>
+template <int D, int DT, bool DEEP, bool LEAN, bool HPW, bool REG, bool FAST, bool FUSE, bool TM, bool RF = false>
 __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtensorMap* tmk, const CUtensorMap* tmv) {
   static_assert(!FAST || (!HPW && !DecodeCfg<D, DT, REG>::USE_RING), "FAST: register path only");
   static_assert(!FAST || !LEAN || (D == 128 && DT == kE4m3), "F4: FAST fp8 e4m3 d128 only");
   static_assert(!FUSE || FAST, "FUSE: the FAST kernels only");
   static_assert(!TM || (FAST && !LEAN && !FUSE && !DEEP && D == 128 && DT == kE4m3), "TM: FAST fp8 e4m3 d128 only");
-  static_assert(!SP || (FAST && !LEAN && !FUSE && !TM && !DEEP && D * (DT == kBf16 ? 2 : 1) <= 128),
-                "SP: FAST's two register stages");
+  static_assert(!RF || (FAST && !LEAN && !FUSE && !TM && !DEEP && D == 128 && DT == kE4m3), "RF: FAST fp8 e4m3 d128 only");
   using C = DecodeCfg<D, DT, REG, TM>;
   constexpr int EB = C::EB;
   constexpr int E = 16 / EB;               // elements per 16-byte chunk
@@ -345,6 +344,22 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
   const int T0 = HPW ? 0 : warp;         // and its first tile
   const int b = blockIdx.y, split = blockIdx.z;
   const int ctx = p.context_lens[b];
+  const int32_t* bt = p.block_tables + static_cast<int64_t>(b) * p.max_blocks_per_seq;
+  // FAST (decode v15): without a window a split's first key, and so the
+  // block ids of this warp's first 64 tiles, do not depend on the context
+  // length: they are loaded with it (one round trip where there were three:
+  // the length, then the two batches of ids, each waited for before the
+  // next was asked), clamped to the table's row (ids past the context are
+  // never used: f_fetch's offsets are 0 there).
+  int spec_blk[2] = {0, 0};
+  const bool spec = FAST && !HPW && p.window <= 0 && p.max_blocks_per_seq > 0;
+  if (spec) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int j = split * p.split_tokens + (T0 + (32 * h + lane) * TS) * kTile;
+      spec_blk[h] = bt[min(j / p.block_size, p.max_blocks_per_seq - 1)];
+    }
+  }
   int first, tstart, nsplits;
   seq_range(p, ctx, first, tstart, nsplits);
   if (split >= nsplits) {
@@ -369,7 +384,6 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
   const int h0 = kvh * p.group + gc * kMaxGroup;
   const int nh = min(kMaxGroup, p.group - gc * kMaxGroup);
 
-  const int32_t* bt = p.block_tables + static_cast<int64_t>(b) * p.max_blocks_per_seq;
   const int64_t row_bytes = static_cast<int64_t>(p.num_kv_heads) * D * EB;
   const int64_t head_off = static_cast<int64_t>(kvh) * D * EB;
   const int ntiles = (s_end - s_begin + kTile - 1) / kTile;
@@ -484,13 +498,18 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
   static_assert(!FAST || !kPrefetch2, "FAST: at most one tile ahead in registers");
   uint32_t fk_off[2] = {0u, 0u}, fv_off[4] = {0u, 0u, 0u, 0u};
   long long f_cur = 0, f_nxt = 0;
-  auto f_fetch = [&](int kk) -> long long {
+  // f_fetch in two halves, so that two batches' table loads are in flight
+  // together: the block id of tile kk (0 past this warp's tiles), then its offset.
+  auto f_blk = [&](int kk) -> int {
+    return kk < nmine ? bt[(s_begin + (T0 + kk * TS) * kTile) / p.block_size] : 0;
+  };
+  auto f_off = [&](int64_t blk, int kk) -> long long {
     if (kk >= nmine) return 0;
     const int j = s_begin + (T0 + kk * TS) * kTile;
-    const int64_t blk = bt[j / p.block_size];
     if constexpr (TM) return blk * p.block_size + j % p.block_size;  // TM: the tile's first row
     return (blk * p.block_size + j % p.block_size) * row_bytes + head_off;
   };
+  auto f_fetch = [&](int kk) -> long long { return f_off(f_blk(kk), kk); };
   // (f_load_k returns the tile's offset for f_load_v.)
   auto f_load_k = [&](int k, uint32_t (&kw_)[2][KW]) -> long long {  // k: this warp's tile, +1 per call
     if ((k & 31) == 0 && k > 0) {
@@ -544,14 +563,21 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
       }
       __syncwarp();
     }
-    f_cur = f_fetch(lane);
-    f_nxt = f_fetch(32 + lane);
+    if (!spec) {
+      spec_blk[0] = f_blk(lane);
+      spec_blk[1] = f_blk(32 + lane);
+    }
+    f_cur = f_off(spec_blk[0], lane);
+    f_nxt = f_off(spec_blk[1], 32 + lane);
     asm volatile("griddepcontrol.wait;" ::: "memory");
     if constexpr (TM) {
 #pragma unroll
       for (int st = 0; st < C::TMS; ++st) tm_issue(st, st);
     } else {
       if (T0 < ntiles) f_load(0, kw, vw);
+      if constexpr (RF) {
+        if (nmine > 1) f_load(1, kn, vn);  // RF: both stages in flight from the start
+      }
     }
   }
   for (int k = 1; k < pf; ++k) prefetch_tile(k);  // (after the wait: L2 prefetches of K/V)
@@ -562,14 +588,44 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
   {
     const bool valid = r < nh;
     const int64_t qoff = (static_cast<int64_t>(b) * p.num_heads + h0 + r) * D;
+    // FAST (decode v15): each k-step's 4 consecutive elements by one 8-byte
+    // (bf16) or 16-byte (f32) load, all KS loads issued before the first
+    // conversion (the element-wise loads waited for the first before the
+    // rest were asked). The same values: bf16 -> f32 is exact either way.
+    const bool qvec = FAST && (reinterpret_cast<uintptr_t>(p.q) & 15u) == 0;
+    if (qvec && p.q_bf16) {
+      const __nv_bfloat16* q16 = static_cast<const __nv_bfloat16*>(p.q) + qoff;
+      uint2 raw[KS];
 #pragma unroll
-    for (int s = 0; s < KS; ++s) {
-      const int base = (s / J) * 4 * E + E * t + 4 * (s % J);
-      float x[4];
+      for (int s = 0; s < KS; ++s)
+        raw[s] = valid ? *reinterpret_cast<const uint2*>(q16 + (s / J) * 4 * E + E * t + 4 * (s % J)) : make_uint2(0u, 0u);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) x[i] = valid ? load_act(p.q, qoff + base + i, p.q_bf16) : 0.0f;
-      qa[s][0] = pack2<DT>(x[0], x[1]);
-      qa[s][1] = pack2<DT>(x[2], x[3]);
+      for (int s = 0; s < KS; ++s) {
+        qa[s][0] = pack2<DT>(__uint_as_float(raw[s].x << 16), __uint_as_float(raw[s].x & 0xffff0000u));
+        qa[s][1] = pack2<DT>(__uint_as_float(raw[s].y << 16), __uint_as_float(raw[s].y & 0xffff0000u));
+      }
+    } else if (qvec) {
+      const float* q32 = static_cast<const float*>(p.q) + qoff;
+      float4 raw[KS];
+#pragma unroll
+      for (int s = 0; s < KS; ++s)
+        raw[s] = valid ? *reinterpret_cast<const float4*>(q32 + (s / J) * 4 * E + E * t + 4 * (s % J))
+                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int s = 0; s < KS; ++s) {
+        qa[s][0] = pack2<DT>(raw[s].x, raw[s].y);
+        qa[s][1] = pack2<DT>(raw[s].z, raw[s].w);
+      }
+    } else {
+#pragma unroll
+      for (int s = 0; s < KS; ++s) {
+        const int base = (s / J) * 4 * E + E * t + 4 * (s % J);
+        float x[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) x[i] = valid ? load_act(p.q, qoff + base + i, p.q_bf16) : 0.0f;
+        qa[s][0] = pack2<DT>(x[0], x[1]);
+        qa[s][1] = pack2<DT>(x[2], x[3]);
+      }
     }
   }
   const float ks = DT == kBf16 ? 1.0f : p.k_scale[p.k_scale_count == 1 ? 0 : kvh];
@@ -710,13 +766,13 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
     // kn >= 0 (F4): once the scores are done (K's words dead), the loads of
     // this warp's tile kn's K into kw_, its offset into k_next_off.
     long long k_next_off = 0;
-    // S = Q K^T, k-steps [lo, hi) added into s (each accumulator's k-steps in
-    // increasing order however the range is cut: the same sums).
-    auto scores = [&](uint32_t (&kw_)[2][KW], float (&s)[2][4], int lo, int hi) {
+    auto math = [&](int j0, uint32_t (&kw_)[2][KW], uint32_t (&vw_)[4][VW], int kn) {
+      float s[2][4];
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
+        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
-        for (int ks_ = lo; ks_ < hi; ++ks_) {
+        for (int ks_ = 0; ks_ < KS; ++ks_) {
           uint32_t b0, b1;
           if constexpr (DT == kBf16) {
             b0 = kw_[nt][(ks_ / J) * 4 + 2 * (ks_ % J)];
@@ -735,15 +791,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
           mma16816<DT>(s[nt], qa[ks_][0], z1, qa[ks_][1], z3, b0, b1);
         }
       }
-    };
-    // The softmax and O^T += V^T P^T of one tile whose scores are s. SP: the
-    // next tile's scores (its K words knx, into snx), a quarter of the k-steps
-    // between each two stages (hook(0..3)); the others pass any arrays, unused.
-    auto soft_pv = [&](int j0, float (&s)[2][4], uint32_t (&vw_)[4][VW], uint32_t (&knx)[2][KW],
-                       float (&snx)[2][4]) {
-      auto hook = [&](int i) {
-        if constexpr (SP) scores(knx, snx, i * KS / 4, (i + 1) * KS / 4);
-      };
+      if (kn >= 0) k_next_off = f_load_k(kn, kw_);
       // Only a tile crossing [first, s_end) needs the masks, and the softcap
       // branch is taken once per tile, not per score (both warp-uniform).
       const bool edge = j0 < first || j0 + kTile > s_end;
@@ -752,7 +800,6 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) x[nt][e] = s[nt][e] * score_mul;
-      hook(0);
       if (softcap) {
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt)
@@ -775,7 +822,6 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
         for (int e = 0; e < 2; ++e) mx = fmaxf(mx, x[nt][e]);
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      hook(1);
       const float m_new = fmaxf(m, mx);
       const float mref = m_new == -INFINITY ? 0.0f : m_new;
       const float alpha = exp2f(m - mref);
@@ -786,7 +832,6 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
 #pragma unroll
         for (int e = 0; e < 2; ++e) pr[nt][e] = exp2f(x[nt][e] - mref);
       l = l * alpha + (pr[0][0] + pr[0][1] + pr[1][0] + pr[1][1]);
-      hook(2);
       // alpha == 1 in every lane: the rescale would multiply by 1 (exact).
       if (__any_sync(0xffffffffu, alpha != 1.0f)) {
         const float alpha_lo = __shfl_sync(0xffffffffu, alpha, (2 * t) * 4);  // heads 2t, 2t+1
@@ -798,7 +843,6 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
       }
       const uint32_t pa0 = pack2<DT>(pr[0][0], pr[0][1]);
       const uint32_t pa2 = pack2<DT>(pr[1][0], pr[1][1]);
-      hook(3);
       if (edge) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -838,59 +882,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
         mma16816<DT>(o[i], a0, a1, a2, a3, pa0, pa2);
       }
     };
-    // One tile's math: its scores, then (F4, kn >= 0) the loads of this
-    // warp's tile kn's K into kw_ (its words are dead), then the rest.
-    auto math = [&](int j0, uint32_t (&kw_)[2][KW], uint32_t (&vw_)[4][VW], int kn) {
-      float s[2][4];
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-      scores(kw_, s, 0, KS);
-      if (kn >= 0) k_next_off = f_load_k(kn, kw_);
-      soft_pv(j0, s, vw_, kw_, s);
-    };
-    if constexpr (SP) {
-      // SP (decode v15): the next tile's scores are computed during this
-      // tile's softmax, a quarter of its k-steps between each two stages, so
-      // their MMA chain (8 dependent MMAs per accumulator) overlaps the
-      // softmax's shuffles and exponentials instead of following them. K is
-      // loaded two tiles ahead, V one (as FAST's), in FAST's two register
-      // stages: at this warp's tile ow, K(ow + 2) goes where K(ow) was (its
-      // scores were done at ow - 1) and V(ow + 1) where V(ow - 1) was. Same
-      // sums in the same order: bitwise FAST's results.
-      long long off_n = 0;  // tile ow + 1's offset (its K issued), for its V
-      if (nmine > 1) {
-        off_n = f_load_k(1, kn);
-      } else {
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-          for (int w = 0; w < KW; ++w) kn[nt][w] = 0u;  // read (scores of no tile), never used
-      }
-      float sc[2][4];
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
-      scores(kw, sc, 0, KS);
-      auto step = [&](int it, int ow, uint32_t (&kfree)[2][KW], uint32_t (&knext)[2][KW], uint32_t (&vcur)[4][VW],
-                      uint32_t (&vfree)[4][VW]) {
-        long long off_n2 = 0;
-        if (ow + 2 < nmine) off_n2 = f_load_k(ow + 2, kfree);
-        if (ow + 1 < nmine) f_load_v(off_n, vfree);
-        float sn[2][4];
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) sn[nt][0] = sn[nt][1] = sn[nt][2] = sn[nt][3] = 0.0f;
-        soft_pv(s_begin + it * kTile, sc, vcur, knext, sn);
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) sc[nt][e] = sn[nt][e];
-        off_n = off_n2;
-      };
-      for (int it = T0, ow = 0; it < ntiles; it += 2 * TS, ow += 2) {
-        step(it, ow, kw, kn, vw, vn);
-        if (it + TS >= ntiles) break;
-        step(it + TS, ow + 1, kn, kw, vn, vw);
-      }
-    } else if constexpr (TM) {
+    if constexpr (TM) {
       // Wait for tile k's stage, read this thread's words in the FAST layout
       // (the swizzled chunk of each; K: quarter-warp rows r and r + 1 read
       // opposite 64-byte halves in one instruction, then swap, so no bank
@@ -926,6 +918,22 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
         __syncwarp();
         tm_issue(k + C::TMS, st);
         math(s_begin + it * kTile, kc, vc, -1);
+      }
+    } else if constexpr (RF) {
+      // RF (decode v15): FAST's two register stages, each refilled as it
+      // frees (F4's second form, here with two stages): tile ow + 2's K once
+      // tile ow's scores are done, its V after tile ow's last m-tile. So a
+      // tile's loads have about a tile and a half of math to land, where
+      // FAST's ping-pong gives them one step (one step of every two then
+      // waits for its data: run T_1's profile, 47% of the stall samples at
+      // one instruction). Same tiles, order and arithmetic: bitwise FAST's.
+      for (int it = T0, ow = 0; it < ntiles; it += 2 * TS, ow += 2) {
+        const bool n2 = ow + 2 < nmine, n3 = ow + 3 < nmine;
+        math(s_begin + it * kTile, kw, vw, n2 ? ow + 2 : -1);
+        if (n2) f_load_v(k_next_off, vw);
+        if (it + TS >= ntiles) break;
+        math(s_begin + (it + TS) * kTile, kn, vn, n3 ? ow + 3 : -1);
+        if (n3) f_load_v(k_next_off, vn);
       }
     } else if constexpr (kPrefetch) {
       // Ping-pong: tile ow in (kc, vc) while tile ow + 1 loads into (kx, vx).
@@ -1170,10 +1178,10 @@ __global__ void __launch_bounds__(kWarps * 32, 4) decode_kernel_tm(const __grid_
   decode_body<128, kE4m3, false, false, false, false, true, false, true>(q.p, &q.tmk, &q.tmv);
 }
 
-// SP (decode v15, FP8KV_DECODE_SP=1): FAST fp8 e4m3 d128 with the next
-// tile's scores computed during this tile's softmax (see decode_body); FAST's
-// launch bounds (3 CTAs per SM), plan and results.
-__global__ void __launch_bounds__(kWarps * 32, 3) decode_kernel_sp(const DecodeParams p) {
+// RF (decode v15, FP8KV_DECODE_RF=1): FAST fp8 e4m3 d128 with each of its
+// two register stages refilled as it frees (see decode_body); FAST's launch
+// bounds (3 CTAs per SM), plan and results.
+__global__ void __launch_bounds__(kWarps * 32, 3) decode_kernel_rf(const DecodeParams p) {
   decode_body<128, kE4m3, false, false, false, false, true, false, false, true>(p, nullptr, nullptr);
 }
 
@@ -1407,12 +1415,12 @@ int f4_mode() {
 // unknown size). (Run S_3 also measured 3 stages per
 // warp, 0.96-1.02x, and 5 CTAs per SM, which spills at 96 registers:
 // 0.75-0.90x; both removed.)
-// FP8KV_DECODE_SP (decode v15): "1" fp8 e4m3 d128 runs the SP kernel
-// (decode_kernel_sp) where it would run FAST (not F4 or TM; not with FUSE);
-// unset or anything else: kDefaultSp.
-constexpr bool kDefaultSp = false;
-bool sp_env() {
-  static const bool on = env_choice("FP8KV_DECODE_SP", kDefaultSp, {{"1", 1}, {"0", 0}}, kDefaultSp) != 0;
+// FP8KV_DECODE_RF (decode v15): "1" fp8 e4m3 d128 runs the RF kernel
+// (decode_kernel_rf) where it would run FAST (not F4 or TM; not with FUSE);
+// unset or anything else: kDefaultRf.
+constexpr bool kDefaultRf = false;
+bool rf_env() {
+  static const bool on = env_choice("FP8KV_DECODE_RF", kDefaultRf, {{"1", 1}, {"0", 0}}, kDefaultRf) != 0;
   return on;
 }
 constexpr int kTmOff = 0, kTmOn = 1, kTmAuto = 2;
@@ -1664,10 +1672,10 @@ bool launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool
               if (m == kF4Auto && tm == kTmAuto && !p.fuse && launch_decode_tm(p, grid, stream)) return false;
               return launch_decode_tv<D, DT, false, true, false, false, true>(p, grid, stream);
             }
-            if (sp_env() && !p.fuse) {
+            if (rf_env() && !p.fuse) {
               constexpr int smem = DecodeCfg<D, DT>::SMEM;
-              set_func_attribute_once(decode_kernel_sp, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-              launch_decode_kernel(decode_kernel_sp, grid, smem, stream, p);
+              set_func_attribute_once(decode_kernel_rf, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+              launch_decode_kernel(decode_kernel_rf, grid, smem, stream, p);
               return false;
             }
           }
