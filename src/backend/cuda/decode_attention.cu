@@ -314,13 +314,12 @@ __device__ __forceinline__ void fused_merge(const DecodeParams& p, uint8_t* smem
 // with 12 and 4.36 with 16. Runs S_2 / S_3: 1.01-1.03x FAST / F4 at B >= 8
 // (the kernel's time at B=32/16K is FAST's: its warps still wait on data),
 // 0.95-0.99 at B = 1 by the isolated call.
-template <int D, int DT, bool DEEP, bool LEAN, bool HPW, bool REG, bool FAST, bool FUSE, bool TM, bool RF = false>
+template <int D, int DT, bool DEEP, bool LEAN, bool HPW, bool REG, bool FAST, bool FUSE, bool TM>
 __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtensorMap* tmk, const CUtensorMap* tmv) {
   static_assert(!FAST || (!HPW && !DecodeCfg<D, DT, REG>::USE_RING), "FAST: register path only");
   static_assert(!FAST || !LEAN || (D == 128 && DT == kE4m3), "F4: FAST fp8 e4m3 d128 only");
   static_assert(!FUSE || FAST, "FUSE: the FAST kernels only");
   static_assert(!TM || (FAST && !LEAN && !FUSE && !DEEP && D == 128 && DT == kE4m3), "TM: FAST fp8 e4m3 d128 only");
-  static_assert(!RF || (FAST && !LEAN && !FUSE && !TM && !DEEP && D == 128 && DT == kE4m3), "RF: FAST fp8 e4m3 d128 only");
   using C = DecodeCfg<D, DT, REG, TM>;
   constexpr int EB = C::EB;
   constexpr int E = 16 / EB;               // elements per 16-byte chunk
@@ -350,7 +349,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
   // length: they are loaded with it (one round trip where there were three:
   // the length, then the two batches of ids, each waited for before the
   // next was asked), clamped to the table's row (ids past the context are
-  // never used: f_fetch's offsets are 0 there).
+  // never used: f_off gives 0 there).
   int spec_blk[2] = {0, 0};
   const bool spec = FAST && !HPW && p.window <= 0 && p.max_blocks_per_seq > 0;
   if (spec) {
@@ -493,13 +492,18 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
 
   // FAST (version 9): per-thread byte offsets inside a tile (32-bit: 16 rows
   // of row_bytes), hoisted out of the loop; the byte offset of each tile of
-  // this warp (64-bit), 32 tiles at a time, one per lane, the next 32 fetched
-  // when a batch starts (the table load then has 32 tiles to land).
+  // this warp (64-bit), 32 tiles at a time, one per lane, the next 32's block
+  // ids fetched when a batch starts (the table load then has 32 tiles to land).
   static_assert(!FAST || !kPrefetch2, "FAST: at most one tile ahead in registers");
   uint32_t fk_off[2] = {0u, 0u}, fv_off[4] = {0u, 0u, 0u, 0u};
-  long long f_cur = 0, f_nxt = 0;
-  // f_fetch in two halves, so that two batches' table loads are in flight
-  // together: the block id of tile kk (0 past this warp's tiles), then its offset.
+  // f_cur: the offsets of this warp's current 32 tiles, one per lane;
+  // f_nxt_blk: the block ids of the next 32, loaded a batch ahead and turned
+  // into offsets only when that batch starts (decode v15: an offset computed
+  // at once waited a round trip for its id in the middle of the stream).
+  long long f_cur = 0;
+  int f_nxt_blk = 0;
+  // The block id of tile kk (0 past this warp's tiles), then its offset: in
+  // two steps, so that a load is never waited for where it is issued.
   auto f_blk = [&](int kk) -> int {
     return kk < nmine ? bt[(s_begin + (T0 + kk * TS) * kTile) / p.block_size] : 0;
   };
@@ -509,12 +513,11 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
     if constexpr (TM) return blk * p.block_size + j % p.block_size;  // TM: the tile's first row
     return (blk * p.block_size + j % p.block_size) * row_bytes + head_off;
   };
-  auto f_fetch = [&](int kk) -> long long { return f_off(f_blk(kk), kk); };
   // (f_load_k returns the tile's offset for f_load_v.)
   auto f_load_k = [&](int k, uint32_t (&kw_)[2][KW]) -> long long {  // k: this warp's tile, +1 per call
     if ((k & 31) == 0 && k > 0) {
-      f_cur = f_nxt;
-      f_nxt = f_fetch(k + 32 + lane);
+      f_cur = f_off(f_nxt_blk, k + lane);
+      f_nxt_blk = f_blk(k + 32 + lane);
     }
     const long long off = __shfl_sync(0xffffffffu, f_cur, k & 31);
     const uint8_t* kb = p.k_cache + off;
@@ -539,8 +542,8 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
   auto tm_issue = [&](int k, int st) {
     if (k >= nmine) return;  // warp-uniform
     if ((k & 31) == 0 && k > 0) {
-      f_cur = f_nxt;
-      f_nxt = f_fetch(k + 32 + lane);
+      f_cur = f_off(f_nxt_blk, k + lane);
+      f_nxt_blk = f_blk(k + 32 + lane);
     }
     const int row = static_cast<int>(__shfl_sync(0xffffffffu, f_cur, k & 31));
     if (lane == 0) {
@@ -568,16 +571,13 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
       spec_blk[1] = f_blk(32 + lane);
     }
     f_cur = f_off(spec_blk[0], lane);
-    f_nxt = f_off(spec_blk[1], 32 + lane);
+    f_nxt_blk = spec_blk[1];
     asm volatile("griddepcontrol.wait;" ::: "memory");
     if constexpr (TM) {
 #pragma unroll
       for (int st = 0; st < C::TMS; ++st) tm_issue(st, st);
     } else {
       if (T0 < ntiles) f_load(0, kw, vw);
-      if constexpr (RF) {
-        if (nmine > 1) f_load(1, kn, vn);  // RF: both stages in flight from the start
-      }
     }
   }
   for (int k = 1; k < pf; ++k) prefetch_tile(k);  // (after the wait: L2 prefetches of K/V)
@@ -919,22 +919,6 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
         tm_issue(k + C::TMS, st);
         math(s_begin + it * kTile, kc, vc, -1);
       }
-    } else if constexpr (RF) {
-      // RF (decode v15): FAST's two register stages, each refilled as it
-      // frees (F4's second form, here with two stages): tile ow + 2's K once
-      // tile ow's scores are done, its V after tile ow's last m-tile. So a
-      // tile's loads have about a tile and a half of math to land, where
-      // FAST's ping-pong gives them one step (one step of every two then
-      // waits for its data: run T_1's profile, 47% of the stall samples at
-      // one instruction). Same tiles, order and arithmetic: bitwise FAST's.
-      for (int it = T0, ow = 0; it < ntiles; it += 2 * TS, ow += 2) {
-        const bool n2 = ow + 2 < nmine, n3 = ow + 3 < nmine;
-        math(s_begin + it * kTile, kw, vw, n2 ? ow + 2 : -1);
-        if (n2) f_load_v(k_next_off, vw);
-        if (it + TS >= ntiles) break;
-        math(s_begin + (it + TS) * kTile, kn, vn, n3 ? ow + 3 : -1);
-        if (n3) f_load_v(k_next_off, vn);
-      }
     } else if constexpr (kPrefetch) {
       // Ping-pong: tile ow in (kc, vc) while tile ow + 1 loads into (kx, vx).
       auto step = [&](int it, int ow, uint32_t (&kc)[2][KW], uint32_t (&vc)[4][VW], uint32_t (&kx)[2][KW],
@@ -1178,13 +1162,6 @@ __global__ void __launch_bounds__(kWarps * 32, 4) decode_kernel_tm(const __grid_
   decode_body<128, kE4m3, false, false, false, false, true, false, true>(q.p, &q.tmk, &q.tmv);
 }
 
-// RF (decode v15, FP8KV_DECODE_RF=1): FAST fp8 e4m3 d128 with each of its
-// two register stages refilled as it frees (see decode_body); FAST's launch
-// bounds (3 CTAs per SM), plan and results.
-__global__ void __launch_bounds__(kWarps * 32, 3) decode_kernel_rf(const DecodeParams p) {
-  decode_body<128, kE4m3, false, false, false, false, true, false, false, true>(p, nullptr, nullptr);
-}
-
 // Combines the splits of one (sequence, head): out = sum_s w_s O_s / sum_s w_s,
 // CW of the D columns per CTA (blockIdx.z = column chunk). 256 threads: R
 // rows of CW/4 threads; row rho takes splits rho, rho+R, ... (float4 loads,
@@ -1415,14 +1392,6 @@ int f4_mode() {
 // unknown size). (Run S_3 also measured 3 stages per
 // warp, 0.96-1.02x, and 5 CTAs per SM, which spills at 96 registers:
 // 0.75-0.90x; both removed.)
-// FP8KV_DECODE_RF (decode v15): "1" fp8 e4m3 d128 runs the RF kernel
-// (decode_kernel_rf) where it would run FAST (not F4 or TM; not with FUSE);
-// unset or anything else: kDefaultRf.
-constexpr bool kDefaultRf = false;
-bool rf_env() {
-  static const bool on = env_choice("FP8KV_DECODE_RF", kDefaultRf, {{"1", 1}, {"0", 0}}, kDefaultRf) != 0;
-  return on;
-}
 constexpr int kTmOff = 0, kTmOn = 1, kTmAuto = 2;
 constexpr int kDefaultTm = kTmOff;
 int tm_mode() {
@@ -1671,12 +1640,6 @@ bool launch_decode_t(const DecodeParams& p, dim3 grid, cudaStream_t stream, bool
               // TM auto: TM in F4 auto's band (same plan: 4 CTAs per SM).
               if (m == kF4Auto && tm == kTmAuto && !p.fuse && launch_decode_tm(p, grid, stream)) return false;
               return launch_decode_tv<D, DT, false, true, false, false, true>(p, grid, stream);
-            }
-            if (rf_env() && !p.fuse) {
-              constexpr int smem = DecodeCfg<D, DT>::SMEM;
-              set_func_attribute_once(decode_kernel_rf, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-              launch_decode_kernel(decode_kernel_rf, grid, smem, stream, p);
-              return false;
             }
           }
           return launch_decode_tv<D, DT, false, false, false, false, true>(p, grid, stream);
