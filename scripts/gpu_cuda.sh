@@ -23,20 +23,8 @@ source scripts/gpu_env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/env.txt"
 nvcc --version | tail -1 | tee -a "$OUT/env.txt"
 phase build
-BUILD=build-gpu
-ok=1
-PREBUILT=${PREBUILT:-}
 BASE_BENCH=${BASE_BENCH:-}
-# Shared libraries the prebuilt binaries need that the image may lack (fmt 9, ...).
-[ -n "$PREBUILT" ] && [ -d "$PREBUILT/lib" ] && export LD_LIBRARY_PATH="$PREBUILT/lib:${LD_LIBRARY_PATH:-}"
-if [ -n "$PREBUILT" ] && "$PREBUILT/test_cuda" --gtest_list_tests >/dev/null 2>&1 &&
-   ! ldd "$PREBUILT/bench_attention" | grep -q "not found"; then
-  echo "using prebuilt binaries in $PREBUILT"
-  TEST=$PREBUILT/test_cuda
-  BENCH=$PREBUILT/bench_attention
-else
-  source scripts/gpu_kernel_build.sh
-fi
+source scripts/gpu_kernel_build.sh  # (PREBUILT: see there)
 ls -la $TEST $BENCH || exit 1
 phase test
 timeout 100 $TEST --gtest_output=json:"$OUT/test_cuda.json" 2>&1 | tee "$OUT/test_cuda.log" | grep -vE "^\[ (RUN|       OK) " | tail -40

@@ -1,17 +1,21 @@
 # Sourced (not run) by scripts/gpu_cuda.sh, gpu_decode.sh and gpu_prefill.sh on
-# the GPU machine, after scripts/gpu_env.sh: builds test_cuda and
+# the GPU machine, after scripts/gpu_env.sh: uses PREBUILT's binaries (below)
+# or builds test_cuda and
 # bench_attention in $BUILD (default build-gpu) with CMake. When another module
 # does not build right now, it compiles only what the CUDA tests need
 # (kernels, the CPU reference, numerics) with nvcc directly. Sets TEST and
 # BENCH; logs to $OUT/build.log; exits the caller when neither build worked.
 BUILD=${BUILD:-build-gpu}
-# FP8KV_PREBUILT=DIR: test_cuda and bench_attention built on the development
-# machine (same nvcc; the carried .debs give their shared libraries), carried
-# in DIR: nothing is built here.
-if [ -n "${FP8KV_PREBUILT:-}" ] && [ -x "$FP8KV_PREBUILT/test_cuda" ] && [ -x "$FP8KV_PREBUILT/bench_attention" ]; then
-  TEST=$FP8KV_PREBUILT/test_cuda
-  BENCH=$FP8KV_PREBUILT/bench_attention
-  echo "prebuilt binaries from $FP8KV_PREBUILT" >"$OUT/build.log"
+# PREBUILT=DIR: test_cuda and bench_attention built elsewhere (this
+# project's development machine has the same nvcc), used when they run here
+# (nothing is then built); DIR/lib may hold shared libraries the image lacks.
+PREBUILT=${PREBUILT:-}
+[ -n "$PREBUILT" ] && [ -d "$PREBUILT/lib" ] && export LD_LIBRARY_PATH="$PREBUILT/lib:${LD_LIBRARY_PATH:-}"
+if [ -n "$PREBUILT" ] && "$PREBUILT/test_cuda" --gtest_list_tests >/dev/null 2>&1 &&
+   ! ldd "$PREBUILT/bench_attention" | grep -q "not found"; then
+  echo "using prebuilt binaries in $PREBUILT" | tee "$OUT/build.log"
+  TEST=$PREBUILT/test_cuda
+  BENCH=$PREBUILT/bench_attention
   ls -la $TEST $BENCH
   return 0
 fi

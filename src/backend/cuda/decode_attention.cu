@@ -349,7 +349,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
   // length: they are loaded with it (one round trip where there were three:
   // the length, then the two batches of ids, each waited for before the
   // next was asked), clamped to the table's row (ids past the context are
-  // never used: f_off gives 0 there).
+  // never used: f_fetch's offsets are 0 there).
   int spec_blk[2] = {0, 0};
   const bool spec = FAST && !HPW && p.window <= 0 && p.max_blocks_per_seq > 0;
   if (spec) {
@@ -492,18 +492,18 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
 
   // FAST (version 9): per-thread byte offsets inside a tile (32-bit: 16 rows
   // of row_bytes), hoisted out of the loop; the byte offset of each tile of
-  // this warp (64-bit), 32 tiles at a time, one per lane, the next 32's block
-  // ids fetched when a batch starts (the table load then has 32 tiles to land).
+  // this warp (64-bit), 32 tiles at a time, one per lane, the next 32 fetched
+  // when a batch starts (the table load then has 32 tiles to land).
   static_assert(!FAST || !kPrefetch2, "FAST: at most one tile ahead in registers");
   uint32_t fk_off[2] = {0u, 0u}, fv_off[4] = {0u, 0u, 0u, 0u};
-  // f_cur: the offsets of this warp's current 32 tiles, one per lane;
-  // f_nxt_blk: the block ids of the next 32, loaded a batch ahead and turned
-  // into offsets only when that batch starts (decode v15: an offset computed
-  // at once waited a round trip for its id in the middle of the stream).
-  long long f_cur = 0;
-  int f_nxt_blk = 0;
-  // The block id of tile kk (0 past this warp's tiles), then its offset: in
-  // two steps, so that a load is never waited for where it is issued.
+  // (Decode v15 measured keeping the next batch as block ids, made offsets
+  // when it starts, so that no table load is waited for in mid-stream: 0.92-0.97x
+  // at every FAST row, B=8/16K to B=1/16K, even where no batch starts
+  // mid-stream; runs T_3 and T_4. The offsets stay computed at once.)
+  long long f_cur = 0, f_nxt = 0;
+  // f_fetch in two halves, so that the prologue's two batches of table
+  // loads are in flight together: the block id of tile kk (0 past this
+  // warp's tiles), then its offset.
   auto f_blk = [&](int kk) -> int {
     return kk < nmine ? bt[(s_begin + (T0 + kk * TS) * kTile) / p.block_size] : 0;
   };
@@ -513,11 +513,12 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
     if constexpr (TM) return blk * p.block_size + j % p.block_size;  // TM: the tile's first row
     return (blk * p.block_size + j % p.block_size) * row_bytes + head_off;
   };
+  auto f_fetch = [&](int kk) -> long long { return f_off(f_blk(kk), kk); };
   // (f_load_k returns the tile's offset for f_load_v.)
   auto f_load_k = [&](int k, uint32_t (&kw_)[2][KW]) -> long long {  // k: this warp's tile, +1 per call
     if ((k & 31) == 0 && k > 0) {
-      f_cur = f_off(f_nxt_blk, k + lane);
-      f_nxt_blk = f_blk(k + 32 + lane);
+      f_cur = f_nxt;
+      f_nxt = f_fetch(k + 32 + lane);
     }
     const long long off = __shfl_sync(0xffffffffu, f_cur, k & 31);
     const uint8_t* kb = p.k_cache + off;
@@ -542,8 +543,8 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
   auto tm_issue = [&](int k, int st) {
     if (k >= nmine) return;  // warp-uniform
     if ((k & 31) == 0 && k > 0) {
-      f_cur = f_off(f_nxt_blk, k + lane);
-      f_nxt_blk = f_blk(k + 32 + lane);
+      f_cur = f_nxt;
+      f_nxt = f_fetch(k + 32 + lane);
     }
     const int row = static_cast<int>(__shfl_sync(0xffffffffu, f_cur, k & 31));
     if (lane == 0) {
@@ -571,7 +572,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p, const CUtenso
       spec_blk[1] = f_blk(32 + lane);
     }
     f_cur = f_off(spec_blk[0], lane);
-    f_nxt_blk = spec_blk[1];
+    f_nxt = f_off(spec_blk[1], 32 + lane);
     asm volatile("griddepcontrol.wait;" ::: "memory");
     if constexpr (TM) {
 #pragma unroll
