@@ -1194,11 +1194,6 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Dec
   constexpr int PRE = 4;
   const int head = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, c0 = blockIdx.z * CW;
   const int ctx = p.context_lens[b];
-  // The V scale too (decode v15; read after the last barrier, it cost a round
-  // trip at the end): no kernel between the step's start and this one writes
-  // it, and the decode kernel this one follows started after every kernel
-  // before it had finished (its own wait precedes its trigger).
-  const float vs = p.v_scale == nullptr ? 1.0f : p.v_scale[p.v_scale_count == 1 ? 0 : head / p.group];
   asm volatile("griddepcontrol.wait;" ::: "memory");  // the decode kernel's results are visible
   // The next kernel (e.g. the engine's o_proj GEMV, PDL-launched: it
   // prefetches its weights before its own wait) may start now (version 10).
@@ -1251,6 +1246,8 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Dec
   *reinterpret_cast<float4*>(&red[rho][col * 4]) = O;
   if (col == 0) wsum[rho] = W;
   __syncthreads();
+  const int kvh = head / p.group;
+  const float vs = p.v_scale == nullptr ? 1.0f : p.v_scale[p.v_scale_count == 1 ? 0 : kvh];
   for (int d = tid; d < CW; d += kReduceThreads) {
     float Wt = 0.0f, Ot = 0.0f;
 #pragma unroll
