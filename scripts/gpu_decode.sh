@@ -12,7 +12,8 @@
 # (bench_attention `shape`, one process per row; bf16 and fp8 e4m3 at
 # D = 128, Llama-3-8B 32/8 heads, and D = 256, Gemma-3-12B 16/8 heads); the
 # SASS spill check, SASS dumps and opcode histograms; a table against the
-# targets.
+# targets. SRCJOBS: source-level profiles (below). PREBUILT=DIR: carried
+# binaries instead of a build (scripts/gpu_kernel_build.sh).
 #   run(command="bash scripts/gpu_decode.sh", carry=[".debs"])
 # ALT: space-separated NAME:VAR=VALUE (a bare NAME:VALUE means
 # FP8KV_DECODE_V9=VALUE, the eighth session's form). Default: the fused merge.
@@ -198,6 +199,27 @@ if [ "${NCU:-1}" != 0 ] && [ -n "$NCU_BIN" ]; then
       $BENCH $args >"$OUT/ncu_$tag.txt" 2>&1 || echo "ncu $tag: rc $?"
     grep -E "^  [a-z_:0-9<>, ]*(decode_|read_kernel)|^\s*(Duration|DRAM Throughput|Warp Cycles Per Issued Instruction|Issue Slots Busy|Registers Per Thread) " \
       "$OUT/ncu_$tag.txt" | head -12 | sed -E "s/ +/ /g; s/\(unnamed>::DecodeParams\)//; s/, Context.*//; s/^/  $tag:/" | cut -c1-160
+  done
+fi
+
+# SRCJOBS (decode v15): source-level profiles, entries as NCUJOBS's
+# ("SHAPE:NAME:VAR=VALUE", ';' between entries, '+' for the spaces in
+# SHAPE): the decode kernel of one call (after 3 warm-up calls), its warp
+# stall samples per SASS instruction (--section SourceCounters), exported as
+# CSV (gzipped) and summarised by tools/ncu_srcsum.py into src_NAME.txt.
+if [ -n "${SRCJOBS:-}" ] && [ -n "$NCU_BIN" ]; then
+  IFS=';' read -ra sjobs <<<"${SRCJOBS//+/ }"
+  for job in "${sjobs[@]}"; do
+    shape=${job%%:*}; rest=${job#*:}; name=${rest%%:*}; ev=${rest#*:}
+    [ $(el) -lt 160 ] || { echo "skip src $shape $name (time)"; continue; }
+    phase "src $name ($shape, $ev)"
+    env FP8KV_BENCH_WARMUP_MS=0 ${ev//,/ } timeout 40 "$NCU_BIN" --clock-control none -k regex:decode_kernel \
+      --launch-skip 3 --launch-count 1 --section SourceCounters --section WarpStateStats --import-source no \
+      -f -o "$OUT/prof_$name" $BENCH shape $shape >"$OUT/ncu_src_$name.log" 2>&1 || echo "ncu src $name: rc $?"
+    timeout 40 "$NCU_BIN" -i "$OUT/prof_$name.ncu-rep" --page source --csv --print-source sass >"$OUT/src_$name.csv" 2>/dev/null
+    python3 tools/ncu_srcsum.py "$OUT/src_$name.csv" >"$OUT/src_$name.txt" 2>&1
+    head -3 "$OUT/src_$name.txt"
+    gzip -f "$OUT/src_$name.csv"; rm -f "$OUT/prof_$name.ncu-rep"
   done
 fi
 

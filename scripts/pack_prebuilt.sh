@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Here (the development machine, same nvcc as the GPU machine): builds the
+# GPU test and bench binaries and packs them for a device call into .wt/
+# (ignored: add `/.wt/` to .git/info/exclude), with the two .debs whose
+# libraries they need at run time (fetched by scripts/fetch_debs.sh).
+#   bash scripts/pack_prebuilt.sh [TARGET ...]   (default: test_cuda bench_attention test_cuda_ops)
+# Then: run(command="bash scripts/gpu_run.sh scripts/gpu_decode.sh", carry=[".wt"]).
+# Keep the carried tree under the device's 64 MiB: the tracked files are
+# ~55 MB (2026-12-04), the packed binaries 7-8 MB; .debs is not carried.
+# A previous build's bench for scripts/gpu_ab.sh: PREV=path/to/bench_attention
+# packs it as .wt/prev_bench_attention.xz.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TARGETS=("$@"); [ ${#TARGETS[@]} -gt 0 ] || TARGETS=(test_cuda bench_attention test_cuda_ops)
+[ -f build/CMakeCache.txt ] || cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build --target "${TARGETS[@]}" -j "$(nproc)" >/dev/null
+mkdir -p .wt/debs
+stage=$(mktemp -d)
+for t in "${TARGETS[@]}"; do cp "$(find build -type f -name "$t" -perm -u+x | head -1)" "$stage/"; done
+tar cJf .wt/bin.tar.xz -C "$stage" .
+rm -rf "$stage"
+[ -d .debs ] || ./scripts/fetch_debs.sh
+cp .debs/libfmt9_*.deb .debs/libspdlog1.10_*.deb .wt/debs/
+[ -n "${PREV:-}" ] && xz -c "$PREV" >.wt/prev_bench_attention.xz
+git rev-parse --short HEAD >.wt/COMMIT
+du -sh .wt
