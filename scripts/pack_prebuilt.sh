@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Here (the development machine, same nvcc as the GPU machine): builds the
 # GPU test and bench binaries and packs them for a device call into .wt/
-# (ignored: add `/.wt/` to .git/info/exclude), with the two .debs whose
+# (ignored by .gitignore), with the two .debs whose
 # libraries they need at run time (fetched by scripts/fetch_debs.sh).
 #   bash scripts/pack_prebuilt.sh [TARGET ...]   (default: test_cuda bench_attention test_cuda_ops)
 # Then: run(command="bash scripts/gpu_run.sh scripts/gpu_decode.sh", carry=[".wt"]).
