@@ -4,7 +4,9 @@
 # compared with the previous build on one machine, never across runs).
 #   OLD=path NEW=path [ROWS="fp8_e4m3 128 8 16384;..."] [REPS=5] [GATE=200] bash scripts/gpu_ab.sh
 # OLD / NEW: bench_attention binaries (a .xz is unpacked first), e.g. built
-# on the development machine and carried in an ignored folder. Each row runs
+# on the development machine and carried in an ignored folder; OLD_ENV /
+# NEW_ENV: VAR=VALUE words set for that side only (the same binary twice
+# with a switch flipped: OLD=NEW OLD_ENV="FP8KV_DECODE_X=0"). Each row runs
 # REPS pairs of fresh processes, the order flipped every pair; stops starting
 # pairs after GATE seconds. Writes $OUT/ab_old.jsonl, ab_new.jsonl, ab.txt.
 set -uo pipefail
@@ -30,8 +32,8 @@ for rep in $(seq 1 "${REPS:-5}"); do
     [ $(( $(date +%s) - T0 )) -lt "${GATE:-200}" ] || { echo "stop at pair $rep (time)"; break 2; }
     if (( rep % 2 )); then order="old new"; else order="new old"; fi
     for v in $order; do
-      bin=BIN_$v
-      timeout 10 "${!bin}" shape $row >>"$OUT/ab_$v.jsonl" 2>>"$OUT/ab.err" || echo "row $v $row: rc $?"
+      bin=BIN_$v; envv=${v^^}_ENV
+      env ${!envv:-} timeout 10 "${!bin}" shape $row >>"$OUT/ab_$v.jsonl" 2>>"$OUT/ab.err" || echo "row $v $row: rc $?"
     done
   done
 done
