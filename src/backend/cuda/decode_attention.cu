@@ -1260,87 +1260,6 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Dec
   }
 }
 
-// The split reduction with one warp per (sequence, head) (decode v15, the
-// default when a launch's max_splits <= kWarpReduceMax<D>): the warp's lanes
-// take D/4 float4 columns; each lane loads every split's log-sum-exp and
-// its columns' partials at once (one round trip), then adds split by split
-// in increasing order. decode_reduce_kernel<D> gives row rho the splits rho,
-// rho + R, ... (R = kReduceThreads / (D / 4)) and adds the R row sums in
-// order from zero: with at most R splits each row holds at most one, so its
-// sums are this kernel's, operation for operation (the product rounded,
-// then added: __fmul_rn / __fadd_rn, so no FMA contracts them), and the
-// rows without a split add +0 (a no-op: the sums are never -0). So the
-// output is bitwise decode_reduce_kernel's (and the fused merge's). No
-// shared memory, no barrier; 8 heads per CTA, so B=32 x 32 heads is 128 CTAs
-// where the CTA kernel ran 1,024 of 256 threads (5 per SM by registers: two
-// waves).
-template <int D>
-constexpr int kWarpReduceMax = std::min(8, kReduceThreads / (D / 4));
-template <int D>
-__global__ void __launch_bounds__(kReduceThreads) decode_reduce_warp_kernel(const DecodeParams p, int batch) {
-  constexpr int SMAX = kWarpReduceMax<D>, Q = D / 4, CPL = (Q + 31) / 32;
-  const int lane = threadIdx.x & 31;
-  const int gw = blockIdx.x * (kReduceThreads / 32) + (threadIdx.x >> 5);
-  const int b = gw / p.num_heads, head = gw % p.num_heads;
-  const bool live = b < batch;
-  const int ctx = live ? p.context_lens[b] : 0;
-  asm volatile("griddepcontrol.wait;" ::: "memory");  // the decode kernel's results are visible
-  if (p.pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  if (!live) return;
-  int first, tstart, nsplits;
-  seq_range(p, ctx, first, tstart, nsplits);
-  if (nsplits <= 1) return;
-  const int64_t base = (static_cast<int64_t>(b) * p.num_heads + head) * p.max_splits;
-  float lse[SMAX];
-  float4 v[SMAX][CPL];
-#pragma unroll
-  for (int s = 0; s < SMAX; ++s) {
-    lse[s] = -INFINITY;
-#pragma unroll
-    for (int c = 0; c < CPL; ++c) v[s][c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (s < nsplits) {
-      lse[s] = p.part_lse[base + s];
-#pragma unroll
-      for (int c = 0; c < CPL; ++c)
-        if (lane + 32 * c < Q) v[s][c] = reinterpret_cast<const float4*>(p.part_o + (base + s) * D)[lane + 32 * c];
-    }
-  }
-  float M = -INFINITY;
-#pragma unroll
-  for (int s = 0; s < SMAX; ++s) M = fmaxf(M, lse[s]);
-  const float Mref = M == -INFINITY ? 0.0f : M;
-  float W = 0.0f;
-  float4 O[CPL];
-#pragma unroll
-  for (int c = 0; c < CPL; ++c) O[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-  for (int s = 0; s < SMAX; ++s) {
-    if (s < nsplits) {
-      const float w = exp2f(lse[s] - Mref);
-      W = __fadd_rn(W, w);
-#pragma unroll
-      for (int c = 0; c < CPL; ++c) {
-        O[c].x = __fadd_rn(O[c].x, __fmul_rn(w, v[s][c].x));
-        O[c].y = __fadd_rn(O[c].y, __fmul_rn(w, v[s][c].y));
-        O[c].z = __fadd_rn(O[c].z, __fmul_rn(w, v[s][c].z));
-        O[c].w = __fadd_rn(O[c].w, __fmul_rn(w, v[s][c].w));
-      }
-    }
-  }
-  const int kvh = head / p.group;
-  const float vs = p.v_scale == nullptr ? 1.0f : p.v_scale[p.v_scale_count == 1 ? 0 : kvh];
-#pragma unroll
-  for (int c = 0; c < CPL; ++c) {
-    const int col = lane + 32 * c;
-    if (col >= Q) continue;
-    const int64_t off = (static_cast<int64_t>(b) * p.num_heads + head) * D + 4 * col;
-    store_act(p.out, off + 0, W > 0.0f ? O[c].x / W * vs : 0.0f, p.out_bf16);
-    store_act(p.out, off + 1, W > 0.0f ? O[c].y / W * vs : 0.0f, p.out_bf16);
-    store_act(p.out, off + 2, W > 0.0f ? O[c].z / W * vs : 0.0f, p.out_bf16);
-    store_act(p.out, off + 3, W > 0.0f ? O[c].w / W * vs : 0.0f, p.out_bf16);
-  }
-}
-
 // One FP8KV_DECODE_* switch (the callers below keep its value in a
 // function-local static: read once per process): `unset` when the variable
 // is unset or empty, else the value of the first of `choices` whose text it
@@ -1408,17 +1327,12 @@ bool d256_reg_env() {
   static const bool on = env_choice("FP8KV_DECODE_D256REG", kDefaultD256Reg, {{"0", 0}}, 1) != 0;
   return on;
 }
-// FP8KV_DECODE_REDUCE: "wide" the split reduction with 32 columns per CTA
-// (decode_reduce_kernel<D, 32>; version 8 variant, other sums), "cta"
-// decode_reduce_kernel<D> always; unset or anything else: kDefaultReduce,
-// the warp kernel where a launch's max_splits allows it, else the CTA one
-// (both give the same bits).
-constexpr int kReduceAuto = 0, kReduceWide = 1, kReduceCta = 2;
-constexpr int kDefaultReduce = kReduceAuto;
-int reduce_mode() {
-  static const int v = env_choice("FP8KV_DECODE_REDUCE", kDefaultReduce, {{"wide", kReduceWide}, {"cta", kReduceCta}},
-                                  kDefaultReduce);
-  return v;
+// FP8KV_DECODE_REDUCE=wide: the split reduction with 32 columns per CTA
+// (decode_reduce_kernel<D, 32>; version 8 variant, off by default).
+constexpr bool kDefaultReduceWide = false;
+bool reduce_wide_env() {
+  static const bool on = env_choice("FP8KV_DECODE_REDUCE", kDefaultReduceWide, {{"wide", 1}}, 0) != 0;
+  return on;
 }
 // FP8KV_DECODE_V9 (version 9 variants; see decode_kernel):
 // "1" the FAST kernels where instantiated (kHasFast), "0" (or anything else)
@@ -1830,15 +1744,7 @@ void launch_decode(const DecodeParams& p, KvDtype dt, dim3 grid, int batch, cuda
     // Programmatic dependent launch: the reduce grid is set up while the
     // decode grid drains; griddepcontrol.wait in it orders the reads.
     constexpr int kWideCols = 32;
-    const int mode = reduce_mode();
-    if (mode == kReduceAuto && p.max_splits <= kWarpReduceMax<D>) {
-      const int64_t warps = static_cast<int64_t>(batch) * p.num_heads, per_cta = kReduceThreads / 32;
-      FP8KV_CUDA_CHECK(launch_maybe_pdl(true, decode_reduce_warp_kernel<D>,
-                                        dim3(static_cast<unsigned>((warps + per_cta - 1) / per_cta)),
-                                        dim3(kReduceThreads), 0, stream, p, batch));
-      return;
-    }
-    const bool wide = mode == kReduceWide;
+    const bool wide = reduce_wide_env();
     FP8KV_CUDA_CHECK(launch_maybe_pdl(true, wide ? decode_reduce_kernel<D, kWideCols> : decode_reduce_kernel<D>,
                                       dim3(p.num_heads, batch, wide ? D / kWideCols : 1), dim3(kReduceThreads), 0,
                                       stream, p));
