@@ -6,7 +6,7 @@
 #   bash scripts/pack_prebuilt.sh [TARGET ...]   (default: test_cuda bench_attention test_cuda_ops)
 # Then: run(command="bash scripts/gpu_run.sh scripts/gpu_decode.sh", carry=[".wt"]).
 # Keep the carried tree under the device's 64 MiB: the tracked files are
-# ~55 MB (2026-12-04), the packed binaries 7-8 MB; .debs is not carried.
+# ~55 MB (2026-12-04), the packed binaries ~3.5 MB; .debs is not carried.
 # A previous build's bench for scripts/gpu_ab.sh: PREV=path/to/bench_attention
 # packs it as .wt/prev_bench_attention.xz.
 set -euo pipefail
