@@ -5,7 +5,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 files=("$@")
-[ ${#files[@]} -eq 0 ] && files=(src/backend/cuda/*.cu)
+[ ${#files[@]} -eq 0 ] && files=(src/backend/cuda/*.cu src/backend/cuda/*/*.cu)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 bad=0

@@ -47,7 +47,7 @@ MODEL=tests/data/configs/llama-3.1-8b
 # name, estimated seconds (load + run), then the bench arguments.
 # name | estimated seconds (load + run) | environment (or -) | bench arguments.
 L1K="latency --batch-size 1 --input-len 1024 --output-len 64 --num-iters-warmup 1 --num-iters 2"
-# Per-projection GEMV routes at T = 1 (backend/cuda/linear_routes.h), compared
+# Per-projection GEMV routes at T = 1 (backend/cuda/linear/routes.h), compared
 # in the lat_b1_1k_fp8 process after its main run (one model load, ~1 s per
 # set): all cuBLASLt, the fifth session's default (auto = one-warp SIMT
 # everywhere), the default (linear_routes.cpp kDefaultLinearRoutes: split-K

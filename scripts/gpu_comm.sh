@@ -35,8 +35,8 @@ else
   CU=/usr/local/cuda
   CXXF="-std=c++20 -O2 -Wall -Wextra -DFP8KV_HAVE_NCCL=1 -Isrc -I$NCCL_INC -I$CU/include -I$P/usr/include"
   (
-    nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Isrc -I$P/usr/include -c src/backend/cuda/comm_oneshot.cu -o $B/comm_oneshot.o &
-    g++ $CXXF -c src/backend/cuda/comm_nccl.cpp -o $B/comm_nccl.o &
+    nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Isrc -I$P/usr/include -c src/backend/cuda/comm/oneshot.cu -o $B/comm_oneshot.o &
+    g++ $CXXF -c src/backend/cuda/comm/nccl.cpp -o $B/comm_nccl.o &
     g++ $CXXF -c src/backend/cuda/comm_tcp.cpp -o $B/comm_tcp.o &
     g++ $CXXF -Itests/cuda -c tests/cuda/test_comm.cpp -o $B/test_comm.o &
     g++ $CXXF -c bench/cuda/bench_allreduce.cpp -o $B/bench_allreduce.o &

@@ -29,9 +29,9 @@ if [ $ok = 0 ]; then
   P=${FP8KV_PREFIX:-/tmp/fp8kv-prefix}
   F="-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Isrc -I$P/usr/include -Xcompiler=-fopenmp"
   mkdir -p $BUILD/direct
-  nvcc $F src/backend/cuda/*.cu src/backend/cpu/kv_ops.cpp src/numerics/fp8.cpp tests/cuda/*.cpp \
+  nvcc $F src/backend/cuda/*.cu src/backend/cuda/*/*.cu src/backend/cpu/kv_ops.cpp src/numerics/fp8.cpp tests/cuda/*.cpp \
     -L$P/usr/lib/x86_64-linux-gnu -lgtest -lgtest_main -lgomp -o $BUILD/direct/test_cuda >>"$OUT/build.log" 2>&1 &
-  nvcc $F src/backend/cuda/*.cu src/numerics/fp8.cpp bench/cuda/bench_attention.cu \
+  nvcc $F src/backend/cuda/*.cu src/backend/cuda/*/*.cu src/numerics/fp8.cpp bench/cuda/bench_attention.cu \
     -o $BUILD/direct/bench_attention >>"$OUT/build.log" 2>&1 &
   wait
   TEST=$BUILD/direct/test_cuda

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/comm_nccl.h"
+#include "backend/cuda/comm/nccl.h"
 
 using namespace fp8kv;
 

@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "backend/cuda/common.cuh"  // ld_stream16 (the decode kernels' K/V load), mbarriers, tensor maps
-#include "backend/cuda/kernels.h"
+#include "backend/cuda/attention/attention.h"
 
 using namespace fp8kv;
 using namespace fp8kv::cuda;

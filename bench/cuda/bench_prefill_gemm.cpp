@@ -22,7 +22,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/membw.h"
-#include "backend/cuda/ops.h"
+#include "backend/cuda/ops/ops.h"
 #include "event_median.h"
 
 using namespace fp8kv;

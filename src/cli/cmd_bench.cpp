@@ -24,7 +24,7 @@
 #include "io/errors.h"
 #include "numerics/version.h"
 #ifdef FP8KV_HAVE_CUDA
-#include "backend/cuda/linear_routes.h"
+#include "backend/cuda/linear/routes.h"
 #include "backend/cuda/membw.h"
 #endif
 
@@ -36,7 +36,7 @@ struct BenchArgs {
   bench::BenchSettings s;
   bool json = false;
   // --gemv-routes "SPEC;SPEC": after the main run, the same benchmark again
-  // per set of per-projection GEMV routes (backend/cuda/linear_routes.h), in
+  // per set of per-projection GEMV routes (backend/cuda/linear/routes.h), in
   // this process (one model load for an A/B of the decode GEMV kernels).
   std::string gemv_routes;
   EngineFlags engine;

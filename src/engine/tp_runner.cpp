@@ -14,7 +14,7 @@
 #if defined(FP8KV_HAVE_CUDA_BACKEND)
 #include <cuda_runtime.h>
 
-#include "backend/cuda/comm_nccl.h"
+#include "backend/cuda/comm/nccl.h"
 #endif
 
 namespace fp8kv {

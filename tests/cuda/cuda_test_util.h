@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "backend/cpu/kv_ops.h"
-#include "backend/cuda/kernels.h"
+#include "backend/cuda/attention/attention.h"
 
 namespace fp8kv::cudatest {
 

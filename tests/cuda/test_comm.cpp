@@ -34,7 +34,7 @@
 #include <thread>
 #include <vector>
 
-#include "backend/cuda/comm_nccl.h"
+#include "backend/cuda/comm/nccl.h"
 #include "backend/cuda/comm_tcp.h"
 #include "cuda_test_util.h"
 #include "numerics/fp8.h"

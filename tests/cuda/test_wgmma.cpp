@@ -10,7 +10,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "backend/cuda/prefill_wgmma.h"
+#include "backend/cuda/attention/prefill_wgmma.h"
 #include "cuda_test_util.h"
 #include "numerics/fp8.h"
 

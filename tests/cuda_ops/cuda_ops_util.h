@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "backend/cuda/ops.h"
+#include "backend/cuda/ops/ops.h"
 #include "model/config.h"
 #include "numerics/fp8.h"
 

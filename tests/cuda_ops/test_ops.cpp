@@ -1,4 +1,4 @@
-// Each CUDA forward op (backend/cuda/ops.h) against its CPU reference
+// Each CUDA forward op (backend/cuda/ops/ops.h) against its CPU reference
 // (backend/cpu/ops.h, model/rope.h) on random inputs. Tolerances are derived
 // per element (comments); the CPU gets the same bf16-rounded inputs, so only
 // accumulation order, library math (exp/tanh/erf: <= 2 ulp) and the final
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
-#include "backend/cuda/kernels.h"
+#include "backend/cuda/attention/attention.h"
 #include "cuda_ops_util.h"
 #include "io/errors.h"
 #include "model/rope.h"

@@ -28,7 +28,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/check.h"
-#include "backend/cuda/dummy_fill.h"
+#include "backend/cuda/ops/dummy_fill.h"
 #include "cuda_ops_util.h"
 #include "engine/dummy_weights.h"
 #include "engine/engine.h"

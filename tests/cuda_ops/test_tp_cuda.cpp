@@ -1,5 +1,5 @@
 // Tensor parallelism on CUDA (one process, one thread and one context per
-// GPU, NCCL communicators from backend/cuda/comm_nccl.h): TP = 2 vs TP = 1 on
+// GPU, NCCL communicators from backend/cuda/comm/nccl.h): TP = 2 vs TP = 1 on
 // the same random head_dim-64 Qwen3 model as test_cuda_engine.cpp. Skips
 // with fewer than 2 GPUs (CI, the 1-GPU machine).
 // Tolerance: issue 12's engine line (mean |delta logprob| <= 0.02 with a bf16

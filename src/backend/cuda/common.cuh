@@ -16,7 +16,7 @@
 #include <tuple>
 #include <vector>
 
-#include "backend/cuda/kernels.h"
+#include "backend/cuda/attention/attention.h"
 
 #define FP8KV_CUDA_CHECK(call)                                                                       \
   do {                                                                                               \

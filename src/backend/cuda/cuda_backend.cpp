@@ -14,8 +14,8 @@
 #include <spdlog/spdlog.h>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/dummy_fill.h"
-#include "backend/cuda/kernels.h"
+#include "backend/cuda/ops/dummy_fill.h"
+#include "backend/cuda/attention/attention.h"
 #include "backend/cuda/prefill_profile.h"
 #include "backend/startup_profile.h"
 #include "io/errors.h"

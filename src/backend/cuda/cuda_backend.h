@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "backend/cuda/kernels.h"
-#include "backend/cuda/ops.h"
+#include "backend/cuda/attention/attention.h"
+#include "backend/cuda/ops/ops.h"
 #include "backend/cuda/prefill_profile.h"
 #include "model/rope.h"
 

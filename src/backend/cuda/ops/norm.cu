@@ -9,11 +9,11 @@
 #include <string>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/kv_quant.cuh"
-#include "backend/cuda/ops.h"
-#include "backend/cuda/ops_launch.cuh"
-#include "backend/cuda/ops_norm.cuh"
-#include "backend/cuda/ops_qkv.cuh"
+#include "backend/cuda/attention/kv_quant.cuh"
+#include "backend/cuda/ops/ops.h"
+#include "backend/cuda/ops/launch.cuh"
+#include "backend/cuda/ops/norm.cuh"
+#include "backend/cuda/ops/qkv.cuh"
 
 namespace fp8kv::cuda {
 

@@ -1,5 +1,5 @@
 // Per-projection GEMV routes (linear_routes.h).
-#include "backend/cuda/linear_routes.h"
+#include "backend/cuda/linear/routes.h"
 
 #include <fmt/format.h>
 

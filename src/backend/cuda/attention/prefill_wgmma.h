@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "backend/cuda/kernels.h"
+#include "backend/cuda/attention/attention.h"
 
 namespace fp8kv::cuda {
 

@@ -18,9 +18,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "backend/cuda/prefill_common.cuh"
-#include "backend/cuda/prefill_wgmma.h"
-#include "backend/cuda/wgmma.cuh"
+#include "backend/cuda/attention/prefill_common.cuh"
+#include "backend/cuda/attention/prefill_wgmma.h"
+#include "backend/cuda/attention/wgmma.cuh"
 
 namespace fp8kv::cuda {
 namespace {

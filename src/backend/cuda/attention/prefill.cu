@@ -13,9 +13,9 @@
 #include <string>
 
 #include "backend/cuda/common.cuh"
-#include "backend/cuda/kernels.h"
-#include "backend/cuda/prefill_common.cuh"
-#include "backend/cuda/prefill_wgmma.h"
+#include "backend/cuda/attention/attention.h"
+#include "backend/cuda/attention/prefill_common.cuh"
+#include "backend/cuda/attention/prefill_wgmma.h"
 
 namespace fp8kv::cuda {
 namespace {

@@ -39,7 +39,7 @@
 #include <vector>
 
 #include "backend/cuda/common.cuh"
-#include "backend/cuda/kernels.h"
+#include "backend/cuda/attention/attention.h"
 #include "backend/cuda/pdl_launch.cuh"
 
 namespace fp8kv::cuda {

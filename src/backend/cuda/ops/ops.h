@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"  // Activation
-#include "backend/cuda/linear_routes.h"
+#include "backend/cuda/linear/routes.h"
 #include "numerics/fp8.h"  // KvDtype
 
 namespace fp8kv::cuda {

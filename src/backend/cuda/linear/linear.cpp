@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/ops.h"
+#include "backend/cuda/ops/ops.h"
 #include "numerics/fp8.h"
 
 namespace fp8kv::cuda {

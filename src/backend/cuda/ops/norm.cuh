@@ -9,7 +9,7 @@
 
 #include <cub/block/block_reduce.cuh>
 
-#include "backend/cuda/ops.h"
+#include "backend/cuda/ops/ops.h"
 
 namespace fp8kv::cuda {
 

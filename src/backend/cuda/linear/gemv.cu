@@ -12,9 +12,9 @@
 #include <string>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/ops.h"
-#include "backend/cuda/ops_act.cuh"
-#include "backend/cuda/ops_launch.cuh"
+#include "backend/cuda/ops/ops.h"
+#include "backend/cuda/ops/act.cuh"
+#include "backend/cuda/ops/launch.cuh"
 
 namespace fp8kv::cuda {
 

@@ -15,7 +15,7 @@
 #include <stdexcept>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/ops.h"
+#include "backend/cuda/ops/ops.h"
 
 namespace fp8kv::cuda {
 

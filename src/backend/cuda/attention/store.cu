@@ -6,8 +6,8 @@
 #include <string>
 
 #include "backend/cuda/common.cuh"
-#include "backend/cuda/kernels.h"
-#include "backend/cuda/kv_quant.cuh"
+#include "backend/cuda/attention/attention.h"
+#include "backend/cuda/attention/kv_quant.cuh"
 
 namespace fp8kv::cuda {
 namespace {

@@ -4,9 +4,9 @@
 // kernel: docs/cuda_backend.md "qkv prep fused into the GEMV".)
 #pragma once
 
-#include "backend/cuda/kv_quant.cuh"
-#include "backend/cuda/ops.h"
-#include "backend/cuda/ops_norm.cuh"
+#include "backend/cuda/attention/kv_quant.cuh"
+#include "backend/cuda/ops/ops.h"
+#include "backend/cuda/ops/norm.cuh"
 
 namespace fp8kv::cuda {
 

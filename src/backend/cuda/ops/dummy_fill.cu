@@ -3,7 +3,7 @@
 #include <stdexcept>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/dummy_fill.h"
+#include "backend/cuda/ops/dummy_fill.h"
 
 namespace fp8kv::cuda {
 

@@ -13,7 +13,7 @@
 #include <cstdlib>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/ops.h"
+#include "backend/cuda/ops/ops.h"
 #include "backend/cuda/pdl_launch.cuh"
 
 namespace fp8kv::cuda {

@@ -1,6 +1,6 @@
 // NCCL communicators with the one-shot peer-memory all-reduce for small
 // messages (comm_nccl.h, docs/comm.md, docs/design.md "Collectives").
-#include "backend/cuda/comm_nccl.h"
+#include "backend/cuda/comm/nccl.h"
 
 #include <cuda_runtime.h>
 #include <unistd.h>
@@ -12,7 +12,7 @@
 #include <string>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/comm_oneshot.h"
+#include "backend/cuda/comm/oneshot.h"
 #include "backend/cuda/comm_tcp.h"
 
 #ifdef FP8KV_HAVE_NCCL

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/comm_oneshot.h"
+#include "backend/cuda/comm/oneshot.h"
 
 namespace fp8kv::comm {
 namespace {

@@ -3,7 +3,7 @@
 // (ops_gemv.cu gemv_gated_act_bf16), so both give the same bits.
 #pragma once
 
-#include "backend/cuda/ops.h"
+#include "backend/cuda/ops/ops.h"
 
 namespace fp8kv::cuda {
 
