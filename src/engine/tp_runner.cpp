@@ -6,8 +6,9 @@
 
 #include <fmt/format.h>
 
-#include "backend/cpu/cpu_comm.h"
-#include "backend/cpu/cpu_comm_tcp.h"
+#include "backend/comm.h"
+#include "backend/common/comm_timeout.h"
+#include "backend/common/tcp_rendezvous.h"
 #include "engine/tp_shard.h"
 #include "io/errors.h"
 
@@ -157,7 +158,7 @@ TpRunner::TpRunner(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> w
     // user's: a wrong address, a missing peer), then the collectives.
     grank_ = mp.node_rank;
     const std::string name = resolve_backend_name(backend);
-    const auto timeout = comm::comm_timeout_from_env();
+    const auto timeout = comm_timeout();
     try {
       ctl_ = std::make_unique<comm::TcpRendezvous>(grank_, world, mp.master_addr, mp.master_port, timeout);
     } catch (const std::runtime_error& e) {

@@ -62,7 +62,7 @@ void check_multi_process(const TpMultiProcess& mp, int world);
 class TpRunner {
  public:
   // backend: "cpu" | "cuda" | "auto". world > 1 on the CPU simulates the
-  // ranks (backend/cpu/cpu_comm.h); on CUDA rank r uses device r
+  // ranks (backend/comm.h); on CUDA rank r uses device r
   // (bo.device + r) and NCCL. `weights` null: each rank calls rank_weights. Throws InputError when world does not fit the
   // model (engine/tp_shard.h check_tensor_parallel) or the machine.
   TpRunner(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> weights, std::string_view backend,

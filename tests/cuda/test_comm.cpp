@@ -34,8 +34,8 @@
 #include <thread>
 #include <vector>
 
+#include "backend/common/tcp_rendezvous.h"
 #include "backend/cuda/comm/nccl.h"
-#include "backend/cuda/comm_tcp.h"
 #include "cuda_test_util.h"
 #include "numerics/fp8.h"
 

@@ -2,7 +2,7 @@
 # Multi-process tensor parallelism on the CPU (docs/design.md, "Multi-process
 # tensor parallelism"): two `fp8kv` processes (--nnodes 2, --node-rank 0/1,
 # sockets on 127.0.0.1) give bitwise the scores of the single-process TP 2
-# (the same rank-order fp32 sums: backend/cpu/cpu_comm.h), hence TP 1 within
+# (the same rank-order fp32 sums: backend/comm.h), hence TP 1 within
 # tp.sh's bound; greedy `generate` prints the same text; rank 1 prints
 # nothing and exits 0. Bad rank/world combinations and an unreachable master
 # exit 2 naming the cause; a killed peer ends the other process (no hang).

@@ -1,5 +1,5 @@
 // Tensor parallelism on the CPU rank simulation (engine/tp_runner.h,
-// engine/tp_shard.h, backend/cpu/cpu_comm.h): TP = 2 and 4 equal TP = 1
+// engine/tp_shard.h, backend/comm.h): TP = 2 and 4 equal TP = 1
 // within fp32 reordering on every family, for bf16 and fp8 caches; greedy
 // generation gives the same tokens; the collectives are exact and
 // deterministic; a TP size that does not fit the model is refused by name.
@@ -11,11 +11,13 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
 
-#include "backend/cpu/cpu_comm.h"
+#include "backend/comm.h"
+#include "backend/common/comm_timeout.h"
 #include "engine/dummy_weights.h"
 #include "engine/engine.h"
 #include "engine/tp_runner.h"
@@ -29,6 +31,21 @@ namespace fp8kv {
 namespace {
 
 using testing::tiny_config_json;
+
+// ---- the comm timeout (the one reader of FP8KV_COMM_TIMEOUT_S) ----
+
+TEST(CommTimeout, ReadsTheVariableAndFallsBackOnBadValues) {
+  ::unsetenv("FP8KV_COMM_TIMEOUT_S");
+  EXPECT_EQ(comm_timeout_seconds(), kDefaultCommTimeoutSeconds);
+  ::setenv("FP8KV_COMM_TIMEOUT_S", "2.5", 1);
+  EXPECT_EQ(comm_timeout_seconds(), 2.5);
+  EXPECT_EQ(comm_timeout(), std::chrono::milliseconds(2500));
+  for (const char* bad : {"", "0", "-3", "abc", "5s", "1e7"}) {
+    ::setenv("FP8KV_COMM_TIMEOUT_S", bad, 1);
+    EXPECT_EQ(comm_timeout_seconds(), kDefaultCommTimeoutSeconds) << "'" << bad << "'";
+  }
+  ::unsetenv("FP8KV_COMM_TIMEOUT_S");
+}
 
 // ---- the CPU communicator ----
 

@@ -1,4 +1,5 @@
-#include "backend/cpu/cpu_comm.h"
+// The CPU collectives (backend/comm.h, "the CPU implementation").
+#include "backend/comm.h"
 
 #include <condition_variable>
 #include <cstdint>
@@ -7,7 +8,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "backend/cpu/cpu_comm_tcp.h"
+#include "backend/common/tcp_rendezvous.h"
 #include "numerics/fp8.h"
 
 namespace fp8kv {

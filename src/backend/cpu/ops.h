@@ -5,19 +5,10 @@
 #pragma once
 #include <cstdint>
 
-#include "backend/tensor.h"  // Activation
+#include "backend/common/host_matrix.h"  // MatrixRef, WeightType
+#include "backend/tensor.h"                // Activation
 
 namespace fp8kv {
-
-enum class WeightType : uint8_t { f32, bf16 };
-
-// Row-major matrix [rows][cols] of fp32 or bf16 (uint16) elements.
-struct MatrixRef {
-  const void* data = nullptr;
-  WeightType type = WeightType::f32;
-  int64_t rows = 0;
-  int64_t cols = 0;
-};
 
 // Sets the OpenMP thread count used by the ops (n <= 0: leave the default) and
 // keeps OpenBLAS single-threaded inside our own parallel loops.

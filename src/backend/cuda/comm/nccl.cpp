@@ -11,9 +11,10 @@
 #include <stdexcept>
 #include <string>
 
+#include "backend/common/comm_timeout.h"
+#include "backend/common/tcp_rendezvous.h"
 #include "backend/cuda/check.h"
 #include "backend/cuda/comm/oneshot.h"
-#include "backend/cuda/comm_tcp.h"
 
 #ifdef FP8KV_HAVE_NCCL
 #include <nccl.h>
@@ -266,7 +267,7 @@ std::unique_ptr<Communicator> make_nccl_communicator_tcp(int rank, int world, in
   const NcclCommOptions opt = resolve(options_in);
   // The rendezvous comes first (no CUDA needed): a bad address or a missing
   // peer fails within the timeout whatever the GPU state.
-  auto rdv_owned = std::make_unique<comm::TcpRendezvous>(rank, world, master_addr, master_port, comm::comm_timeout_from_env());
+  auto rdv_owned = std::make_unique<comm::TcpRendezvous>(rank, world, master_addr, master_port, comm_timeout());
   comm::TcpRendezvous& rdv = *rdv_owned;
   // Local set-up, then one exchange: 'E' + error or 'K' (+ the NCCL id from
   // rank 0). A rank that fails here makes every rank throw its message

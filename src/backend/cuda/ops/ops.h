@@ -1,5 +1,5 @@
 // CUDA ops for the forward pass (everything but the paged KV kernels, which
-// live in kernels.h): cuBLASLt linear, RMSNorm (+ residual, + Gemma sandwich
+// live in attention/attention.h): cuBLASLt linear, RMSNorm (+ residual, + Gemma sandwich
 // post-norm), per-head QK-norm + RoPE, gated activations, embedding gather,
 // logit softcap, per-row log-softmax / argmax, and GPU sampling.
 //
@@ -26,8 +26,9 @@
 #include <utility>
 #include <vector>
 
-#include "backend/cpu/ops.h"  // Activation
+#include "backend/common/host_matrix.h"  // MatrixRef
 #include "backend/cuda/linear/routes.h"
+#include "backend/tensor.h"  // Activation
 #include "numerics/fp8.h"  // KvDtype
 
 namespace fp8kv::cuda {

@@ -1,6 +1,6 @@
-// TCP rendezvous (comm_tcp.h). Framing: every message is a 16-byte header
+// TCP rendezvous (tcp_rendezvous.h). Framing: every message is a 16-byte header
 // {magic "FP8KVRDV", u32 sender rank, u32 payload bytes} then the payload.
-#include "backend/cpu/cpu_comm_tcp.h"
+#include "backend/common/tcp_rendezvous.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -28,7 +28,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr char kMagic[8] = {'F', 'P', '8', 'K', 'V', 'R', 'D', 'V'};
 // Rendezvous strings are small; the CPU multi-process communicator
-// (cpu_comm.h) sends activations through all_gather, hence the larger cap.
+// (backend/cpu/cpu_comm.cpp) sends activations through all_gather, hence the larger cap.
 constexpr uint32_t kMaxPayload = 1u << 30;
 
 [[noreturn]] void fail(const std::string& msg) { throw std::runtime_error("tcp rendezvous: " + msg); }
@@ -113,15 +113,6 @@ std::string recv_msg(int fd, uint32_t* rank, Clock::time_point deadline, const s
 }
 
 }  // namespace
-
-std::chrono::milliseconds comm_timeout_from_env() {
-  if (const char* v = std::getenv("FP8KV_COMM_TIMEOUT_S")) {
-    char* end = nullptr;
-    const double s = std::strtod(v, &end);
-    if (end != v && *end == '\0' && s > 0 && s < 1e6) return std::chrono::milliseconds(static_cast<long long>(s * 1000));
-  }
-  return std::chrono::milliseconds(60000);
-}
 
 TcpRendezvous::TcpRendezvous(int rank, int world, const std::string& master_addr, int master_port,
                              std::chrono::milliseconds timeout)

@@ -1,11 +1,12 @@
-// TCP rendezvous for one process per rank (docs/comm.md; moved from
-// backend/cuda/comm_tcp.h): rank 0 listens on
+// TCP rendezvous for one process per rank (docs/comm.md), shared by the CPU
+// and CUDA backends and the engine's control channel: rank 0 listens on
 // master_port, ranks 1..world-1 connect to master_addr:master_port (retrying
 // until the deadline, so start order does not matter). Afterwards
 // all_gather() exchanges small byte strings through rank 0 (the NCCL unique
 // id, the one-shot all-reduce's CUDA IPC handles). Plain POSIX sockets; every
 // wait is bounded by the timeout and a failure throws std::runtime_error
-// naming the address, the rank and the step. No CUDA here.
+// naming the address, the rank and the step. No CUDA here. The usual
+// timeout is fp8kv::comm_timeout() (backend/common/comm_timeout.h).
 #pragma once
 #include <chrono>
 #include <string>
@@ -41,8 +42,5 @@ class TcpRendezvous {
   int listen_fd_ = -1;
   std::vector<int> peer_fd_;  // rank 0: fd of rank r (index r); others: [0] = rank 0
 };
-
-// FP8KV_COMM_TIMEOUT_S (seconds, > 0) if set and valid, else 60 s.
-std::chrono::milliseconds comm_timeout_from_env();
 
 }  // namespace fp8kv::comm

@@ -1,0 +1,18 @@
+// A weight matrix in host memory, as the loader hands it to a backend: the
+// CPU backend computes on it, the CUDA backend uploads it (bf16).
+#pragma once
+#include <cstdint>
+
+namespace fp8kv {
+
+enum class WeightType : uint8_t { f32, bf16 };
+
+// Row-major matrix [rows][cols] of fp32 or bf16 (uint16) elements.
+struct MatrixRef {
+  const void* data = nullptr;
+  WeightType type = WeightType::f32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+}  // namespace fp8kv
