@@ -8,10 +8,10 @@
 //             Gemma-3-12B's (16 q heads, 8 KV heads, head_dim 256)
 //   plans   : the auto plan at assumed CTAs per SM (FP8KV_BENCH_CTAS, plan tuning)
 //   splits  : fp8 d128 decode at forced split sizes (plan tuning)
-//   (argument: all | store | read | prefill | prefill-mma | prefill-wgmma | decode | decode128 (d128 rows only) |
+//   (argument: all | store | read | prefill | decode | decode128 (d128 rows only) |
 //    decode256 (d256 rows only) | probe (bf16 B=64/4K, 32/4K, 64/1K, then B=32/64K, then the three again) |
 //    plans | splits)
-//   prefill : 8K causal prefill from the paged cache (if built with prefill)
+//   prefill : 8K causal prefill from the paged cache, head_dim 128 (the plan's wgmma kernel)
 //   store   : store of 64K tokens, bf16 input, bf16 vs fp8 cache
 // Working sets are rotated among several caches so that each launch reads
 // well past the 60 MB L2. CUDA events, warm-up, medians; decode rows and the
@@ -514,9 +514,9 @@ void bench_plans(double copy_gbs, const float* scales) {
     for (int c : cps) bench_decode_one(copy_gbs, scales, s.dt, s.H, s.Hkv, s.D, s.B, s.C, 0, "plan", c);
 }
 
-// 8K causal prefill, both kernels (PrefillArgs::kernel) at head_dim 128.
-// which: "both", "mma" or "wgmma" (separate processes in gpu_prefill.sh).
-void bench_prefill(const float* scales, const std::string& which = "both") {
+// 8K causal prefill at head_dim 128, each cache dtype (the kernel is the
+// plan's: prefill_plan.h).
+void bench_prefill(const float* scales) {
   const int S = 8192;
   for (KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3, KvDtype::fp8_e5m2}) {
     CacheSet cs(dt, 1, S, size_t(256) << 20);
@@ -538,21 +538,11 @@ void bench_prefill(const float* scales, const std::string& which = "both") {
     a.q_dtype = ActDtype::bf16;
     a.out = out;
     a.out_dtype = ActDtype::bf16;
-    for (PrefillKernel kern : {PrefillKernel::mma, PrefillKernel::wgmma}) {
-      if (dt == KvDtype::fp8_e5m2 && kern == PrefillKernel::mma) continue;
-      if (which != "both" && which != (kern == PrefillKernel::wgmma ? "wgmma" : "mma")) continue;
-      a.kernel = kern;
-      const double ms = median_ms([&](int i) { a.kv = cs.paged(i, scales); paged_prefill(a, nullptr); }, 3, 20);
-      const double flops = 4.0 * kH * kD * (double(S) * (S + 1) / 2);
-      // FP8KV_WGMMA_CFG (the wgmma configuration: wslc default; docs/cuda.md lists them).
-      const char* cfg = std::getenv("FP8KV_WGMMA_CFG");
-      const std::string kname = kern == PrefillKernel::wgmma ? std::string("wgmma/") + (cfg && *cfg ? cfg : "wslc")
-                                                             : std::string("mma");
-      std::printf("{\"kind\":\"prefill\",\"dtype\":\"%s\",\"kernel\":\"%s\",\"seq\":%d,\"ms\":%.4f,\"TFLOPs\":%.1f}\n",
-                  std::string(kv_dtype_name(dt)).c_str(), kname.c_str(), S, ms,
-                  flops / (ms * 1e-3) / 1e12);
-      std::fflush(stdout);
-    }
+    const double ms = median_ms([&](int i) { a.kv = cs.paged(i, scales); paged_prefill(a, nullptr); }, 3, 20);
+    const double flops = 4.0 * kH * kD * (double(S) * (S + 1) / 2);
+    std::printf("{\"kind\":\"prefill\",\"dtype\":\"%s\",\"kernel\":\"wgmma_ws\",\"seq\":%d,\"ms\":%.4f,\"TFLOPs\":%.1f}\n",
+                std::string(kv_dtype_name(dt)).c_str(), S, ms, flops / (ms * 1e-3) / 1e12);
+    std::fflush(stdout);
     CK(cudaFree(q));
     CK(cudaFree(out));
     CK(cudaFree(qs));
@@ -623,8 +613,6 @@ int main(int argc, char** argv) {
   if (only == "read" || only == "read-sweep") bench_read(only == "read-sweep");
 
   if (only == "prefill") bench_prefill(scales);
-  if (only == "prefill-mma") bench_prefill(scales, "mma");
-  if (only == "prefill-wgmma") bench_prefill(scales, "wgmma");
 
   if (only == "all" || only == "decode" || only == "decode128") bench_decode(copy_gbs, scales, only != "decode128");
   if (only == "decode256") bench_decode(copy_gbs, scales, true, false);

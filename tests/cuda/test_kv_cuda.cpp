@@ -417,11 +417,11 @@ struct PrefillCase {
   float softcap;
 };
 
-// kernel: the prefill kernel under test (PrefillArgs::kernel). lengths:
-// (context, query count) pairs; empty: the default mix. check_single: each
-// sequence launched alone gives bitwise its rows of the batched launch.
-double run_prefill_case(std::mt19937_64& rng, const PrefillCase& c, cuda::PrefillKernel kernel,
-                        const std::vector<std::pair<int, int>>& lengths = {}, bool check_single = false) {
+// lengths: (context, query count) pairs; empty: the default mix.
+// check_single: each sequence launched alone gives bitwise its rows of the
+// batched launch.
+double run_prefill_case(std::mt19937_64& rng, const PrefillCase& c, const std::vector<std::pair<int, int>>& lengths = {},
+                        bool check_single = false) {
   // (context, chunk) pairs: whole prompts, chunks at an offset, single tokens.
   std::uniform_int_distribution<int> u(1, 300);
   std::vector<int> ctx = {1, 70, c.block_size * 9 + 5, u(rng), u(rng) + 64};
@@ -456,7 +456,6 @@ double run_prefill_case(std::mt19937_64& rng, const PrefillCase& c, cuda::Prefil
   a.q_start = dqs.as<int32_t>();
   a.q = dq.get();
   a.out = dout.get();
-  a.kernel = kernel;
   cuda::paged_prefill(a, nullptr);
   const auto out = dout.download<float>();
   if (check_single) {
@@ -600,12 +599,9 @@ TEST(CudaPlan, F4AutoReplansBeyondOneWave) {
   EXPECT_GT(replanned, 0);
 }
 
-// Every prefill test runs under both kernels (PrefillArgs::kernel): mma.sync
-// and wgmma (head_dim 128; other head dims fall back to mma.sync).
-class CudaPrefill : public ::testing::TestWithParam<cuda::PrefillKernel> {};
-const char* kernel_name(cuda::PrefillKernel k) { return k == cuda::PrefillKernel::wgmma ? "wgmma" : "mma"; }
-
-TEST_P(CudaPrefill, MatchesCpuReferenceCausalWindowChunked) {
+// The prefill tests run the plan's kernel per case (prefill_plan.h): wgmma
+// at head_dim 128, mma.sync at 64 and 256.
+TEST(CudaPrefill, MatchesCpuReferenceCausalWindowChunked) {
   FP8KV_REQUIRE_GPU();
   const uint64_t seed = test_seed();
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
@@ -618,23 +614,20 @@ TEST_P(CudaPrefill, MatchesCpuReferenceCausalWindowChunked) {
         for (int bs : {16, 32}) {
           const ScaleMode mode = static_cast<ScaleMode>((n + 1) % 3);
           const int window = (n % 3 == 0) ? 0 : (n % 3 == 1 ? 50 : 129);
-          // wgmma runs head_dim 128 only (other head dims fall back to mma.sync).
-          if (GetParam() == cuda::PrefillKernel::wgmma && D != 128) { ++n; continue; }
           worst = std::max(worst, run_prefill_case(rng, PrefillCase{dt, D, group, group == 8 ? 1 : 2, bs, window, mode,
-                                                                    n % 7 == 6 ? 20.0f : 0.0f}, GetParam()));
+                                                                    n % 7 == 6 ? 20.0f : 0.0f}));
           ++n;
           if (HasFailure()) return;
         }
-    std::printf("prefill %s %-8s worst |err|/tol = %.3f\n", kernel_name(GetParam()),
-                std::string(kv_dtype_name(dt)).c_str(), worst);
+    std::printf("prefill %-8s worst |err|/tol = %.3f\n", std::string(kv_dtype_name(dt)).c_str(), worst);
   }
 }
 
 // head_dim 128 (the wgmma kernel's): prompts of several 128-query tiles and
-// many 64-key tiles, a chunk deep into its context, a window wider than a
-// tile, softcap on and off; and batched == single, bitwise.
-TEST_P(CudaPrefill, LongPromptsBatchedEqualsSingle) {
-  FP8KV_REQUIRE_GPU();
+// many 128-key tiles, a chunk deep into its context, a window wider than a
+// tile, softcap on and off; and batched == single, bitwise. grid_cap > 0: the
+// persistent kernel on at most that many CTAs (each walks many work items).
+void run_long_prompts(int grid_cap) {
   const uint64_t seed = test_seed();
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
   std::mt19937_64 rng(seed);
@@ -644,23 +637,39 @@ TEST_P(CudaPrefill, LongPromptsBatchedEqualsSingle) {
     double worst = 0;
     for (int window : {0, 200}) {
       const PrefillCase c{dt, 128, 4, 2, n % 2 ? 32 : 16, window, static_cast<ScaleMode>(n % 3), n % 2 ? 0.0f : 30.0f};
-      worst = std::max(worst, run_prefill_case(rng, c, GetParam(), lengths, true));
+      worst = std::max(worst, run_prefill_case(rng, c, lengths, true));
       ++n;
       // Progress per case (a slow CPU reference and a hung kernel look alike under a timeout).
       std::printf("  case %s window %d done\n", std::string(kv_dtype_name(dt)).c_str(), window);
       std::fflush(stdout);
-      if (HasFailure()) return;
+      if (::testing::Test::HasFailure()) return;
     }
-    std::printf("prefill-long %s %-8s worst |err|/tol = %.3f\n", kernel_name(GetParam()),
+    std::printf("prefill-long grid cap %d %-8s worst |err|/tol = %.3f\n", grid_cap,
                 std::string(kv_dtype_name(dt)).c_str(), worst);
   }
 }
 
+TEST(CudaPrefill, LongPromptsBatchedEqualsSingle) {
+  FP8KV_REQUIRE_GPU();
+  run_long_prompts(0);
+}
+
+// The same on 7 CTAs: a CTA runs many (head, query tile, sequence) items
+// back to back, its mbarrier ring running on across them.
+TEST(CudaPrefill, LongPromptsOnSevenCtas) {
+  FP8KV_REQUIRE_GPU();
+  struct Reset {
+    ~Reset() { cuda::set_prefill_max_ctas_for_tests(0); }
+  } reset;
+  cuda::set_prefill_max_ctas_for_tests(7);
+  run_long_prompts(7);
+}
+
 // bf16 activations (the engine's; the other prefill tests pass f32): q in
 // bf16 and out in bf16 give bitwise the bf16 rounding of the f32 run on the
-// same (bf16-exact) q. Covers the 16-byte Q loads of wsf / wsl
-// (docs/cuda.md "Prefill v3") for both q dtypes.
-TEST_P(CudaPrefill, Bf16ActivationsEqualRoundedF32) {
+// same (bf16-exact) q. Covers the wgmma kernel's 16-byte Q loads for both q
+// dtypes.
+TEST(CudaPrefill, Bf16ActivationsEqualRoundedF32) {
   FP8KV_REQUIRE_GPU();
   const uint64_t seed = test_seed();
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
@@ -692,7 +701,6 @@ TEST_P(CudaPrefill, Bf16ActivationsEqualRoundedF32) {
     a.q_start = dqs.as<int32_t>();
     a.q = dq.get();
     a.out = dout.get();
-    a.kernel = GetParam();
     cuda::paged_prefill(a, nullptr);
     a.q = dqb.get();
     a.q_dtype = cuda::ActDtype::bf16;
@@ -704,15 +712,10 @@ TEST_P(CudaPrefill, Bf16ActivationsEqualRoundedF32) {
     size_t bad = 0;
     for (size_t i = 0; i < o32.size(); ++i) bad += o16[i] != f32_to_bf16(o32[i]);
     EXPECT_EQ(bad, 0u) << kv_dtype_name(dt) << ": bf16 q/out differs from the rounded f32 run";
-    std::printf("prefill-bf16act %s %-8s mismatches %zu of %zu\n", kernel_name(GetParam()),
-                std::string(kv_dtype_name(dt)).c_str(), bad, o32.size());
+    std::printf("prefill-bf16act %-8s mismatches %zu of %zu\n", std::string(kv_dtype_name(dt)).c_str(), bad,
+                o32.size());
   }
 }
-
-INSTANTIATE_TEST_SUITE_P(Kernels, CudaPrefill, ::testing::Values(cuda::PrefillKernel::mma, cuda::PrefillKernel::wgmma),
-                         [](const ::testing::TestParamInfo<cuda::PrefillKernel>& i) {
-                           return std::string(kernel_name(i.param));
-                         });
 
 }  // namespace
 }  // namespace fp8kv::cudatest

@@ -109,11 +109,8 @@ void paged_decode(const DecodeArgs& args, cudaStream_t stream);
 void set_decode_fuse_override(int v);
 
 // ---- prefill / chunked prefill --------------------------------------------
-
-// Which kernel runs a prefill at head_dim 128 (head_dim 64 / 256 always run
-// mma.sync). automatic: the environment variable FP8KV_PREFILL (wgmma | mma;
-// unset: wgmma, verified and faster on the H200 2026-12-01, docs/cuda.md).
-enum class PrefillKernel : uint8_t { automatic = 0, mma = 1, wgmma = 2 };
+// The kernel per (head_dim, cache dtype) is the plan's (prefill_plan.h):
+// wgmma (warp-specialized, persistent) at head_dim 128, mma.sync at 64 / 256.
 
 // Sequence b's queries are rows [q_start[b], q_start[b+1]) of q, at positions
 // [context_len - n, context_len), n = q_start[b+1] - q_start[b]; their K/V
@@ -131,9 +128,13 @@ struct PrefillArgs {
   ActDtype q_dtype = ActDtype::f32;
   void* out = nullptr;               // [total_q][num_heads][head_dim]
   ActDtype out_dtype = ActDtype::f32;
-  PrefillKernel kernel = PrefillKernel::automatic;
 };
 void paged_prefill(const PrefillArgs& args, cudaStream_t stream);
+// Tests only: caps the head_dim-128 (persistent) kernel's grid at max_ctas
+// CTAs for later paged_prefill calls of this process, so that each CTA walks
+// many work items; 0: back to one CTA per SM. The result does not depend on
+// the grid (each item is computed by one CTA alone).
+void set_prefill_max_ctas_for_tests(int max_ctas);
 
 // Number of SMs of the current device (cached), for plan_decode.
 int device_sm_count();

@@ -1,6 +1,6 @@
 // One K/V element -> its cache code, exactly as the store kernel writes it
-// (store_kv.cu; CPU reference numerics/fp8.h): shared by store_kv.cu and the
-// store fused into qkv_prep (ops_norm.cu), so both write the same bytes.
+// (store.cu; CPU reference numerics/fp8.h): shared by store.cu and the store
+// fused into qkv_prep (ops/qkv.cuh), so both write the same bytes.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>

@@ -1,5 +1,5 @@
-// Device helpers shared by the prefill kernels (prefill_attention.cu,
-// prefill_wgmma.cu): the paged-cache key lookup and the output epilogue.
+// Device helpers shared by the prefill kernels (prefill_mma.cu,
+// prefill_ws.cu): the paged-cache key lookup and the output epilogue.
 #pragma once
 #include "backend/cuda/common.cuh"
 

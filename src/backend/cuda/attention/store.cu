@@ -1,6 +1,8 @@
 // Store kernel: K/V for a batch of tokens -> paged cache through a slot
 // mapping. One thread quantizes 8 consecutive elements of one head row (16 or
-// 32 bytes read, 8 (fp8) or 16 (bf16) bytes written).
+// 32 bytes read, 8 (fp8) or 16 (bf16) bytes written). One kernel per cache
+// dtype (store_kernel<DT>), no variants; the calibration observer's absmax
+// kernel runs after it when asked for.
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -13,7 +15,7 @@ namespace fp8kv::cuda {
 namespace {
 using namespace detail;
 
-// Fast path with the same bytes (docs/cuda.md, store v2): the correctly
+// Fast path with the same bytes (docs/cuda.md): the correctly
 // rounded fp32 quotient without a division. rcp = rcp_rn(s) is within half
 // an ulp of 1/s; q0 = x * rcp is within 1.5 ulp of x / s; one correction
 // q1 = q0 + fma(-q0, s, x) * rcp is within 0.5 ulp + 2^-23 ulp, i.e.
@@ -86,6 +88,15 @@ struct StoreParams {
   bool bf16_in;
 };
 
+// Store (grid: min(ceil(num_tokens / kU), a few waves) x 1 x 1; block: up
+// to 256 threads, a multiple of 32).
+//   DT: cache element code (kBf16, kE4m3, kE5m2).
+//   p.k, p.v       [num_tokens][num_kv_heads][head_dim], f32 or bf16 (p.bf16_in)
+//   p.slots        [num_tokens]: cache slot (block * block_size + offset); < 0 or
+//                  >= capacity: the token is skipped
+//   p.k_cache, p.v_cache  [capacity][num_kv_heads][head_dim], DT
+//                  (= [num_blocks][block_size][num_kv_heads][head_dim])
+//   p.k_scale, p.v_scale  [1] or [num_kv_heads] (fp8 only): code = x / scale
 // Thread c of a block stores 8-element chunk c of the K and the V row of kU
 // tokens per iteration (grid-stride over token groups): 2 kU independent
 // 16/32-byte loads in flight before the first store. Scales and reciprocals
@@ -143,7 +154,9 @@ __global__ void __launch_bounds__(256) store_kernel(const StoreParams p) {
 
 // absmax[h] = max(absmax[h], max |x[t][h][:]|), NaN ignored. One block per
 // (token, head) row would be too many launches' worth of atomics: one warp
-// per row, one atomic per row.
+// per row, one atomic per row (grid-stride over rows).
+//   x       [num_tokens][heads][head_dim], f32 or bf16 (bf16)
+//   absmax  [heads], device; max-ed into (the caller initializes it)
 __global__ void absmax_kernel(const void* x, bool bf16, int num_tokens, int heads, int head_dim,
                               float* absmax) {
   const int warps = blockDim.x / 32;
