@@ -1,13 +1,13 @@
 // cuBLASLt (cuda::Gemm, the CUDA backend's GEMM) at prefill shapes: the
 // Llama-3.1-8B projections (fused qkv and gate|up, as the CUDA backend runs
 // them) with T = 8192 rows by default, bf16 inputs, fp32 output (and bf16
-// output for gate|up, FP8KV_PREFILL_BF16_ACT), each with cuBLASLt's first
-// heuristic algorithm (the engine's default) and with the best of the first
-// 16 heuristic candidates (FP8KV_LT_TUNE=16). A square 8192^3 GEMM with bf16
-// output gives the attainable peak on this box next to the 790
-// TFLOP/s. Prints one line per (shape, T, algorithm choice) with us and
-// TFLOP/s, and the implied GEMM time of one prefill (32 layers) per T
-// (docs/cuda_backend.md "Prefill/TTFT (2026-12-01)").
+// output for gate|up, as the engine's prefill runs it), with cuBLASLt's
+// first heuristic algorithm (the engine's choice; timing the first 16
+// candidates instead gained at most 0.2% at TTFT 8K and was removed). A
+// square 8192^3 GEMM with bf16 output gives the attainable peak on this box
+// next to the 790 TFLOP/s. Prints one line per (shape, T) with us
+// and TFLOP/s, and the implied GEMM time of one prefill (32 layers) per T
+// (docs/cuda_backend.md "Prefill/TTFT").
 //   bench_prefill_gemm [--t 8192,1024] [--json FILE]
 #include <cuda_runtime.h>
 
@@ -16,12 +16,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <vector>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/membw.h"
+#include "backend/cuda/copy_bandwidth.h"
 #include "backend/cuda/ops/ops.h"
 #include "event_median.h"
 
@@ -53,7 +52,7 @@ int main(int argc, char** argv) {
       }
     }
   }
-  if (!cuda::device_present()) {
+  if (!cuda::cuda_device_available()) {
     std::printf("bench_prefill_gemm: no CUDA device\n");
     return 0;
   }
@@ -64,15 +63,8 @@ int main(int argc, char** argv) {
   for (int64_t t : Ts) max_t = std::max(max_t, t);
   cudaStream_t st;
   FP8KV_CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  // Two Gemms: the heuristic's first pick (the default) and the best of 16
-  // (FP8KV_LT_TUNE is read at construction).
-  unsetenv("FP8KV_LT_TUNE");
-  auto heur = std::make_unique<cuda::Gemm>();
-  setenv("FP8KV_LT_TUNE", "16", 1);
-  auto tuned = std::make_unique<cuda::Gemm>();
-  unsetenv("FP8KV_LT_TUNE");
-  heur->set_gemv_max_rows(0);
-  tuned->set_gemv_max_rows(0);
+  cuda::Gemm g;
+  g.set_gemv_max_rows(0);
   size_t max_k = 0, max_n = 0, max_w = 0;
   for (const Shape& s : shapes) {
     max_k = std::max<size_t>(max_k, s.k);
@@ -101,40 +93,35 @@ int main(int argc, char** argv) {
   FILE* jf = json ? std::fopen(json, "w") : nullptr;
   if (jf) std::fprintf(jf, "{\"cases\": [\n");
   bool first = true;
-  std::printf("%-13s %6s %6s %6s %-6s %10s %8s\n", "shape", "T", "N", "K", "algo", "us", "TFLOP/s");
+  std::printf("%-13s %6s %6s %6s %10s %8s\n", "shape", "T", "N", "K", "us", "TFLOP/s");
   for (int64_t T : Ts) {
-    double prefill_us[2] = {0, 0};
+    double prefill_us = 0;
     for (const Shape& s : shapes) {
       const int64_t rows = std::string(s.name) == "square_bf16" ? 8192 : T;
       if (std::string(s.name) == "square_bf16" && T != Ts.front()) continue;
       const cuda::DeviceMatrix W{w.as<const uint16_t>(), s.n, s.k};
-      for (int a = 0; a < 2; ++a) {
-        cuda::Gemm& g = a == 0 ? *heur : *tuned;
-        auto run = [&] {
-          if (s.bf16_out)
-            g.linear_bf16_out(x.as<uint16_t>(), rows, W, y.as<uint16_t>(), st);
-          else
-            g.linear(x.as<uint16_t>(), rows, W, nullptr, y.as<float>(), false, st);
-        };
-        // The first warm-up call tunes (a == 1).
-        const double us = bench::median_call_us(st, e0, e1, 5, run);
-        const double tflops = 2.0 * rows * s.n * s.k / (us * 1e-6) / 1e12;
-        const char* algo = a == 0 ? "heur" : "best16";
-        std::printf("%-13s %6lld %6lld %6lld %-6s %10.1f %8.1f\n", s.name, static_cast<long long>(rows),
-                    static_cast<long long>(s.n), static_cast<long long>(s.k), algo, us, tflops);
-        prefill_us[a] += us * s.per_prefill;
-        if (jf) {
-          std::fprintf(jf,
-                       "%s{\"shape\": \"%s\", \"t\": %lld, \"n\": %lld, \"k\": %lld, \"algo\": \"%s\", \"us\": %.3f, "
-                       "\"tflops\": %.2f}",
-                       first ? "" : ",\n", s.name, static_cast<long long>(rows), static_cast<long long>(s.n),
-                       static_cast<long long>(s.k), algo, us, tflops);
-          first = false;
-        }
+      auto run = [&] {
+        if (s.bf16_out)
+          g.linear_bf16_out(x.as<uint16_t>(), rows, W, y.as<uint16_t>(), st);
+        else
+          g.linear(x.as<uint16_t>(), rows, W, nullptr, y.as<float>(), false, st);
+      };
+      const double us = bench::median_call_us(st, e0, e1, 5, run);
+      const double tflops = 2.0 * rows * s.n * s.k / (us * 1e-6) / 1e12;
+      std::printf("%-13s %6lld %6lld %6lld %10.1f %8.1f\n", s.name, static_cast<long long>(rows),
+                  static_cast<long long>(s.n), static_cast<long long>(s.k), us, tflops);
+      prefill_us += us * s.per_prefill;
+      if (jf) {
+        std::fprintf(jf,
+                     "%s{\"shape\": \"%s\", \"t\": %lld, \"n\": %lld, \"k\": %lld, \"us\": %.3f, "
+                     "\"tflops\": %.2f}",
+                     first ? "" : ",\n", s.name, static_cast<long long>(rows), static_cast<long long>(s.n),
+                     static_cast<long long>(s.k), us, tflops);
+        first = false;
       }
     }
-    std::printf("T=%lld: GEMMs of one prefill step (32 layers, fp32 out) heuristic %.2f ms, best of 16 %.2f ms\n",
-                static_cast<long long>(T), prefill_us[0] / 1e3, prefill_us[1] / 1e3);
+    std::printf("T=%lld: GEMMs of one prefill step (32 layers, fp32 out) %.2f ms\n", static_cast<long long>(T),
+                prefill_us / 1e3);
   }
   if (jf) {
     std::fprintf(jf, "\n]}\n");

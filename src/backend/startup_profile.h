@@ -1,34 +1,33 @@
-// FP8KV_STARTUP_PROFILE=1: one dated stderr line per startup phase (weights
-// made or read, backend init, weight upload, activation buffers, KV pool),
-// so that a GPU run says where a model load's time goes
-// (docs/cuda_backend.md "Startup (2026-12-01)"). Off: nothing is printed and
-// a phase costs one clock read. Header only: the engine and the backends use it.
+// The startup part of FP8KV_PROFILE (backend/common/profile.h): one dated
+// stderr line per startup phase (weights made or read, backend init, weight
+// upload, activation buffers, KV pool), so that a GPU run says where a model
+// load's time goes (docs/cuda_backend.md "Startup"). Off: nothing is printed
+// and a phase costs one clock read. Header only: the engine and the backends
+// use it.
 #pragma once
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <ctime>
 #include <string>
 #include <utility>
 
 #include <fmt/format.h>
 
+#include "backend/common/profile.h"
+
 namespace fp8kv {
 
-inline bool startup_profile_on() {
-  static const bool on = [] {
-    const char* e = std::getenv("FP8KV_STARTUP_PROFILE");
-    return e && *e && std::string(e) != "0";
-  }();
-  return on;
-}
+inline bool startup_profile_on() { return profile_config().startup; }
 
 // Times one phase from construction to destruction (or done()) and prints
-//   [2026-12-01 19:00:01.234] startup: <name>: 1.234 s<detail>
+//   [YYYY-MM-DD hh:mm:ss.mmm] startup: <name>: 1.234 s<detail>
 // when the profile is on. detail: appended as given (e.g. ", 16.1 GB, 12.0 GB/s").
 class StartupPhase {
  public:
-  explicit StartupPhase(std::string name) : name_(std::move(name)), t0_(std::chrono::steady_clock::now()) {}
+  // Reads the switch here, not in the destructor: a bad FP8KV_PROFILE value
+  // throws InputError from the constructor.
+  explicit StartupPhase(std::string name)
+      : name_(std::move(name)), on_(startup_profile_on()), t0_(std::chrono::steady_clock::now()) {}
   StartupPhase(const StartupPhase&) = delete;
   StartupPhase& operator=(const StartupPhase&) = delete;
   ~StartupPhase() { done(); }
@@ -37,7 +36,7 @@ class StartupPhase {
   void done() {
     if (printed_) return;
     printed_ = true;
-    if (!startup_profile_on()) return;
+    if (!on_) return;
     const double s = seconds();
     const auto now = std::chrono::system_clock::now();
     const std::time_t tt = std::chrono::system_clock::to_time_t(now);
@@ -53,6 +52,7 @@ class StartupPhase {
 
  private:
   std::string name_, detail_;
+  bool on_;
   std::chrono::steady_clock::time_point t0_;
   bool printed_ = false;
 };

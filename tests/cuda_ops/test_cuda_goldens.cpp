@@ -10,8 +10,7 @@
 // accumulation, the RoPE partner's bound added for K; 2^-7 (1 + |K|)
 // where the model has QK-norm or a non-plain RMSNorm). The goldens' sequences are prefilled in one step of
 // up to 112 rows, so these run the prefill GEMM path (past the GEMV rows),
-// including FP8KV_PREFILL_BF16_ACT when it is set (docs/cuda_backend.md
-// "Prefill/TTFT (2026-12-01)").
+// with the bf16 gate|up output (docs/cuda_backend.md "Prefill/TTFT").
 #include <gtest/gtest.h>
 
 #include <cstdlib>

@@ -159,7 +159,7 @@ TEST(CudaOps, GemvGatedActMatchesTwoKernels) {
       }
 }
 
-// The prefill path behind FP8KV_PREFILL_BF16_ACT: the GEMM with bf16 output
+// The prefill gate|up path (past the GEMV rows): the GEMM with bf16 output
 // is the fp32-output GEMM rounded to bf16 (up to the accumulation order: one
 // bf16 ulp plus the fp32 bound), and the activation on bf16 inputs is
 // bitwise the activation on the same values in fp32.
@@ -220,14 +220,14 @@ TEST(CudaOps, LinearRoutesParse) {  // host only: runs without a GPU too
   EXPECT_EQ(cuda::parse_linear_routes("", "test"), cuda::parse_linear_routes(cuda::kDefaultLinearRoutes, "test"));
   EXPECT_EQ(cuda::parse_linear_routes("default", "test"), cuda::parse_linear_routes("", "test"));
   EXPECT_EQ(cuda::parse_linear_routes("gate_up=simt,", "test").of(LinearProj::gate_up), GemvKernel::simt);
-  // norm= / prep= (the fused GEMV epilogues) were deleted in the ninth session.
+  // norm= / prep= (the fused GEMV epilogues) no longer exist.
   for (const char* bad : {"down", "down=fast", "ffn=lt", "=lt", "down=lt,qkv", "store=lt", "act=silu", "sample=host",
                           "norm=fused", "prep=fused"}) {
     try {
-      (void)cuda::parse_linear_routes(bad, "FP8KV_GEMV_ROUTES");
+      (void)cuda::parse_linear_routes(bad, "--gemv-routes");
       ADD_FAILURE() << "accepted " << bad;
     } catch (const InputError& e) {
-      EXPECT_NE(std::string(e.what()).find("FP8KV_GEMV_ROUTES"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("--gemv-routes"), std::string::npos) << e.what();
     }
   }
 }

@@ -148,7 +148,7 @@ __device__ __forceinline__ void ld_words(const uint8_t* p, uint32_t* w) {
 }
 
 // Shared-memory mbarriers (phase parity): the prefill wgmma kernels' rings
-// and bench_attention's bulk-copy read kernel (decode v13).
+// and bench_attention's bulk-copy read kernel.
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }

@@ -1,5 +1,9 @@
 // CudaBackend: the Backend interface (backend/backend.h) on one CUDA device.
-// docs/cuda_backend.md has the decisions and the measured numbers.
+// docs/cuda_backend.md has the decisions and the measured numbers. The
+// implementation: cuda_backend.cpp (construction, memory, begin_step, the
+// profiling scope), cuda_weights.cpp (weights, KV pool), cuda_forward.cpp
+// (the forward ops and attention), cuda_sample.cpp (LM head, sampling),
+// cuda_graphs.cpp (CUDA graphs, scratch growth).
 //
 // Memory: weights are uploaded once as bf16 (fp32 checkpoints are rounded to
 // bf16 at upload); the residual stream and every activation are fp32 (the
@@ -11,7 +15,6 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
@@ -21,6 +24,7 @@
 #include "backend/cuda/attention/attention.h"
 #include "backend/cuda/ops/ops.h"
 #include "backend/cuda/prefill_profile.h"
+#include "backend/cuda/step_profile.h"
 #include "model/rope.h"
 
 namespace fp8kv {
@@ -98,10 +102,10 @@ class CudaBackend final : public Backend {
   void end_graph_capture(int64_t key) override;
   void abort_graph_capture() override;
 
-  // Step profile (FP8KV_STEP_PROFILE=N; docs/cuda_backend.md "Batch-1 step
-  // (2026-12-01)"): per replayed step, event times of the graph, the
-  // logits/sample tail and the device idle time between steps, printed to
-  // stderr; and one eager, op-timed copy of the N-th replayed step.
+  // The step profile (FP8KV_PROFILE=step[=N], step_profile.h): per replayed
+  // step, event times of the graph, the logits/sample tail and the device
+  // idle time between steps, printed to stderr; and one eager, op-timed copy
+  // of the N-th replayed step.
   bool op_profile_due() override;
   void op_profile(bool on) override;
 
@@ -121,12 +125,12 @@ class CudaBackend final : public Backend {
     void* get(size_t bytes);            // waits for the last copy, grows
     void copied(cudaStream_t stream);   // after enqueueing a copy of it
   };
-  // One op's profiling scope, feeding whichever profile is active (both
-  // formats unchanged; docs/cuda_backend.md "One op scope (2026-12-01)"):
-  //  - the step profile (FP8KV_STEP_PROFILE, its op-timed eager step): an
-  //    event at the scope's end, labelled step_op ("linear 4096x4096" with
-  //    n x k); null step_op: not a step-profile op;
-  //  - the prefill profile (FP8KV_PREFILL_PROFILE, an active prefill step):
+  // One op's profiling scope, feeding whichever profile of FP8KV_PROFILE is
+  // active (docs/cuda_backend.md "One op scope"):
+  //  - the step profile (its op-timed eager step): an event at the scope's
+  //    end, labelled step_op ("linear 4096x4096" with n x k); null step_op:
+  //    not a step-profile op;
+  //  - the prefill profile (an active prefill step):
   //    start / stop events around the scope under prefill_key (GEMMs with
   //    their flops for the TFLOP/s column); null / empty key: not a prefill op
   //    (a nested scope's key times the inner part instead).
@@ -148,27 +152,6 @@ class CudaBackend final : public Backend {
     int64_t n_ = 0, k_ = 0;
     cuda::PrefillProfile* prefill_ = nullptr;  // started there (stopped by the destructor)
   };
-  void op_mark(const char* op, int64_t n, int64_t k);
-  void prof_report(bool final_report);
-  struct StepProfile {
-    bool on = false;
-    int op_step = 20;        // replayed step that gets the op-timed eager copy
-    bool op_done = false, op_mode = false, op_this_step = false;
-    int64_t replays = 0;     // replayed steps so far
-    bool replayed = false, sampled = false, have_prev = false;
-    cudaEvent_t begin = nullptr, graph_end = nullptr, tail_end = nullptr, prev_end = nullptr;
-    std::chrono::steady_clock::time_point t_begin{}, t_synced{};
-    bool have_synced = false;
-    int64_t n = 0;
-    double graph_us = 0, tail_us = 0, idle_us = 0, host_gap_us = 0, host_launch_us = 0;
-    int64_t n_idle = 0, n_host_gap = 0;
-    cudaEvent_t op_start = nullptr;
-    std::vector<cudaEvent_t> op_events;
-    std::vector<std::string> op_labels;
-    size_t op_used = 0;
-    uint64_t routes_gen = 0;  // counters restart when the GEMV routes change (bench --gemv-routes)
-    std::string routes;       // the routes of the counted steps
-  };
   // Device views of the current step (pointers into step_dev_).
   struct StepView {
     int T = 0, S = 0, num_decodes = 0, B = 0;
@@ -176,7 +159,6 @@ class CudaBackend final : public Backend {
     int decode_plan_context = 0; // the decode plan's context (StepBatch::decode_plan_context or the above)
     int max_prefill_query = 0;   // over prefill sequences
     int prefill_row0 = 0;        // query_start[num_decodes]
-    bool prefill_q_bf16 = false; // FP8KV_PREFILL_Q_BF16 on a prefill-only step: q written / read as bf16
     const int32_t* ids = nullptr;        // [T]
     const int32_t* positions = nullptr;  // [T]
     const int32_t* context_lens = nullptr;     // [S]
@@ -229,15 +211,8 @@ class CudaBackend final : public Backend {
   // sample_step's buffers (graphs point into them: grown with grow()).
   cuda::DeviceBuffer step_logits_x_;   // [n][H] bf16
   cuda::DeviceBuffer step_sample_ids_; // [n] int32
-  void prof_synced();  // step profile bookkeeping after a step's ids reached the host
   void download_ids(const void* dev, std::span<int32_t> ids);  // ids D2H + sync + NaN check
   std::vector<float> obs_q_, obs_k_, obs_v_;  // host copies for the observer
-  // Prefill attention (docs/cuda_backend.md "Prefill attention in the engine"):
-  // the q buffer that qkv_split_store last filled with bf16 rows (null: fp32),
-  // and FP8KV_PREFILL_ATTN_AB's scratch (q as bf16, a throwaway output).
-  const void* q_bf16_data_ = nullptr;
-  cuda::DeviceBuffer ab_q_, ab_out_;
-  void prefill_attention(const cuda::PrefillArgs& a, int layer);
   // Graphs: one executable graph per bucket key, valid while buffers_gen_
   // (bumped by every reallocation of memory a graph may use) is unchanged.
   struct Graph {
@@ -250,9 +225,10 @@ class CudaBackend final : public Backend {
   uint64_t buffers_gen_ = 0;
   uint64_t routes_gen_at_capture_ = 0;
   std::map<int64_t, Graph> graphs_;
-  // FP8KV_PREFILL_PROFILE (prefill_profile.h): per-op event timing of prefill steps; null when off.
+  // FP8KV_PROFILE's prefill and step parts (prefill_profile.h,
+  // step_profile.h); null when off.
   std::unique_ptr<cuda::PrefillProfile> prof_;
-  StepProfile sprof_;
+  std::unique_ptr<cuda::StepProfile> sprof_;
 };
 
 }  // namespace fp8kv

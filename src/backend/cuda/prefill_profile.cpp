@@ -3,24 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 
 #include "backend/cuda/check.h"
 
 namespace fp8kv::cuda {
 
-int PrefillProfile::threshold_from_env() {
-  const char* e = std::getenv("FP8KV_PREFILL_PROFILE");
-  if (!e) return 0;
-  const int n = std::atoi(e);
-  if (n <= 0) return 0;
-  return n == 1 ? 64 : n;
-}
-
-PrefillProfile::PrefillProfile(int min_rows) : min_rows_(min_rows) {
-  if (const char* e = std::getenv("FP8KV_PREFILL_PROFILE_SKIP")) skip_ = std::max(0LL, std::atoll(e));
-  if (const char* e = std::getenv("FP8KV_PREFILL_PROFILE_STEPS")) max_steps_ = std::max(0LL, std::atoll(e));
-}
+PrefillProfile::PrefillProfile(int min_rows, int64_t skip, int64_t max_steps)
+    : min_rows_(min_rows), skip_(std::max<int64_t>(skip, 0)), max_steps_(max_steps) {}
 
 PrefillProfile::~PrefillProfile() {
   try {

@@ -1,6 +1,6 @@
-// Per-op timing of prefill steps (docs/cuda_backend.md "Prefill/TTFT
-// (2026-12-01)"): with FP8KV_PREFILL_PROFILE=N (N >= 1) the CUDA backend
-// brackets each op of a step of >= N tokens (N = 1: >= 64) that has a
+// The prefill part of FP8KV_PROFILE (backend/common/profile.h;
+// docs/cuda_backend.md "Prefill/TTFT"): with prefill[=N] on, the CUDA backend
+// brackets each op of a step of >= N tokens (default 64) that has a
 // prefill part (decode-only steps are never counted) with a pair of
 // CUDA events and, when the next step begins (or the backend goes away),
 // prints to stderr one line per step: the host wall time from begin_step to
@@ -11,11 +11,7 @@
 // The events sit between kernels, so PDL overlap across an event is lost:
 // the per-op sums are upper bounds of what each op costs inside the normal
 // chain (the span shows the cost of profiling next to the unprofiled TTFT).
-// FP8KV_PREFILL_PROFILE_SKIP=s leaves the first s such steps unprofiled and
-// FP8KV_PREFILL_PROFILE_STEPS=k profiles at most k after them (default: all),
-// so that a benchmark's timed iterations can run without the events (e.g.
-// skip the first warm-up prefill, whose span includes cuBLASLt's plan setup).
-// Off (unset / 0): no events, no cost. Never active while a graph is
+// Off: no profile object, no events, no cost. Never active while a graph is
 // captured (decode graphs are below the row threshold anyway).
 #pragma once
 #include <cuda_runtime.h>
@@ -30,10 +26,10 @@ namespace fp8kv::cuda {
 
 class PrefillProfile {
  public:
-  // Row threshold from FP8KV_PREFILL_PROFILE (0: off).
-  static int threshold_from_env();
-  // skip / steps from FP8KV_PREFILL_PROFILE_SKIP / _STEPS.
-  explicit PrefillProfile(int min_rows);
+  // Times steps of >= min_rows rows with a prefill part; the first `skip`
+  // such steps are left out and at most max_steps (< 0: all) after them are
+  // timed (the backend: 0 and all; tests pass others).
+  explicit PrefillProfile(int min_rows, int64_t skip = 0, int64_t max_steps = -1);
   ~PrefillProfile();
   PrefillProfile(const PrefillProfile&) = delete;
   PrefillProfile& operator=(const PrefillProfile&) = delete;

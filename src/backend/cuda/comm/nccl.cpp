@@ -65,13 +65,6 @@ ncclDataType_t nccl_type(ScalarType d, const char* what) {
 }
 
 NcclCommOptions resolve(NcclCommOptions o) {
-  if (const char* v = std::getenv("FP8KV_ONESHOT_MAX_BYTES")) {
-    char* end = nullptr;
-    const unsigned long long x = std::strtoull(v, &end, 10);
-    if (end == v || *end != '\0')
-      throw std::runtime_error(std::string("FP8KV_ONESHOT_MAX_BYTES: not a byte count: '") + v + "'");
-    o.oneshot_max_bytes = static_cast<size_t>(x);
-  }
   if (o.oneshot_capacity_bytes < o.oneshot_max_bytes) o.oneshot_capacity_bytes = o.oneshot_max_bytes;
   return o;
 }
@@ -328,7 +321,7 @@ std::unique_ptr<Communicator> make_nccl_communicator_tcp(int rank, int world, in
     if (s.substr(0, nl1) != my_cfg)
       throw std::runtime_error("make_nccl_communicator_tcp: rank " + std::to_string(p) + " has one-shot settings '" + s.substr(0, nl1) +
                                "' (max_bytes capacity), rank " + std::to_string(rank) + " has '" + my_cfg +
-                               "': set FP8KV_ONESHOT_MAX_BYTES the same on every rank");
+                               "': pass the same NcclCommOptions on every rank");
     if (!why.empty() || p == rank) continue;
     if (s.substr(nl1 + 1, nl2 - nl1 - 1) != my_host) {
       why = "rank " + std::to_string(p) + " is on another host";

@@ -3,10 +3,10 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
+#include "backend/common/comm_timeout.h"
 #include "backend/cuda/check.h"
 #include "backend/cuda/comm/oneshot.h"
 
@@ -146,14 +146,9 @@ OneShotAllReduce::OneShotAllReduce(int rank, int world, size_t capacity_bytes)
   FP8KV_CU(cudaMemset(base_, 0, kDataOff));
   FP8KV_CU(cudaDeviceSynchronize());
   // A peer that never arrives (mismatched collectives) traps the kernel
-  // instead of spinning forever: FP8KV_ONESHOT_SPIN_TIMEOUT_S (0 = never), default 300 s.
-  double s = 300;
-  if (const char* v = std::getenv("FP8KV_ONESHOT_SPIN_TIMEOUT_S")) {
-    char* end = nullptr;
-    const double x = std::strtod(v, &end);
-    if (end != v && *end == '\0' && x >= 0 && x < 1e6) s = x;
-  }
-  spin_timeout_ns_ = static_cast<unsigned long long>(s * 1e9);
+  // instead of spinning forever, after the one bound on every wait between
+  // ranks (FP8KV_COMM_TIMEOUT_S, backend/common/comm_timeout.h).
+  spin_timeout_ns_ = static_cast<unsigned long long>(comm_timeout_seconds() * 1e9);
 }
 
 OneShotAllReduce::~OneShotAllReduce() {

@@ -7,7 +7,6 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -95,7 +94,7 @@ __device__ __forceinline__ void warp_dot(const uint16_t* __restrict__ x, const u
 
 // S warps share one output column n (split K, for shapes with few columns
 // and / or long rows: o_proj, qkv, down at the 8B shape, where one warp per
-// column left too few bytes in flight, run G): warp sub = 0..S-1 of column n
+// column left too few bytes in flight): warp sub = 0..S-1 of column n
 // takes the 16-byte chunks sub * 32 + lane + j * 32 * S, and the S partial
 // sums are added in fixed order (sub 0, 1, ...) through shared memory, so the
 // result is deterministic. S = 1 is the one-warp-per-column kernel, bitwise
@@ -310,13 +309,7 @@ void check_fits(const char* what, const uint16_t* x, int64_t T, const DeviceMatr
 void gemv_bf16(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y, bool accumulate,
                cudaStream_t stream) {
   check_fits("gemv_bf16", x, T, W);
-  // FP8KV_GEMV_MMA_MIN=n (1..8) moves the simt / mma boundary, for the
-  // device A/B in scripts/gpu_bench.sh; read once.
-  static const int mma_min = [] {
-    const char* e = std::getenv("FP8KV_GEMV_MMA_MIN");
-    return e ? std::clamp(std::atoi(e), 1, kGemvMaxRows + 1) : kGemvMmaMinRows;
-  }();
-  if (T >= mma_min)
+  if (T >= kGemvMmaMinRows)
     gemv_bf16_mma(x, T, W, bias, y, accumulate, stream);
   else
     gemv_bf16_simt(x, T, W, bias, y, accumulate, stream);

@@ -1,10 +1,9 @@
-// Per-projection GEMV routes (linear_routes.h).
+// Per-projection GEMV routes (routes.h).
 #include "backend/cuda/linear/routes.h"
 
 #include <fmt/format.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <iterator>
 #include <mutex>
 #include <stdexcept>
@@ -14,21 +13,17 @@
 
 namespace fp8kv::cuda {
 
-// Measured in the engine (run F, 2026-12-01, H200, batch 1 1K fp8 with CUDA
-// graphs, one route changed at a time): the SIMT GEMV on every projection
-// was at least as fast as mma / cuBLASLt (whose standalone bench_linear wins
-// for qkv, o_proj (mma) and down (cuBLASLt) did not carry over to the PDL
-// chain), and the fused store saved ~0.04 ms per step. So: auto everywhere
-// (SIMT at T = 1, gemv_bf16's mma at 2-8 rows when FP8KV_GEMV allows them),
-// store fused. docs/cuda_backend.md "GEMV routes".
-// Sixth session: the projections whose SIMT GEMV was furthest from the copy
-// bandwidth in run G's bench_linear (qkv 0.79, o_proj 0.63, down 0.66 of it;
-// gate_up 0.98, lm_head 1.06) take the split-K SIMT kernel (qkv, o_proj
-// "simtk" = 4 warps per column at the 8B shape; down 8 warps: the best of
-// simt / simt2 / simtk / simt8 / lt in run H), and the activation is fused
-// into the gate|up GEMV. Run H (batch 1, 1K, fp8, graphs): 4.605 ms/step with
-// down=simtk vs 4.769 for the fifth session's default; down=simt8 4.586
-// (docs/cuda_backend.md "2026-12-01, sixth session").
+// Measured in the engine (H200, batch 1 1K fp8 with CUDA graphs, one route
+// changed at a time): the SIMT GEMV on every projection was at least as fast
+// as mma / cuBLASLt (whose standalone bench_linear wins for qkv, o_proj (mma)
+// and down (cuBLASLt) did not carry over to the PDL chain), and the fused
+// store saved ~0.04 ms per step. The projections whose SIMT GEMV was
+// furthest from the copy bandwidth in bench_linear (qkv 0.79, o_proj 0.63,
+// down 0.66 of it; gate_up 0.98, lm_head 1.06) take the split-K SIMT kernel
+// (qkv, o_proj "simtk" = 4 warps per column at the 8B shape; down 8 warps:
+// the best of simt / simt2 / simtk / simt8 / lt), and the activation is fused
+// into the gate|up GEMV: 4.586 ms/step against 4.769 with auto everywhere.
+// docs/cuda_backend.md "GEMV routes".
 const char* const kDefaultLinearRoutes =
     "qkv=simtk,o_proj=simtk,gate_up=auto,down=simt8,lm_head=auto,store=fused,act=fused";
 
@@ -45,8 +40,7 @@ std::atomic<uint64_t> g_gen{0};
 
 void init_locked() {
   if (g_init) return;
-  const char* e = std::getenv("FP8KV_GEMV_ROUTES");
-  g_routes = parse_linear_routes(e ? e : "", "FP8KV_GEMV_ROUTES");
+  g_routes = parse_linear_routes(kDefaultLinearRoutes, "kDefaultLinearRoutes");
   g_init = true;
 }
 

@@ -1,12 +1,13 @@
 // Which kernel runs each decode projection when a Gemm takes the GEMV path
 // (T <= Gemm::gemv_max_rows(), ops.h): cuBLASLt, the SIMT GEMV or the
 // tensor-core (mma) GEMV, chosen per projection because the fastest one
-// could differ by shape (bench_linear, 2026-12-01: mma for qkv / o_proj,
-// cuBLASLt for down at T = 1; in the engine SIMT won everywhere, run F).
+// could differ by shape (bench_linear: mma for qkv / o_proj, cuBLASLt for
+// down at T = 1; in the engine the SIMT kernels won everywhere).
 // docs/cuda_backend.md "GEMV routes".
 //
-// A plain C++ header (no CUDA types), so the CLI can switch routes between
-// benchmark runs in one process (`fp8kv bench latency --gemv-routes`).
+// Production runs kDefaultLinearRoutes. A plain C++ header (no CUDA types),
+// so that `fp8kv bench latency --gemv-routes` can time other route sets
+// against it in one process; nothing else changes the routes.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -52,11 +53,11 @@ struct LinearRoutes {
 LinearRoutes parse_linear_routes(std::string_view spec, std::string_view source);
 std::string linear_routes_string(const LinearRoutes& r);
 
-// The built-in default (the per-projection winners of the last GPU run, run F).
+// The built-in default (the per-projection winners measured in the engine).
 extern const char* const kDefaultLinearRoutes;
 
-// Process-wide routes every Gemm follows: FP8KV_GEMV_ROUTES at first use,
-// else kDefaultLinearRoutes. set_linear_routes replaces them and bumps
+// Process-wide routes every Gemm follows: kDefaultLinearRoutes until
+// set_linear_routes (bench --gemv-routes, tests) replaces them and bumps
 // linear_routes_generation(), which invalidates captured CUDA graphs
 // (CudaBackend re-captures with the new kernels).
 LinearRoutes linear_routes();

@@ -1,5 +1,4 @@
-// `--load-format dummy` on the device (docs/cuda_backend.md "Startup
-// (2026-12-01)"): the dummy matrices of engine/dummy_weights.cpp generated
+// `--load-format dummy` on the device (docs/cuda_backend.md "Startup"): the dummy matrices of engine/dummy_weights.cpp generated
 // straight into device memory (same counter hash, same Box-Muller), so an
 // 8B-shape benchmark does not spend seconds of host math and a 16 GB upload.
 #pragma once

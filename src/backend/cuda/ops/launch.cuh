@@ -10,8 +10,6 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-
 #include "backend/cuda/check.h"
 #include "backend/cuda/ops/ops.h"
 #include "backend/cuda/pdl_launch.cuh"
@@ -21,16 +19,10 @@ namespace fp8kv::cuda {
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
-// The norm / RoPE / activation kernels are PDL-launched only with the GEMV
-// on (FP8KV_GEMV > 0, or kGemvDefaultRows > 0 without it): the GEMV kernels
-// trigger early, cuBLASLt does not, so without it PDL gains nothing there.
-inline bool pdl_small_kernels() {
-  static const bool on = [] {
-    const char* g = std::getenv("FP8KV_GEMV");
-    return g ? std::atoi(g) > 0 : kGemvDefaultRows > 0;
-  }();
-  return on;
-}
+// The norm / RoPE / activation kernels are PDL-launched when Gemms route
+// decode rows to the GEMV (kGemvDefaultRows > 0): the GEMV kernels trigger
+// early, cuBLASLt does not, so without the GEMV PDL gains nothing there.
+constexpr bool pdl_small_kernels() { return kGemvDefaultRows > 0; }
 
 template <typename... KArgs, typename... Args>
 void launch_pdl(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t stream, Args... args) {

@@ -42,10 +42,11 @@ __global__ void gated_act_kernel(const In* gate, const In* __restrict__ up, int6
 }
 
 // The prefill gated activation with bf16 gate|up and bf16 out
-// (FP8KV_PREFILL_BF16_ACT): 8 elements per thread in 16-byte loads and
-// stores, one row per grid row (no 64-bit division per element). The
-// scalar kernel moved ~1.2 TB/s at 8192 x 14336 (docs/cuda_backend.md
-// "Prefill/TTFT (2026-12-01)"). Same element math: bitwise the scalar kernel.
+// (CudaBackend::linear_gated_act past the GEMV rows): 8 elements per thread
+// in 16-byte loads and stores, one row per grid row (no 64-bit division per
+// element). The scalar kernel moved ~1.2 TB/s at 8192 x 14336
+// (docs/cuda_backend.md "Prefill/TTFT"). Same element math: bitwise the
+// scalar kernel.
 template <Activation A>
 __global__ void gated_act_bf16_vec8_kernel(const __nv_bfloat16* gate, const __nv_bfloat16* __restrict__ up,
                                            int64_t in_stride, int64_t n, __nv_bfloat16* __restrict__ out) {

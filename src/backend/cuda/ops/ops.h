@@ -81,7 +81,8 @@ void upload_f32(const std::vector<float>& host, DeviceBuffer& dst);
 // ---- linear (cuBLASLt) ----------------------------------------------------
 
 // Decode GEMV (gemv_bf16 below): the most rows it takes, and how many a
-// Gemm routes to it when FP8KV_GEMV is not set (docs/cuda_backend.md "GEMV").
+// Gemm routes to it (1: the GEMV measured faster than cuBLASLt at T = 1
+// only; docs/cuda_backend.md "GEMV").
 constexpr int kGemvMaxRows = 8;
 constexpr int kGemvDefaultRows = 1;
 
@@ -101,14 +102,12 @@ class Gemm {
   void linear(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y, bool accumulate,
               cudaStream_t stream);
   // y[T][N] = bf16(x W^T) with fp32 accumulation, no bias, always cuBLASLt
-  // (the prefill gate|up GEMM with FP8KV_PREFILL_BF16_ACT, CudaBackend::linear_gated_act).
+  // (the prefill gate|up GEMM, CudaBackend::linear_gated_act).
   void linear_bf16_out(const uint16_t* x, int64_t T, const DeviceMatrix& W, uint16_t* y, cudaStream_t stream);
 
   // Calls with T <= this many rows (and shapes gemv_bf16 takes) run
-  // gemv_bf16 instead of cuBLASLt. Default: the environment variable
-  // FP8KV_GEMV (0..kGemvMaxRows), else kGemvDefaultRows (1: measured faster
-  // at T = 1 only, 2026-12-01)
-  // (docs/cuda_backend.md "GEMV").
+  // gemv_bf16 instead of cuBLASLt: kGemvDefaultRows. The setter is for
+  // tests and bench_linear (0..kGemvMaxRows).
   void set_gemv_max_rows(int rows) { gemv_max_rows_ = rows; }
   int gemv_max_rows() const { return gemv_max_rows_; }
 
@@ -123,14 +122,7 @@ class Gemm {
   struct Plan;
   Plan& plan(int64_t T, int64_t N, int64_t K, bool bias, bool accumulate, int align_x, int align_w, int align_y,
              bool out_bf16 = false);
-  void tune(Plan& p, const uint16_t* x, const DeviceMatrix& W, const float* bias, void* y, cudaStream_t stream);
   void* handle_ = nullptr;  // cublasLtHandle_t
-  // FP8KV_LT_TUNE=n (default 0: off): plans of >= kTuneMinRows rows without
-  // accumulate time cuBLASLt's first n heuristic algorithms on their first
-  // call (outside graph capture) and keep the fastest; at most kTuneMaxPlans
-  // plans per Gemm are tuned (prefill chunk sizes vary).
-  int tune_algos_ = 0;
-  int tuned_plans_ = 0;
   DeviceBuffer workspace_;
   std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int, int, int>, Plan*> plans_;
   int gemv_max_rows_ = kGemvDefaultRows;
@@ -210,10 +202,6 @@ struct QkvPrepArgs {
   int rot_dim = 0;
   float attention_factor = 1.0f;
   float* q_out = nullptr;  // [T][num_q_heads][head_dim]
-  // q_out holds bf16 (RNE) elements instead of fp32 (the same [T][heads][D]
-  // order, half the bytes): the prefill attention's bf16 q
-  // (FP8KV_PREFILL_Q_BF16, docs/cuda_backend.md "Prefill attention in the engine").
-  bool q_out_bf16 = false;
   float* k_out = nullptr;  // [T][num_kv_heads][head_dim]
   float* v_out = nullptr;  // [T][num_kv_heads][head_dim]
   // Optional store fused in (kv_cache non-null): k and v rows go straight to

@@ -1,7 +1,7 @@
 // The attention input prep of one head (per-head QK-norm + RoPE, fused KV
-// store) for the prep kernel (ops_norm.cu qkv_prep_kernel). (The qkv GEMV
-// with the prep fused in shared it until the ninth session deleted that
-// kernel: docs/cuda_backend.md "qkv prep fused into the GEMV".)
+// store) for the prep kernel (ops/norm.cu qkv_prep_kernel). A qkv GEMV with
+// the prep fused in (measured and deleted: docs/cuda_backend.md "qkv prep
+// fused into the GEMV") would share it.
 #pragma once
 
 #include "backend/cuda/attention/kv_quant.cuh"
@@ -109,12 +109,7 @@ __device__ __forceinline__ void qkv_prep_head(const QkvPrepArgs& a, int t, int h
     }
     res[j] = r;
   }
-  if (out && hh < nq && a.q_out_bf16) {  // FP8KV_PREFILL_Q_BF16 (docs/design.md "Numerics")
-    __nv_bfloat16* qb = reinterpret_cast<__nv_bfloat16*>(a.q_out) + (static_cast<int64_t>(t) * nq + hh) * D;
-#pragma unroll
-    for (int j = 0; j < kMaxHeadDim / 32; ++j)
-      if (lane + 32 * j < D) qb[lane + 32 * j] = __float2bfloat16_rn(res[j]);
-  } else if (out) {
+  if (out) {
 #pragma unroll
     for (int j = 0; j < kMaxHeadDim / 32; ++j)
       if (lane + 32 * j < D) out[lane + 32 * j] = res[j];

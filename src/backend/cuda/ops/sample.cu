@@ -91,8 +91,8 @@ __global__ void sample_kernel(const float* __restrict__ logits, int V, const Sam
   // 1. max (ties -> lowest id) and NaN check. The (value, lowest id) max and
   // the NaN flag do not depend on which thread sees which id, so this pass
   // reads the row coalesced and 16 bytes at a time (thread j: float4s j,
-  // j + kThreads, ...) instead of by the chunks below (2026-12-01, "Batch-1
-  // step": one block streams the row; same result bitwise).
+  // j + kThreads, ...) instead of by the chunks below (docs/cuda_backend.md
+  // "Batch-1 step": one block streams the row; same result bitwise).
   ArgMax best{-INFINITY, V};
   int nan = 0;
   auto see = [&](float v, int i) {

@@ -1,0 +1,57 @@
+// Argument checks and small conversions the CudaBackend files share
+// (cuda_backend.cpp, cuda_weights.cpp, cuda_forward.cpp, cuda_sample.cpp):
+// each names the op and the tensor that failed and its shape.
+#pragma once
+#include <fmt/format.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "backend/cuda/ops/ops.h"
+#include "backend/cuda/prefill_profile.h"
+#include "backend/tensor.h"
+
+namespace fp8kv::cuda_checks {
+
+[[noreturn]] inline void bad(const char* op, const std::string& what) {
+  throw std::invalid_argument(fmt::format("CudaBackend::{}: {}", op, what));
+}
+
+inline std::string shape(const Tensor& t) {
+  return fmt::format("[{}][{}] {}", t.rows, t.cols, scalar_type_name(t.dtype));
+}
+
+inline float* f32(const Tensor& t, const char* op, const char* name) {
+  if (t.dtype != ScalarType::f32) bad(op, fmt::format("{} must be f32, got {}", name, shape(t)));
+  if (!t.data && t.numel() > 0) bad(op, fmt::format("{} is empty", name));
+  return static_cast<float*>(t.data);
+}
+
+// An optional fp32 vector of n elements (bias, norm weight): null when empty.
+inline const float* opt_vec(const Tensor& t, int64_t n, const char* op, const char* name) {
+  if (t.empty()) return nullptr;
+  if (t.dtype != ScalarType::f32 || t.numel() != n)
+    bad(op, fmt::format("{} must be f32 with {} elements, got {}", name, n, shape(t)));
+  return static_cast<const float*>(t.data);
+}
+
+inline cuda::DeviceMatrix matrix(const Tensor& w, const char* op) {
+  if (w.dtype != ScalarType::bf16)
+    bad(op, fmt::format("weight must be bf16 (uploaded by this backend), got {}", shape(w)));
+  return cuda::DeviceMatrix{static_cast<const uint16_t*>(w.data), w.rows, w.cols};
+}
+
+inline void same_shape(const char* op, const Tensor& a, const Tensor& b) {
+  if (a.rows != b.rows || a.cols != b.cols) bad(op, fmt::format("shapes differ: {} vs {}", shape(a), shape(b)));
+}
+
+// The prefill profile (prefill_profile.h): a GEMM's class key (by weight
+// shape; formatted only on profiled steps) and FLOPs.
+inline std::string gemm_key(const cuda::PrefillProfile* p, const Tensor& w, const char* suffix = "") {
+  return p && p->active() ? fmt::format("gemm N={} K={}{}", w.rows, w.cols, suffix) : std::string();
+}
+inline double gemm_flops(int64_t T, const Tensor& w) {
+  return 2.0 * static_cast<double>(T) * static_cast<double>(w.rows) * static_cast<double>(w.cols);
+}
+
+}  // namespace fp8kv::cuda_checks

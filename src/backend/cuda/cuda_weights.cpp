@@ -1,0 +1,284 @@
+// CudaBackend: weight upload (bf16 on the device, fused QKV and gate|up
+// matrices) and the KV pool (allocate_kv, kv_layer, set_kv_scales).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "backend/cuda/backend_checks.h"
+#include "backend/cuda/check.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/ops/dummy_fill.h"
+#include "backend/startup_profile.h"
+#include "io/errors.h"
+#include "model/weights.h"
+#include "numerics/fp8.h"
+
+namespace fp8kv {
+
+using namespace cuda_checks;
+
+namespace {
+
+// Weight upload through two pinned staging buffers (docs/cuda_backend.md
+// "Startup"): the host fills one buffer (a parallel copy, or
+// the parallel fp32 -> bf16 RNE conversion of f32_to_bf16) while the copy
+// engine reads the other, so the upload runs at pinned-copy speed instead
+// of the driver's pageable staging, and fp32 checkpoints convert on all
+// cores. The bytes on the device are the same as upload_matrix_bf16_to's.
+// A failed pinned allocation falls back to that function.
+class PinnedUploader {
+ public:
+  explicit PinnedUploader(cudaStream_t stream) : stream_(stream) {}
+  PinnedUploader(const PinnedUploader&) = delete;
+  PinnedUploader& operator=(const PinnedUploader&) = delete;
+  ~PinnedUploader() {
+    for (Buf& b : bufs_) {
+      if (b.ev) {
+        cudaEventSynchronize(b.ev);
+        cudaEventDestroy(b.ev);
+      }
+      if (b.p) cudaFreeHost(b.p);
+    }
+  }
+  void copy(const MatrixRef& m, uint16_t* dst) {
+    const size_t count = static_cast<size_t>(m.rows) * static_cast<size_t>(m.cols);
+    if (!count) return;
+    bytes_ += count * 2;
+    if (!ready()) {
+      cuda::upload_matrix_bf16_to(m, dst);
+      return;
+    }
+    for (size_t i0 = 0; i0 < count; i0 += kChunk) {
+      Buf& b = bufs_[next_];
+      next_ ^= 1;
+      if (b.pending) FP8KV_CU(cudaEventSynchronize(b.ev));
+      b.pending = false;
+      const int64_t n = static_cast<int64_t>(std::min(kChunk, count - i0));
+      if (m.type == WeightType::bf16) {
+        const auto* src = static_cast<const uint16_t*>(m.data) + i0;
+        constexpr int64_t kPiece = int64_t{1} << 19;  // 1 MB per task
+#pragma omp parallel for schedule(static)
+        for (int64_t j = 0; j < n; j += kPiece)
+          std::memcpy(b.p + j, src + j, static_cast<size_t>(std::min(kPiece, n - j)) * 2);
+      } else {
+        const float* src = static_cast<const float*>(m.data) + i0;
+#pragma omp parallel for schedule(static)
+        for (int64_t j = 0; j < n; ++j) b.p[j] = f32_to_bf16(src[j]);
+      }
+      FP8KV_CU(cudaMemcpyAsync(dst + i0, b.p, static_cast<size_t>(n) * 2, cudaMemcpyHostToDevice, stream_));
+      FP8KV_CU(cudaEventRecord(b.ev, stream_));
+      b.pending = true;
+    }
+  }
+  void finish() { FP8KV_CU(cudaStreamSynchronize(stream_)); }
+  size_t bytes() const { return bytes_; }
+  bool pinned() const { return state_ == 1; }
+
+ private:
+  static constexpr size_t kChunk = size_t{1} << 25;  // elements per staging buffer (64 MB)
+  struct Buf {
+    uint16_t* p = nullptr;
+    cudaEvent_t ev = nullptr;
+    bool pending = false;
+  };
+  bool ready() {
+    if (state_ == 0) {
+      state_ = 1;
+      for (Buf& b : bufs_) {
+        void* p = nullptr;
+        if (cudaHostAlloc(&p, kChunk * 2, cudaHostAllocDefault) != cudaSuccess ||
+            cudaEventCreateWithFlags(&b.ev, cudaEventDisableTiming) != cudaSuccess) {
+          (void)cudaGetLastError();
+          if (p) cudaFreeHost(p);
+          state_ = 2;  // pageable fallback
+          break;
+        }
+        b.p = static_cast<uint16_t*>(p);
+      }
+    }
+    return state_ == 1;
+  }
+  cudaStream_t stream_;
+  Buf bufs_[2];
+  int next_ = 0;
+  int state_ = 0;  // 0: not yet allocated, 1: pinned, 2: pageable fallback
+  size_t bytes_ = 0;
+};
+
+
+}  // namespace
+
+// ---- weights ----------------------------------------------------------------
+
+BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w) {
+  StartupPhase phase("weights upload (cuda)");
+  BackendWeights b;
+  PinnedUploader up(stream_);
+  // A host matrix through the staging buffers, or a dummy one generated here.
+  size_t generated = 0;  // bytes made on the device (dummy)
+  auto put = [&](const WeightMatrix& m, uint16_t* dst) {
+    if (m.dummy) {
+      cuda::dummy_fill_bf16(dst, m.dummy_key, m.rows * m.cols, m.dummy_std, stream_);
+      generated += static_cast<size_t>(m.rows * m.cols) * 2;
+    } else
+      up.copy(MatrixRef{m.data, m.bf16 ? WeightType::bf16 : WeightType::f32, m.rows, m.cols}, dst);
+  };
+  auto mat = [&](const WeightMatrix& m) -> Tensor {
+    if (!m.data && !m.dummy) return {};
+    DeviceBuffer buf = alloc(static_cast<size_t>(m.rows * m.cols) * 2);
+    put(m, static_cast<uint16_t*>(buf.data()));
+    Tensor t{buf.data(), ScalarType::bf16, m.rows, m.cols};
+    b.storage.push_back(std::move(buf));
+    return t;
+  };
+  auto vec = [&](const std::vector<float>& v) -> Tensor {
+    if (v.empty()) return {};
+    DeviceBuffer buf = alloc(v.size() * sizeof(float));
+    upload(buf.data(), v.data(), v.size() * sizeof(float));
+    Tensor t{buf.data(), ScalarType::f32, 1, static_cast<int64_t>(v.size())};
+    b.storage.push_back(std::move(buf));
+    return t;
+  };
+  b.embed = mat(w->embed);
+  b.output = w->lm_head ? mat(*w->lm_head) : b.embed;  // tied: the same device memory
+  b.final_norm = vec(w->final_norm);
+  b.embed_scale = w->embed_scale;
+  // Several matrices with the same column count in one allocation (rows
+  // concatenated): the fused matrix and a view of each part.
+  auto fused = [&](std::initializer_list<std::pair<const WeightMatrix*, Tensor*>> parts) -> Tensor {
+    int64_t rows = 0, cols = -1;
+    for (auto [m, t] : parts) {
+      if (!m->data && !m->dummy) bad("upload_weights", "a fused projection part is missing");
+      if (cols >= 0 && m->cols != cols) bad("upload_weights", "fused projection parts differ in columns");
+      cols = m->cols;
+      rows += m->rows;
+    }
+    DeviceBuffer buf = alloc(static_cast<size_t>(rows * cols) * 2);
+    auto* base = static_cast<uint16_t*>(buf.data());
+    int64_t r0 = 0;
+    for (auto [m, t] : parts) {
+      put(*m, base + r0 * cols);
+      *t = Tensor{base + r0 * cols, ScalarType::bf16, m->rows, m->cols};
+      r0 += m->rows;
+    }
+    Tensor all{buf.data(), ScalarType::bf16, rows, cols};
+    b.storage.push_back(std::move(buf));
+    return all;
+  };
+  // Biases of fused parts: concatenated (a missing part is zeros); none at all -> empty.
+  auto fused_bias = [&](std::initializer_list<std::pair<const std::vector<float>*, int64_t>> parts) -> Tensor {
+    bool any = false;
+    for (auto [v, n] : parts) any = any || !v->empty();
+    if (!any) return {};
+    std::vector<float> all;
+    for (auto [v, n] : parts) {
+      if (v->empty())
+        all.insert(all.end(), static_cast<size_t>(n), 0.0f);
+      else
+        all.insert(all.end(), v->begin(), v->end());
+    }
+    return vec(all);
+  };
+  b.layers.reserve(w->layers.size());
+  for (const LayerWeights& L : w->layers) {
+    BackendLayerWeights o;
+    o.input_norm = vec(L.input_norm);
+    o.qkv_proj = fused({{&L.q_proj, &o.q_proj}, {&L.k_proj, &o.k_proj}, {&L.v_proj, &o.v_proj}});
+    o.o_proj = mat(L.o_proj);
+    o.q_bias = vec(L.q_bias);
+    o.k_bias = vec(L.k_bias);
+    o.v_bias = vec(L.v_bias);
+    o.qkv_bias = fused_bias({{&L.q_bias, L.q_proj.rows}, {&L.k_bias, L.k_proj.rows}, {&L.v_bias, L.v_proj.rows}});
+    o.o_bias = vec(L.o_bias);
+    o.q_norm = vec(L.q_norm);
+    o.k_norm = vec(L.k_norm);
+    o.post_attention_norm = vec(L.post_attention_norm);
+    o.pre_ffn_norm = vec(L.pre_ffn_norm);
+    o.post_ffn_norm = vec(L.post_ffn_norm);
+    o.gate_up_proj = fused({{&L.gate_proj, &o.gate_proj}, {&L.up_proj, &o.up_proj}});
+    o.down_proj = mat(L.down_proj);
+    o.gate_bias = vec(L.gate_bias);
+    o.up_bias = vec(L.up_bias);
+    o.gate_up_bias = fused_bias({{&L.gate_bias, L.gate_proj.rows}, {&L.up_bias, L.up_proj.rows}});
+    o.down_bias = vec(L.down_bias);
+    b.layers.push_back(o);
+  }
+  // Per-projection GEMV routes (linear_routes.h): the shapes this model's
+  // fused projections and LM head run at.
+  for (const BackendLayerWeights& o : b.layers) {
+    gemm_->name_shape(o.qkv_proj.rows, o.qkv_proj.cols, cuda::LinearProj::qkv);
+    gemm_->name_shape(o.o_proj.rows, o.o_proj.cols, cuda::LinearProj::o_proj);
+    gemm_->name_shape(o.gate_up_proj.rows, o.gate_up_proj.cols, cuda::LinearProj::gate_up);
+    gemm_->name_shape(o.down_proj.rows, o.down_proj.cols, cuda::LinearProj::down);
+  }
+  gemm_->name_shape(b.output.rows, b.output.cols, cuda::LinearProj::lm_head);
+  up.finish();
+  phase.set_detail(fmt::format(", {:.2f} GB matrices copied, {:.1f} GB/s ({}), {:.2f} GB generated on the device",
+                               static_cast<double>(up.bytes()) / 1e9,
+                               static_cast<double>(up.bytes()) / 1e9 / std::max(phase.seconds(), 1e-9),
+                               up.pinned() ? "pinned staging" : up.bytes() ? "pageable" : "none",
+                               static_cast<double>(generated) / 1e9));
+  return b;  // the host weights are no longer needed (host_owner stays empty)
+}
+
+// ---- KV storage ----------------------------------------------------------------
+
+void CudaBackend::allocate_kv(const KvPlan& plan, const KvCacheLayout& layout) {
+  if (layout.block_size <= 0 || layout.block_size % 16 != 0)
+    throw InputError(fmt::format("--backend cuda: block size {} is not a multiple of 16 (the CUDA attention kernels "
+                                 "need whole 16-token tiles per page)",
+                                 layout.block_size));
+  if (layout.head_dim != cfg_.head_dim) bad("allocate_kv", fmt::format("layout head_dim {} != model {}", layout.head_dim, cfg_.head_dim));
+  layout_ = layout;
+  layer_group_.assign(cfg_.num_layers, -1);
+  layer_slot_.assign(cfg_.num_layers, -1);
+  for (size_t g = 0; g < plan.groups.size(); ++g) {
+    const auto& layers = plan.groups[g].layers;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const int l = layers[i];
+      if (l < 0 || l >= cfg_.num_layers) continue;  // padding
+      layer_group_[l] = static_cast<int>(g);
+      layer_slot_[l] = static_cast<int>(i);
+    }
+  }
+  for (int l = 0; l < cfg_.num_layers; ++l)
+    if (layer_group_[l] < 0) throw std::logic_error(fmt::format("CudaBackend::allocate_kv: layer {} is in no KV group", l));
+  drop_graphs();
+  kv_storage_.clear();
+  StartupPhase phase("KV pool alloc + zero (cuda)");
+  const size_t bytes = layout.cache_bytes();
+  for (int i = 0; i < plan.group_size * 2; ++i) {
+    kv_storage_.push_back(alloc(bytes));
+    FP8KV_CU(cudaMemsetAsync(kv_storage_.back().data(), 0, bytes, stream_));
+  }
+  FP8KV_CU(cudaStreamSynchronize(stream_));
+  phase.set_detail(fmt::format(", {:.2f} GB", static_cast<double>(bytes) * plan.group_size * 2 / 1e9));
+}
+
+KvLayerStorage CudaBackend::kv_layer(int layer) const {
+  if (kv_storage_.empty()) throw std::logic_error("CudaBackend::kv_layer before allocate_kv");
+  const size_t s = static_cast<size_t>(layer_slot_.at(layer)) * 2;
+  return KvLayerStorage{layout_, kv_storage_[s].data(), kv_storage_[s + 1].data()};
+}
+
+void CudaBackend::set_kv_scales(const KvScales& scales) {
+  if (static_cast<int>(scales.layers.size()) != cfg_.num_layers)
+    bad("set_kv_scales", fmt::format("{} layers of scales for {} model layers", scales.layers.size(), cfg_.num_layers));
+  drop_graphs();  // the scale buffers are reallocated
+  scales_.resize(scales.layers.size());
+  for (size_t l = 0; l < scales.layers.size(); ++l) {
+    cuda::upload_f32(scales.layers[l].k.values, scales_[l].k);
+    cuda::upload_f32(scales.layers[l].v.values, scales_[l].v);
+    scales_[l].k_count = static_cast<int>(scales.layers[l].k.values.size());
+    scales_[l].v_count = static_cast<int>(scales.layers[l].v.values.size());
+  }
+}
+
+}  // namespace fp8kv
