@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/membw.h"
+#include "backend/cuda/copy_bandwidth.h"
 #include "backend/cuda/ops/ops.h"
 #include "event_median.h"
 
@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
   const char* json = nullptr;
   for (int i = 1; i + 1 < argc; ++i)
     if (std::strcmp(argv[i], "--json") == 0) json = argv[i + 1];
-  if (!cuda::device_present()) {
+  if (!cuda::cuda_device_available()) {
     std::printf("bench_linear: no CUDA device\n");
     return 0;
   }

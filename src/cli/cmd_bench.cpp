@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"  // cuda_device_available
 #include "bench/copy_bandwidth.h"
 #include "bench/runner.h"
 #include "cli/commands.h"
@@ -24,8 +25,8 @@
 #include "io/errors.h"
 #include "numerics/version.h"
 #ifdef FP8KV_HAVE_CUDA
+#include "backend/cuda/copy_bandwidth.h"
 #include "backend/cuda/linear/routes.h"
-#include "backend/cuda/membw.h"
 #endif
 
 namespace fp8kv::cli {
@@ -88,7 +89,7 @@ nlohmann::json run_route_sets(Engine& engine, const bench::BenchSettings& s, dou
 std::string resolved_backend(const std::string& requested) {
   if (requested == "cuda") return "cuda";
 #ifdef FP8KV_HAVE_CUDA
-  if (requested == "auto" && cuda::device_present()) return "cuda";
+  if (requested == "auto" && cuda_device_available()) return "cuda";
 #endif
   return "cpu";
 }
@@ -105,6 +106,7 @@ int run(BenchArgs a, const std::string& mode) {
   for (const std::string& spec : split_route_sets(a.gemv_routes)) (void)cuda::parse_linear_routes(spec, "--gemv-routes");
 #endif
   auto engine = Engine::load(a.model, o);
+  if (!engine) return 0;  // a multi-process follower: rank 0 did the work (Engine::load)
 
   double copy = 0.0;
   if (backend == "cuda") {

@@ -1,12 +1,12 @@
-// Device-to-device copy bandwidth, measured in the same run as a benchmark
-// (the ceiling `fp8kv bench` reports floor_fraction against; docs/bench.md).
+// Device-to-device copy bandwidth, measured in the same run as a benchmark:
+// the ceiling `fp8kv bench` reports floor_fraction against (docs/bench.md),
+// the device twin of bench/copy_bandwidth.h's host copy. It lives in the CUDA
+// library because src/bench/ builds without CUDA; bench_linear and
+// bench_prefill_gemm use it too.
 #pragma once
 #include <cstddef>
 
 namespace fp8kv::cuda {
-
-// True when the CUDA runtime sees at least one device.
-bool device_present();
 
 // cudaMemcpyAsync device-to-device of `bytes` (default 1 GiB: well past the
 // H200's 60 MB L2), timed with CUDA events, median of `reps` after two
