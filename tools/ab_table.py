@@ -1,56 +1,184 @@
 #!/usr/bin/env python3
-"""Speed of variants over a base, from interleaved bench_attention rows.
+"""Old-vs-new rows of scripts/gpu.sh's summary table.
 
-  python3 tools/ab_table.py OUTDIR BASE VARIANT [VARIANT ...]
+  ab_table.py kernels DIR      DIR/new.jsonl, old.jsonl (bench_attention lines), sdpa.jsonl
+  ab_table.py engine DIR       DIR/NAME.new.I.json, NAME.old.I.json (fp8kv bench --json)
+  ab_table.py hashes NEW OLD   two test_cuda logs: their `decode-hash` lines
 
-Reads OUTDIR/ab_NAME.jsonl (bench_attention `shape` lines, several samples
-per row, written by scripts/gpu_ab.sh) and prints per row the base's median
-time (isolated call / stream method, us) and each variant's speed over it
-(base median / variant median, both methods), then the geometric mean of
-the speeds over the rows (docs/design.md "Performance method").
+Each sample is a fresh process, old and new interleaved (docs/design.md
+"Performance method"); a row is the median of its samples. "speed n/o" is
+old time / new time, or new / old tok/s: below 0.98 the row says SLOWER.
+kernels and engine also write DIR/table.txt (the same rows).
 """
 import collections
+import glob
 import json
 import math
+import os
 import statistics
 import sys
 
+SLOWER = 0.98
 
-def load(path):
-    rows = collections.defaultdict(lambda: ([], []))
+
+def row(step, case, new="", old="", speed="", note=""):
+    return f"{step:8} {case:30} {new:>12} {old:>12} {speed:>9}  {note}"
+
+
+def jsonl(path):
+    out = []
     try:
         with open(path) as f:
             for line in f:
-                j = json.loads(line)
-                if j.get("kind") != "decode":
-                    continue
-                k = (j["dtype"], j["d"], j["batch"], j["ctx"])
-                rows[k][0].append(j["ms"] * 1000)
-                rows[k][1].append(j["ms_stream"] * 1000)
+                if line.startswith("{"):
+                    out.append(json.loads(line))
     except FileNotFoundError:
         pass
+    return out
+
+
+def kernel_samples(lines):
+    """{case: [(ms, ms_stream), ...]} and the copy bandwidth samples."""
+    s, copy = collections.defaultdict(list), []
+    for j in lines:
+        k = j.get("kind")
+        if k == "copy":
+            copy.append(j["GBps"])
+        elif k == "decode":
+            ctx = j["ctx"]
+            ctx = f"{ctx // 1024}K" if ctx % 1024 == 0 else str(ctx)
+            s[f"decode {j['dtype']} d{j['d']} B={j['batch']} {ctx}"].append((j["ms"], j["ms_stream"], j["frac_copy"]))
+        elif k == "store":
+            s[f"store {j['dtype']} {j['tokens'] // 1024}K tok"].append((j["ms"], None, None))
+        elif k == "prefill" and j.get("kernel", "wgmma").startswith("wgmma"):
+            s[f"prefill {j['dtype']} {j['seq'] // 1024}K causal"].append((j["ms"], None, None))
+    return s, copy
+
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def kernels(d):
+    new, copy_new = kernel_samples(jsonl(f"{d}/new.jsonl"))
+    old, _ = kernel_samples(jsonl(f"{d}/old.jsonl"))
+    sdpa = {}
+    for j in jsonl(f"{d}/sdpa.jsonl"):
+        if j["kind"] == "sdpa_decode":
+            sdpa[(j["d"], j["batch"], j["ctx"])] = j["ms"]
+        elif j["kind"] == "sdpa_prefill":
+            sdpa["prefill"] = j["ms"]
+    rows, logs = [], []
+    c = med(copy_new)
+    if c:
+        rows.append(row("kernels", "copy ceiling (D2D, read+write)", f"{c:.0f}", "", "", "GB/s"))
+    for case in sorted(new, key=lambda k: (k.split()[0], k)):
+        n_ms, n_st, frac = (med([x[i] for x in new[case]]) for i in range(3))
+        note = [f"n={len(new[case])}"]
+        if frac:
+            note.append(f"{100 * frac:.0f}% of copy")
+        parts = case.split()
+        if parts[0] == "decode":
+            dd, b = int(parts[2][1:]), int(parts[3][2:])
+            ctx = int(parts[4][:-1]) * 1024 if parts[4].endswith("K") else int(parts[4])
+            s = sdpa.get((dd, b, ctx))
+            if s:
+                note.append(f"time/SDPA bf16 {n_ms / s:.2f}")
+        elif parts[0] == "prefill" and "prefill" in sdpa:
+            note.append(f"time/SDPA bf16 {n_ms / sdpa['prefill']:.2f}")
+        o_ms = med([x[0] for x in old.get(case, [])])
+        speed = ""
+        if o_ms:
+            sp = o_ms / n_ms
+            logs.append(math.log(sp))
+            speed = f"{sp:.3f}"
+            o_st = med([x[1] for x in old[case]])
+            if n_st and o_st:
+                note.append(f"stream speed {o_st / n_st:.3f}")
+            if sp < SLOWER:
+                note.append("SLOWER")
+        rows.append(row("kernels", case, f"{n_ms * 1e3:.1f} us", f"{o_ms * 1e3:.1f} us" if o_ms else "", speed, ", ".join(note)))
+    if logs:
+        rows.append(row("kernels", f"geometric mean ({len(logs)} rows)", "", "", f"{math.exp(sum(logs) / len(logs)):.3f}"))
+    if not new:
+        rows.append(row("kernels", "bench_attention", note="FAIL: no result"))
     return rows
 
 
-def main(out, base, variants):
-    b = load(f"{out}/ab_{base}.jsonl")
-    vs = {n: load(f"{out}/ab_{n}.jsonl") for n in variants}
-    logs = {n: ([], []) for n in variants}
-    print(f"row: {base} median us (isolated / stream), then each variant's speed over it (isolated / stream)")
-    for k, (iso, st) in sorted(b.items()):
-        bi, bs = statistics.median(iso), statistics.median(st)
-        line = f"{k[0]} d{k[1]} B={k[2]} ctx={k[3]}: {bi:.1f} / {bs:.1f} (n={len(iso)})"
-        for n in variants:
-            if k in vs[n] and vs[n][k][0]:
-                vi, vt = statistics.median(vs[n][k][0]), statistics.median(vs[n][k][1])
-                line += f" | {n} {bi / vi:.3f} / {bs / vt:.3f}"
-                logs[n][0].append(math.log(bi / vi))
-                logs[n][1].append(math.log(bs / vt))
-        print(line)
-    for n, (a, s) in logs.items():
-        if a:
-            print(f"{n}: geometric mean {math.exp(sum(a) / len(a)):.4f} / {math.exp(sum(s) / len(s)):.4f} over {len(a)} rows")
+def engine(d):
+    runs = collections.defaultdict(lambda: collections.defaultdict(list))
+    for f in sorted(glob.glob(f"{d}/*.json")):
+        name, side = os.path.basename(f).split(".")[:2]
+        try:
+            runs[name][side].append(json.load(open(f)))
+        except (ValueError, OSError):
+            pass
+    rows = []
+    for name in sorted(runs):
+        metrics = [("ms/step", "decode_ms_per_step", False), ("TTFT ms", "ttft_ms", False)]
+        if name.startswith("thr"):
+            metrics = [("out tok/s", "output_tokens_per_s", True), ("TTFT ms", "ttft_ms", False)]
+        for label, key, rate in metrics:
+            n = med([j.get(key) for j in runs[name]["new"]])
+            o = med([j.get(key) for j in runs[name]["old"]])
+            if n is None:
+                rows.append(row("engine", f"{name} {label}", note="FAIL: no result"))
+                continue
+            note = [f"n={len(runs[name]['new'])}"]
+            ff = med([j.get("floor_fraction") for j in runs[name]["new"]])
+            if ff and key == "decode_ms_per_step":
+                note.append(f"floor fraction {ff:.3f}")
+            speed = ""
+            if o:
+                sp = n / o if rate else o / n
+                speed = f"{sp:.3f}"
+                if sp < SLOWER and key != "ttft_ms":
+                    note.append("SLOWER")
+            rows.append(row("engine", f"{name} {label}", f"{n:.3f}" if n < 100 else f"{n:.1f}",
+                            (f"{o:.3f}" if o < 100 else f"{o:.1f}") if o else "", speed, ", ".join(note)))
+    if not runs:
+        rows.append(row("engine", "fp8kv bench", note="FAIL: no result"))
+    return rows
+
+
+def hashes(new_log, old_log):
+    def read(path):
+        lines = []
+        try:
+            with open(path, errors="replace") as f:
+                lines = [line.split() for line in f if line.startswith("decode-hash ")]
+        except FileNotFoundError:
+            pass
+        return [(" ".join(x[1:-1]), x[-1]) for x in lines]
+    new, old = read(new_log), read(old_log)
+    old_full, old_keys = set(old), {k for k, _ in old}
+    same = sum((k, h) in old_full for k, h in new)
+    other = sum(k not in old_keys for k, _ in new)
+    differ = len(new) - same - other
+    if not new:
+        note = "FAIL: no decode-hash lines in the new build's log"
+    elif differ:
+        note = f"FAIL: {differ} of {len(new) - other} launches differ"
+    else:
+        note = f"PASS: {same} of {same} launches bitwise equal"
+    if other:
+        note += f" ({other} launches of cases the previous build does not run)"
+    return [row("test", "decode outputs vs previous", str(len(new)), str(len(old)), "", note)]
+
+
+def main():
+    what = sys.argv[1] if len(sys.argv) > 1 else ""
+    if what in ("kernels", "engine") and len(sys.argv) == 3:
+        rows = kernels(sys.argv[2]) if what == "kernels" else engine(sys.argv[2])
+        with open(os.path.join(sys.argv[2], "table.txt"), "w") as f:
+            f.write(row("step", "case", "new", "old", "speed n/o", "note") + "\n" + "\n".join(rows) + "\n")
+    elif what == "hashes" and len(sys.argv) == 4:
+        rows = hashes(sys.argv[2], sys.argv[3])
+    else:
+        sys.exit(__doc__)
+    print("\n".join(rows))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3:])
+    main()

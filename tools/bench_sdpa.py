@@ -2,9 +2,10 @@
 """PyTorch peer for bench/cuda/bench_attention (runs on the GPU machine).
 
   python3 tools/bench_sdpa.py                 # JSON lines: sdpa decode/prefill, cuBLAS bf16 GEMM
-  python3 tools/bench_sdpa.py --prefill-only  # only the 8K causal prefill row (scripts/gpu_prefill.sh)
+  python3 tools/bench_sdpa.py --prefill-only  # the GEMM and the 8K causal prefill row only
   python3 tools/bench_sdpa.py --decode-fresh 32,8,128,64,4096 ...  # decode rows, each in a fresh CUDA context
-  python3 tools/bench_sdpa.py --table OURS.jsonl SDPA.jsonl [BASE.jsonl]   # the summary table
+
+scripts/gpu.sh kernels runs it beside bench_attention (tools/ab_table.py makes the table).
 
 Decode: F.scaled_dot_product_attention(q[B,32,1,128], k/v[B,8,C,128] bf16,
 contiguous, enable_gqa=True), and Gemma-3-12B's q[B,16,1,256], k/v[B,8,C,256];
@@ -128,7 +129,7 @@ def decode_fresh(shapes):
     torch is imported once here (CUDA stays uninitialised in this process),
     then every row runs in a forked child that initialises CUDA, allocates,
     measures and exits, so no row sees the allocations an earlier one left,
-    the same treatment scripts/gpu_decode.sh gives bench_attention's rows (one
+    the same treatment scripts/gpu.sh gives bench_attention's rows (one
     process per row)."""
     import os
     import torch
@@ -148,84 +149,8 @@ def decode_fresh(shapes):
         os.waitpid(pid, 0)
 
 
-def load(path):
-    rows = []
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if line.startswith("{"):
-                rows.append(json.loads(line))
-    return rows
-
-
-def table(ours_path, sdpa_path, base_path=None, base_label="base"):
-    ours, sdpa = load(ours_path), load(sdpa_path)
-    base = load(base_path) if base_path else []
-    copy = next((r["GBps"] for r in ours if r["kind"] == "copy"), float("nan"))
-    sd = {(r.get("d", 128), r["batch"], r["ctx"]): r for r in sdpa if r["kind"] == "sdpa_decode"}
-    dec = {(r["dtype"], r.get("d", 128), r["batch"], r["ctx"]): r for r in ours if r["kind"] == "decode"}
-    bdec = {(r["dtype"], r.get("d", 128), r["batch"], r["ctx"]): r for r in base if r["kind"] == "decode"}
-    print(f"copy D2D (read+write): {copy:.0f} GB/s")
-    for r in sdpa:
-        if r["kind"] == "gemm":
-            print(f"cuBLAS bf16 GEMM 8192^3: {r['TFLOPs']:.0f} TFLOP/s")
-    print("decode (d128: 32/8 heads, d256: 16/8 heads), times in us; GB/s = KV bytes / time; "
-          f"{base_label} = " + ("the previous kernels" if base_label == "base" else "the FP8KV_DECODE_DEEP=1 variant")
-          + " in the same run")
-    print(f"{'d':>3} {'B':>3} {'ctx':>6} | {'sdpa':>8} | {'bf16':>8} {'GB/s':>6} {'x sdpa':>6} | {'fp8':>8} {'GB/s':>6} "
-          f"{'%copy':>6} {'t/sdpa':>6} {'fp8/bf16':>8} | {base_label + ' fp8':>8} {base_label + ' bf16':>9}")
-    for (d, B, C), s in sorted(sd.items()):
-        b = dec.get(("bf16", d, B, C))
-        e = dec.get(("fp8_e4m3", d, B, C))
-        if not b or not e:
-            continue
-        be = bdec.get(("fp8_e4m3", d, B, C))
-        bb = bdec.get(("bf16", d, B, C))
-        bs = (f"{be['ms']*1e3:8.1f} {bb['ms']*1e3:9.1f}") if be and bb else f"{'-':>8} {'-':>9}"
-        print(f"{d:>3} {B:>3} {C:>6} | {s['ms']*1e3:8.1f} | {b['ms']*1e3:8.1f} {b['GBps']:6.0f} {s['ms']/b['ms']:6.2f} | "
-              f"{e['ms']*1e3:8.1f} {e['GBps']:6.0f} {100*e['GBps']/copy:6.1f} {e['ms']/s['ms']:6.2f} "
-              f"{e['ms']/b['ms']:8.2f} | {bs}")
-    sp = [r for r in ours if r["kind"] == "split"]
-    if sp:
-        print("fp8 d128 decode at forced split sizes (us):")
-        for B, C in sorted({(r["batch"], r["ctx"]) for r in sp}):
-            auto = dec.get(("fp8_e4m3", 128, B, C))
-            cells = " ".join(f"{r['split_tokens']}:{r['ms']*1e3:.1f}" for r in sp if (r["batch"], r["ctx"]) == (B, C))
-            a = f" auto({auto['split_tokens']}):{auto['ms']*1e3:.1f}" if auto else ""
-            print(f"  B={B} ctx={C}: {cells}{a}")
-    pl = [r for r in ours if r["kind"] == "plan"]
-    if pl:
-        print("auto plan at assumed CTAs per SM (us, splits; 'occ' = the default, the occupancy API; "
-              "%copy and t/sdpa of the best):")
-        for dt, d, B, C in sorted({(r["dtype"], r.get("d", 128), r["batch"], r["ctx"]) for r in pl}):
-            rows = [r for r in pl if (r["dtype"], r.get("d", 128), r["batch"], r["ctx"]) == (dt, d, B, C)]
-            auto = dec.get((dt, d, B, C))
-            if auto:
-                rows.append(dict(auto, ctas_per_sm="occ"))
-            cells = " ".join(f"{r['ctas_per_sm']}:{r['ms']*1e3:.1f}({r['splits']})" for r in rows)
-            best = min(rows, key=lambda r: r["ms"])
-            s = sd.get((d, B, C))
-            ts = f" t/sdpa {best['ms']/s['ms']:.2f}" if s else ""
-            print(f"  {dt} d{d} B={B} ctx={C}: {cells} | best {best['ctas_per_sm']}: "
-                  f"{100*best['GBps']/copy:.1f}% copy{ts}")
-    spf = next((r for r in sdpa if r["kind"] == "sdpa_prefill"), None)
-    for r in ours:
-        if r["kind"] == "prefill":
-            extra = f", {r['TFLOPs']/spf['TFLOPs']:.2f}x SDPA bf16 ({spf['TFLOPs']:.0f})" if spf else ""
-            kern = f" [{r['kernel']}]" if "kernel" in r else ""
-            print(f"prefill 8K causal {r['dtype']}{kern}: {r['ms']:.3f} ms, {r['TFLOPs']:.0f} TFLOP/s{extra}")
-    for label, rows in (("", ours), ("base ", base)):
-        st = {r["dtype"]: r for r in rows if r["kind"] == "store"}
-        if "bf16" in st and "fp8_e4m3" in st:
-            print(f"{label}store 64K tokens: bf16 {st['bf16']['ms']*1e3:.1f} us ({100*st['bf16']['GBps']/copy:.0f}% copy), "
-                  f"fp8 {st['fp8_e4m3']['ms']*1e3:.1f} us ({100*st['fp8_e4m3']['GBps']/copy:.0f}% copy) "
-                  f"(fp8/bf16 {st['fp8_e4m3']['ms']/st['bf16']['ms']:.3f})")
-
-
 if __name__ == "__main__":
-    if len(sys.argv) in (4, 5, 6) and sys.argv[1] == "--table":
-        table(*sys.argv[2:])
-    elif len(sys.argv) >= 2 and sys.argv[1] == "--decode-fresh":
+    if len(sys.argv) >= 2 and sys.argv[1] == "--decode-fresh":
         # --decode-fresh "H,HKV,D,B,C" ...: those decode rows, each in a fresh CUDA context.
         try:
             rows = [tuple(int(x) for x in a.split(",")) for a in sys.argv[2:]]

@@ -1,0 +1,432 @@
+#!/usr/bin/env bash
+# The one GPU entry point: builds and packs the GPU binaries here (`pack`),
+# runs them on a GPU machine (the other subcommands). `--help` says how.
+set -uo pipefail
+SELF=$(realpath "$0")
+cd "$(dirname "$SELF")/.." || exit 1
+
+usage() {
+  cat <<'EOF'
+usage: scripts/gpu.sh SUBCOMMAND [SUBCOMMAND ...]
+
+Here (the development machine; same nvcc as the GPU machine):
+  pack [--prev DIR]  build fp8kv test_cuda test_cuda_ops bench_attention
+                     bench_linear bench_allreduce (Release, in $BUILD) and pack
+                     them with the shared libraries they need into .wt/
+                     (ignored). --prev DIR also packs a previous build's
+                     binaries (DIR/fp8kv, DIR/tests/test_cuda, ...) for an
+                     old-vs-new A/B.
+  Then: run(command="bash scripts/gpu.sh all", carry=[".wt"], timeout_s=600)
+
+On the GPU machine (binaries from .wt/; logs under gpu-out/, and with $OUT set
+one logs.tgz plus the summary come back in $OUT):
+  test     test_cuda (fixed FP8KV_SEED) and test_cuda_ops; with a previous
+           build packed, its test_cuda too, and the `decode-hash` lines
+           compared launch by launch (bitwise equality of the decode outputs)
+  kernels  bench_attention: decode rows, store, 8K prefill, each beside the
+           copy-bandwidth ceiling; PyTorch SDPA as the peer when torch is
+           there; bench_linear (GEMV vs cuBLASLt). Old and new interleaved,
+           one fresh process per sample, medians, new/old speed
+  engine   fp8kv bench latency (batch 1, 1K in / 64 out) and throughput
+           (256 x 1K in / 128 out) on the Llama-3.1-8B shape, dummy weights,
+           fp8 KV cache; old and new interleaved when a previous build is packed
+  serve    fp8kv serve on models/fp8kv-mini + bench serve (smoke), prefix
+           caching on vs off (same greedy texts); the 8B shape too when
+           TOKENIZER is set
+  tp       two GPUs (NCCL_NVLS_ENABLE=0): the comm and TP tests,
+           bench_allreduce, score TP 2 vs TP 1, multi-process TP 2, bench
+           latency TP 1 vs TP 2
+  all      test kernels engine serve, and tp when the machine has 2+ GPUs
+Each subcommand runs in its own process session under a watchdog; one summary
+table is printed at the end (gpu-out/summary.txt). "speed new/old" is old
+time / new time (or new / old tok/s): below 0.98 is marked SLOWER.
+
+Variables:
+  BUILD=build        pack: the CMake build folder (configured if missing)
+  REPS=3             kernels / engine: old-new pairs per case (order flipped each pair)
+  DEADLINE_S=570     seconds for the whole call; a step that would start with
+                     less than 30 s left is skipped
+  FP8KV_SEED=20261201  test: the seed of test_cuda's random cases
+  TOKENIZER=DIR      serve: a Llama-3.1 tokenizer for the 8B-shape serve run
+  GPU_OUT=gpu-out    the log folder
+EOF
+}
+
+# ---- the case table -------------------------------------------------------
+# bench_attention decode rows: DTYPE D B CTX (d128: Llama-3-8B's 32/8 heads,
+# d256: Gemma-3-12B's 16/8, d64: 32/8). One row per plan-table case that a
+# model runs; e5m2 and d64 are the fallbacks.
+DECODE_ROWS=(
+  "fp8_e4m3 128 1 1024" "fp8_e4m3 128 1 65536" "fp8_e4m3 128 8 16384" "fp8_e4m3 128 32 16384"
+  "fp8_e4m3 128 64 16384" "fp8_e4m3 128 64 1024" "bf16 128 1 1024" "bf16 128 32 16384" "bf16 128 1 65536"
+  "fp8_e4m3 256 8 16384" "fp8_e4m3 256 32 16384" "bf16 256 8 16384" "fp8_e5m2 128 8 16384" "fp8_e4m3 64 8 16384"
+)
+# fp8kv bench cases: NAME|ARGS (on the Llama-3.1-8B shape, dummy weights, fp8 KV).
+MODEL_8B=tests/data/configs/llama-3.1-8b
+ENGINE_COMMON=(--load-format dummy --backend cuda --kv-cache-dtype fp8 --ignore-eos --json)
+ENGINE_CASES=(
+  "lat_b1_1k|latency --batch-size 1 --input-len 1024 --output-len 64 --num-iters-warmup 1 --num-iters 3"
+  "thr_256x1k|throughput --num-prompts 256 --input-len 1024 --output-len 128 --num-iters-warmup 0"
+)
+TARGETS=(fp8kv test_cuda test_cuda_ops bench_attention bench_linear bench_allreduce)
+# Seconds each step may run (the watchdog's limit).
+declare -A STEP_S=([test]=300 [kernels]=260 [engine]=300 [serve]=200 [tp]=420)
+
+G=${GPU_OUT:-gpu-out}
+NEW=.wt/bin
+PREV=.wt/prev
+T0=$(date +%s)
+el() { echo $(( $(date +%s) - T0 )); }
+# row STEP CASE NEW OLD SPEED NOTE: one line of the summary table.
+row() { printf '%-8s %-30s %12s %12s %9s  %s\n' "$@" >>"$G/summary.txt"; }
+# path of a packed binary (new or prev), or empty.
+bin() { [ -x "$1/$2" ] && echo "$1/$2"; }
+gtest_status() {  # LOG RC -> "PASS 123 tests" / "FAIL ..."
+  local n; n=$(grep -oE '^\[  PASSED  \] [0-9]+ test' "$1" | grep -oE '[0-9]+' | tail -1)
+  if [ "$2" = 0 ] && [ -n "$n" ] && ! grep -q '^\[  FAILED  \]' "$1"; then echo "PASS $n tests"
+  else echo "FAIL rc $2, $(grep -c '^\[  FAILED  \] [A-Za-z]' "$1") failed$([ "$2" = 124 ] && echo ', timeout')"; fi
+}
+
+# ---- pack (here) ----------------------------------------------------------
+# Only the libraries a GPU image may lack travel: not glibc / libstdc++ / CUDA.
+SYSTEM_LIBS='^(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux-x86-64|linux-vdso|libcuda|libcudart|libcublas|libcublasLt|libnccl)\.'
+pack() {
+  local prev=""
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --prev) prev=${2:?--prev DIR}; shift 2 ;;
+      *) echo "gpu.sh pack: unknown argument $1" >&2; return 2 ;;
+    esac
+  done
+  local build=${BUILD:-build}
+  [ -f "$build/CMakeCache.txt" ] || cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null || return 1
+  cmake --build "$build" --target "${TARGETS[@]}" -j "$(nproc)" || return 1
+  rm -rf .wt && mkdir -p .wt
+  stage_pack "$build" .wt/bin.tar.xz libs || return 1
+  if [ -n "$prev" ]; then stage_pack "$prev" .wt/prev.tar.xz || return 1; fi
+  { git rev-parse --short HEAD; git status --porcelain --untracked-files=no | grep -q . && echo "(plus uncommitted changes)"; } \
+    >.wt/COMMIT 2>/dev/null
+  [ -n "$prev" ] && echo "$prev" >.wt/PREV
+  ls -la .wt && du -sh .wt
+}
+stage_pack() {  # BUILD_DIR TARBALL [libs]: its binaries among TARGETS (and their libraries)
+  local dir=$1 tarball=$2 libs=${3:-} stage t f n=0
+  stage=$(mktemp -d)
+  mkdir -p "$stage/lib"
+  for t in "${TARGETS[@]}"; do
+    f=$(find "$dir" -maxdepth 3 -type f -name "$t" -perm -u+x 2>/dev/null | head -1)
+    [ -n "$f" ] || { echo "pack: no $t in $dir (skipped)"; continue; }
+    cp "$f" "$stage/" && n=$((n + 1))
+    [ -n "$libs" ] || continue
+    ldd "$f" | awk '$3 ~ /^\// {print $1, $3}' | while read -r so path; do
+      [[ $so =~ $SYSTEM_LIBS ]] || cp -Ln "$path" "$stage/lib/$so"
+    done
+  done
+  [ $n -gt 0 ] || { echo "pack: no binaries in $dir" >&2; rm -rf "$stage"; return 1; }
+  # xz -9: the binaries share their fatbins, which its 64 MiB window finds.
+  XZ_OPT=${XZ_OPT:--9} tar cJf "$tarball" -C "$stage" . && rm -rf "$stage"
+}
+
+# ---- on the GPU machine ---------------------------------------------------
+unpack() {
+  [ -f .wt/bin.tar.xz ] || { echo "gpu.sh: no .wt/bin.tar.xz: run 'bash scripts/gpu.sh pack' here and carry .wt" >&2; return 1; }
+  local d
+  for d in bin prev; do
+    rm -rf ".wt/$d"
+    [ -f ".wt/$d.tar.xz" ] && mkdir -p ".wt/$d" && tar xJf ".wt/$d.tar.xz" -C ".wt/$d"
+  done
+  # Link only the libraries this machine lacks (its own stay in use).
+  rm -rf .wt/rt && mkdir -p .wt/rt
+  local b so
+  for _ in 1 2 3; do  # a library found can need others
+    for b in .wt/bin/* .wt/prev/*; do
+      [ -f "$b" ] || continue
+      LD_LIBRARY_PATH=$PWD/.wt/rt ldd "$b" 2>/dev/null | awk '/not found/ {print $1}' | while read -r so; do
+        [ -f ".wt/bin/lib/$so" ] && ln -sfn "$PWD/.wt/bin/lib/$so" ".wt/rt/$so"
+      done
+    done
+  done
+  export LD_LIBRARY_PATH=$PWD/.wt/rt${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  for b in .wt/bin/* .wt/prev/*; do
+    [ -f "$b" ] && LD_LIBRARY_PATH=$LD_LIBRARY_PATH ldd "$b" | grep "not found" | sed "s|^|$b: |"
+  done
+  return 0
+}
+
+step_test() {
+  local d=$G/test rc
+  export FP8KV_SEED=${FP8KV_SEED:-20261201}
+  timeout 200 "$NEW/test_cuda" >"$d/test_cuda.log" 2>&1; rc=$?
+  row test test_cuda "" "" "" "$(gtest_status "$d/test_cuda.log" $rc) (seed $FP8KV_SEED)"
+  timeout 200 "$NEW/test_cuda_ops" >"$d/test_cuda_ops.log" 2>&1; rc=$?
+  row test test_cuda_ops "" "" "" "$(gtest_status "$d/test_cuda_ops.log" $rc)"
+  grep -E '^\[  FAILED  \] [A-Za-z]' "$d"/test_cuda*.log | head -20
+  if [ -n "$(bin $PREV test_cuda)" ]; then
+    # The previous build runs the tests this build has (its variant tests are gone).
+    local filter
+    filter=$("$NEW/test_cuda" --gtest_list_tests | awk '/^[^ ]/ {s = $1} /^  / {printf "%s%s%s", sep, s, $1; sep = ":"}')
+    timeout 200 "$PREV/test_cuda" --gtest_filter="$filter" >"$d/prev_test_cuda.log" 2>&1; rc=$?
+    row test "test_cuda (previous build)" "" "" "" "$(gtest_status "$d/prev_test_cuda.log" $rc)"
+    python3 tools/ab_table.py hashes "$d/test_cuda.log" "$d/prev_test_cuda.log" >>"$G/summary.txt"
+  fi
+}
+
+step_kernels() {
+  local d=$G/kernels sides=new r v t0
+  [ -n "$(bin $PREV bench_attention)" ] && sides="new old"
+  # shellcheck disable=SC2034  # read through ${!b}
+  local BIN_new=$NEW/bench_attention BIN_old=$PREV/bench_attention
+  local reps=${REPS:-3}; [ "$sides" = new ] && reps=1
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -lms 500 >"$d/smi.csv" 2>/dev/null &
+  local smi=$!
+  t0=$(date +%s)
+  for rep in $(seq 1 "$reps"); do
+    [ $(( $(date +%s) - t0 )) -lt 170 ] || { echo "kernels: stop after $((rep - 1)) pairs (time)"; break; }
+    local order=$sides
+    (( rep % 2 == 0 )) && [ "$sides" != new ] && order="old new"
+    for r in "${DECODE_ROWS[@]}" store prefill; do
+      for v in $order; do
+        local b=BIN_$v args
+        # shellcheck disable=SC2206
+        args=(shape $r)
+        [ "$r" = store ] || [ "$r" = prefill ] && args=("$r")
+        timeout 60 "${!b}" "${args[@]}" >>"$d/$v.jsonl" 2>>"$d/$v.err" || echo "kernels: $v $r: rc $?"
+      done
+    done
+  done
+  kill $smi 2>/dev/null
+  if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+    local sh=() dd bb cc
+    for r in "${DECODE_ROWS[@]}"; do
+      read -r _ dd bb cc <<<"$r"
+      sh+=("$([ "$dd" = 256 ] && echo 16 || echo 32),8,$dd,$bb,$cc")
+    done
+    mapfile -t sh < <(printf '%s\n' "${sh[@]}" | sort -u)
+    timeout 100 python3 tools/bench_sdpa.py --decode-fresh "${sh[@]}" >"$d/sdpa.jsonl" 2>"$d/sdpa.err"
+    timeout 60 python3 tools/bench_sdpa.py --prefill-only >>"$d/sdpa.jsonl" 2>>"$d/sdpa.err"
+  else
+    echo "no torch with CUDA: no SDPA peer" | tee "$d/sdpa.err"
+  fi
+  timeout 60 "$NEW/bench_linear" --json "$d/linear.json" >"$d/linear.log" 2>&1 || echo "bench_linear: rc $?"
+  python3 tools/ab_table.py kernels "$d" >>"$G/summary.txt"
+  grep -E "^T=1 .*GEMMs of one" "$d/linear.log" | while read -r l; do row kernels "bench_linear" "" "" "" "$l"; done
+}
+
+step_engine() {
+  local d=$G/engine sides=new c name args v i
+  [ -n "$(bin $PREV fp8kv)" ] && sides="new old"
+  # shellcheck disable=SC2034  # read through ${!b}
+  local BIN_new=$NEW/fp8kv BIN_old=$PREV/fp8kv
+  local reps=${REPS:-3}; [ "$sides" = new ] && reps=1
+  local t0; t0=$(date +%s)
+  for i in $(seq 1 "$reps"); do
+    [ $(( $(date +%s) - t0 )) -lt 220 ] || { echo "engine: stop after $((i - 1)) pairs (time)"; break; }
+    local order=$sides
+    (( i % 2 == 0 )) && [ "$sides" != new ] && order="old new"
+    for c in "${ENGINE_CASES[@]}"; do
+      name=${c%%|*}; args=${c#*|}
+      for v in $order; do
+        local b=BIN_$v
+        # shellcheck disable=SC2086
+        timeout 120 "${!b}" bench $args $MODEL_8B "${ENGINE_COMMON[@]}" >"$d/$name.$v.$i.json" 2>"$d/$name.$v.$i.log" ||
+          { echo "engine: $v $name: rc $?"; tail -3 "$d/$name.$v.$i.log"; }
+      done
+    done
+  done
+  python3 tools/ab_table.py engine "$d" >>"$G/summary.txt"
+}
+
+step_serve() {
+  local d=$G/serve FP8KV=$NEW/fp8kv SP="" PORT=""
+  start_server() {  # LOG ARGS...: serve on a free port; sets SP and PORT
+    local log=$1; shift
+    PORT=""
+    "$FP8KV" serve "$@" --port 0 >"$log.out" 2>"$log" &
+    SP=$!
+    for _ in $(seq 480); do
+      PORT=$(grep -o 'listening on http://[0-9.]*:[0-9]*' "$log" | sed 's/.*://')
+      [ -n "$PORT" ] && return 0
+      kill -0 $SP 2>/dev/null || { echo "serve exited early:"; tail -5 "$log"; SP=""; return 1; }
+      sleep 0.25
+    done
+    echo "serve did not listen within 120 s"; kill $SP; wait $SP; SP=""; return 1
+  }
+  stop_server() { [ -n "$SP" ] && { kill -TERM $SP; wait $SP; SP=""; }; }
+  trap '[ -n "$SP" ] && kill $SP 2>/dev/null' EXIT
+  # bench_serve NAME MODEL TOKENIZER N IN OUT ENGINE_ARGS...: one server, one bench serve.
+  bench_serve() {
+    local name=$1 model=$2 tok=$3 n=$4 in=$5 out=$6; shift 6
+    if start_server "$d/serve_$name.log" "$model" --backend cuda --kv-cache-dtype fp8 "$@"; then
+      timeout 150 "$FP8KV" bench serve --port "$PORT" --num-prompts "$n" --random-input-len "$in" --random-output-len "$out" \
+        --ignore-eos --request-rate inf --tokenizer "$tok" --save-result --result-dir "$d" \
+        --result-filename "bench_serve_$name.json" >"$d/bench_serve_$name.log" 2>&1 || echo "bench serve $name: rc $?"
+      stop_server
+    fi
+    python3 - "$d/bench_serve_$name.json" "$name" "$n" "$in" "$out" <<'PY' >>"$G/summary.txt"
+import json, sys
+path, name, n, i, o = sys.argv[1:]
+try:
+    s = json.load(open(path))
+    note = (f"{s['completed']}/{s['num_prompts']} done, {s['output_throughput']:.0f} out tok/s, "
+            f"TTFT median {s['median_ttft_ms']:.0f} ms, TPOT median {s['median_tpot_ms']:.1f} ms")
+    new = f"{s['output_throughput']:.0f}"
+except Exception as e:
+    note, new = f"no result ({e})", ""
+print(f"{'serve':8} {f'bench serve {name} {n}x{i}/{o}':30} {new:>12} {'':>12} {'':>9}  {note}")
+PY
+  }
+  bench_serve mini models/fp8kv-mini models/fp8kv-mini 64 256 32
+  # Prefix caching on vs off: the same greedy texts, hits only when on.
+  local on
+  for on in on off; do
+    local flag=(); [ $on = off ] && flag=(--no-enable-prefix-caching)
+    start_server "$d/serve_prefix_$on.log" models/fp8kv-mini --backend cuda --kv-cache-dtype fp8 "${flag[@]}" || continue
+    python3 - "$PORT" "$d/prefix_$on.json" <<'PY'
+import json, sys, urllib.request
+port, path = sys.argv[1], sys.argv[2]
+prefix = "The quick brown fox jumps over the lazy dog, and then it runs into the forest. " * 18
+texts = []
+for i in range(6):
+    body = json.dumps({"prompt": f"{prefix}Question {i}: what happened next?", "max_tokens": 24, "temperature": 0}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
+    texts.append(json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]["text"])
+m = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+get = lambda k: sum(float(l.split()[-1]) for l in m.splitlines() if l.startswith("fp8kv:" + k))
+json.dump({"texts": texts, "queries": get("prefix_cache_queries_total"), "hits": get("prefix_cache_hits_total")},
+          open(path, "w"))
+PY
+    stop_server
+  done
+  python3 - "$d" <<'PY' >>"$G/summary.txt"
+import json, sys
+d = sys.argv[1]
+try:
+    on, off = (json.load(open(f"{d}/prefix_{x}.json")) for x in ("on", "off"))
+    same = sum(a == b for a, b in zip(on["texts"], off["texts"]))
+    ok = same == len(on["texts"]) and on["hits"] > 0
+    note = (f"{'PASS' if ok else 'FAIL'}: greedy texts equal {same}/{len(on['texts'])}, "
+            f"hits {on['hits']:.0f} of {on['queries']:.0f} query tokens (off: {off['hits']:.0f})")
+except Exception as e:
+    note = f"FAIL: no result ({e})"
+print(f"{'serve':8} {'prefix caching on vs off':30} {'':>12} {'':>12} {'':>9}  {note}")
+PY
+  if [ -n "${TOKENIZER:-}" ]; then
+    bench_serve 8b $MODEL_8B "$TOKENIZER" 256 1024 128 --load-format dummy --max-model-len 1152 --max-num-seqs 256
+  else
+    row serve "bench serve 8b" "" "" "" "skipped: set TOKENIZER=DIR (a Llama-3.1 tokenizer) to run it"
+  fi
+}
+
+step_tp() {
+  local d=$G/tp FP8KV=$NEW/fp8kv rc ngpu
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  ngpu=$(nvidia-smi -L | wc -l)
+  [ "$ngpu" -ge 2 ] || { row tp "tensor parallelism" "" "" "" "skipped: $ngpu GPU"; return 0; }
+  timeout 120 "$NEW/test_cuda" --gtest_filter='Comm*' >"$d/test_comm.log" 2>&1; rc=$?
+  row tp "test_cuda Comm*" "" "" "" "$(gtest_status "$d/test_comm.log" $rc)"
+  timeout 200 "$NEW/test_cuda_ops" --gtest_filter='CudaTensorParallel.*' >"$d/test_tp.log" 2>&1; rc=$?
+  row tp "test_cuda_ops CudaTensorParallel" "" "" "" "$(gtest_status "$d/test_tp.log" $rc)"
+  timeout 120 "$NEW/bench_allreduce" --json "$d/allreduce.jsonl" >"$d/allreduce.txt" 2>&1 || echo "bench_allreduce: rc $?"
+  grep -E "faster than|threshold" "$d/allreduce.txt" | head -3 | while read -r l; do row tp bench_allreduce "" "" "" "$l"; done
+  # Score TP 2 vs TP 1 (fp8kv-mini, fp8 cache), then the same as two processes.
+  python3 -c "import json, random; random.seed(7); json.dump([[random.randrange(3, 4000) for _ in range(n)] for n in (700, 300)], open('$d/ids.json', 'w'))"
+  local sc=(score models/fp8kv-mini --token-ids-file "$d/ids.json" --kv-cache-dtype fp8 --backend cuda --max-model-len 1024 --kv-memory 256MiB)
+  for t in 1 2; do timeout 90 "$FP8KV" "${sc[@]}" --tp $t --output "$d/score_tp$t.json" >/dev/null 2>"$d/score_tp$t.log" || echo "score tp $t: rc $?"; done
+  local port; port=$(python3 -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+  FP8KV_COMM_TIMEOUT_S=60 timeout 120 "$FP8KV" "${sc[@]}" --tp 2 --nnodes 2 --master-port "$port" --node-rank 1 \
+    --output "$d/score_mp1.json" >/dev/null 2>"$d/score_mp1.log" &
+  FP8KV_COMM_TIMEOUT_S=60 timeout 120 "$FP8KV" "${sc[@]}" --tp 2 --nnodes 2 --master-port "$port" --node-rank 0 \
+    --output "$d/score_mp.json" >/dev/null 2>"$d/score_mp.log" || echo "multi-process rank 0: rc $?"
+  wait
+  python3 - "$d" <<'PY' >>"$G/summary.txt"
+import json, sys
+d = sys.argv[1]
+def seqs(n):
+    try:
+        return json.load(open(f"{d}/score_{n}.json"))["sequences"]
+    except Exception:
+        return None
+ref = seqs("tp1")
+for n, what in (("tp2", "score TP 2 vs TP 1"), ("mp", "score 2 processes vs TP 1")):
+    s = seqs(n)
+    if not ref or not s:
+        note = "FAIL: no result"
+    else:
+        dl = [abs(p - q) for x, y in zip(ref, s) for p, q in zip(x["logprobs"], y["logprobs"]) if p is not None]
+        top = [p == q for x, y in zip(ref, s) for p, q in zip(x["top1_ids"], y["top1_ids"]) if p is not None]
+        note = f"max |dlogprob| {max(dl):.4g}, mean {sum(dl) / len(dl):.5f}, top-1 {sum(top)}/{len(top)}"
+    print(f"{'tp':8} {what:30} {'':>12} {'':>12} {'':>9}  {note}")
+PY
+  local t
+  for t in 1 2; do
+    timeout 150 "$FP8KV" bench latency $MODEL_8B "${ENGINE_COMMON[@]}" --tp $t --batch-size 1 --input-len 1024 \
+      --output-len 64 --num-iters-warmup 1 --num-iters 2 >"$d/lat_tp$t.json" 2>"$d/lat_tp$t.log" || echo "bench tp $t: rc $?"
+  done
+  python3 - "$d" <<'PY' >>"$G/summary.txt"
+import json, sys
+d = sys.argv[1]
+try:
+    a, b = (json.load(open(f"{d}/lat_tp{t}.json"))["decode_ms_per_step"] for t in (1, 2))
+    print(f"{'tp':8} {'lat_b1_1k TP 2 (ms/step)':30} {b:12.3f} {a:12.3f} {a / b:9.3f}  old = TP 1; TP 2 / TP 1 speed")
+except Exception as e:
+    print(f"{'tp':8} {'lat_b1_1k TP 2':30} {'':>12} {'':>12} {'':>9}  FAIL: no result ({e})")
+PY
+}
+
+# ---- driver ---------------------------------------------------------------
+run_steps() {
+  unpack || exit 1
+  mkdir -p "$G"
+  : >"$G/summary.txt"
+  {
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+    echo "new: $(cat .wt/COMMIT 2>/dev/null | paste -sd' ')$([ -d $PREV ] && echo "; old: $(cat .wt/PREV 2>/dev/null)")"
+  } | tee "$G/env.txt"
+  local s pid dog rc left limit
+  for s in "$@"; do
+    left=$(( ${DEADLINE_S:-570} - $(el) ))
+    if [ "$left" -lt 30 ]; then row "$s" "(step)" "" "" "" "skipped: $left s left of DEADLINE_S"; continue; fi
+    limit=${STEP_S[$s]}; [ "$limit" -gt "$left" ] && limit=$left
+    rm -rf "${G:?}/$s" && mkdir -p "$G/$s"
+    echo "== $s ($(el) s, limit $limit s)"
+    # setsid in a background job keeps its pid as the new session's id: the
+    # watchdog kills the whole session, so no child keeps the GPU.
+    setsid bash "$SELF" __step "$s" > >(tee "$G/$s/console.log") 2>&1 &
+    pid=$!
+    ( sleep "$limit"; echo "== $s: time limit"; kill -TERM -- -"$pid"; sleep 5; kill -KILL -- -"$pid" ) 2>/dev/null &
+    dog=$!
+    wait "$pid"; rc=$?
+    kill "$dog" 2>/dev/null; wait "$dog" 2>/dev/null
+    [ "$rc" = 0 ] || row "$s" "(step)" "" "" "" "rc $rc$([ "$rc" -ge 128 ] && echo ' (killed at its time limit)')"
+  done
+  {
+    echo
+    cat "$G/env.txt"
+    printf '%-8s %-30s %12s %12s %9s  %s\n' step case new old "speed n/o" note
+    cat "$G/summary.txt"
+    echo "(logs: $G/; $(el) s)"
+  } >"$G/summary.table"
+  cat "$G/summary.table"
+  if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+    tar czf "$OUT/logs.tgz" "$G" && cp "$G/summary.table" "$OUT/summary.txt"
+    for s in kernels engine; do [ -f "$G/$s/table.txt" ] && cp "$G/$s/table.txt" "$OUT/${s}_table.txt"; done
+  fi
+  ! grep -qE "FAIL|SLOWER|rc [0-9]" "$G/summary.txt"
+}
+
+case ${1:-} in
+  ""|-h|--help|help) usage ;;
+  pack) shift; pack "$@" ;;
+  __step) "step_$2" ;;
+  *)
+    steps=()
+    for a in "$@"; do
+      case $a in
+        all) steps+=(test kernels engine serve); [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ] && steps+=(tp) ;;
+        test|kernels|engine|serve|tp) steps+=("$a") ;;
+        *) echo "gpu.sh: unknown subcommand '$a'" >&2; usage >&2; exit 2 ;;
+      esac
+    done
+    run_steps "${steps[@]}"
+    ;;
+esac
