@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Configure + build into ${BUILD_DIR:-build}. Extra args go to cmake configure.
+# TARGETS="fp8kv ..." builds only those targets (default: all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
@@ -9,4 +10,5 @@ if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
 else
   cmake -S . -B "$BUILD_DIR" "$@" >/dev/null
 fi
-cmake --build "$BUILD_DIR" -j "${JOBS:-$(nproc)}"
+# shellcheck disable=SC2086  # TARGETS is a list
+cmake --build "$BUILD_DIR" -j "${JOBS:-$(nproc)}" ${TARGETS:+--target $TARGETS}
