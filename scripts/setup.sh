@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Installs what fp8kv's build and tests need from Debian's packages (idempotent).
+# Installs what fp8kv needs from Debian's packages (idempotent).
+#   scripts/setup.sh       the build, the tests, the benchmarks and the Node
+#                          client tests of `fp8kv serve` (scripts/test.sh)
+#   scripts/setup.sh run   only what the fp8kv binary builds from (scripts/run.sh)
 set -euo pipefail
+MODE=${1:-all}
 PKGS=(build-essential cmake ninja-build pkg-config git python3
   nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libpcre2-dev libutf8proc-dev
-  libssl-dev libopenblas0-openmp libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libcpp-httplib-dev zlib1g-dev clang-14 libclang-rt-14-dev zstd curl)
+  libssl-dev libopenblas0-openmp libopenblas-dev libcpp-httplib-dev zlib1g-dev)
+[ "$MODE" = run ] || PKGS+=(libgtest-dev libgmock-dev libbenchmark-dev clang-14 libclang-rt-14-dev zstd curl)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -21,7 +25,9 @@ fi
 # Node client tests of `fp8kv serve` (tests/server, openai@^6 pinned by the
 # lockfile): npm ci when node_modules is missing or older than the lockfile.
 cd "$(dirname "$0")/.."
-if command -v npm >/dev/null 2>&1; then
+if [ "$MODE" = run ]; then
+  :
+elif command -v npm >/dev/null 2>&1; then
   d=tests/server
   if [ ! -f "$d/node_modules/.package-lock.json" ] || [ "$d/package-lock.json" -nt "$d/node_modules/.package-lock.json" ]; then
     echo "setup: npm ci in $d" >&2
