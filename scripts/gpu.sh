@@ -376,6 +376,8 @@ PY
 # ---- driver ---------------------------------------------------------------
 run_steps() {
   unpack || exit 1
+  # The bundled model's shards travel xz-compressed (serve and tp load it).
+  [ -f scripts/expand_models.sh ] && { bash scripts/expand_models.sh || echo "expand_models.sh failed"; }
   mkdir -p "$G"
   : >"$G/summary.txt"
   {
