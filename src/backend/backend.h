@@ -54,6 +54,7 @@
 // call and file:line. Ops may run asynchronously (one stream); download() and
 // synchronize() wait.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -143,7 +144,24 @@ class Backend {
   Backend(const Backend&) = delete;
   Backend& operator=(const Backend&) = delete;
 
-  virtual std::string_view name() const = 0;  // "cpu" | "cuda"
+  virtual std::string_view name() const = 0;  // "cpu" | "cuda": for logs and reports only
+
+  // ---- what the backend can do (the engine asks these, never name()) ----
+  // Its tensors live in host memory: the KV budget comes from the machine's
+  // RAM (there is no device memory to measure, so --gpu-memory-utilization
+  // does not apply), the host weights are the ones it computes with (the
+  // engine keeps them for the non-finite diagnosis), and logits are already
+  // on the host, so the engine samples them there with each request's
+  // seeded stream (engine/sampler.h) instead of Backend::sample.
+  virtual bool uses_host_memory() const { return false; }
+  // Rows of logits one LM-head call computes, for steps of up to
+  // max_num_seqs sequences. A device backend computes every sampled row of
+  // a step in one call (the head is read once per step; 256 rows of a 128K
+  // vocabulary are 131 MB).
+  virtual int max_logits_rows(int max_num_seqs) const {
+    return std::clamp(max_num_seqs, kMinLogitsRows, kMaxLogitsRows);
+  }
+  static constexpr int kMinLogitsRows = 16, kMaxLogitsRows = 256;
   virtual ScalarType activation_dtype() const = 0;
   virtual MemoryInfo memory_info() const = 0;
 

@@ -39,7 +39,7 @@ struct InjectOptions {
   KvScaleNaming naming = KvScaleNaming::hf;
   bool declare_kv_scheme = false;  // hf_quant_config.json kv_cache_quant_algo FP8
   bool write_q_scale = true;
-  int slow_ms = 0;  // sleep between steps (FP8KV_INJECT_SLOW_MS; kill tests)
+  int slow_ms = 0;  // tests: sleep between steps (fp8kv inject --test-step-delay-ms; the kill -9 test)
 };
 
 struct InjectResult {

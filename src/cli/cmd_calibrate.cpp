@@ -70,14 +70,15 @@ int run_calibrate(const CalibrateArgs& a) {
   check_output_file(a.output, "--output");  // before the (long) run
   CalibrateOptions o;
   o.rule = ScaleRule::parse(a.rule);
-  o.target = parse_kv_dtype(a.target);
+  o.target = parse_kv_dtype_flag(a.target, "--target");
   if (!kv_dtype_is_fp8(o.target)) throw UsageError("--target: expected fp8_e4m3 or fp8_e5m2");
   o.per_head = a.per_head;
   if (a.max_corpus_tokens < 0) throw UsageError("--max-corpus-tokens: expected a positive number");
 
   EngineOptions eo = a.engine.options();
-  eo.kv_cache_dtype = "bf16";  // observe unquantized values
+  eo.kv_cache_dtype = KvDtype::bf16;  // observe unquantized values
   auto engine = Engine::load(a.model, eo);
+  if (!engine) return 0;  // a multi-process follower: rank 0 did the work (Engine::load)
   const int context = a.context > 0 ? a.context : std::min(engine->max_model_len(), 4096);
   if (context > engine->max_model_len())
     throw UsageError(fmt::format("--context {} exceeds max_model_len {}", context, engine->max_model_len()));

@@ -246,7 +246,8 @@ int run_capacity(const CapacityArgs& a) {
   const ModelConfig cfg = load_model_config(model);
   std::error_code ec;
   const fs::path model_dir = fs::is_directory(model, ec) ? model : model.parent_path();
-  const KvDtype dtype = resolve_kv_cache_dtype(a.kv_cache_dtype, model_dir.empty() ? fs::path(".") : model_dir);
+  const KvDtype dtype = resolve_kv_cache_dtype(parse_kv_cache_dtype_flag(a.kv_cache_dtype),
+                                               model_dir.empty() ? fs::path(".") : model_dir);
 
   std::optional<Weights> weights;
   if (!a.gpu_memory.empty()) weights = model_weights(model, cfg);
@@ -319,7 +320,7 @@ const Registrar reg([](CLI::App& app) {
   sub->add_option("--max-num-batched-tokens", args->max_num_batched_tokens,
                   fmt::format("default {} (as the engine)", args->max_num_batched_tokens));
   sub->add_option("--block-size", args->block_size, fmt::format("tokens per block (default {})", args->block_size));
-  sub->add_option("--kv-cache-dtype", args->kv_cache_dtype, "auto|bf16|fp8|fp8_e4m3|fp8_e5m2 (default auto)");
+  sub->add_option("--kv-cache-dtype", args->kv_cache_dtype, kv_cache_dtype_help());
   sub->add_option("--tensor-parallel-size,--tp", args->tensor_parallel_size, "default 1");
   sub->add_flag("--compare", args->compare, "bf16 vs fp8 over a grid of max_model_len x max_num_batched_tokens");
   sub->add_flag("--json", args->json_out, "print JSON");

@@ -165,11 +165,12 @@ struct KvStatsArgs {
 
 int run_kvstats_cmd(const KvStatsArgs& a) {
   if (!a.output.empty()) check_output_file(a.output, "--output");
-  const KvDtype target = parse_kv_dtype(a.target);
+  const KvDtype target = parse_kv_dtype_flag(a.target, "--target");
   if (!kv_dtype_is_fp8(target)) throw UsageError("--target: expected fp8_e4m3 or fp8_e5m2");
   EngineOptions eo = a.eng.options();
-  eo.kv_cache_dtype = a.kv_cache_dtype;
+  eo.kv_cache_dtype = parse_kv_cache_dtype_flag(a.kv_cache_dtype);
   auto engine = Engine::load(a.model, eo);
+  if (!engine) return 0;  // a multi-process follower: rank 0 did the work (Engine::load)
   const ModelConfig& cfg = engine->config();
   std::unique_ptr<KvScales> ck;
   if (a.scales == "checkpoint") {

@@ -28,6 +28,7 @@ int run(const GenerateArgs& a) {
   const std::vector<int> ids = tok->encode(a.prompt, true);
   if (ids.empty()) throw InputError("the prompt encodes to no tokens");
   auto engine = Engine::load(a.model, a.engine.options());
+  if (!engine) return 0;  // a multi-process follower: rank 0 did the work (Engine::load)
   if (static_cast<int>(ids.size()) >= engine->max_model_len())
     throw InputError(fmt::format("the prompt has {} tokens; max_model_len {} leaves no room to generate", ids.size(),
                                  engine->max_model_len()));

@@ -2,7 +2,6 @@
 // writes calibrated KV scales into a checkpoint as their own shard, with the
 // index as the commit point (src/calib/inject.h, docs/kv_scales.md).
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -25,16 +24,8 @@ struct InjectArgs {
   std::string naming = "hf";
   bool declare = false;
   bool no_q = false;
+  int test_step_delay_ms = 0;  // tests only (InjectOptions::slow_ms)
 };
-
-int env_slow_ms() {
-  const char* s = std::getenv("FP8KV_INJECT_SLOW_MS");
-  if (!s || !*s) return 0;
-  char* end = nullptr;
-  const long v = std::strtol(s, &end, 10);
-  if (*end != '\0' || v < 0 || v > 600000) throw UsageError(fmt::format("FP8KV_INJECT_SLOW_MS='{}': expected milliseconds", s));
-  return static_cast<int>(v);
-}
 
 int run_inject(const InjectArgs& a) {
   if (a.in_place == !a.output.empty()) throw UsageError("inject: give exactly one of --output NEW_DIR or --in-place");
@@ -45,7 +36,7 @@ int run_inject(const InjectArgs& a) {
   o.naming = parse_kv_scale_naming(a.naming);
   o.declare_kv_scheme = a.declare;
   o.write_q_scale = !a.no_q;
-  o.slow_ms = env_slow_ms();
+  o.slow_ms = a.test_step_delay_ms;
   nlohmann::json report;
   try {
     report = nlohmann::json::parse(read_option_file(a.report, "--report"));
@@ -80,6 +71,11 @@ const Registrar reg([](CLI::App& app) {
   sub->add_flag("--declare-kv-scheme", args->declare,
                 "record kv_cache_quant_algo FP8 in hf_quant_config.json (so --kv-cache-dtype auto picks fp8)");
   sub->add_flag("--no-q-scale", args->no_q, "write only k and v scales");
+  // Test-only, hidden from --help: a pause between the file steps, so that
+  // tests/e2e/inject_kill9.sh can kill -9 inside each step on a fast disk.
+  sub->add_option("--test-step-delay-ms", args->test_step_delay_ms, "test only: pause between file steps")
+      ->check(CLI::Range(0, 600000))
+      ->group("");
   set_action(sub, [args] { return run_inject(*args); });
 });
 

@@ -64,6 +64,7 @@ int run(const ScoreArgs& a) {
   if (!a.ids_file.empty() && a.context != 0) throw UsageError("--context applies to --text-file only");
   check_output_file(a.output, "--output");
   auto engine = Engine::load(a.model, a.engine.options());
+  if (!engine) return 0;  // a multi-process follower: rank 0 did the work (Engine::load)
   const int max_len = engine->max_model_len();
 
   std::vector<std::vector<int>> seqs;

@@ -130,6 +130,7 @@ int run(ServeArgs& a) {
   auto tokenizer = Tokenizer::load(tok_path);
   const EngineOptions eo = a.engine.options();
   auto engine = Engine::load(a.model, eo);
+  if (!engine) return 0;  // a multi-process follower: rank 0 did the work (Engine::load)
   a.server.max_num_seqs = eo.max_num_seqs;
   server::HttpServer http(std::move(engine), std::move(tokenizer), std::move(ctx), a.server);
   const int port = http.bind();

@@ -25,6 +25,28 @@
 
 namespace fp8kv::cli {
 
+// --kv-cache-dtype, parsed once for every command (engine flags, capacity,
+// eval kvstats): the names of numerics/fp8.h kv_cache_dtype_names() (vLLM's
+// plus aliases). UsageError (exit 2) naming the flag and the accepted names.
+inline KvCacheDtypeSetting parse_kv_cache_dtype_flag(const std::string& text, const char* flag = "--kv-cache-dtype") {
+  try {
+    KvCacheDtypeSetting s;
+    s.dtype = parse_kv_cache_dtype(text);
+    return s;
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(fmt::format("{}: {}", flag, e.what()));
+  }
+}
+// The same names without auto (a concrete dtype: --target).
+inline KvDtype parse_kv_dtype_flag(const std::string& text, const char* flag) {
+  const KvCacheDtypeSetting s = parse_kv_cache_dtype_flag(text, flag);
+  if (!s.dtype) throw UsageError(fmt::format("{}: give a dtype, not auto", flag));
+  return *s.dtype;
+}
+inline std::string kv_cache_dtype_help() {
+  return "KV cache dtype: " + kv_cache_dtype_choices() + "; fp8 = fp8_e4m3 (default auto)";
+}
+
 // Which flags a command takes: calibrate always observes a bf16 cache and
 // eval compare/niah take the dtype from --arms, so they omit --kv-cache-dtype.
 struct EngineFlagsShape {
@@ -57,8 +79,7 @@ struct EngineFlags {
   void add(CLI::App* sub, EngineFlagsShape shape = EngineFlagsShape{}) {
     max_num_seqs = shape.default_max_num_seqs;
     if (shape.kv_cache_dtype)
-      sub->add_option("--kv-cache-dtype", kv_cache_dtype,
-                      "KV cache dtype: auto, bf16, fp8 (= fp8_e4m3), fp8_e4m3, fp8_e5m2 (default auto)");
+      sub->add_option("--kv-cache-dtype", kv_cache_dtype, kv_cache_dtype_help());
     // Omitted = the default; a given value must be valid (0 is not "default"):
     // docs/design.md "One rule per flag".
     sub->add_option("--max-model-len", max_model_len, "Max tokens per sequence (default: the model's)")
@@ -109,16 +130,12 @@ struct EngineFlags {
     at_least_1("--max-num-batched-tokens", max_num_batched_tokens);
     at_least_1("--tensor-parallel-size", tensor_parallel_size);
     if (threads < 0) throw UsageError(fmt::format("--threads must be >= 0 (got {}; 0: all hardware threads)", threads));
-    if (kv_cache_dtype != "auto" && kv_cache_dtype != "bf16" && kv_cache_dtype != "fp8" &&
-        kv_cache_dtype != "fp8_e4m3" && kv_cache_dtype != "fp8_e5m2")
-      throw UsageError(fmt::format("--kv-cache-dtype must be auto, bf16, fp8, fp8_e4m3 or fp8_e5m2 (got '{}')",
-                                   kv_cache_dtype));
     if (backend != "auto" && backend != "cpu" && backend != "cuda")
       throw UsageError(fmt::format("--backend must be auto, cpu or cuda (got '{}')", backend));
     if (load_format != "auto" && load_format != "dummy")
       throw UsageError(fmt::format("--load-format must be auto or dummy (got '{}')", load_format));
     EngineOptions o;
-    o.kv_cache_dtype = kv_cache_dtype;
+    o.kv_cache_dtype = parse_kv_cache_dtype_flag(kv_cache_dtype);
     o.max_model_len = max_model_len;
     o.block_size = block_size;
     if (!kv_memory.empty()) {

@@ -14,8 +14,8 @@ namespace fp8kv {
 
 // lazy: matrices are descriptors only (WeightMatrix::dummy, data null) that
 // a device backend fills on the device (backend/cuda/ops/dummy_fill.h); vectors
-// as usual. Only for a device backend at tensor-parallel size 1 (the engine's
-// default there; FP8KV_DUMMY_DEVICE=0 turns it off).
+// as usual. Only for a device backend at tensor-parallel size 1 (the engine
+// always uses it there).
 std::shared_ptr<ModelWeights> dummy_weights(const ModelConfig& cfg, uint64_t seed = 0, float std = 0.02f,
                                             bool lazy = false);
 

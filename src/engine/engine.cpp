@@ -77,14 +77,8 @@ std::string_view finish_reason_name(FinishReason r) {
   return "?";
 }
 
-KvDtype resolve_kv_cache_dtype(std::string_view requested, const std::filesystem::path& model_dir) {
-  if (requested != "auto") {
-    try {
-      return parse_kv_dtype(requested);
-    } catch (const std::invalid_argument& e) {
-      throw InputError(fmt::format("--kv-cache-dtype: {} (or auto)", e.what()));
-    }
-  }
+KvDtype resolve_kv_cache_dtype(const KvCacheDtypeSetting& requested, const std::filesystem::path& model_dir) {
+  if (requested.dtype) return *requested.dtype;
   const bool fp8 = json_declares_fp8_kv(model_dir / "config.json", false) ||
                    json_declares_fp8_kv(model_dir / "hf_quant_config.json", true);
   return fp8 ? KvDtype::fp8_e4m3 : KvDtype::bf16;
@@ -124,13 +118,14 @@ class EngineImpl final : public Engine {
                                          rank_weights);
     ph_runner.done();
     backend_ = &runner_->backend();  // rank 0's
-    if (backend_->name() != "cpu") weights_.reset();
-    if (o.gpu_memory_utilization > 0.0 && backend_->name() == "cpu")
+    if (!backend_->uses_host_memory()) weights_.reset();
+    if (o.gpu_memory_utilization > 0.0 && backend_->uses_host_memory())
       throw InputError("--gpu-memory-utilization applies to the cuda backend only (use --kv-memory on the CPU)");
     if (o.gpu_memory_utilization > 0.0 && o.kv_memory_bytes > 0)
       throw InputError("give --kv-memory or --gpu-memory-utilization, not both");
 
     runner_->set_pad_eager(o.pad_decode_eager);
+    runner_->set_tp_graphs(o.tp_cuda_graphs);
 
     KvPlanSettings s;
     s.max_model_len = o.max_model_len;
@@ -165,7 +160,7 @@ class EngineImpl final : public Engine {
   // The arithmetic is kv/planner's, shared with `fp8kv capacity` (docs/capacity.md).
   KvBudget kv_budget(const EngineOptions& o, const KvPlanSettings& s) const {
     if (o.kv_memory_bytes > 0) return KvBudget{o.kv_memory_bytes};
-    if (backend_->name() == "cpu") return default_cpu_kv_budget(cfg_, s, physical_memory());
+    if (backend_->uses_host_memory()) return default_cpu_kv_budget(cfg_, s, physical_memory());
     const MemoryInfo m = backend_->memory_info();
     GpuMemoryInputs in;
     in.gpu_memory_bytes = m.total_bytes;
@@ -363,68 +358,40 @@ class EngineImpl final : public Engine {
                                      kv_->num_free_blocks()));
       return events;
     }
-    if (backend_->name() != "cpu") {
-      // Announce the step's sampling, so that a decode step can sample inside
-      // its CUDA graph (ModelRunner::set_step_sampling; the same parameters
-      // as the sample() call below).
-      std::vector<int> seqs;
-      std::vector<RowSampling> params;
-      for (size_t i = 0; i < out.seqs.size(); ++i) {
-        if (!out.seqs[i].samples) continue;
-        const SchedRequest& r = *out.seqs[i].req;
-        seqs.push_back(static_cast<int>(i));
-        params.push_back(RowSampling{r.gen.sampling.temperature, r.gen.sampling.top_p, r.gen.sampling.top_k,
-                                     r.gen.sampling.seed, static_cast<uint64_t>(r.generated)});
-      }
-      runner_->set_step_sampling(std::move(seqs), std::move(params));
+    // The step's sampling, built once: the last row of every generating
+    // sequence, with its request's parameters (a device backend's stream) and
+    // seeded host stream (a host-memory backend's; engine/sampler.h).
+    StepSampling sampling;
+    for (size_t i = 0; i < out.seqs.size(); ++i) {
+      if (!out.seqs[i].samples) continue;
+      SchedRequest& r = *out.seqs[i].req;
+      sampling.seqs.push_back(static_cast<int>(i));
+      sampling.params.push_back(RowSampling{r.gen.sampling.temperature, r.gen.sampling.top_p, r.gen.sampling.top_k,
+                                            r.gen.sampling.seed, static_cast<uint64_t>(r.generated)});
+      sampling.host.push_back(&*r.sampler);
+      sampling.want_logits |= r.gen.logprobs >= 0;
     }
-    runner_->execute(out);
+    const StepOutput res = runner_->execute(out, sampling);
 
     // Scoring rows (every row, in order, skipping rows a preempted request
-    // already reported), then one sample per generating sequence.
-    std::vector<int> sampled(out.seqs.size(), -1);
-    std::vector<int32_t> rows;
-    std::vector<size_t> who;
+    // already reported).
     for (size_t i = 0; i < out.seqs.size(); ++i) {
       const ScheduledSeq& s = out.seqs[i];
       if (s.req->scoring) score_rows(*s.req, runner_->first_row(static_cast<int>(i)), s.start, s.num_tokens);
-      if (s.samples) {
-        rows.push_back(runner_->first_row(static_cast<int>(i)) + s.num_tokens - 1);
-        who.push_back(i);
-      }
     }
-    if (!rows.empty()) {
-      const int V = cfg_.vocab_size;
-      if (backend_->name() == "cpu") {
-        // Host sampling: the seeded streams of engine/sampler.h.
-        runner_->logits_to_host(rows, logits_);
-        for (size_t j = 0; j < who.size(); ++j)
-          sampled[who[j]] = out.seqs[who[j]].req->sampler->sample(
-              std::span<const float>(logits_.data() + j * static_cast<size_t>(V), V));
-      } else {
-        std::vector<RowSampling> params(rows.size());
-        std::vector<int32_t> ids(rows.size());
-        for (size_t j = 0; j < who.size(); ++j) {
-          const SchedRequest& r = *out.seqs[who[j]].req;
-          params[j] = RowSampling{r.gen.sampling.temperature, r.gen.sampling.top_p, r.gen.sampling.top_k,
-                                  r.gen.sampling.seed, static_cast<uint64_t>(r.generated)};
-        }
-        runner_->sample(rows, params, ids);
-        for (size_t j = 0; j < who.size(); ++j) sampled[who[j]] = ids[j];
-      }
-    }
+    std::vector<int> sampled(out.seqs.size(), -1);
     // Per-token logprobs (the server asks for them): from the raw distribution
     // of the row that was sampled, only for requests that ask.
-    std::vector<std::pair<RequestId, int>> want_lp;  // (request, row j in logits_)
+    std::vector<std::pair<RequestId, int>> want_lp;  // (request, row j in res.logits)
     std::vector<int> want_top;
-    for (size_t j = 0; j < who.size(); ++j) {
-      const SchedRequest& r = *out.seqs[who[j]].req;
+    for (size_t j = 0; j < sampling.seqs.size(); ++j) {
+      const SchedRequest& r = *out.seqs[static_cast<size_t>(sampling.seqs[j])].req;
+      sampled[static_cast<size_t>(sampling.seqs[j])] = res.ids[j];
       if (r.gen.logprobs >= 0) {
         want_lp.emplace_back(r.id, static_cast<int>(j));
         want_top.push_back(r.gen.logprobs);
       }
     }
-    if (!want_lp.empty() && backend_->name() != "cpu") runner_->logits_to_host(rows, logits_);
     for (const auto& ev : sched_->update(out, sampled)) {
       events.push_back(ev);
       if (ev.token < 0) continue;
@@ -432,7 +399,7 @@ class EngineImpl final : public Engine {
         if (want_lp[k].first == ev.id) {
           const size_t V = static_cast<size_t>(cfg_.vocab_size);
           add_logprobs(events.back(),
-                       std::span<const float>(logits_.data() + static_cast<size_t>(want_lp[k].second) * V, V),
+                       std::span<const float>(res.logits.data() + static_cast<size_t>(want_lp[k].second) * V, V),
                        want_top[k]);
         }
     }
@@ -519,7 +486,7 @@ std::shared_ptr<const ModelWeights> maybe_widen(std::shared_ptr<const ModelWeigh
 
 std::unique_ptr<Engine> Engine::create(ModelConfig cfg, std::shared_ptr<const ModelWeights> weights,
                                        const EngineOptions& opts) {
-  const KvDtype d = opts.kv_cache_dtype == "auto" ? KvDtype::bf16 : resolve_kv_cache_dtype(opts.kv_cache_dtype, {});
+  const KvDtype d = opts.kv_cache_dtype.dtype.value_or(KvDtype::bf16);
   const bool cpu = resolve_backend_name(opts.backend) == "cpu";
   return std::make_unique<EngineImpl>(std::move(cfg), cpu ? maybe_widen(std::move(weights)) : std::move(weights),
                                       opts, d);
@@ -536,28 +503,15 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
   auto e = load_engine(dir, opts);
   static_cast<EngineImpl&>(*e).warm_up();
   if (opts.nnodes > 1 && opts.node_rank > 0) {
-    // A follower process: serve rank 0's steps, then end the process (the
-    // command's own work belongs to rank 0). Errors propagate (exit != 0).
+    // A follower process: serve rank 0's steps until rank 0's engine is
+    // destroyed; the command's own work belongs to rank 0. Errors propagate.
     static_cast<EngineImpl&>(*e).follow();
-    e.reset();
-    engine_log()->flush();
-    std::fflush(stdout);
-    std::fflush(stderr);
-    std::exit(0);
+    return nullptr;
   }
   return e;
 }
 
 namespace {
-// `--load-format dummy` matrices are generated on a device backend (the
-// default since run K2 of 2026-12-01: 0.2 s instead of 11.5 s for the 8B
-// shape, 5 of 16.8M elements one bf16 ulp off the host generator);
-// FP8KV_DUMMY_DEVICE=0 makes them on the host and uploads them.
-bool dummy_on_device() {
-  const char* e = std::getenv("FP8KV_DUMMY_DEVICE");
-  return !e || !*e || std::atoi(e) > 0;
-}
-
 std::unique_ptr<Engine> load_engine(const std::filesystem::path& dir, const EngineOptions& opts) {
   if (opts.load_format != "auto" && opts.load_format != "dummy")
     throw InputError("--load-format must be auto or dummy (got '" + opts.load_format + "')");
@@ -578,9 +532,10 @@ std::unique_ptr<Engine> load_engine(const std::filesystem::path& dir, const Engi
     engine_log()->info("--load-format dummy: random weights (N(0, 0.02), norms 1) for {}", dir.string());
     if (opts.tensor_parallel_size > 1) return std::make_unique<EngineImpl>(cfg, nullptr, opts, d);  // per rank
     // A device backend generates the matrices on the device (the same
-    // generator, docs/cuda_backend.md "Startup (2026-12-01)") unless
-    // FP8KV_DUMMY_DEVICE=0; the CPU backend (and TP > 1 ranks) make them here.
-    const bool on_device = !cpu && dummy_on_device();
+    // generator, docs/cuda_backend.md "Startup": 0.2 s instead of 11.5 s on
+    // the host for the 8B shape, 5 of 16.8M elements one bf16 ulp off the
+    // host generator); the CPU backend (and TP > 1 ranks) make them here.
+    const bool on_device = !cpu;
     std::shared_ptr<const ModelWeights> w;
     {
       StartupPhase ph(on_device ? "dummy weights (descriptors; made on the device at upload)" : "dummy weights (host)");

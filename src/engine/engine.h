@@ -20,6 +20,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backend/store_observer.h"
@@ -32,12 +33,27 @@ namespace fp8kv {
 
 class ModelWeights;  // model/weights.h
 
+// --kv-cache-dtype, parsed: auto (nullopt) or a KvDtype. The CLI parses the
+// flag once (cli/engine_flags.h parse_kv_cache_dtype_flag); a program or a
+// test may assign a KvDtype or one of the names of numerics/fp8.h
+// kv_cache_dtype_names() (parsed on assignment; std::invalid_argument on an
+// unknown name).
+struct KvCacheDtypeSetting {
+  std::optional<KvDtype> dtype;  // nullopt: auto
+  KvCacheDtypeSetting() = default;
+  KvCacheDtypeSetting(KvDtype d) : dtype(d) {}                                     // NOLINT: implicit by design
+  KvCacheDtypeSetting(std::string_view name) : dtype(parse_kv_cache_dtype(name)) {}  // NOLINT
+  KvCacheDtypeSetting(const std::string& name) : KvCacheDtypeSetting(std::string_view(name)) {}  // NOLINT
+  KvCacheDtypeSetting(const char* name) : KvCacheDtypeSetting(std::string_view(name)) {}        // NOLINT
+  bool is_auto() const { return !dtype; }
+  bool operator==(const KvCacheDtypeSetting&) const = default;
+};
+
 struct EngineOptions {
-  // auto | bf16 | fp8 (= fp8_e4m3) | fp8_e4m3 | fp8_e5m2. auto: bf16 unless the
-  // checkpoint declares an fp8 KV scheme (config.json
+  // auto: bf16 unless the checkpoint declares an fp8 KV scheme (config.json
   // quantization_config.kv_cache_scheme, or hf_quant_config.json
   // kv_cache_quant_algo).
-  std::string kv_cache_dtype = "auto";
+  KvCacheDtypeSetting kv_cache_dtype;
   // KV pool budget in bytes (per rank). 0: on the CPU, enough for
   // max_num_seqs requests of max_model_len, capped at a quarter of physical
   // memory but always one full request (pages are allocated lazily by the OS,
@@ -63,9 +79,9 @@ struct EngineOptions {
   int tensor_parallel_size = 1;
   // One rank per process (vLLM's --nnodes / --node-rank / --master-addr /
   // --master-port; engine/tp_runner.h TpMultiProcess): nnodes 1 = every
-  // rank in this process; else nnodes == tensor_parallel_size. A process
-  // with node_rank > 0 never returns from Engine::load: it serves rank 0's
-  // steps and exits 0 when rank 0's engine is destroyed (docs/design.md,
+  // rank in this process; else nnodes == tensor_parallel_size. In a process
+  // with node_rank > 0, Engine::load serves rank 0's steps and returns
+  // nullptr once rank 0's engine is destroyed (docs/design.md,
   // "Multi-process tensor parallelism").
   int nnodes = 1;
   int node_rank = 0;
@@ -74,6 +90,9 @@ struct EngineOptions {
   // Tests: pad decode steps to the CUDA-graph buckets and use their decode
   // plan, but run eagerly (the reference a graph replay equals bitwise).
   bool pad_decode_eager = false;
+  // Tests: tensor-parallel ranks capture CUDA graphs too (off in production
+  // until a multi-GPU run has checked them: TP ranks run eagerly; docs/tp.md).
+  bool tp_cuda_graphs = false;
   // Automatic prefix caching (vLLM's --enable-prefix-caching, on by default
   // as in vLLM V1): generation requests reuse the cached K/V of the longest
   // run of full blocks they share with earlier requests (docs/design.md
@@ -90,9 +109,9 @@ struct PrefixCacheStats {
   int64_t cached_blocks = 0;    // pages registered now (held or free)
 };
 
-// Resolves "auto"/"fp8"/... against a checkpoint directory (see EngineOptions).
-// Throws InputError on an unknown name.
-KvDtype resolve_kv_cache_dtype(std::string_view requested, const std::filesystem::path& model_dir);
+// Resolves auto against a checkpoint directory (see EngineOptions); a
+// concrete dtype is returned as is.
+KvDtype resolve_kv_cache_dtype(const KvCacheDtypeSetting& requested, const std::filesystem::path& model_dir);
 
 struct ScoreOptions {
   int chunk_size = 0;  // prefill chunk (tokens per forward); 0: max_num_batched_tokens
@@ -171,9 +190,12 @@ class Engine {
   // KV pool with plan_kv_cache and logs one line:
   //   KV cache: N tokens (M blocks of B), max concurrency X at max_model_len L, dtype D
   // Throws InputError naming the file/tensor on a bad checkpoint, or when the
-  // weights would not fit in memory.
+  // weights would not fit in memory. A multi-process follower (nnodes > 1,
+  // node_rank > 0) has no engine of its own: load serves rank 0's steps and
+  // returns nullptr when rank 0 shuts the group down; the caller then ends
+  // its command with success (the work and its output belong to rank 0).
   static std::unique_ptr<Engine> load(const std::filesystem::path& model_dir, const EngineOptions& opts);
-  // From in-memory weights (tests). kv_cache_dtype must not be "auto" (auto -> bf16 here).
+  // From in-memory weights (tests). kv_cache_dtype auto means bf16 here.
   static std::unique_ptr<Engine> create(ModelConfig cfg, std::shared_ptr<const ModelWeights> weights,
                                         const EngineOptions& opts);
   virtual ~Engine() = default;

@@ -13,11 +13,7 @@ ModelRunner::ModelRunner(const ModelConfig& cfg, Backend& backend, std::shared_p
       be_(backend),
       weights_(backend.upload_weights(shard_weights(std::move(weights), cfg, tp))),
       fwd_(cfg_, be_, weights_),
-      // A device backend computes every sampled row of a step in one LM-head
-      // call (the head is read once per step; 256 rows of a 128K vocabulary
-      // are 131 MB); the CPU keeps 16-row chunks.
-      rs_(be_, cfg_, max_num_batched_tokens,
-          backend.name() == "cpu" ? kLogitsRows : std::clamp(max_num_seqs, kLogitsRows, 256), fwd_.fused()) {
+      rs_(be_, cfg_, max_num_batched_tokens, backend.max_logits_rows(max_num_seqs), fwd_.fused()) {
   if (tp.world > 1 && backend.tp_world() != tp.world)
     throw std::logic_error("ModelRunner: tensor parallel without a matching Communicator on the backend");
   max_num_batched_tokens_ = max_num_batched_tokens;
@@ -76,8 +72,8 @@ int ModelRunner::warm_up_graphs() {
       b.sample_rows.push_back(t - 1);  // sized in the step buffer; the forward pass below samples nothing
     }
     b.sample_params.resize(static_cast<size_t>(S));
-    next_seqs_.clear();
-    next_params_.clear();
+    step_seqs_.clear();
+    step_params_.clear();
     be_.begin_step(batch_);
     fwd_.run(batch_, rs_);
   }
@@ -86,9 +82,9 @@ int ModelRunner::warm_up_graphs() {
     const int bucket = *it;
     build_batch(SchedulerOutput{});
     pad_batch(bucket);  // every row padding: context 0, slot -1
-    std::vector<int> seqs(static_cast<size_t>(bucket));
-    for (int i = 0; i < bucket; ++i) seqs[static_cast<size_t>(i)] = i;
-    set_step_sampling(std::move(seqs), std::vector<RowSampling>(static_cast<size_t>(bucket)));  // greedy
+    step_seqs_.resize(static_cast<size_t>(bucket));
+    for (int i = 0; i < bucket; ++i) step_seqs_[static_cast<size_t>(i)] = i;
+    step_params_.assign(static_cast<size_t>(bucket), RowSampling{});  // greedy
     run_prepared();
   }
   sampled_in_step_ = false;
@@ -188,39 +184,43 @@ void ModelRunner::pad_batch(int bucket) {
   b.decode_plan_context = kv_->plan().max_model_len;
 }
 
-void ModelRunner::execute(const SchedulerOutput& out) {
+void ModelRunner::execute(const SchedulerOutput& out, const StepSampling& sampling) {
+  if (sampling.seqs.size() != sampling.params.size())
+    throw std::logic_error("ModelRunner::execute: StepSampling seqs and params differ in size");
   build_batch(out);
+  step_seqs_ = sampling.seqs;
+  step_params_ = sampling.params;
   run_prepared();
 }
 
-void ModelRunner::set_step_sampling(std::vector<int> seqs, std::vector<RowSampling> params) {
-  if (seqs.size() != params.size()) throw std::logic_error("ModelRunner::set_step_sampling: sizes differ");
-  next_seqs_ = std::move(seqs);
-  next_params_ = std::move(params);
+std::vector<int32_t> ModelRunner::sample_rows(const StepSampling& s) const {
+  std::vector<int32_t> rows(s.seqs.size());
+  for (size_t j = 0; j < s.seqs.size(); ++j) rows[j] = batch_.query_start[static_cast<size_t>(s.seqs[j]) + 1] - 1;
+  return rows;
 }
 
 void ModelRunner::run_prepared() {
   const bool decode_only = batch_.num_seqs > 0 && batch_.num_decodes == batch_.num_seqs;
   const int bucket = decode_only ? graph_bucket(batch_.num_seqs) : 0;
-  // Tensor-parallel ranks capture only with FP8KV_TP_GRAPHS=1 (engine/tp_shard.h; docs/tp.md).
-  const bool graphs = bucket > 0 && be_.supports_graphs() && (tp_.world == 1 || tp_cuda_graphs_enabled());
+  // Tensor-parallel ranks run eagerly unless a test turns graphs on (engine/tp_shard.h; docs/tp.md).
+  const bool graphs = bucket > 0 && be_.supports_graphs() && (tp_.world == 1 || tp_graphs_);
   const int S = batch_.num_seqs;
   // Sampling inside the step: padded decode steps where every sequence
-  // samples (its only row), on one rank (set_step_sampling).
+  // samples (its only row), on one rank (execute's StepSampling).
   bool in_step = bucket > 0 && (graphs || pad_eager_) && tp_.world == 1 && be_.samples_in_step() &&
-                 bucket <= rs_.max_logits_rows && static_cast<int>(next_seqs_.size()) == S;
-  for (int i = 0; in_step && i < S; ++i) in_step = next_seqs_[i] == i;
+                 bucket <= rs_.max_logits_rows && static_cast<int>(step_seqs_.size()) == S;
+  for (int i = 0; in_step && i < S; ++i) in_step = step_seqs_[i] == i;
   batch_.sample_rows.clear();
   batch_.sample_params.clear();
   sampled_in_step_ = false;
   if (bucket > 0 && (graphs || pad_eager_)) pad_batch(bucket);
   if (in_step) {
     for (int r = 0; r < bucket; ++r) batch_.sample_rows.push_back(r);
-    batch_.sample_params = next_params_;
+    batch_.sample_params = step_params_;
     batch_.sample_params.resize(bucket);  // padding rows: greedy (RowSampling{}); their ids are dropped
   }
-  next_seqs_.clear();
-  next_params_.clear();
+  step_seqs_.clear();
+  step_params_.clear();
   be_.begin_step(batch_);
   auto forward = [&] {
     fwd_.run(batch_, rs_);
@@ -274,18 +274,13 @@ void ModelRunner::logits_to_host(std::span<const int32_t> rows, std::vector<floa
 
 void ModelRunner::sample(std::span<const int32_t> rows, std::span<const RowSampling> params, std::span<int32_t> ids) {
   if (sampled_in_step_) {
+    // The step sampled its StepSampling (every sequence's last row: row i of
+    // sequence i); TpRunner passes the same rows here, so only fetch the ids.
     sampled_in_step_ = false;
-    bool same = static_cast<int>(rows.size()) == sampled_rows_ && params.size() == rows.size() &&
-                ids.size() == rows.size();
-    for (size_t i = 0; same && i < rows.size(); ++i) {
-      const RowSampling &a = params[i], &b = batch_.sample_params[i];
-      same = rows[i] == static_cast<int32_t>(i) && a.temperature == b.temperature && a.top_p == b.top_p &&
-             a.top_k == b.top_k && a.seed == b.seed && a.counter == b.counter;
-    }
-    if (same) {
-      be_.step_sampled_ids(ids);
-      return;
-    }
+    if (static_cast<int>(rows.size()) != sampled_rows_ || ids.size() != rows.size())
+      throw std::logic_error("ModelRunner::sample: rows differ from the step's StepSampling");
+    be_.step_sampled_ids(ids);
+    return;
   }
   const int V = cfg_.vocab_size;
   const Tensor hidden = ForwardPass::hidden(rs_, cfg_, batch_.num_tokens);

@@ -18,6 +18,25 @@
 namespace fp8kv {
 
 class ModelWeights;
+class Sampler;
+
+// The rows a step samples, built once per step by the engine: the last row
+// of each listed sequence. TpRunner::execute samples them and returns the ids.
+struct StepSampling {
+  std::vector<int> seqs;            // indices into SchedulerOutput::seqs, ascending
+  std::vector<RowSampling> params;  // one per seq: Backend::sample's (seed, counter) stream
+  std::vector<Sampler*> host;       // one per seq: the request's seeded stream, used when the
+                                    // backend uses_host_memory() (engine/sampler.h)
+  bool want_logits = false;         // also return the sampled rows' logits (per-token logprobs)
+  bool empty() const { return seqs.empty(); }
+};
+
+// What a step returns: one id per StepSampling::seqs entry and, with
+// want_logits (always on a host-memory backend), their logits [ids.size()][V].
+struct StepOutput {
+  std::vector<int32_t> ids;
+  std::vector<float> logits;
+};
 
 class ModelRunner {
  public:
@@ -46,6 +65,11 @@ class ModelRunner {
   // the same way but runs the ops eagerly: the reference a replay must equal
   // bitwise.
   void set_pad_eager(bool on) { pad_eager_ = on; }
+  // Tests: tensor-parallel ranks capture CUDA graphs too (each rank's decode
+  // step with its collectives; NCCL and the one-shot all-reduce are
+  // capture-safe). Off in production until a multi-GPU run has checked them
+  // (docs/tp.md): TP ranks run eagerly.
+  void set_tp_graphs(bool on) { tp_graphs_ = on; }
   // Bucket of a decode step of S sequences; 0 when S exceeds the largest.
   int graph_bucket(int S) const;
   // Startup warm-up, as vLLM captures its CUDA graphs before serving (after
@@ -68,34 +92,38 @@ class ModelRunner {
 
   // Builds the step's StepBatch from `out` (its order: decodes first), uploads
   // it and runs every layer. Row r of the step is token r of the
-  // concatenation of out.seqs.
-  void execute(const SchedulerOutput& out);
+  // concatenation of out.seqs. `sampling`: the rows sample() will take. A
+  // decode-only step run with a padded bucket (graphs or pad_eager) on a
+  // backend that samples_in_step(), where every sequence samples, computes
+  // the logits and samples inside the step (and its CUDA graph; padding rows
+  // sample greedily and are dropped); sample() then only fetches the ids
+  // (docs/cuda_backend.md "Batch-1 step").
+  void execute(const SchedulerOutput& out, const StepSampling& sampling = {});
   const StepBatch& batch() const { return batch_; }
   // execute() in two halves, for multi-process tensor parallelism
   // (engine/tp_runner.h): rank 0 prepares the batch and sends it; a follower
   // process has no scheduler and takes rank 0's batch with set_prepared.
   void prepare(const SchedulerOutput& out) { build_batch(out); }
-  void set_prepared(StepBatch b) { batch_ = std::move(b); }
+  void set_prepared(StepBatch b) {
+    batch_ = std::move(b);
+    step_seqs_.clear();
+    step_params_.clear();
+  }
   void run_prepared();
   // First row of out.seqs[i] in the step.
   int first_row(int i) const { return batch_.query_start[i]; }
+  // The sampled rows of `s` in this step (the last row of each sequence).
+  std::vector<int32_t> sample_rows(const StepSampling& s) const;
 
   // Logits of chosen rows of the last step, to the host: out [rows.size()][V].
   // (Tensor parallel: a collective; every rank calls it, rank 0 fills out.)
   void logits_to_host(std::span<const int32_t> rows, std::vector<float>& out);
   // Logits of chosen rows, sampled on the backend (ids to the host; tensor
-  // parallel: every rank calls it, rank 0 samples and fills ids).
+  // parallel: every rank calls it, rank 0 samples and fills ids). After a
+  // step that sampled inside itself (see execute), rows and params are that
+  // step's (TpRunner passes the StepSampling it gave execute) and only the
+  // ids are fetched.
   void sample(std::span<const int32_t> rows, std::span<const RowSampling> params, std::span<int32_t> ids);
-  // The next execute()'s sampling, announced before it runs: sequence
-  // indices (into out.seqs, ascending) that sample their last row, and their
-  // parameters. A decode-only step run with a padded bucket (graphs or
-  // pad_eager) on a backend that samples_in_step(), where every sequence
-  // samples, then computes the logits and samples inside the step (and its
-  // CUDA graph; padding rows sample greedily and are dropped): the next
-  // sample() with the same rows and parameters only fetches the ids
-  // (docs/cuda_backend.md "Batch-1 step (2026-12-01)"). Otherwise sample()
-  // runs as before. Cleared by every execute().
-  void set_step_sampling(std::vector<int> seqs, std::vector<RowSampling> params);
 
   Backend& backend() { return be_; }
 
@@ -119,8 +147,9 @@ class ModelRunner {
   std::vector<int> buckets_;  // ascending
   int max_num_batched_tokens_ = 0;
   bool pad_eager_ = false;
-  std::vector<int> next_seqs_;               // set_step_sampling
-  std::vector<RowSampling> next_params_;
+  bool tp_graphs_ = false;
+  std::vector<int> step_seqs_;               // execute's StepSampling (sequences, parameters)
+  std::vector<RowSampling> step_params_;
   bool sampled_in_step_ = false;             // this step's ids wait on the device
   int sampled_rows_ = 0;                     // real (unpadded) rows sampled in the step
   int64_t graph_replays_ = 0, graph_captures_ = 0;

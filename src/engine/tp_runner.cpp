@@ -9,6 +9,7 @@
 #include "backend/comm.h"
 #include "backend/common/comm_timeout.h"
 #include "backend/common/tcp_rendezvous.h"
+#include "engine/sampler.h"
 #include "engine/tp_shard.h"
 #include "io/errors.h"
 
@@ -492,7 +493,26 @@ void TpRunner::set_store_observer(StoreObserver* o) {
   for (auto& k : ranks_) k.backend->set_store_observer(o);
 }
 
-void TpRunner::execute(const SchedulerOutput& out) {
+StepOutput TpRunner::execute(const SchedulerOutput& out, const StepSampling& sampling) {
+  forward(out, sampling);
+  StepOutput res;
+  if (sampling.empty()) return res;
+  const std::vector<int32_t> rows = ranks_[0].runner->sample_rows(sampling);
+  res.ids.assign(rows.size(), -1);
+  if (ranks_[0].backend->uses_host_memory()) {
+    if (sampling.host.size() != rows.size()) throw std::logic_error("TpRunner::execute: a host sampler per row");
+    logits_to_host(rows, res.logits);
+    const size_t V = static_cast<size_t>(full_cfg_.vocab_size);
+    for (size_t j = 0; j < rows.size(); ++j)
+      res.ids[j] = sampling.host[j]->sample(std::span<const float>(res.logits.data() + j * V, V));
+    return res;
+  }
+  sample(rows, sampling.params, res.ids);
+  if (sampling.want_logits) logits_to_host(rows, res.logits);
+  return res;
+}
+
+void TpRunner::forward(const SchedulerOutput& out, const StepSampling& sampling) {
   if (ctl_) {
     ModelRunner& m = *ranks_[0].runner;
     m.prepare(out);
@@ -508,7 +528,7 @@ void TpRunner::execute(const SchedulerOutput& out) {
     }
     return;
   }
-  run_all([&](int r) { ranks_[r].runner->execute(out); });
+  run_all([&](int r) { ranks_[r].runner->execute(out, sampling); });
 }
 
 void TpRunner::logits_to_host(std::span<const int32_t> rows, std::vector<float>& out) {

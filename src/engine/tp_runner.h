@@ -85,6 +85,9 @@ class TpRunner {
   void set_pad_eager(bool on) {
     for (auto& k : ranks_) k.runner->set_pad_eager(on);
   }
+  void set_tp_graphs(bool on) {  // tests (ModelRunner::set_tp_graphs)
+    for (auto& k : ranks_) k.runner->set_tp_graphs(on);
+  }
   int64_t graph_replays() const { return ranks_[0].runner->graph_replays(); }
   int64_t graph_captures() const { return ranks_[0].runner->graph_captures(); }
   // ModelRunner::warm_up_graphs on one rank (tensor-parallel ranks capture
@@ -99,15 +102,13 @@ class TpRunner {
   void set_store_observer(StoreObserver* observer);
 
   // The ModelRunner calls, run on every rank (rank 0's results returned).
-  void execute(const SchedulerOutput& out);
+  // One step: the forward pass over `out`, then the rows of `sampling`
+  // sampled (on the backend, or on the host with each request's stream when
+  // the backend uses_host_memory()): one id per sampling.seqs entry, and
+  // their logits when asked (always on a host-memory backend).
+  StepOutput execute(const SchedulerOutput& out, const StepSampling& sampling);
   int first_row(int i) const { return ranks_[0].runner->first_row(i); }
   void logits_to_host(std::span<const int32_t> rows, std::vector<float>& out);
-  void sample(std::span<const int32_t> rows, std::span<const RowSampling> params, std::span<int32_t> ids);
-  // One rank: ModelRunner::set_step_sampling (sampling inside the decode
-  // step's graph). Several ranks sample after the step (ignored).
-  void set_step_sampling(std::vector<int> seqs, std::vector<RowSampling> params) {
-    if (world_ == 1) ranks_[0].runner->set_step_sampling(std::move(seqs), std::move(params));
-  }
 
  private:
   struct Rank {
@@ -121,6 +122,8 @@ class TpRunner {
   // broken on failure: every later call throws).
   void broadcast(const std::string& msg);
   void check_usable() const;
+  void forward(const SchedulerOutput& out, const StepSampling& sampling);
+  void sample(std::span<const int32_t> rows, std::span<const RowSampling> params, std::span<int32_t> ids);
   void apply_kv_scales(const KvScales& s);
   void worker_loop(int rank);
 

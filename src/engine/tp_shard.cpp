@@ -191,11 +191,6 @@ std::shared_ptr<const ModelWeights> dummy_weights_shard(const ModelConfig& c, co
   return w;
 }
 
-bool tp_cuda_graphs_enabled() {
-  const char* v = std::getenv("FP8KV_TP_GRAPHS");
-  return v && std::strcmp(v, "1") == 0;
-}
-
 KvScales shard_kv_scales(const KvScales& s, const ModelConfig& cfg, const TpShard& t) {
   if (t.world == 1) return s;
   const ModelConfig rc = shard_config(cfg, t.world);

@@ -72,11 +72,6 @@ std::shared_ptr<const ModelWeights> shard_weights(std::shared_ptr<const ModelWei
 std::shared_ptr<const ModelWeights> dummy_weights_shard(const ModelConfig& cfg, const TpShard& t, uint64_t seed = 0,
                                                         float std = 0.02f);
 
-// Tensor-parallel ranks capture CUDA graphs (each rank's decode step with
-// its collectives: NCCL and the one-shot all-reduce are capture-safe) only
-// with FP8KV_TP_GRAPHS=1, until a two-GPU run has checked them (docs/tp.md).
-bool tp_cuda_graphs_enabled();
-
 KvScales shard_kv_scales(const KvScales& s, const ModelConfig& cfg, const TpShard& t);
 
 }  // namespace fp8kv

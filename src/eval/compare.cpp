@@ -109,6 +109,7 @@ KvScales arm_scales(const ArmSpec& arm, const fs::path& model_dir, const ModelCo
 std::unique_ptr<Engine> load_arm_engine(const ArmSpec& arm, const fs::path& model_dir, EngineOptions base) {
   base.kv_cache_dtype = std::string(kv_dtype_name(arm.dtype));
   auto e = Engine::load(model_dir, base);
+  if (!e) throw InputError("eval: one rank per process (--nnodes > 1) is not supported: each arm loads its own engine");
   KvScales scales = arm_scales(arm, model_dir, e->config());
   try {
     e->set_kv_scales(std::move(scales));  // errors name file and tensor; add the arm

@@ -15,12 +15,49 @@ std::string_view kv_dtype_name(KvDtype d) {
   return "?";
 }
 
+namespace {
+
+constexpr KvCacheDtypeName kNames[] = {
+    {"auto", std::nullopt, false},
+    {"bfloat16", KvDtype::bf16, false},
+    {"fp8", KvDtype::fp8_e4m3, false},
+    {"fp8_e4m3", KvDtype::fp8_e4m3, false},
+    {"fp8_e5m2", KvDtype::fp8_e5m2, false},
+    {"bf16", KvDtype::bf16, true},
+    {"fp8e4m3", KvDtype::fp8_e4m3, true},
+    {"fp8e5m2", KvDtype::fp8_e5m2, true},
+};
+// vLLM's other CacheDType names: named in the error, not accepted.
+constexpr std::string_view kUnsupported[] = {"float16", "int8", "fp8_inc", "fp8_ds_mla"};
+
+}  // namespace
+
+std::span<const KvCacheDtypeName> kv_cache_dtype_names() { return kNames; }
+
+std::string kv_cache_dtype_choices() {
+  std::string main, aliases;
+  for (const auto& n : kNames) {
+    std::string& to = n.alias ? aliases : main;
+    if (!to.empty()) to += ", ";
+    to += n.name;
+  }
+  return main + " (aliases: " + aliases + ")";
+}
+
+std::optional<KvDtype> parse_kv_cache_dtype(std::string_view s) {
+  for (const auto& n : kNames)
+    if (n.name == s) return n.dtype;
+  for (const auto u : kUnsupported)
+    if (u == s)
+      throw std::invalid_argument("'" + std::string(s) + "' (a vLLM KV cache dtype) is not supported by fp8kv; accepted: " +
+                                  kv_cache_dtype_choices());
+  throw std::invalid_argument("unknown KV cache dtype '" + std::string(s) + "'; accepted: " + kv_cache_dtype_choices());
+}
+
 KvDtype parse_kv_dtype(std::string_view s) {
-  if (s == "bf16" || s == "bfloat16") return KvDtype::bf16;
-  if (s == "fp8" || s == "fp8_e4m3" || s == "fp8e4m3") return KvDtype::fp8_e4m3;
-  if (s == "fp8_e5m2" || s == "fp8e5m2") return KvDtype::fp8_e5m2;
-  throw std::invalid_argument("unknown KV cache dtype '" + std::string(s) +
-                              "' (expected bf16, fp8, fp8_e4m3 or fp8_e5m2)");
+  const std::optional<KvDtype> d = parse_kv_cache_dtype(s);
+  if (!d) throw std::invalid_argument("'auto' is not a KV cache dtype here: give bfloat16, fp8_e4m3 or fp8_e5m2");
+  return *d;
 }
 
 float kv_dtype_max(KvDtype d) {

@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -20,9 +21,24 @@ enum class KvDtype : uint8_t { bf16 = 0, fp8_e4m3 = 1, fp8_e5m2 = 2 };
 
 // "bf16" | "fp8_e4m3" | "fp8_e5m2".
 std::string_view kv_dtype_name(KvDtype d);
-// Accepts bf16, bfloat16, fp8 (= e4m3), fp8_e4m3, fp8_e5m2. Throws
-// std::invalid_argument naming the accepted values otherwise. ("auto" is
-// resolved by the caller, which knows the checkpoint.)
+// The KV cache dtype names every command accepts (--kv-cache-dtype, a
+// calibrate target, a report's "target"), in one table: vLLM's CacheDType
+// names that fp8kv implements (auto, bfloat16, fp8, fp8_e4m3, fp8_e5m2) and
+// documented aliases (bf16, fp8e4m3, fp8e5m2). dtype nullopt: "auto" (the
+// checkpoint decides; engine/engine.h resolve_kv_cache_dtype).
+struct KvCacheDtypeName {
+  std::string_view name;
+  std::optional<KvDtype> dtype;
+  bool alias;  // false: vLLM's name
+};
+std::span<const KvCacheDtypeName> kv_cache_dtype_names();
+// "auto, bfloat16, fp8, fp8_e4m3, fp8_e5m2 (aliases: bf16, fp8e4m3, fp8e5m2)".
+std::string kv_cache_dtype_choices();
+// A name of the table: nullopt for "auto". Throws std::invalid_argument
+// naming the accepted names otherwise (vLLM's fp8_inc, fp8_ds_mla, int8 and
+// float16 are named as not supported).
+std::optional<KvDtype> parse_kv_cache_dtype(std::string_view s);
+// The same names without "auto" (a concrete dtype: calibrate's --target).
 KvDtype parse_kv_dtype(std::string_view s);
 inline constexpr int kv_dtype_bytes(KvDtype d) { return d == KvDtype::bf16 ? 2 : 1; }
 inline constexpr bool kv_dtype_is_fp8(KvDtype d) { return d != KvDtype::bf16; }

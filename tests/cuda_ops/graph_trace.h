@@ -33,6 +33,7 @@ inline GraphTrace run_graph_trace(const std::string& model, const std::string& d
   o.max_num_seqs = 8;
   o.tensor_parallel_size = tp;
   o.pad_decode_eager = !graphs;
+  o.tp_cuda_graphs = true;  // TP > 1: the ranks capture (graphs) or pad the same way (pad_decode_eager)
   auto e = Engine::load(std::filesystem::path(FP8KV_SOURCE_DIR) / "tests/golden/models_hd64" / model, o);
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int> tok(3, e->config().vocab_size - 1);

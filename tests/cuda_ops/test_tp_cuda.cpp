@@ -100,7 +100,7 @@ TEST(CudaTensorParallel, Tp2GreedyGenerationMatchesTp1) {
   EXPECT_EQ(e2->generate(prompt, g).tokens, b.tokens);  // deterministic across runs
 }
 
-// CUDA graphs on TP ranks (FP8KV_TP_GRAPHS=1, engine/tp_shard.h): each
+// CUDA graphs on TP ranks (EngineOptions::tp_cuda_graphs, set by run_graph_trace): each
 // rank's decode step is captured with its collectives (NCCL / the one-shot
 // all-reduce on fixed buffers) and replayed; test_cuda_graphs.cpp's check at
 // TP 2: the same requests, greedy, with graphs vs EngineOptions::
@@ -108,10 +108,8 @@ TEST(CudaTensorParallel, Tp2GreedyGenerationMatchesTp1) {
 // token and logprob bitwise equal (the collectives are deterministic: the
 // same kernels, inputs and order in both runs).
 void check_tp_graphs(const std::string& dtype) {
-  ::setenv("FP8KV_TP_GRAPHS", "1", 1);
   const GraphTrace g = run_graph_trace("llama", dtype, true, 11, /*tp=*/2),
                    r = run_graph_trace("llama", dtype, false, 11, /*tp=*/2);
-  ::unsetenv("FP8KV_TP_GRAPHS");
   std::printf("[ tp ] graphs TP 2 %s: %lld captures, %lld replays\n", dtype.c_str(),
               static_cast<long long>(g.captures), static_cast<long long>(g.replays));
   EXPECT_GE(g.captures, 3);  // buckets 4, 2, 1

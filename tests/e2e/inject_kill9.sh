@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# kill -9 at random moments during `fp8kv inject` (FP8KV_INJECT_SLOW_MS widens
-# the windows between steps). After every kill the checkpoint must load
+# kill -9 at random moments during `fp8kv inject` (the test-only option
+# --test-step-delay-ms widens the windows between steps). After every kill the checkpoint must load
 # (fp8kv inspect exit 0) with either the old or the new scales, and the weight
 # shards must be byte-identical. 60 in-place trials (sharded and single-file
 # checkpoints) + 12 --output trials (the output appears whole or not at all).
@@ -27,7 +27,7 @@ SPAN_MS=220
 calibrate_span() {
   local m="$T/m_span"; python3 "$HERE/inject_make_checkpoint.py" "$m" > /dev/null || fail make
   local t0 t1; t0=$(date +%s%N)
-  FP8KV_INJECT_SLOW_MS=$SLOW "$BIN" inject "$m" --report "$T/a.json" --in-place > /dev/null 2>&1 || fail "inject (timing run)"
+  "$BIN" inject "$m" --test-step-delay-ms "$SLOW" --report "$T/a.json" --in-place > /dev/null 2>&1 || fail "inject (timing run)"
   t1=$(date +%s%N); SPAN_MS=$(( (t1 - t0) / 1000000 * 11 / 10 + 1 ))
   rm -rf "$m"
 }
@@ -44,7 +44,7 @@ for kind in sharded single; do
   cur=missing
   for i in $(seq 1 "$TRIALS"); do
     if [ "$cur" = "2.5" ]; then rep="$T/b.json"; new=4.75; else rep="$T/a.json"; new=2.5; fi
-    FP8KV_INJECT_SLOW_MS=$SLOW "$BIN" inject "$M" --report "$rep" --in-place > /dev/null 2> "$T/err" &
+    "$BIN" inject "$M" --test-step-delay-ms "$SLOW" --report "$rep" --in-place > /dev/null 2> "$T/err" &
     pid=$!
     sleep "$(rand_delay)"
     kill -9 $pid 2> /dev/null
@@ -72,7 +72,7 @@ M="$T/m_sharded"; W=$(weights_hash "$M")
 appeared=0
 for i in $(seq 1 12); do
   O="$T/out$i"
-  FP8KV_INJECT_SLOW_MS=$SLOW "$BIN" inject "$M" --report "$T/a.json" --output "$O" > /dev/null 2> "$T/err" &
+  "$BIN" inject "$M" --test-step-delay-ms "$SLOW" --report "$T/a.json" --output "$O" > /dev/null 2> "$T/err" &
   pid=$!
   sleep "$(rand_delay)"
   kill -9 $pid 2> /dev/null

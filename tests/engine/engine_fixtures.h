@@ -62,7 +62,7 @@ inline EngineOptions small_engine_options(const std::string& dtype, int max_mode
 // planner's own kv_memory_needed, so the count does not depend on page sizes).
 inline EngineOptions with_pool_for(EngineOptions o, const ModelConfig& c, int requests) {
   const KvPlanSettings s =
-      small_plan_settings(o.max_model_len, o.max_num_batched_tokens, parse_kv_dtype(o.kv_cache_dtype), o.block_size);
+      small_plan_settings(o.max_model_len, o.max_num_batched_tokens, o.kv_cache_dtype.dtype.value_or(KvDtype::bf16), o.block_size);
   o.kv_memory_bytes = kv_memory_needed(c, s) * static_cast<uint64_t>(requests);
   return o;
 }

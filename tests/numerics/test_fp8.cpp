@@ -5,7 +5,9 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "numerics/fp8.h"
@@ -161,4 +163,29 @@ TEST(KvDtype, Parse) {
   EXPECT_EQ(parse_kv_dtype("fp8_e5m2"), KvDtype::fp8_e5m2);
   EXPECT_EQ(parse_kv_dtype("bf16"), KvDtype::bf16);
   EXPECT_THROW(parse_kv_dtype("int8"), std::invalid_argument);
+  EXPECT_THROW(parse_kv_dtype("auto"), std::invalid_argument);
+}
+
+// One table of names (vLLM's CacheDType names fp8kv implements, then aliases):
+// every name parses to its dtype and kv_dtype_name round-trips it.
+TEST(KvDtype, NamesTable) {
+  std::string vllm;
+  for (const auto& n : kv_cache_dtype_names()) {
+    EXPECT_EQ(parse_kv_cache_dtype(n.name), n.dtype) << n.name;
+    if (n.dtype) {
+      EXPECT_EQ(parse_kv_dtype(kv_dtype_name(*n.dtype)), *n.dtype) << n.name;
+    }
+    if (!n.alias) vllm += std::string(vllm.empty() ? "" : " ") + std::string(n.name);
+  }
+  EXPECT_EQ(vllm, "auto bfloat16 fp8 fp8_e4m3 fp8_e5m2");
+  EXPECT_EQ(parse_kv_cache_dtype("auto"), std::nullopt);
+  EXPECT_EQ(parse_kv_cache_dtype("bfloat16"), KvDtype::bf16);
+  for (const char* bad : {"fp8_inc", "fp8_ds_mla", "int8", "float16", "e4m3", "FP8", ""}) {
+    try {
+      parse_kv_cache_dtype(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(kv_cache_dtype_choices()), std::string::npos) << e.what();
+    }
+  }
 }

@@ -21,6 +21,9 @@ class CpuBackend final : public Backend {
   CpuBackend(const ModelConfig& cfg, const BackendOptions& opts);
 
   std::string_view name() const override { return "cpu"; }
+  bool uses_host_memory() const override { return true; }
+  // 16-row chunks: the host sampler reads the rows one by one anyway.
+  int max_logits_rows(int /*max_num_seqs*/) const override { return kMinLogitsRows; }
   ScalarType activation_dtype() const override { return ScalarType::f32; }
   MemoryInfo memory_info() const override;
 
