@@ -95,7 +95,7 @@ HfTokenizer::HfTokenizer(const json& j, std::shared_ptr<const BpeModel> model, c
   }
 
   // A post-processor id past the vocabulary would reach the model's
-  // embedding as an out-of-range row (found by fuzz_tokenizer, 2026-12-01:
+  // embedding as an out-of-range row (found by fuzz_tokenizer:
   // a TemplateProcessing BOS of 269 while the added token landed on 246).
   if (post_) {
     const int vs = vocab_size();
