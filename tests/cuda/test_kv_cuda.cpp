@@ -124,7 +124,7 @@ std::vector<int> mixed_lengths(std::mt19937_64& rng, int block_size, int window)
 // Returns max |err| / tol over the batch (<= 1 passes).
 // out_copy: receives the batched output. graph_replays > 0: the launch is
 // also captured into a CUDA graph and replayed that many times, each replay
-// bitwise equal to the direct launch (the fused merge's counters reset).
+// bitwise equal to the direct launch.
 double run_decode_case(std::mt19937_64& rng, const DecodeCase& c, int split_tokens_override, bool check_single,
                        const std::vector<int>& lengths = {}, std::vector<float>* out_copy = nullptr,
                        int graph_replays = 0) {
@@ -369,45 +369,6 @@ TEST(CudaDecode, VeryLongSplitRefillsBlockIds) {
     }
 }
 
-// The fused split merge (FP8KV_DECODE_FUSE=1, decode v10 variant: the last
-// CTA per (sequence, KV head, chunk) merges the partials, no reduce kernel)
-// gives bitwise the reduce kernel's output (same arithmetic, same order):
-// every case runs with the merge off and on (set_decode_fuse_override) from
-// the same random state; many splits (64-key forced splits; 71
-// splits at 9000 keys: more than 2R chains of the merge), windows, softcap, all dtypes
-// (the merge is in the FAST kernels: e4m3 d128/d256, bf16 d128; the others
-// fall back to the reduce kernel). Batched == single under the merge, and
-// every fused launch also captured into a CUDA graph and replayed three
-// times, each replay bitwise equal (the counters reset).
-TEST(CudaDecode, FusedMergeEqualsReduceKernel) {
-  FP8KV_REQUIRE_GPU();
-  const uint64_t seed = test_seed();
-  int n = 0;
-  for (KvDtype dt : kDtypes)
-    for (int D : {64, 128, 256})
-      for (int split : {64, 128}) {
-        const int window = n % 3 == 1 ? 100 : 0;
-        const DecodeCase c{dt, D, n % 2 ? 4 : 2, 2, n % 2 ? 16 : 32, window, static_cast<ScaleMode>(n % 3),
-                           n % 4 == 3 ? 30.0f : 0.0f};
-        const std::vector<int> lengths = split == 128 ? std::vector<int>{9000, 33, 1300} : std::vector<int>{};
-        std::vector<float> off, on;
-        std::mt19937_64 r0(seed + n), r1(seed + n);
-        cuda::set_decode_fuse_override(0);
-        const double w0 = run_decode_case(r0, c, split, false, lengths, &off);
-        cuda::set_decode_fuse_override(1);
-        const double w1 = run_decode_case(r1, c, split, true, lengths, &on, 3);
-        cuda::set_decode_fuse_override(-1);
-        EXPECT_LE(w0, 1.0);
-        EXPECT_LE(w1, 1.0);
-        ASSERT_EQ(off.size(), on.size());
-        EXPECT_EQ(0, std::memcmp(off.data(), on.data(), off.size() * sizeof(float)))
-            << kv_dtype_name(dt) << " D=" << D << " split " << split << ": fused merge != reduce kernel";
-        ++n;
-        if (HasFailure()) return;
-      }
-  std::printf("fused merge == reduce kernel bitwise in %d cases\n", n);
-}
-
 // ---- prefill / chunked prefill ---------------------------------------------
 
 struct PrefillCase {
@@ -552,13 +513,9 @@ TEST(CudaPlan, SplitsCoverTheSpanAndFillTheGpu) {
             EXPECT_EQ(p.split_tokens % 64, 0);
             EXPECT_GE(static_cast<int64_t>(p.max_splits) * p.split_tokens, span);
             EXPECT_LT(static_cast<int64_t>(p.max_splits - 1) * p.split_tokens, span);
-            // Partials (floats: [B][H][splits] outputs of D and one log-sum-exp),
-            // then (8-byte aligned) one 64-bit split counter per (sequence, KV
-            // head, head chunk) for the fused merge (decode v10; version 7 had
-            // the same, version 8 dropped it).
+            // Partials (floats: [B][H][splits] outputs of D and one log-sum-exp).
             const size_t partials = static_cast<size_t>(B) * H * p.max_splits * (D + 1) * 4;
-            const size_t counters = static_cast<size_t>(B) * hkv * 8;  // group 4: one chunk
-            EXPECT_EQ(p.workspace_bytes, p.max_splits > 1 ? (partials + 7) / 8 * 8 + counters : 0u);
+            EXPECT_EQ(p.workspace_bytes, p.max_splits > 1 ? partials : 0u);
             const int64_t base = static_cast<int64_t>(B) * hkv, slots = sms * cps;
             if (base * 2 <= slots) {
               EXPECT_LE(base * p.max_splits, slots) << "a second wave for a small batch";
@@ -573,16 +530,11 @@ TEST(CudaPlan, SplitsCoverTheSpanAndFillTheGpu) {
   EXPECT_EQ(f.max_splits, 5);
 }
 
-// F4 auto (decode v13, docs/cuda.md): an fp8 e4m3 d128 plan made at the
-// device's occupancy is the 3-CTA (FAST) plan when that one fits one wave,
-// else the plan for 4 CTAs per SM (F4's). Assumes the H200's occupancies (FAST
-// 3, F4 4 CTAs per SM); skipped when FP8KV_DECODE_F4 (or a variable that
-// changes the fp8 d128 kernel) is set.
+// F4 (docs/cuda.md): an fp8 e4m3 d128 plan made at the device's occupancy is
+// the 3-CTA (FAST) plan when that one fits one wave, else the plan for 4 CTAs
+// per SM (F4's). Assumes the H200's occupancies (FAST 3, F4 4 CTAs per SM).
 TEST(CudaPlan, F4AutoReplansBeyondOneWave) {
   FP8KV_REQUIRE_GPU();
-  for (const char* v : {"FP8KV_DECODE_F4", "FP8KV_DECODE_V9", "FP8KV_DECODE_LEAN", "FP8KV_DECODE_DEEP",
-                        "FP8KV_DECODE_HPW", "FP8KV_DECODE_TM"})
-    if (const char* e = std::getenv(v); e != nullptr && *e != 0) GTEST_SKIP() << v << " is set";
   const int sms = cuda::device_sm_count();
   int replanned = 0;
   for (int B : {1, 8, 32, 64, 256})

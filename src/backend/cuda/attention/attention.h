@@ -102,11 +102,10 @@ struct DecodeArgs {
   DecodePlan plan;
   void* workspace = nullptr;  // plan.workspace_bytes, device
 };
+// Runs the kernel of the decode plan table (attention/decode_plan.h) for the
+// layout's (head_dim, dtype), then, when the plan has several splits, the
+// split combine.
 void paged_decode(const DecodeArgs& args, cudaStream_t stream);
-// Tests only: overrides FP8KV_DECODE_FUSE (the fused split merge, decode
-// v10 variant; docs/cuda.md) for later paged_decode calls of this process:
-// 1 on, 0 off, -1 back to the variable.
-void set_decode_fuse_override(int v);
 
 // ---- prefill / chunked prefill --------------------------------------------
 // The kernel per (head_dim, cache dtype) is the plan's (prefill_plan.h):

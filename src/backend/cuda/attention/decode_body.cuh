@@ -1,0 +1,590 @@
+// The paged decode kernel's body (decode_kernels.cu instantiates it).
+#pragma once
+
+#include "backend/cuda/attention/decode_common.cuh"
+
+namespace fp8kv::cuda::decode {
+
+template <int D, int DT, bool DEEP, bool LEAN, bool REG, bool FAST>
+__device__ __forceinline__ void decode_body(const DecodeParams& p) {
+  static_assert(!FAST || !DecodeCfg<D, DT, REG>::USE_RING, "FAST: register path only");
+  static_assert(!FAST || !LEAN || (D == 128 && DT == kE4m3), "F4: FAST fp8 e4m3 d128 only");
+  using C = DecodeCfg<D, DT, REG>;
+  constexpr int EB = C::EB;
+  constexpr int E = 16 / EB;               // elements per 16-byte chunk
+  constexpr int J = E / 4;                 // k-steps per chunk
+  constexpr int KS = D / 16;               // k-steps of Q K^T
+  constexpr int MT = D / 16;               // m-tiles of O^T = V^T P^T
+  constexpr int S = C::S;
+
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  uint8_t* const smem = smem_raw;
+  float* sm_m = reinterpret_cast<float*>(smem + kWarps * C::RING);
+  float* sm_l = sm_m + kWarps * kMaxGroup;
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r = lane >> 2, t = lane & 3;
+  const int kvh = blockIdx.x / p.gchunks;
+  const int gc = blockIdx.x % p.gchunks;
+  constexpr int TS = kWarps;  // register path: tile stride of a warp
+  const int T0 = warp;        // and its first tile
+  const int b = blockIdx.y, split = blockIdx.z;
+  const int ctx = p.context_lens[b];
+  const int32_t* bt = p.block_tables + static_cast<int64_t>(b) * p.max_blocks_per_seq;
+  // FAST: without a window the block ids of this warp's first 64 tiles do
+  // not depend on the context length, so they load with it (one round trip,
+  // not three), clamped to the table's row (f_fetch's offsets past the
+  // context are 0).
+  int spec_blk[2] = {0, 0};
+  const bool spec = FAST && p.window <= 0 && p.max_blocks_per_seq > 0;
+  if (spec) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int j = split * p.split_tokens + (T0 + (32 * h + lane) * TS) * kTile;
+      spec_blk[h] = bt[min(j / p.block_size, p.max_blocks_per_seq - 1)];
+    }
+  }
+  int first, tstart, nsplits;
+  seq_range(p, ctx, first, tstart, nsplits);
+  if (split >= nsplits) {
+    // Waits even so: a grid where no CTA waited (all contexts 0) could
+    // finish before the previous kernel, and the next would not follow it.
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    return;
+  }
+  // Programmatic dependent launch: this grid may start while the previous kernel in the stream
+  // drains. Before this wait it reads only the context lengths and block
+  // tables (the step's inputs, copied before the step's first kernel); Q, the
+  // K/V caches, the scales and every write (workspace, output) come after it.
+  // The FAST kernels wait after fetching their first block ids (one dependent
+  // round trip overlapped with the previous kernel); the others at once. A
+  // no-op when the launch is not programmatic.
+  if constexpr (!FAST) asm volatile("griddepcontrol.wait;" ::: "memory");
+  const int s_begin = tstart + split * p.split_tokens;
+  const int s_end = min(ctx, s_begin + p.split_tokens);
+  const int h0 = kvh * p.group + gc * kMaxGroup;
+  const int nh = min(kMaxGroup, p.group - gc * kMaxGroup);
+
+  const int64_t row_bytes = static_cast<int64_t>(p.num_kv_heads) * D * EB;
+  const int64_t head_off = static_cast<int64_t>(kvh) * D * EB;
+  const int ntiles = (s_end - s_begin + kTile - 1) / kTile;
+  const int nmine = ntiles > warp ? (ntiles - warp + kWarps - 1) / kWarps : 0;  // this warp's tiles
+  const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(smem + warp * C::RING));
+  const int vtok[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
+
+  // Block ids of this warp's tiles, 32 at a time (lane i holds tile 32k + i).
+  int bt_lane = 0;
+  // Issues the copies of this warp's k-th tile into stage `st` (one commit
+  // group per call, empty past the end, so wait_group counts stay uniform).
+  auto issue = [&](int k, int st) {
+    if (k < nmine) {
+      if ((k & 31) == 0) {
+        const int kk = k + lane;
+        bt_lane = kk < nmine ? bt[(s_begin + (warp + kk * kWarps) * kTile) / p.block_size] : 0;
+      }
+      const int64_t blk = __shfl_sync(0xffffffffu, bt_lane, k & 31);
+      const int j0 = s_begin + (warp + k * kWarps) * kTile;
+      const int64_t row0 = blk * p.block_size + j0 % p.block_size;  // the tile stays inside one block
+      const uint8_t* kb = p.k_cache + row0 * row_bytes + head_off;
+      const uint8_t* vb = p.v_cache + row0 * row_bytes + head_off;
+      const uint32_t sb = ring + st * C::STAGE;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int c = 0; c < C::KC; ++c)
+          cp_async16(sb + ((nt * C::KC + c) * 32 + lane) * 16, kb + (nt * 8 + r) * row_bytes + (c * 4 + t) * 16);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int u = 0; u < C::VU; ++u)
+          cp_async16(sb + C::KREG + ((i * C::VU + u) * 32 + lane) * 16,
+                     vb + vtok[i] * row_bytes + r * C::VBYTES + 16 * u);
+      }
+    }
+    cp_async_commit();
+  };
+  // Prologue: the first S tiles in flight before anything else.
+  if constexpr (C::USE_RING) {
+#pragma unroll
+    for (int k = 0; k < S; ++k) issue(k, k);
+  }
+  constexpr int KW = D * EB / 16;  // words per thread per key row (K)
+  constexpr int VBYTES = C::VBYTES, VW = VBYTES / 4;
+  // Register-staged pipeline: the next tile's K/V loads are in flight while
+  // this tile's math runs (when the registers allow: fp8 up to D=128, bf16 up
+  // to D=64; else one tile at a time).
+  constexpr bool kPrefetch = !LEAN && D * EB <= (DEEP ? 256 : 128);
+  constexpr bool kPrefetch2 = DEEP && D * EB <= 128;  // two tiles ahead
+  auto load_tile = [&](int it, uint32_t (&kw)[2][KW], uint32_t (&vw)[4][VW]) {
+    const int j0 = s_begin + it * kTile;
+    const int64_t blk = bt[j0 / p.block_size];
+    const int64_t row0 = blk * p.block_size + j0 % p.block_size;  // the tile stays inside one block
+    const uint8_t* kb = p.k_cache + row0 * row_bytes + head_off;
+    const uint8_t* vb = p.v_cache + row0 * row_bytes + head_off;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int c = 0; c < KW / 4; ++c)
+        ld_words<16>(kb + (nt * 8 + r) * row_bytes + (c * 4 + t) * 16, &kw[nt][4 * c]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) ld_words<VBYTES>(vb + vtok[i] * row_bytes + r * VBYTES, vw[i]);
+  };
+  // Register path: the first tile's loads are issued before Q's (overlapped).
+  uint32_t kw[2][KW], vw[4][VW];
+  if (!C::USE_RING && !FAST && T0 < ntiles) load_tile(T0, kw, vw);
+  uint32_t kn[2][KW], vn[4][VW];  // tile it + kWarps (in flight), two-ahead variant only
+  if (kPrefetch2 && T0 + TS < ntiles) load_tile(T0 + TS, kn, vn);
+
+  // L2 prefetch of this warp's next p.l2_prefetch tiles (register path);
+  // fixed off (DecodeParams), the code kept until an A/B removes it.
+  constexpr int LPR = D * EB >= 128 ? D * EB / 128 : 1;  // 128-byte lines per key row
+  const int pf = C::USE_RING ? 0 : p.l2_prefetch;
+  int pf_bt = 0;
+  auto prefetch_tile = [&](int k) {  // this warp's k-th tile (k >= 1, increasing by one per call)
+    if (k >= nmine) return;          // warp-uniform
+    if (k == 1 || (k & 31) == 0) {
+      const int kk = (k & ~31) + lane;
+      pf_bt = kk < nmine ? bt[(s_begin + (warp + kk * kWarps) * kTile) / p.block_size] : 0;
+    }
+    const int64_t blk = __shfl_sync(0xffffffffu, pf_bt, k & 31);
+    const int j0 = s_begin + (warp + k * kWarps) * kTile;
+    const int64_t row0 = blk * p.block_size + j0 % p.block_size;
+    if (p.l2_prefetch_pair) {
+      // Lane -> row lane & 15 of K (lanes 0-15) or V, KV heads 2m and 2m+1 at once.
+      const uint8_t* base = lane < 16 ? p.k_cache : p.v_cache;
+      prefetch_bulk_l2<2 * D * EB>(base + (row0 + (lane & 15)) * row_bytes + (kvh & ~1) * D * EB);
+      return;
+    }
+#pragma unroll
+    for (int u = 0; u < LPR; ++u) {  // 2 (K, V) x 16 rows x LPR lines = 32 LPR lines
+      const int i = u * 32 + lane;
+      const int row = (i / LPR) % kTile, line = i % LPR;
+      const uint8_t* base = i < 16 * LPR ? p.k_cache : p.v_cache;
+      prefetch_l2(base + (row0 + row) * row_bytes + head_off + line * 128);
+    }
+  };
+
+  // FAST: per-thread byte offsets inside a tile (32-bit: 16 rows
+  // of row_bytes), hoisted out of the loop; the byte offset of each tile of
+  // this warp (64-bit), 32 tiles at a time, one per lane, the next 32 fetched
+  // when a batch starts (the table load then has 32 tiles to land).
+  static_assert(!FAST || !kPrefetch2, "FAST: at most one tile ahead in registers");
+  uint32_t fk_off[2] = {0u, 0u}, fv_off[4] = {0u, 0u, 0u, 0u};
+  long long f_cur = 0, f_nxt = 0;
+  // f_fetch in two halves, so that the prologue's two batches of table
+  // loads are in flight together: the block id of tile kk (0 past this
+  // warp's tiles), then its offset.
+  auto f_blk = [&](int kk) -> int {
+    return kk < nmine ? bt[(s_begin + (T0 + kk * TS) * kTile) / p.block_size] : 0;
+  };
+  auto f_off = [&](int64_t blk, int kk) -> long long {
+    if (kk >= nmine) return 0;
+    const int j = s_begin + (T0 + kk * TS) * kTile;
+    return (blk * p.block_size + j % p.block_size) * row_bytes + head_off;
+  };
+  auto f_fetch = [&](int kk) -> long long { return f_off(f_blk(kk), kk); };
+  // (f_load_k returns the tile's offset for f_load_v.)
+  auto f_load_k = [&](int k, uint32_t (&kw_)[2][KW]) -> long long {  // k: this warp's tile, +1 per call
+    if ((k & 31) == 0 && k > 0) {
+      f_cur = f_nxt;
+      f_nxt = f_fetch(k + 32 + lane);
+    }
+    const long long off = __shfl_sync(0xffffffffu, f_cur, k & 31);
+    const uint8_t* kb = p.k_cache + off;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int c = 0; c < KW / 4; ++c) ld_words<16>(kb + fk_off[nt] + c * 64, &kw_[nt][4 * c]);
+    return off;
+  };
+  auto f_load_v = [&](long long off, uint32_t (&vw_)[4][VW]) {
+    const uint8_t* vb = p.v_cache + off;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) ld_words<VBYTES>(vb + fv_off[i], vw_[i]);
+  };
+  auto f_load = [&](int k, uint32_t (&kw_)[2][KW], uint32_t (&vw_)[4][VW]) { f_load_v(f_load_k(k, kw_), vw_); };
+  if constexpr (FAST) {
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) fk_off[nt] = static_cast<uint32_t>((nt * 8 + r) * row_bytes + t * 16);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) fv_off[i] = static_cast<uint32_t>(vtok[i] * row_bytes + r * VBYTES);
+    if (!spec) {
+      spec_blk[0] = f_blk(lane);
+      spec_blk[1] = f_blk(32 + lane);
+    }
+    f_cur = f_off(spec_blk[0], lane);
+    f_nxt = f_off(spec_blk[1], 32 + lane);
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (T0 < ntiles) f_load(0, kw, vw);
+  }
+  for (int k = 1; k < pf; ++k) prefetch_tile(k);  // (after the wait: L2 prefetches of K/V)
+
+  // Q fragments (A operand, rows = heads, 8..15 zero) in the permuted dim order:
+  // k-step s, slot pair {2t, 2t+1} -> dims base, base+1; {2t+8, 2t+9} -> base+2, base+3.
+  uint32_t qa[KS][2];
+  load_q<D, DT, FAST>(p, b, h0, nh, r, t, qa);
+  const float ks = DT == kBf16 ? 1.0f : p.k_scale[p.k_scale_count == 1 ? 0 : kvh];
+  const float score_scale = p.softmax_scale * ks;
+  const bool softcap = p.softcap > 0.0f;
+  const float score_mul = softcap ? score_scale / p.softcap : score_scale * kLog2e;
+
+  // O^T accumulators: m-tile i, rows g / g+8 -> dims r*(D/8) + 2i / + 2i+1,
+  // columns 2t / 2t+1 -> heads (all four values useful).
+  float o[MT][4];
+#pragma unroll
+  for (int i = 0; i < MT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+
+  if constexpr (C::USE_RING) {
+    int st = 0;
+    for (int k = 0; k < nmine; ++k) {
+      const int j0 = s_begin + (warp + k * kWarps) * kTile;
+      cp_async_wait<S - 1>();  // this thread's copies of tile k have landed
+      const uint32_t sb = ring + st * C::STAGE;
+
+      // S = Q K^T for keys j0 + nt*8 + (0..7).
+      float s[2][4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < C::KC; ++c) {
+          const uint4 kv4 = lds16(sb + ((nt * C::KC + c) * 32 + lane) * 16);
+          const uint32_t w[4] = {kv4.x, kv4.y, kv4.z, kv4.w};
+#pragma unroll
+          for (int j = 0; j < J; ++j) {
+            const int ks_ = c * J + j;
+            uint32_t b0, b1;
+            if constexpr (DT == kBf16) {
+              b0 = w[2 * j];
+              b1 = w[2 * j + 1];
+            } else {
+              b0 = fp8x2_to_f16x2<DT>(w[j]);
+              b1 = fp8x2_to_f16x2<DT>(w[j] >> 16);
+            }
+            mma16816<DT>(s[nt], qa[ks_][0], 0u, qa[ks_][1], 0u, b0, b1);
+          }
+        }
+      }
+      // Scores in log2 units, masked outside [first, s_end).
+      float x[2][2];
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int j = j0 + nt * 8 + 2 * t + e;
+          float v = s[nt][e] * score_mul;
+          if (softcap) v = p.softcap * tanhf(v) * kLog2e;
+          v = (j >= first && j < s_end) ? v : -INFINITY;
+          x[nt][e] = v;
+          mx = fmaxf(mx, v);
+        }
+      uint32_t pa0, pa2;
+      const SoftmaxRow sr = online_softmax_step<DT, MT, false>(x, mx, t, m, l, o, pa0, pa2);
+      m = sr.m;
+      l = sr.l;
+
+      // V of keys outside [first, s_end) reads as zero: unwritten slots may hold NaN codes.
+      bool vok[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) vok[i] = j0 + vtok[i] >= first && j0 + vtok[i] < s_end;
+      // O^T += V^T P^T: A = V^T (rows: dims, k: keys 2t,2t+1 | 2t+8,2t+9),
+      // B = P^T, which is exactly this thread's probabilities (pa0, pa2).
+      // V unit u of the 4 rows holds words [4u, 4u+4).
+      constexpr int UW = 4;                                 // words per unit
+      constexpr int MPU = DT == kBf16 ? UW : 2 * UW;        // m-tiles per unit
+#pragma unroll
+      for (int u = 0; u < C::VU; ++u) {
+        uint32_t vw[4][UW];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint4 v4 = lds16(sb + C::KREG + ((i * C::VU + u) * 32 + lane) * 16);
+          vw[i][0] = vok[i] ? v4.x : 0u; vw[i][1] = vok[i] ? v4.y : 0u;
+          vw[i][2] = vok[i] ? v4.z : 0u; vw[i][3] = vok[i] ? v4.w : 0u;
+        }
+#pragma unroll
+        for (int im = 0; im < MPU; ++im) {
+          const int i = u * MPU + im;  // m-tile
+          uint32_t a0, a1, a2, a3;
+          if constexpr (DT == kBf16) {
+            a0 = __byte_perm(vw[0][im], vw[1][im], 0x5410u);
+            a1 = __byte_perm(vw[0][im], vw[1][im], 0x7632u);
+            a2 = __byte_perm(vw[2][im], vw[3][im], 0x5410u);
+            a3 = __byte_perm(vw[2][im], vw[3][im], 0x7632u);
+          } else {
+            const uint32_t bb = 2 * (im & 1);  // byte of element 2i within its word
+            const int wi = im / 2;
+            if constexpr (DT == kE5m2) {
+              const uint32_t sl = bb | (bb << 4) | ((bb + 4) << 8) | ((bb + 4) << 12);
+              const uint32_t sh = (bb + 1) | ((bb + 1) << 4) | ((bb + 5) << 8) | ((bb + 5) << 12);
+              a0 = __byte_perm(vw[0][wi], vw[1][wi], sl) & 0xff00ff00u;
+              a1 = __byte_perm(vw[0][wi], vw[1][wi], sh) & 0xff00ff00u;
+              a2 = __byte_perm(vw[2][wi], vw[3][wi], sl) & 0xff00ff00u;
+              a3 = __byte_perm(vw[2][wi], vw[3][wi], sh) & 0xff00ff00u;
+            } else {
+              const uint32_t sel = bb | ((bb + 4) << 4) | ((bb + 1) << 8) | ((bb + 5) << 12);
+              const uint32_t w01 = __byte_perm(vw[0][wi], vw[1][wi], sel);
+              const uint32_t w23 = __byte_perm(vw[2][wi], vw[3][wi], sel);
+              a0 = fp8x2_to_f16x2<DT>(w01);
+              a1 = fp8x2_to_f16x2<DT>(w01 >> 16);
+              a2 = fp8x2_to_f16x2<DT>(w23);
+              a3 = fp8x2_to_f16x2<DT>(w23 >> 16);
+            }
+          }
+          mma16816<DT>(o[i], a0, a1, a2, a3, pa0, pa2);
+        }
+      }
+      // Refill the stage just read (its words are in registers: same thread).
+      issue(k + S, st);
+      st = st + 1 == S ? 0 : st + 1;
+    }
+    cp_async_wait<0>();
+  } else if constexpr (FAST) {
+    // One tile's math (the default loop's, bitwise): see FAST above.
+    // kn >= 0 (F4): once the scores are done (K's words dead), the loads of
+    // this warp's tile kn's K into kw_, its offset into k_next_off.
+    long long k_next_off = 0;
+    auto math = [&](int j0, uint32_t (&kw_)[2][KW], uint32_t (&vw_)[4][VW], int kn) {
+      float s[2][4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+        for (int ks_ = 0; ks_ < KS; ++ks_) {
+          uint32_t b0, b1;
+          if constexpr (DT == kBf16) {
+            b0 = kw_[nt][(ks_ / J) * 4 + 2 * (ks_ % J)];
+            b1 = kw_[nt][(ks_ / J) * 4 + 2 * (ks_ % J) + 1];
+          } else {
+            const uint32_t w = kw_[nt][(ks_ / J) * 4 + (ks_ % J)];
+            b0 = fp8x2_to_f16x2<DT>(w);
+            b1 = fp8x2_to_f16x2<DT>(w >> 16);
+          }
+          // A rows 8-15 (a1, a3) only feed S rows 8-15, which are never
+          // read: opaque values (no defining instruction) instead of zeros,
+          // which the default re-materialises every tile (16 moves in SASS).
+          uint32_t z1, z3;
+          asm volatile("" : "=r"(z1));
+          asm volatile("" : "=r"(z3));
+          mma16816<DT>(s[nt], qa[ks_][0], z1, qa[ks_][1], z3, b0, b1);
+        }
+      }
+      if (kn >= 0) k_next_off = f_load_k(kn, kw_);
+      // Only a tile crossing [first, s_end) needs the masks, and the softcap
+      // branch is taken once per tile, not per score (both warp-uniform).
+      const bool edge = j0 < first || j0 + kTile > s_end;
+      float x[2][2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) x[nt][e] = s[nt][e] * score_mul;
+      if (softcap) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) x[nt][e] = p.softcap * tanhf(x[nt][e]) * kLog2e;
+      }
+      if (edge) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int j = j0 + nt * 8 + 2 * t + e;
+            x[nt][e] = (j >= first && j < s_end) ? x[nt][e] : -INFINITY;
+          }
+      }
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) mx = fmaxf(mx, x[nt][e]);
+      uint32_t pa0, pa2;
+      const SoftmaxRow sr = online_softmax_step<DT, MT, true>(x, mx, t, m, l, o, pa0, pa2);
+      m = sr.m;
+      l = sr.l;
+      if (edge) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int j = j0 + vtok[i];
+          if (j < first || j >= s_end)
+#pragma unroll
+            for (int w = 0; w < VW; ++w) vw_[i][w] = 0u;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        uint32_t a0, a1, a2, a3;
+        if constexpr (DT == kBf16) {
+          a0 = __byte_perm(vw_[0][i], vw_[1][i], 0x5410u);
+          a1 = __byte_perm(vw_[0][i], vw_[1][i], 0x7632u);
+          a2 = __byte_perm(vw_[2][i], vw_[3][i], 0x5410u);
+          a3 = __byte_perm(vw_[2][i], vw_[3][i], 0x7632u);
+        } else {
+          const uint32_t b = 2 * (i & 1);
+          if constexpr (DT == kE5m2) {
+            const uint32_t sl = b | (b << 4) | ((b + 4) << 8) | ((b + 4) << 12);
+            const uint32_t sh = (b + 1) | ((b + 1) << 4) | ((b + 5) << 8) | ((b + 5) << 12);
+            a0 = __byte_perm(vw_[0][i / 2], vw_[1][i / 2], sl) & 0xff00ff00u;
+            a1 = __byte_perm(vw_[0][i / 2], vw_[1][i / 2], sh) & 0xff00ff00u;
+            a2 = __byte_perm(vw_[2][i / 2], vw_[3][i / 2], sl) & 0xff00ff00u;
+            a3 = __byte_perm(vw_[2][i / 2], vw_[3][i / 2], sh) & 0xff00ff00u;
+          } else {
+            const uint32_t sel = b | ((b + 4) << 4) | ((b + 1) << 8) | ((b + 5) << 12);
+            const uint32_t w01 = __byte_perm(vw_[0][i / 2], vw_[1][i / 2], sel);
+            const uint32_t w23 = __byte_perm(vw_[2][i / 2], vw_[3][i / 2], sel);
+            a0 = fp8x2_to_f16x2<DT>(w01);
+            a1 = fp8x2_to_f16x2<DT>(w01 >> 16);
+            a2 = fp8x2_to_f16x2<DT>(w23);
+            a3 = fp8x2_to_f16x2<DT>(w23 >> 16);
+          }
+        }
+        mma16816<DT>(o[i], a0, a1, a2, a3, pa0, pa2);
+      }
+    };
+    if constexpr (kPrefetch) {
+      // Ping-pong: tile ow in (kc, vc) while tile ow + 1 loads into (kx, vx).
+      auto step = [&](int it, int ow, uint32_t (&kc)[2][KW], uint32_t (&vc)[4][VW], uint32_t (&kx)[2][KW],
+                      uint32_t (&vx)[4][VW]) {
+        if (pf > 0) prefetch_tile(ow + pf);
+        if (it + TS < ntiles) f_load(ow + 1, kx, vx);
+        math(s_begin + it * kTile, kc, vc, -1);
+      };
+      for (int it = T0, ow = 0; it < ntiles; it += 2 * TS, ow += 2) {
+        step(it, ow, kw, vw, kn, vn);
+        if (it + TS >= ntiles) break;
+        step(it + TS, ow + 1, kn, vn, kw, vw);
+      }
+    } else {
+      for (int it = T0, ow = 0; it < ntiles; it += TS, ++ow) {
+        if (pf > 0) prefetch_tile(ow + pf);
+        const bool next = it + TS < ntiles;
+        if constexpr (LEAN) {
+          // F4: one register stage, refilled as it frees: the next tile's K
+          // once the scores are done, its V after the last m-tile.
+          math(s_begin + it * kTile, kw, vw, next ? ow + 1 : -1);
+          if (next) f_load_v(k_next_off, vw);
+        } else {
+          math(s_begin + it * kTile, kw, vw, -1);
+          if (next) f_load(ow + 1, kw, vw);
+        }
+      }
+    }
+  } else {
+    for (int it = T0, ow = 0; it < ntiles; it += TS, ++ow) {
+      const int j0 = s_begin + it * kTile;
+      const bool has_next = it + TS < ntiles;
+      if (pf > 0) prefetch_tile(ow + pf);
+      uint32_t k2[2][KW], v2[4][VW];
+      if constexpr (kPrefetch2) {
+        if (it + 2 * TS < ntiles) load_tile(it + 2 * TS, k2, v2);
+      } else if (kPrefetch && has_next) {
+        load_tile(it + TS, kn, vn);
+      }
+
+      // S = Q K^T for keys j0 + nt*8 + (0..7).
+      float s[2][4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+        for (int ks_ = 0; ks_ < KS; ++ks_) {
+          uint32_t b0, b1;
+          if constexpr (DT == kBf16) {
+            b0 = kw[nt][(ks_ / J) * 4 + 2 * (ks_ % J)];
+            b1 = kw[nt][(ks_ / J) * 4 + 2 * (ks_ % J) + 1];
+          } else {
+            const uint32_t w = kw[nt][(ks_ / J) * 4 + (ks_ % J)];
+            b0 = fp8x2_to_f16x2<DT>(w);
+            b1 = fp8x2_to_f16x2<DT>(w >> 16);
+          }
+          mma16816<DT>(s[nt], qa[ks_][0], 0u, qa[ks_][1], 0u, b0, b1);
+        }
+      }
+      // Scores in log2 units, masked outside [first, ctx).
+      float x[2][2];
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int j = j0 + nt * 8 + 2 * t + e;
+          float v = s[nt][e] * score_mul;
+          if (softcap) v = p.softcap * tanhf(v) * kLog2e;
+          v = (j >= first && j < s_end) ? v : -INFINITY;
+          x[nt][e] = v;
+          mx = fmaxf(mx, v);
+        }
+      uint32_t pa0, pa2;
+      const SoftmaxRow sr = online_softmax_step<DT, MT, false>(x, mx, t, m, l, o, pa0, pa2);
+      m = sr.m;
+      l = sr.l;
+
+      // Zero V of keys outside [first, ctx): unwritten slots may hold NaN codes.
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int j = j0 + vtok[i];
+        if (j < first || j >= s_end)
+#pragma unroll
+          for (int w = 0; w < VW; ++w) vw[i][w] = 0u;
+      }
+      // O^T += V^T P^T: A = V^T (rows: dims, k: keys 2t,2t+1 | 2t+8,2t+9),
+      // B = P^T, which is exactly this thread's probabilities (pa0, pa2).
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        uint32_t a0, a1, a2, a3;
+        if constexpr (DT == kBf16) {
+          a0 = __byte_perm(vw[0][i], vw[1][i], 0x5410u);
+          a1 = __byte_perm(vw[0][i], vw[1][i], 0x7632u);
+          a2 = __byte_perm(vw[2][i], vw[3][i], 0x5410u);
+          a3 = __byte_perm(vw[2][i], vw[3][i], 0x7632u);
+        } else {
+          const uint32_t b = 2 * (i & 1);  // byte of element 2i within its word
+          if constexpr (DT == kE5m2) {
+            const uint32_t sl = b | (b << 4) | ((b + 4) << 8) | ((b + 4) << 12);
+            const uint32_t sh = (b + 1) | ((b + 1) << 4) | ((b + 5) << 8) | ((b + 5) << 12);
+            a0 = __byte_perm(vw[0][i / 2], vw[1][i / 2], sl) & 0xff00ff00u;
+            a1 = __byte_perm(vw[0][i / 2], vw[1][i / 2], sh) & 0xff00ff00u;
+            a2 = __byte_perm(vw[2][i / 2], vw[3][i / 2], sl) & 0xff00ff00u;
+            a3 = __byte_perm(vw[2][i / 2], vw[3][i / 2], sh) & 0xff00ff00u;
+          } else {
+            const uint32_t sel = b | ((b + 4) << 4) | ((b + 1) << 8) | ((b + 5) << 12);
+            const uint32_t w01 = __byte_perm(vw[0][i / 2], vw[1][i / 2], sel);
+            const uint32_t w23 = __byte_perm(vw[2][i / 2], vw[3][i / 2], sel);
+            a0 = fp8x2_to_f16x2<DT>(w01);
+            a1 = fp8x2_to_f16x2<DT>(w01 >> 16);
+            a2 = fp8x2_to_f16x2<DT>(w23);
+            a3 = fp8x2_to_f16x2<DT>(w23 >> 16);
+          }
+        }
+        mma16816<DT>(o[i], a0, a1, a2, a3, pa0, pa2);
+      }
+      if (has_next) {
+        if constexpr (kPrefetch) {
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int w = 0; w < KW; ++w) kw[nt][w] = kn[nt][w];
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int w = 0; w < VW; ++w) vw[i][w] = vn[i][w];
+          if constexpr (kPrefetch2) {
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+              for (int w = 0; w < KW; ++w) kn[nt][w] = k2[nt][w];
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+              for (int w = 0; w < VW; ++w) vn[i][w] = v2[i][w];
+          }
+        } else {
+          load_tile(it + TS, kw, vw);
+        }
+      }
+    }
+  }
+  combine_warps<D, DT, C::RING>(p, smem, sm_m, sm_l, o, m, l, warp, r, t, kvh, b, h0, nh, split, nsplits);
+}
+
+}  // namespace fp8kv::cuda::decode
