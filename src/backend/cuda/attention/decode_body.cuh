@@ -1,10 +1,7 @@
 // The paged decode kernel's body (decode_kernels.cu instantiates it).
 #pragma once
-
 #include "backend/cuda/attention/decode_common.cuh"
-
 namespace fp8kv::cuda::decode {
-
 template <int D, int DT, bool DEEP, bool LEAN, bool REG, bool FAST>
 __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   static_assert(!FAST || !DecodeCfg<D, DT, REG>::USE_RING, "FAST: register path only");
@@ -30,10 +27,9 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   const int b = blockIdx.y, split = blockIdx.z;
   const int ctx = p.context_lens[b];
   const int32_t* bt = p.block_tables + static_cast<int64_t>(b) * p.max_blocks_per_seq;
-  // FAST: without a window the block ids of this warp's first 64 tiles do
-  // not depend on the context length, so they load with it (one round trip,
-  // not three), clamped to the table's row (f_fetch's offsets past the
-  // context are 0).
+  // FAST: without a window the block ids of this warp's first 64 tiles do not
+  // depend on the context length: loaded with it, clamped to the table's row
+  // (f_fetch's offsets past the context are 0).
   int spec_blk[2] = {0, 0};
   const bool spec = FAST && p.window <= 0 && p.max_blocks_per_seq > 0;
   if (spec) {
@@ -51,30 +47,23 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
     asm volatile("griddepcontrol.wait;" ::: "memory");
     return;
   }
-  // Programmatic dependent launch: this grid may start while the previous kernel in the stream
-  // drains. Before this wait it reads only the context lengths and block
-  // tables (the step's inputs, copied before the step's first kernel); Q, the
-  // K/V caches, the scales and every write (workspace, output) come after it.
-  // The FAST kernels wait after fetching their first block ids (one dependent
-  // round trip overlapped with the previous kernel); the others at once. A
-  // no-op when the launch is not programmatic.
+  // Programmatic dependent launch: before this wait only the context lengths
+  // and block tables (step inputs) are read; Q, K/V, scales and every write
+  // come after it. FAST waits after fetching its first block ids.
   if constexpr (!FAST) asm volatile("griddepcontrol.wait;" ::: "memory");
   const int s_begin = tstart + split * p.split_tokens;
   const int s_end = min(ctx, s_begin + p.split_tokens);
   const int h0 = kvh * p.group + gc * kMaxGroup;
   const int nh = min(kMaxGroup, p.group - gc * kMaxGroup);
-
   const int64_t row_bytes = static_cast<int64_t>(p.num_kv_heads) * D * EB;
   const int64_t head_off = static_cast<int64_t>(kvh) * D * EB;
   const int ntiles = (s_end - s_begin + kTile - 1) / kTile;
   const int nmine = ntiles > warp ? (ntiles - warp + kWarps - 1) / kWarps : 0;  // this warp's tiles
   const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(smem + warp * C::RING));
   const int vtok[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
-
   // Block ids of this warp's tiles, 32 at a time (lane i holds tile 32k + i).
   int bt_lane = 0;
-  // Issues the copies of this warp's k-th tile into stage `st` (one commit
-  // group per call, empty past the end, so wait_group counts stay uniform).
+  // Copies this warp's k-th tile into stage `st` (one commit group per call).
   auto issue = [&](int k, int st) {
     if (k < nmine) {
       if ((k & 31) == 0) {
@@ -109,9 +98,8 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   }
   constexpr int KW = D * EB / 16;  // words per thread per key row (K)
   constexpr int VBYTES = C::VBYTES, VW = VBYTES / 4;
-  // Register-staged pipeline: the next tile's K/V loads are in flight while
-  // this tile's math runs (when the registers allow: fp8 up to D=128, bf16 up
-  // to D=64; else one tile at a time).
+  // Register-staged pipeline: the next tile's K/V loads in flight during this
+  // tile's math when the registers allow (fp8 up to D=128, bf16 up to D=64).
   constexpr bool kPrefetch = !LEAN && D * EB <= (DEEP ? 256 : 128);
   constexpr bool kPrefetch2 = DEEP && D * EB <= 128;  // two tiles ahead
   auto load_tile = [&](int it, uint32_t (&kw)[2][KW], uint32_t (&vw)[4][VW]) {
@@ -133,7 +121,6 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   if (!C::USE_RING && !FAST && T0 < ntiles) load_tile(T0, kw, vw);
   uint32_t kn[2][KW], vn[4][VW];  // tile it + kWarps (in flight), two-ahead variant only
   if (kPrefetch2 && T0 + TS < ntiles) load_tile(T0 + TS, kn, vn);
-
   // L2 prefetch of this warp's next p.l2_prefetch tiles (register path);
   // fixed off (DecodeParams), the code kept until an A/B removes it.
   constexpr int LPR = D * EB >= 128 ? D * EB / 128 : 1;  // 128-byte lines per key row
@@ -162,17 +149,13 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
       prefetch_l2(base + (row0 + row) * row_bytes + head_off + line * 128);
     }
   };
-
-  // FAST: per-thread byte offsets inside a tile (32-bit: 16 rows
-  // of row_bytes), hoisted out of the loop; the byte offset of each tile of
-  // this warp (64-bit), 32 tiles at a time, one per lane, the next 32 fetched
-  // when a batch starts (the table load then has 32 tiles to land).
+  // FAST: per-thread byte offsets inside a tile (32-bit), hoisted; the 64-bit
+  // offset of each tile, 32 tiles at a time (one per lane), fetched 32 ahead.
   static_assert(!FAST || !kPrefetch2, "FAST: at most one tile ahead in registers");
   uint32_t fk_off[2] = {0u, 0u}, fv_off[4] = {0u, 0u, 0u, 0u};
   long long f_cur = 0, f_nxt = 0;
-  // f_fetch in two halves, so that the prologue's two batches of table
-  // loads are in flight together: the block id of tile kk (0 past this
-  // warp's tiles), then its offset.
+  // f_fetch in two halves (block id of tile kk, 0 past this warp's tiles;
+  // then its offset), so the prologue's two batches of table loads overlap.
   auto f_blk = [&](int kk) -> int {
     return kk < nmine ? bt[(s_begin + (T0 + kk * TS) * kTile) / p.block_size] : 0;
   };
@@ -217,30 +200,64 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
     if (T0 < ntiles) f_load(0, kw, vw);
   }
   for (int k = 1; k < pf; ++k) prefetch_tile(k);  // (after the wait: L2 prefetches of K/V)
-
   // Q fragments (A operand, rows = heads, 8..15 zero) in the permuted dim order:
   // k-step s, slot pair {2t, 2t+1} -> dims base, base+1; {2t+8, 2t+9} -> base+2, base+3.
   uint32_t qa[KS][2];
-  load_q<D, DT, FAST>(p, b, h0, nh, r, t, qa);
+  {
+    const bool valid = r < nh;
+    const int64_t qoff = (static_cast<int64_t>(b) * p.num_heads + h0 + r) * D;
+    // FAST: one 8- or 16-byte load per k-step, all before the first conversion.
+    const bool qvec = FAST && (reinterpret_cast<uintptr_t>(p.q) & 15u) == 0;
+    if (qvec && p.q_bf16) {
+      const __nv_bfloat16* q16 = static_cast<const __nv_bfloat16*>(p.q) + qoff;
+      uint2 raw[KS];
+#pragma unroll
+      for (int s = 0; s < KS; ++s)
+        raw[s] = valid ? *reinterpret_cast<const uint2*>(q16 + (s / J) * 4 * E + E * t + 4 * (s % J)) : make_uint2(0u, 0u);
+#pragma unroll
+      for (int s = 0; s < KS; ++s) {
+        qa[s][0] = pack2<DT>(__uint_as_float(raw[s].x << 16), __uint_as_float(raw[s].x & 0xffff0000u));
+        qa[s][1] = pack2<DT>(__uint_as_float(raw[s].y << 16), __uint_as_float(raw[s].y & 0xffff0000u));
+      }
+    } else if (qvec) {
+      const float* q32 = static_cast<const float*>(p.q) + qoff;
+      float4 raw[KS];
+#pragma unroll
+      for (int s = 0; s < KS; ++s)
+        raw[s] = valid ? *reinterpret_cast<const float4*>(q32 + (s / J) * 4 * E + E * t + 4 * (s % J))
+                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int s = 0; s < KS; ++s) {
+        qa[s][0] = pack2<DT>(raw[s].x, raw[s].y);
+        qa[s][1] = pack2<DT>(raw[s].z, raw[s].w);
+      }
+    } else {
+#pragma unroll
+      for (int s = 0; s < KS; ++s) {
+        const int base = (s / J) * 4 * E + E * t + 4 * (s % J);
+        float x[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) x[i] = valid ? load_act(p.q, qoff + base + i, p.q_bf16) : 0.0f;
+        qa[s][0] = pack2<DT>(x[0], x[1]);
+        qa[s][1] = pack2<DT>(x[2], x[3]);
+      }
+    }
+  }
   const float ks = DT == kBf16 ? 1.0f : p.k_scale[p.k_scale_count == 1 ? 0 : kvh];
   const float score_scale = p.softmax_scale * ks;
   const bool softcap = p.softcap > 0.0f;
   const float score_mul = softcap ? score_scale / p.softcap : score_scale * kLog2e;
-
-  // O^T accumulators: m-tile i, rows g / g+8 -> dims r*(D/8) + 2i / + 2i+1,
-  // columns 2t / 2t+1 -> heads (all four values useful).
+  // O^T accumulators: m-tile i, rows g / g+8 -> dims r*(D/8) + 2i / + 2i+1, columns 2t / 2t+1 -> heads.
   float o[MT][4];
 #pragma unroll
   for (int i = 0; i < MT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
   float m = -INFINITY, l = 0.0f;
-
   if constexpr (C::USE_RING) {
     int st = 0;
     for (int k = 0; k < nmine; ++k) {
       const int j0 = s_begin + (warp + k * kWarps) * kTile;
       cp_async_wait<S - 1>();  // this thread's copies of tile k have landed
       const uint32_t sb = ring + st * C::STAGE;
-
       // S = Q K^T for keys j0 + nt*8 + (0..7).
       float s[2][4];
 #pragma unroll
@@ -283,7 +300,6 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
       const SoftmaxRow sr = online_softmax_step<DT, MT, false>(x, mx, t, m, l, o, pa0, pa2);
       m = sr.m;
       l = sr.l;
-
       // V of keys outside [first, s_end) reads as zero: unwritten slots may hold NaN codes.
       bool vok[4];
 #pragma unroll
@@ -340,9 +356,8 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
     }
     cp_async_wait<0>();
   } else if constexpr (FAST) {
-    // One tile's math (the default loop's, bitwise): see FAST above.
-    // kn >= 0 (F4): once the scores are done (K's words dead), the loads of
-    // this warp's tile kn's K into kw_, its offset into k_next_off.
+    // One tile's math (the reg loop's, bitwise). kn >= 0 (F4): once the scores
+    // are done, tile kn's K loads into kw_, its offset into k_next_off.
     long long k_next_off = 0;
     auto math = [&](int j0, uint32_t (&kw_)[2][KW], uint32_t (&vw_)[4][VW], int kn) {
       float s[2][4];
@@ -360,9 +375,8 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
             b0 = fp8x2_to_f16x2<DT>(w);
             b1 = fp8x2_to_f16x2<DT>(w >> 16);
           }
-          // A rows 8-15 (a1, a3) only feed S rows 8-15, which are never
-          // read: opaque values (no defining instruction) instead of zeros,
-          // which the default re-materialises every tile (16 moves in SASS).
+          // A rows 8-15 (a1, a3) only feed S rows 8-15, never read: opaque values
+          // instead of zeros (which cost 16 moves per tile).
           uint32_t z1, z3;
           asm volatile("" : "=r"(z1));
           asm volatile("" : "=r"(z3));
@@ -459,8 +473,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
         if (pf > 0) prefetch_tile(ow + pf);
         const bool next = it + TS < ntiles;
         if constexpr (LEAN) {
-          // F4: one register stage, refilled as it frees: the next tile's K
-          // once the scores are done, its V after the last m-tile.
+          // F4: one register stage refilled as it frees (K after the scores, V last).
           math(s_begin + it * kTile, kw, vw, next ? ow + 1 : -1);
           if (next) f_load_v(k_next_off, vw);
         } else {
@@ -480,7 +493,6 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
       } else if (kPrefetch && has_next) {
         load_tile(it + TS, kn, vn);
       }
-
       // S = Q K^T for keys j0 + nt*8 + (0..7).
       float s[2][4];
 #pragma unroll
@@ -518,7 +530,6 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
       const SoftmaxRow sr = online_softmax_step<DT, MT, false>(x, mx, t, m, l, o, pa0, pa2);
       m = sr.m;
       l = sr.l;
-
       // Zero V of keys outside [first, ctx): unwritten slots may hold NaN codes.
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -586,5 +597,4 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   }
   combine_warps<D, DT, C::RING>(p, smem, sm_m, sm_l, o, m, l, warp, r, t, kvh, b, h0, nh, split, nsplits);
 }
-
 }  // namespace fp8kv::cuda::decode

@@ -127,54 +127,6 @@ __device__ __forceinline__ SoftmaxRow online_softmax_step(const float (&x)[2][2]
   return {m, l};
 }
 
-// Q fragments (A operand, rows = heads, 8..15 zero) in the permuted dim order:
-// k-step s, slot pair {2t, 2t+1} -> dims base, base+1; {2t+8, 2t+9} -> base+2, base+3.
-// VEC (the FAST loops): vector loads when q is 16-byte aligned.
-template <int D, int DT, bool FAST>
-__device__ __forceinline__ void load_q(const DecodeParams& p, int b, int h0, int nh, int r, int t,
-                                       uint32_t (&qa)[D / 16][2]) {
-  constexpr int E = DT == kBf16 ? 8 : 16, J = E / 4, KS = D / 16;
-    const bool valid = r < nh;
-    const int64_t qoff = (static_cast<int64_t>(b) * p.num_heads + h0 + r) * D;
-    // FAST: each k-step's 4 consecutive elements by one 8-byte (bf16) or
-    // 16-byte (f32) load, all issued before the first conversion (exact).
-    const bool qvec = FAST && (reinterpret_cast<uintptr_t>(p.q) & 15u) == 0;
-    if (qvec && p.q_bf16) {
-      const __nv_bfloat16* q16 = static_cast<const __nv_bfloat16*>(p.q) + qoff;
-      uint2 raw[KS];
-#pragma unroll
-      for (int s = 0; s < KS; ++s)
-        raw[s] = valid ? *reinterpret_cast<const uint2*>(q16 + (s / J) * 4 * E + E * t + 4 * (s % J)) : make_uint2(0u, 0u);
-#pragma unroll
-      for (int s = 0; s < KS; ++s) {
-        qa[s][0] = pack2<DT>(__uint_as_float(raw[s].x << 16), __uint_as_float(raw[s].x & 0xffff0000u));
-        qa[s][1] = pack2<DT>(__uint_as_float(raw[s].y << 16), __uint_as_float(raw[s].y & 0xffff0000u));
-      }
-    } else if (qvec) {
-      const float* q32 = static_cast<const float*>(p.q) + qoff;
-      float4 raw[KS];
-#pragma unroll
-      for (int s = 0; s < KS; ++s)
-        raw[s] = valid ? *reinterpret_cast<const float4*>(q32 + (s / J) * 4 * E + E * t + 4 * (s % J))
-                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-      for (int s = 0; s < KS; ++s) {
-        qa[s][0] = pack2<DT>(raw[s].x, raw[s].y);
-        qa[s][1] = pack2<DT>(raw[s].z, raw[s].w);
-      }
-    } else {
-#pragma unroll
-      for (int s = 0; s < KS; ++s) {
-        const int base = (s / J) * 4 * E + E * t + 4 * (s % J);
-        float x[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) x[i] = valid ? load_act(p.q, qoff + base + i, p.q_bf16) : 0.0f;
-        qa[s][0] = pack2<DT>(x[0], x[1]);
-        qa[s][1] = pack2<DT>(x[2], x[3]);
-      }
-    }
-}
-
 // The 4 warps' partials of one CTA combined in a fixed order: the output
 // (one split) or this split's partial O and log-sum-exp. Each warp's partial
 // O goes to its own shared memory (no longer read by the loop):
