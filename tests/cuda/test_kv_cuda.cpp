@@ -159,14 +159,13 @@ double run_decode_case(std::mt19937_64& rng, const DecodeCase& c, int split_toke
   if (out_copy) *out_copy = out;
   {
     // FNV-1a of the output bytes, one line per launch: with FP8KV_SEED fixed,
-    // scripts/gpu_decode.sh compares these lines between processes run under
-    // different kernel variants (FP8KV_DECODE_*: bitwise the same outputs).
+    // these lines compare outputs between builds (bitwise the same kernels'
+    // outputs hash the same).
     uint64_t h = 1469598103934665603ull;
     const auto* bytes = reinterpret_cast<const unsigned char*>(out.data());
     for (size_t i = 0; i < out.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
-    // plan= the split size used: a variant with another occupancy (decode
-    // v12's C3, measured and removed) gets other auto plans, which round
-    // differently.
+    // plan= the split size used: a kernel with another occupancy gets other
+    // auto plans, which round differently.
     std::printf("decode-hash %s D=%d group=%d hkv=%d bs=%d window=%d split=%d plan=%d B=%d %016llx\n",
                 std::string(kv_dtype_name(c.dt)).c_str(), D, c.group, c.num_kv_heads, c.block_size, c.window,
                 split_tokens_override, a.plan.split_tokens, B, static_cast<unsigned long long>(h));
@@ -303,7 +302,7 @@ TEST(CudaDecode, EveryDeviceAndThreadGetsKernelAttributes) {
 
 // Batch 64 x 8 KV heads at <= 1K context: 512 CTAs, more than one wave at 3
 // CTAs per SM and one at 4, so on an H200 (132 SMs) the e4m3 d128 batch runs
-// the LEAN kernel (auto, version 6) while each single sequence runs the
+// the F4 kernel (the plan's wide kernel) while each single sequence runs the
 // default one: bitwise equal all the same (same tile order and arithmetic).
 TEST(CudaDecode, LeanAutoBatchEqualsSingle) {
   FP8KV_REQUIRE_GPU();
@@ -317,8 +316,7 @@ TEST(CudaDecode, LeanAutoBatchEqualsSingle) {
   EXPECT_LE(worst, 1.0);
 }
 
-// KV-head counts that are multiples of 4 (4 and 8, as Llama-3-8B): the shapes
-// the heads-per-warp kernel (FP8KV_DECODE_HPW=1, version 7) runs, with many
+// KV-head counts that are multiples of 4 (4 and 8, as Llama-3-8B), with many
 // splits (forced 64 and 256 keys: the split reduction; every case launches
 // the batch and then each sequence alone) and the auto plan; windows and
 // softcap.
@@ -354,7 +352,7 @@ TEST(CudaDecode, LongSplitsWrapTheRing) {
 }
 
 // One split of > 128 tiles per warp (9000 keys; 16384-key splits): the FAST
-// kernels (FP8KV_DECODE_V9=1, decode v9) fetch block ids 32 tiles ahead and
+// kernels fetch block ids 32 tiles ahead and
 // rotate them at tiles 32, 64, 96 and 128 of a warp; a window starting
 // mid-tile and a 16-key block size cross the edge-tile masks.
 TEST(CudaDecode, VeryLongSplitRefillsBlockIds) {
@@ -494,7 +492,7 @@ double run_prefill_case(std::mt19937_64& rng, const PrefillCase& c, const std::v
 
 // The split plan (host only, no GPU: ctas_per_sm given). Invariants for every
 // shape: whole 64-key splits that cover the span, a workspace for exactly the
-// partials; and the wave model's intent (docs/cuda.md, version 5): a small
+// partials; and the wave model's intent (docs/cuda.md): a small
 // batch (at most half the resident CTAs unsplit) is split into one wave, never
 // two, and at long context fills at least half the slots.
 TEST(CudaPlan, SplitsCoverTheSpanAndFillTheGpu) {
