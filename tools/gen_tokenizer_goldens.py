@@ -17,8 +17,8 @@ records encode / decode results for a varied set of strings:
                        and decode(skip_special_tokens=False/True)
   model directory:     transformers.AutoTokenizer encode / decode
 
-Output: tests/golden/tokenizer/manifest.json plus one <name>.cases.json per
-tokenizer. Deterministic: fixed seeds, sorted file lists, fixed corpus caps.
+Output: tests/golden/tokenizer/manifest.json plus one <name>.cases.json.gz per
+tokenizer (gzip, tools/golden_io.py). Deterministic: fixed seeds, sorted file lists, fixed corpus caps.
 """
 import glob
 import json
@@ -30,6 +30,8 @@ import unicodedata
 
 import tokenizers
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+from golden_io import write_gz
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 OUT = os.path.join(ROOT, "tests", "golden", "tokenizer")
@@ -363,9 +365,8 @@ def main():
                           "decoded_skip": dec(ids, True)})
         dcases = [{"ids": ids, "text": dec(ids, False), "text_skip": dec(ids, True)} for ids in rand_ids]
         doc = {"name": name, "kind": kind, "path": rel, "reference": lib, "cases": cases, "decode_cases": dcases}
-        with open(os.path.join(OUT, f"{name}.cases.json"), "w", encoding="utf-8") as f:
-            json.dump(doc, f, ensure_ascii=False, separators=(",", ":"))
-        manifest["entries"].append({"name": name, "kind": kind, "path": rel, "cases": f"{name}.cases.json",
+        write_gz(os.path.join(OUT, f"{name}.cases.json.gz"), json.dumps(doc, ensure_ascii=False, separators=(",", ":")))
+        manifest["entries"].append({"name": name, "kind": kind, "path": rel, "cases": f"{name}.cases.json.gz",
                                     "reference": lib})
         summary.append((name, kind, len(cases), len(dcases), vocab_n, lib))
     with open(os.path.join(OUT, "manifest.json"), "w", encoding="utf-8") as f:

@@ -68,13 +68,13 @@ check_rc "text and text-file" 2 "" "$BIN" tokenize "$FIX/bytelevel.json" --text 
 
 # Goldens (HF references), when generated: a few cases through the CLI.
 G="$SRC/tests/golden/tokenizer"
-if [[ -f "$G/llama3.cases.json" ]] && command -v python3 >/dev/null; then
+if [[ -f "$G/llama3.cases.json.gz" ]] && command -v python3 >/dev/null; then
   python3 - "$G" "$BIN" <<'PY' || fails=$((fails + 1))
-import json, subprocess, sys
+import gzip, json, subprocess, sys
 g, binary = sys.argv[1], sys.argv[2]
 bad = 0
 for name, path in [("llama3", "llama3/tokenizer.json"), ("llama2", "llama2/tokenizer.json"), ("qwen2_dir", "qwen2_dir")]:
-    doc = json.load(open(f"{g}/{name}.cases.json", encoding="utf-8"))
+    doc = json.load(gzip.open(f"{g}/{name}.cases.json.gz", "rt", encoding="utf-8"))
     for c in doc["cases"][:12]:
         if "\x00" in c["text"]:
             continue  # argv cannot carry NUL

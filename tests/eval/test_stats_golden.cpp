@@ -6,8 +6,8 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 
+#include "../common/golden.h"
 #include "eval/stats.h"
 
 using namespace fp8kv::eval;
@@ -16,9 +16,8 @@ using nlohmann::json;
 namespace {
 bool load_golden(const std::string& name, json& out) {
   const auto path = std::filesystem::path(FP8KV_SOURCE_DIR) / "tests" / "golden" / "stats" / name;
-  std::ifstream f(path);
-  if (!f) return false;
-  out = json::parse(f);
+  if (!fp8kv::test_util::find_golden(path)) return false;
+  out = json::parse(fp8kv::test_util::read_golden(path));
   return true;
 }
 #define LOAD_OR_SKIP(name, j)                                                                    \

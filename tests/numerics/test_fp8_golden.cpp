@@ -2,33 +2,24 @@
 // on every bf16 pattern and ~200K random/adversarial fp32 values (golden made
 // on the GPU machine by tools/gen_fp8_golden.cu, stored gzip-compressed).
 #include <gtest/gtest.h>
-#include <zlib.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "../../tools/fp8_golden_inputs.h"
+#include "../common/golden.h"
 #include "numerics/fp8.h"
 
 using namespace fp8kv;
 
-namespace {
-bool read_gz(const std::string& path, std::vector<unsigned char>& out) {
-  gzFile f = gzopen(path.c_str(), "rb");
-  if (!f) return false;
-  unsigned char buf[65536];
-  int n;
-  while ((n = gzread(f, buf, sizeof buf)) > 0) out.insert(out.end(), buf, buf + n);
-  gzclose(f);
-  return n == 0;
-}
-}  // namespace
-
 TEST(Fp8Golden, MatchesCudaSatfiniteBitExact) {
-  const std::string path = std::string(FP8KV_SOURCE_DIR) + "/tests/golden/numerics/fp8_cuda_satfinite.bin.gz";
-  std::vector<unsigned char> data;
-  if (!read_gz(path, data)) GTEST_SKIP() << "golden missing: " << path << " (run tools/gen_fp8_golden.cu on the GPU machine)";
+  const std::string path = std::string(FP8KV_SOURCE_DIR) + "/tests/golden/numerics/fp8_cuda_satfinite.bin";
+  if (!test_util::find_golden(path))
+    GTEST_SKIP() << "golden missing: " << path << ".gz (run tools/gen_fp8_golden.cu on the GPU machine)";
+  const std::string bytes = test_util::read_golden(path);
+  const std::vector<unsigned char> data(bytes.begin(), bytes.end());
   ASSERT_GE(data.size(), 8u);
   ASSERT_EQ(std::string(data.begin(), data.begin() + 4), "FP8G");
   uint32_t count;

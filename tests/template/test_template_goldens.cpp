@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "../common/golden.h"
 #include "template/chat_template.h"
 
 namespace fp8kv::tmpl {
@@ -25,7 +26,9 @@ std::string slurp(const std::string& rel) {
   return ss.str();
 }
 
-ojson golden(const std::string& name) { return ojson::parse(slurp("tests/golden/templates/" + name)); }
+ojson golden(const std::string& name) {
+  return ojson::parse(test_util::read_golden(std::string(FP8KV_SOURCE_DIR) + "/tests/golden/templates/" + name));
+}
 
 TEST(TemplateGoldens, LanguageCasesMatchJinja2) {
   ojson doc = golden("language.json");

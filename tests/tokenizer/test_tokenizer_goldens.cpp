@@ -4,12 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "../common/golden.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fp8kv {
@@ -20,12 +19,7 @@ using nlohmann::json;
 
 fs::path golden_dir() { return fs::path(FP8KV_SOURCE_DIR) / "tests/golden/tokenizer"; }
 
-json read_json(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return json::parse(ss.str());
-}
+json read_json(const fs::path& p) { return json::parse(test_util::read_golden(p)); }
 
 std::string show(const std::string& s) {
   std::string out = json(s).dump(-1, ' ', true, json::error_handler_t::replace);

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/golden.h"
 #include "tokenizer/hf_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 
@@ -106,9 +107,9 @@ class RealTokenizer : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(RealTokenizer, MatchesHuggingFace) {
   const std::string name = GetParam();
-  fs::path g = golden_dir() / (name + ".json");
-  ASSERT_TRUE(fs::exists(g)) << g;
-  json doc = read_json(g);
+  const fs::path g = golden_dir() / (name + ".json");
+  ASSERT_TRUE(test_util::find_golden(g)) << g << "[.gz]";
+  json doc = json::parse(test_util::read_golden(g));
   auto find_case = [](const json& block, const std::string& text) {
     for (const json& c : block["cases"])
       if (c["text"] == text) return c;
