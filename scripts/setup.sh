@@ -36,3 +36,6 @@ elif command -v npm >/dev/null 2>&1; then
 else
   echo "setup: npm not found: the server client tests (tests/server) will be skipped" >&2
 fi
+
+# The bundled model's weight shards are tracked xz-compressed: expand them.
+./scripts/expand_models.sh
