@@ -237,7 +237,8 @@ step_engine() {
 }
 
 step_serve() {
-  local d=$G/serve FP8KV=$NEW/fp8kv SP="" PORT=""
+  local d=$G/serve FP8KV=$NEW/fp8kv PORT=""
+  SP=""
   start_server() {  # LOG ARGS...: serve on a free port; sets SP and PORT
     local log=$1; shift
     PORT=""
@@ -252,7 +253,7 @@ step_serve() {
     echo "serve did not listen within 120 s"; kill $SP; wait $SP; SP=""; return 1
   }
   stop_server() { [ -n "$SP" ] && { kill -TERM $SP; wait $SP; SP=""; }; }
-  trap '[ -n "$SP" ] && kill $SP 2>/dev/null' EXIT
+  trap '[ -n "${SP:-}" ] && kill "$SP" 2>/dev/null' EXIT
   # bench_serve NAME MODEL TOKENIZER N IN OUT ENGINE_ARGS...: one server, one bench serve.
   bench_serve() {
     local name=$1 model=$2 tok=$3 n=$4 in=$5 out=$6; shift 6
@@ -271,7 +272,7 @@ try:
             f"TTFT median {s['median_ttft_ms']:.0f} ms, TPOT median {s['median_tpot_ms']:.1f} ms")
     new = f"{s['output_throughput']:.0f}"
 except Exception as e:
-    note, new = f"no result ({e})", ""
+    note, new = f"FAIL: no result ({e})", ""
 print(f"{'serve':8} {f'bench serve {name} {n}x{i}/{o}':30} {new:>12} {'':>12} {'':>9}  {note}")
 PY
   }
@@ -320,7 +321,7 @@ PY
 step_tp() {
   local d=$G/tp FP8KV=$NEW/fp8kv rc ngpu
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-  ngpu=$(nvidia-smi -L | wc -l)
+  ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
   [ "$ngpu" -ge 2 ] || { row tp "tensor parallelism" "" "" "" "skipped: $ngpu GPU"; return 0; }
   timeout 120 "$NEW/test_cuda" --gtest_filter='Comm*' >"$d/test_comm.log" 2>&1; rc=$?
   row tp "test_cuda Comm*" "" "" "" "$(gtest_status "$d/test_comm.log" $rc)"
@@ -391,15 +392,19 @@ run_steps() {
     limit=${STEP_S[$s]}; [ "$limit" -gt "$left" ] && limit=$left
     rm -rf "${G:?}/$s" && mkdir -p "$G/$s"
     echo "== $s ($(el) s, limit $limit s)"
-    # setsid in a background job keeps its pid as the new session's id: the
-    # watchdog kills the whole session, so no child keeps the GPU.
+    # setsid in a background job keeps its pid as the new session's id. The
+    # watchdog ends every process of that session (pkill -s: also those that
+    # timeout put in groups of their own), and so does the end of the step:
+    # nothing is left holding the GPU.
     setsid bash "$SELF" __step "$s" > >(tee "$G/$s/console.log") 2>&1 &
     pid=$!
-    ( sleep "$limit"; echo "== $s: time limit"; kill -TERM -- -"$pid"; sleep 5; kill -KILL -- -"$pid" ) 2>/dev/null &
+    ( sleep "$limit"; echo "== $s: time limit" >>"$G/$s/console.log"
+      pkill -TERM -s "$pid"; sleep 5; pkill -KILL -s "$pid" ) >/dev/null 2>&1 </dev/null &
     dog=$!
     wait "$pid"; rc=$?
-    kill "$dog" 2>/dev/null; wait "$dog" 2>/dev/null
-    [ "$rc" = 0 ] || row "$s" "(step)" "" "" "" "rc $rc$([ "$rc" -ge 128 ] && echo ' (killed at its time limit)')"
+    pkill -P "$dog" 2>/dev/null; kill "$dog" 2>/dev/null; wait "$dog" 2>/dev/null
+    pkill -KILL -s "$pid" 2>/dev/null
+    [ "$rc" = 0 ] || row "$s" "(step)" "" "" "" "FAIL rc $rc$([ "$rc" -ge 128 ] && echo ' (killed: time limit)')"
   done
   {
     echo
@@ -410,7 +415,7 @@ run_steps() {
   } >"$G/summary.table"
   cat "$G/summary.table"
   if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
-    tar czf "$OUT/logs.tgz" "$G" && cp "$G/summary.table" "$OUT/summary.txt"
+    tar czf "$OUT/logs.tgz" -C "$(dirname "$G")" "$(basename "$G")" && cp "$G/summary.table" "$OUT/summary.txt"
     for s in kernels engine; do [ -f "$G/$s/table.txt" ] && cp "$G/$s/table.txt" "$OUT/${s}_table.txt"; done
   fi
   ! grep -qE "FAIL|SLOWER|rc [0-9]" "$G/summary.txt"
@@ -419,7 +424,7 @@ run_steps() {
 case ${1:-} in
   ""|-h|--help|help) usage ;;
   pack) shift; pack "$@" ;;
-  __step) "step_$2" ;;
+  __step) "step_$2"; exit 0 ;;  # a step reports its failures as rows
   *)
     steps=()
     for a in "$@"; do
