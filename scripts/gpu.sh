@@ -78,7 +78,7 @@ PREV=.wt/prev
 T0=$(date +%s)
 el() { echo $(( $(date +%s) - T0 )); }
 # row STEP CASE NEW OLD SPEED NOTE: one line of the summary table.
-row() { printf '%-8s %-30s %12s %12s %9s  %s\n' "$@" >>"$G/summary.txt"; }
+row() { printf '%-8s %-30s %12s %12s %9s  %s\n' "$@" >>"$G/rows.txt"; }
 # path of a packed binary (new or prev), or empty.
 bin() { [ -x "$1/$2" ] && echo "$1/$2"; }
 gtest_status() {  # LOG RC -> "PASS 123 tests" / "FAIL ..."
@@ -167,7 +167,7 @@ step_test() {
     filter=$("$NEW/test_cuda" --gtest_list_tests | awk '/^[^ ]/ {s = $1} /^  / {printf "%s%s%s", sep, s, $1; sep = ":"}')
     timeout 200 "$PREV/test_cuda" --gtest_filter="$filter" >"$d/prev_test_cuda.log" 2>&1; rc=$?
     row test "test_cuda (previous build)" "" "" "" "$(gtest_status "$d/prev_test_cuda.log" $rc)"
-    python3 tools/ab_table.py hashes "$d/test_cuda.log" "$d/prev_test_cuda.log" >>"$G/summary.txt"
+    python3 tools/ab_table.py hashes "$d/test_cuda.log" "$d/prev_test_cuda.log" >>"$G/rows.txt"
   fi
 }
 
@@ -208,7 +208,7 @@ step_kernels() {
     echo "no torch with CUDA: no SDPA peer" | tee "$d/sdpa.err"
   fi
   timeout 60 "$NEW/bench_linear" --json "$d/linear.json" >"$d/linear.log" 2>&1 || echo "bench_linear: rc $?"
-  python3 tools/ab_table.py kernels "$d" >>"$G/summary.txt"
+  python3 tools/ab_table.py kernels "$d" >>"$G/rows.txt"
   grep -E "^T=1 .*GEMMs of one" "$d/linear.log" | while read -r l; do row kernels "bench_linear" "" "" "" "$l"; done
 }
 
@@ -233,7 +233,7 @@ step_engine() {
       done
     done
   done
-  python3 tools/ab_table.py engine "$d" >>"$G/summary.txt"
+  python3 tools/ab_table.py engine "$d" >>"$G/rows.txt"
 }
 
 step_serve() {
@@ -263,7 +263,7 @@ step_serve() {
         --result-filename "bench_serve_$name.json" >"$d/bench_serve_$name.log" 2>&1 || echo "bench serve $name: rc $?"
       stop_server
     fi
-    python3 - "$d/bench_serve_$name.json" "$name" "$n" "$in" "$out" <<'PY' >>"$G/summary.txt"
+    python3 - "$d/bench_serve_$name.json" "$name" "$n" "$in" "$out" <<'PY' >>"$G/rows.txt"
 import json, sys
 path, name, n, i, o = sys.argv[1:]
 try:
@@ -298,7 +298,7 @@ json.dump({"texts": texts, "queries": get("prefix_cache_queries_total"), "hits":
 PY
     stop_server
   done
-  python3 - "$d" <<'PY' >>"$G/summary.txt"
+  python3 - "$d" <<'PY' >>"$G/rows.txt"
 import json, sys
 d = sys.argv[1]
 try:
@@ -339,7 +339,7 @@ step_tp() {
   FP8KV_COMM_TIMEOUT_S=60 timeout 120 "$FP8KV" "${sc[@]}" --tp 2 --nnodes 2 --master-port "$port" --node-rank 0 \
     --output "$d/score_mp.json" >/dev/null 2>"$d/score_mp.log" || echo "multi-process rank 0: rc $?"
   wait
-  python3 - "$d" <<'PY' >>"$G/summary.txt"
+  python3 - "$d" <<'PY' >>"$G/rows.txt"
 import json, sys
 d = sys.argv[1]
 def seqs(n):
@@ -363,7 +363,7 @@ PY
     timeout 150 "$FP8KV" bench latency $MODEL_8B "${ENGINE_COMMON[@]}" --tp $t --batch-size 1 --input-len 1024 \
       --output-len 64 --num-iters-warmup 1 --num-iters 2 >"$d/lat_tp$t.json" 2>"$d/lat_tp$t.log" || echo "bench tp $t: rc $?"
   done
-  python3 - "$d" <<'PY' >>"$G/summary.txt"
+  python3 - "$d" <<'PY' >>"$G/rows.txt"
 import json, sys
 d = sys.argv[1]
 try:
@@ -380,7 +380,7 @@ run_steps() {
   # The bundled model's shards travel xz-compressed (serve and tp load it).
   [ -f scripts/expand_models.sh ] && { bash scripts/expand_models.sh || echo "expand_models.sh failed"; }
   mkdir -p "$G"
-  : >"$G/summary.txt"
+  : >"$G/rows.txt"
   {
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
     echo "new: $(cat .wt/COMMIT 2>/dev/null | paste -sd' ')$([ -d $PREV ] && echo "; old: $(cat .wt/PREV 2>/dev/null)")"
@@ -410,15 +410,15 @@ run_steps() {
     echo
     cat "$G/env.txt"
     printf '%-8s %-30s %12s %12s %9s  %s\n' step case new old "speed n/o" note
-    cat "$G/summary.txt"
+    cat "$G/rows.txt"
     echo "(logs: $G/; $(el) s)"
-  } >"$G/summary.table"
-  cat "$G/summary.table"
+  } >"$G/summary.txt"
+  cat "$G/summary.txt"
   if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
-    tar czf "$OUT/logs.tgz" -C "$(dirname "$G")" "$(basename "$G")" && cp "$G/summary.table" "$OUT/summary.txt"
+    tar czf "$OUT/logs.tgz" -C "$(dirname "$G")" "$(basename "$G")" && cp "$G/summary.txt" "$OUT/summary.txt"
     for s in kernels engine; do [ -f "$G/$s/table.txt" ] && cp "$G/$s/table.txt" "$OUT/${s}_table.txt"; done
   fi
-  ! grep -qE "FAIL|SLOWER|rc [0-9]" "$G/summary.txt"
+  ! grep -qE "FAIL|SLOWER|rc [0-9]" "$G/rows.txt"
 }
 
 case ${1:-} in
