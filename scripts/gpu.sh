@@ -416,7 +416,7 @@ run_steps() {
   cat "$G/summary.txt"
   if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
     tar czf "$OUT/logs.tgz" -C "$(dirname "$G")" "$(basename "$G")" && cp "$G/summary.txt" "$OUT/summary.txt"
-    for s in kernels engine; do [ -f "$G/$s/table.txt" ] && cp "$G/$s/table.txt" "$OUT/${s}_table.txt"; done
+    for s in "$@"; do [ -f "$G/$s/table.txt" ] && cp "$G/$s/table.txt" "$OUT/${s}_table.txt"; done
   fi
   ! grep -qE "FAIL|SLOWER|rc [0-9]" "$G/rows.txt"
 }
