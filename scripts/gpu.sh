@@ -379,7 +379,7 @@ run_steps() {
   unpack || exit 1
   # The bundled model's shards travel xz-compressed (serve and tp load it).
   [ -f scripts/expand_models.sh ] && { bash scripts/expand_models.sh || echo "expand_models.sh failed"; }
-  mkdir -p "$G"
+  rm -rf "${G:?}" && mkdir -p "$G"  # one call, one set of logs
   : >"$G/rows.txt"
   {
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
