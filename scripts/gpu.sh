@@ -73,8 +73,10 @@ TARGETS=(fp8kv test_cuda test_cuda_ops bench_attention bench_linear bench_allred
 declare -A STEP_S=([test]=300 [kernels]=260 [engine]=300 [serve]=200 [tp]=420)
 
 G=${GPU_OUT:-gpu-out}
-NEW=.wt/bin
-PREV=.wt/prev
+# Unpacked outside the tree: .wt stays small enough to carry again.
+WT=${TMPDIR:-/tmp}/fp8kv-wt
+NEW=$WT/bin
+PREV=$WT/prev
 T0=$(date +%s)
 el() { echo $(( $(date +%s) - T0 )); }
 # row STEP CASE NEW OLD SPEED NOTE: one line of the summary table.
@@ -132,22 +134,22 @@ unpack() {
   [ -f .wt/bin.tar.xz ] || { echo "gpu.sh: no .wt/bin.tar.xz: run 'bash scripts/gpu.sh pack' here and carry .wt" >&2; return 1; }
   local d
   for d in bin prev; do
-    rm -rf ".wt/$d"
-    [ -f ".wt/$d.tar.xz" ] && mkdir -p ".wt/$d" && tar xJf ".wt/$d.tar.xz" -C ".wt/$d"
+    rm -rf "${WT:?}/$d"
+    [ -f ".wt/$d.tar.xz" ] && mkdir -p "$WT/$d" && tar xJf ".wt/$d.tar.xz" -C "$WT/$d"
   done
   # Link only the libraries this machine lacks (its own stay in use).
-  rm -rf .wt/rt && mkdir -p .wt/rt
+  rm -rf "$WT/rt" && mkdir -p "$WT/rt"
   local b so
   for _ in 1 2 3; do  # a library found can need others
-    for b in .wt/bin/* .wt/prev/*; do
+    for b in "$NEW"/* "$PREV"/*; do
       [ -f "$b" ] || continue
-      LD_LIBRARY_PATH=$PWD/.wt/rt ldd "$b" 2>/dev/null | awk '/not found/ {print $1}' | while read -r so; do
-        [ -f ".wt/bin/lib/$so" ] && ln -sfn "$PWD/.wt/bin/lib/$so" ".wt/rt/$so"
+      LD_LIBRARY_PATH=$WT/rt ldd "$b" 2>/dev/null | awk '/not found/ {print $1}' | while read -r so; do
+        [ -f "$NEW/lib/$so" ] && ln -sfn "$NEW/lib/$so" "$WT/rt/$so"
       done
     done
   done
-  export LD_LIBRARY_PATH=$PWD/.wt/rt${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  for b in .wt/bin/* .wt/prev/*; do
+  export LD_LIBRARY_PATH=$WT/rt${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  for b in "$NEW"/* "$PREV"/*; do
     [ -f "$b" ] && LD_LIBRARY_PATH=$LD_LIBRARY_PATH ldd "$b" | grep "not found" | sed "s|^|$b: |"
   done
   return 0
