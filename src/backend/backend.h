@@ -329,7 +329,7 @@ class Backend {
   virtual bool replay_graph(int64_t /*key*/) { return false; }
   virtual void begin_graph_capture(int64_t /*key*/) {}
   virtual void end_graph_capture(int64_t /*key*/) {}
-  // Step profiling (CUDA: FP8KV_STEP_PROFILE). op_profile_due: the runner
+  // Step profiling (CUDA: FP8KV_PROFILE=step). op_profile_due: the runner
   // should run one extra eager copy of this decode step's forward, bracketed
   // by op_profile(true) / op_profile(false), before replaying its graph (the
   // copy recomputes the same values: the replay overwrites them bitwise).

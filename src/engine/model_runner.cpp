@@ -236,7 +236,7 @@ void ModelRunner::run_prepared() {
     forward();
     return;
   }
-  if (be_.op_profile_due()) {  // FP8KV_STEP_PROFILE: one op-timed eager copy of this step (same values)
+  if (be_.op_profile_due()) {  // FP8KV_PROFILE=step: one op-timed eager copy of this step (same values)
     be_.op_profile(true);
     fwd_.run(batch_, rs_);
     be_.op_profile(false);
