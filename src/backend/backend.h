@@ -3,28 +3,10 @@
 // (backend/cpu/cpu_backend) and the GPU (backend/cuda/cuda_backend).
 // docs/engine.md describes the split (Scheduler / ModelRunner / Backend).
 //
-// CHANGE LOG (the interface is stable; changes are additive only):
-//   2026-11-30  first version.
-//   2026-11-30  tensor.h: the element-type enum is ScalarType (was DType,
-//               which clashes with io/safetensors.h's fp8kv::DType);
-//               scalar_type_bytes / scalar_type_name. add_rmsnorm: y may alias h.
-//   2026-11-30  tensor parallelism (#17): set_communicator / communicator,
-//               all_reduce / all_gather ops (defaults call the Communicator on
-//               comm_stream(), nullptr unless a backend overrides it).
-//   2026-12-01  CUDA graphs: the runner runs a bucket's first step eagerly,
-//               then captures (end_graph_capture does not launch);
-//               abort_graph_capture; StepBatch::decode_plan_context.
-//   2026-12-01  Fused projections (optional): BackendLayerWeights::qkv_proj /
-//               gate_up_proj, qkv_split, gated_act_fused.
-//   2026-12-01  qkv_split_store (default: qkv_split then store_kv; CUDA
-//               stores K/V from the split kernel, k/v left unwritten).
-//   2026-12-01  linear_add_rmsnorm (default: linear, all_reduce, add_rmsnorm;
-//               CUDA fuses the residual norm into the decode GEMV).
-//   2026-12-01  linear_qkv_split_store (default: linear, qkv_split_store;
-//               CUDA fuses the prep + store into the decode qkv GEMV).
-//   2026-12-01  CUDA no longer overrides linear_add_rmsnorm /
-//               linear_qkv_split_store (its fused GEMVs were removed); both
-//               run their default bodies everywhere.
+// The interface changes additively only: an op a backend may fuse has a
+// default body (e.g. qkv_split_store = qkv_split then store_kv,
+// linear_add_rmsnorm = linear, all_reduce, add_rmsnorm), so a backend
+// overrides only what it runs faster with the same bits.
 //
 // Memory model
 //   The backend owns all memory the ops touch: weights (upload_weights), KV
@@ -226,8 +208,8 @@ class Backend {
   // Greedy rows (temperature 0) take the argmax, ties to the lowest id, on
   // every backend. Seeded random streams are backend-specific.
   virtual void sample(const Tensor& logits, std::span<const RowSampling> params, std::span<int32_t> host_ids) = 0;
-  // Sampling inside the step (optional; docs/cuda_backend.md "Batch-1 step
-  // (2026-12-01)"). When samples_in_step(), the runner may put rows and
+  // Sampling inside the step (optional; docs/cuda_backend.md "CUDA graphs").
+  // When samples_in_step(), the runner may put rows and
   // parameters into the StepBatch (sample_rows / sample_params), call
   // sample_step after the forward's ops (inside a CUDA graph capture too:
   // logits of those rows into `logits` [n][V], then one id per row on the
@@ -265,9 +247,8 @@ class Backend {
   // The fused QKV projection and its split: linear(x, w, bias) into qkv,
   // then qkv_split_store(batch, layer, qkv, ...). What the fused forward pass
   // runs. A backend may run the split inside the GEMM, with the same bits
-  // (none does since the ninth session, 2026-12-01: CUDA's GEMV-fused prep
-  // measured slower and was removed, docs/cuda_backend.md; the op stays, the
-  // interface being additive only).
+  // (none does: CUDA's GEMV-fused prep measured slower, docs/cuda_backend.md
+  // "Deleted variants"; the op stays, the interface being additive only).
   virtual void linear_qkv_split_store(const StepBatch& batch, int layer, const Tensor& x, const Tensor& w,
                                       const Tensor& bias, Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
                                       float eps, Tensor& q, Tensor& k, Tensor& v) {
@@ -294,10 +275,9 @@ class Backend {
   // parallel ranks (all_reduce), then add_rmsnorm(h, tmp, norm_w, eps, y):
   // h += tmp; y = rmsnorm(h) * norm_w (y may alias h). tmp holds the
   // projection's output afterwards. A backend may fuse the three with the
-  // same bits (none does since the ninth session, 2026-12-01: CUDA's norm in
-  // the decode GEMV's last block measured slower and was removed,
-  // docs/cuda_backend.md "Residual norm fused into the GEMV"; the op stays,
-  // the interface being additive only).
+  // same bits (none does: CUDA's norm in the decode GEMV's last block measured
+  // slower, docs/cuda_backend.md "Deleted variants"; the op stays, the
+  // interface being additive only).
   virtual void linear_add_rmsnorm(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& tmp, Tensor& h,
                                   const Tensor& norm_w, float eps, Tensor& y) {
     linear(x, w, bias, tmp);
