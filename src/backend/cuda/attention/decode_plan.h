@@ -10,7 +10,7 @@
 
 namespace fp8kv::cuda::decode {
 
-// How a decode kernel feeds its MMAs (decode_loops.cuh).
+// How a decode kernel feeds its MMAs (decode_body.cuh).
 enum class DecodeLoop : uint8_t {
   ring,         // per-warp cp.async ring of tile stages in shared memory
   reg,          // register-staged tiles
