@@ -97,7 +97,7 @@ class ModelRunner {
   // backend that samples_in_step(), where every sequence samples, computes
   // the logits and samples inside the step (and its CUDA graph; padding rows
   // sample greedily and are dropped); sample() then only fetches the ids
-  // (docs/cuda_backend.md "Batch-1 step").
+  // (docs/cuda_backend.md "CUDA graphs").
   void execute(const SchedulerOutput& out, const StepSampling& sampling = {});
   const StepBatch& batch() const { return batch_; }
   // execute() in two halves, for multi-process tensor parallelism

@@ -126,7 +126,7 @@ class CudaBackend final : public Backend {
     void copied(cudaStream_t stream);   // after enqueueing a copy of it
   };
   // One op's profiling scope, feeding whichever profile of FP8KV_PROFILE is
-  // active (docs/cuda_backend.md "One op scope"):
+  // active (docs/cuda_backend.md "Profiling: FP8KV_PROFILE"):
   //  - the step profile (its op-timed eager step): an event at the scope's
   //    end, labelled step_op ("linear 4096x4096" with n x k); null step_op:
   //    not a step-profile op;

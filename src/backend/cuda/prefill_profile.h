@@ -1,5 +1,5 @@
 // The prefill part of FP8KV_PROFILE (backend/common/profile.h;
-// docs/cuda_backend.md "Prefill/TTFT"): with prefill[=N] on, the CUDA backend
+// docs/cuda_backend.md "Profiling: FP8KV_PROFILE"): with prefill[=N] on, the CUDA backend
 // brackets each op of a step of >= N tokens (default 64) that has a
 // prefill part (decode-only steps are never counted) with a pair of
 // CUDA events and, when the next step begins (or the backend goes away),

@@ -3,7 +3,7 @@
 // these shapes the GEMM is a weight stream: one warp per output column n
 // reads W's row n once in 16-byte chunks (4 in flight per lane) and
 // multiplies it with all T rows of x (which stay in L1/L2); a warp shuffle
-// reduction finishes the dot products. docs/cuda_backend.md "GEMV".
+// reduction finishes the dot products. docs/cuda_backend.md "GEMV for decode rows".
 #include <cuda_bf16.h>
 
 #include <algorithm>

@@ -23,7 +23,7 @@ namespace fp8kv::cuda {
 // (qkv, o_proj "simtk" = 4 warps per column at the 8B shape; down 8 warps:
 // the best of simt / simt2 / simtk / simt8 / lt), and the activation is fused
 // into the gate|up GEMV: 4.586 ms/step against 4.769 with auto everywhere.
-// docs/cuda_backend.md "GEMV routes".
+// docs/cuda_backend.md "The GEMV route table".
 const char* const kDefaultLinearRoutes =
     "qkv=simtk,o_proj=simtk,gate_up=auto,down=simt8,lm_head=auto,store=fused,act=fused";
 

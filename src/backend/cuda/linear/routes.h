@@ -3,7 +3,7 @@
 // tensor-core (mma) GEMV, chosen per projection because the fastest one
 // could differ by shape (bench_linear: mma for qkv / o_proj, cuBLASLt for
 // down at T = 1; in the engine the SIMT kernels won everywhere).
-// docs/cuda_backend.md "GEMV routes".
+// docs/cuda_backend.md "The GEMV route table".
 //
 // Production runs kDefaultLinearRoutes. A plain C++ header (no CUDA types),
 // so that `fp8kv bench latency --gemv-routes` can time other route sets
@@ -36,7 +36,7 @@ struct LinearRoutes {
   bool fused_act = true;
   // Logits rows + sampling inside the decode step's CUDA graph
   // ("sample=graph", the default) or after it ("sample=separate");
-  // CudaBackend::samples_in_step (docs/cuda_backend.md "Batch-1 step").
+  // CudaBackend::samples_in_step (docs/cuda_backend.md "CUDA graphs").
   bool sample_in_graph = true;
   // Not a GEMM either: keys per split of the decode attention plan
   // ("dsplit=N", N > 0 rounded up to 64 by plan_decode), or 0: plan_decode's

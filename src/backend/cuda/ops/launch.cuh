@@ -5,7 +5,7 @@
 // reads anything an earlier kernel wrote: the wait returns when the previous
 // grids have completed and their writes are visible (at once when the kernel
 // was launched normally). A trigger is ignored when the next kernel is not
-// PDL-launched (cuBLASLt, the store). docs/cuda_backend.md "GEMV".
+// PDL-launched (cuBLASLt, the store). docs/cuda_backend.md "GEMV for decode rows".
 #pragma once
 
 #include <cuda_runtime.h>

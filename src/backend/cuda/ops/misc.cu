@@ -45,7 +45,7 @@ __global__ void gated_act_kernel(const In* gate, const In* __restrict__ up, int6
 // (CudaBackend::linear_gated_act past the GEMV rows): 8 elements per thread
 // in 16-byte loads and stores, one row per grid row (no 64-bit division per
 // element). The scalar kernel moved ~1.2 TB/s at 8192 x 14336
-// (docs/cuda_backend.md "Prefill/TTFT"). Same element math: bitwise the
+// (docs/cuda_backend.md "Profiling: FP8KV_PROFILE"). Same element math: bitwise the
 // scalar kernel.
 template <Activation A>
 __global__ void gated_act_bf16_vec8_kernel(const __nv_bfloat16* gate, const __nv_bfloat16* __restrict__ up,

@@ -1,7 +1,7 @@
 // One row of the residual add + RMSNorm with the row held in registers, for
 // the norm kernel (ops/norm.cu rmsnorm_residual_reg_kernel). A GEMV with
-// the norm fused in (measured and deleted: docs/cuda_backend.md "Residual
-// norm fused into the GEMV") would share it.
+// the norm fused in (measured and deleted: docs/cuda_backend.md "Deleted
+// variants") would share it.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -82,7 +82,7 @@ void upload_f32(const std::vector<float>& host, DeviceBuffer& dst);
 
 // Decode GEMV (gemv_bf16 below): the most rows it takes, and how many a
 // Gemm routes to it (1: the GEMV measured faster than cuBLASLt at T = 1
-// only; docs/cuda_backend.md "GEMV").
+// only; docs/cuda_backend.md "GEMV for decode rows").
 constexpr int kGemvMaxRows = 8;
 constexpr int kGemvDefaultRows = 1;
 
@@ -139,7 +139,7 @@ void gemv_bf16(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float*
 // The two kernels behind gemv_bf16 (same contract): one warp per output
 // column with fp32 fmaf (simt), or a block per 16 columns with bf16
 // mma.sync and K split over its 8 warps (mma). gemv_bf16 takes mma for
-// T >= kGemvMmaMinRows. bench_linear times both (docs/cuda_backend.md "GEMV").
+// T >= kGemvMmaMinRows. bench_linear times both (docs/cuda_backend.md "GEMV for decode rows").
 constexpr int kGemvMmaMinRows = 2;
 void gemv_bf16_simt(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y,
                     bool accumulate, cudaStream_t stream);
@@ -207,7 +207,7 @@ struct QkvPrepArgs {
   // Optional store fused in (kv_cache non-null): k and v rows go straight to
   // the paged cache, the same bytes store_kv writes (kv_quant.cuh), instead
   // of k_out / v_out (then unused, may be null). Slot < 0 or >= capacity:
-  // not stored. docs/cuda_backend.md "Store fused into qkv_prep".
+  // not stored. docs/cuda_backend.md "Ops (`ops/ops.h`)".
   struct FusedStore {
     void* k_cache = nullptr;  // [capacity][num_kv_heads][head_dim], dtype
     void* v_cache = nullptr;

@@ -1,7 +1,7 @@
 // The attention input prep of one head (per-head QK-norm + RoPE, fused KV
 // store) for the prep kernel (ops/norm.cu qkv_prep_kernel). A qkv GEMV with
-// the prep fused in (measured and deleted: docs/cuda_backend.md "qkv prep
-// fused into the GEMV") would share it.
+// the prep fused in (measured and deleted: docs/cuda_backend.md "Deleted
+// variants") would share it.
 #pragma once
 
 #include "backend/cuda/attention/kv_quant.cuh"
