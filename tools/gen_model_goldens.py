@@ -36,6 +36,8 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from byte_level import bytes_to_unicode
+
 OUT = os.path.join("tests", "golden", "models")
 VOCAB = 272          # 256 byte tokens + 16 specials / padding
 EOS = 256
@@ -84,16 +86,6 @@ def log(*a):
 
 
 # ---------------------------------------------------------------- tokenizer
-def bytes_to_unicode():
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
 
 
 def tokenizer_json():

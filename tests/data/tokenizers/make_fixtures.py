@@ -7,20 +7,12 @@ Run from the repo root: python3 tests/data/tokenizers/make_fixtures.py
 """
 import json
 import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "tools"))
+from byte_level import bytes_to_unicode  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)))
-
-
-def bytes_to_unicode():
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
 
 
 def added(id_, content, special, normalized=None, lstrip=False, rstrip=False, single_word=False):
