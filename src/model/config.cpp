@@ -18,7 +18,12 @@ namespace fp8kv {
 using nlohmann::json;
 
 std::string_view layer_type_name(LayerType t) {
-  return t == LayerType::sliding_attention ? "sliding_attention" : "full_attention";
+  switch (t) {
+    case LayerType::full_attention: return "full_attention";
+    case LayerType::sliding_attention: return "sliding_attention";
+    case LayerType::linear_attention: return "linear_attention";
+  }
+  return "?";
 }
 
 std::string_view family_name(ModelFamily f) {
@@ -28,6 +33,7 @@ std::string_view family_name(ModelFamily f) {
     case ModelFamily::qwen2: return "qwen2";
     case ModelFamily::qwen3: return "qwen3";
     case ModelFamily::gemma3: return "gemma3";
+    case ModelFamily::qwen3_5: return "qwen3_5";
   }
   return "?";
 }
@@ -35,6 +41,12 @@ std::string_view family_name(ModelFamily f) {
 int ModelConfig::num_sliding_layers() const {
   int n = 0;
   for (auto t : layer_types) n += t == LayerType::sliding_attention;
+  return n;
+}
+
+int ModelConfig::num_attention_layers() const {
+  int n = 0;
+  for (auto t : layer_types) n += t != LayerType::linear_attention;
   return n;
 }
 
@@ -47,7 +59,8 @@ namespace {
 
 constexpr const char* kSupported =
     "supported: LlamaForCausalLM (llama), MistralForCausalLM (mistral), Qwen2ForCausalLM (qwen2), "
-    "Qwen3ForCausalLM (qwen3), Gemma3ForCausalLM (gemma3_text), Gemma3ForConditionalGeneration (gemma3, text part)";
+    "Qwen3ForCausalLM (qwen3), Gemma3ForCausalLM (gemma3_text), Gemma3ForConditionalGeneration (gemma3, text part), "
+    "Qwen3_5ForCausalLM (qwen3_5_text), Qwen3_5ForConditionalGeneration (qwen3_5, text part)";
 
 struct Reader {
   const json& j;
@@ -199,6 +212,7 @@ FamilyDefaults defaults_for(ModelFamily f) {
     case ModelFamily::qwen2: return {151936, 4096, 22016, 32, 32, 32, std::nullopt, 32768, 10000.0, false, std::nullopt, std::nullopt};
     case ModelFamily::qwen3: return {151936, 4096, 22016, 32, 32, 32, 128, 32768, 10000.0, false, std::nullopt, std::nullopt};
     case ModelFamily::gemma3: return {262208, 2304, 9216, 26, 8, 4, 256, 131072, 1000000.0, true, 2, 1};
+    case ModelFamily::qwen3_5: return {248320, 4096, 12288, 32, 16, 4, 256, 32768, 10000.0, false, std::nullopt, std::nullopt};
   }
   return {};
 }
@@ -263,10 +277,11 @@ void parse_text_config(const Reader& r, ModelConfig& c) {
       break;
     case ModelFamily::qwen3:
     case ModelFamily::gemma3:
+    case ModelFamily::qwen3_5:
       c.attention_bias = c.o_proj_bias = r.boolean("attention_bias", false);
       break;
   }
-  c.qk_norm = c.family == ModelFamily::qwen3 || gemma;
+  c.qk_norm = c.family == ModelFamily::qwen3 || c.family == ModelFamily::qwen3_5 || gemma;
 
   // ---- layer types and sliding window
   const int L = c.num_layers;
@@ -281,6 +296,8 @@ void parse_text_config(const Reader& r, ModelConfig& c) {
   switch (c.family) {
     case ModelFamily::llama:
       break;  // no sliding window
+    case ModelFamily::qwen3_5:
+      break;  // layer types: parse_qwen3_5_text_fields (linear / full, no sliding window)
     case ModelFamily::mistral:
       // MistralConfig: sliding_window defaults to 4096; when set it applies to every layer.
       c.sliding_window = window_or(4096);
@@ -371,6 +388,7 @@ void parse_text_config(const Reader& r, ModelConfig& c) {
     c.embed_scale_sqrt_hidden = true;
     c.sandwich_norms = true;
   }
+  if (c.family == ModelFamily::qwen3_5) parse_qwen3_5_text_fields(r.j, r.source, r.prefix, c);
 }
 
 }  // namespace
@@ -386,6 +404,10 @@ ModelConfig parse_model_config(const json& j, const std::string& source) {
   }
   if (!top.has("model_type")) top.fail("model_type", std::string("missing; ") + kSupported);
   c.model_type = top.string("model_type", "");
+  if (is_qwen3_5_moe_model_type(c.model_type))
+    top.fail("model_type", fmt::format("'{}' (the Qwen3.5 mixture-of-experts variant) is not supported yet; the "
+                                       "dense Qwen3.5 (qwen3_5, qwen3_5_text) is",
+                                       c.model_type));
 
   struct Arch {
     const char* model_type;
@@ -399,16 +421,20 @@ ModelConfig parse_model_config(const json& j, const std::string& source) {
       {"qwen3", ModelFamily::qwen3, "Qwen3ForCausalLM"},
       {"gemma3_text", ModelFamily::gemma3, "Gemma3ForCausalLM"},
       {"gemma3", ModelFamily::gemma3, "Gemma3ForConditionalGeneration"},
+      {"qwen3_5_text", ModelFamily::qwen3_5, "Qwen3_5ForCausalLM"},
+      {"qwen3_5", ModelFamily::qwen3_5, "Qwen3_5ForConditionalGeneration"},
   };
   const Arch* arch = nullptr;
   for (const auto& a : kArchs)
     if (c.model_type == a.model_type) arch = &a;
   if (!arch) top.fail("model_type", fmt::format("unsupported model type '{}'; {}", c.model_type, kSupported));
-  // Gemma3ForCausalLM may also carry a multimodal config (model_type gemma3).
-  const bool multimodal = c.model_type == "gemma3";
+  // Gemma3ForCausalLM may also carry a multimodal config (model_type gemma3);
+  // qwen3_5 (Qwen3_5ForConditionalGeneration) keeps its text model in
+  // text_config (the vision tower is not loaded).
+  const bool multimodal = c.model_type == "gemma3" || c.model_type == "qwen3_5";
   if (c.architecture.empty()) c.architecture = arch->architecture;
   const bool arch_ok = c.architecture == arch->architecture ||
-                       (multimodal && c.architecture == "Gemma3ForCausalLM");
+                       (c.model_type == "gemma3" && c.architecture == "Gemma3ForCausalLM");
   if (!arch_ok)
     top.fail("architectures", fmt::format("unsupported architecture '{}' for model_type '{}'; {}", c.architecture,
                                           c.model_type, kSupported));

@@ -1,6 +1,8 @@
 // ModelConfig: what the forward pass and the KV planner need from an HF
 // config.json, for llama, mistral, qwen2, qwen3 and gemma3_text (and the text
-// part of gemma3 multimodal configs). Parsing mirrors transformers' rules.
+// part of gemma3 multimodal configs) and qwen3_5 (Qwen3.5 hybrids: Gated
+// DeltaNet + gated full attention, model/config_qwen3_5.h). Parsing mirrors
+// transformers' rules.
 #pragma once
 #include <filesystem>
 #include <optional>
@@ -9,12 +11,16 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "model/config_qwen3_5.h"
+
 namespace fp8kv {
 
-enum class ModelFamily { llama, mistral, qwen2, qwen3, gemma3 };
-enum class LayerType { full_attention, sliding_attention };
+enum class ModelFamily { llama, mistral, qwen2, qwen3, gemma3, qwen3_5 };
+// linear_attention: a Gated DeltaNet layer (qwen3_5): no KV cache, a
+// per-sequence state instead.
+enum class LayerType { full_attention, sliding_attention, linear_attention };
 std::string_view layer_type_name(LayerType t);  // HF vocabulary
-std::string_view family_name(ModelFamily f);      // "llama", "mistral", "qwen2", "qwen3", "gemma3"
+std::string_view family_name(ModelFamily f);      // "llama", "mistral", "qwen2", "qwen3", "gemma3", "qwen3_5"
 
 // RoPE parameters for one layer type. `type`: default | linear | llama3 | yarn
 // | dynamic (dynamic: accepted, treated as default at lengths <= original).
@@ -67,15 +73,22 @@ struct ModelConfig {
   double query_pre_attn_scalar = 0.0;  // 0: use head_dim
   std::optional<double> attn_logit_softcapping;
   std::optional<double> final_logit_softcapping;
-  bool gemma_norm_plus_one = false;     // RMSNorm weight applied as (1 + w)
+  bool gemma_norm_plus_one = false;     // RMSNorm weight applied as (1 + w) (gemma3, qwen3_5's zero-centred norms)
   bool embed_scale_sqrt_hidden = false; // embeddings * sqrt(hidden)
   bool sandwich_norms = false;          // pre/post attention and ffn norms
+
+  // qwen3_5 specifics (model/config_qwen3_5.h)
+  std::optional<GatedDeltaNetConfig> gdn;  // set when some layer is linear_attention
+  bool attn_output_gate = false;           // q_proj also writes a per-head output gate (sigmoid)
 
   std::vector<int> eos_token_ids;
   std::optional<int> bos_token_id;
   std::string torch_dtype;  // as declared ("bfloat16", ...), may be empty
 
   int num_sliding_layers() const;
+  bool is_linear(int layer) const { return layer_types[layer] == LayerType::linear_attention; }
+  // Layers with a KV cache (full or sliding attention).
+  int num_attention_layers() const;
   bool is_sliding(int layer) const { return layer_types[layer] == LayerType::sliding_attention; }
   int window_for_layer(int layer) const { return is_sliding(layer) ? *sliding_window : 0; }  // 0 = full
   const RopeParams& rope_for_layer(int layer) const { return is_sliding(layer) ? rope_sliding : rope_full; }
