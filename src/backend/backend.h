@@ -87,6 +87,14 @@ struct BackendLayerWeights {
   Tensor qkv_bias;             // [1][(Hq+2Hkv)*D] f32 or empty
   Tensor gate_up_proj;         // [2I][H]
   Tensor gate_up_bias;         // [1][2I] f32 or empty
+  // qwen3_5 (model/weights.h LayerWeights has the shapes): with
+  // attn_output_gate q_proj is [2*Hq*D][H]; a linear_attention (Gated
+  // DeltaNet) layer has these instead of the attention tensors.
+  Tensor in_proj_qkv, in_proj_z, in_proj_b, in_proj_a;  // [C][H], [Hv*Dv][H], [Hv][H], [Hv][H]
+  Tensor out_proj;             // [H][Hv*Dv]
+  Tensor conv1d;               // [C][K] f32
+  Tensor A_log, dt_bias;       // [1][Hv] f32
+  Tensor gdn_norm;             // [1][Dv] f32
 };
 
 struct BackendWeights {
@@ -106,6 +114,8 @@ struct KvLayerStorage {
   KvCacheLayout layout;
   void* k_cache = nullptr;  // [num_blocks][block_size][num_kv_heads][head_dim], layout.dtype
   void* v_cache = nullptr;
+  float* k_scale = nullptr;  // [num_blocks][block_size][num_kv_heads] f32; per-token-head dtypes only
+  float* v_scale = nullptr;
 };
 
 struct BackendOptions {
@@ -161,6 +171,9 @@ class Backend {
   // plan.group_size) one K and one V tensor of layout (num_blocks =
   // plan.num_blocks); layer l of group g uses slot index_of(l in
   // plan.groups[g].layers). Memory = plan.pool_bytes(). Zero-filled.
+  // When plan.state is not empty (linear-attention layers, kv/state_plan.h)
+  // it also allocates the state pool, plan.state.pool_bytes(): slot s of
+  // layer l holds a conv state and a recurrent state (gated_delta_net).
   virtual void allocate_kv(const KvPlan& plan, const KvCacheLayout& layout) = 0;
   virtual KvLayerStorage kv_layer(int layer) const = 0;
   virtual int kv_group_of_layer(int layer) const = 0;
@@ -341,6 +354,31 @@ class Backend {
     comm_->all_gather(x.data, out.data, static_cast<size_t>(x.numel()), x.dtype, comm_stream());
   }
   virtual void abort_graph_capture() {}
+
+  // ---- Qwen3.5 (docs/design.md "Qwen3.5 hybrids"; a backend that does not
+  // run the family keeps these defaults, and the engine refuses it first) ----
+  // q_proj's output qg [T][Hq*2*D] (per head: D query values, then D gate
+  // values) -> q [T][Hq*D] and gate [T][Hq*D].
+  virtual void split_q_gate(const Tensor& /*qg*/, int /*head_dim*/, Tensor& /*q*/, Tensor& /*gate*/) {
+    throw std::logic_error("Backend::split_q_gate: this backend does not run qwen3_5");
+  }
+  // x *= sigmoid(gate), elementwise (the gated attention's output gate).
+  virtual void mul_sigmoid(Tensor& /*x*/, const Tensor& /*gate*/) {
+    throw std::logic_error("Backend::mul_sigmoid: this backend does not run qwen3_5");
+  }
+  // The token mixer of Gated DeltaNet layer `layer` for every sequence of
+  // the step, from the projections of the normed input: qkv [T][C], z
+  // [T][Hv*Dv], b and a [T][Hv]; out [T][Hv*Dv] (before out_proj). Per
+  // sequence s, in the state slot batch.state_slots[s]: the causal conv
+  // (its state carried), SiLU, l2-normalized q and k, the gates, the delta
+  // rule (one new token: the recurrent form; more: the chunked form), the
+  // gated RMSNorm. A sequence whose first new token is at position 0 starts
+  // from zero states.
+  virtual void gated_delta_net(const StepBatch& /*batch*/, int /*layer*/, const BackendLayerWeights& /*w*/,
+                               const Tensor& /*qkv*/, const Tensor& /*z*/, const Tensor& /*b*/, const Tensor& /*a*/,
+                               float /*eps*/, Tensor& /*out*/) {
+    throw std::logic_error("Backend::gated_delta_net: this backend does not run qwen3_5");
+  }
 
  protected:
   Communicator* comm_ = nullptr;

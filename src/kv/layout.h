@@ -2,6 +2,8 @@
 // [num_blocks][block_size][num_kv_heads][head_dim] in the cache dtype.
 // A token's slot is block * block_size + offset; the slot mapping gives, for
 // each token being stored, its slot (or -1 to skip the token).
+// Per-token-head dtypes (kv_dtype_per_token_head) add, per layer, one f32 scale
+// array for K and one for V beside the caches: [num_blocks][block_size][num_kv_heads].
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -30,6 +32,14 @@ struct KvCacheLayout {
     const int64_t block = slot / block_size, off = slot % block_size;
     return block * block_stride() + off * token_stride() + static_cast<int64_t>(kv_head) * head_dim;
   }
+  // Per-token-head dtypes: index of (slot, kv_head)'s f32 scale in k_scale / v_scale.
+  int64_t scale_offset(int64_t slot, int kv_head) const { return slot * num_kv_heads + kv_head; }
+  // Bytes of one block's K (or V) scales for one layer: block_size * num_kv_heads * 4
+  // for the per-token-head dtypes (4 / head_dim of block_bytes), 0 for the others.
+  size_t scale_block_bytes() const {
+    return kv_dtype_per_token_head(dtype) ? static_cast<size_t>(block_size) * num_kv_heads * sizeof(float) : 0;
+  }
+  size_t scale_bytes() const { return scale_block_bytes() * static_cast<size_t>(num_blocks); }
 };
 
 // Scales as the kernels take them: per tensor (count 1) or per head (count =

@@ -1,5 +1,6 @@
 #include "numerics/fp8.h"
 
+#include <cfloat>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -11,6 +12,8 @@ std::string_view kv_dtype_name(KvDtype d) {
     case KvDtype::bf16: return "bf16";
     case KvDtype::fp8_e4m3: return "fp8_e4m3";
     case KvDtype::fp8_e5m2: return "fp8_e5m2";
+    case KvDtype::fp8_e4m3_pth: return "fp8_per_token_head";
+    case KvDtype::int8_pth: return "int8_per_token_head";
   }
   return "?";
 }
@@ -23,6 +26,8 @@ constexpr KvCacheDtypeName kNames[] = {
     {"fp8", KvDtype::fp8_e4m3, false},
     {"fp8_e4m3", KvDtype::fp8_e4m3, false},
     {"fp8_e5m2", KvDtype::fp8_e5m2, false},
+    {"fp8_per_token_head", KvDtype::fp8_e4m3_pth, false},
+    {"int8_per_token_head", KvDtype::int8_pth, false},
     {"bf16", KvDtype::bf16, true},
     {"fp8e4m3", KvDtype::fp8_e4m3, true},
     {"fp8e5m2", KvDtype::fp8_e5m2, true},
@@ -56,16 +61,16 @@ std::optional<KvDtype> parse_kv_cache_dtype(std::string_view s) {
 
 KvDtype parse_kv_dtype(std::string_view s) {
   const std::optional<KvDtype> d = parse_kv_cache_dtype(s);
-  if (!d) throw std::invalid_argument("'auto' is not a KV cache dtype here: give bfloat16, fp8_e4m3 or fp8_e5m2");
+  if (!d) throw std::invalid_argument("'auto' is not a KV cache dtype here: give bfloat16, fp8_e4m3, fp8_e5m2, fp8_per_token_head or int8_per_token_head");
   return *d;
 }
 
-float kv_dtype_max(KvDtype d) {
-  switch (d) {
-    case KvDtype::fp8_e4m3: return 448.0f;
-    case KvDtype::fp8_e5m2: return 57344.0f;
-    default: return 3.38953139e38f;
-  }
+float kv_dtype_max(KvDtype d) { return kv_dtype_elem_max(d); }
+
+float per_token_head_scale(std::span<const float> x, KvDtype d) {
+  float amax = 0.0f;
+  for (const float v : x) amax = std::fmax(amax, std::fabs(v));  // fmax ignores NaN
+  return std::fmax(amax / kv_dtype_elem_max(d), FLT_MIN);
 }
 
 namespace {
@@ -129,6 +134,8 @@ void quantize_fp8(std::span<const float> x, float scale, KvDtype d, std::span<ui
   if (out.size() < x.size()) throw std::invalid_argument("quantize_fp8: output span too small");
   if (d == KvDtype::fp8_e5m2) {
     for (size_t i = 0; i < x.size(); ++i) out[i] = f32_to_e5m2(x[i] / scale);
+  } else if (d == KvDtype::int8_pth) {
+    for (size_t i = 0; i < x.size(); ++i) out[i] = f32_to_int8_sat(x[i] / scale);
   } else {
     for (size_t i = 0; i < x.size(); ++i) out[i] = f32_to_e4m3(x[i] / scale);
   }
@@ -138,7 +145,7 @@ void dequantize_fp8(std::span<const uint8_t> q, float scale, KvDtype d, std::spa
   if (out.size() < q.size()) throw std::invalid_argument("dequantize_fp8: output span too small");
   // Table decode: 256 entries, built once per call (cheap) for vectorizable loop.
   float table[256];
-  for (int i = 0; i < 256; ++i) table[i] = fp8_to_f32(static_cast<uint8_t>(i), d);
+  for (int i = 0; i < 256; ++i) table[i] = kv_byte_to_f32(static_cast<uint8_t>(i), d);
   for (size_t i = 0; i < q.size(); ++i) out[i] = table[q[i]] * scale;
 }
 
@@ -154,7 +161,7 @@ void dequantize_bf16(std::span<const uint16_t> q, std::span<float> out) {
 
 float roundtrip(float x, float scale, KvDtype d) {
   if (d == KvDtype::bf16) return round_bf16(x);
-  return fp8_to_f32(f32_to_fp8(x / scale, d), d) * scale;
+  return kv_byte_to_f32(f32_to_kv_byte(x / scale, d), d) * scale;
 }
 
 }  // namespace fp8kv

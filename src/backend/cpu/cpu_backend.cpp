@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "backend/cpu/cpu_backend_gdn.h"
 #include "backend/cpu/kv_ops.h"
 #include "backend/cpu/ops.h"
 #include "model/weights.h"
@@ -32,12 +33,27 @@ float* f32(const Tensor& t, const char* op, const char* name) {
 }
 
 MatrixRef matrix(const Tensor& t, const char* op) {
-  if (t.dtype != ScalarType::f32 && t.dtype != ScalarType::bf16) bad(op, fmt::format("weight must be f32 or bf16, got {}", shape(t)));
+  if (t.is_fp8_weight()) return MatrixRef{t.data, WeightType::f8_e4m3, t.rows, t.cols, t.fp8};
+  if (t.dtype != ScalarType::f32 && t.dtype != ScalarType::bf16)
+    bad(op, fmt::format("weight must be f32, bf16 or fp8 with scales, got {}", shape(t)));
   return MatrixRef{t.data, t.dtype == ScalarType::bf16 ? WeightType::bf16 : WeightType::f32, t.rows, t.cols};
 }
 
-Tensor matrix_tensor(const WeightMatrix& m) {
+Tensor matrix_tensor(const WeightMatrix& m, Fp8Compute compute) {
+  if (m.fp8)
+    return Tensor{const_cast<void*>(m.data), ScalarType::u8, m.rows, m.cols,
+                  Fp8WeightScales{m.scales->data(), m.scale_granularity, compute}};
   return Tensor{const_cast<void*>(m.data), m.bf16 ? ScalarType::bf16 : ScalarType::f32, m.rows, m.cols};
+}
+
+// W8A8 (--fp8-weight-mode w8a8): the activations as the fp8 GEMM sees them,
+// rounded to e4m3 per token or per 1x128 group (numerics/fp8_weights.h);
+// `x` itself when W is not fp8 or runs W8A16.
+const float* activations_for(const float* x, int64_t T, const MatrixRef& W, std::vector<float>& scratch) {
+  if (W.type != WeightType::f8_e4m3 || W.scales.compute != Fp8Compute::w8a8) return x;
+  scratch.assign(x, x + T * W.cols);
+  round_activations_e4m3(scratch.data(), T, W.cols, fp8_activation_group(W.scales.granularity, W.cols));
+  return scratch.data();
 }
 
 Tensor vector_tensor(const std::vector<float>& v) {
@@ -89,18 +105,19 @@ void CpuBackend::download(void* dst, const void* src, size_t bytes) {
 
 BackendWeights CpuBackend::upload_weights(std::shared_ptr<const ModelWeights> w) {
   BackendWeights b;
-  b.embed = matrix_tensor(w->embed);
-  b.output = matrix_tensor(w->output());
+  const Fp8Compute fc = w->fp8_compute;
+  b.embed = matrix_tensor(w->embed, fc);
+  b.output = matrix_tensor(w->output(), fc);
   b.final_norm = vector_tensor(w->final_norm);
   b.embed_scale = w->embed_scale;
   b.layers.reserve(w->layers.size());
   for (const LayerWeights& L : w->layers) {
     BackendLayerWeights o;
     o.input_norm = vector_tensor(L.input_norm);
-    o.q_proj = matrix_tensor(L.q_proj);
-    o.k_proj = matrix_tensor(L.k_proj);
-    o.v_proj = matrix_tensor(L.v_proj);
-    o.o_proj = matrix_tensor(L.o_proj);
+    o.q_proj = matrix_tensor(L.q_proj, fc);
+    o.k_proj = matrix_tensor(L.k_proj, fc);
+    o.v_proj = matrix_tensor(L.v_proj, fc);
+    o.o_proj = matrix_tensor(L.o_proj, fc);
     o.q_bias = vector_tensor(L.q_bias);
     o.k_bias = vector_tensor(L.k_bias);
     o.v_bias = vector_tensor(L.v_bias);
@@ -110,12 +127,13 @@ BackendWeights CpuBackend::upload_weights(std::shared_ptr<const ModelWeights> w)
     o.post_attention_norm = vector_tensor(L.post_attention_norm);
     o.pre_ffn_norm = vector_tensor(L.pre_ffn_norm);
     o.post_ffn_norm = vector_tensor(L.post_ffn_norm);
-    o.gate_proj = matrix_tensor(L.gate_proj);
-    o.up_proj = matrix_tensor(L.up_proj);
-    o.down_proj = matrix_tensor(L.down_proj);
+    o.gate_proj = matrix_tensor(L.gate_proj, fc);
+    o.up_proj = matrix_tensor(L.up_proj, fc);
+    o.down_proj = matrix_tensor(L.down_proj, fc);
     o.gate_bias = vector_tensor(L.gate_bias);
     o.up_bias = vector_tensor(L.up_bias);
     o.down_bias = vector_tensor(L.down_bias);
+    bind_linear_attention_weights(L, o);
     b.layers.push_back(o);
   }
   b.host_owner = std::move(w);
@@ -125,15 +143,25 @@ BackendWeights CpuBackend::upload_weights(std::shared_ptr<const ModelWeights> w)
 void CpuBackend::allocate_kv(const KvPlan& plan, const KvCacheLayout& layout) {
   layout_ = layout;
   map_ = kv_layer_map(plan, cfg_.num_layers);
+  allocate_state(plan.state);
   kv_storage_.clear();
-  const size_t bytes = layout.cache_bytes();
-  for (int i = 0; i < plan.group_size * 2; ++i) kv_storage_.push_back(alloc(bytes));
+  kv_scale_storage_.clear();
+  const size_t bytes = layout.cache_bytes(), scale_bytes = layout.scale_bytes();
+  for (int i = 0; i < plan.group_size * 2; ++i) {
+    kv_storage_.push_back(alloc(bytes));
+    if (scale_bytes > 0) kv_scale_storage_.push_back(alloc(scale_bytes));
+  }
 }
 
 KvLayerStorage CpuBackend::kv_layer(int layer) const {
   if (kv_storage_.empty()) throw std::logic_error("CpuBackend::kv_layer before allocate_kv");
   const size_t s = static_cast<size_t>(map_.slot.at(layer)) * 2;
-  return KvLayerStorage{layout_, kv_storage_[s].data(), kv_storage_[s + 1].data()};
+  KvLayerStorage st{layout_, kv_storage_[s].data(), kv_storage_[s + 1].data()};
+  if (!kv_scale_storage_.empty()) {
+    st.k_scale = static_cast<float*>(kv_scale_storage_[s].data());
+    st.v_scale = static_cast<float*>(kv_scale_storage_[s + 1].data());
+  }
+  return st;
 }
 
 void CpuBackend::begin_step(const StepBatch& b) {
@@ -163,8 +191,10 @@ void CpuBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, Te
   if (x.cols != w.cols || y.rows != x.rows || y.cols != w.rows)
     bad("linear", fmt::format("x {}, W {}, y {}", shape(x), shape(w), shape(y)));
   if (!bias.empty() && bias.numel() != w.rows) bad("linear", fmt::format("bias {} for W {}", shape(bias), shape(w)));
-  linear_cpu(f32(x, "linear", "x"), x.rows, matrix(w, "linear"), bias.empty() ? nullptr : f32(bias, "linear", "bias"),
-             f32(y, "linear", "y"));
+  const MatrixRef W = matrix(w, "linear");
+  std::vector<float> xq;
+  linear_cpu(activations_for(f32(x, "linear", "x"), x.rows, W, xq), x.rows, W,
+             bias.empty() ? nullptr : f32(bias, "linear", "bias"), f32(y, "linear", "y"));
 }
 
 void CpuBackend::rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) {
@@ -223,7 +253,8 @@ void CpuBackend::store_kv(const StepBatch& b, int layer, const Tensor& q, const 
   const int group = map_.group.at(layer);
   const KvLayerStorage st = kv_layer(layer);
   const LayerKvScales& sc = scales_.layers.at(layer);
-  store_kv_cpu(layout_, st.k_cache, st.v_cache, kp, vp, b.slot_mapping.at(group).data(), T, sc.k.ref(), sc.v.ref());
+  store_kv_cpu(layout_, st.k_cache, st.v_cache, kp, vp, b.slot_mapping.at(group).data(), T, sc.k.ref(), sc.v.ref(),
+               st.k_scale, st.v_scale);
 }
 
 void CpuBackend::attention(const StepBatch& b, int layer, const Tensor& q, Tensor& out) {
@@ -242,6 +273,8 @@ void CpuBackend::attention(const StepBatch& b, int layer, const Tensor& q, Tenso
   a.logit_softcap = cfg_.attn_logit_softcapping ? static_cast<float>(*cfg_.attn_logit_softcapping) : 0.0f;
   a.k_scale = sc.k.ref();
   a.v_scale = sc.v.ref();
+  a.k_scale_pth = st.k_scale;
+  a.v_scale_pth = st.v_scale;
   const float* qp = f32(q, "attention", "q");
   float* op = f32(out, "attention", "out");
   for (int s = 0; s < b.num_seqs; ++s) {
@@ -274,7 +307,9 @@ void CpuBackend::logits(const Tensor& hidden, std::span<const int32_t> rows, con
   float* y = f32(out, "logits", "out");
   // Each token's row is computed alone (fixed token tile, ops.cpp), so a
   // gathered row equals the same row in place.
-  linear_cpu(x, n, matrix(output, "logits"), nullptr, y);
+  const MatrixRef W = matrix(output, "logits");
+  std::vector<float> xq;
+  linear_cpu(activations_for(x, n, W, xq), n, W, nullptr, y);
   if (cfg_.final_logit_softcapping) {
     const float cap = static_cast<float>(*cfg_.final_logit_softcapping);
     const int64_t count = n * V;

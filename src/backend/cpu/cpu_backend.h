@@ -55,18 +55,33 @@ class CpuBackend final : public Backend {
   void logits(const Tensor& hidden, std::span<const int32_t> rows, const Tensor& output, Tensor& out) override;
   void sample(const Tensor& logits, std::span<const RowSampling> params, std::span<int32_t> host_ids) override;
 
+  // Qwen3.5 (cpu_backend_gdn.cpp, on the reference kernels of gdn.h).
+  void split_q_gate(const Tensor& qg, int head_dim, Tensor& q, Tensor& gate) override;
+  void mul_sigmoid(Tensor& x, const Tensor& gate) override;
+  void gated_delta_net(const StepBatch& batch, int layer, const BackendLayerWeights& w, const Tensor& qkv,
+                       const Tensor& z, const Tensor& b, const Tensor& a, float eps, Tensor& out) override;
+
  private:
   ModelConfig cfg_;
   RopeTable rope_full_, rope_sliding_;
   KvCacheLayout layout_;
   KvLayerMap map_;
   std::vector<DeviceBuffer> kv_storage_;  // [slot][k|v]
+  std::vector<DeviceBuffer> kv_scale_storage_;  // [slot][k|v] f32 scales; per-token-head dtypes only
   KvScales scales_;
   StoreObserver* observer_ = nullptr;
   const StepBatch* step_ = nullptr;
   // cos/sin of the step's positions: [T][rot_dim/2] each, full and sliding.
   std::vector<float> cos_full_, sin_full_, cos_sliding_, sin_sliding_;
   std::vector<float> gather_;  // logits rows gathered when not contiguous: [n][H]
+  // The state pool of the linear-attention layers (cpu_backend_gdn.cpp):
+  // per such layer i (state_index_[layer] = i, else -1) the conv states
+  // [slots][C][K-1] (state_.conv_dtype) and the recurrent states
+  // [slots][Hv][Dk][Dv] f32.
+  void allocate_state(const StatePlan& plan);
+  StatePlan state_;
+  std::vector<int> state_index_;
+  std::vector<DeviceBuffer> conv_state_, ssm_state_;
 };
 
 }  // namespace fp8kv

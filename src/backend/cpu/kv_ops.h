@@ -13,8 +13,13 @@ namespace fp8kv {
 // Writes num_tokens tokens of K and V ([T][num_kv_heads][head_dim], fp32)
 // into the caches at slot_mapping[t] (skipped when < 0). fp8 caches store
 // saturate(rne(x / scale)); bf16 caches store bf16(x) and ignore the scales.
+// Per-token-head dtypes ignore k_scale / v_scale: each (token, KV head) gets
+// s = per_token_head_scale(x) written to k_scale_pth / v_scale_pth at
+// layout.scale_offset(slot, head) (null for the other dtypes), and stores the
+// same saturating conversion of x / s.
 void store_kv_cpu(const KvCacheLayout& layout, void* k_cache, void* v_cache, const float* k, const float* v,
-                  const int64_t* slot_mapping, int num_tokens, ScaleRef k_scale, ScaleRef v_scale);
+                  const int64_t* slot_mapping, int num_tokens, ScaleRef k_scale, ScaleRef v_scale,
+                  float* k_scale_pth = nullptr, float* v_scale_pth = nullptr);
 
 struct PagedAttentionArgs {
   KvCacheLayout layout;
@@ -25,8 +30,11 @@ struct PagedAttentionArgs {
   int window = 0;                        // 0: full attention; else key j visible from i iff i - j < window
   float softmax_scale = 1.0f;
   float logit_softcap = 0.0f;            // 0: none; else s = cap * tanh(s / cap)
-  ScaleRef k_scale;                      // per tensor or per KV head (ignored for bf16)
+  ScaleRef k_scale;                      // per tensor or per KV head (ignored for bf16 and per-token-head)
   ScaleRef v_scale;
+  // Per-token-head dtypes: [num_blocks][block_size][num_kv_heads] f32 (layout.scale_offset).
+  const float* k_scale_pth = nullptr;
+  const float* v_scale_pth = nullptr;
   // Optional fp8 Q (the fp8-MMA kernel path): q is quantized to the cache's
   // fp8 format with q_scale, scores use softmax_scale * k_scale * q_scale.
   bool quantize_q = false;
@@ -37,7 +45,8 @@ struct PagedAttentionArgs {
 // q_pos[i]: absolute position of query i (keys at positions <= q_pos[i] are
 // visible, within the window). out: [num_q][num_heads][head_dim].
 // Scales are folded: scores use softmax_scale * k_scale, the output is
-// multiplied by v_scale once at the end.
+// multiplied by v_scale once at the end. Per-token-head: score_j = dot(q, kq_j)
+// * ks_j * softmax_scale (then the softcap), acc += (p_j * vs_j) * vq_j, l += p_j.
 void paged_attention_cpu(const PagedAttentionArgs& args, const float* q, const int32_t* q_pos, int num_q,
                          int num_heads, float* out);
 
