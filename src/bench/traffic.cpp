@@ -25,7 +25,9 @@ uint64_t decode_weight_bytes(const ModelConfig& c, int batch, int weight_elem_by
 }
 
 uint64_t decode_kv_bytes(const ModelConfig& c, KvDtype d, std::span<const int> contexts) {
-  const uint64_t per_token = 2ull * c.num_kv_heads * c.head_dim * (d == KvDtype::bf16 ? 2 : 1);
+  // Per-token-head dtypes also read each (token, KV head)'s f32 K and V scale.
+  const uint64_t per_token = 2ull * c.num_kv_heads *
+                             (static_cast<uint64_t>(c.head_dim) * kv_dtype_bytes(d) + (kv_dtype_per_token_head(d) ? 4 : 0));
   uint64_t tokens = 0;
   for (int l = 0; l < c.num_layers; ++l) {
     const int w = c.window_for_layer(l);

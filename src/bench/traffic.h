@@ -21,7 +21,8 @@ uint64_t streamed_weight_params(const ModelConfig& c);
 uint64_t decode_weight_bytes(const ModelConfig& c, int batch, int weight_elem_bytes = 2);
 
 // K and V read by one decode step; contexts[i] = tokens sequence i attends
-// over in a full-attention layer (its length including the new token).
+// over in a full-attention layer (its length including the new token); the
+// per-token-head dtypes' scales included.
 uint64_t decode_kv_bytes(const ModelConfig& c, KvDtype d, std::span<const int> contexts);
 
 }  // namespace fp8kv::bench

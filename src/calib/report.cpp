@@ -164,7 +164,8 @@ ReportScales parse_report_for_inject(const nlohmann::json& j, const std::string&
     } catch (const std::invalid_argument& e) {
       throw InputError(fmt::format("{}: target: {}", source, e.what()));
     }
-    if (!kv_dtype_is_fp8(r.target)) throw InputError(fmt::format("{}: target must be fp8_e4m3 or fp8_e5m2", source));
+    if (!kv_dtype_per_tensor_scaled(r.target))
+      throw InputError(fmt::format("{}: target must be fp8_e4m3 or fp8_e5m2", source));
   }
   if (j.contains("rule") && j["rule"].is_string()) r.rule = j["rule"].get<std::string>();
   if (!j.contains("layers") || !j["layers"].is_array())

@@ -51,7 +51,8 @@ float ceil_to_bf16(double x) {
 
 float ScaleRule::scale_for(float amax, KvDtype target) const {
   if (!std::isfinite(amax) || amax < 0.0f) throw std::invalid_argument("ScaleRule: amax must be finite and >= 0");
-  if (!kv_dtype_is_fp8(target)) throw std::invalid_argument("ScaleRule: the target must be an fp8 format");
+  if (!kv_dtype_per_tensor_scaled(target))
+    throw std::invalid_argument("ScaleRule: the target must be a per-tensor fp8 format (fp8_e4m3, fp8_e5m2)");
   if (amax == 0.0f) return 1.0f;
   const double M = kv_dtype_max(target);
   double s = 0.0;

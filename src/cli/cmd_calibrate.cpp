@@ -67,11 +67,19 @@ std::vector<std::vector<int>> read_token_ids(const std::string& path, int vocab)
 
 int run_calibrate(const CalibrateArgs& a) {
   if (a.corpus.empty() && a.corpus_ids.empty()) throw UsageError("calibrate: give --corpus FILE (or --corpus-ids-file IDS.json)");
-  check_output_file(a.output, "--output");  // before the (long) run
   CalibrateOptions o;
+  try {
+    o.target = parse_kv_dtype_flag(a.target, "--target");
+  } catch (const UsageError&) {  // list what --target takes, not every --kv-cache-dtype name
+    throw UsageError(fmt::format("--target '{}': expected fp8_e4m3 (or fp8) or fp8_e5m2", a.target));
+  }
+  if (kv_dtype_per_token_head(o.target))
+    throw UsageError(fmt::format("--target {}: calibration is not needed for a per-token-head KV cache (each token's K "
+                                 "and V heads are scaled when stored); run with --kv-cache-dtype {} directly",
+                                 kv_dtype_name(o.target), kv_dtype_name(o.target)));
+  if (!kv_dtype_per_tensor_scaled(o.target)) throw UsageError("--target: expected fp8_e4m3 or fp8_e5m2");
+  check_output_file(a.output, "--output");  // before the (long) run
   o.rule = ScaleRule::parse(a.rule);
-  o.target = parse_kv_dtype_flag(a.target, "--target");
-  if (!kv_dtype_is_fp8(o.target)) throw UsageError("--target: expected fp8_e4m3 or fp8_e5m2");
   o.per_head = a.per_head;
   if (a.max_corpus_tokens < 0) throw UsageError("--max-corpus-tokens: expected a positive number");
 

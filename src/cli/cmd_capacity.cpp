@@ -129,6 +129,7 @@ json plan_json(const KvPlan& p) {
       {"bytes_per_token", p.bytes_per_token},
       {"group_size", p.group_size},
       {"page_bytes", p.page_bytes},
+      {"page_scale_bytes", 2ull * static_cast<uint64_t>(p.group_size) * p.layer_scale_block_bytes},
       {"num_blocks", p.num_blocks},
       {"pool_bytes", p.pool_bytes()},
       {"blocks_per_request", p.blocks_per_request},
@@ -200,6 +201,10 @@ void print_text(const CapacityArgs& a, const ModelConfig& cfg, const KvBudget& b
   o += fmt::format("bytes per token per rank (all layers): {}\n", p.bytes_per_token);
   o += fmt::format("page: {} tokens x {} layers x K+V = {} bytes; pool: {} blocks ({})\n", p.block_size,
                    p.group_size, p.page_bytes, p.num_blocks, format_bytes(p.pool_bytes()));
+  if (p.layer_scale_block_bytes > 0)  // per-token-head dtypes: f32 scales beside the cache
+    o += fmt::format("  of which per-token-head scales: {} bytes a page ({:.4g}% of the KV values' bytes)\n",
+                     2ull * p.group_size * p.layer_scale_block_bytes,
+                     100.0 * static_cast<double>(p.layer_scale_block_bytes) / static_cast<double>(p.layer_block_bytes));
   using A = TextTable::Align;
   TextTable groups({{"group", 6, A::left}, {"type", 16, A::left}, {"layers", 7}, {"bytes/token", 14},
                     {"blocks/request", 16}, {"pool blocks held", 18}, {"pool tokens", 14}},

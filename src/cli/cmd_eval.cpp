@@ -166,18 +166,21 @@ struct KvStatsArgs {
 int run_kvstats_cmd(const KvStatsArgs& a) {
   if (!a.output.empty()) check_output_file(a.output, "--output");
   const KvDtype target = parse_kv_dtype_flag(a.target, "--target");
-  if (!kv_dtype_is_fp8(target)) throw UsageError("--target: expected fp8_e4m3 or fp8_e5m2");
+  if (target == KvDtype::bf16)
+    throw UsageError("--target: expected fp8_e4m3, fp8_e5m2, fp8_per_token_head or int8_per_token_head");
   EngineOptions eo = a.eng.options();
   eo.kv_cache_dtype = parse_kv_cache_dtype_flag(a.kv_cache_dtype);
   auto engine = Engine::load(a.model, eo);
   if (!engine) return 0;  // a multi-process follower: rank 0 did the work (Engine::load)
   const ModelConfig& cfg = engine->config();
   std::unique_ptr<KvScales> ck;
-  if (a.scales == "checkpoint") {
+  if (a.scales == "checkpoint" && !kv_dtype_per_token_head(target)) {  // a per-token-head target takes no scales
     eval::ArmSpec arm = eval::parse_arm("fp8");
     ck = std::make_unique<KvScales>(eval::arm_scales(arm, a.model, cfg));
   }
-  eval::KvStatsObserver obs(eval::kvstats_scales(a.scales, cfg.num_layers, ck.get()), target);
+  eval::KvStatsObserver obs(kv_dtype_per_token_head(target) ? KvScales::unity(cfg.num_layers)
+                                                             : eval::kvstats_scales(a.scales, cfg.num_layers, ck.get()),
+                            target);
   auto tok = try_tokenizer(a.eng.tokenizer_path(a.model), !a.text_files.empty());
   Docs docs = read_docs(a.model, a.text_files, a.ids_files, tok.get(), cfg.vocab_size);
   const int context = a.context > 0 ? a.context : std::min(engine->max_model_len(), 4096);
@@ -203,7 +206,7 @@ int run_kvstats_cmd(const KvStatsArgs& a) {
   json j = obs.to_json(cfg);
   j["fp8kv_version"] = version_string();
   j["model"] = a.model;
-  j["scales"] = a.scales;
+  j["scales"] = kv_dtype_per_token_head(target) ? std::string("per token head") : a.scales;
   j["kv_cache_dtype"] = std::string(engine->kv_dtype() == KvDtype::bf16 ? "bf16" : kv_dtype_name(engine->kv_dtype()));
   j["tokens"] = total;
   j["documents"] = docs.names;
@@ -300,7 +303,7 @@ const Registrar reg([](CLI::App& app) {
   k->add_option("--text-file", ka.text_files, "document (repeatable)");
   k->add_option("--token-ids-file", ka.ids_files, "JSON array of ids or of arrays (repeatable)");
   k->add_option("--scales", ka.scales, "unity | checkpoint | VALUE (every stream)");
-  k->add_option("--target", ka.target, "fp8_e4m3 | fp8_e5m2");
+  k->add_option("--target", ka.target, "fp8_e4m3 | fp8_e5m2 | fp8_per_token_head | int8_per_token_head");
   k->add_option("--context", ka.context, "tokens per chunk (default min(max_model_len, 4096))")->check(at_least(2));
   k->add_option("--kv-cache-dtype", ka.kv_cache_dtype, "cache the run itself uses (default bf16)");
   k->add_option("--output", ka.output, "STATS.json (else the stats go to stdout)");

@@ -22,7 +22,8 @@ using nlohmann::json;
 namespace {
 
 constexpr std::string_view kArmForms =
-    "bf16, fp8, fp8:unity, fp8:scales=DIR, fp8_e4m3[:unity|:scales=DIR], fp8_e5m2[:unity|:scales=DIR]";
+    "bf16, fp8, fp8:unity, fp8:scales=DIR, fp8_e4m3[:unity|:scales=DIR], fp8_e5m2[:unity|:scales=DIR], "
+    "fp8_per_token_head, int8_per_token_head";
 
 double finite(double x, std::string_view what) {
   if (!std::isfinite(x)) throw std::runtime_error(fmt::format("eval compare: non-finite {}", what));
@@ -52,6 +53,14 @@ ArmSpec parse_arm(std::string_view spec) {
     if (colon != std::string_view::npos)
       throw InputError(fmt::format("arm '{}': bf16 takes no scale option (accepted: {})", spec, kArmForms));
     a.dtype = KvDtype::bf16;
+    return a;
+  }
+  if (base == "fp8_per_token_head" || base == "int8_per_token_head") {
+    if (colon != std::string_view::npos)
+      throw InputError(fmt::format("arm '{}': {} takes no scale option: its scales are per token head, made at store "
+                                   "(accepted: {})",
+                                   spec, base, kArmForms));
+    a.dtype = base == "int8_per_token_head" ? KvDtype::int8_pth : KvDtype::fp8_e4m3_pth;
     return a;
   }
   if (base == "fp8" || base == "fp8_e4m3") a.dtype = KvDtype::fp8_e4m3;
@@ -85,7 +94,8 @@ std::vector<ArmSpec> parse_arms(std::string_view csv) {
 
 KvScales arm_scales(const ArmSpec& arm, const fs::path& model_dir, const ModelConfig& cfg) {
   const KvScaleShape shape{cfg.num_layers, cfg.num_heads, cfg.num_kv_heads};
-  if (arm.dtype == KvDtype::bf16 || arm.scales == ArmSpec::Scales::unity) return KvScales::unity(cfg.num_layers);
+  if (!kv_dtype_per_tensor_scaled(arm.dtype) || arm.scales == ArmSpec::Scales::unity)
+    return KvScales::unity(cfg.num_layers);  // bf16 and the per-token-head dtypes take no KvScales
   const fs::path dir = arm.scales == ArmSpec::Scales::dir ? arm.scales_dir : model_dir;
   if (arm.scales == ArmSpec::Scales::dir && fs::exists(dir / "config.json")) {
     const ModelConfig other = load_model_config(dir);
@@ -428,7 +438,8 @@ json run_compare(const CompareInput& in, const CompareProgress& progress) {
     for (auto& j : arms) {
       if (j["name"] != in.arms[a].name) continue;
       j["kv_cache_dtype"] = std::string(kv_dtype_name(in.arms[a].dtype));
-      j["scales"] = in.arms[a].dtype == KvDtype::bf16             ? "none"
+      j["scales"] = in.arms[a].dtype == KvDtype::bf16               ? "none"
+                    : kv_dtype_per_token_head(in.arms[a].dtype)     ? "per token head"
                     : in.arms[a].scales == ArmSpec::Scales::unity ? "unity"
                     : in.arms[a].scales == ArmSpec::Scales::dir   ? "dir:" + in.arms[a].scales_dir.string()
                                                                   : "checkpoint";

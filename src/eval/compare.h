@@ -28,7 +28,8 @@ namespace fp8kv::eval {
 
 // One KV configuration: bf16 | fp8 (= fp8_e4m3, checkpoint scales where
 // present) | fp8:unity | fp8:scales=DIR | fp8_e5m2 (checkpoint scales where
-// present; fp8_e5m2:unity and fp8_e5m2:scales=DIR also accepted).
+// present; fp8_e5m2:unity and fp8_e5m2:scales=DIR also accepted) |
+// fp8_per_token_head | int8_per_token_head (no scale option).
 struct ArmSpec {
   enum class Scales { checkpoint, unity, dir };
   std::string name;  // as written
@@ -41,7 +42,7 @@ ArmSpec parse_arm(std::string_view spec);
 // Comma-separated, at least one, names unique, "control" reserved.
 std::vector<ArmSpec> parse_arms(std::string_view csv);
 
-// The scales an arm runs with (bf16: unity; fp8:unity: unity; fp8: the model
+// The scales an arm runs with (bf16, per-token-head: unity; fp8:unity: unity; fp8: the model
 // checkpoint's; fp8:scales=DIR: DIR's, which must have the same layer and
 // head counts).
 KvScales arm_scales(const ArmSpec& arm, const std::filesystem::path& model_dir, const ModelConfig& cfg);

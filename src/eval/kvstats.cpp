@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <stdexcept>
 
@@ -31,10 +33,26 @@ nlohmann::json stream_json(const KvStreamStats& s, const std::string& what) {
           {"flushed", s.quant.flushed},
           {"nonfinite", s.quant.nonfinite}};
 }
+
+// Per-token-head targets: the scale range of K and V (Q: null, not stored).
+void add_scale_range(nlohmann::json& j, const KvStreamStats& s, bool pth) {
+  if (!pth) return;
+  if (s.scales == 0) {
+    j["scale_min"] = j["scale_max"] = nullptr;
+    return;
+  }
+  j["scale_min"] = s.scale_min;
+  j["scale_max"] = s.scale_max;
+  j["scales_at_floor"] = s.scales_at_floor;
+}
 }  // namespace
 
 void KvStreamStats::merge(const KvStreamStats& o) {
   quant.merge(o.quant);
+  scale_min = std::min(scale_min, o.scale_min);
+  scale_max = std::max(scale_max, o.scale_max);
+  scales += o.scales;
+  scales_at_floor += o.scales_at_floor;
   if (o.range.hist.empty()) return;
   if (range.hist.empty()) {
     range = o.range;
@@ -50,7 +68,8 @@ void KvStreamStats::merge(const KvStreamStats& o) {
 
 KvStatsObserver::KvStatsObserver(KvScales scales, KvDtype target)
     : scales_(std::move(scales)), target_(target), layers_(scales_.layers.size()), tokens_(scales_.layers.size(), 0) {
-  if (!kv_dtype_is_fp8(target)) throw InputError("--target: expected fp8_e4m3 or fp8_e5m2");
+  if (target == KvDtype::bf16)
+    throw InputError("--target: expected fp8_e4m3, fp8_e5m2, fp8_per_token_head or int8_per_token_head");
 }
 
 void KvStatsObserver::observe(int layer, const float* q, int num_q_heads, const float* k, const float* v,
@@ -64,6 +83,21 @@ void KvStatsObserver::observe(int layer, const float* q, int num_q_heads, const 
     if (!ptr[s]) continue;
     KvStreamStats& st = layers_[static_cast<size_t>(layer)][static_cast<size_t>(s)];
     st.range.add(ptr[s], num_tokens, heads[s], head_dim);
+    if (kv_dtype_per_token_head(target_)) {
+      if (s == 0) continue;  // Q is not stored
+      for (int t = 0; t < num_tokens; ++t)
+        for (int h = 0; h < heads[s]; ++h) {
+          const std::span<const float> x(ptr[s] + (static_cast<size_t>(t) * heads[s] + h) * head_dim,
+                                         static_cast<size_t>(head_dim));
+          const float sc = per_token_head_scale(x, target_);
+          st.quant.add(x, sc, target_);
+          st.scale_min = std::min(st.scale_min, sc);
+          st.scale_max = std::max(st.scale_max, sc);
+          ++st.scales;
+          if (sc == FLT_MIN) ++st.scales_at_floor;
+        }
+      continue;
+    }
     const StreamScale& sc = stream_scale(scales_.layers[static_cast<size_t>(layer)], s);
     if (sc.values.size() != 1 && static_cast<int>(sc.values.size()) != heads[s])
       throw std::invalid_argument(fmt::format("kvstats: layer {} {} scale has {} values for {} heads", layer,
@@ -99,6 +133,7 @@ nlohmann::json KvStatsObserver::to_json(const ModelConfig& cfg) const {
         if (cfg.layer_types[static_cast<size_t>(l)] == type)
           worst = std::max(worst, layers_[static_cast<size_t>(l)][static_cast<size_t>(s)].quant.clip_frac());
       j["clip_frac_worst_layer"] = worst;
+      add_scale_range(j, pool, kv_dtype_per_token_head(target_));
       pooled.push_back(j);
     }
   }
@@ -109,7 +144,8 @@ nlohmann::json KvStatsObserver::to_json(const ModelConfig& cfg) const {
       j["layer"] = l;
       j["type"] = std::string(layer_type_name(cfg.layer_types[static_cast<size_t>(l)]));
       j["stream"] = kStreams[s];
-      j["scale"] = stream_scale(scales_.layers[static_cast<size_t>(l)], s).values;
+      if (kv_dtype_per_token_head(target_)) add_scale_range(j, st, true);
+      else j["scale"] = stream_scale(scales_.layers[static_cast<size_t>(l)], s).values;
       layers.push_back(j);
     }
   }
@@ -119,13 +155,26 @@ nlohmann::json KvStatsObserver::to_json(const ModelConfig& cfg) const {
 std::string KvStatsObserver::table(const ModelConfig& cfg) const {
   const auto j = to_json(cfg);
   using A = TextTable::Align;
-  TextTable t({{"layer", 6, A::left}, {"type", 18, A::left}, {"stream", 6, A::left}, {"amax", 11}, {"p99.99", 11},
-               {"clip", 10}, {"flush", 10}, {"rt_err", 9}});
+  const bool pth = kv_dtype_per_token_head(target_);
+  std::vector<TextTable::Column> cols = {{"layer", 6, A::left}, {"type", 18, A::left}, {"stream", 6, A::left},
+                                         {"amax", 11}, {"p99.99", 11}, {"clip", 10}, {"flush", 10}, {"rt_err", 9}};
+  if (pth) {
+    cols.push_back({"scale min", 11});
+    cols.push_back({"scale max", 11});
+  }
+  TextTable t(cols);
   auto row = [&](const std::string& layer, const nlohmann::json& r) {
-    t.add_row({layer, r["type"].get<std::string>(), r["stream"].get<std::string>(),
-               fmt::format("{:.4g}", r["amax"].get<double>()), fmt::format("{:.4g}", r["p9999"].get<double>()),
-               fmt::format("{:.3g}", r["clip_frac"].get<double>()), fmt::format("{:.3g}", r["flush_frac"].get<double>()),
-               fmt::format("{:.3f}%", 100.0 * r["rt_err"].get<double>())});
+    std::vector<std::string> cells = {
+        layer, r["type"].get<std::string>(), r["stream"].get<std::string>(),
+        fmt::format("{:.4g}", r["amax"].get<double>()), fmt::format("{:.4g}", r["p9999"].get<double>()),
+        fmt::format("{:.3g}", r["clip_frac"].get<double>()), fmt::format("{:.3g}", r["flush_frac"].get<double>()),
+        fmt::format("{:.3f}%", 100.0 * r["rt_err"].get<double>())};
+    if (pth) {
+      const bool has = !r["scale_min"].is_null();
+      cells.push_back(has ? fmt::format("{:.4g}", r["scale_min"].get<double>()) : "-");
+      cells.push_back(has ? fmt::format("{:.4g}", r["scale_max"].get<double>()) : "-");
+    }
+    t.add_row(cells);
   };
   for (const auto& r : j["layers"]) row(std::to_string(r["layer"].get<int>()), r);
   for (const auto& r : j["pooled"]) row("pool", r);

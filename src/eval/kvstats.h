@@ -5,6 +5,7 @@
 // by layer type (HF vocabulary: sliding_attention / full_attention).
 #pragma once
 #include <array>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -21,12 +22,19 @@ namespace fp8kv::eval {
 struct KvStreamStats {
   StreamStats range;  // amax, histogram for p99.99 (calib/observer.h: bf16 bins, <= 0.79% above)
   QuantStats quant;   // clip / flush / rt error at the scale
+  // Per-token-head targets (K and V): the range of the per-token-head scales
+  // and how many were at the floor FLT_MIN (zero or denormal vectors).
+  float scale_min = INFINITY, scale_max = 0.0f;
+  uint64_t scales = 0, scales_at_floor = 0;
   void merge(const KvStreamStats& o);
 };
 
 class KvStatsObserver : public StoreObserver {
  public:
   // scales: one entry per layer (per tensor or per head); target: fp8 format.
+  // A per-token-head target (fp8_per_token_head, int8_per_token_head) ignores
+  // the scales: K and V get each (token, KV head)'s scale by the store's rule
+  // (per_token_head_scale); Q is not quantized (range only).
   KvStatsObserver(KvScales scales, KvDtype target);
   void observe(int layer, const float* q, int num_q_heads, const float* k, const float* v, int num_kv_heads,
                int head_dim, int num_tokens) override;

@@ -172,15 +172,23 @@ KvPlan plan_structure(const ModelConfig& cfg, const KvPlanSettings& s) {
   const Factor dim{"head_dim", u(cfg.head_dim)};
   const Factor dbytes{fmt::format("{} bytes per value", kv_dtype_name(s.dtype)), u(kv_dtype_bytes(s.dtype))};
   const Factor block{"--block-size", u(s.block_size)};
-  const uint64_t token_layer_bytes = checked_product("KV bytes per token per layer", {heads, dim, dbytes});
+  // Per-token-head dtypes: one f32 scale per (token, KV head) of K and of V
+  // beside the cache (KvCacheLayout::scale_block_bytes).
+  const Factor sbytes{fmt::format("{} scale bytes per token head", kv_dtype_name(s.dtype)),
+                      kv_dtype_per_token_head(s.dtype) ? u(sizeof(float)) : 0};
+  const uint64_t token_layer_bytes = checked_product("KV bytes per token per layer", {heads, dim, dbytes}) +
+                                     checked_product("KV scale bytes per token per layer", {heads, sbytes});
   p.layer_block_bytes = checked_product("KV bytes per layer block", {block, heads, dim, dbytes});
-  p.bytes_per_token = checked_product("KV bytes per token",
-                                      {{"K and V", 2}, {"num_hidden_layers", u(cfg.num_layers)}, heads, dim, dbytes});
+  p.layer_scale_block_bytes = checked_product("KV scale bytes per layer block", {block, heads, sbytes});
+  p.bytes_per_token = checked_product(
+      "KV bytes per token", {{"K and V", 2}, {"num_hidden_layers", u(cfg.num_layers)}, {"bytes per layer", token_layer_bytes}});
 
   const auto types = layers_by_type(cfg);
   p.group_size = choose_group_size(types);
   p.page_bytes = checked_product("KV page size (bytes of one block)",
-                                 {block, {"K and V", 2}, {"layers per KV group", u(p.group_size)}, heads, dim, dbytes});
+                                 {{"K and V", 2},
+                                  {"layers per KV group", u(p.group_size)},
+                                  {"bytes of one layer block with its scales", p.layer_block_bytes + p.layer_scale_block_bytes}});
   for (const auto& t : types) {
     // Each type split into cdiv(n, group_size) groups, layer i of the type
     // going to group i % num_groups (vLLM: layers[i::num_groups]); groups

@@ -1,5 +1,6 @@
 #include "kv/scale_loader.h"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -235,7 +236,7 @@ std::string layer_list(const std::vector<int>& layers) {
 }  // namespace
 
 std::optional<std::string> kv_scale_coverage_warning(const KvScaleCoverage& cov, KvDtype cache_dtype) {
-  if (!kv_dtype_is_fp8(cache_dtype) || cov.v_missing.empty()) return std::nullopt;
+  if (!kv_dtype_per_tensor_scaled(cache_dtype) || cov.v_missing.empty()) return std::nullopt;
   return fmt::format(
       "fp8 KV cache ({}): the checkpoint provides v_scale for {} of {} quantized layers; {} layer(s) run at "
       "v_scale 1.0 (layers {}). V is not normalized, so |V| beyond {} clips at the fp8 maximum in those layers "
@@ -247,6 +248,14 @@ std::optional<std::string> kv_scale_coverage_warning(const KvScaleCoverage& cov,
 KvScales load_kv_scales_for_run(const Checkpoint& ckpt, const KvScaleShape& shape, KvDtype cache_dtype) {
   std::vector<std::string> warnings;
   KvScales s = load_kv_scales(ckpt, shape, &warnings);
+  if (kv_dtype_per_token_head(cache_dtype)) {
+    const KvScaleCoverage cov = kv_scale_coverage(s);
+    if (cov.k_present() + cov.v_present() + cov.q_present() > 0)
+      std::fprintf(stderr, "note: %s KV cache: the checkpoint's KV scales (%d layer(s)) are ignored; each token's K and V "
+                   "heads are scaled when stored\n", std::string(kv_dtype_name(cache_dtype)).c_str(),
+                   std::max({cov.k_present(), cov.v_present(), cov.q_present()}));
+    return KvScales::unity(shape.num_layers);
+  }
   for (const auto& w : warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
   if (auto w = kv_scale_coverage_warning(kv_scale_coverage(s), cache_dtype))
     std::fprintf(stderr, "warning: %s\n", w->c_str());

@@ -14,6 +14,19 @@ float amax(std::span<const float> x) {
   return m;
 }
 
+namespace {
+// Per tensor: |x / s| beyond the max finite M. Per token head, where the peak
+// maps to M up to the f32 rounding of amax / (amax / M): where saturation
+// changes the stored value, i.e. round-to-nearest-even alone would exceed M
+// (e4m3: |y| > 464, half the top step 32 above 448; int8: |y| >= 127.5).
+bool saturates(float scaled, KvDtype d, float maxv) {
+  const float a = std::fabs(scaled);
+  if (d == KvDtype::fp8_e4m3_pth) return a > 464.0f;
+  if (d == KvDtype::int8_pth) return a >= 127.5f;
+  return a > maxv;
+}
+}  // namespace
+
 void QuantStats::add(std::span<const float> x, float scale, KvDtype d) {
   const float maxv = kv_dtype_max(d);
   for (float v : x) {
@@ -22,7 +35,7 @@ void QuantStats::add(std::span<const float> x, float scale, KvDtype d) {
     const double a = std::fabs(static_cast<double>(v));
     amax = std::max(amax, a);
     const float scaled = d == KvDtype::bf16 ? v : v / scale;
-    if (std::fabs(scaled) > maxv) ++clipped;
+    if (saturates(scaled, d, maxv)) ++clipped;
     const float r = roundtrip(v, scale, d);
     if (v != 0.0f && r == 0.0f) ++flushed;
     const double e = static_cast<double>(v) - static_cast<double>(r);

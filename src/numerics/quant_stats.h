@@ -14,7 +14,8 @@ struct QuantStats {
   double amax = 0.0;           // max |x| over finite x
   uint64_t count = 0;          // values seen
   uint64_t nonfinite = 0;      // NaN or inf inputs
-  uint64_t clipped = 0;        // |x / s| beyond the format's max finite
+  uint64_t clipped = 0;        // |x / s| beyond the format's max finite (per-token-head dtypes: where
+                               // saturation changes the stored value, quant_stats.cpp)
   uint64_t flushed = 0;        // x != 0 but quantizes to (+-)0
   double sum_sq = 0.0;         // sum x^2
   double sum_sq_err = 0.0;     // sum (x - deq(q(x)))^2
