@@ -60,6 +60,9 @@ struct StepBatch {
   // only on one rank).
   std::vector<int32_t> sample_rows;
   std::vector<RowSampling> sample_params;
+  // Linear-attention models (kv/state_plan.h; empty otherwise): each
+  // sequence's slot in the state pool [S] (the KV sequence handle).
+  std::vector<int32_t> state_slots;
 
   int query_len(int s) const { return query_start[s + 1] - query_start[s]; }
   const int32_t* block_table(int group, int s) const {

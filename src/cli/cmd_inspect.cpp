@@ -27,10 +27,13 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-// Tensors of a multimodal checkpoint that the text engine does not use.
+// Tensors of a multimodal checkpoint that the text engine does not use
+// (Gemma 3's vision tower and projector; Qwen3.5's vision tower
+// model.visual.* and its multi-token-prediction head mtp.*, which
+// transformers does not load either).
 bool is_non_text_tensor(const std::string& name) {
   for (const char* p : {"vision_tower.", "multi_modal_projector.", "model.vision_tower.",
-                        "model.multi_modal_projector."})
+                        "model.multi_modal_projector.", "model.visual.", "mtp."})
     if (name.rfind(p, 0) == 0) return true;
   return false;
 }
@@ -87,7 +90,9 @@ int run_inspect(const std::string& model_dir, bool json_out, bool values) {
   std::vector<std::string> unexpected;
   int non_text = 0;
   for (const auto& n : unexpected_all) {
-    if (cfg.architecture == "Gemma3ForConditionalGeneration" && is_non_text_tensor(n)) ++non_text;
+    if ((cfg.architecture == "Gemma3ForConditionalGeneration" || cfg.family == ModelFamily::qwen3_5) &&
+        is_non_text_tensor(n))
+      ++non_text;
     else unexpected.push_back(n);
   }
   if (!unexpected.empty()) {
@@ -109,7 +114,7 @@ int run_inspect(const std::string& model_dir, bool json_out, bool values) {
 
   const Summary sum = summarize(cfg, *ckpt, naming);
   // K + V, every attention layer, one token.
-  const uint64_t kv_elems = 2ull * static_cast<uint64_t>(cfg.num_layers) * cfg.num_kv_heads * cfg.head_dim;
+  const uint64_t kv_elems = 2ull * static_cast<uint64_t>(cfg.num_attention_layers()) * cfg.num_kv_heads * cfg.head_dim;
   std::vector<std::string> layer_types;
   for (auto t : cfg.layer_types) layer_types.emplace_back(layer_type_name(t));
 
@@ -193,7 +198,9 @@ int run_inspect(const std::string& model_dir, bool json_out, bool values) {
       out += fmt::format("  layer {:>3}:       k {}  v {}  q {}\n", l, fmt_scale(scales.layers[l].k),
                          fmt_scale(scales.layers[l].v), fmt_scale(scales.layers[l].q));
   }
-  if (non_text) out += fmt::format("non-text tensors: {} (vision tower / projector, not loaded)\n", non_text);
+  if (non_text)
+    out += fmt::format("non-text tensors: {} (vision tower / projector{}, not loaded: the text model only)\n", non_text,
+                       cfg.family == ModelFamily::qwen3_5 ? " / MTP head" : "");
   out += values ? "values:           every floating-point tensor scanned: no NaN or inf\n"
                 : "values:           not scanned (names, dtypes and shapes only; --check-values scans for NaN/inf)\n";
   out += fmt::format("fp8kv:            {}\n", version_string());

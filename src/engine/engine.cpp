@@ -149,10 +149,19 @@ class EngineImpl final : public Engine {
     lim.max_num_batched_tokens = o.max_num_batched_tokens;
     lim.max_model_len = plan_.max_model_len;
     sched_ = std::make_unique<Scheduler>(*kv_, lim, cfg_.eos_token_ids);
-    kv_->set_prefix_caching(o.enable_prefix_caching);
+    kv_->set_prefix_caching(prefix_caching_on(o.enable_prefix_caching));
+    if (o.enable_prefix_caching && !plan_.state.empty())
+      engine_log()->info("prefix caching is off for {}: its linear_attention layers keep a per-sequence state that "
+                         "is not snapshotted at block boundaries yet, so every prompt is prefilled in full",
+                         cfg_.architecture);
     ph_kv.done();
     engine_log()->info("{}", kv_plan_log_line(plan_));
   }
+
+  // Prefix caching needs every layer's state at a block boundary: models
+  // with a state pool (linear_attention layers) run without it for now
+  // (docs/design.md "Qwen3.5 hybrids").
+  bool prefix_caching_on(bool requested) const { return requested && plan_.state.empty(); }
 
   // --kv-memory when given; on a GPU, --gpu-memory-utilization (vLLM's
   // meaning: that fraction of total memory, minus what the weights and the
@@ -210,7 +219,7 @@ class EngineImpl final : public Engine {
   void follow() { runner_->follow(); }
   void set_store_observer(StoreObserver* o) override {
     runner_->set_store_observer(o);
-    kv_->set_prefix_caching(opts_.enable_prefix_caching && o == nullptr);  // the observer sees every token
+    kv_->set_prefix_caching(prefix_caching_on(opts_.enable_prefix_caching) && o == nullptr);  // the observer sees every token
   }
   int64_t free_kv_blocks() const override { return kv_->num_free_blocks(); }
   int64_t num_preemptions() const override { return sched_->num_preemptions(); }
@@ -484,10 +493,25 @@ std::shared_ptr<const ModelWeights> maybe_widen(std::shared_ptr<const ModelWeigh
 }
 }  // namespace
 
+namespace {
+// Qwen3.5's Gated DeltaNet layers have a CPU reference only, on one rank.
+void check_qwen3_5_support(const ModelConfig& cfg, bool cpu, int tp) {
+  if (!cfg.gdn) return;
+  if (!cpu)
+    throw InputError(fmt::format("--backend: {} ({}) has Gated DeltaNet (linear_attention) layers, which run on "
+                                 "--backend cpu for now (no CUDA kernels yet)",
+                                 cfg.architecture, cfg.model_type));
+  if (tp > 1)
+    throw InputError(fmt::format("--tensor-parallel-size {}: {} ({}) runs on one rank for now", tp, cfg.architecture,
+                                 cfg.model_type));
+}
+}  // namespace
+
 std::unique_ptr<Engine> Engine::create(ModelConfig cfg, std::shared_ptr<const ModelWeights> weights,
                                        const EngineOptions& opts) {
   const KvDtype d = opts.kv_cache_dtype.dtype.value_or(KvDtype::bf16);
   const bool cpu = resolve_backend_name(opts.backend) == "cpu";
+  check_qwen3_5_support(cfg, cpu, opts.tensor_parallel_size);
   return std::make_unique<EngineImpl>(std::move(cfg), cpu ? maybe_widen(std::move(weights)) : std::move(weights),
                                       opts, d);
 }
@@ -522,6 +546,7 @@ std::unique_ptr<Engine> load_engine(const std::filesystem::path& dir, const Engi
   // backend uploads bf16, so widening would only cost host time and memory
   // (an 8B model: 32 GB written, then converted back at upload).
   const bool cpu = require_backend(opts.backend) == "cpu";
+  check_qwen3_5_support(cfg, cpu, opts.tensor_parallel_size);
   auto widen = [&](std::shared_ptr<const ModelWeights> w) {
     if (!cpu) return w;
     StartupPhase ph("widen bf16 -> fp32 (cpu backend)");

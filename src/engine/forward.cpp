@@ -28,6 +28,19 @@ RunState::RunState(Backend& be, const ModelConfig& cfg, int max_t, int max_rows,
   gate = be.alloc(T * I * a * (fused ? 2 : 1));
   up = be.alloc(T * I * (fused ? 2 : a));
   if (fused) qkv = be.alloc(T * (Q + 2 * KV) * a);
+  if (cfg.gdn) {
+    const size_t C = static_cast<size_t>(cfg.gdn->conv_dim()), VD = static_cast<size_t>(cfg.gdn->value_dim()),
+                 Hv = static_cast<size_t>(cfg.gdn->num_v_heads);
+    lin_qkv = be.alloc(T * C * a);
+    lin_z = be.alloc(T * VD * a);
+    lin_b = be.alloc(T * Hv * a);
+    lin_a = be.alloc(T * Hv * a);
+    lin_out = be.alloc(T * VD * a);
+  }
+  if (cfg.attn_output_gate) {
+    q_gate = be.alloc(T * 2 * Q * a);
+    attn_gate = be.alloc(T * Q * a);
+  }
   logits = be.alloc(static_cast<size_t>(max_rows) * cfg.vocab_size * 4);
 }
 
@@ -126,9 +139,24 @@ void ForwardPass::run(const StepBatch& b, RunState& rs) {
     st.up = rs.up.view(a, T, I);
   }
 
+  if (cfg_.gdn) {
+    const int64_t C = cfg_.gdn->conv_dim(), VD = cfg_.gdn->value_dim(), Hv = cfg_.gdn->num_v_heads;
+    st.lin_qkv = rs.lin_qkv.view(a, T, C);
+    st.lin_z = rs.lin_z.view(a, T, VD);
+    st.lin_b = rs.lin_b.view(a, T, Hv);
+    st.lin_a = rs.lin_a.view(a, T, Hv);
+    st.lin_out = rs.lin_out.view(a, T, VD);
+  }
+  if (cfg_.attn_output_gate) {
+    st.q_gate = rs.q_gate.view(a, T, 2 * Q);
+    st.attn_gate = rs.attn_gate.view(a, T, Q);
+  }
+
   be_.embedding(w_.embed, w_.embed_scale, st.h);
   for (int l = 0; l < cfg_.num_layers; ++l) {
-    if (cfg_.sandwich_norms)
+    if (cfg_.family == ModelFamily::qwen3_5)
+      qwen3_5_layer(l, st);
+    else if (cfg_.sandwich_norms)
       gemma3_layer(l, st);
     else
       llama_layer(l, st);

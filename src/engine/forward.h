@@ -1,7 +1,7 @@
 // The forward pass: one implementation for every family, built from shared
 // builders (norm, attention, MLP) with a small per-family layer recipe
 // (family_llama.cpp: pre-norm llama/mistral/qwen2/qwen3; family_gemma3.cpp:
-// sandwich norms). It calls the Backend interface only (backend/backend.h),
+// sandwich norms; family_qwen3_5.cpp: Gated DeltaNet + gated attention). It calls the Backend interface only (backend/backend.h),
 // so the same graph runs on the CPU reference and on the GPU.
 //
 // A step runs several sequences at once (a StepBatch): their new tokens are
@@ -39,6 +39,13 @@ struct RunState {
   DeviceBuffer gate;    // [T][I] act: gate projection, then act(gate) * up
   DeviceBuffer up;      // [T][I] act (fused: bf16)
   DeviceBuffer qkv;     // [T][(Hq+2Hkv)*D] act, fused only
+  // qwen3_5 only (C = conv channels, VD = Hv*Dv, GatedDeltaNetConfig):
+  DeviceBuffer lin_qkv;    // [T][C] act: in_proj_qkv's output
+  DeviceBuffer lin_z;      // [T][VD] act: in_proj_z's output (the norm's gate)
+  DeviceBuffer lin_b, lin_a;  // [T][Hv] act
+  DeviceBuffer lin_out;    // [T][VD] act: the token mixer's output (out_proj's input)
+  DeviceBuffer q_gate;     // [T][2*Hq*D] act: q_proj's output with the output gate
+  DeviceBuffer attn_gate;  // [T][Hq*D] act: the output gate
   DeviceBuffer logits;  // [max_logits_rows][V] f32
 };
 
@@ -60,6 +67,11 @@ class ForwardPass {
   struct Step;  // per-run views of the RunState
   void llama_layer(int layer, Step& st);
   void gemma3_layer(int layer, Step& st);
+  void qwen3_5_layer(int layer, Step& st);
+  // qwen3_5 token mixers: x (normed) -> the input of the residual projection
+  // (out_proj / o_proj), returned.
+  const Tensor& gated_delta_net(int layer, Step& st);
+  const Tensor& gated_attention(int layer, Step& st);
   // The first norm of a layer: h (layer 0) or h += tmp (the previous layer's
   // MLP output), then x = norm(h).
   void residual_norm(int layer, const Tensor& w, Step& st);
@@ -85,6 +97,7 @@ struct ForwardPass::Step {
   int T = 0;
   Tensor h, x, tmp, q, k, v, attn, gate, up;
   Tensor qkv, gate_up, act_bf16;  // fused projections only
+  Tensor lin_qkv, lin_z, lin_b, lin_a, lin_out, q_gate, attn_gate;  // qwen3_5 only
 };
 
 // The gated activation of a config's hidden_act; InputError when unsupported.

@@ -125,6 +125,9 @@ void ModelRunner::build_batch(const SchedulerOutput& out) {
   b.query_start.assign(1, 0);
   b.context_lens.resize(S);
   b.is_decode.resize(S);
+  // Linear-attention models: a sequence's state slot is its KV handle (at
+  // most max_num_seqs live, kv/state_plan.h).
+  b.state_slots.assign(kv.plan().state.empty() ? 0 : S, -1);
   b.slot_mapping.resize(G);
   b.block_tables.resize(G);
   int max_blocks = 1;
@@ -148,6 +151,11 @@ void ModelRunner::build_batch(const SchedulerOutput& out) {
     b.query_start.push_back(t);
     b.context_lens[i] = s.start + s.num_tokens;
     b.is_decode[i] = s.num_tokens == 1;
+    if (!b.state_slots.empty()) {
+      if (r.kv < 0 || r.kv >= kv.plan().state.num_slots)
+        throw std::logic_error("ModelRunner: a KV handle outside the state pool (more live sequences than max_num_seqs)");
+      b.state_slots[i] = r.kv;
+    }
     b.max_query_len = std::max(b.max_query_len, s.num_tokens);
     b.max_context_len = std::max(b.max_context_len, b.context_lens[i]);
     for (int g = 0; g < G; ++g) {

@@ -23,7 +23,8 @@ KvLayerMap kv_layer_map(const KvPlan& plan, int num_layers) {
     }
   }
   for (int l = 0; l < num_layers; ++l)
-    if (m.group[l] < 0) throw std::logic_error("KvCacheManager: layer " + std::to_string(l) + " is in no KV group");
+    if (m.group[l] < 0 && std::find(plan.state.layers.begin(), plan.state.layers.end(), l) == plan.state.layers.end())
+      throw std::logic_error("KvCacheManager: layer " + std::to_string(l) + " is in no KV group");
   return m;
 }
 

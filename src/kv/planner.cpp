@@ -110,6 +110,7 @@ void check_settings(const KvPlanSettings& s) {
 std::vector<TypeLayers> layers_by_type(const ModelConfig& cfg) {
   std::vector<TypeLayers> types;
   for (int i = 0; i < cfg.num_layers; ++i) {
+    if (cfg.layer_types[static_cast<size_t>(i)] == LayerType::linear_attention) continue;  // state pool, no KV
     const int w = cfg.window_for_layer(i);
     auto it = std::find_if(types.begin(), types.end(), [&](const TypeLayers& t) { return t.window == w; });
     if (it == types.end()) {
@@ -184,6 +185,7 @@ KvPlan plan_structure(const ModelConfig& cfg, const KvPlanSettings& s) {
       "KV bytes per token", {{"K and V", 2}, {"num_hidden_layers", u(cfg.num_layers)}, {"bytes per layer", token_layer_bytes}});
 
   const auto types = layers_by_type(cfg);
+  if (types.empty()) throw InputError("model config: no attention layer (every layer is linear_attention)");
   p.group_size = choose_group_size(types);
   p.page_bytes = checked_product("KV page size (bytes of one block)",
                                  {{"K and V", 2},
@@ -208,7 +210,25 @@ KvPlan plan_structure(const ModelConfig& cfg, const KvPlanSettings& s) {
       p.groups.push_back(std::move(g));
     }
   }
+  // The marginal bytes of a token: the attention layers' only (hybrids with
+  // linear_attention layers keep those in the state pool).
+  p.bytes_per_token = 0;
+  for (const auto& g : p.groups) p.bytes_per_token = checked_add("KV bytes per token", p.bytes_per_token, g.bytes_per_token);
+  p.state = plan_state(cfg, s.max_num_seqs, s.tensor_parallel_size, s.conv_state_dtype, s.ssm_state_dtype);
   return p;
+}
+
+// The budget left for KV blocks once the state pool is carved out; an
+// InputError when the state pool alone exceeds it.
+uint64_t kv_bytes_after_state(const KvPlan& p, const KvPlanSettings& s) {
+  const uint64_t state = p.state.pool_bytes();
+  if (state > s.kv_memory_bytes)
+    throw InputError(fmt::format(
+        "{}: the budget {} ({} bytes) is smaller than the linear-attention state pool: --max-num-seqs {} x {} "
+        "bytes per sequence = {} ({} bytes); lower --max-num-seqs or raise the budget",
+        s.budget_source, format_bytes(s.kv_memory_bytes), s.kv_memory_bytes, p.state.num_slots,
+        p.state.bytes_per_sequence(), format_bytes(state), state));
+  return s.kv_memory_bytes - state;
 }
 
 }  // namespace
@@ -251,15 +271,18 @@ int kv_heads_per_rank(const ModelConfig& cfg, int tp) {
 
 uint64_t kv_memory_needed(const ModelConfig& cfg, const KvPlanSettings& s) {
   const KvPlan p = plan_structure(cfg, s);
-  return checked_product("KV memory of one request of max_model_len",
-                         {{"blocks per request (max_model_len / --block-size, summed over KV groups)",
-                           static_cast<uint64_t>(p.blocks_per_request)},
-                          {"page bytes", p.page_bytes}});
+  return checked_add("KV memory of one request of max_model_len plus the state pool",
+                     checked_product("KV memory of one request of max_model_len",
+                                     {{"blocks per request (max_model_len / --block-size, summed over KV groups)",
+                                       static_cast<uint64_t>(p.blocks_per_request)},
+                                      {"page bytes", p.page_bytes}}),
+                     p.state.pool_bytes());
 }
 
 int max_model_len_that_fits(const ModelConfig& cfg, const KvPlanSettings& s) {
   const KvPlan p = plan_structure(cfg, s);
-  const int64_t avail_blocks = static_cast<int64_t>(s.kv_memory_bytes / p.page_bytes);
+  if (p.state.pool_bytes() > s.kv_memory_bytes) return 0;
+  const int64_t avail_blocks = static_cast<int64_t>((s.kv_memory_bytes - p.state.pool_bytes()) / p.page_bytes);
   auto fits = [&](int64_t len) {
     return total_blocks_per_request(p, len, s.max_num_batched_tokens) <= avail_blocks;
   };
@@ -279,7 +302,7 @@ int max_model_len_that_fits(const ModelConfig& cfg, const KvPlanSettings& s) {
 
 KvPlan plan_kv_cache(const ModelConfig& cfg, const KvPlanSettings& s) {
   KvPlan p = plan_structure(cfg, s);
-  const uint64_t blocks = s.kv_memory_bytes / p.page_bytes;
+  const uint64_t blocks = kv_bytes_after_state(p, s) / p.page_bytes;
   // Block ids are int32 (BlockPool, block tables): a budget with more blocks
   // is refused here, naming where the budget came from (issue 15 item 10).
   constexpr uint64_t kMaxBlocks = std::numeric_limits<int32_t>::max();
@@ -313,9 +336,15 @@ KvPlan plan_kv_cache(const ModelConfig& cfg, const KvPlanSettings& s) {
 }
 
 std::string kv_plan_log_line(const KvPlan& p) {
-  return fmt::format("KV cache: {} tokens ({} blocks of {}), max concurrency {:.2f}x at max_model_len {}, dtype {}",
-                     p.tokens, p.num_blocks, p.block_size, p.max_concurrency, p.max_model_len,
-                     kv_dtype_name(p.dtype));
+  std::string line =
+      fmt::format("KV cache: {} tokens ({} blocks of {}), max concurrency {:.2f}x at max_model_len {}, dtype {}",
+                  p.tokens, p.num_blocks, p.block_size, p.max_concurrency, p.max_model_len, kv_dtype_name(p.dtype));
+  if (!p.state.empty())
+    line += fmt::format("; state pool: {} slots x {} bytes = {} ({} linear_attention layers, conv {}, recurrent {})",
+                        p.state.num_slots, p.state.bytes_per_sequence(), format_bytes(p.state.pool_bytes()),
+                        p.state.layers.size(), state_dtype_name(p.state.conv_dtype),
+                        state_dtype_name(p.state.ssm_dtype));
+  return line;
 }
 
 // ---- the memory budget ----

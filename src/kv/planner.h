@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kv/state_plan.h"
 #include "model/config.h"
 #include "numerics/fp8.h"
 
@@ -36,6 +37,9 @@ struct KvPlanSettings {
   // ("--kv-memory", "--gpu-memory", "--gpu-memory-utilization") or
   // "the default KV budget" (KvBudget::source).
   std::string budget_source = "--kv-memory";
+  // Linear-attention models (kv/state_plan.h): the state dtypes.
+  StateDtype conv_state_dtype = StateDtype::bf16;
+  StateDtype ssm_state_dtype = StateDtype::f32;
 };
 
 struct KvGroupPlan {
@@ -78,6 +82,10 @@ struct KvPlan {
   uint64_t layer_scale_block_bytes = 0;
   // for a dense model whose max_model_len is a multiple of block_size.
   int64_t vllm_logged_tokens = 0;
+  // The per-sequence state pool of the linear-attention layers (empty for
+  // other models): state.pool_bytes() comes out of kv_memory_bytes before
+  // the KV blocks are carved. groups cover the attention layers only.
+  StatePlan state;
 };
 
 // Throws InputError (with what would fit) on bad settings or when memory is

@@ -57,6 +57,16 @@ class Binder {
     return m;
   }
 
+  // Any-shape tensor as f32 (e.g. the [C][1][K] conv1d weight of a Gated DeltaNet layer).
+  std::vector<float> tensor_f32(const std::string& name, const std::vector<int64_t>& shape) const {
+    const std::string full = prefix_ + name;
+    TensorView v = ckpt_->view(full);
+    check_shape(full, v.shape(), shape);
+    std::vector<float> out(static_cast<size_t>(v.numel()));
+    tensor_to_f32(v, out);
+    return out;
+  }
+
   std::vector<float> vec(const std::string& name, int64_t n, bool plus_one = false) const {
     const std::string full = prefix_ + name;
     TensorView v = ckpt_->view(full);
@@ -184,19 +194,33 @@ std::shared_ptr<ModelWeights> ModelWeights::load(std::shared_ptr<const Checkpoin
     LayerWeights& L = w->layers[i];
     const std::string p = fmt::format("layers.{}.", i);
     L.input_norm = b.vec(p + "input_layernorm.weight", H, p1);
-    L.q_proj = b.matrix(p + "self_attn.q_proj.weight", Hq * D, H);
-    L.k_proj = b.matrix(p + "self_attn.k_proj.weight", Hkv * D, H);
-    L.v_proj = b.matrix(p + "self_attn.v_proj.weight", Hkv * D, H);
-    L.o_proj = b.matrix(p + "self_attn.o_proj.weight", H, Hq * D);
-    if (c.attention_bias) {
-      L.q_bias = b.vec(p + "self_attn.q_proj.bias", Hq * D);
-      L.k_bias = b.vec(p + "self_attn.k_proj.bias", Hkv * D);
-      L.v_bias = b.vec(p + "self_attn.v_proj.bias", Hkv * D);
-    }
-    if (c.o_proj_bias) L.o_bias = b.vec(p + "self_attn.o_proj.bias", H);
-    if (c.qk_norm) {
-      L.q_norm = b.vec(p + "self_attn.q_norm.weight", D, p1);
-      L.k_norm = b.vec(p + "self_attn.k_norm.weight", D, p1);
+    if (c.is_linear(i)) {  // a Gated DeltaNet layer (qwen3_5): no attention tensors
+      const GatedDeltaNetConfig& g = *c.gdn;
+      const std::string a = p + "linear_attn.";
+      L.in_proj_qkv = b.matrix(a + "in_proj_qkv.weight", g.conv_dim(), H);
+      L.in_proj_z = b.matrix(a + "in_proj_z.weight", g.value_dim(), H);
+      L.in_proj_b = b.matrix(a + "in_proj_b.weight", g.num_v_heads, H);
+      L.in_proj_a = b.matrix(a + "in_proj_a.weight", g.num_v_heads, H);
+      L.out_proj = b.matrix(a + "out_proj.weight", H, g.value_dim());
+      L.conv1d = b.tensor_f32(a + "conv1d.weight", {g.conv_dim(), 1, g.conv_kernel});
+      L.A_log = b.vec(a + "A_log", g.num_v_heads);
+      L.dt_bias = b.vec(a + "dt_bias", g.num_v_heads);
+      L.gdn_norm = b.vec(a + "norm.weight", g.v_head_dim);  // Qwen3_5RMSNormGated: a plain weight
+    } else {
+      L.q_proj = b.matrix(p + "self_attn.q_proj.weight", Hq * D * (c.attn_output_gate ? 2 : 1), H);
+      L.k_proj = b.matrix(p + "self_attn.k_proj.weight", Hkv * D, H);
+      L.v_proj = b.matrix(p + "self_attn.v_proj.weight", Hkv * D, H);
+      L.o_proj = b.matrix(p + "self_attn.o_proj.weight", H, Hq * D);
+      if (c.attention_bias) {
+        L.q_bias = b.vec(p + "self_attn.q_proj.bias", Hq * D);
+        L.k_bias = b.vec(p + "self_attn.k_proj.bias", Hkv * D);
+        L.v_bias = b.vec(p + "self_attn.v_proj.bias", Hkv * D);
+      }
+      if (c.o_proj_bias) L.o_bias = b.vec(p + "self_attn.o_proj.bias", H);
+      if (c.qk_norm) {
+        L.q_norm = b.vec(p + "self_attn.q_norm.weight", D, p1);
+        L.k_norm = b.vec(p + "self_attn.k_norm.weight", D, p1);
+      }
     }
     L.post_attention_norm = b.vec(p + "post_attention_layernorm.weight", H, p1);
     if (c.sandwich_norms) {
@@ -273,6 +297,25 @@ std::vector<float> random_vec(std::mt19937_64& rng, int64_t n, float mean, float
   return v;
 }
 
+// A Gated DeltaNet layer's random weights: projections N(0, std), the conv
+// N(0, 0.5) (K taps of O(1)), A = exp(A_log) in [1, 16) and dt_bias 1
+// (transformers' init), the gated norm around 1.
+void random_linear_attention(std::mt19937_64& rng, const ModelConfig& c, float std, bool bf16, LayerWeights& L) {
+  const GatedDeltaNetConfig& g = *c.gdn;
+  const int64_t H = c.hidden_size;
+  L.in_proj_qkv = random_matrix(rng, g.conv_dim(), H, std, bf16);
+  L.in_proj_z = random_matrix(rng, g.value_dim(), H, std, bf16);
+  L.in_proj_b = random_matrix(rng, g.num_v_heads, H, std, bf16);
+  L.in_proj_a = random_matrix(rng, g.num_v_heads, H, std, bf16);
+  L.out_proj = random_matrix(rng, H, g.value_dim(), std, bf16);
+  L.conv1d = random_vec(rng, g.conv_dim() * g.conv_kernel, 0.0f, 0.5f);
+  std::uniform_real_distribution<float> ud(1.0f, 16.0f);
+  L.A_log.resize(g.num_v_heads);
+  for (auto& x : L.A_log) x = std::log(ud(rng));
+  L.dt_bias.assign(g.num_v_heads, 1.0f);
+  L.gdn_norm = random_vec(rng, g.v_head_dim, 1.0f, 0.1f);
+}
+
 }  // namespace
 
 std::shared_ptr<ModelWeights> ModelWeights::random(const ModelConfig& c, uint64_t seed, float std, bool bf16) {
@@ -288,9 +331,18 @@ std::shared_ptr<ModelWeights> ModelWeights::random(const ModelConfig& c, uint64_
     w->embed_scale = bf16 ? round_bf16(s) : s;
   }
   w->layers.resize(c.num_layers);
-  for (auto& L : w->layers) {
+  for (size_t li = 0; li < w->layers.size(); ++li) {
+    LayerWeights& L = w->layers[li];
     L.input_norm = random_vec(rng, H, 1.0f, 0.1f);
-    L.q_proj = random_matrix(rng, Hq * D, H, std, bf16);
+    if (c.is_linear(static_cast<int>(li))) {
+      random_linear_attention(rng, c, std, bf16, L);
+      L.post_attention_norm = random_vec(rng, H, 1.0f, 0.1f);
+      L.gate_proj = random_matrix(rng, I, H, std, bf16);
+      L.up_proj = random_matrix(rng, I, H, std, bf16);
+      L.down_proj = random_matrix(rng, H, I, std, bf16);
+      continue;
+    }
+    L.q_proj = random_matrix(rng, Hq * D * (c.attn_output_gate ? 2 : 1), H, std, bf16);
     L.k_proj = random_matrix(rng, Hkv * D, H, std, bf16);
     L.v_proj = random_matrix(rng, Hkv * D, H, std, bf16);
     L.o_proj = random_matrix(rng, H, Hq * D, std, bf16);

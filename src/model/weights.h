@@ -48,6 +48,17 @@ struct LayerWeights {
   WeightMatrix up_proj;                      // [I][H]
   WeightMatrix down_proj;                    // [H][I]
   std::vector<float> gate_bias, up_bias, down_bias;  // [I], [I], [H] or empty (llama mlp_bias)
+  // qwen3_5: with attn_output_gate, q_proj is [2*Hq*D][H] (per head: query
+  // rows, then gate rows). Its linear_attention (Gated DeltaNet) layers have
+  // no attention tensors but these (GatedDeltaNetConfig: C = conv_dim,
+  // Hv, Dv, K = conv_kernel):
+  WeightMatrix in_proj_qkv;                  // [C][H]
+  WeightMatrix in_proj_z;                    // [Hv*Dv][H] (the output gate)
+  WeightMatrix in_proj_b, in_proj_a;         // [Hv][H] (beta, decay)
+  WeightMatrix out_proj;                     // [H][Hv*Dv]
+  std::vector<float> conv1d;                 // [C][K] (checkpoint [C][1][K])
+  std::vector<float> A_log, dt_bias;         // [Hv]
+  std::vector<float> gdn_norm;               // [Dv] (a plain weight, not 1 + w)
 };
 
 class ModelWeights {

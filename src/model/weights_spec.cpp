@@ -11,7 +11,8 @@ namespace fp8kv {
 
 WeightNaming default_weight_naming(const ModelConfig& cfg) {
   WeightNaming n;
-  if (cfg.architecture == "Gemma3ForConditionalGeneration") n.prefix = "model.language_model.";
+  if (cfg.architecture == "Gemma3ForConditionalGeneration" || cfg.architecture == "Qwen3_5ForConditionalGeneration")
+    n.prefix = "model.language_model.";
   return n;
 }
 
@@ -35,7 +36,25 @@ std::vector<TensorSpec> expected_tensors(const ModelConfig& c, const WeightNamin
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string p = fmt::format("{}layers.{}.", n.prefix, l);
     s.push_back({p + "input_layernorm.weight", {H}});
-    s.push_back({p + "self_attn.q_proj.weight", {q, H}});
+    if (c.is_linear(l)) {  // qwen3_5 Gated DeltaNet layer
+      const GatedDeltaNetConfig& g = *c.gdn;
+      const std::string a = p + "linear_attn.";
+      s.push_back({a + "in_proj_qkv.weight", {g.conv_dim(), H}});
+      s.push_back({a + "in_proj_z.weight", {g.value_dim(), H}});
+      s.push_back({a + "in_proj_b.weight", {g.num_v_heads, H}});
+      s.push_back({a + "in_proj_a.weight", {g.num_v_heads, H}});
+      s.push_back({a + "conv1d.weight", {g.conv_dim(), 1, g.conv_kernel}});
+      s.push_back({a + "A_log", {g.num_v_heads}});
+      s.push_back({a + "dt_bias", {g.num_v_heads}});
+      s.push_back({a + "norm.weight", {g.v_head_dim}});
+      s.push_back({a + "out_proj.weight", {H, g.value_dim()}});
+      s.push_back({p + "post_attention_layernorm.weight", {H}});
+      s.push_back({p + "mlp.gate_proj.weight", {I, H}});
+      s.push_back({p + "mlp.up_proj.weight", {I, H}});
+      s.push_back({p + "mlp.down_proj.weight", {H, I}});
+      continue;
+    }
+    s.push_back({p + "self_attn.q_proj.weight", {c.attn_output_gate ? 2 * q : q, H}});
     s.push_back({p + "self_attn.k_proj.weight", {kv, H}});
     s.push_back({p + "self_attn.v_proj.weight", {kv, H}});
     s.push_back({p + "self_attn.o_proj.weight", {H, q}});
@@ -95,6 +114,15 @@ bool is_kv_scale_tensor_name(const std::string& name) {
   return false;
 }
 
+bool is_weight_quant_tensor_name(const std::string& name, const WeightQuantConfig& quant) {
+  if (!quant.quantized()) return false;
+  auto ends = [&](const std::string& suf) {
+    return name.size() > suf.size() + 1 && name.compare(name.size() - suf.size(), suf.size(), suf) == 0 &&
+           name[name.size() - suf.size() - 1] == '.';
+  };
+  return ends(quant.scale_suffix) || ends("input_scale");
+}
+
 std::vector<std::string> check_weights(const ModelConfig& cfg, const Checkpoint& ckpt, const WeightNaming& naming) {
   const auto specs = expected_tensors(cfg, naming);
   std::set<std::string> expected;
@@ -118,7 +146,9 @@ std::vector<std::string> check_weights(const ModelConfig& cfg, const Checkpoint&
   }
   std::vector<std::string> unexpected;
   for (const auto& name : ckpt.tensor_names())
-    if (!expected.count(name) && !is_kv_scale_tensor_name(name) && name != naming.lm_head) unexpected.push_back(name);
+    if (!expected.count(name) && !is_kv_scale_tensor_name(name) && name != naming.lm_head &&
+        !is_weight_quant_tensor_name(name, cfg.weight_quant))
+      unexpected.push_back(name);
   return unexpected;
 }
 

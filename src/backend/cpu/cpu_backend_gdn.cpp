@@ -1,0 +1,132 @@
+// CpuBackend's Qwen3.5 ops (backend/backend.h) on the reference kernels of
+// gdn.h, and its state pool (kv/state_plan.h).
+#include <cstring>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_backend_gdn.h"
+#include "backend/cpu/gdn.h"
+#include "io/errors.h"
+
+namespace fp8kv {
+
+namespace {
+
+[[noreturn]] void bad(const char* op, const std::string& what) {
+  throw std::invalid_argument(fmt::format("CpuBackend::{}: {}", op, what));
+}
+std::string shape(const Tensor& t) { return fmt::format("[{}][{}] {}", t.rows, t.cols, scalar_type_name(t.dtype)); }
+float* f32(const Tensor& t, const char* op, const char* name) {
+  if (t.dtype != ScalarType::f32) bad(op, fmt::format("{} must be f32, got {}", name, shape(t)));
+  return static_cast<float*>(t.data);
+}
+void expect_shape(const char* op, const char* name, const Tensor& t, int64_t rows, int64_t cols) {
+  if (t.rows != rows || t.cols != cols) bad(op, fmt::format("{} is {}, expected [{}][{}]", name, shape(t), rows, cols));
+}
+
+Tensor view(const WeightMatrix& m, const char* name) {
+  if (!m.data) return {};
+  const size_t wide = static_cast<size_t>(m.rows * m.cols) * (m.bf16 ? 2 : 4);
+  if (m.bytes() != wide)  // an fp8 matrix (1 byte per value)
+    throw InputError(fmt::format("linear_attn.{}: fp8 weights are not supported for Gated DeltaNet layers yet", name));
+  return Tensor{const_cast<void*>(m.data), m.bf16 ? ScalarType::bf16 : ScalarType::f32, m.rows, m.cols};
+}
+Tensor view(const std::vector<float>& v, int64_t rows) {
+  if (v.empty()) return {};
+  const int64_t n = static_cast<int64_t>(v.size());
+  return Tensor{const_cast<float*>(v.data()), ScalarType::f32, rows, n / rows};
+}
+
+}  // namespace
+
+void bind_linear_attention_weights(const LayerWeights& L, BackendLayerWeights& o) {
+  o.in_proj_qkv = view(L.in_proj_qkv, "in_proj_qkv");
+  o.in_proj_z = view(L.in_proj_z, "in_proj_z");
+  o.in_proj_b = view(L.in_proj_b, "in_proj_b");
+  o.in_proj_a = view(L.in_proj_a, "in_proj_a");
+  o.out_proj = view(L.out_proj, "out_proj");
+  o.A_log = view(L.A_log, 1);
+  o.dt_bias = view(L.dt_bias, 1);
+  o.gdn_norm = view(L.gdn_norm, 1);
+  if (!L.conv1d.empty()) o.conv1d = view(L.conv1d, L.in_proj_qkv.rows);  // [C][K]
+}
+
+void CpuBackend::allocate_state(const StatePlan& plan) {
+  if (!plan.empty() && plan.ssm_dtype != StateDtype::f32)
+    throw InputError(fmt::format("the CPU backend keeps the recurrent state in float32 (got {})",
+                                 state_dtype_name(plan.ssm_dtype)));
+  state_ = plan;
+  state_index_.assign(cfg_.num_layers, -1);
+  conv_state_.clear();
+  ssm_state_.clear();
+  for (size_t i = 0; i < plan.layers.size(); ++i) {
+    state_index_.at(plan.layers[i]) = static_cast<int>(i);
+    conv_state_.push_back(alloc(plan.num_slots * plan.conv_bytes_per_layer()));  // zero-filled
+    ssm_state_.push_back(alloc(plan.num_slots * plan.ssm_bytes_per_layer()));
+  }
+}
+
+void CpuBackend::split_q_gate(const Tensor& qg, int D, Tensor& q, Tensor& gate) {
+  if (D <= 0 || qg.cols % (2 * D) != 0) bad("split_q_gate", fmt::format("qg {} for head_dim {}", shape(qg), D));
+  const int Hq = static_cast<int>(qg.cols / (2 * D));
+  expect_shape("split_q_gate", "q", q, qg.rows, static_cast<int64_t>(Hq) * D);
+  expect_shape("split_q_gate", "gate", gate, qg.rows, static_cast<int64_t>(Hq) * D);
+  split_q_gate_cpu(f32(qg, "split_q_gate", "qg"), qg.rows, Hq, D, f32(q, "split_q_gate", "q"),
+                   f32(gate, "split_q_gate", "gate"));
+}
+
+void CpuBackend::mul_sigmoid(Tensor& x, const Tensor& gate) {
+  expect_shape("mul_sigmoid", "gate", gate, x.rows, x.cols);
+  mul_sigmoid_cpu(f32(x, "mul_sigmoid", "x"), f32(gate, "mul_sigmoid", "gate"), x.numel());
+}
+
+void CpuBackend::gated_delta_net(const StepBatch& b, int layer, const BackendLayerWeights& w, const Tensor& qkv,
+                                 const Tensor& z, const Tensor& bt, const Tensor& at, float eps, Tensor& out) {
+  const char* op = "gated_delta_net";
+  if (layer < 0 || layer >= static_cast<int>(state_index_.size()) || state_index_[layer] < 0)
+    bad(op, fmt::format("layer {} has no state (not a linear_attention layer, or allocate_kv not called)", layer));
+  const int li = state_index_[layer];
+  const GdnShape s{state_.num_k_heads, state_.num_v_heads, state_.k_head_dim, state_.v_head_dim, state_.conv_width + 1};
+  const int64_t T = b.num_tokens, C = s.conv_dim(), Hv = s.num_v_heads, VD = s.value_dim();
+  expect_shape(op, "qkv", qkv, T, C);
+  expect_shape(op, "z", z, T, VD);
+  expect_shape(op, "b", bt, T, Hv);
+  expect_shape(op, "a", at, T, Hv);
+  expect_shape(op, "out", out, T, VD);
+  expect_shape(op, "conv1d", w.conv1d, C, s.conv_kernel);
+  if (static_cast<int>(b.state_slots.size()) != b.num_seqs)
+    bad(op, fmt::format("the step has {} state slots for {} sequences", b.state_slots.size(), b.num_seqs));
+  const ConvStateType ct = state_.conv_dtype == StateDtype::bf16 ? ConvStateType::bf16 : ConvStateType::f32;
+  const uint64_t conv_bytes = state_.conv_bytes_per_layer(), ssm_elems = s.ssm_state_elems();
+  std::vector<float> conv(static_cast<size_t>(T * C)), g(static_cast<size_t>(T * Hv)), beta(g.size()),
+      core(static_cast<size_t>(T * VD));
+  gdn_gates(f32(at, op, "a"), f32(bt, op, "b"), T, static_cast<int>(Hv), f32(w.A_log, op, "A_log"),
+            f32(w.dt_bias, op, "dt_bias"), g.data(), beta.data());
+  const float* x = f32(qkv, op, "qkv");
+  for (int q = 0; q < b.num_seqs; ++q) {
+    const int64_t t0 = b.query_start[q], n = b.query_len(q), pos0 = b.context_lens[q] - n;
+    if (n <= 0) continue;
+    const int slot = b.state_slots[q];
+    if (slot < 0 || slot >= state_.num_slots)
+      bad(op, fmt::format("state slot {} outside the pool of {} slots", slot, state_.num_slots));
+    void* cs = static_cast<char*>(conv_state_[li].data()) + slot * conv_bytes;
+    float* S = static_cast<float*>(ssm_state_[li].data()) + slot * ssm_elems;
+    if (pos0 == 0) {  // a new sequence (or a recompute after preemption): zero states
+      std::memset(cs, 0, conv_bytes);
+      std::memset(S, 0, ssm_elems * sizeof(float));
+    }
+    float* cv = conv.data() + t0 * C;
+    gdn_causal_conv(x + t0 * C, n, C, s.conv_kernel, f32(w.conv1d, op, "conv1d"), cs, ct, cv);
+    float* o = core.data() + t0 * VD;
+    if (n == 1)
+      gdn_rule_recurrent(s, cv, n, g.data() + t0 * Hv, beta.data() + t0 * Hv, S, o);
+    else
+      gdn_rule_chunked(s, pos0, cv, n, g.data() + t0 * Hv, beta.data() + t0 * Hv, S, o);
+  }
+  gdn_gated_rmsnorm(core.data(), f32(z, op, "z"), T, static_cast<int>(Hv), s.v_head_dim, f32(w.gdn_norm, op, "norm"),
+                    eps, f32(out, op, "out"));
+}
+
+}  // namespace fp8kv

@@ -1,0 +1,58 @@
+// Qwen3.5 decoder layer (transformers' Qwen3_5DecoderLayer): pre-norm, with
+// one of two token mixers, then a dense SwiGLU MLP.
+//   x = norm(h); h += mixer(x); x = norm(h); h += mlp(x)
+// linear_attention layers mix with a Gated DeltaNet (Backend::
+// gated_delta_net: the conv and recurrent states live in the state pool,
+// kv/state_plan.h); full_attention layers with gated attention: q_proj
+// writes each head's query and an output gate, the attention output is
+// multiplied by sigmoid(gate) before o_proj; q/k get per-head RMSNorms and
+// partial RoPE (rope_full.partial_rotary_factor). The norms are zero-centred
+// (1 + w, applied at load: gemma_norm_plus_one), except the Gated DeltaNet's
+// gated norm (a plain weight).
+#include "engine/forward.h"
+
+namespace fp8kv {
+
+const Tensor& ForwardPass::gated_delta_net(int layer, Step& st) {
+  const BackendLayerWeights& L = w_.layers[layer];
+  be_.linear(st.x, L.in_proj_qkv, Tensor{}, st.lin_qkv);
+  be_.linear(st.x, L.in_proj_z, Tensor{}, st.lin_z);
+  be_.linear(st.x, L.in_proj_b, Tensor{}, st.lin_b);
+  be_.linear(st.x, L.in_proj_a, Tensor{}, st.lin_a);
+  be_.gated_delta_net(*st.batch, layer, L, st.lin_qkv, st.lin_z, st.lin_b, st.lin_a, eps_, st.lin_out);
+  return st.lin_out;
+}
+
+const Tensor& ForwardPass::gated_attention(int layer, Step& st) {
+  const BackendLayerWeights& L = w_.layers[layer];
+  if (!cfg_.attn_output_gate) {
+    attention_core(layer, st);
+    return st.attn;
+  }
+  be_.linear(st.x, L.q_proj, L.q_bias, st.q_gate);
+  be_.split_q_gate(st.q_gate, cfg_.head_dim, st.q, st.attn_gate);
+  be_.linear(st.x, L.k_proj, L.k_bias, st.k);
+  be_.linear(st.x, L.v_proj, L.v_bias, st.v);
+  be_.head_rmsnorm(st.q, cfg_.head_dim, L.q_norm, eps_);
+  be_.head_rmsnorm(st.k, cfg_.head_dim, L.k_norm, eps_);
+  be_.rope(layer, st.q, st.k);
+  be_.store_kv(*st.batch, layer, st.q, st.k, st.v);
+  be_.attention(*st.batch, layer, st.q, st.attn);
+  be_.mul_sigmoid(st.attn, st.attn_gate);
+  return st.attn;
+}
+
+void ForwardPass::qwen3_5_layer(int layer, Step& st) {
+  const BackendLayerWeights& L = w_.layers[layer];
+  if (layer == 0) be_.rmsnorm(st.h, L.input_norm, eps_, st.x);  // later layers: the previous down_proj's op
+  const bool linear = cfg_.is_linear(layer);
+  const Tensor& mixed = linear ? gated_delta_net(layer, st) : gated_attention(layer, st);
+  be_.linear_add_rmsnorm(mixed, linear ? L.out_proj : L.o_proj, linear ? Tensor{} : L.o_bias, st.tmp, st.h,
+                         L.post_attention_norm, eps_, st.x);
+  const Tensor& down_in = mlp_core(layer, st);
+  const bool last = layer + 1 == cfg_.num_layers;
+  be_.linear_add_rmsnorm(down_in, L.down_proj, L.down_bias, st.tmp, st.h,
+                         last ? w_.final_norm : w_.layers[layer + 1].input_norm, eps_, last ? st.h : st.x);
+}
+
+}  // namespace fp8kv
