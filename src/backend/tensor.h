@@ -9,6 +9,8 @@
 #include <string>
 #include <utility>
 
+#include "numerics/fp8_weights.h"
+
 namespace fp8kv {
 
 enum class ScalarType : uint8_t { f32, bf16, f16, i32, i64, u8 };
@@ -41,14 +43,17 @@ inline const char* scalar_type_name(ScalarType d) {
 enum class Activation : uint8_t { silu, gelu_tanh, gelu };
 
 // Row-major contiguous [rows][cols] view. Empty (data == nullptr) marks an
-// absent optional tensor (a bias, a QK-norm weight).
+// absent optional tensor (a bias, a QK-norm weight). An fp8 weight matrix is
+// dtype u8 (e4m3 bytes) with fp8.data set: its scales (numerics/fp8_weights.h).
 struct Tensor {
   void* data = nullptr;
   ScalarType dtype = ScalarType::f32;
   int64_t rows = 0;
   int64_t cols = 0;
+  Fp8WeightScales fp8;  // fp8 weights only (data null otherwise)
 
   bool empty() const { return data == nullptr; }
+  bool is_fp8_weight() const { return dtype == ScalarType::u8 && fp8.data != nullptr; }
   int64_t numel() const { return rows * cols; }
   size_t bytes() const { return static_cast<size_t>(numel()) * scalar_type_bytes(dtype); }
   size_t row_bytes() const { return static_cast<size_t>(cols) * scalar_type_bytes(dtype); }

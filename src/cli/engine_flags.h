@@ -4,6 +4,7 @@
 //   --kv-cache-dtype --max-model-len --block-size --kv-memory
 //   --gpu-memory-utilization --max-num-seqs --max-num-batched-tokens
 //   --backend --threads --load-format --enforce-eager --tokenizer
+//   --fp8-weight-mode (fp8-weight checkpoints: w8a16 | w8a8)
 //   --tensor-parallel-size --nnodes --node-rank --master-addr --master-port
 //   --enable-prefix-caching / --no-enable-prefix-caching (default on)
 // The same flag means the same everywhere: values are checked here (exit 2
@@ -67,6 +68,7 @@ struct EngineFlags {
   std::string backend = "auto";
   int threads = 0;
   std::string load_format = "auto";
+  std::string fp8_weight_mode = "w8a16";
   bool enforce_eager = false;
   bool enable_prefix_caching = true;
   std::string tokenizer;  // empty: the model directory
@@ -98,6 +100,9 @@ struct EngineFlags {
     sub->add_option("--backend", backend, "auto (cuda when built with it and a GPU is present, else cpu), cpu, cuda");
     sub->add_option("--threads", threads, "CPU threads (default 0: all)");
     sub->add_option("--load-format", load_format, "auto (the checkpoint) or dummy (random weights from config.json)");
+    sub->add_option("--fp8-weight-mode", fp8_weight_mode,
+                    "FP8-weight checkpoints: w8a16 (weights dequantized in the GEMM, the default) or w8a8 "
+                    "(activations quantized dynamically to e4m3 per token / 1x128 group, as vLLM runs them)");
     sub->add_flag("--enforce-eager", enforce_eager, "cuda: no CUDA graphs");
     sub->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", enable_prefix_caching,
                   "Reuse the cached KV of shared prompt prefixes (default on)");
@@ -134,7 +139,10 @@ struct EngineFlags {
       throw UsageError(fmt::format("--backend must be auto, cpu or cuda (got '{}')", backend));
     if (load_format != "auto" && load_format != "dummy")
       throw UsageError(fmt::format("--load-format must be auto or dummy (got '{}')", load_format));
+    if (fp8_weight_mode != "w8a16" && fp8_weight_mode != "w8a8")
+      throw UsageError(fmt::format("--fp8-weight-mode must be w8a16 or w8a8 (got '{}')", fp8_weight_mode));
     EngineOptions o;
+    o.fp8_weight_mode = fp8_weight_mode == "w8a8" ? Fp8Compute::w8a8 : Fp8Compute::w8a16;
     o.kv_cache_dtype = parse_kv_cache_dtype_flag(kv_cache_dtype);
     o.max_model_len = max_model_len;
     o.block_size = block_size;

@@ -3,6 +3,9 @@
 #include <cmath>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include "model/weights_spec.h"
 #include "numerics/fp8.h"
 
 namespace fp8kv {
@@ -54,6 +57,25 @@ inline uint16_t dummy_element(uint64_t key, int64_t e, float std) {
   const float r = std::sqrt(-2.0f * std::log(u1)) * std;
   const float a = 6.2831853f * u2;
   return f32_to_bf16((e & 1) ? r * std::sin(a) : r * std::cos(a));
+}
+
+// A dummy matrix as an FP8-weight checkpoint holds it: its bf16 values
+// quantized to e4m3 with amax / 448 scales of the config's granularity.
+WeightMatrix to_fp8(const WeightMatrix& m, ScaleGranularity g) {
+  const int64_t n = m.rows * m.cols;
+  std::vector<float> f(static_cast<size_t>(n));
+  const uint16_t* src = static_cast<const uint16_t*>(m.data);
+  for (int64_t i = 0; i < n; ++i) f[i] = bf16_to_f32(src[i]);
+  auto q = std::make_shared<Fp8QuantizedWeight>(quantize_weight_e4m3(f.data(), m.rows, m.cols, g));
+  WeightMatrix o;
+  o.rows = m.rows;
+  o.cols = m.cols;
+  o.fp8 = true;
+  o.data = q->q.data();
+  o.owner = q;
+  o.scale_granularity = g;
+  o.scales = std::shared_ptr<const std::vector<float>>(q, &q->scales);
+  return o;
 }
 
 std::vector<float> ones(int64_t n) { return std::vector<float>(static_cast<size_t>(n), 1.0f); }
@@ -131,6 +153,22 @@ std::shared_ptr<ModelWeights> dummy_weights(const ModelConfig& c, uint64_t seed,
       L.gate_bias = zeros(I);
       L.up_bias = zeros(I);
       L.down_bias = zeros(H);
+    }
+  }
+  // --load-format dummy with a quantization_config: the projections the
+  // config quantizes become fp8 (the embedding and lm_head stay bf16, as in
+  // the checkpoints). Host matrices only (a device backend refuses fp8 weights).
+  const WeightQuantConfig& q = c.weight_quant;
+  if (q.quantized() && !lazy) {
+    const std::string prefix = default_weight_naming(c).prefix;
+    for (int i = 0; i < c.num_layers; ++i) {
+      LayerWeights& L = w->layers[i];
+      const std::pair<const char*, WeightMatrix*> mats[] = {
+          {"self_attn.q_proj", &L.q_proj}, {"self_attn.k_proj", &L.k_proj}, {"self_attn.v_proj", &L.v_proj},
+          {"self_attn.o_proj", &L.o_proj}, {"mlp.gate_proj", &L.gate_proj}, {"mlp.up_proj", &L.up_proj},
+          {"mlp.down_proj", &L.down_proj}};
+      for (const auto& [name, m] : mats)
+        if (!q.is_excluded(fmt::format("{}layers.{}.{}", prefix, i, name))) *m = to_fp8(*m, q.granularity);
     }
   }
   return w;

@@ -1,7 +1,9 @@
 // `--load-format dummy` (vLLM's name): random weights from config.json alone,
 // so that a model shape (e.g. Llama-3.1-8B) can be run and benchmarked
 // without its checkpoint. Matrices bf16 ~ N(0, 0.02); norm weights 1 (Gemma:
-// 1 + w with w = 0, i.e. also 1); biases 0. Deterministic for a seed and
+// 1 + w with w = 0, i.e. also 1); biases 0. With a quantization_config (FP8
+// weights), the projections it quantizes are those bf16 values quantized to
+// e4m3 with amax / 448 scales of its granularity. Deterministic for a seed and
 // fast (counter-based generator, filled in parallel).
 #pragma once
 #include <cstdint>

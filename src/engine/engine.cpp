@@ -491,6 +491,29 @@ std::shared_ptr<const ModelWeights> maybe_widen(std::shared_ptr<const ModelWeigh
   if (bf16_bytes == 0 || 2 * bf16_bytes > physical_memory() / 4) return w;
   return w->widened_to_f32();
 }
+
+// FP8 weights run on the CPU backend at tensor-parallel size 1 for now
+// (docs/design.md "FP8-weight checkpoints"); `what` names the checkpoint's
+// declaration. Called before any weight is read or made.
+void check_fp8_weights_runnable(const std::string& what, bool cpu, const EngineOptions& o) {
+  if (!cpu)
+    throw InputError(fmt::format("{}: fp8 weights run on --backend cpu for now (the CUDA kernels for fp8 weights "
+                                 "are not built yet); got --backend {}", what, o.backend));
+  if (o.tensor_parallel_size > 1)
+    throw InputError(fmt::format("{}: fp8 weights run at --tensor-parallel-size 1 for now (got {})", what,
+                                 o.tensor_parallel_size));
+}
+
+// The log line that says which fp8 compute mode runs.
+void log_fp8_weights(const WeightQuantConfig& q, Fp8Compute mode) {
+  engine_log()->info("fp8 weights: {}; running {}", q.describe(),
+                     mode == Fp8Compute::w8a8
+                         ? fmt::format("W8A8 (--fp8-weight-mode w8a8: activations quantized dynamically to e4m3 per "
+                                       "{}, saturating)",
+                                       q.granularity == ScaleGranularity::block128 ? "1x128 group" : "token")
+                         : std::string("W8A16 (--fp8-weight-mode w8a16: weights dequantized in the GEMM, fp32 "
+                                       "activations)"));
+}
 }  // namespace
 
 namespace {
@@ -511,6 +534,7 @@ std::unique_ptr<Engine> Engine::create(ModelConfig cfg, std::shared_ptr<const Mo
                                        const EngineOptions& opts) {
   const KvDtype d = opts.kv_cache_dtype.dtype.value_or(KvDtype::bf16);
   const bool cpu = resolve_backend_name(opts.backend) == "cpu";
+  if (weights && weights->has_fp8()) check_fp8_weights_runnable("the given weights", cpu, opts);
   check_qwen3_5_support(cfg, cpu, opts.tensor_parallel_size);
   return std::make_unique<EngineImpl>(std::move(cfg), cpu ? maybe_widen(std::move(weights)) : std::move(weights),
                                       opts, d);
@@ -546,6 +570,13 @@ std::unique_ptr<Engine> load_engine(const std::filesystem::path& dir, const Engi
   // backend uploads bf16, so widening would only cost host time and memory
   // (an 8B model: 32 GB written, then converted back at upload).
   const bool cpu = require_backend(opts.backend) == "cpu";
+  const WeightQuantConfig& quant = cfg.weight_quant;
+  if (quant.quantized()) {
+    check_fp8_weights_runnable(fmt::format("{} ({} {}, quant_method {})", dir.string(), quant.source, quant.field,
+                                           weight_quant_method_name(quant.method)),
+                               cpu, opts);
+    log_fp8_weights(quant, opts.fp8_weight_mode);
+  }
   check_qwen3_5_support(cfg, cpu, opts.tensor_parallel_size);
   auto widen = [&](std::shared_ptr<const ModelWeights> w) {
     if (!cpu) return w;
@@ -561,19 +592,21 @@ std::unique_ptr<Engine> load_engine(const std::filesystem::path& dir, const Engi
     // the host for the 8B shape, 5 of 16.8M elements one bf16 ulp off the
     // host generator); the CPU backend (and TP > 1 ranks) make them here.
     const bool on_device = !cpu;
-    std::shared_ptr<const ModelWeights> w;
+    std::shared_ptr<ModelWeights> w;
     {
       StartupPhase ph(on_device ? "dummy weights (descriptors; made on the device at upload)" : "dummy weights (host)");
-      w = dummy_weights(cfg, 0, 0.02f, on_device);
+      w = dummy_weights(cfg, 0, 0.02f, on_device);  // fp8 with scales where the config quantizes
     }
+    w->fp8_compute = opts.fp8_weight_mode;
     return std::make_unique<EngineImpl>(cfg, widen(std::move(w)), opts, d);
   }
   std::shared_ptr<const Checkpoint> ckpt = Checkpoint::open(dir);
-  std::shared_ptr<const ModelWeights> w;
+  std::shared_ptr<ModelWeights> w;
   {
     StartupPhase ph("checkpoint weights (host)");
     w = ModelWeights::load(ckpt, cfg);
   }
+  w->fp8_compute = opts.fp8_weight_mode;
   // KV scales from the checkpoint (validated; one coverage warning for fp8): kv/scale_loader.h.
   KvScales scales = load_kv_scales_for_run(*ckpt, KvScaleShape{cfg.num_layers, cfg.num_heads, cfg.num_kv_heads}, d);
   auto engine = std::make_unique<EngineImpl>(std::move(cfg), widen(std::move(w)), opts, d);

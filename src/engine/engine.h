@@ -72,6 +72,11 @@ struct EngineOptions {
   int max_num_batched_tokens = 8192; // tokens in one step; also the max prefill chunk (vLLM's default)
   std::string backend = "auto";      // auto (cuda when built with it and a GPU is present, else cpu) | cpu | cuda
   std::string load_format = "auto";  // auto: the checkpoint's weights | dummy: random weights from config.json alone
+  // FP8-weight checkpoints (model/quant_config.h; docs/design.md "FP8-weight
+  // checkpoints"): w8a16 dequantizes the weight inside the GEMM; w8a8
+  // quantizes activations dynamically (per token, or per 1x128 group for
+  // block-wise weights). cpu backend only for now.
+  Fp8Compute fp8_weight_mode = Fp8Compute::w8a16;
   bool enforce_eager = false;        // cuda: no CUDA graphs
   // Megatron tensor parallelism over this many ranks (vLLM's
   // --tensor-parallel-size): GPUs 0..N-1 on cuda, simulated ranks (threads)

@@ -465,6 +465,7 @@ ModelConfig parse_model_config(const json& j, const std::string& source) {
     c.bos_token_id = bos.empty() ? (top.has("bos_token_id") ? std::nullopt : d.bos) : std::optional<int>(bos[0]);
     c.torch_dtype = top.string("torch_dtype", top.string("dtype", ""));
   }
+  c.weight_quant = parse_weight_quant_config(j, source);
   return c;
 }
 
@@ -481,6 +482,7 @@ ModelConfig load_model_config(const std::filesystem::path& dir_or_file) {
     throw InputError(fmt::format("{}: invalid JSON: {}", file.string(), e.what()));
   }
   ModelConfig c = parse_model_config(j, file.string());
+  c.weight_quant = load_weight_quant_config(file.parent_path(), j, file.string());  // + hf_quant_config.json
   const fs::path gen = file.parent_path() / "generation_config.json";
   if (fs::is_regular_file(gen, ec)) {
     json g;

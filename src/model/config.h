@@ -12,6 +12,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "model/config_qwen3_5.h"
+#include "model/quant_config.h"
 
 namespace fp8kv {
 
@@ -84,6 +85,8 @@ struct ModelConfig {
   std::vector<int> eos_token_ids;
   std::optional<int> bos_token_id;
   std::string torch_dtype;  // as declared ("bfloat16", ...), may be empty
+  // FP8 weights (quantization_config / hf_quant_config.json), model/quant_config.h.
+  WeightQuantConfig weight_quant;
 
   int num_sliding_layers() const;
   bool is_linear(int layer) const { return layer_types[layer] == LayerType::linear_attention; }

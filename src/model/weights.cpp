@@ -22,9 +22,16 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return r + "]";
 }
 
+// Which matrices an FP8-weight checkpoint quantizes: the attention and MLP
+// projections unless its exclusion list names them; lm_head when its tensor
+// is stored as F8_E4M3 (transformers leaves it unquantized by default);
+// never the embedding.
+enum class Quantizable { never, unless_excluded, if_stored_fp8 };
+
 class Binder {
  public:
-  Binder(std::shared_ptr<const Checkpoint> ckpt, std::string prefix) : ckpt_(std::move(ckpt)), prefix_(std::move(prefix)) {}
+  Binder(std::shared_ptr<const Checkpoint> ckpt, std::string prefix, const WeightQuantConfig& quant)
+      : ckpt_(std::move(ckpt)), prefix_(std::move(prefix)), quant_(quant) {}
 
   bool has(const std::string& name) const { return ckpt_->has(prefix_ + name); }
 
@@ -34,13 +41,26 @@ class Binder {
                                    shape_str(got), shape_str(want)));
   }
 
-  WeightMatrix matrix(const std::string& name, int64_t rows, int64_t cols, bool with_prefix = true) const {
+  WeightMatrix matrix(const std::string& name, int64_t rows, int64_t cols, bool with_prefix = true,
+                      Quantizable qz = Quantizable::unless_excluded) const {
     const std::string full = with_prefix ? prefix_ + name : name;
     TensorView v = ckpt_->view(full);
     check_shape(full, v.shape(), {rows, cols});
     WeightMatrix m;
     m.rows = rows;
     m.cols = cols;
+    const std::string module = full.substr(0, full.size() - std::string_view(".weight").size());
+    const bool stored_fp8 = v.dtype() == DType::F8_E4M3;
+    const bool excluded = quant_.is_excluded(module);
+    if (stored_fp8 || (qz == Quantizable::unless_excluded && !excluded)) {
+      check_fp8_weight(full, module, v.dtype(), qz, excluded);
+      m.fp8 = true;
+      m.data = v.data;
+      m.owner = ckpt_;
+      m.scale_granularity = quant_.granularity;
+      m.scales = scales(full, module, rows, cols);
+      return m;
+    }
     if (v.dtype() == DType::BF16 || v.dtype() == DType::F32) {
       m.bf16 = v.dtype() == DType::BF16;
       m.data = v.data;
@@ -55,6 +75,81 @@ class Binder {
                                    dtype_name(v.dtype())));
     }
     return m;
+  }
+
+  // An F8_E4M3 tensor is accepted only where the quantization config puts one.
+  void check_fp8_weight(const std::string& full, const std::string& module, DType dt, Quantizable qz,
+                        bool excluded) const {
+    const std::string where = fmt::format("{}: tensor {}", ckpt_->file_of(full)->string(), full);
+    const std::string decl = fmt::format("{} {} (quant_method {})", quant_.source, quant_.field,
+                                         weight_quant_method_name(quant_.method));
+    if (dt != DType::F8_E4M3)
+      throw InputError(fmt::format("{} has dtype {}, expected F8_E4M3: {} quantizes module {} (it is not in {})",
+                                   where, dtype_name(dt), decl, module, quant_.excluded_field()));
+    if (!quant_.quantized())
+      throw InputError(fmt::format("{} is F8_E4M3 but config.json declares no weight quantization (supported: "
+                                   "quantization_config with quant_method fp8, compressed-tensors or modelopt)",
+                                   where));
+    if (qz == Quantizable::never)
+      throw InputError(fmt::format("{} is F8_E4M3; fp8 embeddings are not supported (expected BF16, F16 or F32)",
+                                   where));
+    if (excluded)
+      throw InputError(fmt::format("{} is F8_E4M3 but {} lists module {} in {} (unquantized)", where, decl, module,
+                                   quant_.excluded_field()));
+  }
+
+  // The module's scales as f32 (shape per granularity), each finite and > 0;
+  // its input_scale, when present, checked likewise (W8A8 runs dynamic).
+  std::shared_ptr<const std::vector<float>> scales(const std::string& full, const std::string& module, int64_t N,
+                                                   int64_t K) const {
+    const std::string name = module + "." + quant_.scale_suffix;
+    const std::string what = fmt::format("the {} scales of fp8 weight {} [{}, {}] ({} {}, quant_method {})",
+                                         scale_granularity_name(quant_.granularity), full, N, K, quant_.source,
+                                         quant_.field, weight_quant_method_name(quant_.method));
+    if (!ckpt_->has(name)) throw InputError(fmt::format("{}: missing tensor {}, {}", ckpt_->dir().string(), name, what));
+    TensorView v = ckpt_->view(name);
+    const auto [sr, sc] = fp8_scale_shape(quant_.granularity, N, K);
+    const auto& sh = v.shape();
+    bool ok = false;
+    switch (quant_.granularity) {
+      case ScaleGranularity::tensor: ok = v.numel() == 1 && sh.size() <= 2; break;
+      case ScaleGranularity::channel: ok = sh == std::vector<int64_t>{N, 1} || sh == std::vector<int64_t>{N}; break;
+      case ScaleGranularity::block128: ok = sh == std::vector<int64_t>{sr, sc}; break;
+    }
+    const std::string file = ckpt_->file_of(name)->string();
+    if (!ok) {
+      const std::string want = quant_.granularity == ScaleGranularity::tensor    ? "[] or [1]"
+                               : quant_.granularity == ScaleGranularity::channel ? fmt::format("[{}, 1] or [{}]", N, N)
+                                                                                 : shape_str({sr, sc});
+      throw InputError(fmt::format("{}: tensor {} has shape {}, expected {} ({})", file, name, shape_str(sh), want,
+                                   what));
+    }
+    if (v.dtype() != DType::F32 && v.dtype() != DType::BF16 && v.dtype() != DType::F16)
+      throw InputError(fmt::format("{}: tensor {} has dtype {}, expected F32, BF16 or F16 ({})", file, name,
+                                   dtype_name(v.dtype()), what));
+    auto out = std::make_shared<std::vector<float>>(static_cast<size_t>(sr * sc));
+    tensor_to_f32(v, *out);
+    check_positive_scales(file, name, *out);
+    const std::string in_name = module + ".input_scale";
+    if (ckpt_->has(in_name)) {
+      TensorView iv = ckpt_->view(in_name);
+      const std::string ifile = ckpt_->file_of(in_name)->string();
+      if (iv.numel() != 1 || !is_float_dtype(iv.dtype()))
+        throw InputError(fmt::format("{}: tensor {} has shape {} dtype {}, expected one float (a per-tensor "
+                                     "activation scale)", ifile, in_name, shape_str(iv.shape()),
+                                     dtype_name(iv.dtype())));
+      std::vector<float> in(1);
+      tensor_to_f32(iv, in);
+      check_positive_scales(ifile, in_name, in);
+    }
+    return out;
+  }
+
+  static void check_positive_scales(const std::string& file, const std::string& name, const std::vector<float>& s) {
+    for (size_t i = 0; i < s.size(); ++i)
+      if (!std::isfinite(s[i]) || !(s[i] > 0.0f))
+        throw InputError(fmt::format("{}: tensor {} holds {} at element {}; fp8 weight scales must be finite and > 0",
+                                     file, name, std::isnan(s[i]) ? "NaN" : fmt::format("{}", s[i]), i));
   }
 
   // Any-shape tensor as f32 (e.g. the [C][1][K] conv1d weight of a Gated DeltaNet layer).
@@ -81,6 +176,7 @@ class Binder {
  private:
   std::shared_ptr<const Checkpoint> ckpt_;
   std::string prefix_;
+  const WeightQuantConfig& quant_;
 };
 
 uint64_t physical_memory_bytes() {
@@ -94,6 +190,15 @@ namespace {
 // Index of the first NaN/inf of a matrix and its kind, or -1.
 int64_t first_bad(const WeightMatrix& m, const char** kind) {
   const int64_t n = m.rows * m.cols;
+  if (m.fp8) {  // e4m3 has no infinities; NaN is S.1111.111
+    const uint8_t* q = static_cast<const uint8_t*>(m.data);
+    for (int64_t i = 0; i < n; ++i)
+      if ((q[i] & 0x7f) == 0x7f) {
+        *kind = "NaN";
+        return i;
+      }
+    return -1;
+  }
   for (int64_t i = 0; i < n; ++i) {
     const float x = m.bf16 ? bf16_to_f32(static_cast<const uint16_t*>(m.data)[i]) : static_cast<const float*>(m.data)[i];
     if (!std::isfinite(x)) {
@@ -149,12 +254,27 @@ std::optional<std::string> ModelWeights::first_non_finite() const {
   return std::nullopt;
 }
 
+namespace {
+template <class F>
+void for_each_matrix(const ModelWeights& w, F&& f) {
+  f(w.embed);
+  if (w.lm_head) f(*w.lm_head);
+  for (const auto& l : w.layers)
+    for (const WeightMatrix* m : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj})
+      f(*m);
+}
+}  // namespace
+
 size_t ModelWeights::matrix_bytes() const {
-  size_t b = embed.bytes() + (lm_head ? lm_head->bytes() : 0);
-  for (const auto& l : layers)
-    b += l.q_proj.bytes() + l.k_proj.bytes() + l.v_proj.bytes() + l.o_proj.bytes() + l.gate_proj.bytes() +
-         l.up_proj.bytes() + l.down_proj.bytes();
+  size_t b = 0;
+  for_each_matrix(*this, [&](const WeightMatrix& m) { b += m.bytes() + m.scale_bytes(); });
   return b;
+}
+
+bool ModelWeights::has_fp8() const {
+  bool any = false;
+  for_each_matrix(*this, [&](const WeightMatrix& m) { any = any || m.fp8; });
+  return any;
 }
 
 std::shared_ptr<ModelWeights> ModelWeights::load(std::shared_ptr<const Checkpoint> ckpt, const ModelConfig& c) {
@@ -171,17 +291,17 @@ std::shared_ptr<ModelWeights> ModelWeights::load(std::shared_ptr<const Checkpoin
                                  ckpt->dir().string(), need / 1073741824.0, have / 1073741824.0));
 
   const WeightNaming naming = detect_weight_naming(c, *ckpt);
-  Binder b(ckpt, naming.prefix);
+  Binder b(ckpt, naming.prefix, c.weight_quant);
   const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads, I = c.intermediate_size,
                 V = c.vocab_size;
   const bool p1 = c.gemma_norm_plus_one;
   auto w = std::make_shared<ModelWeights>();
-  w->embed = b.matrix("embed_tokens.weight", V, H);
+  w->embed = b.matrix("embed_tokens.weight", V, H, true, Quantizable::never);
   if (!c.tie_word_embeddings) {
     if (!ckpt->has(naming.lm_head))
       throw InputError(fmt::format("{}: missing tensor {} (tie_word_embeddings is false)", ckpt->dir().string(),
                                    naming.lm_head));
-    w->lm_head = b.matrix(naming.lm_head, V, H, /*with_prefix=*/false);
+    w->lm_head = b.matrix(naming.lm_head, V, H, /*with_prefix=*/false, Quantizable::if_stored_fp8);
   }
   w->final_norm = b.vec("norm.weight", H, p1);
   if (c.embed_scale_sqrt_hidden) {

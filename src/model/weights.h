@@ -1,7 +1,9 @@
 // Model weights in memory. Large matrices stay in their checkpoint dtype
 // (bf16 or fp32, zero-copy views into the mmapped safetensors when aligned)
 // and are converted to fp32 per use; fp16 matrices are converted to fp32 at
-// load. Small vectors (norms, biases) are fp32. Shapes (H = hidden_size,
+// load. FP8-weight checkpoints (model/quant_config.h) keep their e4m3 bytes
+// and f32 scales (numerics/fp8_weights.h). Small vectors (norms, biases)
+// are fp32. Shapes (H = hidden_size,
 // Hq = num_heads, Hkv = num_kv_heads, D = head_dim, I = intermediate, V = vocab):
 #pragma once
 #include <cstdint>
@@ -12,14 +14,20 @@
 #include <vector>
 
 #include "model/config.h"
+#include "numerics/fp8_weights.h"
 
 namespace fp8kv {
 
 class Checkpoint;
 
-// A 2-D row-major matrix, fp32 or bf16.
+// A 2-D row-major matrix, fp32, bf16 or fp8 e4m3 with scales.
 struct WeightMatrix {
   bool bf16 = false;
+  // e4m3 bytes; the real value of element (r, c) is e4m3(byte) * the scale
+  // of its tensor / channel / 128x128 block (numerics/fp8_weights.h).
+  bool fp8 = false;
+  ScaleGranularity scale_granularity = ScaleGranularity::tensor;
+  std::shared_ptr<const std::vector<float>> scales;  // fp8_scale_shape(scale_granularity, rows, cols), f32, > 0
   int64_t rows = 0, cols = 0;
   const void* data = nullptr;           // into `owned` or into a mapped checkpoint
   std::shared_ptr<const void> owner;    // keeps `data` alive
@@ -29,7 +37,8 @@ struct WeightMatrix {
   bool dummy = false;
   uint64_t dummy_key = 0;
   float dummy_std = 0.0f;
-  size_t bytes() const { return static_cast<size_t>(rows * cols) * (bf16 ? 2 : 4); }
+  size_t bytes() const { return static_cast<size_t>(rows * cols) * (fp8 ? 1 : bf16 ? 2 : 4); }
+  size_t scale_bytes() const { return scales ? scales->size() * sizeof(float) : 0; }
 };
 
 struct LayerWeights {
@@ -68,9 +77,13 @@ class ModelWeights {
   std::vector<float> final_norm;        // [H] (gemma: 1 + w)
   std::vector<LayerWeights> layers;
   float embed_scale = 1.0f;             // gemma3: sqrt(H) rounded to the embedding dtype
+  // How linear layers use fp8 matrices (--fp8-weight-mode); set by the engine before upload.
+  Fp8Compute fp8_compute = Fp8Compute::w8a16;
 
   const WeightMatrix& output() const { return lm_head ? *lm_head : embed; }
+  // Bytes of every matrix as held (fp8: 1 per element) plus their scales.
   size_t matrix_bytes() const;
+  bool has_fp8() const;  // any matrix is fp8
 
   // Binds every tensor the family needs, checking dtype and shape (errors
   // name the tensor, expected and actual). Keeps the checkpoint mapped.

@@ -40,6 +40,10 @@ std::vector<std::string> expected_tensor_names(const ModelConfig& cfg);
 // warned about when present. True for e.g. "model.layers.3.self_attn.k_scale".
 bool is_kv_scale_tensor_name(const std::string& name);
 
+// The scale tensors of an FP8-weight checkpoint (model/quant_config.h):
+// "<module>.<scale_suffix>" and "<module>.input_scale" when `quant` quantizes.
+bool is_weight_quant_tensor_name(const std::string& name, const WeightQuantConfig& quant);
+
 // Checks every expected tensor is present, floating point, with the expected
 // shape. Throws InputError naming the file and tensor (expected vs actual).
 // Returns the checkpoint tensors that are neither expected nor KV scales.

@@ -33,6 +33,8 @@ void matrix_rows_to_f32(const MatrixRef& W, int64_t r0, int64_t n, float* out) {
   const int64_t count = n * W.cols;
   if (W.type == WeightType::f32) {
     std::memcpy(out, static_cast<const float*>(W.data) + r0 * W.cols, sizeof(float) * count);
+  } else if (W.type == WeightType::f8_e4m3) {
+    dequantize_fp8_weight_rows(static_cast<const uint8_t*>(W.data), W.scales, W.rows, W.cols, r0, n, out);
   } else {
     const uint16_t* src = static_cast<const uint16_t*>(W.data) + r0 * W.cols;
     for (int64_t i = 0; i < count; ++i) out[i] = bf16_to_f32(src[i]);

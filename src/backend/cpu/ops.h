@@ -1,5 +1,6 @@
-// CPU reference ops for the forward pass: fp32 math, weights fp32 or bf16
-// (bf16 converted per use, tile by tile). Every op parallelizes over
+// CPU reference ops for the forward pass: fp32 math, weights fp32, bf16 or
+// fp8 e4m3 with scales (bf16 and fp8 converted per use, tile by tile: an fp8
+// element becomes e4m3(q) * scale, one fp32 multiply). Every op parallelizes over
 // independent outputs only, with a fixed reduction order, so results do not
 // depend on the thread count.
 #pragma once
