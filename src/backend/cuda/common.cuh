@@ -61,7 +61,15 @@ inline void set_func_attribute_once(Kernel* func, cudaFuncAttribute attr, int va
 }
 
 // Cache element codes used as template parameters (= KvDtype values).
-constexpr int kBf16 = 0, kE4m3 = 1, kE5m2 = 2;
+// kE4m3Pth / kI8Pth: the per-token-head dtypes (e4m3 / int8 elements, one f32
+// scale per (token, KV head) beside the cache); as operands they are e4m3 /
+// int8 codes converted exactly to f16.
+constexpr int kBf16 = 0, kE4m3 = 1, kE5m2 = 2, kE4m3Pth = 3, kI8Pth = 4;
+__host__ __device__ constexpr bool dt_pth(int DT) { return DT == kE4m3Pth || DT == kI8Pth; }
+static_assert(kBf16 == static_cast<int>(KvDtype::bf16) && kE4m3 == static_cast<int>(KvDtype::fp8_e4m3) &&
+                  kE5m2 == static_cast<int>(KvDtype::fp8_e5m2) &&
+                  kE4m3Pth == static_cast<int>(KvDtype::fp8_e4m3_pth) && kI8Pth == static_cast<int>(KvDtype::int8_pth),
+              "cache element codes = KvDtype values");
 
 __device__ __forceinline__ float load_act(const void* p, int64_t i, bool bf16) {
   return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]) : static_cast<const float*>(p)[i];
@@ -83,13 +91,20 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
-// Two fp8 codes (low 16 bits of w: element 0 in the low byte) -> f16x2
-// (element 0 in the low half). Both fp8 formats are exact in f16.
+// Two fp8 (or int8) codes (low 16 bits of w: element 0 in the low byte) ->
+// f16x2 (element 0 in the low half). Both fp8 formats and int8 are exact in f16.
 template <int DT>
 __device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t w) {
   if constexpr (DT == kE5m2) {
     // e5m2 is the high byte of an f16.
     return __byte_perm(w, 0u, 0x1404);
+  } else if constexpr (DT == kI8Pth) {
+    // int8 c -> the f16 1024 + (c + 128) (byte c ^ 0x80 under the exponent
+    // byte 0x64: spacing 1 in [1024, 2048)), minus 1152: exact.
+    const uint32_t h = __byte_perm(w ^ 0x8080u, 0x64646464u, 0x4140);
+    uint32_t r;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(h), "r"(0x64806480u));
+    return r;
   } else {
     uint32_t r;
     const uint16_t h = static_cast<uint16_t>(w);
@@ -263,7 +278,7 @@ struct PagedKvParams {
 template <class Args>
 inline void fill_paged_params(PagedKvParams& p, const Args& a) {
   const KvCacheLayout& L = a.kv.layout;
-  const bool fp8 = kv_dtype_is_fp8(L.dtype);
+  const bool fp8 = kv_dtype_per_tensor_scaled(L.dtype);  // per-token-head scales: the derived params' pth pointers
   p.q = a.q;
   p.out = a.out;
   p.q_bf16 = a.q_dtype == ActDtype::bf16;

@@ -192,6 +192,7 @@ class CudaBackend final : public Backend {
   KvCacheLayout layout_;
   std::vector<int> layer_group_, layer_slot_;
   std::vector<DeviceBuffer> kv_storage_;
+  std::vector<DeviceBuffer> kv_scale_storage_;  // per-token-head dtypes: [slot][k|v] scale arrays, else empty
   std::vector<LayerScales> scales_;
   StoreObserver* observer_ = nullptr;
   // Step upload: one host staging buffer, one device buffer.

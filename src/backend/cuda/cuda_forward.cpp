@@ -132,8 +132,10 @@ void CudaBackend::qkv_split_store(const StepBatch& b, int layer, const Tensor& q
                                   const Tensor& k_norm, float eps, Tensor& q, Tensor& k, Tensor& v) {
   OpScope op(this, "qkv_split_store");
   // "store=separate" in the routes (bench --gemv-routes): the separate store
-  // kernel (A/B and fallback).
-  if (!cuda::linear_routes().fused_store || observer_) {  // the observer gets host copies of q/k/v at store_kv
+  // kernel (A/B and fallback). The observer gets host copies of q/k/v at
+  // store_kv; per-token-head dtypes store through store_kv too (a row's scale
+  // needs its amax first; the fused store writes element by element).
+  if (!cuda::linear_routes().fused_store || observer_ || kv_dtype_per_token_head(layout_.dtype)) {
     Backend::qkv_split_store(b, layer, qkv, q_norm, k_norm, eps, q, k, v);
     return;
   }
@@ -301,6 +303,8 @@ void CudaBackend::store_kv(const StepBatch& b, int layer, const Tensor& q, const
   a.num_tokens = T;
   a.k_scale = {sc.k.as<float>(), sc.k_count};
   a.v_scale = {sc.v.as<float>(), sc.v_count};
+  a.k_scale_pth = st.k_scale;
+  a.v_scale_pth = st.v_scale;
   cuda::store_kv(a, stream_);
 }
 
@@ -332,6 +336,8 @@ void CudaBackend::attention(const StepBatch& b, int layer, const Tensor& q, Tens
   kv.max_blocks_per_seq = std::max(1, s.B);
   kv.k_scale = {sc.k.as<float>(), sc.k_count};
   kv.v_scale = {sc.v.as<float>(), sc.v_count};
+  kv.k_scale_pth = st.k_scale;
+  kv.v_scale_pth = st.v_scale;
 
   // Decodes: sequences [0, nd), query rows [0, nd).
   if (s.num_decodes > 0) {

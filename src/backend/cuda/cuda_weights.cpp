@@ -252,20 +252,33 @@ void CudaBackend::allocate_kv(const KvPlan& plan, const KvCacheLayout& layout) {
     if (layer_group_[l] < 0) throw std::logic_error(fmt::format("CudaBackend::allocate_kv: layer {} is in no KV group", l));
   drop_graphs();
   kv_storage_.clear();
+  kv_scale_storage_.clear();
   StartupPhase phase("KV pool alloc + zero (cuda)");
   const size_t bytes = layout.cache_bytes();
+  // Per-token-head dtypes: per slot one K and one V scale array beside the caches
+  // ([num_blocks][block_size][num_kv_heads] f32; layout.scale_bytes()).
+  const size_t sbytes = layout.scale_bytes();
   for (int i = 0; i < plan.group_size * 2; ++i) {
     kv_storage_.push_back(alloc(bytes));
     FP8KV_CU(cudaMemsetAsync(kv_storage_.back().data(), 0, bytes, stream_));
+    if (sbytes > 0) {
+      kv_scale_storage_.push_back(alloc(sbytes));
+      FP8KV_CU(cudaMemsetAsync(kv_scale_storage_.back().data(), 0, sbytes, stream_));
+    }
   }
   FP8KV_CU(cudaStreamSynchronize(stream_));
-  phase.set_detail(fmt::format(", {:.2f} GB", static_cast<double>(bytes) * plan.group_size * 2 / 1e9));
+  phase.set_detail(fmt::format(", {:.2f} GB", static_cast<double>(bytes + sbytes) * plan.group_size * 2 / 1e9));
 }
 
 KvLayerStorage CudaBackend::kv_layer(int layer) const {
   if (kv_storage_.empty()) throw std::logic_error("CudaBackend::kv_layer before allocate_kv");
   const size_t s = static_cast<size_t>(layer_slot_.at(layer)) * 2;
-  return KvLayerStorage{layout_, kv_storage_[s].data(), kv_storage_[s + 1].data()};
+  KvLayerStorage st{layout_, kv_storage_[s].data(), kv_storage_[s + 1].data()};
+  if (!kv_scale_storage_.empty()) {
+    st.k_scale = static_cast<float*>(kv_scale_storage_[s].data());
+    st.v_scale = static_cast<float*>(kv_scale_storage_[s + 1].data());
+  }
+  return st;
 }
 
 void CudaBackend::set_kv_scales(const KvScales& scales) {

@@ -44,7 +44,11 @@ struct StoreKvArgs {
   ActDtype input_dtype = ActDtype::f32;
   const int64_t* slot_mapping = nullptr;  // [num_tokens]; < 0: skip the token
   int num_tokens = 0;
-  DeviceScales k_scale, v_scale;  // per tensor or [num_kv_heads]
+  DeviceScales k_scale, v_scale;  // per tensor or [num_kv_heads] (per-tensor-scaled fp8 only)
+  // Per-token-head dtypes: [num_blocks][block_size][num_kv_heads] f32, written
+  // (layout.scale_offset(slot, head)); null for the other dtypes.
+  float* k_scale_pth = nullptr;
+  float* v_scale_pth = nullptr;
   // Optional observation at the store point (calibration): running absmax per
   // head, max-ed into these device arrays (NaN inputs ignored). Null: off.
   float* k_absmax = nullptr;  // [num_kv_heads]
@@ -64,7 +68,10 @@ struct PagedKv {
   const int32_t* block_tables = nullptr;  // [batch][max_blocks_per_seq], physical block ids
   int max_blocks_per_seq = 0;
   const int32_t* context_lens = nullptr;  // [batch]: keys at positions [0, context_len)
-  DeviceScales k_scale, v_scale;          // per tensor or [num_kv_heads]
+  DeviceScales k_scale, v_scale;          // per tensor or [num_kv_heads] (per-tensor-scaled fp8 only)
+  // Per-token-head dtypes: [num_blocks][block_size][num_kv_heads] f32 (layout.scale_offset).
+  const float* k_scale_pth = nullptr;
+  const float* v_scale_pth = nullptr;
 };
 
 // ---- decode: one query per sequence, at position context_len - 1 ----------

@@ -3,9 +3,11 @@
 #include "backend/cuda/attention/decode_common.cuh"
 namespace fp8kv::cuda::decode {
 template <int D, int DT, bool DEEP, bool LEAN, bool REG, bool FAST>
-__device__ __forceinline__ void decode_body(const DecodeParams& p) {
+__device__ __forceinline__ void decode_body(const DecodeParamsOf<DT>& p) {
   static_assert(!FAST || !DecodeCfg<D, DT, REG>::USE_RING, "FAST: register path only");
-  static_assert(!FAST || !LEAN || (D == 128 && DT == kE4m3), "F4: FAST fp8 e4m3 d128 only");
+  static_assert(!FAST || !LEAN || (D == 128 && (DT == kE4m3 || dt_pth(DT))), "F4: FAST 1-byte codes d128 only");
+  constexpr bool PTH = dt_pth(DT);  // per-token-head scales
+  static_assert(!PTH || !DecodeCfg<D, DT, REG>::USE_RING, "per-token-head: register loops only");
   using C = DecodeCfg<D, DT, REG>;
   constexpr int EB = C::EB;
   constexpr int E = 16 / EB;               // elements per 16-byte chunk
@@ -61,6 +63,17 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   const int nmine = ntiles > warp ? (ntiles - warp + kWarps - 1) / kWarps : 0;  // this warp's tiles
   const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(smem + warp * C::RING));
   const int vtok[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
+  // Per-token-head: lane i loads the K (lanes 0-15) or V scale of key row i % 16
+  // of a tile (index: the tile's byte offset / (D * EB), the row of its first
+  // key and this head, + (i % 16) rows); the math shuffles them to the lanes
+  // that own the keys.
+  const float* sc_lane = nullptr;
+  if constexpr (PTH) sc_lane = (lane < 16 ? p.k_scale_pth : p.v_scale_pth) + (lane & 15) * p.num_kv_heads;
+  auto sc_load = [&](long long off) -> float {
+    if constexpr (PTH) return __ldg(sc_lane + (off >> (D == 64 ? 6 : D == 128 ? 7 : 8)));
+    else return 0.0f;
+  };
+  static_assert(!PTH || C::EB == 1, "per-token-head: 1-byte codes");
   // Block ids of this warp's tiles, 32 at a time (lane i holds tile 32k + i).
   int bt_lane = 0;
   // Copies this warp's k-th tile into stage `st` (one commit group per call).
@@ -102,10 +115,11 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   // tile's math when the registers allow (fp8 up to D=128, bf16 up to D=64).
   constexpr bool kPrefetch = !LEAN && D * EB <= (DEEP ? 256 : 128);
   constexpr bool kPrefetch2 = DEEP && D * EB <= 128;  // two tiles ahead
-  auto load_tile = [&](int it, uint32_t (&kw)[2][KW], uint32_t (&vw)[4][VW]) {
+  auto load_tile = [&](int it, uint32_t (&kw)[2][KW], uint32_t (&vw)[4][VW], float& sc_) {
     const int j0 = s_begin + it * kTile;
     const int64_t blk = bt[j0 / p.block_size];
     const int64_t row0 = blk * p.block_size + j0 % p.block_size;  // the tile stays inside one block
+    sc_ = sc_load(row0 * row_bytes + head_off);
     const uint8_t* kb = p.k_cache + row0 * row_bytes + head_off;
     const uint8_t* vb = p.v_cache + row0 * row_bytes + head_off;
 #pragma unroll
@@ -118,9 +132,10 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   };
   // Register path: the first tile's loads are issued before Q's (overlapped).
   uint32_t kw[2][KW], vw[4][VW];
-  if (!C::USE_RING && !FAST && T0 < ntiles) load_tile(T0, kw, vw);
+  float sc = 0.0f, scn = 0.0f;  // per-token-head: this lane's scale of the tile in kw / vw, kn / vn
+  if (!C::USE_RING && !FAST && T0 < ntiles) load_tile(T0, kw, vw, sc);
   uint32_t kn[2][KW], vn[4][VW];  // tile it + kWarps (in flight), two-ahead variant only
-  if (kPrefetch2 && T0 + TS < ntiles) load_tile(T0 + TS, kn, vn);
+  if (kPrefetch2 && T0 + TS < ntiles) load_tile(T0 + TS, kn, vn, scn);
   // L2 prefetch of this warp's next p.l2_prefetch tiles (register path);
   // fixed off (DecodeParams), the code kept until an A/B removes it.
   constexpr int LPR = D * EB >= 128 ? D * EB / 128 : 1;  // 128-byte lines per key row
@@ -184,7 +199,11 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) ld_words<VBYTES>(vb + fv_off[i], vw_[i]);
   };
-  auto f_load = [&](int k, uint32_t (&kw_)[2][KW], uint32_t (&vw_)[4][VW]) { f_load_v(f_load_k(k, kw_), vw_); };
+  auto f_load = [&](int k, uint32_t (&kw_)[2][KW], uint32_t (&vw_)[4][VW], float& sc_) {
+    const long long off = f_load_k(k, kw_);
+    sc_ = sc_load(off);
+    f_load_v(off, vw_);
+  };
   if constexpr (FAST) {
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) fk_off[nt] = static_cast<uint32_t>((nt * 8 + r) * row_bytes + t * 16);
@@ -197,7 +216,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
     f_cur = f_off(spec_blk[0], lane);
     f_nxt = f_off(spec_blk[1], 32 + lane);
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    if (T0 < ntiles) f_load(0, kw, vw);
+    if (T0 < ntiles) f_load(0, kw, vw, sc);
   }
   for (int k = 1; k < pf; ++k) prefetch_tile(k);  // (after the wait: L2 prefetches of K/V)
   // Q fragments (A operand, rows = heads, 8..15 zero) in the permuted dim order:
@@ -243,7 +262,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
       }
     }
   }
-  const float ks = DT == kBf16 ? 1.0f : p.k_scale[p.k_scale_count == 1 ? 0 : kvh];
+  const float ks = DT == kBf16 || PTH ? 1.0f : p.k_scale[p.k_scale_count == 1 ? 0 : kvh];
   const float score_scale = p.softmax_scale * ks;
   const bool softcap = p.softcap > 0.0f;
   const float score_mul = softcap ? score_scale / p.softcap : score_scale * kLog2e;
@@ -359,7 +378,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
     // One tile's math (the reg loop's, bitwise). kn >= 0 (F4): once the scores
     // are done, tile kn's K loads into kw_, its offset into k_next_off.
     long long k_next_off = 0;
-    auto math = [&](int j0, uint32_t (&kw_)[2][KW], uint32_t (&vw_)[4][VW], int kn) {
+    auto math = [&](int j0, uint32_t (&kw_)[2][KW], uint32_t (&vw_)[4][VW], int kn, float sc_) {
       float s[2][4];
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
@@ -387,11 +406,12 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
       // Only a tile crossing [first, s_end) needs the masks, and the softcap
       // branch is taken once per tile, not per score (both warp-uniform).
       const bool edge = j0 < first || j0 + kTile > s_end;
-      float x[2][2];
+      float x[2][2], vsc[2][2];
+      pth_scales<PTH>(sc_, t, x, vsc);
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) x[nt][e] = s[nt][e] * score_mul;
+        for (int e = 0; e < 2; ++e) x[nt][e] = PTH ? (s[nt][e] * x[nt][e]) * score_mul : s[nt][e] * score_mul;
       if (softcap) {
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt)
@@ -405,6 +425,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
           for (int e = 0; e < 2; ++e) {
             const int j = j0 + nt * 8 + 2 * t + e;
             x[nt][e] = (j >= first && j < s_end) ? x[nt][e] : -INFINITY;
+            if constexpr (PTH) vsc[nt][e] = (j >= first && j < s_end) ? vsc[nt][e] : 0.0f;  // p = 0, scale may be NaN
           }
       }
       float mx = -INFINITY;
@@ -413,7 +434,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) mx = fmaxf(mx, x[nt][e]);
       uint32_t pa0, pa2;
-      const SoftmaxRow sr = online_softmax_step<DT, MT, true>(x, mx, t, m, l, o, pa0, pa2);
+      const SoftmaxRow sr = online_softmax_step<DT, MT, true, PTH>(x, mx, t, m, l, o, pa0, pa2, vsc);
       m = sr.m;
       l = sr.l;
       if (edge) {
@@ -428,45 +449,22 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
 #pragma unroll
       for (int i = 0; i < MT; ++i) {
         uint32_t a0, a1, a2, a3;
-        if constexpr (DT == kBf16) {
-          a0 = __byte_perm(vw_[0][i], vw_[1][i], 0x5410u);
-          a1 = __byte_perm(vw_[0][i], vw_[1][i], 0x7632u);
-          a2 = __byte_perm(vw_[2][i], vw_[3][i], 0x5410u);
-          a3 = __byte_perm(vw_[2][i], vw_[3][i], 0x7632u);
-        } else {
-          const uint32_t b = 2 * (i & 1);
-          if constexpr (DT == kE5m2) {
-            const uint32_t sl = b | (b << 4) | ((b + 4) << 8) | ((b + 4) << 12);
-            const uint32_t sh = (b + 1) | ((b + 1) << 4) | ((b + 5) << 8) | ((b + 5) << 12);
-            a0 = __byte_perm(vw_[0][i / 2], vw_[1][i / 2], sl) & 0xff00ff00u;
-            a1 = __byte_perm(vw_[0][i / 2], vw_[1][i / 2], sh) & 0xff00ff00u;
-            a2 = __byte_perm(vw_[2][i / 2], vw_[3][i / 2], sl) & 0xff00ff00u;
-            a3 = __byte_perm(vw_[2][i / 2], vw_[3][i / 2], sh) & 0xff00ff00u;
-          } else {
-            const uint32_t sel = b | ((b + 4) << 4) | ((b + 1) << 8) | ((b + 5) << 12);
-            const uint32_t w01 = __byte_perm(vw_[0][i / 2], vw_[1][i / 2], sel);
-            const uint32_t w23 = __byte_perm(vw_[2][i / 2], vw_[3][i / 2], sel);
-            a0 = fp8x2_to_f16x2<DT>(w01);
-            a1 = fp8x2_to_f16x2<DT>(w01 >> 16);
-            a2 = fp8x2_to_f16x2<DT>(w23);
-            a3 = fp8x2_to_f16x2<DT>(w23 >> 16);
-          }
-        }
+        v_operand<DT, VW>(vw_, i, a0, a1, a2, a3);
         mma16816<DT>(o[i], a0, a1, a2, a3, pa0, pa2);
       }
     };
     if constexpr (kPrefetch) {
       // Ping-pong: tile ow in (kc, vc) while tile ow + 1 loads into (kx, vx).
-      auto step = [&](int it, int ow, uint32_t (&kc)[2][KW], uint32_t (&vc)[4][VW], uint32_t (&kx)[2][KW],
-                      uint32_t (&vx)[4][VW]) {
+      auto step = [&](int it, int ow, uint32_t (&kc)[2][KW], uint32_t (&vc)[4][VW], float& scc,
+                      uint32_t (&kx)[2][KW], uint32_t (&vx)[4][VW], float& scx) {
         if (pf > 0) prefetch_tile(ow + pf);
-        if (it + TS < ntiles) f_load(ow + 1, kx, vx);
-        math(s_begin + it * kTile, kc, vc, -1);
+        if (it + TS < ntiles) f_load(ow + 1, kx, vx, scx);
+        math(s_begin + it * kTile, kc, vc, -1, scc);
       };
       for (int it = T0, ow = 0; it < ntiles; it += 2 * TS, ow += 2) {
-        step(it, ow, kw, vw, kn, vn);
+        step(it, ow, kw, vw, sc, kn, vn, scn);
         if (it + TS >= ntiles) break;
-        step(it + TS, ow + 1, kn, vn, kw, vw);
+        step(it + TS, ow + 1, kn, vn, scn, kw, vw, sc);
       }
     } else {
       for (int it = T0, ow = 0; it < ntiles; it += TS, ++ow) {
@@ -474,11 +472,14 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
         const bool next = it + TS < ntiles;
         if constexpr (LEAN) {
           // F4: one register stage refilled as it frees (K after the scores, V last).
-          math(s_begin + it * kTile, kw, vw, next ? ow + 1 : -1);
-          if (next) f_load_v(k_next_off, vw);
+          math(s_begin + it * kTile, kw, vw, next ? ow + 1 : -1, sc);
+          if (next) {
+            sc = sc_load(k_next_off);
+            f_load_v(k_next_off, vw);
+          }
         } else {
-          math(s_begin + it * kTile, kw, vw, -1);
-          if (next) f_load(ow + 1, kw, vw);
+          math(s_begin + it * kTile, kw, vw, -1, sc);
+          if (next) f_load(ow + 1, kw, vw, sc);
         }
       }
     }
@@ -488,10 +489,11 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
       const bool has_next = it + TS < ntiles;
       if (pf > 0) prefetch_tile(ow + pf);
       uint32_t k2[2][KW], v2[4][VW];
+      float sc2 = 0.0f;
       if constexpr (kPrefetch2) {
-        if (it + 2 * TS < ntiles) load_tile(it + 2 * TS, k2, v2);
+        if (it + 2 * TS < ntiles) load_tile(it + 2 * TS, k2, v2, sc2);
       } else if (kPrefetch && has_next) {
-        load_tile(it + TS, kn, vn);
+        load_tile(it + TS, kn, vn, scn);
       }
       // S = Q K^T for keys j0 + nt*8 + (0..7).
       float s[2][4];
@@ -513,21 +515,23 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
         }
       }
       // Scores in log2 units, masked outside [first, ctx).
-      float x[2][2];
+      float x[2][2], vsc[2][2];
+      pth_scales<PTH>(sc, t, x, vsc);
       float mx = -INFINITY;
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int j = j0 + nt * 8 + 2 * t + e;
-          float v = s[nt][e] * score_mul;
+          float v = PTH ? (s[nt][e] * x[nt][e]) * score_mul : s[nt][e] * score_mul;
           if (softcap) v = p.softcap * tanhf(v) * kLog2e;
           v = (j >= first && j < s_end) ? v : -INFINITY;
+          if constexpr (PTH) vsc[nt][e] = (j >= first && j < s_end) ? vsc[nt][e] : 0.0f;
           x[nt][e] = v;
           mx = fmaxf(mx, v);
         }
       uint32_t pa0, pa2;
-      const SoftmaxRow sr = online_softmax_step<DT, MT, false>(x, mx, t, m, l, o, pa0, pa2);
+      const SoftmaxRow sr = online_softmax_step<DT, MT, false, PTH>(x, mx, t, m, l, o, pa0, pa2, vsc);
       m = sr.m;
       l = sr.l;
       // Zero V of keys outside [first, ctx): unwritten slots may hold NaN codes.
@@ -543,30 +547,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
 #pragma unroll
       for (int i = 0; i < MT; ++i) {
         uint32_t a0, a1, a2, a3;
-        if constexpr (DT == kBf16) {
-          a0 = __byte_perm(vw[0][i], vw[1][i], 0x5410u);
-          a1 = __byte_perm(vw[0][i], vw[1][i], 0x7632u);
-          a2 = __byte_perm(vw[2][i], vw[3][i], 0x5410u);
-          a3 = __byte_perm(vw[2][i], vw[3][i], 0x7632u);
-        } else {
-          const uint32_t b = 2 * (i & 1);  // byte of element 2i within its word
-          if constexpr (DT == kE5m2) {
-            const uint32_t sl = b | (b << 4) | ((b + 4) << 8) | ((b + 4) << 12);
-            const uint32_t sh = (b + 1) | ((b + 1) << 4) | ((b + 5) << 8) | ((b + 5) << 12);
-            a0 = __byte_perm(vw[0][i / 2], vw[1][i / 2], sl) & 0xff00ff00u;
-            a1 = __byte_perm(vw[0][i / 2], vw[1][i / 2], sh) & 0xff00ff00u;
-            a2 = __byte_perm(vw[2][i / 2], vw[3][i / 2], sl) & 0xff00ff00u;
-            a3 = __byte_perm(vw[2][i / 2], vw[3][i / 2], sh) & 0xff00ff00u;
-          } else {
-            const uint32_t sel = b | ((b + 4) << 4) | ((b + 1) << 8) | ((b + 5) << 12);
-            const uint32_t w01 = __byte_perm(vw[0][i / 2], vw[1][i / 2], sel);
-            const uint32_t w23 = __byte_perm(vw[2][i / 2], vw[3][i / 2], sel);
-            a0 = fp8x2_to_f16x2<DT>(w01);
-            a1 = fp8x2_to_f16x2<DT>(w01 >> 16);
-            a2 = fp8x2_to_f16x2<DT>(w23);
-            a3 = fp8x2_to_f16x2<DT>(w23 >> 16);
-          }
-        }
+        v_operand<DT, VW>(vw, i, a0, a1, a2, a3);
         mma16816<DT>(o[i], a0, a1, a2, a3, pa0, pa2);
       }
       if (has_next) {
@@ -579,7 +560,9 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
           for (int i = 0; i < 4; ++i)
 #pragma unroll
             for (int w = 0; w < VW; ++w) vw[i][w] = vn[i][w];
+          sc = scn;
           if constexpr (kPrefetch2) {
+            scn = sc2;
 #pragma unroll
             for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -590,7 +573,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
               for (int w = 0; w < VW; ++w) vn[i][w] = v2[i][w];
           }
         } else {
-          load_tile(it + TS, kw, vw);
+          load_tile(it + TS, kw, vw, sc);
         }
       }
     }

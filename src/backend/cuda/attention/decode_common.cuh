@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/attention/decode_plan.h"
 #include "backend/cuda/common.cuh"
@@ -43,6 +44,15 @@ struct DecodeParams : PagedKvParams {
   float* part_o;    // [batch][num_heads][max_splits][D]; splits > 1 only
   float* part_lse;  // [batch][num_heads][max_splits] (log2 domain)
 };
+// The per-token-head kernels' parameters: DecodeParams and the two scale
+// arrays (a derived struct: a larger DecodeParams reorders the other kernels'
+// parameter loads).
+struct DecodePthParams : DecodeParams {
+  const float* k_scale_pth;  // [num_blocks][block_size][num_kv_heads] f32
+  const float* v_scale_pth;
+};
+template <int DT>
+using DecodeParamsOf = std::conditional_t<dt_pth(DT), DecodePthParams, DecodeParams>;
 // The keys of sequence `ctx` long that its splits cover: [first, ctx) is
 // visible, the splits start at tstart (first rounded down to a tile).
 __device__ __forceinline__ void seq_range(const DecodeParams& p, int ctx, int& first, int& tstart, int& nsplits) {
@@ -98,10 +108,13 @@ struct DecodeCfg {
 // lanes of a row, the rescale of the running sum l and accumulators o by
 // exp2(m - m_new) (SKIP_UNIT: skipped when it is 1 in every lane: exact), and
 // P packed as the MMA's B fragment (pa0, pa2). Returns the new (m, l).
+// PTH (per-token-head): P is packed as p * vsc (the V scales of the keys of
+// x), l sums p.
 struct SoftmaxRow { float m, l; };
-template <int DT, int MT, bool SKIP_UNIT>
+template <int DT, int MT, bool SKIP_UNIT, bool PTH = false>
 __device__ __forceinline__ SoftmaxRow online_softmax_step(const float (&x)[2][2], float mx, int t, float m, float l,
-                                                    float (&o)[MT][4], uint32_t& pa0, uint32_t& pa2) {
+                                                    float (&o)[MT][4], uint32_t& pa0, uint32_t& pa2,
+                                                    const float (*vsc)[2] = nullptr) {
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
   const float m_new = fmaxf(m, mx);
@@ -122,9 +135,61 @@ __device__ __forceinline__ SoftmaxRow online_softmax_step(const float (&x)[2][2]
       o[i][0] *= alpha_lo; o[i][1] *= alpha_hi; o[i][2] *= alpha_lo; o[i][3] *= alpha_hi;
     }
   }
-  pa0 = pack2<DT>(pr[0][0], pr[0][1]);
-  pa2 = pack2<DT>(pr[1][0], pr[1][1]);
+  if constexpr (PTH) {
+    pa0 = pack2<DT>(pr[0][0] * vsc[0][0], pr[0][1] * vsc[0][1]);
+    pa2 = pack2<DT>(pr[1][0] * vsc[1][0], pr[1][1] * vsc[1][1]);
+  } else {
+    pa0 = pack2<DT>(pr[0][0], pr[0][1]);
+    pa2 = pack2<DT>(pr[1][0], pr[1][1]);
+  }
   return {m, l};
+}
+
+// Per-token-head (PTH): the K and V scales of this thread's keys nt * 8 + 2t + e
+// of a tile, from the lanes that loaded them (lane k < 16: key k's K scale;
+// lane 16 + k: its V scale). Nothing otherwise.
+template <bool PTH>
+__device__ __forceinline__ void pth_scales(float sc, int t, float (&ks)[2][2], float (&vs)[2][2]) {
+  if constexpr (PTH) {
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        ks[nt][e] = __shfl_sync(0xffffffffu, sc, nt * 8 + 2 * t + e);
+        vs[nt][e] = __shfl_sync(0xffffffffu, sc, 16 + nt * 8 + 2 * t + e);
+      }
+  }
+}
+
+// The A operand (V^T) of O^T's m-tile i from this thread's V words vw[key][w]
+// of keys 2t, 2t+1, 2t+8, 2t+9 (the reg and FAST loops).
+template <int DT, int VW>
+__device__ __forceinline__ void v_operand(const uint32_t (&vw)[4][VW], int i, uint32_t& a0, uint32_t& a1, uint32_t& a2,
+                                          uint32_t& a3) {
+  if constexpr (DT == kBf16) {
+    a0 = __byte_perm(vw[0][i], vw[1][i], 0x5410u);
+    a1 = __byte_perm(vw[0][i], vw[1][i], 0x7632u);
+    a2 = __byte_perm(vw[2][i], vw[3][i], 0x5410u);
+    a3 = __byte_perm(vw[2][i], vw[3][i], 0x7632u);
+  } else {
+    const uint32_t b = 2 * (i & 1);  // byte of element 2i within its word
+    if constexpr (DT == kE5m2) {
+      const uint32_t sl = b | (b << 4) | ((b + 4) << 8) | ((b + 4) << 12);
+      const uint32_t sh = (b + 1) | ((b + 1) << 4) | ((b + 5) << 8) | ((b + 5) << 12);
+      a0 = __byte_perm(vw[0][i / 2], vw[1][i / 2], sl) & 0xff00ff00u;
+      a1 = __byte_perm(vw[0][i / 2], vw[1][i / 2], sh) & 0xff00ff00u;
+      a2 = __byte_perm(vw[2][i / 2], vw[3][i / 2], sl) & 0xff00ff00u;
+      a3 = __byte_perm(vw[2][i / 2], vw[3][i / 2], sh) & 0xff00ff00u;
+    } else {  // e4m3 kinds, int8
+      const uint32_t sel = b | ((b + 4) << 4) | ((b + 1) << 8) | ((b + 5) << 12);
+      const uint32_t w01 = __byte_perm(vw[0][i / 2], vw[1][i / 2], sel);
+      const uint32_t w23 = __byte_perm(vw[2][i / 2], vw[3][i / 2], sel);
+      a0 = fp8x2_to_f16x2<DT>(w01);
+      a1 = fp8x2_to_f16x2<DT>(w01 >> 16);
+      a2 = fp8x2_to_f16x2<DT>(w23);
+      a3 = fp8x2_to_f16x2<DT>(w23 >> 16);
+    }
+  }
 }
 
 // The 4 warps' partials of one CTA combined in a fixed order: the output
@@ -154,7 +219,7 @@ __device__ __forceinline__ void combine_warps(const DecodeParams& p, uint8_t* sm
     }
   }
   __syncthreads();
-  const float vs = DT == kBf16 ? 1.0f : p.v_scale[p.v_scale_count == 1 ? 0 : kvh];
+  const float vs = DT == kBf16 || dt_pth(DT) ? 1.0f : p.v_scale[p.v_scale_count == 1 ? 0 : kvh];
   {
     for (int idx = threadIdx.x; idx < nh * D; idx += blockDim.x) {
       const int row = idx / D, d = idx % D;

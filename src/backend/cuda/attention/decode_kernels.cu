@@ -41,8 +41,11 @@ namespace {
 //   out           [batch][num_heads][D], f32 or bf16 (out_bf16): sequences of one split
 //   part_o        [batch][num_heads][max_splits][D] f32, part_lse [batch][num_heads][max_splits]
 //                 (log2 domain): sequences of several splits (decode_reduce_kernel combines them)
+//   k_scale_pth, v_scale_pth  [num_blocks][block_size][num_kv_heads] f32 (per-token-head
+//                 dtypes, DecodePthParams): the K scale multiplies a key's score after
+//                 the dot product, the V scale its probability in P V (not in the sum)
 template <int D, int DT, DecodeLoop LOOP, int STAGES, int MIN_CTAS>
-__global__ void __launch_bounds__(kWarps * 32, MIN_CTAS) decode_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(kWarps * 32, MIN_CTAS) decode_kernel(const DecodeParamsOf<DT> p) {
   constexpr bool FAST = LOOP == DecodeLoop::fast || LOOP == DecodeLoop::fast_refill;
   constexpr bool LEAN = LOOP == DecodeLoop::fast_refill;
   constexpr bool DEEP = DT == kBf16 && D == 128 && FAST;
@@ -50,7 +53,7 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_CTAS) decode_kernel(const Dec
   decode_body<D, DT, DEEP, LEAN, REG, FAST>(p);
 }
 
-constexpr int dtype_code(KvDtype dt) { return dt == KvDtype::bf16 ? kBf16 : dt == KvDtype::fp8_e4m3 ? kE4m3 : kE5m2; }
+constexpr int dtype_code(KvDtype dt) { return static_cast<int>(dt); }  // = the element codes (common.cuh)
 
 // Row I's kernel (WIDE: its wide kernel): attributes, occupancy, launch.
 template <int I, bool WIDE>
@@ -70,9 +73,9 @@ struct RowKernel {
     if constexpr (kRing)
       set_func_attribute_once(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
   }
-  static void launch(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
+  static void launch(const DecodePthParams& p, dim3 grid, cudaStream_t stream) {
     prepare();
-    kernel<<<grid, dim3(kWarps * 32), kSmem, stream>>>(p);
+    kernel<<<grid, dim3(kWarps * 32), kSmem, stream>>>(static_cast<const DecodeParamsOf<DT>&>(p));
     FP8KV_CUDA_CHECK(cudaGetLastError());
   }
   // Resident CTAs per SM (occupancy API) after prepare(); 0 when it cannot be
@@ -106,7 +109,7 @@ struct RowKernel {
 };
 
 template <bool WIDE, int... I>
-void launch_row(int row, const DecodeParams& p, dim3 grid, cudaStream_t stream, std::integer_sequence<int, I...>) {
+void launch_row(int row, const DecodePthParams& p, dim3 grid, cudaStream_t stream, std::integer_sequence<int, I...>) {
   (void)((row == I && (RowKernel<I, WIDE>::launch(p, grid, stream), true)) || ...);
 }
 template <bool WIDE, int... I>
@@ -119,7 +122,7 @@ using Rows = std::make_integer_sequence<int, kDecodePlanRows>;
 
 }  // namespace
 
-void launch_decode_kernel(int row, bool wide, const DecodeParams& p, dim3 grid, cudaStream_t stream) {
+void launch_decode_kernel(int row, bool wide, const DecodePthParams& p, dim3 grid, cudaStream_t stream) {
   if (wide) launch_row<true>(row, p, grid, stream, Rows{});
   else launch_row<false>(row, p, grid, stream, Rows{});
 }

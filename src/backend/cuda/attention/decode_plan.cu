@@ -118,11 +118,14 @@ void paged_decode(const DecodeArgs& a, cudaStream_t stream) {
     throw std::invalid_argument("paged_decode: plan does not cover max_context_len (use plan_decode)");
   if (a.plan.max_splits > 1 && (!a.workspace || a.plan.workspace_bytes == 0))
     throw std::invalid_argument("paged_decode: plan needs a workspace of plan.workspace_bytes");
-  const bool fp8 = kv_dtype_is_fp8(L.dtype);
-  if (fp8 && (!a.kv.k_scale.values || !a.kv.v_scale.values))
+  if (kv_dtype_per_tensor_scaled(L.dtype) && (!a.kv.k_scale.values || !a.kv.v_scale.values))
     throw std::invalid_argument("paged_decode: fp8 cache needs k/v scales");
+  if (kv_dtype_per_token_head(L.dtype) && (!a.kv.k_scale_pth || !a.kv.v_scale_pth))
+    throw std::invalid_argument("paged_decode: a per-token-head cache needs k_scale_pth / v_scale_pth");
   const int row = plan_row(L.head_dim, L.dtype);
-  decode::DecodeParams p{};
+  decode::DecodePthParams p{};
+  p.k_scale_pth = a.kv.k_scale_pth;
+  p.v_scale_pth = a.kv.v_scale_pth;
   fill_paged_params(p, a);
   p.gchunks = (p.group + kMaxGroup - 1) / kMaxGroup;
   p.split_tokens = a.plan.split_tokens;

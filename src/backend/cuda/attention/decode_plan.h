@@ -58,6 +58,13 @@ inline constexpr DecodePlanRow kDecodePlan[] = {
     {64, KvDtype::fp8_e4m3, kReg2, kReg2, "fallback: the reg loop (FAST at D = 64 was never measured as a default)"},
     {64, KvDtype::fp8_e5m2, kReg2, kReg2, "fallback: the reg loop (as fp8 e4m3 d64)"},
     {64, KvDtype::bf16, kReg2, kReg2, "fallback: the reg loop (as fp8 e4m3 d64)"},
+    // Per-token-head (K scale on the score, V scale folded into P): fp8 e4m3's kernels.
+    {128, KvDtype::fp8_e4m3_pth, kFast3, kF4, "as fp8 e4m3 d128 (FAST / F4), plus one scale load per lane per tile"},
+    {128, KvDtype::int8_pth, kFast3, kF4, "as fp8 e4m3 d128; int8 -> f16 by the magic-number trick (exact)"},
+    {256, KvDtype::fp8_e4m3_pth, kFastOneStage, kFastOneStage, "as fp8 e4m3 d256"},
+    {256, KvDtype::int8_pth, kFastOneStage, kFastOneStage, "as fp8 e4m3 d256"},
+    {64, KvDtype::fp8_e4m3_pth, kReg2, kReg2, "fallback: the reg loop (as fp8 e4m3 d64)"},
+    {64, KvDtype::int8_pth, kReg2, kReg2, "fallback: the reg loop (as fp8 e4m3 d64)"},
 };
 inline constexpr int kDecodePlanRows = static_cast<int>(sizeof(kDecodePlan) / sizeof(kDecodePlan[0]));
 
@@ -69,11 +76,13 @@ constexpr int decode_plan_row(int head_dim, KvDtype dtype) {
 }
 
 struct DecodeParams;
+struct DecodePthParams;
 
 // decode_kernels.cu: row `row`'s kernel (wide: its `wide` kernel) launched on
-// `grid` with kWarps * 32 threads, and its resident CTAs per SM on the current
+// `grid` with kWarps * 32 threads (p: DecodeParams plus, for the per-token-head
+// rows, their scale arrays), and its resident CTAs per SM on the current
 // device (occupancy API, cached per device; 0 when no device answers).
-void launch_decode_kernel(int row, bool wide, const DecodeParams& p, dim3 grid, cudaStream_t stream);
+void launch_decode_kernel(int row, bool wide, const DecodePthParams& p, dim3 grid, cudaStream_t stream);
 int decode_resident_ctas(int row, bool wide);
 
 // decode_reduce.cu: the split combine of a launch with p.max_splits > 1.

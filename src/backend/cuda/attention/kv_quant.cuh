@@ -20,6 +20,21 @@ __device__ __forceinline__ uint32_t quant_fp8_exact(float x, float s) {
   return r;
 }
 
+// int8 code (per-token-head int8) of a quotient q, as numerics/fp8.h
+// f32_to_int8_sat: round to nearest even, clamp to [-127, 127], NaN -> 0;
+// the byte is the two's complement.
+__device__ __forceinline__ uint32_t int8_code(float q) {
+  if (q != q) return 0u;
+  return static_cast<uint32_t>(max(-127, min(127, __float2int_rn(q)))) & 0xffu;
+}
+// The code of x with scale s through the IEEE division, for every cache code
+// of one byte (fp8 kinds, per-token-head e4m3, int8).
+template <int DT>
+__device__ __forceinline__ uint32_t quant_code_exact(float x, float s) {
+  if constexpr (DT == kI8Pth) return int8_code(__fdiv_rn(x, s));
+  else return quant_fp8_exact<DT == kE5m2 ? kE5m2 : kE4m3>(x, s);
+}
+
 // fp32 -> bf16 bits exactly as numerics/fp8.h f32_to_bf16 (RNE, NaN keeps
 // sign and top payload bits, quieted).
 __device__ __forceinline__ uint32_t bf16_bits(float f) {

@@ -20,8 +20,10 @@ void paged_prefill(const PrefillArgs& a, cudaStream_t stream) {
   if (a.batch <= 0 || a.max_query_len <= 0) return;
   if (!a.q || !a.out || !a.q_start || !a.kv.k_cache || !a.kv.v_cache || !a.kv.block_tables || !a.kv.context_lens)
     throw std::invalid_argument("paged_prefill: null pointer argument");
-  if (kv_dtype_is_fp8(L.dtype) && (!a.kv.k_scale.values || !a.kv.v_scale.values))
+  if (kv_dtype_per_tensor_scaled(L.dtype) && (!a.kv.k_scale.values || !a.kv.v_scale.values))
     throw std::invalid_argument("paged_prefill: fp8 cache needs k/v scales");
+  if (kv_dtype_per_token_head(L.dtype) && (!a.kv.k_scale_pth || !a.kv.v_scale_pth))
+    throw std::invalid_argument("paged_prefill: a per-token-head cache needs k_scale_pth / v_scale_pth");
   switch (prefill_plan(L.head_dim, L.dtype).path) {
     case PrefillPath::wgmma_ws: launch_prefill_ws(a, stream); break;
     case PrefillPath::mma: launch_prefill_mma(a, stream); break;

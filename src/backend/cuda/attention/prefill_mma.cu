@@ -7,10 +7,12 @@
 // with ldmatrix. The next tile's global loads are issued into registers
 // before the current tile's math (register-staged pipeline). At D = 256 the Q
 // fragments live in shared memory (registers would spill).
-// fp8 caches: f16 MMAs (Q, P rounded to f16); bf16 caches: bf16 MMAs.
-// k_scale folds into the score scale, v_scale multiplies the output once.
+// fp8 and int8 caches: f16 MMAs (Q, P rounded to f16); bf16 caches: bf16 MMAs.
+// k_scale folds into the score scale, v_scale multiplies the output once;
+// per-token-head scales multiply score columns and P columns (see the kernel).
 #include <algorithm>
 #include <stdexcept>
+#include <type_traits>
 
 #include "backend/cuda/attention/prefill_common.cuh"
 #include "backend/cuda/attention/prefill_plan.h"
@@ -26,6 +28,13 @@ struct PrefillParams : PagedKvParams {
   const int32_t* q_start;  // [batch + 1]: sequence b's queries are rows [q_start[b], q_start[b + 1])
   int num_q_tiles;         // ceil(max_query_len / kQTile)
 };
+// The per-token-head kernels' (a derived struct: the others' parameters stay as they are).
+struct PrefillPthParams : PrefillParams {
+  const float* k_scale_pth;  // [num_blocks][block_size][num_kv_heads] f32
+  const float* v_scale_pth;
+};
+template <int DT>
+using PrefillParamsOf = std::conditional_t<dt_pth(DT), PrefillPthParams, PrefillParams>;
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
   const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -51,7 +60,7 @@ __host__ __device__ constexpr bool kv_async() { return D == 256 && DT == kBf16; 
 template <int D, int DT>
 __host__ __device__ constexpr int prefill_smem() {
   return (kv_async<D, DT>() ? 2 : 1) * 2 * kv_tile<D>() * (D + 8) * 2 +
-         (q_in_smem<D>() ? (kThreads / 32) * (D / 16) * 32 * 16 : 0);
+         (q_in_smem<D>() ? (kThreads / 32) * (D / 16) * 32 * 16 : 0) + (dt_pth(DT) ? 2 * kv_tile<D>() * 4 : 0);
 }
 
 __device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, bool valid) {
@@ -69,13 +78,18 @@ __device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, boo
 //   p.context_lens [batch]: sequence b's keys are positions [0, context_lens[b])
 //   p.q_start      [batch + 1]: its queries are rows [q_start[b], q_start[b + 1]),
 //                  at the last positions of its context
-//   p.k_scale, p.v_scale  [1] or [num_kv_heads] (fp8 only)
+//   p.k_scale, p.v_scale  [1] or [num_kv_heads] (per-tensor-scaled fp8 only)
+//   p.k_scale_pth, p.v_scale_pth  [num_blocks][block_size][num_kv_heads] f32 (per-token-head DT,
+//                  PrefillPthParams): a key's K scale multiplies its score column
+//                  after Q K^T, its V scale its column of P before P V (not the sum l);
+//                  staged per tile in shared memory beside the K/V tiles
 //   p.window       0: causal; else query at position i sees keys j with i - j < window
 //   p.softmax_scale, p.softcap (0: off); p.group = num_heads / num_kv_heads
 // CTA (x, h, b) runs query tile num_q_tiles - 1 - x (the longest first) of
 // head h of sequence b.
 template <int D, int DT>
-__global__ void __launch_bounds__(kThreads) prefill_mma_kernel(const PrefillParams p) {
+__global__ void __launch_bounds__(kThreads) prefill_mma_kernel(const PrefillParamsOf<DT> p) {
+  constexpr bool PTH = dt_pth(DT);
   constexpr int KT = kv_tile<D>();
   constexpr int EB = DT == kBf16 ? 2 : 1;
   constexpr int CH = D * EB / 16;             // 16-byte chunks per key row (global)
@@ -149,7 +163,10 @@ __global__ void __launch_bounds__(kThreads) prefill_mma_kernel(const PrefillPara
       for (int i = 0; i < 4; ++i) qa[ks % (kQInSmem ? 1 : KS)][i] = f[i];
     }
   }
-  const float ks_ = DT == kBf16 ? 1.0f : p.k_scale[p.k_scale_count == 1 ? 0 : kvh];
+  const float ks_ = DT == kBf16 || PTH ? 1.0f : p.k_scale[p.k_scale_count == 1 ? 0 : kvh];
+  // Per-token-head: the tile's K scales at ssc[key], V scales at ssc[KT + key].
+  float* ssc = reinterpret_cast<float*>(smem + kBufs * 2 * KT * PITCH) + (kQInSmem ? (kThreads / 32) * KS * 32 * 4 : 0);
+  float rks = 0.0f, rvs = 0.0f;  // thread tid < KT: key tid's scales of the next tile (0 outside the range)
   const bool softcap = p.softcap > 0.0f;
   const float score_mul = softcap ? p.softmax_scale * ks_ / p.softcap : p.softmax_scale * ks_ * kLog2e;
 
@@ -170,6 +187,16 @@ __global__ void __launch_bounds__(kThreads) prefill_mma_kernel(const PrefillPara
         rv[i] = ld_stream16(p.v_cache + off);
       } else {
         rk[i] = rv[i] = make_uint4(0, 0, 0, 0);  // never read: unwritten / freed slots may hold NaN
+      }
+    }
+    if constexpr (PTH) {
+      const int j = j0 + tid;
+      rks = rvs = 0.0f;
+      if (tid < KT && j >= kv_lo && j < kv_hi) {
+        const int64_t idx = (static_cast<int64_t>(bt[j / p.block_size]) * p.block_size + j % p.block_size) *
+                                p.num_kv_heads + kvh;
+        rks = p.k_scale_pth[idx];
+        rvs = p.v_scale_pth[idx];
       }
     }
   };
@@ -197,6 +224,12 @@ __global__ void __launch_bounds__(kThreads) prefill_mma_kernel(const PrefillPara
         dk[1] = make_uint4(hk[4], hk[5], hk[6], hk[7]);
         dv[0] = make_uint4(hv[0], hv[1], hv[2], hv[3]);
         dv[1] = make_uint4(hv[4], hv[5], hv[6], hv[7]);
+      }
+    }
+    if constexpr (PTH) {
+      if (tid < KT) {
+        ssc[tid] = rks;
+        ssc[KT + tid] = rvs;
       }
     }
   };
@@ -273,7 +306,7 @@ __global__ void __launch_bounds__(kThreads) prefill_mma_kernel(const PrefillPara
       for (int n = 0; n < NT; ++n)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          float v = s[n][rr * 2 + e] * score_mul;
+          float v = PTH ? (s[n][rr * 2 + e] * ssc[n * 8 + 2 * t + e]) * score_mul : s[n][rr * 2 + e] * score_mul;
           if (softcap) v = p.softcap * tanhf(v) * kLog2e;
           if (!full_tile) {
             const int j = j0 + n * 8 + 2 * t + e;
@@ -302,9 +335,16 @@ __global__ void __launch_bounds__(kThreads) prefill_mma_kernel(const PrefillPara
 #pragma unroll
       for (int i = 0; i < ONT; ++i) { o[i][rr * 2] *= alpha; o[i][rr * 2 + 1] *= alpha; }
     }
-    // O += P V.
+    // O += P V (per-token-head: P's key columns times their V scales).
 #pragma unroll
     for (int kk = 0; kk < KT / 16; ++kk) {
+      if constexpr (PTH) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float2 vs2 = *reinterpret_cast<const float2*>(ssc + KT + kk * 16 + h * 8 + 2 * t);
+          s[2 * kk + h][0] *= vs2.x; s[2 * kk + h][1] *= vs2.y; s[2 * kk + h][2] *= vs2.x; s[2 * kk + h][3] *= vs2.y;
+        }
+      }
       const uint32_t a0 = pack2<DT>(s[2 * kk][0], s[2 * kk][1]);
       const uint32_t a1 = pack2<DT>(s[2 * kk][2], s[2 * kk][3]);
       const uint32_t a2 = pack2<DT>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
@@ -320,24 +360,26 @@ __global__ void __launch_bounds__(kThreads) prefill_mma_kernel(const PrefillPara
     }
   }
 
-  const float vs = DT == kBf16 ? 1.0f : p.v_scale[p.v_scale_count == 1 ? 0 : kvh];
+  const float vs = DT == kBf16 || PTH ? 1.0f : p.v_scale[p.v_scale_count == 1 ? 0 : kvh];
   store_o_rows<D>(p, q0 + qi0, h, t, l, qvalid, vs, [&](int i, int rr, int e) { return o[i][rr * 2 + e]; });
 }
 
 template <int D, int DT>
-void launch_prefill_t(const PrefillParams& p, dim3 grid, cudaStream_t stream) {
+void launch_prefill_t(const PrefillPthParams& p, dim3 grid, cudaStream_t stream) {
   constexpr int smem = prefill_smem<D, DT>();
   // Per device, not per process: TP ranks are threads on different GPUs.
   detail::set_func_attribute_once(prefill_mma_kernel<D, DT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  prefill_mma_kernel<D, DT><<<grid, kThreads, smem, stream>>>(p);
+  prefill_mma_kernel<D, DT><<<grid, kThreads, smem, stream>>>(static_cast<const PrefillParamsOf<DT>&>(p));
   FP8KV_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
 void launch_prefill_mma(const PrefillArgs& a, cudaStream_t stream) {
-  PrefillParams p{};
+  PrefillPthParams p{};
   fill_paged_params(p, a);
+  p.k_scale_pth = a.kv.k_scale_pth;
+  p.v_scale_pth = a.kv.v_scale_pth;
   p.q_start = a.q_start;
   p.num_q_tiles = (a.max_query_len + kQTile - 1) / kQTile;
   const dim3 grid(p.num_q_tiles, a.num_heads, a.batch);

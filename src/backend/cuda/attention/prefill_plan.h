@@ -41,6 +41,13 @@ inline constexpr PrefillPlanRow kPrefillPlan[] = {
     {256, KvDtype::bf16, PrefillPath::mma, "fallback: the wgmma kernel is written for head_dim 128"},
     {256, KvDtype::fp8_e4m3, PrefillPath::mma, "fallback: the wgmma kernel is written for head_dim 128"},
     {256, KvDtype::fp8_e5m2, PrefillPath::mma, "fallback: the wgmma kernel is written for head_dim 128"},
+    // Per-token-head: K scales on the score columns, V scales on P's columns.
+    {64, KvDtype::fp8_e4m3_pth, PrefillPath::mma, "fallback: the wgmma kernel is written for head_dim 128"},
+    {64, KvDtype::int8_pth, PrefillPath::mma, "fallback: the wgmma kernel is written for head_dim 128"},
+    {128, KvDtype::fp8_e4m3_pth, PrefillPath::wgmma_ws, "as fp8 e4m3; the tile's 128 K and V scales staged beside it"},
+    {128, KvDtype::int8_pth, PrefillPath::wgmma_ws, "as fp8 e4m3 (int8 -> f16 exact); scales as e4m3 per token head"},
+    {256, KvDtype::fp8_e4m3_pth, PrefillPath::mma, "fallback: the wgmma kernel is written for head_dim 128"},
+    {256, KvDtype::int8_pth, PrefillPath::mma, "fallback: the wgmma kernel is written for head_dim 128"},
 };
 
 // The row of a case; throws std::invalid_argument for a case with no row.

@@ -26,8 +26,9 @@
 // runs on across items (tile counters continue), so the producer gathers the
 // next item's first tiles while the consumers finish the current one.
 //
-// fp8 caches: f16 MMAs (Q, P rounded to f16); bf16 caches: bf16 MMAs.
-// k_scale folds into the score scale, v_scale multiplies the output once.
+// fp8 and int8 caches: f16 MMAs (Q, P rounded to f16); bf16 caches: bf16 MMAs.
+// k_scale folds into the score scale, v_scale multiplies the output once;
+// per-token-head scales multiply score columns and P's columns (see the kernel).
 #include <algorithm>
 #include <atomic>
 #include <climits>
@@ -51,12 +52,18 @@ using namespace detail;
 //   p.context_lens [batch]: sequence b's keys are positions [0, context_lens[b])
 //   p.q_start      [batch + 1]: its queries are rows [q_start[b], q_start[b + 1]),
 //                  at the last positions of its context
-//   p.k_scale, p.v_scale  [1] or [num_kv_heads] (fp8 only)
+//   p.k_scale, p.v_scale  [1] or [num_kv_heads] (per-tensor-scaled fp8 only)
+//   p.k_scale_pth, p.v_scale_pth  [num_blocks][block_size][num_kv_heads] f32 (per-token-head DT,
+//                  WgPthParams): the producer loads a tile's 128 K and V scales a tile
+//                  ahead and stores them beside its stage (sc_empty: the consumers' release
+//                  after the tile's softmax); the consumers multiply the score columns by
+//                  the K scales and P's columns by the V scales (not the sum l)
 //   p.window       0: causal; else query at position i sees keys j with i - j < window
 //   p.softmax_scale, p.softcap (0: off); p.group = num_heads / num_kv_heads
 //   p.num_q_tiles  ceil(max_query_len / 128); items = num_heads x batch x num_q_tiles
 template <int DT>
-__global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
+__global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParamsOf<DT> p) {
+  constexpr bool PTH = dt_pth(DT);
   constexpr int EB = DT == kBf16 ? 2 : 1;
   constexpr int kD = kWsD, KT = kWsKT, kBM = kWsBM;
   constexpr int NS = ws_stages<DT>();
@@ -70,7 +77,17 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
   uint8_t* sQ = smem;
   uint8_t* sKV = smem + kBM * kD * 2;           // stage s: K at + s * 2 * kTileBytes, V at + kTileBytes
   uint8_t* sRaw = sKV + NS * 2 * kTileBytes;    // fp8 staging r: K at + r * 2 * kRawBytes, V at + kRawBytes
-  const uint32_t bar0 = smem_u32(sRaw + (DT == kBf16 ? 0 : 2 * 2 * kRawBytes));
+  uint32_t bar0 = smem_u32(sRaw + (DT == kBf16 ? 0 : 2 * 2 * kRawBytes));
+  // Per-token-head: the barriers in the alignment pad when it has room
+  // (ws_smem), the scales [stage][K|V][KT] after the staging ring.
+  float* scl = nullptr;
+  if constexpr (PTH) {
+    const bool in_pad = smem - smem_raw >= 128;
+    uint8_t* tail = sRaw + 2 * 2 * kRawBytes;
+    bar0 = smem_u32(in_pad ? smem_raw : tail);
+    scl = reinterpret_cast<float*>(in_pad ? tail : tail + 128);
+  }
+  auto sc_empty = [&](int slot) { return bar0 + 8 * (4 * NS + slot); };  // PTH: the scales' release
   // bf16: full / empty per stage (the whole K+V tile). fp8 (kSplit): K and
   // V halves of a stage have their own barriers (full = fullK, empty =
   // emptyK), so a stage's K is released right after its QK and the producer
@@ -89,6 +106,7 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
       mbar_init(empty(s), 256);
       mbar_init(full_v(s), 128);
       mbar_init(empty_v(s), 256);
+      if constexpr (PTH) mbar_init(sc_empty(s), 256);
     }
   }
   __syncthreads();
@@ -191,6 +209,9 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
         };
         int32_t ids[NG];
         load_ids(0, ids);
+        // PTH: key tid's K / V scales of the tile whose copies were issued last
+        // (0 outside [kv_lo, kv_hi)), and of the tile being converted.
+        float nks = 0.0f, nvs = 0.0f, cks = 0.0f, cvs = 0.0f;
         auto issue_raw = [&](int it) {
           const int j0 = w.tile_lo + it * KT;
           const uint32_t dk = smem_u32(sRaw + ((gbase + it) & 1) * 2 * kRawBytes), dv = dk + kRawBytes;
@@ -210,10 +231,23 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
             cp_async16(dv + (key + 8) * 128 + ch * 16, p.v_cache + off1, ok1);
           }
           cp_async_commit();
+          if constexpr (PTH) {
+            const int j = j0 + tid;
+            nks = nvs = 0.0f;
+            if (j >= w.kv_lo && j < w.kv_hi) {
+              const int64_t idx =
+                  (static_cast<int64_t>(pm.bt[pm.block_of(j)]) * pm.block_size + pm.in_block(j)) * p.num_kv_heads +
+                  w.kvh;
+              nks = p.k_scale_pth[idx];
+              nvs = p.v_scale_pth[idx];
+            }
+          }
           if (it + 1 < w.ntiles) load_ids(it + 1, ids);
         };
         issue_raw(0);
         for (int it = 0; it < w.ntiles; ++it) {
+          cks = nks;
+          cvs = nvs;
           if (it + 1 < w.ntiles) issue_raw(it + 1);  // its staging held tile it - 1, converted by this thread
           else cp_async_commit();
           cp_async_wait<1>();  // this thread's copies of tile it
@@ -248,6 +282,13 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
               *reinterpret_cast<uint4*>(d0 + dk * 128) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
               *reinterpret_cast<uint4*>(d1 + dk * 128) = make_uint4(hw[4], hw[5], hw[6], hw[7]);
             }
+            if constexpr (PTH) {
+              if (kv == 0) {  // the tile's scales, published with its K half
+                mbar_wait(sc_empty(g & 1), ((g >> 1) & 1) ^ 1);
+                scl[(g & 1) * 2 * KT + tid] = cks;
+                scl[(g & 1) * 2 * KT + KT + tid] = cvs;
+              }
+            }
             fence_proxy_async();
             mbar_arrive(kv == 0 ? full(st) : full_v(st));
           }
@@ -269,7 +310,23 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
   }
   const uint32_t qa = smem_u32(sQ) + cw * 64 * 128;
   auto ktile = [&](int gi) { return smem_u32(sKV + (gi % NS) * 2 * kTileBytes); };
-  auto pack_p = [&](float (&s)[KT / 2], uint32_t (&pa)[KT / 16][4]) {
+  // PTH: the score columns of tile gi times its K scales (v = 0) or its V
+  // scales (v = 1): this thread's columns 8 n + 2 t + {0, 1}. Shared-memory
+  // loads as volatile asm next to their multiplies (loads hoisted ahead of
+  // all 32 multiplies would hold 32 registers more).
+  const uint32_t scl_s = PTH ? smem_u32(scl) + 8 * t : 0u;
+  auto scale_cols = [&](float (&s)[KT / 2], int gi, int v) {
+    const uint32_t a = scl_s + ((gi & 1) * 2 + v) * KT * 4;
+#pragma unroll
+    for (int n = 0; n < KT / 8; ++n) {
+      float x, y;
+      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(x), "=f"(y) : "r"(a + 32 * n));
+      s[4 * n] *= x; s[4 * n + 1] *= y; s[4 * n + 2] *= x; s[4 * n + 3] *= y;
+    }
+  };
+  // (PTH: P's key columns times the V scales of tile gi first.)
+  auto pack_p = [&](float (&s)[KT / 2], uint32_t (&pa)[KT / 16][4], int gi) {
+    if constexpr (PTH) scale_cols(s, gi, 1);
 #pragma unroll
     for (int kk = 0; kk < KT / 16; ++kk) {
       pa[kk][0] = pack2<DT>(s[8 * kk + 0], s[8 * kk + 1]);
@@ -361,7 +418,7 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
     const int qi0 = w.qtile * kBM + r0;
     const int qpos[2] = {w.pos0 + qi0, w.pos0 + qi0 + 8};
     const bool qvalid[2] = {qi0 < w.nq, qi0 + 8 < w.nq};
-    const float ks_ = DT == kBf16 ? 1.0f : p.k_scale[p.k_scale_count == 1 ? 0 : w.kvh];
+    const float ks_ = DT == kBf16 || PTH ? 1.0f : p.k_scale[p.k_scale_count == 1 ? 0 : w.kvh];
     const float score_mul = softcap ? p.softmax_scale * ks_ / p.softcap : p.softmax_scale * ks_ * kLog2e;
     const int kv_lo = w.kv_lo;
 
@@ -372,7 +429,9 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
 
     // Scale, mask, online softmax of tile j0 (probabilities left in s; o is
     // not touched: alpha returns the rescale factors).
-    auto softmax = [&](float (&s)[KT / 2], int j0, float (&alpha)[2]) {
+    // (PTH: the score columns times the K scales of tile gi first.)
+    auto softmax = [&](float (&s)[KT / 2], int j0, float (&alpha)[2], int gi) {
+      if constexpr (PTH) scale_cols(s, gi, 0);
       float mul = score_mul;
       if (softcap) {
 #pragma unroll
@@ -428,8 +487,9 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
     wgmma_wait<0>();
     reg_fence(s);
     if constexpr (kSplit) mbar_arrive(empty(g0 % NS));
-    softmax(s, w.tile_lo, alpha);
-    pack_p(s, pa);
+    softmax(s, w.tile_lo, alpha, g0);
+    pack_p(s, pa, g0);
+    if constexpr (PTH) mbar_arrive(sc_empty(g0 & 1));
     for (int it = 1; it < ntiles; ++it) {
       const int gi = g0 + it;
       mbar_wait(full(gi % NS), (gi / NS) & 1);
@@ -441,7 +501,7 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
       wgmma_wait<1>();  // S(it); O += P V(it - 1) may still run
       reg_fence(s);
       if constexpr (kSplit) mbar_arrive(empty(gi % NS));  // K of tile it
-      softmax(s, w.tile_lo + it * KT, alpha);
+      softmax(s, w.tile_lo + it * KT, alpha, gi);
       wgmma_wait<0>();
       reg_fence(o);
       reg_fence(s);  // P(it) is packed over P(it - 1)'s registers only after the wait
@@ -453,7 +513,8 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
         o[4 * i + 2] *= alpha[1];
         o[4 * i + 3] *= alpha[1];
       }
-      pack_p(s, pa);
+      pack_p(s, pa, gi);
+      if constexpr (PTH) mbar_arrive(sc_empty(gi & 1));
     }
     const int gl = g0 + ntiles - 1;
     if constexpr (kSplit) mbar_wait(full_v(gl % NS), (gl / NS) & 1);
@@ -464,7 +525,7 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
     reg_fence(o);
     mbar_arrive(kSplit ? empty_v(gl % NS) : empty(gl % NS));  // the ring runs on
 
-    const float vs = DT == kBf16 ? 1.0f : p.v_scale[p.v_scale_count == 1 ? 0 : w.kvh];
+    const float vs = DT == kBf16 || PTH ? 1.0f : p.v_scale[p.v_scale_count == 1 ? 0 : w.kvh];
     store_o_rows<kD>(p, w.q0 + qi0, w.h, t, l, qvalid, vs, [&](int i, int rr, int e) { return o[4 * i + rr * 2 + e]; });
     gbase += ntiles;
   }
@@ -478,17 +539,13 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParams p) {
 
 
 template <int DT>
-void launch_ws_t(const WgParams& p, dim3 grid, cudaStream_t stream) {
+void launch_ws_t(const WgPthParams& p, dim3 grid, cudaStream_t stream) {
   constexpr int smem = ws_smem<DT>();
   // Per device, not per process: TP ranks are threads on different GPUs.
   detail::set_func_attribute_once(prefill_ws_kernel<DT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  prefill_ws_kernel<DT><<<grid, 384, smem, stream>>>(p);
+  prefill_ws_kernel<DT><<<grid, 384, smem, stream>>>(static_cast<const WgParamsOf<DT>&>(p));
   FP8KV_CUDA_CHECK(cudaGetLastError());
 }
-
-static_assert(kBf16 == static_cast<int>(KvDtype::bf16) && kE4m3 == static_cast<int>(KvDtype::fp8_e4m3) &&
-                  kE5m2 == static_cast<int>(KvDtype::fp8_e5m2),
-              "cache element codes = KvDtype values");
 
 std::atomic<int> g_max_ctas_for_tests{0};
 
@@ -497,8 +554,10 @@ std::atomic<int> g_max_ctas_for_tests{0};
 void set_prefill_max_ctas_for_tests(int max_ctas) { g_max_ctas_for_tests.store(std::max(0, max_ctas)); }
 
 void launch_prefill_ws(const PrefillArgs& a, cudaStream_t stream) {
-  WgParams p{};
+  WgPthParams p{};
   fill_paged_params(p, a);
+  p.k_scale_pth = a.kv.k_scale_pth;
+  p.v_scale_pth = a.kv.v_scale_pth;
   p.q_start = a.q_start;
   p.num_q_tiles = (a.max_query_len + kWsBM - 1) / kWsBM;
   p.batch = a.batch;

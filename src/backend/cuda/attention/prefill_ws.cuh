@@ -2,6 +2,8 @@
 // (prefill_ws.cu, head_dim 128): its parameters, shared-memory layout,
 // cp.async helpers and the two tensor-core steps S = Q K^T and O += P V.
 #pragma once
+#include <type_traits>
+
 #include "backend/cuda/attention/prefill_common.cuh"
 #include "backend/cuda/attention/wgmma.cuh"
 
@@ -23,18 +25,34 @@ __host__ __device__ constexpr int ws_stages() { return DT == kBf16 ? 3 : 2; }
 // Dynamic shared memory: 1024 (alignment of the swizzled tiles) + Q (128 rows)
 // + the ring + the fp8 staging ring + 4 x NS mbarriers (8 bytes each, 4 x 4
 // reserved).
+// Per-token-head dtypes add the per-key scales of the 2 stages ([stage][K|V]
+// [128] f32, 2 KB after the staging ring) and two barriers. 227 KB only hold
+// that when the 128 bytes of barriers move into the alignment pad: they sit
+// there when the pad has 128 bytes, else before the scales; the pad of an
+// 8-byte-aligned base is at most 1016 bytes.
+constexpr int kWsPthScaleBytes = 2 * 2 * kWsKT * 4;
 template <int DT>
 __host__ __device__ constexpr int ws_smem() {
+  if constexpr (dt_pth(DT))
+    return 1016 + kWsBM * kWsD * 2 + ws_stages<DT>() * 2 * kWsTileBytes + 2 * 2 * kWsRawBytes + kWsPthScaleBytes;
   return 1024 + kWsBM * kWsD * 2 + ws_stages<DT>() * 2 * kWsTileBytes + (DT == kBf16 ? 0 : 2 * 2 * kWsRawBytes) +
          4 * 4 * 8;
 }
-static_assert(ws_smem<kBf16>() <= 227 * 1024 && ws_smem<kE4m3>() <= 227 * 1024, "ws shared memory");
+static_assert(ws_smem<kBf16>() <= 227 * 1024 && ws_smem<kE4m3>() <= 227 * 1024 && ws_smem<kE4m3Pth>() <= 227 * 1024,
+              "ws shared memory");
 
 struct WgParams : PagedKvParams {
   const int32_t* q_start;  // [batch + 1]: sequence b's queries are rows [q_start[b], q_start[b + 1])
   int num_q_tiles;         // ceil(max_query_len / kWsBM)
   int batch;
 };
+// The per-token-head kernels' (a derived struct: the others' parameters stay as they are).
+struct WgPthParams : WgParams {
+  const float* k_scale_pth;  // [num_blocks][block_size][num_kv_heads] f32
+  const float* v_scale_pth;
+};
+template <int DT>
+using WgParamsOf = std::conditional_t<dt_pth(DT), WgPthParams, WgParams>;
 
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");

@@ -4,6 +4,7 @@
 // dtype (store_kernel<DT>), no variants; the calibration observer's absmax
 // kernel runs after it when asked for.
 #include <algorithm>
+#include <cfloat>
 #include <stdexcept>
 #include <string>
 
@@ -29,9 +30,10 @@ template <int DT>
 __device__ __forceinline__ uint32_t cvt_fp8x2(float lo, float hi) {
   return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, DT == kE5m2 ? __NV_E5M2 : __NV_E4M3);
 }
-// 8 elements -> 8 codes (element 0 in the low byte of lo).
+// 8 elements -> 8 codes (element 0 in the low byte of lo): fp8 (saturating
+// cvt) or int8 (int8_code) of the correctly rounded quotient.
 template <int DT>
-__device__ __forceinline__ uint2 quant8_fp8(const float (&x)[8], float s, float rcp) {
+__device__ __forceinline__ uint2 quant8(const float (&x)[8], float s, float rcp) {
   float q[8];
   bool bad = false;
 #pragma unroll
@@ -45,16 +47,34 @@ __device__ __forceinline__ uint2 quant8_fp8(const float (&x)[8], float s, float 
   uint32_t w[2];
   if (!bad) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-      w[h] = cvt_fp8x2<DT>(q[4 * h], q[4 * h + 1]) | (cvt_fp8x2<DT>(q[4 * h + 2], q[4 * h + 3]) << 16);
+    for (int h = 0; h < 2; ++h) {
+      if constexpr (DT == kI8Pth) {
+        w[h] = int8_code(q[4 * h]) | (int8_code(q[4 * h + 1]) << 8) | (int8_code(q[4 * h + 2]) << 16) |
+               (int8_code(q[4 * h + 3]) << 24);
+      } else {
+        w[h] = cvt_fp8x2<DT>(q[4 * h], q[4 * h + 1]) | (cvt_fp8x2<DT>(q[4 * h + 2], q[4 * h + 3]) << 16);
+      }
+    }
   } else {  // rare: huge, inf, NaN
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       w[h] = 0;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) w[h] |= quant_fp8_exact<DT>(x[4 * h + i], s) << (8 * i);
+      for (int i = 0; i < 4; ++i) w[h] |= quant_code_exact<DT>(x[4 * h + i], s) << (8 * i);
     }
   }
+  return make_uint2(w[0], w[1]);
+}
+
+// quant8 with a per-row scale: the division-free quotient is exact for
+// 2^-92 <= s <= FLT_MAX (docs/cuda.md, store); other scales (a row of tiny
+// values, or inf in the row) take the IEEE division.
+template <int DT>
+__device__ __forceinline__ uint2 quant8_pth(const float (&x)[8], float s) {
+  if (s >= 0x1p-92f && s <= FLT_MAX) return quant8<DT>(x, s, __frcp_rn(s));
+  uint32_t w[2] = {0u, 0u};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) w[i / 4] |= quant_code_exact<DT>(x[i], s) << (8 * (i % 4));
   return make_uint2(w[0], w[1]);
 }
 
@@ -74,6 +94,8 @@ __device__ __forceinline__ void load8(const void* src, int64_t elem, bool bf16, 
   }
 }
 
+constexpr int kU = 2;  // tokens per iteration of the store kernels
+
 struct StoreParams {
   uint8_t* k_cache;
   uint8_t* v_cache;
@@ -87,6 +109,36 @@ struct StoreParams {
   int64_t capacity;
   bool bf16_in;
 };
+// The per-token-head store's (a separate struct: store_kernel's parameters stay as they are).
+struct StorePthParams : StoreParams {
+  float* k_scale_pth;  // [capacity][num_kv_heads] f32, written
+  float* v_scale_pth;
+};
+
+// Tokens tok0 .. tok0 + kU - 1 of a store: this thread's 8-element chunk
+// (at elem) of their K and V rows when `load` (ZERO: zeros otherwise) and
+// their slots (-1 past num_tokens).
+template <bool ZERO>
+__device__ __forceinline__ void load_tokens(const StoreParams& p, int tok0, int chunks, int elem, bool load,
+                                            float (&xk)[kU][8], float (&xv)[kU][8], int64_t (&slot)[kU]) {
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    const int tok = tok0 + u;
+    slot[u] = -1;
+    if constexpr (ZERO) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) xk[u][i] = xv[u][i] = 0.0f;
+    }
+    if (tok < p.num_tokens) {
+      const int64_t src = static_cast<int64_t>(tok) * chunks * 8 + elem;
+      if (load) {
+        load8(p.k, src, p.bf16_in, xk[u]);
+        load8(p.v, src, p.bf16_in, xv[u]);
+      }
+      slot[u] = p.slots[tok];
+    }
+  }
+}
 
 // Store (grid: min(ceil(num_tokens / kU), a few waves) x 1 x 1; block: up
 // to 256 threads, a multiple of 32).
@@ -102,7 +154,6 @@ struct StoreParams {
 // 16/32-byte loads in flight before the first store. Scales and reciprocals
 // are per thread (its chunk's head), outside the token loop. No 64-bit
 // division, no indexed parameter arrays (they would go to local memory).
-constexpr int kU = 2;
 template <int DT>
 __global__ void __launch_bounds__(256) store_kernel(const StoreParams p) {
   const int chunks = p.num_kv_heads * p.head_dim / 8;  // 8-element chunks per token row
@@ -119,17 +170,7 @@ __global__ void __launch_bounds__(256) store_kernel(const StoreParams p) {
     for (int tok0 = blockIdx.x * kU; tok0 < p.num_tokens; tok0 += gridDim.x * kU) {
       float xk[kU][8], xv[kU][8];
       int64_t slot[kU];
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const int tok = tok0 + u;
-        slot[u] = -1;
-        if (tok < p.num_tokens) {
-          const int64_t src = static_cast<int64_t>(tok) * chunks * 8 + elem;
-          load8(p.k, src, p.bf16_in, xk[u]);
-          load8(p.v, src, p.bf16_in, xv[u]);
-          slot[u] = p.slots[tok];
-        }
-      }
+      load_tokens<false>(p, tok0, chunks, elem, true, xk, xv, slot);
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
         if (slot[u] < 0 || slot[u] >= p.capacity) continue;  // skipped or out of range (host cannot check)
@@ -144,9 +185,60 @@ __global__ void __launch_bounds__(256) store_kernel(const StoreParams p) {
           *reinterpret_cast<uint4*>(p.k_cache + dst * 2) = make_uint4(wk[0], wk[1], wk[2], wk[3]);
           *reinterpret_cast<uint4*>(p.v_cache + dst * 2) = make_uint4(wv[0], wv[1], wv[2], wv[3]);
         } else {
-          *reinterpret_cast<uint2*>(p.k_cache + dst) = quant8_fp8<DT>(xk[u], sk, rk);
-          *reinterpret_cast<uint2*>(p.v_cache + dst) = quant8_fp8<DT>(xv[u], sv, rv);
+          *reinterpret_cast<uint2*>(p.k_cache + dst) = quant8<DT>(xk[u], sk, rk);
+          *reinterpret_cast<uint2*>(p.v_cache + dst) = quant8<DT>(xv[u], sv, rv);
         }
+      }
+    }
+  }
+}
+
+// Per-token-head store (DT kE4m3Pth or kI8Pth; grid and block as store_kernel):
+// each (token, KV head) row of K and of V gets its own scale
+// s = max(amax / M, FLT_MIN) (amax = max |x| of the row, NaN ignored; M = 448
+// or 127, an IEEE division), and its codes are quant8's of x / s.
+//   p.k, p.v, p.slots, p.k_cache, p.v_cache, p.capacity  as store_kernel
+//   p.k_scale_pth, p.v_scale_pth  [capacity][num_kv_heads] f32
+//                  (= [num_blocks][block_size][num_kv_heads]), written
+// The G = head_dim / 8 threads of one row are G consecutive lanes of a warp (G
+// divides 32, blockDim.x is a multiple of 32), so amax is G-lane xor shuffles;
+// the warps walk the chunks warp-uniformly so that every lane shuffles.
+template <int DT>
+__global__ void __launch_bounds__(256) store_pth_kernel(const StorePthParams p) {
+  static_assert(dt_pth(DT), "per-token-head dtypes only");
+  constexpr float kM = DT == kI8Pth ? 127.0f : 448.0f;
+  const int chunks = p.num_kv_heads * p.head_dim / 8;
+  const int G = p.head_dim / 8;
+  const int lane = threadIdx.x & 31;
+  for (int c0 = threadIdx.x - lane; c0 < chunks; c0 += blockDim.x) {
+    const int c = c0 + lane, elem = c * 8, head = c / G;
+    const bool active = c < chunks;  // inactive lanes are whole G-lane groups
+    for (int tok0 = blockIdx.x * kU; tok0 < p.num_tokens; tok0 += gridDim.x * kU) {
+      float xk[kU][8], xv[kU][8];
+      int64_t slot[kU];
+      load_tokens<true>(p, tok0, chunks, elem, active, xk, xv, slot);
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        if (slot[u] < 0 || slot[u] >= p.capacity) continue;  // the same token for the whole block
+        float ak = 0.0f, av = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          ak = fmaxf(ak, fabsf(xk[u][i]));
+          av = fmaxf(av, fabsf(xv[u][i]));
+        }
+        for (int o = G / 2; o > 0; o >>= 1) {
+          ak = fmaxf(ak, __shfl_xor_sync(0xffffffffu, ak, o));
+          av = fmaxf(av, __shfl_xor_sync(0xffffffffu, av, o));
+        }
+        if (!active) continue;
+        const float sk = fmaxf(__fdiv_rn(ak, kM), FLT_MIN), sv = fmaxf(__fdiv_rn(av, kM), FLT_MIN);
+        if (c % G == 0) {
+          p.k_scale_pth[slot[u] * p.num_kv_heads + head] = sk;
+          p.v_scale_pth[slot[u] * p.num_kv_heads + head] = sv;
+        }
+        const int64_t dst = slot[u] * chunks * 8 + elem;
+        *reinterpret_cast<uint2*>(p.k_cache + dst) = quant8_pth<DT>(xk[u], sk);
+        *reinterpret_cast<uint2*>(p.v_cache + dst) = quant8_pth<DT>(xv[u], sv);
       }
     }
   }
@@ -191,7 +283,15 @@ void store_kv(const StoreKvArgs& a, cudaStream_t stream) {
     throw std::invalid_argument("store_kv: layout needs num_kv_heads, block_size, num_blocks > 0");
   if (!a.k_cache || !a.v_cache || !a.k || !a.v || !a.slot_mapping)
     throw std::invalid_argument("store_kv: null cache, input or slot_mapping pointer");
-  const bool fp8 = kv_dtype_is_fp8(L.dtype);
+  const bool pth = kv_dtype_per_token_head(L.dtype);
+  if (pth) {
+    if (!a.k_scale_pth || !a.v_scale_pth)
+      throw std::invalid_argument("store_kv: a per-token-head cache needs k_scale_pth / v_scale_pth");
+    if (L.head_dim > 256 || (L.head_dim & (L.head_dim - 1)) != 0)
+      throw std::invalid_argument("store_kv: per-token-head caches need a power-of-two head_dim <= 256, got " +
+                                  std::to_string(L.head_dim));
+  }
+  const bool fp8 = kv_dtype_per_tensor_scaled(L.dtype);
   if (fp8) {
     if (!a.k_scale.values || !a.v_scale.values) throw std::invalid_argument("store_kv: fp8 cache needs k/v scales");
     for (const DeviceScales* s : {&a.k_scale, &a.v_scale})
@@ -214,6 +314,10 @@ void store_kv(const StoreKvArgs& a, cudaStream_t stream) {
   p.head_dim = L.head_dim;
   p.capacity = static_cast<int64_t>(L.num_blocks) * L.block_size;
   p.bf16_in = a.input_dtype == ActDtype::bf16;
+  StorePthParams pp{};
+  static_cast<StoreParams&>(pp) = p;
+  pp.k_scale_pth = a.k_scale_pth;
+  pp.v_scale_pth = a.v_scale_pth;
   const int chunks = L.num_kv_heads * L.head_dim / 8;
   const int threads = std::min(256, (chunks + 31) / 32 * 32);
   // Up to 2048 threads per SM resident, a few waves of token groups.
@@ -222,6 +326,8 @@ void store_kv(const StoreKvArgs& a, cudaStream_t stream) {
     case KvDtype::bf16: store_kernel<kBf16><<<grid, threads, 0, stream>>>(p); break;
     case KvDtype::fp8_e4m3: store_kernel<kE4m3><<<grid, threads, 0, stream>>>(p); break;
     case KvDtype::fp8_e5m2: store_kernel<kE5m2><<<grid, threads, 0, stream>>>(p); break;
+    case KvDtype::fp8_e4m3_pth: store_pth_kernel<kE4m3Pth><<<grid, threads, 0, stream>>>(pp); break;
+    case KvDtype::int8_pth: store_pth_kernel<kI8Pth><<<grid, threads, 0, stream>>>(pp); break;
   }
   FP8KV_CUDA_CHECK(cudaGetLastError());
   const bool bf16_in = a.input_dtype == ActDtype::bf16;
