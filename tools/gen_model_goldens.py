@@ -247,6 +247,40 @@ def score(model, ids):
     return logprobs, top1
 
 
+def fp8_scales(rec, num_seqs, num_layers, num_kv_heads, kv_layers=None):
+    """The fp8 K/V scales the goldens use, per format: K per tensor (0.8 x
+    the layer's absmax / fp8 max, repeated per KV head), V per head (1.3 x
+    absmax / max), from an fp32 pass's record. Layers outside kv_layers (no
+    KV cache) get 1."""
+    scales = {}
+    for fmt, mx in FP8_MAX.items():
+        ks, vs = [], []
+        for l in range(num_layers):
+            if kv_layers is not None and l not in kv_layers:
+                ks.append(torch.ones(num_kv_heads))
+                vs.append(torch.ones(num_kv_heads))
+                continue
+            kam = max(float(rec[f"seq{s}.layer{l}.k"].abs().max()) for s in range(num_seqs))
+            vam = torch.stack([rec[f"seq{s}.layer{l}.v"].abs().amax(dim=(0, 2)) for s in range(num_seqs)]).amax(0)
+            ks.append(torch.tensor([0.8 * kam / mx], dtype=torch.float32).repeat(num_kv_heads))
+            vs.append((1.3 * vam / mx).to(torch.float32))
+        scales[fmt] = {"k": ks, "v": vs}
+    return scales
+
+
+def score_cache_variants(model, hook, seqs, scales, variants):
+    """Adds variants bf16, fp8_e4m3, fp8_e5m2: every sequence scored with the
+    K/V rounded as that cache stores them (hook: a Hook)."""
+    for fmt in ["bf16", "fp8_e4m3", "fp8_e5m2"]:
+        hook.fmt, hook.scales = fmt, scales.get(fmt)
+        variants[fmt] = []
+        for s, ids in enumerate(seqs):
+            hook.seq = s
+            lp, top = score(model, ids)
+            variants[fmt].append({"logprobs": lp, "top1_ids": top})
+    hook.fmt, hook.scales = "fp32", None
+
+
 def main():
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)

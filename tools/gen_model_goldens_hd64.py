@@ -127,24 +127,8 @@ def run_case(case, cfg_dict, hook, hooked):
     rec = hook.record
     hook.record = None
 
-    scales = {}
-    for fmt, mx in base.FP8_MAX.items():
-        ks, vs = [], []
-        for l in range(L):
-            kam = max(float(rec[f"seq{s}.layer{l}.k"].abs().max()) for s in range(len(seqs)))
-            vam = torch.stack([rec[f"seq{s}.layer{l}.v"].abs().amax(dim=(0, 2)) for s in range(len(seqs))]).amax(0)
-            ks.append(torch.tensor([0.8 * kam / mx], dtype=torch.float32).repeat(Hkv))
-            vs.append((1.3 * vam / mx).to(torch.float32))
-        scales[fmt] = {"k": ks, "v": vs}
-
-    for fmt in ["bf16", "fp8_e4m3", "fp8_e5m2"]:
-        hook.fmt, hook.scales = fmt, scales.get(fmt)
-        variants[fmt] = []
-        for s, ids in enumerate(seqs):
-            hook.seq = s
-            lp, top = base.score(model, ids)
-            variants[fmt].append({"logprobs": lp, "top1_ids": top})
-    hook.fmt, hook.scales = "fp32", None
+    scales = base.fp8_scales(rec, len(seqs), L, Hkv)
+    base.score_cache_variants(model, hook, seqs, scales, variants)
 
     torch.use_deterministic_algorithms(False)  # cuBLAS bf16 on CUDA
     variants["hf_bf16"], dev = score_bf16(model, seqs, hook)

@@ -1,0 +1,76 @@
+// The planner on a Qwen3.5 hybrid: only full-attention layers hold KV; the
+// per-sequence state pool (kv/state_plan.h) comes out of the budget first.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "io/errors.h"
+#include "kv/planner.h"
+#include "model/config.h"
+
+using namespace fp8kv;
+
+namespace {
+
+// The real models' pattern (3 linear : 1 full) at a small size.
+ModelConfig hybrid() {
+  return parse_model_config(nlohmann::json::parse(R"({
+    "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "hidden_size": 256,
+    "intermediate_size": 512, "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 64, "vocab_size": 1000, "max_position_embeddings": 4096, "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 32, "linear_value_head_dim": 32, "linear_num_key_heads": 2, "linear_num_value_heads": 4
+  })"),
+                            "config.json");
+}
+
+KvPlanSettings settings(KvDtype d, uint64_t mem) {
+  KvPlanSettings s;
+  s.kv_memory_bytes = mem;
+  s.max_model_len = 1024;
+  s.max_num_seqs = 16;
+  s.block_size = 16;
+  s.dtype = d;
+  return s;
+}
+
+}  // namespace
+
+TEST(PlannerQwen3_5, StatePoolIsCarvedBeforeTheBlocks) {
+  const ModelConfig c = hybrid();
+  const KvPlan p = plan_kv_cache(c, settings(KvDtype::bf16, 64u << 20));
+  // Layers 3 and 7 are full attention: one group of both.
+  ASSERT_EQ(p.groups.size(), 1u);
+  EXPECT_EQ(p.groups[0].layers, (std::vector<int>{3, 7}));
+  EXPECT_EQ(p.bytes_per_token, 2u * 2 * 2 * 64 * 2);  // K+V x 2 layers x 2 heads x 64 x bf16
+  // State per sequence: 6 layers x (conv [2*64 + 128 = 256][3] bf16 + recurrent [4][32][32] f32).
+  const uint64_t per_seq = 6u * (256 * 3 * 2 + 4 * 32 * 32 * 4);
+  EXPECT_EQ(p.state.bytes_per_sequence(), per_seq);
+  EXPECT_EQ(p.state.pool_bytes(), 16 * per_seq);
+  EXPECT_EQ(p.num_blocks, static_cast<int64_t>(((64u << 20) - 16 * per_seq) / p.page_bytes));
+  // The one-request minimum includes the state pool.
+  EXPECT_EQ(kv_memory_needed(c, settings(KvDtype::bf16, 0)), p.blocks_per_request * p.page_bytes + 16 * per_seq);
+  EXPECT_NE(kv_plan_log_line(p).find("state pool: 16 slots x " + std::to_string(per_seq) + " bytes"),
+            std::string::npos);
+}
+
+TEST(PlannerQwen3_5, Fp8DoublesTheAttentionTokensNotTheStatePool) {
+  const ModelConfig c = hybrid();
+  const KvPlan b = plan_kv_cache(c, settings(KvDtype::bf16, 64u << 20));
+  const KvPlan f = plan_kv_cache(c, settings(KvDtype::fp8_e4m3, 64u << 20));
+  EXPECT_EQ(f.state.pool_bytes(), b.state.pool_bytes());
+  EXPECT_EQ(f.page_bytes * 2, b.page_bytes);
+  EXPECT_NEAR(static_cast<double>(f.tokens) / static_cast<double>(b.tokens), 2.0, 1e-3);
+}
+
+TEST(PlannerQwen3_5, BudgetBelowTheStatePoolIsRefusedNamingIt) {
+  const ModelConfig c = hybrid();
+  try {
+    plan_kv_cache(c, settings(KvDtype::bf16, 1000));
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("smaller than the linear-attention state pool: --max-num-seqs 16"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(max_model_len_that_fits(c, settings(KvDtype::bf16, 1000)), 0);
+}
