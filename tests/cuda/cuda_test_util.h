@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -13,6 +15,7 @@
 
 #include "backend/cpu/kv_ops.h"
 #include "backend/cuda/attention/attention.h"
+#include "pth_bound.h"
 
 namespace fp8kv::cudatest {
 
@@ -70,6 +73,30 @@ inline uint64_t test_seed() {
 
 enum class ScaleMode { unity, per_tensor, per_head };
 
+// K/V inputs on the device: f32, or (bf16_in) their bf16 bits (bf16-exact values).
+inline void upload_inputs(const std::vector<float>& k, const std::vector<float>& v, bool bf16_in, DevBuf& dk,
+                          DevBuf& dv) {
+  if (bf16_in) {
+    std::vector<uint16_t> kb(k.size()), vb(v.size());
+    for (size_t i = 0; i < k.size(); ++i) { kb[i] = f32_to_bf16(k[i]); vb[i] = f32_to_bf16(v[i]); }
+    dk = DevBuf(kb);
+    dv = DevBuf(vb);
+  } else {
+    dk = DevBuf(k);
+    dv = DevBuf(v);
+  }
+}
+
+// A store batch's slots: T distinct random slots of the layout, every 7th
+// token skipped (-1).
+inline std::vector<int64_t> random_slots(std::mt19937_64& rng, const KvCacheLayout& L, int T) {
+  std::vector<int64_t> all(static_cast<size_t>(L.num_blocks) * L.block_size), slots(T);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
+  std::shuffle(all.begin(), all.end(), rng);
+  for (int t = 0; t < T; ++t) slots[t] = t % 7 == 3 ? -1 : all[t];
+  return slots;
+}
+
 // A paged cache holding `ctx[b]` tokens for each sequence, stored through
 // store_kv_cpu and through the CUDA store (bytes compared by the caller via
 // store_matches). Unwritten slots hold NaN codes.
@@ -81,10 +108,20 @@ struct Scenario {
   std::vector<float> k_scale, v_scale;
   std::vector<uint8_t> k_cache, v_cache;          // host copy (CPU store)
   std::vector<uint8_t> k_cache_gpu, v_cache_gpu;  // what the CUDA store wrote
-  DevBuf dk, dv, dbt, dctx, dks, dvs;
+  // Per-token-head dtypes: [num_blocks][block_size][num_kv_heads] scales (CPU
+  // store; what the CUDA store wrote); unwritten slots hold NaN. Empty otherwise.
+  std::vector<float> k_pth, v_pth, k_pth_gpu, v_pth_gpu;
+  DevBuf dk, dv, dbt, dctx, dks, dvs, dkp, dvp;
   int64_t max_abs_v = 0;
 
   int batch() const { return static_cast<int>(ctx.size()); }
+  bool pth() const { return kv_dtype_per_token_head(L.dtype); }
+  // The CUDA store wrote the CPU store's bytes: caches and (bitwise) scales.
+  bool store_matches() const {
+    return k_cache_gpu == k_cache && v_cache_gpu == v_cache && k_pth.size() == k_pth_gpu.size() &&
+           std::memcmp(k_pth.data(), k_pth_gpu.data(), k_pth.size() * 4) == 0 &&
+           std::memcmp(v_pth.data(), v_pth_gpu.data(), v_pth.size() * 4) == 0;
+  }
   ScaleRef kref() const { return ScaleRef{k_scale.data(), static_cast<int>(k_scale.size())}; }
   ScaleRef vref() const { return ScaleRef{v_scale.data(), static_cast<int>(v_scale.size())}; }
   cuda::PagedKv paged() const {
@@ -97,6 +134,8 @@ struct Scenario {
     p.context_lens = dctx.as<int32_t>();
     p.k_scale = {dks.as<float>(), static_cast<int>(k_scale.size())};
     p.v_scale = {dvs.as<float>(), static_cast<int>(v_scale.size())};
+    p.k_scale_pth = dkp.as<float>();
+    p.v_scale_pth = dvp.as<float>();
     return p;
   }
   PagedAttentionArgs cpu_args(int b) const {
@@ -108,6 +147,8 @@ struct Scenario {
     a.context_len = ctx[b];
     a.k_scale = kref();
     a.v_scale = vref();
+    a.k_scale_pth = pth() ? k_pth.data() : nullptr;
+    a.v_scale_pth = pth() ? v_pth.data() : nullptr;
     return a;
   }
 };
@@ -171,7 +212,7 @@ inline Scenario make_scenario(std::mt19937_64& rng, int head_dim, int num_kv_hea
       if (head < 0 || (i % row) / head_dim == head) m = std::max(m, std::fabs(x[i]));
     return m;
   };
-  if (mode == ScaleMode::unity || dtype == KvDtype::bf16) {
+  if (mode == ScaleMode::unity || !kv_dtype_per_tensor_scaled(dtype)) {
     s.k_scale = {1.0f};
     s.v_scale = {1.0f};
   } else if (mode == ScaleMode::per_tensor) {
@@ -191,7 +232,15 @@ inline Scenario make_scenario(std::mt19937_64& rng, int head_dim, int num_kv_hea
     std::memcpy(&s.k_cache[i], &nc, 2);
     std::memcpy(&s.v_cache[i], &nc, 2);
   }
-  store_kv_cpu(s.L, s.k_cache.data(), s.v_cache.data(), k.data(), v.data(), slots_store.data(), TS, s.kref(), s.vref());
+  if (kv_dtype_per_token_head(dtype)) {
+    const size_t ns = static_cast<size_t>(s.L.num_blocks) * block_size * num_kv_heads;
+    s.k_pth.assign(ns, NAN);
+    s.v_pth.assign(ns, NAN);
+    s.dkp = DevBuf(s.k_pth);
+    s.dvp = DevBuf(s.v_pth);
+  }
+  store_kv_cpu(s.L, s.k_cache.data(), s.v_cache.data(), k.data(), v.data(), slots_store.data(), TS, s.kref(), s.vref(),
+               s.pth() ? s.k_pth.data() : nullptr, s.pth() ? s.v_pth.data() : nullptr);
 
   // CUDA store into a NaN-filled cache.
   s.dk = DevBuf(s.k_cache.size());
@@ -204,15 +253,7 @@ inline Scenario make_scenario(std::mt19937_64& rng, int head_dim, int num_kv_hea
   s.dvs = DevBuf(s.v_scale);
   DevBuf dslots(slots_store);
   DevBuf din_k, din_v;
-  if (bf16_input) {
-    std::vector<uint16_t> kb(k.size()), vb(v.size());
-    for (size_t i = 0; i < k.size(); ++i) { kb[i] = f32_to_bf16(k[i]); vb[i] = f32_to_bf16(v[i]); }
-    din_k = DevBuf(kb);
-    din_v = DevBuf(vb);
-  } else {
-    din_k = DevBuf(k);
-    din_v = DevBuf(v);
-  }
+  upload_inputs(k, v, bf16_input, din_k, din_v);
   cuda::StoreKvArgs sa;
   sa.layout = s.L;
   sa.k_cache = s.dk.get();
@@ -224,12 +265,20 @@ inline Scenario make_scenario(std::mt19937_64& rng, int head_dim, int num_kv_hea
   sa.num_tokens = TS;
   sa.k_scale = {s.dks.as<float>(), static_cast<int>(s.k_scale.size())};
   sa.v_scale = {s.dvs.as<float>(), static_cast<int>(s.v_scale.size())};
+  sa.k_scale_pth = s.dkp.as<float>();
+  sa.v_scale_pth = s.dvp.as<float>();
   cuda::store_kv(sa, nullptr);
   s.k_cache_gpu = s.dk.download<uint8_t>();
   s.v_cache_gpu = s.dv.download<uint8_t>();
   // Attention tests read the CPU store's bytes (identical when the store test passes).
   s.dk.upload(s.k_cache);
   s.dv.upload(s.v_cache);
+  if (s.pth()) {
+    s.k_pth_gpu = s.dkp.download<float>();
+    s.v_pth_gpu = s.dvp.download<float>();
+    s.dkp.upload(s.k_pth);
+    s.dvp.upload(s.v_pth);
+  }
   s.dbt = DevBuf(s.block_tables);
   std::vector<int32_t> c32(ctx.begin(), ctx.end());
   s.dctx = DevBuf(c32);
@@ -246,12 +295,34 @@ struct Bound {
 };
 inline double operand_roundoff(KvDtype d) { return d == KvDtype::bf16 ? 1.0 / 256 : 1.0 / 2048; }
 
+// Per-token-head dtypes: pth_attention_bound over the visible keys [first, last].
+inline double attention_bound_pth(const Scenario& s, int b, const float* q_head, int kv_head, int first, int last,
+                                  float softmax_scale, float softcap) {
+  const KvCacheLayout& L = s.L;
+  return pth_attention_bound(
+      last - first + 1, L.head_dim, q_head, softmax_scale, softcap, operand_roundoff(L.dtype),
+      [&](int i, float* kq, float* vq, float& ks, float& vs) {
+        const int j = first + i;
+        const int64_t slot =
+            static_cast<int64_t>(s.block_tables[b * s.max_blocks + j / L.block_size]) * L.block_size +
+            j % L.block_size;
+        const int64_t off = L.slot_offset(slot, kv_head);
+        for (int d = 0; d < L.head_dim; ++d) {
+          kq[d] = load_cache_elem(L, s.k_cache.data(), off + d);
+          vq[d] = load_cache_elem(L, s.v_cache.data(), off + d);
+        }
+        ks = s.k_pth[L.scale_offset(slot, kv_head)];
+        vs = s.v_pth[L.scale_offset(slot, kv_head)];
+      });
+}
+
 inline double attention_bound(const Scenario& s, int b, const float* q_head, int kv_head, int qpos, int window,
-                              float softmax_scale) {
+                              float softmax_scale, float softcap = 0.0f) {
   const KvCacheLayout& L = s.L;
   const int D = L.head_dim;
   const int first = window > 0 ? std::max(0, qpos - window + 1) : 0;
   const int last = std::min(qpos, s.ctx[b] - 1);
+  if (s.pth()) return attention_bound_pth(s, b, q_head, kv_head, first, last, softmax_scale, softcap);
   const bool fp8 = kv_dtype_is_fp8(L.dtype);
   const float ks = fp8 ? s.kref().at(kv_head) : 1.0f, vs = fp8 ? s.vref().at(kv_head) : 1.0f;
   double smax = 0, vmax = 0;

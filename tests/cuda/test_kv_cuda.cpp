@@ -1,9 +1,11 @@
 // CUDA store / decode / prefill vs the CPU reference (backend/cpu/kv_ops).
 // Fresh random inputs every run (seed printed; FP8KV_SEED replays one).
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <span>
 #include <string>
 #include <thread>
 
@@ -13,6 +15,9 @@ namespace fp8kv::cudatest {
 namespace {
 
 const KvDtype kDtypes[] = {KvDtype::bf16, KvDtype::fp8_e4m3, KvDtype::fp8_e5m2};
+// Per-token-head dtypes: their tests are the *PerTokenHead* ones (the same cases).
+const KvDtype kPthDtypes[] = {KvDtype::fp8_e4m3_pth, KvDtype::int8_pth};
+using Dtypes = std::span<const KvDtype>;
 
 // ---- store ---------------------------------------------------------------
 
@@ -39,11 +44,7 @@ TEST(CudaStore, BitExactWithCpuIncludingSpecialValues) {
             v[i] = nd(rng) * std::ldexp(1.0f, pick(rng) % 20 - 10);
             if (bf16_in) { k[i] = round_bf16(k[i]); v[i] = round_bf16(v[i]); }
           }
-          std::vector<int64_t> slots(T);
-          std::vector<int64_t> all(L.num_blocks * L.block_size);
-          for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
-          std::shuffle(all.begin(), all.end(), rng);
-          for (int t = 0; t < T; ++t) slots[t] = t % 7 == 3 ? -1 : all[t];
+          const std::vector<int64_t> slots = random_slots(rng, L, T);
           std::vector<float> ks{1.0f}, vs{1.0f};
           std::uniform_real_distribution<float> ud(0.01f, 3.0f);
           if (mode == ScaleMode::per_tensor) { ks = {ud(rng)}; vs = {ud(rng)}; }
@@ -58,13 +59,7 @@ TEST(CudaStore, BitExactWithCpuIncludingSpecialValues) {
           store_kv_cpu(L, kc.data(), vc.data(), k.data(), v.data(), slots.data(), T,
                        ScaleRef{ks.data(), static_cast<int>(ks.size())}, ScaleRef{vs.data(), static_cast<int>(vs.size())});
           DevBuf dk, dv;
-          if (bf16_in) {
-            std::vector<uint16_t> kb(k.size()), vb(v.size());
-            for (size_t i = 0; i < k.size(); ++i) { kb[i] = f32_to_bf16(k[i]); vb[i] = f32_to_bf16(v[i]); }
-            dk = DevBuf(kb); dv = DevBuf(vb);
-          } else {
-            dk = DevBuf(k); dv = DevBuf(v);
-          }
+          upload_inputs(k, v, bf16_in, dk, dv);
           std::vector<float> zeros_k(L.num_kv_heads, 0.0f);
           DevBuf kmax(zeros_k), vmax(zeros_k);
           cuda::StoreKvArgs a;
@@ -102,6 +97,93 @@ TEST(CudaStore, BitExactWithCpuIncludingSpecialValues) {
         }
 }
 
+// Per-token-head store: cache bytes and scales bitwise the CPU store's for
+// rows of zeros, of denormals, with an inf or a NaN, of tiny values (scales
+// below 2^-92: the IEEE division path) and of normal values from 2^-40 to
+// 2^40; skipped slots; the round trip of every finite row within half a code
+// step (int8: s / 2; e4m3: 2^-4 relative, s 2^-10 among its subnormals).
+TEST(CudaStore, PerTokenHeadBitExactWithCpuAndRoundTrips) {
+  FP8KV_REQUIRE_GPU();
+  const uint64_t seed = test_seed();
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  for (KvDtype dt : kPthDtypes)
+    for (int D : {64, 128, 256})
+      for (bool bf16_in : {false, true}) {
+        KvCacheLayout L{.num_blocks = 9, .block_size = 16, .num_kv_heads = 3, .head_dim = D, .dtype = dt};
+        const int T = 100, H = L.num_kv_heads;
+        const int64_t row = static_cast<int64_t>(H) * D;
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        std::uniform_int_distribution<int> pick(0, 15), expo(-40, 40), pos(0, D - 1);
+        std::vector<float> k(T * row), v(T * row);
+        std::vector<int> kind(static_cast<size_t>(T) * H * 2);  // [t][h][k|v]
+        for (int t = 0; t < T; ++t)
+          for (int h = 0; h < H; ++h)
+            for (int st = 0; st < 2; ++st) {
+              float* x = (st ? v.data() : k.data()) + t * row + h * D;
+              const int r = pick(rng), e = expo(rng);
+              kind[(t * H + h) * 2 + st] = r;
+              for (int d = 0; d < D; ++d) {
+                const float g = nd(rng);
+                x[d] = r == 0 ? 0.0f : r == 1 ? g * 1e-40f : r == 2 ? g * 0x1p-110f : g * std::ldexp(1.0f, e);
+                if (bf16_in) x[d] = round_bf16(x[d]);
+              }
+              if (r == 3) x[pos(rng)] = (pos(rng) & 1) ? INFINITY : -INFINITY;
+              if (r == 4) x[pos(rng)] = NAN;
+            }
+        const std::vector<int64_t> slots = random_slots(rng, L, T);
+        std::vector<uint8_t> kc(L.cache_bytes()), vc(L.cache_bytes());
+        for (auto& x : kc) x = static_cast<uint8_t>(rng());
+        for (auto& x : vc) x = static_cast<uint8_t>(rng());
+        const size_t ns = static_cast<size_t>(L.num_blocks) * L.block_size * H;
+        std::vector<float> ksp(ns, NAN), vsp(ns, NAN), one{1.0f};
+        DevBuf dkc(kc), dvc(vc), dslots(slots), dksp(ksp), dvsp(vsp), done(one);
+        store_kv_cpu(L, kc.data(), vc.data(), k.data(), v.data(), slots.data(), T, ScaleRef{one.data(), 1},
+                     ScaleRef{one.data(), 1}, ksp.data(), vsp.data());
+        DevBuf dk, dv;
+        upload_inputs(k, v, bf16_in, dk, dv);
+        cuda::StoreKvArgs a;
+        a.layout = L;
+        a.k_cache = dkc.get(); a.v_cache = dvc.get();
+        a.k = dk.get(); a.v = dv.get();
+        a.input_dtype = bf16_in ? cuda::ActDtype::bf16 : cuda::ActDtype::f32;
+        a.slot_mapping = dslots.as<int64_t>();
+        a.num_tokens = T;
+        a.k_scale_pth = dksp.as<float>();
+        a.v_scale_pth = dvsp.as<float>();
+        cuda::store_kv(a, nullptr);
+        const auto gk = dkc.download<uint8_t>(), gv = dvc.download<uint8_t>();
+        const auto gks = dksp.download<float>(), gvs = dvsp.download<float>();
+        size_t bad = 0, first_bad = 0;
+        for (size_t i = 0; i < kc.size(); ++i)
+          if (gk[i] != kc[i] || gv[i] != vc[i]) { if (!bad) first_bad = i; ++bad; }
+        EXPECT_EQ(bad, 0u) << kv_dtype_name(dt) << " D=" << D << " bf16_in=" << bf16_in << " first mismatch at byte "
+                           << first_bad << ": gpu k " << int(gk[first_bad]) << " cpu k " << int(kc[first_bad]);
+        EXPECT_EQ(0, std::memcmp(gks.data(), ksp.data(), ns * 4)) << kv_dtype_name(dt) << " D=" << D << ": K scales";
+        EXPECT_EQ(0, std::memcmp(gvs.data(), vsp.data(), ns * 4)) << kv_dtype_name(dt) << " D=" << D << ": V scales";
+        // Round trip of the finite rows (CPU bytes = GPU bytes when the above pass).
+        for (int t = 0; t < T; ++t) {
+          if (slots[t] < 0) continue;
+          for (int h = 0; h < H; ++h)
+            for (int st = 0; st < 2; ++st) {
+              if (kind[(t * H + h) * 2 + st] >= 3) continue;  // inf / NaN rows
+              const float sc = (st ? vsp : ksp)[L.scale_offset(slots[t], h)];
+              ASSERT_TRUE(sc >= FLT_MIN && std::isfinite(sc)) << "scale " << sc;
+              const float* x = (st ? v.data() : k.data()) + t * row + h * D;
+              const uint8_t* c = (st ? vc.data() : kc.data()) + L.slot_offset(slots[t], h);
+              for (int d = 0; d < D; ++d) {
+                const double deq = static_cast<double>(kv_byte_to_f32(c[d], dt)) * sc;
+                const double tol = dt == KvDtype::int8_pth ? 0.5 * sc
+                                                           : std::max(std::fabs(x[d]) * 0x1p-4, sc * 0x1p-10);
+                ASSERT_LE(std::fabs(deq - x[d]), tol * (1 + 0x1p-20))
+                    << kv_dtype_name(dt) << " D=" << D << " t=" << t << " h=" << h << " d=" << d << " x=" << x[d]
+                    << " s=" << sc;
+              }
+            }
+        }
+      }
+}
+
 // ---- decode --------------------------------------------------------------
 
 struct DecodeCase {
@@ -130,7 +212,7 @@ double run_decode_case(std::mt19937_64& rng, const DecodeCase& c, int split_toke
                        int graph_replays = 0) {
   const std::vector<int> ctx = lengths.empty() ? mixed_lengths(rng, c.block_size, c.window) : lengths;
   Scenario s = make_scenario(rng, c.D, c.num_kv_heads, c.block_size, c.dt, c.mode, ctx);
-  EXPECT_TRUE(s.k_cache_gpu == s.k_cache && s.v_cache_gpu == s.v_cache) << "CUDA store bytes differ from CPU store";
+  EXPECT_TRUE(s.store_matches()) << "CUDA store bytes (or per-token-head scales) differ from the CPU store's";
   const int B = s.batch(), H = c.num_kv_heads * c.group, D = c.D;
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> q(static_cast<size_t>(B) * H * D);
@@ -202,7 +284,7 @@ double run_decode_case(std::mt19937_64& rng, const DecodeCase& c, int split_toke
     paged_attention_cpu(ca, q.data() + static_cast<size_t>(b) * H * D, &pos, 1, H, ref.data());
     for (int h = 0; h < H; ++h) {
       const double tol = attention_bound(s, b, q.data() + (static_cast<size_t>(b) * H + h) * D, h / c.group, pos,
-                                         c.window, sm);
+                                         c.window, sm, c.softcap);
       for (int d = 0; d < D; ++d) {
         const float g = out[(static_cast<size_t>(b) * H + h) * D + d], r = ref[h * D + d];
         if (!std::isfinite(g)) { ADD_FAILURE() << "non-finite output b=" << b << " h=" << h << " d=" << d; return 1e9; }
@@ -240,13 +322,12 @@ double run_decode_case(std::mt19937_64& rng, const DecodeCase& c, int split_toke
   return worst;
 }
 
-TEST(CudaDecode, MatchesCpuReferenceAcrossShapesDtypesScales) {
-  FP8KV_REQUIRE_GPU();
+void decode_matrix(Dtypes dtypes) {
   const uint64_t seed = test_seed();
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
   std::mt19937_64 rng(seed);
   int n = 0;
-  for (KvDtype dt : kDtypes) {
+  for (KvDtype dt : dtypes) {
     double worst = 0;
     for (int D : {64, 128, 256})
       for (int group : {1, 4, 8})
@@ -257,16 +338,28 @@ TEST(CudaDecode, MatchesCpuReferenceAcrossShapesDtypesScales) {
           // Alternate forced small splits (many splits + reduction) and the auto plan.
           worst = std::max(worst, run_decode_case(rng, c, (n % 2) ? 64 : 0, n % 3 == 0));
           ++n;
-          if (HasFailure()) return;
+          if (::testing::Test::HasFailure()) return;
         }
     std::printf("decode %-8s worst |err|/tol = %.3f\n", std::string(kv_dtype_name(dt)).c_str(), worst);
   }
 }
 
+TEST(CudaDecode, MatchesCpuReferenceAcrossShapesDtypesScales) {
+  FP8KV_REQUIRE_GPU();
+  decode_matrix(kDtypes);
+}
+
+// Per-token-head: per-key K scales on the scores, V scales folded into P (the
+// scale modes of the matrix do not apply: each row has its own scale).
+TEST(CudaDecode, PerTokenHeadMatchesCpuReference) {
+  FP8KV_REQUIRE_GPU();
+  decode_matrix(kPthDtypes);
+}
+
 TEST(CudaDecode, LargeGroupsSplitIntoChunks) {
   FP8KV_REQUIRE_GPU();
   std::mt19937_64 rng(test_seed());
-  for (KvDtype dt : kDtypes) {
+  for (KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3, KvDtype::fp8_e5m2, KvDtype::fp8_e4m3_pth, KvDtype::int8_pth}) {
     run_decode_case(rng, DecodeCase{dt, 128, 12, 1, 16, 0, ScaleMode::per_head, 0.0f}, 0, true);
     run_decode_case(rng, DecodeCase{dt, 64, 16, 2, 32, 57, ScaleMode::per_tensor, 0.0f}, 128, false);
   }
@@ -304,27 +397,33 @@ TEST(CudaDecode, EveryDeviceAndThreadGetsKernelAttributes) {
 // CTAs per SM and one at 4, so on an H200 (132 SMs) the e4m3 d128 batch runs
 // the F4 kernel (the plan's wide kernel) while each single sequence runs the
 // default one: bitwise equal all the same (same tile order and arithmetic).
-TEST(CudaDecode, LeanAutoBatchEqualsSingle) {
-  FP8KV_REQUIRE_GPU();
+void lean_auto(KvDtype dt) {
   std::mt19937_64 rng(test_seed());
   std::uniform_int_distribution<int> u(1, 1024);
   std::vector<int> lengths(64);
   for (int& x : lengths) x = u(rng);
   lengths[0] = 1024;
-  const double worst =
-      run_decode_case(rng, DecodeCase{KvDtype::fp8_e4m3, 128, 4, 8, 16, 0, ScaleMode::per_head, 0.0f}, 0, true, lengths);
-  EXPECT_LE(worst, 1.0);
+  const double worst = run_decode_case(rng, DecodeCase{dt, 128, 4, 8, 16, 0, ScaleMode::per_head, 0.0f}, 0, true, lengths);
+  EXPECT_LE(worst, 1.0) << kv_dtype_name(dt);
+}
+TEST(CudaDecode, LeanAutoBatchEqualsSingle) {
+  FP8KV_REQUIRE_GPU();
+  lean_auto(KvDtype::fp8_e4m3);
+}
+// The per-token-head d128 rows have an F4 wide kernel too.
+TEST(CudaDecode, PerTokenHeadLeanAutoBatchEqualsSingle) {
+  FP8KV_REQUIRE_GPU();
+  for (KvDtype dt : kPthDtypes) lean_auto(dt);
 }
 
 // KV-head counts that are multiples of 4 (4 and 8, as Llama-3-8B), with many
 // splits (forced 64 and 256 keys: the split reduction; every case launches
 // the batch and then each sequence alone) and the auto plan; windows and
 // softcap.
-TEST(CudaDecode, KvHeadsInFoursBatchedEqualsSingle) {
-  FP8KV_REQUIRE_GPU();
+void kv_heads_in_fours(Dtypes dtypes) {
   std::mt19937_64 rng(test_seed());
   int n = 0;
-  for (KvDtype dt : kDtypes)
+  for (KvDtype dt : dtypes)
     for (int hkv : {4, 8})
       for (int split : {64, 256, 0}) {
         const int window = n % 3 == 1 ? 100 : 0;
@@ -332,8 +431,16 @@ TEST(CudaDecode, KvHeadsInFoursBatchedEqualsSingle) {
                            static_cast<ScaleMode>(n % 3), n % 4 == 3 ? 30.0f : 0.0f};
         EXPECT_LE(run_decode_case(rng, c, split, true), 1.0);
         ++n;
-        if (HasFailure()) return;
+        if (::testing::Test::HasFailure()) return;
       }
+}
+TEST(CudaDecode, KvHeadsInFoursBatchedEqualsSingle) {
+  FP8KV_REQUIRE_GPU();
+  kv_heads_in_fours(kDtypes);
+}
+TEST(CudaDecode, PerTokenHeadKvHeadsInFoursBatchedEqualsSingle) {
+  FP8KV_REQUIRE_GPU();
+  kv_heads_in_fours(kPthDtypes);
 }
 
 // Long splits: more than 32 tiles per warp (block-table refresh) and many
@@ -355,16 +462,24 @@ TEST(CudaDecode, LongSplitsWrapTheRing) {
 // kernels fetch block ids 32 tiles ahead and
 // rotate them at tiles 32, 64, 96 and 128 of a warp; a window starting
 // mid-tile and a 16-key block size cross the edge-tile masks.
-TEST(CudaDecode, VeryLongSplitRefillsBlockIds) {
-  FP8KV_REQUIRE_GPU();
+void very_long_split(Dtypes dtypes) {
   std::mt19937_64 rng(test_seed());
-  for (KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3})  // the FAST kernels' dtypes
+  for (KvDtype dt : dtypes)
     for (int D : {128, 256}) {
       const std::vector<int> lengths = {9000, 33};  // (the random cache fill dominates the test's time)
       run_decode_case(rng, DecodeCase{dt, D, 4, 2, 16, 0, ScaleMode::per_head, 0.0f}, 16384, true, lengths);
       run_decode_case(rng, DecodeCase{dt, D, 2, 1, 32, 8999, ScaleMode::per_tensor, 0.0f}, 16384, false, lengths);
-      if (HasFailure()) return;
+      if (::testing::Test::HasFailure()) return;
     }
+}
+TEST(CudaDecode, VeryLongSplitRefillsBlockIds) {
+  FP8KV_REQUIRE_GPU();
+  const KvDtype fast[] = {KvDtype::bf16, KvDtype::fp8_e4m3};  // the FAST kernels' dtypes
+  very_long_split(fast);
+}
+TEST(CudaDecode, PerTokenHeadVeryLongSplitRefillsBlockIds) {
+  FP8KV_REQUIRE_GPU();
+  very_long_split(kPthDtypes);
 }
 
 // ---- prefill / chunked prefill ---------------------------------------------
@@ -393,7 +508,7 @@ double run_prefill_case(std::mt19937_64& rng, const PrefillCase& c, const std::v
     for (const auto& [cl, n] : lengths) { ctx.push_back(cl); nq.push_back(n); }
   }
   Scenario s = make_scenario(rng, c.D, c.num_kv_heads, c.block_size, c.dt, c.mode, ctx, /*bf16_input=*/true);
-  EXPECT_TRUE(s.k_cache_gpu == s.k_cache && s.v_cache_gpu == s.v_cache) << "CUDA store (bf16 input) differs from CPU";
+  EXPECT_TRUE(s.store_matches()) << "CUDA store (bf16 input) differs from CPU";
   const int B = s.batch(), H = c.num_kv_heads * c.group, D = c.D;
   std::vector<int32_t> qs(B + 1, 0);
   for (int b = 0; b < B; ++b) qs[b + 1] = qs[b] + nq[b];
@@ -462,7 +577,7 @@ double run_prefill_case(std::mt19937_64& rng, const PrefillCase& c, const std::v
         for (int i = ti; i < nq[b]; i += nt)
           for (int h = 0; h < H; ++h) {
             const size_t row = (static_cast<size_t>(qs[b] + i) * H + h) * D;
-            const double tol = attention_bound(s, b, q.data() + row, h / c.group, pos[i], c.window, sm);
+            const double tol = attention_bound(s, b, q.data() + row, h / c.group, pos[i], c.window, sm, c.softcap);
             for (int d = 0; d < D; ++d) {
               const float g = out[row + d], r = ref[(static_cast<size_t>(i) * H + h) * D + d];
               const double e = std::isfinite(g) ? std::fabs(g - r) / tol : 1e9;
@@ -551,13 +666,12 @@ TEST(CudaPlan, F4AutoReplansBeyondOneWave) {
 
 // The prefill tests run the plan's kernel per case (prefill_plan.h): wgmma
 // at head_dim 128, mma.sync at 64 and 256.
-TEST(CudaPrefill, MatchesCpuReferenceCausalWindowChunked) {
-  FP8KV_REQUIRE_GPU();
+void prefill_matrix(Dtypes dtypes) {
   const uint64_t seed = test_seed();
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
   std::mt19937_64 rng(seed);
   int n = 0;
-  for (KvDtype dt : kDtypes) {
+  for (KvDtype dt : dtypes) {
     double worst = 0;
     for (int D : {64, 128, 256})
       for (int group : {1, 4, 8})
@@ -567,23 +681,31 @@ TEST(CudaPrefill, MatchesCpuReferenceCausalWindowChunked) {
           worst = std::max(worst, run_prefill_case(rng, PrefillCase{dt, D, group, group == 8 ? 1 : 2, bs, window, mode,
                                                                     n % 7 == 6 ? 20.0f : 0.0f}));
           ++n;
-          if (HasFailure()) return;
+          if (::testing::Test::HasFailure()) return;
         }
     std::printf("prefill %-8s worst |err|/tol = %.3f\n", std::string(kv_dtype_name(dt)).c_str(), worst);
   }
+}
+TEST(CudaPrefill, MatchesCpuReferenceCausalWindowChunked) {
+  FP8KV_REQUIRE_GPU();
+  prefill_matrix(kDtypes);
+}
+TEST(CudaPrefill, PerTokenHeadMatchesCpuReference) {
+  FP8KV_REQUIRE_GPU();
+  prefill_matrix(kPthDtypes);
 }
 
 // head_dim 128 (the wgmma kernel's): prompts of several 128-query tiles and
 // many 128-key tiles, a chunk deep into its context, a window wider than a
 // tile, softcap on and off; and batched == single, bitwise. grid_cap > 0: the
 // persistent kernel on at most that many CTAs (each walks many work items).
-void run_long_prompts(int grid_cap) {
+void run_long_prompts(int grid_cap, Dtypes dtypes) {
   const uint64_t seed = test_seed();
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
   std::mt19937_64 rng(seed);
   const std::vector<std::pair<int, int>> lengths = {{611, 611}, {900, 260}, {129, 129}, {300, 1}};
   int n = 0;
-  for (KvDtype dt : kDtypes) {
+  for (KvDtype dt : dtypes) {
     double worst = 0;
     for (int window : {0, 200}) {
       const PrefillCase c{dt, 128, 4, 2, n % 2 ? 32 : 16, window, static_cast<ScaleMode>(n % 3), n % 2 ? 0.0f : 30.0f};
@@ -601,7 +723,11 @@ void run_long_prompts(int grid_cap) {
 
 TEST(CudaPrefill, LongPromptsBatchedEqualsSingle) {
   FP8KV_REQUIRE_GPU();
-  run_long_prompts(0);
+  run_long_prompts(0, kDtypes);
+}
+TEST(CudaPrefill, PerTokenHeadLongPromptsBatchedEqualsSingle) {
+  FP8KV_REQUIRE_GPU();
+  run_long_prompts(0, kPthDtypes);
 }
 
 // The same on 7 CTAs: a CTA runs many (head, query tile, sequence) items
@@ -612,7 +738,7 @@ TEST(CudaPrefill, LongPromptsOnSevenCtas) {
     ~Reset() { cuda::set_prefill_max_ctas_for_tests(0); }
   } reset;
   cuda::set_prefill_max_ctas_for_tests(7);
-  run_long_prompts(7);
+  run_long_prompts(7, kDtypes);
 }
 
 // bf16 activations (the engine's; the other prefill tests pass f32): q in
@@ -626,7 +752,7 @@ TEST(CudaPrefill, Bf16ActivationsEqualRoundedF32) {
   std::mt19937_64 rng(seed);
   const std::vector<int> ctx = {300, 129, 77};
   const std::vector<int> nq = {300, 129, 40};
-  for (KvDtype dt : kDtypes) {
+  for (KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3, KvDtype::fp8_e5m2, KvDtype::fp8_e4m3_pth, KvDtype::int8_pth}) {
     Scenario s = make_scenario(rng, 128, 2, 16, dt, ScaleMode::per_head, ctx, /*bf16_input=*/true);
     const int B = s.batch(), H = 8, D = 128;
     std::vector<int32_t> qs(B + 1, 0);
