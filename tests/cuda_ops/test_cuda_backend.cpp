@@ -16,6 +16,7 @@
 #include "backend/cpu/kv_ops.h"
 #include "backend/cpu/ops.h"
 #include "backend/cuda/cuda_backend.h"
+#include "../cuda/pth_bound.h"
 #include "cuda_ops_util.h"
 #include "io/errors.h"
 #include "kv/planner.h"
@@ -135,7 +136,7 @@ TEST_P(CudaBackendVsCpu, TwoStepsStageByStage) {
   L.dtype = dtype;
   be.allocate_kv(plan, L);
   KvScales scales = KvScales::unity(cfg.num_layers);
-  if (dtype != KvDtype::bf16) {
+  if (kv_dtype_per_tensor_scaled(dtype)) {
     for (int l = 0; l < cfg.num_layers; ++l) {  // per-head K scales, a per-tensor V scale
       scales.layers[l].k.values = {0.004f + 0.001f * l, 0.006f};
       scales.layers[l].v.values = {0.003f};
@@ -148,6 +149,9 @@ TEST_P(CudaBackendVsCpu, TwoStepsStageByStage) {
 
   // Host mirror of every layer's K/V cache, written by store_kv_cpu.
   std::vector<std::vector<uint8_t>> mk(cfg.num_layers, std::vector<uint8_t>(L.cache_bytes(), 0)), mv = mk;
+  // Per-token-head dtypes: the mirror of the scale arrays beside the caches.
+  const bool pth = kv_dtype_per_token_head(dtype);
+  std::vector<std::vector<float>> mks(cfg.num_layers, std::vector<float>(L.scale_bytes() / 4, 0.0f)), mvs = mks;
   // Pages: each (group, sequence) gets its own shuffled pages.
   std::mt19937_64 rng(test_seed());
   std::vector<int32_t> pool(L.num_blocks);
@@ -275,7 +279,7 @@ TEST_P(CudaBackendVsCpu, TwoStepsStageByStage) {
       const int g = be.kv_group_of_layer(l);
       const LayerKvScales& sc = scales.layers[l];
       store_kv_cpu(L, mk[l].data(), mv[l].data(), kg.data(), vg.data(), b.slot_mapping[g].data(), T, sc.k.ref(),
-                   sc.v.ref());
+                   sc.v.ref(), pth ? mks[l].data() : nullptr, pth ? mvs[l].data() : nullptr);
       {
         const KvLayerStorage ks = be.kv_layer(l);
         std::vector<uint8_t> dk(L.cache_bytes()), dv(L.cache_bytes());
@@ -291,6 +295,21 @@ TEST_P(CudaBackendVsCpu, TwoStepsStageByStage) {
           }
         mk[l] = dk;  // the device cache is now the reference cache
         mv[l] = dv;
+        if (pth) {
+          ASSERT_NE(ks.k_scale, nullptr);
+          ASSERT_NE(ks.v_scale, nullptr);
+          std::vector<float> dks(mks[l].size()), dvs(mvs[l].size());
+          be.download(dks.data(), ks.k_scale, dks.size() * 4);
+          be.download(dvs.data(), ks.v_scale, dvs.size() * 4);
+          for (int64_t slot : b.slot_mapping[g])
+            for (int hh = 0; hh < Hkv; ++hh) {
+              const size_t i = static_cast<size_t>(L.scale_offset(slot, hh));
+              ASSERT_EQ(0, std::memcmp(&dks[i], &mks[l][i], 4)) << "K scale slot " << slot << " head " << hh;
+              ASSERT_EQ(0, std::memcmp(&dvs[i], &mvs[l][i], 4)) << "V scale slot " << slot << " head " << hh;
+            }
+          mks[l] = dks;
+          mvs[l] = dvs;
+        }
       }
       // Attention: decodes and prefill chunks in one call, vs paged_attention_cpu.
       be.attention(b, l, q, attn);
@@ -305,6 +324,8 @@ TEST_P(CudaBackendVsCpu, TwoStepsStageByStage) {
         a.logit_softcap = cfg.attn_logit_softcapping ? static_cast<float>(*cfg.attn_logit_softcapping) : 0.0f;
         a.k_scale = sc.k.ref();
         a.v_scale = sc.v.ref();
+        a.k_scale_pth = pth ? mks[l].data() : nullptr;
+        a.v_scale_pth = pth ? mvs[l].data() : nullptr;
         std::vector<float> ref(og.size());
         for (int s = 0; s < b.num_seqs; ++s) {
           const int t0 = b.query_start[s], n = b.query_len(s);
@@ -314,13 +335,34 @@ TEST_P(CudaBackendVsCpu, TwoStepsStageByStage) {
                               ref.data() + static_cast<size_t>(t0) * Hq * D);
           // Bound (docs/cuda.md): v_scale Vmax (u + expm1(2 u Smax) + 1e-5) + 1e-6 per (query, head).
           const bool fp8 = kv_dtype_is_fp8(dtype);
-          const double u = fp8 ? 1.0 / 2048 : 1.0 / 256;
+          const double u = dtype != KvDtype::bf16 ? 1.0 / 2048 : 1.0 / 256;
           for (int i = 0; i < n; ++i) {
             const int pos = b.positions[t0 + i];
             const int first = a.window > 0 ? std::max(0, pos - a.window + 1) : 0;
             for (int hh = 0; hh < Hq; ++hh) {
               const int kvh = hh / (Hq / Hkv);
               const float* qv = qg.data() + (static_cast<size_t>(t0 + i) * Hq + hh) * D;
+              if (pth) {  // docs/cuda.md "Tolerance", per-token-head
+                const double tol = cudatest::pth_attention_bound(
+                    pos - first + 1, D, qv, a.softmax_scale, a.logit_softcap, u,
+                    [&](int jj, float* kq, float* vq, float& ksj, float& vsj) {
+                      const int j = first + jj;
+                      const int64_t slot = static_cast<int64_t>(a.block_table[j / 16]) * 16 + j % 16;
+                      const int64_t off = L.slot_offset(slot, kvh);
+                      for (int d = 0; d < D; ++d) {
+                        kq[d] = load_cache_elem(L, mk[l].data(), off + d);
+                        vq[d] = load_cache_elem(L, mv[l].data(), off + d);
+                      }
+                      ksj = mks[l][L.scale_offset(slot, kvh)];
+                      vsj = mvs[l][L.scale_offset(slot, kvh)];
+                    });
+                for (int d = 0; d < D; ++d) {
+                  const size_t idx = (static_cast<size_t>(t0 + i) * Hq + hh) * D + d;
+                  ASSERT_LE(std::fabs(og[idx] - ref[idx]), tol)
+                      << "attention seq " << s << " query " << i << " head " << hh << " d " << d;
+                }
+                continue;
+              }
               double smax = 0, vmax = 0;
               for (int j = first; j <= pos; ++j) {
                 const int64_t slot = static_cast<int64_t>(a.block_table[j / 16]) * 16 + j % 16;
@@ -431,7 +473,8 @@ TEST_P(CudaBackendVsCpu, TwoStepsStageByStage) {
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaBackendVsCpu,
                          ::testing::Combine(::testing::Values("qwen3", "gemma3"),
-                                            ::testing::Values(KvDtype::bf16, KvDtype::fp8_e4m3)),
+                                            ::testing::Values(KvDtype::bf16, KvDtype::fp8_e4m3, KvDtype::fp8_e4m3_pth,
+                                                              KvDtype::int8_pth)),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + std::string(kv_dtype_name(std::get<1>(info.param)));
                          });

@@ -68,6 +68,16 @@ TEST(CudaGraphs, ReplayEqualsPaddedEagerGemma3Fp8) {
   FP8KV_NEED_GPU();
   check("gemma3", "fp8_e4m3");
 }
+// Per-token-head caches: the scale arrays beside the caches are captured like
+// the caches; their store runs as the separate store kernel in the graph.
+TEST(CudaGraphs, ReplayEqualsPaddedEagerLlamaPerTokenHead) {
+  FP8KV_NEED_GPU();
+  check("llama", "fp8_per_token_head");
+}
+TEST(CudaGraphs, ReplayEqualsPaddedEagerGemma3Int8PerTokenHead) {
+  FP8KV_NEED_GPU();
+  check("gemma3", "int8_per_token_head");
+}
 
 TEST(CudaGraphs, Buckets) {
   // vLLM's capture sizes, bounded by max_num_seqs; no GPU needed (CPU backend).
