@@ -60,6 +60,10 @@ DECODE_ROWS=(
   "fp8_e4m3 128 1 1024" "fp8_e4m3 128 1 65536" "fp8_e4m3 128 8 16384" "fp8_e4m3 128 32 16384"
   "fp8_e4m3 128 64 16384" "fp8_e4m3 128 64 1024" "bf16 128 1 1024" "bf16 128 32 16384" "bf16 128 1 65536"
   "fp8_e4m3 256 8 16384" "fp8_e4m3 256 32 16384" "bf16 256 8 16384" "fp8_e5m2 128 8 16384" "fp8_e4m3 64 8 16384"
+  # per-token-head beside per-tensor fp8 (issue 34's targets: B >= 8 at 16K, B=1/64K)
+  "fp8_per_token_head 128 8 16384" "fp8_per_token_head 128 32 16384" "fp8_per_token_head 128 1 65536"
+  "fp8_per_token_head 256 8 16384" "fp8_per_token_head 256 32 16384"
+  "int8_per_token_head 128 8 16384" "int8_per_token_head 128 32 16384" "int8_per_token_head 256 8 16384"
 )
 # fp8kv bench cases: NAME|ARGS (on the Llama-3.1-8B shape, dummy weights, fp8 KV).
 MODEL_8B=tests/data/configs/llama-3.1-8b

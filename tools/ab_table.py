@@ -50,7 +50,7 @@ def kernel_samples(lines):
             s[f"decode {j['dtype']} d{j['d']} B={j['batch']} {ctx}"].append((j["ms"], j["ms_stream"], j["frac_copy"]))
         elif k == "store":
             s[f"store {j['dtype']} {j['tokens'] // 1024}K tok"].append((j["ms"], None, None))
-        elif k == "prefill" and j.get("kernel", "wgmma").startswith("wgmma"):
+        elif k == "prefill":
             s[f"prefill {j['dtype']} {j['seq'] // 1024}K causal"].append((j["ms"], None, None))
     return s, copy
 
@@ -87,6 +87,10 @@ def kernels(d):
                 note.append(f"time/SDPA bf16 {n_ms / s:.2f}")
         elif parts[0] == "prefill" and "prefill" in sdpa:
             note.append(f"time/SDPA bf16 {n_ms / sdpa['prefill']:.2f}")
+        if parts[1].endswith("_per_token_head"):  # beside the per-tensor fp8 row of the same shape
+            ref = new.get(" ".join([parts[0], "fp8_e4m3"] + parts[2:]))
+            if ref:
+                note.append(f"time/fp8_e4m3 {n_ms / med([x[0] for x in ref]):.3f}")
         o_ms = med([x[0] for x in old.get(case, [])])
         speed = ""
         if o_ms:

@@ -12,7 +12,8 @@
 //    decode256 (d256 rows only) | probe (bf16 B=64/4K, 32/4K, 64/1K, then B=32/64K, then the three again) |
 //    plans | splits)
 //   prefill : 8K causal prefill from the paged cache, head_dim 128 (the plan's wgmma kernel)
-//   store   : store of 64K tokens, bf16 input, bf16 vs fp8 cache
+//   store   : store of 64K tokens, bf16 input, bf16, fp8 and the per-token-head caches
+//   (decode, prefill and store also run the per-token-head dtypes beside per-tensor fp8)
 // Working sets are rotated among several caches so that each launch reads
 // well past the 60 MB L2. CUDA events, warm-up, medians; decode rows and the
 // copy also by the stream method (stream_median_ms).
@@ -25,11 +26,13 @@
 #include <cstdlib>
 #include <numeric>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "backend/cuda/common.cuh"  // ld_stream16 (the decode kernels' K/V load), mbarriers, tensor maps
 #include "backend/cuda/attention/attention.h"
+#include "backend/cuda/attention/prefill_plan.h"
 
 using namespace fp8kv;
 using namespace fp8kv::cuda;
@@ -59,6 +62,21 @@ __global__ void fill_kernel(uint8_t* p, size_t n, uint32_t seed, int bf16) {
 void fill(void* p, size_t n, uint32_t seed, bool bf16) {
   fill_kernel<<<1024, 256>>>(static_cast<uint8_t*>(p), n, seed, bf16 ? 1 : 0);
   CK(cudaGetLastError());
+}
+// Per-token-head scales: n floats in [2^-7, 2^-6).
+__global__ void fill_scales_kernel(float* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    x ^= x >> 15; x *= 2246822519u; x ^= x >> 13;
+    p[i] = 0.0078125f * (1.0f + static_cast<float>(x & 0xffu) / 256.0f);
+  }
+}
+float* alloc_scales(size_t n, uint32_t seed) {
+  float* p;
+  CK(cudaMalloc(&p, std::max<size_t>(n, 1) * 4));
+  fill_scales_kernel<<<256, 256>>>(p, n, seed);
+  CK(cudaGetLastError());
+  return p;
 }
 
 template <class F>
@@ -355,6 +373,7 @@ void bench_read(bool sweep) {
 struct CacheSet {
   KvCacheLayout L;
   std::vector<void*> k, v;
+  std::vector<float*> ks, vs;  // per-token-head dtypes: each copy's scales
   int32_t* block_tables = nullptr;
   int32_t* ctx_lens = nullptr;
   int max_blocks = 0;
@@ -371,6 +390,10 @@ struct CacheSet {
       fill(pv, bytes, 91 + c, dt == KvDtype::bf16);
       k.push_back(pk);
       v.push_back(pv);
+      if (kv_dtype_per_token_head(dt)) {
+        ks.push_back(alloc_scales(L.scale_bytes() / 4, 23 + c));
+        vs.push_back(alloc_scales(L.scale_bytes() / 4, 57 + c));
+      }
     }
     std::vector<int32_t> bt(static_cast<size_t>(batch) * max_blocks);
     std::iota(bt.begin(), bt.end(), 0);
@@ -385,6 +408,8 @@ struct CacheSet {
   ~CacheSet() {
     for (void* p : k) cudaFree(p);
     for (void* p : v) cudaFree(p);
+    for (float* p : ks) cudaFree(p);
+    for (float* p : vs) cudaFree(p);
     cudaFree(block_tables);
     cudaFree(ctx_lens);
   }
@@ -398,6 +423,10 @@ struct CacheSet {
     p.context_lens = ctx_lens;
     p.k_scale = {scales, 1};
     p.v_scale = {scales + 1, 1};
+    if (!ks.empty()) {
+      p.k_scale_pth = ks[i % ks.size()];
+      p.v_scale_pth = vs[i % vs.size()];
+    }
     return p;
   }
 };
@@ -422,7 +451,8 @@ void bench_decode_one(double copy_gbs, const float* scales, KvDtype dt, int H, i
   a.plan = plan_decode(B, H, Hkv, D, C, 0, device_sm_count(), split_tokens, ctas_per_sm, dt);
   CK(cudaMalloc(&ws, std::max<size_t>(a.plan.workspace_bytes, 16)));
   a.workspace = ws;
-  const double kv_bytes = 2.0 * B * C * Hkv * D * kv_dtype_bytes(dt);
+  // (Per-token-head: the scales' bytes too.)
+  const double kv_bytes = 2.0 * B * C * Hkv * (D * kv_dtype_bytes(dt) + (kv_dtype_per_token_head(dt) ? 4 : 0));
   const int reps = kv_bytes > 4e9 ? 10 : 30;
   auto launch = [&](int i) { a.kv = cs.paged(i, scales); paged_decode(a, nullptr); };
   // Warm-up of >= FP8KV_BENCH_WARMUP_MS (default 150) ms of this very launch
@@ -464,7 +494,7 @@ void bench_decode_one(double copy_gbs, const float* scales, KvDtype dt, int H, i
 }
 
 void bench_decode(double copy_gbs, const float* scales, bool d256, bool d128 = true) {
-  for (KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3}) {
+  for (KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3, KvDtype::fp8_e4m3_pth, KvDtype::int8_pth}) {
     if (d128)
       for (int B : {1, 8, 32, 64})
         for (int C : {1024, 4096, 16384, 65536}) bench_decode_one(copy_gbs, scales, dt, kH, kHkv, kD, B, C, 0, "decode");
@@ -518,7 +548,7 @@ void bench_plans(double copy_gbs, const float* scales) {
 // plan's: prefill_plan.h).
 void bench_prefill(const float* scales) {
   const int S = 8192;
-  for (KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3, KvDtype::fp8_e5m2}) {
+  for (KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3, KvDtype::fp8_e5m2, KvDtype::fp8_e4m3_pth, KvDtype::int8_pth}) {
     CacheSet cs(dt, 1, S, size_t(256) << 20);
     void *q, *out;
     int32_t* qs;
@@ -540,8 +570,9 @@ void bench_prefill(const float* scales) {
     a.out_dtype = ActDtype::bf16;
     const double ms = median_ms([&](int i) { a.kv = cs.paged(i, scales); paged_prefill(a, nullptr); }, 3, 20);
     const double flops = 4.0 * kH * kD * (double(S) * (S + 1) / 2);
-    std::printf("{\"kind\":\"prefill\",\"dtype\":\"%s\",\"kernel\":\"wgmma_ws\",\"seq\":%d,\"ms\":%.4f,\"TFLOPs\":%.1f}\n",
-                std::string(kv_dtype_name(dt)).c_str(), S, ms, flops / (ms * 1e-3) / 1e12);
+    const char* kernel = prefill_plan(kD, dt).path == PrefillPath::wgmma_ws ? "wgmma_ws" : "mma";
+    std::printf("{\"kind\":\"prefill\",\"dtype\":\"%s\",\"kernel\":\"%s\",\"seq\":%d,\"ms\":%.4f,\"TFLOPs\":%.1f}\n",
+                std::string(kv_dtype_name(dt)).c_str(), kernel, S, ms, flops / (ms * 1e-3) / 1e12);
     std::fflush(stdout);
     CK(cudaFree(q));
     CK(cudaFree(out));
@@ -568,11 +599,13 @@ void bench_store(const float* scales) {
   for (int t = 0; t < T; ++t) sl[t] = blocks[t / kBlock] * kBlock + t % kBlock;
   CK(cudaMalloc(&slots, T * 8));
   CK(cudaMemcpy(slots, sl.data(), T * 8, cudaMemcpyHostToDevice));
-  for (KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3}) {
+  for (KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3, KvDtype::fp8_e4m3_pth, KvDtype::int8_pth}) {
     KvCacheLayout L{.num_blocks = T / kBlock, .block_size = kBlock, .num_kv_heads = kHkv, .head_dim = kD, .dtype = dt};
     void *kc, *vc;
     CK(cudaMalloc(&kc, L.cache_bytes()));
     CK(cudaMalloc(&vc, L.cache_bytes()));
+    float* ksp = kv_dtype_per_token_head(dt) ? alloc_scales(L.scale_bytes() / 4, 1) : nullptr;
+    float* vsp = kv_dtype_per_token_head(dt) ? alloc_scales(L.scale_bytes() / 4, 2) : nullptr;
     StoreKvArgs a;
     a.layout = L;
     a.k_cache = kc;
@@ -584,13 +617,17 @@ void bench_store(const float* scales) {
     a.num_tokens = T;
     a.k_scale = {scales, 1};
     a.v_scale = {scales + 1, 1};
+    a.k_scale_pth = ksp;
+    a.v_scale_pth = vsp;
     const double ms = median_ms([&](int) { store_kv(a, nullptr); }, 3, 30);
-    const double bytes = 2.0 * in_bytes + 2.0 * L.cache_bytes() + T * 8.0;
+    const double bytes = 2.0 * in_bytes + 2.0 * L.cache_bytes() + 2.0 * L.scale_bytes() + T * 8.0;
     std::printf("{\"kind\":\"store\",\"dtype\":\"%s\",\"tokens\":%d,\"ms\":%.4f,\"GBps\":%.1f}\n",
                 std::string(kv_dtype_name(dt)).c_str(), T, ms, bytes / (ms * 1e-3) / 1e9);
     std::fflush(stdout);
     CK(cudaFree(kc));
     CK(cudaFree(vc));
+    if (ksp) CK(cudaFree(ksp));
+    if (vsp) CK(cudaFree(vsp));
   }
   CK(cudaFree(k));
   CK(cudaFree(v));
@@ -635,7 +672,9 @@ int main(int argc, char** argv) {
   // profiler too (ncu in scripts/gpu_decode.sh).
   if (only == "shape") {
     if (argc != 6 && argc != 7) {
-      std::fprintf(stderr, "usage: bench_attention shape bf16|fp8_e4m3|fp8_e5m2 D B CTX [SPLIT]\n");
+      std::fprintf(stderr,
+                   "usage: bench_attention shape bf16|fp8_e4m3|fp8_e5m2|fp8_per_token_head|int8_per_token_head D B CTX "
+                   "[SPLIT]\n");
       return 2;
     }
     const int split = argc == 7 ? std::atoi(argv[6]) : 0;
@@ -644,10 +683,15 @@ int main(int argc, char** argv) {
       return 2;
     }
     const std::string dts = argv[2];
-    const KvDtype dt = dts == "bf16" ? KvDtype::bf16 : dts == "fp8_e5m2" ? KvDtype::fp8_e5m2 : KvDtype::fp8_e4m3;
+    KvDtype dt = KvDtype::fp8_e4m3;
+    bool dt_ok = true;
+    try {
+      dt = parse_kv_dtype(dts);
+    } catch (const std::invalid_argument&) {
+      dt_ok = false;
+    }
     const int D = std::atoi(argv[3]), B = std::atoi(argv[4]), C = std::atoi(argv[5]);
-    if ((dts != "bf16" && dts != "fp8_e4m3" && dts != "fp8_e5m2") || (D != 64 && D != 128 && D != 256) || B <= 0 ||
-        C <= 0) {
+    if (!dt_ok || (D != 64 && D != 128 && D != 256) || B <= 0 || C <= 0) {
       std::fprintf(stderr, "bench_attention shape: bad dtype/D/B/CTX\n");
       return 2;
     }
