@@ -132,6 +132,11 @@ json plan_json(const KvPlan& p) {
       {"page_scale_bytes", 2ull * static_cast<uint64_t>(p.group_size) * p.layer_scale_block_bytes},
       {"num_blocks", p.num_blocks},
       {"pool_bytes", p.pool_bytes()},
+      // The per-sequence state pool of linear-attention layers (0 for other models).
+      {"state_bytes_per_sequence", p.state.empty() ? 0 : p.state.bytes_per_sequence()},
+      {"state_pool_bytes", p.state.pool_bytes()},
+      {"state_slots", p.state.num_slots},
+      {"state_layers", p.state.layers},
       {"blocks_per_request", p.blocks_per_request},
       {"max_concurrency", p.max_concurrency},
       {"tokens", p.tokens},
@@ -198,7 +203,16 @@ void print_text(const CapacityArgs& a, const ModelConfig& cfg, const KvBudget& b
       "({} KV heads x head_dim {} per rank)\n",
       kv_dtype_name(p.dtype), p.block_size, p.max_model_len, p.max_num_batched_tokens, p.tensor_parallel_size,
       p.kv_heads_per_rank, p.head_dim);
-  o += fmt::format("bytes per token per rank (all layers): {}\n", p.bytes_per_token);
+  o += fmt::format("bytes per token per rank ({}): {}\n",
+                   p.state.empty() ? "all layers" : fmt::format("{} attention layers", cfg.num_attention_layers()),
+                   p.bytes_per_token);
+  if (!p.state.empty())
+    o += fmt::format(
+        "state pool: {} slots (--max-num-seqs) x {} bytes per sequence = {} ({} bytes), carved from the budget "
+        "before the KV blocks ({} linear_attention layers: conv [{}][{}] {}, recurrent [{}][{}][{}] {})\n",
+        p.state.num_slots, p.state.bytes_per_sequence(), format_bytes(p.state.pool_bytes()), p.state.pool_bytes(),
+        p.state.layers.size(), p.state.conv_dim, p.state.conv_width, state_dtype_name(p.state.conv_dtype),
+        p.state.num_v_heads, p.state.k_head_dim, p.state.v_head_dim, state_dtype_name(p.state.ssm_dtype));
   o += fmt::format("page: {} tokens x {} layers x K+V = {} bytes; pool: {} blocks ({})\n", p.block_size,
                    p.group_size, p.page_bytes, p.num_blocks, format_bytes(p.pool_bytes()));
   if (p.layer_scale_block_bytes > 0)  // per-token-head dtypes: f32 scales beside the cache
@@ -216,7 +230,7 @@ void print_text(const CapacityArgs& a, const ModelConfig& cfg, const KvBudget& b
                     std::to_string(g.bytes_per_token), std::to_string(g.blocks_per_request), std::to_string(share),
                     std::to_string(share * p.block_size)});
   }
-  groups.add_row({"total", "", std::to_string(cfg.num_layers), std::to_string(p.bytes_per_token),
+  groups.add_row({"total", "", std::to_string(cfg.num_attention_layers()), std::to_string(p.bytes_per_token),
                   std::to_string(p.blocks_per_request)});
   o += groups.str();
   o += fmt::format("max concurrency: {:.2f}x requests of {} tokens\n", p.max_concurrency, p.max_model_len);

@@ -583,6 +583,9 @@ std::unique_ptr<Engine> load_engine(const std::filesystem::path& dir, const Engi
     StartupPhase ph("widen bf16 -> fp32 (cpu backend)");
     return maybe_widen(std::move(w));
   };
+  if (opts.load_format == "dummy" && cfg.gdn)
+    throw InputError("--load-format dummy: random Gated DeltaNet (linear_attention) weights are not made yet; "
+                     "load a checkpoint");
   if (opts.load_format == "dummy") {
     // Random weights from config.json alone (no safetensors read); unity KV scales.
     engine_log()->info("--load-format dummy: random weights (N(0, 0.02), norms 1) for {}", dir.string());

@@ -160,6 +160,20 @@ inline KvBounds kv_layer0_bounds(const std::filesystem::path& dir, const ModelCo
   return out;
 }
 
+// The KV scales a golden variant was made with: golden.json's "scales"
+// (K per tensor, V per head, per layer) for the fp8 variants, unity otherwise.
+inline KvScales golden_kv_scales(const nlohmann::json& g, const std::string& variant, int num_layers) {
+  KvScales sc = KvScales::unity(num_layers);
+  if (variant == "fp8_e4m3" || variant == "fp8_e5m2") {
+    const nlohmann::json& s = g["scales"][variant];
+    for (int l = 0; l < num_layers; ++l) {
+      sc.layers[l].k.values = {s["k"][l].get<float>()};
+      sc.layers[l].v.values = s["v"][l].get<std::vector<float>>();
+    }
+  }
+  return sc;
+}
+
 // variant: fp32 | bf16 | fp8_e4m3 | fp8_e5m2 (fp32 runs with a bf16 cache).
 inline GoldenOutcome check_hf_golden(const std::string& name, const std::string& variant, const std::string& backend) {
   namespace fs = std::filesystem;
@@ -184,14 +198,7 @@ inline GoldenOutcome check_hf_golden(const std::string& name, const std::string&
   auto e = Engine::load(dir, o);
   const ModelConfig& c = e->config();
   EXPECT_TRUE(c.head_dim == 64 || c.head_dim == 256) << name << ": head_dim " << c.head_dim;
-  KvScales sc = KvScales::unity(c.num_layers);
-  if (variant == "fp8_e4m3" || variant == "fp8_e5m2") {
-    const json& s = g["scales"][variant];
-    for (int l = 0; l < c.num_layers; ++l) {
-      sc.layers[l].k.values = {s["k"][l].get<float>()};
-      sc.layers[l].v.values = s["v"][l].get<std::vector<float>>();
-    }
-  }
+  const KvScales sc = golden_kv_scales(g, variant, c.num_layers);
   e->set_kv_scales(sc);
   const KvDtype d = e->kv_dtype();
   const double k_scale = std::max(1.0, longest_reduction(c) / 128.0);

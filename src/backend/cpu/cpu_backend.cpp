@@ -14,6 +14,7 @@
 
 #include "backend/cpu/cpu_backend_gdn.h"
 #include "backend/cpu/kv_ops.h"
+#include "backend/cpu/op_checks.h"
 #include "backend/cpu/ops.h"
 #include "model/weights.h"
 
@@ -21,16 +22,9 @@ namespace fp8kv {
 
 namespace {
 
-[[noreturn]] void bad(const char* op, const std::string& what) {
-  throw std::invalid_argument(fmt::format("CpuBackend::{}: {}", op, what));
-}
-
-std::string shape(const Tensor& t) { return fmt::format("[{}][{}] {}", t.rows, t.cols, scalar_type_name(t.dtype)); }
-
-float* f32(const Tensor& t, const char* op, const char* name) {
-  if (t.dtype != ScalarType::f32) bad(op, fmt::format("{} must be f32, got {}", name, shape(t)));
-  return static_cast<float*>(t.data);
-}
+using cpu_op::bad;
+using cpu_op::f32;
+using cpu_op::shape;
 
 MatrixRef matrix(const Tensor& t, const char* op) {
   if (t.is_fp8_weight()) return MatrixRef{t.data, WeightType::f8_e4m3, t.rows, t.cols, t.fp8};

@@ -8,20 +8,17 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_backend_gdn.h"
 #include "backend/cpu/gdn.h"
+#include "backend/cpu/op_checks.h"
 #include "io/errors.h"
 
 namespace fp8kv {
 
 namespace {
 
-[[noreturn]] void bad(const char* op, const std::string& what) {
-  throw std::invalid_argument(fmt::format("CpuBackend::{}: {}", op, what));
-}
-std::string shape(const Tensor& t) { return fmt::format("[{}][{}] {}", t.rows, t.cols, scalar_type_name(t.dtype)); }
-float* f32(const Tensor& t, const char* op, const char* name) {
-  if (t.dtype != ScalarType::f32) bad(op, fmt::format("{} must be f32, got {}", name, shape(t)));
-  return static_cast<float*>(t.data);
-}
+using cpu_op::bad;
+using cpu_op::f32;
+using cpu_op::shape;
+
 void expect_shape(const char* op, const char* name, const Tensor& t, int64_t rows, int64_t cols) {
   if (t.rows != rows || t.cols != cols) bad(op, fmt::format("{} is {}, expected [{}][{}]", name, shape(t), rows, cols));
 }
