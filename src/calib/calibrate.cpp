@@ -30,7 +30,15 @@ CalibrationReport calibrate(Engine& engine, const std::vector<std::vector<int>>&
     throw;
   }
   engine.set_store_observer(nullptr);
-  return build_report(obs, o.rule, o.target, o.per_head);
+  CalibrationReport r = build_report(obs, o.rule, o.target, o.per_head);
+  if (r.complete && r.tokens_observed < o.min_tokens) {
+    r.complete = false;
+    r.too_few_tokens = true;
+    r.reason = fmt::format("only {} token(s) observed, fewer than the minimum of {} (--min-tokens): an amax over so "
+                           "few tokens is not a range; give a longer corpus",
+                           r.tokens_observed, o.min_tokens);
+  }
+  return r;
 }
 
 void append_chunks(const std::vector<int>& ids, int context, uint64_t& budget, bool limited,
@@ -63,15 +71,25 @@ std::string calibration_summary(const CalibrationReport& r) {
   TextTable table({{"layer", 5}, {"q_amax", 10}, {"k_amax", 10}, {"v_amax", 10}, {"q_scale", 10}, {"k_scale", 10},
                    {"v_scale", 10}},
                   "  ");
-  std::vector<int> moved;
+  std::vector<int> above;  // v_scale > 1: V exceeds what a unity scale stores
+  int below = 0, unity = 0;
+  float v_min = 0, v_max = 0;
+  bool first = true;
   float best = -1;
   std::string where;
   for (const auto& l : r.layers) {
-    const bool v_moved = std::any_of(l.v_scale.begin(), l.v_scale.end(), [](float x) { return x != 1.0f; });
+    const bool v_above = std::any_of(l.v_scale.begin(), l.v_scale.end(), [](float x) { return x > 1.0f; });
     table.add_row({std::to_string(l.layer), fmt_vals(l.q_amax), fmt_vals(l.k_amax), fmt_vals(l.v_amax),
                    fmt_vals(l.q_scale), fmt_vals(l.k_scale), fmt_vals(l.v_scale)},
-                  v_moved ? "  <- v_scale != 1" : "");
-    if (v_moved) moved.push_back(l.layer);
+                  v_above ? "  <- v_scale > 1" : "");
+    if (v_above) above.push_back(l.layer);
+    else if (std::all_of(l.v_scale.begin(), l.v_scale.end(), [](float x) { return x == 1.0f; })) ++unity;
+    else ++below;
+    for (float x : l.v_scale) {
+      v_min = first ? x : std::min(v_min, x);
+      v_max = first ? x : std::max(v_max, x);
+      first = false;
+    }
     for (const auto& [name, vals] : {std::pair<const char*, const std::vector<float>*>{"Q", &l.q_amax},
                                      {"K", &l.k_amax},
                                      {"V", &l.v_amax}}) {
@@ -85,9 +103,10 @@ std::string calibration_summary(const CalibrationReport& r) {
   }
   s += table.str();
   std::string list;
-  for (int l : moved) list += fmt::format("{}{}", list.empty() ? "" : ",", l);
-  s += fmt::format("  v_scale left 1.0 in {} of {} layers{}{}\n", moved.size(), r.layers.size(), moved.empty() ? "" : ": ",
-                   list);
+  for (int l : above) list += fmt::format("{}{}", list.empty() ? "" : ",", l);
+  if (!r.layers.empty())
+    s += fmt::format("  v_scale {:.4g} .. {:.4g}: above 1.0 in {} of {} layers{}{}, below 1.0 in {}, exactly 1.0 in {}\n",
+                     v_min, v_max, above.size(), r.layers.size(), above.empty() ? "" : ": ", list, below, unity);
   if (best >= 0) s += fmt::format("  largest amax: {:.6g} ({})\n", best, where);
   return s;
 }

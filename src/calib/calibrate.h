@@ -16,6 +16,10 @@ struct CalibrateOptions {
   ScaleRule rule;
   KvDtype target = KvDtype::fp8_e4m3;
   bool per_head = false;
+  // Fewer observed tokens fail the calibration (status failed, exit 2): an
+  // amax over a handful of tokens is not a range (`--min-tokens`).
+  uint64_t min_tokens = kDefaultMinCalibrationTokens;
+  static constexpr uint64_t kDefaultMinCalibrationTokens = 64;
 };
 
 // progress(tokens_done, tokens_total) after each chunk.
@@ -32,8 +36,9 @@ CalibrationReport calibrate(Engine& engine, const std::vector<std::vector<int>>&
 void append_chunks(const std::vector<int>& ids, int context, uint64_t& budget, bool limited,
                    std::vector<std::vector<int>>& chunks);
 
-// The end-of-run table (stderr): per layer amax and scales, the layers whose
-// v_scale left 1.0, and the largest amax and where it was.
+// The end-of-run table (stderr): per layer amax and scales, the v_scale range
+// and how many layers are above, below and at 1.0, and the largest amax and
+// where it was.
 std::string calibration_summary(const CalibrationReport& r);
 
 }  // namespace fp8kv

@@ -128,6 +128,10 @@ Plan make_plan(const InjectOptions& o, const nlohmann::json& report_json) {
   p.cfg = load_model_config(o.model_dir);
   p.shape = KvScaleShape{p.cfg.num_layers, p.cfg.num_heads, p.cfg.num_kv_heads};
   p.report = parse_report_for_inject(report_json, o.report_source, p.shape);
+  if (!check_model_identity(report_json, o.report_source, p.cfg, o.model_dir.string()))
+    std::fprintf(stderr, "warning: %s has no model_identity (made by an older fp8kv?): cannot check that it was made "
+                 "for %s\n", o.report_source.c_str(), o.model_dir.string().c_str());
+  for (const auto& w : p.report.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
   if (o.declare_kv_scheme && p.report.target != KvDtype::fp8_e4m3)
     throw InputError(fmt::format("{}: --declare-kv-scheme records kv_cache_quant_algo FP8 (e4m3), but the report's "
                                  "target is {}",
@@ -137,7 +141,7 @@ Plan make_plan(const InjectOptions& o, const nlohmann::json& report_json) {
   p.prefix = detect_prefix(*ck);
   const fs::path index_path = o.model_dir / kIndexName;
   if (ck->has_index()) {
-    const auto j = nlohmann::ordered_json::parse(read_file(index_path), nullptr, false);
+    const auto j = nlohmann::ordered_json::parse(read_json_text(index_path), nullptr, false);
     if (j.is_discarded() || !j.is_object()) throw InputError(fmt::format("{}: invalid JSON", index_path.string()));
     p.index = j;
   } else {
@@ -210,7 +214,7 @@ std::string quant_config_text(const fs::path& existing) {
   nlohmann::ordered_json j = nlohmann::ordered_json::object();
   std::error_code ec;
   if (fs::is_regular_file(existing, ec)) {
-    j = nlohmann::ordered_json::parse(read_file(existing), nullptr, false);
+    j = nlohmann::ordered_json::parse(read_json_text(existing), nullptr, false);
     if (j.is_discarded() || !j.is_object()) throw InputError(fmt::format("{}: invalid JSON", existing.string()));
   } else {
     j["producer"] = {{"name", "fp8kv"}, {"version", version_string()}};

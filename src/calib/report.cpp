@@ -41,6 +41,7 @@ nlohmann::json CalibrationReport::to_json() const {
   j["tokens_observed"] = tokens_observed;
   j["corpus"] = corpus;
   j["context"] = context;
+  if (!model_identity.is_null()) j["model_identity"] = model_identity;
   nlohmann::json layers_j = nlohmann::json::array();
   for (const auto& l : layers) {
     nlohmann::json e;
@@ -114,7 +115,7 @@ CalibrationReport build_report(const CalibrationObserver& obs, const ScaleRule& 
 namespace {
 
 std::vector<float> read_scale(const nlohmann::json& e, const std::string& where, const char* field, int heads,
-                              const char* heads_what) {
+                              const char* heads_what, std::vector<std::string>* warnings) {
   if (!e.contains(field)) throw InputError(fmt::format("{}: missing field {}", where, field));
   const auto& v = e[field];
   std::vector<const nlohmann::json*> items;
@@ -139,6 +140,7 @@ std::vector<float> read_scale(const nlohmann::json& e, const std::string& where,
     if (!std::isfinite(f)) throw InputError(fmt::format("{} = {} overflows float32", at, d));
     if (f <= 0.0f) throw InputError(fmt::format("{} = {} underflows float32 to 0", at, d));
     if (auto err = scale_value_error(f)) throw InputError(fmt::format("{} {}", at, *err));
+    if (auto warn = scale_value_warning(f)) warnings->push_back(fmt::format("{} {}", at, *warn));
     out.push_back(f);
   }
   return out;
@@ -188,11 +190,38 @@ ReportScales parse_report_for_inject(const nlohmann::json& j, const std::string&
     seen[static_cast<size_t>(l)] = true;
     const std::string lw = fmt::format("{} (layer {})", where, l);
     auto& dst = r.scales.layers[static_cast<size_t>(l)];
-    dst.k.values = read_scale(e, lw, "k_scale", shape.num_kv_heads, "KV head");
-    dst.v.values = read_scale(e, lw, "v_scale", shape.num_kv_heads, "KV head");
-    dst.q.values = read_scale(e, lw, "q_scale", shape.num_heads, "query head");
+    dst.k.values = read_scale(e, lw, "k_scale", shape.num_kv_heads, "KV head", &r.warnings);
+    dst.v.values = read_scale(e, lw, "v_scale", shape.num_kv_heads, "KV head", &r.warnings);
+    dst.q.values = read_scale(e, lw, "q_scale", shape.num_heads, "query head", &r.warnings);
   }
   return r;
+}
+
+nlohmann::json model_identity(const ModelConfig& c) {
+  return nlohmann::json{{"architecture", c.architecture},
+                        {"model_type", c.model_type},
+                        {"num_hidden_layers", c.num_layers},
+                        {"hidden_size", c.hidden_size},
+                        {"num_attention_heads", c.num_heads},
+                        {"num_key_value_heads", c.num_kv_heads},
+                        {"head_dim", c.head_dim},
+                        {"vocab_size", c.vocab_size}};
+}
+
+bool check_model_identity(const nlohmann::json& report, const std::string& source, const ModelConfig& c,
+                          const std::string& model) {
+  if (!report.is_object() || !report.contains("model_identity")) return false;
+  const auto& got = report["model_identity"];
+  if (!got.is_object()) throw InputError(fmt::format("{}: model_identity must be an object", source));
+  const nlohmann::json want = model_identity(c);
+  for (const auto& [k, v] : want.items()) {
+    if (!got.contains(k)) throw InputError(fmt::format("{}: model_identity lacks field {}", source, k));
+    if (got[k] != v)
+      throw InputError(fmt::format("{}: made for another model: model_identity.{} is {} in the report, {} in {} "
+                                   "(calibrate this model, or give its own report)",
+                                   source, k, got[k].dump(), v.dump(), model));
+  }
+  return true;
 }
 
 }  // namespace fp8kv

@@ -19,6 +19,7 @@
 #include "calib/observer.h"
 #include "calib/scale_rule.h"
 #include "kv/scale_loader.h"
+#include "model/config.h"
 #include "numerics/fp8.h"
 
 namespace fp8kv {
@@ -33,6 +34,7 @@ struct LayerCalibration {
 
 struct CalibrationReport {
   bool complete = false;
+  bool too_few_tokens = false;  // failed for fewer than CalibrateOptions::min_tokens
   std::string reason;  // why it failed (empty when complete)
   std::string model;
   ScaleRule rule;
@@ -42,6 +44,7 @@ struct CalibrationReport {
   std::vector<std::string> corpus;
   int context = 0;
   std::vector<LayerCalibration> layers;
+  nlohmann::json model_identity;  // model_identity(config) of the calibrated model; null: not recorded
 
   nlohmann::json to_json() const;
 };
@@ -59,8 +62,23 @@ struct ReportScales {
   KvDtype target = KvDtype::fp8_e4m3;
   std::string rule;
   KvScales scales;  // from_checkpoint = false; source_tensor empty
+  // Scales outside [2^-20, 2^20] (scale_value_warning), one line each,
+  // "SOURCE: layers[1] (layer 1).v_scale 1e+30 ...": accepted, to be printed.
+  std::vector<std::string> warnings;
 };
 ReportScales parse_report_for_inject(const nlohmann::json& report, const std::string& source, const KvScaleShape& shape);
+
+// What identifies the model a report was made for: the architecture and the
+// shapes ({"architecture", "model_type", "num_hidden_layers", "hidden_size",
+// "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size"}).
+// calibrate records it; inject refuses a report whose identity differs from
+// the target model's, naming the first field that differs.
+nlohmann::json model_identity(const ModelConfig& c);
+// Throws InputError "SOURCE: made for another model: model_identity.F is X in
+// the report, Y in MODEL" when `report` has a model_identity that differs;
+// returns false (nothing to compare) when it has none.
+bool check_model_identity(const nlohmann::json& report, const std::string& source, const ModelConfig& c,
+                          const std::string& model);
 
 // JSON number holding exactly the float32 value (no NaN/inf: callers check).
 inline nlohmann::json json_f32(float f) { return nlohmann::json(static_cast<double>(f)); }

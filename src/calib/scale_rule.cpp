@@ -1,5 +1,6 @@
 #include "calib/scale_rule.h"
 
+#include <cfloat>
 #include <cmath>
 #include <cstdlib>
 #include <stdexcept>
@@ -11,7 +12,7 @@ namespace fp8kv {
 namespace {
 [[noreturn]] void bad_rule(std::string_view s, std::string_view why) {
   throw std::invalid_argument(
-      fmt::format("--rule '{}': {} (expected safety:M with M >= 1, e.g. safety:1.3, or amax, or modelopt)", s, why));
+      fmt::format("--rule '{}': {} (expected safety:M with 1 <= M <= {}, e.g. safety:1.3, or amax, or modelopt)", s, why, ScaleRule::kMaxMargin));
 }
 }  // namespace
 
@@ -27,6 +28,10 @@ ScaleRule ScaleRule::parse(std::string_view s) {
   const double m = std::strtod(num.c_str(), &end);
   if (end != num.c_str() + num.size()) bad_rule(s, "margin is not a number");
   if (!std::isfinite(m) || m < 1.0) bad_rule(s, "margin must be finite and >= 1");
+  // A larger margin puts the calibration amax below M / 16, deep in the
+  // format's low exponents where values lose precision and small ones flush
+  // to zero: a mistake, not a choice (modelopt is the rule with a floor).
+  if (m > kMaxMargin) bad_rule(s, fmt::format("margin {} is above {}", m, kMaxMargin));
   r.kind = Kind::safety;
   r.margin = m;
   return r;
@@ -55,16 +60,19 @@ float ScaleRule::scale_for(float amax, KvDtype target) const {
     throw std::invalid_argument("ScaleRule: the target must be a per-tensor fp8 format (fp8_e4m3, fp8_e5m2)");
   if (amax == 0.0f) return 1.0f;
   const double M = kv_dtype_max(target);
-  double s = 0.0;
-  switch (kind) {
-    case Kind::safety: s = std::max(1.0, static_cast<double>(amax) * margin / M); break;
-    case Kind::modelopt: s = std::max(static_cast<double>(amax) / M, 1.0); break;
-    case Kind::amax: return ceil_to_bf16(static_cast<double>(amax) / M);
+  const double a = static_cast<double>(amax);
+  if (kind == Kind::modelopt) {
+    const double s = std::max(a / M, 1.0);
+    float f = static_cast<float>(s);  // rounded up, never down
+    if (static_cast<double>(f) < s) f = std::nextafter(f, INFINITY);
+    return f;
   }
-  // Round up so that amax / scale <= M * margin-ish never rounds into clipping.
-  float f = static_cast<float>(s);
-  if (static_cast<double>(f) < s) f = std::nextafter(f, INFINITY);
-  return f;
+  // safety:m and amax (= safety:1): rounded up to bf16, never down, so that
+  // amax / scale <= M / margin holds after rounding and the scale survives a
+  // bf16 checkpoint unchanged. At least the smallest normal float32: a
+  // subnormal scale has no finite reciprocal (numerics/scale_check.h).
+  const double s = std::max(a * (kind == Kind::safety ? margin : 1.0) / M, static_cast<double>(FLT_MIN));
+  return ceil_to_bf16(s);
 }
 
 }  // namespace fp8kv

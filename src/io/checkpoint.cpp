@@ -41,7 +41,7 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const fs::path& dir) {
     // The index is authoritative: only the tensors it lists, from the files it names.
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(read_file(index));
+      j = nlohmann::json::parse(read_json_text(index));
     } catch (const nlohmann::json::exception& e) {
       throw InputError(fmt::format("{}: invalid JSON: {}", index.string(), e.what()));
     }

@@ -14,6 +14,7 @@
 #include <openssl/evp.h>
 
 #include "io/errors.h"
+#include "io/json_limits.h"
 
 namespace fp8kv {
 
@@ -70,6 +71,37 @@ std::string read_file(const std::filesystem::path& p) {
   if (!in) throw InputError(fmt::format("{}: cannot open: {}", p.string(), errno_text()));
   std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) throw InputError(fmt::format("{}: read error", p.string()));
+  return s;
+}
+
+std::string path_kind(const std::filesystem::path& p) {
+  struct stat lst {};
+  if (::lstat(p.c_str(), &lst) != 0) return errno == ENOENT ? "missing" : fmt::format("unreadable ({})", errno_text());
+  struct stat st {};
+  if (::stat(p.c_str(), &st) != 0) {
+    if (errno == ELOOP) return "a symlink loop";
+    if (errno == ENOENT) return "a dangling symlink";
+    return fmt::format("unreadable ({})", errno_text());
+  }
+  if (S_ISREG(st.st_mode)) return "a regular file";
+  if (S_ISDIR(st.st_mode)) return "a directory";
+  if (S_ISFIFO(st.st_mode)) return "a FIFO";
+  if (S_ISSOCK(st.st_mode)) return "a socket";
+  if (S_ISCHR(st.st_mode)) return "a character device";
+  if (S_ISBLK(st.st_mode)) return "a block device";
+  return "not a plain file";
+}
+
+bool optional_file(const std::filesystem::path& p) {
+  const std::string kind = path_kind(p);
+  if (kind == "a regular file") return true;
+  if (kind == "missing") return false;
+  throw InputError(fmt::format("{}: is {}, expected a file (or nothing: it is optional)", p.string(), kind));
+}
+
+std::string read_json_text(const std::filesystem::path& p) {
+  std::string s = read_file(p);
+  check_json_depth(s, p.string());
   return s;
 }
 

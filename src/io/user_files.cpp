@@ -12,6 +12,7 @@
 
 #include "io/errors.h"
 #include "io/fs_util.h"
+#include "io/json_limits.h"
 
 namespace fp8kv {
 
@@ -19,10 +20,9 @@ namespace fs = std::filesystem;
 
 std::string read_option_file(const std::string& path, std::string_view option) {
   if (path.empty()) throw InputError(fmt::format("{}: empty path", option));
-  std::error_code ec;
-  const auto st = fs::status(path, ec);
-  if (ec || !fs::exists(st)) throw InputError(fmt::format("{} {}: no such file", option, path));
-  if (fs::is_directory(st)) throw InputError(fmt::format("{} {}: is a directory, expected a file", option, path));
+  const std::string kind = path_kind(path);
+  if (kind == "missing") throw InputError(fmt::format("{} {}: no such file", option, path));
+  if (kind != "a regular file") throw InputError(fmt::format("{} {}: is {}, expected a file", option, path, kind));
   if (::access(path.c_str(), R_OK) != 0)
     throw InputError(fmt::format("{} {}: cannot read: {}", option, path, std::strerror(errno)));
   try {
@@ -30,6 +30,12 @@ std::string read_option_file(const std::string& path, std::string_view option) {
   } catch (const InputError& e) {
     throw InputError(fmt::format("{} {}", option, e.what()));
   }
+}
+
+std::string read_option_json(const std::string& path, std::string_view option) {
+  std::string s = read_option_file(path, option);
+  check_json_depth(s, fmt::format("{} {}", option, path));
+  return s;
 }
 
 void check_writable_dir(const fs::path& dir, const std::string& path, std::string_view option) {

@@ -15,6 +15,8 @@ namespace fp8kv {
 // directory, a missing or unreadable file: "--text-file d: is a directory,
 // expected a file".
 std::string read_option_file(const std::string& path, std::string_view option);
+// read_option_file of a JSON file, its nesting depth checked (io/json_limits.h).
+std::string read_option_json(const std::string& path, std::string_view option);
 
 // Refuses, before anything is computed, an output path that cannot be
 // written: empty, an existing directory, a parent that is missing, not a

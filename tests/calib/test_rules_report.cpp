@@ -1,6 +1,7 @@
 // Scale rules, the store-point observer's statistics and the report format.
 #include <gtest/gtest.h>
 
+#include <cfloat>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -19,7 +20,8 @@ TEST(ScaleRule, Parse) {
   EXPECT_EQ(ScaleRule::parse("safety:1.3").name(), "safety:1.3");
   EXPECT_EQ(ScaleRule::parse("amax").kind, ScaleRule::Kind::amax);
   EXPECT_EQ(ScaleRule::parse("modelopt").name(), "modelopt");
-  for (const char* bad : {"safety:0.5", "safety:", "safety:x", "safety:nan", "safety:inf", "minmax", ""})
+  for (const char* bad : {"safety:0.5", "safety:", "safety:x", "safety:nan", "safety:inf", "safety:1e30", "safety:16.5",
+                          "minmax", ""})
     EXPECT_THROW(ScaleRule::parse(bad), std::invalid_argument) << bad;
 }
 
@@ -27,16 +29,31 @@ TEST(ScaleRule, Formulas) {
   const auto e4 = KvDtype::fp8_e4m3, e5 = KvDtype::fp8_e5m2;
   const auto safety = ScaleRule::parse("safety:1.3"), amax = ScaleRule::parse("amax"),
              modelopt = ScaleRule::parse("modelopt");
-  // Below the range: safety and modelopt keep unity, amax shrinks the scale.
-  EXPECT_EQ(safety.scale_for(100.0f, e4), 1.0f);
+  // Below the range: modelopt keeps unity (its floor); safety and amax have no
+  // floor and shrink the scale so that amax lands at M / margin.
+  EXPECT_EQ(safety.scale_for(100.0f, e4), ceil_to_bf16(100.0 * 1.3 / 448.0));
   EXPECT_EQ(modelopt.scale_for(100.0f, e4), 1.0f);
   EXPECT_EQ(amax.scale_for(100.0f, e4), ceil_to_bf16(100.0 / 448.0));
-  // The seed's outlier: max |V| = 1272 -> safety:1.3 gives 1272*1.3/448 = 3.6910714...
-  EXPECT_NEAR(safety.scale_for(1272.0f, e4), 1272.0 * 1.3 / 448.0, 1e-6);
-  EXPECT_GE(static_cast<double>(safety.scale_for(1272.0f, e4)), 1272.0 * 1.3 / 448.0);  // rounded up, never down
+  // The bundled model's range (amax ~8): a scale near 0.023, not 1.0.
+  EXPECT_NEAR(safety.scale_for(8.0f, e4), 8.0 * 1.3 / 448.0, 8.0 * 1.3 / 448.0 / 128.0);
+  // The seed's outlier: max |V| = 1272 -> safety:1.3 gives 1272*1.3/448 = 3.6910714...,
+  // rounded up to bf16 (relative step 2^-7).
+  const double want = 1272.0 * 1.3 / 448.0;
+  EXPECT_NEAR(safety.scale_for(1272.0f, e4), want, want / 128.0);
+  EXPECT_GE(static_cast<double>(safety.scale_for(1272.0f, e4)), want);  // rounded up, never down
+  EXPECT_EQ(safety.scale_for(1272.0f, e4), round_bf16(safety.scale_for(1272.0f, e4)));
   EXPECT_NEAR(modelopt.scale_for(1272.0f, e4), 1272.0 / 448.0, 1e-6);
-  EXPECT_NEAR(safety.scale_for(1e5f, e5), 1e5 * 1.3 / 57344.0, 1e-6);
-  EXPECT_EQ(safety.scale_for(1e4f, e5), 1.0f);
+  EXPECT_NEAR(safety.scale_for(1e5f, e5), 1e5 * 1.3 / 57344.0, 1e5 * 1.3 / 57344.0 / 128.0);
+  EXPECT_EQ(safety.scale_for(1e4f, e5), ceil_to_bf16(1e4 * 1.3 / 57344.0));
+  EXPECT_EQ(modelopt.scale_for(1e4f, e5), 1.0f);
+  // safety: amax / scale stays within M / margin after rounding.
+  for (float a : {1e-3f, 0.37f, 5.0f, 777.0f, 3e5f})
+    EXPECT_LE(static_cast<double>(a) / safety.scale_for(a, e4), 448.0 / 1.3 * (1 + 1e-9)) << a;
+  // Tiny amax: the scale stays a normal float (1/scale finite), never subnormal.
+  EXPECT_GE(safety.scale_for(1e-44f, e4), FLT_MIN);
+  EXPECT_GE(amax.scale_for(1e-44f, e4), FLT_MIN);
+  // The largest finite amax still gives a finite scale.
+  EXPECT_TRUE(std::isfinite(safety.scale_for(FLT_MAX, e4)));
   // amax rule: the smallest bf16 value >= amax / M; amax / scale never exceeds M.
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> u(-20.f, 20.f);

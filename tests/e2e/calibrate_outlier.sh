@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # fp8kv calibrate end to end: a tiny llama with a planted V outlier in layer 1
 # (its V exceeds 448 at unity). calibrate must find the layer (v_scale > 1
-# there, 1 elsewhere), write a complete report whose scales parse back to the
+# there, amax * 1.3 / 448 < 1 elsewhere: the default rule has no floor), write a complete report whose scales parse back to the
 # same float32 bits, and inject must accept it; bad input fails with a
 # "failed" report / exit 2.
 # Usage: bash calibrate_outlier.sh <fp8kv-binary> <source-dir>
@@ -14,13 +14,13 @@ json.dump([[r.randrange(97) for _ in range(64)] for _ in range(4)], open('$T/ids
 
 "$BIN" calibrate "$T/m" --corpus-ids-file "$T/ids.json" --context 32 --output "$T/report.json" \
   > "$T/stdout" 2> "$T/stderr" || { cat "$T/stderr"; fail "calibrate"; }
-grep -q "v_scale left 1.0 in 1 of 3 layers: 1" "$T/stderr" || fail "summary: $(cat "$T/stderr")"
+grep -q ": above 1.0 in 1 of 3 layers: 1, below 1.0 in 2, exactly 1.0 in 0" "$T/stderr" || fail "summary: $(cat "$T/stderr")"
 grep -q "largest amax" "$T/stderr" || fail "summary lacks the largest amax"
 python3 - "$T/report.json" "$T/stdout" <<'PY' || fail "report checks"
 import json, struct, sys
 rep = json.load(open(sys.argv[1]))
 out = json.load(open(sys.argv[2]))
-assert out["status"] == "complete" and out["layers_with_v_scale_not_1"] == [1], out
+assert out["status"] == "complete" and out["layers_with_v_scale_above_1"] == [1], out
 assert rep["status"] == "complete" and rep["rule"] == "safety:1.3" and rep["target"] == "fp8_e4m3", rep
 assert rep["tokens_observed"] == 256 and "fp8kv_version" in rep
 assert len(rep["layers"]) == 3
@@ -32,9 +32,13 @@ for l in rep["layers"]:
     assert l["observations"] == 256
 L1 = rep["layers"][1]
 assert L1["v_amax"] > 448 and L1["v_scale"] > 1, L1
-assert abs(L1["v_scale"] - L1["v_amax"] * 1.3 / 448) < 1e-3 * L1["v_scale"], L1
+assert L1["v_amax"] * 1.3 / 448 <= L1["v_scale"] < L1["v_amax"] * 1.3 / 448 * (1 + 2**-7), L1  # bf16, rounded up
 assert L1["v_p9999"] <= L1["v_amax"]
-assert rep["layers"][0]["v_scale"] == 1.0 and rep["layers"][2]["v_scale"] == 1.0
+for i in (0, 2):
+    L = rep["layers"][i]
+    want = L["v_amax"] * 1.3 / 448
+    assert want <= L["v_scale"] < want * (1 + 2**-7) and L["v_scale"] < 1, L
+    assert struct.unpack("<I", struct.pack("<f", L["v_scale"]))[0] & 0xFFFF == 0, ("not bf16", L)
 PY
 
 # amax rule, per head: arrays (2 KV heads, 4 query heads); bf16-representable scales.
@@ -61,6 +65,13 @@ echo "[]" > "$T/empty.json"
 python3 -c "import json; j=json.load(open('$T/failed.json')); assert j['status']=='failed' and j['reason'], j" || fail "failed report"
 "$BIN" inject "$T/m" --report "$T/failed.json" --output "$T/x" > /dev/null 2>&1; [ $? -eq 2 ] || fail "inject accepted a failed report"
 # Bad options: exit 2.
-"$BIN" calibrate "$T/m" --corpus-ids-file "$T/ids.json" --rule safety:0.5 --output "$T/x.json" > /dev/null 2>&1; [ $? -eq 2 ] || fail "bad rule"
+for r in safety:0.5 safety:1e30 safety:17 safety:nan minmax ""; do
+  "$BIN" calibrate "$T/m" --corpus-ids-file "$T/ids.json" --rule "$r" --output "$T/x.json" > /dev/null 2>&1; [ $? -eq 2 ] || fail "bad rule $r"
+done
+# modelopt keeps its floor: unity where amax < 448.
+"$BIN" calibrate "$T/m" --corpus-ids-file "$T/ids.json" --rule modelopt --output "$T/mo.json" > /dev/null 2>&1 || fail "modelopt"
+python3 -c "
+import json; r = json.load(open('$T/mo.json'))['layers']
+assert r[0]['v_scale'] == 1.0 and r[2]['v_scale'] == 1.0 and r[1]['v_scale'] > 1, r" || fail "modelopt floor"
 "$BIN" calibrate "$T/m" --corpus-ids-file "$T/ids.json" --target bf16 --output "$T/x.json" > /dev/null 2>&1; [ $? -eq 2 ] || fail "bad target"
 echo "calibrate_outlier: ok"
