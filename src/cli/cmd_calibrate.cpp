@@ -31,6 +31,7 @@ struct CalibrateArgs {
   std::vector<std::string> corpus, corpus_ids;
   int context = 0;
   int64_t max_corpus_tokens = 0;
+  int64_t min_tokens = static_cast<int64_t>(CalibrateOptions::kDefaultMinCalibrationTokens);
   bool per_head = false;
   EngineFlags engine;
 };
@@ -39,7 +40,7 @@ struct CalibrateArgs {
 std::vector<std::vector<int>> read_token_ids(const std::string& path, int vocab) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(read_option_file(path, "--corpus-ids-file"));
+    j = nlohmann::json::parse(read_option_json(path, "--corpus-ids-file"));
   } catch (const nlohmann::json::exception& e) {
     throw InputError(fmt::format("{}: invalid JSON: {}", path, e.what()));
   }
@@ -87,6 +88,7 @@ int run_calibrate(const CalibrateArgs& a) {
   eo.kv_cache_dtype = KvDtype::bf16;  // observe unquantized values
   auto engine = Engine::load(a.model, eo);
   if (!engine) return 0;  // a multi-process follower: rank 0 did the work (Engine::load)
+  o.min_tokens = static_cast<uint64_t>(a.min_tokens);
   const int context = a.context > 0 ? a.context : std::min(engine->max_model_len(), 4096);
   if (context > engine->max_model_len())
     throw UsageError(fmt::format("--context {} exceeds max_model_len {}", context, engine->max_model_len()));
@@ -116,25 +118,26 @@ int run_calibrate(const CalibrateArgs& a) {
   atomic_write_file(a.output, j.dump(2) + "\n");
   std::fputs(calibration_summary(rep).c_str(), stderr);
 
+  rep.model_identity = model_identity(engine->config());
   nlohmann::json out;
   out["fp8kv_version"] = version_string();
   out["status"] = j["status"];
   if (!rep.complete) out["reason"] = rep.reason;
   out["output"] = a.output;
   out["tokens_observed"] = rep.tokens_observed;
-  nlohmann::json moved = nlohmann::json::array();
+  nlohmann::json above = nlohmann::json::array();  // V beyond what a unity scale stores
   for (const auto& l : rep.layers)
     for (float v : l.v_scale)
-      if (v != 1.0f) {
-        moved.push_back(l.layer);
+      if (v > 1.0f) {
+        above.push_back(l.layer);
         break;
       }
-  out["layers_with_v_scale_not_1"] = moved;
+  out["layers_with_v_scale_above_1"] = above;
   std::printf("%s\n", out.dump(2).c_str());
   if (!rep.complete) {
     std::fprintf(stderr, "error: calibration failed: %s (report written to %s with status failed)\n", rep.reason.c_str(),
                  a.output.c_str());
-    return rep.tokens_observed == 0 || rep.reason.find("non-finite") != std::string::npos ? 2 : 1;
+    return rep.tokens_observed == 0 || rep.too_few_tokens || rep.reason.find("non-finite") != std::string::npos ? 2 : 1;
   }
   return 0;
 }
@@ -146,10 +149,14 @@ const Registrar reg([](CLI::App& app) {
   sub->add_option("--corpus", args->corpus, "text file (repeatable)");
   sub->add_option("--corpus-ids-file", args->corpus_ids, "JSON token ids (array, or array of arrays; repeatable)");
   sub->add_option("--output", args->output, "REPORT.json to write")->required();
-  sub->add_option("--rule", args->rule, "safety:M (default safety:1.3) | amax | modelopt");
+  sub->add_option("--rule", args->rule, "safety:M (amax * M / 448 for e4m3, no floor; default safety:1.3) | amax (= safety:1) | modelopt (max(amax / 448, 1))");
   sub->add_option("--context", args->context, "tokens per chunk (default min(max_model_len, 4096))")
       ->check(at_least(2));  // omitted = default; 0 is refused (docs/design.md "One rule per flag")
-  sub->add_option("--max-corpus-tokens", args->max_corpus_tokens, "stop after this many tokens (default: all)");
+  sub->add_option("--max-corpus-tokens", args->max_corpus_tokens, "stop after this many tokens (default: all)")
+      ->check(at_least(1));  // omitted = all; 0 is refused (docs/design.md "One rule per flag")
+  sub->add_option("--min-tokens", args->min_tokens,
+                  "fewer observed tokens fail the calibration (status failed, exit 2)")
+      ->check(at_least(1));
   sub->add_flag("--per-head", args->per_head, "per-head amax and scales (k/v per KV head, q per query head)");
   sub->add_option("--target", args->target, "fp8_e4m3 (default) | fp8_e5m2");
   args->engine.add(sub, EngineFlags::Shape{false, 1});
