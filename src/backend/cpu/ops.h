@@ -11,7 +11,8 @@
 
 namespace fp8kv {
 
-// Sets the OpenMP thread count used by the ops (n <= 0: leave the default) and
+// Sets the thread count of the ops on the calling thread (n <= 0: the CPUs
+// available, backend/cpu/thread_pool.h) and
 // keeps OpenBLAS single-threaded inside our own parallel loops.
 void set_cpu_threads(int n);
 int cpu_threads();
