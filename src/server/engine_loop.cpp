@@ -2,6 +2,8 @@
 
 #include "server/log.h"
 
+#include <fmt/format.h>
+
 #include <unordered_map>
 
 #include "backend/cpu/ops.h"
@@ -52,8 +54,8 @@ void Channel::fail(std::string message) {
   cv_.notify_all();
 }
 
-EngineLoop::EngineLoop(Engine& engine, Metrics& metrics, int max_waiting)
-    : engine_(engine), metrics_(metrics), max_waiting_(max_waiting) {
+EngineLoop::EngineLoop(Engine& engine, Metrics& metrics, int max_in_flight)
+    : engine_(engine), metrics_(metrics), max_in_flight_(max_in_flight) {
   update_gauges();
   // OpenMP's thread count is per thread: the engine was created (and
   // --threads applied) on this thread, so the loop thread takes the same.
@@ -75,8 +77,11 @@ std::shared_ptr<Channel> EngineLoop::submit(std::vector<int> prompt, GenerateOpt
   {
     std::lock_guard l(m_);
     if (draining_) throw ApiError(503, "the server is shutting down", {}, "service_unavailable_error");
-    if (engine_waiting_.load() + static_cast<int>(inbox_.size()) >= max_waiting_)
-      throw ApiError(503, "the waiting queue is full (--max-waiting); retry later", {}, "service_unavailable_error");
+    if (in_flight_.load() >= max_in_flight_)
+      throw ApiError(503,
+                     fmt::format("the server is full: {} requests in flight (--max-num-seqs + --max-waiting); retry later",
+                                 max_in_flight_),
+                     {}, "service_unavailable_error");
     inbox_.push_back(ch);
     ++in_flight_;
   }
@@ -121,7 +126,6 @@ void EngineLoop::update_gauges() {
   const PrefixCacheStats pc = engine_.prefix_cache_stats();
   g.prefix_cache_queries = pc.queries;
   g.prefix_cache_hits = pc.hits;
-  engine_waiting_ = engine_.num_waiting();
   metrics_.set_gauges(g);
 }
 

@@ -54,14 +54,17 @@ class Channel {
 
 class EngineLoop {
  public:
-  // max_waiting: requests queued beyond the running batch; one more gets a 503.
-  EngineLoop(Engine& engine, Metrics& metrics, int max_waiting);
+  // max_in_flight: requests admitted and not yet finished (running, waiting
+  // in the engine, or in the inbox); one more gets a 503. The server passes
+  // max_num_seqs + max_waiting (docs/server.md "Admission").
+  EngineLoop(Engine& engine, Metrics& metrics, int max_in_flight);
   ~EngineLoop();
   EngineLoop(const EngineLoop&) = delete;
   EngineLoop& operator=(const EngineLoop&) = delete;
 
-  // Throws ApiError 503 (Retry-After) when the waiting queue is full or the
-  // server is shutting down.
+  // Throws ApiError 503 (Retry-After) when max_in_flight requests are in
+  // flight or the server is shutting down. The count is exact: it is taken
+  // and released under the inbox lock, never from a gauge a step behind.
   std::shared_ptr<Channel> submit(std::vector<int> prompt, GenerateOptions options);
   // Thread-safe and idempotent; the request's blocks return at the next step.
   void cancel(const std::shared_ptr<Channel>& ch);
@@ -79,7 +82,7 @@ class EngineLoop {
 
   Engine& engine_;
   Metrics& metrics_;
-  const int max_waiting_;
+  const int max_in_flight_;
   std::mutex m_;
   std::condition_variable cv_;
   std::vector<std::shared_ptr<Channel>> inbox_;
@@ -88,7 +91,6 @@ class EngineLoop {
   bool quit_ = false;
   std::atomic<bool> draining_{false};
   std::atomic<int> in_flight_{0};
-  std::atomic<int> engine_waiting_{0};
   std::mutex drained_m_;
   std::condition_variable drained_cv_;
   std::thread thread_;

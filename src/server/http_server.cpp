@@ -4,7 +4,12 @@
 #include <httplib.h>
 #include "server/log.h"
 
+#include <sys/socket.h>
+
 #include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
 #include <chrono>
 #include <random>
 
@@ -31,7 +36,48 @@ bool constant_time_equal(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
+std::vector<std::string> parse_string_list_flag(const std::string& flag, const std::string& value) {
+  json j;
+  try {
+    j = json::parse(value);
+  } catch (const json::exception&) {
+    throw InputError(fmt::format("{}: expected a JSON array of strings (as vLLM: '[\"http://localhost:3000\"]'), got '{}'",
+                                 flag, value));
+  }
+  std::vector<std::string> out;
+  if (!j.is_array()) throw InputError(fmt::format("{}: expected a JSON array of strings, got '{}'", flag, value));
+  for (const auto& x : j) {
+    if (!x.is_string() || x.get<std::string>().empty())
+      throw InputError(fmt::format("{}: every element must be a non-empty string, got '{}'", flag, value));
+    out.push_back(x.get<std::string>());
+  }
+  return out;
+}
+
 namespace {
+
+// The media type of a Content-Type value, lower-cased, without parameters.
+std::string media_type(const std::string& content_type) {
+  std::string t = content_type.substr(0, content_type.find(';'));
+  while (!t.empty() && (t.back() == ' ' || t.back() == '\t')) t.pop_back();
+  size_t i = 0;
+  while (i < t.size() && (t[i] == ' ' || t[i] == '\t')) ++i;
+  t = t.substr(i);
+  for (char& c : t) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return t;
+}
+
+bool listed(const std::vector<std::string>& list, const std::string& v) {
+  for (const auto& x : list)
+    if (x == "*" || x == v) return true;
+  return false;
+}
+
+std::string joined(const std::vector<std::string>& list) {
+  std::string s;
+  for (const auto& x : list) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
 
 // How often a non-streaming request without news checks its connection.
 constexpr std::chrono::milliseconds kDisconnectPoll{200};
@@ -92,8 +138,34 @@ struct HttpServer::Impl {
     ctx.vocab_size = engine->config().vocab_size;
     ctx.max_model_len = engine->max_model_len();
     eos_token_ids = engine->config().eos_token_ids;
-    loop = std::make_unique<EngineLoop>(*engine, metrics, opts.max_waiting);
+    loop = std::make_unique<EngineLoop>(*engine, metrics, opts.max_num_seqs + opts.max_waiting);
     routes();
+  }
+
+  // Adds the CORS response headers when the request's Origin is allowed;
+  // for a preflight, also the allowed method and headers, and a 204. Returns
+  // whether the origin was allowed.
+  bool cors(const httplib::Request& req, httplib::Response& res, bool preflight) const {
+    if (opts.allowed_origins.empty() || !req.has_header("Origin")) return false;
+    const std::string origin = req.get_header_value("Origin");
+    if (!listed(opts.allowed_origins, origin)) return false;
+    const bool any = opts.allowed_origins.size() == 1 && opts.allowed_origins[0] == "*";
+    res.set_header("Access-Control-Allow-Origin", any ? "*" : origin);
+    if (!any) res.set_header("Vary", "Origin");
+    if (!preflight) return true;
+    const std::string method = req.get_header_value("Access-Control-Request-Method");
+    const std::string headers = req.get_header_value("Access-Control-Request-Headers");
+    res.set_header("Access-Control-Allow-Methods",
+                   listed(opts.allowed_methods, "*") ? (method.empty() ? "GET, POST, OPTIONS" : method)
+                                                     : joined(opts.allowed_methods));
+    if (listed(opts.allowed_headers, "*")) {
+      if (!headers.empty()) res.set_header("Access-Control-Allow-Headers", headers);
+    } else {
+      res.set_header("Access-Control-Allow-Headers", joined(opts.allowed_headers));
+    }
+    res.set_header("Access-Control-Max-Age", "600");
+    res.status = 204;
+    return true;
   }
 
   bool authorized(const httplib::Request& req) const {
@@ -124,12 +196,31 @@ struct HttpServer::Impl {
     svr.set_payload_max_length(opts.max_body_bytes);
     svr.new_task_queue = [n = opts.max_num_seqs + opts.max_waiting + 8] { return new httplib::ThreadPool(n); };
     svr.set_keep_alive_timeout(5);  // idle keep-alive connections hold a worker; shutdown waits for them
+    // Order: CORS headers (when enabled), preflights (no key), the key, then
+    // JSON bodies must say application/json (a cross-site "simple" request
+    // can only send text/plain, form or multipart bodies).
     svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      if (req.path == "/health" || req.path == "/metrics" || req.path == "/version") return httplib::Server::HandlerResponse::Unhandled;
-      if (authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
-      send_error(res, ApiError(401, "missing or invalid API key (send Authorization: Bearer KEY)", {},
-                               "authentication_error", "invalid_api_key"));
-      return httplib::Server::HandlerResponse::Handled;
+      using HR = httplib::Server::HandlerResponse;
+      const bool preflight = req.method == "OPTIONS";
+      if (cors(req, res, preflight) && preflight) return HR::Handled;
+      if (preflight) {
+        res.status = 204;  // CORS off (or this origin not allowed): no Access-Control-Allow-* headers
+        return HR::Handled;
+      }
+      if (req.path == "/health" || req.path == "/metrics" || req.path == "/version") return HR::Unhandled;
+      if (!authorized(req)) {
+        send_error(res, ApiError(401, "missing or invalid API key (send Authorization: Bearer KEY)", {},
+                                 "authentication_error", "invalid_api_key"));
+        return HR::Handled;
+      }
+      if (req.method == "POST" && media_type(req.get_header_value("Content-Type")) != "application/json") {
+        const std::string given = req.get_header_value("Content-Type");
+        send_error(res, ApiError(415, fmt::format("Content-Type must be application/json (got {})",
+                                                  given.empty() ? "none" : "'" + given + "'"),
+                                 {}, "invalid_request_error"));
+        return HR::Handled;
+      }
+      return HR::Unhandled;
     });
     // Statuses httplib sets itself (404 route, 413 body, 400 malformed HTTP) get the OpenAI error body.
     svr.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
@@ -155,10 +246,12 @@ struct HttpServer::Impl {
       res.set_content(metrics.render(), "text/plain; version=0.0.4");
     });
     svr.Get("/v1/models", guarded([this](const httplib::Request&, httplib::Response& res) {
-      json m = {{"id", ctx.served_name},     {"object", "model"},   {"created", started},
-                {"owned_by", "fp8kv"},       {"root", ctx.model_dir.string()}, {"parent", nullptr},
-                {"max_model_len", ctx.max_model_len}};
-      send_json(res, {{"object", "list"}, {"data", json::array({m})}});
+      send_json(res, {{"object", "list"}, {"data", json::array({model_card()})}});
+    }));
+    // client.models.retrieve(id); the served name may hold slashes (a path).
+    svr.Get("/v1/models/(.+)", guarded([this](const httplib::Request& req, httplib::Response& res) {
+      check_model_field({{"model", req.matches[1].str()}}, ctx);
+      send_json(res, model_card());
     }));
     svr.Post("/tokenize", guarded([this](const httplib::Request& req, httplib::Response& res) { tokenize(req, res); }));
     svr.Post("/detokenize", guarded([this](const httplib::Request& req, httplib::Response& res) { detokenize(req, res); }));
@@ -166,6 +259,12 @@ struct HttpServer::Impl {
              guarded([this](const httplib::Request& req, httplib::Response& res) { generate(req, res, false); }));
     svr.Post("/v1/chat/completions",
              guarded([this](const httplib::Request& req, httplib::Response& res) { generate(req, res, true); }));
+  }
+
+  json model_card() const {
+    return {{"id", ctx.served_name},     {"object", "model"},   {"created", started},
+            {"owned_by", "fp8kv"},       {"root", ctx.model_dir.string()}, {"parent", nullptr},
+            {"max_model_len", ctx.max_model_len}};
   }
 
   void tokenize(const httplib::Request& hreq, httplib::Response& res) {
@@ -195,10 +294,10 @@ struct HttpServer::Impl {
     if (have_messages) {
       // As a chat request renders it: the template, then no added special tokens (vLLM).
       if (!ctx.chat) throw ApiError(400, ctx.chat_unavailable_reason, "messages");
-      const auto ordered = nlohmann::ordered_json::parse(hreq.body);
+      const auto messages = normalize_chat_messages(nlohmann::ordered_json::parse(hreq.body)["messages"]);
       std::string text;
       try {
-        text = ctx.chat(ordered["messages"], add_generation_prompt, nlohmann::ordered_json::object());
+        text = ctx.chat(messages, add_generation_prompt, nlohmann::ordered_json::object());
       } catch (const std::exception& e) {
         throw bad_field("messages", std::string("the chat template failed: ") + e.what());
       }
@@ -338,12 +437,26 @@ HttpServer::~HttpServer() {
 
 int HttpServer::bind() {
   const auto& o = impl_->opts;
+  // Exclusive: httplib's default sets SO_REUSEPORT, with which a second
+  // server on the same port starts and the kernel splits the connections
+  // between the two. SO_REUSEADDR only lets a restart reuse a port whose old
+  // connections are in TIME_WAIT; a port someone listens on stays refused.
+  impl_->svr.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   int port = o.port;
+  errno = 0;
   if (port == 0) {
     port = impl_->svr.bind_to_any_port(o.host);
-    if (port < 0) throw InputError(fmt::format("--host {}: cannot bind", o.host));
+    if (port < 0)
+      throw InputError(fmt::format("--host {}: cannot bind: {}", o.host, errno ? std::strerror(errno) : "unknown error"));
   } else if (!impl_->svr.bind_to_port(o.host, port)) {
-    throw InputError(fmt::format("--host {} --port {}: cannot bind (address in use or not available)", o.host, port));
+    const int err = errno;
+    throw InputError(fmt::format("--host {} --port {}: cannot bind: {}", o.host, port,
+                                 err == EADDRINUSE ? "the port is already in use (is another server running?)"
+                                 : err            ? std::strerror(err)
+                                                  : "address not available"));
   }
   // uvicorn's (vLLM's) backlog: a burst of clients must not wait on SYN retries.
   if (!raise_listen_backlog(port, 2048)) log().warn("could not raise the listen backlog (port {})", port);

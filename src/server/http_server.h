@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/engine.h"
 #include "server/request.h"
@@ -21,8 +22,17 @@ struct ServerOptions {
   int max_waiting = 1024;           // queued requests beyond the running batch; more get 503
   size_t max_body_bytes = 32u << 20;
   double shutdown_grace_s = 30.0;
-  int max_num_seqs = 8;             // sizes the HTTP worker pool (with max_waiting)
+  int max_num_seqs = 8;             // with max_waiting, bounds the requests in flight
+  // CORS (vLLM's --allowed-origins/-methods/-headers): off while origins is
+  // empty; "*" allows any. Preflights (OPTIONS) never need the API key.
+  std::vector<std::string> allowed_origins;
+  std::vector<std::string> allowed_methods = {"*"};
+  std::vector<std::string> allowed_headers = {"*"};
 };
+
+// A vLLM list flag's value: a JSON array of strings ('["http://a", "*"]').
+// Throws InputError naming `flag` otherwise.
+std::vector<std::string> parse_string_list_flag(const std::string& flag, const std::string& value);
 
 class HttpServer {
  public:

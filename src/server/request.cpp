@@ -31,7 +31,10 @@ SamplingDefaults load_sampling_defaults(const std::filesystem::path& model_dir) 
   auto num = [&](const char* k) -> std::optional<double> {
     if (!g.contains(k) || g[k].is_null()) return std::nullopt;
     if (!g[k].is_number()) throw InputError(fmt::format("{}: {} must be a number", path.string(), k));
-    return g[k].get<double>();
+    const double v = g[k].get<double>();
+    if (!(std::fabs(v) <= std::numeric_limits<float>::max()))
+      throw InputError(fmt::format("{}: {} = {} is outside the 32-bit float range", path.string(), k, v));
+    return v;
   };
   if (auto t = num("temperature")) d.temperature = static_cast<float>(*t);
   if (auto p = num("top_p")) d.top_p = static_cast<float>(*p);
@@ -55,10 +58,15 @@ namespace {
 
 bool present(const json& body, const char* k) { return body.contains(k) && !body[k].is_null(); }
 
+// Every numeric field the engine keeps is a 32-bit float: a value beyond
+// FLT_MAX would become inf there, so it is refused here, for every field.
 double get_number(const json& body, const char* k) {
   if (!body[k].is_number()) throw bad_field(k, "must be a number");
   const double v = body[k].get<double>();
   if (!std::isfinite(v)) throw bad_field(k, "must be finite");
+  if (std::fabs(v) > std::numeric_limits<float>::max())
+    throw bad_field(k, fmt::format("{} is outside the 32-bit float range (magnitude at most {})", v,
+                                   std::numeric_limits<float>::max()));
   return v;
 }
 
@@ -279,26 +287,52 @@ ParsedRequest parse_completion_request(const json& body, const ModelContext& ctx
   return r;
 }
 
+nlohmann::ordered_json normalize_chat_messages(const nlohmann::ordered_json& messages) {
+  if (!messages.is_array()) throw bad_field("messages", "must be an array of messages");
+  nlohmann::ordered_json out = messages;
+  for (size_t i = 0; i < out.size(); ++i) {
+    auto& m = out[i];
+    const std::string mf = fmt::format("messages[{}]", i);
+    if (!m.is_object()) throw bad_field(mf, "must be an object");
+    if (!m.contains("role") || !m["role"].is_string()) throw bad_field(mf + ".role", "must be a string");
+    if (!m.contains("content") || m["content"].is_null() || m["content"].is_string()) continue;
+    if (!m["content"].is_array())
+      throw bad_field(mf + ".content", "must be a string or an array of content parts");
+    // OpenAI's content parts: text parts are joined with "\n" (vLLM's
+    // "string" content format); any other part type is refused by name.
+    std::string text;
+    const auto& parts = m["content"];
+    for (size_t j = 0; j < parts.size(); ++j) {
+      const std::string pf = fmt::format("{}.content[{}]", mf, j);
+      const auto& part = parts[j];
+      if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+        throw bad_field(pf, "must be a content part object with a string \"type\"");
+      const std::string type = part["type"].get<std::string>();
+      if (type != "text")
+        throw bad_field(pf, fmt::format("content part type \"{}\" is not supported (only \"text\" parts)", type));
+      if (!part.contains("text") || !part["text"].is_string()) throw bad_field(pf + ".text", "must be a string");
+      if (j > 0) text += '\n';
+      text += part["text"].get<std::string>();
+    }
+    m["content"] = text;
+  }
+  return out;
+}
+
 ParsedRequest parse_chat_request(const json& body, const ModelContext& ctx, const nlohmann::ordered_json* ordered) {
   ParsedRequest r = start(body, ctx);
   r.chat = true;
   bool add_generation_prompt = true;
   nlohmann::ordered_json extra = nlohmann::ordered_json::object();
   int top_logprobs = -1;
+  nlohmann::ordered_json messages;
   for (const auto& [k, v] : body.items()) {
     if (v.is_null()) continue;
     if (common_field(k, body, r, ctx)) continue;
     const char* f = k.c_str();
     if (k == "messages") {
       if (!v.is_array() || v.empty()) throw bad_field(f, "must be a non-empty array of messages");
-      for (size_t i = 0; i < v.size(); ++i) {
-        const json& m = v[i];
-        const std::string mf = fmt::format("messages[{}]", i);
-        if (!m.is_object()) throw bad_field(mf, "must be an object");
-        if (!m.contains("role") || !m["role"].is_string()) throw bad_field(mf + ".role", "must be a string");
-        if (m.contains("content") && !(m["content"].is_string() || m["content"].is_null()))
-          throw bad_field(mf + ".content", "only string content is supported");
-      }
+      messages = normalize_chat_messages(ordered ? (*ordered)[k] : nlohmann::ordered_json(v));
     } else if (k == "logprobs") {
       r.want_logprobs = get_bool(body, f);
     } else if (k == "top_logprobs") {
@@ -329,8 +363,7 @@ ParsedRequest parse_chat_request(const json& body, const ModelContext& ctx, cons
   if (!ctx.chat) throw ApiError(400, ctx.chat_unavailable_reason, "messages");
   std::string text;
   try {
-    text = ctx.chat(ordered ? (*ordered)["messages"] : nlohmann::ordered_json(body["messages"]), add_generation_prompt,
-                    extra);
+    text = ctx.chat(messages, add_generation_prompt, extra);
   } catch (const ApiError&) {
     throw;
   } catch (const std::exception& e) {

@@ -62,6 +62,12 @@ ParsedRequest parse_completion_request(const nlohmann::json& body, const ModelCo
 ParsedRequest parse_chat_request(const nlohmann::json& body, const ModelContext& ctx,
                                  const nlohmann::ordered_json* ordered = nullptr);
 
+// Validates chat messages (objects with a string role; content a string,
+// null, or an array of OpenAI content parts) and returns them with text-part
+// arrays joined into one string (parts joined by "\n", as vLLM). A non-text
+// part is a 400 naming it (messages[i].content[j]).
+nlohmann::ordered_json normalize_chat_messages(const nlohmann::ordered_json& messages);
+
 // The model field, when present, must name the served model (404 otherwise).
 void check_model_field(const nlohmann::json& body, const ModelContext& ctx);
 

@@ -388,12 +388,18 @@ test("API key: 401 without it, public endpoints open, constant-time compared", a
 });
 
 test("503 with Retry-After when the waiting queue is full", async () => {
-  const s = await startServer(["--max-waiting", "0"]);
+  const s = await startServer(["--max-num-seqs", "1", "--max-waiting", "0"]);
   try {
-    const r = await fetch(s.url + "/v1/completions", { method: "POST", body: JSON.stringify({ prompt: PROMPT, max_tokens: 2 }) });
+    const post = (max_tokens) => fetch(s.url + "/v1/completions", {
+      method: "POST", headers: { "content-type": "application/json" },
+      body: JSON.stringify({ prompt: PROMPT, max_tokens, ignore_eos: true }) });
+    const running = post(400);
+    await new Promise((r) => setTimeout(r, 300));
+    const r = await post(2);
     assert.equal(r.status, 503);
     assert.ok(Number(r.headers.get("retry-after")) >= 1);
     assert.equal((await r.json()).error.type, "service_unavailable_error");
+    assert.equal((await running).status, 200);
   } finally {
     await s.stop();
   }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CTest entry for the Node client suites: run.sh SUITE FP8KV_BIN SOURCE_DIR
-# (SUITE: client | load). Exit 77 (skipped) when `npm ci` has not been run.
+# (SUITE: client | hostile | load). Exit 77 (skipped) when `npm ci` has not been run.
 set -euo pipefail
 suite=$1 bin=$(realpath "$2") src=$(realpath "$3")
 cd "$src/tests/server"

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <limits>
 
 #include "server/api_error.h"
 #include "server/http_server.h"
@@ -183,4 +184,45 @@ TEST_F(ServerRequest, SeedMinusOneIsRandom) {
   EXPECT_NE(a, static_cast<uint64_t>(int64_t{-1}));
   EXPECT_EQ(parse_completion_request({{"prompt", {1, 2, 3}}, {"seed", -2}}, ctx).gen.sampling.seed,
             static_cast<uint64_t>(int64_t{-2}));
+}
+
+// Issue 37 C5: every float field is a 32-bit float in the engine; a finite
+// double beyond FLT_MAX (3.4028235e38) is a 400 naming the field, not a 500.
+TEST_F(ServerRequest, FloatFieldsBeyondFltMaxAre400NamingTheField) {
+  for (const char* f : {"temperature", "top_p", "presence_penalty", "frequency_penalty", "min_p", "repetition_penalty"}) {
+    for (double v : {3.5e38, 1e39, 1e308, -1e39}) {
+      const ApiError e = error_of({{"prompt", {1, 2, 3}}, {f, v}});
+      EXPECT_EQ(e.status, 400) << f << " " << v;
+      EXPECT_EQ(e.param, f) << e.what();
+    }
+  }
+  // FLT_MAX itself is a float: temperature accepts it.
+  const ParsedRequest r =
+      parse_completion_request({{"prompt", {1, 2, 3}}, {"temperature", std::numeric_limits<float>::max()}}, ctx);
+  EXPECT_EQ(r.gen.sampling.temperature, std::numeric_limits<float>::max());
+}
+
+// Issue 37 C7: content as an array of text parts (OpenAI, vLLM): joined with
+// "\n"; a non-text part is refused by its name and place.
+TEST_F(ServerRequest, ChatContentTextPartsAreJoinedAndOtherPartsRefusedByName) {
+  std::string rendered;
+  ctx.chat = [&](const nlohmann::ordered_json& m, bool, const nlohmann::ordered_json&) {
+    rendered = m[1]["content"].get<std::string>();
+    return "<|endoftext|>" + rendered;
+  };
+  const json parts = json::array({{{"type", "text"}, {"text", "one"}}, {{"type", "text"}, {"text", "two"}}});
+  const json msgs = json::array({{{"role", "system"}, {"content", "s"}}, {{"role", "user"}, {"content", parts}}});
+  const ParsedRequest r = parse_chat_request({{"messages", msgs}}, ctx);
+  EXPECT_EQ(rendered, "one\ntwo");
+  EXPECT_EQ(r.prompt, tok->encode("<|endoftext|>one\ntwo", false));
+  const json image = json::array({{{"role", "user"},
+                                   {"content", json::array({{{"type", "text"}, {"text", "a"}},
+                                                            {{"type", "image_url"}, {"image_url", {{"url", "x"}}}}})}}});
+  ApiError e = error_of({{"messages", image}}, true);
+  EXPECT_EQ(e.param, "messages[0].content[1]");
+  EXPECT_NE(std::string(e.what()).find("\"image_url\""), std::string::npos) << e.what();
+  e = error_of({{"messages", json::array({{{"role", "user"}, {"content", json::array({{{"type", "text"}}})}}})}}, true);
+  EXPECT_EQ(e.param, "messages[0].content[0].text");
+  e = error_of({{"messages", json::array({{{"role", "user"}, {"content", 5}}})}}, true);
+  EXPECT_EQ(e.param, "messages[0].content");
 }

@@ -1,0 +1,149 @@
+// `fp8kv serve` against hostile and edge-case HTTP (issue 37 part C; the
+// classes and rules: docs/robustness.md "Server", docs/server.md).
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import OpenAI from "openai";
+import net from "node:net";
+import { spawn, execFile } from "node:child_process";
+import { startServer, BIN, MODEL } from "./harness.mjs";
+
+const PROMPT = "Once upon a time";
+let srv, client;
+
+before(async () => {
+  srv = await startServer(["--served-model-name", "mini"]);
+  client = new OpenAI({ baseURL: srv.url + "/v1", apiKey: "unused", maxRetries: 0 });
+});
+after(async () => { if (srv) await srv.stop(); });
+
+async function status(promise) {
+  try { await promise; } catch (e) { return e; }
+  assert.fail("expected an error");
+}
+const post = (url, path, body, headers = {}) =>
+  fetch(url + path, { method: "POST", headers: { "content-type": "application/json", ...headers },
+                      body: typeof body === "string" ? body : JSON.stringify(body) });
+
+// C5: a finite JSON number beyond FLT_MAX is a 400 naming the field (was a 500).
+test("float fields beyond FLT_MAX: 400 with param", async () => {
+  for (const field of ["temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p"]) {
+    for (const v of ["3.5e38", "1e39", "1e308"]) {
+      const r = await post(srv.url, "/v1/completions", `{"prompt": "a", "max_tokens": 1, "${field}": ${v}}`);
+      assert.equal(r.status, 400, `${field} ${v}`);
+      const e = (await r.json()).error;
+      assert.equal(e.param, field);
+      assert.equal(e.type, "invalid_request_error");
+    }
+  }
+});
+
+// C7: text parts (OpenAI, vLLM) render as the joined string; other parts are refused by name.
+test("chat content as an array of text parts; non-text parts refused by name", async () => {
+  const plain = await client.chat.completions.create({ model: "mini", max_tokens: 6, temperature: 0,
+                                                       messages: [{ role: "user", content: "Tell me\na story." }] });
+  const parts = await client.chat.completions.create({ model: "mini", max_tokens: 6, temperature: 0,
+    messages: [{ role: "user", content: [{ type: "text", text: "Tell me" }, { type: "text", text: "a story." }] }] });
+  assert.equal(parts.choices[0].message.content, plain.choices[0].message.content);
+  assert.equal(parts.usage.prompt_tokens, plain.usage.prompt_tokens);
+  const e = await status(client.chat.completions.create({ model: "mini", max_tokens: 2,
+    messages: [{ role: "user", content: [{ type: "text", text: "hi" }, { type: "image_url", image_url: { url: "http://x/y.png" } }] }] }));
+  assert.equal(e.status, 400);
+  assert.equal(e.param, "messages[0].content[1]");
+  assert.match(e.message, /"image_url"/);
+  // /tokenize renders messages the same way.
+  const t = await (await post(srv.url, "/tokenize", { messages: [{ role: "user", content: [{ type: "text", text: "hi" }] }] })).json();
+  const u = await (await post(srv.url, "/tokenize", { messages: [{ role: "user", content: "hi" }] })).json();
+  assert.deepEqual(t.tokens, u.tokens);
+});
+
+// C7: client.models.retrieve.
+test("GET /v1/models/{id}", async () => {
+  const m = await client.models.retrieve("mini");
+  assert.equal(m.id, "mini");
+  assert.equal(m.object, "model");
+  const e = await status(client.models.retrieve("gpt-4"));
+  assert.equal(e.status, 404);
+  assert.equal(e.code, "model_not_found");
+});
+
+// C9: `code` is OpenAI's string code where it has one, else the HTTP status (docs/server.md "Errors").
+test("error codes as documented", async () => {
+  const nf = (await (await post(srv.url, "/v1/completions", { model: "x", prompt: "a" })).json()).error;
+  assert.equal(nf.code, "model_not_found");
+  const bad = (await (await post(srv.url, "/v1/completions", { prompt: "a", n: 2 })).json()).error;
+  assert.equal(bad.code, 400);
+});
+
+// C10: at most max_num_seqs + max_waiting requests in flight; the rest get 503 at once.
+test("admission: --max-num-seqs 2 --max-waiting 2 admits exactly 4 of 10", async () => {
+  const s = await startServer(["--max-num-seqs", "2", "--max-waiting", "2"]);
+  try {
+    const rs = await Promise.all(Array.from({ length: 10 }, () =>
+      post(s.url, "/v1/completions", { prompt: PROMPT, max_tokens: 300, ignore_eos: true, temperature: 0 })));
+    const codes = rs.map((r) => r.status).sort();
+    assert.deepEqual(codes, [200, 200, 200, 200, 503, 503, 503, 503, 503, 503]);
+  } finally {
+    await s.stop();
+  }
+});
+
+// C2: a second server on a busy port exits 2 with a clear message (httplib's
+// default SO_REUSEPORT let it start and take half the connections).
+test("a second server on the same port exits 2", async () => {
+  const port = new URL(srv.url).port;
+  const p = spawn(BIN, ["serve", MODEL, "--port", port, "--threads", "1"], { stdio: ["ignore", "ignore", "pipe"] });
+  let err = "";
+  p.stderr.on("data", (d) => { err += d; });
+  const code = await new Promise((resolve) => p.on("exit", (c) => resolve(c)));
+  assert.equal(code, 2, err);
+  assert.match(err, new RegExp(`--port ${port}: cannot bind: the port is already in use`));
+  for (let i = 0; i < 20; i++) assert.equal((await fetch(srv.url + "/health")).status, 200);
+});
+
+// C8: JSON bodies must say so (a cross-site "simple" request cannot); CORS is
+// off by default; preflights need no key.
+test("415 unless application/json; CORS off by default; preflight without the key", async () => {
+  const body = JSON.stringify({ prompt: "a", max_tokens: 1 });
+  for (const ct of ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", null]) {
+    const headers = ct ? { "content-type": ct } : {};
+    const r = await fetch(srv.url + "/v1/completions", { method: "POST", headers, body: ct ? body : new Uint8Array(Buffer.from(body)) });
+    assert.equal(r.status, 415, String(ct));
+    assert.match((await r.json()).error.message, /application\/json/);
+  }
+  const ok = await post(srv.url, "/v1/completions", body, { "content-type": "Application/JSON; charset=utf-8" });
+  assert.equal(ok.status, 200);
+  // CORS off: no Access-Control-Allow-Origin, on a request or a preflight.
+  const pre = await fetch(srv.url + "/v1/completions", { method: "OPTIONS", headers: {
+    origin: "http://evil.example", "access-control-request-method": "POST", "access-control-request-headers": "content-type" } });
+  assert.equal(pre.status, 204);
+  assert.equal(pre.headers.get("access-control-allow-origin"), null);
+  const x = await post(srv.url, "/v1/completions", body, { origin: "http://evil.example" });
+  assert.equal(x.headers.get("access-control-allow-origin"), null);
+
+  const s = await startServer(["--api-key", "k", "--allowed-origins", '["http://app.example"]',
+                               "--allowed-methods", '["GET", "POST"]']);
+  try {
+    const pf = await fetch(s.url + "/v1/chat/completions", { method: "OPTIONS", headers: {
+      origin: "http://app.example", "access-control-request-method": "POST",
+      "access-control-request-headers": "authorization, content-type" } });
+    assert.equal(pf.status, 204);  // no key needed
+    assert.equal(pf.headers.get("access-control-allow-origin"), "http://app.example");
+    assert.equal(pf.headers.get("access-control-allow-methods"), "GET, POST");
+    assert.equal(pf.headers.get("access-control-allow-headers"), "authorization, content-type");
+    const other = await fetch(s.url + "/v1/models", { method: "OPTIONS", headers: { origin: "http://evil.example" } });
+    assert.equal(other.headers.get("access-control-allow-origin"), null);
+    const r = await fetch(s.url + "/v1/models", { headers: { origin: "http://app.example", authorization: "Bearer k" } });
+    assert.equal(r.status, 200);
+    assert.equal(r.headers.get("access-control-allow-origin"), "http://app.example");
+    assert.equal((await fetch(s.url + "/v1/models", { headers: { origin: "http://app.example" } })).status, 401);
+  } finally {
+    await s.stop();
+  }
+});
+
+test("--allowed-origins must be a JSON array: exit 2", async () => {
+  const r = await new Promise((resolve) => execFile(BIN, ["serve", MODEL, "--port", "0", "--allowed-origins", "http://a"],
+                                                    (e, out, err) => resolve({ code: e ? e.code : 0, err })));
+  assert.equal(r.code, 2);
+  assert.match(r.err, /--allowed-origins: expected a JSON array of strings/);
+});
