@@ -16,6 +16,7 @@
 #include "io/errors.h"
 #include "numerics/version.h"
 #include "server/api_error.h"
+#include "server/connections.h"
 #include "server/engine_loop.h"
 #include "server/generation.h"
 #include "server/metrics.h"
@@ -104,6 +105,16 @@ std::string random_id(const char* prefix) {
   return fmt::format("{}-{:016x}{:04x}", prefix, rng(), (counter++) & 0xffff);
 }
 
+// Every admitted request may hold a worker while it runs (a stream, or a
+// non-streamed wait); 64 more answer the quick routes and the refusals.
+ConnectionLimits connection_limits(const ServerOptions& o) {
+  ConnectionLimits l;
+  l.max_connections = o.max_connections;
+  l.max_body_bytes = o.max_body_bytes;
+  l.max_workers = o.max_num_seqs + o.max_waiting + 64;
+  return l;
+}
+
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -127,13 +138,19 @@ struct HttpServer::Impl {
   ServerOptions opts;
   Metrics metrics;
   std::unique_ptr<EngineLoop> loop;
-  httplib::Server svr;
+  FramedServer svr;
+  std::chrono::steady_clock::time_point stop_deadline{};  // set by shutdown() before svr.stop()
   std::atomic<int> open_streams{0};
   int64_t started = unix_now();
   std::vector<int> eos_token_ids;  // read once here: HTTP threads make no engine call, not even config()
 
   Impl(std::unique_ptr<Engine> e, std::unique_ptr<Tokenizer> t, ModelContext c, ServerOptions o)
-      : engine(std::move(e)), tokenizer(std::move(t)), ctx(std::move(c)), opts(std::move(o)), metrics(ctx.served_name) {
+      : engine(std::move(e)),
+        tokenizer(std::move(t)),
+        ctx(std::move(c)),
+        opts(std::move(o)),
+        metrics(ctx.served_name),
+        svr(connection_limits(opts)) {
     ctx.tokenizer = tokenizer.get();
     ctx.vocab_size = engine->config().vocab_size;
     ctx.max_model_len = engine->max_model_len();
@@ -193,9 +210,6 @@ struct HttpServer::Impl {
   }
 
   void routes() {
-    svr.set_payload_max_length(opts.max_body_bytes);
-    svr.new_task_queue = [n = opts.max_num_seqs + opts.max_waiting + 8] { return new httplib::ThreadPool(n); };
-    svr.set_keep_alive_timeout(5);  // idle keep-alive connections hold a worker; shutdown waits for them
     // Order: CORS headers (when enabled), preflights (no key), the key, then
     // JSON bodies must say application/json (a cross-site "simple" request
     // can only send text/plain, form or multipart bodies).
@@ -358,18 +372,16 @@ struct HttpServer::Impl {
     st->channel = loop->submit(st->req.prompt, st->req.gen);
     if (!st->req.stream) {
       // A client that goes away cancels its request: every kDisconnectPoll
-      // the connection is checked (src/server/peer_socket.h; its socket is
-      // looked up at the first check only, so short requests never pay).
+      // the connection is checked (src/server/peer_socket.h).
       std::vector<StepEvent> evs;
-      int fd = -2;  // -2: not looked up yet; -1: not found
+      int fd = -2;  // -2: not looked up yet
       auto next_check = std::chrono::steady_clock::now() + kDisconnectPoll;
       while (!st->gen->done()) {
         evs.clear();
         const std::optional<bool> got = st->channel->wait_for(evs, kDisconnectPoll);
         if (std::chrono::steady_clock::now() >= next_check) {
           next_check = std::chrono::steady_clock::now() + kDisconnectPoll;
-          if (fd == -2)
-            fd = find_connection_socket(hreq.local_addr, hreq.local_port, hreq.remote_addr, hreq.remote_port);
+          if (fd == -2) fd = current_connection_socket();
           if (connection_closed(fd)) {
             loop->cancel(st->channel);
             log().info("client {}:{} disconnected: request cancelled", hreq.remote_addr, hreq.remote_port);
@@ -463,16 +475,37 @@ int HttpServer::bind() {
   return port;
 }
 
-void HttpServer::serve() { impl_->svr.listen_after_bind(); }
+void HttpServer::serve() {
+  Impl& s = *impl_;
+  s.svr.listen_after_bind();
+  // Stopped: every connection is closed by the deadline shutdown() set (now,
+  // when serving ended otherwise). A worker still inside a handler a second
+  // later (a render or tokenization that cannot be interrupted) must not keep
+  // the process: it exits here, as the grace promised.
+  const auto deadline = s.stop_deadline == std::chrono::steady_clock::time_point{} ? std::chrono::steady_clock::now()
+                                                                                   : s.stop_deadline;
+  if (!s.svr.close_all(deadline)) {
+    log().warn("a request handler outlived the shutdown grace: exiting without it");
+    std::fflush(nullptr);
+    std::_Exit(0);
+  }
+}
 
 void HttpServer::shutdown() {
   Impl& s = *impl_;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto grace = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(s.opts.shutdown_grace_s));
   log().info("shutting down: {} requests in flight, grace {} s", s.loop->in_flight(), s.opts.shutdown_grace_s);
+  s.svr.stop_keep_alive();
   s.loop->drain(std::chrono::duration<double>(s.opts.shutdown_grace_s));
-  // Let open streams write their last chunks (their requests have ended).
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  // Open streams write their last chunks (their requests have ended), for at
+  // most kShutdownFlushSeconds past the grace.
+  const auto deadline = t0 + grace + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                         std::chrono::duration<double>(kShutdownFlushSeconds));
   while (s.open_streams.load() > 0 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  s.stop_deadline = deadline;
   s.svr.stop();
 }
 

@@ -21,7 +21,8 @@ struct ServerOptions {
   std::string served_model_name;    // empty: the model path as given
   int max_waiting = 1024;           // queued requests beyond the running batch; more get 503
   size_t max_body_bytes = 32u << 20;
-  double shutdown_grace_s = 30.0;
+  double shutdown_grace_s = 30.0;   // bounds shutdown: the process exits within it + kShutdownFlushSeconds
+  int max_connections = 4096;       // open HTTP connections (docs/server.md "Connections")
   int max_num_seqs = 8;             // with max_waiting, bounds the requests in flight
   // CORS (vLLM's --allowed-origins/-methods/-headers): off while origins is
   // empty; "*" allows any. Preflights (OPTIONS) never need the API key.
@@ -33,6 +34,10 @@ struct ServerOptions {
 // A vLLM list flag's value: a JSON array of strings ('["http://a", "*"]').
 // Throws InputError naming `flag` otherwise.
 std::vector<std::string> parse_string_list_flag(const std::string& flag, const std::string& value);
+
+// After the grace, cancelled requests get this long to write their last
+// chunk; then every connection is closed (docs/server.md "Cancellation and shutdown").
+inline constexpr double kShutdownFlushSeconds = 2.0;
 
 class HttpServer {
  public:

@@ -1,63 +1,14 @@
 #include "server/peer_socket.h"
 
-#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <system_error>
 
 namespace fp8kv::server {
-namespace {
-
-// "ip", port of a socket address (IPv4 or IPv6); false for other families.
-bool endpoint(const sockaddr_storage& ss, std::string& ip, int& port) {
-  char buf[INET6_ADDRSTRLEN] = {};
-  if (ss.ss_family == AF_INET) {
-    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
-    if (!inet_ntop(AF_INET, &a->sin_addr, buf, sizeof buf)) return false;
-    port = ntohs(a->sin_port);
-  } else if (ss.ss_family == AF_INET6) {
-    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
-    if (!inet_ntop(AF_INET6, &a->sin6_addr, buf, sizeof buf)) return false;
-    port = ntohs(a->sin6_port);
-  } else {
-    return false;
-  }
-  ip = buf;
-  return true;
-}
-
-}  // namespace
-
-int find_connection_socket(const std::string& local_addr, int local_port, const std::string& remote_addr,
-                           int remote_port) {
-  if (local_port < 0 || remote_port < 0) return -1;
-  std::error_code ec;
-  std::filesystem::directory_iterator it("/proc/self/fd", ec), end;
-  for (; !ec && it != end; it.increment(ec)) {
-    char* stop = nullptr;
-    const std::string name = it->path().filename().string();
-    const long fd = std::strtol(name.c_str(), &stop, 10);
-    if (!stop || *stop != '\0' || fd < 0) continue;
-    struct stat st {};
-    if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    sockaddr_storage peer{}, self{};
-    socklen_t pl = sizeof peer, sl = sizeof self;
-    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&self), &sl) != 0) continue;
-    std::string pip, sip;
-    int pport = -1, sport = -1;
-    if (!endpoint(peer, pip, pport) || !endpoint(self, sip, sport)) continue;
-    if (pport == remote_port && sport == local_port && pip == remote_addr && sip == local_addr)
-      return static_cast<int>(fd);
-  }
-  return -1;
-}
 
 bool connection_closed(int fd) {
   if (fd < 0) return false;

@@ -1,20 +1,12 @@
 // Disconnect detection for non-streaming requests (docs/server.md
-// "Cancellation and shutdown"). cpp-httplib 0.11 (Debian 12) gives a handler
-// no access to its connection (Request::is_connection_closed came in a later
-// version), so the handler finds the connection's socket itself: the one
-// open TCP socket of this process whose local and peer addresses are the
-// request's (Request::local_addr/local_port/remote_addr/remote_port). The
-// socket stays open, and so names the same connection, until the handler
-// returns. Linux only (/proc/self/fd); elsewhere nothing is found and the
-// request runs to its end.
+// "Cancellation and shutdown"): the connection layer tells a handler its
+// socket (src/server/connections.h), which it polls here; and the listen
+// backlog.
 #pragma once
 #include <string>
 
 namespace fp8kv::server {
 
-// The fd of the connection with these endpoints, or -1 when none is found.
-int find_connection_socket(const std::string& local_addr, int local_port, const std::string& remote_addr,
-                           int remote_port);
 // True when the peer has closed or reset the connection (poll: hang-up,
 // error, or end of stream). A client that sends more bytes is still there.
 bool connection_closed(int fd);

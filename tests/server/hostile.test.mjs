@@ -4,6 +4,7 @@ import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import OpenAI from "openai";
 import net from "node:net";
+import { readFileSync } from "node:fs";
 import { spawn, execFile } from "node:child_process";
 import { startServer, BIN, MODEL } from "./harness.mjs";
 
@@ -146,4 +147,138 @@ test("--allowed-origins must be a JSON array: exit 2", async () => {
                                                     (e, out, err) => resolve({ code: e ? e.code : 0, err })));
   assert.equal(r.code, 2);
   assert.match(r.err, /--allowed-origins: expected a JSON array of strings/);
+});
+
+// Raw HTTP over one TCP connection: writes `data`, returns what came back
+// until the server closed or `ms` passed, and when the first byte came.
+function exchange(url, data, ms = 2000) {
+  const u = new URL(url);
+  return new Promise((resolve) => {
+    const t0 = Date.now();
+    let text = "", first = null;
+    const sock = net.connect(Number(u.port), u.hostname, () => sock.write(data));
+    const done = (closed) => { clearTimeout(timer); sock.destroy(); resolve({ text, closed, firstMs: first }); };
+    const timer = setTimeout(() => done(false), ms);
+    sock.on("data", (d) => { if (first === null) first = Date.now() - t0; text += d.toString(); });
+    sock.on("end", () => done(true));
+    sock.on("error", () => done(true));
+  });
+}
+
+// C6: ambiguous framing is answered 400 at once (the first Content-Length was
+// used; -5 got a 413 after 5 s); pipelined requests are answered in order.
+test("HTTP framing: conflicting or negative Content-Length, TE with CL: 400 at once", async () => {
+  const head = "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n";
+  for (const h of ["Content-Length: 5\r\nContent-Length: 7\r\n", "Content-Length: -5\r\n", "Content-Length: 5, 6\r\n",
+                   "Content-Length: 2\r\nTransfer-Encoding: chunked\r\n", "Content-Length: 1e3\r\n"]) {
+    const r = await exchange(srv.url, head + h + "\r\n", 3000);
+    assert.match(r.text, /^HTTP\/1\.1 400 /, h);
+    assert.ok(r.firstMs < 1000, `${h}: answered after ${r.firstMs} ms`);
+    assert.ok(r.closed, h);
+    assert.match(r.text, /"invalid_request_error"/);
+  }
+  const big = await exchange(srv.url, head + `Content-Length: ${64 << 20}\r\n\r\n`, 3000);
+  assert.match(big.text, /^HTTP\/1\.1 413 /);
+  assert.ok(big.firstMs < 1000);
+});
+
+test("pipelined requests in one write are answered in order", async () => {
+  const body = JSON.stringify({ prompt: "hello" });
+  const r = await exchange(srv.url,
+    "GET /version HTTP/1.1\r\nHost: x\r\n\r\n" +
+    `POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}` +
+    "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 5000);
+  assert.equal(r.text.match(/HTTP\/1\.1 200 OK/g)?.length, 3, r.text);
+  const a = r.text.indexOf('"version"'), b = r.text.indexOf('"tokens"'), c = r.text.indexOf('"object":"list"');
+  assert.ok(a > 0 && a < b && b < c, r.text);
+  assert.ok(r.closed);
+  // A chunked request body.
+  const chunked = await exchange(srv.url, "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
+    "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n" +
+    `${(10).toString(16)}\r\n${body.slice(0, 10)}\r\n${(body.length - 10).toString(16)}\r\n${body.slice(10)}\r\n0\r\n\r\n`, 5000);
+  assert.match(chunked.text, /^HTTP\/1\.1 200 /);
+  assert.match(chunked.text, /"tokens"/);
+});
+
+// C3: the grace bounds everything, slow clients included.
+test("SIGTERM with clients dripping headers or a body: exit within the grace", async () => {
+  const s = await startServer(["--shutdown-grace", "1"]);
+  const u = new URL(s.url);
+  const socks = [];
+  const drip = (first, line) => {
+    const sock = net.connect(Number(u.port), u.hostname, () => sock.write(first));
+    sock.on("error", () => {});
+    const t = setInterval(() => { if (!sock.destroyed) sock.write(line); }, 200);
+    socks.push([sock, t]);
+  };
+  try {
+    drip("GET /health HTTP/1.1\r\n", "X-Drip: 1\r\n");
+    drip("POST /tokenize HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n", "{");
+    await new Promise((r) => setTimeout(r, 600));
+    const t0 = Date.now();
+    const killer = setTimeout(() => s.proc.kill("SIGKILL"), 15000);
+    await s.stop();  // asserts exit 0
+    clearTimeout(killer);
+    const took = (Date.now() - t0) / 1000;
+    assert.ok(took < 1 + 2 + 1, `exit took ${took} s with grace 1 s`);
+  } finally {
+    for (const [sock, t] of socks) { clearInterval(t); sock.destroy(); }
+  }
+});
+
+// C4: slow connections cost no worker; a client keeps getting answers.
+test("2,000 connections dripping headers: other clients are still answered", async () => {
+  const u = new URL(srv.url);
+  const N = 2000;
+  const socks = [];
+  await Promise.all(Array.from({ length: N }, () => new Promise((resolve) => {
+    const sock = net.connect(Number(u.port), u.hostname, () => { sock.write("GET /health HTTP/1.1\r\n"); resolve(); });
+    sock.on("error", () => resolve());
+    socks.push(sock);
+  })));
+  const drip = setInterval(() => { for (const s of socks) if (!s.destroyed) s.write("X-Drip: 1\r\n"); }, 2000);
+  try {
+    const t0 = Date.now();
+    let answered = 0, worst = 0;
+    while (Date.now() - t0 < 5000) {
+      const a = Date.now();
+      const h = await fetch(srv.url + "/health", { signal: AbortSignal.timeout(5000) });
+      assert.equal(h.status, 200);
+      const r = await client.completions.create({ model: "mini", prompt: PROMPT, max_tokens: 2 }, { timeout: 5000 });
+      assert.equal(r.choices.length, 1);
+      worst = Math.max(worst, Date.now() - a);
+      answered++;
+    }
+    assert.ok(answered >= 5, `answered ${answered}`);
+    assert.ok(worst < 3000, `worst probe ${worst} ms`);
+    const open = socks.filter((s) => !s.destroyed && s.readyState === "open").length;
+    assert.ok(open >= N * 0.95, `only ${open} of ${N} slow connections stayed open`);
+  } finally {
+    clearInterval(drip);
+    for (const s of socks) s.destroy();
+  }
+});
+
+test("--max-connections: the connection over the cap gets a 503", async () => {
+  const s = await startServer(["--max-connections", "20"]);
+  const u = new URL(s.url);
+  const socks = [];
+  try {
+    for (let i = 0; i < 20; i++) {
+      await new Promise((resolve) => {
+        const sock = net.connect(Number(u.port), u.hostname, () => { sock.write("GET /health HTTP/1.1\r\n"); resolve(); });
+        socks.push(sock);
+      });
+    }
+    await new Promise((r) => setTimeout(r, 300));
+    const r = await exchange(s.url, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n", 3000);
+    assert.match(r.text, /^HTTP\/1\.1 503 /);
+    assert.match(r.text, /too many open connections/);
+    for (const k of socks) k.destroy();
+    await new Promise((r) => setTimeout(r, 300));
+    assert.equal((await fetch(s.url + "/health")).status, 200);
+  } finally {
+    for (const k of socks) k.destroy();
+    await s.stop();
+  }
 });
