@@ -88,7 +88,6 @@ void setup_chat(server::ModelContext& ctx, const std::string& model, const std::
 struct ServeArgs {
   std::string model, chat_template;
   std::string allowed_origins, allowed_methods, allowed_headers;  // JSON arrays (vLLM's form)
-  std::string allowed_origins, allowed_methods, allowed_headers;  // JSON arrays (vLLM's form)
   server::ServerOptions server;
   EngineFlags engine;
 };
@@ -111,12 +110,6 @@ int run(ServeArgs& a) {
   // An empty --host bound every interface (and logged "http://:PORT"): say so instead.
   if (a.server.host.empty()) throw UsageError("--host must not be empty (0.0.0.0 listens on every interface)");
   if (!(a.server.shutdown_grace_s >= 0)) throw UsageError("--shutdown-grace must be >= 0");
-  if (!a.allowed_origins.empty())
-    a.server.allowed_origins = server::parse_string_list_flag("--allowed-origins", a.allowed_origins);
-  if (!a.allowed_methods.empty())
-    a.server.allowed_methods = server::parse_string_list_flag("--allowed-methods", a.allowed_methods);
-  if (!a.allowed_headers.empty())
-    a.server.allowed_headers = server::parse_string_list_flag("--allowed-headers", a.allowed_headers);
   if (!a.allowed_origins.empty())
     a.server.allowed_origins = server::parse_string_list_flag("--allowed-origins", a.allowed_origins);
   if (!a.allowed_methods.empty())
@@ -182,10 +175,6 @@ Registrar reg([](CLI::App& app) {
   sub->add_option("--shutdown-grace", a->server.shutdown_grace_s, "Seconds running requests get to finish on SIGTERM");
   sub->add_option("--max-connections", a->server.max_connections,
                   "Open HTTP connections; the next gets a 503 and is closed (default 4096)");
-  sub->add_option("--allowed-origins", a->allowed_origins,
-                  "CORS: JSON array of allowed origins, '[\"*\"]' for any (default: none, CORS off)");
-  sub->add_option("--allowed-methods", a->allowed_methods, "CORS: JSON array of allowed methods (default '[\"*\"]')");
-  sub->add_option("--allowed-headers", a->allowed_headers, "CORS: JSON array of allowed headers (default '[\"*\"]')");
   sub->add_option("--allowed-origins", a->allowed_origins,
                   "CORS: JSON array of allowed origins, '[\"*\"]' for any (default: none, CORS off)");
   sub->add_option("--allowed-methods", a->allowed_methods, "CORS: JSON array of allowed methods (default '[\"*\"]')");
