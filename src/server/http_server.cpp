@@ -154,6 +154,7 @@ struct HttpServer::Impl {
     ctx.tokenizer = tokenizer.get();
     ctx.vocab_size = engine->config().vocab_size;
     ctx.max_model_len = engine->max_model_len();
+    ctx.max_prompt_bytes = prompt_byte_bound(*tokenizer, ctx.max_model_len);
     eos_token_ids = engine->config().eos_token_ids;
     loop = std::make_unique<EngineLoop>(*engine, metrics, opts.max_num_seqs + opts.max_waiting);
     routes();

@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <algorithm>
 #include <fstream>
+#include <span>
 #include <limits>
 #include <random>
 #include <set>
@@ -45,6 +47,13 @@ SamplingDefaults load_sampling_defaults(const std::filesystem::path& model_dir) 
   return d;
 }
 
+size_t prompt_byte_bound(const Tokenizer& tok, int max_model_len) {
+  size_t longest = 4;
+  for (int id = 0; id < tok.vocab_size(); ++id)
+    longest = std::max(longest, tok.decode(std::span<const int>(&id, 1), false).size());
+  return 2 * static_cast<size_t>(std::max(max_model_len, 1)) * longest;
+}
+
 void check_model_field(const json& body, const ModelContext& ctx) {
   if (!body.contains("model") || body["model"].is_null()) return;
   if (!body["model"].is_string()) throw bad_field("model", "must be a string");
@@ -55,6 +64,20 @@ void check_model_field(const json& body, const ModelContext& ctx) {
 }
 
 namespace {
+
+// Tokenizes a prompt text, refusing it first when its bytes alone prove it
+// cannot fit (tokenizing 23 MiB took 11-24 s of CPU for a certain 400).
+std::vector<int> encode_prompt(const std::string& text, const ModelContext& ctx, const char* field, bool add_special) {
+  if (ctx.max_prompt_bytes > 0 && text.size() > ctx.max_prompt_bytes)
+    throw bad_field(field, fmt::format("the prompt is {} bytes; this model's maximum context length is {} tokens, which "
+                                       "no text over {} bytes can fit (refused before tokenizing)",
+                                       text.size(), ctx.max_model_len, ctx.max_prompt_bytes));
+  try {
+    return ctx.tokenizer->encode(text, add_special);
+  } catch (const InputError& e) {
+    throw bad_field(field, e.what());
+  }
+}
 
 bool present(const json& body, const char* k) { return body.contains(k) && !body[k].is_null(); }
 
@@ -259,11 +282,7 @@ ParsedRequest parse_completion_request(const json& body, const ModelContext& ctx
       // A batch of exactly one prompt is the same request.
       if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) p = &(*p)[0];
       if (p->is_string()) {
-        try {
-          r.prompt = ctx.tokenizer->encode(p->get<std::string>(), /*add_special_tokens=*/true);
-        } catch (const InputError& e) {
-          throw bad_field(f, e.what());
-        }
+        r.prompt = encode_prompt(p->get<std::string>(), ctx, f, /*add_special=*/true);
       } else if (p->is_array()) {
         if (!p->empty() && ((*p)[0].is_string() || (*p)[0].is_array()))
           throw bad_field(f, "only one prompt per request is supported (n = 1, no batches)");
@@ -369,11 +388,7 @@ ParsedRequest parse_chat_request(const json& body, const ModelContext& ctx, cons
   } catch (const std::exception& e) {
     throw bad_field("messages", std::string("the chat template failed: ") + e.what());
   }
-  try {
-    r.prompt = ctx.tokenizer->encode(text, /*add_special_tokens=*/false);  // the template wrote the BOS (vLLM)
-  } catch (const InputError& e) {
-    throw bad_field("messages", e.what());
-  }
+  r.prompt = encode_prompt(text, ctx, "messages", /*add_special=*/false);  // the template wrote the BOS (vLLM)
   finish(r, body, ctx);
   return r;
 }

@@ -37,6 +37,7 @@ struct ModelContext {
   int vocab_size = 0;       // the model's (ids >= this are refused)
   int max_model_len = 0;
   int max_logprobs = 20;    // as vLLM's default --max-logprobs
+  size_t max_prompt_bytes = 0;  // a prompt text longer than this is refused before tokenizing; 0: no bound
   SamplingDefaults defaults;
   ChatRenderer chat;        // empty: chat requests get a 400
   std::string chat_unavailable_reason;
@@ -67,6 +68,13 @@ ParsedRequest parse_chat_request(const nlohmann::json& body, const ModelContext&
 // arrays joined into one string (parts joined by "\n", as vLLM). A non-text
 // part is a 400 naming it (messages[i].content[j]).
 nlohmann::ordered_json normalize_chat_messages(const nlohmann::ordered_json& messages);
+
+// The longest prompt text, in bytes, that can fit in max_model_len tokens:
+// every token covers at most max_token_bytes bytes of input (the longest
+// vocabulary entry decoded, at least 4: one UTF-8 character), doubled as a
+// margin for normalizers that shrink text. A prompt over it is refused
+// before the tokenizer sees it (docs/server.md "Limits").
+size_t prompt_byte_bound(const Tokenizer& tok, int max_model_len);
 
 // The model field, when present, must name the served model (404 otherwise).
 void check_model_field(const nlohmann::json& body, const ModelContext& ctx);

@@ -160,6 +160,8 @@ MatchFn regex_fn(std::shared_ptr<Regex> re, bool invert) {
     thread_local std::vector<Span> found;
     re->find_all(s, found);
     auto m = covering_matches(s, found);
+    // A huge input must not leave its match list behind (a server worker keeps its thread_locals).
+    if (found.capacity() > (size_t{1} << 16)) std::vector<Span>().swap(found);
     if (invert)
       for (auto& x : m) x.second = !x.second;
     return m;

@@ -282,3 +282,29 @@ test("--max-connections: the connection over the cap gets a 503", async () => {
     await s.stop();
   }
 });
+
+// C1: a prompt too long to fit is refused by its bytes before tokenizing,
+// and large requests leave no memory behind (a 4 MiB prompt left 16 MB).
+test("20 large refused prompts leave RSS within 50 MB; tokenize scratch is released", async () => {
+  const rssKiB = () => Number(readFileSync(`/proc/${srv.proc.pid}/status`, "utf8").match(/^VmRSS:\s+(\d+)/m)[1]);
+  const big = "the cat sat on a mat. ".repeat((4 << 20) / 22);
+  const before = rssKiB();
+  for (let i = 0; i < 20; i++) {
+    const a = Date.now();
+    const r = await post(srv.url, "/v1/completions", { prompt: big + i, max_tokens: 1 });
+    assert.equal(r.status, 400);
+    const e = (await r.json()).error;
+    assert.equal(e.param, "prompt");
+    assert.match(e.message, /refused before tokenizing/);
+    assert.ok(Date.now() - a < 5000, `refusal took ${Date.now() - a} ms`);
+  }
+  const chat = await post(srv.url, "/v1/chat/completions", { messages: [{ role: "user", content: big }], max_tokens: 1 });
+  assert.equal(chat.status, 400);
+  assert.equal((await chat.json()).error.param, "messages");
+  // /tokenize has no length bound: a 1 MiB text is tokenized in full.
+  const mid = big.slice(0, 1 << 20);
+  for (let i = 0; i < 3; i++) assert.equal((await post(srv.url, "/tokenize", { prompt: mid })).status, 200);
+  const after = rssKiB();
+  console.log(JSON.stringify({ rss_before_kib: before, rss_after_kib: after }));
+  assert.ok(after - before < 50 * 1024, `RSS ${before} KiB before, ${after} KiB after`);
+});

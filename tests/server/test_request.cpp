@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <algorithm>
 #include <limits>
+#include <span>
 
 #include "server/api_error.h"
 #include "server/http_server.h"
@@ -225,4 +227,22 @@ TEST_F(ServerRequest, ChatContentTextPartsAreJoinedAndOtherPartsRefusedByName) {
   EXPECT_EQ(e.param, "messages[0].content[0].text");
   e = error_of({{"messages", json::array({{{"role", "user"}, {"content", 5}}})}}, true);
   EXPECT_EQ(e.param, "messages[0].content");
+}
+
+// Issue 37 C1: a prompt text is refused by its bytes before tokenizing when
+// no text that long can fit in max_model_len tokens.
+TEST_F(ServerRequest, PromptBytesBeyondTheBoundAreRefusedBeforeTokenizing) {
+  ctx.max_prompt_bytes = prompt_byte_bound(*tok, ctx.max_model_len);
+  // The bound holds: the longest tokens, max_model_len of them, fit under it.
+  size_t longest = 0;
+  for (int id = 0; id < tok->vocab_size(); ++id)
+    longest = std::max(longest, tok->decode(std::span<const int>(&id, 1), false).size());
+  EXPECT_GE(ctx.max_prompt_bytes, longest * 64);
+  const std::string over(ctx.max_prompt_bytes + 1, 'a');
+  const ApiError e = error_of({{"prompt", over}});
+  EXPECT_EQ(e.param, "prompt");
+  EXPECT_NE(std::string(e.what()).find("refused before tokenizing"), std::string::npos) << e.what();
+  // At the bound, the text is tokenized (and here is over max_model_len by its tokens).
+  const ApiError at = error_of({{"prompt", std::string(ctx.max_prompt_bytes, 'a')}});
+  EXPECT_EQ(std::string(at.what()).find("refused before tokenizing"), std::string::npos) << at.what();
 }
