@@ -101,3 +101,49 @@ test("load: 128 clients, 2000 requests, a tenth disconnecting", async () => {
   assert.equal(m.get("fp8kv:kv_cache_free_blocks"), m.get("fp8kv:kv_cache_total_blocks"));
   await srv.stop();  // exits 0 by itself
 });
+
+// Fairness (issue 37 C11): closed-loop clients on a KV pool small enough to
+// preempt; every request is non-streamed with an exact size (ignore_eos).
+// No request may take more than 4x the median time of its size (the first
+// wave, all arriving at once on a cold server, is not counted).
+test("fairness: no request waits more than 4x the median for its size", async () => {
+  const CLIENTS_F = 64;
+  const N = Number(process.env.FP8KV_FAIR_REQUESTS ?? 480);
+  const SIZES = [4, 16];
+  const srv = await startServer(["--served-model-name", "mini", "--max-model-len", "128", "--kv-memory", KV_MEMORY]);
+  try {
+    const client = new OpenAI({ baseURL: srv.url + "/v1", apiKey: "unused", maxRetries: 0, timeout: 120000 });
+    const times = Object.fromEntries(SIZES.map((s) => [s, []]));
+    let next = 0;
+    const t0 = Date.now();
+    async function worker() {
+      while (next < N) {
+        const i = next++;
+        const size = SIZES[i % SIZES.length];
+        const prompt = Array.from({ length: 8 }, (_, k) => WORDS[(i * 7 + k * 3) % WORDS.length]).join(" ");
+        const a = Date.now();
+        const r = await client.completions.create({ model: "mini", prompt, max_tokens: size, ignore_eos: true,
+                                                    temperature: 0.8, seed: i });
+        assert.equal(r.usage.completion_tokens, size);
+        if (i >= CLIENTS_F) times[size].push({ ms: Date.now() - a, i, start: a - t0 });  // the first wave warms up
+      }
+    }
+    await Promise.all(Array.from({ length: CLIENTS_F }, worker));
+    const m = await waitIdle(srv.url, 20000);
+    const report = {};
+    for (const s of SIZES) {
+      const ms = times[s].map((x) => x.ms).sort((x, y) => x - y);
+      const median = ms[Math.floor(ms.length / 2)];
+      const worst = times[s].reduce((w, x) => (x.ms > w.ms ? x : w));
+      report[s] = { n: ms.length, median, p90: ms[Math.floor(ms.length * 0.9)], max: worst.ms, worst_i: worst.i,
+                    worst_start_ms: worst.start };
+    }
+    console.log(JSON.stringify({ seconds: (Date.now() - t0) / 1000, report,
+                                 preemptions: m.get("fp8kv:num_preemptions_total") }));
+    assert.ok(m.get("fp8kv:num_preemptions_total") > 0, `no preemption with --kv-memory ${KV_MEMORY}`);
+    for (const s of SIZES)
+      assert.ok(report[s].max <= 4 * report[s].median, `max_tokens ${s}: ${JSON.stringify(report[s])}`);
+  } finally {
+    await srv.stop();
+  }
+});
