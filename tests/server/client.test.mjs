@@ -3,7 +3,7 @@ import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import OpenAI from "openai";
 import { existsSync } from "node:fs";
-import { startServer, metrics, waitIdle, generateCli, MODEL } from "./harness.mjs";
+import { startServer, status, metrics, waitIdle, generateCli, MODEL } from "./harness.mjs";
 
 const PROMPT = "Once upon a time";
 let srv, client;
@@ -14,10 +14,6 @@ before(async () => {
 });
 after(async () => { if (srv) await srv.stop(); });
 
-async function status(promise) {
-  try { await promise; } catch (e) { return e; }
-  assert.fail("expected an error");
-}
 async function raw(path, body, headers = {}) {
   return fetch(srv.url + path, { method: "POST", headers: { "content-type": "application/json", ...headers }, body });
 }

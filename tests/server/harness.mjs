@@ -2,6 +2,8 @@
 import { spawn, execFile } from "node:child_process";
 import { promisify } from "node:util";
 import assert from "node:assert/strict";
+import { before, after } from "node:test";
+import OpenAI from "openai";
 
 export const BIN = process.env.FP8KV_BIN;
 export const MODEL = process.env.FP8KV_MODEL;
@@ -63,4 +65,21 @@ export async function generateCli(prompt, maxTokens) {
   const { stdout } = await promisify(execFile)(
       BIN, ["generate", MODEL, "--prompt", prompt, "--max-tokens", String(maxTokens), "--threads", "1"]);
   return stdout.endsWith("\n") ? stdout.slice(0, -1) : stdout;
+}
+
+// The error a promise rejects with (fails when it resolves).
+export async function status(promise) {
+  try { await promise; } catch (e) { return e; }
+  assert.fail("expected an error");
+}
+
+// One server for a whole test file, served as "mini": h.srv, h.client.
+export function miniServer() {
+  const h = {};
+  before(async () => {
+    h.srv = await startServer(["--served-model-name", "mini"]);
+    h.client = new OpenAI({ baseURL: h.srv.url + "/v1", apiKey: "unused", maxRetries: 0 });
+  });
+  after(async () => { if (h.srv) await h.srv.stop(); });
+  return h;
 }

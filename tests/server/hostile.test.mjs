@@ -1,26 +1,14 @@
 // `fp8kv serve` against hostile and edge-case HTTP (issue 37 part C; the
 // classes and rules: docs/robustness.md "Server", docs/server.md).
-import { test, before, after } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
-import OpenAI from "openai";
 import net from "node:net";
 import { readFileSync } from "node:fs";
 import { spawn, execFile } from "node:child_process";
-import { startServer, BIN, MODEL } from "./harness.mjs";
+import { startServer, status, miniServer, BIN, MODEL } from "./harness.mjs";
 
 const PROMPT = "Once upon a time";
-let srv, client;
-
-before(async () => {
-  srv = await startServer(["--served-model-name", "mini"]);
-  client = new OpenAI({ baseURL: srv.url + "/v1", apiKey: "unused", maxRetries: 0 });
-});
-after(async () => { if (srv) await srv.stop(); });
-
-async function status(promise) {
-  try { await promise; } catch (e) { return e; }
-  assert.fail("expected an error");
-}
+const shared = miniServer();  // shared.srv, shared.client
 const post = (url, path, body, headers = {}) =>
   fetch(url + path, { method: "POST", headers: { "content-type": "application/json", ...headers },
                       body: typeof body === "string" ? body : JSON.stringify(body) });
@@ -29,7 +17,7 @@ const post = (url, path, body, headers = {}) =>
 test("float fields beyond FLT_MAX: 400 with param", async () => {
   for (const field of ["temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p"]) {
     for (const v of ["3.5e38", "1e39", "1e308"]) {
-      const r = await post(srv.url, "/v1/completions", `{"prompt": "a", "max_tokens": 1, "${field}": ${v}}`);
+      const r = await post(shared.srv.url, "/v1/completions", `{"prompt": "a", "max_tokens": 1, "${field}": ${v}}`);
       assert.equal(r.status, 400, `${field} ${v}`);
       const e = (await r.json()).error;
       assert.equal(e.param, field);
@@ -40,38 +28,38 @@ test("float fields beyond FLT_MAX: 400 with param", async () => {
 
 // C7: text parts (OpenAI, vLLM) render as the joined string; other parts are refused by name.
 test("chat content as an array of text parts; non-text parts refused by name", async () => {
-  const plain = await client.chat.completions.create({ model: "mini", max_tokens: 6, temperature: 0,
+  const plain = await shared.client.chat.completions.create({ model: "mini", max_tokens: 6, temperature: 0,
                                                        messages: [{ role: "user", content: "Tell me\na story." }] });
-  const parts = await client.chat.completions.create({ model: "mini", max_tokens: 6, temperature: 0,
+  const parts = await shared.client.chat.completions.create({ model: "mini", max_tokens: 6, temperature: 0,
     messages: [{ role: "user", content: [{ type: "text", text: "Tell me" }, { type: "text", text: "a story." }] }] });
   assert.equal(parts.choices[0].message.content, plain.choices[0].message.content);
   assert.equal(parts.usage.prompt_tokens, plain.usage.prompt_tokens);
-  const e = await status(client.chat.completions.create({ model: "mini", max_tokens: 2,
+  const e = await status(shared.client.chat.completions.create({ model: "mini", max_tokens: 2,
     messages: [{ role: "user", content: [{ type: "text", text: "hi" }, { type: "image_url", image_url: { url: "http://x/y.png" } }] }] }));
   assert.equal(e.status, 400);
   assert.equal(e.param, "messages[0].content[1]");
   assert.match(e.message, /"image_url"/);
   // /tokenize renders messages the same way.
-  const t = await (await post(srv.url, "/tokenize", { messages: [{ role: "user", content: [{ type: "text", text: "hi" }] }] })).json();
-  const u = await (await post(srv.url, "/tokenize", { messages: [{ role: "user", content: "hi" }] })).json();
+  const t = await (await post(shared.srv.url, "/tokenize", { messages: [{ role: "user", content: [{ type: "text", text: "hi" }] }] })).json();
+  const u = await (await post(shared.srv.url, "/tokenize", { messages: [{ role: "user", content: "hi" }] })).json();
   assert.deepEqual(t.tokens, u.tokens);
 });
 
-// C7: client.models.retrieve.
+// C7: shared.client.models.retrieve.
 test("GET /v1/models/{id}", async () => {
-  const m = await client.models.retrieve("mini");
+  const m = await shared.client.models.retrieve("mini");
   assert.equal(m.id, "mini");
   assert.equal(m.object, "model");
-  const e = await status(client.models.retrieve("gpt-4"));
+  const e = await status(shared.client.models.retrieve("gpt-4"));
   assert.equal(e.status, 404);
   assert.equal(e.code, "model_not_found");
 });
 
 // C9: `code` is OpenAI's string code where it has one, else the HTTP status (docs/server.md "Errors").
 test("error codes as documented", async () => {
-  const nf = (await (await post(srv.url, "/v1/completions", { model: "x", prompt: "a" })).json()).error;
+  const nf = (await (await post(shared.srv.url, "/v1/completions", { model: "x", prompt: "a" })).json()).error;
   assert.equal(nf.code, "model_not_found");
-  const bad = (await (await post(srv.url, "/v1/completions", { prompt: "a", n: 2 })).json()).error;
+  const bad = (await (await post(shared.srv.url, "/v1/completions", { prompt: "a", n: 2 })).json()).error;
   assert.equal(bad.code, 400);
 });
 
@@ -91,14 +79,14 @@ test("admission: --max-num-seqs 2 --max-waiting 2 admits exactly 4 of 10", async
 // C2: a second server on a busy port exits 2 with a clear message (httplib's
 // default SO_REUSEPORT let it start and take half the connections).
 test("a second server on the same port exits 2", async () => {
-  const port = new URL(srv.url).port;
+  const port = new URL(shared.srv.url).port;
   const p = spawn(BIN, ["serve", MODEL, "--port", port, "--threads", "1"], { stdio: ["ignore", "ignore", "pipe"] });
   let err = "";
   p.stderr.on("data", (d) => { err += d; });
   const code = await new Promise((resolve) => p.on("exit", (c) => resolve(c)));
   assert.equal(code, 2, err);
   assert.match(err, new RegExp(`--port ${port}: cannot bind: the port is already in use`));
-  for (let i = 0; i < 20; i++) assert.equal((await fetch(srv.url + "/health")).status, 200);
+  for (let i = 0; i < 20; i++) assert.equal((await fetch(shared.srv.url + "/health")).status, 200);
 });
 
 // C8: JSON bodies must say so (a cross-site "simple" request cannot); CORS is
@@ -107,18 +95,18 @@ test("415 unless application/json; CORS off by default; preflight without the ke
   const body = JSON.stringify({ prompt: "a", max_tokens: 1 });
   for (const ct of ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", null]) {
     const headers = ct ? { "content-type": ct } : {};
-    const r = await fetch(srv.url + "/v1/completions", { method: "POST", headers, body: ct ? body : new Uint8Array(Buffer.from(body)) });
+    const r = await fetch(shared.srv.url + "/v1/completions", { method: "POST", headers, body: ct ? body : new Uint8Array(Buffer.from(body)) });
     assert.equal(r.status, 415, String(ct));
     assert.match((await r.json()).error.message, /application\/json/);
   }
-  const ok = await post(srv.url, "/v1/completions", body, { "content-type": "Application/JSON; charset=utf-8" });
+  const ok = await post(shared.srv.url, "/v1/completions", body, { "content-type": "Application/JSON; charset=utf-8" });
   assert.equal(ok.status, 200);
   // CORS off: no Access-Control-Allow-Origin, on a request or a preflight.
-  const pre = await fetch(srv.url + "/v1/completions", { method: "OPTIONS", headers: {
+  const pre = await fetch(shared.srv.url + "/v1/completions", { method: "OPTIONS", headers: {
     origin: "http://evil.example", "access-control-request-method": "POST", "access-control-request-headers": "content-type" } });
   assert.equal(pre.status, 204);
   assert.equal(pre.headers.get("access-control-allow-origin"), null);
-  const x = await post(srv.url, "/v1/completions", body, { origin: "http://evil.example" });
+  const x = await post(shared.srv.url, "/v1/completions", body, { origin: "http://evil.example" });
   assert.equal(x.headers.get("access-control-allow-origin"), null);
 
   const s = await startServer(["--api-key", "k", "--allowed-origins", '["http://app.example"]',
@@ -171,20 +159,20 @@ test("HTTP framing: conflicting or negative Content-Length, TE with CL: 400 at o
   const head = "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n";
   for (const h of ["Content-Length: 5\r\nContent-Length: 7\r\n", "Content-Length: -5\r\n", "Content-Length: 5, 6\r\n",
                    "Content-Length: 2\r\nTransfer-Encoding: chunked\r\n", "Content-Length: 1e3\r\n"]) {
-    const r = await exchange(srv.url, head + h + "\r\n", 3000);
+    const r = await exchange(shared.srv.url, head + h + "\r\n", 3000);
     assert.match(r.text, /^HTTP\/1\.1 400 /, h);
     assert.ok(r.firstMs < 1000, `${h}: answered after ${r.firstMs} ms`);
     assert.ok(r.closed, h);
     assert.match(r.text, /"invalid_request_error"/);
   }
-  const big = await exchange(srv.url, head + `Content-Length: ${64 << 20}\r\n\r\n`, 3000);
+  const big = await exchange(shared.srv.url, head + `Content-Length: ${64 << 20}\r\n\r\n`, 3000);
   assert.match(big.text, /^HTTP\/1\.1 413 /);
   assert.ok(big.firstMs < 1000);
 });
 
 test("pipelined requests in one write are answered in order", async () => {
   const body = JSON.stringify({ prompt: "hello" });
-  const r = await exchange(srv.url,
+  const r = await exchange(shared.srv.url,
     "GET /version HTTP/1.1\r\nHost: x\r\n\r\n" +
     `POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}` +
     "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 5000);
@@ -193,7 +181,7 @@ test("pipelined requests in one write are answered in order", async () => {
   assert.ok(a > 0 && a < b && b < c, r.text);
   assert.ok(r.closed);
   // A chunked request body.
-  const chunked = await exchange(srv.url, "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
+  const chunked = await exchange(shared.srv.url, "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
     "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n" +
     `${(10).toString(16)}\r\n${body.slice(0, 10)}\r\n${(body.length - 10).toString(16)}\r\n${body.slice(10)}\r\n0\r\n\r\n`, 5000);
   assert.match(chunked.text, /^HTTP\/1\.1 200 /);
@@ -228,7 +216,7 @@ test("SIGTERM with clients dripping headers or a body: exit within the grace", a
 
 // C4: slow connections cost no worker; a client keeps getting answers.
 test("2,000 connections dripping headers: other clients are still answered", async () => {
-  const u = new URL(srv.url);
+  const u = new URL(shared.srv.url);
   const N = 2000;
   const socks = [];
   await Promise.all(Array.from({ length: N }, () => new Promise((resolve) => {
@@ -242,9 +230,9 @@ test("2,000 connections dripping headers: other clients are still answered", asy
     let answered = 0, worst = 0;
     while (Date.now() - t0 < 5000) {
       const a = Date.now();
-      const h = await fetch(srv.url + "/health", { signal: AbortSignal.timeout(5000) });
+      const h = await fetch(shared.srv.url + "/health", { signal: AbortSignal.timeout(5000) });
       assert.equal(h.status, 200);
-      const r = await client.completions.create({ model: "mini", prompt: PROMPT, max_tokens: 2 }, { timeout: 5000 });
+      const r = await shared.client.completions.create({ model: "mini", prompt: PROMPT, max_tokens: 2 }, { timeout: 5000 });
       assert.equal(r.choices.length, 1);
       worst = Math.max(worst, Date.now() - a);
       answered++;
@@ -286,24 +274,24 @@ test("--max-connections: the connection over the cap gets a 503", async () => {
 // C1: a prompt too long to fit is refused by its bytes before tokenizing,
 // and large requests leave no memory behind (a 4 MiB prompt left 16 MB).
 test("20 large refused prompts leave RSS within 50 MB; tokenize scratch is released", async () => {
-  const rssKiB = () => Number(readFileSync(`/proc/${srv.proc.pid}/status`, "utf8").match(/^VmRSS:\s+(\d+)/m)[1]);
+  const rssKiB = () => Number(readFileSync(`/proc/${shared.srv.proc.pid}/status`, "utf8").match(/^VmRSS:\s+(\d+)/m)[1]);
   const big = "the cat sat on a mat. ".repeat((4 << 20) / 22);
   const before = rssKiB();
   for (let i = 0; i < 20; i++) {
     const a = Date.now();
-    const r = await post(srv.url, "/v1/completions", { prompt: big + i, max_tokens: 1 });
+    const r = await post(shared.srv.url, "/v1/completions", { prompt: big + i, max_tokens: 1 });
     assert.equal(r.status, 400);
     const e = (await r.json()).error;
     assert.equal(e.param, "prompt");
     assert.match(e.message, /refused before tokenizing/);
     assert.ok(Date.now() - a < 5000, `refusal took ${Date.now() - a} ms`);
   }
-  const chat = await post(srv.url, "/v1/chat/completions", { messages: [{ role: "user", content: big }], max_tokens: 1 });
+  const chat = await post(shared.srv.url, "/v1/chat/completions", { messages: [{ role: "user", content: big }], max_tokens: 1 });
   assert.equal(chat.status, 400);
   assert.equal((await chat.json()).error.param, "messages");
   // /tokenize has no length bound: a 1 MiB text is tokenized in full.
   const mid = big.slice(0, 1 << 20);
-  for (let i = 0; i < 3; i++) assert.equal((await post(srv.url, "/tokenize", { prompt: mid })).status, 200);
+  for (let i = 0; i < 3; i++) assert.equal((await post(shared.srv.url, "/tokenize", { prompt: mid })).status, 200);
   const after = rssKiB();
   console.log(JSON.stringify({ rss_before_kib: before, rss_after_kib: after }));
   assert.ok(after - before < 50 * 1024, `RSS ${before} KiB before, ${after} KiB after`);
