@@ -66,6 +66,15 @@ std::vector<std::vector<int>> read_token_ids(const std::string& path, int vocab)
   return out;
 }
 
+// A per-token-head --target: calibration is not needed (docs/design.md
+// "Per-token-head KV cache dtypes"). Checked at parse time too, before the
+// required options, so that the answer is this and not "--output is required".
+std::string pth_refusal(KvDtype d) {
+  return fmt::format("{}: calibration is not needed for a per-token-head KV cache (each token's K and V heads are "
+                     "scaled when stored); run with --kv-cache-dtype {} directly",
+                     kv_dtype_name(d), kv_dtype_name(d));
+}
+
 int run_calibrate(const CalibrateArgs& a) {
   if (a.corpus.empty() && a.corpus_ids.empty()) throw UsageError("calibrate: give --corpus FILE (or --corpus-ids-file IDS.json)");
   CalibrateOptions o;
@@ -74,10 +83,7 @@ int run_calibrate(const CalibrateArgs& a) {
   } catch (const UsageError&) {  // list what --target takes, not every --kv-cache-dtype name
     throw UsageError(fmt::format("--target '{}': expected fp8_e4m3 (or fp8) or fp8_e5m2", a.target));
   }
-  if (kv_dtype_per_token_head(o.target))
-    throw UsageError(fmt::format("--target {}: calibration is not needed for a per-token-head KV cache (each token's K "
-                                 "and V heads are scaled when stored); run with --kv-cache-dtype {} directly",
-                                 kv_dtype_name(o.target), kv_dtype_name(o.target)));
+  if (kv_dtype_per_token_head(o.target)) throw UsageError("--target " + pth_refusal(o.target));
   if (!kv_dtype_per_tensor_scaled(o.target)) throw UsageError("--target: expected fp8_e4m3 or fp8_e5m2");
   check_output_file(a.output, "--output");  // before the (long) run
   o.rule = ScaleRule::parse(a.rule);
@@ -158,7 +164,14 @@ const Registrar reg([](CLI::App& app) {
                   "fewer observed tokens fail the calibration (status failed, exit 2)")
       ->check(at_least(1));
   sub->add_flag("--per-head", args->per_head, "per-head amax and scales (k/v per KV head, q per query head)");
-  sub->add_option("--target", args->target, "fp8_e4m3 (default) | fp8_e5m2");
+  sub->add_option("--target", args->target, "fp8_e4m3 (default) | fp8_e5m2")
+      ->check(CLI::Validator(
+          [](std::string& s) -> std::string {
+            for (const auto& n : kv_cache_dtype_names())
+              if (n.name == s && n.dtype && kv_dtype_per_token_head(*n.dtype)) return pth_refusal(*n.dtype);
+            return "";
+          },
+          "", "per-token-head"));
   args->engine.add(sub, EngineFlags::Shape{false, 1});
   set_action(sub, [args] { return run_calibrate(*args); });
 });

@@ -283,7 +283,9 @@ const Registrar reg([](CLI::App& app) {
   c->add_option("model", ca.model, "model directory")->required();
   c->add_option("--text-file", ca.text_files, "document (repeatable)");
   c->add_option("--token-ids-file", ca.ids_files, "JSON array of ids or of arrays (repeatable)");
-  c->add_option("--arms", ca.arms, "bf16, fp8, fp8:unity, fp8:scales=DIR, fp8_e5m2 (first = reference)");
+  c->add_option("--arms", ca.arms,
+                "bf16, fp8, fp8:unity, fp8:scales=DIR, fp8_e5m2, fp8_per_token_head, int8_per_token_head (first = "
+                "reference)");
   c->add_option("--context", ca.context, "tokens per scored chunk (default min(max_model_len, 4096))")
       ->check(at_least(2));
   c->add_option("--buckets", ca.buckets, "position bucket edges (last bucket open-ended)");
