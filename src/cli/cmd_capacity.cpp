@@ -56,9 +56,10 @@ Weights model_weights(const fs::path& model, const ModelConfig& cfg) {
   if (fs::is_directory(model, ec) &&
       (fs::exists(model / "model.safetensors", ec) || fs::exists(model / "model.safetensors.index.json", ec))) {
     const auto ckpt = Checkpoint::open(model);
-    return {ckpt->total_tensor_bytes(), "checkpoint"};
+    return {ckpt->total_tensor_bytes(),
+            cfg.weight_quant.quantized() ? "checkpoint: fp8 weights at 1 byte + scales, as stored" : "checkpoint"};
   }
-  return {estimate_weight_bytes(cfg), "estimate"};
+  return {estimate_weight_bytes(cfg), weight_estimate_source(cfg)};
 }
 
 // The KV budget (kv/planner: the same arithmetic as the engine). probe: when

@@ -18,6 +18,7 @@
 #include "io/value_scan.h"
 #include "kv/scale_loader.h"
 #include "model/config.h"
+#include "model/weights.h"
 #include "model/weights_spec.h"
 #include "numerics/version.h"
 
@@ -41,6 +42,8 @@ bool is_non_text_tensor(const std::string& name) {
 struct Summary {
   uint64_t num_parameters = 0;
   std::string weight_dtype;  // safetensors dtype of the weights, or "mixed (A, B)"
+  uint64_t weight_bytes = 0;  // the expected tensors as stored, plus fp8 weight scales
+  std::vector<std::string> unquantized_modules;  // FP8-weight checkpoints: projections / lm_head stored unquantized
 };
 
 Summary summarize(const ModelConfig& cfg, const Checkpoint& ckpt, const WeightNaming& naming) {
@@ -50,7 +53,13 @@ Summary summarize(const ModelConfig& cfg, const Checkpoint& ckpt, const WeightNa
     const TensorInfo* t = ckpt.find(spec.name);
     s.num_parameters += static_cast<uint64_t>(t->numel());
     bytes_by_dtype[std::string(dtype_name(t->dtype))] += t->nbytes();
+    s.weight_bytes += t->nbytes();
+    const bool matrix = spec.shape.size() == 2 && spec.name.find("embed_tokens") == std::string::npos;
+    if (cfg.weight_quant.quantized() && matrix && t->dtype != DType::F8_E4M3)
+      s.unquantized_modules.push_back(spec.name.substr(0, spec.name.size() - std::string_view(".weight").size()));
   }
+  for (const auto& name : ckpt.tensor_names())
+    if (is_weight_quant_tensor_name(name, cfg.weight_quant)) s.weight_bytes += ckpt.find(name)->nbytes();
   if (bytes_by_dtype.size() == 1) {
     s.weight_dtype = bytes_by_dtype.begin()->first;
   } else {
@@ -82,9 +91,12 @@ int run_inspect(const std::string& model_dir, bool json_out, bool values) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw InputError(fmt::format("{}: not a directory (expected a model directory)", model_dir));
   const ModelConfig cfg = load_model_config(dir);
-  const auto ckpt = Checkpoint::open(dir);
+  const std::shared_ptr<const Checkpoint> ckpt = Checkpoint::open(dir);
   const WeightNaming naming = detect_weight_naming(cfg, *ckpt);
   const auto unexpected_all = check_weights(cfg, *ckpt, naming);
+  // FP8 weights and their scales, checked by the engine's own binder (dtype,
+  // scale presence, shape, finite and > 0): inspect refuses what load would.
+  if (cfg.weight_quant.quantized()) ModelWeights::load(ckpt, cfg, /*check_memory=*/false);
 
   std::vector<std::string> warnings;
   std::vector<std::string> unexpected;
@@ -139,6 +151,18 @@ int run_inspect(const std::string& model_dir, bool json_out, bool values) {
     j["tie_word_embeddings"] = cfg.tie_word_embeddings;
     j["weight_dtype"] = sum.weight_dtype;
     j["num_parameters"] = sum.num_parameters;
+    j["weight_bytes"] = sum.weight_bytes;
+    const WeightQuantConfig& q = cfg.weight_quant;
+    j["weight_format"] = q.quantized() ? json{{"quantization", "fp8_e4m3"},
+                                             {"quant_method", std::string(weight_quant_method_name(q.method))},
+                                             {"scale_granularity", std::string(scale_granularity_name(q.granularity))},
+                                             {"scale_tensor", q.scale_suffix},
+                                             {"activation_scheme", q.activation_scheme},
+                                             {"excluded_modules", q.excluded},
+                                             {"excluded_field", q.excluded_field()},
+                                             {"unquantized_modules", sum.unquantized_modules},
+                                             {"declared_in", q.source + " " + q.field}}
+                                       : json{{"quantization", "none"}};
     j["kv_bytes_per_token"] = {{"bf16", kv_elems * 2}, {"fp8_e4m3", kv_elems}, {"fp8_e5m2", kv_elems}};
     j["weight_files"] = json::array();
     for (const auto& f : ckpt->files()) j["weight_files"].push_back(f.filename().string());
@@ -180,8 +204,17 @@ int run_inspect(const std::string& model_dir, bool json_out, bool values) {
   out += fmt::format("hidden / ffn:     {} / {}\n", cfg.hidden_size, cfg.intermediate_size);
   out += fmt::format("heads:            {} query, {} kv, head_dim {}\n", cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
   out += fmt::format("vocab:            {}{}\n", cfg.vocab_size, cfg.tie_word_embeddings ? " (tied embeddings)" : "");
-  out += fmt::format("weights:          {} parameters, {}, {} file(s)\n", sum.num_parameters, sum.weight_dtype,
-                     ckpt->files().size());
+  out += fmt::format("weights:          {} parameters, {}, {} bytes, {} file(s)\n", sum.num_parameters,
+                     sum.weight_dtype, sum.weight_bytes, ckpt->files().size());
+  if (cfg.weight_quant.quantized()) {
+    const WeightQuantConfig& q = cfg.weight_quant;
+    out += fmt::format("weight format:    fp8 e4m3, {} scales ({}), quant_method {}, activations {} ({} {})\n",
+                       scale_granularity_name(q.granularity), q.scale_suffix, weight_quant_method_name(q.method),
+                       q.activation_scheme, q.source, q.field);
+    out += fmt::format("excluded:         {} [{}]; unquantized: {}\n", q.excluded_field(), fmt::join(q.excluded, ", "),
+                       sum.unquantized_modules.empty() ? std::string("none")
+                                                       : fmt::format("{}", fmt::join(sum.unquantized_modules, ", ")));
+  }
   out += fmt::format("KV bytes / token: bf16 {}, fp8_e4m3 {}, fp8_e5m2 {}\n", kv_elems * 2, kv_elems, kv_elems);
   out += fmt::format("KV scales:        k {}/{}, v {}/{}, q {}/{} layers{}\n", cov.k_present(), cov.quantized_layers,
                      cov.v_present(), cov.quantized_layers, cov.q_present(), cov.quantized_layers,

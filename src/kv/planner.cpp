@@ -379,8 +379,35 @@ uint64_t estimate_parameters(const ModelConfig& c) {
 uint64_t estimate_weight_bytes(const ModelConfig& c) {
   const std::string& d = c.torch_dtype;
   const uint64_t bytes = d == "float32" || d == "fp32" ? 4 : d == "float8_e4m3fn" || d == "float8_e5m2" ? 1 : 2;
-  return checked_product("weight bytes", {{"parameters (from config.json)", estimate_parameters(c)},
-                                          {"torch_dtype bytes", bytes}});
+  uint64_t total = checked_product("weight bytes", {{"parameters (from config.json)", estimate_parameters(c)},
+                                                    {"torch_dtype bytes", bytes}});
+  const WeightQuantConfig& q = c.weight_quant;
+  if (!q.quantized() || bytes == 1) return total;
+  // FP8-weight checkpoints (model/quant_config.h): every projection the
+  // config quantizes at 1 byte per element plus its f32 scales; the
+  // embedding, lm_head, norms and excluded modules at torch_dtype.
+  const uint64_t qw = static_cast<uint64_t>(c.num_heads) * c.head_dim, kvw = static_cast<uint64_t>(c.num_kv_heads) * c.head_dim;
+  const uint64_t H = c.hidden_size, I = c.intermediate_size;
+  const std::pair<const char*, std::pair<uint64_t, uint64_t>> mats[] = {
+      {"self_attn.q_proj", {qw, H}},  {"self_attn.k_proj", {kvw, H}}, {"self_attn.v_proj", {kvw, H}},
+      {"self_attn.o_proj", {H, qw}},  {"mlp.gate_proj", {I, H}},      {"mlp.up_proj", {I, H}},
+      {"mlp.down_proj", {H, I}}};
+  for (int l = 0; l < c.num_layers; ++l)
+    for (const auto& [name, nk] : mats) {
+      if (q.is_excluded(fmt::format("model.layers.{}.{}", l, name))) continue;
+      const auto [sr, sc] = fp8_scale_shape(q.granularity, static_cast<int64_t>(nk.first), static_cast<int64_t>(nk.second));
+      total -= nk.first * nk.second * (bytes - 1);
+      total += 4 * static_cast<uint64_t>(sr * sc);
+    }
+  return total;
+}
+
+std::string weight_estimate_source(const ModelConfig& c) {
+  const WeightQuantConfig& q = c.weight_quant;
+  if (!q.quantized()) return "estimate";
+  return fmt::format("estimate: {} parameters; fp8 projections at 1 byte + {} f32 scales, the rest as {}",
+                     estimate_parameters(c), scale_granularity_name(q.granularity),
+                     c.torch_dtype.empty() ? "bfloat16" : c.torch_dtype);
 }
 
 uint64_t estimate_activation_bytes(const ModelConfig& c, int mnbt, int max_num_seqs, int tp) {

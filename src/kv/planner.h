@@ -167,8 +167,13 @@ KvBudget default_cpu_kv_budget(const ModelConfig& cfg, const KvPlanSettings& s, 
 uint64_t weights_per_rank(uint64_t total_bytes, int tensor_parallel_size);
 // Parameter count of the llama-style blocks ModelConfig covers, from the config.
 uint64_t estimate_parameters(const ModelConfig& cfg);
-// estimate_parameters x torch_dtype bytes (float32 4, fp8 1, else 2).
+// estimate_parameters x torch_dtype bytes (float32 4, fp8 1, else 2); for
+// an FP8-weight config (quantization_config), the projections it quantizes
+// at 1 byte per element plus their f32 scales.
 uint64_t estimate_weight_bytes(const ModelConfig& cfg);
+// What estimate_weight_bytes assumed, for the printed weights source:
+// "estimate", or for an FP8-weight config the bytes per element it counted.
+std::string weight_estimate_source(const ModelConfig& cfg);
 // Peak activation estimate of one profiling step, per rank: the live bf16
 // tensors of one layer for max_num_batched_tokens tokens plus fp32 logits for
 // max_num_seqs sampled positions.

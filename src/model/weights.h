@@ -87,7 +87,10 @@ class ModelWeights {
 
   // Binds every tensor the family needs, checking dtype and shape (errors
   // name the tensor, expected and actual). Keeps the checkpoint mapped.
-  static std::shared_ptr<ModelWeights> load(std::shared_ptr<const Checkpoint> ckpt, const ModelConfig& cfg);
+  // check_memory false: no refusal when the weights exceed 90% of this
+  // machine's memory (`inspect` validates without computing).
+  static std::shared_ptr<ModelWeights> load(std::shared_ptr<const Checkpoint> ckpt, const ModelConfig& cfg,
+                                            bool check_memory = true);
   // A copy whose bf16 matrices are widened to fp32 (exact; norms, biases and
   // fp32 matrices shared). Trades 2x memory for no per-use conversion.
   std::shared_ptr<ModelWeights> widened_to_f32() const;

@@ -1,0 +1,333 @@
+#!/usr/bin/env python3
+"""FP8-weight checkpoints (issue 32) + transformers reference logprobs.
+
+Runs on the GPU machine (torch, safetensors, transformers; CPU math is enough),
+from the repo root, in one command:
+
+    python3 tools/gen_fp8_weight_goldens.py
+
+Writes tests/golden/fp8_weights/<family>_<format>/ for family in {llama, qwen3}
+and format in
+  block       quant_method "fp8", weight_block_size [128, 128]: weight F8_E4M3 +
+              weight_scale_inv F32 [ceil(N/128), ceil(K/128)]; modules_to_not_convert
+  ct_channel  compressed-tensors float-quantized, strategy channel, dynamic
+              per-token activations: weight_scale BF16 [N, 1]; ignore (lm_head + a regex)
+  ct_tensor   compressed-tensors, strategy tensor, static activations: weight_scale
+              F32 [1], input_scale F32 [1]; lm_head quantized too
+  modelopt    hf_quant_config.json quant_algo FP8: weight_scale F32 [], input_scale
+              F32 []; exclude_modules with a wildcard
+each with config.json (+ hf_quant_config.json), model.safetensors (unquantized
+tensors in bf16), and golden.json:
+  sequences        token ids
+  w8a16            reference logprobs (null at 0): transformers, fp32 eager
+                   attention, on the weights dequantized in Python as
+                   w = float32(q) * scale (one fp32 multiply per element, what the
+                   engine does), K/V rounded to bf16 at the cache-write point (the
+                   engine's bf16 cache)
+  w8a16_fp32_kv    the same with an fp32 cache (band: the bf16 cache's effect)
+  w8a16_bf16_weights  the same with the dequantized weights rounded to bf16
+                   (the usual "dequantize to bf16" reference), for information
+  w8a8             the w8a16 reference with every quantized Linear's input
+                   rounded as fp8kv's --fp8-weight-mode w8a8 does (per token, or
+                   per 1x128 group for block: scale = amax / 448, x / scale
+                   clamped to +-448 then cast to float8_e4m3fn, times scale)
+  max_reduction    the longest dot product (for the fp32 tolerance)
+and tests/golden/fp8_weights/fp8kv_mini_block/: models/fp8kv-mini quantized
+block-wise (its tokenizer copied), with w8a16 / w8a8 references on token
+sequences of the bundled model's own eval text, for CPU-vs-CUDA perplexity.
+
+Read by tests/engine/test_fp8_weight_goldens.cpp. Deterministic (seeded).
+"""
+import json
+import math
+import os
+import shutil
+import sys
+
+import torch
+from safetensors.torch import save_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gen_model_goldens import Hook, make_model, modeling_module, score, tokenizer_json  # noqa: E402
+
+OUT = os.path.join("tests", "golden", "fp8_weights")
+FP8_MAX = 448.0
+VOCAB = 272
+SEQ_LENS = [40, 56]
+COMMON = dict(hidden_size=256, intermediate_size=384, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+              vocab_size=VOCAB, max_position_embeddings=256, rms_norm_eps=1e-6, eos_token_id=256,
+              bos_token_id=257, initializer_range=0.02, torch_dtype="bfloat16", num_hidden_layers=2,
+              tie_word_embeddings=False, rope_theta=10000.0)
+FAMILIES = {
+    "llama": dict(COMMON, architectures=["LlamaForCausalLM"], model_type="llama"),
+    "qwen3": dict(COMMON, architectures=["Qwen3ForCausalLM"], model_type="qwen3", use_sliding_window=False),
+}
+FORMATS = ["block", "ct_channel", "ct_tensor", "modelopt"]
+PROJ = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+        "mlp.up_proj", "mlp.down_proj"]
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- formats
+def quant_config(fmt):
+    if fmt == "block":
+        return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                "weight_block_size": [128, 128], "modules_to_not_convert": ["lm_head", "layers.1.mlp.down_proj"]}
+    if fmt in ("ct_channel", "ct_tensor"):
+        ch = fmt == "ct_channel"
+        acts = ({"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True, "symmetric": True} if ch else
+                {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True})
+        return {"quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+                "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": acts,
+                                              "weights": {"num_bits": 8, "type": "float", "symmetric": True,
+                                                          "dynamic": False, "strategy": "channel" if ch else "tensor"}}},
+                "ignore": ["lm_head", "re:.*layers\\.0\\.self_attn\\.o_proj$"] if ch else []}
+    return {"producer": {"name": "modelopt", "version": "0.29.0"},
+            "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": None,
+                             "exclude_modules": ["lm_head", "model.layers.1.self_attn.*"]}}
+
+
+def quantized(fmt, module):
+    """Which modules the format's config quantizes (its own matching rule, spelled out)."""
+    if module == "lm_head":
+        return fmt == "ct_tensor"
+    if fmt == "block":
+        return "layers.1.mlp.down_proj" not in module
+    if fmt == "ct_channel":
+        return module != "model.layers.0.self_attn.o_proj"
+    if fmt == "modelopt":
+        return not module.startswith("model.layers.1.self_attn.")
+    return True
+
+
+def granularity(fmt):
+    return {"block": "block", "ct_channel": "channel"}.get(fmt, "tensor")
+
+
+def quantize(w, gran):
+    """w fp32 [N, K] -> (q float8_e4m3fn [N, K], scale fp32 per granularity, deq fp32 [N, K]).
+    scale = amax / 448 (1 where amax is 0); q = cast(clamp(w / scale)) (saturating: clamp first)."""
+    N, K = w.shape
+    if gran == "tensor":
+        amax = w.abs().max().reshape(1)
+        s = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+        full = s.expand(N, K)
+    elif gran == "channel":
+        amax = w.abs().amax(dim=1)
+        s = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+        full = s.view(N, 1).expand(N, K)
+    else:
+        nb, kb = (N + 127) // 128, (K + 127) // 128
+        pad = torch.zeros(nb * 128, kb * 128, dtype=torch.float32)
+        pad[:N, :K] = w
+        amax = pad.abs().view(nb, 128, kb, 128).amax(dim=(1, 3))
+        s = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+        full = s.repeat_interleave(128, 0).repeat_interleave(128, 1)[:N, :K]
+    q = (w / full).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    deq = q.to(torch.float32) * full
+    return q, s, deq
+
+
+def scale_tensors(fmt, module, q_scale):
+    if fmt == "block":
+        return {module + ".weight_scale_inv": q_scale.contiguous()}
+    if fmt == "ct_channel":
+        return {module + ".weight_scale": q_scale.view(-1, 1).to(torch.bfloat16).contiguous()}
+    if fmt == "ct_tensor":
+        return {module + ".weight_scale": q_scale.reshape(1).contiguous(),
+                module + ".input_scale": torch.tensor([0.05], dtype=torch.float32)}
+    return {module + ".weight_scale": q_scale.reshape(()).contiguous(),
+            module + ".input_scale": torch.tensor(0.05, dtype=torch.float32)}
+
+
+# ---------------------------------------------------------------- W8A8 activations
+def round_act(x, group):
+    """fp8kv's --fp8-weight-mode w8a8 rounding of a Linear input x [..., K]."""
+    shp = x.shape
+    K = shp[-1]
+    g = group if group else K
+    xs = x.reshape(-1, K).to(torch.float32)
+    out = torch.empty_like(xs)
+    for c0 in range(0, K, g):
+        blk = xs[:, c0:c0 + g]
+        amax = blk.abs().amax(dim=1, keepdim=True)
+        s = amax / FP8_MAX
+        safe = torch.where(amax > 0, s, torch.ones_like(s))
+        q = (blk / safe).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(torch.float32) * safe
+        out[:, c0:c0 + g] = torch.where(amax > 0, q, blk)
+    return out.view(shp).to(x.dtype)
+
+
+class W8A8:
+    """Pre-hooks on the quantized Linears: round their inputs as W8A8 does."""
+
+    def __init__(self, model, modules, group):
+        self.handles = []
+        for name, m in model.named_modules():
+            if name in modules:
+                self.handles.append(m.register_forward_pre_hook(lambda mod, a: (round_act(a[0], group),)))
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+
+# ---------------------------------------------------------------- one checkpoint
+def with_weights(model, sd):
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(sd[name])
+
+
+def references(model, seqs, hook, quant_modules, group, deq_sd, deq_bf16_sd):
+    ref = {"w8a16": [], "w8a16_fp32_kv": [], "w8a16_bf16_weights": [], "w8a8": []}
+    with_weights(model, deq_sd)
+    for s in seqs:
+        hook.fmt = "bf16"
+        ref["w8a16"].append(score(model, s)[0])
+        hook.fmt = "fp32"
+        ref["w8a16_fp32_kv"].append(score(model, s)[0])
+        hook.fmt = "bf16"
+        w = W8A8(model, quant_modules, group)
+        ref["w8a8"].append(score(model, s)[0])
+        w.remove()
+    with_weights(model, deq_bf16_sd)
+    for s in seqs:
+        hook.fmt = "bf16"
+        ref["w8a16_bf16_weights"].append(score(model, s)[0])
+    with_weights(model, deq_sd)
+    return ref
+
+
+def quantize_state(sd, fmt, tied):
+    """sd: name -> fp32 tensor. Returns (tensors to save, dequantized fp32 sd, quantized module names)."""
+    gran = granularity(fmt)
+    save, deq, qmods = {}, {}, []
+    for name, w in sd.items():
+        module = name[:-len(".weight")] if name.endswith(".weight") else None
+        is_proj = module is not None and (any(module.endswith(p) for p in PROJ) or (module == "lm_head" and not tied))
+        if is_proj and w.dim() == 2 and quantized(fmt, module):
+            q, s, d = quantize(w.float(), gran)
+            save[name] = q.contiguous()
+            save.update(scale_tensors(fmt, module, s))
+            deq[name] = d
+            qmods.append(module)
+        else:
+            save[name] = w.to(torch.bfloat16).contiguous()
+            deq[name] = w.to(torch.bfloat16).to(torch.float32)
+    return save, deq, qmods
+
+
+def write_checkpoint(out_dir, cfg_dict, fmt, save):
+    os.makedirs(out_dir, exist_ok=True)
+    cfg = dict(cfg_dict)
+    if fmt != "modelopt":
+        cfg["quantization_config"] = quant_config(fmt)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    if fmt == "modelopt":
+        with open(os.path.join(out_dir, "hf_quant_config.json"), "w") as f:
+            json.dump(quant_config(fmt), f, indent=2)
+    save_file(save, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+
+
+def max_reduction(c):
+    return max(c["hidden_size"], c["num_attention_heads"] * c["head_dim"], c["intermediate_size"], c["head_dim"])
+
+
+def make_case(family, fmt):
+    name = f"{family}_{fmt}"
+    out_dir = os.path.join(OUT, name)
+    cfg = FAMILIES[family]
+    tmp = out_dir + ".tmp_bf16"
+    model = make_model(name, cfg, tmp)  # fp32 model on bf16-rounded random weights
+    shutil.rmtree(tmp)
+    hook = Hook()
+    hook.install([modeling_module(model)])
+    sd = {k: v.detach().float().clone() for k, v in model.state_dict().items() if k in dict(model.named_parameters())}
+    save, deq, qmods = quantize_state(sd, fmt, tied=cfg["tie_word_embeddings"])
+    deq_bf16 = {k: v.to(torch.bfloat16).to(torch.float32) for k, v in deq.items()}
+    write_checkpoint(out_dir, cfg, fmt, save)
+    gen = torch.Generator().manual_seed(sum(map(ord, name)))
+    seqs = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in SEQ_LENS]
+    group = 128 if fmt == "block" else 0
+    ref = references(model, seqs, hook, set(qmods), group, deq, deq_bf16)
+    golden = dict(ref, sequences=seqs, max_reduction=max_reduction(cfg), format=fmt, family=family,
+                  quantized_modules=qmods, transformers=__import__("transformers").__version__,
+                  torch=torch.__version__)
+    with open(os.path.join(out_dir, "golden.json"), "w") as f:
+        json.dump(golden, f)
+    with open(os.path.join(out_dir, "tokenizer.json"), "w") as f:
+        json.dump(tokenizer_json(), f, ensure_ascii=False)
+    return name, golden
+
+
+def make_mini():
+    """models/fp8kv-mini (Qwen3, bf16) quantized block-wise, with references."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    src = os.path.join("models", "fp8kv-mini")
+    out_dir = os.path.join(OUT, "fp8kv_mini_block")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(src, attn_implementation="eager", dtype=torch.float32)
+    except TypeError:
+        model = AutoModelForCausalLM.from_pretrained(src, attn_implementation="eager", torch_dtype=torch.float32)
+    model.eval()
+    hook = Hook()
+    hook.install([modeling_module(model)])
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    sd = {k: v.detach().float().clone() for k, v in model.named_parameters()}
+    save, deq, qmods = quantize_state(sd, "block", tied=cfg.get("tie_word_embeddings", False))
+    # Tied embeddings: save the embedding once (lm_head shares it).
+    save = {k: v for k, v in save.items() if k != "lm_head.weight"}
+    write_checkpoint(out_dir, cfg, "block", save)
+    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        if os.path.exists(os.path.join(src, f)):
+            shutil.copy(os.path.join(src, f), out_dir)
+    tok = AutoTokenizer.from_pretrained(src)
+    text = ""
+    eval_dir = os.path.join(src, "eval")
+    for f in sorted(os.listdir(eval_dir)) if os.path.isdir(eval_dir) else []:
+        p = os.path.join(eval_dir, f)
+        if os.path.isfile(p) and f.endswith(".txt"):
+            text += open(p, encoding="utf-8", errors="replace").read()
+            if len(text) > 20000:
+                break
+    ids = tok(text)["input_ids"] if text else torch.randint(0, cfg["vocab_size"], (1024,)).tolist()
+    seqs = [ids[i:i + 256] for i in range(0, min(len(ids), 4 * 256), 256) if len(ids[i:i + 256]) == 256]
+    deq_bf16 = {k: v.to(torch.bfloat16).to(torch.float32) for k, v in deq.items()}
+    ref = references(model, seqs, hook, set(qmods), 128, deq, deq_bf16)
+    golden = dict(ref, sequences=seqs, max_reduction=max_reduction(
+        dict(cfg, head_dim=cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"]))),
+        format="block", family="qwen3", quantized_modules=qmods)
+    with open(os.path.join(out_dir, "golden.json"), "w") as f:
+        json.dump(golden, f)
+    return "fp8kv_mini_block", golden
+
+
+def summary(name, g):
+    def gap(a, b):
+        return max(abs(x - y) for sa, sb in zip(g[a], g[b]) for x, y in zip(sa[1:], sb[1:]))
+
+    def mean_lp(a):
+        v = [x for s in g[a] for x in s[1:]]
+        return sum(v) / len(v)
+    log(f"{name:22s} mean lp {mean_lp('w8a16'):8.4f}  max|w8a8-w8a16| {gap('w8a8', 'w8a16'):.4f}  "
+        f"max|bf16 weights - w8a16| {gap('w8a16_bf16_weights', 'w8a16'):.4f}  "
+        f"max|fp32 kv - bf16 kv| {gap('w8a16_fp32_kv', 'w8a16'):.5f}  ppl {math.exp(-mean_lp('w8a16')):.3f}")
+
+
+def main():
+    torch.manual_seed(0)
+    os.makedirs(OUT, exist_ok=True)
+    for family in FAMILIES:
+        for fmt in FORMATS:
+            summary(*make_case(family, fmt))
+    if "--no-mini" not in sys.argv:
+        summary(*make_mini())
+
+
+if __name__ == "__main__":
+    main()
