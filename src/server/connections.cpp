@@ -299,6 +299,9 @@ FramedServer::FramedServer(ConnectionLimits limits) : limits_(limits) {
   // each freed mmap, after which such blocks stay in the heap (a 4 MiB
   // prompt left 16 MB behind, linearly, until issue 37).
   mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  // Workers come and go; each new thread would otherwise take a fresh
+  // malloc arena and keep its pages after it exits.
+  mallopt(M_ARENA_MAX, 4);
   set_payload_max_length(limits_.max_body_bytes);
   new_task_queue = [] { return new InlineQueue; };
   epoll_ = epoll_create1(EPOLL_CLOEXEC);
