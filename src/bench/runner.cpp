@@ -45,7 +45,9 @@ struct Live {
 };
 
 // One round: submit n requests at once, step until idle.
-void run_round(Engine& e, const BenchSettings& s, int n, std::mt19937_64& rng, Tally* t) {
+// total_tokens: output tokens of all timed rounds, for s.progress (0: a
+// warm-up round, not reported).
+void run_round(Engine& e, const BenchSettings& s, int n, std::mt19937_64& rng, Tally* t, uint64_t total_tokens) {
   // Per rank under tensor parallelism (the ranks stream in parallel): engine/tp_shard.h.
   const ModelConfig c = rank_traffic_config(e.config(), e.kv_plan().tensor_parallel_size);
   std::map<RequestId, Live> live;
@@ -114,6 +116,7 @@ void run_round(Engine& e, const BenchSettings& s, int n, std::mt19937_64& rng, T
       }
       if (x.finished) l.done = true;
     }
+    if (s.progress && total_tokens > 0) s.progress(static_cast<uint64_t>(t->output_tokens), total_tokens);
     if (!have_all_first && std::all_of(live.begin(), live.end(), [](const auto& p) { return p.second.first; })) {
       have_all_first = true;
       all_first = b;
@@ -157,11 +160,13 @@ BenchResult run_bench(Engine& e, const BenchSettings& s, double copy_bytes_per_s
     Tally scratch;
     // Throughput warms up on a small round (vLLM warms up nothing; one short
     // round keeps first-touch page faults out of the timed run).
-    run_round(e, s, latency ? n : std::min(n, 4), rng, &scratch);
+    run_round(e, s, latency ? n : std::min(n, 4), rng, &scratch, 0);
   }
   Tally t;
   const int64_t replays0 = e.graph_replays(), captures0 = e.graph_captures();
-  for (int i = 0; i < iters; ++i) run_round(e, s, n, rng, &t);
+  const uint64_t total = static_cast<uint64_t>(iters) * static_cast<uint64_t>(n) * static_cast<uint64_t>(s.output_len);
+  for (int i = 0; i < iters; ++i) run_round(e, s, n, rng, &t, total);
+  if (s.progress) s.progress(static_cast<uint64_t>(t.output_tokens), static_cast<uint64_t>(t.output_tokens));  // the final line
   if (t.decode_step_s.empty()) throw std::runtime_error("bench: no decode step was measured");
 
   BenchResult r;

@@ -19,6 +19,7 @@
 //   can hold only a few sequences (docs/bench.md "Full-batch decode").
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -38,6 +39,9 @@ struct BenchSettings {
   bool ignore_eos = false;
   uint64_t seed = 0;
   int weight_elem_bytes = 2;  // bf16 weights: the floor's bytes per parameter
+  // Called after each engine step of the timed rounds with (output tokens so
+  // far, output tokens in all): the CLI's progress bar. Optional.
+  std::function<void(uint64_t done, uint64_t total)> progress;
 };
 
 struct BenchResult {

@@ -21,8 +21,10 @@
 #include "bench/runner.h"
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
+#include "cli/progress.h"
 #include "engine/engine.h"
 #include "io/errors.h"
+#include "io/host_memory.h"
 #include "numerics/version.h"
 #ifdef FP8KV_HAVE_CUDA
 #include "backend/cuda/copy_bandwidth.h"
@@ -94,8 +96,26 @@ std::string resolved_backend(const std::string& requested) {
   return "cpu";
 }
 
+// Refuses, before the model loads, a request count whose token ids alone
+// cannot fit in memory (each request keeps its prompt, and its sequence the
+// prompt and the output: (2 x input + output) x 4 bytes at least).
+void check_request_memory(const bench::BenchSettings& s, const std::string& mode) {
+  const bool latency = mode == "latency";
+  const int64_t n = latency ? s.batch_size : s.num_prompts;
+  const double bytes = static_cast<double>(n) * (2.0 * s.input_len + s.output_len) * 4.0;
+  const uint64_t mem = host_physical_memory();
+  if (mem > 0 && bytes > static_cast<double>(mem))
+    throw InputError(fmt::format("{} {}: {} requests x (2 x --input-len {} + --output-len {}) tokens x 4 bytes = "
+                                 "{:.1f} GiB of token ids alone, more than this machine's {:.1f} GiB of memory; "
+                                 "lower {}",
+                                 latency ? "--batch-size" : "--num-prompts", n, n, s.input_len, s.output_len,
+                                 bytes / (1 << 30), static_cast<double>(mem) / (1 << 30),
+                                 latency ? "--batch-size" : "--num-prompts"));
+}
+
 int run(BenchArgs a, const std::string& mode) {
   a.s.mode = mode;
+  check_request_memory(a.s, mode);
   EngineOptions o = a.engine.options();
   if (o.max_model_len == 0) o.max_model_len = a.s.input_len + a.s.output_len;
   if (mode == "latency") o.max_num_seqs = std::max(o.max_num_seqs, a.s.batch_size);
@@ -116,6 +136,8 @@ int run(BenchArgs a, const std::string& mode) {
   } else {
     copy = bench::host_copy_bytes_per_s();
   }
+  Progress progress(fmt::format("bench {}", mode), "output tokens");
+  a.s.progress = std::ref(progress);
   const bench::BenchResult r = bench::run_bench(*engine, a.s, copy);
   nlohmann::json j = bench::to_json(r, a.s);
   j["model"] = a.model;

@@ -334,7 +334,8 @@ const Registrar reg([](CLI::App& app) {
   gpu->excludes(kvm);
   sub->add_option("--gpu-memory-utilization", args->gpu_memory_utilization,
                   "fraction of --gpu-memory the engine may use (default 0.9)");
-  sub->add_option("--max-model-len", args->max_model_len, "default: the model's max_position_embeddings")
+  sub->add_option("--max-model-len", args->max_model_len, "default: the model's max_position_embeddings (32k = 32000, 32K = 32768)")
+      ->transform(token_count_rule())
       ->check(at_least(1));  // as the engine flags: omitted = default, 0 refused
   sub->add_option("--max-num-seqs", args->max_num_seqs, fmt::format("default {} (as the engine)", args->max_num_seqs));
   sub->add_option("--max-num-batched-tokens", args->max_num_batched_tokens,

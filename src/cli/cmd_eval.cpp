@@ -49,7 +49,7 @@ Docs read_docs(const std::string& model, const std::vector<std::string>& text_fi
   for (const auto& f : ids_files) {
     json j;
     try {
-      j = json::parse(read_option_file(f, "--token-ids-file"));
+      j = json::parse(read_option_json(f, "--token-ids-file"));
     } catch (const json::exception& e) {
       throw InputError(fmt::format("{}: invalid JSON: {}", f, e.what()));
     }

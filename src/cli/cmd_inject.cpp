@@ -39,7 +39,7 @@ int run_inject(const InjectArgs& a) {
   o.slow_ms = a.test_step_delay_ms;
   nlohmann::json report;
   try {
-    report = nlohmann::json::parse(read_option_file(a.report, "--report"));
+    report = nlohmann::json::parse(read_option_json(a.report, "--report"));
   } catch (const nlohmann::json::exception& e) {
     throw InputError(fmt::format("{}: invalid JSON: {}", a.report, e.what()));
   }

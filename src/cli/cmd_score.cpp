@@ -4,12 +4,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
+#include "cli/progress.h"
 #include "cli/text_input.h"
 #include "engine/engine.h"
 #include "io/errors.h"
@@ -33,9 +35,17 @@ struct ScoreArgs {
 };
 
 std::vector<std::vector<int>> read_ids_file(const std::string& path) {
-  const std::string text = read_option_file(path, "--token-ids-file");
+  const std::string text = read_option_json(path, "--token-ids-file");
   json j = json::parse(text, nullptr, false);
   if (j.is_discarded()) throw InputError(path + ": not valid JSON");
+  // `fp8kv tokenize`'s own output, {"ids": [...]}, is accepted as it is.
+  if (j.is_object()) {
+    if (!j.contains("ids") || j.size() != 1)
+      throw InputError(path + ": expected a JSON array of token ids (or of arrays), or {\"ids\": [...]} as "
+                              "`fp8kv tokenize` prints");
+    json ids = std::move(j["ids"]);
+    j = std::move(ids);
+  }
   auto ids_of = [&](const json& a, const std::string& where) {
     if (!a.is_array()) throw InputError(fmt::format("{}: {} must be an array of token ids", path, where));
     std::vector<int> out;
@@ -47,6 +57,11 @@ std::vector<std::vector<int>> read_ids_file(const std::string& path) {
       out.push_back(static_cast<int>(v));
     }
     if (out.empty()) throw InputError(fmt::format("{}: {} is empty", path, where));
+    // The first token has no prediction: one token leaves nothing to score
+    // (as a one-token --text-file).
+    if (out.size() < 2)
+      throw InputError(fmt::format("{}: {} has 1 token; scoring needs at least 2 (the first is only context)", path,
+                                   where));
     return out;
   };
   if (!j.is_array() || j.empty()) throw InputError(path + ": expected a JSON array of token ids or of arrays of ids");
@@ -93,17 +108,39 @@ int run(const ScoreArgs& a) {
               {"sequences", json::array()}};
   ScoreOptions so;
   so.chunk_size = a.chunk_size;
+  uint64_t total = 0, done = 0;
+  for (const auto& s : seqs) total += s.size();
+  Progress progress("score", "tokens");
+  // Perplexity over every scored position, with llama-perplexity's
+  // uncertainty: PPL x the standard error of the mean negative log-likelihood.
+  double nll_sum = 0.0, nll_sq = 0.0;
+  uint64_t n = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
     const ScoreResult r = engine->score(seqs[i], so);
     json lp = json::array(), top = json::array();
     for (size_t p = 0; p < r.token_ids.size(); ++p) {
       lp.push_back(r.logprobs[p] ? json(*r.logprobs[p]) : json(nullptr));
       top.push_back(r.top1_ids[p] ? json(*r.top1_ids[p]) : json(nullptr));
+      if (r.logprobs[p]) {
+        const double nll = -static_cast<double>(*r.logprobs[p]);
+        nll_sum += nll;
+        nll_sq += nll * nll;
+        ++n;
+      }
     }
     out["sequences"].push_back({{"token_ids", r.token_ids}, {"logprobs", lp}, {"top1_ids", top}});
-    if (seqs.size() > 1) std::fprintf(stderr, "scored sequence %zu/%zu\n", i + 1, seqs.size());
+    done += seqs[i].size();
+    progress(done, total);
   }
+  const double mean = n ? nll_sum / static_cast<double>(n) : 0.0;
+  const double var = n > 1 ? std::max(0.0, nll_sq / static_cast<double>(n) - mean * mean) : 0.0;
+  const double ppl = std::exp(mean), ppl_err = n > 1 ? ppl * std::sqrt(var / static_cast<double>(n - 1)) : 0.0;
+  out["positions"] = n;
+  out["ppl"] = ppl;
+  out["ppl_stderr"] = ppl_err;
   atomic_write_file(a.output, out.dump() + "\n");
+  std::printf("PPL = %.4f ± %.4f (%llu positions, %zu sequence%s)\n", ppl, ppl_err, static_cast<unsigned long long>(n),
+              seqs.size(), seqs.size() == 1 ? "" : "s");
   return 0;
 }
 
@@ -112,7 +149,7 @@ Registrar reg([](CLI::App& app) {
   auto* a = &args;
   auto* sub = app.add_subcommand("score", "Teacher-forced per-token logprobs and top-1 ids");
   sub->add_option("MODEL_DIR", a->model, "Checkpoint directory")->required();
-  sub->add_option("--token-ids-file", a->ids_file, "JSON array of token ids, or an array of such arrays");
+  sub->add_option("--token-ids-file", a->ids_file, "JSON array of token ids, an array of such arrays, or {\"ids\": [...]} (`fp8kv tokenize` output)");
   sub->add_option("--text-file", a->text_file, "Text to tokenize and score in chunks of --context tokens");
   sub->add_option("--context", a->context, "Tokens per scored chunk of --text-file (default min(max_model_len, 4096))")
       ->check(at_least(2));  // omitted = default; 0 is refused (docs/design.md "One rule per flag")

@@ -14,6 +14,7 @@
 #include "cli/engine_flags.h"
 #include "engine/engine.h"
 #include "io/errors.h"
+#include "io/fs_util.h"
 #include "server/http_server.h"
 #include "server/request.h"
 #include "tokenizer/tokenizer.h"
@@ -41,16 +42,12 @@ extern "C" void on_signal(int sig) {
 nlohmann::ordered_json special_token_vars(const std::filesystem::path& model_dir) {
   nlohmann::ordered_json vars = nlohmann::ordered_json::object();
   const std::filesystem::path path = model_dir / "tokenizer_config.json";
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return vars;
-  // A FIFO or device would block or never end (docs/robustness.md).
-  if (!std::filesystem::is_regular_file(path, ec))
-    throw InputError(fmt::format("{}: not a regular file", path.string()));
-  std::ifstream in(path);
-  if (!in) throw InputError(fmt::format("{}: cannot be read", path.string()));
+  // Absent: no variables; a FIFO or device would block or never end, so
+  // anything but a regular file is refused (docs/robustness.md).
+  if (!optional_file(path)) return vars;
   nlohmann::json cfg;
   try {
-    cfg = nlohmann::json::parse(in);
+    cfg = nlohmann::json::parse(read_json_text(path));
   } catch (const nlohmann::json::exception& e) {
     throw InputError(fmt::format("{}: invalid JSON: {}", (model_dir / "tokenizer_config.json").string(), e.what()));
   }
@@ -168,7 +165,8 @@ Registrar reg([](CLI::App& app) {
   sub->add_option("MODEL_DIR", a->model, "Checkpoint directory")->required();
   sub->add_option("--host", a->server.host, "Address to bind (default 127.0.0.1)");
   sub->add_option("--port", a->server.port, "Port (0: a free port, printed on start)");
-  sub->add_option("--api-key", a->server.api_key, "Require Authorization: Bearer KEY (not on /health, /metrics, /version)");
+  sub->add_option("--api-key", a->server.api_key, "Require Authorization: Bearer KEY (not on /health, /metrics, /version)")
+      ->check(non_empty("a key; an empty key would serve without authentication"));
   sub->add_option("--served-model-name", a->server.served_model_name, "Model name in the API (default: MODEL_DIR as given)");
   sub->add_option("--chat-template", a->chat_template, "Chat template file (Jinja)");
   sub->add_option("--max-waiting", a->server.max_waiting, "Queued requests beyond the running batch; more get 503");

@@ -73,6 +73,45 @@ CLI::Validator seed_rule() {
       "-1|UINT64");
 }
 
+CLI::Validator token_count_rule() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        if (s.empty()) return "empty value (give a token count such as 4096 or 32k)";
+        double mult = 1.0;
+        std::string num = s;
+        switch (s.back()) {
+          case 'k': mult = 1e3; break;
+          case 'm': mult = 1e6; break;
+          case 'g': mult = 1e9; break;
+          case 'K': mult = 1024.0; break;
+          case 'M': mult = 1024.0 * 1024.0; break;
+          case 'G': mult = 1024.0 * 1024.0 * 1024.0; break;
+          default: break;
+        }
+        if (mult == 1.0) return {};  // plain digits: the conversion and the range check name errors
+        num.pop_back();
+        double v = 0.0;
+        const auto [ptr, err] = std::from_chars(num.data(), num.data() + num.size(), v);
+        if (num.empty() || err != std::errc() || ptr != num.data() + num.size() || !std::isfinite(v))
+          return fmt::format("'{}' is not a token count (N, or N with k/m/g x1000 or K/M/G x1024)", s);
+        const double total = v * mult, whole = std::round(total);  // 25.6 * 1000 is 25600.000000000004
+        if (std::fabs(total - whole) > 1e-6 * std::max(1.0, whole) || whole < 1 || whole > 2147483647.0)
+          return fmt::format("'{}' = {:.6g} is not a whole number of tokens in [1, 2147483647]", s, total);
+        s = fmt::format("{:.0f}", whole);
+        return {};
+      },
+      "N|Nk|NK");
+}
+
+CLI::Validator non_empty(const std::string& what) {
+  return CLI::Validator(
+      [what](std::string& s) -> std::string {
+        if (!s.empty()) return {};
+        return fmt::format("empty value (give {}, or omit the flag)", what);
+      },
+      "");
+}
+
 uint64_t parse_size_flag(const std::string& flag, const std::string& value) {
   uint64_t v = 0;
   try {

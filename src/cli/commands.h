@@ -55,6 +55,16 @@ CLI::Validator in_range(double lo, double hi, bool open_lo = false, bool open_hi
 // (it rewrites -1). docs/design.md "Command line", "One rule per flag".
 CLI::Validator seed_rule();
 
+// A token count with vLLM's human-readable suffixes (--max-model-len):
+// k/m/g multiply by 1000, K/M/G by 1024 ("32k" = 32000, "32K" = 32768,
+// "25.6k" = 25600); the result must be a whole number of at most 2^31 - 1.
+// Rewrites the value to digits; use with ->transform().
+CLI::Validator token_count_rule();
+
+// A string option given as "" is refused, never read as "not given":
+// "--kv-memory: empty value (give WHAT, or omit the flag for the default)".
+CLI::Validator non_empty(const std::string& what);
+
 // A size flag (--kv-memory, --gpu-memory): parse_size's errors name the flag,
 // and 0 is refused ("--kv-memory must be > 0"). UsageError -> exit 2.
 uint64_t parse_size_flag(const std::string& flag, const std::string& value);

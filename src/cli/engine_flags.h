@@ -19,6 +19,7 @@
 #include <string>
 #include <thread>
 
+#include "backend/cpu/thread_pool.h"  // available_cpus
 #include "cli/commands.h"  // UsageError
 #include "engine/engine.h"
 #include "io/errors.h"
@@ -69,6 +70,7 @@ struct EngineFlags {
   int threads = 0;
   std::string load_format = "auto";
   std::string fp8_weight_mode = "w8a16";
+  std::string dtype = "auto";
   bool enforce_eager = false;
   bool enable_prefix_caching = true;
   std::string tokenizer;  // empty: the model directory
@@ -84,21 +86,29 @@ struct EngineFlags {
       sub->add_option("--kv-cache-dtype", kv_cache_dtype, kv_cache_dtype_help());
     // Omitted = the default; a given value must be valid (0 is not "default"):
     // docs/design.md "One rule per flag".
-    sub->add_option("--max-model-len", max_model_len, "Max tokens per sequence (default: the model's)")
+    sub->add_option("--max-model-len", max_model_len,
+                    "Max tokens per sequence: N, or vLLM's 32k (x1000) / 32K (x1024) (default: the model's)")
+        ->transform(token_count_rule())
         ->check(at_least(1));
     sub->add_option("--block-size", block_size, "Tokens per KV block (default 16)");
     sub->add_option("--kv-memory", kv_memory,
                     "KV cache budget: 512MiB, 80GB, bytes (default CPU: max-num-seqs full-length requests, capped at "
-                    "a quarter of RAM)");
+                    "a quarter of RAM)")
+        ->check(non_empty("a size such as 512MiB"));
     sub->add_option("--gpu-memory-utilization", gpu_memory_utilization,
                     "cuda only: fraction of GPU memory the engine may use; the KV cache gets what weights and "
-                    "activations leave (default 0.9)");
+                    "activations leave (default 0.9)")
+        ->check(in_range(0.0, 1.0, /*open_lo=*/true));  // omitted = default; 0 is refused
     sub->add_option("--max-num-seqs", max_num_seqs,
                     fmt::format("Sequences per step (default {})", shape.default_max_num_seqs));
     sub->add_option("--max-num-batched-tokens", max_num_batched_tokens,
                     "Tokens per step, also the longest prefill chunk (default 8192)");
     sub->add_option("--backend", backend, "auto (cuda when built with it and a GPU is present, else cpu), cpu, cuda");
-    sub->add_option("--threads", threads, "CPU threads (default 0: all)");
+    sub->add_option("--threads", threads,
+                    "CPU threads (default 0: the CPUs this process may run on, its affinity mask and cgroup quota)");
+    sub->add_option("--dtype", dtype,
+                    "Weight/activation dtype, as vLLM's: auto (the checkpoint's) or bfloat16 (bf16); fp8kv computes "
+                    "in the checkpoint's dtype (default auto)");
     sub->add_option("--load-format", load_format, "auto (the checkpoint) or dummy (random weights from config.json)");
     sub->add_option("--fp8-weight-mode", fp8_weight_mode,
                     "FP8-weight checkpoints: w8a16 (weights dequantized in the GEMM, the default) or w8a8 "
@@ -149,6 +159,9 @@ struct EngineFlags {
     if (!kv_memory.empty()) {
       o.kv_memory_bytes = parse_size_flag("--kv-memory", kv_memory);
     }
+    if (dtype != "auto" && dtype != "bfloat16" && dtype != "bf16")
+      throw UsageError(fmt::format("--dtype '{}': fp8kv runs the checkpoint's dtype; accepted: auto, bfloat16 (bf16)",
+                                   dtype));
     if (gpu_memory_utilization != 0.0) {
       if (!(gpu_memory_utilization > 0.0 && gpu_memory_utilization <= 1.0))
         throw UsageError(fmt::format("--gpu-memory-utilization must be in (0, 1] (got {})", gpu_memory_utilization));
@@ -161,9 +174,12 @@ struct EngineFlags {
     o.max_num_batched_tokens = max_num_batched_tokens;
     o.backend = backend;
     o.num_threads = threads;
-    const int hw = static_cast<int>(std::thread::hardware_concurrency());
-    if (hw > 0 && threads > hw) {
-      std::fprintf(stderr, "warning: --threads %d exceeds the %d hardware threads; using %d\n", threads, hw, hw);
+    // The CPUs this process may run on (affinity mask, cgroup quota): more
+    // threads than that only oversubscribe (backend/cpu/thread_pool.h).
+    const int hw = available_cpus();
+    if (threads > hw) {
+      std::fprintf(stderr, "warning: --threads %d exceeds the %d CPUs this process may run on; using %d\n", threads,
+                   hw, hw);
       o.num_threads = hw;
     }
     o.load_format = load_format;

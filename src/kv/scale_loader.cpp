@@ -265,7 +265,7 @@ KvScales load_kv_scales_for_run(const Checkpoint& ckpt, const KvScaleShape& shap
 namespace {
 nlohmann::json read_json_file(const std::filesystem::path& p) {
   try {
-    return nlohmann::json::parse(read_file(p));
+    return nlohmann::json::parse(read_json_text(p));
   } catch (const nlohmann::json::exception& e) {
     throw InputError(fmt::format("{}: invalid JSON: {}", p.string(), e.what()));
   }

@@ -238,6 +238,14 @@ void parse_text_config(const Reader& r, ModelConfig& c) {
   c.hidden_size = r.positive("hidden_size", d.hidden_size);
   c.intermediate_size = r.positive("intermediate_size", d.intermediate_size);
   c.num_layers = r.positive("num_hidden_layers", d.num_layers);
+  // Per-layer tables (layer types, KV scales, pages per layer) are sized by
+  // this count before any weight is read: refuse an absurd count here, not
+  // by running out of memory (docs/robustness.md "Sizes").
+  constexpr int kMaxNumLayers = 1 << 16;
+  if (c.num_layers > kMaxNumLayers)
+    r.fail("num_hidden_layers", fmt::format("{} is above fp8kv's limit of {} (2^16) layers (the deepest released "
+                                            "models have about 200; per-layer tables are sized by this count)",
+                                            c.num_layers, kMaxNumLayers));
   c.num_heads = r.positive("num_attention_heads", d.num_heads);
   c.num_kv_heads = r.positive("num_key_value_heads", d.num_kv_heads.value_or(c.num_heads));
   if (c.num_heads % c.num_kv_heads != 0)
@@ -474,20 +482,23 @@ ModelConfig load_model_config(const std::filesystem::path& dir_or_file) {
   std::error_code ec;
   const bool is_dir = fs::is_directory(dir_or_file, ec);
   const fs::path file = is_dir ? dir_or_file / "config.json" : dir_or_file;
-  if (!fs::exists(file, ec)) throw InputError(fmt::format("{}: not found (expected a HF config.json)", file.string()));
+  // Missing or a broken link: say which (a FIFO or a device is refused by read_file).
+  if (const std::string kind = path_kind(file); kind == "missing" || kind.find("symlink") != std::string::npos)
+    throw InputError(fmt::format("{}: {} (expected a model directory or a HF config.json)", file.string(),
+                                 kind == "missing" ? "not found" : "is " + kind));
   json j;
   try {
-    j = json::parse(read_file(file));
+    j = json::parse(read_json_text(file));
   } catch (const json::exception& e) {
     throw InputError(fmt::format("{}: invalid JSON: {}", file.string(), e.what()));
   }
   ModelConfig c = parse_model_config(j, file.string());
   c.weight_quant = load_weight_quant_config(file.parent_path(), j, file.string());  // + hf_quant_config.json
   const fs::path gen = file.parent_path() / "generation_config.json";
-  if (fs::is_regular_file(gen, ec)) {
+  if (optional_file(gen)) {  // present but a FIFO or a directory: refused, not skipped
     json g;
     try {
-      g = json::parse(read_file(gen));
+      g = json::parse(read_json_text(gen));
     } catch (const json::exception& e) {
       throw InputError(fmt::format("{}: invalid JSON: {}", gen.string(), e.what()));
     }

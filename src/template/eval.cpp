@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "io/json_limits.h"
 #include "template/ast.h"
 #include "template/text.h"
 
@@ -34,7 +35,26 @@ const std::set<std::string> kMethods = {
     // dict
     "items", "keys", "values", "get"};
 
-constexpr size_t kMaxOutput = size_t{256} << 20;  // a runaway template fails, not the process
+// The rendered text is at most 1 MiB plus twice the bytes of the strings
+// passed in (messages, tools, ...): a template copies its inputs and adds
+// markup, so a runaway template (`{{ 'y' * 100000 }}` in a loop) fails
+// within milliseconds instead of growing without bound (docs/chat_templates.md).
+constexpr size_t kMaxOutputBase = size_t{1} << 20;
+
+// Bytes of the strings (keys included) in `j`; refuses nesting deeper than
+// kMaxJsonDepth before Value::from_json walks it recursively.
+size_t input_bytes(const nlohmann::ordered_json& j, const std::string& origin, int depth = 0) {
+  if (depth > kMaxJsonDepth)
+    throw TemplateError(TemplateError::Kind::Render,
+                        fmt::format("{}: template variables nested deeper than {} levels", origin, kMaxJsonDepth), 0, 0);
+  if (j.is_string()) return j.get_ref<const std::string&>().size();
+  size_t n = 0;
+  if (j.is_array())
+    for (const auto& e : j) n += input_bytes(e, origin, depth + 1);
+  if (j.is_object())
+    for (const auto& [k, e] : j.items()) n += k.size() + input_bytes(e, origin, depth + 1);
+  return n;
+}
 constexpr int64_t kMaxRange = 1 << 20;
 // All for loops of one render together; nested loops over ranges multiply
 // (fuzz_template found 889^k iterations that ran for minutes). 2^18 is two
@@ -56,7 +76,8 @@ struct Args {
 
 class Evaluator {
  public:
-  Evaluator(const std::string& origin, ValueMap globals) : origin_(origin) {
+  Evaluator(const std::string& origin, ValueMap globals, size_t max_output)
+      : origin_(origin), max_output_(max_output) {
     scopes_.emplace_back();
     for (auto& [k, v] : globals.items) scopes_.back()[k] = std::move(v);
   }
@@ -68,6 +89,7 @@ class Evaluator {
 
  private:
   const std::string& origin_;
+  const size_t max_output_;  // kMaxOutputBase + 2 x the input's string bytes
   std::vector<std::unordered_map<std::string, Value>> scopes_;
   std::string out_;
   int64_t loop_iterations_ = 0;  // against kMaxLoopIterations
@@ -77,6 +99,21 @@ class Evaluator {
                         col);
   }
   [[noreturn]] void fail(const Expr& e, const std::string& msg) const { fail(e.line, e.col, msg); }
+
+  // Every string the template builds is bounded like its output, checked
+  // before the bytes are allocated.
+  void check_size(const Expr& e, double n) const {
+    if (n > static_cast<double>(max_output_))
+      fail(e, fmt::format("a string of {:.0f} bytes exceeds the render limit of {} bytes", n, max_output_));
+  }
+  std::string replace_checked(const Expr& e, const std::string& s, const std::string& from, const std::string& to,
+                              int64_t count) const {
+    int64_t k = py_count(s, from);
+    if (count >= 0) k = std::min(k, count);
+    check_size(e, static_cast<double>(s.size()) + static_cast<double>(k) * (static_cast<double>(to.size()) -
+                                                                            static_cast<double>(from.size())));
+    return py_replace(s, from, to, count);
+  }
   // A run of decimal digits from a format string (a width, a precision or a
   // positional index) as a number no larger than kFormatNumberLimit; larger is
   // a render error, not std::stoul's out_of_range or a giant allocation.
@@ -105,7 +142,10 @@ class Evaluator {
   }
 
   void emit(const std::string& s, const Node& n) {
-    if (out_.size() + s.size() > kMaxOutput) fail(n.line, n.col, "output exceeds 256 MiB");
+    if (out_.size() + s.size() > max_output_)
+      fail(n.line, n.col,
+           fmt::format("output exceeds {} bytes (1 MiB + twice the {} bytes of its inputs)", max_output_,
+                       (max_output_ - kMaxOutputBase) / 2));
     out_ += s;
   }
 
@@ -395,7 +435,11 @@ class Evaluator {
     const std::string& op = e.name;
     if (!ea) ea = e.a.get();
     if (!eb) eb = e.b.get();
-    if (op == "~") return Value::string(a.to_str() + b.to_str());
+    if (op == "~") {
+      std::string l = a.to_str(), r = b.to_str();
+      check_size(e, static_cast<double>(l.size()) + static_cast<double>(r.size()));
+      return Value::string(l + r);
+    }
     if (op == "==") return Value::boolean(values_equal(a, b));
     if (op == "!=") return Value::boolean(!values_equal(a, b));
     if (op == "in" || op == "not in") {
@@ -418,7 +462,10 @@ class Evaluator {
     }
     if (op == "%" && a.is_string()) return Value::string(percent_format(e, a.str(), b));
     if (op == "+") {
-      if (a.is_string() && b.is_string()) return Value::string(a.str() + b.str());
+      if (a.is_string() && b.is_string()) {
+        check_size(e, static_cast<double>(a.str().size()) + static_cast<double>(b.str().size()));
+        return Value::string(a.str() + b.str());
+      }
       if (a.is_list() && b.is_list()) {
         ValueList l = *a.list;
         l.insert(l.end(), b.list->begin(), b.list->end());
@@ -428,7 +475,7 @@ class Evaluator {
     if (op == "*" && ((a.is_string() || a.is_list()) && is_intlike(b))) {
       int64_t n = std::max<int64_t>(0, as_int(b));
       if (a.is_string()) {
-        if (a.str().size() * static_cast<size_t>(n) > kMaxOutput) fail(e, "repeated string too long");
+        if (a.str().size() * static_cast<size_t>(n) > max_output_) fail(e, "repeated string too long");
         std::string s;
         for (int64_t k = 0; k < n; ++k) s += a.str();
         return Value::string(std::move(s));
@@ -727,7 +774,7 @@ class Evaluator {
       std::string from = str_arg(e, *this, args.get(0, "old"), "replace");
       std::string to = str_arg(e, *this, args.get(1, "new"), "replace");
       const Value* c = args.get(2, "count");
-      return Value::string(py_replace(s, from, to, c && is_intlike(*c) ? as_int(*c) : -1));
+      return Value::string(replace_checked(e, s, from, to, c && is_intlike(*c) ? as_int(*c) : -1));
     }
     if (n == "find" || n == "rfind" || n == "count") {
       std::string sub = str_arg(e, *this, args.get(0, "sub"), n.c_str());
@@ -746,6 +793,7 @@ class Evaluator {
         if (!first) r += s;
         first = false;
         r += v.str();
+        check_size(e, static_cast<double>(r.size()));
       }
       return Value::string(std::move(r));
     }
@@ -1044,6 +1092,7 @@ class Evaluator {
         if (!first) r += sep;
         first = false;
         r += (attr && !attr->is_none() ? attr_path(e, x, attr->to_str()) : x).to_str();
+        check_size(e, static_cast<double>(r.size()));
       }
       return Value::string(std::move(r));
     }
@@ -1053,13 +1102,18 @@ class Evaluator {
       const Value* b = args.get(1, "new");
       const Value* c = args.get(2, "count");
       if (!a || !b) fail(e, "replace needs old and new");
-      return Value::string(py_replace(v.to_str(), a->to_str(), b->to_str(), c && is_intlike(*c) ? as_int(*c) : -1));
+      return Value::string(
+          replace_checked(e, v.to_str(), a->to_str(), b->to_str(), c && is_intlike(*c) ? as_int(*c) : -1));
     }
     if (n == "indent") {
       const Value* w = args.get(0, "width");
       const Value* first = args.get(1, "first");
       const Value* blank = args.get(2, "blank");
+      if (w && !w->is_string()) check_size(e, static_cast<double>(as_int(*w)));
       std::string pad = w ? (w->is_string() ? w->str() : std::string(static_cast<size_t>(std::max<int64_t>(0, as_int(*w))), ' ')) : "    ";
+      const std::string text = v.to_str();
+      check_size(e, static_cast<double>(text.size()) +
+                        static_cast<double>(std::count(text.begin(), text.end(), '\n') + 1) * static_cast<double>(pad.size()));
       return Value::string(jinja_indent(v.to_str(), pad, first && first->truthy(), blank && blank->truthy()));
     }
     if (n == "selectattr" || n == "rejectattr" || n == "select" || n == "reject") {
@@ -1201,9 +1255,10 @@ ChatTemplate ChatTemplate::load(std::string_view source, std::string origin) {
 std::string ChatTemplate::render_vars(const nlohmann::ordered_json& vars) const {
   if (!vars.is_object())
     throw TemplateError(TemplateError::Kind::Render, origin_ + ": template variables must be a JSON object", 0, 0);
+  const size_t in_bytes = input_bytes(vars, origin_);
   ValueMap globals;
   for (const auto& [k, v] : vars.items()) globals.set(k, Value::from_json(v));
-  Evaluator ev(program_->origin, std::move(globals));
+  Evaluator ev(program_->origin, std::move(globals), kMaxOutputBase + 2 * in_bytes);
   return ev.run(program_->body);
 }
 

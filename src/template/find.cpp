@@ -1,40 +1,30 @@
 // Locating a model's chat template (docs/chat_templates.md).
-#include <fstream>
-#include <sstream>
-
 #include <fmt/format.h>
 
+#include "io/fs_util.h"
 #include "template/chat_template.h"
 
 namespace fp8kv::tmpl {
-namespace {
-
-std::string read_file(const std::filesystem::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) throw InputError(fmt::format("{}: cannot open chat template file", p.string()));
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) throw InputError(fmt::format("{}: read error", p.string()));
-  return ss.str();
-}
-
-}  // namespace
 
 std::optional<ChatTemplateSource> find_chat_template(const std::filesystem::path& model_dir,
                                                      const std::filesystem::path& override_file) {
   namespace fs = std::filesystem;
   if (!override_file.empty()) {
-    if (!fs::is_regular_file(override_file))
-      throw InputError(fmt::format("--chat-template {}: no such file", override_file.string()));
+    const std::string kind = path_kind(override_file);
+    if (kind != "a regular file")
+      throw InputError(fmt::format("--chat-template {}: {}, expected a file", override_file.string(),
+                                   kind == "missing" ? "no such file" : "is " + kind));
     return ChatTemplateSource{read_file(override_file), override_file.string()};
   }
+  // Optional files: absent is fine, present but not a file (a FIFO, a
+  // directory) is refused, never skipped.
   fs::path jinja = model_dir / "chat_template.jinja";
-  if (fs::is_regular_file(jinja)) return ChatTemplateSource{read_file(jinja), jinja.string()};
+  if (optional_file(jinja)) return ChatTemplateSource{read_file(jinja), jinja.string()};
   fs::path cfg = model_dir / "tokenizer_config.json";
-  if (!fs::is_regular_file(cfg)) return std::nullopt;
+  if (!optional_file(cfg)) return std::nullopt;
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(read_file(cfg));
+    j = nlohmann::json::parse(read_json_text(cfg));
   } catch (const nlohmann::json::exception& e) {
     throw InputError(fmt::format("{}: invalid JSON: {}", cfg.string(), e.what()));
   }

@@ -11,6 +11,8 @@
 #include <sstream>
 
 #include "io/errors.h"
+#include "io/fs_util.h"
+#include "io/json_limits.h"
 #include "tokenizer/hf_tokenizer.h"
 #include "tokenizer/utf8.h"
 
@@ -376,9 +378,8 @@ std::optional<int> HfTokenizer::bos_id() const { return bos_id_; }
 namespace {
 std::string slurp(const std::filesystem::path& p) {
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(p, ec))
-    throw InputError(fmt::format("{}: {}", p.string(),
-                                 std::filesystem::exists(p, ec) ? "not a regular file" : "no such file"));
+  if (const std::string kind = path_kind(p); kind != "a regular file")
+    throw InputError(fmt::format("{}: {}", p.string(), kind == "missing" ? "no such file" : "is " + kind + ", expected a file"));
   std::ifstream f(p, std::ios::binary);
   if (!f) throw InputError(fmt::format("{}: cannot open", p.string()));
   auto size = std::filesystem::file_size(p, ec);
@@ -397,6 +398,7 @@ std::string slurp(const std::filesystem::path& p) {
 
 json read_json(const std::filesystem::path& p) {
   std::string data = slurp(p);
+  check_json_depth(data, p.string());
   try {
     return json::parse(data);
   } catch (const json::exception& e) {
@@ -582,6 +584,7 @@ ParsedTokenizerJson parse_tokenizer_json(const std::filesystem::path& p) {
   out.source = p.string();
   VocabData v;
   std::string mctx = out.source + ": model";
+  check_json_depth(data, out.source);  // the stages are built recursively (Sequence)
   try {
     TokenizerSax sax(out.rest, v, mctx);
     json::sax_parse(data, &sax);
@@ -682,16 +685,22 @@ std::unique_ptr<Tokenizer> Tokenizer::from_dir(const std::filesystem::path& dir)
                                  dir.string()));
   tok::ParsedTokenizerJson t = tok::parse_tokenizer_json(tj);
   auto cfg_path = dir / "tokenizer_config.json";
-  if (!std::filesystem::exists(cfg_path, ec)) return tok::make_tokenizer(t);
+  if (!optional_file(cfg_path)) return tok::make_tokenizer(t);  // a FIFO or directory there: refused
   tok::DirConfig d = tok::read_dir_config(tok::read_json(cfg_path), t, cfg_path.string());
   return tok::make_tokenizer(t, &d);
 }
 
 std::unique_ptr<Tokenizer> Tokenizer::load(const std::filesystem::path& dir_or_file) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(dir_or_file, ec)) return from_dir(dir_or_file);
-  if (!std::filesystem::exists(dir_or_file, ec))
-    throw InputError(fmt::format("{}: no such file or directory", dir_or_file.string()));
+  if (dir_or_file.empty())
+    throw InputError("the tokenizer path is empty (expected a model directory or a tokenizer.json)");
+  const std::string kind = path_kind(dir_or_file);
+  if (kind == "a directory") return from_dir(dir_or_file);
+  if (kind == "missing") throw InputError(fmt::format("{}: no such file or directory", dir_or_file.string()));
+  if (kind != "a regular file")
+    throw InputError(fmt::format("{}: is {}, expected a model directory or a tokenizer.json", dir_or_file.string(), kind));
+  if (dir_or_file.filename() == "config.json")
+    throw InputError(fmt::format("{}: is a model's config.json, not a tokenizer: give the model directory {}",
+                                 dir_or_file.string(), dir_or_file.parent_path().empty() ? std::string(".") : dir_or_file.parent_path().string()));
   return from_file(dir_or_file);
 }
 

@@ -22,7 +22,7 @@ engine_line() {  # engine_line FILE -> the engine's logged line
 checked=0
 for mem in 1000000 6144000 614400 6143999; do
   want=$(capacity_line "$mem" bf16)
-  "$BIN" calibrate "$T/m" --corpus-ids-file "$T/ids.json" --output "$T/r.json" --kv-memory "$mem" \
+  "$BIN" calibrate "$T/m" --corpus-ids-file "$T/ids.json" --min-tokens 10 --output "$T/r.json" --kv-memory "$mem" \
     > /dev/null 2> "$T/eng.err" || fail "calibrate --kv-memory $mem: $(cat "$T/eng.err")"
   got=$(engine_line "$T/eng.err")
   [ -n "$got" ] || fail "engine logged no KV cache line: $(cat "$T/eng.err")"
@@ -80,7 +80,7 @@ assert p["tokens"] == 244 * 128 // 26
 PY
 for mem in 1000000 106496; do
   want=$("$BIN" capacity "$T/g" --kv-memory "$mem" --json 2>/dev/null | python3 -c "import json, sys; print(json.load(sys.stdin)['log_line'])")
-  "$BIN" calibrate "$T/g" --corpus-ids-file "$T/ids.json" --output "$T/gr.json" --kv-memory "$mem" \
+  "$BIN" calibrate "$T/g" --corpus-ids-file "$T/ids.json" --min-tokens 10 --output "$T/gr.json" --kv-memory "$mem" \
     > /dev/null 2> "$T/eng.err" || fail "calibrate gemma3 --kv-memory $mem: $(cat "$T/eng.err")"
   got=$(engine_line "$T/eng.err")
   [ "$got" = "$want" ] || fail "gemma3 kv-memory $mem: engine '$got' != capacity '$want'"

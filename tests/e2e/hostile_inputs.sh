@@ -58,16 +58,16 @@ cmp -s "$T/out" "$T/rand.out" || fail "seed -1: re-running with the logged seed 
 echo "ok   --seed -1 is random, logged and repeatable"
 
 # --- input files that are not regular files ------------------------------------
-t "--text-file FIFO (no hang)" "--text-file $T/fifo: is not a regular file (a FIFO)" "$BIN" tokenize "$M" --text-file "$T/fifo"
-t "--text-file /dev/zero" "--text-file /dev/zero: is not a regular file (a character device)" "$BIN" tokenize "$M" --text-file /dev/zero
-t "--corpus /dev/null" "--corpus /dev/null: is not a regular file" "$BIN" calibrate "$M" --corpus /dev/null --output "$T/r.json"
+t "--text-file FIFO (no hang)" "--text-file $T/fifo: is a FIFO, expected a file" "$BIN" tokenize "$M" --text-file "$T/fifo"
+t "--text-file /dev/zero" "--text-file /dev/zero: is a character device, expected a file" "$BIN" tokenize "$M" --text-file /dev/zero
+t "--corpus /dev/null" "--corpus /dev/null: is a character device" "$BIN" calibrate "$M" --corpus /dev/null --output "$T/r.json"
 cp -r "$M" "$T/mf"; rm "$T/mf/model.safetensors"; mkfifo "$T/mf/model.safetensors"
 t "model.safetensors is a FIFO (no hang)" "$T/mf/model.safetensors: not a regular file" "$BIN" inspect "$T/mf"
 cp -r "$M" "$T/mc"; rm "$T/mc/config.json"; mkfifo "$T/mc/config.json"
 t "config.json is a FIFO (no hang)" "$T/mc/config.json: is not a regular file (a FIFO)" "$BIN" capacity "$T/mc" --kv-memory 1GiB
 cp -r "$M" "$T/mt"; rm "$T/mt/tokenizer_config.json"; mkfifo "$T/mt/tokenizer_config.json"
-t "tokenizer_config.json is a FIFO (no hang)" "$T/mt/tokenizer_config.json: not a regular file" "$BIN" tokenize "$T/mt" --text x
-t "serve: tokenizer_config.json is a FIFO (no hang)" "$T/mt/tokenizer_config.json: not a regular file" "$BIN" serve "$T/mt" --port 0
+t "tokenizer_config.json is a FIFO (no hang)" "$T/mt/tokenizer_config.json: is a FIFO, expected a file" "$BIN" tokenize "$T/mt" --text x
+t "serve: tokenizer_config.json is a FIFO (no hang)" "$T/mt/tokenizer_config.json: is a FIFO, expected a file" "$BIN" serve "$T/mt" --port 0
 cp -r "$M" "$T/md"; rm "$T/md/model.safetensors"; mkdir "$T/md/model.safetensors"
 t "model.safetensors is a directory" "$T/md/model.safetensors: not a regular file" "$BIN" inspect "$T/md"
 t "checkpoint dir is a file" "$T/good.txt: not a directory" "$BIN" inspect "$T/good.txt"
@@ -119,6 +119,130 @@ t "added_tokens id 2^40 states the bound (issue 15 item 14)" \
 t "detokenize unknown id" "--ids: id 99999999 is not in the vocabulary of $M" "$BIN" detokenize "$M" --ids 99999999
 echo '[1e400]' > "$T/ids.json"
 t "token ids 1e400" "$T/ids.json: not valid JSON" "$BIN" score "$M" --token-ids-file "$T/ids.json" --output "$T/s.json"
+
+# --- issue 37 B: recursion depth (JSON files nested beyond any real file) ---------
+deep() {  # deep N: a JSON normalizer Sequence nested N deep
+  python3 -c "
+n = $1
+print('{\"type\": \"Sequence\", \"normalizers\": [' * n + '{\"type\": \"NFC\"}' + ']}' * n)"
+}
+for n in 101 100000; do
+  cp -r "$M" "$T/deep"
+  deep $n > "$T/deep.txt"
+  python3 - "$M/tokenizer.json" "$T/deep/tokenizer.json" "$T/deep.txt" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+j["normalizer"] = None
+s = json.dumps(j).replace('"normalizer": null', '"normalizer": ' + open(sys.argv[3]).read().strip(), 1)
+open(sys.argv[2], "w").write(s)
+PY
+  t "tokenizer.json normalizer Sequence $n deep" "$T/deep/tokenizer.json: JSON nested deeper than 100 levels" \
+    "$BIN" tokenize "$T/deep" --text hi
+  rm -rf "$T/deep"
+done
+# Depth 99 still loads (a Sequence of Sequences is valid, only absurd depth is refused).
+cp -r "$M" "$T/deep"
+deep 48 > "$T/deep.txt"
+python3 - "$M/tokenizer.json" "$T/deep/tokenizer.json" "$T/deep.txt" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1])); j["normalizer"] = None
+open(sys.argv[2], "w").write(json.dumps(j).replace('"normalizer": null', '"normalizer": ' + open(sys.argv[3]).read().strip(), 1))
+PY
+expect_rc 0 "$BIN" tokenize "$T/deep" --text hi; rm -rf "$T/deep"; echo "ok   tokenizer.json Sequence 48 deep loads"
+deep_json() { python3 -c "print('{\"a\": ' * $1 + '1' + '}' * $1)"; }
+mkdir -p "$T/dc"; python3 - "$M/config.json" "$T/dc/config.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1])); j["x"] = None
+open(sys.argv[2], "w").write(json.dumps(j).replace('"x": null', '"x": ' + '[' * 100000 + ']' * 100000))
+PY
+t "config.json nested 100000 deep" "$T/dc/config.json: JSON nested deeper than 100 levels" "$BIN" capacity "$T/dc" --kv-memory 1GiB
+cp -r "$M" "$T/dg"; deep_json 100000 > "$T/dg/generation_config.json"
+t "generation_config.json nested 100000 deep" "generation_config.json: JSON nested deeper than 100 levels" \
+  "$BIN" generate "$T/dg" --prompt hi --max-tokens 2
+cp -r "$M" "$T/dt"; deep_json 100000 > "$T/dt/tokenizer_config.json"
+t "tokenizer_config.json nested 100000 deep" "tokenizer_config.json: JSON nested deeper than 100 levels" "$BIN" tokenize "$T/dt" --text hi
+python3 -c "print('[' * 100000 + ']' * 100000)" > "$T/deep_ids.json"
+t "--token-ids-file nested 100000 deep" "--token-ids-file $T/deep_ids.json: JSON nested deeper than 100 levels" \
+  "$BIN" score "$M" --token-ids-file "$T/deep_ids.json" --output "$T/s.json"
+t "--corpus-ids-file nested 100000 deep" "--corpus-ids-file $T/deep_ids.json: JSON nested deeper than 100 levels" \
+  "$BIN" calibrate "$M" --corpus-ids-file "$T/deep_ids.json" --output "$T/r.json"
+t "--report nested 100000 deep" "--report $T/deep_ids.json: JSON nested deeper than 100 levels" \
+  "$BIN" inject "$M" --report "$T/deep_ids.json" --output "$T/inj_deep"
+# Brackets inside strings do not count.
+python3 -c "import json; print(json.dumps({'ids': [1, 2], }).replace('}', ', \"note\": \"' + '[' * 500 + '\"}'))" > "$T/str_ids.json"
+t "brackets in a string are not nesting" 'or {"ids": [...]}' "$BIN" score "$M" --token-ids-file "$T/str_ids.json" --output "$T/s.json"
+
+# --- issue 37 B: absurd sizes refused by arithmetic, at once -------------------------
+# (ulimit -v: a run that allocated before refusing would be killed, not pass.)
+LIM=(bash -c 'ulimit -v 4000000; exec "$@"' _)
+mkdir -p "$T/cl"; edit_json "$M/config.json" "$T/cl/config.json" 'j["num_hidden_layers"] = 2147483647'
+t "capacity num_hidden_layers 2^31-1" "num_hidden_layers" "${LIM[@]}" "$BIN" capacity "$T/cl" --kv-memory 1GiB
+cp -r "$M" "$T/mp"; edit_json "$M/config.json" "$T/mp/config.json" 'j["max_position_embeddings"] = 2147483647'
+# Left (docs/robustness.md "Not done"): max_position_embeddings 2^31-1 is
+# still refused by the out-of-memory path, not by arithmetic up front.
+t "generate max_position_embeddings 2^31-1 (exit 2)" "out of memory" "${LIM[@]}" "$BIN" generate "$T/mp" --prompt hi --max-tokens 2
+t "bench throughput --num-prompts 2^31-1" "--num-prompts 2147483647" "${LIM[@]}" "$BIN" bench throughput "$M" --num-prompts 2147483647 --input-len 8 --output-len 4
+
+# --- issue 37 B: optional files that are not files are refused, not skipped ----------
+for f in generation_config.json chat_template.jinja; do
+  cp -r "$M" "$T/of"; rm -f "$T/of/$f"; mkfifo "$T/of/$f"
+  case $f in
+    chat_template.jinja) t "$f is a FIFO (serve)" "$T/of/$f: is a FIFO, expected a file" "$BIN" serve "$T/of" --port 0 ;;
+    *) t "$f is a FIFO" "$T/of/$f: is a FIFO, expected a file" "$BIN" generate "$T/of" --prompt hi --max-tokens 2 ;;
+  esac
+  rm -rf "$T/of"; cp -r "$M" "$T/of"; rm -f "$T/of/$f"; mkdir "$T/of/$f"
+  case $f in
+    chat_template.jinja) t "$f is a directory (serve)" "$T/of/$f: is a directory, expected a file" "$BIN" serve "$T/of" --port 0 ;;
+    *) t "$f is a directory" "$T/of/$f: is a directory, expected a file" "$BIN" generate "$T/of" --prompt hi --max-tokens 2 ;;
+  esac
+  rm -rf "$T/of"
+done
+
+# --- issue 37 B: empty and zero values that used to mean "default" --------------------
+t "calibrate --max-corpus-tokens 0" "--max-corpus-tokens: must be >= 1 (got 0)" \
+  "$BIN" calibrate "$M" --corpus "$T/good.txt" --output "$T/r.json" --max-corpus-tokens 0
+t "generate --gpu-memory-utilization 0" "--gpu-memory-utilization: must be in (0, 1], got 0" \
+  "$BIN" generate "$M" --prompt hi --gpu-memory-utilization 0
+t "generate --kv-memory ''" "--kv-memory: empty value (give a size such as 512MiB, or omit the flag)" "$BIN" generate "$M" --prompt hi --kv-memory ""
+t "serve --api-key ''" "--api-key: empty value" "$BIN" serve "$M" --api-key "" --port 0
+
+# --- issue 37 B: messages that name the path kind and the flag ------------------------
+t 'tokenize ""' "the tokenizer path is empty" "$BIN" tokenize "" --text hi
+ln -s "$T/loop" "$T/loop"
+t "model path is a symlink loop" "$T/loop: is a symlink loop" "$BIN" tokenize "$T/loop" --text hi
+t "--text-file is a symlink loop" "--text-file $T/loop: is a symlink loop" "$BIN" tokenize "$M" --text-file "$T/loop"
+t "capacity on a symlink loop" "$T/loop: is a symlink loop" "$BIN" capacity "$T/loop" --kv-memory 1GiB
+t "--text-file is a directory" "--text-file $T: is a directory" "$BIN" tokenize "$M" --text-file "$T"
+t "model path is a FIFO" "$T/fifo: is a FIFO" "$BIN" tokenize "$T/fifo" --text hi
+t "generate DIR/config.json" "is a model's config.json, not a tokenizer: give the model directory $M" \
+  "$BIN" generate "$M/config.json" --prompt hi
+t "--max-tokens abc" "error: --max-tokens: 'abc' is not an integer (expected an integer in [-2147483648, 2147483647]; this option: >=1)" \
+  "$BIN" generate "$M" --prompt hi --max-tokens abc
+t "--max-tokens 99999999999" "error: --max-tokens: 99999999999 is out of range (expected an integer in [-2147483648, 2147483647]" \
+  "$BIN" generate "$M" --prompt hi --max-tokens 99999999999
+t "--top-p abc" "error: --top-p: 'abc' is not a number" "$BIN" generate "$M" --prompt hi --top-p abc
+
+# --- issue 37 A7: vLLM's spellings ------------------------------------------------------
+expect_rc 0 "$BIN" capacity "$M" --kv-memory 1GiB --max-model-len 100 --json; base=$(cat "$T/out")
+for v in 0.1k; do expect_rc 0 "$BIN" capacity "$M" --kv-memory 1GiB --max-model-len "$v" --json; done
+[ "$(cat "$T/out")" = "$base" ] || fail "--max-model-len 0.1k differs from 100"
+t "--max-model-len 32k above the model" "32000" "$BIN" generate "$M" --prompt hi --max-model-len 32k
+t "--max-model-len 1.5" "--max-model-len" "$BIN" generate "$M" --prompt hi --max-model-len 1.5
+t "--max-model-len 0.0001k" "is not a whole number of tokens" "$BIN" generate "$M" --prompt hi --max-model-len 0.0001k
+t "--max-model-len 3G" "is not a whole number of tokens in [1, 2147483647]" "$BIN" generate "$M" --prompt hi --max-model-len 3G
+expect_rc 0 "$BIN" generate "$M" --prompt hi --max-tokens 2 -tp 2 --threads 1
+expect_rc 0 "$BIN" generate "$M" --prompt hi --max-tokens 2 --dtype auto
+expect_rc 0 "$BIN" generate "$M" --prompt hi --max-tokens 2 --dtype bfloat16
+t "--dtype float16" "--dtype 'float16': fp8kv runs the checkpoint's dtype; accepted: auto, bfloat16" \
+  "$BIN" generate "$M" --prompt hi --dtype float16
+echo "ok   --max-model-len 0.1k, -tp 2, --dtype auto|bfloat16"
+
+# --- issue 37 A5: --help shows every option's default ----------------------------------
+"$BIN" generate --help > "$T/help" 2>&1
+for o in "--max-tokens INT:>=1=128" "--block-size INT=16" "--threads INT=0" "--kv-cache-dtype TEXT=auto"; do
+  grep -qF -- "$o" "$T/help" || fail "generate --help lacks '$o': $(grep -- "${o%% *}" "$T/help")"
+done
+echo "ok   --help shows defaults"
 
 # --- server flags -------------------------------------------------------------------
 t "serve --host empty" "--host must not be empty" "$BIN" serve "$M" --host "" --port 0

@@ -5,7 +5,11 @@ python3 "$SRC/tests/e2e/tiny_model.py" "$T/m" || fail "could not make the tiny m
 
 echo '[[257, 72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100, 33, 32, 72, 101, 108, 108, 111], [257, 65, 66]]' > "$T/ids.json"
 expect_rc 0 "$BIN" score "$T/m" --token-ids-file "$T/ids.json" --output "$T/bf16.json" --block-size 4
-[ -s "$T/out" ] && fail "score wrote to stdout"
+# stdout: one line, llama-perplexity's final estimate; stderr: one progress bar.
+grep -qE '^PPL = [0-9]+\.[0-9]{4} ± [0-9]+\.[0-9]{4} \(20 positions, 2 sequences\)$' "$T/out" && [ "$(wc -l < "$T/out")" = 1 ] \
+  || fail "stdout is not one PPL line: $(cat "$T/out")"
+grep -q "^score \[#*\] 22/22 tokens" "$T/err" || fail "no final progress line: $(cat "$T/err")"
+grep -q "scored sequence" "$T/err" && fail "one line per sequence on stderr"
 grep -q "KV cache: .* tokens (.* blocks of 4), max concurrency .* at max_model_len 128, dtype bf16" "$T/err" \
   || fail "missing KV cache log line on stderr"
 python3 - "$T/bf16.json" "$T/m" <<'PY' || fail "bad score JSON"
@@ -22,6 +26,18 @@ for q in s:
     assert q["logprobs"][0] is None and q["top1_ids"][0] is None
     assert all(isinstance(x, float) and x <= 0 and math.isfinite(x) for x in q["logprobs"][1:])
     assert all(isinstance(x, int) and 0 <= x < 272 for x in q["top1_ids"][1:])
+# The PPL and its uncertainty, from the logprobs (llama-perplexity's estimate).
+nll = [-x for q in s for x in q["logprobs"][1:]]
+n = len(nll); m = sum(nll) / n; var = sum(x * x for x in nll) / n - m * m
+assert j["positions"] == n == 20
+assert abs(j["ppl"] - math.exp(m)) < 1e-9 * math.exp(m), (j["ppl"], math.exp(m))
+assert abs(j["ppl_stderr"] - math.exp(m) * math.sqrt(var / (n - 1))) < 1e-6 * j["ppl"], j["ppl_stderr"]
+PY
+# The PPL line prints the JSON's figures.
+python3 - "$T/bf16.json" "$T/out" <<'PY' || fail "PPL line differs from the JSON"
+import json, sys
+j = json.load(open(sys.argv[1])); line = open(sys.argv[2]).read()
+assert line.startswith(f"PPL = {j['ppl']:.4f} ± {j['ppl_stderr']:.4f} "), (line, j["ppl"])
 PY
 
 # fp8 cache: same shape, logprobs close to bf16 (random model: loose format-level bound).
@@ -42,9 +58,23 @@ a, b = (json.load(open(p)) for p in sys.argv[1:])
 assert a["sequences"] == b["sequences"]
 PY
 
-# A flat array is one sequence.
+# A flat array is one sequence; tokenize's own {"ids": [...]} output is accepted.
 echo '[257, 1, 2, 3]' > "$T/flat.json"
 expect_rc 0 "$BIN" score "$T/m" --token-ids-file "$T/flat.json" --output "$T/flat_out.json"
+echo '{"ids": [257, 1, 2, 3]}' > "$T/tok.json"
+expect_rc 0 "$BIN" score "$T/m" --token-ids-file "$T/tok.json" --output "$T/tok_out.json"
+cmp -s "$T/flat_out.json" "$T/tok_out.json" || fail '{"ids": [...]} scored differently from the flat array'
+"$BIN" tokenize "$T/m" --text "Hello world" > "$T/tok2.json" || fail tokenize
+expect_rc 0 "$BIN" score "$T/m" --token-ids-file "$T/tok2.json" --output "$T/tok2_out.json"
+# One token (flat, nested, or as {"ids"}) leaves nothing to score: exit 2, as a one-token text.
+for one in '[5]' '[[5]]' '[[257, 1], [5]]' '{"ids": [5]}'; do
+  echo "$one" > "$T/one.json"
+  expect_refused "score $one" "has 1 token; scoring needs at least 2" "$BIN" score "$T/m" --token-ids-file "$T/one.json" --output "$T/one_out.json"
+done
+for bad in '{"ids": [1, 2], "x": 1}' '{"tokens": [1, 2]}' '{}'; do
+  echo "$bad" > "$T/bad.json"
+  expect_refused "score $bad" 'or {"ids": [...]}' "$BIN" score "$T/m" --token-ids-file "$T/bad.json" --output "$T/bad_out.json"
+done
 
 # Text file, cut into --context chunks; a last chunk shorter than 2 tokens is dropped.
 printf 'abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJK' > "$T/text.txt"   # 47 bytes + BOS = 48 tokens

@@ -157,6 +157,55 @@ TEST(TemplateErrors, NestedLoopsHaveOneIterationBudget) {
             "90000");
 }
 
+// Issue 37: `{{ 'y' * 100000 }}` in a loop took 5.2 GB in the server. The
+// output, and every string a render builds, is bounded by 1 MiB plus twice
+// the bytes of the strings passed in, checked before the bytes are allocated.
+TEST(TemplateErrors, RenderedSizeIsBounded) {
+  const auto render = [](const std::string& src, const nlohmann::ordered_json& msgs = nlohmann::ordered_json::array()) {
+    return ChatTemplate::load(src, "big.jinja").render(msgs, false);
+  };
+  const auto expect_bounded = [&](const std::string& src, const char* what) {
+    SCOPED_TRACE(src);
+    try {
+      render(src);
+      ADD_FAILURE() << "rendered";
+    } catch (const TemplateError& e) {
+      EXPECT_EQ(e.kind, TemplateError::Kind::Render);
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  // Output growing by emits; strings growing by ~, +, *, join, replace, indent.
+  expect_bounded("{% for i in range(200000) %}{{ 'y' * 100000 }}{% endfor %}", "output exceeds");
+  expect_bounded("{% set n = namespace(s='y' * 1000) %}{% for i in range(40) %}{% set n.s = n.s ~ n.s %}{% endfor %}",
+                 "exceeds the render limit");
+  expect_bounded("{% set n = namespace(s='y' * 1000) %}{% for i in range(40) %}{% set n.s = n.s + n.s %}{% endfor %}",
+                 "exceeds the render limit");
+  expect_bounded("{{ 'y' * 2000000 }}", "repeated string too long");
+  expect_bounded("{{ ('y' * 1000000).replace('', 'zz') }}", "exceeds the render limit");
+  expect_bounded("{{ ('y' * 100000) | replace('y', 'y' * 100) }}", "exceeds the render limit");
+  expect_bounded("{{ range(100000) | map('string') | join('y' * 100) }}", "exceeds the render limit");
+  expect_bounded("{{ 'ab' | indent(100000000000) }}", "exceeds the render limit");
+  // Large inputs raise the bound: a 3 MiB message renders (copied once), and
+  // 1 MiB of markup on top of it is fine.
+  const std::string big(3 << 20, 'm');
+  const auto msgs = nlohmann::ordered_json::array({{{"role", "user"}, {"content", big}}});
+  EXPECT_EQ(render("{% for m in messages %}{{ m.content }}{% endfor %}{{ 'x' * 1000000 }}", msgs).size(),
+            big.size() + 1000000);
+  // Variables nested deeper than 100 levels are refused before conversion.
+  nlohmann::ordered_json vars = nlohmann::ordered_json::object();
+  nlohmann::ordered_json* cur = &vars["x"];
+  for (int i = 0; i < 1000; ++i) {
+    *cur = nlohmann::ordered_json::array({0});
+    cur = &(*cur)[0];
+  }
+  try {
+    ChatTemplate::load("{{ x }}", "deep.jinja").render_vars(vars);
+    ADD_FAILURE() << "rendered";
+  } catch (const TemplateError& e) {
+    EXPECT_NE(std::string(e.what()).find("nested deeper than 100 levels"), std::string::npos) << e.what();
+  }
+}
+
 TEST(TemplateErrors, ErrorsAreInputErrors) {
   // The CLI maps InputError to exit 2, the server to a 400.
   EXPECT_THROW(ChatTemplate::load("{% while %}"), InputError);
