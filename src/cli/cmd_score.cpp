@@ -40,7 +40,7 @@ std::vector<std::vector<int>> read_ids_file(const std::string& path) {
   if (j.is_discarded()) throw InputError(path + ": not valid JSON");
   // `fp8kv tokenize`'s own output, {"ids": [...]}, is accepted as it is.
   if (j.is_object()) {
-    if (!j.contains("ids") || j.size() != 1)
+    if (!j.contains("ids") || j.size() != (j.contains("fp8kv_version") ? 2u : 1u))
       throw InputError(path + ": expected a JSON array of token ids (or of arrays), or {\"ids\": [...]} as "
                               "`fp8kv tokenize` prints");
     json ids = std::move(j["ids"]);
