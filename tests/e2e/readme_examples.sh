@@ -7,7 +7,7 @@
 # the held-out files, serve, the --backend cuda lines) are listed, not run.
 # Usage: bash readme_examples.sh <fp8kv-binary> <source-dir>
 source "$(dirname "$0")/lib.sh"
-BIN=$(readlink -f "$BIN")
+BIN=$(readlink -f "$BIN"); SRC=$(readlink -f "$SRC")
 python3 - "$SRC/README.md" > "$T/cmds" <<'PY' || fail "README parse"
 import re, sys
 text = open(sys.argv[1], encoding="utf-8").read()
