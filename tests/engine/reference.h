@@ -170,7 +170,8 @@ inline double round_like_cache(double x, const float* e, float scale, KvDtype d,
 
 // Logits [n][V] for a whole sequence, one token at a time, with a dense KV
 // history holding what the cache would return: roundtrip(x, scale, dtype)
-// elementwise (bf16 ignores the scale). `quantize_kv` false: exact fp32 K/V.
+// elementwise (bf16 ignores the scale; the per-token-head dtypes take each
+// head's scale by per_token_head_scale). `quantize_kv` false: exact fp32 K/V.
 inline std::vector<std::vector<double>> reference_logits(const ModelConfig& c, const ModelWeights& w,
                                                          const std::vector<int>& tokens, KvDtype dtype,
                                                          const KvScales& scales, bool quantize_kv = true,
@@ -206,14 +207,28 @@ inline std::vector<std::vector<double>> reference_logits(const ModelConfig& c, c
       apply_rope(q, Hq, D, static_cast<int>(pos), inv);
       apply_rope(k, Hkv, D, static_cast<int>(pos), inv);
       if (quantize_kv) {
-        for (int hh = 0; hh < Hkv; ++hh)
+        for (int hh = 0; hh < Hkv; ++hh) {
+          float ks = scales.layers[l].k.at(hh), vs = scales.layers[l].v.at(hh);
+          if (kv_dtype_per_token_head(dtype)) {
+            // The store's rule on this head's values: the engine's pre-rounding
+            // values where recorded (the same scale bits), else the reference's.
+            std::vector<float> kh(D), vh(D);
+            for (int d = 0; d < D; ++d) {
+              const size_t i = static_cast<size_t>(hh) * D + d;
+              kh[d] = engine_kv ? engine_kv->k[l][pos][i] : static_cast<float>(k[i]);
+              vh[d] = engine_kv ? engine_kv->v[l][pos][i] : static_cast<float>(v[i]);
+            }
+            ks = per_token_head_scale(kh, dtype);
+            vs = per_token_head_scale(vh, dtype);
+          }
           for (int d = 0; d < D; ++d) {
             const size_t i = static_cast<size_t>(hh) * D + d;
             const float* ek = engine_kv ? &engine_kv->k[l][pos][i] : nullptr;
             const float* ev = engine_kv ? &engine_kv->v[l][pos][i] : nullptr;
-            k[i] = round_like_cache(k[i], ek, scales.layers[l].k.at(hh), dtype, stats);
-            v[i] = round_like_cache(v[i], ev, scales.layers[l].v.at(hh), dtype, stats);
+            k[i] = round_like_cache(k[i], ek, ks, dtype, stats);
+            v[i] = round_like_cache(v[i], ev, vs, dtype, stats);
           }
+        }
       }
       K[l].push_back(k);
       V[l].push_back(v);

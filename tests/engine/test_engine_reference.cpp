@@ -118,7 +118,8 @@ TEST_P(FamilyDtype, MatchesDenseReferenceWithSameRounding) {
 INSTANTIATE_TEST_SUITE_P(All, FamilyDtype,
                          ::testing::Combine(::testing::Values("llama", "llama_linear", "mistral", "qwen2", "qwen3",
                                                               "gemma3"),
-                                            ::testing::Values("bf16", "fp8_e4m3", "fp8_e5m2")),
+                                            ::testing::Values("bf16", "fp8_e4m3", "fp8_e5m2", "fp8_per_token_head",
+                                                              "int8_per_token_head")),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + std::get<1>(info.param);
                          });
@@ -240,6 +241,15 @@ TEST_P(Consistency, BatchEqualsSingle) {
 INSTANTIATE_TEST_SUITE_P(All, Consistency,
                          ::testing::Combine(::testing::Values("llama", "mistral", "qwen3", "gemma3"),
                                             ::testing::Values("bf16", "fp8_e4m3")),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::get<1>(info.param);
+                         });
+// The per-token-head dtypes (docs/design.md "Per-token-head KV cache dtypes"):
+// a scale belongs to its slot, so chunking, decoding and batching see the
+// same bytes; gemma3 has sliding layers, mistral a sliding window.
+INSTANTIATE_TEST_SUITE_P(PerTokenHead, Consistency,
+                         ::testing::Combine(::testing::Values("llama", "mistral", "gemma3"),
+                                            ::testing::Values("fp8_per_token_head", "int8_per_token_head")),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + std::get<1>(info.param);
                          });

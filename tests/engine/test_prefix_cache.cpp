@@ -100,7 +100,8 @@ TEST_P(PrefixCache, OnEqualsOffBitwise) {
 INSTANTIATE_TEST_SUITE_P(All, PrefixCache,
                          ::testing::Values(Case{"llama", "bf16"}, Case{"llama", "fp8_e4m3"}, Case{"qwen3", "bf16"},
                                            Case{"qwen3", "fp8_e4m3"}, Case{"gemma3", "bf16"},
-                                           Case{"gemma3", "fp8_e5m2"}),
+                                           Case{"gemma3", "fp8_e5m2"}, Case{"llama", "int8_per_token_head"},
+                                           Case{"gemma3", "fp8_per_token_head"}),
                          case_name);
 
 // Two requests sharing a 64-token prefix, one after the other: the second

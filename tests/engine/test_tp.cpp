@@ -318,6 +318,14 @@ INSTANTIATE_TEST_SUITE_P(Families, TensorParallel,
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + std::get<1>(info.param);
                          });
+// Per-token-head caches: a rank holds its own KV heads' scales, each computed
+// from that head's values alone, so the bound is the e4m3 one (one flipped code).
+INSTANTIATE_TEST_SUITE_P(PerTokenHead, TensorParallel,
+                         ::testing::Combine(::testing::Values("llama", "gemma3"),
+                                            ::testing::Values("fp8_per_token_head", "int8_per_token_head")),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::get<1>(info.param);
+                         });
 
 // Several requests stepped together (continuous batching) under TP 2.
 TEST(TensorParallelEngine, BatchedStepsMatchTp1) {
