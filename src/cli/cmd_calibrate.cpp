@@ -76,7 +76,6 @@ std::string pth_refusal(KvDtype d) {
 }
 
 int run_calibrate(const CalibrateArgs& a) {
-  if (a.corpus.empty() && a.corpus_ids.empty()) throw UsageError("calibrate: give --corpus FILE (or --corpus-ids-file IDS.json)");
   CalibrateOptions o;
   try {
     o.target = parse_kv_dtype_flag(a.target, "--target");
@@ -85,16 +84,17 @@ int run_calibrate(const CalibrateArgs& a) {
   }
   if (kv_dtype_per_token_head(o.target)) throw UsageError("--target " + pth_refusal(o.target));
   if (!kv_dtype_per_tensor_scaled(o.target)) throw UsageError("--target: expected fp8_e4m3 or fp8_e5m2");
+  if (a.corpus.empty() && a.corpus_ids.empty()) throw UsageError("calibrate: give --corpus FILE (or --corpus-ids-file IDS.json)");
   check_output_file(a.output, "--output");  // before the (long) run
   o.rule = ScaleRule::parse(a.rule);
   o.per_head = a.per_head;
+  o.min_tokens = static_cast<uint64_t>(a.min_tokens);
   if (a.max_corpus_tokens < 0) throw UsageError("--max-corpus-tokens: expected a positive number");
 
   EngineOptions eo = a.engine.options();
   eo.kv_cache_dtype = KvDtype::bf16;  // observe unquantized values
   auto engine = Engine::load(a.model, eo);
   if (!engine) return 0;  // a multi-process follower: rank 0 did the work (Engine::load)
-  o.min_tokens = static_cast<uint64_t>(a.min_tokens);
   const int context = a.context > 0 ? a.context : std::min(engine->max_model_len(), 4096);
   if (context > engine->max_model_len())
     throw UsageError(fmt::format("--context {} exceeds max_model_len {}", context, engine->max_model_len()));
@@ -118,13 +118,13 @@ int run_calibrate(const CalibrateArgs& a) {
   Progress progress("calibrate", "tokens");
   CalibrationReport rep = calibrate(*engine, chunks, o, std::ref(progress));
   rep.model = a.model;
+  rep.model_identity = model_identity(engine->config());
   rep.corpus = a.corpus;
   rep.context = context;
   const nlohmann::json j = rep.to_json();
   atomic_write_file(a.output, j.dump(2) + "\n");
   std::fputs(calibration_summary(rep).c_str(), stderr);
 
-  rep.model_identity = model_identity(engine->config());
   nlohmann::json out;
   out["fp8kv_version"] = version_string();
   out["status"] = j["status"];

@@ -534,15 +534,15 @@ std::unique_ptr<Engine> Engine::create(ModelConfig cfg, std::shared_ptr<const Mo
                                        const EngineOptions& opts) {
   const KvDtype d = opts.kv_cache_dtype.dtype.value_or(KvDtype::bf16);
   const bool cpu = resolve_backend_name(opts.backend) == "cpu";
-  if (weights && weights->has_fp8()) check_fp8_weights_runnable("the given weights", cpu, opts);
   check_qwen3_5_support(cfg, cpu, opts.tensor_parallel_size);
+  if (weights && weights->has_fp8()) check_fp8_weights_runnable("the given weights", cpu, opts);
   return std::make_unique<EngineImpl>(std::move(cfg), cpu ? maybe_widen(std::move(weights)) : std::move(weights),
                                       opts, d);
 }
 
 namespace {
 std::unique_ptr<Engine> load_engine(const std::filesystem::path& dir, const EngineOptions& opts);
-}
+}  // namespace
 
 std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const EngineOptions& opts) {
   // Before the weights load: a bad rank / world combination fails at once.
@@ -570,6 +570,7 @@ std::unique_ptr<Engine> load_engine(const std::filesystem::path& dir, const Engi
   // backend uploads bf16, so widening would only cost host time and memory
   // (an 8B model: 32 GB written, then converted back at upload).
   const bool cpu = require_backend(opts.backend) == "cpu";
+  check_qwen3_5_support(cfg, cpu, opts.tensor_parallel_size);
   const WeightQuantConfig& quant = cfg.weight_quant;
   if (quant.quantized()) {
     check_fp8_weights_runnable(fmt::format("{} ({} {}, quant_method {})", dir.string(), quant.source, quant.field,
@@ -577,7 +578,6 @@ std::unique_ptr<Engine> load_engine(const std::filesystem::path& dir, const Engi
                                cpu, opts);
     log_fp8_weights(quant, opts.fp8_weight_mode);
   }
-  check_qwen3_5_support(cfg, cpu, opts.tensor_parallel_size);
   auto widen = [&](std::shared_ptr<const ModelWeights> w) {
     if (!cpu) return w;
     StartupPhase ph("widen bf16 -> fp32 (cpu backend)");

@@ -73,13 +73,13 @@ struct KvPlan {
   // head_dim x dtype bytes (KvCacheLayout::block_bytes()). page_bytes =
   // 2 x group_size x (layer_block_bytes + layer_scale_block_bytes).
   uint64_t layer_block_bytes = 0;
+  // Bytes of one layer's K (or V) per-token-head scales per block: block_size x
+  // kv_heads_per_rank x 4 (KvCacheLayout::scale_block_bytes()); 0 for the other dtypes.
+  uint64_t layer_scale_block_bytes = 0;
   // num_blocks x page_bytes: what the engine allocates (<= kv_memory_bytes).
   uint64_t pool_bytes() const { return static_cast<uint64_t>(num_blocks) * page_bytes; }
   // What vLLM logs as "GPU KV cache size: N tokens":
   // num_blocks / num_groups * block_size (integer division). Equals `tokens`
-  // Bytes of one layer's K (or V) per-token-head scales per block: block_size x
-  // kv_heads_per_rank x 4 (KvCacheLayout::scale_block_bytes()); 0 for the other dtypes.
-  uint64_t layer_scale_block_bytes = 0;
   // for a dense model whose max_model_len is a multiple of block_size.
   int64_t vllm_logged_tokens = 0;
   // The per-sequence state pool of the linear-attention layers (empty for
