@@ -34,7 +34,7 @@ struct Factor {
 
 // The product of `f`, or an InputError naming every factor when it does not
 // fit in 64 bits (issue 15 item 1: a wrapped page size once divided by zero).
-uint64_t checked_product(std::string_view what, std::initializer_list<Factor> f) {
+uint64_t checked_product(std::string_view what, const std::vector<Factor>& f) {
   unsigned __int128 p = 1;
   bool over = false;
   for (const auto& x : f) {
@@ -174,23 +174,32 @@ KvPlan plan_structure(const ModelConfig& cfg, const KvPlanSettings& s) {
   const Factor dbytes{fmt::format("{} bytes per value", kv_dtype_name(s.dtype)), u(kv_dtype_bytes(s.dtype))};
   const Factor block{"--block-size", u(s.block_size)};
   // Per-token-head dtypes: one f32 scale per (token, KV head) of K and of V
-  // beside the cache (KvCacheLayout::scale_block_bytes).
-  const Factor sbytes{fmt::format("{} scale bytes per token head", kv_dtype_name(s.dtype)),
-                      kv_dtype_per_token_head(s.dtype) ? u(sizeof(float)) : 0};
-  const uint64_t token_layer_bytes = checked_product("KV bytes per token per layer", {heads, dim, dbytes}) +
-                                     checked_product("KV scale bytes per token per layer", {heads, sbytes});
+  // beside the cache (KvCacheLayout::scale_block_bytes). Their products name
+  // the bytes of one token head (values + scale) as one factor; the others
+  // keep head_dim and the value bytes as separate factors.
+  const bool pth = kv_dtype_per_token_head(s.dtype);
+  const uint64_t scale_bytes = pth ? u(sizeof(float)) : 0;
+  const std::vector<Factor> head_bytes =
+      pth ? std::vector<Factor>{{fmt::format("bytes per token head (head_dim {} x {} + {} scale bytes)", cfg.head_dim,
+                                             kv_dtype_bytes(s.dtype), scale_bytes),
+                                 u(cfg.head_dim) * u(kv_dtype_bytes(s.dtype)) + scale_bytes}}
+          : std::vector<Factor>{dim, dbytes};
+  const auto with_heads = [&](std::initializer_list<Factor> f) {
+    std::vector<Factor> v(f);
+    v.insert(v.end(), head_bytes.begin(), head_bytes.end());
+    return v;
+  };
+  const uint64_t token_layer_bytes = checked_product("KV bytes per token per layer", with_heads({heads}));
   p.layer_block_bytes = checked_product("KV bytes per layer block", {block, heads, dim, dbytes});
-  p.layer_scale_block_bytes = checked_product("KV scale bytes per layer block", {block, heads, sbytes});
-  p.bytes_per_token = checked_product(
-      "KV bytes per token", {{"K and V", 2}, {"num_hidden_layers", u(cfg.num_layers)}, {"bytes per layer", token_layer_bytes}});
+  p.layer_scale_block_bytes = checked_product("KV scale bytes per layer block", {block, heads, {"scale bytes", scale_bytes}});
+  p.bytes_per_token =
+      checked_product("KV bytes per token", with_heads({{"K and V", 2}, {"num_hidden_layers", u(cfg.num_layers)}, heads}));
 
   const auto types = layers_by_type(cfg);
   if (types.empty()) throw InputError("model config: no attention layer (every layer is linear_attention)");
   p.group_size = choose_group_size(types);
   p.page_bytes = checked_product("KV page size (bytes of one block)",
-                                 {{"K and V", 2},
-                                  {"layers per KV group", u(p.group_size)},
-                                  {"bytes of one layer block with its scales", p.layer_block_bytes + p.layer_scale_block_bytes}});
+                                 with_heads({block, {"K and V", 2}, {"layers per KV group", u(p.group_size)}, heads}));
   for (const auto& t : types) {
     // Each type split into cdiv(n, group_size) groups, layer i of the type
     // going to group i % num_groups (vLLM: layers[i::num_groups]); groups

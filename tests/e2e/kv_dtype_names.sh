@@ -28,7 +28,7 @@ for name in fp8_inc fp8_ds_mla int8 float16; do
   expect_refused "serve $name" "--kv-cache-dtype: '$name' (a vLLM KV cache dtype) is not supported" \
     "$BIN" serve "$M" --port 0 "${COMMON[@]}" "$name"
 done
-expect_refused "capacity unknown" "--kv-cache-dtype: unknown KV cache dtype 'e4m3'; accepted: auto, bfloat16, fp8, fp8_e4m3, fp8_e5m2 (aliases: bf16, fp8e4m3, fp8e5m2)" \
+expect_refused "capacity unknown" "--kv-cache-dtype: unknown KV cache dtype 'e4m3'; accepted: auto, bfloat16, fp8, fp8_e4m3, fp8_e5m2, fp8_per_token_head, int8_per_token_head (aliases: bf16, fp8e4m3, fp8e5m2)" \
   "$BIN" capacity "$M" "${COMMON[@]}" e4m3
 expect_refused "serve unknown" "--kv-cache-dtype: unknown KV cache dtype 'e4m3'" \
   "$BIN" serve "$M" --port 0 "${COMMON[@]}" e4m3

@@ -203,7 +203,15 @@ TEST(EvalOutlier, CompareUnityWorseThanCalibratedAndBf16SelfIsZero) {
     EngineOptions o = small_engine();
     o.kv_cache_dtype = "bf16";
     auto bf16 = Engine::load(m, o);
-    const CalibrationReport rep = calibrate(*bf16, random_docs(4, 48, 11), CalibrateOptions{});
+    // modelopt (floored at 1): only the outlier layer's V scale moves, so the
+    // arms differ by clipping alone. The floorless default also rescales the
+    // unclipped layers, which on this random model reshuffles rounding at a
+    // few tail positions: mean KLD 0.0017 vs unity's 0.00063 over 282
+    // positions, K alone rescaled 0.00017, V alone 0.00088 (noise the size
+    // of the effect; e4m3's relative step is scale-free in its normal range).
+    CalibrateOptions co;
+    co.rule = ScaleRule::parse("modelopt");
+    const CalibrationReport rep = calibrate(*bf16, random_docs(4, 48, 11), co);
     ASSERT_TRUE(rep.complete) << rep.reason;
     InjectOptions io;
     io.model_dir = m;
@@ -242,7 +250,7 @@ TEST(EvalOutlier, CompareUnityWorseThanCalibratedAndBf16SelfIsZero) {
   std::printf("KLD mean: unity %.4g, calibrated %.4g; top-1: %.4f vs %.4f\n", unity["kld"]["mean"].get<double>(),
               calibrated["kld"]["mean"].get<double>(), unity["top1_agree"].get<double>(),
               calibrated["top1_agree"].get<double>());
-  // Measured (fixed seeds): unity 6.3e-4 vs calibrated 3.9e-4.
+  // Measured (fixed seeds): unity 6.3e-4 vs calibrated (modelopt) 2.3e-4.
   EXPECT_GT(unity["kld"]["mean"].get<double>(), 1.3 * calibrated["kld"]["mean"].get<double>());
   EXPECT_GT(calibrated["kld"]["mean"].get<double>(), 0.0);
   // Positions: chunks of 64 -> 63 scored + 32 -> 31 scored per doc.

@@ -177,7 +177,7 @@ TEST(KvDtype, NamesTable) {
     }
     if (!n.alias) vllm += std::string(vllm.empty() ? "" : " ") + std::string(n.name);
   }
-  EXPECT_EQ(vllm, "auto bfloat16 fp8 fp8_e4m3 fp8_e5m2");
+  EXPECT_EQ(vllm, "auto bfloat16 fp8 fp8_e4m3 fp8_e5m2 fp8_per_token_head int8_per_token_head");
   EXPECT_EQ(parse_kv_cache_dtype("auto"), std::nullopt);
   EXPECT_EQ(parse_kv_cache_dtype("bfloat16"), KvDtype::bf16);
   for (const char* bad : {"fp8_inc", "fp8_ds_mla", "int8", "float16", "e4m3", "FP8", ""}) {
