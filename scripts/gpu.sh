@@ -36,6 +36,10 @@ one logs.tgz plus the summary come back in $OUT):
   tp       two GPUs (NCCL_NVLS_ENABLE=0): the comm and TP tests,
            bench_allreduce, score TP 2 vs TP 1, multi-process TP 2, bench
            latency TP 1 vs TP 2
+  goldens  the transformers goldens of the newer architectures:
+           tools/gen_gdn_goldens.py (Qwen3.5 hybrids) and
+           tools/gen_fp8_weight_goldens.py --no-mini (FP8-weight checkpoints);
+           with $OUT set, goldens.tgz comes back (untar at the repo root)
   all      test kernels engine serve, and tp when the machine has 2+ GPUs
 Each subcommand runs in its own process session under a watchdog; one summary
 table is printed at the end (gpu-out/summary.txt). "speed new/old" is old
@@ -74,7 +78,7 @@ ENGINE_CASES=(
 )
 TARGETS=(fp8kv test_cuda test_cuda_ops bench_attention bench_linear bench_allreduce)
 # Seconds each step may run (the watchdog's limit).
-declare -A STEP_S=([test]=300 [kernels]=260 [engine]=300 [serve]=200 [tp]=420)
+declare -A STEP_S=([test]=300 [kernels]=260 [engine]=300 [serve]=200 [tp]=420 [goldens]=300)
 
 G=${GPU_OUT:-gpu-out}
 # Unpacked outside the tree: .wt stays small enough to carry again.
@@ -381,6 +385,18 @@ PY
 }
 
 # ---- driver ---------------------------------------------------------------
+step_goldens() {
+  local d=$G/goldens rc
+  python3 -c "import transformers, torch; print('transformers', transformers.__version__, 'torch', torch.__version__)" >"$d/versions.txt" 2>&1
+  python3 tools/gen_gdn_goldens.py >"$d/gdn.log" 2>&1; rc=$?
+  row goldens gen_gdn_goldens "" "" "" "$([ $rc = 0 ] && echo PASS || echo "FAIL rc $rc") ($(head -1 "$d/versions.txt"))"
+  python3 tools/gen_fp8_weight_goldens.py --no-mini >"$d/fp8w.log" 2>&1; rc=$?
+  row goldens gen_fp8_weight_goldens "" "" "" "$([ $rc = 0 ] && echo PASS || echo "FAIL rc $rc")"
+  tar czf "$d/goldens.tgz" $(ls -d tests/golden/models_qwen3_5 tests/golden/fp8_weights 2>/dev/null)
+  if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then cp "$d/goldens.tgz" "$OUT/goldens.tgz"; fi
+  tail -3 "$d/gdn.log" "$d/fp8w.log"
+}
+
 run_steps() {
   unpack || exit 1
   # The bundled model's shards travel xz-compressed (serve and tp load it).
@@ -436,7 +452,7 @@ case ${1:-} in
     for a in "$@"; do
       case $a in
         all) steps+=(test kernels engine serve); [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ] && steps+=(tp) ;;
-        test|kernels|engine|serve|tp) steps+=("$a") ;;
+        test|kernels|engine|serve|tp|goldens) steps+=("$a") ;;
         *) echo "gpu.sh: unknown subcommand '$a'" >&2; usage >&2; exit 2 ;;
       esac
     done
