@@ -1,6 +1,9 @@
 #include "model/quant_config.h"
 
-#include <regex>
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <memory>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -14,6 +17,32 @@ namespace fp8kv {
 namespace {
 
 using json = nlohmann::json;
+
+// compressed-tensors' "re:PATTERN" ignore entries: Python's re.match, i.e. a
+// match anchored at the module name's start (not necessarily its end). PCRE2
+// (the tokenizer's regex engine) runs them; a pattern that does not compile is
+// refused naming it. Returns whether `module` matches.
+bool ignore_regex_matches(const std::string& pattern, const std::string& module) {
+  int err = 0;
+  PCRE2_SIZE off = 0;
+  std::unique_ptr<pcre2_code, decltype(&pcre2_code_free)> code(
+      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_ANCHORED, &err, &off,
+                    nullptr),
+      &pcre2_code_free);
+  if (!code) {
+    PCRE2_UCHAR msg[256];
+    pcre2_get_error_message(err, msg, sizeof msg);
+    throw InputError(fmt::format("quantization_config.ignore: 're:{}' is not a valid regular expression ({} at offset {})",
+                                 pattern, reinterpret_cast<const char*>(msg), off));
+  }
+  std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(
+      pcre2_match_data_create_from_pattern(code.get(), nullptr), &pcre2_match_data_free);
+  const int rc = pcre2_match(code.get(), reinterpret_cast<PCRE2_SPTR>(module.data()), module.size(), 0, 0, md.get(),
+                             nullptr);
+  if (rc >= 0) return true;
+  if (rc == PCRE2_ERROR_NOMATCH) return false;
+  throw InputError(fmt::format("quantization_config.ignore: 're:{}' failed on '{}' (PCRE2 error {})", pattern, module, rc));
+}
 
 constexpr const char* kSupportedFormats =
     "supported weight quantizations: quant_method fp8 (e4m3, weight_block_size [128, 128] or per-tensor), "
@@ -139,6 +168,8 @@ WeightQuantConfig parse_compressed_tensors(const Field& q) {
   }
   c.method = WeightQuantMethod::compressed_tensors;
   c.excluded = q.strings("ignore");
+  for (const auto& e : c.excluded)
+    if (e.rfind("re:", 0) == 0) ignore_regex_matches(e.substr(3), "");  // refused at parse time when it does not compile
   return c;
 }
 
@@ -211,7 +242,7 @@ bool WeightQuantConfig::is_excluded(const std::string& module) const {
         break;
       case WeightQuantMethod::compressed_tensors:
         if (e.rfind("re:", 0) == 0) {
-          if (std::regex_search(module, std::regex(e.substr(3)), std::regex_constants::match_continuous)) return true;
+          if (ignore_regex_matches(e.substr(3), module)) return true;
         } else if (module == e) {
           return true;
         }
