@@ -26,6 +26,7 @@
 #include "engine/scheduler.h"
 #include "io/checkpoint.h"
 #include "io/errors.h"
+#include "io/host_memory.h"
 #include "kv/kv_cache_manager.h"
 #include "kv/scale_loader.h"
 #include "model/weights.h"
@@ -169,7 +170,10 @@ class EngineImpl final : public Engine {
   // The arithmetic is kv/planner's, shared with `fp8kv capacity` (docs/capacity.md).
   KvBudget kv_budget(const EngineOptions& o, const KvPlanSettings& s) const {
     if (o.kv_memory_bytes > 0) return KvBudget{o.kv_memory_bytes};
-    if (backend_->uses_host_memory()) return default_cpu_kv_budget(cfg_, s, physical_memory());
+    if (backend_->uses_host_memory()) {
+      const HostMemoryLimit m = host_memory_limit();
+      return default_cpu_kv_budget(cfg_, s, m.bytes, m.what);
+    }
     const MemoryInfo m = backend_->memory_info();
     GpuMemoryInputs in;
     in.gpu_memory_bytes = m.total_bytes;

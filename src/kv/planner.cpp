@@ -257,6 +257,16 @@ int model_max_len(const ModelConfig& cfg) {
   return static_cast<int>(len);
 }
 
+std::string max_model_len_origin(const ModelConfig& cfg, const KvPlanSettings& s) {
+  if (s.max_model_len > 0) return "--max-model-len";
+  const int limit = model_max_len(cfg);
+  if (limit != cfg.max_position_embeddings)
+    return fmt::format("the model's limit: max_position_embeddings {} in config.json x its RoPE factor; "
+                       "--max-model-len not given",
+                       cfg.max_position_embeddings);
+  return "the model's limit: max_position_embeddings in config.json; --max-model-len not given";
+}
+
 int kv_heads_per_rank(const ModelConfig& cfg, int tp) {
   if (tp <= 0) throw InputError(fmt::format("--tensor-parallel-size must be >= 1 (got {})", tp));
   const int kv = cfg.num_kv_heads;
@@ -328,13 +338,14 @@ KvPlan plan_kv_cache(const ModelConfig& cfg, const KvPlanSettings& s) {
     const uint64_t needed = kv_memory_needed(cfg, s);
     const int fit = max_model_len_that_fits(cfg, s);
     std::string what_fits =
-        fit > 0 ? fmt::format("the largest max_model_len that fits is {}", fit)
+        fit > 0 ? fmt::format("the largest max_model_len that fits is {} (give --max-model-len {} or less)", fit, fit)
                 : fmt::format("not even a 1-token request fits (one page is {} bytes)", p.page_bytes);
     throw InputError(fmt::format(
-        "{}: KV memory {} ({} bytes) is too small for one request of max_model_len {} with {} KV cache: "
+        "{}: KV memory {} ({} bytes) is too small for one request of max_model_len {} ({}) with {} KV cache: "
         "it needs {} blocks of {} bytes = {} bytes ({}); {}",
-        s.budget_source, format_bytes(s.kv_memory_bytes), s.kv_memory_bytes, p.max_model_len, kv_dtype_name(p.dtype),
-        p.blocks_per_request, p.page_bytes, needed, format_bytes(needed), what_fits));
+        s.budget_source, format_bytes(s.kv_memory_bytes), s.kv_memory_bytes, p.max_model_len,
+        max_model_len_origin(cfg, s), kv_dtype_name(p.dtype), p.blocks_per_request, p.page_bytes, needed,
+        format_bytes(needed), what_fits));
   }
   p.max_concurrency = static_cast<double>(p.num_blocks) / static_cast<double>(p.blocks_per_request);
   // floor(num_blocks * max_model_len / blocks_per_request), exactly.
@@ -485,10 +496,29 @@ KvBudget kv_budget_from_gpu(const GpuMemoryInputs& in, const ModelConfig& cfg, c
   return b;
 }
 
-KvBudget default_cpu_kv_budget(const ModelConfig& cfg, const KvPlanSettings& s, uint64_t physical_memory) {
+KvBudget default_cpu_kv_budget(const ModelConfig& cfg, const KvPlanSettings& s, uint64_t physical_memory,
+                               std::string_view memory_what) {
   KvBudget b;
   b.source = "the default KV budget";
   const uint64_t one = kv_memory_needed(cfg, s);
+  // vLLM's rule: the pool must hold one request of max_model_len. When even
+  // that exceeds the machine's memory, say so now, by arithmetic, rather than
+  // reserve it and fail (or be killed) later (issue 37 B, "Resources").
+  if (physical_memory > 0 && one > physical_memory) {
+    KvPlanSettings fit = s;
+    fit.kv_memory_bytes = physical_memory;
+    const int most = max_model_len_that_fits(cfg, fit);
+    const KvPlan p = plan_structure(cfg, s);
+    throw InputError(fmt::format(
+        "max_model_len {} ({}) needs {} ({} bytes) of {} KV cache for one request ({} blocks of {} bytes{}), more "
+        "than {}: {} ({} bytes); {}",
+        p.max_model_len, max_model_len_origin(cfg, s), format_bytes(one), one, kv_dtype_name(p.dtype),
+        p.blocks_per_request, p.page_bytes,
+        p.state.empty() ? "" : fmt::format(" + the state pool {} bytes", p.state.pool_bytes()), memory_what,
+        format_bytes(physical_memory), physical_memory,
+        most > 0 ? fmt::format("give --max-model-len {} or less", most)
+                 : std::string("not even a 1-token request fits: lower --max-num-seqs")));
+  }
   // Saturating: the cap below bounds the result, a product past 2^64 only means "more than the cap".
   const unsigned __int128 want = static_cast<unsigned __int128>(one) * static_cast<uint64_t>(std::max(s.max_num_seqs, 1));
   uint64_t w = want > std::numeric_limits<uint64_t>::max() ? std::numeric_limits<uint64_t>::max()

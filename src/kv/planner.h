@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kv/state_plan.h"
@@ -123,6 +124,11 @@ int max_model_len_that_fits(const ModelConfig& cfg, const KvPlanSettings& s);
 // yarn scaling, as vLLM derives it).
 int model_max_len(const ModelConfig& cfg);
 
+// Where s's max_model_len comes from, for messages: "--max-model-len" when
+// given, else the model's limit (max_position_embeddings in config.json,
+// times the RoPE factor where it applies).
+std::string max_model_len_origin(const ModelConfig& cfg, const KvPlanSettings& s);
+
 // ---- the memory budget (docs/capacity.md "Memory budget") ----
 // Every size below is computed with overflow checks: a product that does not
 // fit in 64 bits is an InputError naming its factors (docs/design.md).
@@ -160,7 +166,13 @@ KvBudget kv_budget_from_gpu(const GpuMemoryInputs& in, const ModelConfig& cfg,
 // The engine's default budget on the CPU (no --kv-memory): room for
 // max_num_seqs requests of max_model_len, capped at a quarter of
 // `physical_memory` but always one full request. Pages are backed lazily.
-KvBudget default_cpu_kv_budget(const ModelConfig& cfg, const KvPlanSettings& s, uint64_t physical_memory);
+// Throws InputError, before anything is allocated, when one request of
+// max_model_len needs more than `physical_memory` (when known; the engine
+// passes host_memory_limit(), named by `memory_what`): the message names
+// max_model_len, where it came from, the bytes and the largest
+// --max-model-len that fits.
+KvBudget default_cpu_kv_budget(const ModelConfig& cfg, const KvPlanSettings& s, uint64_t physical_memory,
+                               std::string_view memory_what = "this machine's physical memory");
 
 // Whole-model weights divided over tp ranks (vLLM shards embeddings and
 // lm_head too; replicated norms are negligible).

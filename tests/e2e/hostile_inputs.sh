@@ -178,9 +178,24 @@ LIM=(bash -c 'ulimit -v 4000000; exec "$@"' _)
 mkdir -p "$T/cl"; edit_json "$M/config.json" "$T/cl/config.json" 'j["num_hidden_layers"] = 2147483647'
 t "capacity num_hidden_layers 2^31-1" "num_hidden_layers" "${LIM[@]}" "$BIN" capacity "$T/cl" --kv-memory 1GiB
 cp -r "$M" "$T/mp"; edit_json "$M/config.json" "$T/mp/config.json" 'j["max_position_embeddings"] = 2147483647'
-# Left (docs/robustness.md "Not done"): max_position_embeddings 2^31-1 is
-# still refused by the out-of-memory path, not by arithmetic up front.
-t "generate max_position_embeddings 2^31-1 (exit 2)" "out of memory" "${LIM[@]}" "$BIN" generate "$T/mp" --prompt hi --max-tokens 2
+# max_model_len defaults to the model's limit (vLLM); one request of it must
+# fit the machine (the least of physical memory, ulimit -v, the cgroup), else
+# exit 2 at once naming max_model_len, where it came from and the bytes.
+mpe="max_model_len 2147483647 (the model's limit: max_position_embeddings in config.json; --max-model-len not given) needs 256.00 GiB (274877906944 bytes)"
+t "generate max_position_embeddings 2^31-1" "$mpe" "${LIM[@]}" "$BIN" generate "$T/mp" --prompt hi --max-tokens 2
+grep -qF "more than the address-space limit (ulimit -v): 3.81 GiB (4096000000 bytes); give --max-model-len" "$T/err" ||
+  fail "max_position_embeddings 2^31-1: the limit and the advice not named: $(cat "$T/err")"
+t "score max_position_embeddings 2^31-1" "$mpe" "${LIM[@]}" "$BIN" score "$T/mp" --text-file "$T/good.txt" --output "$T/s.json"
+t "serve max_position_embeddings 2^31-1" "$mpe" "${LIM[@]}" timeout 60 "$BIN" serve "$T/mp" --port 0
+t "generate max_position_embeddings 2^31-1, no ulimit" "more than" "$BIN" generate "$T/mp" --prompt hi --max-tokens 2
+t "generate max_position_embeddings 2^31-1 --kv-memory 1GiB" \
+  "too small for one request of max_model_len 2147483647 (the model's limit: max_position_embeddings in config.json; --max-model-len not given)" \
+  "${LIM[@]}" "$BIN" generate "$T/mp" --prompt hi --max-tokens 2 --kv-memory 1GiB
+grep -qF "give --max-model-len 8388608 or less" "$T/err" || fail "--kv-memory 1GiB: no --max-model-len advice: $(cat "$T/err")"
+t "generate --max-model-len 2^31-1 --kv-memory 1GiB" "max_model_len 2147483647 (--max-model-len) with bf16" \
+  "$BIN" generate "$T/mp" --prompt hi --max-tokens 2 --kv-memory 1GiB --max-model-len 2147483647
+expect_rc 0 "${LIM[@]}" "$BIN" generate "$T/mp" --prompt hi --max-tokens 2 --max-model-len 100
+echo "ok   max_position_embeddings 2^31-1 runs with --max-model-len 100"
 t "bench throughput --num-prompts 2^31-1" "--num-prompts 2147483647" "${LIM[@]}" "$BIN" bench throughput "$M" --num-prompts 2147483647 --input-len 8 --output-len 4
 
 # --- issue 37 B: optional files that are not files are refused, not skipped ----------

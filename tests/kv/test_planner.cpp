@@ -471,8 +471,28 @@ TEST(PlannerBudget, DefaultCpuBudgetIsCappedAndSaturates) {
   KvPlanSettings s = settings(0);
   // One request: 16 GiB. 256 of them capped at a quarter of 256 GiB.
   EXPECT_EQ(default_cpu_kv_budget(llama31_8b(), s, 256 * GiB).kv_memory_bytes, 64 * GiB);
-  // Always at least one request, even above the cap.
-  EXPECT_EQ(default_cpu_kv_budget(llama31_8b(), s, 8 * GiB).kv_memory_bytes, 16 * GiB);
+  // Always at least one request, even above the cap (a quarter of 32 GiB).
+  EXPECT_EQ(default_cpu_kv_budget(llama31_8b(), s, 32 * GiB).kv_memory_bytes, 16 * GiB);
+  // One request above the machine's memory: refused by arithmetic, naming
+  // max_model_len, where it came from, the bytes and what fits (issue 37).
+  try {
+    default_cpu_kv_budget(llama31_8b(), s, 8 * GiB);
+    ADD_FAILURE() << "accepted";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("max_model_len 131072 (the model's limit: max_position_embeddings in "
+                                    "config.json; --max-model-len not given) needs 16.00 GiB (17179869184 bytes)"));
+    EXPECT_THAT(e.what(), HasSubstr("more than this machine's physical memory: 8.00 GiB (8589934592 bytes)"));
+    EXPECT_THAT(e.what(), HasSubstr("give --max-model-len 65536 or less"));
+  }
+  KvPlanSettings given = s;
+  given.max_model_len = 100000;
+  try {
+    default_cpu_kv_budget(llama31_8b(), given, 8 * GiB, "the address-space limit (ulimit -v)");
+    ADD_FAILURE() << "accepted";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("max_model_len 100000 (--max-model-len) needs"));
+    EXPECT_THAT(e.what(), HasSubstr("more than the address-space limit (ulimit -v): 8.00 GiB"));
+  }
   s.max_num_seqs = 2;
   EXPECT_EQ(default_cpu_kv_budget(llama31_8b(), s, 0).kv_memory_bytes, 32 * GiB);
   // max_num_seqs x one request past 2^64 saturates instead of wrapping.
