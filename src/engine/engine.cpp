@@ -357,6 +357,7 @@ class EngineImpl final : public Engine {
                                      "where the values go non-finite; `fp8kv inspect --check-values` lists such "
                                      "tensors)",
                                      e.what(), *bad));
+      if (overflow_stage_ != kNotDiagnosed) throw InputError(overflow_message(e.what(), overflow_stage_));
       throw std::runtime_error(fmt::format("{} (every weight is finite: the activations overflowed)", e.what()));
     }
   }
@@ -384,13 +385,19 @@ class EngineImpl final : public Engine {
       sampling.host.push_back(&*r.sampler);
       sampling.want_logits |= r.gen.logprobs >= 0;
     }
-    const StepOutput res = runner_->execute(out, sampling);
-
-    // Scoring rows (every row, in order, skipping rows a preempted request
-    // already reported).
-    for (size_t i = 0; i < out.seqs.size(); ++i) {
-      const ScheduledSeq& s = out.seqs[i];
-      if (s.req->scoring) score_rows(*s.req, runner_->first_row(static_cast<int>(i)), s.start, s.num_tokens);
+    overflow_stage_ = kNotDiagnosed;
+    StepOutput res;
+    try {
+      res = runner_->execute(out, sampling);
+      // Scoring rows (every row, in order, skipping rows a preempted request
+      // already reported).
+      for (size_t i = 0; i < out.seqs.size(); ++i) {
+        const ScheduledSeq& s = out.seqs[i];
+        if (s.req->scoring) score_rows(*s.req, runner_->first_row(static_cast<int>(i)), s.start, s.num_tokens);
+      }
+    } catch (const std::runtime_error& e) {
+      if (std::string_view(e.what()).find("non-finite") != std::string_view::npos) diagnose_overflow(out, sampling);
+      throw;
     }
     std::vector<int> sampled(out.seqs.size(), -1);
     // Per-token logprobs (the server asks for them): from the raw distribution
@@ -445,6 +452,43 @@ class EngineImpl final : public Engine {
     }
   }
 
+  // Non-finite logits on the CPU with every weight finite (step() checks the
+  // weights first): the step is run again with the forward pass checking the
+  // residual stream after every stage (ForwardPass::set_check_stages), and
+  // the first stage that held NaN/inf is kept for step()'s message. Only
+  // after a failure, so ordinary steps pay nothing; the re-run's KV writes
+  // are those of the failed step (the engine stops here anyway).
+  void diagnose_overflow(const SchedulerOutput& out, const StepSampling& sampling) {
+    if (!weights_ || weights_->first_non_finite()) return;  // no host weights, or a NaN/inf weight to name
+    ModelRunner& r0 = runner_->runner(0);
+    r0.set_check_stages(true);
+    try {
+      runner_->execute(out, sampling);
+    } catch (const std::exception&) {  // the same failure again: only the record matters
+    }
+    overflow_stage_ = r0.first_nonfinite_stage();
+    r0.set_check_stages(false);
+  }
+
+  std::string overflow_message(const std::string& what, int stage) const {
+    const int L = cfg_.num_layers;
+    const std::string largest = weights_->largest_value(stage == ForwardPass::kNoStage ? L + 1 : stage);
+    std::string where;
+    if (stage == ForwardPass::kStageEmbedding)
+      where = fmt::format("every weight is finite, but the embedding's output{} overflowed float32",
+                          weights_->embed_scale != 1.0f ? " (x the embedding scale)" : "");
+    else if (stage >= 0 && stage < L)
+      where = fmt::format("every weight is finite, but layer {}'s output overflowed float32 (the first layer whose "
+                          "output holds NaN or inf)",
+                          stage);
+    else if (stage == L)
+      where = "every weight and every layer's output is finite, but the final norm's output overflowed float32";
+    else
+      where = "every weight and the final norm's output are finite, but the output projection overflowed float32";
+    return fmt::format("{}: {}; its largest weight: {}. The checkpoint's values are out of range: fix or re-export it",
+                       what, where, largest);
+  }
+
   static void add_logprobs(StepEvent& ev, std::span<const float> row, int top) {
     double m = -INFINITY;
     for (float x : row) m = std::max(m, static_cast<double>(x));
@@ -470,6 +514,10 @@ class EngineImpl final : public Engine {
   std::unique_ptr<KvCacheManager> kv_;
   KvScales scales_;
   std::shared_ptr<const ModelWeights> weights_;  // CPU only: the non-finite diagnosis reads them
+  // The stage diagnose_overflow found (ForwardPass::first_nonfinite_stage),
+  // or kNotDiagnosed.
+  static constexpr int kNotDiagnosed = -100;
+  int overflow_stage_ = kNotDiagnosed;
   std::unique_ptr<TpRunner> runner_;  // every rank's Backend + ModelRunner
   std::unique_ptr<Scheduler> sched_;
   RequestId next_id_ = 1;

@@ -1,6 +1,7 @@
 #include "engine/forward.h"
 
 #include <stdexcept>
+#include <vector>
 
 #include "io/errors.h"
 
@@ -153,17 +154,57 @@ void ForwardPass::run(const StepBatch& b, RunState& rs) {
   }
 
   be_.embedding(w_.embed, w_.embed_scale, st.h);
-  for (int l = 0; l < cfg_.num_layers; ++l) {
+  check_stage(kStageEmbedding, st.h);
+  const int n = cfg_.num_layers;
+  for (int l = 0; l < n; ++l) {
     if (cfg_.family == ModelFamily::qwen3_5)
       qwen3_5_layer(l, st);
     else if (cfg_.sandwich_norms)
       gemma3_layer(l, st);
     else
       llama_layer(l, st);
+    // The layer's output: pre-norm families have added it to h (after the
+    // last layer h is also final-normed, in place: if the MLP output tmp is
+    // finite there, the final norm overflowed); Gemma 3 adds its MLP output
+    // tmp at the next norm.
+    if (check_stages_) {
+      if (cfg_.sandwich_norms)
+        check_stage(l, st.h, st.tmp);
+      else if (l + 1 < n)
+        check_stage(l, st.h);
+      else {
+        check_stage(l, st.tmp);
+        check_stage(n, st.h);
+      }
+    }
   }
   // Gemma 3: the last layer's MLP output joins the residual stream, then the
   // final norm (in place). Pre-norm families did this in llama_layer.
-  if (cfg_.sandwich_norms) be_.add_rmsnorm(st.h, st.tmp, w_.final_norm, eps_, st.h);
+  if (cfg_.sandwich_norms) {
+    be_.add_rmsnorm(st.h, st.tmp, w_.final_norm, eps_, st.h);
+    check_stage(n, st.h);
+  }
+}
+
+void ForwardPass::check_stage(int stage, const Tensor& t, const Tensor& t2) {
+  if (!check_stages_ || first_nonfinite_stage_ != kNoStage) return;
+  for (const Tensor* x : {&t, &t2}) {
+    if (x->empty()) continue;
+    std::vector<uint16_t> raw(x->bytes() / 2);
+    be_.download(raw.data(), x->data, x->bytes());
+    bool bad = false;
+    if (x->dtype == ScalarType::f32) {
+      for (size_t i = 0; i + 1 < raw.size() && !bad; i += 2) bad = (raw[i + 1] & 0x7f80) == 0x7f80;  // little-endian f32: high half
+    } else if (x->dtype == ScalarType::bf16) {
+      for (size_t i = 0; i < raw.size() && !bad; ++i) bad = (raw[i] & 0x7f80) == 0x7f80;
+    } else if (x->dtype == ScalarType::f16) {
+      for (size_t i = 0; i < raw.size() && !bad; ++i) bad = (raw[i] & 0x7c00) == 0x7c00;
+    }
+    if (bad) {
+      first_nonfinite_stage_ = stage;
+      return;
+    }
+  }
 }
 
 }  // namespace fp8kv

@@ -63,7 +63,24 @@ class ForwardPass {
 
   const ModelConfig& config() const { return cfg_; }
 
+  // The non-finite diagnosis (the engine re-runs a step whose logits were
+  // NaN/inf with every weight finite): while on, run() downloads the
+  // residual stream after the embedding, after each layer and after the
+  // final norm, and records the first stage that holds a NaN or inf. Off on
+  // every ordinary step (it costs a download per layer).
+  static constexpr int kStageEmbedding = -1;  // then 0..num_layers-1: layer l; num_layers: the final norm
+  void set_check_stages(bool on) {
+    check_stages_ = on;
+    first_nonfinite_stage_ = kNoStage;
+  }
+  // The first stage whose output held a NaN or inf in the last checked run;
+  // kNoStage when every stage was finite (the logits overflowed in lm_head).
+  static constexpr int kNoStage = -2;
+  int first_nonfinite_stage() const { return first_nonfinite_stage_; }
+
  private:
+  // check_stages_: records `stage` when t (or t2) holds a NaN or inf and no earlier stage did.
+  void check_stage(int stage, const Tensor& t, const Tensor& t2 = {});
   struct Step;  // per-run views of the RunState
   void llama_layer(int layer, Step& st);
   void gemma3_layer(int layer, Step& st);
@@ -90,6 +107,8 @@ class ForwardPass {
   Activation act_;
   float eps_;
   bool fused_ = false;
+  bool check_stages_ = false;
+  int first_nonfinite_stage_ = kNoStage;
 };
 
 struct ForwardPass::Step {

@@ -126,6 +126,11 @@ class ModelRunner {
   void sample(std::span<const int32_t> rows, std::span<const RowSampling> params, std::span<int32_t> ids);
 
   Backend& backend() { return be_; }
+  // The non-finite diagnosis (ForwardPass::set_check_stages): the engine
+  // re-runs a failed step with it on, on rank 0, and reads the first stage
+  // whose output held NaN/inf. The CPU engine only (no graph replays).
+  void set_check_stages(bool on) { fwd_.set_check_stages(on); }
+  int first_nonfinite_stage() const { return fwd_.first_nonfinite_stage(); }
 
  private:
   void build_batch(const SchedulerOutput& out);

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <random>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -252,6 +253,81 @@ std::optional<std::string> ModelWeights::first_non_finite() const {
   if (lm_head && lm_head->data)
     if (int64_t i = first_bad(*lm_head, &kind); i >= 0) return found("lm_head.weight", i);
   return std::nullopt;
+}
+
+namespace {
+// The largest |value| of a matrix (fp8: its largest scale) and its index.
+std::pair<float, int64_t> largest_abs(const WeightMatrix& m) {
+  std::pair<float, int64_t> best{-1.0f, -1};
+  if (!m.data) return best;
+  if (m.fp8) {
+    if (!m.scales) return best;
+    for (size_t i = 0; i < m.scales->size(); ++i)
+      if (std::fabs((*m.scales)[i]) > best.first) best = {std::fabs((*m.scales)[i]), static_cast<int64_t>(i)};
+    return best;
+  }
+  const int64_t n = m.rows * m.cols;
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = std::fabs(m.bf16 ? bf16_to_f32(static_cast<const uint16_t*>(m.data)[i])
+                                     : static_cast<const float*>(m.data)[i]);
+    if (x > best.first) best = {x, i};
+  }
+  return best;
+}
+std::pair<float, int64_t> largest_abs(const std::vector<float>& v) {
+  std::pair<float, int64_t> best{-1.0f, -1};
+  for (size_t i = 0; i < v.size(); ++i)
+    if (std::fabs(v[i]) > best.first) best = {std::fabs(v[i]), static_cast<int64_t>(i)};
+  return best;
+}
+}  // namespace
+
+std::string ModelWeights::largest_value(int stage) const {
+  std::string name;
+  std::pair<float, int64_t> best{-1.0f, -1};
+  bool scale = false;
+  const auto consider = [&](const std::string& n, const auto& t) {
+    const auto b = largest_abs(t);
+    if (b.first > best.first) {
+      best = b;
+      name = n;
+      if constexpr (std::is_same_v<std::decay_t<decltype(t)>, WeightMatrix>) scale = t.fp8;
+      else scale = false;
+    }
+  };
+  const int L = static_cast<int>(layers.size());
+  if (stage < 0) {
+    consider("model.embed_tokens.weight", embed);
+  } else if (stage < L) {
+    const LayerWeights& w = layers[static_cast<size_t>(stage)];
+    const std::string p = fmt::format("model.layers.{}.", stage);
+    const std::pair<const char*, const std::vector<float>*> vecs[] = {
+        {"input_layernorm.weight", &w.input_norm},       {"self_attn.q_proj.bias", &w.q_bias},
+        {"self_attn.k_proj.bias", &w.k_bias},            {"self_attn.v_proj.bias", &w.v_bias},
+        {"self_attn.o_proj.bias", &w.o_bias},            {"self_attn.q_norm.weight", &w.q_norm},
+        {"self_attn.k_norm.weight", &w.k_norm},          {"post_attention_layernorm.weight", &w.post_attention_norm},
+        {"pre_feedforward_layernorm.weight", &w.pre_ffn_norm}, {"post_feedforward_layernorm.weight", &w.post_ffn_norm},
+        {"mlp.gate_proj.bias", &w.gate_bias},            {"mlp.up_proj.bias", &w.up_bias},
+        {"mlp.down_proj.bias", &w.down_bias},            {"linear_attn.conv1d.weight", &w.conv1d},
+        {"linear_attn.A_log", &w.A_log},                 {"linear_attn.dt_bias", &w.dt_bias},
+        {"linear_attn.norm.weight", &w.gdn_norm}};
+    const std::pair<const char*, const WeightMatrix*> mats[] = {
+        {"self_attn.q_proj.weight", &w.q_proj},        {"self_attn.k_proj.weight", &w.k_proj},
+        {"self_attn.v_proj.weight", &w.v_proj},        {"self_attn.o_proj.weight", &w.o_proj},
+        {"mlp.gate_proj.weight", &w.gate_proj},        {"mlp.up_proj.weight", &w.up_proj},
+        {"mlp.down_proj.weight", &w.down_proj},        {"linear_attn.in_proj_qkv.weight", &w.in_proj_qkv},
+        {"linear_attn.in_proj_z.weight", &w.in_proj_z}, {"linear_attn.in_proj_b.weight", &w.in_proj_b},
+        {"linear_attn.in_proj_a.weight", &w.in_proj_a}, {"linear_attn.out_proj.weight", &w.out_proj}};
+    for (const auto& [n, m] : mats) consider(p + n, *m);
+    for (const auto& [n, v] : vecs) consider(p + n, *v);
+  } else if (stage == L) {
+    consider("model.norm.weight", final_norm);
+  } else {
+    consider(lm_head ? "lm_head.weight" : "model.embed_tokens.weight (tied to lm_head)", output());
+  }
+  if (best.second < 0) return "no values";
+  return fmt::format("{} holds {:.3g}{} at element {}", name, best.first, scale ? " as its largest scale" : " in magnitude",
+                     best.second);
 }
 
 namespace {

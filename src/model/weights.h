@@ -100,6 +100,13 @@ class ModelWeights {
   // (layer 1) holds NaN at element 5"; nullopt when every value is finite.
   // Used only after non-finite logits (a full scan, not on the hot path).
   std::optional<std::string> first_non_finite() const;
+  // The tensor of one forward stage holding the largest |value|, as
+  // "model.layers.1.input_layernorm.weight holds 3.39e+38 at element 0" (an
+  // fp8 matrix: its largest scale). stage -1: the embedding; 0..L-1: layer
+  // l's tensors; L: the final norm; L + 1: the output projection (lm_head,
+  // or the tied embedding). For the non-finite diagnosis, after the stage
+  // whose output overflowed is known (a scan, not on the hot path).
+  std::string largest_value(int stage) const;
 
   // Random weights (normal(0, std), norms around 1) for tests; bf16 or fp32 matrices.
   static std::shared_ptr<ModelWeights> random(const ModelConfig& cfg, uint64_t seed, float std, bool bf16);

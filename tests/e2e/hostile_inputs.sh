@@ -198,6 +198,36 @@ expect_rc 0 "${LIM[@]}" "$BIN" generate "$T/mp" --prompt hi --max-tokens 2 --max
 echo "ok   max_position_embeddings 2^31-1 runs with --max-model-len 100"
 t "bench throughput --num-prompts 2^31-1" "--num-prompts 2147483647" "${LIM[@]}" "$BIN" bench throughput "$M" --num-prompts 2147483647 --input-len 8 --output-len 4
 
+# --- issue 37 B: finite but absurd weights are bad input (exit 2), naming the stage ----
+# Every weight finite, the logits NaN: the step is re-run checking the
+# residual stream after each stage, and the first that overflowed is named
+# with its largest weight (the CPU engine; docs/robustness.md).
+big() {  # big TENSOR: a copy of M with 3.39e38 in the first 8 elements of TENSOR
+  rm -rf "$T/big"; cp -r "$M" "$T/big"
+  for i in 0 1 2 3 4 5 6 7; do python3 "$HERE/st_edit.py" "$T/big/model.safetensors" set-f32 "$1" $i 3.39e38; done
+}
+for case in "model.layers.1.input_layernorm.weight|layer 1's output overflowed float32" \
+            "model.layers.0.post_attention_layernorm.weight|layer 0's output overflowed float32" \
+            "model.layers.0.mlp.down_proj.weight|layer 0's output overflowed float32" \
+            "model.layers.1.self_attn.q_proj.weight|layer 1's output overflowed float32" \
+            "model.norm.weight|but the final norm's output overflowed float32" \
+            "lm_head.weight|but the output projection overflowed float32"; do
+  tn=${case%%|*}; want=${case#*|}
+  big "$tn"
+  t "generate, 3.39e38 in $tn" "$want" "$BIN" generate "$T/big" --prompt Hello --max-tokens 3
+  grep -qF "its largest weight: $tn holds 3.39e+38" "$T/err" || fail "3.39e38 in $tn: tensor not named: $(cat "$T/err")"
+  t "score, 3.39e38 in $tn" "$want" "$BIN" score "$T/big" --text-file "$T/good.txt" --output "$T/s.json"
+done
+big model.layers.1.input_layernorm.weight
+t "generate -tp 2, 3.39e38 in a layernorm" "layer 1's output overflowed float32" \
+  "$BIN" generate "$T/big" --prompt Hello --max-tokens 3 -tp 2 --threads 1
+t "calibrate, 3.39e38 in a layernorm" "layer 1's output overflowed float32" \
+  "$BIN" calibrate "$T/big" --corpus "$T/good.txt" --output "$T/r.json"
+[ -e "$T/r.json" ] && fail "calibrate wrote a report from overflowing weights"
+t "eval compare, 3.39e38 in a layernorm" "layer 1's output overflowed float32" \
+  "$BIN" eval compare "$T/big" --text-file "$T/good.txt"
+rm -rf "$T/big"
+
 # --- issue 37 B: optional files that are not files are refused, not skipped ----------
 for f in generation_config.json chat_template.jinja; do
   cp -r "$M" "$T/of"; rm -f "$T/of/$f"; mkfifo "$T/of/$f"
