@@ -25,6 +25,8 @@
 #include "engine/engine.h"
 #include "io/errors.h"
 #include "io/host_memory.h"
+#include "kv/planner.h"
+#include "model/config.h"
 #include "numerics/version.h"
 #ifdef FP8KV_HAVE_CUDA
 #include "backend/cuda/copy_bandwidth.h"
@@ -115,9 +117,26 @@ void check_request_memory(const bench::BenchSettings& s, const std::string& mode
 
 int run(BenchArgs a, const std::string& mode) {
   a.s.mode = mode;
-  check_request_memory(a.s, mode);
   EngineOptions o = a.engine.options();
-  if (o.max_model_len == 0) o.max_model_len = a.s.input_len + a.s.output_len;
+  // Without --max-model-len the engine is sized for the run's requests
+  // (input + output tokens), which must fit the model's limit; a refusal
+  // names that limit and where it came from, never a --max-model-len the
+  // user did not give (issue 37).
+  const int64_t run_len = static_cast<int64_t>(a.s.input_len) + a.s.output_len;
+  if (o.max_model_len == 0) {
+    const ModelConfig cfg = load_model_config(a.model);
+    const int limit = model_max_len(cfg);
+    if (limit > 0 && run_len > limit)
+      throw InputError(fmt::format("--input-len {} + --output-len {} = {} tokens exceed max_model_len {} ({}); "
+                                   "lower --input-len or --output-len",
+                                   a.s.input_len, a.s.output_len, run_len, limit,
+                                   max_model_len_origin(cfg, KvPlanSettings{})));
+    o.max_model_len = static_cast<int>(run_len);
+  } else if (run_len > o.max_model_len) {
+    throw InputError(fmt::format("--input-len {} + --output-len {} = {} tokens exceed --max-model-len {}",
+                                 a.s.input_len, a.s.output_len, run_len, o.max_model_len));
+  }
+  check_request_memory(a.s, mode);
   if (mode == "latency") o.max_num_seqs = std::max(o.max_num_seqs, a.s.batch_size);
   const std::string backend = resolved_backend(o.backend);
   if (!a.gemv_routes.empty() && backend != "cuda")  // before the model load

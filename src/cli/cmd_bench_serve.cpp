@@ -16,6 +16,7 @@
 
 #include "cli/commands.h"
 #include "io/errors.h"
+#include "io/user_files.h"
 #include "model/config.h"
 #include "numerics/version.h"
 #include "server/bench_client.h"
@@ -98,7 +99,31 @@ std::string date_stamp() {
   return buf;
 }
 
+// The result file is checked before the run (docs/design.md: every output
+// before any computation; issue 37: a missing --result-dir failed after the
+// whole run). The directory must exist and take a probe file; a named
+// result file must be new or a regular file. Without --save-result nothing
+// is written (vLLM's rule), so --result-dir / --result-filename alone are
+// refused rather than ignored.
+void check_result_path(const BenchServeArgs& a) {
+  if (!a.save_result) {
+    if (!a.result_dir.empty() || !a.result_filename.empty())
+      throw UsageError(fmt::format("{} writes nothing without --save-result: add --save-result, or drop it",
+                                   !a.result_dir.empty() ? "--result-dir" : "--result-filename"));
+    return;
+  }
+  const fs::path dir = a.result_dir.empty() ? fs::path(".") : fs::path(a.result_dir);
+  if (a.result_filename.empty()) {
+    check_writable_dir(dir, a.result_dir.empty() ? "." : a.result_dir, "--result-dir");
+    return;
+  }
+  const fs::path file = a.result_dir.empty() ? fs::path(a.result_filename) : dir / a.result_filename;
+  if (!a.result_dir.empty()) check_writable_dir(dir, a.result_dir, "--result-dir");
+  check_output_file(file.string(), "--result-filename");
+}
+
 int run(BenchServeArgs a) {
+  check_result_path(a);
   if (a.dataset_name != "random")
     throw UsageError(fmt::format("--dataset-name: only 'random' is supported, not '{}'", a.dataset_name));
   a.s.request_rate = parse_rate(a.request_rate);
@@ -199,8 +224,10 @@ Registrar reg([](CLI::App& app) {
   s->add_option("--request-timeout", a.s.timeout_s, "Seconds a request may wait for its next chunk (default 3600)")
       ->check(greater_than(0));
   s->add_flag("--save-result", a.save_result, "Write the result JSON (vLLM's names) to a file");
-  s->add_option("--result-dir", a.result_dir, "Folder of the result file (default: the current one)");
-  s->add_option("--result-filename", a.result_filename, "Result file name (default fp8kv-RATEqps-MODEL-DATE.json)");
+  s->add_option("--result-dir", a.result_dir, "Folder of the result file, which must exist (default: the current one)")
+      ->check(non_empty("a directory"));
+  s->add_option("--result-filename", a.result_filename, "Result file name (default fp8kv-RATEqps-MODEL-DATE.json)")
+      ->check(non_empty("a file name"));
   s->add_flag("--json", a.json, "Print the result JSON instead of the table");
   set_action(s, [] { return run(a); });
 });

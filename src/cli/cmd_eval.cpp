@@ -21,6 +21,7 @@
 #include "eval/report_html.h"
 #include "io/errors.h"
 #include "io/fs_util.h"
+#include "io/host_memory.h"
 #include "io/text_table.h"
 #include "io/user_files.h"
 #include "kv/planner.h"
@@ -99,6 +100,26 @@ struct CompareArgs {
   EngineFlags eng;
 };
 
+// The cluster bootstrap keeps each resample's document indices and its
+// statistic: resamples x (24 + 4 x documents + 8) bytes (eval/stats.h
+// bootstrap_indices, bootstrap_interval). Refused by that arithmetic, before
+// any scoring, when it exceeds half of what this process may use (issue 37:
+// --bootstrap 2000000000 ended in the out-of-memory message about --kv-memory).
+void check_bootstrap_memory(int resamples, size_t documents) {
+  const HostMemoryLimit mem = host_memory_limit();
+  if (mem.bytes == 0 || resamples <= 0) return;
+  const uint64_t per = 24 + 4 * static_cast<uint64_t>(documents) + 8;
+  const unsigned __int128 need = static_cast<unsigned __int128>(resamples) * per;
+  const uint64_t allowed = mem.bytes / 2;
+  if (need <= allowed) return;
+  const auto need_b = static_cast<uint64_t>(need);  // resamples < 2^31, per < 2^40: fits
+  throw UsageError(fmt::format(
+      "--bootstrap {}: {} resamples x (24 + 4 x {} documents + 8) bytes = {} ({} bytes) of resample indices and "
+      "statistics, more than half of {} ({}); use at most --bootstrap {} (the default is 2000)",
+      resamples, resamples, documents, format_bytes(need_b), need_b, mem.what, format_bytes(mem.bytes),
+      allowed / per));
+}
+
 int run_compare_cmd(const CompareArgs& a) {
   // Output paths are checked before the (long) computation.
   if (!a.output.empty()) check_output_file(a.output, "--output");
@@ -117,6 +138,7 @@ int run_compare_cmd(const CompareArgs& a) {
   Docs docs = read_docs(a.model, a.text_files, a.ids_files, tok.get(), cfg.vocab_size);
   in.docs = std::move(docs.ids);
   in.doc_names = std::move(docs.names);
+  check_bootstrap_memory(a.bootstrap, in.docs.size());
   in.control = a.control;
   if (a.control) {
     if (!tok) throw InputError(fmt::format("--control: no tokenizer in {} for the control prefix", a.model));
@@ -243,7 +265,13 @@ int run_niah_cmd(const NiahArgs& a) {
   o.seed = a.seed;
   const auto arms = eval::parse_arms(a.arms);
   // The limit every arm's engine will have: --max-model-len, else the model's.
-  o.max_model_len = a.eng.max_model_len > 0 ? a.eng.max_model_len : model_max_len(load_model_config(a.model));
+  {
+    const ModelConfig cfg = load_model_config(a.model);
+    KvPlanSettings given;
+    given.max_model_len = a.eng.max_model_len;
+    o.max_model_len = a.eng.max_model_len > 0 ? a.eng.max_model_len : model_max_len(cfg);
+    o.max_model_len_origin = max_model_len_origin(cfg, given);
+  }
   auto tok = Tokenizer::load(a.eng.tokenizer_path(a.model));
   const auto prompts = eval::build_niah_prompts(*tok, read_text_option_file(a.haystack, "--haystack"), o);
   Progress progress("niah");

@@ -71,8 +71,8 @@ std::vector<NiahPrompt> build_niah_prompts(const Tokenizer& tok, const std::stri
   for (int T : o.lengths) {
     if (T <= o.answer_tokens + 16) throw InputError(fmt::format("--lengths: {} is too short for a needle prompt", T));
     if (o.max_model_len > 0 && T > o.max_model_len)
-      throw InputError(fmt::format("--lengths: {} exceeds max_model_len {} (the model's limit, or --max-model-len)", T,
-                                   o.max_model_len));
+      throw InputError(fmt::format("--lengths: {} exceeds max_model_len {} ({})", T, o.max_model_len,
+                                   o.max_model_len_origin));
   }
   for (int T : o.lengths) {
     for (int depth : o.depths) {

@@ -44,6 +44,7 @@ struct NiahOptions {
   uint64_t seed = 0;
   int answer_tokens = 7;  // generated tokens (prompt fits in length - answer_tokens)
   int max_model_len = 0;  // > 0: a length above it is refused first (before the haystack is measured)
+  std::string max_model_len_origin = "--max-model-len";  // for that refusal (kv/planner.h max_model_len_origin)
 };
 // Same seed -> same prompts. Throws InputError when a length exceeds
 // max_model_len (checked first: that is the cause, not the haystack) or the

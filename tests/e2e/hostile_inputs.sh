@@ -100,6 +100,23 @@ expect_rc 0 "$BIN" score "$M" --text-file "$T/ünï cødé/t.txt" --output "$T/�
 [ -s "$T/ünï cødé/o.json" ] || fail "unicode output path not written"
 echo "ok   unicode paths"
 
+# bench serve's result file: checked before the run (no server is needed to
+# see the refusal: port 1 has none, and the check comes first).
+bs=("$BIN" bench serve --port 1 --num-prompts 1)
+t "bench serve --result-dir missing" "--result-dir /nonexistent: directory /nonexistent does not exist" "${bs[@]}" --save-result --result-dir /nonexistent
+t "bench serve --result-dir a file" "--result-dir $T/good.txt: $T/good.txt is not a directory" "${bs[@]}" --save-result --result-dir "$T/good.txt"
+t "bench serve --result-dir FIFO" "is not a directory" "${bs[@]}" --save-result --result-dir "$T/fifo"
+t "bench serve --result-filename in a missing folder" "--result-filename $T/sub/r.json: directory $T/sub does not exist" \
+  "${bs[@]}" --save-result --result-dir "$T" --result-filename sub/r.json
+t "bench serve --result-filename /dev/null" "--result-filename /dev/null: is not a regular file" "${bs[@]}" --save-result --result-filename /dev/null
+t "bench serve --result-filename a directory" "--result-filename $T: is a directory" "${bs[@]}" --save-result --result-filename "$T"
+t "bench serve --result-dir ''" "--result-dir: empty value" "${bs[@]}" --save-result --result-dir ""
+t "bench serve --result-dir without --save-result" "--result-dir writes nothing without --save-result" "${bs[@]}" --result-dir "$T"
+if [ -d /proc/self ]; then
+  t "bench serve --result-dir /proc" "--result-dir /proc: cannot write in /proc" "${bs[@]}" --save-result --result-dir /proc
+fi
+t "bench serve, good result path: the server is what fails" "cannot reach" "${bs[@]}" --save-result --result-dir "$T" --result-filename r.json
+
 # --- JSON files of the wrong shape --------------------------------------------------
 mkdir -p "$T/ca"; echo '[]' > "$T/ca/config.json"
 t "config.json is an array" "$T/ca/config.json: expected a JSON object" "$BIN" capacity "$T/ca" --kv-memory 1GiB
@@ -227,6 +244,34 @@ t "calibrate, 3.39e38 in a layernorm" "layer 1's output overflowed float32" \
 t "eval compare, 3.39e38 in a layernorm" "layer 1's output overflowed float32" \
   "$BIN" eval compare "$T/big" --text-file "$T/good.txt"
 rm -rf "$T/big"
+
+# --- issue 37 B: a limit is named with where it came from -----------------------------
+# bench sizes the engine for --input-len + --output-len when --max-model-len is
+# not given: too long is the model's limit, never "--max-model-len 204".
+origin="max_model_len 128 (the model's limit: max_position_embeddings in config.json; --max-model-len not given)"
+t "bench latency --input-len past the model" "--input-len 200 + --output-len 4 = 204 tokens exceed $origin" \
+  "$BIN" bench latency "$M" --input-len 200 --output-len 4
+grep -qF -- "--max-model-len 204" "$T/err" && fail "bench blamed a --max-model-len never given: $(cat "$T/err")"
+t "bench throughput --input-len past the model" "--input-len 100 + --output-len 100 = 200 tokens exceed $origin" \
+  "$BIN" bench throughput "$M" --input-len 100 --output-len 100 --num-prompts 2
+t "bench latency past a given --max-model-len" "--input-len 100 + --output-len 10 = 110 tokens exceed --max-model-len 64" \
+  "$BIN" bench latency "$M" --input-len 100 --output-len 10 --max-model-len 64
+t "bench latency --input-len 2^31-1 (no int overflow)" "exceed $origin" \
+  "$BIN" bench latency "$M" --input-len 2147483647 --output-len 2147483647 --batch-size 1 --kv-memory 1GiB
+t "niah --lengths past the model" "--lengths: 100000 exceeds $origin" \
+  "$BIN" eval niah "$M" --haystack "$T/good.txt" --lengths 100000 --depths 50 --trials 1
+t "niah --lengths past --max-model-len" "--lengths: 100 exceeds max_model_len 64 (--max-model-len)" \
+  "$BIN" eval niah "$M" --haystack "$T/good.txt" --lengths 100 --depths 50 --trials 1 --max-model-len 64
+# eval compare --bootstrap: its memory, resamples x (24 + 4 x documents + 8)
+# bytes, is checked before any scoring (was: the out-of-memory message about --kv-memory).
+t "eval compare --bootstrap 2000000000" "--bootstrap 2000000000: 2000000000 resamples x (24 + 4 x 1 documents + 8) bytes = 67.06 GiB" \
+  "${LIM[@]}" "$BIN" eval compare "$M" --text-file "$T/good.txt" --bootstrap 2000000000
+grep -qF "more than half of the address-space limit (ulimit -v) (3.81 GiB); use at most --bootstrap 56888888" "$T/err" ||
+  fail "--bootstrap: the bound not stated: $(cat "$T/err")"
+grep -qF "compare [" "$T/err" && fail "--bootstrap was checked after the scoring: $(cat "$T/err")"
+t "eval compare --bootstrap 2147483647, two documents" "x (24 + 4 x 2 documents + 8) bytes" \
+  "$BIN" eval compare "$M" --text-file "$T/good.txt" --text-file "$T/good.txt" --bootstrap 2147483647 --output "$T/cmp.json"
+[ -e "$T/cmp.json" ] && fail "compare wrote its report although --bootstrap was refused"
 
 # --- issue 37 B: optional files that are not files are refused, not skipped ----------
 for f in generation_config.json chat_template.jinja; do
