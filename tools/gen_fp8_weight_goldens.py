@@ -54,7 +54,10 @@ OUT = os.path.join("tests", "golden", "fp8_weights")
 FP8_MAX = 448.0
 VOCAB = 272
 SEQ_LENS = [40, 56]
-COMMON = dict(hidden_size=256, intermediate_size=384, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+# Small enough to track (about 0.45 MB a case): hidden 128 is one 128-wide K
+# block; intermediate 200 makes gate/up's second N block and down_proj's second
+# K block partial (ceil(200/128) = 2), and k/v_proj (N = 64) a partial block.
+COMMON = dict(hidden_size=128, intermediate_size=200, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
               vocab_size=VOCAB, max_position_embeddings=256, rms_norm_eps=1e-6, eos_token_id=256,
               bos_token_id=257, initializer_range=0.02, torch_dtype="bfloat16", num_hidden_layers=2,
               tie_word_embeddings=False, rope_theta=10000.0)
@@ -107,7 +110,7 @@ def granularity(fmt):
     return {"block": "block", "ct_channel": "channel"}.get(fmt, "tensor")
 
 
-def quantize(w, gran):
+def quantize(w, gran, scale_dtype=None):
     """w fp32 [N, K] -> (q float8_e4m3fn [N, K], scale fp32 per granularity, deq fp32 [N, K]).
     scale = amax / 448 (1 where amax is 0); q = cast(clamp(w / scale)) (saturating: clamp first)."""
     N, K = w.shape
@@ -126,6 +129,10 @@ def quantize(w, gran):
         amax = pad.abs().view(nb, 128, kb, 128).amax(dim=(1, 3))
         s = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
         full = s.repeat_interleave(128, 0).repeat_interleave(128, 1)[:N, :K]
+    if scale_dtype is not None:  # the scale as stored (ct_channel: bf16), so deq = q * stored scale
+        s = s.to(scale_dtype).to(torch.float32)
+        full = s.view(N, 1).expand(N, K) if gran == "channel" else s.expand(N, K) if gran == "tensor" else \
+            s.repeat_interleave(128, 0).repeat_interleave(128, 1)[:N, :K]
     q = (w / full).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     deq = q.to(torch.float32) * full
     return q, s, deq
@@ -210,7 +217,7 @@ def quantize_state(sd, fmt, tied):
         module = name[:-len(".weight")] if name.endswith(".weight") else None
         is_proj = module is not None and (any(module.endswith(p) for p in PROJ) or (module == "lm_head" and not tied))
         if is_proj and w.dim() == 2 and quantized(fmt, module):
-            q, s, d = quantize(w.float(), gran)
+            q, s, d = quantize(w.float(), gran, torch.bfloat16 if fmt == "ct_channel" else None)
             save[name] = q.contiguous()
             save.update(scale_tensors(fmt, module, s))
             deq[name] = d

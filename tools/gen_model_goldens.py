@@ -139,8 +139,12 @@ class Hook:
         self.originals = {}
 
     def install(self, modules):
+        # One wrapper per module, whichever Hook installed last: a second
+        # install replaces the first instead of wrapping it (stacked wrappers
+        # would round each later case's K/V again with a stale hook's format).
         for mod in modules:
-            orig = getattr(mod, "eager_attention_forward")
+            orig = getattr(mod, "_fp8kv_eager_attention_forward", None) or getattr(mod, "eager_attention_forward")
+            setattr(mod, "_fp8kv_eager_attention_forward", orig)
             self.originals[mod] = orig
 
             def wrapped(module, query, key, value, *args, _orig=orig, **kwargs):
