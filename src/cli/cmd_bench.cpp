@@ -173,7 +173,7 @@ int run(BenchArgs a, const std::string& mode) {
 #endif
   if (!a.gemv_routes.empty()) j["gemv_route_runs"] = run_route_sets(*engine, a.s, copy, a.gemv_routes, backend);
   if (a.json) {
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", dump_json(j).c_str());
   } else {
     std::printf("bench %s: %s, backend %s, kv %s, input %d, output %d, %s %d\n", mode.c_str(), a.model.c_str(),
                 backend.c_str(), j["kv_cache_dtype"].get<std::string>().c_str(), a.s.input_len, a.s.output_len,

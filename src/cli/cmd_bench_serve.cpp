@@ -163,10 +163,10 @@ int run(BenchServeArgs a) {
       name = fmt::format("fp8kv-{}qps-{}-{}.json", a.request_rate, m, j["date"].get<std::string>());
     }
     fs::path p = a.result_dir.empty() ? fs::path(name) : fs::path(a.result_dir) / name;
-    write_atomically(p, j.dump(2) + "\n");
+    write_atomically(p, dump_json(j) + "\n");
   }
   if (a.json) {
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", dump_json(j).c_str());
   } else {
     auto f = [&](const char* k) { return j[k].get<double>(); };
     std::printf("============ Serving Benchmark Result ============\n");
@@ -204,7 +204,8 @@ Registrar reg([](CLI::App& app) {
   s->add_option("--port", a.port, "Server port (default 8000)")->check(in_range(1, 65535));
   s->add_option("--base-url", a.base_url, "http://HOST:PORT (overrides --host/--port)");
   s->add_option("--endpoint", a.s.endpoint, "Route: /v1/completions (default; token-id prompts) or /v1/chat/completions (the prompts decoded to text)");
-  s->add_option("--model", a.s.model, "Model name sent in requests (default: the server's /v1/models)");
+  s->add_option("--model", a.s.model, "Model name sent in requests (default: the server's /v1/models)")
+      ->check(utf8_text());
   s->add_option("--tokenizer", a.tokenizer, "Tokenizer directory or tokenizer.json: the vocabulary of the random prompts");
   s->add_option("--dataset-name", a.dataset_name, "Only 'random' (random token ids)");
   s->add_option("--num-prompts", a.s.num_prompts, "Requests in all (default 1000)")->check(at_least(1));

@@ -38,12 +38,7 @@ struct CalibrateArgs {
 
 // A JSON array of token ids, or an array of such arrays (as `fp8kv score`).
 std::vector<std::vector<int>> read_token_ids(const std::string& path, int vocab) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_option_json(path, "--corpus-ids-file"));
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(fmt::format("{}: invalid JSON: {}", path, e.what()));
-  }
+  const nlohmann::json j = parse_json_option_file(path, "--corpus-ids-file");
   if (!j.is_array()) throw InputError(fmt::format("{}: expected an array of token ids or of arrays", path));
   std::vector<std::vector<int>> out;
   auto one = [&](const nlohmann::json& a, size_t seq) {
@@ -122,7 +117,7 @@ int run_calibrate(const CalibrateArgs& a) {
   rep.corpus = a.corpus;
   rep.context = context;
   const nlohmann::json j = rep.to_json();
-  atomic_write_file(a.output, j.dump(2) + "\n");
+  atomic_write_file(a.output, dump_json(j) + "\n");
   std::fputs(calibration_summary(rep).c_str(), stderr);
 
   nlohmann::json out;
@@ -139,7 +134,7 @@ int run_calibrate(const CalibrateArgs& a) {
         break;
       }
   out["layers_with_v_scale_above_1"] = above;
-  std::printf("%s\n", out.dump(2).c_str());
+  std::printf("%s\n", dump_json(out).c_str());
   if (!rep.complete) {
     std::fprintf(stderr, "error: calibration failed: %s (report written to %s with status failed)\n", rep.reason.c_str(),
                  a.output.c_str());

@@ -317,7 +317,7 @@ int run_capacity(const CapacityArgs& a) {
     }
     j["grid"] = rows;
   }
-  std::fputs((j.dump(2) + "\n").c_str(), stdout);
+  std::fputs((dump_json(j) + "\n").c_str(), stdout);
   return 0;
 }
 

@@ -48,12 +48,7 @@ Docs read_docs(const std::string& model, const std::vector<std::string>& text_fi
     d.names.push_back(f);
   }
   for (const auto& f : ids_files) {
-    json j;
-    try {
-      j = json::parse(read_option_json(f, "--token-ids-file"));
-    } catch (const json::exception& e) {
-      throw InputError(fmt::format("{}: invalid JSON: {}", f, e.what()));
-    }
+    const json j = parse_json_option_file(f, "--token-ids-file");
     if (!j.is_array()) throw InputError(fmt::format("{}: expected an array of token ids or of arrays", f));
     const bool nested = !j.empty() && j[0].is_array();
     const json arr = nested ? j : json::array({j});
@@ -87,7 +82,7 @@ std::vector<int> int_list(const std::string& csv, const char* option, int min, i
   return out;
 }
 
-void write_json(const std::string& path, const json& j) { atomic_write_file(path, j.dump(2) + "\n"); }
+void write_json(const std::string& path, const json& j) { atomic_write_file(path, dump_json(j) + "\n"); }
 
 // ---- compare ----
 struct CompareArgs {
@@ -162,7 +157,7 @@ int run_compare_cmd(const CompareArgs& a) {
   std::fputs(table.str().c_str(), stderr);
   if (!a.html.empty()) atomic_write_file(a.html, eval::compare_report_html(report));
   if (a.output.empty()) {
-    std::printf("%s\n", report.dump(2).c_str());
+    std::printf("%s\n", dump_json(report).c_str());
     return 0;
   }
   write_json(a.output, report);
@@ -173,7 +168,7 @@ int run_compare_cmd(const CompareArgs& a) {
     arms.push_back({{"name", arm["name"]}, {"ppl", arm["ppl"]}, {"ppl_delta_pct", arm["ppl_delta_pct"]},
                     {"kld_mean", arm["kld"]["mean"]}, {"top1_agree", arm["top1_agree"]}});
   out["arms"] = arms;
-  std::printf("%s\n", out.dump(2).c_str());
+  std::printf("%s\n", dump_json(out).c_str());
   return 0;
 }
 
@@ -234,7 +229,7 @@ int run_kvstats_cmd(const KvStatsArgs& a) {
   j["documents"] = docs.names;
   std::fputs(obs.table(cfg).c_str(), stderr);
   if (a.output.empty()) {
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", dump_json(j).c_str());
     return 0;
   }
   write_json(a.output, j);
@@ -244,7 +239,7 @@ int run_kvstats_cmd(const KvStatsArgs& a) {
     if (l["clipped"].get<uint64_t>() > 0) clipping.push_back({{"layer", l["layer"]}, {"stream", l["stream"]},
                                                               {"clip_frac", l["clip_frac"]}});
   out["clipping"] = clipping;
-  std::printf("%s\n", out.dump(2).c_str());
+  std::printf("%s\n", dump_json(out).c_str());
   return 0;
 }
 
@@ -298,7 +293,7 @@ int run_niah_cmd(const NiahArgs& a) {
                  m["b"].get<std::string>().c_str(), static_cast<unsigned long long>(m["only_a"].get<uint64_t>()),
                  static_cast<unsigned long long>(m["only_b"].get<uint64_t>()), m["p_value"].get<double>());
   if (!a.output.empty()) write_json(a.output, j);
-  std::printf("%s\n", j.dump(2).c_str());
+  std::printf("%s\n", dump_json(j).c_str());
   return 0;
 }
 
@@ -318,7 +313,7 @@ const Registrar reg([](CLI::App& app) {
       ->check(at_least(2));
   c->add_option("--buckets", ca.buckets, "position bucket edges (last bucket open-ended)");
   c->add_flag("--control", ca.control, "add a control pass: the reference with a short prefix (noise floor)");
-  c->add_option("--control-prefix", ca.control_prefix, "text of the control prefix");
+  c->add_option("--control-prefix", ca.control_prefix, "text of the control prefix")->check(utf8_text());
   c->add_option("--seed", ca.seed, "seed of the bootstrap / Monte Carlo draws (default 0; -1: random, logged)")
       ->transform(seed_rule());
   c->add_option("--bootstrap", ca.bootstrap, "bootstrap resamples");

@@ -64,7 +64,7 @@ Registrar reg([](CLI::App& app) {
   auto* a = &args;
   auto* sub = app.add_subcommand("generate", "Generate text from a prompt (greedy by default)");
   sub->add_option("MODEL_DIR", a->model, "Checkpoint directory")->required();
-  sub->add_option("--prompt", a->prompt, "Prompt text")->required();
+  sub->add_option("--prompt", a->prompt, "Prompt text")->required()->check(utf8_text());
   sub->add_option("--max-tokens", a->max_tokens, "New tokens at most (default 128)")->check(at_least(1));
   sub->add_option("--temperature", a->temperature, "0: greedy")->check(at_least(0));
   sub->add_option("--top-p", a->top_p, "Nucleus sampling mass (0, 1]")->check(in_range(0.0, 1.0, /*open_lo=*/true));

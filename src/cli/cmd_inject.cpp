@@ -10,6 +10,7 @@
 
 #include "calib/inject.h"
 #include "cli/commands.h"
+#include "cli/text_input.h"
 #include "io/errors.h"
 #include "io/fs_util.h"
 #include "io/user_files.h"
@@ -37,12 +38,7 @@ int run_inject(const InjectArgs& a) {
   o.declare_kv_scheme = a.declare;
   o.write_q_scale = !a.no_q;
   o.slow_ms = a.test_step_delay_ms;
-  nlohmann::json report;
-  try {
-    report = nlohmann::json::parse(read_option_json(a.report, "--report"));
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(fmt::format("{}: invalid JSON: {}", a.report, e.what()));
-  }
+  const nlohmann::json report = parse_json_option_file(a.report, "--report");
   const InjectResult r = inject_kv_scales(o, report);
   std::fprintf(stderr, "inject: wrote %zu scale tensors to %s/%s%s\n", r.tensors.size(), r.dir.c_str(),
                r.scales_file.c_str(), r.created_index ? " (created model.safetensors.index.json)" : "");
@@ -56,7 +52,7 @@ int run_inject(const InjectArgs& a) {
   out["naming"] = a.naming;
   out["created_index"] = r.created_index;
   out["declared_kv_scheme"] = a.declare;
-  std::printf("%s\n", out.dump(2).c_str());
+  std::printf("%s\n", dump_json(out).c_str());
   return 0;
 }
 

@@ -35,9 +35,7 @@ struct ScoreArgs {
 };
 
 std::vector<std::vector<int>> read_ids_file(const std::string& path) {
-  const std::string text = read_option_json(path, "--token-ids-file");
-  json j = json::parse(text, nullptr, false);
-  if (j.is_discarded()) throw InputError(path + ": not valid JSON");
+  json j = parse_json_option_file(path, "--token-ids-file");
   // `fp8kv tokenize`'s own output, {"ids": [...]}, is accepted as it is.
   if (j.is_object()) {
     if (!j.contains("ids") || j.size() != (j.contains("fp8kv_version") ? 2u : 1u))
@@ -138,7 +136,7 @@ int run(const ScoreArgs& a) {
   out["positions"] = n;
   out["ppl"] = ppl;
   out["ppl_stderr"] = ppl_err;
-  atomic_write_file(a.output, out.dump() + "\n");
+  atomic_write_file(a.output, dump_json(out, -1) + "\n");
   std::printf("PPL = %.4f ± %.4f (%llu positions, %zu sequence%s)\n", ppl, ppl_err, static_cast<unsigned long long>(n),
               seqs.size(), seqs.size() == 1 ? "" : "s");
   return 0;

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/text_input.h"
 #include "cli/engine_flags.h"
 #include "engine/engine.h"
 #include "io/errors.h"
@@ -70,6 +71,13 @@ void setup_chat(server::ModelContext& ctx, const std::string& model, const std::
         "without --chat-template";
     return;
   }
+  // A template's text must be UTF-8 (its output is tokenized): refused at
+  // start naming the flag or the file, not per request.
+  if (!override_file.empty())
+    check_utf8_option_text(src->source, override_file, "--chat-template");
+  else if (const size_t bad = utf8::first_invalid(src->source); bad != std::string_view::npos)
+    throw InputError(fmt::format("{}: chat template not valid UTF-8 (first invalid byte 0x{:02X} at byte offset {})",
+                                 src->origin, static_cast<unsigned char>(src->source[bad]), bad));
   auto t = std::make_shared<const tmpl::ChatTemplate>(tmpl::ChatTemplate::load(src->source, src->origin));
   const nlohmann::ordered_json base = special_token_vars(model);
   ctx.chat = [t, base](const nlohmann::ordered_json& messages, bool add_generation_prompt,
@@ -167,7 +175,8 @@ Registrar reg([](CLI::App& app) {
   sub->add_option("--port", a->server.port, "Port (0: a free port, printed on start)");
   sub->add_option("--api-key", a->server.api_key, "Require Authorization: Bearer KEY (not on /health, /metrics, /version)")
       ->check(non_empty("a key; an empty key would serve without authentication"));
-  sub->add_option("--served-model-name", a->server.served_model_name, "Model name in the API (default: MODEL_DIR as given)");
+  sub->add_option("--served-model-name", a->server.served_model_name, "Model name in the API (default: MODEL_DIR as given)")
+      ->check(utf8_text());
   sub->add_option("--chat-template", a->chat_template, "Chat template file (Jinja)");
   sub->add_option("--max-waiting", a->server.max_waiting, "Queued requests beyond the running batch; more get 503");
   sub->add_option("--shutdown-grace", a->server.shutdown_grace_s, "Seconds running requests get to finish on SIGTERM");

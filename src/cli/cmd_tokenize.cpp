@@ -45,7 +45,7 @@ Registrar reg_tokenize([](CLI::App& app) {
   auto text_file = std::make_shared<std::string>();
   auto no_special = std::make_shared<bool>(false);
   sub->add_option("path", *path, "Model directory or tokenizer.json")->required();
-  auto* o_text = sub->add_option("--text", *text, "Literal text to encode");
+  auto* o_text = sub->add_option("--text", *text, "Literal text to encode")->check(utf8_text());
   auto* o_file = sub->add_option("--text-file", *text_file, "File whose bytes (UTF-8) are encoded");
   o_text->excludes(o_file);
   sub->add_flag("--no-special", *no_special, "Do not add the post-processor's special tokens (BOS/EOS)");

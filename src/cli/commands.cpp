@@ -13,6 +13,7 @@
 
 #include "io/errors.h"
 #include "kv/planner.h"  // parse_size
+#include "tokenizer/utf8.h"
 
 namespace fp8kv::cli {
 
@@ -108,6 +109,17 @@ CLI::Validator non_empty(const std::string& what) {
       [what](std::string& s) -> std::string {
         if (!s.empty()) return {};
         return fmt::format("empty value (give {}, or omit the flag)", what);
+      },
+      "");
+}
+
+CLI::Validator utf8_text() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        const size_t bad = utf8::first_invalid(s);
+        if (bad == std::string_view::npos) return {};
+        return fmt::format("not valid UTF-8 (first invalid byte 0x{:02X} at byte offset {})",
+                           static_cast<unsigned char>(s[bad]), bad);
       },
       "");
 }

@@ -65,6 +65,20 @@ CLI::Validator token_count_rule();
 // "--kv-memory: empty value (give WHAT, or omit the flag for the default)".
 CLI::Validator non_empty(const std::string& what);
 
+// A text option (--prompt, --text, --control-prefix, --served-model-name,
+// bench serve --model): invalid UTF-8 is refused naming the flag, as a text
+// file's is (cli/text_input.h): "--prompt: not valid UTF-8 (first invalid
+// byte 0xFF at byte offset 1)".
+CLI::Validator utf8_text();
+
+// JSON printed or written by a command: a string that came from the user (a
+// path as given) and is not UTF-8 becomes U+FFFD, never an exception from
+// the serializer (which was exit 1 "internal error").
+template <class Json>
+std::string dump_json(const Json& j, int indent = 2) {
+  return j.dump(indent, ' ', false, Json::error_handler_t::replace);
+}
+
 // A size flag (--kv-memory, --gpu-memory): parse_size's errors name the flag,
 // and 0 is refused ("--kv-memory must be > 0"). UsageError -> exit 2.
 uint64_t parse_size_flag(const std::string& flag, const std::string& value);

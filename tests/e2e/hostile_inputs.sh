@@ -135,7 +135,7 @@ t "added_tokens id 2^40 states the bound (issue 15 item 14)" \
   "added_tokens[0]: \"id\" must be an integer in [0, 67108864 (2^26)], got 1099511627776" "$BIN" tokenize "$T/ta" --text hi
 t "detokenize unknown id" "--ids: id 99999999 is not in the vocabulary of $M" "$BIN" detokenize "$M" --ids 99999999
 echo '[1e400]' > "$T/ids.json"
-t "token ids 1e400" "$T/ids.json: not valid JSON" "$BIN" score "$M" --token-ids-file "$T/ids.json" --output "$T/s.json"
+t "token ids 1e400" "--token-ids-file $T/ids.json: invalid JSON" "$BIN" score "$M" --token-ids-file "$T/ids.json" --output "$T/s.json"
 
 # --- issue 37 B: recursion depth (JSON files nested beyond any real file) ---------
 deep() {  # deep N: a JSON normalizer Sequence nested N deep
@@ -311,6 +311,41 @@ t "--max-tokens abc" "error: --max-tokens: 'abc' is not an integer (expected an 
 t "--max-tokens 99999999999" "error: --max-tokens: 99999999999 is out of range (expected an integer in [-2147483648, 2147483647]" \
   "$BIN" generate "$M" --prompt hi --max-tokens 99999999999
 t "--top-p abc" "error: --top-p: 'abc' is not a number" "$BIN" generate "$M" --prompt hi --top-p abc
+
+# --- issue 37 B: invalid UTF-8 is refused naming the flag, everywhere ------------------
+X=$(printf 'a\xffb')
+printf 'ab\xffcd' > "$T/bad.txt"
+printf '{"ids": [1, 2], "note": "a\xffb"}' > "$T/bad_ids.json"
+utf8="not valid UTF-8 (first invalid byte 0xFF at byte offset"
+t "generate --prompt" "--prompt: $utf8 1)" "$BIN" generate "$M" --prompt "$X" --max-tokens 2
+t "tokenize --text" "--text: $utf8 1)" "$BIN" tokenize "$M" --text "$X"
+t "eval compare --control-prefix" "--control-prefix: $utf8 1)" "$BIN" eval compare "$M" --text-file "$T/good.txt" --control --control-prefix "$X"
+t "serve --served-model-name" "--served-model-name: $utf8 1)" "$BIN" serve "$M" --served-model-name "$X" --port 0
+t "bench serve --model" "--model: $utf8 1)" "$BIN" bench serve --model "$X" --port 1
+t "tokenize --text-file" "--text-file $T/bad.txt: $utf8 2)" "$BIN" tokenize "$M" --text-file "$T/bad.txt"
+t "score --text-file" "--text-file $T/bad.txt: $utf8 2)" "$BIN" score "$M" --text-file "$T/bad.txt" --output "$T/s.json"
+t "eval compare --text-file" "--text-file $T/bad.txt: $utf8 2)" "$BIN" eval compare "$M" --text-file "$T/good.txt" --text-file "$T/bad.txt"
+t "eval kvstats --text-file" "--text-file $T/bad.txt: $utf8 2)" "$BIN" eval kvstats "$M" --text-file "$T/bad.txt" --scales unity
+t "calibrate --corpus" "--corpus $T/bad.txt: $utf8 2)" "$BIN" calibrate "$M" --corpus "$T/bad.txt" --output "$T/r.json"
+t "eval niah --haystack" "--haystack $T/bad.txt: $utf8 2)" "$BIN" eval niah "$M" --haystack "$T/bad.txt" --lengths 64 --depths 50 --trials 1
+t "score --token-ids-file" "--token-ids-file $T/bad_ids.json: $utf8 26)" "$BIN" score "$M" --token-ids-file "$T/bad_ids.json" --output "$T/s.json"
+t "eval compare --token-ids-file" "--token-ids-file $T/bad_ids.json: $utf8 26)" "$BIN" eval compare "$M" --token-ids-file "$T/bad_ids.json"
+t "calibrate --corpus-ids-file" "--corpus-ids-file $T/bad_ids.json: $utf8 26)" "$BIN" calibrate "$M" --corpus-ids-file "$T/bad_ids.json" --output "$T/r.json"
+t "inject --report" "--report $T/bad_ids.json: $utf8 26)" "$BIN" inject "$M" --report "$T/bad_ids.json" --output "$T/inj_utf8"
+printf '{{ "a\xffb" }}' > "$T/bad.jinja"
+t "serve --chat-template" "--chat-template $T/bad.jinja: $utf8 5)" "$BIN" serve "$M" --chat-template "$T/bad.jinja" --port 0
+cp -r "$M" "$T/mj"; cp "$T/bad.jinja" "$T/mj/chat_template.jinja"
+t "serve: chat_template.jinja" "$T/mj/chat_template.jinja: chat template $utf8 5)" "$BIN" serve "$T/mj" --port 0
+rm -rf "$T/mj"
+# A path that is not UTF-8 is a valid path: the JSON that echoes it gets U+FFFD
+# (was: exit 1, the serializer's type_error 316).
+ln -s "$M" "$T/m$X"
+expect_rc 0 "$BIN" score "$T/m$X" --text-file "$T/good.txt" --output "$T/s.json"
+python3 -c "import json, sys; j = json.load(open(sys.argv[1])); assert j['model'].endswith('m\ufffd') or j['model'].endswith('a\ufffdb'), j['model']" "$T/s.json" ||
+  fail "score: a non-UTF-8 model path is not U+FFFD in the JSON"
+expect_rc 0 "$BIN" capacity "$T/m$X" --kv-memory 1GiB --json
+python3 -c "import json, sys; json.load(open(sys.argv[1]))" "$T/out" || fail "capacity --json: not JSON with a non-UTF-8 path"
+echo "ok   non-UTF-8 paths: JSON outputs carry U+FFFD"
 
 # --- issue 37 A7: vLLM's spellings ------------------------------------------------------
 expect_rc 0 "$BIN" capacity "$M" --kv-memory 1GiB --max-model-len 100 --json; base=$(cat "$T/out")
