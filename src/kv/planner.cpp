@@ -356,9 +356,50 @@ KvPlan plan_kv_cache(const ModelConfig& cfg, const KvPlanSettings& s) {
 }
 
 std::string kv_plan_log_line(const KvPlan& p) {
-  std::string line =
-      fmt::format("KV cache: {} tokens ({} blocks of {}), max concurrency {:.2f}x at max_model_len {}, dtype {}",
-                  p.tokens, p.num_blocks, p.block_size, p.max_concurrency, p.max_model_len, kv_dtype_name(p.dtype));
+  std::string line;
+  if (p.groups.size() == 1 && p.groups[0].window == 0) {
+    // One full-attention group: tokens = blocks x block_size (to within the
+    // rounding of max_model_len to whole blocks).
+    line = fmt::format("KV cache: {} tokens ({} blocks of {}), max concurrency {:.2f}x at max_model_len {}, dtype {}",
+                       p.tokens, p.num_blocks, p.block_size, p.max_concurrency, p.max_model_len,
+                       kv_dtype_name(p.dtype));
+  } else {
+    // Sliding windows and several groups: a request takes blocks in every
+    // group (a sliding group only its window's), all from one pool, so
+    // blocks x block_size is not the tokens; the line gives the arithmetic
+    // (issue 37: "394496 blocks" beside "1048576 tokens", unexplained).
+    struct Term {
+      int window;
+      int64_t blocks;
+      int count;
+    };
+    std::vector<Term> terms;
+    for (const auto& g : p.groups) {
+      auto it = std::find_if(terms.begin(), terms.end(),
+                             [&](const Term& t) { return t.window == g.window && t.blocks == g.blocks_per_request; });
+      if (it == terms.end())
+        terms.push_back({g.window, g.blocks_per_request, 1});
+      else
+        ++it->count;
+    }
+    std::stable_sort(terms.begin(), terms.end(), [](const Term& a, const Term& b) { return a.window < b.window; });
+    std::string takes;
+    for (const auto& t : terms) {
+      if (!takes.empty()) takes += " + ";
+      takes += t.count > 1 ? fmt::format("{} x {}", t.count, t.blocks) : fmt::format("{}", t.blocks);
+      takes += t.window == 0 ? " in full attention" : fmt::format(" in sliding window {}", t.window);
+    }
+    if (p.groups.size() > 1)
+      takes += fmt::format(" = {} blocks", p.blocks_per_request);
+    else
+      takes = fmt::format("{} blocks in sliding window {}", terms[0].blocks, terms[0].window);
+    const size_t G = p.groups.size();
+    line = fmt::format(
+        "KV cache: {} tokens = max concurrency {:.2f}x at max_model_len {} (pool: {} blocks of {} tokens{} {} "
+        "KV-cache group{} of {} layer{}; a request of max_model_len takes {}), dtype {}",
+        p.tokens, p.max_concurrency, p.max_model_len, p.num_blocks, p.block_size, G > 1 ? " shared by" : " in", G,
+        G > 1 ? "s" : "", p.group_size, p.group_size > 1 ? "s" : "", takes, kv_dtype_name(p.dtype));
+  }
   if (!p.state.empty())
     line += fmt::format("; state pool: {} slots x {} bytes = {} ({} linear_attention layers, conv {}, recurrent {})",
                         p.state.num_slots, p.state.bytes_per_sequence(), format_bytes(p.state.pool_bytes()),

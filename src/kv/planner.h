@@ -101,6 +101,12 @@ uint64_t parse_size(const std::string& s);
 // The line the engine logs after sizing its pool, e.g.
 // "KV cache: 131072 tokens (8192 blocks of 16), max concurrency 1.00x at
 // max_model_len 131072, dtype bf16". Both sides print it from the same plan.
+// With sliding windows or several KV-cache groups, where blocks x block_size
+// is not the tokens, it gives the arithmetic: "KV cache: 969343 tokens = max
+// concurrency 7.40x at max_model_len 131072 (pool: 81920 blocks of 16 tokens
+// shared by 6 KV-cache groups of 8 layers; a request of max_model_len takes
+// 8192 in full attention + 5 x 577 in sliding window 1024 = 11077 blocks),
+// dtype bf16".
 std::string kv_plan_log_line(const KvPlan& p);
 
 // KV heads held by one rank: max(1, num_kv_heads / tp), as vLLM. When tp >

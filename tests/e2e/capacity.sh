@@ -108,7 +108,8 @@ run_ok cmp_text "$CFG/gemma-3-12b" --kv-memory 80GiB --compare
 grep -q "bf16 vs fp8" "$T/cmp_text.out" || fail "text compare table"
 # At the engine's default of 8192 batched tokens (capacity used 2048 before
 # 2026-11-30): 81920 x 131072 // (8192 + 5 x 577) = 969343.
-grep -q "^KV cache: 969343 tokens (81920 blocks of 16), max concurrency 7.40x at max_model_len 131072, dtype bf16$" \
+# The hybrid's line gives the arithmetic: blocks x 16 is not the tokens (issue 37).
+grep -qF "KV cache: 969343 tokens = max concurrency 7.40x at max_model_len 131072 (pool: 81920 blocks of 16 tokens shared by 6 KV-cache groups of 8 layers; a request of max_model_len takes 8192 in full attention + 5 x 577 in sliding window 1024 = 11077 blocks), dtype bf16" \
   "$T/cmp_text.out" || fail "text output: $(cat "$T/cmp_text.out")"
 grep -q "max_num_batched_tokens 8192" "$T/cmp_text.out" || fail "capacity's default is not the engine's 8192"
 

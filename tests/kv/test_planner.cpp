@@ -4,6 +4,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <string>
 
 #include "io/errors.h"
@@ -312,10 +314,23 @@ TEST(Planner, RopeScalingExtendsTheMaxLength) {
 }
 
 TEST(Planner, LogLine) {
+  // A hybrid: blocks x 16 is not the tokens, so the line gives the arithmetic
+  // (issue 37): 163840 / (8192 + 5 x 193) = 17.89 requests of 131072 tokens.
   const KvPlan p = plan_kv_cache(gemma3_12b(), settings(80 * GiB, KvDtype::fp8_e4m3));
   EXPECT_EQ(kv_plan_log_line(p),
-            "KV cache: 2345182 tokens (163840 blocks of 16), max concurrency 17.89x at max_model_len 131072, "
-            "dtype fp8_e4m3");
+            "KV cache: 2345182 tokens = max concurrency 17.89x at max_model_len 131072 (pool: 163840 blocks of 16 "
+            "tokens shared by 6 KV-cache groups of 8 layers; a request of max_model_len takes 8192 in full attention + "
+            "5 x 193 in sliding window 1024 = 9157 blocks), dtype fp8_e4m3");
+  // Every layer sliding: one group.
+  const KvPlan m = plan_kv_cache(mistral_7b(), settings(80 * GiB));
+  EXPECT_THAT(kv_plan_log_line(m), HasSubstr("blocks of 16 tokens in 1 KV-cache group of 32 layers; a request of "
+                                             "max_model_len takes " +
+                                             std::to_string(m.blocks_per_request) + " blocks in sliding window 4096)"));
+  // Dense: blocks x block_size = tokens, the plain line.
+  const KvPlan d = plan_kv_cache(llama31_8b(), settings(80 * GiB));
+  EXPECT_EQ(kv_plan_log_line(d), fmt::format("KV cache: {} tokens ({} blocks of 16), max concurrency {:.2f}x at "
+                                             "max_model_len 131072, dtype bf16",
+                                             d.num_blocks * 16, d.num_blocks, d.max_concurrency));
 }
 
 TEST(ParseSize, UnitsAndErrors) {
