@@ -29,7 +29,9 @@ model.safetensors (bf16), tokenizer files, golden.json:
   the first sequence (a scale for future state comparisons).
 Every variant rounds in_proj_qkv's output (the conv input) to bf16: the
 engine's default conv state is bf16 and holds exactly those values
-(docs/design.md "Qwen3.5 hybrids").
+(docs/design.md "Qwen3.5 hybrids"). "bf16_tie_flip" (bf16 cache) rounds
+the conv inputs within TIE_BITS of a bf16 midpoint to the other neighbour:
+the test's band for inputs the engine's f32 sum puts on the other side.
 
 Cases cover 1, 2 and 3 linear layers per full layer and attention head_dim
 64 and 256. Deterministic (seeded); fails when a case exceeds 1 MB.
@@ -158,12 +160,36 @@ def config_json(cfg):
     return c
 
 
+# A conv input whose f32 bits lie within TIE_BITS (of the 2^16 below a bf16)
+# of a rounding midpoint may round the other way in the engine: its f32
+# projection sums in another order (a few f32 ulps apart). 64 covers 2^6 ulps.
+TIE_BITS = 64
+
+
+def round_conv_input(o, flip):
+    """o rounded to bf16 (RNE), returned as fp32; with flip, the elements near a
+    midpoint take the other bf16 neighbour."""
+    r = o.to(torch.bfloat16).to(torch.float32)
+    if not flip:
+        return r
+    bits = o.contiguous().view(torch.int32)
+    low = bits & 0xFFFF
+    near = (low - 0x8000).abs() <= TIE_BITS
+    down = (bits & ~0xFFFF).view(torch.float32)             # toward zero
+    up = ((bits & ~0xFFFF) + 0x10000).view(torch.float32)   # away from zero
+    other = torch.where(r == down, up, down)
+    return torch.where(near & torch.isfinite(o), other, r)
+
+
 class Qwen35Hook:
     """The K/V cache rounding of base.Hook (eager_attention_forward of the
     modeling module), plus in_proj_qkv's output rounded to bf16 (the conv
     state dtype): a forward hook on each linear layer's projection."""
 
     def __init__(self, model, kind):
+        # "flip": conv inputs within TIE_BITS of a bf16 rounding midpoint round
+        # to the other neighbour (the "bf16_tie_flip" band's pass).
+        self.flip = False
         self.kv = base.Hook()
         self.kv.install([base.modeling_module(model)])
         for layer in model.model.layers:
@@ -172,7 +198,7 @@ class Qwen35Hook:
                 continue
             proj = la.in_proj_qkv if kind == "qwen3_5" else la.in_proj_qkvz
             if kind == "qwen3_5":
-                proj.register_forward_hook(lambda m, i, o: o.to(torch.bfloat16).to(torch.float32))
+                proj.register_forward_hook(lambda m, i, o: round_conv_input(o, self.flip))
             else:  # q, k, v rows of the fused projection (z is not a conv input: leave it)
                 Hk, Dk = la.num_k_heads, la.head_k_dim
                 r, Dv = la.num_v_heads // la.num_k_heads, la.head_v_dim
@@ -180,7 +206,7 @@ class Qwen35Hook:
                 def round_qkv(m, i, o, Hk=Hk, Dk=Dk, r=r, Dv=Dv):
                     g = o.view(*o.shape[:-1], Hk, 2 * Dk + 2 * r * Dv).clone()
                     n = 2 * Dk + r * Dv
-                    g[..., :n] = g[..., :n].to(torch.bfloat16).to(torch.float32)
+                    g[..., :n] = round_conv_input(g[..., :n], self.flip)
                     return g.view(o.shape)
 
                 proj.register_forward_hook(round_qkv)
@@ -260,6 +286,15 @@ def run_case(kind, case, cfg):
     kv.record = None
     scales = base.fp8_scales(rec, len(seqs), L, cfg["num_key_value_heads"], kv_layers=full)
     base.score_cache_variants(model, kv, seqs, scales, variants)
+    # The band for conv inputs at a rounding tie: bf16 cache, every near-tie
+    # conv input rounded the other way (the test adds |this - bf16|).
+    hook.flip, kv.fmt, kv.scales = True, "bf16", None
+    variants["bf16_tie_flip"] = []
+    for s, ids in enumerate(seqs):
+        kv.seq = s
+        lp, top = base.score(model, ids)
+        variants["bf16_tie_flip"].append({"logprobs": lp, "top1_ids": top})
+    hook.flip, kv.fmt = False, "fp32"
 
     prompt = [base.BOS] + torch.randint(0, 256, (DECODE_PROMPT - 1,), generator=gen).tolist()
     dec_ids, dec_lps = greedy_decode(model, prompt, DECODE_STEPS)
