@@ -133,7 +133,7 @@ int run(BenchArgs a, const std::string& mode) {
                                    max_model_len_origin(cfg, KvPlanSettings{})));
     o.max_model_len = static_cast<int>(run_len);
   } else if (run_len > o.max_model_len) {
-    throw InputError(fmt::format("--input-len {} + --output-len {} = {} tokens exceed --max-model-len {}",
+    throw InputError(fmt::format("--input-len {} + --output-len {} = {} tokens exceed max_model_len {} (--max-model-len)",
                                  a.s.input_len, a.s.output_len, run_len, o.max_model_len));
   }
   check_request_memory(a.s, mode);

@@ -558,7 +558,13 @@ KvBudget default_cpu_kv_budget(const ModelConfig& cfg, const KvPlanSettings& s, 
         p.state.empty() ? "" : fmt::format(" + the state pool {} bytes", p.state.pool_bytes()), memory_what,
         format_bytes(physical_memory), physical_memory,
         most > 0 ? fmt::format("give --max-model-len {} or less", most)
-                 : std::string("not even a 1-token request fits: lower --max-num-seqs")));
+        : p.state.pool_bytes() < physical_memory
+            ? fmt::format("not even a 1-token request fits: it takes a block in each of the {} KV-cache group(s), "
+                          "{} bytes each (--block-size {}): lower --block-size",
+                          p.groups.size(), p.page_bytes, p.block_size)
+            : fmt::format("not even the linear-attention state pool fits ({} bytes for --max-num-seqs {}): lower "
+                          "--max-num-seqs",
+                          p.state.pool_bytes(), p.state.num_slots)));
   }
   // Saturating: the cap below bounds the result, a product past 2^64 only means "more than the cap".
   const unsigned __int128 want = static_cast<unsigned __int128>(one) * static_cast<uint64_t>(std::max(s.max_num_seqs, 1));

@@ -153,19 +153,22 @@ expect_refused "18 arm scales" "arm 'fp8:scales=$T/scales': $T/scales/model.safe
   "$BIN" eval compare "$M" --text-file "$T/good.txt" --arms "bf16,fp8:scales=$T/scales"
 
 # 5, 8. Sizes that cannot be allocated: exit 2 with the flags to change, not
-# "internal error: std::bad_alloc". Under a 2 GB address-space limit so the
+# "internal error: std::bad_alloc"; refused by arithmetic before the pool is
+# reserved (one request of max_model_len must fit the machine: physical
+# memory, ulimit -v, the cgroup). Under a 2 GB address-space limit so the
 # test never takes the machine's memory (skipped under ASan, whose allocator
 # needs far more address space).
 if bin_has_asan; then
   echo "skip 5, 8 (ASan build)"
 else
-  expect_refused "5 generate --block-size 1e9" "out of memory" \
+  expect_refused "5 generate --block-size 1e9" \
+    "not even a 1-token request fits: it takes a block in each of the 1 KV-cache group(s), 128000000000 bytes each (--block-size 1000000000): lower --block-size" \
     bash -c 'ulimit -v 2000000; exec "$@"' _ "$BIN" generate "$M" --prompt "Hello" --max-tokens 2 --block-size 1000000000
-  grep -qF -- "--block-size" "$T/err" || fail "5: --block-size not named"
   cfg "$T/c8" 'c["max_position_embeddings"] = 2**24'
   cp "$M"/*.safetensors "$M"/tokenizer*.json "$T/c8/"
-  expect_refused "8 max_position_embeddings 2^24, no --kv-memory" "without it the budget follows max_model_len" \
+  expect_refused "8 max_position_embeddings 2^24, no --kv-memory" \
+    "max_model_len 16777216 (the model's limit: max_position_embeddings in config.json; --max-model-len not given) needs 2.00 GiB" \
     bash -c 'ulimit -v 2000000; exec "$@"' _ "$BIN" generate "$T/c8" --prompt "Hello" --max-tokens 2
-  grep -qF -- "--max-model-len" "$T/err" || fail "8: --max-model-len not suggested"
+  grep -qF -- "give --max-model-len 16000000 or less" "$T/err" || fail "8: --max-model-len not suggested: $(cat "$T/err")"
 fi
 echo "all bad-input cases passed"

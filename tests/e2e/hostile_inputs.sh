@@ -254,7 +254,7 @@ t "bench latency --input-len past the model" "--input-len 200 + --output-len 4 =
 grep -qF -- "--max-model-len 204" "$T/err" && fail "bench blamed a --max-model-len never given: $(cat "$T/err")"
 t "bench throughput --input-len past the model" "--input-len 100 + --output-len 100 = 200 tokens exceed $origin" \
   "$BIN" bench throughput "$M" --input-len 100 --output-len 100 --num-prompts 2
-t "bench latency past a given --max-model-len" "--input-len 100 + --output-len 10 = 110 tokens exceed --max-model-len 64" \
+t "bench latency past a given --max-model-len" "--input-len 100 + --output-len 10 = 110 tokens exceed max_model_len 64 (--max-model-len)" \
   "$BIN" bench latency "$M" --input-len 100 --output-len 10 --max-model-len 64
 t "bench latency --input-len 2^31-1 (no int overflow)" "exceed $origin" \
   "$BIN" bench latency "$M" --input-len 2147483647 --output-len 2147483647 --batch-size 1 --kv-memory 1GiB
