@@ -55,6 +55,21 @@ class Gate {
   std::condition_variable cv_;
 };
 
+// httplib's error names ("Connection") with what they mean, for messages
+// (issue 37: "cannot reach ...: Connection" cut off its reason).
+std::string describe(httplib::Error e) {
+  switch (e) {
+    case httplib::Error::Connection:
+      return "Connection: could not connect (refused, or nothing listens there: is the server running?)";
+    case httplib::Error::ConnectionTimeout: return "ConnectionTimeout: the connection attempt timed out";
+    case httplib::Error::Read: return "Read: the connection closed or timed out before the response was complete";
+    case httplib::Error::Write: return "Write: the connection closed while the request was sent";
+    case httplib::Error::BindIPAddress: return "BindIPAddress: could not bind the local address";
+    case httplib::Error::Canceled: return "Canceled: the request was cancelled";
+    default: return httplib::to_string(e);
+  }
+}
+
 }  // namespace
 
 std::vector<std::vector<int>> random_prompts(int n, int len, int vocab_size, uint64_t seed) {
@@ -215,7 +230,7 @@ RequestOutcome send_completion(const BenchServeSettings& s, const std::vector<in
   const bool ok = cli.send(req, res, err);
   o.latency = seconds_since(t0);
   if (!ok && o.error.empty()) {
-    o.error = fmt::format("request failed: {}", httplib::to_string(err));
+    o.error = fmt::format("request failed: {}", describe(err));
     return o;
   }
   if (status != 200) {
@@ -236,7 +251,7 @@ std::string query_served_model(const BenchServeSettings& s) {
   auto cli = make_client(s);
   cli.set_read_timeout(30);
   auto r = cli.Get("/v1/models");
-  if (!r) throw InputError(fmt::format("bench serve: cannot reach {}: {}", s.base_url, httplib::to_string(r.error())));
+  if (!r) throw InputError(fmt::format("bench serve: cannot reach {}: {}", s.base_url, describe(r.error())));
   if (r->status != 200)
     throw InputError(fmt::format("bench serve: GET {}/v1/models answered {}: {}", s.base_url, r->status,
                                  r->body.substr(0, 300)));

@@ -115,7 +115,9 @@ t "bench serve --result-dir without --save-result" "--result-dir writes nothing 
 if [ -d /proc/self ]; then
   t "bench serve --result-dir /proc" "--result-dir /proc: cannot write in /proc" "${bs[@]}" --save-result --result-dir /proc
 fi
-t "bench serve, good result path: the server is what fails" "cannot reach" "${bs[@]}" --save-result --result-dir "$T" --result-filename r.json
+t "bench serve, good result path: the server is what fails" \
+  "cannot reach http://127.0.0.1:1: Connection: could not connect (refused, or nothing listens there" \
+  "${bs[@]}" --save-result --result-dir "$T" --result-filename r.json
 
 # --- JSON files of the wrong shape --------------------------------------------------
 mkdir -p "$T/ca"; echo '[]' > "$T/ca/config.json"
