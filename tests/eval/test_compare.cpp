@@ -323,7 +323,7 @@ TEST(Niah, LengthBeyondMaxModelLenIsNamedBeforeTheHaystack) {
     build_niah_prompts(*tok, "Short hay. Very short.", o);
     FAIL() << "expected InputError";
   } catch (const InputError& e) {
-    EXPECT_STREQ(e.what(), "--lengths: 100000 exceeds max_model_len 4096 (the model's limit, or --max-model-len)");
+    EXPECT_STREQ(e.what(), "--lengths: 100000 exceeds max_model_len 4096 (--max-model-len)");
   }
   // Within the limit, the error is about the haystack, not max_model_len.
   o.lengths = {64};
