@@ -1,5 +1,5 @@
 // Starts `fp8kv serve` on a free port and stops it with SIGTERM (exit 0 expected).
-import { spawn, execFile } from "node:child_process";
+import { spawn, execFile, spawnSync } from "node:child_process";
 import { promisify } from "node:util";
 import assert from "node:assert/strict";
 import { before, after } from "node:test";
@@ -8,6 +8,9 @@ import OpenAI from "openai";
 export const BIN = process.env.FP8KV_BIN;
 export const MODEL = process.env.FP8KV_MODEL;
 if (!BIN || !MODEL) throw new Error("set FP8KV_BIN and FP8KV_MODEL");
+// An AddressSanitizer build: its allocator keeps freed memory in quarantine,
+// so RSS checks do not apply there.
+export const ASAN = (spawnSync("ldd", [BIN]).stdout || "").toString().includes("libasan");
 
 // --threads 1: the CPU engine with one thread is fastest on a loaded CI machine.
 export async function startServer(extra = []) {
