@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/progress.h"
 #include "io/errors.h"
 #include "io/user_files.h"
 #include "model/config.h"
@@ -149,6 +150,8 @@ int run(BenchServeArgs a) {
     a.s.detokenize = [t](const std::vector<int>& ids) { return t->decode(ids, /*skip_special_tokens=*/true); };
   }
 
+  Progress progress("bench serve", "requests");
+  a.s.progress = std::ref(progress);
   const server::BenchServeRun r = server::run_bench_serve(a.s);
   nlohmann::ordered_json j = server::summarize(r, a.s);
   j["date"] = date_stamp();

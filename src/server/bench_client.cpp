@@ -283,6 +283,8 @@ BenchServeRun run_bench_serve(const BenchServeSettings& s) {
   Gate gate(s.max_concurrency);
   std::vector<std::thread> threads;
   threads.reserve(prompts.size());
+  std::mutex progress_mu;
+  uint64_t finished = 0;
   const Clock::time_point start = Clock::now();
   for (size_t i = 0; i < prompts.size(); ++i) {
     std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(at[i])));
@@ -290,6 +292,10 @@ BenchServeRun run_bench_serve(const BenchServeSettings& s) {
     threads.emplace_back([&, i] {
       run.outcomes[i] = send_completion(s, prompts[i]);
       gate.release();
+      if (s.progress) {
+        std::lock_guard<std::mutex> lock(progress_mu);
+        s.progress(++finished, prompts.size());
+      }
     });
   }
   for (auto& t : threads) t.join();

@@ -34,6 +34,9 @@ struct BenchServeSettings {
   // The input tokens counted are then the server's usage.prompt_tokens (the
   // text re-tokenized, inside the chat template), not --random-input-len.
   std::function<std::string(const std::vector<int>&)> detokenize;
+  // Called with (requests finished, num_prompts) as the timed requests end
+  // (one call at a time, from the request threads); empty: no progress.
+  std::function<void(uint64_t done, uint64_t total)> progress;
 };
 
 // True for a chat completions route (".../chat/completions").

@@ -26,6 +26,9 @@ expect_rc 0 "$BIN" bench serve --port "$PORT" --num-prompts $N --random-input-le
   --ignore-eos --request-rate inf --seed 3 --save-result --result-dir "$T" --result-filename r.json
 grep -q "Successful requests: *$N" "$T/out" || fail "table lacks 'Successful requests: $N': $(cat "$T/out")"
 echo "ok   bench serve table"
+# Progress on stderr (issue 37 A5): the finished requests of the timed run.
+grep -q "bench serve \[#*\] $N/$N requests" "$T/err" || fail "no progress line '$N/$N requests': $(cat "$T/err")"
+echo "ok   bench serve progress"
 
 python3 - "$T/r.json" $N $IN $OUTLEN <<'PY' || fail "result JSON check failed"
 import json, math, sys
