@@ -217,6 +217,30 @@ int64_t first_bad(const std::vector<float>& v, const char** kind) {
     }
   return -1;
 }
+
+// A layer's named tensors (names after "model.layers.N."): matrices, then
+// vectors; what first_non_finite and largest_value walk.
+struct LayerTensors {
+  std::vector<std::pair<const char*, const WeightMatrix*>> mats;
+  std::vector<std::pair<const char*, const std::vector<float>*>> vecs;
+};
+LayerTensors layer_tensors(const LayerWeights& w) {
+  return {{{"self_attn.q_proj.weight", &w.q_proj},        {"self_attn.k_proj.weight", &w.k_proj},
+           {"self_attn.v_proj.weight", &w.v_proj},        {"self_attn.o_proj.weight", &w.o_proj},
+           {"mlp.gate_proj.weight", &w.gate_proj},        {"mlp.up_proj.weight", &w.up_proj},
+           {"mlp.down_proj.weight", &w.down_proj},        {"linear_attn.in_proj_qkv.weight", &w.in_proj_qkv},
+           {"linear_attn.in_proj_z.weight", &w.in_proj_z}, {"linear_attn.in_proj_b.weight", &w.in_proj_b},
+           {"linear_attn.in_proj_a.weight", &w.in_proj_a}, {"linear_attn.out_proj.weight", &w.out_proj}},
+          {{"input_layernorm.weight", &w.input_norm},       {"self_attn.q_proj.bias", &w.q_bias},
+           {"self_attn.k_proj.bias", &w.k_bias},            {"self_attn.v_proj.bias", &w.v_bias},
+           {"self_attn.o_proj.bias", &w.o_bias},            {"self_attn.q_norm.weight", &w.q_norm},
+           {"self_attn.k_norm.weight", &w.k_norm},          {"post_attention_layernorm.weight", &w.post_attention_norm},
+           {"pre_feedforward_layernorm.weight", &w.pre_ffn_norm}, {"post_feedforward_layernorm.weight", &w.post_ffn_norm},
+           {"mlp.gate_proj.bias", &w.gate_bias},            {"mlp.up_proj.bias", &w.up_bias},
+           {"mlp.down_proj.bias", &w.down_bias},            {"linear_attn.conv1d.weight", &w.conv1d},
+           {"linear_attn.A_log", &w.A_log},                 {"linear_attn.dt_bias", &w.dt_bias},
+           {"linear_attn.norm.weight", &w.gdn_norm}}};
+}
 }  // namespace
 
 std::optional<std::string> ModelWeights::first_non_finite() const {
@@ -230,23 +254,11 @@ std::optional<std::string> ModelWeights::first_non_finite() const {
     const LayerWeights& L = layers[l];
     const std::string p = fmt::format("model.layers.{}.", l);
     const std::string tag = fmt::format(" (layer {})", l);
-    const std::pair<const char*, const std::vector<float>*> vecs[] = {
-        {"input_layernorm.weight", &L.input_norm},       {"self_attn.q_proj.bias", &L.q_bias},
-        {"self_attn.k_proj.bias", &L.k_bias},            {"self_attn.v_proj.bias", &L.v_bias},
-        {"self_attn.o_proj.bias", &L.o_bias},            {"self_attn.q_norm.weight", &L.q_norm},
-        {"self_attn.k_norm.weight", &L.k_norm},          {"post_attention_layernorm.weight", &L.post_attention_norm},
-        {"pre_feedforward_layernorm.weight", &L.pre_ffn_norm}, {"post_feedforward_layernorm.weight", &L.post_ffn_norm},
-        {"mlp.gate_proj.bias", &L.gate_bias},            {"mlp.up_proj.bias", &L.up_bias},
-        {"mlp.down_proj.bias", &L.down_bias}};
-    const std::pair<const char*, const WeightMatrix*> mats[] = {
-        {"self_attn.q_proj.weight", &L.q_proj}, {"self_attn.k_proj.weight", &L.k_proj},
-        {"self_attn.v_proj.weight", &L.v_proj}, {"self_attn.o_proj.weight", &L.o_proj},
-        {"mlp.gate_proj.weight", &L.gate_proj}, {"mlp.up_proj.weight", &L.up_proj},
-        {"mlp.down_proj.weight", &L.down_proj}};
-    for (const auto& [n, m] : mats)
+    const LayerTensors t = layer_tensors(L);
+    for (const auto& [n, m] : t.mats)
       if (m->data)
         if (int64_t i = first_bad(*m, &kind); i >= 0) return found(p + n + tag, i);
-    for (const auto& [n, v] : vecs)
+    for (const auto& [n, v] : t.vecs)
       if (int64_t i = first_bad(*v, &kind); i >= 0) return found(p + n + tag, i);
   }
   if (int64_t i = first_bad(final_norm, &kind); i >= 0) return found("model.norm.weight (the final norm)", i);
@@ -301,25 +313,9 @@ std::string ModelWeights::largest_value(int stage) const {
   } else if (stage < L) {
     const LayerWeights& w = layers[static_cast<size_t>(stage)];
     const std::string p = fmt::format("model.layers.{}.", stage);
-    const std::pair<const char*, const std::vector<float>*> vecs[] = {
-        {"input_layernorm.weight", &w.input_norm},       {"self_attn.q_proj.bias", &w.q_bias},
-        {"self_attn.k_proj.bias", &w.k_bias},            {"self_attn.v_proj.bias", &w.v_bias},
-        {"self_attn.o_proj.bias", &w.o_bias},            {"self_attn.q_norm.weight", &w.q_norm},
-        {"self_attn.k_norm.weight", &w.k_norm},          {"post_attention_layernorm.weight", &w.post_attention_norm},
-        {"pre_feedforward_layernorm.weight", &w.pre_ffn_norm}, {"post_feedforward_layernorm.weight", &w.post_ffn_norm},
-        {"mlp.gate_proj.bias", &w.gate_bias},            {"mlp.up_proj.bias", &w.up_bias},
-        {"mlp.down_proj.bias", &w.down_bias},            {"linear_attn.conv1d.weight", &w.conv1d},
-        {"linear_attn.A_log", &w.A_log},                 {"linear_attn.dt_bias", &w.dt_bias},
-        {"linear_attn.norm.weight", &w.gdn_norm}};
-    const std::pair<const char*, const WeightMatrix*> mats[] = {
-        {"self_attn.q_proj.weight", &w.q_proj},        {"self_attn.k_proj.weight", &w.k_proj},
-        {"self_attn.v_proj.weight", &w.v_proj},        {"self_attn.o_proj.weight", &w.o_proj},
-        {"mlp.gate_proj.weight", &w.gate_proj},        {"mlp.up_proj.weight", &w.up_proj},
-        {"mlp.down_proj.weight", &w.down_proj},        {"linear_attn.in_proj_qkv.weight", &w.in_proj_qkv},
-        {"linear_attn.in_proj_z.weight", &w.in_proj_z}, {"linear_attn.in_proj_b.weight", &w.in_proj_b},
-        {"linear_attn.in_proj_a.weight", &w.in_proj_a}, {"linear_attn.out_proj.weight", &w.out_proj}};
-    for (const auto& [n, m] : mats) consider(p + n, *m);
-    for (const auto& [n, v] : vecs) consider(p + n, *v);
+    const LayerTensors t = layer_tensors(w);
+    for (const auto& [n, m] : t.mats) consider(p + n, *m);
+    for (const auto& [n, v] : t.vecs) consider(p + n, *v);
   } else if (stage == L) {
     consider("model.norm.weight", final_norm);
   } else {
