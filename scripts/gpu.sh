@@ -30,6 +30,10 @@ one logs.tgz plus the summary come back in $OUT):
   engine   fp8kv bench latency (batch 1, 1K in / 64 out) and throughput
            (256 x 1K in / 128 out) on the Llama-3.1-8B shape, dummy weights,
            fp8 KV cache; old and new interleaved when a previous build is packed
+  fp8w     FP8 weights: fp8kv bench latency (batch 1 at 1K and 60K, TTFT
+           8K) and throughput on the Llama-3.1-8B shape with a block-wise
+           quantization_config against bf16 weights, one binary, interleaved
+           (speed = fp8 / bf16)
   serve    fp8kv serve on models/fp8kv-mini + bench serve (smoke), prefix
            caching on vs off (same greedy texts); the 8B shape too when
            TOKENIZER is set
@@ -76,9 +80,19 @@ ENGINE_CASES=(
   "lat_b1_1k|latency --batch-size 1 --input-len 1024 --output-len 64 --num-iters-warmup 1 --num-iters 3"
   "thr_256x1k|throughput --num-prompts 256 --input-len 1024 --output-len 128 --num-iters-warmup 0"
 )
+# FP8-weight speed rows (issue 32's table): the Llama-3.1-8B shape with a
+# block-wise quantization_config ("new") against the same shape with bf16
+# weights ("old"), one binary, interleaved; fp8 KV everywhere.
+MODEL_8B_FP8=tests/data/configs/llama-3.1-8b-fp8
+FP8W_CASES=(
+  "lat_b1_1k|latency --batch-size 1 --input-len 1024 --output-len 64 --num-iters-warmup 1 --num-iters 3"
+  "lat_b1_60k|latency --batch-size 1 --input-len 60000 --output-len 32 --num-iters-warmup 1 --num-iters 2 --max-model-len 60200"
+  "ttft_8k|latency --batch-size 1 --input-len 8192 --output-len 2 --num-iters-warmup 1 --num-iters 3 --max-model-len 8300"
+  "thr_256x1k|throughput --num-prompts 256 --input-len 1024 --output-len 128 --num-iters-warmup 0"
+)
 TARGETS=(fp8kv test_cuda test_cuda_ops bench_attention bench_linear bench_allreduce)
 # Seconds each step may run (the watchdog's limit).
-declare -A STEP_S=([test]=300 [kernels]=260 [engine]=300 [serve]=200 [tp]=420 [goldens]=300)
+declare -A STEP_S=([test]=300 [kernels]=260 [engine]=300 [serve]=200 [tp]=420 [goldens]=300 [fp8w]=420)
 
 G=${GPU_OUT:-gpu-out}
 # Unpacked outside the tree: .wt stays small enough to carry again.
@@ -244,6 +258,26 @@ step_engine() {
     done
   done
   python3 tools/ab_table.py engine "$d" >>"$G/rows.txt"
+}
+
+step_fp8w() {
+  local d=$G/fp8w c name args v i order
+  # shellcheck disable=SC2034  # read through ${!m}
+  local M_new=$MODEL_8B_FP8 M_old=$MODEL_8B t0; t0=$(date +%s)
+  for i in 1 2; do
+    for c in "${FP8W_CASES[@]}"; do
+      name=${c%%|*}; args=${c#*|}
+      order="new old"; (( i % 2 == 0 )) && order="old new"
+      for v in $order; do
+        [ $(( $(date +%s) - t0 )) -lt 380 ] || { echo "fp8w: stop (time)"; break 3; }
+        local m=M_$v
+        # shellcheck disable=SC2086
+        timeout 150 "$NEW/fp8kv" bench $args "${!m}" "${ENGINE_COMMON[@]}" >"$d/$name.$v.$i.json" 2>"$d/$name.$v.$i.log" ||
+          { echo "fp8w: $v $name: rc $?"; tail -3 "$d/$name.$v.$i.log"; }
+      done
+    done
+  done
+  python3 tools/ab_table.py engine "$d" | sed 's/^engine  /fp8w    /' >>"$G/rows.txt"
 }
 
 step_serve() {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "kv/planner.h"
+
 namespace fp8kv::bench {
 
 uint64_t streamed_weight_params(const ModelConfig& c) {
@@ -21,7 +23,8 @@ uint64_t streamed_weight_params(const ModelConfig& c) {
 
 uint64_t decode_weight_bytes(const ModelConfig& c, int batch, int weight_elem_bytes) {
   const uint64_t rows = static_cast<uint64_t>(std::max(batch, 0)) * c.hidden_size;
-  return (streamed_weight_params(c) + rows) * static_cast<uint64_t>(weight_elem_bytes);
+  return (streamed_weight_params(c) + rows) * static_cast<uint64_t>(weight_elem_bytes) -
+         fp8_projection_savings(c, static_cast<uint64_t>(weight_elem_bytes));
 }
 
 uint64_t decode_kv_bytes(const ModelConfig& c, KvDtype d, std::span<const int> contexts) {

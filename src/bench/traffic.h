@@ -17,7 +17,11 @@ namespace fp8kv::bench {
 uint64_t streamed_weight_params(const ModelConfig& c);
 
 // Weights streamed per decode step of `batch` sequences: streamed params x
-// weight_elem_bytes + the batch's embedding rows.
+// weight_elem_bytes + the batch's embedding rows. With a quantization_config
+// (FP8 weights) every layer projection counts 1 byte per parameter plus its
+// f32 scales (kv/planner.h fp8_projection_savings: excluded modules stay at
+// weight_elem_bytes); the LM head and the embedding always count at
+// weight_elem_bytes, as the block-wise checkpoints store them.
 uint64_t decode_weight_bytes(const ModelConfig& c, int batch, int weight_elem_bytes = 2);
 
 // K and V read by one decode step; contexts[i] = tokens sequence i attends

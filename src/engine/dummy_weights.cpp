@@ -78,6 +78,18 @@ WeightMatrix to_fp8(const WeightMatrix& m, ScaleGranularity g) {
   return o;
 }
 
+// The lazy descriptor of an fp8 dummy matrix (see dummy_weights below).
+WeightMatrix lazy_fp8(const WeightMatrix& m, ScaleGranularity g) {
+  WeightMatrix o = m;
+  o.bf16 = false;
+  o.fp8 = true;
+  o.scale_granularity = g;
+  const auto [sr, sc] = fp8_scale_shape(g, m.rows, m.cols);
+  o.scales = std::make_shared<const std::vector<float>>(static_cast<size_t>(sr * sc),
+                                                         kDummyFp8Sigmas * m.dummy_std / 448.0f);
+  return o;
+}
+
 std::vector<float> ones(int64_t n) { return std::vector<float>(static_cast<size_t>(n), 1.0f); }
 std::vector<float> zeros(int64_t n) { return std::vector<float>(static_cast<size_t>(n), 0.0f); }
 
@@ -157,9 +169,13 @@ std::shared_ptr<ModelWeights> dummy_weights(const ModelConfig& c, uint64_t seed,
   }
   // --load-format dummy with a quantization_config: the projections the
   // config quantizes become fp8 (the embedding and lm_head stay bf16, as in
-  // the checkpoints). Host matrices only (a device backend refuses fp8 weights).
+  // the checkpoints). Host matrices are the bf16 dummy quantized with amax /
+  // 448 scales; a lazy (device-made) matrix is generated straight as e4m3
+  // with one constant scale, kDummyFp8Sigmas * std / 448 in every scale
+  // slot (values past that many standard deviations saturate): the same
+  // bytes per weight and scale layout as a checkpoint, not the host's values.
   const WeightQuantConfig& q = c.weight_quant;
-  if (q.quantized() && !lazy) {
+  if (q.quantized()) {
     const std::string prefix = default_weight_naming(c).prefix;
     for (int i = 0; i < c.num_layers; ++i) {
       LayerWeights& L = w->layers[i];
@@ -168,7 +184,7 @@ std::shared_ptr<ModelWeights> dummy_weights(const ModelConfig& c, uint64_t seed,
           {"self_attn.o_proj", &L.o_proj}, {"mlp.gate_proj", &L.gate_proj}, {"mlp.up_proj", &L.up_proj},
           {"mlp.down_proj", &L.down_proj}};
       for (const auto& [name, m] : mats)
-        if (!q.is_excluded(fmt::format("{}layers.{}.{}", prefix, i, name))) *m = to_fp8(*m, q.granularity);
+        if (!q.is_excluded(fmt::format("{}layers.{}.{}", prefix, i, name))) *m = lazy ? lazy_fp8(*m, q.granularity) : to_fp8(*m, q.granularity);
     }
   }
   return w;

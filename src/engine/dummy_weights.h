@@ -14,6 +14,11 @@
 
 namespace fp8kv {
 
+// A lazy fp8 dummy matrix (a quantization_config under a device backend) is
+// generated as e4m3 on the device with every scale kDummyFp8Sigmas * std /
+// 448: the checkpoint's bytes and layout, not the host path's values.
+inline constexpr float kDummyFp8Sigmas = 4.5f;
+
 // lazy: matrices are descriptors only (WeightMatrix::dummy, data null) that
 // a device backend fills on the device (backend/cuda/ops/dummy_fill.h); vectors
 // as usual. Only for a device backend at tensor-parallel size 1 (the engine

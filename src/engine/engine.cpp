@@ -544,13 +544,14 @@ std::shared_ptr<const ModelWeights> maybe_widen(std::shared_ptr<const ModelWeigh
   return w->widened_to_f32();
 }
 
-// FP8 weights run on the CPU backend at tensor-parallel size 1 for now
-// (docs/design.md "FP8-weight checkpoints"); `what` names the checkpoint's
-// declaration. Called before any weight is read or made.
+// FP8 weights run at tensor-parallel size 1 for now, and W8A8 on the CPU
+// backend only (docs/design.md "FP8-weight checkpoints"); `what` names the
+// checkpoint's declaration. Called before any weight is read or made.
 void check_fp8_weights_runnable(const std::string& what, bool cpu, const EngineOptions& o) {
-  if (!cpu)
-    throw InputError(fmt::format("{}: fp8 weights run on --backend cpu for now (the CUDA kernels for fp8 weights "
-                                 "are not built yet); got --backend {}", what, o.backend));
+  if (!cpu && o.fp8_weight_mode == Fp8Compute::w8a8)
+    throw InputError(fmt::format("{}: --fp8-weight-mode w8a8 runs on --backend cpu for now (the CUDA backend runs "
+                                 "fp8 weights as W8A16: --fp8-weight-mode w8a16); got --backend {}",
+                                 what, o.backend));
   if (o.tensor_parallel_size > 1)
     throw InputError(fmt::format("{}: fp8 weights run at --tensor-parallel-size 1 for now (got {})", what,
                                  o.tensor_parallel_size));

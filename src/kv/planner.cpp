@@ -437,30 +437,35 @@ uint64_t estimate_parameters(const ModelConfig& c) {
              u(c.hidden_size));
 }
 
-uint64_t estimate_weight_bytes(const ModelConfig& c) {
-  const std::string& d = c.torch_dtype;
-  const uint64_t bytes = d == "float32" || d == "fp32" ? 4 : d == "float8_e4m3fn" || d == "float8_e5m2" ? 1 : 2;
-  uint64_t total = checked_product("weight bytes", {{"parameters (from config.json)", estimate_parameters(c)},
-                                                    {"torch_dtype bytes", bytes}});
+uint64_t fp8_projection_savings(const ModelConfig& c, uint64_t elem_bytes) {
   const WeightQuantConfig& q = c.weight_quant;
-  if (!q.quantized() || bytes == 1) return total;
+  if (!q.quantized() || elem_bytes <= 1) return 0;
   // FP8-weight checkpoints (model/quant_config.h): every projection the
-  // config quantizes at 1 byte per element plus its f32 scales; the
-  // embedding, lm_head, norms and excluded modules at torch_dtype.
+  // config quantizes at 1 byte per element plus its f32 scales.
   const uint64_t qw = static_cast<uint64_t>(c.num_heads) * c.head_dim, kvw = static_cast<uint64_t>(c.num_kv_heads) * c.head_dim;
   const uint64_t H = c.hidden_size, I = c.intermediate_size;
   const std::pair<const char*, std::pair<uint64_t, uint64_t>> mats[] = {
       {"self_attn.q_proj", {qw, H}},  {"self_attn.k_proj", {kvw, H}}, {"self_attn.v_proj", {kvw, H}},
       {"self_attn.o_proj", {H, qw}},  {"mlp.gate_proj", {I, H}},      {"mlp.up_proj", {I, H}},
       {"mlp.down_proj", {H, I}}};
+  uint64_t saved = 0;
   for (int l = 0; l < c.num_layers; ++l)
     for (const auto& [name, nk] : mats) {
       if (q.is_excluded(fmt::format("model.layers.{}.{}", l, name))) continue;
       const auto [sr, sc] = fp8_scale_shape(q.granularity, static_cast<int64_t>(nk.first), static_cast<int64_t>(nk.second));
-      total -= nk.first * nk.second * (bytes - 1);
-      total += 4 * static_cast<uint64_t>(sr * sc);
+      saved += nk.first * nk.second * (elem_bytes - 1);
+      saved -= 4 * static_cast<uint64_t>(sr * sc);
     }
-  return total;
+  return saved;
+}
+
+uint64_t estimate_weight_bytes(const ModelConfig& c) {
+  const std::string& d = c.torch_dtype;
+  const uint64_t bytes = d == "float32" || d == "fp32" ? 4 : d == "float8_e4m3fn" || d == "float8_e5m2" ? 1 : 2;
+  const uint64_t total = checked_product("weight bytes", {{"parameters (from config.json)", estimate_parameters(c)},
+                                                          {"torch_dtype bytes", bytes}});
+  // The embedding, lm_head, norms and excluded modules stay at torch_dtype.
+  return total - fp8_projection_savings(c, bytes);
 }
 
 std::string weight_estimate_source(const ModelConfig& c) {

@@ -189,6 +189,10 @@ uint64_t estimate_parameters(const ModelConfig& cfg);
 // an FP8-weight config (quantization_config), the projections it quantizes
 // at 1 byte per element plus their f32 scales.
 uint64_t estimate_weight_bytes(const ModelConfig& cfg);
+// The bytes an FP8-weight config's quantized projections save against
+// elem_bytes per element (each at 1 byte plus its f32 scales; excluded
+// modules by the format's own rule); 0 without a quantization_config.
+uint64_t fp8_projection_savings(const ModelConfig& cfg, uint64_t elem_bytes);
 // What estimate_weight_bytes assumed, for the printed weights source:
 // "estimate", or for an FP8-weight config the bytes per element it counted.
 std::string weight_estimate_source(const ModelConfig& cfg);

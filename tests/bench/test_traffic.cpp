@@ -43,6 +43,35 @@ TEST(Traffic, StreamedParamsEqualStoredWeights) {
   }
 }
 
+// FP8-weight checkpoints: the bytes a decode step streams are the stored
+// bytes (e4m3 projections at 1 byte, their f32 scales, the bf16 rest) less
+// the untied input embedding, counted from the shards' own dtypes, the
+// excluded modules included (llama_block leaves one down_proj bf16). Norm
+// gains count 2 bytes each, as stored; static input_scale tensors are not
+// streamed weights. The checkpoints whose LM head is stored bf16 (the
+// traffic model counts the LM head at the activation width's 2 bytes; the
+// ct_tensor goldens quantize it, which a config alone does not say).
+TEST(Traffic, Fp8WeightCheckpointsStreamTheirStoredBytes) {
+  for (const char* name : {"llama_block", "qwen3_block", "llama_ct_channel", "qwen3_ct_channel", "llama_modelopt",
+                           "qwen3_modelopt"}) {
+    const fs::path dir = kSrc / "tests/golden/fp8_weights" / name;
+    const ModelConfig c = load_model_config(dir);
+    ASSERT_TRUE(c.weight_quant.quantized()) << dir;
+    uint64_t want = 0;
+    for (const auto& f : fs::directory_iterator(dir)) {
+      if (f.path().extension() != ".safetensors") continue;
+      auto st = SafetensorsFile::open(f.path());
+      for (const auto& t : st->tensors()) {
+        if (t.name.find("input_scale") != std::string::npos) continue;
+        if (!c.tie_word_embeddings && t.name.find("embed_tokens") != std::string::npos) continue;
+        const uint64_t n = static_cast<uint64_t>(t.numel());
+        want += t.dtype == DType::F8_E4M3 ? n : t.name.find("weight_scale") != std::string::npos ? 4 * n : 2 * n;
+      }
+    }
+    EXPECT_EQ(bench::decode_weight_bytes(c, 0), want) << dir;
+  }
+}
+
 // Llama-3.1-8B: 8,030,261,248 parameters, of which the 128256 x 4096 input
 // embedding is gathered, not streamed: 15.0 GB per step in bf16 (issue 12 §3).
 TEST(Traffic, Llama31_8bStreams15GB) {

@@ -308,14 +308,15 @@ TEST(Fp8Refusal, UnsupportedSchemes) {
                    c.needles);
 }
 
-TEST(Fp8Refusal, TensorParallelAndCudaForNow) {
+TEST(Fp8Refusal, TensorParallelAndCudaW8A8ForNow) {
   EngineOptions o = cpu_options();
   o.tensor_parallel_size = 2;
   expect_refused(Fp8CheckpointOptions{}, {"fp8 weights run at --tensor-parallel-size 1 for now"}, o);
   if (resolve_backend_name("auto") != "cuda") GTEST_SKIP() << "no CUDA device: the cuda refusal is not reachable here";
   o = cpu_options();
   o.backend = "cuda";
-  expect_refused(Fp8CheckpointOptions{}, {"fp8 weights run on --backend cpu for now"}, o);
+  o.fp8_weight_mode = Fp8Compute::w8a8;
+  expect_refused(Fp8CheckpointOptions{}, {"--fp8-weight-mode w8a8 runs on --backend cpu for now"}, o);
 }
 
 }  // namespace

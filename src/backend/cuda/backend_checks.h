@@ -35,9 +35,28 @@ inline const float* opt_vec(const Tensor& t, int64_t n, const char* op, const ch
   return static_cast<const float*>(t.data);
 }
 
+// A weight as the linear kernels take it: bf16, or e4m3 with its scales
+// (ops.h DeviceMatrix gives the scale indexing of each granularity).
 inline cuda::DeviceMatrix matrix(const Tensor& w, const char* op) {
+  if (w.is_fp8_weight()) {
+    cuda::DeviceMatrix m;
+    m.rows = w.rows;
+    m.cols = w.cols;
+    m.fp8 = static_cast<const uint8_t*>(w.data);
+    m.scale = w.fp8.data;
+    switch (w.fp8.granularity) {
+      case ScaleGranularity::tensor: break;
+      case ScaleGranularity::channel: m.scale_ld = 1; break;
+      case ScaleGranularity::block128:
+        m.scale_row_shift = 7;
+        m.scale_ld = (w.cols + kFp8WeightBlock - 1) / kFp8WeightBlock;
+        m.scale_k_step = 1;
+        break;
+    }
+    return m;
+  }
   if (w.dtype != ScalarType::bf16)
-    bad(op, fmt::format("weight must be bf16 (uploaded by this backend), got {}", shape(w)));
+    bad(op, fmt::format("weight must be bf16 or fp8 (uploaded by this backend), got {}", shape(w)));
   return cuda::DeviceMatrix{static_cast<const uint16_t*>(w.data), w.rows, w.cols};
 }
 

@@ -225,7 +225,9 @@ void CudaBackend::linear_gated_act(Activation act, const Tensor& x, const Tensor
                                    Tensor& gate_up, Tensor& out) {
   OpScope op(this, "linear_gated_act");
   const int64_t T = x.rows;
-  bool fuse = cuda::linear_routes().fused_act && out.dtype == ScalarType::bf16 && x.dtype == ScalarType::bf16 &&
+  // fp8 weights: the fp8 GEMV, then the activation kernel.
+  bool fuse = !w.is_fp8_weight() && cuda::linear_routes().fused_act && out.dtype == ScalarType::bf16 &&
+              x.dtype == ScalarType::bf16 &&
               T >= 1 && T <= std::min<int64_t>(cuda::kGemvGatedActMaxRows, gemm_->gemv_max_rows()) &&
               x.cols == w.cols && w.rows % 2 == 0 && out.rows == T && out.cols * 2 == w.rows;
   if (fuse) {

@@ -130,14 +130,6 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
     } else
       up.copy(MatrixRef{m.data, m.bf16 ? WeightType::bf16 : WeightType::f32, m.rows, m.cols}, dst);
   };
-  auto mat = [&](const WeightMatrix& m) -> Tensor {
-    if (!m.data && !m.dummy) return {};
-    DeviceBuffer buf = alloc(static_cast<size_t>(m.rows * m.cols) * 2);
-    put(m, static_cast<uint16_t*>(buf.data()));
-    Tensor t{buf.data(), ScalarType::bf16, m.rows, m.cols};
-    b.storage.push_back(std::move(buf));
-    return t;
-  };
   auto vec = [&](const std::vector<float>& v) -> Tensor {
     if (v.empty()) return {};
     DeviceBuffer buf = alloc(v.size() * sizeof(float));
@@ -146,13 +138,112 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
     b.storage.push_back(std::move(buf));
     return t;
   };
+  // fp8 matrices (docs/cuda_backend.md "FP8 weights"): the e4m3 bytes as
+  // they are, the scales as f32 beside them; the linear kernels dequantize.
+  bool any_fp8 = false;
+  auto check_fp8 = [&](const WeightMatrix& m) {
+    if (m.cols % 16 != 0)
+      throw InputError(fmt::format("--backend cuda: an fp8 weight of {} columns: the CUDA fp8 kernels need a column "
+                                   "count divisible by 16",
+                                   m.cols));
+    const auto [sr, sc] = fp8_scale_shape(m.scale_granularity, m.rows, m.cols);
+    if (!m.scales || static_cast<int64_t>(m.scales->size()) != sr * sc)
+      bad("upload_weights", "an fp8 matrix without scales of its shape");
+    any_fp8 = true;
+  };
+  auto put_fp8 = [&](const WeightMatrix& m, uint8_t* dst) {
+    const int64_t n = m.rows * m.cols;
+    if (m.dummy) {
+      cuda::dummy_fill_e4m3(dst, m.dummy_key, n, m.dummy_std, m.scales->front(), stream_);
+      generated += static_cast<size_t>(n);
+    } else {
+      up.copy(MatrixRef{m.data, WeightType::bf16, 1, n / 2}, reinterpret_cast<uint16_t*>(dst));  // raw bytes
+    }
+  };
+  auto fp8_tensor = [&](void* q, int64_t rows, int64_t cols, const float* scales, ScaleGranularity g) {
+    Tensor t{q, ScalarType::u8, rows, cols};
+    t.fp8 = Fp8WeightScales{scales, g, w->fp8_compute};
+    return t;
+  };
+  auto mat = [&](const WeightMatrix& m) -> Tensor {
+    if (!m.data && !m.dummy) return {};
+    if (m.fp8) {
+      check_fp8(m);
+      DeviceBuffer buf = alloc(static_cast<size_t>(m.rows * m.cols));
+      put_fp8(m, static_cast<uint8_t*>(buf.data()));
+      const Tensor s = vec(*m.scales);
+      Tensor t = fp8_tensor(buf.data(), m.rows, m.cols, static_cast<const float*>(s.data), m.scale_granularity);
+      b.storage.push_back(std::move(buf));
+      return t;
+    }
+    DeviceBuffer buf = alloc(static_cast<size_t>(m.rows * m.cols) * 2);
+    put(m, static_cast<uint16_t*>(buf.data()));
+    Tensor t{buf.data(), ScalarType::bf16, m.rows, m.cols};
+    b.storage.push_back(std::move(buf));
+    return t;
+  };
+  if (w->embed.fp8) bad("upload_weights", "an fp8 embedding table (fp8 checkpoints keep it bf16)");
   b.embed = mat(w->embed);
   b.output = w->lm_head ? mat(*w->lm_head) : b.embed;  // tied: the same device memory
   b.final_norm = vec(w->final_norm);
   b.embed_scale = w->embed_scale;
   // Several matrices with the same column count in one allocation (rows
   // concatenated): the fused matrix and a view of each part.
+  // fp8 parts fuse when they share a granularity and, for 128x128 blocks,
+  // every part but the last is whole blocks of rows; tensor scales become
+  // per-row (channel) scales of the fused matrix. Otherwise no layer fuses
+  // (the forward pass fuses all layers or none) and each part is its own
+  // matrix.
+  auto fusable = [](std::initializer_list<const WeightMatrix*> parts) {
+    const WeightMatrix* first = *parts.begin();
+    size_t i = 0;
+    for (const WeightMatrix* m : parts) {
+      ++i;
+      if (m->fp8 != first->fp8) return false;
+      if (!m->fp8) continue;
+      if (m->scale_granularity != first->scale_granularity) return false;
+      if (m->scale_granularity == ScaleGranularity::block128 && i < parts.size() && m->rows % kFp8WeightBlock != 0)
+        return false;
+    }
+    return true;
+  };
+  bool fuse_all = true;
+  for (const LayerWeights& L : w->layers)
+    fuse_all = fuse_all && fusable({&L.q_proj, &L.k_proj, &L.v_proj}) && fusable({&L.gate_proj, &L.up_proj});
+  auto fused_fp8 = [&](std::initializer_list<std::pair<const WeightMatrix*, Tensor*>> parts, int64_t rows,
+                       int64_t cols) -> Tensor {
+    const ScaleGranularity g0 = parts.begin()->first->scale_granularity;
+    const ScaleGranularity g = g0 == ScaleGranularity::tensor ? ScaleGranularity::channel : g0;
+    std::vector<float> scales;
+    std::vector<size_t> offsets;
+    for (auto [m, t] : parts) {
+      check_fp8(*m);
+      offsets.push_back(scales.size());
+      if (g0 == ScaleGranularity::tensor)
+        scales.insert(scales.end(), static_cast<size_t>(m->rows), m->scales->front());
+      else
+        scales.insert(scales.end(), m->scales->begin(), m->scales->end());
+    }
+    DeviceBuffer buf = alloc(static_cast<size_t>(rows * cols));
+    const Tensor sd = vec(scales);
+    const auto* sp = static_cast<const float*>(sd.data);
+    auto* base = static_cast<uint8_t*>(buf.data());
+    int64_t r0 = 0;
+    size_t i = 0;
+    for (auto [m, t] : parts) {
+      put_fp8(*m, base + r0 * cols);
+      *t = fp8_tensor(base + r0 * cols, m->rows, m->cols, sp + offsets[i++], g);
+      r0 += m->rows;
+    }
+    Tensor all = fp8_tensor(buf.data(), rows, cols, sp, g);
+    b.storage.push_back(std::move(buf));
+    return all;
+  };
   auto fused = [&](std::initializer_list<std::pair<const WeightMatrix*, Tensor*>> parts) -> Tensor {
+    if (!fuse_all) {
+      for (auto [m, t] : parts) *t = mat(*m);
+      return {};
+    }
     int64_t rows = 0, cols = -1;
     for (auto [m, t] : parts) {
       if (!m->data && !m->dummy) bad("upload_weights", "a fused projection part is missing");
@@ -160,6 +251,7 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
       cols = m->cols;
       rows += m->rows;
     }
+    if (parts.begin()->first->fp8) return fused_fp8(parts, rows, cols);
     DeviceBuffer buf = alloc(static_cast<size_t>(rows * cols) * 2);
     auto* base = static_cast<uint16_t*>(buf.data());
     int64_t r0 = 0;
@@ -219,6 +311,7 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
     gemm_->name_shape(o.down_proj.rows, o.down_proj.cols, cuda::LinearProj::down);
   }
   gemm_->name_shape(b.output.rows, b.output.cols, cuda::LinearProj::lm_head);
+  if (any_fp8) gemm_->reserve_fp8_scratch();
   up.finish();
   phase.set_detail(fmt::format(", {:.2f} GB matrices copied, {:.1f} GB/s ({}), {:.2f} GB generated on the device",
                                static_cast<double>(up.bytes()) / 1e9,

@@ -23,6 +23,8 @@ namespace detail {
 
 // Bias-add fallback when no cuBLASLt algorithm takes the bias epilogue (ops_misc.cu).
 void add_bias_rows(float* y, const float* bias, int64_t T, int64_t N, cudaStream_t stream);
+// The same on columns [0, N) of rows with leading dimension ld.
+void add_bias_rows_strided(float* y, const float* bias, int64_t T, int64_t N, int64_t ld, cudaStream_t stream);
 
 DeviceBuffer::DeviceBuffer(size_t bytes) : n_(bytes) {
   if (bytes) FP8KV_CU(cudaMalloc(&p_, bytes));
@@ -141,9 +143,11 @@ Gemm::~Gemm() {
 }
 
 Gemm::Plan& Gemm::plan(int64_t T, int64_t N, int64_t K, bool bias, bool accumulate, int align_x, int align_w,
-                       int align_y, bool out_bf16) {
+                       int align_y, bool out_bf16, int64_t ldy) {
+  if (ldy <= 0) ldy = N;
   // The accumulate slot of the key also carries the output type (+2: bf16).
-  const auto key = std::make_tuple(T, N, K, int{bias}, int{accumulate} + 2 * int{out_bf16}, align_x, align_w, align_y);
+  const auto key = std::make_tuple(T, N, K, int{bias}, int{accumulate} + 2 * int{out_bf16}, align_x, align_w, align_y,
+                                   ldy);
   if (auto it = plans_.find(key); it != plans_.end()) return *it->second;
   auto* p = new Plan();
   try {
@@ -155,7 +159,7 @@ Gemm::Plan& Gemm::plan(int64_t T, int64_t N, int64_t K, bool bias, bool accumula
     FP8KV_CUBLAS(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, static_cast<uint64_t>(K), static_cast<uint64_t>(N), K));
     FP8KV_CUBLAS(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, static_cast<uint64_t>(K), static_cast<uint64_t>(T), K));
     FP8KV_CUBLAS(cublasLtMatrixLayoutCreate(&p->c, out_bf16 ? CUDA_R_16BF : CUDA_R_32F, static_cast<uint64_t>(N),
-                                            static_cast<uint64_t>(T), N));
+                                            static_cast<uint64_t>(T), ldy));
 
     cublasLtMatmulPreference_t pref = nullptr;
     FP8KV_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
@@ -195,8 +199,42 @@ Gemm::Plan& Gemm::plan(int64_t T, int64_t N, int64_t K, bool bias, bool accumula
   return *p;
 }
 
+void Gemm::reserve_fp8_scratch() { dequant_.reserve(static_cast<size_t>(kDequantSliceElems) * 2); }
+
+void Gemm::linear_fp8_sliced(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, void* y,
+                             bool accumulate, bool out_bf16, cudaStream_t stream) {
+  if (dequant_.bytes() < static_cast<size_t>(kDequantSliceElems) * 2)
+    throw std::logic_error("cuda::Gemm: fp8 weight past the GEMV rows before reserve_fp8_scratch");
+  if (W.cols > kDequantSliceElems)
+    throw std::invalid_argument("cuda::Gemm: fp8 weight row of " + std::to_string(W.cols) + " columns is longer than "
+                                "the dequantization slice");
+  // Whole 128-row blocks per slice (at least one row).
+  int64_t rows = std::max<int64_t>(1, kDequantSliceElems / W.cols);
+  if (rows >= 128) rows -= rows % 128;
+  auto* slice = dequant_.as<uint16_t>();
+  const size_t out_bytes = out_bf16 ? 2 : 4;
+  for (int64_t r0 = 0; r0 < W.rows; r0 += rows) {
+    const int64_t n = std::min(rows, W.rows - r0);
+    dequantize_fp8_rows_bf16(W, r0, n, slice, stream);
+    void* yo = static_cast<char*>(y) + static_cast<size_t>(r0) * out_bytes;
+    const float* bo = bias ? bias + r0 : nullptr;
+    Plan& p = plan(T, n, W.cols, bo != nullptr, accumulate, pointer_alignment(x), pointer_alignment(slice),
+                   pointer_alignment(yo), out_bf16, W.rows);
+    if (p.bias_epilogue)
+      FP8KV_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bo, sizeof(bo)));
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    FP8KV_CUBLAS(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.op, &alpha, slice, p.a, x, p.b, &beta, yo,
+                                p.c, yo, p.c, &p.algo, workspace_.get(), kWorkspaceBytes, stream));
+    if (bo && !p.bias_epilogue) {
+      if (out_bf16) throw std::logic_error("cuda::Gemm: a bias with bf16 output");
+      add_bias_rows_strided(static_cast<float*>(yo), bo, T, n, W.rows, stream);
+    }
+  }
+}
+
 void Gemm::linear_bf16_out(const uint16_t* x, int64_t T, const DeviceMatrix& W, uint16_t* y, cudaStream_t stream) {
   if (T == 0) return;
+  if (W.is_fp8() && x && y && T > 0) return linear_fp8_sliced(x, T, W, nullptr, y, false, true, stream);
   if (T < 0 || !x || !W.data || !y || W.rows <= 0 || W.cols <= 0)
     throw std::invalid_argument("cuda::Gemm::linear_bf16_out: bad arguments (null pointer or empty shape)");
   Plan& p = plan(T, W.rows, W.cols, false, false, pointer_alignment(x), pointer_alignment(W.data),
@@ -223,6 +261,13 @@ GemvKernel Gemm::route(int64_t T, int64_t N, int64_t K) const {
 void Gemm::linear(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y, bool accumulate,
                   cudaStream_t stream) {
   if (T == 0) return;
+  if (W.is_fp8() && x && y && T > 0 && W.rows > 0 && W.cols > 0) {
+    if (gemv_fp8_fits(x, T, W))
+      gemv_fp8(x, T, W, bias, y, accumulate, stream);
+    else
+      linear_fp8_sliced(x, T, W, bias, y, accumulate, false, stream);
+    return;
+  }
   if (T < 0 || !x || !W.data || !y || W.rows <= 0 || W.cols <= 0)
     throw std::invalid_argument("cuda::Gemm::linear: bad arguments (null pointer or empty shape)");
   if (T <= gemv_max_rows_ && gemv_bf16_fits(x, T, W)) {

@@ -17,4 +17,9 @@ namespace fp8kv::cuda {
 // bf16 ulp where the two disagree (tests/cuda_ops: counted, rare).
 void dummy_fill_bf16(uint16_t* dst, uint64_t key, int64_t n, float std, cudaStream_t stream);
 
+// An fp8 dummy matrix (engine/dummy_weights.h kDummyFp8Sigmas): the same
+// normals as dummy_fill_bf16, divided by `scale` and rounded to e4m3 (RNE,
+// saturating).
+void dummy_fill_e4m3(uint8_t* dst, uint64_t key, int64_t n, float std, float scale, cudaStream_t stream);
+
 }  // namespace fp8kv::cuda

@@ -106,6 +106,12 @@ __global__ void add_bias_kernel(float* y, const float* bias, int64_t T, int64_t 
     y[i] = __fadd_rn(y[i], bias[i % N]);
 }
 
+__global__ void add_bias_strided_kernel(float* y, const float* bias, int64_t T, int64_t N, int64_t ld) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < T * N;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[(i / N) * ld + i % N] = __fadd_rn(y[(i / N) * ld + i % N], bias[i % N]);
+}
+
 // ---- row stats -----------------------------------------------------------------
 
 constexpr int kRowThreads = 512;
@@ -167,6 +173,12 @@ __global__ void row_stats_kernel(const float* __restrict__ logits, int V, const 
 void add_bias_rows(float* y, const float* bias, int64_t T, int64_t N, cudaStream_t stream) {
   if (T * N == 0) return;
   add_bias_kernel<<<grid_for(T * N, 256), 256, 0, stream>>>(y, bias, T, N);
+  FP8KV_CU_LAUNCH();
+}
+
+void add_bias_rows_strided(float* y, const float* bias, int64_t T, int64_t N, int64_t ld, cudaStream_t stream) {
+  if (T * N == 0) return;
+  add_bias_strided_kernel<<<grid_for(T * N, 256), 256, 0, stream>>>(y, bias, T, N, ld);
   FP8KV_CU_LAUNCH();
 }
 

@@ -63,11 +63,23 @@ class DeviceBuffer {
 // True when a CUDA device is usable (cudaGetDeviceCount succeeds and is > 0).
 bool cuda_device_available();
 
-// Row-major bf16 matrix [rows][cols] on the device.
+// Row-major weight matrix [rows][cols] on the device: bf16 (data), or fp8
+// e4m3 bytes (fp8) with f32 scales, element (r, c) = e4m3(fp8[r][c]) *
+// scale[(r >> scale_row_shift) * scale_ld + (c >> 7) * scale_k_step]:
+//   tensor   shift 0, ld 0,           k_step 0  (scale[0])
+//   channel  shift 0, ld 1,           k_step 0  (scale[r])
+//   block128 shift 7, ld ceil(K/128), k_step 1  (scale[r/128][c/128])
+// (numerics/fp8_weights.h; docs/design.md "FP8-weight checkpoints").
 struct DeviceMatrix {
   const uint16_t* data = nullptr;
   int64_t rows = 0;
   int64_t cols = 0;
+  const uint8_t* fp8 = nullptr;
+  const float* scale = nullptr;
+  int scale_row_shift = 0;
+  int64_t scale_ld = 0;
+  int scale_k_step = 0;
+  bool is_fp8() const { return fp8 != nullptr; }
 };
 
 // Converts a host matrix (fp32 or bf16 elements, row-major) to bf16 (RNE) and
@@ -98,7 +110,8 @@ class Gemm {
 
   // y[T][N] = x[T][K] (bf16) * W[N][K]^T (bf16) (+ bias[N], fp32) (+ y when
   // accumulate: the residual add fused into the GEMM as beta = 1), fp32
-  // accumulation and output. T == 0 is a no-op.
+  // accumulation and output. T == 0 is a no-op. An fp8 W (W8A16): the fp8
+  // GEMV (gemv_fp8) up to kGemvMaxRows rows, else linear_fp8_sliced.
   void linear(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y, bool accumulate,
               cudaStream_t stream);
   // y[T][N] = bf16(x W^T) with fp32 accumulation, no bias, always cuBLASLt
@@ -109,6 +122,10 @@ class Gemm {
   // gemv_bf16 instead of cuBLASLt: kGemvDefaultRows. The setter is for
   // tests and bench_linear (0..kGemvMaxRows).
   void set_gemv_max_rows(int rows) { gemv_max_rows_ = rows; }
+  // The slice buffer fp8 weights need past the GEMV rows (once, at weight
+  // upload: never inside a CUDA graph capture).
+  void reserve_fp8_scratch();
+  static constexpr int64_t kDequantSliceElems = int64_t{1} << 23;  // 16 MB of bf16
   int gemv_max_rows() const { return gemv_max_rows_; }
 
   // Names the projection of weight shape [N][K], so that GEMV-path calls of
@@ -121,10 +138,16 @@ class Gemm {
  private:
   struct Plan;
   Plan& plan(int64_t T, int64_t N, int64_t K, bool bias, bool accumulate, int align_x, int align_w, int align_y,
-             bool out_bf16 = false);
+             bool out_bf16 = false, int64_t ldy = 0);
+  // An fp8 W past the GEMV rows: W dequantized to bf16 in row slices of at
+  // most kDequantSliceElems elements (the slice stays in L2 for the GEMM that
+  // reads it), each slice one cuBLASLt GEMM into its columns of y.
+  void linear_fp8_sliced(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, void* y,
+                         bool accumulate, bool out_bf16, cudaStream_t stream);
+  DeviceBuffer dequant_;
   void* handle_ = nullptr;  // cublasLtHandle_t
   DeviceBuffer workspace_;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int, int, int>, Plan*> plans_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int, int, int, int64_t>, Plan*> plans_;
   int gemv_max_rows_ = kGemvDefaultRows;
   std::map<std::pair<int64_t, int64_t>, int> shape_proj_;  // -> LinearProj, or -1: named twice
 };
@@ -163,6 +186,21 @@ int gemv_simt_auto_split(int64_t N, int64_t K);
 constexpr int kGemvGatedActMaxRows = 2;
 void gemv_gated_act_bf16(Activation act, const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias,
                          uint16_t* out, cudaStream_t stream);
+
+// ---- fp8 weights (W8A16) --------------------------------------------------
+
+// The decode GEMV on an fp8 weight (W.is_fp8()): y[T][N] (+)= x[T][K] (bf16)
+// * W^T (+ bias), 1 <= T <= kGemvMaxRows. Each lane streams 16-byte chunks of
+// e4m3 (16 weights of one 128-column scale group), sums them against x in
+// fp32, and multiplies the chunk's sum by the chunk's scale. K split over
+// gemv_simt_auto_split(N, K) warps per output column, added in fixed order.
+// gemv_fp8_fits: K % 16 == 0, 16-byte aligned x and W.
+bool gemv_fp8_fits(const uint16_t* x, int64_t T, const DeviceMatrix& W);
+void gemv_fp8(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y, bool accumulate,
+              cudaStream_t stream);
+// Rows [r0, r0 + n) of an fp8 W dequantized to bf16: out[i][c] =
+// bf16_rn(e4m3(W[r0 + i][c]) * scale(r0 + i, c)) (one fp32 multiply, RNE).
+void dequantize_fp8_rows_bf16(const DeviceMatrix& W, int64_t r0, int64_t n, uint16_t* out, cudaStream_t stream);
 
 // ---- norms ----------------------------------------------------------------
 

@@ -1,0 +1,254 @@
+// Linear layers on fp8 (e4m3) weights, W8A16 (ops.h "fp8 weights"): the
+// decode GEMV that streams the e4m3 bytes and applies each 128-column
+// group's scale in registers, and the row-slice dequantization to bf16 that
+// the cuBLASLt path past the GEMV rows reads. docs/cuda_backend.md "FP8
+// weights".
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/ops/launch.cuh"
+#include "backend/cuda/ops/ops.h"
+
+namespace fp8kv::cuda {
+
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kUnroll = 4;
+constexpr int kChunk = 16;  // e4m3 weights per 16-byte load
+
+__device__ __forceinline__ void wait_for_inputs() {
+  pdl_wait();
+  pdl_trigger();
+}
+
+// Four e4m3 bytes (little-endian in w) -> four floats (exact: every e4m3
+// value is an f16 value, and every f16 value an f32 value).
+__device__ __forceinline__ void e4m3x4_to_f32(uint32_t w, float* f) {
+  const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3);
+  const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
+  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
+  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+  f[0] = a.x;
+  f[1] = a.y;
+  f[2] = b.x;
+  f[3] = b.y;
+}
+
+__device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float* f) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+struct ScaleIndex {
+  const float* __restrict__ s;
+  int shift;
+  int64_t ld;
+  int k_step;
+  // The scale of chunk c (16 columns, inside one 128-column group) of row n.
+  __device__ __forceinline__ float at(int64_t n, int64_t c) const {
+    return __ldg(s + (n >> shift) * ld + (c >> 3) * k_step);
+  }
+};
+
+// S warps per output column n (K split as gemv.cu's SIMT kernel: warp sub
+// takes chunks sub * 32 + lane + j * 32 * S; the S partial sums are added in
+// fixed order through shared memory). Per chunk: the 16 products with each
+// x row summed in fp32, then that sum times the chunk's scale added to the
+// row's accumulator (one fmaf).
+template <int T, int S>
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_fp8_kernel(const uint16_t* __restrict__ x, const uint8_t* __restrict__ W, ScaleIndex sc,
+                    const float* __restrict__ bias, float* __restrict__ y, int64_t N, int64_t K, bool accumulate) {
+  static_assert(kWarps % S == 0, "S must divide the warps of a block");
+  constexpr int kCols = kWarps / S;
+  constexpr int64_t kStride = 32 * S;
+  constexpr int64_t kBatch = kStride * kUnroll;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int sub = warp % S;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kCols + warp / S;
+  const bool live = n < N;
+  const int64_t chunks = live ? K / kChunk : 0;
+  const uint4* w = reinterpret_cast<const uint4*>(W + (live ? n : 0) * K);
+  const int64_t first = static_cast<int64_t>(sub) * 32 + lane;
+  float acc[T];
+#pragma unroll
+  for (int t = 0; t < T; ++t) acc[t] = 0.0f;
+  uint4 cur[kUnroll], nxt[kUnroll];
+  auto load_w = [&](uint4(&v)[kUnroll], int64_t c0) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = c0 + u * kStride;
+      v[u] = c < chunks ? __ldcs(w + c) : make_uint4(0, 0, 0, 0);  // streamed once
+    }
+  };
+  load_w(cur, first);
+  wait_for_inputs();
+  for (int64_t c0 = first; c0 < chunks; c0 += kBatch) {
+    load_w(nxt, c0 + kBatch);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = c0 + u * kStride;
+      if (c >= chunks) break;
+      float wf[kChunk];
+      e4m3x4_to_f32(cur[u].x, wf);
+      e4m3x4_to_f32(cur[u].y, wf + 4);
+      e4m3x4_to_f32(cur[u].z, wf + 8);
+      e4m3x4_to_f32(cur[u].w, wf + 12);
+      const float s = sc.at(n, c);
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        const uint4* xr = reinterpret_cast<const uint4*>(x + t * K) + 2 * c;
+        float xf[kChunk];
+        bf16x8_to_f32(__ldg(xr), xf);
+        bf16x8_to_f32(__ldg(xr + 1), xf + 8);
+        float p = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) p = fmaf(xf[i], wf[i], p);
+        acc[t] = fmaf(p, s, acc[t]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) cur[u] = nxt[u];
+  }
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], o);
+  }
+  if constexpr (S > 1) {
+    __shared__ float part[kWarps][T];
+    if (lane == 0) {
+#pragma unroll
+      for (int t = 0; t < T; ++t) part[warp][t] = acc[t];
+    }
+    __syncthreads();
+    if (sub != 0) return;
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      float v = part[warp][t];
+#pragma unroll
+      for (int s = 1; s < S; ++s) v += part[warp + s][t];
+      acc[t] = v;
+    }
+  }
+  if (lane == 0 && live) {
+    const float b = bias ? bias[n] : 0.0f;
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      float v = acc[t] + b;
+      if (accumulate) v += y[t * N + n];
+      y[t * N + n] = v;
+    }
+  }
+}
+
+ScaleIndex scale_index(const DeviceMatrix& W) {
+  return ScaleIndex{W.scale, W.scale_row_shift, W.scale_ld, W.scale_k_step};
+}
+
+template <int T, int S>
+void launch(const uint16_t* x, const DeviceMatrix& W, const float* bias, float* y, bool accumulate,
+            cudaStream_t stream) {
+  constexpr int kCols = kWarps / S;
+  const int64_t blocks = (W.rows + kCols - 1) / kCols;
+  launch_pdl(true, gemv_fp8_kernel<T, S>, dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32), stream, x, W.fp8,
+             scale_index(W), bias, y, W.rows, W.cols, accumulate);
+}
+
+template <int T>
+void launch_split(const uint16_t* x, const DeviceMatrix& W, const float* bias, float* y, bool accumulate, int split,
+                  cudaStream_t stream) {
+  switch (split) {
+    case 1: launch<T, 1>(x, W, bias, y, accumulate, stream); break;
+    case 2: launch<T, 2>(x, W, bias, y, accumulate, stream); break;
+    case 4: launch<T, 4>(x, W, bias, y, accumulate, stream); break;
+    default: launch<T, 8>(x, W, bias, y, accumulate, stream); break;
+  }
+}
+
+// The split for an fp8 row: gemv_simt_auto_split's rule on the row's
+// 16-byte chunks (K / 16 of them here, K / 8 for bf16): enough warps to fill
+// the GPU twice while each lane keeps at least 4 chunks.
+int fp8_split(int64_t N, int64_t K) { return gemv_simt_auto_split(N, K / 2); }
+
+// Thread i converts 16 consecutive elements of the slice (K % 16 == 0).
+__global__ void dequant_kernel(const uint8_t* __restrict__ W, ScaleIndex sc, int64_t K, int64_t r0, int64_t n,
+                               __nv_bfloat16* __restrict__ out) {
+  const int64_t per_row = K / kChunk;
+  const int64_t total = n * per_row;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / per_row, c = i % per_row;
+    const uint4 q = __ldcs(reinterpret_cast<const uint4*>(W + (r0 + r) * K) + c);
+    const float s = sc.at(r0 + r, c);
+    float f[kChunk];
+    e4m3x4_to_f32(q.x, f);
+    e4m3x4_to_f32(q.y, f + 4);
+    e4m3x4_to_f32(q.z, f + 8);
+    e4m3x4_to_f32(q.w, f + 12);
+    uint32_t o[kChunk / 2];
+#pragma unroll
+    for (int j = 0; j < kChunk / 2; ++j) {
+      const __nv_bfloat162 b = __floats2bfloat162_rn(__fmul_rn(f[2 * j], s), __fmul_rn(f[2 * j + 1], s));
+      o[j] = *reinterpret_cast<const uint32_t*>(&b);
+    }
+    uint4* dst = reinterpret_cast<uint4*>(out + r * K) + 2 * c;
+    dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
+    dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
+  }
+}
+
+}  // namespace
+
+bool gemv_fp8_fits(const uint16_t* x, int64_t T, const DeviceMatrix& W) {
+  return W.is_fp8() && W.scale && T >= 1 && T <= kGemvMaxRows && W.cols % kChunk == 0 &&
+         reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(W.fp8) % 16 == 0 &&
+         W.rows <= (int64_t{1} << 31) * kWarps;
+}
+
+void gemv_fp8(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y, bool accumulate,
+              cudaStream_t stream) {
+  if (!gemv_fp8_fits(x, T, W))
+    throw std::invalid_argument("cuda::gemv_fp8: needs an fp8 W with scales, 1 <= T <= " +
+                                std::to_string(kGemvMaxRows) + ", K % 16 == 0 and 16-byte aligned x and W (T=" +
+                                std::to_string(T) + " K=" + std::to_string(W.cols) + ")");
+  const int split = fp8_split(W.rows, W.cols);
+  switch (T) {
+    case 1: launch_split<1>(x, W, bias, y, accumulate, split, stream); break;
+    case 2: launch_split<2>(x, W, bias, y, accumulate, split, stream); break;
+    case 3: launch_split<3>(x, W, bias, y, accumulate, split, stream); break;
+    case 4: launch_split<4>(x, W, bias, y, accumulate, split, stream); break;
+    case 5: launch_split<5>(x, W, bias, y, accumulate, split, stream); break;
+    case 6: launch_split<6>(x, W, bias, y, accumulate, split, stream); break;
+    case 7: launch_split<7>(x, W, bias, y, accumulate, split, stream); break;
+    case 8: launch_split<8>(x, W, bias, y, accumulate, split, stream); break;
+  }
+}
+
+void dequantize_fp8_rows_bf16(const DeviceMatrix& W, int64_t r0, int64_t n, uint16_t* out, cudaStream_t stream) {
+  if (n == 0) return;
+  if (!W.is_fp8() || !W.scale || !out || r0 < 0 || n < 0 || r0 + n > W.rows || W.cols % kChunk != 0 ||
+      reinterpret_cast<uintptr_t>(W.fp8) % 16 != 0 || reinterpret_cast<uintptr_t>(out) % 16 != 0)
+    throw std::invalid_argument("cuda::dequantize_fp8_rows_bf16: needs an fp8 W with scales, rows [" +
+                                std::to_string(r0) + ", " + std::to_string(r0 + n) + ") of " +
+                                std::to_string(W.rows) + ", K % 16 == 0 (K=" + std::to_string(W.cols) +
+                                ") and 16-byte aligned buffers");
+  const int64_t work = n * (W.cols / kChunk);
+  const int64_t blocks = std::min<int64_t>((work + 255) / 256, 132 * 16);
+  dequant_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(W.fp8, scale_index(W), W.cols, r0, n,
+                                                                    reinterpret_cast<__nv_bfloat16*>(out));
+  FP8KV_CU_LAUNCH();
+}
+
+}  // namespace fp8kv::cuda
