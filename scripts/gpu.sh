@@ -264,7 +264,7 @@ step_fp8w() {
   local d=$G/fp8w c name args v i order
   # shellcheck disable=SC2034  # read through ${!m}
   local M_new=$MODEL_8B_FP8 M_old=$MODEL_8B t0; t0=$(date +%s)
-  for i in 1 2; do
+  for i in $(seq 1 "${REPS:-2}"); do
     for c in "${FP8W_CASES[@]}"; do
       name=${c%%|*}; args=${c#*|}
       order="new old"; (( i % 2 == 0 )) && order="old new"

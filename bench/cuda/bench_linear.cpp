@@ -5,7 +5,9 @@
 // kernels (ops.h gemv_bf16_simt / gemv_bf16_mma) at T = 1..8. Prints one
 // line per (shape, T, path) and the implied GEMM time of a decode step (32
 // layers + LM head) per (T, path), so the step's other costs can be read off
-// `fp8kv bench latency` (docs/cuda_backend.md).
+// `fp8kv bench latency` (docs/cuda_backend.md). With "fp8", the same shapes
+// as block-wise e4m3 weights (FP8-weight checkpoints, W8A16) at 1 to 8192
+// rows beside bf16.
 //   bench_linear [--json FILE]
 #include <cuda_runtime.h>
 
@@ -50,28 +52,42 @@ int main(int argc, char** argv) {
   // (T, path): cuBLASLt ("lt") at 1, 2, 4, 8, 32 rows; the decode GEMV's two
   // kernels (ops.h gemv_bf16_simt / gemv_bf16_mma) at 1, 2, 4 and 8 (where
   // each stops winning, if it does).
-  const std::pair<int, const char*> Ts[] = {{1, "lt"},   {1, "simt"}, {1, "mma"}, {2, "lt"},  {2, "simt"},
-                                            {2, "mma"},  {4, "lt"},   {4, "simt"}, {4, "mma"}, {8, "lt"},
-                                            {8, "simt"}, {8, "mma"},  {32, "lt"}};
+  // "fp8": the same shapes as block-wise e4m3 weights (128x128 f32 scales)
+  // through cuda::Gemm (W8A16: the fp8 GEMV up to 8 rows, the dequantized
+  // slices + cuBLASLt past them), beside bf16 at 1, 8, 32, 256 and 8192 rows
+  // (past 32 rows without the LM head).
+  const std::pair<int, const char*> Ts[] = {
+      {1, "lt"},   {1, "simt"},  {1, "mma"},    {1, "fp8"},   {2, "lt"},   {2, "simt"},   {2, "mma"},
+      {4, "lt"},   {4, "simt"},  {4, "mma"},    {8, "lt"},    {8, "simt"}, {8, "mma"},    {8, "fp8"},
+      {32, "lt"},  {32, "fp8"},  {256, "lt"},   {256, "fp8"}, {8192, "lt"}, {8192, "fp8"}};
+  constexpr int kMaxT = 8192;
   cudaStream_t st;
   FP8KV_CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   cuda::Gemm gemm;
   // One weight buffer per shape (distinct memory: no L2 reuse across calls).
-  std::vector<cuda::DeviceBuffer> w;
-  size_t max_k = 0, max_n = 0;
+  std::vector<cuda::DeviceBuffer> w, w8, s8;
+  size_t max_k = 0, max_n = 0, max_n_big = 0;
   for (const Shape& s : shapes) {
     w.emplace_back(static_cast<size_t>(s.n * s.k) * 2);
     FP8KV_CU(cudaMemset(w.back().get(), 0x3c, w.back().bytes()));  // ~0.01 in bf16
+    w8.emplace_back(static_cast<size_t>(s.n * s.k));
+    FP8KV_CU(cudaMemset(w8.back().get(), 0x30, w8.back().bytes()));  // 0.5 in e4m3
+    const std::vector<float> scales(static_cast<size_t>(((s.n + 127) / 128) * ((s.k + 127) / 128)), 0.02f);
+    s8.emplace_back(scales.size() * 4);
+    s8.back().upload(scales.data(), scales.size() * 4);
     max_k = std::max<size_t>(max_k, s.k);
     max_n = std::max<size_t>(max_n, s.n);
+    if (std::strcmp(s.name, "lm_head") != 0) max_n_big = std::max<size_t>(max_n_big, s.n);
   }
-  cuda::DeviceBuffer x(32 * max_k * 2), y(32 * max_n * 4);
+  gemm.reserve_fp8_scratch();
+  cuda::DeviceBuffer x(kMaxT * max_k * 2), y(std::max(32 * max_n, kMaxT * max_n_big) * 4);
   FP8KV_CU(cudaMemset(x.get(), 0x3c, x.bytes()));
   cudaEvent_t e0, e1;
   FP8KV_CU(cudaEventCreate(&e0));
   FP8KV_CU(cudaEventCreate(&e1));
   std::printf("copy bandwidth %.0f GB/s (read + write)\n", copy / 1e9);
-  std::printf("%-8s %6s %6s %3s %-5s %9s %8s %7s\n", "shape", "N", "K", "T", "path", "us", "GB/s", "/copy");
+  std::printf("%-8s %6s %6s %4s %-5s %9s %8s %7s %8s\n", "shape", "N", "K", "T", "path", "us", "GB/s", "/copy",
+              "TFLOP/s");
   FILE* jf = json ? std::fopen(json, "w") : nullptr;
   if (jf) std::fprintf(jf, "{\"copy_gbps\": %.1f, \"cases\": [\n", copy / 1e9);
   bool first = true;
@@ -81,9 +97,17 @@ int main(int argc, char** argv) {
     double step_us = 0;
     for (size_t i = 0; i < std::size(shapes); ++i) {
       const Shape& s = shapes[i];
-      const cuda::DeviceMatrix W{w[i].as<const uint16_t>(), s.n, s.k};
+      if (T > 32 && std::strcmp(s.name, "lm_head") == 0) continue;
+      const bool fp8 = p == "fp8";
+      cuda::DeviceMatrix W{w[i].as<const uint16_t>(), s.n, s.k};
+      if (fp8) {
+        W = cuda::DeviceMatrix{nullptr, s.n, s.k, w8[i].as<const uint8_t>(), s8[i].as<const float>(), 7,
+                               (s.k + 127) / 128, 1};
+      }
       auto run = [&, T = T] {
-        if (p == "simt")
+        if (fp8)
+          gemm.linear(x.as<uint16_t>(), T, W, nullptr, y.as<float>(), false, st);
+        else if (p == "simt")
           cuda::gemv_bf16_simt(x.as<uint16_t>(), T, W, nullptr, y.as<float>(), false, st);
         else if (p == "mma")
           cuda::gemv_bf16_mma(x.as<uint16_t>(), T, W, nullptr, y.as<float>(), false, st);
@@ -91,17 +115,18 @@ int main(int argc, char** argv) {
           gemm.linear(x.as<uint16_t>(), T, W, nullptr, y.as<float>(), false, st);
       };
       const double us = bench::median_call_us(st, e0, e1, 20, run);
-      const double bytes = static_cast<double>(s.n * s.k) * 2 + static_cast<double>(T) * (s.k * 2 + s.n * 4);
+      const double bytes = static_cast<double>(s.n * s.k) * (fp8 ? 1 : 2) + static_cast<double>(T) * (s.k * 2 + s.n * 4);
+      const double tflops = 2.0 * static_cast<double>(T) * s.n * s.k / (us * 1e-6) / 1e12;
       const double gbps = bytes / (us * 1e-6) / 1e9;
-      std::printf("%-8s %6lld %6lld %3d %-5s %9.2f %8.0f %7.3f\n", s.name, static_cast<long long>(s.n),
-                  static_cast<long long>(s.k), T, path, us, gbps, gbps * 1e9 / copy);
+      std::printf("%-8s %6lld %6lld %4d %-5s %9.2f %8.0f %7.3f %8.1f\n", s.name, static_cast<long long>(s.n),
+                  static_cast<long long>(s.k), T, path, us, gbps, gbps * 1e9 / copy, tflops);
       step_us += us * s.per_step;
       if (jf) {
         std::fprintf(jf,
                      "%s{\"shape\": \"%s\", \"n\": %lld, \"k\": %lld, \"t\": %d, \"path\": \"%s\", \"us\": %.3f, "
-                     "\"gbps\": %.1f}",
+                     "\"gbps\": %.1f, \"tflops\": %.2f}",
                      first ? "" : ",\n", s.name, static_cast<long long>(s.n), static_cast<long long>(s.k), T, path, us,
-                     gbps);
+                     gbps, tflops);
         first = false;
       }
     }
