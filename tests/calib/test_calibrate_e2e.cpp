@@ -7,12 +7,14 @@
 #include <cmath>
 #include <filesystem>
 #include <random>
+#include <sstream>
 
 #include "calib/calibrate.h"
 #include "calib/inject.h"
 #include "engine/engine.h"
 #include "io/checkpoint.h"
 #include "tiny_checkpoint.h"
+#include "../engine/fp8_checkpoint.h"
 #include "../common/temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -141,4 +143,41 @@ TEST(CalibrateChunks, ContextAndBudget) {
   EXPECT_EQ(c[1], std::vector<int>{4});
   EXPECT_EQ(c[2], std::vector<int>{5});
   EXPECT_EQ(budget, 0u);
+}
+
+// FP8-weight checkpoints (issue 32's toolchain items): calibrate runs on the
+// fp8 weights (W8A16, bf16 cache), inject writes the KV scales in place
+// without touching a weight shard (every shard's SHA-256 unchanged), and
+// the injected checkpoint loads with an fp8 cache and the report's scales.
+TEST(CalibrateE2E, Fp8WeightCheckpointsCalibrateAndInjectInPlace) {
+  using namespace fp8kv::testing;
+  for (Fp8Format f : {Fp8Format::block, Fp8Format::ct_channel, Fp8Format::modelopt}) {
+    TempDir d;
+    const fs::path m = d.path() / "m";
+    write_fp8_checkpoint(m, Fp8CheckpointOptions{.format = f});
+    const std::string before = sha256sums_manifest(m);
+    auto bf16 = Engine::load(m, opts("bf16"));
+    const CalibrationReport rep = calibrate(*bf16, random_chunks(3, 32, 5), CalibrateOptions{});
+    ASSERT_TRUE(rep.complete) << fp8_format_name(f) << ": " << rep.reason;
+    InjectOptions io;
+    io.model_dir = m;
+    const InjectResult r = inject_kv_scales(io, rep.to_json());
+    // Every file that was there before is byte-identical; the scales are new files.
+    const std::string after = sha256sums_manifest(m);
+    std::istringstream lines(before);
+    for (std::string line; std::getline(lines, line);)
+      EXPECT_NE(after.find(line), std::string::npos) << fp8_format_name(f) << ": changed or gone: " << line;
+    auto fp8 = Engine::load(m, opts("fp8_e4m3"));
+    const auto ck = Checkpoint::open(m);
+    const ModelConfig cfg = load_model_config(m);
+    const KvScales scales =
+        load_kv_scales(*ck, KvScaleShape{cfg.num_layers, cfg.num_heads, cfg.num_kv_heads});
+    for (size_t l = 0; l < rep.layers.size(); ++l) {
+      EXPECT_EQ(scales.layers[l].k.values[0], rep.layers[l].k_scale[0]) << fp8_format_name(f) << " layer " << l;
+      EXPECT_EQ(scales.layers[l].v.values[0], rep.layers[l].v_scale[0]) << fp8_format_name(f) << " layer " << l;
+    }
+    const std::vector<int> ids = {1, 5, 9, 13, 17, 21};
+    const ScoreResult s = fp8->score(ids, {}, nullptr);
+    for (size_t i = 1; i < s.logprobs.size(); ++i) EXPECT_TRUE(std::isfinite(*s.logprobs[i])) << i;
+  }
 }
