@@ -41,12 +41,7 @@ std::string require_backend(std::string_view name) {
 
 std::unique_ptr<Backend> make_backend(std::string_view name, const ModelConfig& cfg, const BackendOptions& opts) {
 #if defined(FP8KV_HAVE_CUDA_BACKEND)
-  if (require_backend(name) == "cuda") {
-    if (cfg.gdn)
-      throw InputError("--backend cuda: " + cfg.architecture +
-                       " has Gated DeltaNet (linear_attention) layers, which run on --backend cpu for now");
-    return make_cuda_backend(cfg, opts);
-  }
+  if (require_backend(name) == "cuda") return make_cuda_backend(cfg, opts);
 #else
   (void)require_backend(name);
 #endif

@@ -570,13 +570,9 @@ void log_fp8_weights(const WeightQuantConfig& q, Fp8Compute mode) {
 }  // namespace
 
 namespace {
-// Qwen3.5's Gated DeltaNet layers have a CPU reference only, on one rank.
-void check_qwen3_5_support(const ModelConfig& cfg, bool cpu, int tp) {
+// Qwen3.5's Gated DeltaNet layers run on the CPU and CUDA backends, on one rank.
+void check_qwen3_5_support(const ModelConfig& cfg, bool /*cpu*/, int tp) {
   if (!cfg.gdn) return;
-  if (!cpu)
-    throw InputError(fmt::format("--backend: {} ({}) has Gated DeltaNet (linear_attention) layers, which run on "
-                                 "--backend cpu for now (no CUDA kernels yet)",
-                                 cfg.architecture, cfg.model_type));
   if (tp > 1)
     throw InputError(fmt::format("--tensor-parallel-size {}: {} ({}) runs on one rank for now", tp, cfg.architecture,
                                  cfg.model_type));

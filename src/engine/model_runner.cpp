@@ -72,6 +72,7 @@ int ModelRunner::warm_up_graphs() {
       b.sample_rows.push_back(t - 1);  // sized in the step buffer; the forward pass below samples nothing
     }
     b.sample_params.resize(static_cast<size_t>(S));
+    if (!plan.state.empty()) b.state_slots.assign(static_cast<size_t>(S), -1);  // no state read or written
     step_seqs_.clear();
     step_params_.clear();
     be_.begin_step(batch_);
@@ -187,6 +188,7 @@ void ModelRunner::pad_batch(int bucket) {
   b.positions.resize(bucket, 0);
   b.context_lens.resize(bucket, 0);  // attention reads no key of a padding sequence
   b.is_decode.resize(bucket, 1);
+  if (!kv_->plan().state.empty()) b.state_slots.resize(bucket, -1);  // padding sequences own no state slot
   for (int s = S; s < bucket; ++s) b.query_start.push_back(s + 1);
   b.num_tokens = b.num_seqs = b.num_decodes = bucket;
   b.decode_plan_context = kv_->plan().max_model_len;

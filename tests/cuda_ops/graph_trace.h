@@ -34,7 +34,9 @@ inline GraphTrace run_graph_trace(const std::string& model, const std::string& d
   o.tensor_parallel_size = tp;
   o.pad_decode_eager = !graphs;
   o.tp_cuda_graphs = true;  // TP > 1: the ranks capture (graphs) or pad the same way (pad_decode_eager)
-  auto e = Engine::load(std::filesystem::path(FP8KV_SOURCE_DIR) / "tests/golden/models_hd64" / model, o);
+  // `model`: a models_hd64 checkpoint's name, or a path under tests/golden ("models_qwen3_5/l3f1_hd64").
+  const std::filesystem::path golden = std::filesystem::path(FP8KV_SOURCE_DIR) / "tests/golden";
+  auto e = Engine::load(model.find('/') == std::string::npos ? golden / "models_hd64" / model : golden / model, o);
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int> tok(3, e->config().vocab_size - 1);
   const int prompt_len[] = {9, 17, 30}, max_tokens[] = {40, 25, 12};

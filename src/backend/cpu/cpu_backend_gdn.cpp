@@ -106,8 +106,9 @@ void CpuBackend::gated_delta_net(const StepBatch& b, int layer, const BackendLay
     const int64_t t0 = b.query_start[q], n = b.query_len(q), pos0 = b.context_lens[q] - n;
     if (n <= 0) continue;
     const int slot = b.state_slots[q];
-    if (slot < 0 || slot >= state_.num_slots)
+    if (slot < -1 || slot >= state_.num_slots)
       bad(op, fmt::format("state slot {} outside the pool of {} slots", slot, state_.num_slots));
+    if (slot == -1) continue;  // a padding sequence (ModelRunner::pad_batch): zero rows, no state
     void* cs = static_cast<char*>(conv_state_[li].data()) + slot * conv_bytes;
     float* S = static_cast<float*>(ssm_state_[li].data()) + slot * ssm_elems;
     if (pos0 == 0) {  // a new sequence (or a recompute after preemption): zero states

@@ -205,6 +205,11 @@ void CudaBackend::begin_step(const StepBatch& b) {
     return at;
   };
   const size_t o_ids = section(T * 4), o_pos = section(T * 4), o_ctx = section(S * 4), o_qs = section((P + 1) * 4);
+  // Every sequence's rows and its state slot (Gated DeltaNet kernels, gdn/gdn.h).
+  const bool has_slots = !b.state_slots.empty();
+  if (has_slots && static_cast<int>(b.state_slots.size()) != S)
+    bad("begin_step", fmt::format("the step has {} state slots for {} sequences", b.state_slots.size(), S));
+  const size_t o_qall = section((S + 1) * 4), o_sslots = section(has_slots ? S * 4 : 0);
   const int ns = static_cast<int>(b.sample_rows.size());
   if (b.sample_params.size() != b.sample_rows.size()) bad("begin_step", "sample_rows and sample_params differ in size");
   for (int i = 0; i < ns; ++i)
@@ -226,6 +231,8 @@ void CudaBackend::begin_step(const StepBatch& b) {
   std::memcpy(host + o_ctx, b.context_lens.data(), S * 4);
   auto* qs = reinterpret_cast<int32_t*>(host + o_qs);
   for (int i = 0; i <= P; ++i) qs[i] = b.query_start[nd + i] - v.prefill_row0;
+  std::memcpy(host + o_qall, b.query_start.data(), static_cast<size_t>(S + 1) * 4);
+  if (has_slots) std::memcpy(host + o_sslots, b.state_slots.data(), static_cast<size_t>(S) * 4);
   for (int g = 0; g < G; ++g) {
     std::memcpy(host + o_slots[g], b.slot_mapping[g].data(), static_cast<size_t>(T) * 8);
     std::memcpy(host + o_bt[g], b.block_tables[g].data(), static_cast<size_t>(S) * B * 4);
@@ -243,6 +250,8 @@ void CudaBackend::begin_step(const StepBatch& b) {
   v.positions = reinterpret_cast<const int32_t*>(base + o_pos);
   v.context_lens = reinterpret_cast<const int32_t*>(base + o_ctx);
   v.prefill_q_start = reinterpret_cast<const int32_t*>(base + o_qs);
+  v.q_start = reinterpret_cast<const int32_t*>(base + o_qall);
+  v.state_slots = has_slots ? reinterpret_cast<const int32_t*>(base + o_sslots) : nullptr;
   for (int g = 0; g < G; ++g) {
     v.slots.push_back(reinterpret_cast<const int64_t*>(base + o_slots[g]));
     v.block_tables.push_back(reinterpret_cast<const int32_t*>(base + o_bt[g]));

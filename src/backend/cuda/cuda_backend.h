@@ -22,9 +22,11 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/attention/attention.h"
+#include "backend/cuda/gdn/gdn.h"
 #include "backend/cuda/ops/ops.h"
 #include "backend/cuda/prefill_profile.h"
 #include "backend/cuda/step_profile.h"
+#include "kv/state_plan.h"
 #include "model/rope.h"
 
 namespace fp8kv {
@@ -93,6 +95,14 @@ class CudaBackend final : public Backend {
   // QkvPrepArgs::FusedStore), one launch per layer less.
   void qkv_split_store(const StepBatch& batch, int layer, const Tensor& qkv, const Tensor& q_norm,
                        const Tensor& k_norm, float eps, Tensor& q, Tensor& k, Tensor& v) override;
+
+  // Qwen3.5 (cuda_gdn.cpp; kernels in gdn/gdn.h; docs/cuda_backend.md
+  // "Gated DeltaNet"): the state pool lives on the device (allocate_kv with
+  // plan.state), the step's state slots come with the step upload.
+  void split_q_gate(const Tensor& qg, int head_dim, Tensor& q, Tensor& gate) override;
+  void mul_sigmoid(Tensor& x, const Tensor& gate) override;
+  void gated_delta_net(const StepBatch& batch, int layer, const BackendLayerWeights& w, const Tensor& qkv,
+                       const Tensor& z, const Tensor& b, const Tensor& a, float eps, Tensor& out) override;
 
   // CUDA graphs per decode bucket (docs/cuda_backend.md "CUDA graphs").
   bool supports_graphs() const override { return !enforce_eager_ && observer_ == nullptr; }
@@ -163,6 +173,8 @@ class CudaBackend final : public Backend {
     const int32_t* positions = nullptr;  // [T]
     const int32_t* context_lens = nullptr;     // [S]
     const int32_t* prefill_q_start = nullptr;  // [S - num_decodes + 1], relative to prefill_row0
+    const int32_t* q_start = nullptr;          // [S + 1] StepBatch::query_start
+    const int32_t* state_slots = nullptr;      // [S] StepBatch::state_slots (null: the step has none)
     std::vector<const int64_t*> slots;         // [G] -> [T]
     std::vector<const int32_t*> block_tables;  // [G] -> [S][B]
     int n_sample = 0;                          // StepBatch::sample_rows.size()
@@ -181,6 +193,8 @@ class CudaBackend final : public Backend {
   // while capturing (the runner's eager warm-up sizes everything first).
   void grow(cuda::DeviceBuffer& buf, size_t bytes);
   void drop_graphs();
+  // The device state pool (allocate_kv with a non-empty plan.state).
+  void allocate_state(const StatePlan& plan);
 
   ModelConfig cfg_;
   int device_ = 0;
@@ -195,6 +209,14 @@ class CudaBackend final : public Backend {
   std::vector<DeviceBuffer> kv_scale_storage_;  // per-token-head dtypes: [slot][k|v] scale arrays, else empty
   std::vector<LayerScales> scales_;
   StoreObserver* observer_ = nullptr;
+  // Gated DeltaNet state pool (kv/state_plan.h): per linear_attention layer
+  // (state_index_[layer] >= 0) one conv-state and one recurrent-state buffer
+  // of plan.num_slots slots each. Fixed addresses after allocate_kv, so
+  // captured graphs may point into them.
+  StatePlan state_;
+  std::vector<int> state_index_;
+  std::vector<DeviceBuffer> conv_state_, ssm_state_;
+  cuda::DeviceBuffer gdn_conv_out_;             // [T][C] f32 conv output (grown with grow())
   // Step upload: one host staging buffer, one device buffer.
   std::vector<uint8_t> step_host_;
   Pinned rows_host_, params_host_, ids_host_;  // logits rows, sample params, sampled ids

@@ -279,10 +279,31 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
     return vec(all);
   };
   b.layers.reserve(w->layers.size());
+  // A Gated DeltaNet matrix as bf16 (fp8 ones are refused, as on the CPU).
+  auto gdn_mat = [&](const WeightMatrix& m, const char* name) -> Tensor {
+    if (!m.data && !m.dummy) return {};
+    if (m.fp8)
+      throw InputError(fmt::format("linear_attn.{}: fp8 weights are not supported for Gated DeltaNet layers yet", name));
+    return mat(m);
+  };
   for (const LayerWeights& L : w->layers) {
     BackendLayerWeights o;
     o.input_norm = vec(L.input_norm);
-    o.qkv_proj = fused({{&L.q_proj, &o.q_proj}, {&L.k_proj, &o.k_proj}, {&L.v_proj, &o.v_proj}});
+    if (!L.in_proj_qkv.data && !L.in_proj_qkv.dummy)  // a linear_attention layer has no attention tensors
+      o.qkv_proj = fused({{&L.q_proj, &o.q_proj}, {&L.k_proj, &o.k_proj}, {&L.v_proj, &o.v_proj}});
+    o.in_proj_qkv = gdn_mat(L.in_proj_qkv, "in_proj_qkv");
+    o.in_proj_z = gdn_mat(L.in_proj_z, "in_proj_z");
+    o.in_proj_b = gdn_mat(L.in_proj_b, "in_proj_b");
+    o.in_proj_a = gdn_mat(L.in_proj_a, "in_proj_a");
+    o.out_proj = gdn_mat(L.out_proj, "out_proj");
+    o.A_log = vec(L.A_log);
+    o.dt_bias = vec(L.dt_bias);
+    o.gdn_norm = vec(L.gdn_norm);
+    o.conv1d = vec(L.conv1d);  // f32, as the CPU reference reads it: [C][K]
+    if (!o.conv1d.empty()) {
+      o.conv1d.rows = L.in_proj_qkv.rows;
+      o.conv1d.cols = static_cast<int64_t>(L.conv1d.size()) / L.in_proj_qkv.rows;
+    }
     o.o_proj = mat(L.o_proj);
     o.q_bias = vec(L.q_bias);
     o.k_bias = vec(L.k_bias);
@@ -305,8 +326,10 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
   // Per-projection GEMV routes (linear_routes.h): the shapes this model's
   // fused projections and LM head run at.
   for (const BackendLayerWeights& o : b.layers) {
-    gemm_->name_shape(o.qkv_proj.rows, o.qkv_proj.cols, cuda::LinearProj::qkv);
-    gemm_->name_shape(o.o_proj.rows, o.o_proj.cols, cuda::LinearProj::o_proj);
+    if (!o.qkv_proj.empty()) {  // not a Gated DeltaNet layer (whose projections keep the default routes)
+      gemm_->name_shape(o.qkv_proj.rows, o.qkv_proj.cols, cuda::LinearProj::qkv);
+      gemm_->name_shape(o.o_proj.rows, o.o_proj.cols, cuda::LinearProj::o_proj);
+    }
     gemm_->name_shape(o.gate_up_proj.rows, o.gate_up_proj.cols, cuda::LinearProj::gate_up);
     gemm_->name_shape(o.down_proj.rows, o.down_proj.cols, cuda::LinearProj::down);
   }
@@ -342,8 +365,10 @@ void CudaBackend::allocate_kv(const KvPlan& plan, const KvCacheLayout& layout) {
     }
   }
   for (int l = 0; l < cfg_.num_layers; ++l)
-    if (layer_group_[l] < 0) throw std::logic_error(fmt::format("CudaBackend::allocate_kv: layer {} is in no KV group", l));
+    if (layer_group_[l] < 0 && std::find(plan.state.layers.begin(), plan.state.layers.end(), l) == plan.state.layers.end())
+      throw std::logic_error(fmt::format("CudaBackend::allocate_kv: layer {} is in no KV group and has no state", l));
   drop_graphs();
+  allocate_state(plan.state);
   kv_storage_.clear();
   kv_scale_storage_.clear();
   StartupPhase phase("KV pool alloc + zero (cuda)");

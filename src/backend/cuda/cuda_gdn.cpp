@@ -1,0 +1,105 @@
+// CudaBackend's Qwen3.5 ops (backend/backend.h) on the kernels of
+// gdn/gdn.h, and its device state pool (kv/state_plan.h): the CUDA
+// counterpart of backend/cpu/cpu_backend_gdn.cpp, with the same argument
+// checks.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "backend/cuda/backend_checks.h"
+#include "backend/cuda/check.h"
+#include "backend/cuda/cuda_backend.h"
+#include "io/errors.h"
+
+namespace fp8kv {
+
+using namespace cuda_checks;
+
+namespace {
+void expect_shape(const char* op, const char* name, const Tensor& t, int64_t rows, int64_t cols) {
+  if (t.rows != rows || t.cols != cols) bad(op, fmt::format("{} is {}, expected [{}][{}]", name, shape(t), rows, cols));
+}
+}  // namespace
+
+void CudaBackend::allocate_state(const StatePlan& plan) {
+  if (!plan.empty() && plan.ssm_dtype != StateDtype::f32)
+    throw InputError(fmt::format("the CUDA backend keeps the recurrent state in float32 (got {})",
+                                 state_dtype_name(plan.ssm_dtype)));
+  state_ = plan;
+  state_index_.assign(cfg_.num_layers, -1);
+  conv_state_.clear();
+  ssm_state_.clear();
+  for (size_t i = 0; i < plan.layers.size(); ++i) {
+    state_index_.at(plan.layers[i]) = static_cast<int>(i);
+    const size_t cb = plan.num_slots * plan.conv_bytes_per_layer(), sb = plan.num_slots * plan.ssm_bytes_per_layer();
+    conv_state_.push_back(alloc(cb));
+    ssm_state_.push_back(alloc(sb));
+    // Zeroed for tidiness only: a sequence's first step (position 0) starts
+    // from zero states inside the kernels, whatever the slot held.
+    FP8KV_CU(cudaMemsetAsync(conv_state_.back().data(), 0, cb, stream_));
+    FP8KV_CU(cudaMemsetAsync(ssm_state_.back().data(), 0, sb, stream_));
+  }
+  FP8KV_CU(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::split_q_gate(const Tensor& qg, int D, Tensor& q, Tensor& gate) {
+  OpScope op(this, "split_q_gate", "split_q_gate");
+  if (D <= 0 || qg.cols % (2 * D) != 0) bad("split_q_gate", fmt::format("qg {} for head_dim {}", shape(qg), D));
+  const int Hq = static_cast<int>(qg.cols / (2 * D));
+  expect_shape("split_q_gate", "q", q, qg.rows, static_cast<int64_t>(Hq) * D);
+  expect_shape("split_q_gate", "gate", gate, qg.rows, static_cast<int64_t>(Hq) * D);
+  cuda::split_q_gate(f32(qg, "split_q_gate", "qg"), qg.rows, Hq, D, f32(q, "split_q_gate", "q"),
+                     f32(gate, "split_q_gate", "gate"), stream_);
+}
+
+void CudaBackend::mul_sigmoid(Tensor& x, const Tensor& gate) {
+  OpScope op(this, "mul_sigmoid", "mul_sigmoid");
+  expect_shape("mul_sigmoid", "gate", gate, x.rows, x.cols);
+  cuda::mul_sigmoid(f32(x, "mul_sigmoid", "x"), f32(gate, "mul_sigmoid", "gate"), x.numel(), stream_);
+}
+
+void CudaBackend::gated_delta_net(const StepBatch& b, int layer, const BackendLayerWeights& w, const Tensor& qkv,
+                                  const Tensor& z, const Tensor& bt, const Tensor& at, float eps, Tensor& out) {
+  const char* op = "gated_delta_net";
+  OpScope scope(this, op, "gated_delta_net");
+  const StepView& sv = step(op);
+  if (layer < 0 || layer >= static_cast<int>(state_index_.size()) || state_index_[layer] < 0)
+    bad(op, fmt::format("layer {} has no state (not a linear_attention layer, or allocate_kv not called)", layer));
+  const int li = state_index_[layer];
+  const cuda::GdnDims d{state_.num_k_heads, state_.num_v_heads, state_.k_head_dim, state_.v_head_dim,
+                        state_.conv_width + 1};
+  const int64_t T = sv.T, C = d.conv_dim(), Hv = d.num_v_heads, VD = d.value_dim();
+  if (b.num_tokens != sv.T || b.num_seqs != sv.S) bad(op, "the batch is not the one of begin_step");
+  expect_shape(op, "qkv", qkv, T, C);
+  expect_shape(op, "z", z, T, VD);
+  expect_shape(op, "b", bt, T, Hv);
+  expect_shape(op, "a", at, T, Hv);
+  expect_shape(op, "out", out, T, VD);
+  expect_shape(op, "conv1d", w.conv1d, C, d.conv_kernel);
+  if (!sv.state_slots) bad(op, fmt::format("the step has no state slots for its {} sequences", sv.S));
+  // Slots are checked on the host (the kernels trust them); -1 marks a
+  // padding sequence of a graph bucket.
+  for (int s = 0; s < b.num_seqs; ++s) {
+    const int slot = b.state_slots[s];
+    if (slot < -1 || slot >= state_.num_slots)
+      bad(op, fmt::format("state slot {} outside the pool of {} slots", slot, state_.num_slots));
+  }
+  const float* A_log = opt_vec(w.A_log, Hv, op, "A_log");
+  const float* dt_bias = opt_vec(w.dt_bias, Hv, op, "dt_bias");
+  const float* norm = opt_vec(w.gdn_norm, d.v_head_dim, op, "norm");
+  if (!A_log || !dt_bias || !norm) bad(op, "A_log, dt_bias or norm is empty");
+  const cuda::GdnSeqs seqs{sv.S, sv.q_start, sv.context_lens, sv.state_slots};
+  grow(gdn_conv_out_, static_cast<size_t>(std::max<int64_t>(T * C, 1)) * 4);
+  float* conv = gdn_conv_out_.as<float>();
+  cuda::gdn_conv(d, seqs, f32(qkv, op, "qkv"), f32(w.conv1d, op, "conv1d"), conv_state_[li].data(),
+                 state_.conv_dtype == StateDtype::bf16, conv, stream_);
+  float* o = f32(out, op, "out");
+  cuda::gdn_rule(d, seqs, conv, f32(at, op, "a"), f32(bt, op, "b"), A_log, dt_bias,
+                 static_cast<float*>(ssm_state_[li].data()), o, stream_);
+  cuda::gdn_gated_rmsnorm(o, f32(z, op, "z"), T, static_cast<int>(Hv), d.v_head_dim, norm, eps, o, stream_);
+}
+
+}  // namespace fp8kv

@@ -1,0 +1,554 @@
+// The CUDA Gated DeltaNet kernels (backend/cuda/gdn/gdn.h) and CudaBackend's
+// Qwen3.5 ops against the CPU reference (backend/cpu/gdn.h, CpuBackend), on
+// random inputs: batches of several sequences of different lengths (decode
+// rows, fresh and continuing prefills, a padding sequence of slot -1), and
+// states carried across calls. Skipped without a GPU.
+//
+// Tolerances (u = 2^-24, the fp32 unit roundoff). The kernels run the CPU's
+// IEEE operations in the CPU's order (no contraction: the host build has no
+// FMA); what differs is expf / log1pf (CUDA: at most 2 ulp = 4u; glibc: under
+// 1 ulp):
+//  - silu(x) = x / (1 + exp(-x)) and sigmoid: exp within 6u relative, so the
+//    result within 6u + 2u (the two divisions' roundings) = 8u relative;
+//    a product with it 10u. The conv's sums are bitwise the CPU's, its
+//    states bitwise equal.
+//  - The delta rule (recurrent form on both sides): only the per-token
+//    decay exp(g) and beta differ, each within 8u relative (g's exp and
+//    log1p(exp) within 4u each, then exp(g): |g| 8u exp(g) <= 8u/e absolute
+//    plus 4u). Per token that perturbs a state column (2-norm) by at most
+//    8u (||S_col|| + 2 (|v| + ||S_col||)) <= 24u (sqrt(Dk) M_S + M_v), M_S
+//    the largest state element along the run, M_v the largest v; the token
+//    map d (I - beta k k^T) does not grow a column's 2-norm (|k| = 1, beta,
+//    d in (0, 1)), so after n tokens the difference is below
+//    n 24u (sqrt(Dk) M_S + M_v) per element, and the same for the outputs
+//    (|q| = 1/sqrt(Dk) <= 1).
+//  - Through the whole op the conv outputs differ too (8u relative: q, k, v
+//    within 10u, normalized q, k within 12u), so the per-token factor is
+//    taken as 64u instead of 24u; where the CPU backend runs the chunked
+//    form (prefill rows) the chunked-vs-recurrent bound of test_gdn.cpp is
+//    added: (64 + 4 Dk + 8) (chunks + 1) u (M_S + M_v).
+//  - The gated RMSNorm y = w o / rms(o) silu(z): |dy| <= |w silu(z)| do (1 /
+//    rms + |o| / rms^2) + 10u |y| per element, rms from the reference core.
+// Each failure prints the largest error, where it is, and the bound.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/gdn.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/gdn/gdn.h"
+#include "cuda_ops_util.h"
+#include "kv/planner.h"
+#include "model/weights.h"
+
+namespace fp8kv {
+namespace {
+
+using namespace cudaops_test;
+
+constexpr double kU = 0x1.0p-24;
+
+float max_abs(const std::vector<float>& v) {
+  float m = 0.0f;
+  for (float x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+// Elementwise |got - want| <= tol(i); reports the worst element (by excess
+// over its bound) with its index decoded as [row][col] of `cols` columns.
+template <class Tol>
+void expect_within(const std::vector<float>& got, const std::vector<float>& want, int64_t cols, Tol tol,
+                   const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double worst = 0.0, worst_ratio = 0.0;
+  size_t at = 0;
+  size_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = std::fabs(static_cast<double>(got[i]) - want[i]), t = tol(i);
+    if (!(d <= t)) ++bad;  // NaN counts
+    const double r = t > 0 ? d / t : (d > 0 ? INFINITY : 0.0);
+    if (!(r <= worst_ratio)) {
+      worst_ratio = r;
+      at = i;
+    }
+    worst = std::max(worst, d);
+  }
+  std::printf("%s: max |cuda - cpu| = %.3g; worst vs bound at [%zu][%zu]: %.3g vs %.3g (cuda %.7g, cpu %.7g)\n",
+              what.c_str(), worst, at / cols, at % cols, std::fabs(static_cast<double>(got[at]) - want[at]), tol(at),
+              got[at], want[at]);
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements outside the bound; worst at ["
+                     << at / cols << "][" << at % cols << "]: cuda " << got[at] << ", cpu " << want[at] << ", bound "
+                     << tol(at);
+}
+
+// One test batch: sequences with their rows, start positions and slots.
+struct Seq {
+  int n;      // rows this step
+  int pos0;   // first position (0: fresh states)
+  int slot;   // state slot, -1: padding
+};
+
+struct Batch {
+  std::vector<Seq> seqs;
+  std::vector<int32_t> q_start, context_lens, slots;
+  int T = 0;
+  explicit Batch(std::vector<Seq> s) : seqs(std::move(s)) {
+    q_start = {0};
+    for (const Seq& q : seqs) {
+      q_start.push_back(q_start.back() + q.n);
+      context_lens.push_back(q.pos0 + q.n);
+      slots.push_back(q.slot);
+    }
+    T = q_start.back();
+  }
+};
+
+// Device copies of a Batch's arrays (for the kernels).
+struct DevBatch {
+  cuda::DeviceBuffer qs, ctx, sl;
+  cuda::GdnSeqs seqs;
+  explicit DevBatch(const Batch& b)
+      : qs(to_device(b.q_start)), ctx(to_device(b.context_lens)), sl(to_device(b.slots)) {
+    seqs = cuda::GdnSeqs{static_cast<int>(b.seqs.size()), qs.as<int32_t>(), ctx.as<int32_t>(), sl.as<int32_t>()};
+  }
+};
+
+// decode (continuing), fresh prefill over a chunk boundary, continuing
+// prefill, a fresh one-token sequence, a padding sequence.
+Batch mixed_batch() { return Batch({{1, 9, 2}, {70, 0, 0}, {5, 33, 3}, {1, 0, 1}, {1, 0, -1}}); }
+constexpr int kSlots = 5;  // slot 4 is never touched
+
+// ---- the conv ------------------------------------------------------------------
+
+class GdnConvCuda : public ::testing::TestWithParam<bool> {};
+
+TEST_P(GdnConvCuda, MatchesCpuAndCarriesItsState) {
+  FP8KV_NEED_GPU();
+  const bool bf16 = GetParam();
+  const ConvStateType st = bf16 ? ConvStateType::bf16 : ConvStateType::f32;
+  const cuda::GdnDims d{2, 4, 16, 24, 4};
+  const int64_t C = d.conv_dim(), P = d.conv_kernel - 1, E = bf16 ? 2 : 4;
+  std::mt19937_64 rng(test_seed());
+  const Batch b = mixed_batch();
+  const std::vector<float> x = randn(rng, static_cast<size_t>(b.T * C), 1.0f);
+  const std::vector<float> w = randn(rng, static_cast<size_t>(C * d.conv_kernel), 0.5f);
+  // Initial pool: random states (rounded to bf16 where the state is bf16).
+  std::vector<float> init = randn(rng, static_cast<size_t>(kSlots * C * P), 1.0f);
+  std::vector<uint8_t> pool(static_cast<size_t>(kSlots * C * P * E));
+  for (size_t i = 0; i < init.size(); ++i) {
+    if (bf16) {
+      const uint16_t h = f32_to_bf16(init[i]);
+      std::memcpy(pool.data() + 2 * i, &h, 2);
+    } else {
+      std::memcpy(pool.data() + 4 * i, &init[i], 4);
+    }
+  }
+  // CPU reference, sequence by sequence.
+  std::vector<uint8_t> ref_pool = pool;
+  std::vector<float> ref(static_cast<size_t>(b.T * C), 0.0f);
+  for (size_t s = 0; s < b.seqs.size(); ++s) {
+    const Seq& q = b.seqs[s];
+    if (q.slot < 0) continue;
+    uint8_t* cs = ref_pool.data() + q.slot * C * P * E;
+    if (q.pos0 == 0) std::memset(cs, 0, C * P * E);
+    gdn_causal_conv(x.data() + b.q_start[s] * C, q.n, C, d.conv_kernel, w.data(), cs, st, ref.data() + b.q_start[s] * C);
+  }
+  DevBatch db(b);
+  cuda::DeviceBuffer dx = to_device(x), dw = to_device(w), dpool = to_device(pool), dout(b.T * C * 4);
+  cuda::gdn_conv(d, db.seqs, dx.as<float>(), dw.as<float>(), dpool.get(), bf16, dout.as<float>(), nullptr);
+  const std::vector<float> got = to_host<float>(dout, b.T * C);
+  expect_within(got, ref, C, [&](size_t i) { return 10 * kU * std::fabs(ref[i]) + 1e-37; },
+                std::string("conv out (") + (bf16 ? "bf16" : "f32") + " state)");
+  const std::vector<uint8_t> got_pool = to_host<uint8_t>(dpool, pool.size());
+  size_t first_diff = got_pool.size();
+  for (size_t i = 0; i < got_pool.size(); ++i)
+    if (got_pool[i] != ref_pool[i]) {
+      first_diff = i;
+      break;
+    }
+  EXPECT_EQ(first_diff, got_pool.size()) << "conv states differ from the CPU's first at byte " << first_diff
+                                         << " (slot " << first_diff / (C * P * E) << ", channel "
+                                         << first_diff % (C * P * E) / (P * E) << ")";
+}
+
+INSTANTIATE_TEST_SUITE_P(StateTypes, GdnConvCuda, ::testing::Values(true, false),
+                         [](const auto& info) { return std::string(info.param ? "bf16" : "f32"); });
+
+// ---- the delta rule ------------------------------------------------------------
+
+struct RuleCase {
+  int Hk, Hv, Dk, Dv;
+};
+
+class GdnRuleCuda : public ::testing::TestWithParam<RuleCase> {};
+
+TEST_P(GdnRuleCuda, MatchesCpuRecurrentForm) {
+  FP8KV_NEED_GPU();
+  const RuleCase rc = GetParam();
+  const cuda::GdnDims d{rc.Hk, rc.Hv, rc.Dk, rc.Dv, 4};
+  const GdnShape s{rc.Hk, rc.Hv, rc.Dk, rc.Dv, 4};
+  const int64_t C = d.conv_dim(), VD = d.value_dim(), Hv = rc.Hv, SE = s.ssm_state_elems();
+  std::mt19937_64 rng(test_seed());
+  const Batch b = mixed_batch();
+  const std::vector<float> qkv = randn(rng, static_cast<size_t>(b.T * C), 1.0f);
+  const std::vector<float> a = randn(rng, static_cast<size_t>(b.T * Hv), 1.0f), bb = randn(rng, a.size(), 1.0f);
+  std::vector<float> A_log(Hv), dt = randn(rng, Hv, 0.5f);
+  std::uniform_real_distribution<float> ud(0.01f, 16.0f);
+  for (auto& v : A_log) v = std::log(ud(rng)) - 3.0f;  // slow decays: a long memory
+  const std::vector<float> init = randn(rng, static_cast<size_t>(kSlots * SE), 0.3f);
+  // CPU: gates, then the recurrent rule one token at a time (tracking the
+  // largest state element along the run for the bound).
+  std::vector<float> g(a.size()), beta(a.size());
+  gdn_gates(a.data(), bb.data(), b.T, static_cast<int>(Hv), A_log.data(), dt.data(), g.data(), beta.data());
+  std::vector<float> ref_pool = init, ref(static_cast<size_t>(b.T * VD), 0.0f);
+  float M_S = max_abs(init);
+  for (size_t si = 0; si < b.seqs.size(); ++si) {
+    const Seq& q = b.seqs[si];
+    if (q.slot < 0) continue;
+    float* S = ref_pool.data() + q.slot * SE;
+    if (q.pos0 == 0) std::fill(S, S + SE, 0.0f);
+    for (int t = b.q_start[si]; t < b.q_start[si + 1]; ++t) {
+      gdn_rule_recurrent(s, qkv.data() + t * C, 1, g.data() + t * Hv, beta.data() + t * Hv, S, ref.data() + t * VD);
+      for (int64_t i = 0; i < SE; ++i) M_S = std::max(M_S, std::fabs(S[i]));
+    }
+  }
+  float M_v = 0.0f;
+  for (int t = 0; t < b.T; ++t)
+    for (int64_t i = 2 * s.key_dim(); i < C; ++i) M_v = std::max(M_v, std::fabs(qkv[t * C + i]));
+  int n_max = 0;
+  for (const Seq& q : b.seqs) n_max = std::max(n_max, q.n);
+  const double tol = n_max * 24 * kU * (std::sqrt(static_cast<double>(rc.Dk)) * M_S + M_v);
+
+  DevBatch db(b);
+  cuda::DeviceBuffer dqkv = to_device(qkv), da = to_device(a), db_ = to_device(bb), dA = to_device(A_log),
+                     ddt = to_device(dt), dpool = to_device(init);
+  // NaN in the output first: padding rows must come back as zeros.
+  cuda::DeviceBuffer dout = to_device(std::vector<float>(static_cast<size_t>(b.T * VD), NAN));
+  cuda::gdn_rule(d, db.seqs, dqkv.as<float>(), da.as<float>(), db_.as<float>(), dA.as<float>(), ddt.as<float>(),
+                 dpool.as<float>(), dout.as<float>(), nullptr);
+  const std::vector<float> got = to_host<float>(dout, b.T * VD), got_pool = to_host<float>(dpool, init.size());
+  const std::string tag = "Dk " + std::to_string(rc.Dk) + " Dv " + std::to_string(rc.Dv);
+  expect_within(got, ref, VD, [&](size_t) { return tol; }, "rule outputs [row][Hv*Dv], " + tag);
+  expect_within(got_pool, ref_pool, SE, [&](size_t) { return tol; }, "rule states [slot][Hv*Dk*Dv], " + tag);
+  // The bound is not vacuous: below a tenth of the largest output (the
+  // host side measures 0.6-3.5% for these shapes).
+  EXPECT_LT(tol, 0.1 * max_abs(ref)) << tag << ": bound " << tol << ", largest output " << max_abs(ref);
+  // Slot 4 (in no sequence) is untouched: bitwise.
+  EXPECT_TRUE(std::equal(got_pool.begin() + 4 * SE, got_pool.end(), init.begin() + 4 * SE)) << "slot 4 was written";
+}
+
+// Dv not a multiple of 32 (idle threads), Hv/Hk = 2; and Qwen3.5's 128 x 128
+// heads (66 KB of shared memory: the opt-in above 48 KB).
+INSTANTIATE_TEST_SUITE_P(Shapes, GdnRuleCuda, ::testing::Values(RuleCase{2, 4, 32, 48}, RuleCase{1, 2, 128, 128}),
+                         [](const auto& info) {
+                           return "Dk" + std::to_string(info.param.Dk) + "_Dv" + std::to_string(info.param.Dv);
+                         });
+
+// ---- gated RMSNorm, split_q_gate, mul_sigmoid -------------------------------------
+
+TEST(GdnSmallOpsCuda, GatedRmsnormSplitAndSigmoidMatchCpu) {
+  FP8KV_NEED_GPU();
+  std::mt19937_64 rng(test_seed());
+  const int T = 7, Hv = 3, Dv = 160, Hq = 4, D = 64;
+  const float eps = 1e-6f;
+  const std::vector<float> x = randn(rng, T * Hv * Dv, 1.0f), z = randn(rng, x.size(), 1.5f),
+                           w = randn(rng, Dv, 0.2f);
+  std::vector<float> ref(x.size());
+  gdn_gated_rmsnorm(x.data(), z.data(), T, Hv, Dv, w.data(), eps, ref.data());
+  cuda::DeviceBuffer dx = to_device(x), dz = to_device(z), dw = to_device(w);
+  cuda::gdn_gated_rmsnorm(dx.as<float>(), dz.as<float>(), T, Hv, Dv, dw.as<float>(), eps, dx.as<float>(), nullptr);
+  const std::vector<float> got = to_host<float>(dx, x.size());  // in place (y aliases x)
+  expect_within(got, ref, Hv * Dv, [&](size_t i) { return 10 * kU * std::fabs(ref[i]) + 1e-37; }, "gated rmsnorm");
+
+  const std::vector<float> qg = randn(rng, T * Hq * 2 * D, 1.0f);
+  std::vector<float> q(T * Hq * D), gate(q.size());
+  split_q_gate_cpu(qg.data(), T, Hq, D, q.data(), gate.data());
+  cuda::DeviceBuffer dqg = to_device(qg), dq(q.size() * 4), dg(q.size() * 4);
+  cuda::split_q_gate(dqg.as<float>(), T, Hq, D, dq.as<float>(), dg.as<float>(), nullptr);
+  EXPECT_EQ(to_host<float>(dq, q.size()), q) << "split_q_gate: q";
+  EXPECT_EQ(to_host<float>(dg, q.size()), gate) << "split_q_gate: gate";
+
+  std::vector<float> m = q;
+  mul_sigmoid_cpu(m.data(), gate.data(), static_cast<int64_t>(m.size()));
+  cuda::mul_sigmoid(dq.as<float>(), dg.as<float>(), static_cast<int64_t>(q.size()), nullptr);
+  expect_within(to_host<float>(dq, q.size()), m, Hq * D, [&](size_t i) { return 10 * kU * std::fabs(m[i]) + 1e-37; },
+                "mul_sigmoid");
+}
+
+// ---- the whole op through the backends ----------------------------------------------
+
+ModelConfig qwen3_5_config(int Hk, int Hv, int Dk, int Dv) {
+  nlohmann::json j = {{"architectures", {"Qwen3_5ForCausalLM"}},
+                      {"model_type", "qwen3_5_text"},
+                      {"hidden_size", 128},
+                      {"intermediate_size", 256},
+                      {"num_hidden_layers", 2},
+                      {"num_attention_heads", 2},
+                      {"num_key_value_heads", 1},
+                      {"head_dim", 64},
+                      {"vocab_size", 300},
+                      {"max_position_embeddings", 1024},
+                      {"rms_norm_eps", 1e-6},
+                      {"eos_token_id", 2},
+                      {"linear_conv_kernel_dim", 4},
+                      {"linear_key_head_dim", Dk},
+                      {"linear_value_head_dim", Dv},
+                      {"linear_num_key_heads", Hk},
+                      {"linear_num_value_heads", Hv},
+                      {"layer_types", {"linear_attention", "full_attention"}},
+                      {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.25}}},
+                      {"attn_output_gate", true}};
+  return parse_model_config(j, "qwen3_5 cuda gdn test config");
+}
+
+// One backend with a state pool of kSlots slots for cfg.
+struct Side {
+  std::unique_ptr<Backend> be;
+  BackendWeights w;
+  Side(std::unique_ptr<Backend> b, const ModelConfig& cfg, std::shared_ptr<const ModelWeights> mw) : be(std::move(b)) {
+    w = be->upload_weights(mw);
+    KvPlanSettings ps;
+    ps.kv_memory_bytes = 16u << 20;
+    ps.max_model_len = 256;
+    ps.max_num_seqs = kSlots;
+    ps.max_num_batched_tokens = 128;
+    ps.block_size = 16;
+    const KvPlan plan = plan_kv_cache(cfg, ps);
+    KvCacheLayout L;
+    L.num_blocks = static_cast<int>(plan.num_blocks);
+    L.block_size = plan.block_size;
+    L.num_kv_heads = plan.kv_heads_per_rank;
+    L.head_dim = plan.head_dim;
+    L.dtype = KvDtype::bf16;
+    be->allocate_kv(plan, L);
+  }
+  Tensor put(const std::vector<float>& h, int64_t rows) {
+    DeviceBuffer buf = be->alloc(h.size() * 4);
+    be->upload(buf.data(), h.data(), h.size() * 4);
+    Tensor t{buf.data(), ScalarType::f32, rows, static_cast<int64_t>(h.size()) / rows};
+    keep.push_back(std::move(buf));
+    return t;
+  }
+  std::vector<float> get(const Tensor& t) {
+    std::vector<float> h(static_cast<size_t>(t.numel()));
+    be->download(h.data(), t.data, h.size() * 4);
+    return h;
+  }
+  // gated_delta_net of layer 0 on one step; returns out [T][VD].
+  std::vector<float> run(const StepBatch& sb, const std::vector<float>& qkv, const std::vector<float>& z,
+                         const std::vector<float>& bt, const std::vector<float>& at, float eps) {
+    be->begin_step(sb);
+    const int64_t T = sb.num_tokens;
+    Tensor tq = put(qkv, T), tz = put(z, T), tb = put(bt, T), ta = put(at, T),
+           out = put(std::vector<float>(z.size(), 0.0f), T);
+    be->gated_delta_net(sb, 0, w.layers[0], tq, tz, tb, ta, eps, out);
+    return get(out);
+  }
+  std::vector<DeviceBuffer> keep;
+};
+
+// A StepBatch of `seqs` (decodes first, as the scheduler orders them): the
+// fields gated_delta_net and begin_step read; the KV arrays are empty
+// tables (no attention layer runs).
+StepBatch step_batch(const Batch& b, int num_groups) {
+  StepBatch sb;
+  sb.num_seqs = static_cast<int>(b.seqs.size());
+  sb.num_tokens = b.T;
+  sb.num_groups = num_groups;
+  sb.max_blocks_per_seq = 1;
+  sb.query_start = b.q_start;
+  sb.context_lens = b.context_lens;
+  sb.state_slots = b.slots;
+  for (const Seq& q : b.seqs) {
+    sb.is_decode.push_back(q.n == 1 ? 1 : 0);
+    sb.num_decodes += q.n == 1 ? 1 : 0;
+    sb.max_query_len = std::max(sb.max_query_len, q.n);
+    sb.max_context_len = std::max(sb.max_context_len, q.pos0 + q.n);
+    for (int i = 0; i < q.n; ++i) {
+      sb.token_ids.push_back(3);
+      sb.positions.push_back(q.pos0 + i);
+    }
+  }
+  sb.slot_mapping.assign(num_groups, std::vector<int64_t>(b.T, -1));
+  sb.block_tables.assign(num_groups, std::vector<int32_t>(b.seqs.size(), -1));
+  return sb;
+}
+
+class GdnOpCuda : public ::testing::TestWithParam<RuleCase> {};
+
+// Two steps through CudaBackend and CpuBackend: step 1 runs a fresh
+// one-row sequence and two fresh prefills (70 rows over a chunk boundary, 5
+// rows); step 2 decodes the first two and continues the 5-row prefill with 9
+// rows at an unaligned position (the CPU's chunked form from a carried
+// state).
+TEST_P(GdnOpCuda, MatchesCpuBackendOverSteps) {
+  FP8KV_NEED_GPU();
+  const RuleCase rc = GetParam();
+  const ModelConfig cfg = qwen3_5_config(rc.Hk, rc.Hv, rc.Dk, rc.Dv);
+  const GatedDeltaNetConfig& gc = *cfg.gdn;
+  const float eps = static_cast<float>(cfg.rms_norm_eps);
+  auto mw = ModelWeights::random(cfg, 99, 0.1f, /*bf16=*/true);
+  Side cuda(std::make_unique<CudaBackend>(cfg, BackendOptions{}), cfg, mw);
+  Side cpu(std::make_unique<CpuBackend>(cfg, BackendOptions{}), cfg, mw);
+  const int G = static_cast<int>(plan_kv_cache(cfg, [] {
+                                   KvPlanSettings ps;
+                                   ps.kv_memory_bytes = 16u << 20;
+                                   ps.max_model_len = 256;
+                                   ps.max_num_seqs = kSlots;
+                                   ps.max_num_batched_tokens = 128;
+                                   ps.block_size = 16;
+                                   return ps;
+                                 }())
+                                   .groups.size());
+  const GdnShape s{gc.num_k_heads, gc.num_v_heads, gc.k_head_dim, gc.v_head_dim, gc.conv_kernel};
+  const int64_t C = s.conv_dim(), VD = s.value_dim(), Hv = s.num_v_heads, Dv = s.v_head_dim;
+  const LayerWeights& L0 = mw->layers[0];
+  std::mt19937_64 rng(test_seed());
+  // Host model of the states for the bound (what CpuBackend computes).
+  std::vector<std::vector<uint16_t>> conv_st(kSlots, std::vector<uint16_t>(s.conv_state_elems(), 0));
+  std::vector<std::vector<float>> ssm_st(kSlots, std::vector<float>(s.ssm_state_elems(), 0.0f));
+  const std::vector<Batch> steps = {Batch({{1, 0, 1}, {70, 0, 0}, {5, 0, 3}}),
+                                    Batch({{1, 1, 1}, {1, 70, 0}, {9, 5, 3}})};
+  for (size_t st = 0; st < steps.size(); ++st) {
+    const Batch& b = steps[st];
+    const StepBatch sb = step_batch(b, G);
+    const int64_t T = b.T;
+    // Projections of a normed input: O(1) values.
+    const std::vector<float> qkv = randn(rng, T * C, 1.0f), z = randn(rng, T * VD, 1.0f),
+                             bt = randn(rng, T * Hv, 1.0f), at = randn(rng, T * Hv, 1.0f);
+    const std::vector<float> got = cuda.run(sb, qkv, z, bt, at, eps);
+    const std::vector<float> want = cpu.run(sb, qkv, z, bt, at, eps);
+    // The reference core (before the norm) and the state magnitudes, with the
+    // CPU backend's own steps (gdn.h), for the bound.
+    std::vector<float> g(T * Hv), beta(g.size()), conv(T * C), core(T * VD);
+    gdn_gates(at.data(), bt.data(), T, static_cast<int>(Hv), L0.A_log.data(), L0.dt_bias.data(), g.data(), beta.data());
+    float M_S = 0.0f, M_v = 0.0f;
+    std::vector<double> seq_tol(b.seqs.size());
+    for (size_t si = 0; si < b.seqs.size(); ++si) {
+      const Seq& q = b.seqs[si];
+      const int64_t t0 = b.q_start[si];
+      if (q.pos0 == 0) {
+        std::fill(conv_st[q.slot].begin(), conv_st[q.slot].end(), 0);
+        std::fill(ssm_st[q.slot].begin(), ssm_st[q.slot].end(), 0.0f);
+      }
+      M_S = std::max(M_S, max_abs(ssm_st[q.slot]));
+      gdn_causal_conv(qkv.data() + t0 * C, q.n, C, s.conv_kernel, L0.conv1d.data(), conv_st[q.slot].data(),
+                      ConvStateType::bf16, conv.data() + t0 * C);
+      std::vector<float> S_rec = ssm_st[q.slot], o_rec(VD);  // the recurrent run: max |S| along it
+      for (int t = 0; t < q.n; ++t) {
+        gdn_rule_recurrent(s, conv.data() + (t0 + t) * C, 1, g.data() + (t0 + t) * Hv, beta.data() + (t0 + t) * Hv,
+                           S_rec.data(), o_rec.data());
+        M_S = std::max(M_S, max_abs(S_rec));
+      }
+      float* S = ssm_st[q.slot].data();
+      if (q.n == 1)
+        gdn_rule_recurrent(s, conv.data() + t0 * C, 1, g.data() + t0 * Hv, beta.data() + t0 * Hv, S, core.data() + t0 * VD);
+      else
+        gdn_rule_chunked(s, q.pos0, conv.data() + t0 * C, q.n, g.data() + t0 * Hv, beta.data() + t0 * Hv, S,
+                         core.data() + t0 * VD);
+      for (int64_t t = 0; t < q.n; ++t)
+        for (int64_t i = 2 * s.key_dim(); i < C; ++i) M_v = std::max(M_v, std::fabs(conv[(t0 + t) * C + i]));
+    }
+    // The core's bound per sequence (header comment).
+    for (size_t si = 0; si < b.seqs.size(); ++si) {
+      const Seq& q = b.seqs[si];
+      double t = q.n * 64 * kU * (std::sqrt(static_cast<double>(s.k_head_dim)) * M_S + M_v);
+      if (q.n > 1) {
+        const double chunks = std::ceil(static_cast<double>(q.n) / kGdnChunk) + 1;
+        t += (kGdnChunk + 4.0 * s.k_head_dim + 8) * chunks * kU * (M_S + M_v);
+      }
+      seq_tol[si] = t;
+    }
+    // The CPU backend is this host model (the same functions): bitwise.
+    std::vector<float> y_ref(T * VD);
+    gdn_gated_rmsnorm(core.data(), z.data(), T, static_cast<int>(Hv), static_cast<int>(Dv), L0.gdn_norm.data(), eps,
+                      y_ref.data());
+    ASSERT_EQ(want, y_ref) << "the test's host model is not what CpuBackend computes";
+    std::vector<int> row_seq(T);
+    for (size_t si = 0; si < b.seqs.size(); ++si)
+      for (int r = b.q_start[si]; r < b.q_start[si + 1]; ++r) row_seq[r] = static_cast<int>(si);
+    auto tol = [&](size_t i) {
+      const int64_t r = static_cast<int64_t>(i) / VD, h = (static_cast<int64_t>(i) % VD) / Dv, e = i % Dv;
+      const float* o = core.data() + r * VD + h * Dv;
+      double ss = 0;
+      for (int64_t k = 0; k < Dv; ++k) ss += static_cast<double>(o[k]) * o[k];
+      const double rms = std::sqrt(ss / Dv + eps), zz = z[i], silu = zz / (1 + std::exp(-zz));
+      const double d_o = seq_tol[row_seq[r]];
+      return std::fabs(L0.gdn_norm[e] * silu) * d_o * (1 / rms + std::fabs(o[e]) / (rms * rms)) +
+             10 * kU * std::fabs(want[i]) + 1e-30;
+    };
+    expect_within(got, want, VD,
+                  tol, "gated_delta_net step " + std::to_string(st) + " (Dk " + std::to_string(rc.Dk) + ", Dv " +
+                           std::to_string(rc.Dv) + ") out [row][Hv*Dv]");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GdnOpCuda, ::testing::Values(RuleCase{2, 4, 32, 48}, RuleCase{1, 2, 128, 128}),
+                         [](const auto& info) {
+                           return "Dk" + std::to_string(info.param.Dk) + "_Dv" + std::to_string(info.param.Dv);
+                         });
+
+// Prefill 40 rows then three decode steps in one slot == one 43-row prefill
+// then nothing in another slot, bitwise: the CUDA kernels run the same
+// recurrence token by token either way, and the states round-trip through
+// the pool exactly (f32 recurrent state; the conv state holds the bf16
+// rounding the conv inputs get anyway). A fourth decode step in both slots
+// with the same input then also agrees bitwise (the carried states are equal).
+TEST(GdnOpCudaStates, PrefillThenDecodesEqualsOneLongerPrefill) {
+  FP8KV_NEED_GPU();
+  const ModelConfig cfg = qwen3_5_config(2, 4, 32, 48);
+  const GatedDeltaNetConfig& gc = *cfg.gdn;
+  const float eps = static_cast<float>(cfg.rms_norm_eps);
+  auto mw = ModelWeights::random(cfg, 5, 0.1f, /*bf16=*/true);
+  Side cuda(std::make_unique<CudaBackend>(cfg, BackendOptions{}), cfg, mw);
+  KvPlanSettings ps;
+  ps.kv_memory_bytes = 16u << 20;
+  ps.max_model_len = 256;
+  ps.max_num_seqs = kSlots;
+  ps.max_num_batched_tokens = 128;
+  ps.block_size = 16;
+  const int G = static_cast<int>(plan_kv_cache(cfg, ps).groups.size());
+  const int64_t C = gc.conv_dim(), VD = gc.value_dim(), Hv = gc.num_v_heads;
+  std::mt19937_64 rng(test_seed());
+  const int N = 44;
+  const std::vector<float> qkv = randn(rng, N * C, 1.0f), z = randn(rng, N * VD, 1.0f), bt = randn(rng, N * Hv, 1.0f),
+                           at = randn(rng, N * Hv, 1.0f);
+  auto rows = [&](const std::vector<float>& v, int64_t cols, int r0, int n) {
+    return std::vector<float>(v.begin() + r0 * cols, v.begin() + (r0 + n) * cols);
+  };
+  auto run = [&](const Batch& b, int r0) {
+    return cuda.run(step_batch(b, G), rows(qkv, C, r0, b.T), rows(z, VD, r0, b.T), rows(bt, Hv, r0, b.T),
+                    rows(at, Hv, r0, b.T), eps);
+  };
+  // Slot 2: one 43-row prefill.
+  const std::vector<float> long_out = run(Batch({{43, 0, 2}}), 0);
+  // Slot 0: 40 rows, then rows 40, 41, 42 one by one (a padding sequence beside them).
+  (void)run(Batch({{40, 0, 0}}), 0);
+  for (int r = 40; r < 43; ++r) {
+    const std::vector<float> o = run(Batch({{1, r, 0}, {1, 0, -1}}), r);
+    const std::vector<float> want(long_out.begin() + r * VD, long_out.begin() + (r + 1) * VD);
+    const std::vector<float> got(o.begin(), o.begin() + VD);
+    EXPECT_EQ(got, want) << "decode row " << r << " differs from the 43-row prefill's row";
+    for (int64_t i = VD; i < 2 * VD; ++i) ASSERT_EQ(o[i], 0.0f) << "padding row element " << i - VD;
+  }
+  // Row 43 in both slots (two decodes in one step).
+  std::vector<float> q2 = rows(qkv, C, 43, 1), z2 = rows(z, VD, 43, 1), b2 = rows(bt, Hv, 43, 1),
+                     a2 = rows(at, Hv, 43, 1);
+  for (auto* v : {&q2, &z2, &b2, &a2}) v->insert(v->end(), v->begin(), v->end());
+  const std::vector<float> o = cuda.run(step_batch(Batch({{1, 43, 0}, {1, 43, 2}}), G), q2, z2, b2, a2, eps);
+  EXPECT_EQ(std::vector<float>(o.begin(), o.begin() + VD), std::vector<float>(o.begin() + VD, o.end()))
+      << "the carried states differ: slot 0 (40 + 3 decodes) vs slot 2 (43-row prefill)";
+}
+
+}  // namespace
+}  // namespace fp8kv
