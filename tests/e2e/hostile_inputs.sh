@@ -251,6 +251,41 @@ t "eval compare, 3.39e38 in a layernorm" "layer 1's output overflowed float32" \
   "$BIN" eval compare "$T/big" --text-file "$T/good.txt"
 rm -rf "$T/big"
 
+# --- issue 37 B: a KV scale that clips is counted and warned about, not silent ---------
+# v_scale 1e-6 clips nearly all of V (docs/robustness.md "KV clipping"): the
+# run succeeds, warns once per layer naming the scale, and prints the store's
+# count; tensor-parallel ranks sum to the same count; bf16 counts nothing.
+rm -rf "$T/clip"; cp -r "$M" "$T/clip"
+for l in 0 1; do python3 "$HERE/st_edit.py" "$T/clip/model.safetensors" add-f32 "model.layers.$l.self_attn.v_scale" 1e-6; done
+"$BIN" generate "$T/clip" --prompt Hello --max-tokens 3 --kv-cache-dtype fp8_e4m3 --threads 1 >"$T/out" 2>"$T/err" ||
+  fail "generate with v_scale 1e-6: exit $?: $(cat "$T/err")"
+for l in 0 1; do
+  grep -qE "layer $l: [0-9]+ of [0-9]+ V values stored so far \([0-9.]+%\) clipped, \|x / v_scale\| beyond fp8_e4m3's max 448 \(v_scale 1e-06\)" "$T/err" ||
+    fail "no clipping warning for layer $l: $(cat "$T/err")"
+  [ "$(grep -c "layer $l: .* V values stored so far" "$T/err")" = 1 ] || fail "layer $l warned more than once: $(cat "$T/err")"
+done
+grep -q "K values stored so far" "$T/err" && fail "K warned at unity scales: $(cat "$T/err")"
+line=$(grep "^KV clipped at store: " "$T/err") || fail "no clip count line: $(cat "$T/err")"
+stats=$(grep "^prompt: " "$T/err")
+python3 - "$line" "$stats" <<'PY' || fail "clip counts: $line ($stats)"
+import re, sys
+k, v, n = map(int, re.match(r"KV clipped at store: K (\d+), V (\d+) of (\d+) values each", sys.argv[1]).groups())
+p, d = map(int, re.match(r"prompt: (\d+) tokens .*; decode: (\d+) tokens", sys.argv[2]).groups())
+stored = (p + d) * 2 * 2 * 8  # tokens through the store x 2 layers x 2 KV heads x head_dim 8
+assert n == stored, (n, stored)
+assert k == 0 and 0.9 * n < v <= n, (k, v, n)
+PY
+"$BIN" generate "$T/clip" --prompt Hello --max-tokens 3 --kv-cache-dtype fp8_e4m3 --threads 1 -tp 2 >"$T/out" 2>"$T/err" ||
+  fail "generate -tp 2 with v_scale 1e-6: $(cat "$T/err")"
+[ "$(grep "^KV clipped at store: " "$T/err")" = "$line" ] || fail "-tp 2 counted otherwise: $(grep KV "$T/err") vs $line"
+for d in bfloat16 fp8_per_token_head; do
+  "$BIN" generate "$T/clip" --prompt Hello --max-tokens 3 --kv-cache-dtype $d --threads 1 >"$T/out" 2>"$T/err" ||
+    fail "generate --kv-cache-dtype $d: $(cat "$T/err")"
+  grep -qE "KV clipped at store|values stored so far" "$T/err" && fail "--kv-cache-dtype $d: a clip report: $(cat "$T/err")"
+done
+rm -rf "$T/clip"
+echo "ok   v_scale 1e-6: counted and warned once per layer; -tp 2 counts the same; bf16, per-token-head: nothing"
+
 # --- issue 37 B: a limit is named with where it came from -----------------------------
 # bench sizes the engine for --input-len + --output-len when --max-model-len is
 # not given: too long is the model's limit, never "--max-model-len 204".
