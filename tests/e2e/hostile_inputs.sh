@@ -303,16 +303,28 @@ t "niah --lengths past the model" "--lengths: 100000 exceeds $origin" \
   "$BIN" eval niah "$M" --haystack "$T/good.txt" --lengths 100000 --depths 50 --trials 1
 t "niah --lengths past --max-model-len" "--lengths: 100 exceeds max_model_len 64 (--max-model-len)" \
   "$BIN" eval niah "$M" --haystack "$T/good.txt" --lengths 100 --depths 50 --trials 1 --max-model-len 64
-# eval compare --bootstrap: its memory, resamples x (24 + 4 x documents + 8)
-# bytes, is checked before any scoring (was: the out-of-memory message about --kv-memory).
-t "eval compare --bootstrap 2000000000" "--bootstrap 2000000000: 2000000000 resamples x (24 + 4 x 1 documents + 8) bytes = 67.06 GiB" \
-  "${LIM[@]}" "$BIN" eval compare "$M" --text-file "$T/good.txt" --bootstrap 2000000000
-bin_has_asan || grep -qF "more than half of the address-space limit (ulimit -v) (3.81 GiB); use at most --bootstrap 56888888" "$T/err" ||
-  fail "--bootstrap: the bound not stated: $(cat "$T/err")"
-grep -qF "compare [" "$T/err" && fail "--bootstrap was checked after the scoring: $(cat "$T/err")"
-t "eval compare --bootstrap 2147483647, two documents" "x (24 + 4 x 2 documents + 8) bytes" \
-  "$BIN" eval compare "$M" --text-file "$T/good.txt" --text-file "$T/good.txt" --bootstrap 2147483647 --output "$T/cmp.json"
-[ -e "$T/cmp.json" ] && fail "compare wrote its report although --bootstrap was refused"
+# eval compare --bootstrap: its time grows with resamples x documents, so N is
+# capped at 100000 (docs/eval.md "Bootstrap bounds"); its memory, resamples x
+# (24 + 4 x documents + 8) bytes, is checked too. Both before any scoring
+# (was: the out-of-memory message about --kv-memory, and no bound on time).
+cap="give 100 to 100000 resamples (the default is 2000"
+for n in 2000000000 2147483647 100001 99 -5; do
+  t "eval compare --bootstrap $n" "--bootstrap $n: $cap" \
+    "$BIN" eval compare "$M" --text-file "$T/good.txt" --text-file "$T/good.txt" --bootstrap "$n" --output "$T/cmp.json"
+  grep -qF "compare [" "$T/err" && fail "--bootstrap $n was checked after the scoring: $(cat "$T/err")"
+  [ -e "$T/cmp.json" ] && fail "compare wrote its report although --bootstrap $n was refused"
+done
+# At the cap, 6000 two-token documents need 100000 x 24032 bytes = 2.24 GiB of
+# resample indices: more than half of the address-space limit.
+python3 -c 'import json; print(json.dumps([[5, 6]] * 6000))' > "$T/docs6000.json"
+if ! bin_has_asan; then
+  t "eval compare --bootstrap 100000, 6000 documents" \
+    "--bootstrap 100000: 100000 resamples x (24 + 4 x 6000 documents + 8) bytes = 2.24 GiB" \
+    "${LIM[@]}" "$BIN" eval compare "$M" --token-ids-file "$T/docs6000.json" --bootstrap 100000
+  grep -qF "more than half of the address-space limit (ulimit -v) (3.81 GiB); use at most --bootstrap 85219" "$T/err" ||
+    fail "--bootstrap: the memory bound not stated: $(cat "$T/err")"
+  grep -qF "compare [" "$T/err" && fail "--bootstrap was checked after the scoring: $(cat "$T/err")"
+fi
 
 # --- issue 37 B: optional files that are not files are refused, not skipped ----------
 for f in generation_config.json chat_template.jinja; do
