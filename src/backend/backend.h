@@ -41,12 +41,15 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "backend/comm.h"
+#include "backend/kv_clips.h"
 #include "backend/step_batch.h"
 #include "backend/store_observer.h"
 #include "backend/tensor.h"
@@ -181,6 +184,12 @@ class Backend {
   virtual void set_kv_scales(const KvScales& scales) = 0;
   // Not owned; nullptr detaches. Called from store_kv with host fp32 arrays.
   virtual void set_store_observer(StoreObserver* observer) = 0;
+  // KV store saturation (docs/robustness.md "KV clipping"; backend/kv_clips.h):
+  // per layer ([num_layers]; a layer without a KV cache stays 0), the K and V
+  // elements stored since allocate_kv and how many of them saturated.
+  // nullopt: this backend does not count (the CUDA store kernels, for now).
+  // Counting never changes a stored byte. May be read from another thread.
+  virtual std::optional<std::vector<KvClipCounts>> kv_clip_counts() const { return std::nullopt; }
 
   // ---- step ----
   virtual void begin_step(const StepBatch& batch) = 0;

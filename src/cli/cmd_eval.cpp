@@ -125,7 +125,10 @@ int run_compare_cmd(const CompareArgs& a) {
   in.arms = eval::parse_arms(a.arms);
   in.stats.buckets = eval::parse_buckets(a.buckets);
   in.stats.seed = a.seed;
-  if (a.bootstrap < 100) throw UsageError("--bootstrap: at least 100 resamples");
+  if (a.bootstrap < eval::kMinBootstrapResamples || a.bootstrap > eval::kMaxBootstrapResamples)
+    throw UsageError(fmt::format("--bootstrap {}: give {} to {} resamples (the default is 2000; the bootstrap's time "
+                                 "grows with resamples x documents, docs/eval.md \"Bootstrap bounds\")",
+                                 a.bootstrap, eval::kMinBootstrapResamples, eval::kMaxBootstrapResamples));
   in.stats.bootstrap_resamples = a.bootstrap;
   in.context = a.context;
   const ModelConfig cfg = load_model_config(a.model);
@@ -316,7 +319,7 @@ const Registrar reg([](CLI::App& app) {
   c->add_option("--control-prefix", ca.control_prefix, "text of the control prefix")->check(utf8_text());
   c->add_option("--seed", ca.seed, "seed of the bootstrap / Monte Carlo draws (default 0; -1: random, logged)")
       ->transform(seed_rule());
-  c->add_option("--bootstrap", ca.bootstrap, "bootstrap resamples");
+  c->add_option("--bootstrap", ca.bootstrap, "bootstrap resamples, 100 to 100000 (default 2000)");
   c->add_option("--output", ca.output, "REPORT.json (else the report goes to stdout)");
   c->add_option("--html", ca.html, "REPORT.html");
   ca.eng.add(c, EngineFlags::Shape{false, 1});

@@ -56,6 +56,26 @@ int run(const GenerateArgs& a) {
                r.prompt_tokens, r.prefill_seconds, r.prefill_seconds > 0 ? r.prompt_tokens / r.prefill_seconds : 0.0,
                decoded, r.decode_seconds, r.decode_seconds > 0 ? decoded / r.decode_seconds : 0.0,
                std::string(finish_reason_name(r.finish)).c_str());
+  // Per-tensor-scaled fp8 caches: what the store saturated (docs/robustness.md
+  // "KV clipping"), the run's share of fp8kv:kv_cache_clipped_total.
+  if (kv_dtype_per_tensor_scaled(engine->kv_dtype()))
+    if (const auto c = engine->kv_clip_counts()) {
+      KvClipCounts sum;
+      int worst = -1;
+      uint64_t worst_n = 0;
+      for (size_t l = 0; l < c->size(); ++l) {
+        sum += (*c)[l];
+        const uint64_t n = (*c)[l].k + (*c)[l].v;
+        if (n > worst_n) {
+          worst_n = n;
+          worst = static_cast<int>(l);
+        }
+      }
+      std::fprintf(stderr, "KV clipped at store: K %llu, V %llu of %llu values each%s\n",
+                   static_cast<unsigned long long>(sum.k), static_cast<unsigned long long>(sum.v),
+                   static_cast<unsigned long long>(sum.stored),
+                   worst < 0 ? "" : fmt::format(" (most in layer {}: {})", worst, worst_n).c_str());
+    }
   return 0;
 }
 

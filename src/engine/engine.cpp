@@ -227,6 +227,7 @@ class EngineImpl final : public Engine {
   }
   int64_t free_kv_blocks() const override { return kv_->num_free_blocks(); }
   int64_t num_preemptions() const override { return sched_->num_preemptions(); }
+  std::optional<std::vector<KvClipCounts>> kv_clip_counts() const override { return runner_->kv_clip_counts(); }
   PrefixCacheStats prefix_cache_stats() const override {
     return {sched_->prefix_cache_queries(), sched_->prefix_cache_hits(), sched_->num_computed_tokens(),
             kv_->num_cached_blocks()};
@@ -389,6 +390,7 @@ class EngineImpl final : public Engine {
     StepOutput res;
     try {
       res = runner_->execute(out, sampling);
+      warn_kv_clipping();
       // Scoring rows (every row, in order, skipping rows a preempted request
       // already reported).
       for (size_t i = 0; i < out.seqs.size(); ++i) {
@@ -514,6 +516,43 @@ class EngineImpl final : public Engine {
   std::unique_ptr<KvCacheManager> kv_;
   KvScales scales_;
   std::shared_ptr<const ModelWeights> weights_;  // CPU only: the non-finite diagnosis reads them
+  // One warning per layer and stream, the first time more than 0.1% of the
+  // elements it stored so far saturated (only the per-tensor-scaled fp8
+  // dtypes can clip: backend/cpu/kv_ops.h). No load-time check can know
+  // K/V's range, so the store counts (issue 37; docs/robustness.md "KV clipping").
+  void warn_kv_clipping() {
+    if (!kv_dtype_per_tensor_scaled(dtype_) || clips_not_counted_) return;
+    const std::optional<std::vector<KvClipCounts>> c = runner_->kv_clip_counts();
+    if (!c) {
+      clips_not_counted_ = true;  // not counted: nothing to check, ever
+      return;
+    }
+    clip_warned_.resize(c->size() * 2, false);
+    for (size_t l = 0; l < c->size(); ++l) {
+      const KvClipCounts& n = (*c)[l];
+      for (int st = 0; st < 2; ++st) {
+        const uint64_t clipped = st == 0 ? n.k : n.v;
+        if (clip_warned_[l * 2 + st] || clipped == 0 || clipped * 1000 <= n.stored) continue;
+        clip_warned_[l * 2 + st] = true;
+        const char* name = st == 0 ? "k" : "v";
+        const StreamScale& sc = st == 0 ? scales_.layers.at(l).k : scales_.layers.at(l).v;
+        const float smin = *std::min_element(sc.values.begin(), sc.values.end());
+        const std::string scale = sc.values.size() > 1
+                                      ? fmt::format("its smallest per-head {}_scale is {:g}", name, smin)
+                                      : fmt::format("{}_scale {:g}", name, smin);
+        const char* stream = st == 0 ? "K" : "V";
+        engine_log()->warn(
+            "layer {}: {} of {} {} values stored so far ({:.3g}%) clipped, |x / {}_scale| beyond {}'s max {:g} ({}): "
+            "the scale is too small for this model's {} (recalibrate with fp8kv calibrate; /metrics counts them as "
+            "fp8kv:kv_cache_clipped_total)",
+            l, clipped, n.stored, stream, 100.0 * static_cast<double>(clipped) / static_cast<double>(n.stored), name,
+            kv_dtype_name(dtype_), kv_dtype_elem_max(dtype_), scale, stream);
+      }
+    }
+  }
+  std::vector<bool> clip_warned_;  // [layer][k|v]
+  bool clips_not_counted_ = false;
+
   // The stage diagnose_overflow found (ForwardPass::first_nonfinite_stage),
   // or kNotDiagnosed.
   static constexpr int kNotDiagnosed = -100;

@@ -23,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backend/kv_clips.h"
 #include "backend/store_observer.h"
 #include "kv/kv_scales.h"
 #include "kv/planner.h"
@@ -255,6 +256,12 @@ class Engine {
   virtual int64_t graph_replays() const { return 0; }
   virtual int64_t graph_captures() const { return 0; }
   virtual PrefixCacheStats prefix_cache_stats() const { return {}; }
+  // KV store saturation per layer (docs/robustness.md "KV clipping";
+  // backend/kv_clips.h), summed over the tensor-parallel ranks since load.
+  // nullopt: not counted (the CUDA backend, a multi-process group). The
+  // engine also warns once per layer and stream when more than 0.1% of the
+  // elements stored so far clipped.
+  virtual std::optional<std::vector<KvClipCounts>> kv_clip_counts() const { return std::nullopt; }
 };
 
 }  // namespace fp8kv

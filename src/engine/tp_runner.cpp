@@ -493,6 +493,21 @@ void TpRunner::set_store_observer(StoreObserver* o) {
   for (auto& k : ranks_) k.backend->set_store_observer(o);
 }
 
+std::optional<std::vector<KvClipCounts>> TpRunner::kv_clip_counts() const {
+  if (ctl_) return std::nullopt;
+  std::optional<std::vector<KvClipCounts>> sum;
+  for (const auto& k : ranks_) {
+    std::optional<std::vector<KvClipCounts>> c = k.backend->kv_clip_counts();
+    if (!c) return std::nullopt;
+    if (!sum) {
+      sum = std::move(c);
+      continue;
+    }
+    for (size_t l = 0; l < sum->size() && l < c->size(); ++l) (*sum)[l] += (*c)[l];
+  }
+  return sum;
+}
+
 StepOutput TpRunner::execute(const SchedulerOutput& out, const StepSampling& sampling) {
   forward(out, sampling);
   StepOutput res;

@@ -27,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -100,6 +101,10 @@ class TpRunner {
   void set_kv_scales(const KvScales& global);  // validated global scales; each rank gets its shard
   // world > 1: only nullptr (an observer sees every head; InputError otherwise).
   void set_store_observer(StoreObserver* observer);
+  // KV store saturation summed over the ranks (each stores its own KV
+  // heads). nullopt when a rank does not count (Backend::kv_clip_counts), or
+  // in multi-process mode (the followers' counts stay in their processes).
+  std::optional<std::vector<KvClipCounts>> kv_clip_counts() const;
 
   // The ModelRunner calls, run on every rank (rank 0's results returned).
   // One step: the forward pass over `out`, then the rows of `sampling`

@@ -79,6 +79,12 @@ struct ArmSamples {
   size_t size() const { return kld.size(); }
 };
 
+// --bootstrap's range (docs/eval.md "Bootstrap bounds"): the cluster
+// bootstrap's time is resamples x documents (one index draw and two sums per
+// pair), so the cap bounds it per scored document; 100000 resamples put the
+// Monte Carlo error of a 95% interval's ends far below the interval's width.
+inline constexpr int kMinBootstrapResamples = 100, kMaxBootstrapResamples = 100000;
+
 struct CompareStatsOptions {
   std::vector<int> buckets{0, 512, 1024, 2048, 4096};
   int bootstrap_resamples = 2000;

@@ -126,6 +126,12 @@ void EngineLoop::update_gauges() {
   const PrefixCacheStats pc = engine_.prefix_cache_stats();
   g.prefix_cache_queries = pc.queries;
   g.prefix_cache_hits = pc.hits;
+  if (const std::optional<std::vector<KvClipCounts>> c = engine_.kv_clip_counts()) {
+    g.kv_clipped.emplace();
+    for (size_t l = 0; l < c->size(); ++l)
+      if (!engine_.config().is_linear(static_cast<int>(l)))  // a linear_attention layer has no KV cache
+        g.kv_clipped->push_back({static_cast<int>(l), (*c)[l].k, (*c)[l].v});
+  }
   metrics_.set_gauges(g);
 }
 

@@ -119,6 +119,15 @@ std::string Metrics::render() const {
   head("fp8kv:prefix_cache_hits_total", "counter",
        "Prefix cache hits, in tokens: queried tokens whose KV was reused instead of prefilled.");
   line("fp8kv:prefix_cache_hits_total", g_.prefix_cache_hits);
+  if (g_.kv_clipped) {
+    head("fp8kv:kv_cache_clipped_total", "counter",
+         "KV elements stored as the fp8 format's max because |x / scale| was beyond it, by layer and stream (k, v); "
+         "always 0 for bf16 and per-token-head caches.");
+    for (const Gauges::LayerClips& c : *g_.kv_clipped)
+      for (const auto& [stream, n] : {std::pair{"k", c.k}, std::pair{"v", c.v}})
+        o += fmt::format("fp8kv:kv_cache_clipped_total{{{},layer=\"{}\",stream=\"{}\"}} {}\n", labels_, c.layer,
+                         stream, n);
+  }
   head("fp8kv:request_success_total", "counter", "Finished requests by finish reason.");
   for (const auto& [reason, n] : finished_)
     o += fmt::format("fp8kv:request_success_total{{{},finished_reason=\"{}\"}} {}\n", labels_, reason, n);

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,14 @@ struct Gauges {
   int64_t num_preemptions = 0;
   int64_t prefix_cache_queries = 0;  // tokens
   int64_t prefix_cache_hits = 0;     // tokens
+  // KV elements that saturated at store, per KV-cache layer (Engine::
+  // kv_clip_counts); nullopt: the backend does not count (the metric is
+  // then absent).
+  struct LayerClips {
+    int layer = 0;
+    uint64_t k = 0, v = 0;
+  };
+  std::optional<std::vector<LayerClips>> kv_clipped;
 };
 
 class Metrics {

@@ -251,6 +251,41 @@ t "eval compare, 3.39e38 in a layernorm" "layer 1's output overflowed float32" \
   "$BIN" eval compare "$T/big" --text-file "$T/good.txt"
 rm -rf "$T/big"
 
+# --- issue 37 B: a KV scale that clips is counted and warned about, not silent ---------
+# v_scale 1e-6 clips nearly all of V (docs/robustness.md "KV clipping"): the
+# run succeeds, warns once per layer naming the scale, and prints the store's
+# count; tensor-parallel ranks sum to the same count; bf16 counts nothing.
+rm -rf "$T/clip"; cp -r "$M" "$T/clip"
+for l in 0 1; do python3 "$HERE/st_edit.py" "$T/clip/model.safetensors" add-f32 "model.layers.$l.self_attn.v_scale" 1e-6; done
+"$BIN" generate "$T/clip" --prompt Hello --max-tokens 3 --kv-cache-dtype fp8_e4m3 --threads 1 >"$T/out" 2>"$T/err" ||
+  fail "generate with v_scale 1e-6: exit $?: $(cat "$T/err")"
+for l in 0 1; do
+  grep -qE "layer $l: [0-9]+ of [0-9]+ V values stored so far \([0-9.]+%\) clipped, \|x / v_scale\| beyond fp8_e4m3's max 448 \(v_scale 1e-06\)" "$T/err" ||
+    fail "no clipping warning for layer $l: $(cat "$T/err")"
+  [ "$(grep -c "layer $l: .* V values stored so far" "$T/err")" = 1 ] || fail "layer $l warned more than once: $(cat "$T/err")"
+done
+grep -q "K values stored so far" "$T/err" && fail "K warned at unity scales: $(cat "$T/err")"
+line=$(grep "^KV clipped at store: " "$T/err") || fail "no clip count line: $(cat "$T/err")"
+stats=$(grep "^prompt: " "$T/err")
+python3 - "$line" "$stats" <<'PY' || fail "clip counts: $line ($stats)"
+import re, sys
+k, v, n = map(int, re.match(r"KV clipped at store: K (\d+), V (\d+) of (\d+) values each", sys.argv[1]).groups())
+p, d = map(int, re.match(r"prompt: (\d+) tokens .*; decode: (\d+) tokens", sys.argv[2]).groups())
+stored = (p + d) * 2 * 2 * 8  # tokens through the store x 2 layers x 2 KV heads x head_dim 8
+assert n == stored, (n, stored)
+assert k == 0 and 0.9 * n < v <= n, (k, v, n)
+PY
+"$BIN" generate "$T/clip" --prompt Hello --max-tokens 3 --kv-cache-dtype fp8_e4m3 --threads 1 -tp 2 >"$T/out" 2>"$T/err" ||
+  fail "generate -tp 2 with v_scale 1e-6: $(cat "$T/err")"
+[ "$(grep "^KV clipped at store: " "$T/err")" = "$line" ] || fail "-tp 2 counted otherwise: $(grep KV "$T/err") vs $line"
+for d in bfloat16 fp8_per_token_head; do
+  "$BIN" generate "$T/clip" --prompt Hello --max-tokens 3 --kv-cache-dtype $d --threads 1 >"$T/out" 2>"$T/err" ||
+    fail "generate --kv-cache-dtype $d: $(cat "$T/err")"
+  grep -qE "KV clipped at store|values stored so far" "$T/err" && fail "--kv-cache-dtype $d: a clip report: $(cat "$T/err")"
+done
+rm -rf "$T/clip"
+echo "ok   v_scale 1e-6: counted and warned once per layer; -tp 2 counts the same; bf16, per-token-head: nothing"
+
 # --- issue 37 B: a limit is named with where it came from -----------------------------
 # bench sizes the engine for --input-len + --output-len when --max-model-len is
 # not given: too long is the model's limit, never "--max-model-len 204".
@@ -268,16 +303,28 @@ t "niah --lengths past the model" "--lengths: 100000 exceeds $origin" \
   "$BIN" eval niah "$M" --haystack "$T/good.txt" --lengths 100000 --depths 50 --trials 1
 t "niah --lengths past --max-model-len" "--lengths: 100 exceeds max_model_len 64 (--max-model-len)" \
   "$BIN" eval niah "$M" --haystack "$T/good.txt" --lengths 100 --depths 50 --trials 1 --max-model-len 64
-# eval compare --bootstrap: its memory, resamples x (24 + 4 x documents + 8)
-# bytes, is checked before any scoring (was: the out-of-memory message about --kv-memory).
-t "eval compare --bootstrap 2000000000" "--bootstrap 2000000000: 2000000000 resamples x (24 + 4 x 1 documents + 8) bytes = 67.06 GiB" \
-  "${LIM[@]}" "$BIN" eval compare "$M" --text-file "$T/good.txt" --bootstrap 2000000000
-bin_has_asan || grep -qF "more than half of the address-space limit (ulimit -v) (3.81 GiB); use at most --bootstrap 56888888" "$T/err" ||
-  fail "--bootstrap: the bound not stated: $(cat "$T/err")"
-grep -qF "compare [" "$T/err" && fail "--bootstrap was checked after the scoring: $(cat "$T/err")"
-t "eval compare --bootstrap 2147483647, two documents" "x (24 + 4 x 2 documents + 8) bytes" \
-  "$BIN" eval compare "$M" --text-file "$T/good.txt" --text-file "$T/good.txt" --bootstrap 2147483647 --output "$T/cmp.json"
-[ -e "$T/cmp.json" ] && fail "compare wrote its report although --bootstrap was refused"
+# eval compare --bootstrap: its time grows with resamples x documents, so N is
+# capped at 100000 (docs/eval.md "Bootstrap bounds"); its memory, resamples x
+# (24 + 4 x documents + 8) bytes, is checked too. Both before any scoring
+# (was: the out-of-memory message about --kv-memory, and no bound on time).
+cap="give 100 to 100000 resamples (the default is 2000"
+for n in 2000000000 2147483647 100001 99 -5; do
+  t "eval compare --bootstrap $n" "--bootstrap $n: $cap" \
+    "$BIN" eval compare "$M" --text-file "$T/good.txt" --text-file "$T/good.txt" --bootstrap "$n" --output "$T/cmp.json"
+  grep -qF "compare [" "$T/err" && fail "--bootstrap $n was checked after the scoring: $(cat "$T/err")"
+  [ -e "$T/cmp.json" ] && fail "compare wrote its report although --bootstrap $n was refused"
+done
+# At the cap, 6000 two-token documents need 100000 x 24032 bytes = 2.24 GiB of
+# resample indices: more than half of the address-space limit.
+python3 -c 'import json; print(json.dumps([[5, 6]] * 6000))' > "$T/docs6000.json"
+if ! bin_has_asan; then
+  t "eval compare --bootstrap 100000, 6000 documents" \
+    "--bootstrap 100000: 100000 resamples x (24 + 4 x 6000 documents + 8) bytes = 2.24 GiB" \
+    "${LIM[@]}" "$BIN" eval compare "$M" --token-ids-file "$T/docs6000.json" --bootstrap 100000
+  grep -qF "more than half of the address-space limit (ulimit -v) (3.81 GiB); use at most --bootstrap 85219" "$T/err" ||
+    fail "--bootstrap: the memory bound not stated: $(cat "$T/err")"
+  grep -qF "compare [" "$T/err" && fail "--bootstrap was checked after the scoring: $(cat "$T/err")"
+fi
 
 # --- issue 37 B: optional files that are not files are refused, not skipped ----------
 for f in generation_config.json chat_template.jinja; do

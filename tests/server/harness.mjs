@@ -13,8 +13,8 @@ if (!BIN || !MODEL) throw new Error("set FP8KV_BIN and FP8KV_MODEL");
 export const ASAN = (spawnSync("ldd", [BIN]).stdout || "").toString().includes("libasan");
 
 // --threads 1: the CPU engine with one thread is fastest on a loaded CI machine.
-export async function startServer(extra = []) {
-  const args = ["serve", MODEL, "--port", "0", "--threads", "1", ...extra];
+export async function startServer(extra = [], model = MODEL) {
+  const args = ["serve", model, "--port", "0", "--threads", "1", ...extra];
   const proc = spawn(BIN, args, { stdio: ["ignore", "ignore", "pipe"] });
   let stderr = "";
   const url = await new Promise((resolve, reject) => {

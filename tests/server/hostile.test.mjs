@@ -3,9 +3,11 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import net from "node:net";
-import { readFileSync } from "node:fs";
+import { readFileSync, writeFileSync, cpSync, mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { spawn, execFile } from "node:child_process";
-import { startServer, status, miniServer, BIN, MODEL, ASAN } from "./harness.mjs";
+import { startServer, status, miniServer, waitIdle, BIN, MODEL, ASAN } from "./harness.mjs";
 
 const PROMPT = "Once upon a time";
 const shared = miniServer();  // shared.srv, shared.client
@@ -296,4 +298,67 @@ test("20 large refused prompts leave RSS within 50 MB; tokenize scratch is relea
   const after = rssKiB();
   console.log(JSON.stringify({ rss_before_kib: before, rss_after_kib: after }));
   assert.ok(after - before < 50 * 1024, `RSS ${before} KiB before, ${after} KiB after`);
+});
+
+// B (silent acceptance): a v_scale of 1e-6 clips nearly all of V; the store
+// counts it (docs/robustness.md "KV clipping"). /metrics has
+// fp8kv:kv_cache_clipped_total per layer and stream, the engine warns once
+// per layer, and the count is bounded by what was stored.
+test("kv_cache_clipped_total{layer,stream}: labels on every layer; a tiny v_scale clips V", async () => {
+  const cfg = JSON.parse(readFileSync(MODEL + "/config.json", "utf8"));
+  const L = cfg.num_hidden_layers, elems = cfg.num_key_value_heads * cfg.head_dim;
+  const clipped = (text, layer, stream) => {
+    const m = text.match(new RegExp(`^fp8kv:kv_cache_clipped_total\\{model_name="[^"]*",layer="${layer}",stream="${stream}"\\} (\\d+)$`, "m"));
+    return m ? Number(m[1]) : undefined;
+  };
+  // The shared server: every layer and stream has its line (counted on the CPU).
+  const base = (await waitIdle(shared.srv.url)).text;
+  assert.match(base, /^# TYPE fp8kv:kv_cache_clipped_total counter$/m);
+  for (let l = 0; l < L; l++) for (const s of ["k", "v"]) assert.notEqual(clipped(base, l, s), undefined, `layer ${l} ${s}`);
+  assert.equal(clipped(base, L, "k"), undefined);
+
+  // A copy of the model whose v_scale tensors are 1e-6.
+  const dir = mkdtempSync(join(tmpdir(), "fp8kv-clip-"));
+  try {
+    cpSync(MODEL, dir, { recursive: true, filter: (src) => !src.endsWith(".xz") });
+    const f = join(dir, "kv_cache_scales.safetensors");
+    const b = readFileSync(f);
+    const n = Number(b.readBigUInt64LE(0));
+    const header = JSON.parse(b.subarray(8, 8 + n).toString("utf8"));
+    let edited = 0;
+    for (const [name, t] of Object.entries(header)) {
+      if (!name.endsWith(".v_scale")) continue;
+      assert.equal(t.dtype, "F32");
+      b.writeFloatLE(1e-6, 8 + n + t.data_offsets[0]);
+      edited++;
+    }
+    assert.equal(edited, L);
+    writeFileSync(f, b);
+    const srv = await startServer(["--served-model-name", "clipped", "--kv-cache-dtype", "fp8_e4m3"], dir);
+    try {
+      const zero = await (await fetch(srv.url + "/metrics")).text();
+      for (let l = 0; l < L; l++) assert.equal(clipped(zero, l, "v"), 0, `layer ${l} before any request`);
+      const r = await post(srv.url, "/v1/completions", { model: "clipped", prompt: PROMPT, max_tokens: 4, temperature: 0, ignore_eos: true });
+      assert.equal(r.status, 200);
+      const u = (await r.json()).usage;
+      // Every token but the last generated one went through the store.
+      const stored = (u.prompt_tokens + u.completion_tokens - 1) * elems;
+      const text = (await waitIdle(srv.url)).text;  // the gauges are copied when the engine is idle
+      for (let l = 0; l < L; l++) {
+        const v = clipped(text, l, "v"), k = clipped(text, l, "k");
+        // |v| > 448e-6 for all but the values nearest 0.
+        assert.ok(v > 0.9 * stored && v <= stored, `layer ${l}: ${v} of ${stored} V values clipped`);
+        assert.ok(k >= 0 && k <= stored, `layer ${l}: k ${k}`);
+        assert.match(srv.log(), new RegExp(`layer ${l}: \\d+ of \\d+ V values stored so far \\([0-9.]+%\\) clipped`));
+      }
+      // One warning per layer and stream, not one per step.
+      const r2 = await post(srv.url, "/v1/completions", { model: "clipped", prompt: PROMPT, max_tokens: 4, temperature: 0 });
+      assert.equal(r2.status, 200);
+      assert.equal(srv.log().match(/layer 0: \d+ of \d+ V values stored so far/g).length, 1);
+    } finally {
+      await srv.stop();
+    }
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 });

@@ -137,6 +137,7 @@ BackendWeights CpuBackend::upload_weights(std::shared_ptr<const ModelWeights> w)
 void CpuBackend::allocate_kv(const KvPlan& plan, const KvCacheLayout& layout) {
   layout_ = layout;
   map_ = kv_layer_map(plan, cfg_.num_layers);
+  clips_ = std::make_unique<std::atomic<uint64_t>[]>(static_cast<size_t>(cfg_.num_layers) * 3);  // zeroed
   allocate_state(plan.state);
   kv_storage_.clear();
   kv_scale_storage_.clear();
@@ -247,8 +248,24 @@ void CpuBackend::store_kv(const StepBatch& b, int layer, const Tensor& q, const 
   const int group = map_.group.at(layer);
   const KvLayerStorage st = kv_layer(layer);
   const LayerKvScales& sc = scales_.layers.at(layer);
+  KvClipCounts c;
   store_kv_cpu(layout_, st.k_cache, st.v_cache, kp, vp, b.slot_mapping.at(group).data(), T, sc.k.ref(), sc.v.ref(),
-               st.k_scale, st.v_scale);
+               st.k_scale, st.v_scale, &c);
+  std::atomic<uint64_t>* l = &clips_[static_cast<size_t>(layer) * 3];
+  if (c.k) l[0].fetch_add(c.k, std::memory_order_relaxed);
+  if (c.v) l[1].fetch_add(c.v, std::memory_order_relaxed);
+  l[2].fetch_add(c.stored, std::memory_order_relaxed);
+}
+
+std::optional<std::vector<KvClipCounts>> CpuBackend::kv_clip_counts() const {
+  std::vector<KvClipCounts> r(static_cast<size_t>(cfg_.num_layers));
+  if (!clips_) return r;  // before allocate_kv: nothing stored
+  for (size_t i = 0; i < r.size(); ++i) {
+    r[i].k = clips_[i * 3].load(std::memory_order_relaxed);
+    r[i].v = clips_[i * 3 + 1].load(std::memory_order_relaxed);
+    r[i].stored = clips_[i * 3 + 2].load(std::memory_order_relaxed);
+  }
+  return r;
 }
 
 void CpuBackend::attention(const StepBatch& b, int layer, const Tensor& q, Tensor& out) {

@@ -7,7 +7,9 @@
 // Memory is host memory; weights are zero-copy views of the ModelWeights
 // (kept alive by BackendWeights::host_owner). Activations are f32.
 #pragma once
+#include <atomic>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "backend/backend.h"
@@ -39,6 +41,7 @@ class CpuBackend final : public Backend {
   int kv_group_of_layer(int layer) const override { return map_.group.at(layer); }
   void set_kv_scales(const KvScales& scales) override { scales_ = scales; }
   void set_store_observer(StoreObserver* observer) override { observer_ = observer; }
+  std::optional<std::vector<KvClipCounts>> kv_clip_counts() const override;
 
   void begin_step(const StepBatch& batch) override;
 
@@ -70,6 +73,9 @@ class CpuBackend final : public Backend {
   std::vector<DeviceBuffer> kv_scale_storage_;  // [slot][k|v] f32 scales; per-token-head dtypes only
   KvScales scales_;
   StoreObserver* observer_ = nullptr;
+  // Per layer: K clipped, V clipped, stored (kv_clip_counts); one relaxed
+  // atomic add each per store_kv call, readable from any thread.
+  std::unique_ptr<std::atomic<uint64_t>[]> clips_;
   const StepBatch* step_ = nullptr;
   // cos/sin of the step's positions: [T][rot_dim/2] each, full and sliding.
   std::vector<float> cos_full_, sin_full_, cos_sliding_, sin_sliding_;

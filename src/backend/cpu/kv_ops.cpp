@@ -18,7 +18,13 @@ float load_cache_elem(const KvCacheLayout& layout, const void* cache, int64_t of
 namespace {
 
 // pth_scale: the per-token-head scale array (per-token-head dtypes only).
-void store_one(const KvCacheLayout& L, void* cache, const float* x, int64_t slot, ScaleRef scale, float* pth_scale) {
+// Returns the elements that saturated (per-tensor-scaled fp8 only; 0 for the
+// others, see kv_ops.h): y = x / s is computed once and both quantized and
+// tested, so the stored bytes are those of the plain conversion.
+uint64_t store_one(const KvCacheLayout& L, void* cache, const float* x, int64_t slot, ScaleRef scale,
+                   float* pth_scale) {
+  const float max_finite = kv_dtype_elem_max(L.dtype);
+  uint64_t clipped = 0;
   for (int h = 0; h < L.num_kv_heads; ++h) {
     const int64_t off = L.slot_offset(slot, h);
     const float* src = x + static_cast<int64_t>(h) * L.head_dim;
@@ -35,14 +41,25 @@ void store_one(const KvCacheLayout& L, void* cache, const float* x, int64_t slot
         s = scale.at(h);
       }
       if (L.dtype == KvDtype::fp8_e5m2) {
-        for (int d = 0; d < L.head_dim; ++d) dst[d] = f32_to_e5m2(src[d] / s);
+        for (int d = 0; d < L.head_dim; ++d) {
+          const float y = src[d] / s;
+          dst[d] = f32_to_e5m2(y);
+          clipped += std::fabs(y) > max_finite;
+        }
       } else if (L.dtype == KvDtype::int8_pth) {
         for (int d = 0; d < L.head_dim; ++d) dst[d] = f32_to_int8_sat(src[d] / s);
-      } else {
+      } else if (L.dtype == KvDtype::fp8_e4m3) {
+        for (int d = 0; d < L.head_dim; ++d) {
+          const float y = src[d] / s;
+          dst[d] = f32_to_e4m3(y);
+          clipped += std::fabs(y) > max_finite;
+        }
+      } else {  // fp8_e4m3_pth: the peak maps to the max finite, nothing clips
         for (int d = 0; d < L.head_dim; ++d) dst[d] = f32_to_e4m3(src[d] / s);
       }
     }
   }
+  return clipped;
 }
 
 // Dequantizes (without scale) head_dim elements at offset into dst.
@@ -60,18 +77,21 @@ void load_row(const KvCacheLayout& L, const void* cache, int64_t off, float* dst
 
 void store_kv_cpu(const KvCacheLayout& L, void* k_cache, void* v_cache, const float* k, const float* v,
                   const int64_t* slot_mapping, int num_tokens, ScaleRef k_scale, ScaleRef v_scale, float* k_scale_pth,
-                  float* v_scale_pth) {
+                  float* v_scale_pth, KvClipCounts* clips) {
   if (kv_dtype_per_token_head(L.dtype) && (!k_scale_pth || !v_scale_pth))
     throw std::invalid_argument("store_kv_cpu: a per-token-head cache needs its k/v scale arrays");
   const int64_t stride = L.token_stride();
   const int64_t capacity = static_cast<int64_t>(L.num_blocks) * L.block_size;
+  KvClipCounts local;  // one update of *clips per call, not per element
   for (int t = 0; t < num_tokens; ++t) {
     const int64_t slot = slot_mapping[t];
     if (slot < 0) continue;
     if (slot >= capacity) throw std::out_of_range("store_kv_cpu: slot beyond the cache");
-    store_one(L, k_cache, k + t * stride, slot, k_scale, k_scale_pth);
-    store_one(L, v_cache, v + t * stride, slot, v_scale, v_scale_pth);
+    local.k += store_one(L, k_cache, k + t * stride, slot, k_scale, k_scale_pth);
+    local.v += store_one(L, v_cache, v + t * stride, slot, v_scale, v_scale_pth);
+    local.stored += static_cast<uint64_t>(L.num_kv_heads) * static_cast<uint64_t>(L.head_dim);
   }
+  if (clips) *clips += local;
 }
 
 void paged_attention_cpu(const PagedAttentionArgs& a, const float* q, const int32_t* q_pos, int num_q,

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 
+#include "backend/kv_clips.h"
 #include "backend/store_observer.h"  // StoreObserver (moved there; kept visible here)
 #include "kv/layout.h"
 
@@ -17,9 +18,18 @@ namespace fp8kv {
 // s = per_token_head_scale(x) written to k_scale_pth / v_scale_pth at
 // layout.scale_offset(slot, head) (null for the other dtypes), and stores the
 // same saturating conversion of x / s.
+//
+// clips (optional) gets the call's saturation count added (docs/robustness.md
+// "KV clipping"): per stream, the elements whose y = x / scale has |y| beyond
+// the format's max finite M (448 e4m3, 57344 e5m2), so that the stored code
+// is +-M instead of y, inf inputs included, NaN not; `stored` gets the
+// elements stored per stream. Only the per-tensor-scaled fp8 dtypes
+// (fp8_e4m3, fp8_e5m2) can clip: bf16 has no scale, and a per-token-head
+// scale maps each vector's peak to M, so their count is 0. Counting does not
+// change a stored byte.
 void store_kv_cpu(const KvCacheLayout& layout, void* k_cache, void* v_cache, const float* k, const float* v,
                   const int64_t* slot_mapping, int num_tokens, ScaleRef k_scale, ScaleRef v_scale,
-                  float* k_scale_pth = nullptr, float* v_scale_pth = nullptr);
+                  float* k_scale_pth = nullptr, float* v_scale_pth = nullptr, KvClipCounts* clips = nullptr);
 
 struct PagedAttentionArgs {
   KvCacheLayout layout;

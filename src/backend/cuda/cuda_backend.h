@@ -55,6 +55,10 @@ class CudaBackend final : public Backend {
   int kv_group_of_layer(int layer) const override { return layer_group_.at(layer); }
   void set_kv_scales(const KvScales& scales) override;
   void set_store_observer(StoreObserver* observer) override { observer_ = observer; }
+  // Not counted yet: the store kernels (store_kv and the store fused into
+  // qkv_split) have no saturation counter (docs/robustness.md "KV clipping"
+  // says what it needs); the server omits fp8kv:kv_cache_clipped_total.
+  std::optional<std::vector<KvClipCounts>> kv_clip_counts() const override { return std::nullopt; }
 
   void begin_step(const StepBatch& batch) override;
 
