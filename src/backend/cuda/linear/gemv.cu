@@ -13,35 +13,17 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/ops/ops.h"
 #include "backend/cuda/ops/act.cuh"
+#include "backend/cuda/linear/gemv_common.cuh"
 #include "backend/cuda/ops/launch.cuh"
 
 namespace fp8kv::cuda {
 
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kUnroll = 4;
-
-// Both kernels are launched as programmatic dependents (ops_launch.cuh): a
-// block may start while the previous kernel still runs (when that kernel
-// triggered early: the norm, RoPE and activation kernels do), loads its
-// first weight tiles (W never depends on an earlier kernel), and only then
-// waits (pdl_wait) before it reads x or y. After the wait it triggers its
-// own dependents (the next norm / RoPE / activation kernel, PDL-launched
-// with the GEMV on), which wait for this grid in turn.
-__device__ __forceinline__ void wait_for_inputs() {
-  pdl_wait();
-  pdl_trigger();
-}
-
-__device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float (&f)[8]) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = __uint_as_float(w[i] << 16);
-    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-  }
-}
+using gemv::bf16x8_to_f32;
+using gemv::kUnroll;
+using gemv::kWarps;
+using gemv::wait_for_inputs;
 
 // One warp's part of the dot products of W's row w (chunks = K / 8 16-byte
 // chunks, 0 for a dead warp) with the T rows of x: the lane's chunks are
@@ -275,19 +257,6 @@ void launch(const uint16_t* x, const DeviceMatrix& W, const float* bias, float* 
              y, W.rows, W.cols, accumulate);
 }
 
-template <int T>
-void launch_split(const uint16_t* x, const DeviceMatrix& W, const float* bias, float* y, bool accumulate, int split,
-                  cudaStream_t stream) {
-  switch (split) {
-    case 1: launch<T, 1>(x, W, bias, y, accumulate, stream); break;
-    case 2: launch<T, 2>(x, W, bias, y, accumulate, stream); break;
-    case 4: launch<T, 4>(x, W, bias, y, accumulate, stream); break;
-    case 8: launch<T, 8>(x, W, bias, y, accumulate, stream); break;
-    default: throw std::invalid_argument("cuda::gemv_bf16_simt_split: split must be 1, 2, 4 or 8, got " +
-                                         std::to_string(split));
-  }
-}
-
 }  // namespace
 
 bool gemv_bf16_fits(const uint16_t* x, int64_t T, const DeviceMatrix& W) {
@@ -340,16 +309,10 @@ void gemv_bf16_simt_split(const uint16_t* x, int64_t T, const DeviceMatrix& W, c
                           bool accumulate, int split, cudaStream_t stream) {
   check_fits("gemv_bf16_simt", x, T, W);
   if (split <= 0) split = gemv_simt_auto_split(W.rows, W.cols);
-  switch (T) {
-    case 1: launch_split<1>(x, W, bias, y, accumulate, split, stream); break;
-    case 2: launch_split<2>(x, W, bias, y, accumulate, split, stream); break;
-    case 3: launch_split<3>(x, W, bias, y, accumulate, split, stream); break;
-    case 4: launch_split<4>(x, W, bias, y, accumulate, split, stream); break;
-    case 5: launch_split<5>(x, W, bias, y, accumulate, split, stream); break;
-    case 6: launch_split<6>(x, W, bias, y, accumulate, split, stream); break;
-    case 7: launch_split<7>(x, W, bias, y, accumulate, split, stream); break;
-    case 8: launch_split<8>(x, W, bias, y, accumulate, split, stream); break;
-  }
+  gemv::for_rows(T, [&](auto t) {
+    gemv::for_split(split, "gemv_bf16_simt_split",
+                    [&](auto sp) { launch<decltype(t)::value, decltype(sp)::value>(x, W, bias, y, accumulate, stream); });
+  });
 }
 
 namespace {

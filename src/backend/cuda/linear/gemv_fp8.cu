@@ -12,6 +12,7 @@
 #include <string>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/linear/gemv_common.cuh"
 #include "backend/cuda/ops/launch.cuh"
 #include "backend/cuda/ops/ops.h"
 
@@ -19,14 +20,11 @@ namespace fp8kv::cuda {
 
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kUnroll = 4;
+using gemv::bf16x8_to_f32;
+using gemv::kUnroll;
+using gemv::kWarps;
+using gemv::wait_for_inputs;
 constexpr int kChunk = 16;  // e4m3 weights per 16-byte load
-
-__device__ __forceinline__ void wait_for_inputs() {
-  pdl_wait();
-  pdl_trigger();
-}
 
 // Four e4m3 bytes (little-endian in w) -> four floats (exact: every e4m3
 // value is an f16 value, and every f16 value an f32 value).
@@ -39,15 +37,6 @@ __device__ __forceinline__ void e4m3x4_to_f32(uint32_t w, float* f) {
   f[1] = a.y;
   f[2] = b.x;
   f[3] = b.y;
-}
-
-__device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float* f) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = __uint_as_float(w[i] << 16);
-    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-  }
 }
 
 struct ScaleIndex {
@@ -109,12 +98,12 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int t = 0; t < T; ++t) {
         const uint4* xr = reinterpret_cast<const uint4*>(x + t * K) + 2 * c;
-        float xf[kChunk];
-        bf16x8_to_f32(__ldg(xr), xf);
-        bf16x8_to_f32(__ldg(xr + 1), xf + 8);
+        float xf[2][8];
+        bf16x8_to_f32(__ldg(xr), xf[0]);
+        bf16x8_to_f32(__ldg(xr + 1), xf[1]);
         float p = 0.0f;
 #pragma unroll
-        for (int i = 0; i < kChunk; ++i) p = fmaf(xf[i], wf[i], p);
+        for (int i = 0; i < kChunk; ++i) p = fmaf(xf[i / 8][i % 8], wf[i], p);
         acc[t] = fmaf(p, s, acc[t]);
       }
     }
@@ -166,17 +155,6 @@ void launch(const uint16_t* x, const DeviceMatrix& W, const float* bias, float* 
              scale_index(W), bias, y, W.rows, W.cols, accumulate);
 }
 
-template <int T>
-void launch_split(const uint16_t* x, const DeviceMatrix& W, const float* bias, float* y, bool accumulate, int split,
-                  cudaStream_t stream) {
-  switch (split) {
-    case 1: launch<T, 1>(x, W, bias, y, accumulate, stream); break;
-    case 2: launch<T, 2>(x, W, bias, y, accumulate, stream); break;
-    case 4: launch<T, 4>(x, W, bias, y, accumulate, stream); break;
-    default: launch<T, 8>(x, W, bias, y, accumulate, stream); break;
-  }
-}
-
 // The split for an fp8 row: gemv_simt_auto_split's rule on the row's
 // 16-byte chunks (K / 16 of them here, K / 8 for bf16): enough warps to fill
 // the GPU twice while each lane keeps at least 4 chunks.
@@ -224,16 +202,10 @@ void gemv_fp8(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* 
                                 std::to_string(kGemvMaxRows) + ", K % 16 == 0 and 16-byte aligned x and W (T=" +
                                 std::to_string(T) + " K=" + std::to_string(W.cols) + ")");
   const int split = fp8_split(W.rows, W.cols);
-  switch (T) {
-    case 1: launch_split<1>(x, W, bias, y, accumulate, split, stream); break;
-    case 2: launch_split<2>(x, W, bias, y, accumulate, split, stream); break;
-    case 3: launch_split<3>(x, W, bias, y, accumulate, split, stream); break;
-    case 4: launch_split<4>(x, W, bias, y, accumulate, split, stream); break;
-    case 5: launch_split<5>(x, W, bias, y, accumulate, split, stream); break;
-    case 6: launch_split<6>(x, W, bias, y, accumulate, split, stream); break;
-    case 7: launch_split<7>(x, W, bias, y, accumulate, split, stream); break;
-    case 8: launch_split<8>(x, W, bias, y, accumulate, split, stream); break;
-  }
+  gemv::for_rows(T, [&](auto t) {
+    gemv::for_split(split, "gemv_fp8",
+                    [&](auto sp) { launch<decltype(t)::value, decltype(sp)::value>(x, W, bias, y, accumulate, stream); });
+  });
 }
 
 void dequantize_fp8_rows_bf16(const DeviceMatrix& W, int64_t r0, int64_t n, uint16_t* out, cudaStream_t stream) {
