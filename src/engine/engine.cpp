@@ -115,7 +115,8 @@ class EngineImpl final : public Engine {
     StartupPhase ph_runner("backend + weights upload + activation buffers (all ranks)");
     runner_ = std::make_unique<TpRunner>(cfg_, std::move(w), o.backend, bo, o.tensor_parallel_size,
                                          o.max_num_batched_tokens, o.max_num_seqs,
-                                         TpMultiProcess{o.nnodes, o.node_rank, o.master_addr, o.master_port},
+                                         TpMultiProcess{o.nnodes, o.node_rank, o.master_addr, o.master_port,
+                                                        o.collective_timeout_s},
                                          rank_weights);
     ph_runner.done();
     backend_ = &runner_->backend();  // rank 0's
@@ -598,7 +599,8 @@ std::unique_ptr<Engine> load_engine(const std::filesystem::path& dir, const Engi
 
 std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const EngineOptions& opts) {
   // Before the weights load: a bad rank / world combination fails at once.
-  check_multi_process(TpMultiProcess{opts.nnodes, opts.node_rank, opts.master_addr, opts.master_port},
+  check_multi_process(TpMultiProcess{opts.nnodes, opts.node_rank, opts.master_addr, opts.master_port,
+                                     opts.collective_timeout_s},
                       opts.tensor_parallel_size);
   auto e = load_engine(dir, opts);
   static_cast<EngineImpl&>(*e).warm_up();

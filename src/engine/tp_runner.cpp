@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 
 #include "backend/comm.h"
-#include "backend/common/comm_timeout.h"
+#include "backend/common/rank_failure.h"
 #include "backend/common/tcp_rendezvous.h"
 #include "engine/sampler.h"
 #include "engine/tp_shard.h"
@@ -142,6 +142,8 @@ void check_multi_process(const TpMultiProcess& mp, int world) {
                                  "--nnodes must equal --tensor-parallel-size (or be 1: every rank in one process)",
                                  mp.nnodes, world));
   if (mp.nnodes > 1 && mp.master_addr.empty()) throw InputError("--master-addr must not be empty");
+  if (!(mp.collective_timeout_s > 0 && mp.collective_timeout_s <= 1e6))
+    throw InputError(fmt::format("--collective-timeout must be in (0, 1e6] seconds (got {})", mp.collective_timeout_s));
   if (mp.nnodes > 1 && (mp.master_port < 1 || mp.master_port > 65534))
     throw InputError(fmt::format("--master-port {} must be in 1..65534 (the collectives use --master-port + 1)",
                                  mp.master_port));
@@ -159,12 +161,12 @@ TpRunner::TpRunner(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> w
     // user's: a wrong address, a missing peer), then the collectives.
     grank_ = mp.node_rank;
     const std::string name = resolve_backend_name(backend);
-    const auto timeout = comm_timeout();
+    const auto timeout = std::chrono::milliseconds(static_cast<long long>(mp.collective_timeout_s * 1000.0 + 0.5));
     try {
       ctl_ = std::make_unique<comm::TcpRendezvous>(grank_, world, mp.master_addr, mp.master_port, timeout);
     } catch (const std::runtime_error& e) {
       throw InputError(fmt::format("multi-process tensor parallelism ({} processes, this is rank {}): {} "
-                                   "(FP8KV_COMM_TIMEOUT_S sets the wait)",
+                                   "(--collective-timeout sets the wait)",
                                    world, grank_, e.what()));
     }
     // Every process must run the same model with the same step limits.
@@ -381,7 +383,7 @@ void TpRunner::broadcast(const std::string& msg) {
   check_usable();
   if (grank_ != 0) throw std::logic_error("TpRunner: a follower does not issue calls (follow())");
   try {
-    ctl_->all_gather(msg, "step");
+    ctl_->all_gather(msg, "the step broadcast");
   } catch (...) {
     broken_ = true;
     throw;
@@ -395,11 +397,8 @@ void TpRunner::follow() {
   std::vector<int32_t> ids;
   for (;;) {
     std::string msg;
-    try {
-      msg = ctl_->all_gather(std::string(), "waiting for rank 0's next step", kFollowerIdle)[0];
-    } catch (const std::runtime_error& e) {
-      throw std::runtime_error(fmt::format("tensor-parallel rank {}: lost rank 0 ({})", grank_, e.what()));
-    }
+    // Rank 0 gone: a RankFailure ("rank 0 lost during the wait for the next step").
+    msg = ctl_->all_gather(std::string(), "the wait for the next step", kFollowerIdle)[0];
     if (msg.empty()) throw std::runtime_error("tensor-parallel control channel: empty message from rank 0");
     Reader r{msg, 1};
     switch (msg[0]) {

@@ -49,6 +49,11 @@ struct TpMultiProcess {
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;  // control channel; the collectives use master_port + 1
+  // The watchdog (--collective-timeout; docs/tp.md "The watchdog"): the
+  // longest wait for a peer at startup, in a collective or a control step.
+  // A peer silent that long, or gone, ends the run with a RankFailure
+  // (backend/common/rank_failure.h). In (0, 1e6].
+  double collective_timeout_s = 60.0;
 };
 
 // Per-rank weights (`--load-format dummy`: each rank makes only its shard,

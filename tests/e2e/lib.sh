@@ -32,3 +32,19 @@ expect_refused() {
 # True when BIN was built with AddressSanitizer (its allocator reserves far
 # more virtual memory than `ulimit -v` allows, so memory-limit checks skip).
 bin_has_asan() { ldd "$BIN" 2>/dev/null | grep -q libasan; }
+
+# free_port_pair: prints a free TCP port P on 127.0.0.1 whose P + 1 is free
+# too (a tensor-parallel group's control channel and collectives).
+free_port_pair() {
+  python3 - <<'PY'
+import socket
+for _ in range(200):
+    a = socket.socket(); a.bind(("127.0.0.1", 0)); p = a.getsockname()[1]
+    if p > 65000: a.close(); continue
+    b = socket.socket()
+    try:
+        b.bind(("127.0.0.1", p + 1)); print(p); break
+    except OSError: pass
+    finally: a.close(); b.close()
+PY
+}

@@ -18,6 +18,7 @@
 
 #include "backend/comm.h"
 #include "backend/common/comm_timeout.h"
+#include "backend/common/rank_failure.h"
 #include "engine/dummy_weights.h"
 #include "engine/engine.h"
 #include "engine/tp_runner.h"
@@ -163,10 +164,56 @@ TEST(CpuSocketComm, ADeadPeerFailsTheCallPromptly) {
   try {
     c0->all_reduce_sum(&x, 1, ScalarType::f32, nullptr);
     ADD_FAILURE() << "no error";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("closed the connection"), std::string::npos) << e.what();
+  } catch (const RankFailure& e) {
+    // The watchdog's line (docs/tp.md): the lost peer, the collective, this rank.
+    EXPECT_EQ(e.kind(), RankFailure::Kind::lost);
+    EXPECT_EQ(e.peer(), 1);
+    EXPECT_EQ(e.self(), 0);
+    EXPECT_EQ(e.op(), "all_reduce");
+    EXPECT_EQ(std::string(e.what()), "rank 1 lost during all_reduce: peer closed the connection; rank 0 stops");
+    EXPECT_EQ(std::string(e.at_layer(3).what()),
+              "rank 1 lost during all_reduce (layer 3): peer closed the connection; rank 0 stops");
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+}
+
+// A peer that is alive but never joins the collective: the wait ends after
+// the timeout (not before), naming the peer as stalled; the peer, whose
+// partner is gone, then fails its own next collective as "rank 0 lost".
+TEST(CpuSocketComm, ASilentPeerFailsTheCallAfterTheTimeout) {
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  const auto timeout = std::chrono::milliseconds(300);
+  std::unique_ptr<Communicator> c0, c1;
+  std::thread t([&] { c1 = make_cpu_socket_communicator(1, 2, "127.0.0.1", port, timeout); });
+  c0 = make_cpu_socket_communicator(0, 2, "127.0.0.1", port, timeout);
+  t.join();
+  float x = 1.0f;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    c0->all_reduce_sum(&x, 1, ScalarType::f32, nullptr);
+    ADD_FAILURE() << "no error";
+  } catch (const RankFailure& e) {
+    EXPECT_EQ(e.kind(), RankFailure::Kind::stalled);
+    EXPECT_EQ(e.peer(), 1);
+    EXPECT_EQ(std::string(e.what()),
+              "rank 1 stalled during all_reduce: nothing received within the collective timeout (0.3 s, "
+              "--collective-timeout); rank 0 stops");
+  }
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(waited, timeout);
+  EXPECT_LT(waited, std::chrono::seconds(5));
+  c0.reset();  // rank 0 exits
+  float g[2] = {};
+  try {
+    c1->all_gather(&x, g, 1, ScalarType::f32, nullptr);
+    ADD_FAILURE() << "no error";
+  } catch (const RankFailure& e) {
+    EXPECT_EQ(e.kind(), RankFailure::Kind::lost);
+    EXPECT_EQ(e.peer(), 0);
+    EXPECT_EQ(e.self(), 1);
+    EXPECT_EQ(e.op(), "all_gather");
+  }
 }
 
 TEST(CpuSocketComm, UnreachableMasterIsBoundedAndNamed) {
