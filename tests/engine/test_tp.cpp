@@ -506,6 +506,37 @@ TEST(TpShard, DummyWeightsShardEqualsShardOfFullDummy) {
   }
 }
 
+// Per-rank loading of a tied model with a vocab-parallel head (Llama-3.2-1B's
+// case): the rank's LM head is a view of its embedding rows, before and
+// after widening to fp32, so a rank holds those rows once (docs/tp.md
+// "Per-rank loading"). Values: the full model's rows.
+TEST(TpShard, TiedVocabParallelHeadIsAViewOfTheEmbedding) {
+  nlohmann::json j = tiny_config_json("qwen2");
+  j["vocab_size"] = 212;
+  const ModelConfig cfg = parse_model_config(j, "qwen2 vocab 212");
+  ASSERT_TRUE(cfg.tie_word_embeddings);
+  const auto full = dummy_weights(cfg, 3)->widened_to_f32();
+  const int world = 2;
+  const int64_t nv = cfg.vocab_size / world, H = cfg.hidden_size;
+  for (int r = 0; r < world; ++r) {
+    for (const bool dummy : {true, false}) {
+      const auto bf = dummy ? dummy_weights_shard(cfg, TpShard{r, world, true}, 3)
+                            : shard_weights(dummy_weights(cfg, 3), cfg, TpShard{r, world});
+      const auto w = bf->widened_to_f32();
+      for (const ModelWeights* m : {bf.get(), static_cast<const ModelWeights*>(w.get())}) {
+        ASSERT_TRUE(m->lm_head.has_value());
+        const size_t es = m->embed.bf16 ? 2 : 4;
+        EXPECT_EQ(m->lm_head->data, static_cast<const char*>(m->embed.data) + static_cast<size_t>(r * nv * H) * es)
+            << "rank " << r << (dummy ? " dummy" : " shard") << (m == w.get() ? " widened" : "");
+      }
+      ASSERT_FALSE(w->lm_head->bf16);
+      EXPECT_EQ(0, std::memcmp(w->lm_head->data, static_cast<const float*>(full->embed.data) + r * nv * H,
+                               static_cast<size_t>(nv * H) * sizeof(float)))
+          << "rank " << r;
+    }
+  }
+}
+
 TEST(TpShard, KvHeadsSplitOrReplicate) {
   const ModelConfig cfg = config_of("llama");  // 2 KV heads
   EXPECT_EQ(first_kv_head(cfg, {1, 2}), 1);
