@@ -62,9 +62,8 @@ start_pair() {  # TIMEOUT PREFIX: starts rank 1 then rank 0 of `generate`
 
 # 1. SIGKILL on the follower in the middle of decoding.
 start_pair 10 kill
-kill -9 $pid1
 t0=$(now)
-wait $pid1 2>/dev/null
+{ kill -9 $pid1; wait $pid1; } 2>/dev/null  # (quiet: no "Killed" job notice)
 wait_exit $pid0 10; rc=$?
 dt=$(python3 -c "print(f'{$(now) - $t0:.2f}')")
 [ "$rc" = 1 ] || fail "kill: rank 0 exit $rc, expected 1: $(tail -c 400 "$T/kill.e0")"
@@ -128,9 +127,8 @@ PY
 client=$!
 for _ in $(seq 1 300); do [ -e "$T/s.started" ] && break; kill -0 $client 2>/dev/null || break; sleep 0.1; done
 [ -e "$T/s.started" ] || { kill -9 $pid0 $pid1 2>/dev/null; fail "serve: no streamed tokens: $(tail -c 400 "$T/s.e0")"; }
-kill -9 $pid1
 t0=$(now)
-wait $pid1 2>/dev/null
+{ kill -9 $pid1; wait $pid1; } 2>/dev/null
 wait_exit $pid0 15; rc=$?
 dt=$(python3 -c "print(f'{$(now) - $t0:.2f}')")
 wait_exit $client 15 || fail "the client failed"
