@@ -32,8 +32,7 @@ class TcpRendezvous {
   // one silent past the timeout fails it then: both throw RankFailure
   // (backend/common/rank_failure.h) naming the peer and `what`.
   std::vector<std::string> all_gather(const std::string& mine, const char* what);
-  // The same with its own bound (the engine's follower waits for rank 0's
-  // next step with a long one: docs/design.md, "Multi-process tensor parallelism").
+  // The same with its own bound.
   std::vector<std::string> all_gather(const std::string& mine, const char* what, std::chrono::milliseconds timeout);
   const std::string& master() const { return where_; }
 
