@@ -150,18 +150,30 @@ int run(ServeArgs& a) {
   server::log().info("serving {} as \"{}\"", a.model, a.server.served_model_name.empty() ? a.model : a.server.served_model_name);
   server::log().info("listening on http://{}:{}", a.server.host, port);
 
+  // The tensor-parallel group failed (a peer process gone or silent; docs/tp.md
+  // "The watchdog"): the engine loop has answered its open requests with 503;
+  // the signal thread stops the server, and this process exits 1.
+  constexpr unsigned char kEngineFailed = 0xFE;
+  http.on_engine_failure([] {
+    const unsigned char b = kEngineFailed;
+    if (write(g_signal_pipe[1], &b, 1) != 1) std::abort();
+  });
   std::thread signals([&] {
     unsigned char sig = 0;
     while (read(g_signal_pipe[0], &sig, 1) < 0 && errno == EINTR) {
     }
     if (sig == 0) return;  // serving ended otherwise
-    server::log().info("received {}", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    if (sig == kEngineFailed)
+      server::log().error("the tensor-parallel group failed: stopping the server");
+    else
+      server::log().info("received {}", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     http.shutdown();
   });
   http.serve();
   const unsigned char zero = 0;
   if (write(g_signal_pipe[1], &zero, 1) != 1) std::abort();  // wakes the signal thread
   signals.join();
+  if (auto failure = http.engine_failure()) std::rethrow_exception(failure);  // "fp8kv: rank N lost ...", exit 1
   server::log().info("stopped");
   return 0;
 }

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "backend/common/rank_failure.h"
 #include "io/errors.h"
 #include "kv/planner.h"  // parse_size
 #include "tokenizer/utf8.h"
@@ -172,6 +173,11 @@ int run_selected(CLI::App& app) {
                    "max_model_len, at least one full request), and --block-size sets the page size. Give a smaller "
                    "--kv-memory, --max-model-len or --block-size\n");
       return 2;
+    } catch (const RankFailure& e) {
+      // The tensor-parallel watchdog: a peer process gone or silent past
+      // --collective-timeout. One line; every rank exits 1 (docs/tp.md).
+      std::fprintf(stderr, "fp8kv: %s\n", e.what());
+      return 1;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "internal error: %s\n", e.what());
       return 1;

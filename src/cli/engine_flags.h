@@ -6,6 +6,7 @@
 //   --backend --threads --load-format --enforce-eager --tokenizer
 //   --fp8-weight-mode (fp8-weight checkpoints: w8a16 | w8a8)
 //   --tensor-parallel-size --nnodes --node-rank --master-addr --master-port
+//   --collective-timeout
 //   --enable-prefix-caching / --no-enable-prefix-caching (default on)
 // The same flag means the same everywhere: values are checked here (exit 2
 // with "--flag must be ..." messages), --threads above the hardware threads
@@ -79,6 +80,7 @@ struct EngineFlags {
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  double collective_timeout = 60.0;
 
   void add(CLI::App* sub, EngineFlagsShape shape = EngineFlagsShape{}) {
     max_num_seqs = shape.default_max_num_seqs;
@@ -126,6 +128,11 @@ struct EngineFlags {
     sub->add_option("--master-addr", master_addr, "Address of rank 0's process (default 127.0.0.1)");
     sub->add_option("--master-port", master_port,
                     "Rank 0's control port; the collectives use the next port (default 29500)");
+    // The watchdog (docs/tp.md "The watchdog").
+    sub->add_option("--collective-timeout", collective_timeout,
+                    "Seconds a rank waits for a peer process (startup, a collective, a control step) before every "
+                    "rank stops with exit 1; a peer that exits stops them at once (default 60)")
+        ->check(in_range(0.0, 1e6, /*open_lo=*/true));
   }
 
   // The tokenizer path for a model directory.
@@ -201,6 +208,9 @@ struct EngineFlags {
     o.node_rank = node_rank;
     o.master_addr = master_addr;
     o.master_port = master_port;
+    if (!(collective_timeout > 0 && collective_timeout <= 1e6))
+      throw UsageError(fmt::format("--collective-timeout must be in (0, 1e6] seconds (got {})", collective_timeout));
+    o.collective_timeout_s = collective_timeout;
     o.enable_prefix_caching = enable_prefix_caching;
     return o;
   }

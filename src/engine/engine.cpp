@@ -93,7 +93,11 @@ std::shared_ptr<const ModelWeights> maybe_widen(std::shared_ptr<const ModelWeigh
 // (StepBatch + forward pass) and a Backend (the ops and the memory).
 class EngineImpl final : public Engine {
  public:
-  EngineImpl(ModelConfig cfg, std::shared_ptr<const ModelWeights> w, const EngineOptions& o, KvDtype dtype)
+  // rank_weights given (tensor parallelism over a checkpoint): `w` is the
+  // whole mapped model, kept for the non-finite diagnosis; each rank makes
+  // its own shard with rank_weights.
+  EngineImpl(ModelConfig cfg, std::shared_ptr<const ModelWeights> w, const EngineOptions& o, KvDtype dtype,
+             RankWeightsFn rank_weights = {})
       : cfg_(std::move(cfg)), opts_(o), dtype_(dtype) {
     if (o.max_num_seqs < 1) throw InputError("max_num_seqs must be >= 1");
     if (o.max_num_batched_tokens < 1) throw InputError("max_num_batched_tokens must be >= 1");
@@ -108,14 +112,16 @@ class EngineImpl final : public Engine {
     // Kept for the non-finite diagnosis (step()) on the CPU, whose backend
     // reads these very matrices; a device backend's host copy is not held.
     weights_ = w;
+    if (rank_weights) w.reset();
     // No weights: `--load-format dummy` with N > 1, each rank makes its own
     // shard (engine/tp_shard.h dummy_weights_shard; docs/tp.md).
-    RankWeightsFn rank_weights;
-    if (!w) rank_weights = [c = cfg_](const TpShard& t) { return maybe_widen(dummy_weights_shard(c, t)); };
+    if (!w && !rank_weights)
+      rank_weights = [c = cfg_](const TpShard& t) { return maybe_widen(dummy_weights_shard(c, t)); };
     StartupPhase ph_runner("backend + weights upload + activation buffers (all ranks)");
     runner_ = std::make_unique<TpRunner>(cfg_, std::move(w), o.backend, bo, o.tensor_parallel_size,
                                          o.max_num_batched_tokens, o.max_num_seqs,
-                                         TpMultiProcess{o.nnodes, o.node_rank, o.master_addr, o.master_port},
+                                         TpMultiProcess{o.nnodes, o.node_rank, o.master_addr, o.master_port,
+                                                        o.collective_timeout_s},
                                          rank_weights);
     ph_runner.done();
     backend_ = &runner_->backend();  // rank 0's
@@ -634,7 +640,8 @@ std::unique_ptr<Engine> load_engine(const std::filesystem::path& dir, const Engi
 
 std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const EngineOptions& opts) {
   // Before the weights load: a bad rank / world combination fails at once.
-  check_multi_process(TpMultiProcess{opts.nnodes, opts.node_rank, opts.master_addr, opts.master_port},
+  check_multi_process(TpMultiProcess{opts.nnodes, opts.node_rank, opts.master_addr, opts.master_port,
+                                     opts.collective_timeout_s},
                       opts.tensor_parallel_size);
   auto e = load_engine(dir, opts);
   static_cast<EngineImpl&>(*e).warm_up();
@@ -700,7 +707,21 @@ std::unique_ptr<Engine> load_engine(const std::filesystem::path& dir, const Engi
   w->fp8_compute = opts.fp8_weight_mode;
   // KV scales from the checkpoint (validated; one coverage warning for fp8): kv/scale_loader.h.
   KvScales scales = load_kv_scales_for_run(*ckpt, KvScaleShape{cfg.num_layers, cfg.num_heads, cfg.num_kv_heads}, d);
-  auto engine = std::make_unique<EngineImpl>(std::move(cfg), widen(std::move(w)), opts, d);
+  std::unique_ptr<EngineImpl> engine;
+  if (opts.tensor_parallel_size > 1) {
+    // Per-rank loading (docs/tp.md): each rank cuts its shard from the mapped
+    // checkpoint (row slices are views) and widens only that on the CPU, so a
+    // process never holds the whole model widened (nor a TP 2 process the
+    // other rank's half).
+    std::shared_ptr<const ModelWeights> full = std::move(w);
+    RankWeightsFn per_rank = [full, c = cfg, cpu](const TpShard& t) {
+      auto s = shard_weights(full, c, TpShard{t.rank, t.world});
+      return cpu ? maybe_widen(std::move(s)) : s;
+    };
+    engine = std::make_unique<EngineImpl>(std::move(cfg), full, opts, d, std::move(per_rank));
+  } else {
+    engine = std::make_unique<EngineImpl>(std::move(cfg), widen(std::move(w)), opts, d);
+  }
   engine->set_kv_scales(std::move(scales));
   return engine;
 }

@@ -93,6 +93,9 @@ struct EngineOptions {
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  // The watchdog's bound in seconds (--collective-timeout; TpMultiProcess):
+  // a peer process silent this long, or gone, ends every rank (exit 1).
+  double collective_timeout_s = 60.0;
   // Tests: pad decode steps to the CUDA-graph buckets and use their decode
   // plan, but run eagerly (the reference a graph replay equals bitwise).
   bool pad_decode_eager = false;

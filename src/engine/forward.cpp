@@ -3,6 +3,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "backend/common/rank_failure.h"
 #include "io/errors.h"
 
 namespace fp8kv {
@@ -157,12 +158,16 @@ void ForwardPass::run(const StepBatch& b, RunState& rs) {
   check_stage(kStageEmbedding, st.h);
   const int n = cfg_.num_layers;
   for (int l = 0; l < n; ++l) {
-    if (cfg_.family == ModelFamily::qwen3_5)
-      qwen3_5_layer(l, st);
-    else if (cfg_.sandwich_norms)
-      gemma3_layer(l, st);
-    else
-      llama_layer(l, st);
+    try {
+      if (cfg_.family == ModelFamily::qwen3_5)
+        qwen3_5_layer(l, st);
+      else if (cfg_.sandwich_norms)
+        gemma3_layer(l, st);
+      else
+        llama_layer(l, st);
+    } catch (const RankFailure& e) {
+      throw e.at_layer(l);  // the watchdog's line names the layer (docs/tp.md)
+    }
     // The layer's output: pre-norm families have added it to h (after the
     // last layer h is also final-normed, in place: if the MLP output tmp is
     // finite there, the final norm overflowed); Gemma 3 adds its MLP output

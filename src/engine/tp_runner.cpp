@@ -1,5 +1,6 @@
 #include "engine/tp_runner.h"
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <type_traits>
@@ -7,7 +8,7 @@
 #include <fmt/format.h>
 
 #include "backend/comm.h"
-#include "backend/common/comm_timeout.h"
+#include "backend/common/rank_failure.h"
 #include "backend/common/tcp_rendezvous.h"
 #include "engine/sampler.h"
 #include "engine/tp_shard.h"
@@ -26,7 +27,14 @@ namespace {
 // The control channel's messages (docs/design.md, "Multi-process tensor
 // parallelism"): one op byte, then little-endian fields as written here.
 // Both ends are this binary (the options check compares the version).
-enum Op : char { kExecute = 'E', kLogits = 'L', kSample = 'S', kScales = 'K', kQuit = 'Q' };
+enum Op : char { kExecute = 'E', kLogits = 'L', kSample = 'S', kScales = 'K', kQuit = 'Q', kPing = 'P' };
+
+// Marks a leader's call in flight (the keepalive stays off the channel).
+struct InCall {
+  explicit InCall(std::atomic<bool>& f) : flag(f) { flag = true; }
+  ~InCall() { flag = false; }
+  std::atomic<bool>& flag;
+};
 
 struct Writer {
   std::string s;
@@ -126,10 +134,6 @@ StreamScale read_stream(Reader& r) {
   return x;
 }
 
-// Long enough for any idle period of a server; a dead leader still ends
-// the wait at once (closed socket).
-constexpr std::chrono::milliseconds kFollowerIdle = std::chrono::hours(24 * 7);
-
 }  // namespace
 
 void check_multi_process(const TpMultiProcess& mp, int world) {
@@ -142,6 +146,8 @@ void check_multi_process(const TpMultiProcess& mp, int world) {
                                  "--nnodes must equal --tensor-parallel-size (or be 1: every rank in one process)",
                                  mp.nnodes, world));
   if (mp.nnodes > 1 && mp.master_addr.empty()) throw InputError("--master-addr must not be empty");
+  if (!(mp.collective_timeout_s > 0 && mp.collective_timeout_s <= 1e6))
+    throw InputError(fmt::format("--collective-timeout must be in (0, 1e6] seconds (got {})", mp.collective_timeout_s));
   if (mp.nnodes > 1 && (mp.master_port < 1 || mp.master_port > 65534))
     throw InputError(fmt::format("--master-port {} must be in 1..65534 (the collectives use --master-port + 1)",
                                  mp.master_port));
@@ -159,12 +165,13 @@ TpRunner::TpRunner(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> w
     // user's: a wrong address, a missing peer), then the collectives.
     grank_ = mp.node_rank;
     const std::string name = resolve_backend_name(backend);
-    const auto timeout = comm_timeout();
+    const auto timeout = std::chrono::milliseconds(static_cast<long long>(mp.collective_timeout_s * 1000.0 + 0.5));
+    timeout_ = timeout;
     try {
       ctl_ = std::make_unique<comm::TcpRendezvous>(grank_, world, mp.master_addr, mp.master_port, timeout);
     } catch (const std::runtime_error& e) {
       throw InputError(fmt::format("multi-process tensor parallelism ({} processes, this is rank {}): {} "
-                                   "(FP8KV_COMM_TIMEOUT_S sets the wait)",
+                                   "(--collective-timeout sets the wait)",
                                    world, grank_, e.what()));
     }
     // Every process must run the same model with the same step limits.
@@ -270,6 +277,14 @@ TpRunner::TpRunner(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> w
 
 TpRunner::~TpRunner() {
   if (ctl_) {
+    if (keepalive_.joinable()) {
+      {
+        std::lock_guard<std::mutex> lk(ka_mu_);
+        ka_stop_ = true;
+      }
+      ka_cv_.notify_all();
+      keepalive_.join();
+    }
     // The leader ends the followers' loops (best effort: a broken group's
     // followers end on their own, by a closed socket or a timeout).
     if (grank_ == 0 && !broken_) {
@@ -373,18 +388,55 @@ void TpRunner::run_all(const std::function<void(int)>& f) {
 }
 
 void TpRunner::check_usable() const {
-  if (broken_)
-    throw std::runtime_error("tensor-parallel group: unusable after an earlier failure (restart every process)");
+  if (!broken_) return;
+  if (ctl_) {
+    // The keepalive saw the failure first: that RankFailure is the cause.
+    std::exception_ptr e;
+    {
+      std::lock_guard<std::mutex> lk(ctl_mu_);
+      e = keepalive_error_;
+    }
+    if (e) std::rethrow_exception(e);
+  }
+  throw std::runtime_error("tensor-parallel group: unusable after an earlier failure (restart every process)");
 }
 
 void TpRunner::broadcast(const std::string& msg) {
   check_usable();
   if (grank_ != 0) throw std::logic_error("TpRunner: a follower does not issue calls (follow())");
+  std::lock_guard<std::mutex> lk(ctl_mu_);
   try {
-    ctl_->all_gather(msg, "step");
+    ctl_->all_gather(msg, "the step broadcast");
   } catch (...) {
     broken_ = true;
     throw;
+  }
+  last_ctl_ = std::chrono::steady_clock::now();
+  if (!keepalive_.joinable()) keepalive_ = std::thread([this] { keepalive_loop(); });
+}
+
+void TpRunner::keepalive_loop() {
+  const auto period = std::max<std::chrono::milliseconds>(timeout_ / 3, std::chrono::milliseconds(10));
+  std::unique_lock<std::mutex> lk(ka_mu_);
+  for (;;) {
+    if (ka_cv_.wait_for(lk, period / 4, [&] { return ka_stop_; })) return;
+    if (in_call_ || broken_) continue;
+    lk.unlock();
+    {
+      std::lock_guard<std::mutex> g(ctl_mu_);
+      // A call that began meanwhile waits for this exchange (the followers
+      // are in follow() between calls, so it is one round trip).
+      if (!in_call_ && !broken_ && std::chrono::steady_clock::now() - last_ctl_ >= period) {
+        try {
+          ctl_->all_gather(std::string(1, kPing), "the keepalive");
+          last_ctl_ = std::chrono::steady_clock::now();
+        } catch (...) {
+          keepalive_error_ = std::current_exception();
+          broken_ = true;
+        }
+      }
+    }
+    lk.lock();
   }
 }
 
@@ -395,16 +447,16 @@ void TpRunner::follow() {
   std::vector<int32_t> ids;
   for (;;) {
     std::string msg;
-    try {
-      msg = ctl_->all_gather(std::string(), "waiting for rank 0's next step", kFollowerIdle)[0];
-    } catch (const std::runtime_error& e) {
-      throw std::runtime_error(fmt::format("tensor-parallel rank {}: lost rank 0 ({})", grank_, e.what()));
-    }
+    // Rank 0 gone, or silent past the timeout (its keepalive speaks while it
+    // is idle): a RankFailure ("rank 0 lost during the wait for the next step").
+    msg = ctl_->all_gather(std::string(), "the wait for the next step", timeout_)[0];
     if (msg.empty()) throw std::runtime_error("tensor-parallel control channel: empty message from rank 0");
     Reader r{msg, 1};
     switch (msg[0]) {
       case kQuit:
         return;
+      case kPing:
+        break;
       case kExecute:
         m.set_prepared(read_batch(r));
         m.run_prepared();
@@ -451,7 +503,9 @@ void TpRunner::allocate_kv(const KvPlan& plan, const KvCacheLayout& layout) {
   if (ctl_) {
     // Rank 0's scheduler hands out the block ids: every rank holds rank 0's
     // pool size (each process planned from its own memory).
+    std::unique_lock<std::mutex> lk(ctl_mu_);
     const auto all = ctl_->all_gather(std::to_string(plan.num_blocks), "KV pool size");
+    lk.unlock();
     KvPlan p = plan;
     KvCacheLayout l = layout;
     p.num_blocks = std::stoll(all[0]);
@@ -465,6 +519,7 @@ void TpRunner::allocate_kv(const KvPlan& plan, const KvCacheLayout& layout) {
 void TpRunner::set_kv_scales(const KvScales& s) {
   if (ctl_) {
     if (grank_ == 0) {
+      InCall busy(in_call_);
       Writer w;
       w.pod<char>(kScales);
       w.pod<uint32_t>(static_cast<uint32_t>(s.layers.size()));
@@ -529,6 +584,7 @@ StepOutput TpRunner::execute(const SchedulerOutput& out, const StepSampling& sam
 
 void TpRunner::forward(const SchedulerOutput& out, const StepSampling& sampling) {
   if (ctl_) {
+    InCall busy(in_call_);
     ModelRunner& m = *ranks_[0].runner;
     m.prepare(out);
     Writer w;
@@ -549,6 +605,7 @@ void TpRunner::forward(const SchedulerOutput& out, const StepSampling& sampling)
 void TpRunner::logits_to_host(std::span<const int32_t> rows, std::vector<float>& out) {
   if (world_ == 1) return ranks_[0].runner->logits_to_host(rows, out);
   if (ctl_) {
+    InCall busy(in_call_);
     Writer w;
     w.pod<char>(kLogits);
     w.span(rows);
@@ -568,6 +625,7 @@ void TpRunner::logits_to_host(std::span<const int32_t> rows, std::vector<float>&
 void TpRunner::sample(std::span<const int32_t> rows, std::span<const RowSampling> params, std::span<int32_t> ids) {
   if (world_ == 1) return ranks_[0].runner->sample(rows, params, ids);
   if (ctl_) {
+    InCall busy(in_call_);
     Writer w;
     w.pod<char>(kSample);
     w.span(rows);

@@ -21,6 +21,7 @@
 // until the leader shuts the group down. The collectives use their own
 // connection (master_port + 1): NCCL (cuda) or sockets (cpu).
 #pragma once
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -50,6 +51,11 @@ struct TpMultiProcess {
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;  // control channel; the collectives use master_port + 1
+  // The watchdog (--collective-timeout; docs/tp.md "The watchdog"): the
+  // longest wait for a peer at startup, in a collective or a control step.
+  // A peer silent that long, or gone, ends the run with a RankFailure
+  // (backend/common/rank_failure.h). In (0, 1e6].
+  double collective_timeout_s = 60.0;
 };
 
 // Per-rank weights (`--load-format dummy`: each rank makes only its shard,
@@ -131,11 +137,27 @@ class TpRunner {
   void sample(std::span<const int32_t> rows, std::span<const RowSampling> params, std::span<int32_t> ids);
   void apply_kv_scales(const KvScales& s);
   void worker_loop(int rank);
+  // Multi-process leader, started by the first broadcast (the followers are
+  // then in follow()): while no call is in flight, a no-op control message
+  // ('P') once the channel has been quiet for a third of the collective
+  // timeout, so a follower can bound its wait for the next step by the
+  // timeout (docs/tp.md "The watchdog"). A failure is kept for the next call.
+  void keepalive_loop();
 
   int world_ = 1;
   int grank_ = 0;                             // multi-process: this process's rank
   std::unique_ptr<comm::TcpRendezvous> ctl_;  // multi-process: the control channel
-  bool broken_ = false;
+  std::chrono::milliseconds timeout_{60000};  // multi-process: --collective-timeout
+  std::atomic<bool> broken_{false};
+  // Multi-process leader: one control exchange at a time (calls, keepalive).
+  mutable std::mutex ctl_mu_;
+  std::chrono::steady_clock::time_point last_ctl_;  // guarded by ctl_mu_
+  std::exception_ptr keepalive_error_;              // guarded by ctl_mu_
+  std::atomic<bool> in_call_{false};                // a call (broadcast + this rank's part) in flight
+  std::mutex ka_mu_;
+  std::condition_variable ka_cv_;
+  bool ka_stop_ = false;  // guarded by ka_mu_
+  std::thread keepalive_;
   ModelConfig full_cfg_;
   std::vector<std::unique_ptr<Communicator>> comms_;
   std::vector<Rank> ranks_;

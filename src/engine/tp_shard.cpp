@@ -153,7 +153,7 @@ std::shared_ptr<const ModelWeights> dummy_weights_shard(const ModelConfig& c, co
     w->lm_head = vp ? rows(id, V, H, v0, nv) : rows(id, V, H, 0, V);
     ++id;
   } else if (vp) {
-    w->lm_head = rows(0, V, H, v0, nv);  // the embedding's rows
+    w->lm_head = row_slice(w->embed, v0, nv);  // the embedding's rows: a view (as shard_weights cuts it)
   }
   w->final_norm.assign(static_cast<size_t>(H), 1.0f);
   if (c.embed_scale_sqrt_hidden) w->embed_scale = round_bf16(std::sqrt(static_cast<float>(H)));

@@ -452,7 +452,23 @@ WeightMatrix widen(const WeightMatrix& m) {
 std::shared_ptr<ModelWeights> ModelWeights::widened_to_f32() const {
   auto w = std::make_shared<ModelWeights>(*this);
   w->embed = widen(embed);
-  if (lm_head) w->lm_head = widen(*lm_head);
+  if (lm_head) {
+    // A row range of the embedding (a tensor-parallel rank's vocab-parallel
+    // slice of a tied head, engine/tp_shard.cpp) stays a view, into the
+    // widened embedding: no second copy of those rows.
+    const char* e = static_cast<const char*>(embed.data);
+    const char* h = static_cast<const char*>(lm_head->data);
+    const size_t row_bytes = static_cast<size_t>(embed.cols) * 2;
+    if (embed.bf16 && lm_head->bf16 && !lm_head->fp8 && e && h && lm_head->cols == embed.cols && h >= e &&
+        h + lm_head->bytes() <= e + embed.bytes() && static_cast<size_t>(h - e) % row_bytes == 0) {
+      WeightMatrix v = w->embed;
+      v.rows = lm_head->rows;
+      v.data = static_cast<const float*>(w->embed.data) + static_cast<size_t>(h - e) / 2;
+      w->lm_head = v;
+    } else {
+      w->lm_head = widen(*lm_head);
+    }
+  }
   for (auto& L : w->layers) {
     for (WeightMatrix* m : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj, &L.up_proj, &L.down_proj})
       *m = widen(*m);

@@ -6,6 +6,7 @@
 
 #include <unordered_map>
 
+#include "backend/common/rank_failure.h"
 #include "backend/cpu/ops.h"
 #include "server/api_error.h"
 
@@ -44,18 +45,24 @@ void Channel::push(StepEvent ev) {
   cv_.notify_all();
 }
 
-void Channel::fail(std::string message) {
+int Channel::error_status() const {
+  std::lock_guard l(m_);
+  return error_status_;
+}
+
+void Channel::fail(std::string message, int status) {
   {
     std::lock_guard l(m_);
     if (ended_) return;
     ended_ = true;
     error_ = std::move(message);
+    error_status_ = status;
   }
   cv_.notify_all();
 }
 
-EngineLoop::EngineLoop(Engine& engine, Metrics& metrics, int max_in_flight)
-    : engine_(engine), metrics_(metrics), max_in_flight_(max_in_flight) {
+EngineLoop::EngineLoop(Engine& engine, Metrics& metrics, int max_in_flight, std::function<void()> on_fatal)
+    : engine_(engine), metrics_(metrics), max_in_flight_(max_in_flight), on_fatal_(std::move(on_fatal)) {
   update_gauges();
   // OpenMP's thread count is per thread: the engine was created (and
   // --threads applied) on this thread, so the loop thread takes the same.
@@ -112,6 +119,19 @@ void EngineLoop::drain(std::chrono::duration<double> grace) {
   if (thread_.joinable()) thread_.join();
 }
 
+std::exception_ptr EngineLoop::fatal() const {
+  std::lock_guard l(fatal_m_);
+  return fatal_;
+}
+
+void EngineLoop::fail_all(std::unordered_map<RequestId, std::shared_ptr<Channel>>& live, const std::string& message,
+                          int status) {
+  for (auto& [id, ch] : live) {
+    ch->fail(message, status);
+    end(*ch);
+  }
+}
+
 void EngineLoop::update_gauges() {
   Gauges g;
   g.running = engine_.num_running();
@@ -146,16 +166,29 @@ void EngineLoop::end(Channel& ch) {
 
 void EngineLoop::run() {
   std::unordered_map<RequestId, std::shared_ptr<Channel>> live;
+  std::string fatal_message;  // set once the engine cannot run: no step after it
   for (;;) {
     std::vector<std::shared_ptr<Channel>> in, cancels;
     bool cancel_all = false, quit = false;
     {
       std::unique_lock l(m_);
-      cv_.wait(l, [&] { return !inbox_.empty() || !cancels_.empty() || cancel_all_ || quit_ || !engine_.idle(); });
+      cv_.wait(l, [&] {
+        return !inbox_.empty() || !cancels_.empty() || cancel_all_ || quit_ ||
+               (fatal_message.empty() && !engine_.idle());
+      });
       in.swap(inbox_);
       cancels.swap(cancels_);
       cancel_all = cancel_all_;
       quit = quit_;
+    }
+    if (!fatal_message.empty()) {
+      // Requests that raced the failure into the inbox get the same 503.
+      for (auto& ch : in) {
+        ch->fail(fatal_message, 503);
+        end(*ch);
+      }
+      if (quit) break;
+      continue;
     }
     for (auto& ch : in) {
       if (cancel_all) {
@@ -185,6 +218,21 @@ void EngineLoop::run() {
     std::vector<StepEvent> events;
     try {
       events = engine_.step();
+    } catch (const RankFailure& e) {
+      // The tensor-parallel group is gone (docs/tp.md "The watchdog"): every
+      // open request gets a 503, new ones too (draining), and the server
+      // stops and exits 1 with this line. No further step runs.
+      log().error("{}", e.what());
+      fatal_message = std::string("the tensor-parallel group failed: ") + e.what() + "; the server is exiting";
+      draining_ = true;
+      fail_all(live, fatal_message, 503);
+      live.clear();
+      {
+        std::lock_guard l(fatal_m_);
+        fatal_ = std::current_exception();
+      }
+      if (on_fatal_) on_fatal_();
+      continue;
     } catch (const std::exception& e) {
       // The batch failed: every request in it ends with a 500; cancelling
       // them makes the next step return their blocks.

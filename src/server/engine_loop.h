@@ -6,11 +6,14 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/engine.h"
@@ -32,17 +35,21 @@ class Channel {
   std::optional<bool> wait_for(std::vector<StepEvent>& out, std::chrono::milliseconds timeout);
   // Set when the engine failed (the request ends without a finish event).
   std::optional<std::string> error() const;
+  // The HTTP status of error(): 500, or 503 when the tensor-parallel group
+  // failed (a peer process gone or silent; docs/tp.md "The watchdog").
+  int error_status() const;
 
  private:
   friend class EngineLoop;
   void push(StepEvent ev);
-  void fail(std::string message);
+  void fail(std::string message, int status = 500);
 
   mutable std::mutex m_;
   std::condition_variable cv_;
   std::deque<StepEvent> events_;
   bool ended_ = false;
   std::optional<std::string> error_;
+  int error_status_ = 500;
   // Engine loop thread only:
   RequestId id_ = 0;
   Clock::time_point arrival_;
@@ -57,7 +64,10 @@ class EngineLoop {
   // max_in_flight: requests admitted and not yet finished (running, waiting
   // in the engine, or in the inbox); one more gets a 503. The server passes
   // max_num_seqs + max_waiting (docs/server.md "Admission").
-  EngineLoop(Engine& engine, Metrics& metrics, int max_in_flight);
+  // on_fatal: called once, on the loop thread, when the engine can no longer
+  // run (a RankFailure: docs/tp.md "The watchdog"). It must not call drain()
+  // (the server's signal thread does).
+  EngineLoop(Engine& engine, Metrics& metrics, int max_in_flight, std::function<void()> on_fatal = {});
   ~EngineLoop();
   EngineLoop(const EngineLoop&) = delete;
   EngineLoop& operator=(const EngineLoop&) = delete;
@@ -74,11 +84,14 @@ class EngineLoop {
   void drain(std::chrono::duration<double> grace);
   bool draining() const { return draining_.load(); }
   int in_flight() const { return in_flight_.load(); }
+  // The failure that stopped the engine (a RankFailure), or null.
+  std::exception_ptr fatal() const;
 
  private:
   void run();
   void update_gauges();
   void end(Channel& ch);
+  void fail_all(std::unordered_map<RequestId, std::shared_ptr<Channel>>& live, const std::string& message, int status);
 
   Engine& engine_;
   Metrics& metrics_;
@@ -93,6 +106,9 @@ class EngineLoop {
   std::atomic<int> in_flight_{0};
   std::mutex drained_m_;
   std::condition_variable drained_cv_;
+  std::function<void()> on_fatal_;
+  mutable std::mutex fatal_m_;
+  std::exception_ptr fatal_;  // set once, on the loop thread; afterwards no step runs
   std::thread thread_;
 };
 

@@ -129,6 +129,10 @@ struct Stream {
   bool finished = false;
 };
 
+// A failed request's error: 503 when the tensor-parallel group failed (the
+// server is exiting; docs/tp.md "The watchdog"), else 500.
+ApiError channel_error(const Channel& ch, const std::string& message) { return ApiError(ch.error_status(), message); }
+
 }  // namespace
 
 struct HttpServer::Impl {
@@ -143,6 +147,7 @@ struct HttpServer::Impl {
   std::atomic<int> open_streams{0};
   int64_t started = unix_now();
   std::vector<int> eos_token_ids;  // read once here: HTTP threads make no engine call, not even config()
+  std::function<void()> on_engine_failure;  // set before serve(); called on the loop thread
 
   Impl(std::unique_ptr<Engine> e, std::unique_ptr<Tokenizer> t, ModelContext c, ServerOptions o)
       : engine(std::move(e)),
@@ -156,7 +161,9 @@ struct HttpServer::Impl {
     ctx.max_model_len = engine->max_model_len();
     ctx.max_prompt_bytes = prompt_byte_bound(*tokenizer, ctx.max_model_len);
     eos_token_ids = engine->config().eos_token_ids;
-    loop = std::make_unique<EngineLoop>(*engine, metrics, opts.max_num_seqs + opts.max_waiting);
+    loop = std::make_unique<EngineLoop>(*engine, metrics, opts.max_num_seqs + opts.max_waiting, [this] {
+      if (on_engine_failure) on_engine_failure();
+    });
     routes();
   }
 
@@ -395,7 +402,7 @@ struct HttpServer::Impl {
         st->gen->consume(evs);
         if (st->gen->stop_matched()) loop->cancel(st->channel);
       }
-      if (auto err = st->channel->error()) throw ApiError(500, *err, {}, "server_error");
+      if (auto err = st->channel->error()) throw channel_error(*st->channel, *err);
       if (!st->gen->done()) throw ApiError(500, "the request ended without a finish reason", {}, "server_error");
       send_json(res, chat ? st->gen->chat_response() : st->gen->completion_response());
       return;
@@ -414,7 +421,7 @@ struct HttpServer::Impl {
           std::string out;
           if (!st->channel->wait(evs)) {
             if (auto err = st->channel->error()) {
-              out = sse_data(ApiError(500, *err, {}, "server_error").body()) + "data: [DONE]\n\n";
+              out = sse_data(channel_error(*st->channel, *err).body()) + "data: [DONE]\n\n";
             } else {
               out = "data: [DONE]\n\n";
             }
@@ -491,6 +498,10 @@ void HttpServer::serve() {
     std::_Exit(0);
   }
 }
+
+void HttpServer::on_engine_failure(std::function<void()> f) { impl_->on_engine_failure = std::move(f); }
+
+std::exception_ptr HttpServer::engine_failure() const { return impl_->loop->fatal(); }
 
 void HttpServer::shutdown() {
   Impl& s = *impl_;

@@ -3,6 +3,8 @@
 // EngineLoop thread (docs/server.md "Threading").
 #pragma once
 #include <cstddef>
+#include <exception>
+#include <functional>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -53,6 +55,13 @@ class HttpServer {
   // From any thread (the signal thread): refuse new requests, let running ones
   // finish within the grace period, cancel the rest, then stop serving.
   void shutdown();
+  // Called once (from the engine loop's thread) when the engine can no longer
+  // run: the tensor-parallel group failed (docs/tp.md "The watchdog"). Open
+  // requests have had their 503; the callback should make some other thread
+  // call shutdown(). Set before serve().
+  void on_engine_failure(std::function<void()> f);
+  // That failure (a RankFailure), or null.
+  std::exception_ptr engine_failure() const;
 
  private:
   struct Impl;

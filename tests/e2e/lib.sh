@@ -32,3 +32,44 @@ expect_refused() {
 # True when BIN was built with AddressSanitizer (its allocator reserves far
 # more virtual memory than `ulimit -v` allows, so memory-limit checks skip).
 bin_has_asan() { ldd "$BIN" 2>/dev/null | grep -q libasan; }
+
+# free_port_pair: prints a free TCP port P on 127.0.0.1 whose P + 1 is free
+# too (a tensor-parallel group's control channel and collectives).
+free_port_pair() {
+  python3 - <<'PY'
+import socket
+for _ in range(200):
+    a = socket.socket(); a.bind(("127.0.0.1", 0)); p = a.getsockname()[1]
+    if p > 65000: a.close(); continue
+    b = socket.socket()
+    try:
+        b.bind(("127.0.0.1", p + 1)); print(p); break
+    except OSError: pass
+    finally: a.close(); b.close()
+PY
+}
+
+# ---- tensor-parallel watchdog helpers (tp_watchdog*.sh) ----
+now() { date +%s.%N; }
+# The watchdog's operations (docs/tp.md "The watchdog"), and its one line
+# (check_line FILE REGEX NAME: exactly one 'fp8kv: ' line, matching REGEX).
+op_re='(all_reduce|all_gather|the step broadcast|the keepalive|the wait for the next step)( \(layer [0-9]+\))?'
+check_line() {  # FILE REGEX NAME
+  local n
+  n=$(grep -c '^fp8kv: ' "$1")
+  [ "$n" = 1 ] || fail "$3: $n 'fp8kv: ' lines, expected 1: $(tail -c 600 "$1")"
+  grep -qE "$2" "$1" || fail "$3: the line does not match '$2': $(grep '^fp8kv: ' "$1")"
+}
+# wait_exit PID SECONDS: the exit code, or fails the test when still running.
+wait_exit() {
+  local pid=$1 limit=$2 t0
+  t0=$(now)
+  while kill -0 "$pid" 2>/dev/null; do
+    if python3 -c "import sys; sys.exit(0 if $(now) - $t0 > $limit else 1)"; then
+      kill -9 "$pid" 2>/dev/null
+      fail "pid $pid still running after $limit s"
+    fi
+    sleep 0.05
+  done
+  wait "$pid"
+}

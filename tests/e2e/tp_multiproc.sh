@@ -10,23 +10,9 @@
 source "$(dirname "$0")/lib.sh"
 M="$SRC/models/fp8kv-mini"
 [ -f "$M/config.json" ] || fail "no $M"
-# Two free consecutive ports (control, collectives).
-free_port() {
-  python3 - <<'PY'
-import socket
-for _ in range(200):
-    a = socket.socket(); a.bind(("127.0.0.1", 0)); p = a.getsockname()[1]
-    if p > 65000: a.close(); continue
-    b = socket.socket()
-    try:
-        b.bind(("127.0.0.1", p + 1)); print(p); break
-    except OSError: pass
-    finally: a.close(); b.close()
-PY
-}
+free_port() { free_port_pair; }  # control and collectives (lib.sh)
 python3 -c "import json, random; random.seed(1); json.dump([random.randrange(8192) for _ in range(48)], open('$T/ids.json', 'w'))"
 flags=(--kv-memory 4MiB --max-model-len 256 --kv-cache-dtype fp8 --threads 1)
-export FP8KV_COMM_TIMEOUT_S=60
 
 # Single process: TP 1 and TP 2 (threads).
 for tp in 1 2; do
@@ -102,15 +88,16 @@ expect_refused "nnodes != tp" "--nnodes must equal --tensor-parallel-size" "$BIN
 expect_refused "node-rank out of range" "--node-rank 2 is out of range for --nnodes 2" \
   "$BIN" "${s[@]}" --tp 2 --nnodes 2 --node-rank 2
 expect_refused "bad port" "--master-port must be in 1..65534" "$BIN" "${s[@]}" --tp 2 --nnodes 2 --master-port 0
-# Unreachable master: bounded by FP8KV_COMM_TIMEOUT_S, naming the address.
+# Unreachable master: bounded by --collective-timeout, naming the address.
 P=$(free_port)
 start=$(date +%s)
-FP8KV_COMM_TIMEOUT_S=2 expect_refused "unreachable master" "127.0.0.1:$P" \
-  "$BIN" "${s[@]}" --tp 2 --nnodes 2 --node-rank 1 --master-port "$P"
+expect_refused "unreachable master" "127.0.0.1:$P" \
+  "$BIN" "${s[@]}" --tp 2 --nnodes 2 --node-rank 1 --master-port "$P" --collective-timeout 2
 [ $(( $(date +%s) - start )) -lt 60 ] || fail "unreachable master took too long"
 # Rank 0 alone waits for its peer, bounded.
-FP8KV_COMM_TIMEOUT_S=2 expect_refused "missing peer" "timed out" \
-  "$BIN" "${s[@]}" --tp 2 --nnodes 2 --node-rank 0 --master-port "$P"
+expect_refused "missing peer" "timed out" \
+  "$BIN" "${s[@]}" --tp 2 --nnodes 2 --node-rank 0 --master-port "$P" --collective-timeout 2
+expect_refused "bad --collective-timeout" "--collective-timeout" "$BIN" "${s[@]}" --collective-timeout 0
 
 # serve: SIGTERM on rank 0 ends rank 1 too (exit 0: rank 0's engine says
 # quit); a rank 0 killed with SIGKILL ends rank 1 at once (exit != 0, no hang).

@@ -18,6 +18,7 @@
 
 #include "backend/comm.h"
 #include "backend/common/comm_timeout.h"
+#include "backend/common/rank_failure.h"
 #include "engine/dummy_weights.h"
 #include "engine/engine.h"
 #include "engine/tp_runner.h"
@@ -163,10 +164,56 @@ TEST(CpuSocketComm, ADeadPeerFailsTheCallPromptly) {
   try {
     c0->all_reduce_sum(&x, 1, ScalarType::f32, nullptr);
     ADD_FAILURE() << "no error";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("closed the connection"), std::string::npos) << e.what();
+  } catch (const RankFailure& e) {
+    // The watchdog's line (docs/tp.md): the lost peer, the collective, this rank.
+    EXPECT_EQ(e.kind(), RankFailure::Kind::lost);
+    EXPECT_EQ(e.peer(), 1);
+    EXPECT_EQ(e.self(), 0);
+    EXPECT_EQ(e.op(), "all_reduce");
+    EXPECT_EQ(std::string(e.what()), "rank 1 lost during all_reduce: peer closed the connection; rank 0 stops");
+    EXPECT_EQ(std::string(e.at_layer(3).what()),
+              "rank 1 lost during all_reduce (layer 3): peer closed the connection; rank 0 stops");
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+}
+
+// A peer that is alive but never joins the collective: the wait ends after
+// the timeout (not before), naming the peer as stalled; the peer, whose
+// partner is gone, then fails its own next collective as "rank 0 lost".
+TEST(CpuSocketComm, ASilentPeerFailsTheCallAfterTheTimeout) {
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  const auto timeout = std::chrono::milliseconds(300);
+  std::unique_ptr<Communicator> c0, c1;
+  std::thread t([&] { c1 = make_cpu_socket_communicator(1, 2, "127.0.0.1", port, timeout); });
+  c0 = make_cpu_socket_communicator(0, 2, "127.0.0.1", port, timeout);
+  t.join();
+  float x = 1.0f;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    c0->all_reduce_sum(&x, 1, ScalarType::f32, nullptr);
+    ADD_FAILURE() << "no error";
+  } catch (const RankFailure& e) {
+    EXPECT_EQ(e.kind(), RankFailure::Kind::stalled);
+    EXPECT_EQ(e.peer(), 1);
+    EXPECT_EQ(std::string(e.what()),
+              "rank 1 stalled during all_reduce: nothing received within the collective timeout (0.3 s, "
+              "--collective-timeout); rank 0 stops");
+  }
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(waited, timeout);
+  EXPECT_LT(waited, std::chrono::seconds(5));
+  c0.reset();  // rank 0 exits
+  float g[2] = {};
+  try {
+    c1->all_gather(&x, g, 1, ScalarType::f32, nullptr);
+    ADD_FAILURE() << "no error";
+  } catch (const RankFailure& e) {
+    EXPECT_EQ(e.kind(), RankFailure::Kind::lost);
+    EXPECT_EQ(e.peer(), 0);
+    EXPECT_EQ(e.self(), 1);
+    EXPECT_EQ(e.op(), "all_gather");
+  }
 }
 
 TEST(CpuSocketComm, UnreachableMasterIsBoundedAndNamed) {
@@ -455,6 +502,37 @@ TEST(TpShard, DummyWeightsShardEqualsShardOfFullDummy) {
           EXPECT_EQ(g.k_norm, w.k_norm) << at;
         }
       }
+    }
+  }
+}
+
+// Per-rank loading of a tied model with a vocab-parallel head (Llama-3.2-1B's
+// case): the rank's LM head is a view of its embedding rows, before and
+// after widening to fp32, so a rank holds those rows once (docs/tp.md
+// "Per-rank loading"). Values: the full model's rows.
+TEST(TpShard, TiedVocabParallelHeadIsAViewOfTheEmbedding) {
+  nlohmann::json j = tiny_config_json("qwen2");
+  j["vocab_size"] = 212;
+  const ModelConfig cfg = parse_model_config(j, "qwen2 vocab 212");
+  ASSERT_TRUE(cfg.tie_word_embeddings);
+  const auto full = dummy_weights(cfg, 3)->widened_to_f32();
+  const int world = 2;
+  const int64_t nv = cfg.vocab_size / world, H = cfg.hidden_size;
+  for (int r = 0; r < world; ++r) {
+    for (const bool dummy : {true, false}) {
+      const auto bf = dummy ? dummy_weights_shard(cfg, TpShard{r, world, true}, 3)
+                            : shard_weights(dummy_weights(cfg, 3), cfg, TpShard{r, world});
+      const auto w = bf->widened_to_f32();
+      for (const ModelWeights* m : {bf.get(), static_cast<const ModelWeights*>(w.get())}) {
+        ASSERT_TRUE(m->lm_head.has_value());
+        const size_t es = m->embed.bf16 ? 2 : 4;
+        EXPECT_EQ(m->lm_head->data, static_cast<const char*>(m->embed.data) + static_cast<size_t>(r * nv * H) * es)
+            << "rank " << r << (dummy ? " dummy" : " shard") << (m == w.get() ? " widened" : "");
+      }
+      ASSERT_FALSE(w->lm_head->bf16);
+      EXPECT_EQ(0, std::memcmp(w->lm_head->data, static_cast<const float*>(full->embed.data) + r * nv * H,
+                               static_cast<size_t>(nv * H) * sizeof(float)))
+          << "rank " << r;
     }
   }
 }

@@ -1,6 +1,8 @@
-// The bound on every wait between tensor-parallel ranks: the TCP rendezvous
-// (backend/common/tcp_rendezvous.h), the collectives built on it and the
-// CUDA one-shot all-reduce's spin. FP8KV_COMM_TIMEOUT_S is one of the three
+// The default bound on waits between tensor-parallel ranks where no caller
+// gives one: the CUDA communicators' TCP rendezvous (backend/cuda/comm/nccl.h)
+// and the CUDA one-shot all-reduce's spin. The engine's own TCP channels
+// (control, CPU collectives) take --collective-timeout instead
+// (engine/tp_runner.h TpMultiProcess). FP8KV_COMM_TIMEOUT_S is one of the three
 // environment variables read under src/ (docs/design.md); this is its one
 // reader. It changes no numerics, only how long a rank waits for a dead peer.
 #pragma once

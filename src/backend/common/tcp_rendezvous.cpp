@@ -2,6 +2,8 @@
 // {magic "FP8KVRDV", u32 sender rank, u32 payload bytes} then the payload.
 #include "backend/common/tcp_rendezvous.h"
 
+#include "backend/common/rank_failure.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -17,6 +19,7 @@
 #include <mutex>
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -35,8 +38,22 @@ constexpr uint32_t kMaxPayload = 1u << 30;
 
 std::string errno_str(int e) { return std::string(std::strerror(e)); }
 
+// A send or receive that failed because of the peer: its socket closed or
+// reset (lost), or the deadline passed (stalled). what() is the message
+// fail() would give; all_gather turns it into a RankFailure naming the peer.
+struct PeerIo : std::runtime_error {
+  PeerIo(RankFailure::Kind k, const std::string& ctx, std::string r)
+      : std::runtime_error("tcp rendezvous: " + ctx + ": " + r), kind(k), reason(std::move(r)) {}
+  RankFailure::Kind kind;
+  std::string reason;
+};
+
+bool peer_gone(int e) { return e == ECONNRESET || e == EPIPE || e == ENOTCONN || e == ECONNABORTED; }
+
+// Rounded up: a poll() with it never returns before the deadline (the
+// watchdog's "nothing within the timeout" holds to the millisecond).
 int remaining_ms(Clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
   return left <= 0 ? 0 : static_cast<int>(std::min<long long>(left, 1LL << 30));
 }
 
@@ -63,9 +80,10 @@ void send_all(int fd, const void* buf, size_t n, Clock::time_point deadline, con
     if (w > 0) { p += w; n -= static_cast<size_t>(w); continue; }
     if (w < 0 && errno == EINTR) continue;
     if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      if (!wait_fd(fd, POLLOUT, deadline)) fail(ctx + ": timed out sending");
+      if (!wait_fd(fd, POLLOUT, deadline)) throw PeerIo(RankFailure::Kind::stalled, ctx, "timed out sending");
       continue;
     }
+    if (peer_gone(errno)) throw PeerIo(RankFailure::Kind::lost, ctx, errno_str(errno));
     fail(ctx + ": send failed: " + errno_str(errno));
   }
 }
@@ -75,12 +93,14 @@ void recv_all(int fd, void* buf, size_t n, Clock::time_point deadline, const std
   while (n > 0) {
     const ssize_t r = ::recv(fd, p, n, 0);
     if (r > 0) { p += r; n -= static_cast<size_t>(r); continue; }
-    if (r == 0) fail(ctx + ": peer closed the connection");
+    if (r == 0) throw PeerIo(RankFailure::Kind::lost, ctx, "peer closed the connection");
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      if (!wait_fd(fd, POLLIN, deadline)) fail(ctx + ": timed out waiting for data");
+      if (!wait_fd(fd, POLLIN, deadline))
+        throw PeerIo(RankFailure::Kind::stalled, ctx, "timed out waiting for data");
       continue;
     }
+    if (peer_gone(errno)) throw PeerIo(RankFailure::Kind::lost, ctx, errno_str(errno));
     fail(ctx + ": recv failed: " + errno_str(errno));
   }
 }
@@ -271,11 +291,28 @@ std::vector<std::string> TcpRendezvous::all_gather(const std::string& mine, cons
   const auto deadline = Clock::now() + timeout;
   const std::string me = "rank " + std::to_string(rank_) + " of " + std::to_string(world_) + " (master " + where_ +
                          "), step '" + what + "'";
+  // A peer that is gone or silent: the watchdog's one-line error
+  // (backend/common/rank_failure.h), naming that peer and this step.
+  auto guarded = [&](int peer, auto&& io) {
+    try {
+      return io();
+    } catch (const PeerIo& e) {
+      std::string reason = e.reason;
+      if (e.kind == RankFailure::Kind::stalled) {
+        char secs[32];
+        std::snprintf(secs, sizeof(secs), "%g", static_cast<double>(timeout.count()) / 1000.0);
+        reason = std::string(e.reason == "timed out sending" ? "could not send" : "nothing received") +
+                 " within the collective timeout (" + secs + " s, --collective-timeout)";
+      }
+      throw RankFailure(e.kind, peer, rank_, what, reason);
+    }
+  };
   if (rank_ == 0) {
     for (int r = 1; r < world_; ++r) {
       uint32_t from = 0;
-      all[static_cast<size_t>(r)] = recv_msg(peer_fd_[static_cast<size_t>(r)], &from, deadline,
-                                             me + ", from rank " + std::to_string(r));
+      all[static_cast<size_t>(r)] = guarded(r, [&] {
+        return recv_msg(peer_fd_[static_cast<size_t>(r)], &from, deadline, me + ", from rank " + std::to_string(r));
+      });
       if (from != static_cast<uint32_t>(r)) fail(me + ": message from rank " + std::to_string(r) + " says rank " + std::to_string(from));
     }
     // Broadcast: count-prefixed concatenation.
@@ -286,11 +323,13 @@ std::vector<std::string> TcpRendezvous::all_gather(const std::string& mine, cons
       packed += s;
     }
     for (int r = 1; r < world_; ++r)
-      send_msg(peer_fd_[static_cast<size_t>(r)], 0, packed, deadline, me + ", to rank " + std::to_string(r));
+      guarded(r, [&] {
+        send_msg(peer_fd_[static_cast<size_t>(r)], 0, packed, deadline, me + ", to rank " + std::to_string(r));
+      });
     return all;
   }
-  send_msg(peer_fd_[0], static_cast<uint32_t>(rank_), mine, deadline, me);
-  const std::string packed = recv_msg(peer_fd_[0], nullptr, deadline, me);
+  guarded(0, [&] { send_msg(peer_fd_[0], static_cast<uint32_t>(rank_), mine, deadline, me); });
+  const std::string packed = guarded(0, [&] { return recv_msg(peer_fd_[0], nullptr, deadline, me); });
   size_t off = 0;
   for (int r = 0; r < world_; ++r) {
     uint32_t n = 0;

@@ -28,10 +28,11 @@ class TcpRendezvous {
 
   // Every rank passes its bytes (any length up to 1 GiB in all); every rank
   // gets all ranks' bytes, indexed by rank. `what` names the step in errors.
-  // A peer that closes its socket (a dead process) fails the call at once.
+  // A peer that closes its socket (a dead process) fails the call at once,
+  // one silent past the timeout fails it then: both throw RankFailure
+  // (backend/common/rank_failure.h) naming the peer and `what`.
   std::vector<std::string> all_gather(const std::string& mine, const char* what);
-  // The same with its own bound (the engine's follower waits for rank 0's
-  // next step with a long one: docs/design.md, "Multi-process tensor parallelism").
+  // The same with its own bound.
   std::vector<std::string> all_gather(const std::string& mine, const char* what, std::chrono::milliseconds timeout);
   const std::string& master() const { return where_; }
 

@@ -129,7 +129,7 @@ class CpuSocketCommunicator final : public Communicator {
                                   scalar_type_name(dtype) + " (f32 or bf16)");
     if (rv_.world() == 1 || count == 0) return;
     const size_t bytes = count * scalar_type_bytes(dtype);
-    const auto all = rv_.all_gather(std::string(static_cast<const char*>(data), bytes), "all_reduce_sum");
+    const auto all = rv_.all_gather(std::string(static_cast<const char*>(data), bytes), "all_reduce");
     sum_.assign(count, 0.0f);
     for (const std::string& b : all) {
       if (b.size() != bytes) throw std::runtime_error("CPU socket communicator: ranks disagree on an all_reduce size");
