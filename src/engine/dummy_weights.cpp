@@ -1,6 +1,7 @@
 #include "engine/dummy_weights.h"
 
 #include <cmath>
+#include <stdexcept>
 #include <vector>
 
 #include <fmt/format.h>
@@ -90,12 +91,25 @@ WeightMatrix lazy_fp8(const WeightMatrix& m, ScaleGranularity g) {
   return o;
 }
 
+// A uniform in [0, 1) from element i of the stream whose key is `key`.
+inline float dummy_uniform(uint64_t key, int64_t i) {
+  return static_cast<float>(mix(key + static_cast<uint64_t>(i)) >> 40) * 0x1.0p-24f;
+}
+
 std::vector<float> ones(int64_t n) { return std::vector<float>(static_cast<size_t>(n), 1.0f); }
 std::vector<float> zeros(int64_t n) { return std::vector<float>(static_cast<size_t>(n), 0.0f); }
 
 }  // namespace
 
 uint64_t dummy_matrix_key(uint64_t seed, uint64_t id) { return mix(seed ^ mix(id)); }
+
+uint64_t dummy_layer_matrix_id(const ModelConfig& c, int layer, int k) {
+  return (c.tie_word_embeddings ? 1u : 2u) + static_cast<uint64_t>(kDummyIdsPerLayer) * layer + k;
+}
+
+uint64_t dummy_gdn_matrix_id(const ModelConfig& c, int layer) {
+  return dummy_layer_matrix_id(c, c.num_layers, 0) + static_cast<uint64_t>(kDummyGdnIdsPerLayer) * layer;
+}
 
 WeightMatrix dummy_matrix_block(uint64_t seed, uint64_t id, int64_t rows, int64_t cols, int64_t r0, int64_t nr,
                                 int64_t c0, int64_t nc, float std) {
@@ -137,19 +151,29 @@ std::shared_ptr<ModelWeights> dummy_weights(const ModelConfig& c, uint64_t seed,
   w->final_norm = ones(H);
   if (c.embed_scale_sqrt_hidden) w->embed_scale = round_bf16(std::sqrt(static_cast<float>(H)));
   w->layers.resize(c.num_layers);
-  for (auto& L : w->layers) {
+  // A gated full-attention layer's q_proj also writes the output gate.
+  const int64_t q_rows = Hq * D * (c.attn_output_gate ? 2 : 1);
+  for (int li = 0; li < c.num_layers; ++li) {
+    LayerWeights& L = w->layers[li];
     L.input_norm = ones(H);
-    L.q_proj = dummy_matrix(seed, id++, Hq * D, H, std);
-    L.k_proj = dummy_matrix(seed, id++, Hkv * D, H, std);
-    L.v_proj = dummy_matrix(seed, id++, Hkv * D, H, std);
-    L.o_proj = dummy_matrix(seed, id++, H, Hq * D, std);
-    if (c.attention_bias) {
+    const bool linear = c.gdn && c.is_linear(li);  // (c.gdn: hand-made test configs may leave layer_types empty)
+    if (linear) {
+      // A Gated DeltaNet layer has no attention tensors; its q, k, v, o ids
+      // stay reserved so that every other matrix keeps its id.
+      id += 4;
+    } else {
+      L.q_proj = dummy_matrix(seed, id++, q_rows, H, std);
+      L.k_proj = dummy_matrix(seed, id++, Hkv * D, H, std);
+      L.v_proj = dummy_matrix(seed, id++, Hkv * D, H, std);
+      L.o_proj = dummy_matrix(seed, id++, H, Hq * D, std);
+    }
+    if (c.attention_bias && !linear) {
       L.q_bias = zeros(Hq * D);
       L.k_bias = zeros(Hkv * D);
       L.v_bias = zeros(Hkv * D);
     }
-    if (c.o_proj_bias) L.o_bias = zeros(H);
-    if (c.qk_norm) {
+    if (c.o_proj_bias && !linear) L.o_bias = zeros(H);
+    if (c.qk_norm && !linear) {
       L.q_norm = ones(D);
       L.k_norm = ones(D);
     }
@@ -167,6 +191,38 @@ std::shared_ptr<ModelWeights> dummy_weights(const ModelConfig& c, uint64_t seed,
       L.down_bias = zeros(H);
     }
   }
+  // Gated DeltaNet layers (qwen3_5): ids after every layer's seven above,
+  // kDummyGdnIdsPerLayer per layer index (linear or not), so that adding
+  // them moved no other matrix's id. Values after transformers' init
+  // (Qwen3_5 / Qwen3Next _init_weights): projections N(0, std), the conv
+  // N(0, std) (its Conv1d init), dt_bias 1, A = exp(A_log) uniform in
+  // [1, 16) (transformers draws from (0.01, 16); the floor of 1 is
+  // ModelWeights::random's, which the goldens and CPU tests run), the gated
+  // norm 1 (Qwen3_5RMSNormGated: a plain weight).
+  if (id != dummy_layer_matrix_id(c, c.num_layers, 0)) throw std::logic_error("dummy_weights: matrix id order");
+  if (c.gdn) {
+    const GatedDeltaNetConfig& g = *c.gdn;
+    const int64_t C = g.conv_dim(), Hv = g.num_v_heads, Dv = g.v_head_dim, K = g.conv_kernel;
+    for (int li = 0; li < c.num_layers; ++li) {
+      if (!c.is_linear(li)) continue;
+      LayerWeights& L = w->layers[li];
+      const uint64_t b = dummy_gdn_matrix_id(c, li);
+      L.in_proj_qkv = dummy_matrix(seed, b + 0, C, H, std);
+      L.in_proj_z = dummy_matrix(seed, b + 1, Hv * Dv, H, std);
+      L.in_proj_b = dummy_matrix(seed, b + 2, Hv, H, std);
+      L.in_proj_a = dummy_matrix(seed, b + 3, Hv, H, std);
+      L.out_proj = dummy_matrix(seed, b + 4, H, Hv * Dv, std);
+      // conv1d [C][K]: bf16 values (what a bf16 checkpoint holds), as f32.
+      const WeightMatrix conv = fp8kv::dummy_matrix(seed, b + 5, C, K, std);
+      L.conv1d.resize(static_cast<size_t>(C * K));
+      for (int64_t e = 0; e < C * K; ++e) L.conv1d[e] = bf16_to_f32(static_cast<const uint16_t*>(conv.data)[e]);
+      const uint64_t akey = dummy_matrix_key(seed, b + 6);
+      L.A_log.resize(static_cast<size_t>(Hv));
+      for (int64_t h = 0; h < Hv; ++h) L.A_log[h] = std::log(1.0f + 15.0f * dummy_uniform(akey, h));
+      L.dt_bias = ones(Hv);
+      L.gdn_norm = ones(Dv);
+    }
+  }
   // --load-format dummy with a quantization_config: the projections the
   // config quantizes become fp8 (the embedding and lm_head stay bf16, as in
   // the checkpoints). Host matrices are the bf16 dummy quantized with amax /
@@ -179,12 +235,24 @@ std::shared_ptr<ModelWeights> dummy_weights(const ModelConfig& c, uint64_t seed,
     const std::string prefix = default_weight_naming(c).prefix;
     for (int i = 0; i < c.num_layers; ++i) {
       LayerWeights& L = w->layers[i];
+      // As the checkpoint loader binds them (model/weights.cpp Binder):
+      // every projection the config does not exclude, the Gated DeltaNet
+      // ones included (the backends refuse fp8 there, as for a checkpoint).
       const std::pair<const char*, WeightMatrix*> mats[] = {
-          {"self_attn.q_proj", &L.q_proj}, {"self_attn.k_proj", &L.k_proj}, {"self_attn.v_proj", &L.v_proj},
-          {"self_attn.o_proj", &L.o_proj}, {"mlp.gate_proj", &L.gate_proj}, {"mlp.up_proj", &L.up_proj},
-          {"mlp.down_proj", &L.down_proj}};
+          {"self_attn.q_proj", &L.q_proj},
+          {"self_attn.k_proj", &L.k_proj},
+          {"self_attn.v_proj", &L.v_proj},
+          {"self_attn.o_proj", &L.o_proj},
+          {"mlp.gate_proj", &L.gate_proj},
+          {"mlp.up_proj", &L.up_proj},
+          {"mlp.down_proj", &L.down_proj},
+          {"linear_attn.in_proj_qkv", &L.in_proj_qkv},
+          {"linear_attn.in_proj_z", &L.in_proj_z},
+          {"linear_attn.in_proj_b", &L.in_proj_b},
+          {"linear_attn.in_proj_a", &L.in_proj_a},
+          {"linear_attn.out_proj", &L.out_proj}};
       for (const auto& [name, m] : mats)
-        if (!q.is_excluded(fmt::format("{}layers.{}.{}", prefix, i, name))) *m = lazy ? lazy_fp8(*m, q.granularity) : to_fp8(*m, q.granularity);
+        if ((m->data || m->dummy) && !q.is_excluded(fmt::format("{}layers.{}.{}", prefix, i, name))) *m = lazy ? lazy_fp8(*m, q.granularity) : to_fp8(*m, q.granularity);
     }
   }
   return w;

@@ -4,7 +4,9 @@
 // 1 + w with w = 0, i.e. also 1); biases 0. With a quantization_config (FP8
 // weights), the projections it quantizes are those bf16 values quantized to
 // e4m3 with amax / 448 scales of its granularity. Deterministic for a seed and
-// fast (counter-based generator, filled in parallel).
+// fast (counter-based generator, filled in parallel). Qwen3.5's Gated
+// DeltaNet layers: projections and conv1d N(0, std), A = exp(A_log) uniform
+// in [1, 16), dt_bias 1, the gated norm 1 (after transformers' init).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -29,12 +31,24 @@ std::shared_ptr<ModelWeights> dummy_weights(const ModelConfig& cfg, uint64_t see
 // The generator key of dummy matrix `id` (element e = f(key + e / 2)).
 uint64_t dummy_matrix_key(uint64_t seed, uint64_t id);
 
+// Matrix ids (docs/engine.md "Dummy weights"): embed 0, lm_head 1 when
+// untied, then q, k, v, o, gate, up, down per layer (kDummyIdsPerLayer; a
+// Gated DeltaNet layer reserves its q, k, v, o ids unused), then, after the
+// last layer's, kDummyGdnIdsPerLayer per layer index for the Gated DeltaNet
+// tensors: in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj, conv1d,
+// A_log (the last two draw their values from that id's stream). Ids only
+// ever get appended, so a model's existing dummy values never change.
+inline constexpr int kDummyIdsPerLayer = 7;
+inline constexpr int kDummyGdnIdsPerLayer = 7;
+// The id of matrix k (0 q .. 6 down) of `layer`.
+uint64_t dummy_layer_matrix_id(const ModelConfig& cfg, int layer, int k);
+// The first Gated DeltaNet id (in_proj_qkv) of `layer`.
+uint64_t dummy_gdn_matrix_id(const ModelConfig& cfg, int layer);
+
 // Rows [r0, r0 + nr) x columns [c0, c0 + nc) of dummy matrix `id`
 // (rows x cols): bitwise the same elements as that block of the full
 // matrix, generating only the block (per-rank dummy weights,
-// engine/tp_shard.h dummy_weights_shard). `id` is the matrix's place in
-// dummy_weights' order: embed 0, lm_head 1 when untied, then q, k, v, o,
-// gate, up, down per layer.
+// engine/tp_shard.h dummy_weights_shard).
 WeightMatrix dummy_matrix_block(uint64_t seed, uint64_t id, int64_t rows, int64_t cols, int64_t r0, int64_t nr,
                                 int64_t c0, int64_t nc, float std = 0.02f);
 

@@ -130,6 +130,10 @@ std::shared_ptr<const ModelWeights> shard_weights(std::shared_ptr<const ModelWei
 std::shared_ptr<const ModelWeights> dummy_weights_shard(const ModelConfig& c, const TpShard& t, uint64_t seed,
                                                         float std) {
   if (t.world == 1) return dummy_weights(c, seed, std);
+  // Qwen3.5 runs on one rank (the engine refuses TP > 1 before this).
+  if (c.gdn || c.attn_output_gate)
+    throw InputError(fmt::format("dummy_weights_shard: {} ({}) has no tensor-parallel shards yet", c.architecture,
+                                 c.model_type));
   // The matrices in dummy_weights' order (their ids), each cut as
   // shard_weights cuts it; vectors as there (norms 1, biases 0).
   const ModelConfig rc = shard_config(c, t.world);

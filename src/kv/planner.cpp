@@ -424,7 +424,9 @@ uint64_t estimate_parameters(const ModelConfig& c) {
   const uint64_t kv = mul("KV width", {{"num_key_value_heads", u(c.num_kv_heads)}, hd});
   const uint64_t embed = mul("embedding parameters", {{"vocab_size", u(c.vocab_size)}, h});
   const Factor inter{"intermediate_size", u(c.intermediate_size)};
-  uint64_t layer = add(add(mul("q/k/v parameters", {h, {"q + 2 x kv width", add(q, 2 * kv)}}),
+  // q_proj also writes the output gate on gated attention (qwen3_5).
+  const uint64_t q_rows = c.attn_output_gate ? 2 * q : q;
+  uint64_t layer = add(add(mul("q/k/v parameters", {h, {"q + 2 x kv width", add(q_rows, 2 * kv)}}),
                            mul("o_proj parameters", {{"query width", q}, h})),
                        mul("MLP parameters", {{"gate, up, down", 3}, h, inter}));
   if (c.attention_bias) layer = add(layer, add(q, 2 * kv));
@@ -432,9 +434,27 @@ uint64_t estimate_parameters(const ModelConfig& c) {
   if (c.mlp_bias) layer = add(layer, add(2 * u(c.intermediate_size), u(c.hidden_size)));
   if (c.qk_norm) layer = add(layer, 2 * u(c.head_dim));
   layer = add(layer, (c.sandwich_norms ? 4 : 2) * u(c.hidden_size));
-  return add(add(embed * (c.tie_word_embeddings ? 1 : 2), mul("layer parameters", {{"num_hidden_layers", u(c.num_layers)},
-                                                                                    {"parameters per layer", layer}})),
-             u(c.hidden_size));
+  const uint64_t linear = c.gdn ? static_cast<uint64_t>(c.num_layers - c.num_attention_layers()) : 0;
+  uint64_t total = add(embed * (c.tie_word_embeddings ? 1 : 2),
+                       mul("layer parameters", {{"attention layers", u(c.num_layers) - linear},
+                                                {"parameters per layer", layer}}));
+  if (linear > 0) {
+    // A Gated DeltaNet layer (model/weights.h): in_proj_qkv, in_proj_z,
+    // in_proj_b, in_proj_a, out_proj, conv1d [C][K], A_log, dt_bias, the
+    // gated norm [Dv]; its MLP and two norms as above.
+    const GatedDeltaNetConfig& g = *c.gdn;
+    const uint64_t C = u(g.conv_dim()), Vd = u(g.value_dim()), Hv = u(g.num_v_heads);
+    uint64_t gl = add(mul("in_proj_qkv parameters", {{"conv_dim", C}, h}),
+                      mul("in_proj_z and out_proj parameters", {{"2", 2}, {"value_dim", Vd}, h}));
+    gl = add(gl, mul("in_proj_b and in_proj_a parameters", {{"2", 2}, {"linear_num_value_heads", Hv}, h}));
+    gl = add(gl, mul("conv1d parameters", {{"conv_dim", C}, {"linear_conv_kernel_dim", u(g.conv_kernel)}}));
+    gl = add(gl, add(2 * Hv, u(g.v_head_dim)));
+    gl = add(gl, mul("MLP parameters", {{"gate, up, down", 3}, h, inter}));
+    gl = add(gl, (c.sandwich_norms ? 4 : 2) * u(c.hidden_size));
+    total = add(total, mul("linear_attention layer parameters", {{"linear_attention layers", linear},
+                                                                 {"parameters per layer", gl}}));
+  }
+  return add(total, u(c.hidden_size));
 }
 
 uint64_t fp8_projection_savings(const ModelConfig& c, uint64_t elem_bytes) {

@@ -183,7 +183,8 @@ KvBudget default_cpu_kv_budget(const ModelConfig& cfg, const KvPlanSettings& s, 
 // Whole-model weights divided over tp ranks (vLLM shards embeddings and
 // lm_head too; replicated norms are negligible).
 uint64_t weights_per_rank(uint64_t total_bytes, int tensor_parallel_size);
-// Parameter count of the llama-style blocks ModelConfig covers, from the config.
+// Parameter count of the llama-style blocks ModelConfig covers, from the config
+// (qwen3_5: gated q_proj, and the Gated DeltaNet layers' own tensors).
 uint64_t estimate_parameters(const ModelConfig& cfg);
 // estimate_parameters x torch_dtype bytes (float32 4, fp8 1, else 2); for
 // an FP8-weight config (quantization_config), the projections it quantizes

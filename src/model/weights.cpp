@@ -332,7 +332,8 @@ void for_each_matrix(const ModelWeights& w, F&& f) {
   f(w.embed);
   if (w.lm_head) f(*w.lm_head);
   for (const auto& l : w.layers)
-    for (const WeightMatrix* m : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj})
+    for (const WeightMatrix* m : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj,
+                                  &l.in_proj_qkv, &l.in_proj_z, &l.in_proj_b, &l.in_proj_a, &l.out_proj})
       f(*m);
 }
 }  // namespace
