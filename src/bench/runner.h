@@ -9,7 +9,8 @@
 //   1: generated tokens over the time after the first token, issue 12 §3).
 // - output/total_tokens_per_s: generated (+ prompt) tokens over wall time.
 // - bytes_per_step: mean over decode steps of weights streamed + KV read
-//   (bench/traffic.h); gbps = bytes_per_step / decode step time;
+//   (+ the linear-attention layers' states read and written, counted with
+//   the KV bytes; bench/traffic.h); gbps = bytes_per_step / decode step time;
 //   floor_fraction = (bytes_per_step / copy bandwidth) / decode step time.
 // - A full-batch decode step (full_batch_* fields) is a decode step in which
 //   every request of the round is still unfinished, i.e. the whole batch

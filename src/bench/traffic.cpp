@@ -3,22 +3,16 @@
 #include <algorithm>
 
 #include "kv/planner.h"
+#include "kv/state_plan.h"
 
 namespace fp8kv::bench {
 
 uint64_t streamed_weight_params(const ModelConfig& c) {
-  const uint64_t h = c.hidden_size, q = static_cast<uint64_t>(c.num_heads) * c.head_dim,
-                 kv = static_cast<uint64_t>(c.num_kv_heads) * c.head_dim, inter = c.intermediate_size;
-  uint64_t layer = h * q + 2 * h * kv + q * h  // q, k, v, o projections
-                   + 3 * h * inter             // gate, up, down
-                   + 2 * h;                    // input / post-attention norms
-  if (c.attention_bias) layer += q + 2 * kv;
-  if (c.o_proj_bias) layer += h;
-  if (c.mlp_bias) layer += 2 * inter + h;
-  if (c.qk_norm) layer += 2 * static_cast<uint64_t>(c.head_dim);
-  if (c.sandwich_norms) layer += 2 * h;
-  return layer * c.num_layers + h                     // final norm
-         + static_cast<uint64_t>(c.vocab_size) * h;  // LM head (tied or not: read whole)
+  // Every parameter of the model (kv/planner.h; gated q_proj and Gated
+  // DeltaNet layers included) but the untied input embedding, which is
+  // gathered row by row. A tied table is read whole as the LM head.
+  const uint64_t table = static_cast<uint64_t>(c.vocab_size) * static_cast<uint64_t>(c.hidden_size);
+  return estimate_parameters(c) - (c.tie_word_embeddings ? 0 : table);
 }
 
 uint64_t decode_weight_bytes(const ModelConfig& c, int batch, int weight_elem_bytes) {
@@ -33,10 +27,17 @@ uint64_t decode_kv_bytes(const ModelConfig& c, KvDtype d, std::span<const int> c
                              (static_cast<uint64_t>(c.head_dim) * kv_dtype_bytes(d) + (kv_dtype_per_token_head(d) ? 4 : 0));
   uint64_t tokens = 0;
   for (int l = 0; l < c.num_layers; ++l) {
+    if (c.gdn && c.is_linear(l)) continue;  // no KV cache (decode_state_bytes)
     const int w = c.window_for_layer(l);
     for (int ctx : contexts) tokens += static_cast<uint64_t>(w > 0 ? std::min(ctx, w) : ctx);
   }
   return tokens * per_token;
+}
+
+uint64_t decode_state_bytes(const ModelConfig& c, int batch) {
+  if (!c.gdn || batch <= 0) return 0;
+  const StatePlan p = plan_state(c, batch, 1, StateDtype::bf16, StateDtype::f32);
+  return 2 * p.pool_bytes();  // each state read and written once per step
 }
 
 }  // namespace fp8kv::bench

@@ -13,7 +13,8 @@
 namespace fp8kv::bench {
 
 // Parameters read per token by the layers and the LM head (norm gains and
-// biases included; the input embedding excluded, see embedding_gather_bytes).
+// biases included; the untied input embedding excluded: decode_weight_bytes
+// adds the batch's rows).
 uint64_t streamed_weight_params(const ModelConfig& c);
 
 // Weights streamed per decode step of `batch` sequences: streamed params x
@@ -24,7 +25,13 @@ uint64_t streamed_weight_params(const ModelConfig& c);
 // weight_elem_bytes, as the block-wise checkpoints store them.
 uint64_t decode_weight_bytes(const ModelConfig& c, int batch, int weight_elem_bytes = 2);
 
-// K and V read by one decode step; contexts[i] = tokens sequence i attends
+// The per-sequence states of the linear-attention (Gated DeltaNet) layers a
+// decode step of `batch` sequences reads and writes (conv state bf16,
+// recurrent state f32, the defaults): 2 x the state pool of `batch` slots;
+// 0 for a model without such layers.
+uint64_t decode_state_bytes(const ModelConfig& c, int batch);
+
+// K and V read by one decode step (full and sliding attention layers only); contexts[i] = tokens sequence i attends
 // over in a full-attention layer (its length including the new token); the
 // per-token-head dtypes' scales included.
 uint64_t decode_kv_bytes(const ModelConfig& c, KvDtype d, std::span<const int> contexts);

@@ -72,6 +72,30 @@ TEST(Traffic, Fp8WeightCheckpointsStreamTheirStoredBytes) {
   }
 }
 
+// Qwen3.5 hybrids (tests/golden/models_qwen3_5): the streamed parameters are the
+// stored ones less the untied embedding (gated q_proj and Gated DeltaNet
+// tensors included); K/V are read by the full-attention layers only; the
+// states are the plan's pool of `batch` slots, read and written.
+TEST(Traffic, Qwen3_5CountsItsLayersAndStates) {
+  for (const char* name : {"l3f1_hd64", "l2f1_hd64", "l1f1_hd256"}) {
+    const fs::path dir = kSrc / "tests/golden/models_qwen3_5" / name;
+    const ModelConfig c = load_model_config(dir);
+    ASSERT_TRUE(c.gdn.has_value()) << dir;
+    const uint64_t table = static_cast<uint64_t>(c.vocab_size) * c.hidden_size;
+    EXPECT_EQ(bench::streamed_weight_params(c), stored_params(dir) - (c.tie_word_embeddings ? 0 : table)) << dir;
+    const std::vector<int> ctx = {100, 7};
+    const uint64_t per_token = 2ull * c.num_kv_heads * c.head_dim * 2;  // bf16 K and V
+    EXPECT_EQ(bench::decode_kv_bytes(c, KvDtype::bf16, ctx),
+              static_cast<uint64_t>(c.num_attention_layers()) * 107ull * per_token) << dir;
+    const GatedDeltaNetConfig& g = *c.gdn;
+    const uint64_t conv = static_cast<uint64_t>(g.conv_dim()) * (g.conv_kernel - 1) * 2;  // bf16
+    const uint64_t ssm = static_cast<uint64_t>(g.num_v_heads) * g.k_head_dim * g.v_head_dim * 4;  // f32
+    const uint64_t linear = static_cast<uint64_t>(c.num_layers - c.num_attention_layers());
+    EXPECT_EQ(bench::decode_state_bytes(c, 2), 2 * 2 * linear * (conv + ssm)) << dir;
+  }
+  EXPECT_EQ(bench::decode_state_bytes(load_model_config(kSrc / "tests/data/configs/llama-3.1-8b"), 4), 0u);
+}
+
 // Llama-3.1-8B: 8,030,261,248 parameters, of which the 128256 x 4096 input
 // embedding is gathered, not streamed: 15.0 GB per step in bf16 (issue 12 §3).
 TEST(Traffic, Llama31_8bStreams15GB) {
