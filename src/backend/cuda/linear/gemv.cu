@@ -20,10 +20,7 @@ namespace fp8kv::cuda {
 
 namespace {
 
-using gemv::bf16x8_to_f32;
-using gemv::kUnroll;
-using gemv::kWarps;
-using gemv::wait_for_inputs;
+using namespace gemv;  // kWarps, kUnroll, wait_for_inputs, bf16x8_to_f32 (gemv_common.cuh)
 
 // One warp's part of the dot products of W's row w (chunks = K / 8 16-byte
 // chunks, 0 for a dead warp) with the T rows of x: the lane's chunks are

@@ -20,10 +20,7 @@ namespace fp8kv::cuda {
 
 namespace {
 
-using gemv::bf16x8_to_f32;
-using gemv::kUnroll;
-using gemv::kWarps;
-using gemv::wait_for_inputs;
+using namespace gemv;  // kWarps, kUnroll, wait_for_inputs, bf16x8_to_f32 (gemv_common.cuh)
 constexpr int kChunk = 16;  // e4m3 weights per 16-byte load
 
 // Four e4m3 bytes (little-endian in w) -> four floats (exact: every e4m3
