@@ -9,6 +9,7 @@
 //   estimate_max_model_len                  -> max_model_len_that_fits()
 // See docs/capacity.md for the reasoning and the differences.
 #include "kv/planner.h"
+#include "kv/state_plan.h"
 
 #include <fmt/format.h>
 
@@ -550,14 +551,22 @@ KvBudget kv_budget_from_gpu(const GpuMemoryInputs& in, const ModelConfig& cfg, c
   if (kv_needed > b.kv_memory_bytes) {
     KvPlanSettings fit = *probe;
     fit.kv_memory_bytes = b.kv_memory_bytes;
+    const int64_t fits = max_model_len_that_fits(cfg, fit);
+    // No context fits when a linear-attention model's state pool alone
+    // exceeds the budget: then the lever is the number of sequences.
+    const StatePlan sp = plan_state(cfg, probe->max_num_seqs, probe->tensor_parallel_size, probe->conv_state_dtype,
+                                    probe->ssm_state_dtype);
+    const std::string lever =
+        fits > 0 || sp.empty()
+            ? fmt::format("a --max-model-len of at most {}", fits)
+            : fmt::format("a smaller --max-num-seqs (the linear-attention state pool of {} sequences takes {} of it)",
+                          probe->max_num_seqs, format_bytes(sp.pool_bytes()));
     throw InputError(fmt::format(
         "{} {} leaves {} ({} bytes) for the KV cache after weights {} ({}) and activations {}; one "
-        "request of max_model_len needs {} ({} bytes): give {} of at least {} ({} bytes), or a "
-        "--max-model-len of at most {}",
+        "request of max_model_len needs {} ({} bytes): give {} of at least {} ({} bytes), or {}",
         in.gpu_memory_what, format_bytes(in.gpu_memory_bytes), format_bytes(b.kv_memory_bytes), b.kv_memory_bytes,
         format_bytes(in.weights_bytes_per_rank), in.weights_source, format_bytes(in.activation_bytes),
-        format_bytes(kv_needed), kv_needed, in.gpu_memory_what, format_bytes(gpu_needed()), gpu_needed(),
-        max_model_len_that_fits(cfg, fit)));
+        format_bytes(kv_needed), kv_needed, in.gpu_memory_what, format_bytes(gpu_needed()), gpu_needed(), lever));
   }
   return b;
 }

@@ -137,6 +137,11 @@ PY
 # ---- bad input: exit 2, one clear line ----
 run_bad too_small "the largest max_model_len that fits is 81920" "$CFG/llama-3.1-8b" --kv-memory 10GiB
 run_bad gpu_small "or a --max-model-len of at most" "$CFG/llama-3.1-8b" --gpu-memory 24GiB
+# A hybrid whose state pool alone (256 sequences of Qwen3.5-27B: 36.7 GiB)
+# leaves no room for a context: the lever named is --max-num-seqs, not a
+# --max-model-len of 0.
+run_bad gpu_state_pool "or a smaller --max-num-seqs (the linear-attention state pool of 256 sequences" \
+  "$CFG/qwen3.5-27b" --gpu-memory 80GiB
 run_bad bad_unit "unknown unit 'xb'" "$CFG/llama-3.1-8b" --kv-memory 10XB
 run_bad negative "negative" "$CFG/llama-3.1-8b" --kv-memory=-1GiB
 run_bad both "excludes" "$CFG/llama-3.1-8b" --kv-memory 1GiB --gpu-memory 1GiB
