@@ -187,8 +187,9 @@ class Backend {
   // KV store saturation (docs/robustness.md "KV clipping"; backend/kv_clips.h):
   // per layer ([num_layers]; a layer without a KV cache stays 0), the K and V
   // elements stored since allocate_kv and how many of them saturated.
-  // nullopt: this backend does not count (the CUDA store kernels, for now).
-  // Counting never changes a stored byte. May be read from another thread.
+  // nullopt: this backend does not count. Counting never changes a stored
+  // byte. May be read from another thread; on a device backend a read is a
+  // synchronous copy (callers on the step path rate-limit it).
   virtual std::optional<std::vector<KvClipCounts>> kv_clip_counts() const { return std::nullopt; }
 
   // ---- step ----

@@ -526,8 +526,12 @@ class EngineImpl final : public Engine {
   // elements it stored so far saturated (only the per-tensor-scaled fp8
   // dtypes can clip: backend/cpu/kv_ops.h). No load-time check can know
   // K/V's range, so the store counts (issue 37; docs/robustness.md "KV clipping").
+  // Checked after each of the first 16 steps, then every 64th: a device
+  // backend reads its counters with a synchronous copy.
   void warn_kv_clipping() {
     if (!kv_dtype_per_tensor_scaled(dtype_) || clips_not_counted_) return;
+    const uint64_t step = clip_checks_++;
+    if (step >= 16 && step % 64 != 0) return;
     const std::optional<std::vector<KvClipCounts>> c = runner_->kv_clip_counts();
     if (!c) {
       clips_not_counted_ = true;  // not counted: nothing to check, ever
@@ -558,6 +562,7 @@ class EngineImpl final : public Engine {
   }
   std::vector<bool> clip_warned_;  // [layer][k|v]
   bool clips_not_counted_ = false;
+  uint64_t clip_checks_ = 0;  // steps since load (warn_kv_clipping)
 
   // The stage diagnose_overflow found (ForwardPass::first_nonfinite_stage),
   // or kNotDiagnosed.

@@ -261,7 +261,7 @@ class Engine {
   virtual PrefixCacheStats prefix_cache_stats() const { return {}; }
   // KV store saturation per layer (docs/robustness.md "KV clipping";
   // backend/kv_clips.h), summed over the tensor-parallel ranks since load.
-  // nullopt: not counted (the CUDA backend, a multi-process group). The
+  // nullopt: not counted (a multi-process group). The
   // engine also warns once per layer and stream when more than 0.1% of the
   // elements stored so far clipped.
   virtual std::optional<std::vector<KvClipCounts>> kv_clip_counts() const { return std::nullopt; }

@@ -132,7 +132,7 @@ void EngineLoop::fail_all(std::unordered_map<RequestId, std::shared_ptr<Channel>
   }
 }
 
-void EngineLoop::update_gauges() {
+void EngineLoop::update_gauges(bool idle) {
   Gauges g;
   g.running = engine_.num_running();
   g.waiting = engine_.num_waiting();
@@ -146,12 +146,18 @@ void EngineLoop::update_gauges() {
   const PrefixCacheStats pc = engine_.prefix_cache_stats();
   g.prefix_cache_queries = pc.queries;
   g.prefix_cache_hits = pc.hits;
-  if (const std::optional<std::vector<KvClipCounts>> c = engine_.kv_clip_counts()) {
-    g.kv_clipped.emplace();
-    for (size_t l = 0; l < c->size(); ++l)
-      if (!engine_.config().is_linear(static_cast<int>(l)))  // a linear_attention layer has no KV cache
-        g.kv_clipped->push_back({static_cast<int>(l), (*c)[l].k, (*c)[l].v});
+  const Clock::time_point now = Clock::now();
+  if (idle || !clips_read_ || now - *clips_read_ >= std::chrono::milliseconds(250)) {
+    clips_read_ = now;
+    kv_clipped_.reset();
+    if (const std::optional<std::vector<KvClipCounts>> c = engine_.kv_clip_counts()) {
+      kv_clipped_.emplace();
+      for (size_t l = 0; l < c->size(); ++l)
+        if (!engine_.config().is_linear(static_cast<int>(l)))  // a linear_attention layer has no KV cache
+          kv_clipped_->push_back({static_cast<int>(l), (*c)[l].k, (*c)[l].v});
+    }
   }
+  g.kv_clipped = kv_clipped_;
   metrics_.set_gauges(g);
 }
 
@@ -211,7 +217,7 @@ void EngineLoop::run() {
     if (cancel_all)
       for (auto& [id, ch] : live) engine_.cancel(id);
     if (engine_.idle()) {
-      update_gauges();
+      update_gauges(/*idle=*/true);
       if (quit && live.empty()) break;
       continue;
     }
@@ -272,7 +278,7 @@ void EngineLoop::run() {
       if (done) live.erase(it);
     }
     metrics_.add_generation_tokens(generated);
-    update_gauges();
+    update_gauges(engine_.idle());
   }
 }
 

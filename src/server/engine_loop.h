@@ -89,7 +89,8 @@ class EngineLoop {
 
  private:
   void run();
-  void update_gauges();
+  // idle: the engine has no work (the clip counts are read fresh).
+  void update_gauges(bool idle = false);
   void end(Channel& ch);
   void fail_all(std::unordered_map<RequestId, std::shared_ptr<Channel>>& live, const std::string& message, int status);
 
@@ -109,6 +110,11 @@ class EngineLoop {
   std::function<void()> on_fatal_;
   mutable std::mutex fatal_m_;
   std::exception_ptr fatal_;  // set once, on the loop thread; afterwards no step runs
+  // The last Engine::kv_clip_counts read and when: re-read at most every
+  // 250 ms while steps run, and whenever the engine goes idle (a device
+  // backend's read is a synchronous copy; docs/server.md).
+  std::optional<std::vector<Gauges::LayerClips>> kv_clipped_;
+  std::optional<Clock::time_point> clips_read_;
   std::thread thread_;
 };
 

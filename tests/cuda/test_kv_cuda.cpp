@@ -57,8 +57,11 @@ TEST(CudaStore, BitExactWithCpuIncludingSpecialValues) {
           for (auto& x : kc) x = static_cast<uint8_t>(rng());
           for (auto& x : vc) x = static_cast<uint8_t>(rng());
           DevBuf dkc(kc), dvc(vc), dslots(slots), dks(ks), dvs(vs);
+          KvClipCounts cpu_clips;
           store_kv_cpu(L, kc.data(), vc.data(), k.data(), v.data(), slots.data(), T,
-                       ScaleRef{ks.data(), static_cast<int>(ks.size())}, ScaleRef{vs.data(), static_cast<int>(vs.size())});
+                       ScaleRef{ks.data(), static_cast<int>(ks.size())}, ScaleRef{vs.data(), static_cast<int>(vs.size())},
+                       nullptr, nullptr, &cpu_clips);
+          DevBuf dclips(std::vector<unsigned long long>{0, 0});
           DevBuf dk, dv;
           upload_inputs(k, v, bf16_in, dk, dv);
           std::vector<float> zeros_k(L.num_kv_heads, 0.0f);
@@ -74,8 +77,17 @@ TEST(CudaStore, BitExactWithCpuIncludingSpecialValues) {
           a.v_scale = {dvs.as<float>(), static_cast<int>(vs.size())};
           a.k_absmax = kmax.as<float>();
           a.v_absmax = vmax.as<float>();
+          a.clips = dclips.as<unsigned long long>();
           cuda::store_kv(a, nullptr);
           const auto gk = dkc.download<uint8_t>(), gv = dvc.download<uint8_t>();
+          // The clip counter (docs/robustness.md "KV clipping") counts what the CPU
+          // store counts, with the bytes (below) unchanged; bf16 counts nothing.
+          const auto gc = dclips.download<unsigned long long>();
+          EXPECT_EQ(gc[0], cpu_clips.k) << kv_dtype_name(dt) << " D=" << D << " mode=" << int(mode);
+          EXPECT_EQ(gc[1], cpu_clips.v) << kv_dtype_name(dt) << " D=" << D << " mode=" << int(mode);
+          if (dt != KvDtype::bf16) {
+            EXPECT_GT(cpu_clips.k, 0u);  // the specials include inf and 1e30
+          }
           size_t bad = 0, first_bad = 0;
           for (size_t i = 0; i < kc.size(); ++i)
             if (gk[i] != kc[i] || gv[i] != vc[i]) { if (!bad) first_bad = i; ++bad; }

@@ -489,6 +489,8 @@ void check_qkv(std::mt19937_64& rng, int D, const RopeParams& rp, bool norm, boo
     sa.num_tokens = T;
     sa.k_scale = {dks_scale.as<float>(), Hkv};
     sa.v_scale = {dvs_scale.as<float>(), Hkv};
+    auto sclips = to_device(std::vector<unsigned long long>{0, 0}), fclips = to_device(std::vector<unsigned long long>{0, 0});
+    sa.clips = sclips.as<unsigned long long>();
     cuda::store_kv(sa, nullptr);
     cuda::QkvPrepArgs b = a;
     cuda::DeviceBuffer dq2(q.size() * 4);
@@ -502,9 +504,20 @@ void check_qkv(std::mt19937_64& rng, int D, const RopeParams& rp, bool norm, boo
     b.store.k_scale = dks_scale.as<float>();
     b.store.v_scale = dvs_scale.as<float>();
     b.store.k_scale_count = b.store.v_scale_count = Hkv;
+    b.store.clips = fclips.as<unsigned long long>();
     cuda::qkv_prep(b, nullptr);
     EXPECT_EQ(to_host<uint8_t>(fk, bytes), to_host<uint8_t>(rk, bytes)) << "K cache bytes";
     EXPECT_EQ(to_host<uint8_t>(fv, bytes), to_host<uint8_t>(rv, bytes)) << "V cache bytes";
+    // Both stores count the same clipped elements (docs/robustness.md "KV
+    // clipping"); the small scales make some clip, bf16 counts none.
+    const auto sc = to_host<unsigned long long>(sclips, 2), fc = to_host<unsigned long long>(fclips, 2);
+    EXPECT_EQ(fc, sc) << "clip counts, fused vs store_kv";
+    if (dt == KvDtype::fp8_e4m3) {
+      EXPECT_GT(sc[0] + sc[1], 0u) << "no element clipped: the case tests nothing";
+    }
+    if (dt == KvDtype::bf16) {
+      EXPECT_EQ(sc[0] + sc[1], 0u);
+    }
     EXPECT_EQ(to_host<float>(dq2, q.size()), qg) << "q with the fused store";
   }
 }

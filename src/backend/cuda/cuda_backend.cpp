@@ -233,6 +233,12 @@ void CudaBackend::begin_step(const StepBatch& b) {
   for (int i = 0; i <= P; ++i) qs[i] = b.query_start[nd + i] - v.prefill_row0;
   std::memcpy(host + o_qall, b.query_start.data(), static_cast<size_t>(S + 1) * 4);
   if (has_slots) std::memcpy(host + o_sslots, b.state_slots.data(), static_cast<size_t>(S) * 4);
+  const int64_t capacity = static_cast<int64_t>(layout_.num_blocks) * layout_.block_size;
+  for (int g = 0; g < G && static_cast<size_t>(g) < stored_groups_; ++g) {  // kv_clip_counts' stored elements
+    uint64_t n = 0;
+    for (const int64_t slot : b.slot_mapping[g]) n += slot >= 0 && slot < capacity;
+    if (n) stored_tokens_[g].fetch_add(n, std::memory_order_relaxed);
+  }
   for (int g = 0; g < G; ++g) {
     std::memcpy(host + o_slots[g], b.slot_mapping[g].data(), static_cast<size_t>(T) * 8);
     std::memcpy(host + o_bt[g], b.block_tables[g].data(), static_cast<size_t>(S) * B * 4);

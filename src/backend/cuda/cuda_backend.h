@@ -15,6 +15,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -55,10 +56,11 @@ class CudaBackend final : public Backend {
   int kv_group_of_layer(int layer) const override { return layer_group_.at(layer); }
   void set_kv_scales(const KvScales& scales) override;
   void set_store_observer(StoreObserver* observer) override { observer_ = observer; }
-  // Not counted yet: the store kernels (store_kv and the store fused into
-  // qkv_split) have no saturation counter (docs/robustness.md "KV clipping"
-  // says what it needs); the server omits fp8kv:kv_cache_clipped_total.
-  std::optional<std::vector<KvClipCounts>> kv_clip_counts() const override { return std::nullopt; }
+  // Both store kernels (store_kv and the store fused into qkv_split) count
+  // their clipped elements into clips_dev_; the stored elements are counted
+  // here from the step's slot mappings (docs/robustness.md "KV clipping").
+  // Reads the device counters (one small synchronous copy).
+  std::optional<std::vector<KvClipCounts>> kv_clip_counts() const override;
 
   void begin_step(const StepBatch& batch) override;
 
@@ -213,6 +215,13 @@ class CudaBackend final : public Backend {
   std::vector<DeviceBuffer> kv_scale_storage_;  // per-token-head dtypes: [slot][k|v] scale arrays, else empty
   std::vector<LayerScales> scales_;
   StoreObserver* observer_ = nullptr;
+  // KV clipping (kv_clip_counts): [num_layers][k|v] u64 on the device, added
+  // to by the store kernels (per-tensor fp8 caches only); per KV group the
+  // tokens stored since allocate_kv (slots >= 0 of every step).
+  DeviceBuffer clips_dev_;
+  std::unique_ptr<std::atomic<uint64_t>[]> stored_tokens_;  // [groups]; read from other threads
+  size_t stored_groups_ = 0;
+  unsigned long long* layer_clips(int layer) const;
   // Gated DeltaNet state pool (kv/state_plan.h): per linear_attention layer
   // (state_index_[layer] >= 0) one conv-state and one recurrent-state buffer
   // of plan.num_slots slots each. Fixed addresses after allocate_kv, so

@@ -161,6 +161,7 @@ cuda::QkvPrepArgs::FusedStore CudaBackend::fused_store_target(const StepBatch& b
   fs.v_scale = sc.v.as<float>();
   fs.k_scale_count = sc.k_count;
   fs.v_scale_count = sc.v_count;
+  fs.clips = layer_clips(layer);
   return fs;
 }
 
@@ -307,6 +308,7 @@ void CudaBackend::store_kv(const StepBatch& b, int layer, const Tensor& q, const
   a.v_scale = {sc.v.as<float>(), sc.v_count};
   a.k_scale_pth = st.k_scale;
   a.v_scale_pth = st.v_scale;
+  a.clips = layer_clips(layer);
   cuda::store_kv(a, stream_);
 }
 

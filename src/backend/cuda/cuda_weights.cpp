@@ -369,6 +369,11 @@ void CudaBackend::allocate_kv(const KvPlan& plan, const KvCacheLayout& layout) {
       throw std::logic_error(fmt::format("CudaBackend::allocate_kv: layer {} is in no KV group and has no state", l));
   drop_graphs();
   allocate_state(plan.state);
+  const size_t clip_bytes = static_cast<size_t>(cfg_.num_layers) * 2 * sizeof(unsigned long long);
+  clips_dev_ = alloc(clip_bytes);
+  FP8KV_CU(cudaMemsetAsync(clips_dev_.data(), 0, clip_bytes, stream_));
+  stored_groups_ = plan.groups.size();
+  stored_tokens_ = std::make_unique<std::atomic<uint64_t>[]>(stored_groups_);  // zeroed
   kv_storage_.clear();
   kv_scale_storage_.clear();
   StartupPhase phase("KV pool alloc + zero (cuda)");
@@ -386,6 +391,36 @@ void CudaBackend::allocate_kv(const KvPlan& plan, const KvCacheLayout& layout) {
   }
   FP8KV_CU(cudaStreamSynchronize(stream_));
   phase.set_detail(fmt::format(", {:.2f} GB", static_cast<double>(bytes + sbytes) * plan.group_size * 2 / 1e9));
+}
+
+unsigned long long* CudaBackend::layer_clips(int layer) const {
+  if (!kv_dtype_per_tensor_scaled(layout_.dtype) || !clips_dev_.data()) return nullptr;
+  return static_cast<unsigned long long*>(clips_dev_.data()) + static_cast<size_t>(layer) * 2;
+}
+
+std::optional<std::vector<KvClipCounts>> CudaBackend::kv_clip_counts() const {
+  std::vector<KvClipCounts> r(static_cast<size_t>(cfg_.num_layers));
+  if (!stored_tokens_) return r;  // before allocate_kv: nothing stored
+  std::vector<unsigned long long> c(r.size() * 2, 0);
+  if (layer_clips(0)) {
+    // The caller may be another rank's thread (TpRunner sums the ranks):
+    // this device for the copy, the caller's current device kept.
+    int prev = 0;
+    FP8KV_CU(cudaGetDevice(&prev));
+    FP8KV_CU(cudaSetDevice(device_));
+    FP8KV_CU(cudaMemcpyAsync(c.data(), clips_dev_.data(), c.size() * sizeof c[0], cudaMemcpyDeviceToHost, stream_));
+    FP8KV_CU(cudaStreamSynchronize(stream_));
+    FP8KV_CU(cudaSetDevice(prev));
+  }
+  const uint64_t row = static_cast<uint64_t>(layout_.num_kv_heads) * static_cast<uint64_t>(layout_.head_dim);
+  for (size_t l = 0; l < r.size(); ++l) {
+    r[l].k = c[l * 2];
+    r[l].v = c[l * 2 + 1];
+    const int g = layer_group_[l];
+    // A state-only layer (linear_attention) stores no K/V.
+    r[l].stored = g >= 0 ? stored_tokens_[static_cast<size_t>(g)].load(std::memory_order_relaxed) * row : 0;
+  }
+  return r;
 }
 
 KvLayerStorage CudaBackend::kv_layer(int layer) const {

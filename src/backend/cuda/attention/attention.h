@@ -56,6 +56,11 @@ struct StoreKvArgs {
   const void* q = nullptr;    // [num_tokens][num_q_heads][head_dim], input_dtype
   int num_q_heads = 0;
   float* q_absmax = nullptr;  // [num_q_heads]
+  // Per-tensor-scaled fp8 only: the elements whose quotient x / scale is
+  // beyond the format's max finite (stored as +-max; docs/robustness.md
+  // "KV clipping") are added here, [0] K and [1] V, one atomic per warp that
+  // saw any. Null: not counted.
+  unsigned long long* clips = nullptr;
 };
 void store_kv(const StoreKvArgs& args, cudaStream_t stream);
 

@@ -32,8 +32,11 @@ __device__ __forceinline__ uint32_t cvt_fp8x2(float lo, float hi) {
 }
 // 8 elements -> 8 codes (element 0 in the low byte of lo): fp8 (saturating
 // cvt) or int8 (int8_code) of the correctly rounded quotient.
+// clipped (per-tensor fp8 only): += the elements whose correctly rounded
+// quotient is beyond the format's max finite (an inf input counts, NaN does
+// not): the CPU store's rule (backend/cpu/kv_ops.h), on the same quotient.
 template <int DT>
-__device__ __forceinline__ uint2 quant8(const float (&x)[8], float s, float rcp) {
+__device__ __forceinline__ uint2 quant8(const float (&x)[8], float s, float rcp, uint32_t* clipped = nullptr) {
   float q[8];
   bool bad = false;
 #pragma unroll
@@ -45,6 +48,13 @@ __device__ __forceinline__ uint2 quant8(const float (&x)[8], float s, float rcp)
     bad |= !(fabsf(q0) < 0x1p64f);  // huge, inf, NaN
   }
   uint32_t w[2];
+  if constexpr (DT == kE4m3 || DT == kE5m2) {
+    if (clipped) {
+      constexpr float kM = DT == kE5m2 ? 57344.0f : 448.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) *clipped += fabsf(bad ? __fdiv_rn(x[i], s) : q[i]) > kM;
+    }
+  }
   if (!bad) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -108,6 +118,7 @@ struct StoreParams {
   int num_tokens, num_kv_heads, head_dim;
   int64_t capacity;
   bool bf16_in;
+  unsigned long long* clips;  // [2] K, V clipped (per-tensor fp8); null: not counted
 };
 // The per-token-head store's (a separate struct: store_kernel's parameters stay as they are).
 struct StorePthParams : StoreParams {
@@ -154,9 +165,14 @@ __device__ __forceinline__ void load_tokens(const StoreParams& p, int tok0, int 
 // 16/32-byte loads in flight before the first store. Scales and reciprocals
 // are per thread (its chunk's head), outside the token loop. No 64-bit
 // division, no indexed parameter arrays (they would go to local memory).
+// With p.clips, each warp adds the elements it clipped (quant8), one atomic
+// per stream and only when nonzero: a clip-free store does no atomics.
 template <int DT>
 __global__ void __launch_bounds__(256) store_kernel(const StoreParams p) {
   const int chunks = p.num_kv_heads * p.head_dim / 8;  // 8-element chunks per token row
+  uint32_t ck = 0, cv = 0;                              // elements this thread clipped
+  uint32_t* const pk = p.clips ? &ck : nullptr;
+  uint32_t* const pv = p.clips ? &cv : nullptr;
   for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
     const int elem = c * 8;
     float sk = 1.0f, sv = 1.0f, rk = 1.0f, rv = 1.0f;
@@ -185,9 +201,19 @@ __global__ void __launch_bounds__(256) store_kernel(const StoreParams p) {
           *reinterpret_cast<uint4*>(p.k_cache + dst * 2) = make_uint4(wk[0], wk[1], wk[2], wk[3]);
           *reinterpret_cast<uint4*>(p.v_cache + dst * 2) = make_uint4(wv[0], wv[1], wv[2], wv[3]);
         } else {
-          *reinterpret_cast<uint2*>(p.k_cache + dst) = quant8<DT>(xk[u], sk, rk);
-          *reinterpret_cast<uint2*>(p.v_cache + dst) = quant8<DT>(xv[u], sv, rv);
+          *reinterpret_cast<uint2*>(p.k_cache + dst) = quant8<DT>(xk[u], sk, rk, pk);
+          *reinterpret_cast<uint2*>(p.v_cache + dst) = quant8<DT>(xv[u], sv, rv, pv);
         }
+      }
+    }
+  }
+  if constexpr (DT != kBf16) {
+    if (p.clips) {  // every thread of the block gets here (no early return above)
+      ck = __reduce_add_sync(0xffffffffu, ck);
+      cv = __reduce_add_sync(0xffffffffu, cv);
+      if ((threadIdx.x & 31) == 0) {
+        if (ck) atomicAdd(p.clips, static_cast<unsigned long long>(ck));
+        if (cv) atomicAdd(p.clips + 1, static_cast<unsigned long long>(cv));
       }
     }
   }
@@ -314,6 +340,7 @@ void store_kv(const StoreKvArgs& a, cudaStream_t stream) {
   p.head_dim = L.head_dim;
   p.capacity = static_cast<int64_t>(L.num_blocks) * L.block_size;
   p.bf16_in = a.input_dtype == ActDtype::bf16;
+  p.clips = fp8 ? a.clips : nullptr;
   StorePthParams pp{};
   static_cast<StoreParams&>(pp) = p;
   pp.k_scale_pth = a.k_scale_pth;

@@ -255,6 +255,7 @@ struct QkvPrepArgs {
     const float* k_scale = nullptr;  // fp8: 1 or num_kv_heads values
     const float* v_scale = nullptr;
     int k_scale_count = 1, v_scale_count = 1;
+    unsigned long long* clips = nullptr;  // [2]: K, V clipped (as StoreKvArgs::clips); null: not counted
   } store;
 };
 void qkv_prep(const QkvPrepArgs& args, cudaStream_t stream);

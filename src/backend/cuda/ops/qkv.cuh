@@ -15,19 +15,31 @@ constexpr int kMaxHeadDim = 256;
 
 // Element i of kv head h of a token with `slot` -> the paged cache
 // ([slot][head][d], QkvPrepArgs::FusedStore), the byte(s) store_kv writes.
-__device__ __forceinline__ void store_code(const QkvPrepArgs::FusedStore& st, int num_kv_heads, bool is_v,
-                                           int64_t slot, int h, int D, int i, float x) {
+// Returns 1 when the element clipped (|x / s| beyond the fp8 format's max
+// finite, store_kv's rule; docs/robustness.md "KV clipping"), else 0.
+__device__ __forceinline__ uint32_t store_code(const QkvPrepArgs::FusedStore& st, int num_kv_heads, bool is_v,
+                                               int64_t slot, int h, int D, int i, float x) {
   using namespace detail;
   const int64_t idx = (slot * num_kv_heads + h) * D + i;
   void* cache = is_v ? st.v_cache : st.k_cache;
   if (st.dtype == KvDtype::bf16) {
     static_cast<uint16_t*>(cache)[idx] = static_cast<uint16_t>(bf16_bits(x));
-    return;
+    return 0u;
   }
   const float* sc = is_v ? st.v_scale : st.k_scale;
   const float s = sc[(is_v ? st.v_scale_count : st.k_scale_count) == 1 ? 0 : h];
-  static_cast<uint8_t*>(cache)[idx] = static_cast<uint8_t>(
-      st.dtype == KvDtype::fp8_e5m2 ? quant_fp8_exact<kE5m2>(x, s) : quant_fp8_exact<kE4m3>(x, s));
+  const bool e5m2 = st.dtype == KvDtype::fp8_e5m2;
+  static_cast<uint8_t*>(cache)[idx] =
+      static_cast<uint8_t>(e5m2 ? quant_fp8_exact<kE5m2>(x, s) : quant_fp8_exact<kE4m3>(x, s));
+  return fabsf(__fdiv_rn(x, s)) > (e5m2 ? 57344.0f : 448.0f) ? 1u : 0u;
+}
+
+// A warp's clipped count for one stored head row -> st.clips[is_v], one
+// atomic and only when nonzero (all 32 lanes call it).
+__device__ __forceinline__ void add_clips(const QkvPrepArgs::FusedStore& st, bool is_v, uint32_t n, int lane) {
+  if (!st.clips) return;
+  n = __reduce_add_sync(0xffffffffu, n);
+  if (lane == 0 && n) atomicAdd(st.clips + (is_v ? 1 : 0), static_cast<unsigned long long>(n));
 }
 
 // cos / sin of token t's position (all threads of the block, strided by
@@ -71,8 +83,11 @@ __device__ __forceinline__ void qkv_prep_head(const QkvPrepArgs& a, int t, int h
     const float* vin = a.v_in + static_cast<int64_t>(t) * a.v_stride + static_cast<int64_t>(h) * D;
     if (a.store.k_cache) {
       const int64_t slot = a.store.slots[t];
-      if (slot >= 0 && slot < a.store.capacity)
-        for (int i = lane; i < D; i += 32) store_code(a.store, a.num_kv_heads, true, slot, h, D, i, ld(vin + i));
+      if (slot >= 0 && slot < a.store.capacity) {  // the same for the whole warp
+        uint32_t n = 0;
+        for (int i = lane; i < D; i += 32) n += store_code(a.store, a.num_kv_heads, true, slot, h, D, i, ld(vin + i));
+        add_clips(a.store, true, n, lane);
+      }
       return;
     }
     float* vout = a.v_out + (static_cast<int64_t>(t) * nk + h) * D;
@@ -116,9 +131,11 @@ __device__ __forceinline__ void qkv_prep_head(const QkvPrepArgs& a, int t, int h
   } else {
     const int64_t slot = a.store.slots[t];
     if (slot >= 0 && slot < a.store.capacity) {
+      uint32_t n = 0;
 #pragma unroll
       for (int j = 0; j < kMaxHeadDim / 32; ++j)
-        if (lane + 32 * j < D) store_code(a.store, a.num_kv_heads, false, slot, kv_head, D, lane + 32 * j, res[j]);
+        if (lane + 32 * j < D) n += store_code(a.store, a.num_kv_heads, false, slot, kv_head, D, lane + 32 * j, res[j]);
+      add_clips(a.store, false, n, lane);
     }
   }
   __syncwarp();  // sb reused by this warp's next head
