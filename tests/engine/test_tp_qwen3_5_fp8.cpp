@@ -14,6 +14,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
 #include <string>
@@ -343,6 +345,38 @@ TEST(Qwen3_5TpEngine, DummyLoadPerRankMatchesTp1) {
   const Diff d = compare(ref, logits_of(*Engine::load(tmp.path(), o), toks, 0));
   EXPECT_EQ(d.top1_mismatches, 0);
   EXPECT_LE(d.max_abs, cache_bound("bf16"));
+}
+
+// Per-rank loading of real Qwen3.5 checkpoints (transformers' layout,
+// `model.language_model.*`; tests/golden/models_qwen3_5, whose linear heads
+// 2 / 4 split at TP 2): every rank cuts its shard from the mapped file.
+// TP 2 against TP 1 on the goldens' sequences, logprobs (a logprob moves by
+// at most twice the largest logit move): the bf16-cache bound, top-1 equal.
+TEST(Qwen3_5TpEngine, GoldenCheckpointsTp2MatchTp1) {
+  for (const char* c : {"l1f1_hd256", "l3f1_hd64"}) {
+    const std::filesystem::path dir = std::filesystem::path(FP8KV_SOURCE_DIR) / "tests/golden/models_qwen3_5" / c;
+    std::ifstream in(dir / "golden.json");
+    if (!in) GTEST_SKIP() << dir << " missing (tools/gen_gdn_goldens.py)";
+    const nlohmann::json g = nlohmann::json::parse(in);
+    std::vector<std::vector<int>> seqs;
+    for (const auto& q : g["sequences"]) seqs.push_back(q.get<std::vector<int>>());
+    EngineOptions o = q_opts("bf16", 1);
+    o.max_model_len = 128;
+    o.kv_memory_bytes = 64u << 20;
+    ScoreOptions so;
+    so.chunk_size = 48;
+    const auto a = Engine::load(dir, o)->score_batch(seqs, so);
+    o.tensor_parallel_size = 2;
+    const auto b = Engine::load(dir, o)->score_batch(seqs, so);
+    double mx = 0;
+    for (size_t q = 0; q < seqs.size(); ++q)
+      for (size_t p = 1; p < seqs[q].size(); ++p) {
+        mx = std::max(mx, std::fabs(*a[q].logprobs[p] - *b[q].logprobs[p]));
+        EXPECT_EQ(*a[q].top1_ids[p], *b[q].top1_ids[p]) << c << " seq " << q << " pos " << p;
+      }
+    std::printf("[tp] qwen3_5 golden %s: TP 2 vs TP 1 max |dlogprob| %.3g\n", c, mx);
+    EXPECT_LE(mx, 2 * cache_bound("bf16")) << c;
+  }
 }
 
 // ---- FP8-weight checkpoints ----
