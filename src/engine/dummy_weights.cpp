@@ -140,8 +140,9 @@ WeightMatrix dummy_matrix_cut(uint64_t seed, uint64_t id, int64_t R, int64_t C,
   }
   if (c0 < 0 || nc < 0 || c0 + nc > C) throw std::logic_error("dummy_matrix_cut: columns out of range");
   const uint64_t key = mix(seed ^ mix(id));
-  // The cut's bf16 elements, row by row.
-  std::vector<uint16_t> v(static_cast<size_t>(nr * nc));
+  // The cut's bf16 elements, row by row (the matrix itself unless fp8).
+  auto buf = std::shared_ptr<uint16_t[]>(new uint16_t[static_cast<size_t>(nr * nc)]);
+  uint16_t* v = buf.get();
   std::vector<int64_t> global_row(static_cast<size_t>(nr));
   {
     int64_t i = 0;
@@ -155,8 +156,6 @@ WeightMatrix dummy_matrix_cut(uint64_t seed, uint64_t id, int64_t R, int64_t C,
   m.rows = nr;
   m.cols = nc;
   if (!fp8) {
-    auto buf = std::shared_ptr<uint16_t[]>(new uint16_t[v.size()]);
-    std::copy(v.begin(), v.end(), buf.get());
     m.bf16 = true;
     m.data = buf.get();
     m.owner = std::shared_ptr<const void>(buf, buf.get());
@@ -202,7 +201,7 @@ WeightMatrix dummy_matrix_cut(uint64_t seed, uint64_t id, int64_t R, int64_t C,
       }
     }
   }
-  auto q = std::shared_ptr<uint8_t[]>(new uint8_t[v.size()]);
+  auto q = std::shared_ptr<uint8_t[]>(new uint8_t[static_cast<size_t>(nr * nc)]);
   for (int64_t i = 0; i < nr; ++i)
     for (int64_t j = 0; j < nc; ++j) {
       const float s = row_scale[static_cast<size_t>(i * ncb + (g == ScaleGranularity::block128 ? j / B : 0))];
