@@ -1,5 +1,6 @@
 #include "engine/dummy_weights.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <vector>
@@ -129,6 +130,98 @@ WeightMatrix dummy_matrix_block(uint64_t seed, uint64_t id, int64_t rows, int64_
   return m;
 }
 
+WeightMatrix dummy_matrix_cut(uint64_t seed, uint64_t id, int64_t R, int64_t C,
+                              const std::vector<std::pair<int64_t, int64_t>>& rows, int64_t c0, int64_t nc, float std,
+                              std::optional<ScaleGranularity> fp8) {
+  int64_t nr = 0;
+  for (const auto& [r0, n] : rows) {
+    if (r0 < 0 || n < 0 || r0 + n > R) throw std::logic_error("dummy_matrix_cut: rows out of range");
+    nr += n;
+  }
+  if (c0 < 0 || nc < 0 || c0 + nc > C) throw std::logic_error("dummy_matrix_cut: columns out of range");
+  const uint64_t key = mix(seed ^ mix(id));
+  // The cut's bf16 elements, row by row (the matrix itself unless fp8).
+  auto buf = std::shared_ptr<uint16_t[]>(new uint16_t[static_cast<size_t>(nr * nc)]);
+  uint16_t* v = buf.get();
+  std::vector<int64_t> global_row(static_cast<size_t>(nr));
+  {
+    int64_t i = 0;
+    for (const auto& [r0, n] : rows)
+      for (int64_t r = r0; r < r0 + n; ++r) global_row[static_cast<size_t>(i++)] = r;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < nr; ++i)
+    for (int64_t j = 0; j < nc; ++j) v[i * nc + j] = dummy_element(key, global_row[i] * C + c0 + j, std);
+  WeightMatrix m;
+  m.rows = nr;
+  m.cols = nc;
+  if (!fp8) {
+    m.bf16 = true;
+    m.data = buf.get();
+    m.owner = std::shared_ptr<const void>(buf, buf.get());
+    return m;
+  }
+  // amax of the full matrix's elements in [ra, rb) x [ca, cb) (serial: the
+  // callers parallelize over cells).
+  auto amax = [&](int64_t ra, int64_t rb, int64_t ca, int64_t cb) {
+    float a = 0.0f;
+    for (int64_t r = ra; r < rb; ++r)
+      for (int64_t c = ca; c < cb; ++c) a = std::max(a, std::fabs(bf16_to_f32(dummy_element(key, r * C + c, std))));
+    return a;
+  };
+  const ScaleGranularity g = *fp8;
+  const int64_t B = kFp8WeightBlock;
+  auto scales = std::make_shared<std::vector<float>>();
+  const int64_t ncb = g == ScaleGranularity::block128 ? (nc + B - 1) / B : 1;  // scale columns of a cut row
+  std::vector<float> row_scale(static_cast<size_t>(nr * ncb));  // each cut row's scale per column block
+  if (g == ScaleGranularity::tensor) {
+    std::vector<float> per_row(static_cast<size_t>(R));
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < R; ++r) per_row[r] = amax(r, r + 1, 0, C);
+    scales->push_back(fp8_scale_from_amax(*std::max_element(per_row.begin(), per_row.end())));
+    std::fill(row_scale.begin(), row_scale.end(), scales->front());
+  } else if (g == ScaleGranularity::channel) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < nr; ++i) row_scale[i] = fp8_scale_from_amax(amax(global_row[i], global_row[i] + 1, 0, C));
+    scales->assign(row_scale.begin(), row_scale.end());
+  } else {
+    auto on_block = [&](int64_t x, int64_t total) { return x % B == 0 || x == total; };
+    if (!on_block(c0, C) || !on_block(c0 + nc, C)) throw std::logic_error("dummy_matrix_cut: columns off a block");
+    int64_t i = 0;
+    for (const auto& [r0, n] : rows) {
+      if (!on_block(r0, R) || !on_block(r0 + n, R)) throw std::logic_error("dummy_matrix_cut: rows off a block");
+      for (int64_t br = r0; br < r0 + n; br += B) {
+        const int64_t re = std::min(R, br + B);
+        for (int64_t bc = 0; bc < ncb; ++bc) {
+          const int64_t ca = c0 + bc * B;
+          scales->push_back(fp8_scale_from_amax(amax(br, re, ca, std::min(C, ca + B))));
+          for (int64_t k = 0; k < re - br; ++k) row_scale[static_cast<size_t>((i + k) * ncb + bc)] = scales->back();
+        }
+        i += re - br;
+      }
+    }
+  }
+  auto q = std::shared_ptr<uint8_t[]>(new uint8_t[static_cast<size_t>(nr * nc)]);
+  for (int64_t i = 0; i < nr; ++i)
+    for (int64_t j = 0; j < nc; ++j) {
+      const float s = row_scale[static_cast<size_t>(i * ncb + (g == ScaleGranularity::block128 ? j / B : 0))];
+      q[i * nc + j] = f32_to_e4m3(bf16_to_f32(v[i * nc + j]) / s);
+    }
+  m.fp8 = true;
+  m.scale_granularity = g;
+  m.data = q.get();
+  m.owner = std::shared_ptr<const void>(q, q.get());
+  m.scales = std::move(scales);
+  return m;
+}
+
+std::vector<float> dummy_a_log(uint64_t seed, uint64_t id, int64_t h0, int64_t n) {
+  const uint64_t akey = dummy_matrix_key(seed, id);
+  std::vector<float> a(static_cast<size_t>(n));
+  for (int64_t h = 0; h < n; ++h) a[h] = std::log(1.0f + 15.0f * dummy_uniform(akey, h0 + h));
+  return a;
+}
+
 std::shared_ptr<ModelWeights> dummy_weights(const ModelConfig& c, uint64_t seed, float std, bool lazy) {
   const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads, I = c.intermediate_size,
                 V = c.vocab_size;
@@ -216,9 +309,7 @@ std::shared_ptr<ModelWeights> dummy_weights(const ModelConfig& c, uint64_t seed,
       const WeightMatrix conv = fp8kv::dummy_matrix(seed, b + 5, C, K, std);
       L.conv1d.resize(static_cast<size_t>(C * K));
       for (int64_t e = 0; e < C * K; ++e) L.conv1d[e] = bf16_to_f32(static_cast<const uint16_t*>(conv.data)[e]);
-      const uint64_t akey = dummy_matrix_key(seed, b + 6);
-      L.A_log.resize(static_cast<size_t>(Hv));
-      for (int64_t h = 0; h < Hv; ++h) L.A_log[h] = std::log(1.0f + 15.0f * dummy_uniform(akey, h));
+      L.A_log = dummy_a_log(seed, b + 6, 0, Hv);
       L.dt_bias = ones(Hv);
       L.gdn_norm = ones(Dv);
     }

@@ -10,6 +10,9 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
 
 #include "model/config.h"
 #include "model/weights.h"
@@ -51,5 +54,22 @@ uint64_t dummy_gdn_matrix_id(const ModelConfig& cfg, int layer);
 // engine/tp_shard.h dummy_weights_shard).
 WeightMatrix dummy_matrix_block(uint64_t seed, uint64_t id, int64_t rows, int64_t cols, int64_t r0, int64_t nr,
                                 int64_t c0, int64_t nc, float std = 0.02f);
+
+// Row ranges `rows` ([start, count), concatenated in order) x columns
+// [c0, c0 + nc) of dummy matrix `id` (R x C): with fp8 unset, the bf16
+// elements (dummy_matrix_block's); with fp8 set, what dummy_weights' e4m3
+// matrix of that granularity holds there: the bytes quantized with the
+// scales of the full matrix's cells (a tensor scale from the whole matrix,
+// a channel scale from the whole row, a block's from the whole block), and
+// the cut's scales as engine/tp_shard.cpp cuts them (block cuts must start
+// and end on 128 boundaries or the matrix's end: std::logic_error
+// otherwise, callers check first). Per-rank dummy weights.
+WeightMatrix dummy_matrix_cut(uint64_t seed, uint64_t id, int64_t R, int64_t C,
+                              const std::vector<std::pair<int64_t, int64_t>>& rows, int64_t c0, int64_t nc, float std,
+                              std::optional<ScaleGranularity> fp8);
+
+// A_log of a Gated DeltaNet layer's dummy values, heads [h0, h0 + n):
+// log(1 + 15 u), u uniform in [0, 1) from stream `id` (dummy_gdn_matrix_id + 6).
+std::vector<float> dummy_a_log(uint64_t seed, uint64_t id, int64_t h0, int64_t n);
 
 }  // namespace fp8kv

@@ -22,6 +22,7 @@
 #include "engine/dummy_weights.h"
 #include "engine/model_runner.h"
 #include "engine/tp_runner.h"
+#include "engine/tp_shard.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "io/checkpoint.h"
@@ -116,7 +117,11 @@ class EngineImpl final : public Engine {
     // No weights: `--load-format dummy` with N > 1, each rank makes its own
     // shard (engine/tp_shard.h dummy_weights_shard; docs/tp.md).
     if (!w && !rank_weights)
-      rank_weights = [c = cfg_](const TpShard& t) { return maybe_widen(dummy_weights_shard(c, t)); };
+      rank_weights = [c = cfg_, mode = o.fp8_weight_mode](const TpShard& t) {
+        std::shared_ptr<ModelWeights> s = dummy_weights_shard(c, t);
+        s->fp8_compute = mode;
+        return maybe_widen(std::move(s));
+      };
     StartupPhase ph_runner("backend + weights upload + activation buffers (all ranks)");
     runner_ = std::make_unique<TpRunner>(cfg_, std::move(w), o.backend, bo, o.tensor_parallel_size,
                                          o.max_num_batched_tokens, o.max_num_seqs,
@@ -594,17 +599,15 @@ std::shared_ptr<const ModelWeights> maybe_widen(std::shared_ptr<const ModelWeigh
   return w->widened_to_f32();
 }
 
-// FP8 weights run at tensor-parallel size 1 for now, and W8A8 on the CPU
-// backend only (docs/design.md "FP8-weight checkpoints"); `what` names the
-// checkpoint's declaration. Called before any weight is read or made.
+// W8A8 runs on the CPU backend only (docs/design.md "FP8-weight
+// checkpoints"); `what` names the checkpoint's declaration. Called before
+// any weight is read or made. Tensor parallelism is checked by
+// check_fp8_block_shards (engine/tp_shard.h), which knows the shards.
 void check_fp8_weights_runnable(const std::string& what, bool cpu, const EngineOptions& o) {
   if (!cpu && o.fp8_weight_mode == Fp8Compute::w8a8)
     throw InputError(fmt::format("{}: --fp8-weight-mode w8a8 runs on --backend cpu for now (the CUDA backend runs "
                                  "fp8 weights as W8A16: --fp8-weight-mode w8a16); got --backend {}",
                                  what, o.backend));
-  if (o.tensor_parallel_size > 1)
-    throw InputError(fmt::format("{}: fp8 weights run at --tensor-parallel-size 1 for now (got {})", what,
-                                 o.tensor_parallel_size));
 }
 
 // The log line that says which fp8 compute mode runs.
@@ -620,12 +623,11 @@ void log_fp8_weights(const WeightQuantConfig& q, Fp8Compute mode) {
 }  // namespace
 
 namespace {
-// Qwen3.5's Gated DeltaNet layers run on the CPU and CUDA backends, on one rank.
-void check_qwen3_5_support(const ModelConfig& cfg, bool /*cpu*/, int tp) {
-  if (!cfg.gdn) return;
-  if (tp > 1)
-    throw InputError(fmt::format("--tensor-parallel-size {}: {} ({}) runs on one rank for now", tp, cfg.architecture,
-                                 cfg.model_type));
+// Before any weight is read or made: a tensor-parallel size that does not
+// fit the model (heads, ffn, Gated DeltaNet heads; engine/tp_shard.h) fails
+// at once, naming the fields.
+void check_tensor_parallel_early(const ModelConfig& cfg, int tp) {
+  if (tp != 1) check_tensor_parallel(cfg, tp);
 }
 }  // namespace
 
@@ -633,8 +635,11 @@ std::unique_ptr<Engine> Engine::create(ModelConfig cfg, std::shared_ptr<const Mo
                                        const EngineOptions& opts) {
   const KvDtype d = opts.kv_cache_dtype.dtype.value_or(KvDtype::bf16);
   const bool cpu = resolve_backend_name(opts.backend) == "cpu";
-  check_qwen3_5_support(cfg, cpu, opts.tensor_parallel_size);
-  if (weights && weights->has_fp8()) check_fp8_weights_runnable("the given weights", cpu, opts);
+  check_tensor_parallel_early(cfg, opts.tensor_parallel_size);
+  if (weights && weights->has_fp8()) {
+    check_fp8_weights_runnable("the given weights", cpu, opts);
+    if (opts.tensor_parallel_size > 1) check_fp8_block_shards(*weights, cfg, opts.tensor_parallel_size);
+  }
   return std::make_unique<EngineImpl>(std::move(cfg), cpu ? maybe_widen(std::move(weights)) : std::move(weights),
                                       opts, d);
 }
@@ -670,7 +675,7 @@ std::unique_ptr<Engine> load_engine(const std::filesystem::path& dir, const Engi
   // backend uploads bf16, so widening would only cost host time and memory
   // (an 8B model: 32 GB written, then converted back at upload).
   const bool cpu = require_backend(opts.backend) == "cpu";
-  check_qwen3_5_support(cfg, cpu, opts.tensor_parallel_size);
+  check_tensor_parallel_early(cfg, opts.tensor_parallel_size);
   const WeightQuantConfig& quant = cfg.weight_quant;
   if (quant.quantized()) {
     check_fp8_weights_runnable(fmt::format("{} ({} {}, quant_method {})", dir.string(), quant.source, quant.field,
@@ -689,7 +694,10 @@ std::unique_ptr<Engine> load_engine(const std::filesystem::path& dir, const Engi
                        cfg.gdn ? "; Gated DeltaNet: conv1d N(0, 0.02), A = exp(A_log) uniform in [1, 16), dt_bias 1"
                                : "",
                        dir.string());
-    if (opts.tensor_parallel_size > 1) return std::make_unique<EngineImpl>(cfg, nullptr, opts, d);  // per rank
+    if (opts.tensor_parallel_size > 1) {
+      check_fp8_block_shards(cfg, opts.tensor_parallel_size);  // before any rank makes its shard
+      return std::make_unique<EngineImpl>(cfg, nullptr, opts, d);  // per rank
+    }
     // A device backend generates the matrices on the device (the same
     // generator, docs/cuda_backend.md "Startup": 0.2 s instead of 11.5 s on
     // the host for the 8B shape, 5 of 16.8M elements one bf16 ulp off the
@@ -714,6 +722,7 @@ std::unique_ptr<Engine> load_engine(const std::filesystem::path& dir, const Engi
   KvScales scales = load_kv_scales_for_run(*ckpt, KvScaleShape{cfg.num_layers, cfg.num_heads, cfg.num_kv_heads}, d);
   std::unique_ptr<EngineImpl> engine;
   if (opts.tensor_parallel_size > 1) {
+    check_fp8_block_shards(*w, cfg, opts.tensor_parallel_size);  // the mapped matrices: no weight read yet
     // Per-rank loading (docs/tp.md): each rank cuts its shard from the mapped
     // checkpoint (row slices are views) and widens only that on the CPU, so a
     // process never holds the whole model widened (nor a TP 2 process the

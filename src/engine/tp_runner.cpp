@@ -99,6 +99,7 @@ void write_batch(Writer& w, const StepBatch& b) {
   for (const auto& g : b.slot_mapping) w.vec(g);
   w.pod<uint64_t>(b.block_tables.size());
   for (const auto& g : b.block_tables) w.vec(g);
+  w.vec(b.state_slots);  // linear-attention models: every rank holds its heads' states in the same slots
 }
 
 StepBatch read_batch(Reader& r) {
@@ -115,6 +116,7 @@ StepBatch read_batch(Reader& r) {
   for (auto& g : b.slot_mapping) g = r.vec<int64_t>();
   b.block_tables.resize(r.pod<uint64_t>() & 0xffff);
   for (auto& g : b.block_tables) g = r.vec<int32_t>();
+  b.state_slots = r.vec<int32_t>();
   return b;
 }
 

@@ -12,9 +12,9 @@ constexpr float kE4m3Max = 448.0f;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// amax / 448, or 1 for an all-zero (or empty) group: scales stay > 0.
-float scale_for(float amax) { return amax > 0.0f ? amax / kE4m3Max : 1.0f; }
 }  // namespace
+
+float fp8_scale_from_amax(float amax) { return amax > 0.0f ? amax / kE4m3Max : 1.0f; }
 
 std::string_view scale_granularity_name(ScaleGranularity g) {
   switch (g) {
@@ -87,7 +87,7 @@ Fp8QuantizedWeight quantize_weight_e4m3(const float* w, int64_t N, int64_t K, Sc
   };
   for (int64_t r = 0; r < N; ++r)  // amax per scale cell
     for (int64_t c = 0; c < K; ++c) o.scales[cell(r, c)] = std::max(o.scales[cell(r, c)], std::fabs(w[r * K + c]));
-  for (auto& s : o.scales) s = scale_for(s);
+  for (auto& s : o.scales) s = fp8_scale_from_amax(s);
   for (int64_t r = 0; r < N; ++r)
     for (int64_t c = 0; c < K; ++c) o.q[r * K + c] = f32_to_e4m3(w[r * K + c] / o.scales[cell(r, c)]);
   return o;

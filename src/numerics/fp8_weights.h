@@ -63,6 +63,10 @@ inline int64_t fp8_activation_group(ScaleGranularity g, int64_t K) {
 // Quantizes W [N][K] (fp32) to e4m3 with scale amax / 448 per tensor,
 // channel or 128x128 block (1 where the block is all zeros), as the
 // checkpoints' producers do. For dummy weights and tests.
+// A weight scale from its cell's amax: amax / 448, or 1 for an all-zero cell
+// (scales stay > 0). quantize_weight_e4m3's rule; stored = e4m3(w / scale).
+float fp8_scale_from_amax(float amax);
+
 struct Fp8QuantizedWeight {
   std::vector<uint8_t> q;     // [N][K]
   std::vector<float> scales;  // fp8_scale_shape(g, N, K)

@@ -105,6 +105,9 @@ struct Fp8CheckpointOptions {
   Fp8Format format = Fp8Format::block;
   bool twin = false;  // write the f32 twin instead
   uint64_t seed = 7;
+  // Edits config.json before the tensors are made (their shapes follow it),
+  // e.g. a shape whose tensor-parallel shards are whole 128-row blocks.
+  std::function<void(nlohmann::json& config)> edit_config;
   // Edits the tensors / config.json / the quantization json before writing (refusal tests).
   std::function<void(std::vector<TensorToWrite>&, nlohmann::json& config, nlohmann::json& quant)> mutate;
 };
@@ -112,6 +115,7 @@ struct Fp8CheckpointOptions {
 inline void write_fp8_checkpoint(const std::filesystem::path& dir, const Fp8CheckpointOptions& o) {
   std::filesystem::create_directories(dir);
   nlohmann::json cfg_json = fp8_test_config(o.family);
+  if (o.edit_config) o.edit_config(cfg_json);
   nlohmann::json quant = fp8_quant_json(o.format);
   const ModelConfig cfg = parse_model_config(cfg_json, "fp8 test config");
   std::mt19937_64 rng(o.seed);

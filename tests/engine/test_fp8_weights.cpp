@@ -308,12 +308,22 @@ TEST(Fp8Refusal, UnsupportedSchemes) {
                    c.needles);
 }
 
-TEST(Fp8Refusal, TensorParallelAndCudaW8A8ForNow) {
+// TP > 1 runs (test_tp_qwen3_5_fp8.cpp) when every rank's cut of a
+// block-scaled matrix is whole 128 blocks; this checkpoint's q_proj has 160
+// rows, 80 per rank at TP 2: refused before any weight is read.
+TEST(Fp8Refusal, BlockShardsOffA128Boundary) {
   EngineOptions o = cpu_options();
   o.tensor_parallel_size = 2;
-  expect_refused(Fp8CheckpointOptions{}, {"fp8 weights run at --tensor-parallel-size 1 for now"}, o);
+  expect_refused(Fp8CheckpointOptions{},
+                 {"--tensor-parallel-size 2: fp8 weight model.layers.0.self_attn.q_proj.weight [160, 160] has 128x128 "
+                  "block scales, and rank 0's column-parallel shard of it, rows [0, 80), does not start and end on a "
+                  "128-row block boundary"},
+                 o);
+}
+
+TEST(Fp8Refusal, CudaW8A8ForNow) {
   if (resolve_backend_name("auto") != "cuda") GTEST_SKIP() << "no CUDA device: the cuda refusal is not reachable here";
-  o = cpu_options();
+  EngineOptions o = cpu_options();
   o.backend = "cuda";
   o.fp8_weight_mode = Fp8Compute::w8a8;
   expect_refused(Fp8CheckpointOptions{}, {"--fp8-weight-mode w8a8 runs on --backend cpu for now"}, o);
