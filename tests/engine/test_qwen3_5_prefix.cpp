@@ -16,7 +16,9 @@
 // a prefill split at a boundary -- the one the cache cuts, and the one a hit
 // resumes at -- gives the one-shot bits (test_qwen3_5.cpp checks that
 // split). The state a hit restores is a byte copy of the one the same split
-// left. So no tolerance: any difference is a bug. Boundaries elsewhere
+// left. So no tolerance: any difference is a bug (the prompts here leave
+// more than one token after each boundary: a one-token chunk would run the
+// recurrent form, decode's). Boundaries elsewhere
 // (--state-snapshot-interval 3 with blocks of 4: every 12 tokens) split the
 // delta rule's chunks: the sums reassociate in fp32, within the 1e-3 logprob
 // bound test_qwen3_5.cpp derives for unaligned chunked prefill.
