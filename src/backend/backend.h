@@ -175,8 +175,9 @@ class Backend {
   // plan.num_blocks); layer l of group g uses slot index_of(l in
   // plan.groups[g].layers). Memory = plan.pool_bytes(). Zero-filled.
   // When plan.state is not empty (linear-attention layers, kv/state_plan.h)
-  // it also allocates the state pool, plan.state.pool_bytes(): slot s of
-  // layer l holds a conv state and a recurrent state (gated_delta_net).
+  // it also allocates the state pool, plan.state.total_slots() slots (the
+  // running sequences' and the prefix snapshots'): slot s of layer l holds a
+  // conv state and a recurrent state (gated_delta_net).
   virtual void allocate_kv(const KvPlan& plan, const KvCacheLayout& layout) = 0;
   virtual KvLayerStorage kv_layer(int layer) const = 0;
   virtual int kv_group_of_layer(int layer) const = 0;
@@ -388,6 +389,14 @@ class Backend {
                                const Tensor& /*qkv*/, const Tensor& /*z*/, const Tensor& /*b*/, const Tensor& /*a*/,
                                float /*eps*/, Tensor& /*out*/) {
     throw std::logic_error("Backend::gated_delta_net: this backend does not run qwen3_5");
+  }
+  // Prefix snapshots (docs/design.md "Prefix snapshots of the linear-attention
+  // state"): copies the whole state of pool slot src (every linear_attention
+  // layer's conv and recurrent state) to slot dst, slots in [0,
+  // plan.state.total_slots()), ordered after the ops issued before it. The
+  // runner calls it between steps, never inside a captured graph.
+  virtual void copy_state_slot(int /*src*/, int /*dst*/) {
+    throw std::logic_error("Backend::copy_state_slot: this backend does not run qwen3_5");
   }
 
  protected:

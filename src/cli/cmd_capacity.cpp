@@ -42,6 +42,8 @@ struct CapacityArgs {
   int block_size = kEngineDefaults.block_size;
   std::string kv_cache_dtype = "auto";
   int tensor_parallel_size = 1;
+  bool enable_prefix_caching = kEngineDefaults.enable_prefix_caching;
+  int state_snapshot_interval = 0;  // 0: automatic, as the engine
   bool compare = false;
   bool json_out = false;
 };
@@ -87,6 +89,8 @@ KvPlanSettings settings_for(const CapacityArgs& a, KvDtype d, uint64_t kv_memory
   s.block_size = a.block_size;
   s.dtype = d;
   s.tensor_parallel_size = a.tensor_parallel_size;
+  s.prefix_caching = a.enable_prefix_caching;  // a state pool's snapshots share the budget, as in the engine
+  s.state_snapshot_interval = a.state_snapshot_interval;
   return s;
 }
 
@@ -138,6 +142,12 @@ json plan_json(const KvPlan& p) {
       {"state_pool_bytes", p.state.pool_bytes()},
       {"state_slots", p.state.num_slots},
       {"state_layers", p.state.layers},
+      // Prefix caching's state snapshots (0 when off or without a state pool).
+      {"state_snapshot_interval", p.state.snapshot_interval},
+      {"state_snapshot_slots", p.state.snapshot_slots},
+      {"state_snapshot_bytes", p.state.snapshot_pool_bytes()},
+      {"prefix_caching_off_reason",
+       p.prefix_caching_off_reason.empty() ? json(nullptr) : json(p.prefix_caching_off_reason)},
       {"blocks_per_request", p.blocks_per_request},
       {"max_concurrency", p.max_concurrency},
       {"tokens", p.tokens},
@@ -214,6 +224,15 @@ void print_text(const CapacityArgs& a, const ModelConfig& cfg, const KvBudget& b
         p.state.num_slots, p.state.bytes_per_sequence(), format_bytes(p.state.pool_bytes()), p.state.pool_bytes(),
         p.state.layers.size(), p.state.conv_dim, p.state.conv_width, state_dtype_name(p.state.conv_dtype),
         p.state.num_v_heads, p.state.k_head_dim, p.state.v_head_dim, state_dtype_name(p.state.ssm_dtype));
+  if (p.state.snapshots())
+    o += fmt::format(
+        "state snapshots (prefix caching): every {} blocks ({} tokens, --state-snapshot-interval), {} slots x {} "
+        "bytes = {} ({} bytes), sharing the budget with the KV blocks\n",
+        p.state.snapshot_interval, static_cast<int64_t>(p.state.snapshot_interval) * p.block_size,
+        p.state.snapshot_slots, p.state.bytes_per_sequence(), format_bytes(p.state.snapshot_pool_bytes()),
+        p.state.snapshot_pool_bytes());
+  else if (!p.prefix_caching_off_reason.empty())
+    o += fmt::format("prefix caching is off for this model: {}\n", p.prefix_caching_off_reason);
   o += fmt::format("page: {} tokens x {} layers x K+V = {} bytes; pool: {} blocks ({})\n", p.block_size,
                    p.group_size, p.page_bytes, p.num_blocks, format_bytes(p.pool_bytes()));
   if (p.layer_scale_block_bytes > 0)  // per-token-head dtypes: f32 scales beside the cache
@@ -343,6 +362,11 @@ const Registrar reg([](CLI::App& app) {
   sub->add_option("--block-size", args->block_size, fmt::format("tokens per block (default {})", args->block_size));
   sub->add_option("--kv-cache-dtype", args->kv_cache_dtype, kv_cache_dtype_help());
   sub->add_option("--tensor-parallel-size,--tp", args->tensor_parallel_size, "default 1");
+  sub->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", args->enable_prefix_caching,
+                "as the engine (default on): on a linear-attention model the state snapshots share the budget");
+  sub->add_option("--state-snapshot-interval", args->state_snapshot_interval,
+                  "as the engine: blocks between state snapshots (default automatic)")
+      ->check(at_least(1));
   sub->add_flag("--compare", args->compare, "bf16 vs fp8 over a grid of max_model_len x max_num_batched_tokens");
   sub->add_flag("--json", args->json_out, "print JSON");
   set_action(sub, [args] { return run_capacity(*args); });

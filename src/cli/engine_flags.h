@@ -8,6 +8,7 @@
 //   --tensor-parallel-size --nnodes --node-rank --master-addr --master-port
 //   --collective-timeout
 //   --enable-prefix-caching / --no-enable-prefix-caching (default on)
+//   --state-snapshot-interval (linear-attention models with prefix caching)
 // The same flag means the same everywhere: values are checked here (exit 2
 // with "--flag must be ..." messages), --threads above the hardware threads
 // is capped with a warning. Header-only so any cmd_*.cpp can use it.
@@ -74,6 +75,7 @@ struct EngineFlags {
   std::string dtype = "auto";
   bool enforce_eager = false;
   bool enable_prefix_caching = true;
+  int state_snapshot_interval = 0;  // 0: not given (automatic)
   std::string tokenizer;  // empty: the model directory
   int tensor_parallel_size = 1;
   int nnodes = 1;
@@ -118,6 +120,11 @@ struct EngineFlags {
     sub->add_flag("--enforce-eager", enforce_eager, "cuda: no CUDA graphs");
     sub->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", enable_prefix_caching,
                   "Reuse the cached KV of shared prompt prefixes (default on)");
+    sub->add_option("--state-snapshot-interval", state_snapshot_interval,
+                    "Linear-attention models (Qwen3.5) with prefix caching: snapshot the per-sequence state every N "
+                    "KV blocks; a prefix hit resumes from the longest snapshotted boundary (default: the least N, a "
+                    "multiple of 64 tokens, at which a snapshot costs no more than the KV blocks it covers)")
+        ->check(at_least(1));
     sub->add_option("--tokenizer", tokenizer, "Tokenizer directory or tokenizer.json (default: the model directory)");
     sub->add_option("--tensor-parallel-size,--tp", tensor_parallel_size,
                     "Tensor-parallel ranks: GPUs 0..N-1 on cuda, simulated ranks (threads) on cpu (default 1)");
@@ -212,6 +219,9 @@ struct EngineFlags {
       throw UsageError(fmt::format("--collective-timeout must be in (0, 1e6] seconds (got {})", collective_timeout));
     o.collective_timeout_s = collective_timeout;
     o.enable_prefix_caching = enable_prefix_caching;
+    if (state_snapshot_interval < 0)
+      throw UsageError(fmt::format("--state-snapshot-interval must be >= 1 (got {})", state_snapshot_interval));
+    o.state_snapshot_interval = state_snapshot_interval;
     return o;
   }
 };

@@ -146,6 +146,8 @@ class EngineImpl final : public Engine {
     s.block_size = o.block_size;
     s.dtype = dtype_;
     s.tensor_parallel_size = o.tensor_parallel_size;  // per-rank bytes, total tokens
+    s.prefix_caching = o.enable_prefix_caching;        // a state pool's snapshots share the budget
+    s.state_snapshot_interval = o.state_snapshot_interval;
     const KvBudget budget = kv_budget(o, s);
     s.kv_memory_bytes = budget.kv_memory_bytes;
     s.budget_source = budget.source;
@@ -162,18 +164,20 @@ class EngineImpl final : public Engine {
     lim.max_model_len = plan_.max_model_len;
     sched_ = std::make_unique<Scheduler>(*kv_, lim, cfg_.eos_token_ids);
     kv_->set_prefix_caching(prefix_caching_on(o.enable_prefix_caching));
-    if (o.enable_prefix_caching && !plan_.state.empty())
-      engine_log()->info("prefix caching is off for {}: its linear_attention layers keep a per-sequence state that "
-                         "is not snapshotted at block boundaries yet, so every prompt is prefilled in full",
-                         cfg_.architecture);
+    if (o.enable_prefix_caching && !plan_.prefix_caching_off_reason.empty())
+      engine_log()->info("prefix caching is off for {}: {}; every prompt is prefilled in full", cfg_.architecture,
+                         plan_.prefix_caching_off_reason);
     ph_kv.done();
     engine_log()->info("{}", kv_plan_log_line(plan_));
   }
 
   // Prefix caching needs every layer's state at a block boundary: models
-  // with a state pool (linear_attention layers) run without it for now
-  // (docs/design.md "Qwen3.5 hybrids").
-  bool prefix_caching_on(bool requested) const { return requested && plan_.state.empty(); }
+  // with a state pool (linear_attention layers) have it where the plan has
+  // state snapshots (docs/design.md "Prefix snapshots of the linear-attention
+  // state"), else it stays off (the plan says why).
+  bool prefix_caching_on(bool requested) const {
+    return requested && (plan_.state.empty() || plan_.state.snapshots());
+  }
 
   // --kv-memory when given; on a GPU, --gpu-memory-utilization (vLLM's
   // meaning: that fraction of total memory, minus what the weights and the

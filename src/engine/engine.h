@@ -108,6 +108,13 @@ struct EngineOptions {
   // "Prefix caching"). Scoring never reuses; a store observer turns it off
   // while attached (it must see every token); set_kv_scales empties it.
   bool enable_prefix_caching = true;
+  // Models with linear_attention layers (Qwen3.5), with prefix caching on:
+  // the per-sequence state is snapshotted every this many blocks (vLLM's
+  // "align" idea), and a hit resumes from the longest cached boundary with a
+  // snapshot; 0: automatic (kv/planner.h auto_snapshot_interval). The
+  // snapshot pool shares the KV budget (docs/design.md "Prefix snapshots of
+  // the linear-attention state").
+  int state_snapshot_interval = 0;
 };
 
 // Prefix cache counters, in tokens (vLLM's prefix_cache_queries / hits).

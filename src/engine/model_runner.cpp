@@ -165,6 +165,8 @@ void ModelRunner::build_batch(const SchedulerOutput& out) {
     }
   }
   if (t != T) throw std::logic_error("ModelRunner: token count does not match the scheduled sequences");
+  state_restores_ = out.state_restores;
+  state_saves_ = out.state_saves;
 }
 
 void ModelRunner::pad_batch(int bucket) {
@@ -210,6 +212,16 @@ std::vector<int32_t> ModelRunner::sample_rows(const StepSampling& s) const {
 }
 
 void ModelRunner::run_prepared() {
+  // Prefix snapshots (docs/design.md "Prefix snapshots of the linear-attention
+  // state"): copies between the step's ops, never inside a captured graph.
+  for (const auto& [src, dst] : state_restores_) be_.copy_state_slot(src, dst);
+  state_restores_.clear();
+  run_step();
+  for (const auto& [src, dst] : state_saves_) be_.copy_state_slot(src, dst);
+  state_saves_.clear();
+}
+
+void ModelRunner::run_step() {
   const bool decode_only = batch_.num_seqs > 0 && batch_.num_decodes == batch_.num_seqs;
   const int bucket = decode_only ? graph_bucket(batch_.num_seqs) : 0;
   // Tensor-parallel ranks run eagerly unless a test turns graphs on (engine/tp_shard.h; docs/tp.md).

@@ -108,6 +108,8 @@ class ModelRunner {
     batch_ = std::move(b);
     step_seqs_.clear();
     step_params_.clear();
+    state_restores_.clear();  // state copies run on one rank only (Gated DeltaNet models run at TP 1)
+    state_saves_.clear();
   }
   void run_prepared();
   // First row of out.seqs[i] in the step.
@@ -134,6 +136,7 @@ class ModelRunner {
 
  private:
   void build_batch(const SchedulerOutput& out);
+  void run_step();  // run_prepared without the state copies
   // Logits of rows [m] into l [m][V] (vocab-parallel: local shard + all_gather).
   void compute_logits(const Tensor& hidden, std::span<const int32_t> rows, Tensor& l);
   // Pads batch_ (decode-only, S <= bucket) to `bucket` sequences (see above).
@@ -155,6 +158,8 @@ class ModelRunner {
   bool tp_graphs_ = false;
   std::vector<int> step_seqs_;               // execute's StepSampling (sequences, parameters)
   std::vector<RowSampling> step_params_;
+  // The step's state copies (SchedulerOutput::state_restores / state_saves).
+  std::vector<std::pair<int32_t, int32_t>> state_restores_, state_saves_;
   bool sampled_in_step_ = false;             // this step's ids wait on the device
   int sampled_rows_ = 0;                     // real (unpadded) rows sampled in the step
   int64_t graph_replays_ = 0, graph_captures_ = 0;

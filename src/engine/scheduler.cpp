@@ -48,6 +48,13 @@ int64_t Scheduler::outstanding_reservation() const {
   return n;
 }
 
+int Scheduler::cut_at_snapshot(const SchedRequest& r, int n) const {
+  const int every = kv_.snapshot_interval_tokens();
+  if (every == 0 || r.scoring) return n;
+  const int next = (r.num_computed / every + 1) * every;  // the first boundary after the chunk's start
+  return next < r.num_computed + n ? next - r.num_computed : n;
+}
+
 void Scheduler::preempt(SchedRequest& r) {
   if (r.kv >= 0) kv_.free_sequence(r.kv);
   r.kv = -1;
@@ -115,6 +122,11 @@ SchedulerOutput Scheduler::schedule() {
     into.push_back(ScheduledSeq{&r, r.num_computed, n, samples});
     scheduled.push_back(&r);
     budget -= n;
+    // The step ends r's tokens at a snapshot boundary: save its state there.
+    if (!r.scoring && kv_.snapshots_on()) {
+      const int slot = kv_.reserve_snapshot(r.kv, r.tokens, r.num_computed + n);
+      if (slot >= 0) out.state_saves.emplace_back(r.kv, slot);
+    }
   };
   bool preempted_any = false;
 
@@ -147,7 +159,7 @@ SchedulerOutput Scheduler::schedule() {
       ++i;
       continue;
     }
-    const int n = std::min({r.pending(), r.chunk, budget});
+    const int n = cut_at_snapshot(r, std::min({r.pending(), r.chunk, budget}));
     bool self_preempted = false;
     while (!kv_.can_append(r.kv, n)) {
       // The newest request after r that is not scheduled this step; else r itself.
@@ -190,7 +202,7 @@ SchedulerOutput Scheduler::schedule() {
     r.kv = kv_.add_sequence();
     if (hit.tokens > 0) kv_.adopt_prefix(r.kv, r.tokens, hit.tokens);
     r.num_computed = hit.tokens;
-    const int n = std::min({r.pending(), r.chunk, budget});
+    const int n = cut_at_snapshot(r, std::min({r.pending(), r.chunk, budget}));
     if (!kv_.can_append(r.kv, n)) {
       kv_.free_sequence(r.kv);
       r.kv = -1;
@@ -206,6 +218,8 @@ SchedulerOutput Scheduler::schedule() {
       prefix_queries_ += static_cast<int64_t>(r.tokens.size());
       prefix_hits_ += hit.tokens;
     }
+    // A hit on a model with a state pool resumes from the snapshot at its end.
+    if (hit.tokens > 0 && hit.state_slot >= 0) out.state_restores.emplace_back(hit.state_slot, r.kv);
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
     take(r, n, n == 1 ? decodes : prefills);

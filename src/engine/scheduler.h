@@ -21,6 +21,13 @@
 //     the pages of the hit that other sequences hold are not counted as need.
 // After each step, the full blocks a request has computed are registered in
 // the prefix cache (KvCacheManager::cache_computed_blocks).
+// With a state pool (linear_attention layers) and the prefix cache on, the
+// state snapshots (docs/design.md "Prefix snapshots of the linear-attention
+// state"): a generation request's prefill chunk that would cross a snapshot
+// boundary is cut to end there; a step that ends a request's tokens at a
+// boundary asks for a snapshot (state_saves, copied after the forward); an
+// admission with a hit resumes from its snapshot (state_restores, copied
+// before the forward). Scoring requests are neither cut nor snapshotted.
 // Preemption is by recompute: the request frees its pages and returns to the
 // front of the waiting queue with every token it has (prompt + generated);
 // re-admitted, it prefills them again and continues. No token is produced
@@ -30,6 +37,7 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "engine/engine.h"
@@ -90,6 +98,10 @@ struct SchedulerOutput {
   int num_decodes = 0;
   int num_tokens = 0;
   std::vector<StepEvent> events;  // cancellations finished this step
+  // State pool slot copies (src, dst) around the forward (kv/state_plan.h
+  // slots): snapshots into admitted sequences' slots before it, sequences'
+  // slots into new snapshots after it.
+  std::vector<std::pair<int32_t, int32_t>> state_restores, state_saves;
 };
 
 struct SchedulerLimits {
@@ -133,6 +145,9 @@ class Scheduler {
   void reap();
   // Pages the running prefills still have to take for their prompts.
   int64_t outstanding_reservation() const;
+  // n tokens of r from r.num_computed on, cut to end at the first snapshot
+  // boundary they would cross (generation requests with snapshots on).
+  int cut_at_snapshot(const SchedRequest& r, int n) const;
 
   KvCacheManager& kv_;
   SchedulerLimits limits_;

@@ -62,6 +62,12 @@ class BlockPool {
   void reset_cache();
   int64_t num_cached() const { return static_cast<int64_t>(index_.size()); }
   bool is_cached(int32_t block) const { return meta_.at(static_cast<size_t>(block)).cached; }
+  // The block is registered under (group, digest) now (false once evicted
+  // or registered anew): what keeps a state snapshot tied to its block.
+  bool holds(int32_t block, int group, const BlockDigest& digest) const {
+    const Meta& m = meta_.at(static_cast<size_t>(block));
+    return m.cached && m.key.group == group && m.key.digest == digest;
+  }
 
  private:
   struct Key {

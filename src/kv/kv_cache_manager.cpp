@@ -41,6 +41,10 @@ KvCacheLayout kv_layout(const KvPlan& plan) {
 KvCacheManager::KvCacheManager(const ModelConfig& cfg, const KvPlan& plan)
     : plan_(plan), layout_(kv_layout(plan)), pool_(plan.num_blocks) {
   layer_group_ = kv_layer_map(plan, cfg.num_layers).group;
+  if (plan.state.snapshots()) {
+    snaps_.resize(static_cast<size_t>(plan.state.snapshot_slots));
+    for (int j = static_cast<int>(plan.state.snapshot_slots); j-- > 0;) snap_free_.push_back(j);  // 0 first
+  }
 }
 
 int64_t KvCacheManager::blocks_to_hold(int num_tokens, int chunk) const {
@@ -81,6 +85,7 @@ void KvCacheManager::free_sequence(int seq) {
   for (auto it = s.tables.rbegin(); it != s.tables.rend(); ++it)
     for (auto b = it->rbegin(); b != it->rend(); ++b)
       if (*b >= 0) pool_.release(*b);
+  for (const auto& [end, j] : s.pending_snapshots) drop_snapshot(j);  // its step never ran (an abort)
   s = Seq{};
   free_handles_.push_back(seq);
 }
@@ -103,8 +108,13 @@ BlockDigest KvCacheManager::sha256_block_digest(const BlockDigest& parent, std::
 }
 
 void KvCacheManager::set_prefix_caching(bool on) {
-  if (!on) pool_.reset_cache();
+  if (!on) reset_prefix_cache();
   prefix_caching_ = on;
+}
+
+void KvCacheManager::reset_prefix_cache() {
+  pool_.reset_cache();
+  reset_snapshots();
 }
 
 std::vector<BlockDigest> KvCacheManager::chain_digests(std::span<const int> tokens, int num_blocks) const {
@@ -154,6 +164,19 @@ KvCacheManager::PrefixHit KvCacheManager::find_cached_prefix(std::span<const int
     }
     if (ok) break;
   }
+  // A state pool: the hit must end at a boundary whose snapshot is still
+  // tied to the cached page there (the state after those tokens).
+  if (!plan_.state.empty()) {
+    int k = snapshots_on() ? L / plan_.state.snapshot_interval : 0;
+    for (; k > 0; --k) {
+      const int i = k * plan_.state.snapshot_interval - 1;
+      const auto it = snap_index_.find(d[i]);
+      if (it == snap_index_.end() || !snapshot_valid(it->second) || snaps_[it->second].page != page(0, i)) continue;
+      hit.state_slot = plan_.state.snapshot_slot(it->second);
+      break;
+    }
+    L = k * (snapshots_on() ? plan_.state.snapshot_interval : 0);
+  }
   hit.tokens = L * B;
   for (int g = 0; g < G; ++g)
     for (int i = first_live_block(g, L * B); i < L; ++i) hit.pages_in_use += pool_.ref_count(page(g, i)) > 0;
@@ -183,6 +206,11 @@ void KvCacheManager::adopt_prefix(int seq, std::span<const int> tokens, int num_
       if (p >= 0) pool_.acquire(p);
   s.tables = std::move(tables);
   s.num_tokens = num_tokens;
+  // The snapshot the hit resumes from was used now: last to be evicted.
+  if (const auto it = L > 0 ? snap_index_.find(s.digests[L - 1]) : snap_index_.end(); it != snap_index_.end()) {
+    Snapshot& sn = snaps_[it->second];
+    if (sn.state == SnapState::valid) snap_lru_.splice(snap_lru_.end(), snap_lru_, sn.lru_pos);
+  }
 }
 
 void KvCacheManager::cache_computed_blocks(int seq, std::span<const int> tokens, int num_computed) {
@@ -198,6 +226,107 @@ void KvCacheManager::cache_computed_blocks(int seq, std::span<const int> tokens,
       const auto& t = s.tables[g];
       if (i < static_cast<int>(t.size()) && t[i] >= 0) pool_.register_block(t[i], g, s.digests[i], parent, blk);
     }
+  }
+  commit_snapshots(s, tokens);
+}
+
+// ---- state snapshots ----
+
+void KvCacheManager::drop_snapshot(int j) {
+  Snapshot& sn = snaps_[static_cast<size_t>(j)];
+  if (sn.state == SnapState::free) return;
+  if (sn.state == SnapState::valid) {
+    snap_lru_.erase(sn.lru_pos);
+    const auto it = snap_index_.find(sn.digest);
+    if (it != snap_index_.end() && it->second == j) snap_index_.erase(it);
+  }
+  sn = Snapshot{};
+  snap_free_.push_back(j);
+}
+
+int KvCacheManager::take_snapshot_slot() {
+  if (snap_free_.empty()) {
+    // Stale snapshots first (their page was evicted: no hit can reach them),
+    // then the least recently used one.
+    int victim = -1;
+    for (int j : snap_lru_)
+      if (!snapshot_valid(j)) {
+        victim = j;
+        break;
+      }
+    if (victim < 0 && !snap_lru_.empty()) victim = snap_lru_.front();
+    if (victim < 0) return -1;  // every slot is reserved by this step
+    drop_snapshot(victim);
+  }
+  const int j = snap_free_.back();
+  snap_free_.pop_back();
+  return j;
+}
+
+int KvCacheManager::reserve_snapshot(int seq, std::span<const int> tokens, int end) {
+  const int every = snapshot_interval_tokens();
+  if (every == 0 || end <= 0 || end % every != 0 || end > static_cast<int>(tokens.size())) return -1;
+  Seq& s = seqs_.at(seq);
+  const int B = plan_.block_size, last = end / B - 1;
+  // The chain digest of the block ending at `end` (from the registered ones on).
+  BlockDigest d = s.digests.empty() ? BlockDigest{} : s.digests.back();
+  if (last < static_cast<int>(s.digests.size()))
+    d = s.digests[static_cast<size_t>(last)];
+  else
+    for (int i = static_cast<int>(s.digests.size()); i <= last; ++i)
+      d = hasher_(d, tokens.subspan(static_cast<size_t>(i) * B, B));
+  if (const auto it = snap_index_.find(d); it != snap_index_.end()) {
+    if (snapshot_valid(it->second)) return -1;  // another sequence saved this state already
+    drop_snapshot(it->second);
+  }
+  for (const auto& [e, j] : s.pending_snapshots)
+    if (e == end) return -1;
+  const int j = take_snapshot_slot();
+  if (j < 0) return -1;
+  snaps_[static_cast<size_t>(j)].state = SnapState::pending;
+  s.pending_snapshots.emplace_back(end, j);
+  return plan_.state.snapshot_slot(j);
+}
+
+void KvCacheManager::commit_snapshots(Seq& s, std::span<const int> tokens) {
+  const int B = plan_.block_size;
+  auto& pend = s.pending_snapshots;
+  for (auto p = pend.begin(); p != pend.end();) {
+    const auto [end, j] = *p;
+    const int i = end / B - 1;
+    if (i >= static_cast<int>(s.digests.size())) {  // not computed yet: wait for its step
+      ++p;
+      continue;
+    }
+    p = pend.erase(p);
+    Snapshot& sn = snaps_[static_cast<size_t>(j)];
+    const BlockDigest parent = i == 0 ? BlockDigest{} : s.digests[static_cast<size_t>(i) - 1];
+    const int32_t page = plan_.groups.empty() ? -1
+                         : pool_.lookup(0, s.digests[static_cast<size_t>(i)], parent,
+                                        tokens.subspan(static_cast<size_t>(i) * B, B));
+    const auto it = snap_index_.find(s.digests[static_cast<size_t>(i)]);
+    if (page < 0 || (it != snap_index_.end() && snapshot_valid(it->second))) {
+      sn = Snapshot{};  // no block to tie it to, or saved twice in one step: the first stays
+      snap_free_.push_back(j);
+      continue;
+    }
+    if (it != snap_index_.end()) drop_snapshot(it->second);  // a stale one under the same digest
+    sn.state = SnapState::valid;
+    sn.digest = s.digests[static_cast<size_t>(i)];
+    sn.page = page;
+    sn.lru_pos = snap_lru_.insert(snap_lru_.end(), j);
+    snap_index_[sn.digest] = j;
+  }
+}
+
+void KvCacheManager::reset_snapshots() {
+  for (auto& s : seqs_) s.pending_snapshots.clear();
+  snap_lru_.clear();
+  snap_index_.clear();
+  snap_free_.clear();
+  for (int j = static_cast<int>(snaps_.size()); j-- > 0;) {
+    snaps_[static_cast<size_t>(j)] = Snapshot{};
+    snap_free_.push_back(j);
   }
 }
 

@@ -23,9 +23,23 @@
 // run, sliding groups only those still inside the window of the next query),
 // adopt_prefix() shares those pages into a fresh sequence. Shared pages are
 // never written: a hit is whole blocks and new tokens go to new pages.
+//
+// State snapshots (models with linear_attention layers, kv/state_plan.h;
+// docs/design.md "Prefix snapshots of the linear-attention state"): a hit
+// must also resume the per-sequence state, which only exists where it was
+// copied out. reserve_snapshot() gives a snapshot slot for a sequence whose
+// step ends at a snapshot boundary (every plan.state.snapshot_interval
+// blocks); cache_computed_blocks() ties it to the group-0 page of the block
+// ending at the boundary, keyed by that block's chain digest. A hit is cut
+// back to the longest boundary whose snapshot is still tied to the cached
+// page there (an evicted page invalidates its snapshot). Snapshots are
+// evicted least recently used first, stale ones before any other.
 #pragma once
 #include <cstdint>
+#include <list>
+#include <map>
 #include <memory>
+#include <utility>
 #include <span>
 #include <vector>
 
@@ -89,6 +103,7 @@ class KvCacheManager {
   struct PrefixHit {
     int tokens = 0;            // leading tokens whose K/V are cached (a multiple of block_size)
     int64_t pages_in_use = 0;  // of the pages of the hit, those other sequences hold (not taken from the free count)
+    int state_slot = -1;       // with a state pool: the snapshot slot (backend slot) holding the state at `tokens`
   };
   // The longest reusable prefix of `tokens` (at most tokens.size() - 1: the
   // last token is always computed, so its logits exist). Zero when off.
@@ -100,8 +115,22 @@ class KvCacheManager {
   // Registers the full blocks among the first `num_computed` tokens of `seq`
   // (tokens: the sequence's ids) not yet registered. No-op when off.
   void cache_computed_blocks(int seq, std::span<const int> tokens, int num_computed);
-  // Forgets every cached block (the K/V they hold are stale: new KV scales).
-  void reset_prefix_cache() { pool_.reset_cache(); }
+  // Forgets every cached block and state snapshot (the K/V they hold are
+  // stale: new KV scales).
+  void reset_prefix_cache();
+
+  // ---- state snapshots ----
+  // Prefix caching on a plan with a snapshot interval.
+  bool snapshots_on() const { return prefix_caching_ && plan_.state.snapshots(); }
+  // Tokens between snapshot boundaries (0 when snapshots are off).
+  int snapshot_interval_tokens() const { return snapshots_on() ? plan_.state.snapshot_interval * plan_.block_size : 0; }
+  // A snapshot of seq's state after its first `end` tokens (tokens: its ids;
+  // end a snapshot boundary reached by this step): the backend slot the
+  // runner copies the sequence's slot into after the step, committed by
+  // cache_computed_blocks. -1 when none is needed (the boundary has a valid
+  // snapshot already), snapshots are off, or every slot is reserved.
+  int reserve_snapshot(int seq, std::span<const int> tokens, int end);
+  int64_t num_snapshots() const { return static_cast<int64_t>(snap_index_.size()); }
   int64_t num_cached_blocks() const { return pool_.num_cached(); }
   const BlockPool& pool() const { return pool_; }
   // The digest of a block from its parent's digest and its tokens (SHA-256).
@@ -116,7 +145,24 @@ class KvCacheManager {
     int num_tokens = 0;
     std::vector<std::vector<int32_t>> tables;  // per group
     std::vector<BlockDigest> digests;          // chain digests of the leading full blocks registered so far
+    std::vector<std::pair<int, int>> pending_snapshots;  // (boundary token, snapshot index) reserved this step
   };
+  // Snapshot index j lives in backend slot plan.state.snapshot_slot(j).
+  enum class SnapState : uint8_t { free, pending, valid };
+  struct Snapshot {
+    SnapState state = SnapState::free;
+    BlockDigest digest{};  // chain digest of the block ending at the boundary
+    int32_t page = -1;     // that block's group-0 page (the snapshot is valid while it holds the digest)
+    std::list<int>::iterator lru_pos;
+  };
+  bool snapshot_valid(int j) const {
+    const Snapshot& s = snaps_[static_cast<size_t>(j)];
+    return s.state == SnapState::valid && pool_.holds(s.page, 0, s.digest);
+  }
+  void drop_snapshot(int j);  // a valid or pending snapshot back to free
+  int take_snapshot_slot();   // a free index (evicting stale, then least recently used), or -1
+  void commit_snapshots(Seq& s, std::span<const int> tokens);
+  void reset_snapshots();
   std::vector<BlockDigest> chain_digests(std::span<const int> tokens, int num_blocks) const;
 
   // First logical block a query at position >= `next_pos` can still see.
@@ -130,6 +176,10 @@ class KvCacheManager {
   std::vector<int> free_handles_;
   bool prefix_caching_ = false;
   BlockHasher hasher_ = &sha256_block_digest;
+  std::vector<Snapshot> snaps_;          // [plan.state.snapshot_slots]
+  std::vector<int> snap_free_;           // free indices, back() taken next
+  std::list<int> snap_lru_;              // valid snapshots, front = least recently used
+  std::map<BlockDigest, int> snap_index_;  // valid (or stale, until found) snapshots by digest
 };
 
 }  // namespace fp8kv

@@ -17,6 +17,7 @@
 #include <cctype>
 #include <cmath>
 #include <limits>
+#include <numeric>
 
 #include "io/errors.h"
 
@@ -320,9 +321,85 @@ int max_model_len_that_fits(const ModelConfig& cfg, const KvPlanSettings& s) {
   return static_cast<int>(best);
 }
 
+int auto_snapshot_interval(const KvPlan& p) {
+  const int64_t B = p.block_size;
+  const int64_t step = std::lcm<int64_t>(B, kSnapshotAlignTokens) / B;  // blocks per aligned boundary
+  const uint64_t per_block = static_cast<uint64_t>(p.groups.size()) * p.page_bytes;
+  const uint64_t state = p.state.bytes_per_sequence();
+  const uint64_t blocks = std::max<uint64_t>(1, (state + per_block - 1) / per_block);
+  const uint64_t n = (blocks + step - 1) / static_cast<uint64_t>(step) * static_cast<uint64_t>(step);
+  return static_cast<int>(std::min<uint64_t>(n, std::numeric_limits<int>::max()));
+}
+
+namespace {
+// Prefix caching on a model with a state pool: the snapshot interval, or why
+// none can be used (p.prefix_caching_off_reason).
+void plan_snapshot_interval(KvPlan& p, const KvPlanSettings& s) {
+  if (s.state_snapshot_interval < 0)
+    throw InputError(fmt::format("--state-snapshot-interval must be >= 1 (got {})", s.state_snapshot_interval));
+  if (!s.prefix_caching || p.state.empty()) return;
+  for (const auto& g : p.groups)
+    if (g.window > 0) {
+      // A hit would also need the window's pages, which the snapshot rule
+      // does not cover; no such model exists (Qwen3.5 is full attention +
+      // linear attention).
+      p.prefix_caching_off_reason = fmt::format(
+          "its linear_attention layers sit beside sliding-window layers (window {}), a combination the state "
+          "snapshots do not cover",
+          g.window);
+      return;
+    }
+  const int n = s.state_snapshot_interval > 0 ? s.state_snapshot_interval : auto_snapshot_interval(p);
+  const int64_t tokens = static_cast<int64_t>(n) * p.block_size;
+  if (tokens >= p.max_model_len) {
+    if (s.state_snapshot_interval > 0)
+      throw InputError(fmt::format("--state-snapshot-interval {} x --block-size {} = {} tokens: no sequence of "
+                                   "max_model_len {} reaches a snapshot boundary; give fewer blocks",
+                                   n, p.block_size, tokens, p.max_model_len));
+    p.prefix_caching_off_reason = fmt::format(
+        "a state snapshot every {} blocks ({} tokens, where one costs no more than the KV blocks it covers) lies "
+        "beyond max_model_len {}; --state-snapshot-interval sets a shorter one",
+        n, tokens, p.max_model_len);
+    return;
+  }
+  p.state.snapshot_interval = n;
+}
+
+// The KV blocks beside a state snapshot pool: the most blocks b with
+// b x page_bytes + floor(b / (groups x interval)) x state bytes <= avail
+// (a snapshot for every interval of cached blocks), when at least one
+// request of max_model_len fits that way; else as without snapshots (the
+// snapshots get what is left). The snapshot slots are what remains.
+uint64_t blocks_beside_snapshots(KvPlan& p, uint64_t avail) {
+  const uint64_t page = p.page_bytes, state = p.state.bytes_per_sequence();
+  const uint64_t per = static_cast<uint64_t>(p.groups.size()) * static_cast<uint64_t>(p.state.snapshot_interval);
+  auto cost = [&](unsigned __int128 b) { return b * page + b / per * state; };
+  uint64_t lo = static_cast<uint64_t>(static_cast<unsigned __int128>(avail) * per / (per * page + state));
+  uint64_t hi = lo + per + 1;  // cost(b) >= b (page + state / per) - state bounds the answer
+  while (lo < hi) {            // largest b with cost(b) <= avail (cost is monotone)
+    const uint64_t mid = lo + (hi - lo + 1) / 2;
+    if (cost(mid) <= avail)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const uint64_t blocks = lo >= static_cast<uint64_t>(p.blocks_per_request) ? lo : avail / page;
+  p.state.snapshot_slots = static_cast<int64_t>((avail - std::min<uint64_t>(avail, blocks * page)) / state);
+  return blocks;
+}
+}  // namespace
+
 KvPlan plan_kv_cache(const ModelConfig& cfg, const KvPlanSettings& s) {
   KvPlan p = plan_structure(cfg, s);
-  const uint64_t blocks = kv_bytes_after_state(p, s) / p.page_bytes;
+  plan_snapshot_interval(p, s);
+  const uint64_t avail = kv_bytes_after_state(p, s);
+  const uint64_t blocks = p.state.snapshots() ? blocks_beside_snapshots(p, avail) : avail / p.page_bytes;
+  if (p.state.snapshots() && p.state.snapshot_slots == 0) {
+    p.prefix_caching_off_reason = fmt::format(
+        "the budget leaves no room for one state snapshot ({} bytes) beside a request of max_model_len {}",
+        p.state.bytes_per_sequence(), p.max_model_len);
+    p.state.snapshot_interval = 0;
+  }
   // Block ids are int32 (BlockPool, block tables): a budget with more blocks
   // is refused here, naming where the budget came from (issue 15 item 10).
   constexpr uint64_t kMaxBlocks = std::numeric_limits<int32_t>::max();
@@ -406,6 +483,11 @@ std::string kv_plan_log_line(const KvPlan& p) {
                         p.state.num_slots, p.state.bytes_per_sequence(), format_bytes(p.state.pool_bytes()),
                         p.state.layers.size(), state_dtype_name(p.state.conv_dtype),
                         state_dtype_name(p.state.ssm_dtype));
+  if (p.state.snapshots())
+    line += fmt::format("; state snapshots (prefix caching): every {} blocks ({} tokens, --state-snapshot-interval), "
+                        "{} slots = {}",
+                        p.state.snapshot_interval, static_cast<int64_t>(p.state.snapshot_interval) * p.block_size,
+                        p.state.snapshot_slots, format_bytes(p.state.snapshot_pool_bytes()));
   return line;
 }
 

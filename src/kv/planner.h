@@ -41,6 +41,14 @@ struct KvPlanSettings {
   // Linear-attention models (kv/state_plan.h): the state dtypes.
   StateDtype conv_state_dtype = StateDtype::bf16;
   StateDtype ssm_state_dtype = StateDtype::f32;
+  // Prefix caching (the engine's --enable-prefix-caching): on a model with a
+  // state pool it adds the state snapshot pool, which shares the budget with
+  // the KV blocks (docs/design.md "Prefix snapshots of the linear-attention
+  // state"). No effect on other models.
+  bool prefix_caching = false;
+  // --state-snapshot-interval: blocks between snapshot boundaries; 0: auto
+  // (auto_snapshot_interval).
+  int state_snapshot_interval = 0;
 };
 
 struct KvGroupPlan {
@@ -87,7 +95,23 @@ struct KvPlan {
   // other models): state.pool_bytes() comes out of kv_memory_bytes before
   // the KV blocks are carved. groups cover the attention layers only.
   StatePlan state;
+  // Prefix caching was asked for on a model with a state pool but cannot
+  // run: why (the engine logs it and keeps caching off). Empty otherwise.
+  std::string prefix_caching_off_reason;
 };
+
+// The GDN chunked form's alignment (backend/cpu/gdn.h kGdnChunk): a prefill
+// split at a multiple of it keeps the one-shot bits, so automatic snapshot
+// boundaries fall on multiples of it.
+inline constexpr int kSnapshotAlignTokens = 64;
+
+// The automatic snapshot interval of a plan with a state pool (blocks): the
+// smallest multiple of kSnapshotAlignTokens / block_size (made whole) at
+// which one snapshot costs no more than the KV pages of the blocks between
+// two boundaries (interval x KV groups x page_bytes >= state bytes per
+// sequence), so snapshots take at most half of what they share with the KV
+// blocks.
+int auto_snapshot_interval(const KvPlan& p);
 
 // Throws InputError (with what would fit) on bad settings or when memory is
 // too small for one sequence of max_model_len.

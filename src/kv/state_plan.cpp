@@ -36,6 +36,11 @@ uint64_t StatePlan::pool_bytes() const {
              bytes_per_sequence());
 }
 
+uint64_t StatePlan::snapshot_pool_bytes() const {
+  return mul("state snapshot pool bytes (snapshot slots x state bytes per sequence)",
+             static_cast<uint64_t>(snapshot_slots), bytes_per_sequence());
+}
+
 StatePlan plan_state(const ModelConfig& cfg, int max_num_seqs, int tp, StateDtype conv_dtype, StateDtype ssm_dtype) {
   StatePlan p;
   if (!cfg.gdn) return p;

@@ -5,6 +5,13 @@
 // [Hv][Dk][Dv]. Its size does not depend on the context length: it comes out
 // of the KV budget before the KV blocks are carved (plan_kv_cache), so the
 // engine and `fp8kv capacity` count it the same way.
+//
+// With prefix caching on, a second pool of the same slots holds snapshots:
+// a sequence's state copied at a snapshot boundary (every
+// snapshot_interval blocks), which a prefix hit resumes from
+// (docs/design.md "Prefix snapshots of the linear-attention state"). The
+// backend allocates both pools as one array of total_slots() slots: running
+// slots [0, num_slots), snapshot j at slot num_slots + j.
 #pragma once
 #include <cstdint>
 #include <string_view>
@@ -30,11 +37,19 @@ struct StatePlan {
   StateDtype conv_dtype = StateDtype::bf16;
   StateDtype ssm_dtype = StateDtype::f32;
 
+  // Prefix caching (0 / 0 when off): the snapshot pool and its boundaries.
+  int64_t snapshot_slots = 0;
+  int snapshot_interval = 0;  // blocks between snapshot boundaries
+
   bool empty() const { return layers.empty(); }
+  bool snapshots() const { return snapshot_interval > 0; }
+  int64_t total_slots() const { return num_slots + snapshot_slots; }
+  int snapshot_slot(int64_t j) const { return static_cast<int>(num_slots + j); }  // backend slot of snapshot j
   uint64_t conv_bytes_per_layer() const;  // C x (K-1) x conv dtype bytes
   uint64_t ssm_bytes_per_layer() const;   // Hv x Dk x Dv x ssm dtype bytes
   uint64_t bytes_per_sequence() const;    // every layer's conv + recurrent state
-  uint64_t pool_bytes() const;            // num_slots x bytes_per_sequence
+  uint64_t pool_bytes() const;            // num_slots x bytes_per_sequence (the running sequences)
+  uint64_t snapshot_pool_bytes() const;   // snapshot_slots x bytes_per_sequence
 };
 
 // The state plan of `cfg` (empty when it has no linear_attention layer).

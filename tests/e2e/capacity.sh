@@ -134,6 +134,41 @@ usable = int(1 << 30) * 9 // 10
 assert abs(c["kv_memory_bytes"] - (usable - tensor_bytes - act)) <= 1, c
 PY
 
+# ---- Qwen3.5-27B: the state snapshots of prefix caching share the budget ----
+# (docs/capacity.md "Linear-attention state and its prefix snapshots")
+run_ok q35_on "$CFG/qwen3.5-27b" --kv-memory 80GiB --max-num-seqs 16 --max-model-len 32768 --json
+run_ok q35_off "$CFG/qwen3.5-27b" --kv-memory 80GiB --max-num-seqs 16 --max-model-len 32768 --json \
+  --no-enable-prefix-caching
+run_ok q35_sparse "$CFG/qwen3.5-27b" --kv-memory 80GiB --max-num-seqs 16 --max-model-len 32768 --json \
+  --state-snapshot-interval 1000
+python3 - "$T/q35_on.out" "$T/q35_off.out" "$T/q35_sparse.out" <<'PY' || fail "qwen3.5 snapshot JSON"
+import json, sys
+on, off, sparse = (json.load(open(p)) for p in sys.argv[1:4])
+budget = 80 << 30
+per_seq = on["state_bytes_per_sequence"]
+# 48 linear layers x (conv [2 x 16 x 128 + 48 x 128][3] bf16 + recurrent [48][128][128] f32)
+assert per_seq == 48 * (10240 * 3 * 2 + 48 * 128 * 128 * 4), per_seq
+assert off["state_snapshot_slots"] == 0 and off["state_snapshot_interval"] == 0 and off["state_snapshot_bytes"] == 0
+assert off["prefix_caching_off_reason"] is None
+n = on["state_snapshot_interval"]
+page = on["page_bytes"]  # 16 full layers x 16 tokens x K+V x 4 heads x 256 x 2 B = 1 MiB, one group
+assert page == 1 << 20 and len(on["groups"]) == 1, page
+# automatic: multiple of 4 blocks (64 tokens), the least with n x page >= a snapshot
+assert n % 4 == 0 and n * page >= per_seq and (n - 4) * page < per_seq, n
+assert on["state_snapshot_bytes"] == on["state_snapshot_slots"] * per_seq
+used = on["state_pool_bytes"] + on["pool_bytes"] + on["state_snapshot_bytes"]
+assert used <= budget and budget - used < per_seq, (used, budget)
+assert on["state_snapshot_slots"] >= on["num_blocks"] // n
+assert on["num_blocks"] < off["num_blocks"] and off["num_blocks"] == (budget - off["state_pool_bytes"]) // page
+assert sparse["state_snapshot_interval"] == 1000 and on["num_blocks"] < sparse["num_blocks"] < off["num_blocks"]
+assert "state snapshots (prefix caching): every %d blocks" % n in on["log_line"], on["log_line"]
+PY
+run_ok q35_text "$CFG/qwen3.5-27b" --kv-memory 80GiB --max-num-seqs 16 --max-model-len 32768
+grep -qF "state snapshots (prefix caching): every" "$T/q35_text.out" || fail "capacity text lacks the snapshot line"
+run_bad q35_interval0 "--state-snapshot-interval" "$CFG/qwen3.5-27b" --kv-memory 80GiB --state-snapshot-interval 0
+run_bad q35_interval_long "--state-snapshot-interval 3000 x --block-size 16 = 48000 tokens" \
+  "$CFG/qwen3.5-27b" --kv-memory 80GiB --max-num-seqs 16 --max-model-len 32768 --state-snapshot-interval 3000
+
 # ---- bad input: exit 2, one clear line ----
 run_bad too_small "the largest max_model_len that fits is 81920" "$CFG/llama-3.1-8b" --kv-memory 10GiB
 run_bad gpu_small "or a --max-model-len of at most" "$CFG/llama-3.1-8b" --gpu-memory 24GiB

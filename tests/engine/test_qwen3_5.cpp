@@ -2,8 +2,9 @@
 // gated full attention): the state pool's life cycle (zeroed at a sequence's
 // first token, carried across prefill chunks and decode steps, slots reused),
 // chunked prefill against one-shot, decode against prefill, batching,
-// preemption by recompute, and prefix caching being off. The transformers
-// comparison is test_goldens_qwen3_5.cpp.
+// preemption by recompute. Prefix caching through state snapshots is
+// test_qwen3_5_prefix.cpp; the transformers comparison is
+// test_goldens_qwen3_5.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -69,7 +70,9 @@ double max_logprob_diff(const ScoreResult& a, const ScoreResult& b) {
 
 TEST(Qwen3_5Engine, PlanCountsTheStatePoolAndOnlyAttentionLayers) {
   Fixture f;
-  auto e = f.make();
+  EngineOptions o = opts();
+  o.enable_prefix_caching = false;  // no snapshot pool (test_qwen3_5_prefix.cpp counts that one)
+  auto e = f.make(o);
   const KvPlan& p = e->kv_plan();
   ASSERT_EQ(p.groups.size(), 1u);
   EXPECT_EQ(p.groups[0].layers, std::vector<int>{3});
@@ -159,21 +162,6 @@ TEST(Qwen3_5Engine, BatchedEqualsAloneAndPreemptionRecomputes) {
       EXPECT_GT(e->num_preemptions(), 0);
     }
   }
-}
-
-TEST(Qwen3_5Engine, PrefixCachingIsOff) {
-  Fixture f;
-  EngineOptions o = opts();
-  o.enable_prefix_caching = true;
-  auto e = f.make(o);
-  const auto p = random_tokens(40, 7);
-  GenerateOptions g;
-  g.max_tokens = 2;
-  g.stop_at_eos = false;
-  const auto a = e->generate(p, g);
-  const auto b = e->generate(p, g);
-  EXPECT_EQ(a.tokens, b.tokens);
-  EXPECT_EQ(e->prefix_cache_stats().hits, 0);
 }
 
 // Tensor parallelism shards the linear heads like attention heads

@@ -2,6 +2,7 @@
 // per-sequence state pool (kv/state_plan.h) comes out of the budget first.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "io/errors.h"
@@ -73,4 +74,81 @@ TEST(PlannerQwen3_5, BudgetBelowTheStatePoolIsRefusedNamingIt) {
         << e.what();
   }
   EXPECT_EQ(max_model_len_that_fits(c, settings(KvDtype::bf16, 1000)), 0);
+}
+
+// Prefix caching's state snapshots (docs/design.md "Prefix snapshots of the
+// linear-attention state"): the snapshot pool comes out of the same budget
+// as the KV blocks, one snapshot per interval of blocks.
+TEST(PlannerQwen3_5, SnapshotPoolSharesTheBudget) {
+  const ModelConfig c = hybrid();
+  KvPlanSettings s = settings(KvDtype::bf16, 64u << 20);
+  const KvPlan off = plan_kv_cache(c, s);
+  EXPECT_EQ(off.state.snapshot_slots, 0);
+  EXPECT_EQ(off.state.snapshot_interval, 0);
+  s.prefix_caching = true;
+  const KvPlan on = plan_kv_cache(c, s);
+  const uint64_t per_seq = on.state.bytes_per_sequence();
+  // Automatic interval: 64-token aligned (4 blocks of 16), and the least at
+  // which a snapshot costs no more than the KV pages it covers.
+  const int n = on.state.snapshot_interval;
+  EXPECT_EQ(n, auto_snapshot_interval(on));
+  EXPECT_EQ(n % 4, 0);
+  EXPECT_GE(static_cast<uint64_t>(n) * on.page_bytes, per_seq);
+  EXPECT_LT(static_cast<uint64_t>(n - 4) * on.page_bytes, per_seq);
+  // Every byte accounted: running states + KV blocks + snapshots <= budget,
+  // with less than one block or one snapshot left over.
+  const uint64_t used = on.state.pool_bytes() + on.pool_bytes() + on.state.snapshot_pool_bytes();
+  EXPECT_LE(used, 64u << 20);
+  EXPECT_LT((64u << 20) - used, per_seq);
+  EXPECT_GE(on.state.snapshot_slots, on.num_blocks / n);  // a snapshot for every interval of cached blocks
+  EXPECT_LT(on.num_blocks, off.num_blocks);
+  EXPECT_EQ(on.state.snapshot_pool_bytes(), static_cast<uint64_t>(on.state.snapshot_slots) * per_seq);
+  EXPECT_NE(kv_plan_log_line(on).find(fmt::format("state snapshots (prefix caching): every {} blocks ({} tokens", n,
+                                                  n * 16)),
+            std::string::npos)
+      << kv_plan_log_line(on);
+  // An explicit interval: fewer snapshots for a longer one.
+  s.state_snapshot_interval = 4 * n;
+  const KvPlan sparse = plan_kv_cache(c, s);
+  EXPECT_EQ(sparse.state.snapshot_interval, 4 * n);
+  EXPECT_GT(sparse.num_blocks, on.num_blocks);
+  EXPECT_LT(sparse.state.snapshot_slots, on.state.snapshot_slots);
+  // The one-request minimum is unchanged: at that budget the blocks come
+  // first and the snapshots take what is left (none here: caching is off, saying why).
+  s.state_snapshot_interval = 0;
+  s.kv_memory_bytes = kv_memory_needed(c, s);
+  const KvPlan tight = plan_kv_cache(c, s);
+  EXPECT_EQ(tight.num_blocks, tight.blocks_per_request);
+  EXPECT_EQ(tight.state.snapshot_slots, 0);
+  EXPECT_FALSE(tight.state.snapshots());
+  EXPECT_NE(tight.prefix_caching_off_reason.find("no room for one state snapshot"), std::string::npos);
+}
+
+TEST(PlannerQwen3_5, SnapshotIntervalBeyondMaxModelLenIsRefusedNamingTheFlag) {
+  const ModelConfig c = hybrid();
+  KvPlanSettings s = settings(KvDtype::bf16, 64u << 20);
+  s.prefix_caching = true;
+  s.state_snapshot_interval = 64;  // 64 x 16 = 1024 tokens = max_model_len
+  try {
+    plan_kv_cache(c, s);
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--state-snapshot-interval 64 x --block-size 16 = 1024 tokens"),
+              std::string::npos)
+        << e.what();
+  }
+  s.state_snapshot_interval = -1;
+  EXPECT_THROW(plan_kv_cache(c, s), InputError);
+  // Other models: the flag changes nothing.
+  const ModelConfig dense = parse_model_config(nlohmann::json::parse(R"({
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+    "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 64, "vocab_size": 1000, "max_position_embeddings": 4096
+  })"),
+                                               "config.json");
+  s.state_snapshot_interval = 4;
+  const KvPlan d = plan_kv_cache(dense, s);
+  s.prefix_caching = false;
+  EXPECT_EQ(d.num_blocks, plan_kv_cache(dense, s).num_blocks);
+  EXPECT_FALSE(d.state.snapshots());
 }

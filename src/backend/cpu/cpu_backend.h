@@ -63,6 +63,7 @@ class CpuBackend final : public Backend {
   void mul_sigmoid(Tensor& x, const Tensor& gate) override;
   void gated_delta_net(const StepBatch& batch, int layer, const BackendLayerWeights& w, const Tensor& qkv,
                        const Tensor& z, const Tensor& b, const Tensor& a, float eps, Tensor& out) override;
+  void copy_state_slot(int src, int dst) override;
 
  private:
   ModelConfig cfg_;

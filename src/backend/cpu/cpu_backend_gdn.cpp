@@ -60,8 +60,21 @@ void CpuBackend::allocate_state(const StatePlan& plan) {
   ssm_state_.clear();
   for (size_t i = 0; i < plan.layers.size(); ++i) {
     state_index_.at(plan.layers[i]) = static_cast<int>(i);
-    conv_state_.push_back(alloc(plan.num_slots * plan.conv_bytes_per_layer()));  // zero-filled
-    ssm_state_.push_back(alloc(plan.num_slots * plan.ssm_bytes_per_layer()));
+    conv_state_.push_back(alloc(plan.total_slots() * plan.conv_bytes_per_layer()));  // zero-filled
+    ssm_state_.push_back(alloc(plan.total_slots() * plan.ssm_bytes_per_layer()));
+  }
+}
+
+void CpuBackend::copy_state_slot(int src, int dst) {
+  if (src < 0 || dst < 0 || src >= state_.total_slots() || dst >= state_.total_slots())
+    bad("copy_state_slot", fmt::format("slots {} -> {} outside the pool of {} slots", src, dst, state_.total_slots()));
+  if (src == dst) return;
+  const uint64_t cb = state_.conv_bytes_per_layer(), sb = state_.ssm_bytes_per_layer();
+  for (size_t i = 0; i < conv_state_.size(); ++i) {
+    char* c = static_cast<char*>(conv_state_[i].data());
+    char* r = static_cast<char*>(ssm_state_[i].data());
+    std::memcpy(c + dst * cb, c + src * cb, cb);
+    std::memcpy(r + dst * sb, r + src * sb, sb);
   }
 }
 

@@ -109,6 +109,8 @@ class CudaBackend final : public Backend {
   void mul_sigmoid(Tensor& x, const Tensor& gate) override;
   void gated_delta_net(const StepBatch& batch, int layer, const BackendLayerWeights& w, const Tensor& qkv,
                        const Tensor& z, const Tensor& b, const Tensor& a, float eps, Tensor& out) override;
+  // Prefix snapshots: cudaMemcpyAsync per layer on the step stream (outside any graph).
+  void copy_state_slot(int src, int dst) override;
 
   // CUDA graphs per decode bucket (docs/cuda_backend.md "CUDA graphs").
   bool supports_graphs() const override { return !enforce_eager_ && observer_ == nullptr; }

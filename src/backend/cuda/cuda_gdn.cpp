@@ -34,7 +34,8 @@ void CudaBackend::allocate_state(const StatePlan& plan) {
   ssm_state_.clear();
   for (size_t i = 0; i < plan.layers.size(); ++i) {
     state_index_.at(plan.layers[i]) = static_cast<int>(i);
-    const size_t cb = plan.num_slots * plan.conv_bytes_per_layer(), sb = plan.num_slots * plan.ssm_bytes_per_layer();
+    const size_t cb = plan.total_slots() * plan.conv_bytes_per_layer(),
+                 sb = plan.total_slots() * plan.ssm_bytes_per_layer();
     conv_state_.push_back(alloc(cb));
     ssm_state_.push_back(alloc(sb));
     // Zeroed for tidiness only: a sequence's first step (position 0) starts
@@ -43,6 +44,21 @@ void CudaBackend::allocate_state(const StatePlan& plan) {
     FP8KV_CU(cudaMemsetAsync(ssm_state_.back().data(), 0, sb, stream_));
   }
   FP8KV_CU(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::copy_state_slot(int src, int dst) {
+  if (src < 0 || dst < 0 || src >= state_.total_slots() || dst >= state_.total_slots())
+    bad("copy_state_slot", fmt::format("slots {} -> {} outside the pool of {} slots", src, dst, state_.total_slots()));
+  if (src == dst) return;
+  const uint64_t cb = state_.conv_bytes_per_layer(), sb = state_.ssm_bytes_per_layer();
+  // Device-to-device on the step stream: ordered after the step that wrote
+  // the source and before the next one that reads the destination.
+  for (size_t i = 0; i < conv_state_.size(); ++i) {
+    char* c = static_cast<char*>(conv_state_[i].data());
+    char* r = static_cast<char*>(ssm_state_[i].data());
+    FP8KV_CU(cudaMemcpyAsync(c + dst * cb, c + src * cb, cb, cudaMemcpyDeviceToDevice, stream_));
+    FP8KV_CU(cudaMemcpyAsync(r + dst * sb, r + src * sb, sb, cudaMemcpyDeviceToDevice, stream_));
+  }
 }
 
 void CudaBackend::split_q_gate(const Tensor& qg, int D, Tensor& q, Tensor& gate) {
