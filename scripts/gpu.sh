@@ -486,7 +486,7 @@ case ${1:-} in
     for a in "$@"; do
       case $a in
         all) steps+=(test kernels engine serve); [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ] && steps+=(tp) ;;
-        test|kernels|engine|serve|tp|goldens) steps+=("$a") ;;
+        test|kernels|engine|fp8w|serve|tp|goldens) steps+=("$a") ;;
         *) echo "gpu.sh: unknown subcommand '$a'" >&2; usage >&2; exit 2 ;;
       esac
     done

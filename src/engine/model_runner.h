@@ -104,13 +104,18 @@ class ModelRunner {
   // (engine/tp_runner.h): rank 0 prepares the batch and sends it; a follower
   // process has no scheduler and takes rank 0's batch with set_prepared.
   void prepare(const SchedulerOutput& out) { build_batch(out); }
-  void set_prepared(StepBatch b) {
+  // The state-slot copies (prefix snapshots) travel with the batch: every
+  // rank holds its heads' states in the same slots.
+  using StateCopies = std::vector<std::pair<int32_t, int32_t>>;
+  void set_prepared(StepBatch b, StateCopies restores, StateCopies saves) {
     batch_ = std::move(b);
     step_seqs_.clear();
     step_params_.clear();
-    state_restores_.clear();  // state copies run on one rank only (Gated DeltaNet models run at TP 1)
-    state_saves_.clear();
+    state_restores_ = std::move(restores);
+    state_saves_ = std::move(saves);
   }
+  const StateCopies& state_restores() const { return state_restores_; }
+  const StateCopies& state_saves() const { return state_saves_; }
   void run_prepared();
   // First row of out.seqs[i] in the step.
   int first_row(int i) const { return batch_.query_start[i]; }

@@ -120,6 +120,24 @@ StepBatch read_batch(Reader& r) {
   return b;
 }
 
+// Prefix-snapshot copies (src slot, dst slot), flattened.
+void write_state_copies(Writer& w, const ModelRunner::StateCopies& c) {
+  std::vector<int32_t> flat;
+  for (const auto& [src, dst] : c) {
+    flat.push_back(src);
+    flat.push_back(dst);
+  }
+  w.vec(flat);
+}
+
+ModelRunner::StateCopies read_state_copies(Reader& r) {
+  const std::vector<int32_t> flat = r.vec<int32_t>();
+  if (flat.size() % 2 != 0) throw std::runtime_error("tensor-parallel control channel: odd state-copy list");
+  ModelRunner::StateCopies c;
+  for (size_t i = 0; i < flat.size(); i += 2) c.emplace_back(flat[i], flat[i + 1]);
+  return c;
+}
+
 void write_stream(Writer& w, const StreamScale& x) {
   w.vec(x.values);
   w.pod<uint8_t>(x.from_checkpoint ? 1 : 0);
@@ -459,10 +477,13 @@ void TpRunner::follow() {
         return;
       case kPing:
         break;
-      case kExecute:
-        m.set_prepared(read_batch(r));
+      case kExecute: {
+        StepBatch b = read_batch(r);
+        ModelRunner::StateCopies restores = read_state_copies(r);
+        m.set_prepared(std::move(b), std::move(restores), read_state_copies(r));
         m.run_prepared();
         break;
+      }
       case kLogits: {
         const auto rows = r.vec<int32_t>();
         m.logits_to_host(rows, scratch);
@@ -592,6 +613,8 @@ void TpRunner::forward(const SchedulerOutput& out, const StepSampling& sampling)
     Writer w;
     w.pod<char>(kExecute);
     write_batch(w, m.batch());
+    write_state_copies(w, m.state_restores());
+    write_state_copies(w, m.state_saves());
     broadcast(w.s);
     try {
       m.run_prepared();

@@ -19,6 +19,7 @@
 #include "io/errors.h"
 #include "model/weights.h"
 #include "numerics/fp8.h"
+#include "numerics/fp8_weights.h"
 
 namespace fp8kv {
 
@@ -113,12 +114,57 @@ class PinnedUploader {
 };
 
 
+// The e4m3 GEMV reads a row 16 bytes at a time, so the fp8 kernels need a
+// column count divisible by 16. A host fp8 matrix without one (no released
+// checkpoint has such a matrix; the small golden models do) is dequantized
+// here to fp32 and uploaded as bf16: the bf16 path, with the bytes the W8A16
+// prefill slices hold anyway (docs/cuda_backend.md "FP8 weights").
+bool fp8_native(const WeightMatrix& m) { return !m.fp8 || m.cols % 16 == 0; }
+
+WeightMatrix dequantized_f32(const WeightMatrix& m) {
+  auto out = std::make_shared<std::vector<float>>(static_cast<size_t>(m.rows * m.cols));
+  dequantize_fp8_weight_rows(static_cast<const uint8_t*>(m.data),
+                             Fp8WeightScales{m.scales->data(), m.scale_granularity, Fp8Compute::w8a16}, m.rows, m.cols,
+                             0, m.rows, out->data());
+  WeightMatrix d;
+  d.rows = m.rows;
+  d.cols = m.cols;
+  d.data = out->data();
+  d.owner = out;
+  return d;
+}
+
+// w, or a copy of it whose fp8 matrices that fp8_native refuses are fp32.
+std::shared_ptr<const ModelWeights> with_native_fp8(std::shared_ptr<const ModelWeights> w) {
+  bool all = true;
+  auto each = [&](auto&& f, auto& weights) {
+    for (auto& L : weights.layers)
+      for (auto* m : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj, &L.up_proj, &L.down_proj}) f(*m);
+    if (weights.lm_head) f(*weights.lm_head);
+  };
+  each([&](const WeightMatrix& m) { all = all && fp8_native(m); }, *w);
+  if (all) return w;
+  auto c = std::make_shared<ModelWeights>(*w);
+  each(
+      [&](WeightMatrix& m) {
+        if (fp8_native(m)) return;
+        if (m.dummy || !m.data)
+          throw InputError(fmt::format("--backend cuda: a generated fp8 weight of {} columns: the CUDA fp8 kernels "
+                                       "need a column count divisible by 16",
+                                       m.cols));
+        m = dequantized_f32(m);
+      },
+      *c);
+  return c;
+}
+
 }  // namespace
 
 // ---- weights ----------------------------------------------------------------
 
 BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w) {
   StartupPhase phase("weights upload (cuda)");
+  w = with_native_fp8(std::move(w));
   BackendWeights b;
   PinnedUploader up(stream_);
   // A host matrix through the staging buffers, or a dummy one generated here.
@@ -142,10 +188,7 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
   // they are, the scales as f32 beside them; the linear kernels dequantize.
   bool any_fp8 = false;
   auto check_fp8 = [&](const WeightMatrix& m) {
-    if (m.cols % 16 != 0)
-      throw InputError(fmt::format("--backend cuda: an fp8 weight of {} columns: the CUDA fp8 kernels need a column "
-                                   "count divisible by 16",
-                                   m.cols));
+    if (!fp8_native(m)) bad("upload_weights", "an fp8 matrix with a column count not divisible by 16");
     const auto [sr, sc] = fp8_scale_shape(m.scale_granularity, m.rows, m.cols);
     if (!m.scales || static_cast<int64_t>(m.scales->size()) != sr * sc)
       bad("upload_weights", "an fp8 matrix without scales of its shape");

@@ -32,11 +32,12 @@ __device__ __forceinline__ uint32_t cvt_fp8x2(float lo, float hi) {
 }
 // 8 elements -> 8 codes (element 0 in the low byte of lo): fp8 (saturating
 // cvt) or int8 (int8_code) of the correctly rounded quotient.
-// clipped (per-tensor fp8 only): += the elements whose correctly rounded
+// clipped (per-tensor fp8 only; counted always, added up by the caller
+// only when it counts): += the elements whose correctly rounded
 // quotient is beyond the format's max finite (an inf input counts, NaN does
 // not): the CPU store's rule (backend/cpu/kv_ops.h), on the same quotient.
 template <int DT>
-__device__ __forceinline__ uint2 quant8(const float (&x)[8], float s, float rcp, uint32_t* clipped = nullptr) {
+__device__ __forceinline__ uint2 quant8(const float (&x)[8], float s, float rcp, uint32_t& clipped) {
   float q[8];
   bool bad = false;
 #pragma unroll
@@ -48,14 +49,13 @@ __device__ __forceinline__ uint2 quant8(const float (&x)[8], float s, float rcp,
     bad |= !(fabsf(q0) < 0x1p64f);  // huge, inf, NaN
   }
   uint32_t w[2];
-  if constexpr (DT == kE4m3 || DT == kE5m2) {
-    if (clipped) {
-      constexpr float kM = DT == kE5m2 ? 57344.0f : 448.0f;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) *clipped += fabsf(bad ? __fdiv_rn(x[i], s) : q[i]) > kM;
-    }
-  }
+  constexpr float kM = DT == kE5m2 ? 57344.0f : 448.0f;
+  constexpr bool kCount = DT == kE4m3 || DT == kE5m2;
   if (!bad) {
+    if constexpr (kCount) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) clipped += fabsf(q[i]) > kM;
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       if constexpr (DT == kI8Pth) {
@@ -70,7 +70,10 @@ __device__ __forceinline__ uint2 quant8(const float (&x)[8], float s, float rcp,
     for (int h = 0; h < 2; ++h) {
       w[h] = 0;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) w[h] |= quant_code_exact<DT>(x[4 * h + i], s) << (8 * i);
+      for (int i = 0; i < 4; ++i) {
+        w[h] |= quant_code_exact<DT>(x[4 * h + i], s) << (8 * i);
+        if constexpr (kCount) clipped += fabsf(__fdiv_rn(x[4 * h + i], s)) > kM;
+      }
     }
   }
   return make_uint2(w[0], w[1]);
@@ -81,7 +84,8 @@ __device__ __forceinline__ uint2 quant8(const float (&x)[8], float s, float rcp,
 // values, or inf in the row) take the IEEE division.
 template <int DT>
 __device__ __forceinline__ uint2 quant8_pth(const float (&x)[8], float s) {
-  if (s >= 0x1p-92f && s <= FLT_MAX) return quant8<DT>(x, s, __frcp_rn(s));
+  uint32_t unused = 0;  // per-token-head scales never clip
+  if (s >= 0x1p-92f && s <= FLT_MAX) return quant8<DT>(x, s, __frcp_rn(s), unused);
   uint32_t w[2] = {0u, 0u};
 #pragma unroll
   for (int i = 0; i < 8; ++i) w[i / 4] |= quant_code_exact<DT>(x[i], s) << (8 * (i % 4));
@@ -171,8 +175,6 @@ template <int DT>
 __global__ void __launch_bounds__(256) store_kernel(const StoreParams p) {
   const int chunks = p.num_kv_heads * p.head_dim / 8;  // 8-element chunks per token row
   uint32_t ck = 0, cv = 0;                              // elements this thread clipped
-  uint32_t* const pk = p.clips ? &ck : nullptr;
-  uint32_t* const pv = p.clips ? &cv : nullptr;
   for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
     const int elem = c * 8;
     float sk = 1.0f, sv = 1.0f, rk = 1.0f, rv = 1.0f;
@@ -201,8 +203,8 @@ __global__ void __launch_bounds__(256) store_kernel(const StoreParams p) {
           *reinterpret_cast<uint4*>(p.k_cache + dst * 2) = make_uint4(wk[0], wk[1], wk[2], wk[3]);
           *reinterpret_cast<uint4*>(p.v_cache + dst * 2) = make_uint4(wv[0], wv[1], wv[2], wv[3]);
         } else {
-          *reinterpret_cast<uint2*>(p.k_cache + dst) = quant8<DT>(xk[u], sk, rk, pk);
-          *reinterpret_cast<uint2*>(p.v_cache + dst) = quant8<DT>(xv[u], sv, rv, pv);
+          *reinterpret_cast<uint2*>(p.k_cache + dst) = quant8<DT>(xk[u], sk, rk, ck);
+          *reinterpret_cast<uint2*>(p.v_cache + dst) = quant8<DT>(xv[u], sv, rv, cv);
         }
       }
     }
