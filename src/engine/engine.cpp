@@ -224,7 +224,7 @@ class EngineImpl final : public Engine {
 
   void set_kv_scales(KvScales s) override {
     // The shared validator (kv/scale_loader.h): the same rule and wording as at load.
-    validate_kv_scales(s, KvScaleShape{cfg_.num_layers, cfg_.num_heads, cfg_.num_kv_heads});
+    validate_kv_scales(s, kv_scale_shape(cfg_));
     scales_ = std::move(s);
     runner_->set_kv_scales(scales_);
     kv_->reset_prefix_cache();  // cached K/V were stored with the old scales
@@ -719,7 +719,7 @@ std::unique_ptr<Engine> load_engine(const std::filesystem::path& dir, const Engi
   }
   w->fp8_compute = opts.fp8_weight_mode;
   // KV scales from the checkpoint (validated; one coverage warning for fp8): kv/scale_loader.h.
-  KvScales scales = load_kv_scales_for_run(*ckpt, KvScaleShape{cfg.num_layers, cfg.num_heads, cfg.num_kv_heads}, d);
+  KvScales scales = load_kv_scales_for_run(*ckpt, kv_scale_shape(cfg), d);
   std::unique_ptr<EngineImpl> engine;
   if (opts.tensor_parallel_size > 1) {
     check_fp8_block_shards(*w, cfg, opts.tensor_parallel_size);  // the mapped matrices: no weight read yet
