@@ -14,7 +14,9 @@ CalibrationReport calibrate(Engine& engine, const std::vector<std::vector<int>>&
   if (engine.kv_dtype() != KvDtype::bf16)
     throw InputError(fmt::format("calibrate: the engine runs a {} cache; calibration observes a bf16 cache",
                                  kv_dtype_name(engine.kv_dtype())));
-  CalibrationObserver obs(engine.config().num_layers);
+  // Only the layers with a KV cache are stored to, hence observed (a
+  // linear_attention layer has none: docs/design.md "KV scales of hybrid models").
+  CalibrationObserver obs(engine.config().num_layers, kv_scale_shape(engine.config()).kv_cache);
   uint64_t total = 0, done = 0;
   for (const auto& c : chunks) total += c.size();
   engine.set_store_observer(&obs);

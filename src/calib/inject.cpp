@@ -23,6 +23,7 @@
 #include "io/safetensors.h"
 #include "io/user_files.h"
 #include "model/config.h"
+#include "model/weights_spec.h"
 #include "numerics/version.h"
 
 namespace fp8kv {
@@ -112,21 +113,30 @@ struct Plan {
   bool created_index = false;
 };
 
-std::string detect_prefix(const Checkpoint& ck) {
-  for (const auto& n : ck.tensor_names()) {
-    const size_t at = n.find("layers.0.self_attn.");
-    if (at != std::string::npos && (at == 0 || n[at - 1] == '.')) {
-      const std::string p = n.substr(0, at);
-      if (p.find("vision") == std::string::npos) return p;
+// The prefix the checkpoint's attention weights use: the text before
+// "layers.L.self_attn." for the first layer L with a KV cache (layer 0 of a
+// qwen3_5 model is a linear_attention layer, "layers.0.linear_attn."); when
+// no such tensor exists, the prefix the engine's weight loader finds
+// (detect_weight_naming: "model.", "model.language_model.", ...).
+std::string detect_prefix(const Checkpoint& ck, const ModelConfig& cfg, const KvScaleShape& shape) {
+  const std::vector<int> kv = shape.kv_layers();
+  if (!kv.empty()) {
+    const std::string needle = fmt::format("layers.{}.self_attn.", kv.front());
+    for (const auto& n : ck.tensor_names()) {
+      const size_t at = n.find(needle);
+      if (at != std::string::npos && (at == 0 || n[at - 1] == '.')) {
+        const std::string p = n.substr(0, at);
+        if (p.find("vision") == std::string::npos) return p;
+      }
     }
   }
-  return "model.";
+  return detect_weight_naming(cfg, ck).prefix;
 }
 
 Plan make_plan(const InjectOptions& o, const nlohmann::json& report_json) {
   Plan p;
   p.cfg = load_model_config(o.model_dir);
-  p.shape = KvScaleShape{p.cfg.num_layers, p.cfg.num_heads, p.cfg.num_kv_heads};
+  p.shape = kv_scale_shape(p.cfg);  // scales for the layers with a KV cache only
   p.report = parse_report_for_inject(report_json, o.report_source, p.shape);
   if (!check_model_identity(report_json, o.report_source, p.cfg, o.model_dir.string()))
     std::fprintf(stderr, "warning: %s has no model_identity (made by an older fp8kv?): cannot check that it was made "
@@ -138,7 +148,7 @@ Plan make_plan(const InjectOptions& o, const nlohmann::json& report_json) {
                                  o.report_source, kv_dtype_name(p.report.target)));
 
   const auto ck = Checkpoint::open(o.model_dir);
-  p.prefix = detect_prefix(*ck);
+  p.prefix = detect_prefix(*ck, p.cfg, p.shape);
   const fs::path index_path = o.model_dir / kIndexName;
   if (ck->has_index()) {
     const auto j = nlohmann::ordered_json::parse(read_json_text(index_path), nullptr, false);
@@ -170,9 +180,10 @@ Plan make_plan(const InjectOptions& o, const nlohmann::json& report_json) {
     p.weight_bytes += ck->find(name)->nbytes();
   }
 
-  // The scale tensors.
+  // The scale tensors: for the layers with a KV cache only (a linear_attention
+  // layer has none, and no attention module for a serving engine to give one).
   const auto& L = p.report.scales.layers;
-  for (int l = 0; l < p.shape.num_layers; ++l) {
+  for (const int l : p.shape.kv_layers()) {
     auto add = [&](ScaleStream s, const std::vector<float>& v) {
       std::vector<int64_t> shape;
       if (v.size() != 1) shape = {static_cast<int64_t>(v.size())};
@@ -231,7 +242,7 @@ std::string quant_config_text(const fs::path& existing) {
 void verify(const fs::path& dir, const Plan& p, const InjectOptions& o) {
   const auto ck = Checkpoint::open(dir);
   const KvScales got = load_kv_scales(*ck, p.shape);
-  for (int l = 0; l < p.shape.num_layers; ++l) {
+  for (const int l : p.shape.kv_layers()) {
     const auto& want = p.report.scales.layers[l];
     const auto& have = got.layers[l];
     auto same = [](const std::vector<float>& a, const std::vector<float>& b) {

@@ -2,7 +2,9 @@
 //
 // The scales go into their own shard, kv_cache_scales.safetensors (float32,
 // `<prefix>layers.N.self_attn.{k,v,q}_scale`, or `...self_attn.attn.*` with
-// the vllm-runtime naming), registered in model.safetensors.index.json (the
+// the vllm-runtime naming, for each layer N with a KV cache: none for a
+// linear_attention layer; <prefix> is the one the checkpoint's attention
+// weights use), registered in model.safetensors.index.json (the
 // index is created for a single-file checkpoint). Weight shards are never
 // opened for writing; every file inject writes is a new inode (temp file,
 // fsync, rename, fsync dir), so a hard link is never written through.

@@ -59,12 +59,19 @@ float StreamStats::percentile(double p) const {
   return amax();
 }
 
-CalibrationObserver::CalibrationObserver(int num_layers) : layers_(static_cast<size_t>(num_layers)) {}
+CalibrationObserver::CalibrationObserver(int num_layers, std::vector<bool> kv_cache)
+    : layers_(static_cast<size_t>(num_layers)), kv_cache_(std::move(kv_cache)) {
+  if (!kv_cache_.empty() && static_cast<int>(kv_cache_.size()) != num_layers)
+    throw std::invalid_argument(
+        fmt::format("calibration observer: kv_cache has {} entries for {} layers", kv_cache_.size(), num_layers));
+}
 
 void CalibrationObserver::observe(int layer, const float* q, int num_q_heads, const float* k, const float* v,
                                   int num_kv_heads, int head_dim, int num_tokens) {
   if (layer < 0 || layer >= num_layers())
     throw std::out_of_range(fmt::format("calibration observer: layer {} of {}", layer, num_layers()));
+  if (!has_kv_cache(layer))
+    throw std::logic_error(fmt::format("calibration observer: a store at layer {}, which has no KV cache", layer));
   LayerStats& L = layers_[static_cast<size_t>(layer)];
   if (num_tokens <= 0) return;
   if (q) L.q.add(q, num_tokens, num_q_heads, head_dim);

@@ -41,15 +41,20 @@ struct LayerStats {
 
 class CalibrationObserver : public StoreObserver {
  public:
-  explicit CalibrationObserver(int num_layers);
+  // kv_cache: per layer, whether it has a KV cache (KvScaleShape::kv_cache);
+  // empty: every layer. A layer without one (linear_attention) is never
+  // stored to, so it is not expected to be observed and gets no report entry.
+  explicit CalibrationObserver(int num_layers, std::vector<bool> kv_cache = {});
   void observe(int layer, const float* q, int num_q_heads, const float* k, const float* v, int num_kv_heads,
                int head_dim, int num_tokens) override;
 
   int num_layers() const { return static_cast<int>(layers_.size()); }
+  bool has_kv_cache(int l) const { return kv_cache_.empty() || kv_cache_.at(static_cast<size_t>(l)); }
   const LayerStats& layer(int l) const { return layers_.at(static_cast<size_t>(l)); }
 
  private:
   std::vector<LayerStats> layers_;
+  std::vector<bool> kv_cache_;
 };
 
 }  // namespace fp8kv

@@ -4,6 +4,7 @@
 #include <map>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "io/errors.h"
 #include "numerics/scale_check.h"
@@ -69,7 +70,10 @@ CalibrationReport build_report(const CalibrationObserver& obs, const ScaleRule& 
   r.per_head = per_head;
   std::vector<std::string> problems;
   std::vector<int> unobserved;
+  int kv_layers = 0;
   for (int l = 0; l < obs.num_layers(); ++l) {
+    if (!obs.has_kv_cache(l)) continue;  // linear_attention: no KV cache, no entry (docs/kv_scales.md)
+    ++kv_layers;
     const LayerStats& s = obs.layer(l);
     if (s.tokens == 0) {
       unobserved.push_back(l);
@@ -97,8 +101,8 @@ CalibrationReport build_report(const CalibrationObserver& obs, const ScaleRule& 
     r.layers.push_back(std::move(c));
     r.tokens_observed = std::max(r.tokens_observed, s.tokens);
   }
-  if (obs.num_layers() == 0) {
-    r.reason = "the model has no attention layers";
+  if (kv_layers == 0) {
+    r.reason = "the model has no layer with a KV cache";
   } else if (r.tokens_observed == 0) {
     r.reason = "no token was observed (empty corpus?)";
   } else if (!unobserved.empty()) {
@@ -173,9 +177,22 @@ ReportScales parse_report_for_inject(const nlohmann::json& j, const std::string&
   if (!j.contains("layers") || !j["layers"].is_array())
     throw InputError(fmt::format("{}: missing array layers", source));
   const auto& layers = j["layers"];
-  if (static_cast<int>(layers.size()) != shape.num_layers)
-    throw InputError(fmt::format("{}: {} layer entries, but the model has {} layers", source, layers.size(),
-                                 shape.num_layers));
+  // One entry per layer with a KV cache, none for a linear_attention layer
+  // (docs/design.md "KV scales of hybrid models").
+  const int kv_layers = shape.num_kv_layers();
+  const bool hybrid = kv_layers < shape.num_layers;
+  for (size_t i = 0; i < layers.size(); ++i) {  // an entry for a layer without a KV cache: named first
+    const auto& e = layers[i];
+    if (!e.is_object() || !e.contains("layer") || !e["layer"].is_number_integer()) continue;
+    const int64_t l = e["layer"].get<int64_t>();
+    if (l >= 0 && l < shape.num_layers && !shape.has_kv_cache(static_cast<int>(l)))
+      throw InputError(fmt::format("{}: layers[{}]: layer {} is a linear_attention layer: it has no KV cache, so a "
+                                   "report has no entry for it (the model's KV-cache layers: {})",
+                                   source, i, l, fmt::join(shape.kv_layers(), ",")));
+  }
+  if (static_cast<int>(layers.size()) != kv_layers)
+    throw InputError(fmt::format("{}: {} layer entries, but the model has {} layers{}", source, layers.size(),
+                                 hybrid ? kv_layers : shape.num_layers, hybrid ? " with a KV cache" : ""));
   r.scales = KvScales::unity(shape.num_layers);
   std::vector<bool> seen(static_cast<size_t>(shape.num_layers), false);
   for (size_t i = 0; i < layers.size(); ++i) {

@@ -5,7 +5,9 @@
 //    "tokens_observed": N, "corpus": [...], "context": N,
 //    "layers": [{"layer", "q_amax", "k_amax", "v_amax", "q_p9999", "k_p9999",
 //                "v_p9999", "q_scale", "k_scale", "v_scale", "observations"}]}
-// One layer entry per attention layer; "observations" counts tokens observed.
+// One layer entry per layer with a KV cache (ascending); a linear_attention
+// layer (qwen3_5 Gated DeltaNet) has no KV cache and no entry (docs/design.md
+// "KV scales of hybrid models"). "observations" counts tokens observed.
 // With per_head, amax and scale values are arrays (k/v per KV head, q per
 // query head). Floats are written as the double of the exact float32 value,
 // so they parse back to the same float32 bits.
@@ -49,15 +51,17 @@ struct CalibrationReport {
   nlohmann::json to_json() const;
 };
 
-// Builds the report from what the observer saw. status is failed (with the
-// reason) when no token was observed, a layer was never observed, or a
-// non-finite value reached the store point.
+// Builds the report from what the observer saw: an entry for each layer with
+// a KV cache (CalibrationObserver::has_kv_cache). status is failed (with the
+// reason) when no token was observed, a KV-cache layer was never observed, or
+// a non-finite value reached the store point.
 CalibrationReport build_report(const CalibrationObserver& obs, const ScaleRule& rule, KvDtype target, bool per_head);
 
 // What inject needs from a report, validated against the model: status
-// complete, one entry per layer 0..n-1, every scale a finite float32 > 0 with
-// 1 or per-head values. Throws InputError naming `source`, the layer and the
-// field on anything else.
+// complete, one entry per layer with a KV cache (shape.kv_cache; every layer
+// 0..n-1 for a dense model) and none for a layer without one, every scale a
+// finite float32 > 0 with 1 or per-head values. Throws InputError naming
+// `source`, the layer and the field on anything else.
 struct ReportScales {
   KvDtype target = KvDtype::fp8_e4m3;
   std::string rule;

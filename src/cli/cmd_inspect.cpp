@@ -116,10 +116,12 @@ int run_inspect(const std::string& model_dir, bool json_out, bool values) {
   }
 
   // KV scales present in the checkpoint (validated: malformed scales are bad input).
-  const KvScales scales =
-      load_kv_scales(*ckpt, KvScaleShape{cfg.num_layers, cfg.num_heads, cfg.num_kv_heads}, &warnings);
+  // Only layers with a KV cache take scales (a linear_attention layer has none;
+  // docs/design.md "KV scales of hybrid models"): they alone are listed and counted.
+  const KvScaleShape kv_shape = kv_scale_shape(cfg);
+  const KvScales scales = load_kv_scales(*ckpt, kv_shape, &warnings);
   if (values) check_values(*ckpt);
-  const KvScaleCoverage cov = kv_scale_coverage(scales);
+  const KvScaleCoverage cov = kv_scale_coverage(scales, kv_shape);
   const bool declares_fp8 = checkpoint_declares_fp8_kv(dir);
   if (auto w = kv_scale_coverage_warning(cov, KvDtype::fp8_e4m3); w && (declares_fp8 || cov.k_present() + cov.v_present() > 0))
     warnings.push_back(*w);
@@ -175,7 +177,7 @@ int run_inspect(const std::string& model_dir, bool json_out, bool values) {
       return a;
     };
     j["kv_scales"] = json::array();
-    for (size_t l = 0; l < scales.layers.size(); ++l)
+    for (const int l : kv_shape.kv_layers())
       j["kv_scales"].push_back({{"layer", l},
                                 {"k_scale", scale_json(scales.layers[l].k)},
                                 {"v_scale", scale_json(scales.layers[l].v)},
@@ -198,8 +200,10 @@ int run_inspect(const std::string& model_dir, bool json_out, bool values) {
   std::string out;
   out += fmt::format("model:            {}\n", model_dir);
   out += fmt::format("architecture:     {} (model_type {})\n", cfg.architecture, cfg.model_type);
-  out += fmt::format("layers:           {} ({} full, {} sliding{})\n", cfg.num_layers,
-                     cfg.num_layers - cfg.num_sliding_layers(), cfg.num_sliding_layers(),
+  const int num_linear = cfg.num_layers - cfg.num_attention_layers();
+  out += fmt::format("layers:           {} ({} full, {} sliding{}{})\n", cfg.num_layers,
+                     cfg.num_attention_layers() - cfg.num_sliding_layers(), cfg.num_sliding_layers(),
+                     num_linear ? fmt::format(", {} linear_attention (no KV cache)", num_linear) : std::string(),
                      cfg.sliding_window ? fmt::format(", window {}", *cfg.sliding_window) : std::string());
   out += fmt::format("hidden / ffn:     {} / {}\n", cfg.hidden_size, cfg.intermediate_size);
   out += fmt::format("heads:            {} query, {} kv, head_dim {}\n", cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
@@ -227,7 +231,7 @@ int run_inspect(const std::string& model_dir, bool json_out, bool values) {
       for (size_t i = 0; i < s.values.size(); ++i) r += fmt::format("{}{:.9g}", i ? ", " : "", s.values[i]);
       return r + "]";
     };
-    for (size_t l = 0; l < scales.layers.size(); ++l)
+    for (const int l : kv_shape.kv_layers())
       out += fmt::format("  layer {:>3}:       k {}  v {}  q {}\n", l, fmt_scale(scales.layers[l].k),
                          fmt_scale(scales.layers[l].v), fmt_scale(scales.layers[l].q));
   }

@@ -228,7 +228,7 @@ class EngineImpl final : public Engine {
 
   void set_kv_scales(KvScales s) override {
     // The shared validator (kv/scale_loader.h): the same rule and wording as at load.
-    validate_kv_scales(s, KvScaleShape{cfg_.num_layers, cfg_.num_heads, cfg_.num_kv_heads});
+    validate_kv_scales(s, kv_scale_shape(cfg_));
     scales_ = std::move(s);
     runner_->set_kv_scales(scales_);
     kv_->reset_prefix_cache();  // cached K/V were stored with the old scales
@@ -723,7 +723,18 @@ std::unique_ptr<Engine> load_engine(const std::filesystem::path& dir, const Engi
   }
   w->fp8_compute = opts.fp8_weight_mode;
   // KV scales from the checkpoint (validated; one coverage warning for fp8): kv/scale_loader.h.
-  KvScales scales = load_kv_scales_for_run(*ckpt, KvScaleShape{cfg.num_layers, cfg.num_heads, cfg.num_kv_heads}, d);
+  const KvScaleShape kv_shape = kv_scale_shape(cfg);
+  KvScales scales = load_kv_scales_for_run(*ckpt, kv_shape, d);
+  if (kv_dtype_per_tensor_scaled(d)) {
+    // What the fp8 cache runs with, among the layers that have a KV cache
+    // (a linear_attention layer has none: docs/design.md "KV scales of hybrid models").
+    const KvScaleCoverage cov = kv_scale_coverage(scales, kv_shape);
+    const int linear = cfg.num_layers - kv_shape.num_kv_layers();
+    engine_log()->info("KV scales from the checkpoint: k {}/{}, v {}/{}, q {}/{} KV-cache layers{}{}", cov.k_present(),
+                       cov.quantized_layers, cov.v_present(), cov.quantized_layers, cov.q_present(),
+                       cov.quantized_layers, linear ? fmt::format(" ({} linear_attention layers: no KV cache)", linear) : "",
+                       cov.k_present() + cov.v_present() < 2 * cov.quantized_layers ? "; a k or v stream without one runs at 1.0" : "");
+  }
   std::unique_ptr<EngineImpl> engine;
   if (opts.tensor_parallel_size > 1) {
     check_fp8_block_shards(*w, cfg, opts.tensor_parallel_size);  // the mapped matrices: no weight read yet

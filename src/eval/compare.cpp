@@ -93,7 +93,7 @@ std::vector<ArmSpec> parse_arms(std::string_view csv) {
 }
 
 KvScales arm_scales(const ArmSpec& arm, const fs::path& model_dir, const ModelConfig& cfg) {
-  const KvScaleShape shape{cfg.num_layers, cfg.num_heads, cfg.num_kv_heads};
+  const KvScaleShape shape = kv_scale_shape(cfg);
   if (!kv_dtype_per_tensor_scaled(arm.dtype) || arm.scales == ArmSpec::Scales::unity)
     return KvScales::unity(cfg.num_layers);  // bf16 and the per-token-head dtypes take no KvScales
   const fs::path dir = arm.scales == ArmSpec::Scales::dir ? arm.scales_dir : model_dir;

@@ -138,6 +138,9 @@ nlohmann::json KvStatsObserver::to_json(const ModelConfig& cfg) const {
     }
   }
   for (int l = 0; l < num_layers(); ++l) {
+    // A linear_attention layer has no KV cache, nothing stored, no row
+    // (docs/design.md "KV scales of hybrid models").
+    if (static_cast<size_t>(l) < cfg.layer_types.size() && cfg.is_linear(l)) continue;
     for (int s = 0; s < 3; ++s) {
       const auto& st = layers_[static_cast<size_t>(l)][static_cast<size_t>(s)];
       auto j = stream_json(st, fmt::format("layer {} {}", l, kStreams[s]));

@@ -47,6 +47,19 @@ constexpr Convention kConventions[] = {
 
 std::string fmt_float(float f) { return fmt::format("{:.9g}", f); }
 
+std::string layer_list(const std::vector<int>& layers) {
+  // Compact ranges: 0-3,7,9-11.
+  std::string s;
+  for (size_t i = 0; i < layers.size();) {
+    size_t j = i;
+    while (j + 1 < layers.size() && layers[j + 1] == layers[j] + 1) ++j;
+    if (!s.empty()) s += ",";
+    s += j == i ? std::to_string(layers[i]) : fmt::format("{}-{}", layers[i], layers[j]);
+    i = j + 1;
+  }
+  return s;
+}
+
 // Decides, for the stream, how many values the tensor holds and whether the
 // shape is acceptable: [] or [1] (per tensor) or [heads] (per head).
 void check_shape(const std::string& tensor, const std::vector<int64_t>& shape, int heads,
@@ -132,6 +145,10 @@ void load_one_scale(const Checkpoint& ckpt, const std::string& name, const std::
   if (parsed.layer < 0 || parsed.layer >= shape.num_layers)
     throw InputError(fmt::format("{} names layer {}, but the model has {} layers (0..{})", name, parsed.layer,
                                  shape.num_layers, shape.num_layers - 1));
+  if (!shape.has_kv_cache(parsed.layer))
+    throw InputError(fmt::format("{} names layer {}, a linear_attention layer: it has no KV cache, so no KV scale "
+                                 "(the model's KV-cache layers: {})",
+                                 name, parsed.layer, layer_list(shape.kv_layers())));
   const bool is_q = parsed.stream == ScaleStream::q;
   const bool is_prob = parsed.stream == ScaleStream::prob;
   // prob scales are per tensor (P is shared by all heads).
@@ -208,10 +225,36 @@ KvScales load_kv_scales(const Checkpoint& ckpt, const KvScaleShape& shape, std::
   return out;
 }
 
+int KvScaleShape::num_kv_layers() const {
+  return kv_cache.empty() ? num_layers : static_cast<int>(std::count(kv_cache.begin(), kv_cache.end(), true));
+}
+
+std::vector<int> KvScaleShape::kv_layers() const {
+  std::vector<int> out;
+  for (int l = 0; l < num_layers; ++l)
+    if (has_kv_cache(l)) out.push_back(l);
+  return out;
+}
+
+KvScaleShape kv_scale_shape(const ModelConfig& cfg) {
+  KvScaleShape s{cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, {}};
+  // (Hand-made test configs may leave layer_types empty: every layer attends.)
+  if (static_cast<int>(cfg.layer_types.size()) == cfg.num_layers && cfg.num_attention_layers() < cfg.num_layers) {
+    s.kv_cache.resize(static_cast<size_t>(cfg.num_layers));
+    for (int l = 0; l < cfg.num_layers; ++l) s.kv_cache[static_cast<size_t>(l)] = !cfg.is_linear(l);
+  }
+  return s;
+}
+
 KvScaleCoverage kv_scale_coverage(const KvScales& scales) {
+  return kv_scale_coverage(scales, KvScaleShape{static_cast<int>(scales.layers.size()), 0, 0, {}});
+}
+
+KvScaleCoverage kv_scale_coverage(const KvScales& scales, const KvScaleShape& shape) {
   KvScaleCoverage c;
-  c.quantized_layers = static_cast<int>(scales.layers.size());
-  for (int i = 0; i < c.quantized_layers; ++i) {
+  for (int i = 0; i < static_cast<int>(scales.layers.size()); ++i) {
+    if (i < shape.num_layers && !shape.has_kv_cache(i)) continue;
+    ++c.quantized_layers;
     const auto& l = scales.layers[i];
     if (!l.k.from_checkpoint) c.k_missing.push_back(i);
     if (!l.v.from_checkpoint) c.v_missing.push_back(i);
@@ -220,20 +263,6 @@ KvScaleCoverage kv_scale_coverage(const KvScales& scales) {
   return c;
 }
 
-namespace {
-std::string layer_list(const std::vector<int>& layers) {
-  // Compact ranges: 0-3,7,9-11.
-  std::string s;
-  for (size_t i = 0; i < layers.size();) {
-    size_t j = i;
-    while (j + 1 < layers.size() && layers[j + 1] == layers[j] + 1) ++j;
-    if (!s.empty()) s += ",";
-    s += j == i ? std::to_string(layers[i]) : fmt::format("{}-{}", layers[i], layers[j]);
-    i = j + 1;
-  }
-  return s;
-}
-}  // namespace
 
 std::optional<std::string> kv_scale_coverage_warning(const KvScaleCoverage& cov, KvDtype cache_dtype) {
   if (!kv_dtype_per_tensor_scaled(cache_dtype) || cov.v_missing.empty()) return std::nullopt;
@@ -249,7 +278,7 @@ KvScales load_kv_scales_for_run(const Checkpoint& ckpt, const KvScaleShape& shap
   std::vector<std::string> warnings;
   KvScales s = load_kv_scales(ckpt, shape, &warnings);
   if (kv_dtype_per_token_head(cache_dtype)) {
-    const KvScaleCoverage cov = kv_scale_coverage(s);
+    const KvScaleCoverage cov = kv_scale_coverage(s, shape);
     if (cov.k_present() + cov.v_present() + cov.q_present() > 0)
       std::fprintf(stderr, "note: %s KV cache: the checkpoint's KV scales (%d layer(s)) are ignored; each token's K and V "
                    "heads are scaled when stored\n", std::string(kv_dtype_name(cache_dtype)).c_str(),
@@ -257,7 +286,7 @@ KvScales load_kv_scales_for_run(const Checkpoint& ckpt, const KvScaleShape& shap
     return KvScales::unity(shape.num_layers);
   }
   for (const auto& w : warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
-  if (auto w = kv_scale_coverage_warning(kv_scale_coverage(s), cache_dtype))
+  if (auto w = kv_scale_coverage_warning(kv_scale_coverage(s, shape), cache_dtype))
     std::fprintf(stderr, "warning: %s\n", w->c_str());
   return s;
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kv/kv_scales.h"
+#include "model/config.h"
 #include "numerics/fp8.h"
 
 namespace fp8kv {
@@ -35,12 +36,22 @@ enum class KvScaleNaming { hf, vllm_runtime };  // self_attn.{k,v,q}_scale | sel
 KvScaleNaming parse_kv_scale_naming(std::string_view s);
 std::string kv_scale_tensor_name(std::string_view prefix, int layer, ScaleStream stream, KvScaleNaming naming);
 
-// Shapes the loader needs (a ModelConfig has them; tests can fill them in).
+// Shapes the loader needs (a ModelConfig has them: kv_scale_shape; tests can
+// fill them in). KvScales keep one entry per model layer, but only layers
+// with a KV cache take scales (docs/design.md "KV scales of hybrid models"):
+// a linear_attention layer (qwen3_5 Gated DeltaNet) has none, so no scale is
+// read, written or counted as missing for it.
 struct KvScaleShape {
   int num_layers = 0;
   int num_heads = 0;     // query heads
   int num_kv_heads = 0;
+  std::vector<bool> kv_cache;  // per layer: has a KV cache; empty: every layer has one
+  bool has_kv_cache(int layer) const { return kv_cache.empty() || kv_cache[static_cast<size_t>(layer)]; }
+  int num_kv_layers() const;
+  std::vector<int> kv_layers() const;  // the layers with a KV cache, ascending
 };
+// The model's shape; kv_cache is set only when some layer has no KV cache.
+KvScaleShape kv_scale_shape(const ModelConfig& cfg);
 
 // Checks one scale tensor's values: count 1 or `heads`, every value accepted
 // by scale_value_error (numerics/scale_check.h: finite, normal float32, > 0).
@@ -61,14 +72,15 @@ void validate_kv_scales(const KvScales& scales, const KvScaleShape& shape);
 // Reads every KV scale tensor of the checkpoint into per-layer KvScales.
 // Streams without a tensor stay 1.0 with from_checkpoint = false. Throws
 // InputError naming the file and the tensor on: non-float dtype, bad shape,
-// a value validate_scale_values refuses, layer index out of range, or two
-// tensors giving different values for the same layer and stream. Range
-// warnings go to `warnings` when given.
+// a value validate_scale_values refuses, layer index out of range, a layer
+// without a KV cache (shape.kv_cache), or two tensors giving different values
+// for the same layer and stream. Range warnings go to `warnings` when given.
 KvScales load_kv_scales(const Checkpoint& ckpt, const KvScaleShape& shape,
                         std::vector<std::string>* warnings = nullptr);
 
 // Which layers have k/v/q scales from the checkpoint, among the layers whose
-// KV cache runs quantized (all attention layers of the model).
+// KV cache runs quantized (the layers with a KV cache: every attention layer,
+// no linear_attention layer).
 struct KvScaleCoverage {
   int quantized_layers = 0;
   std::vector<int> k_missing, v_missing, q_missing;  // layers running at 1.0 (no tensor)
@@ -76,6 +88,8 @@ struct KvScaleCoverage {
   int v_present() const { return quantized_layers - static_cast<int>(v_missing.size()); }
   int q_present() const { return quantized_layers - static_cast<int>(q_missing.size()); }
 };
+KvScaleCoverage kv_scale_coverage(const KvScales& scales, const KvScaleShape& shape);
+// Every layer of `scales` has a KV cache (the dense families).
 KvScaleCoverage kv_scale_coverage(const KvScales& scales);
 
 // The load-time warning (one line) when an fp8 cache runs with v_scale

@@ -181,3 +181,68 @@ TEST(CalibrateE2E, Fp8WeightCheckpointsCalibrateAndInjectInPlace) {
     for (size_t i = 1; i < s.logprobs.size(); ++i) EXPECT_TRUE(std::isfinite(*s.logprobs[i])) << i;
   }
 }
+
+// Qwen3.5 hybrids (docs/design.md "KV scales of hybrid models"): on the
+// tiny golden (layers 0-2 linear_attention, layer 3 full_attention) in both
+// layouts, calibrate observes and reports layer 3 alone, inject writes its
+// k/v scales only, under the prefix the checkpoint's attention weights use
+// (`model.` for Qwen3_5ForCausalLM, `model.language_model.` for
+// Qwen3_5ForConditionalGeneration), weights untouched, and an fp8 engine
+// loads them without a coverage warning.
+TEST(CalibrateE2E, Qwen3_5HybridKvLayersOnlyBothLayouts) {
+  using fp8kv::testing::write_qwen3_5_checkpoint;
+  if (!fs::exists(fp8kv::testing::qwen3_5_golden_dir() / "model.safetensors")) GTEST_SKIP() << "no golden";
+  for (const bool cond : {false, true}) {
+    SCOPED_TRACE(cond ? "Qwen3_5ForConditionalGeneration" : "Qwen3_5ForCausalLM");
+    TempDir d;
+    const fs::path m = d.path() / "m", out = d.path() / "out";
+    write_qwen3_5_checkpoint(m, cond);
+    const std::string weights = sha256_file_hex(m / "model.safetensors");
+    auto bf16 = Engine::load(m, opts("bf16"));
+    ASSERT_EQ(bf16->config().num_attention_layers(), 1);
+    std::mt19937_64 rng(7);
+    std::vector<std::vector<int>> corpus(2);
+    for (auto& c : corpus)
+      for (int i = 0; i < 40; ++i) c.push_back(static_cast<int>(rng() % 256));
+    const CalibrationReport rep = calibrate(*bf16, corpus, CalibrateOptions{});
+    ASSERT_TRUE(rep.complete) << rep.reason;
+    ASSERT_EQ(rep.layers.size(), 1u);
+    EXPECT_EQ(rep.layers[0].layer, 3);
+    EXPECT_EQ(rep.layers[0].observations, 80u);
+    EXPECT_GT(rep.layers[0].v_amax[0], 0.0f);
+
+    InjectOptions io;
+    io.model_dir = m;
+    io.output_dir = out;
+    io.naming = KvScaleNaming::vllm_runtime;
+    io.write_q_scale = false;
+    const InjectResult r = inject_kv_scales(io, rep.to_json());
+    const std::string p = cond ? "model.language_model." : "model.";
+    EXPECT_EQ(r.tensors, (std::vector<std::string>{p + "layers.3.self_attn.attn.k_scale",
+                                                   p + "layers.3.self_attn.attn.v_scale"}));
+    EXPECT_EQ(sha256_file_hex(out / "model.safetensors"), weights);
+    EXPECT_EQ(sha256_file_hex(m / "model.safetensors"), weights);
+
+    const auto ck = Checkpoint::open(out);
+    const KvScaleShape shape = kv_scale_shape(bf16->config());
+    const KvScales scales = load_kv_scales(*ck, shape);
+    EXPECT_EQ(scales.layers[3].v.values[0], rep.layers[0].v_scale[0]);
+    EXPECT_EQ(scales.layers[3].k.values[0], rep.layers[0].k_scale[0]);
+    for (int l = 0; l < 3; ++l) EXPECT_FALSE(scales.layers[l].v.from_checkpoint) << l;
+    EXPECT_TRUE(kv_scale_coverage(scales, shape).v_missing.empty());
+
+    ::testing::internal::CaptureStderr();
+    auto fp8 = Engine::load(out, opts("fp8_e4m3"));
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(err.find("v_scale for"), std::string::npos) << err;
+    EXPECT_EQ(fp8->kv_scales().layers[3].v.values[0], rep.layers[0].v_scale[0]);
+    EXPECT_TRUE(fp8->kv_scales().layers[3].v.from_checkpoint);
+    // The hf naming and in place: the same prefix rule, q included.
+    io.output_dir.reset();
+    io.naming = KvScaleNaming::hf;
+    io.write_q_scale = true;
+    EXPECT_EQ(inject_kv_scales(io, rep.to_json()).tensors,
+              (std::vector<std::string>{p + "layers.3.self_attn.k_scale", p + "layers.3.self_attn.v_scale",
+                                        p + "layers.3.self_attn.q_scale"}));
+  }
+}

@@ -271,3 +271,60 @@ TEST(Report, InjectRefusesBadReports) {
   j["target"] = "bf16";
   expect_bad(j, "target must be fp8");
 }
+
+// A hybrid (qwen3_5: layers 0-2 linear_attention, layer 3 full_attention):
+// only layer 3 has a KV cache, so only layer 3 is observed and reported
+// (docs/design.md "KV scales of hybrid models").
+namespace {
+const KvScaleShape kHybrid{4, 4, 2, {false, false, false, true}};
+}  // namespace
+
+TEST(Report, HybridReportsTheKvLayersOnly) {
+  CalibrationObserver obs(4, kHybrid.kv_cache);
+  std::vector<float> q(8, 1.f), k(4, 2.f), v(4, 3.f);
+  obs.observe(3, q.data(), 4, k.data(), v.data(), 2, 2, 1);
+  const auto r = build_report(obs, ScaleRule{}, KvDtype::fp8_e4m3, false);
+  EXPECT_TRUE(r.complete) << r.reason;
+  ASSERT_EQ(r.layers.size(), 1u);
+  EXPECT_EQ(r.layers[0].layer, 3);
+  const auto j = r.to_json();
+  ASSERT_EQ(j["layers"].size(), 1u);
+  EXPECT_EQ(j["layers"][0]["layer"], 3);
+  // inject reads it back onto layer 3; the linear layers stay without scales.
+  const auto rs = parse_report_for_inject(j, "R.json", kHybrid);
+  ASSERT_EQ(rs.scales.layers.size(), 4u);
+  EXPECT_EQ(rs.scales.layers[3].v.values[0], ScaleRule{}.scale_for(3.f, KvDtype::fp8_e4m3));
+  EXPECT_EQ(rs.scales.layers[0].v.values[0], 1.0f);
+
+  // The KV layer unobserved: failed, naming it (and not the linear layers).
+  CalibrationObserver none(4, kHybrid.kv_cache);
+  CalibrationObserver only_bad(4, std::vector<bool>{false, true, false, true});
+  only_bad.observe(3, q.data(), 4, k.data(), v.data(), 2, 2, 1);
+  const auto r2 = build_report(only_bad, ScaleRule{}, KvDtype::fp8_e4m3, false);
+  EXPECT_FALSE(r2.complete);
+  EXPECT_NE(r2.reason.find("layer(s) 1 were never observed"), std::string::npos) << r2.reason;
+  EXPECT_FALSE(build_report(none, ScaleRule{}, KvDtype::fp8_e4m3, false).complete);
+  // A store at a layer without a KV cache is an engine bug, not data.
+  EXPECT_THROW(obs.observe(0, q.data(), 4, k.data(), v.data(), 2, 2, 1), std::logic_error);
+  EXPECT_THROW(CalibrationObserver(4, std::vector<bool>{true}), std::invalid_argument);
+}
+
+TEST(Report, HybridInjectRefusesEntriesForLinearLayersAndMissingKvLayers) {
+  auto entry = [](int l) { return nlohmann::json{{"layer", l}, {"k_scale", 1.0}, {"v_scale", 2.0}, {"q_scale", 1.0}}; };
+  nlohmann::json j = {{"status", "complete"}, {"target", "fp8_e4m3"}, {"layers", nlohmann::json::array()}};
+  auto refused = [&](const std::string& needle) {
+    try {
+      parse_report_for_inject(j, "R.json", kHybrid);
+      ADD_FAILURE() << "expected refusal: " << needle;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  refused("0 layer entries, but the model has 1 layers with a KV cache");
+  for (int l = 0; l < 4; ++l) j["layers"].push_back(entry(l));  // a dense-style report: every layer
+  refused("layers[0]: layer 0 is a linear_attention layer: it has no KV cache");
+  j["layers"] = {entry(2)};
+  refused("layer 2 is a linear_attention layer");
+  j["layers"] = {entry(3)};
+  EXPECT_NO_THROW(parse_report_for_inject(j, "R.json", kHybrid));
+}

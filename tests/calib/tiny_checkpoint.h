@@ -84,4 +84,37 @@ inline void write_tiny_checkpoint(const std::filesystem::path& dir, const TinyCh
   atomic_write_file(dir / "model.safetensors.index.json", idx.dump(2));
 }
 
+// The tiny Qwen3.5 golden checkpoint tests/golden/models_qwen3_5/l3f1_hd64
+// (layers 0-2 linear_attention, layer 3 full_attention; Qwen3_5ForCausalLM,
+// `model.*`) copied to `dir`. conditional_generation: rewritten in the
+// Qwen3_5ForConditionalGeneration layout (model_type qwen3_5, the text config
+// under text_config, tensors `model.language_model.*`, lm_head.weight as is).
+inline std::filesystem::path qwen3_5_golden_dir() {
+  return std::filesystem::path(FP8KV_SOURCE_DIR) / "tests/golden/models_qwen3_5/l3f1_hd64";
+}
+inline void write_qwen3_5_checkpoint(const std::filesystem::path& dir, bool conditional_generation) {
+  namespace fs = std::filesystem;
+  fs::create_directories(dir);
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+    fs::copy_file(qwen3_5_golden_dir() / f, dir / f, fs::copy_options::overwrite_existing);
+  if (!conditional_generation) return;
+  std::ifstream in(qwen3_5_golden_dir() / "config.json");
+  nlohmann::json text = nlohmann::json::parse(in);
+  text.erase("architectures");
+  nlohmann::json top = {{"architectures", {"Qwen3_5ForConditionalGeneration"}},
+                        {"model_type", "qwen3_5"},
+                        {"tie_word_embeddings", text["tie_word_embeddings"]},
+                        {"text_config", text}};
+  atomic_write_file(dir / "config.json", top.dump(2));
+  const auto src = SafetensorsFile::open(qwen3_5_golden_dir() / "model.safetensors");
+  std::vector<TensorToWrite> out;
+  for (const auto& t : src->tensors()) {
+    const TensorView v = src->view(t.name);
+    std::string name = t.name;
+    if (name.rfind("model.", 0) == 0) name = "model.language_model." + name.substr(6);
+    out.push_back({name, t.dtype, t.shape, std::vector<std::byte>(v.data, v.data + v.nbytes())});
+  }
+  write_safetensors(dir / "model.safetensors", out, {{"format", "pt"}});
+}
+
 }  // namespace fp8kv::testing

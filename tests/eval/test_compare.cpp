@@ -195,6 +195,34 @@ TEST(EvalOutlier, KvStatsFindsClippingInTheOutlierLayerOnly) {
   EXPECT_THROW(kvstats_scales("abc", 3, nullptr), InputError);
 }
 
+// A Qwen3.5 hybrid (the tiny golden: layers 0-2 linear_attention, layer 3
+// full_attention): the per-layer rows and the pools hold the KV-cache layer
+// only (docs/design.md "KV scales of hybrid models").
+TEST(EvalKvStats, HybridListsTheKvCacheLayersOnly) {
+  if (!fs::exists(fp8kv::testing::qwen3_5_golden_dir() / "model.safetensors")) GTEST_SKIP() << "no golden";
+  TempDir d;
+  const fs::path m = d.path() / "m";
+  fp8kv::testing::write_qwen3_5_checkpoint(m, false);
+  EngineOptions o = small_engine();
+  o.kv_cache_dtype = "bf16";
+  auto e = Engine::load(m, o);
+  KvStatsObserver obs(kvstats_scales("unity", 4, nullptr), KvDtype::fp8_e4m3);
+  e->set_store_observer(&obs);
+  for (const auto& doc : random_docs(2, 40, 5)) e->score(doc);
+  e->set_store_observer(nullptr);
+  const auto j = obs.to_json(e->config());
+  ASSERT_EQ(j["layers"].size(), 3u);  // layer 3: q, k, v
+  for (const auto& l : j["layers"]) {
+    EXPECT_EQ(l["layer"], 3) << l.dump();
+    EXPECT_EQ(l["type"], "full_attention");
+    EXPECT_GT(l["count"].get<uint64_t>(), 0u);
+  }
+  ASSERT_EQ(j["pooled"].size(), 3u);
+  for (const auto& p : j["pooled"]) EXPECT_EQ(p["num_layers"], 1) << p.dump();
+  const std::string t = obs.table(e->config());
+  EXPECT_EQ(t.find("linear"), std::string::npos) << t;
+}
+
 TEST(EvalOutlier, CompareUnityWorseThanCalibratedAndBf16SelfIsZero) {
   TempDir d;
   const fs::path m = d.path() / "m", cal = d.path() / "cal";

@@ -10,10 +10,13 @@
 #include <random>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "io/checkpoint.h"
 #include "io/errors.h"
 #include "io/safetensors.h"
 #include "kv/scale_loader.h"
+#include "model/config.h"
 #include "../common/temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -299,6 +302,98 @@ TEST(KvScaleLoader, ForRunWarnsOnceOnStderrNotStdout) {
   testing::internal::CaptureStderr();
   load_kv_scales_for_run(*ck, kShape, KvDtype::bf16);
   EXPECT_TRUE(testing::internal::GetCapturedStderr().empty());
+}
+
+// A hybrid (qwen3_5: layers 0-2 linear_attention, no KV cache; layer 3
+// full_attention): scales cover the KV layers only (docs/design.md "KV scales
+// of hybrid models").
+namespace {
+const KvScaleShape kHybrid{4, 8, 2, {false, false, false, true}};
+}  // namespace
+
+TEST(KvScaleCoverage, HybridCountsOnlyLayersWithAKvCache) {
+  EXPECT_EQ(kHybrid.num_kv_layers(), 1);
+  EXPECT_EQ(kHybrid.kv_layers(), std::vector<int>{3});
+  EXPECT_EQ(kShape.num_kv_layers(), 4);
+  TempDir d;
+  auto ck = make_ckpt(d.path(), {scalar("model.layers.3.self_attn.attn.k_scale", 0.5f),
+                                 scalar("model.layers.3.self_attn.attn.v_scale", 0.25f)});
+  const KvScales s = load_kv_scales(*ck, kHybrid);
+  ASSERT_EQ(s.layers.size(), 4u);  // one entry per model layer: the engine indexes by layer
+  EXPECT_EQ(s.layers[3].v.values, std::vector<float>{0.25f});
+  const auto cov = kv_scale_coverage(s, kHybrid);
+  EXPECT_EQ(cov.quantized_layers, 1);
+  EXPECT_EQ(cov.v_present(), 1);
+  EXPECT_TRUE(cov.v_missing.empty());
+  EXPECT_EQ(cov.q_missing, std::vector<int>{3});
+  EXPECT_FALSE(kv_scale_coverage_warning(cov, KvDtype::fp8_e4m3));
+  // Counted as if every layer had a KV cache, the linear layers would be "missing".
+  EXPECT_EQ(kv_scale_coverage(s).v_missing, (std::vector<int>{0, 1, 2}));
+
+  // No scales at all: the warning names the KV layer, out of 1.
+  TempDir d2;
+  auto ck2 = make_ckpt(d2.path(), {});
+  const auto cov2 = kv_scale_coverage(load_kv_scales(*ck2, kHybrid), kHybrid);
+  const auto w = kv_scale_coverage_warning(cov2, KvDtype::fp8_e4m3);
+  ASSERT_TRUE(w);
+  EXPECT_NE(w->find("v_scale for 0 of 1 quantized layers"), std::string::npos) << *w;
+  EXPECT_NE(w->find("(layers 3)"), std::string::npos) << *w;
+}
+
+TEST(KvScaleLoader, HybridForRunFullCoverageIsSilent) {
+  TempDir d;
+  auto ck = make_ckpt(d.path(), {scalar("model.layers.3.self_attn.attn.k_scale", 0.5f),
+                                 scalar("model.layers.3.self_attn.attn.v_scale", 0.25f)});
+  testing::internal::CaptureStderr();
+  const KvScales s = load_kv_scales_for_run(*ck, kHybrid, KvDtype::fp8_e4m3);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(err.empty()) << err;
+  EXPECT_TRUE(s.layers[3].v.from_checkpoint);
+  EXPECT_NO_THROW(validate_kv_scales(s, kHybrid));
+}
+
+TEST(KvScaleLoader, HybridRefusesAScaleForALinearLayer) {
+  TempDir d;
+  auto ck = make_ckpt(d.path(), {scalar("model.layers.3.self_attn.v_scale", 2.0f),
+                                 scalar("model.layers.1.self_attn.v_scale", 2.0f)});
+  try {
+    load_kv_scales(*ck, kHybrid);
+    FAIL() << "a scale for a linear_attention layer was accepted";
+  } catch (const InputError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("model.safetensors: model.layers.1.self_attn.v_scale names layer 1, a linear_attention layer"),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find("KV-cache layers: 3"), std::string::npos) << m;
+  }
+  // The dense shape reads the same file without complaint.
+  EXPECT_EQ(load_kv_scales(*ck, kShape).layers[1].v.values, std::vector<float>{2.0f});
+}
+
+TEST(KvScaleShapeOf, ModelConfigMarksTheLinearLayers) {
+  const nlohmann::json q = {{"architectures", {"Qwen3_5ForCausalLM"}},
+                            {"model_type", "qwen3_5_text"},
+                            {"hidden_size", 64},
+                            {"intermediate_size", 128},
+                            {"num_hidden_layers", 8},
+                            {"num_attention_heads", 4},
+                            {"num_key_value_heads", 2},
+                            {"head_dim", 64},
+                            {"vocab_size", 272},
+                            {"linear_num_key_heads", 2},
+                            {"linear_num_value_heads", 4},
+                            {"linear_key_head_dim", 16},
+                            {"linear_value_head_dim", 32}};  // full_attention_interval 4: layers 3 and 7
+  const KvScaleShape s = kv_scale_shape(parse_model_config(q, "q.json"));
+  EXPECT_EQ(s.num_layers, 8);
+  EXPECT_EQ(s.num_kv_heads, 2);
+  EXPECT_EQ(s.kv_layers(), (std::vector<int>{3, 7}));
+  nlohmann::json l = q;
+  l["architectures"] = {"LlamaForCausalLM"};
+  l["model_type"] = "llama";
+  const KvScaleShape dense = kv_scale_shape(parse_model_config(l, "l.json"));
+  EXPECT_TRUE(dense.kv_cache.empty());
+  EXPECT_EQ(dense.num_kv_layers(), 8);
 }
 
 namespace {
