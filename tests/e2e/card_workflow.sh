@@ -14,9 +14,10 @@
 #   3. serve the injected model with --kv-cache-dtype fp8 and prefix caching:
 #      the log says the scales came from the checkpoint (no coverage
 #      warning); one greedy completion sent twice: 200 both times, the same
-#      text; /metrics served; prefix caching is off for hybrids until their
-#      states are snapshotted (one log line says so: then no hit may be
-#      counted), and when it is on the second request must hit;
+#      text; /metrics served; with prefix caching on (state snapshots every
+#      block: --state-snapshot-interval 1) the
+#      second request must hit; if a log line says caching is off for the
+#      model, no hit may be counted;
 #   4. eval compare bf16 vs fp8 (scales from the checkpoint) on a short
 #      held-out text: the table's dPPL / KLD lines and finite JSON figures;
 #      eval kvstats: rows for the full-attention layers only.
@@ -99,7 +100,7 @@ PY
   echo "ok   $layout: inject: weights byte-identical, inspect: coverage $NFULL/$NFULL, no warning"
 
   # 3. serve with an fp8 cache and prefix caching.
-  "$BIN" serve "$INJ" --port 0 --kv-cache-dtype fp8 --enable-prefix-caching --threads 1 --kv-memory 16MiB \
+  "$BIN" serve "$INJ" --port 0 --kv-cache-dtype fp8 --enable-prefix-caching --state-snapshot-interval 1 --threads 1 --kv-memory 16MiB \
     --max-num-seqs 4 > "$D/serve.out" 2> "$D/serve.err" &
   SP=$!
   PORT=""

@@ -235,6 +235,7 @@ TEST(Qwen3_5TpEngine, StatePoolIsPerRank) {
     s.block_size = 4;
     s.dtype = KvDtype::bf16;
     s.tensor_parallel_size = tp;
+    s.prefix_caching = EngineOptions{}.enable_prefix_caching;  // the engine's default: the snapshot pool too
     EXPECT_EQ(kv_plan_log_line(p), kv_plan_log_line(plan_kv_cache(cfg, s))) << "tp " << tp;
   }
 }
