@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/engine.h"
 #include "engine/scheduler.h"
 #include "kv/planner.h"
@@ -19,6 +21,22 @@
 #include "numerics/fp8.h"
 
 namespace fp8kv::testing {
+
+// The tiny Qwen3.5 hybrid of the engine tests (test_qwen3_5,
+// test_qwen3_5_prefix): three linear_attention layers, then one gated
+// full-attention layer with partial rotary.
+inline ModelConfig tiny_qwen3_5_config() {
+  return parse_model_config(nlohmann::json::parse(R"({
+    "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "hidden_size": 32,
+    "intermediate_size": 64, "num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": 1,
+    "head_dim": 16, "vocab_size": 64, "max_position_embeddings": 512, "eos_token_id": 2,
+    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+    "linear_num_key_heads": 1, "linear_num_value_heads": 2,
+    "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+  })"),
+                            "config.json");
+}
 
 // n random prompt ids in [3, vocab): never 0-2 (tiny_config's specials, EOS
 // = 2), so a greedy run never stops early.

@@ -298,4 +298,19 @@ inline std::vector<double> log_softmax(const std::vector<double>& z) {
   return r;
 }
 
+// Per-head KV scales that differ per head (a mis-sharded or mis-indexed
+// scale shows): k 0.05 + 0.02 h, v 0.03 + 0.01 h for KV head h.
+inline KvScales per_head_kv_scales(const ModelConfig& c) {
+  KvScales s = KvScales::unity(c.num_layers);
+  for (auto& l : s.layers) {
+    l.k.values.clear();
+    l.v.values.clear();
+    for (int h = 0; h < c.num_kv_heads; ++h) {
+      l.k.values.push_back(0.05f + 0.02f * static_cast<float>(h));
+      l.v.values.push_back(0.03f + 0.01f * static_cast<float>(h));
+    }
+  }
+  return s;
+}
+
 }  // namespace fp8kv::testing

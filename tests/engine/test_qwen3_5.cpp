@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
+#include "engine_fixtures.h"
 #include "io/errors.h"
 #include "kv/planner.h"
 #include "model/config.h"
@@ -24,25 +25,9 @@
 namespace fp8kv {
 namespace {
 
-ModelConfig tiny_qwen3_5() {
-  return parse_model_config(nlohmann::json::parse(R"({
-    "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "hidden_size": 32,
-    "intermediate_size": 64, "num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": 1,
-    "head_dim": 16, "vocab_size": 64, "max_position_embeddings": 512, "eos_token_id": 2,
-    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
-    "linear_num_key_heads": 1, "linear_num_value_heads": 2,
-    "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
-    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
-  })"),
-                            "config.json");
-}
+ModelConfig tiny_qwen3_5() { return testing::tiny_qwen3_5_config(); }
 
-std::vector<int> random_tokens(int n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<int> t(n);
-  for (auto& x : t) x = 3 + static_cast<int>(rng() % 61);
-  return t;
-}
+std::vector<int> random_tokens(int n, uint64_t seed) { return testing::random_tokens(tiny_qwen3_5(), n, seed); }
 
 EngineOptions opts(int max_num_seqs = 8) {
   EngineOptions o;

@@ -133,24 +133,10 @@ EngineOptions q_opts(const std::string& dtype, int tp) {
   return o;
 }
 
-// Per-head KV scales, different per head (a mis-sharded scale shows).
-KvScales per_head_scales(const ModelConfig& c) {
-  KvScales s = KvScales::unity(c.num_layers);
-  for (auto& l : s.layers) {
-    l.k.values.clear();
-    l.v.values.clear();
-    for (int h = 0; h < c.num_kv_heads; ++h) {
-      l.k.values.push_back(0.05f + 0.02f * static_cast<float>(h));
-      l.v.values.push_back(0.03f + 0.01f * static_cast<float>(h));
-    }
-  }
-  return s;
-}
-
 std::unique_ptr<Engine> q_make(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> w, const std::string& dtype,
                                int tp) {
   auto e = Engine::create(cfg, std::move(w), q_opts(dtype, tp));
-  if (kv_dtype_is_fp8(e->kv_dtype())) e->set_kv_scales(per_head_scales(cfg));
+  if (kv_dtype_is_fp8(e->kv_dtype())) e->set_kv_scales(testing::per_head_kv_scales(cfg));
   return e;
 }
 
