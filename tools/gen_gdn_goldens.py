@@ -5,6 +5,8 @@ and transformers references for the CPU engine (issue 33).
 Runs on the GPU machine (torch + transformers, no network), from the repo root:
 
     python3 tools/gen_gdn_goldens.py
+    python3 tools/gen_gdn_goldens.py --add-bf16-compute   # adds transformers'
+        # bf16 run of the saved checkpoints to golden.json (add_bf16_compute)
 
 Needs transformers with models/qwen3_5 (Qwen3_5ForCausalLM, transformers
 >= 5.2); with an older transformers that has models/qwen3_next (>= 4.57) it
@@ -325,7 +327,47 @@ def run_case(kind, case, cfg):
     return case, size, gaps, dec_ids
 
 
+def add_bf16_compute(case):
+    """Adds transformers' own bf16 run of a case's saved checkpoint to its
+    golden.json, leaving every other key as it is: "variants"."bf16_compute"
+    (teacher-forced logprobs and top-1) and "decode_bf16_compute" (greedy
+    ids, logprobs). from_pretrained in bf16: bf16 weights and activations,
+    softmax in fp32 (eager attention), the delta rule in fp32 (the torch
+    paths upcast q, k, v, g, beta), no hook (K/V stay bf16, as a bf16 cache
+    stores them). It measures the error that bf16 arithmetic alone opens on
+    the model: the line for the CUDA engine, whose GEMM inputs are bf16."""
+    d = os.path.join(OUT, case)
+    with open(os.path.join(d, "golden.json")) as f:
+        g = json.load(f)
+    try:
+        model = transformers.Qwen3_5ForCausalLM.from_pretrained(d, dtype=torch.bfloat16, attn_implementation="eager")
+    except TypeError:
+        model = transformers.Qwen3_5ForCausalLM.from_pretrained(d, torch_dtype=torch.bfloat16,
+                                                                attn_implementation="eager")
+    model = model.eval()
+    v = []
+    for ids in g["sequences"]:
+        lp, top = base.score(model, ids)
+        v.append({"logprobs": lp, "top1_ids": top})
+    g["variants"]["bf16_compute"] = v
+    ids, lps = greedy_decode(model, g["decode"]["prompt"], len(g["decode"]["ids"]))
+    g["decode_bf16_compute"] = {"ids": ids, "logprobs": lps}
+    g["bf16_compute_versions"] = {"torch": torch.__version__, "transformers": transformers.__version__}
+    with open(os.path.join(d, "golden.json"), "w") as f:
+        json.dump(g, f)
+    gap = sum(abs(a - b) for x, y in zip(v, g["variants"]["fp32"]) for a, b in zip(x["logprobs"][1:], y["logprobs"][1:]))
+    n = sum(len(x["logprobs"]) - 1 for x in v)
+    return gap / n, ids, g["decode"]["ids"]
+
+
 def main():
+    if "--add-bf16-compute" in sys.argv[1:]:
+        if reference_kind() != "qwen3_5":
+            sys.exit("--add-bf16-compute needs transformers' models/qwen3_5 (>= 5.2)")
+        for case in CASES:
+            gap, ids, ids32 = add_bf16_compute(case)
+            log(f"{case}: bf16_compute mean |dlogprob| vs fp32 {gap:.5f}; greedy bf16 {ids}, fp32 {ids32}")
+        return
     torch.manual_seed(0)
     log(f"torch {torch.__version__}, transformers {transformers.__version__} (qwen3_5 needs transformers >= 5.2)")
     kind = reference_kind()
@@ -337,6 +379,9 @@ def main():
         try:
             case, size, gaps, dec = run_case(kind, case, cfg)
             log(f"{case}: {size} bytes, max |dlogprob| vs fp32 per cache dtype {gaps}, greedy {dec}")
+            if kind == "qwen3_5":
+                gap, ids, _ = add_bf16_compute(case)
+                log(f"{case}: bf16_compute mean |dlogprob| vs fp32 {gap:.5f}, greedy {ids}")
         except Exception as e:  # noqa: BLE001  (report every case, fail at the end)
             import traceback
             traceback.print_exc()

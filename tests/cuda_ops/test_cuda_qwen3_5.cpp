@@ -5,23 +5,35 @@
 // decode. Skipped without a GPU (or without the goldens).
 //
 // Acceptance lines:
-//  - score: mean |logprob(cuda) - logprob(cpu)| <= 0.02, issue 12 §4's line
-//    for the CUDA engine (test_cuda_engine.cpp): the CPU engine keeps fp32
-//    activations into every GEMM, the CUDA engine rounds GEMM inputs to bf16.
-//    The gap to the transformers fp32 golden is printed beside it.
+//  - score: the CUDA engine rounds GEMM inputs to bf16, the CPU engine keeps
+//    fp32 activations into every GEMM. The error that bf16 arithmetic opens
+//    on these random models is measured by transformers itself: its bf16 run
+//    of the same checkpoint ("bf16_compute", tools/gen_gdn_goldens.py
+//    --add-bf16-compute; bf16 weights and activations, the delta rule in
+//    fp32 as the engine keeps it). Lines: mean |logprob(cuda) - logprob(
+//    transformers fp32)| <= transformers' own bf16 gap (the CUDA engine is at
+//    least as close to the fp32 reference as transformers in bf16), and mean
+//    |logprob(cuda) - logprob(cpu)| <= max(0.02, that gap), 0.02 being issue
+//    12 §4's line for the dense CUDA engine (test_cuda_engine.cpp). A golden
+//    without the variant keeps the 0.02 line alone.
 //  - graphs: replay equals padded eager decode bitwise (test_cuda_graphs.cpp's
 //    check, with padding sequences of state slot -1).
 //  - decode vs transformers' cached decode: the first token equal, and the
 //    logprobs within 0.05 (2.5x the score line) up to the first step where the
 //    greedy choices part (bf16 GEMM inputs may flip a near tie of this random
-//    model; the count of agreeing steps is printed).
+//    model; the count of agreeing steps is printed). Where transformers' own
+//    bf16 run decodes another first token than its fp32 run (a tie that bf16
+//    arithmetic flips), the CUDA engine may follow either; the logprobs are
+//    then checked against the run it follows.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -74,7 +86,8 @@ TEST_P(CudaQwen3_5, ScoreMatchesCpuEngine) {
     ASSERT_EQ(e->backend_name(), be ? "cuda" : "cpu");
     res[be] = e->score_batch(seqs, so);
   }
-  double sum = 0, worst = 0, sum_golden = 0;
+  const bool have_bf16 = g["variants"].contains("bf16_compute");
+  double sum = 0, worst = 0, sum_golden = 0, sum_bf16 = 0;
   int n = 0;
   size_t worst_s = 0, worst_p = 0;
   for (size_t s = 0; s < seqs.size(); ++s)
@@ -88,14 +101,22 @@ TEST_P(CudaQwen3_5, ScoreMatchesCpuEngine) {
         worst_s = s;
         worst_p = p;
       }
-      sum_golden += std::fabs(*res[1][s].logprobs[p] - g["variants"]["fp32"][s]["logprobs"][p].get<double>());
+      const double fp32 = g["variants"]["fp32"][s]["logprobs"][p].get<double>();
+      sum_golden += std::fabs(*res[1][s].logprobs[p] - fp32);
+      if (have_bf16) sum_bf16 += std::fabs(g["variants"]["bf16_compute"][s]["logprobs"][p].get<double>() - fp32);
       ++n;
     }
   std::printf("[ qwen3_5 ] %s cuda vs cpu engine: mean |dlogprob| %.5f (max %.4f at seq %zu pos %zu); cuda vs "
-              "transformers fp32: mean %.5f\n",
-              name.c_str(), sum / n, worst, worst_s, worst_p, sum_golden / n);
-  EXPECT_LE(sum / n, 0.02) << name << ": mean |logprob(cuda) - logprob(cpu)| over " << n
-                           << " positions; worst " << worst << " at seq " << worst_s << " pos " << worst_p;
+              "transformers fp32: mean %.5f; transformers bf16 vs fp32: %s\n",
+              name.c_str(), sum / n, worst, worst_s, worst_p, sum_golden / n,
+              have_bf16 ? std::to_string(sum_bf16 / n).c_str() : "(no bf16_compute variant)");
+  const double bf16_gap = have_bf16 ? sum_bf16 / n : 0.0;
+  EXPECT_LE(sum / n, std::max(0.02, bf16_gap))
+      << name << ": mean |logprob(cuda) - logprob(cpu)| over " << n << " positions; worst " << worst << " at seq "
+      << worst_s << " pos " << worst_p;
+  if (have_bf16)
+    EXPECT_LE(sum_golden / n, bf16_gap) << name << ": the CUDA engine is further from transformers fp32 than "
+                                           "transformers' own bf16 run";
 }
 
 // Greedy decode with CUDA graphs against transformers' cached decode.
@@ -105,8 +126,8 @@ TEST_P(CudaQwen3_5, GraphDecodeFollowsTransformers) {
   json g;
   if (!load_golden(name, g)) GTEST_SKIP() << golden_dir(name) << " missing (tools/gen_gdn_goldens.py)";
   const std::vector<int> prompt = g["decode"]["prompt"].get<std::vector<int>>();
-  const std::vector<int> want = g["decode"]["ids"].get<std::vector<int>>();
-  const std::vector<double> want_lp = g["decode"]["logprobs"].get<std::vector<double>>();
+  std::vector<int> want = g["decode"]["ids"].get<std::vector<int>>();
+  std::vector<double> want_lp = g["decode"]["logprobs"].get<std::vector<double>>();
   auto e = Engine::load(golden_dir(name), options("cuda"));
   GenerateOptions o;
   o.max_tokens = static_cast<int>(want.size());
@@ -123,12 +144,21 @@ TEST_P(CudaQwen3_5, GraphDecodeFollowsTransformers) {
       }
   EXPECT_GT(e->graph_replays(), 0) << name << ": no decode step ran from a CUDA graph";
   ASSERT_FALSE(got.empty());
+  const char* ref = "fp32";
+  if (g.contains("decode_bf16_compute") && got[0] != want[0]) {
+    const auto& b = g["decode_bf16_compute"];
+    if (b["ids"][0].get<int>() != want[0] && b["ids"][0].get<int>() == got[0]) {  // a tie bf16 flips in transformers too
+      want = b["ids"].get<std::vector<int>>();
+      want_lp = b["logprobs"].get<std::vector<double>>();
+      ref = "bf16";
+    }
+  }
   size_t i = 0;
   for (; i < std::min(got.size(), want.size()) && got[i] == want[i]; ++i)
     EXPECT_LE(std::fabs(got_lp[i] - want_lp[i]), 0.05) << name << " decode step " << i << ": cuda " << got_lp[i]
-                                                         << ", transformers " << want_lp[i];
-  std::printf("[ qwen3_5 ] %s: cuda greedy decode follows transformers for %zu of %zu steps\n", name.c_str(), i,
-              want.size());
+                                                         << ", transformers (" << ref << ") " << want_lp[i];
+  std::printf("[ qwen3_5 ] %s: cuda greedy decode follows transformers (%s) for %zu of %zu steps\n", name.c_str(),
+              ref, i, want.size());
   EXPECT_GE(i, 1u) << name << ": the first decoded token differs from transformers' (" << got[0] << " vs " << want[0]
                    << ")";
 }
