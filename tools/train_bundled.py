@@ -468,9 +468,11 @@ def gdn_kernel_paths(torch):
     if torch_path and not getattr(chunk, "_fp8kv_fp32", False):
         @functools.wraps(chunk)
         def chunk_fp32(*args, **kwargs):
+            chunk_fp32.calls += 1
             with torch.autocast("cuda", enabled=False):
                 return chunk(*args, **kwargs)
         chunk_fp32._fp8kv_fp32 = True
+        chunk_fp32.calls = 0
         mq.torch_chunk_gated_delta_rule = chunk_fp32
         info["delta rule core"] = "fp32, autocast off (patched: modeling_qwen3_5.torch_chunk_gated_delta_rule)"
     return info, torch_path
@@ -924,6 +926,13 @@ def smoke_run(a, torch, F, Model, AutoTokenizer, model, save_model, opt, make_ba
         if i == 0:  # every parameter got a gradient (A_log, dt_bias, conv1d, norms included)
             no_grad = [n for n, p in model.named_parameters() if p.grad is None]
             assert not no_grad, f"parameters without a gradient: {no_grad}"
+            import transformers.models.qwen3_5.modeling_qwen3_5 as mq
+            core = mq.torch_chunk_gated_delta_rule
+            if getattr(core, "_fp8kv_fp32", False):  # the patched fp32 core is the one the layers call
+                n_lin = sum(t == LIN for t in layer_types)
+                log(f"gdn: fp32 core called {core.calls} times in step 1 ({n_lin} linear layers)")
+                assert core.calls >= n_lin, "the layers do not call the patched torch_chunk_gated_delta_rule"
+                res["gdn_fp32_core_calls_step1"] = core.calls
     # probe: the real run's batch size at the longest and a middle length
     probe = {}
     for L in sorted({a.context, 1024}, reverse=True):
