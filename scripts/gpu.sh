@@ -44,6 +44,15 @@ one logs.tgz plus the summary come back in $OUT):
            tools/gen_gdn_goldens.py (Qwen3.5 hybrids) and
            tools/gen_fp8_weight_goldens.py --no-mini (FP8-weight checkpoints);
            with $OUT set, goldens.tgz comes back (untar at the repo root)
+  train    trains models/fp8kv-mini-gdn (issue 35): tools/train_bundled.py
+           --arch qwen3_5 (Qwen3_5ForCausalLM, fp8kv-mini's tokenizer), the
+           checkpoint, summary.json and train.log into $OUT (else
+           gpu-out/train/export). Needs corpus/ (tools/prepare_corpus.sh
+           here; carry ["corpus"]); no .wt. TRAIN_MINUTES=6 (the training
+           loop), TRAIN_DEADLINE_MINUTES=9.0 (the whole script)
+  train_smoke  the same script's --smoke (~1 min): 3 tiny optimizer steps
+           (one 4096-token row), a throughput probe, save, reload, short
+           eval; into $OUT/fp8kv-mini-gdn-smoke and $OUT/smoke_summary.json
   all      test kernels engine serve, and tp when the machine has 2+ GPUs
 Each subcommand runs in its own process session under a watchdog; one summary
 table is printed at the end (gpu-out/summary.txt). "speed new/old" is old
@@ -92,7 +101,12 @@ FP8W_CASES=(
 )
 TARGETS=(fp8kv test_cuda test_cuda_ops bench_attention bench_linear bench_allreduce)
 # Seconds each step may run (the watchdog's limit).
-declare -A STEP_S=([test]=300 [kernels]=260 [engine]=300 [serve]=200 [tp]=420 [goldens]=300 [fp8w]=420)
+declare -A STEP_S=([test]=300 [kernels]=260 [engine]=300 [serve]=200 [tp]=420 [goldens]=300 [fp8w]=420
+  [train]=570 [train_smoke]=240)
+# Steps that run Python only (no packed binaries, no .wt to carry).
+NO_BINARIES=" goldens train train_smoke "
+# train / train_smoke: the qwen3_5 bundled model (models/fp8kv-mini-gdn/README.md).
+TRAIN_ARGS=(--arch qwen3_5 --corpus corpus --tokenizer models/fp8kv-mini --out models/fp8kv-mini-gdn)
 
 G=${GPU_OUT:-gpu-out}
 # Unpacked outside the tree: .wt stays small enough to carry again.
@@ -431,8 +445,49 @@ step_goldens() {
   tail -3 "$d/gdn.log" "$d/fp8w.log"
 }
 
+# train_run STEP EXTRA_ARGS...: tools/train_bundled.py with TRAIN_ARGS, its
+# export into $OUT (else $G/STEP/export), one summary row.
+train_run() {
+  local step=$1 d=$G/$1 rc exp summary; shift
+  exp=${OUT:-$G/$step/export}
+  summary=$exp/summary.json; [ "$step" = train_smoke ] && summary=$exp/smoke_summary.json
+  if [ ! -f corpus/train.txt ]; then
+    row "$step" train_bundled "" "" "" "FAIL: no corpus/train.txt (tools/prepare_corpus.sh here, then carry [\"corpus\"])"
+    return 0
+  fi
+  mkdir -p "$exp"
+  python3 -c "import transformers, torch; print('transformers', transformers.__version__, 'torch', torch.__version__)" \
+    >"$d/versions.txt" 2>&1
+  PYTHONUNBUFFERED=1 python3 tools/train_bundled.py "${TRAIN_ARGS[@]}" --export-dir "$exp" "$@" >"$d/train.log" 2>&1; rc=$?
+  cp "$d/train.log" "$exp/$step.log" 2>/dev/null
+  python3 - "$summary" "$step" "$rc" "$(head -1 "$d/versions.txt")" <<'PY' >>"$G/rows.txt"
+import json, sys
+path, step, rc, versions = sys.argv[1:]
+try:
+    s = json.load(open(path))
+    if step == "train":
+        note = (f"params {s['params']:,d}, {s['train']['steps']} steps, {s['train']['tokens_seen'] / 1e6:.1f}M tokens, "
+                f"held-out ppl {s['heldout_ppl']['ppl']}, needle "
+                + "/".join(f"{v['correct']}" for v in s["needle"].values()) + f" of {s['needle']['1024']['trials']}")
+    else:
+        note = f"params {s['params']:,d}, probe " + ", ".join(
+            f"{k}: {v['tokens_per_second'] / 1e6:.2f}M tok/s" for k, v in s["probe"].items())
+except Exception as e:
+    note = f"no summary ({e.__class__.__name__})"
+status = "PASS" if rc == "0" else f"FAIL rc {rc}"
+print(f"{step:8} {'train_bundled --arch qwen3_5':30} {'':>12} {'':>12} {'':>9}  {status}: {note} ({versions})")
+PY
+  tail -5 "$d/train.log"
+}
+step_train() {
+  train_run train --minutes "${TRAIN_MINUTES:-6}" --deadline-minutes "${TRAIN_DEADLINE_MINUTES:-9.0}"
+}
+step_train_smoke() { train_run train_smoke --smoke; }
+
 run_steps() {
-  unpack || exit 1
+  local need_bins=0 st
+  for st in "$@"; do [[ $NO_BINARIES == *" $st "* ]] || need_bins=1; done
+  if [ $need_bins = 1 ]; then unpack || exit 1; fi
   # The bundled model's shards travel xz-compressed (serve and tp load it).
   [ -f scripts/expand_models.sh ] && { bash scripts/expand_models.sh || echo "expand_models.sh failed"; }
   rm -rf "${G:?}" && mkdir -p "$G"  # one call, one set of logs
@@ -486,7 +541,7 @@ case ${1:-} in
     for a in "$@"; do
       case $a in
         all) steps+=(test kernels engine serve); [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ] && steps+=(tp) ;;
-        test|kernels|engine|fp8w|serve|tp|goldens) steps+=("$a") ;;
+        test|kernels|engine|fp8w|serve|tp|goldens|train|train_smoke) steps+=("$a") ;;
         *) echo "gpu.sh: unknown subcommand '$a'" >&2; usage >&2; exit 2 ;;
       esac
     done
