@@ -11,7 +11,7 @@ usage: scripts/gpu.sh SUBCOMMAND [SUBCOMMAND ...]
 
 Here (the development machine; same nvcc as the GPU machine):
   pack [--prev DIR]  build fp8kv test_cuda test_cuda_ops bench_attention
-                     bench_linear bench_allreduce (Release, in $BUILD) and pack
+                     bench_linear bench_allreduce bench_gdn (Release, in $BUILD) and pack
                      them with the shared libraries they need into .wt/
                      (ignored). --prev DIR also packs a previous build's
                      binaries (DIR/fp8kv, DIR/tests/test_cuda, ...) for an
@@ -99,7 +99,7 @@ FP8W_CASES=(
   "ttft_8k|latency --batch-size 1 --input-len 8192 --output-len 2 --num-iters-warmup 1 --num-iters 3 --max-model-len 8300"
   "thr_256x1k|throughput --num-prompts 256 --input-len 1024 --output-len 128 --num-iters-warmup 0"
 )
-TARGETS=(fp8kv test_cuda test_cuda_ops bench_attention bench_linear bench_allreduce)
+TARGETS=(fp8kv test_cuda test_cuda_ops bench_attention bench_linear bench_allreduce bench_gdn)
 # Seconds each step may run (the watchdog's limit).
 declare -A STEP_S=([test]=300 [kernels]=260 [engine]=300 [serve]=200 [tp]=420 [goldens]=300 [fp8w]=420
   [train]=570 [train_smoke]=240)

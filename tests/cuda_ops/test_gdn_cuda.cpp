@@ -1,32 +1,56 @@
 // The CUDA Gated DeltaNet kernels (backend/cuda/gdn/gdn.h) and CudaBackend's
 // Qwen3.5 ops against the CPU reference (backend/cpu/gdn.h, CpuBackend), on
 // random inputs: batches of several sequences of different lengths (decode
-// rows, fresh and continuing prefills, a padding sequence of slot -1), and
-// states carried across calls. Skipped without a GPU.
+// rows, fresh and continuing prefills over several 64-row chunk boundaries,
+// starting unaligned, padding sequences of slot -1), and states carried
+// across calls. Skipped without a GPU (the plan test runs anyway).
 //
-// Tolerances (u = 2^-24, the fp32 unit roundoff). The kernels run the CPU's
-// IEEE operations in the CPU's order (no contraction: the host build has no
-// FMA); what differs is expf / log1pf (CUDA: at most 2 ulp = 4u; glibc: under
-// 1 ulp):
+// Tolerances (u = 2^-24, the fp32 unit roundoff). The conv, the recurrent
+// rule and the norms run the CPU's IEEE operations in the CPU's order (no
+// contraction: the host build has no FMA); what differs is expf / log1pf
+// (CUDA: at most 2 ulp = 4u; glibc: under 1 ulp):
 //  - silu(x) = x / (1 + exp(-x)) and sigmoid: exp within 6u relative, so the
 //    result within 6u + 2u (the two divisions' roundings) = 8u relative;
 //    a product with it 10u. The conv's sums are bitwise the CPU's, its
 //    states bitwise equal.
-//  - The delta rule (recurrent form on both sides): only the per-token
-//    decay exp(g) and beta differ, each within 8u relative (g's exp and
-//    log1p(exp) within 4u each, then exp(g): |g| 8u exp(g) <= 8u/e absolute
-//    plus 4u). Per token that perturbs a state column (2-norm) by at most
-//    8u (||S_col|| + 2 (|v| + ||S_col||)) <= 24u (sqrt(Dk) M_S + M_v), M_S
-//    the largest state element along the run, M_v the largest v; the token
-//    map d (I - beta k k^T) does not grow a column's 2-norm (|k| = 1, beta,
-//    d in (0, 1)), so after n tokens the difference is below
-//    n 24u (sqrt(Dk) M_S + M_v) per element, and the same for the outputs
-//    (|q| = 1/sqrt(Dk) <= 1).
+//  - The delta rule, recurrent form on both sides (rows of one-row
+//    sequences; every row with GdnRuleOptions::recurrent_only): only the
+//    per-token decay exp(g) and beta differ, each within 8u relative (g's
+//    exp and log1p(exp) within 4u each, then exp(g): |g| 8u exp(g) <= 8u/e
+//    absolute plus 4u). Per token that perturbs a state column (2-norm) by
+//    at most 8u (||S_col|| + 2 (|v| + ||S_col||)) <= 24u (sqrt(Dk) M_S + M_v),
+//    M_S the largest state element along the run, M_v the largest v; the
+//    token map d (I - beta k k^T) does not grow a column's 2-norm (|k| = 1,
+//    beta, d in (0, 1)), so after n tokens the difference is below
+//    R(n) = n 24u (sqrt(Dk) M_S + M_v) per element, and the same for the
+//    outputs (|q| = 1/sqrt(Dk) <= 1).
+//  - The delta rule, chunked form on both sides (sequences of two or more
+//    rows): the CUDA kernel runs the CPU's gdn_rule_chunked on the same
+//    q, k (bitwise: the same sequential norms) with the gates above, and sums
+//    every dot in the CPU's order: q.k and k.k over Dk terms, W S and Q S
+//    over Dk, the forward substitution and A v_new over at most 64 terms, the
+//    state update over the chunk's n <= 64 rows; but with fused
+//    multiply-adds (one rounding per term, the CPU's two). Its rounding
+//    against exact arithmetic is thus of the kind and count that
+//    tests/backend_cpu/test_gdn.cpp bounds for the CPU's chunked form against
+//    the recurrent form (which covers the rounding of either):
+//    B_c = (64 + 4 Dk + 8) (chunks + 1) u (M_S + M_v), chunks the number of
+//    chunks the rows span (aligned to absolute multiples of 64). The gate
+//    ulps do not enter the chunked form only through exp(g): its factors
+//    exp(cum_i - cum_j) come from rounded running sums of g, whose rounding
+//    is absolute (an ulp of the sum) and not reduced by closer gates. So the
+//    two sides are compared through the exact rule: CUDA chunked vs the
+//    exact rule with the CUDA gates (B_c), that vs the exact rule with the
+//    CPU gates (R(n): the recurrent argument holds for exact arithmetic),
+//    that vs the CPU chunked form (B_c): R(n) + 2 B_c per element.
+//  - Bitwise: the chunked kernel gives every column the same operations
+//    whatever the Dv split (checked at every split the shape allows), and
+//    chunks end at absolute multiples of 64, so a prefill split at a
+//    multiple of 64 equals the one-shot prefill bitwise (the CPU's property).
 //  - Through the whole op the conv outputs differ too (8u relative: q, k, v
 //    within 10u, normalized q, k within 12u), so the per-token factor is
-//    taken as 64u instead of 24u; where the CPU backend runs the chunked
-//    form (prefill rows) the chunked-vs-recurrent bound of test_gdn.cpp is
-//    added: (64 + 4 Dk + 8) (chunks + 1) u (M_S + M_v).
+//    taken as 64u instead of 24u; prefill rows (the chunked form on both
+//    backends) add 2 B_c.
 //  - The gated RMSNorm y = w o / rms(o) silu(z): |dy| <= |w silu(z)| do (1 /
 //    rms + |o| / rms^2) + 10u |y| per element, rms from the reference core.
 // Each failure prints the largest error, where it is, and the bound.
@@ -39,6 +63,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -192,6 +217,8 @@ struct RuleCase {
 
 class GdnRuleCuda : public ::testing::TestWithParam<RuleCase> {};
 
+// Every row in the recurrent kernel (GdnRuleOptions::recurrent_only), the
+// prefill rows included, against the CPU's recurrent form.
 TEST_P(GdnRuleCuda, MatchesCpuRecurrentForm) {
   FP8KV_NEED_GPU();
   const RuleCase rc = GetParam();
@@ -234,8 +261,10 @@ TEST_P(GdnRuleCuda, MatchesCpuRecurrentForm) {
                      ddt = to_device(dt), dpool = to_device(init);
   // NaN in the output first: padding rows must come back as zeros.
   cuda::DeviceBuffer dout = to_device(std::vector<float>(static_cast<size_t>(b.T * VD), NAN));
+  cuda::GdnRuleOptions opt;
+  opt.recurrent_only = true;  // the prefill rows too (the chunked form: GdnRuleChunkedCuda)
   cuda::gdn_rule(d, db.seqs, dqkv.as<float>(), da.as<float>(), db_.as<float>(), dA.as<float>(), ddt.as<float>(),
-                 dpool.as<float>(), dout.as<float>(), nullptr);
+                 dpool.as<float>(), dout.as<float>(), nullptr, opt);
   const std::vector<float> got = to_host<float>(dout, b.T * VD), got_pool = to_host<float>(dpool, init.size());
   const std::string tag = "Dk " + std::to_string(rc.Dk) + " Dv " + std::to_string(rc.Dv);
   expect_within(got, ref, VD, [&](size_t) { return tol; }, "rule outputs [row][Hv*Dv], " + tag);
@@ -253,6 +282,305 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GdnRuleCuda, ::testing::Values(RuleCase{2, 4, 3
                          [](const auto& info) {
                            return "Dk" + std::to_string(info.param.Dk) + "_Dv" + std::to_string(info.param.Dv);
                          });
+
+// ---- the chunked delta rule ------------------------------------------------------
+
+static_assert(cuda::kGdnCudaChunk == kGdnChunk, "the CUDA chunked rule's chunk is the CPU's");
+
+// How many chunks rows [pos0, pos0 + n) span (chunks end at multiples of 64).
+int chunks_of(int pos0, int n) {
+  int c = 0;
+  for (int t = 0; t < n; ++c) t += std::min(n - t, kGdnChunk - (pos0 + t) % kGdnChunk);
+  return c;
+}
+
+// Random rule inputs for T rows and a pool of `slots` slots.
+struct RuleInputs {
+  std::vector<float> qkv, a, b, A_log, dt, init;
+};
+RuleInputs rule_inputs(const GdnShape& s, int T, int slots, std::mt19937_64& rng) {
+  RuleInputs in;
+  in.qkv = randn(rng, static_cast<size_t>(T) * s.conv_dim(), 1.0f);
+  in.a = randn(rng, static_cast<size_t>(T) * s.num_v_heads, 1.0f);
+  in.b = randn(rng, in.a.size(), 1.0f);
+  in.A_log.resize(s.num_v_heads);
+  in.dt = randn(rng, s.num_v_heads, 0.5f);
+  std::uniform_real_distribution<float> ud(0.01f, 16.0f);
+  for (auto& v : in.A_log) v = std::log(ud(rng)) - 3.0f;  // slow decays: a long memory
+  in.init = randn(rng, static_cast<size_t>(slots) * s.ssm_state_elems(), 0.3f);
+  return in;
+}
+
+// What the CPU backend computes for a batch (one row: the recurrent form;
+// more: the chunked form from the sequence's position), and each
+// sequence's bound R(n) (+ 2 B_c for the chunked form; header comment),
+// with M_S the largest state element along the sequence's recurrent run and
+// its chunked result, M_v the largest of its v.
+struct RuleRef {
+  std::vector<float> out, pool;
+  std::vector<double> tol;  // per sequence
+};
+RuleRef cpu_rule(const GdnShape& s, const Batch& b, const RuleInputs& in) {
+  const int64_t C = s.conv_dim(), VD = s.value_dim(), Hv = s.num_v_heads, SE = s.ssm_state_elems();
+  std::vector<float> g(in.a.size()), beta(in.a.size());
+  gdn_gates(in.a.data(), in.b.data(), b.T, static_cast<int>(Hv), in.A_log.data(), in.dt.data(), g.data(), beta.data());
+  RuleRef r;
+  r.pool = in.init;
+  r.out.assign(static_cast<size_t>(b.T) * VD, 0.0f);
+  r.tol.assign(b.seqs.size(), 0.0);
+  for (size_t si = 0; si < b.seqs.size(); ++si) {
+    const Seq& q = b.seqs[si];
+    if (q.slot < 0) continue;  // padding: zero rows
+    const int64_t t0 = b.q_start[si];
+    float* S = r.pool.data() + q.slot * SE;
+    if (q.pos0 == 0) std::fill(S, S + SE, 0.0f);
+    std::vector<float> S_rec(S, S + SE), o(VD);
+    float M_S = max_abs(S_rec), M_v = 0.0f;
+    for (int t = 0; t < q.n; ++t) {
+      gdn_rule_recurrent(s, in.qkv.data() + (t0 + t) * C, 1, g.data() + (t0 + t) * Hv, beta.data() + (t0 + t) * Hv,
+                         S_rec.data(), o.data());
+      M_S = std::max(M_S, max_abs(S_rec));
+      for (int64_t i = 2 * s.key_dim(); i < C; ++i) M_v = std::max(M_v, std::fabs(in.qkv[(t0 + t) * C + i]));
+    }
+    if (q.n == 1)
+      gdn_rule_recurrent(s, in.qkv.data() + t0 * C, 1, g.data() + t0 * Hv, beta.data() + t0 * Hv, S,
+                         r.out.data() + t0 * VD);
+    else
+      gdn_rule_chunked(s, q.pos0, in.qkv.data() + t0 * C, q.n, g.data() + t0 * Hv, beta.data() + t0 * Hv, S,
+                       r.out.data() + t0 * VD);
+    M_S = std::max(M_S, max_abs(std::vector<float>(S, S + SE)));
+    double tol = q.n * 24 * kU * (std::sqrt(static_cast<double>(s.k_head_dim)) * M_S + M_v);
+    if (q.n > 1) tol += 2 * (kGdnChunk + 4.0 * s.k_head_dim + 8) * (chunks_of(q.pos0, q.n) + 1) * kU * (M_S + M_v);
+    r.tol[si] = tol;
+  }
+  return r;
+}
+
+// The step's hints as CudaBackend passes them: the most rows of one
+// sequence, and the leading one-row sequences.
+void set_hints(cuda::GdnSeqs& sq, const Batch& b) {
+  sq.max_query_len = 0;
+  sq.num_decodes = 0;
+  bool lead = true;
+  for (const Seq& q : b.seqs) {
+    sq.max_query_len = std::max(sq.max_query_len, q.n);
+    lead = lead && q.n == 1;
+    sq.num_decodes += lead ? 1 : 0;
+  }
+}
+
+// One gdn_rule call on the device: returns the outputs (NaN-filled before,
+// so unwritten rows show) and the pool after it.
+struct RuleRun {
+  std::vector<float> out, pool;
+};
+RuleRun cuda_rule(const cuda::GdnDims& d, const Batch& b, const RuleInputs& in, const cuda::GdnRuleOptions& opt,
+                  bool hints) {
+  DevBatch db(b);
+  if (hints) set_hints(db.seqs, b);
+  cuda::DeviceBuffer dqkv = to_device(in.qkv), da = to_device(in.a), dbb = to_device(in.b),
+                     dA = to_device(in.A_log), ddt = to_device(in.dt), dpool = to_device(in.init);
+  const size_t on = static_cast<size_t>(b.T) * d.value_dim();
+  cuda::DeviceBuffer dout = to_device(std::vector<float>(on, NAN));
+  cuda::gdn_rule(d, db.seqs, dqkv.as<float>(), da.as<float>(), dbb.as<float>(), dA.as<float>(), ddt.as<float>(),
+                 dpool.as<float>(), dout.as<float>(), nullptr, opt);
+  return RuleRun{to_host<float>(dout, on), to_host<float>(dpool, in.init.size())};
+}
+
+// The first element whose bits differ (size() when none).
+size_t first_bit_diff(const std::vector<float>& x, const std::vector<float>& y) {
+  if (x.size() != y.size()) return 0;
+  for (size_t i = 0; i < x.size(); ++i)
+    if (std::memcmp(&x[i], &y[i], sizeof(float)) != 0) return i;
+  return x.size();
+}
+
+int max_smem_optin() {
+  int dev = 0, v = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+    return 0;
+  return v;
+}
+
+class GdnRuleChunkedCuda : public ::testing::TestWithParam<RuleCase> {};
+
+// A batch mixing decode rows (continuing, fresh, padding) and prefills: a
+// fresh one over three chunks (140 rows), one continuing at position 37
+// over [37, 64), [64, 128), [128, 157), two rows on either side of the
+// boundary at 64 (two one-row chunks), a padding prefill, a short one
+// inside a chunk. gdn_rule as CudaBackend calls it (its hints: the chunked
+// kernel for the multi-row sequences, at the planned split), against the
+// CPU backend's forms within R(n) + 2 B_c; then the chunked kernel over the
+// whole batch (no hints: it skips the one-row sequences at run time) at
+// every split the shape allows: bitwise the same outputs and states.
+TEST_P(GdnRuleChunkedCuda, MatchesCpuChunkedFormAtEverySplit) {
+  FP8KV_NEED_GPU();
+  const RuleCase rc = GetParam();
+  const cuda::GdnDims d{rc.Hk, rc.Hv, rc.Dk, rc.Dv, 4};
+  const GdnShape s{rc.Hk, rc.Hv, rc.Dk, rc.Dv, 4};
+  const int64_t VD = d.value_dim(), SE = s.ssm_state_elems();
+  constexpr int kRuleSlots = 7;  // slot 6 is in no sequence
+  const Batch b({{1, 9, 2}, {1, 0, 5}, {1, 0, -1}, {140, 0, 0}, {120, 37, 3}, {2, 63, 1}, {70, 0, -1}, {5, 33, 4}});
+  std::mt19937_64 rng(test_seed());
+  const RuleInputs in = rule_inputs(s, b.T, kRuleSlots, rng);
+  const RuleRef ref = cpu_rule(s, b, in);
+  const RuleRun got = cuda_rule(d, b, in, {}, /*hints=*/true);
+  const std::string tag = "Dk " + std::to_string(rc.Dk) + " Dv " + std::to_string(rc.Dv);
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  const cuda::GdnChunkPlan plan = cuda::gdn_chunk_plan(d, 5, sms, static_cast<size_t>(max_smem_optin()));
+  ASSERT_TRUE(plan.ok()) << tag << ": the chunked kernel does not take the shape";
+  std::printf("%s: planned split %d (ld_t %d, %zu bytes of shared memory)\n", tag.c_str(), plan.split, plan.ld_t,
+              plan.smem);
+  std::vector<int> row_seq(b.T), slot_seq(kRuleSlots, -1);
+  for (size_t si = 0; si < b.seqs.size(); ++si) {
+    for (int r = b.q_start[si]; r < b.q_start[si + 1]; ++r) row_seq[r] = static_cast<int>(si);
+    if (b.seqs[si].slot >= 0) slot_seq[b.seqs[si].slot] = static_cast<int>(si);
+  }
+  expect_within(got.out, ref.out, VD, [&](size_t i) { return ref.tol[row_seq[i / VD]]; },
+                "rule outputs [row][Hv*Dv], " + tag);
+  expect_within(got.pool, ref.pool, SE, [&](size_t i) {
+    const int si = slot_seq[i / SE];
+    return si < 0 ? 0.0 : ref.tol[si];
+  }, "rule states [slot][Hv*Dk*Dv], " + tag);
+  // Padding rows are zeros (exact, from the NaN fill), the untouched slot bitwise.
+  for (size_t si : {size_t{2}, size_t{6}})
+    for (int64_t i = b.q_start[si] * VD; i < b.q_start[si + 1] * VD; ++i)
+      ASSERT_EQ(got.out[i], 0.0f) << tag << ": padding sequence " << si << ", element " << i;
+  EXPECT_TRUE(std::equal(got.pool.begin() + 6 * SE, got.pool.end(), in.init.begin() + 6 * SE)) << "slot 6 was written";
+  // The bound is not vacuous: the largest, a 140-row prefill's (R grows
+  // linearly in the rows), below a quarter of the largest output.
+  const double worst_tol = *std::max_element(ref.tol.begin(), ref.tol.end());
+  std::printf("%s: largest bound %.3g = %.1f%% of the largest output\n", tag.c_str(), worst_tol,
+              100 * worst_tol / max_abs(ref.out));
+  EXPECT_LT(worst_tol, 0.25 * max_abs(ref.out)) << tag << ": bound " << worst_tol << ", largest output "
+                                                << max_abs(ref.out);
+  // Every split: bitwise the planned run.
+  int splits = 0;
+  for (const int split : {1, 2, 3, 4, 6, 8, 12, 16, 32}) {
+    if (!cuda::gdn_chunk_plan_at(d, split, static_cast<size_t>(max_smem_optin())).ok()) continue;
+    cuda::GdnRuleOptions opt;
+    opt.chunk_split = split;
+    const RuleRun r = cuda_rule(d, b, in, opt, /*hints=*/false);
+    const size_t od = first_bit_diff(r.out, got.out), pd = first_bit_diff(r.pool, got.pool);
+    EXPECT_EQ(od, r.out.size()) << tag << ", split " << split << ": output bits differ from the planned run's first "
+                                << "at [" << od / VD << "][" << od % VD << "]";
+    EXPECT_EQ(pd, r.pool.size()) << tag << ", split " << split << ": state bits differ from the planned run's first "
+                                 << "at [" << pd / SE << "][" << pd % SE << "]";
+    ++splits;
+  }
+  EXPECT_GE(splits, 3) << tag;
+  // A split the shape does not take is refused by name.
+  cuda::GdnRuleOptions bad;
+  bad.chunk_split = 5;
+  EXPECT_THROW(cuda_rule(d, b, in, bad, false), std::invalid_argument);
+}
+
+// A prefill split at multiples of 64 == the one-shot prefill, bitwise: rows
+// [0, 37) then [37, 187) in one slot (each call alone in its batch) against
+// [0, 37), [37, 64), [64, 128), [128, 187) in another, each call beside
+// other sequences (a decode, a padding prefill, a fresh prefill) and at
+// splits 2, 1, 2, 1 (the one-shot calls: the planned split). Same output
+// bits, same final state bits; then one decode row in both slots agrees
+// bitwise.
+TEST_P(GdnRuleChunkedCuda, SplitAtMultipleOf64IsBitwise) {
+  FP8KV_NEED_GPU();
+  const RuleCase rc = GetParam();
+  const cuda::GdnDims d{rc.Hk, rc.Hv, rc.Dk, rc.Dv, 4};
+  const GdnShape s{rc.Hk, rc.Hv, rc.Dk, rc.Dv, 4};
+  const int64_t C = d.conv_dim(), VD = d.value_dim(), Hv = rc.Hv, SE = s.ssm_state_elems();
+  constexpr int kN = 188, kExtra = 80;  // the sequence's rows (the last one decoded), other sequences' rows
+  std::mt19937_64 rng(test_seed());
+  const RuleInputs seq = rule_inputs(s, kN, 4, rng), other = rule_inputs(s, kExtra, 0, rng);
+  cuda::DeviceBuffer dA = to_device(seq.A_log), ddt = to_device(seq.dt), dpool = to_device(seq.init);
+  // A call: its sequences, each with its rows (from `seq`: first row, or
+  // from `other` when src < 0); returns the outputs.
+  struct Part {
+    Seq q;
+    int src;  // first row in `seq`, -1: rows from `other`
+  };
+  auto call = [&](const std::vector<Part>& parts, int chunk_split = 0) {
+    std::vector<Seq> qs;
+    std::vector<float> qkv, a, bb;
+    int extra = 0;
+    for (const Part& p : parts) {
+      qs.push_back(p.q);
+      const RuleInputs& from = p.src >= 0 ? seq : other;
+      const int r0 = p.src >= 0 ? p.src : extra;
+      if (p.src < 0) extra += p.q.n;
+      qkv.insert(qkv.end(), from.qkv.begin() + r0 * C, from.qkv.begin() + (r0 + p.q.n) * C);
+      a.insert(a.end(), from.a.begin() + r0 * Hv, from.a.begin() + (r0 + p.q.n) * Hv);
+      bb.insert(bb.end(), from.b.begin() + r0 * Hv, from.b.begin() + (r0 + p.q.n) * Hv);
+    }
+    const Batch b(qs);
+    DevBatch db(b);
+    set_hints(db.seqs, b);
+    cuda::DeviceBuffer dqkv = to_device(qkv), da = to_device(a), dbb = to_device(bb),
+                       dout(static_cast<size_t>(b.T) * VD * 4);
+    cuda::GdnRuleOptions opt;
+    opt.chunk_split = chunk_split;
+    cuda::gdn_rule(d, db.seqs, dqkv.as<float>(), da.as<float>(), dbb.as<float>(), dA.as<float>(), ddt.as<float>(),
+                   dpool.as<float>(), dout.as<float>(), nullptr, opt);
+    return to_host<float>(dout, static_cast<size_t>(b.T) * VD);
+  };
+  auto rows = [&](const std::vector<float>& o, int r0, int n) {
+    return std::vector<float>(o.begin() + r0 * VD, o.begin() + (r0 + n) * VD);
+  };
+  std::vector<float> one, split;  // the sequence's output rows, [0, 187)
+  auto append = [](std::vector<float>& to, const std::vector<float>& v) { to.insert(to.end(), v.begin(), v.end()); };
+  // Slot 0: 37 rows, then 150.
+  append(one, call({{{37, 0, 0}, 0}}));
+  append(one, call({{{150, 37, 0}, 37}}));
+  // Slot 1: 37 rows, 27, 64, 59 (slot 2: a continuing decode; slot 3: a fresh prefill).
+  append(split, rows(call({{{1, 5, 2}, -1}, {{37, 0, 1}, 0}}, 2), 1, 37));
+  append(split, rows(call({{{27, 37, 1}, 37}, {{3, 0, -1}, -1}}, 1), 0, 27));
+  append(split, rows(call({{{1, 6, 2}, -1}, {{64, 64, 1}, 64}, {{70, 0, 3}, -1}}, 2), 1, 64));
+  append(split, rows(call({{{59, 128, 1}, 128}}, 1), 0, 59));
+  const std::string tag = "Dk " + std::to_string(rc.Dk) + " Dv " + std::to_string(rc.Dv);
+  ASSERT_EQ(one.size(), split.size());
+  const size_t od = first_bit_diff(split, one);
+  EXPECT_EQ(od, one.size()) << tag << ": the split prefill's output bits differ from the one-shot's first at row "
+                            << od / VD << ", element " << od % VD << ": " << split[od] << " vs " << one[od];
+  const std::vector<float> pool = to_host<float>(dpool, seq.init.size());
+  const std::vector<float> s0(pool.begin(), pool.begin() + SE), s1(pool.begin() + SE, pool.begin() + 2 * SE);
+  const size_t sd = first_bit_diff(s1, s0);
+  EXPECT_EQ(sd, s0.size()) << tag << ": the final states differ first at element " << sd;
+  // Row 187 decoded in both slots in one step.
+  const std::vector<float> dec = call({{{1, 187, 0}, 187}, {{1, 187, 1}, 187}});
+  EXPECT_EQ(first_bit_diff(rows(dec, 0, 1), rows(dec, 1, 1)), static_cast<size_t>(VD))
+      << tag << ": a decode after the two prefills differs";
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GdnRuleChunkedCuda,
+                         ::testing::Values(RuleCase{2, 4, 32, 48}, RuleCase{1, 2, 128, 128}),
+                         [](const auto& info) {
+                           return "Dk" + std::to_string(info.param.Dk) + "_Dv" + std::to_string(info.param.Dv);
+                         });
+
+// The plan is a pure function of the shapes (no device needed): H100
+// numbers (132 SMs, 232,448 bytes of opt-in shared memory per block).
+TEST(GdnChunkPlan, FollowsTheShapes) {
+  constexpr size_t kSmem = 232448;
+  const cuda::GdnDims q27{16, 48, 128, 128, 4};  // Qwen3.5-27B
+  cuda::GdnChunkPlan p = cuda::gdn_chunk_plan(q27, 1, 132, kSmem);
+  EXPECT_EQ(p.split, 2);  // 96 CTAs: 48 would leave most SMs idle, 192 take two waves
+  EXPECT_EQ(p.ld_t, 68);
+  EXPECT_EQ(p.smem, 188176u);
+  p = cuda::gdn_chunk_plan(q27, 2, 132, kSmem);
+  EXPECT_EQ(p.split, 1);
+  EXPECT_EQ(p.ld_t, 64);  // the padded stride does not fit at split 1
+  EXPECT_EQ(p.smem, 231184u);
+  EXPECT_EQ(cuda::gdn_chunk_plan(cuda::GdnDims{8, 24, 128, 128, 4}, 1, 132, kSmem).split, 4);  // TP 2
+  // Shapes it does not take: the recurrent form runs every row.
+  EXPECT_FALSE(cuda::gdn_chunk_plan(cuda::GdnDims{16, 48, 130, 128, 4}, 1, 132, kSmem).ok());  // Dk % 4
+  EXPECT_FALSE(cuda::gdn_chunk_plan(cuda::GdnDims{16, 48, 128, 126, 4}, 1, 132, kSmem).ok());  // Dv % 4
+  EXPECT_FALSE(cuda::gdn_chunk_plan(cuda::GdnDims{16, 48, 256, 128, 4}, 1, 132, kSmem).ok());  // too big
+  EXPECT_TRUE(cuda::gdn_chunk_plan(cuda::GdnDims{16, 48, 208, 128, 4}, 1, 132, kSmem).ok());   // the largest Dk
+  EXPECT_FALSE(cuda::gdn_chunk_plan_at(q27, 3, kSmem).ok());  // 128 / 3
+  EXPECT_FALSE(cuda::gdn_chunk_plan_at(q27, 1, 200000).ok());
+  EXPECT_TRUE(cuda::gdn_chunk_plan_at(cuda::GdnDims{2, 4, 32, 48, 4}, 12, kSmem).ok());  // 4 columns per CTA
+}
 
 // ---- gated RMSNorm, split_q_gate, mul_sigmoid -------------------------------------
 
@@ -387,10 +715,11 @@ StepBatch step_batch(const Batch& b, int num_groups) {
 class GdnOpCuda : public ::testing::TestWithParam<RuleCase> {};
 
 // Two steps through CudaBackend and CpuBackend: step 1 runs a fresh
-// one-row sequence and two fresh prefills (70 rows over a chunk boundary, 5
-// rows); step 2 decodes the first two and continues the 5-row prefill with 9
-// rows at an unaligned position (the CPU's chunked form from a carried
-// state).
+// one-row sequence and three fresh prefills (70 rows over a chunk boundary,
+// 5 rows, 37 rows); step 2 decodes the first two beside a padding decode,
+// continues the 5-row prefill with 9 rows at an unaligned position and the
+// 37-row one with 100 rows over two chunk boundaries (both backends: the
+// chunked form from a carried state).
 TEST_P(GdnOpCuda, MatchesCpuBackendOverSteps) {
   FP8KV_NEED_GPU();
   const RuleCase rc = GetParam();
@@ -417,8 +746,8 @@ TEST_P(GdnOpCuda, MatchesCpuBackendOverSteps) {
   // Host model of the states for the bound (what CpuBackend computes).
   std::vector<std::vector<uint16_t>> conv_st(kSlots, std::vector<uint16_t>(s.conv_state_elems(), 0));
   std::vector<std::vector<float>> ssm_st(kSlots, std::vector<float>(s.ssm_state_elems(), 0.0f));
-  const std::vector<Batch> steps = {Batch({{1, 0, 1}, {70, 0, 0}, {5, 0, 3}}),
-                                    Batch({{1, 1, 1}, {1, 70, 0}, {9, 5, 3}})};
+  const std::vector<Batch> steps = {Batch({{1, 0, 1}, {70, 0, 0}, {5, 0, 3}, {37, 0, 4}}),
+                                    Batch({{1, 1, 1}, {1, 70, 0}, {1, 0, -1}, {9, 5, 3}, {100, 37, 4}})};
   for (size_t st = 0; st < steps.size(); ++st) {
     const Batch& b = steps[st];
     const StepBatch sb = step_batch(b, G);
@@ -437,6 +766,7 @@ TEST_P(GdnOpCuda, MatchesCpuBackendOverSteps) {
     for (size_t si = 0; si < b.seqs.size(); ++si) {
       const Seq& q = b.seqs[si];
       const int64_t t0 = b.q_start[si];
+      if (q.slot < 0) continue;  // padding: zero rows (core stays 0), no state
       if (q.pos0 == 0) {
         std::fill(conv_st[q.slot].begin(), conv_st[q.slot].end(), 0);
         std::fill(ssm_st[q.slot].begin(), ssm_st[q.slot].end(), 0.0f);
@@ -459,14 +789,13 @@ TEST_P(GdnOpCuda, MatchesCpuBackendOverSteps) {
       for (int64_t t = 0; t < q.n; ++t)
         for (int64_t i = 2 * s.key_dim(); i < C; ++i) M_v = std::max(M_v, std::fabs(conv[(t0 + t) * C + i]));
     }
-    // The core's bound per sequence (header comment).
+    // The core's bound per sequence (header comment): both backends run
+    // the recurrent form for one row and the chunked form for more.
     for (size_t si = 0; si < b.seqs.size(); ++si) {
       const Seq& q = b.seqs[si];
+      if (q.slot < 0) continue;  // exact zeros
       double t = q.n * 64 * kU * (std::sqrt(static_cast<double>(s.k_head_dim)) * M_S + M_v);
-      if (q.n > 1) {
-        const double chunks = std::ceil(static_cast<double>(q.n) / kGdnChunk) + 1;
-        t += (kGdnChunk + 4.0 * s.k_head_dim + 8) * chunks * kU * (M_S + M_v);
-      }
+      if (q.n > 1) t += 2 * (kGdnChunk + 4.0 * s.k_head_dim + 8) * (chunks_of(q.pos0, q.n) + 1) * kU * (M_S + M_v);
       seq_tol[si] = t;
     }
     // The CPU backend is this host model (the same functions): bitwise.
@@ -498,13 +827,15 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GdnOpCuda, ::testing::Values(RuleCase{2, 4, 32,
                            return "Dk" + std::to_string(info.param.Dk) + "_Dv" + std::to_string(info.param.Dv);
                          });
 
-// Prefill 40 rows then three decode steps in one slot == one 43-row prefill
-// then nothing in another slot, bitwise: the CUDA kernels run the same
-// recurrence token by token either way, and the states round-trip through
-// the pool exactly (f32 recurrent state; the conv state holds the bf16
-// rounding the conv inputs get anyway). A fourth decode step in both slots
-// with the same input then also agrees bitwise (the carried states are equal).
-TEST(GdnOpCudaStates, PrefillThenDecodesEqualsOneLongerPrefill) {
+// The whole op: a 124-row prefill in one slot == 64 rows then 60 in
+// another, bitwise (a split at a multiple of 64: the chunked form's chunks
+// are the same, the conv is per row, the states round-trip through the pool
+// exactly: f32 recurrent state, the conv state holding the bf16 rounding the
+// conv inputs get anyway). Row 124 decoded in both slots in one step then
+// also agrees bitwise (the carried states are equal). A split elsewhere, or
+// decode rows after a prefill, agree within the chunked-vs-recurrent bound
+// only (GdnOpCuda, GdnRuleChunkedCuda), as on the CPU.
+TEST(GdnOpCudaStates, PrefillSplitAtMultipleOf64EqualsOneShot) {
   FP8KV_NEED_GPU();
   const ModelConfig cfg = qwen3_5_config(2, 4, 32, 48);
   const GatedDeltaNetConfig& gc = *cfg.gdn;
@@ -520,34 +851,45 @@ TEST(GdnOpCudaStates, PrefillThenDecodesEqualsOneLongerPrefill) {
   const int G = static_cast<int>(plan_kv_cache(cfg, ps).groups.size());
   const int64_t C = gc.conv_dim(), VD = gc.value_dim(), Hv = gc.num_v_heads;
   std::mt19937_64 rng(test_seed());
-  const int N = 44;
+  const int N = 125;
   const std::vector<float> qkv = randn(rng, N * C, 1.0f), z = randn(rng, N * VD, 1.0f), bt = randn(rng, N * Hv, 1.0f),
                            at = randn(rng, N * Hv, 1.0f);
   auto rows = [&](const std::vector<float>& v, int64_t cols, int r0, int n) {
     return std::vector<float>(v.begin() + r0 * cols, v.begin() + (r0 + n) * cols);
   };
+  // Batch b's rows: a padding decode's (row 0 of the inputs) if it leads,
+  // then rows [r0, r0 + n) of the sequence.
   auto run = [&](const Batch& b, int r0) {
-    return cuda.run(step_batch(b, G), rows(qkv, C, r0, b.T), rows(z, VD, r0, b.T), rows(bt, Hv, r0, b.T),
-                    rows(at, Hv, r0, b.T), eps);
+    std::vector<float> q, zz, bb, aa;
+    for (const Seq& s : b.seqs) {
+      const int from = s.slot < 0 ? 0 : r0;
+      for (auto [dst, src, cols] : {std::tuple{&q, &qkv, C}, std::tuple{&zz, &z, VD}, std::tuple{&bb, &bt, Hv},
+                                    std::tuple{&aa, &at, Hv}}) {
+        const std::vector<float> r = rows(*src, cols, from, s.n);
+        dst->insert(dst->end(), r.begin(), r.end());
+      }
+    }
+    return cuda.run(step_batch(b, G), q, zz, bb, aa, eps);
   };
-  // Slot 2: one 43-row prefill.
-  const std::vector<float> long_out = run(Batch({{43, 0, 2}}), 0);
-  // Slot 0: 40 rows, then rows 40, 41, 42 one by one (a padding sequence beside them).
-  (void)run(Batch({{40, 0, 0}}), 0);
-  for (int r = 40; r < 43; ++r) {
-    const std::vector<float> o = run(Batch({{1, r, 0}, {1, 0, -1}}), r);
-    const std::vector<float> want(long_out.begin() + r * VD, long_out.begin() + (r + 1) * VD);
-    const std::vector<float> got(o.begin(), o.begin() + VD);
-    EXPECT_EQ(got, want) << "decode row " << r << " differs from the 43-row prefill's row";
-    for (int64_t i = VD; i < 2 * VD; ++i) ASSERT_EQ(o[i], 0.0f) << "padding row element " << i - VD;
-  }
-  // Row 43 in both slots (two decodes in one step).
-  std::vector<float> q2 = rows(qkv, C, 43, 1), z2 = rows(z, VD, 43, 1), b2 = rows(bt, Hv, 43, 1),
-                     a2 = rows(at, Hv, 43, 1);
+  // Slot 2: one 124-row prefill.
+  const std::vector<float> one = run(Batch({{124, 0, 2}}), 0);
+  // Slot 0: 64 rows (beside a padding decode), then 60.
+  std::vector<float> split = run(Batch({{1, 0, -1}, {64, 0, 0}}), 0);
+  for (int64_t i = 0; i < VD; ++i) ASSERT_EQ(split[i], 0.0f) << "padding row element " << i;
+  split.erase(split.begin(), split.begin() + VD);
+  const std::vector<float> rest = run(Batch({{60, 64, 0}}), 64);
+  split.insert(split.end(), rest.begin(), rest.end());
+  ASSERT_EQ(split.size(), one.size());
+  for (int r = 0; r < 124; ++r)
+    ASSERT_EQ(0, std::memcmp(split.data() + r * VD, one.data() + r * VD, VD * sizeof(float)))
+        << "row " << r << " of the split prefill differs from the one-shot prefill's";
+  // Row 124 in both slots (two decodes in one step).
+  std::vector<float> q2 = rows(qkv, C, 124, 1), z2 = rows(z, VD, 124, 1), b2 = rows(bt, Hv, 124, 1),
+                     a2 = rows(at, Hv, 124, 1);
   for (auto* v : {&q2, &z2, &b2, &a2}) v->insert(v->end(), v->begin(), v->end());
-  const std::vector<float> o = cuda.run(step_batch(Batch({{1, 43, 0}, {1, 43, 2}}), G), q2, z2, b2, a2, eps);
-  EXPECT_EQ(std::vector<float>(o.begin(), o.begin() + VD), std::vector<float>(o.begin() + VD, o.end()))
-      << "the carried states differ: slot 0 (40 + 3 decodes) vs slot 2 (43-row prefill)";
+  const std::vector<float> o = cuda.run(step_batch(Batch({{1, 124, 0}, {1, 124, 2}}), G), q2, z2, b2, a2, eps);
+  EXPECT_EQ(0, std::memcmp(o.data(), o.data() + VD, VD * sizeof(float)))
+      << "the carried states differ: slot 0 (64 + 60 rows) vs slot 2 (124-row prefill)";
 }
 
 }  // namespace

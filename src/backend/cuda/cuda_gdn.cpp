@@ -107,7 +107,13 @@ void CudaBackend::gated_delta_net(const StepBatch& b, int layer, const BackendLa
   const float* dt_bias = opt_vec(w.dt_bias, Hv, op, "dt_bias");
   const float* norm = opt_vec(w.gdn_norm, d.v_head_dim, op, "norm");
   if (!A_log || !dt_bias || !norm) bad(op, "A_log, dt_bias or norm is empty");
-  const cuda::GdnSeqs seqs{sv.S, sv.q_start, sv.context_lens, sv.state_slots};
+  // The host hints decide the delta rule's launches (gdn.h): a decode step
+  // (every sequence one row: what CUDA graphs capture) runs the recurrent
+  // kernel alone; otherwise the chunked kernel takes the sequences of two or
+  // more rows after the decodes (begin_step checked that those have one row
+  // each).
+  const int max_rows = std::max(sv.num_decodes > 0 ? 1 : 0, sv.max_prefill_query);
+  const cuda::GdnSeqs seqs{sv.S, sv.q_start, sv.context_lens, sv.state_slots, max_rows, sv.num_decodes};
   grow(gdn_conv_out_, static_cast<size_t>(std::max<int64_t>(T * C, 1)) * 4);
   float* conv = gdn_conv_out_.as<float>();
   cuda::gdn_conv(d, seqs, f32(qkv, op, "qkv"), f32(w.conv1d, op, "conv1d"), conv_state_[li].data(),

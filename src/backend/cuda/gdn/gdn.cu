@@ -1,10 +1,16 @@
-// Gated DeltaNet kernels (gdn.h): simple, one thread per output column, the
-// CPU reference's operation order (backend/cpu/gdn.cpp).
+// Gated DeltaNet kernels (gdn.h): the conv, the recurrent rule and the norm
+// one thread per output column in the CPU reference's operation order
+// (backend/cpu/gdn.cpp); the chunked rule register-tiled (its comment).
 #include <cuda_bf16.h>
 
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/gdn/gdn.h"
@@ -75,15 +81,18 @@ __global__ void gdn_conv_kernel(GdnSeqs seqs, int64_t C, int K, const float* __r
 // One CTA per (value head, sequence); thread d owns column d of the head's
 // state S [Dk][Dv] (shared memory), so every sum over Dk is one thread's
 // sequential loop, in the CPU's order. Shared: S, then q and k of the token.
-__global__ void gdn_rule_kernel(GdnSeqs seqs, GdnDims dm, const float* __restrict__ qkv, const float* __restrict__ a,
-                                const float* __restrict__ b, const float* __restrict__ A_log,
-                                const float* __restrict__ dt_bias, float* pool, float* __restrict__ out) {
+// Sequences s >= chunk_begin with two or more rows belong to the chunked
+// kernel (INT_MAX: none do).
+__global__ void gdn_rule_kernel(GdnSeqs seqs, GdnDims dm, int chunk_begin, const float* __restrict__ qkv,
+                                const float* __restrict__ a, const float* __restrict__ b,
+                                const float* __restrict__ A_log, const float* __restrict__ dt_bias, float* pool,
+                                float* __restrict__ out) {
   extern __shared__ float sm[];
   const int h = blockIdx.x, s = blockIdx.y, d = threadIdx.x;
   const int Hk = dm.num_k_heads, Hv = dm.num_v_heads, Dk = dm.k_head_dim, Dv = dm.v_head_dim;
   const int64_t KD = dm.key_dim(), VD = dm.value_dim(), C = dm.conv_dim();
   const int r0 = seqs.q_start[s], n = seqs.q_start[s + 1] - r0;
-  if (n <= 0) return;
+  if (n <= 0 || (s >= chunk_begin && n >= 2)) return;
   const int slot = seqs.slots[s];
   const bool col = d < Dv;
   if (slot < 0) {
@@ -145,6 +154,438 @@ __global__ void gdn_rule_kernel(GdnSeqs seqs, GdnDims dm, const float* __restric
     for (int i = 0; i < Dk; ++i) S[static_cast<int64_t>(i) * Dv + d] = Ssh[i * Dv + d];
 }
 
+// ---- the chunked delta rule -------------------------------------------------------
+//
+// One CTA of kChunkThreads per (value head h, Dv slice, sequence): the slice
+// is columns [c0, c0 + Dvs) of the head's state, Dvs = Dv / split. The CTA
+// keeps its slice of S [Dk][Dvs] in shared memory for the whole sequence
+// (one read and one write of the pool per step) and walks the sequence's
+// chunks; per chunk, with n <= 64 rows (rows n..63 of every buffer zero):
+//  1. q, k rows -> QT, KT [Dk][ld_t] (transposed), the gates (one warp: g,
+//     beta, cum = running sum of g, exp(cum), exp(last - cum)), the l2 norms
+//     (one thread per row, the CPU's sequential sum), then q, k normalized,
+//     W^T = (k beta) exp(cum), U = v beta [64][Dvs].
+//  2. L = beta_i (k_i . k_j) exp(cum_i - cum_j) (j < i) -> LT [64][64] and
+//     A = (q_i . k_j) exp(cum_i - cum_j) (j <= i) -> AT [64][64]: the 136
+//     4x4 tiles on or below the diagonal of each, one per thread.
+//  3. Forward substitution of (I + L) X = B for every column of U and W, one
+//     thread per column, the column in 64 registers (right-looking: when
+//     x_j is final every x_i, i > j, takes its term, so each x_i takes its
+//     terms in the CPU's order j = 0, 1, ... with 63 - j independent
+//     multiply-adds per step instead of one dependent chain).
+//  4. v_new = U - W S (into U).
+//  5. o = exp(cum_i) (q_i S) + sum_{j <= i} A_ij v_new_j -> out; KD [64][Dk]
+//     = k_i exp(last - cum_i) (over W^T, dead).
+//  6. S = exp(last) S + sum_i KD_i v_new_i^T.
+// Products 4, 5, 6 give each thread TM x 4 outputs (TM = 4 or 2: the
+// template arguments, so that all 8 warps have tiles), every output one
+// register summed in the order of its reduction index with fused
+// multiply-adds; the operands are stored so that each step's loads are 16-
+// or 8-byte vectors that a warp shares (at most 4 and 8 distinct words). So
+// a column's arithmetic does not depend on the split or on which thread
+// computes it: results are bitwise independent of the split.
+// Shared memory (floats): S Dk Dvs + QT, KT, WT 3 Dk ld_t + U 64 Dvs + LT,
+// AT 2 x 64 x 64 + the per-row vectors; for Dk = Dv = 128: 225.8 KB at split
+// 1 (ld_t 64: the padded 68 would not fit), 183.8 KB at split 2, 159.8 KB at
+// split 4 (ld_t 68), so one CTA per SM.
+
+constexpr int kChunk = kGdnCudaChunk;
+constexpr int kChunkThreads = 256;
+constexpr int kChunkWarps = kChunkThreads / 32;
+constexpr int kTriTiles = (kChunk / 4) * (kChunk / 4 + 1) / 2;  // 4x4 tiles on or below the diagonal: 136
+constexpr int kVecFloats = 7 * kChunk + 4;                      // g, beta, cum, exp(cum), exp(last - cum), 1/|q|, 1/|k|; exp(last)
+
+size_t chunk_smem_bytes(int Dk, int Dvs, int ldt) {
+  const size_t k = static_cast<size_t>(Dk), v = static_cast<size_t>(Dvs);
+  return sizeof(float) * (k * v + 3 * k * static_cast<size_t>(ldt) + static_cast<size_t>(kChunk) * v +
+                          2 * static_cast<size_t>(kChunk) * kChunk + kVecFloats);
+}
+
+struct ChunkArgs {
+  GdnSeqs seqs;
+  GdnDims dm;
+  int split, ldt, seq_begin;
+  const float* qkv;
+  const float* a;
+  const float* b;
+  const float* A_log;
+  const float* dt_bias;
+  float* pool;
+  float* out;
+};
+
+// acc[r][c] += sum_k A[k][r] B[k][c] over k in [0, K), in the order of k,
+// one fused multiply-add per term. A and B point at the tile's first row
+// and column of row-major arrays [K][lda] and [K][ldb] (TM and 4
+// consecutive values per k, 16-byte aligned).
+template <int TM>
+__device__ __forceinline__ void tile_fma(const float* A, int lda, const float* B, int ldb, int K, float (&acc)[TM][4]) {
+#pragma unroll 4
+  for (int k = 0; k < K; ++k) {
+    float av[TM];
+    if constexpr (TM == 4) {
+      const float4 t = *reinterpret_cast<const float4*>(A + static_cast<ptrdiff_t>(k) * lda);
+      av[0] = t.x;
+      av[1] = t.y;
+      av[2] = t.z;
+      av[3] = t.w;
+    } else {
+      const float2 t = *reinterpret_cast<const float2*>(A + static_cast<ptrdiff_t>(k) * lda);
+      av[0] = t.x;
+      av[1] = t.y;
+    }
+    const float4 bv = *reinterpret_cast<const float4*>(B + static_cast<ptrdiff_t>(k) * ldb);
+#pragma unroll
+    for (int r = 0; r < TM; ++r) {
+      acc[r][0] = fmaf(av[r], bv.x, acc[r][0]);
+      acc[r][1] = fmaf(av[r], bv.y, acc[r][1]);
+      acc[r][2] = fmaf(av[r], bv.z, acc[r][2]);
+      acc[r][3] = fmaf(av[r], bv.w, acc[r][3]);
+    }
+  }
+}
+
+// The TM x 4 output tiles of an M x N product (M a multiple of TM, N of 4),
+// dealt out as warp tiles of 4 TM rows x 32 columns (lanes: 4 row groups x
+// 8 column groups): f(row0, col0) per tile.
+template <int TM, class F>
+__device__ __forceinline__ void for_tiles(int M, int N, F&& f) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wrows = 4 * TM, wcols = (N + 31) / 32, wts = (M + wrows - 1) / wrows * wcols;
+  for (int wt = warp; wt < wts; wt += kChunkWarps) {
+    const int r0 = (wt / wcols) * wrows + (lane / 8) * TM, c0 = (wt % wcols) * 32 + (lane % 8) * 4;
+    if (r0 < M && c0 < N) f(r0, c0);
+  }
+}
+
+// x <- (I + L)^{-1} x for one column x[64] (registers), L strictly lower
+// triangular, LT[j][i] = L_ij. x_i takes -L_ij x_j for j = 0, 1, ..., i-1
+// in that order (the CPU's); rows from n on are zero and stay zero.
+__device__ __forceinline__ void forward_subst(float (&x)[kChunk], const float* LT, int n) {
+#pragma unroll
+  for (int j = 0; j < kChunk - 1; ++j) {
+    if (j + 1 < n) {
+#pragma unroll
+      for (int q = (j + 1) / 4; q < kChunk / 4; ++q) {
+        const float4 l = *reinterpret_cast<const float4*>(LT + j * kChunk + 4 * q);
+        if (4 * q + 0 > j) x[4 * q + 0] = fmaf(-l.x, x[j], x[4 * q + 0]);
+        if (4 * q + 1 > j) x[4 * q + 1] = fmaf(-l.y, x[j], x[4 * q + 1]);
+        if (4 * q + 2 > j) x[4 * q + 2] = fmaf(-l.z, x[j], x[4 * q + 2]);
+        if (4 * q + 3 > j) x[4 * q + 3] = fmaf(-l.w, x[j], x[4 * q + 3]);
+      }
+    }
+  }
+}
+
+// TV, TS: the rows per thread tile of the 64 x Dvs products (4, 5) and of
+// the Dk x Dvs state update (6).
+template <int TV, int TS>
+__global__ void __launch_bounds__(kChunkThreads, 1) gdn_rule_chunked_kernel(ChunkArgs p) {
+  extern __shared__ float4 sm4[];
+  float* sm = reinterpret_cast<float*>(sm4);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int split = p.split, ldt = p.ldt;
+  const int h = blockIdx.x / split, part = blockIdx.x % split, s = p.seq_begin + blockIdx.y;
+  const int Hk = p.dm.num_k_heads, Hv = p.dm.num_v_heads, Dk = p.dm.k_head_dim, Dv = p.dm.v_head_dim;
+  const int Dvs = Dv / split, cs = part * Dvs;  // this CTA's columns [cs, cs + Dvs)
+  const int64_t KD = p.dm.key_dim(), VD = p.dm.value_dim(), C = p.dm.conv_dim();
+  const int r0 = p.seqs.q_start[s], n = p.seqs.q_start[s + 1] - r0;
+  if (n < 2) return;  // the recurrent kernel's
+  const int slot = p.seqs.slots[s];
+  float* __restrict__ out = p.out;
+  const int64_t ocol = static_cast<int64_t>(h) * Dv + cs;
+  if (slot < 0) {  // padding: zero rows, no state
+    for (int e = tid; e < n * Dvs; e += kChunkThreads)
+      out[static_cast<int64_t>(r0 + e / Dvs) * VD + ocol + e % Dvs] = 0.0f;
+    return;
+  }
+  float* Ssh = sm;                                     // [Dk][Dvs]
+  float* QT = Ssh + Dk * Dvs;                          // [Dk][ldt]: q^T
+  float* KT = QT + Dk * ldt;                           // [Dk][ldt]: k^T
+  float* WT = KT + Dk * ldt;                           // [Dk][ldt]: W^T; from step 5 KD [64][Dk]
+  float* U = WT + Dk * ldt;                            // [64][Dvs]
+  float* LT = U + kChunk * Dvs;                        // [64][64]
+  float* AT = LT + kChunk * kChunk;                    // [64][64]
+  float* gv = AT + kChunk * kChunk;                    // [64] g
+  float* bet = gv + kChunk;                            // [64] beta
+  float* cum = bet + kChunk;                           // [64] running sum of g
+  float* ev = cum + kChunk;                            // [64] exp(cum)
+  float* dl = ev + kChunk;                             // [64] exp(last - cum), 0 past the chunk
+  float* invq = dl + kChunk;                           // [64]
+  float* invk = invq + kChunk;                         // [64]
+  float* misc = invk + kChunk;                         // [0] exp(last)
+  float* KDm = WT;
+
+  const int pos0 = p.seqs.context_lens[s] - n;
+  const bool fresh = pos0 == 0;
+  float* S = p.pool + (static_cast<int64_t>(slot) * Hv + h) * Dk * Dv + cs;
+  for (int e = tid; e < Dk * Dvs; e += kChunkThreads)
+    Ssh[e] = fresh ? 0.0f : S[static_cast<int64_t>(e / Dvs) * Dv + e % Dvs];
+  const int kh = h / (Hv / Hk);
+  const float scale = __fdiv_rn(1.0f, sqrtf(static_cast<float>(Dk)));
+  const float neg_A = -expf(p.A_log[h]), dtb = p.dt_bias[h];
+  const float* __restrict__ qkv = p.qkv;
+  const int wba = (Dk + 31) / 32, nwb = wba * 4;  // warp blocks of 32 (Dk) x 16 (rows) per matrix
+
+  for (int t0 = 0; t0 < n;) {
+    // Chunks end at absolute multiples of 64 (the CPU's rule).
+    const int nc = min(n - t0, kChunk - (pos0 + t0) % kChunk);
+    const int64_t row0 = r0 + t0;
+    __syncthreads();  // the previous chunk's buffers are read (and S is loaded)
+
+    // 1a. The gates (the last warp), then q and k rows transposed into QT,
+    // KT by 4x4 register blocks (lanes: 8 column blocks x 4 row blocks).
+    if (warp == kChunkWarps - 1) {
+      for (int i = lane; i < kChunk; i += 32) {
+        float g = 0.0f, bt = 0.0f;
+        if (i < nc) {
+          const int64_t r = row0 + i;
+          const float xg = __fadd_rn(p.a[r * Hv + h], dtb);
+          const float sp = xg > 20.0f ? xg : log1pf(expf(xg));  // torch's softplus
+          g = __fmul_rn(neg_A, sp);
+          bt = sigmoid_f(p.b[r * Hv + h]);
+        }
+        gv[i] = g;
+        bet[i] = bt;
+      }
+      __syncwarp();
+      if (lane == 0) {
+        float run = 0.0f;
+        for (int i = 0; i < kChunk; ++i) {
+          if (i < nc) run = __fadd_rn(run, gv[i]);
+          cum[i] = run;
+        }
+      }
+      __syncwarp();
+      const float last = cum[nc - 1];
+      for (int i = lane; i < kChunk; i += 32) {
+        ev[i] = expf(cum[i]);
+        dl[i] = i < nc ? expf(__fsub_rn(last, cum[i])) : 0.0f;
+      }
+      if (lane == 0) misc[0] = expf(last);
+    }
+    for (int wb = warp; wb < 2 * nwb; wb += kChunkWarps) {
+      const int m = wb / nwb, w = wb % nwb;  // m 0: q, 1: k
+      const int a0 = ((w / 4) * 8 + lane % 8) * 4, i0 = ((w % 4) * 4 + lane / 8) * 4;
+      if (a0 >= Dk) continue;
+      float v[4][4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        if (i0 + r < nc) {
+          const float* src = qkv + (row0 + i0 + r) * C + m * KD + static_cast<int64_t>(kh) * Dk + a0;
+#pragma unroll
+          for (int c = 0; c < 4; ++c) v[r][c] = src[c];
+        } else {
+#pragma unroll
+          for (int c = 0; c < 4; ++c) v[r][c] = 0.0f;
+        }
+      }
+      float* T = m ? KT : QT;
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        *reinterpret_cast<float4*>(T + (a0 + c) * ldt + i0) = make_float4(v[0][c], v[1][c], v[2][c], v[3][c]);
+    }
+    __syncthreads();
+
+    // 1b. 1 / sqrt(sum x^2 + 1e-6) per q and k row: the CPU's sequential sum.
+    if (tid < 2 * kChunk) {
+      const float* T = tid < kChunk ? QT : KT;
+      const int i = tid % kChunk;
+      float ss = 0.0f;
+      for (int a = 0; a < Dk; ++a) {
+        const float x = T[a * ldt + i];
+        ss = __fadd_rn(ss, __fmul_rn(x, x));
+      }
+      (tid < kChunk ? invq : invk)[i] = __fdiv_rn(1.0f, sqrtf(__fadd_rn(ss, 1e-6f)));
+    }
+    __syncthreads();
+
+    // 1c. q (x inv) scale, k x inv (the CPU's * 1.0f is exact), W^T = (k
+    // beta) exp(cum), U = v beta.
+    {
+      const int i = tid % kChunk;
+      const float iq = invq[i], ik = invk[i], bi = bet[i], ei = ev[i];
+      for (int a = tid / kChunk; a < Dk; a += kChunkThreads / kChunk) {
+        const int x = a * ldt + i;
+        const float kn = __fmul_rn(KT[x], ik);
+        QT[x] = __fmul_rn(__fmul_rn(QT[x], iq), scale);
+        KT[x] = kn;
+        WT[x] = __fmul_rn(__fmul_rn(kn, bi), ei);
+      }
+      const float* vsrc = qkv + 2 * KD + ocol;
+      for (int e = tid; e < kChunk * Dvs; e += kChunkThreads) {
+        const int r = e / Dvs;
+        U[e] = r < nc ? __fmul_rn(vsrc[(row0 + r) * C + e % Dvs], bet[r]) : 0.0f;
+      }
+    }
+    __syncthreads();
+
+    // 2. L and A, 4x4 tiles on or below the diagonal (jobs [0, 136): L from
+    // K K^T, [136, 272): A from Q K^T).
+    for (int job = tid; job < 2 * kTriTiles; job += kChunkThreads) {
+      const bool isA = job >= kTriTiles;
+      const int t = isA ? job - kTriTiles : job;
+      int ti = 0;
+      while ((ti + 1) * (ti + 2) / 2 <= t) ++ti;
+      const int tj = t - ti * (ti + 1) / 2;
+      float acc[4][4] = {};
+      tile_fma<4>((isA ? QT : KT) + 4 * ti, ldt, KT + 4 * tj, ldt, Dk, acc);
+      float* dst = isA ? AT : LT;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int j = 4 * tj + c;
+        float o[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int i = 4 * ti + r;
+          o[r] = 0.0f;
+          if (isA) {
+            if (j <= i) o[r] = __fmul_rn(acc[r][c], expf(__fsub_rn(cum[i], cum[j])));
+          } else if (j < i) {
+            o[r] = __fmul_rn(__fmul_rn(bet[i], acc[r][c]), expf(__fsub_rn(cum[i], cum[j])));
+          }
+        }
+        *reinterpret_cast<float4*>(dst + j * kChunk + 4 * ti) = make_float4(o[0], o[1], o[2], o[3]);
+      }
+    }
+    __syncthreads();
+
+    // 3. U <- (I + L)^{-1} U, W <- (I + L)^{-1} W, one column per thread.
+    for (int c = tid; c < Dvs + Dk; c += kChunkThreads) {
+      float x[kChunk];
+      const bool isU = c < Dvs;
+      float* wrow = WT + (isU ? 0 : (c - Dvs) * ldt);
+      if (isU) {
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) x[i] = U[i * Dvs + c];
+      } else {
+#pragma unroll
+        for (int q = 0; q < kChunk / 4; ++q) {
+          const float4 t = reinterpret_cast<const float4*>(wrow)[q];
+          x[4 * q] = t.x;
+          x[4 * q + 1] = t.y;
+          x[4 * q + 2] = t.z;
+          x[4 * q + 3] = t.w;
+        }
+      }
+      forward_subst(x, LT, nc);
+      if (isU) {
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) U[i * Dvs + c] = x[i];
+      } else {
+#pragma unroll
+        for (int q = 0; q < kChunk / 4; ++q)
+          reinterpret_cast<float4*>(wrow)[q] = make_float4(x[4 * q], x[4 * q + 1], x[4 * q + 2], x[4 * q + 3]);
+      }
+    }
+    __syncthreads();
+
+    // 4. v_new = U - W S (the CPU: ws = sum_a W_ia S_ad, then U -= ws).
+    for_tiles<TV>(kChunk, Dvs, [&](int i0, int d0) {
+      if (i0 >= nc) return;
+      float acc[TV][4] = {};
+      tile_fma<TV>(WT + i0, ldt, Ssh + d0, Dvs, Dk, acc);
+#pragma unroll
+      for (int r = 0; r < TV; ++r) {
+        float4* u = reinterpret_cast<float4*>(U + (i0 + r) * Dvs + d0);
+        float4 x = *u;
+        x.x = __fsub_rn(x.x, acc[r][0]);
+        x.y = __fsub_rn(x.y, acc[r][1]);
+        x.z = __fsub_rn(x.z, acc[r][2]);
+        x.w = __fsub_rn(x.w, acc[r][3]);
+        *u = x;
+      }
+    });
+    __syncthreads();
+
+    // 5. The outputs: o_i = (q_i S) exp(cum_i), then + A_ij v_new_j for j =
+    // 0..i in order (A_ij = 0 for j > i inside the tile). Then KD = k_i
+    // exp(last - cum_i), [64][Dk], over W^T, by 4x4 register transposes.
+    for_tiles<TV>(kChunk, Dvs, [&](int i0, int d0) {
+      if (i0 >= nc) return;
+      float acc[TV][4] = {};
+      tile_fma<TV>(QT + i0, ldt, Ssh + d0, Dvs, Dk, acc);
+#pragma unroll
+      for (int r = 0; r < TV; ++r) {
+        const float e = ev[i0 + r];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[r][c] = __fmul_rn(acc[r][c], e);
+      }
+      tile_fma<TV>(AT + i0, kChunk, U + d0, Dvs, min(i0 + TV, nc), acc);
+#pragma unroll
+      for (int r = 0; r < TV; ++r)
+        if (i0 + r < nc) {
+          float* o = out + (row0 + i0 + r) * VD + ocol + d0;
+#pragma unroll
+          for (int c = 0; c < 4; ++c) o[c] = acc[r][c];
+        }
+    });
+    for (int wb = warp; wb < nwb; wb += kChunkWarps) {
+      const int a0 = ((wb / 4) * 8 + lane % 8) * 4, i0 = ((wb % 4) * 4 + lane / 8) * 4;
+      if (a0 >= Dk) continue;
+      float4 col[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) col[c] = *reinterpret_cast<const float4*>(KT + (a0 + c) * ldt + i0);
+      const float kx[4][4] = {{col[0].x, col[1].x, col[2].x, col[3].x},
+                              {col[0].y, col[1].y, col[2].y, col[3].y},
+                              {col[0].z, col[1].z, col[2].z, col[3].z},
+                              {col[0].w, col[1].w, col[2].w, col[3].w}};
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float d = dl[i0 + r];
+        *reinterpret_cast<float4*>(KDm + (i0 + r) * Dk + a0) =
+            make_float4(__fmul_rn(kx[r][0], d), __fmul_rn(kx[r][1], d), __fmul_rn(kx[r][2], d), __fmul_rn(kx[r][3], d));
+      }
+    }
+    __syncthreads();
+
+    // 6. S = exp(last) S, then += KD_i v_new_i^T for i = 0..n-1 in order.
+    {
+      const float el = misc[0];
+      for_tiles<TS>(Dk, Dvs, [&](int a0, int d0) {
+        float acc[TS][4];
+#pragma unroll
+        for (int r = 0; r < TS; ++r) {
+          const float4 x = *reinterpret_cast<const float4*>(Ssh + (a0 + r) * Dvs + d0);
+          acc[r][0] = __fmul_rn(x.x, el);
+          acc[r][1] = __fmul_rn(x.y, el);
+          acc[r][2] = __fmul_rn(x.z, el);
+          acc[r][3] = __fmul_rn(x.w, el);
+        }
+        tile_fma<TS>(KDm + a0, Dk, U + d0, Dvs, nc, acc);
+#pragma unroll
+        for (int r = 0; r < TS; ++r)
+          *reinterpret_cast<float4*>(Ssh + (a0 + r) * Dvs + d0) = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+      });
+    }
+    t0 += nc;
+  }
+  __syncthreads();
+  for (int e = tid; e < Dk * Dvs; e += kChunkThreads) S[static_cast<int64_t>(e / Dvs) * Dv + e % Dvs] = Ssh[e];
+}
+
+using ChunkKernel = void (*)(ChunkArgs);
+
+// Rows per thread tile of an M x N product: 4 where that still gives every
+// warp a tile, else 2.
+int chunk_tile_rows(int M, int N) { return ((M + 15) / 16) * ((N + 31) / 32) >= kChunkWarps ? 4 : 2; }
+
+ChunkKernel chunk_kernel(int tv, int ts) {
+  if (tv == 4) return ts == 4 ? gdn_rule_chunked_kernel<4, 4> : gdn_rule_chunked_kernel<4, 2>;
+  return ts == 4 ? gdn_rule_chunked_kernel<2, 4> : gdn_rule_chunked_kernel<2, 2>;
+}
+
+// Multiply-adds of one CTA per chunk (the plan's cost): the K K^T and Q K^T
+// tiles and the forward substitution of W (every CTA), plus per column of
+// its slice the substitution of U, W S, Q S, A v_new and the state update.
+double chunk_cost(const GdnDims& d, int split) {
+  const double Dk = d.k_head_dim, Dvs = static_cast<double>(d.v_head_dim) / split, c = kChunk;
+  const double tri = 2.0 * kTriTiles * 16 * Dk;
+  const double fwd = (Dk + Dvs) * c * (c - 1) / 2;
+  const double cols = Dvs * (3 * c * Dk + c * (c + 4) / 2);
+  return tri + fwd + cols;
+}
+
 // One CTA per (token, head) row: thread 0 sums the squares in order (the
 // CPU's), then every thread scales its elements.
 __global__ void gdn_gated_rmsnorm_kernel(const float* x, const float* __restrict__ z, int Dv,
@@ -197,19 +638,20 @@ void check_dims(const GdnDims& d, const char* op) {
                                 std::to_string(kGdnMaxConvKernel) + ")");
 }
 
-// The rule kernel's dynamic shared memory above 48 KB needs an opt-in per
-// device; set once per device, outside any graph capture (the first call
-// is the runner's eager warm-up).
-void allow_rule_smem(size_t bytes) {
+// A rule kernel's dynamic shared memory above 48 KB needs an opt-in per
+// kernel and device; set once per (kernel, device) and size, outside any
+// graph capture (the first call is the runner's eager warm-up; the chunked
+// kernel is never in a captured decode graph).
+void allow_smem(const void* kernel, size_t bytes) {
   static std::mutex mu;
-  static size_t allowed[64] = {};
+  static std::map<std::pair<const void*, int>, size_t> allowed;
   int dev = 0;
   FP8KV_CU(cudaGetDevice(&dev));
   std::lock_guard<std::mutex> lock(mu);
-  if (dev >= 0 && dev < 64 && allowed[dev] >= bytes) return;
-  FP8KV_CU(cudaFuncSetAttribute(gdn_rule_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(bytes)));
-  if (dev >= 0 && dev < 64) allowed[dev] = bytes;
+  size_t& a = allowed[{kernel, dev}];
+  if (a >= bytes) return;
+  FP8KV_CU(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  a = bytes;
 }
 
 }  // namespace
@@ -225,24 +667,80 @@ void gdn_conv(const GdnDims& d, const GdnSeqs& seqs, const float* x, const float
   FP8KV_CU_LAUNCH();
 }
 
+GdnChunkPlan gdn_chunk_plan_at(const GdnDims& d, int split, size_t max_smem) {
+  const int Dk = d.k_head_dim, Dv = d.v_head_dim;
+  if (split <= 0 || Dk <= 0 || Dv <= 0 || Dk % 4 != 0 || Dv % split != 0 || (Dv / split) % 4 != 0) return {};
+  for (const int ldt : {kChunk + 4, kChunk}) {
+    const size_t bytes = chunk_smem_bytes(Dk, Dv / split, ldt);
+    if (bytes <= max_smem) return GdnChunkPlan{split, ldt, bytes};
+  }
+  return {};
+}
+
+GdnChunkPlan gdn_chunk_plan(const GdnDims& d, int multi_seqs, int num_sms, size_t max_smem) {
+  GdnChunkPlan best;
+  double best_t = 0.0;
+  const double ctas = static_cast<double>(std::max(multi_seqs, 1)) * std::max(d.num_v_heads, 1);
+  for (const int split : {1, 2, 4, 8}) {
+    if (split > 1 && d.v_head_dim / split < 32) break;
+    const GdnChunkPlan p = gdn_chunk_plan_at(d, split, max_smem);
+    if (!p.ok()) continue;
+    const double t = std::ceil(ctas * split / std::max(num_sms, 1)) * chunk_cost(d, split);
+    if (!best.ok() || t < best_t) {
+      best = p;
+      best_t = t;
+    }
+  }
+  return best;
+}
+
 void gdn_rule(const GdnDims& d, const GdnSeqs& seqs, const float* qkv, const float* a, const float* b,
-              const float* A_log, const float* dt_bias, float* ssm_state, float* out, cudaStream_t stream) {
+              const float* A_log, const float* dt_bias, float* ssm_state, float* out, cudaStream_t stream,
+              const GdnRuleOptions& opt) {
   check_dims(d, "gdn_rule");
   if (seqs.num_seqs <= 0) return;
   const size_t smem = (static_cast<size_t>(d.k_head_dim) * d.v_head_dim + 2 * static_cast<size_t>(d.k_head_dim)) *
                       sizeof(float);
-  int dev = 0, max_smem = 0;
+  int dev = 0, max_smem = 0, num_sms = 0;
   FP8KV_CU(cudaGetDevice(&dev));
   FP8KV_CU(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  FP8KV_CU(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev));
   if (smem > static_cast<size_t>(max_smem) || d.v_head_dim > 1024)
     throw std::invalid_argument("cuda::gdn_rule: a head's state (Dk " + std::to_string(d.k_head_dim) + " x Dv " +
                                 std::to_string(d.v_head_dim) + " f32, " + std::to_string(smem) +
                                 " bytes with q and k) does not fit in the " + std::to_string(max_smem) +
                                 " bytes of shared memory of one block (or Dv > 1024)");
-  if (smem > 48 * 1024) allow_rule_smem(smem);
+  // The chunked kernel takes the sequences of two or more rows from
+  // seq_begin on, unless the step has none (a decode step: not launched).
+  const int seq_begin = std::clamp(seqs.num_decodes, 0, seqs.num_seqs);
+  GdnChunkPlan plan;
+  if (!opt.recurrent_only && (seqs.max_query_len < 0 || seqs.max_query_len >= 2) && seq_begin < seqs.num_seqs) {
+    if (opt.chunk_split > 0) {
+      plan = gdn_chunk_plan_at(d, opt.chunk_split, static_cast<size_t>(max_smem));
+      if (!plan.ok())
+        throw std::invalid_argument(
+            "cuda::gdn_rule: the chunked delta rule does not take split " + std::to_string(opt.chunk_split) +
+            " for Dk " + std::to_string(d.k_head_dim) + " x Dv " + std::to_string(d.v_head_dim) +
+            " (Dk and Dv / split must be multiples of 4, and its " +
+            std::to_string(chunk_smem_bytes(d.k_head_dim, std::max(d.v_head_dim / opt.chunk_split, 1), kChunk)) +
+            " bytes of buffers must fit in the " + std::to_string(max_smem) + " bytes of shared memory of one block)");
+    } else {
+      plan = gdn_chunk_plan(d, seqs.num_seqs - seq_begin, num_sms, static_cast<size_t>(max_smem));
+    }
+  }
+  if (smem > 48 * 1024) allow_smem(reinterpret_cast<const void*>(gdn_rule_kernel), smem);
   const int threads = (d.v_head_dim + 31) / 32 * 32;
   const dim3 grid(static_cast<unsigned>(d.num_v_heads), static_cast<unsigned>(seqs.num_seqs));
-  gdn_rule_kernel<<<grid, threads, smem, stream>>>(seqs, d, qkv, a, b, A_log, dt_bias, ssm_state, out);
+  gdn_rule_kernel<<<grid, threads, smem, stream>>>(seqs, d, plan.ok() ? seq_begin : INT_MAX, qkv, a, b, A_log,
+                                                   dt_bias, ssm_state, out);
+  FP8KV_CU_LAUNCH();
+  if (!plan.ok()) return;
+  const int Dvs = d.v_head_dim / plan.split;
+  const ChunkKernel kern = chunk_kernel(chunk_tile_rows(kChunk, Dvs), chunk_tile_rows(d.k_head_dim, Dvs));
+  if (plan.smem > 48 * 1024) allow_smem(reinterpret_cast<const void*>(kern), plan.smem);
+  const ChunkArgs args{seqs, d, plan.split, plan.ld_t, seq_begin, qkv, a, b, A_log, dt_bias, ssm_state, out};
+  const dim3 cgrid(static_cast<unsigned>(d.num_v_heads * plan.split), static_cast<unsigned>(seqs.num_seqs - seq_begin));
+  kern<<<cgrid, kChunkThreads, plan.smem, stream>>>(args);
   FP8KV_CU_LAUNCH();
 }
 

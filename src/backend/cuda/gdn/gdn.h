@@ -1,8 +1,10 @@
 // CUDA kernels of the Qwen3.5 Gated DeltaNet layer (docs/cuda_backend.md
 // "Gated DeltaNet"), each mirroring one CPU reference function of
-// backend/cpu/gdn.h with the same formula and rounding order (IEEE mul/add/
-// div, no contraction, sequential sums where the CPU sums sequentially); only
-// the transcendental functions (expf, log1pf) differ by a few ulps.
+// backend/cpu/gdn.h. The conv, the gated norm and the recurrent delta rule
+// run the CPU's formula and rounding order (IEEE mul/add/div, no
+// contraction, sequential sums where the CPU sums sequentially); only the
+// transcendental functions (expf, log1pf) differ by a few ulps. The chunked
+// delta rule runs the CPU's chunked algorithm with fused multiply-adds.
 //
 // All kernels run over the whole step: sequence s owns rows
 // [q_start[s], q_start[s+1]) of the activations, starts at absolute position
@@ -12,14 +14,41 @@
 // device memory (the step upload), so a captured graph replays with the
 // slots of each step.
 //
-// The delta rule runs in its recurrent form for every token count (decode
-// and prefill): one CTA per (sequence, value head), the head's state
-// [Dk][Dv] f32 in shared memory while the CTA walks the sequence's tokens,
-// read from and written back to the pool once per step. The chunked form
-// (the CPU's prefill form) is the stated next step (docs/cuda_backend.md).
+// The delta rule's two forms, as the CPU backend picks them
+// (cpu_backend_gdn.cpp): a sequence with one new row this step runs the
+// recurrent form, one with two or more the chunked form.
+//  - Recurrent (gdn_rule_kernel): one CTA per (value head, sequence), the
+//    head's state [Dk][Dv] f32 in shared memory while the CTA walks the
+//    sequence's rows one by one, read from and written back to the pool once
+//    per step.
+//  - Chunked (gdn_rule_chunked_kernel, the CPU's gdn_rule_chunked): chunks of
+//    kGdnCudaChunk = 64 rows ending at multiples of 64 in absolute positions
+//    (the first may be shorter), the UT transform by forward substitution of
+//    (I + L), one pass over the state per chunk (v_new = U - W S, the
+//    outputs exp(cum) (Q S) + (masked decayed Q K^T) v_new, S = exp(last) S
+//    + sum_i exp(last - cum_i) k_i v_new_i^T). f32 on CUDA cores
+//    (register-tiled SIMT products, no tensor cores: TF32 or bf16 MMAs would
+//    move the outputs by ~1e-3 and break the f32 bounds of the tests; tensor
+//    cores for the intra-chunk products are the next step). One CTA per
+//    (value head, Dv slice, sequence): gdn_chunk_plan splits Dv among
+//    `split` CTAs (the columns of the state evolve independently given k,
+//    beta and g; each CTA recomputes the chunk's W and L) to fill the SMs
+//    when sequences x Hv is small. Every column's arithmetic is the same
+//    whatever the split, so the results are bitwise independent of it, and
+//    a prefill split at a multiple of 64 gives the bits of the one-shot one.
+//  - Host rule (gdn_rule): a step with no sequence of two or more rows
+//    (GdnSeqs::max_query_len <= 1: every decode step, the ones CUDA graphs
+//    capture) launches the recurrent kernel only, so decode pays nothing for
+//    the chunked form. Otherwise both kernels are launched and each skips,
+//    at run time, the sequences the other owns (the lengths are read from
+//    device memory). Shapes the chunked kernel does not take (Dk or Dv not a
+//    multiple of 4, or no split of Dv whose buffers fit the shared memory of
+//    one block; for Dv = 128 on an H100 it takes Dk up to 208) run every row
+//    in the recurrent form.
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace fp8kv::cuda {
@@ -32,13 +61,50 @@ struct GdnDims {
   constexpr int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
 };
 
-// The step's sequences (device arrays).
+// The step's sequences (device arrays), and two host-side hints from the
+// StepBatch for gdn_rule's launch decisions.
 struct GdnSeqs {
   int num_seqs = 0;
   const int32_t* q_start = nullptr;       // [num_seqs + 1]
   const int32_t* context_lens = nullptr;  // [num_seqs]
   const int32_t* slots = nullptr;         // [num_seqs], -1: padding
+  // The most rows of one sequence this step (StepBatch::max_query_len), or
+  // -1: unknown. <= 1 (a decode step): gdn_rule launches the recurrent
+  // kernel alone, for every row (what a captured decode graph holds).
+  int max_query_len = -1;
+  // Sequences [0, num_decodes) have one row each (StepBatch::num_decodes):
+  // the chunked kernel's grid starts after them, and the plan counts only
+  // the rest. 0 when unknown.
+  int num_decodes = 0;
 };
+
+// Rows per chunk of the chunked delta rule: the CPU's kGdnChunk
+// (backend/cpu/gdn.h; tests/cuda_ops/test_gdn_cuda.cpp checks they agree).
+inline constexpr int kGdnCudaChunk = 64;
+
+// The chunked kernel's launch plan: split = CTAs sharing one value head's Dv
+// columns (each takes Dv / split of them), ld_t = the row stride of its
+// transposed [Dk][64] buffers (68: padded against bank conflicts, where it
+// fits; else 64), smem = its dynamic shared memory in bytes. split 0: the
+// chunked kernel does not take the shape.
+struct GdnChunkPlan {
+  int split = 0, ld_t = 0;
+  size_t smem = 0;
+  bool ok() const { return split > 0; }
+};
+
+// The plan for dims d at a given split (0: not valid, i.e. Dk or Dv / split
+// not a multiple of 4, or over max_smem bytes of shared memory).
+GdnChunkPlan gdn_chunk_plan_at(const GdnDims& d, int split, size_t max_smem);
+// The automatic plan for `multi_seqs` sequences of two or more rows on a
+// device with num_sms SMs and max_smem bytes of opt-in shared memory per
+// block (a pure function of the shapes): among the splits 1, 2, 4, 8 that
+// leave at least 32 columns per CTA (split 1 always counts) and fit, the
+// least estimated time = ceil(CTAs / SMs) waves x one CTA's multiply-adds
+// per chunk (the W and L work every CTA repeats, plus its columns' share);
+// ties go to the smaller split. For Qwen3.5-27B's heads (Hv 48, Dk = Dv =
+// 128) on 132 SMs: split 2 for one prefill (96 CTAs), 1 for two (96 CTAs).
+GdnChunkPlan gdn_chunk_plan(const GdnDims& d, int multi_seqs, int num_sms, size_t max_smem);
 
 // The largest conv kernel width the conv kernel takes.
 inline constexpr int kGdnMaxConvKernel = 8;
@@ -49,14 +115,23 @@ inline constexpr int kGdnMaxConvKernel = 8;
 void gdn_conv(const GdnDims& d, const GdnSeqs& seqs, const float* x, const float* w, void* conv_state,
               bool state_bf16, float* out, cudaStream_t stream);
 
-// gdn_gates + the recurrent gated delta rule per sequence and value head:
-// conv output qkv [T][C] (q, k l2-normalized here, q scaled by 1/sqrt(Dk)),
-// a, b [T][Hv], A_log, dt_bias [Hv], ssm_state the layer's pool
-// [slots][Hv][Dk][Dv] f32; out [T][Hv*Dv] (before the gated norm). Throws
-// std::invalid_argument when the state of one head does not fit in shared
-// memory.
+// Overrides of gdn_rule's choices, for tests and benchmarks.
+struct GdnRuleOptions {
+  bool recurrent_only = false;  // every row in the recurrent form
+  int chunk_split = 0;          // > 0: the chunked kernel at this split (else gdn_chunk_plan's)
+};
+
+// gdn_gates + the gated delta rule per sequence and value head (the
+// recurrent form for sequences of one row, the chunked form for longer
+// ones: the header comment): conv output qkv [T][C] (q, k l2-normalized
+// here, q scaled by 1/sqrt(Dk)), a, b [T][Hv], A_log, dt_bias [Hv],
+// ssm_state the layer's pool [slots][Hv][Dk][Dv] f32; out [T][Hv*Dv]
+// (before the gated norm). Throws std::invalid_argument when the state of
+// one head does not fit in shared memory (the recurrent kernel's need), or
+// when opt.chunk_split is not a valid split for the shape (gdn_chunk_plan_at).
 void gdn_rule(const GdnDims& d, const GdnSeqs& seqs, const float* qkv, const float* a, const float* b,
-              const float* A_log, const float* dt_bias, float* ssm_state, float* out, cudaStream_t stream);
+              const float* A_log, const float* dt_bias, float* ssm_state, float* out, cudaStream_t stream,
+              const GdnRuleOptions& opt = {});
 
 // gdn_gated_rmsnorm: y = w * rmsnorm(x) * silu(z) per (token, value head)
 // over Dv; x, z, y [T][Hv*Dv]; y may alias x.
