@@ -209,11 +209,13 @@ TEST_P(CudaQwen3_5, GraphReplayEqualsPaddedEager) {
 // the cache off, over shared prefixes shorter than, at and past the
 // boundaries (every 64 tokens) and identical repeats. The hit counts and the
 // tokens computed are exact (the hit rule is host bookkeeping). The outputs:
-// the Gated DeltaNet kernels run the recurrent form for every token count,
-// so a cut or resumed prefill changes none of their bits, and the restored
-// state is a device byte copy; what may differ is the GEMMs' and
-// attention's reduction order for the other batch shapes the cuts make
-// (fp32 accumulation of the same bf16 inputs). So: the greedy tokens equal
+// the Gated DeltaNet prefill rows run the chunked form with chunks aligned
+// to absolute multiples of 64, so a prefill cut at a boundary keeps its
+// bits, and the restored state is a device byte copy; what may differ is
+// the GEMMs' and attention's reduction order for the other batch shapes the
+// cuts make (fp32 accumulation of the same bf16 inputs), and a snapshot
+// taken after decode steps (recurrent form: within the chunked-vs-recurrent
+// bound of test_gdn_cuda.cpp). So: the greedy tokens equal
 // up to the first near tie that order can flip, and until then the
 // logprobs within 5e-3, a quarter of the score line's 0.02 (the CPU-vs-CUDA
 // gap, which also includes bf16 rounding of every GEMM input).
