@@ -126,9 +126,10 @@ TEST_P(CudaQwen3_5, ScoreMatchesCpuEngine) {
   EXPECT_LE(sum / n, std::max(0.02, gap))
       << name << ": mean |logprob(cuda) - logprob(cpu)| over " << n << " positions; worst " << worst << " at seq "
       << worst_s << " pos " << worst_p;
-  if (have_bf16)
+  if (have_bf16) {
     EXPECT_LE(sum_golden / n, gap) << name << ": the CUDA engine is further from transformers fp32 than "
-                                           "transformers' own bf16 run";
+                                      "transformers' own bf16 run";
+  }
 }
 
 // Greedy decode with CUDA graphs against transformers' cached decode.
