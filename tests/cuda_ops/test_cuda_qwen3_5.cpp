@@ -169,7 +169,8 @@ TEST_P(CudaQwen3_5, GraphDecodeFollowsTransformers) {
   std::vector<int> a = prompt, b = prompt;
   a.push_back(want[0]);
   b.push_back(got[0]);
-  const auto r = cpu->score_batch({a, b}, ScoreOptions{});
+  const std::vector<std::vector<int>> ab = {a, b};
+  const auto r = cpu->score_batch(ab, ScoreOptions{});
   const double lw = *r[0].logprobs.back(), lg = *r[1].logprobs.back(), tol = 2.0 * bf16_gap(g);
   std::printf("[ qwen3_5 ] %s: first token %d (cuda) vs %d (transformers); cpu engine logprobs %.4f vs %.4f, tie "
               "line %.4f\n",
