@@ -55,6 +55,17 @@ void dequantize_fp8_weight_rows(const uint8_t* q, const Fp8WeightScales& s, int6
 // GEMM on these values computes what an fp8 GEMM with fp32 accumulation does.
 void round_activations_e4m3(float* x, int64_t T, int64_t K, int64_t group);
 
+// The same rule as codes and scales (what an fp8 GEMM reads): q [T][K] e4m3
+// codes and scales [T][ceil(K / group)], group (t, g) covering columns
+// [g * group, min(K, (g + 1) * group)) of row t: scale = amax / 448 (IEEE
+// fp32 division, amax ignoring NaNs), q = f32_to_e4m3(x / scale). A group
+// whose amax is not > 0 (zeros, or NaNs only) gets scale 1 and q =
+// f32_to_e4m3(x) (0x00 / 0x80 for +-0, 0x7f for NaN), so e4m3(q) * scale is
+// what round_activations_e4m3 leaves there. For every other group
+// e4m3_to_f32(q) * scale is bitwise round_activations_e4m3's value. The CUDA
+// W8A8 path (backend/cuda/linear/w8a8_quant.cu) mirrors this function.
+void quantize_activations_e4m3(const float* x, int64_t T, int64_t K, int64_t group, uint8_t* q, float* scales);
+
 // The activation group of a weight in W8A8: 128 for block128, K (per token) otherwise.
 inline int64_t fp8_activation_group(ScaleGranularity g, int64_t K) {
   return g == ScaleGranularity::block128 ? kFp8WeightBlock : K;
