@@ -40,6 +40,10 @@ struct Fp8WeightScales {
   const float* data = nullptr;  // shape fp8_scale_shape(granularity, N, K)
   ScaleGranularity granularity = ScaleGranularity::tensor;
   Fp8Compute compute = Fp8Compute::w8a16;
+  // A device backend's copy of the same scales in the layout its W8A8 GEMM
+  // reads (CUDA: cuBLASLt's, backend/cuda/ops/ops.h DeviceMatrix::w8a8_scale);
+  // null: none (the CPU, W8A16, or a matrix that runs W8A16 anyway).
+  const float* gemm = nullptr;
 };
 
 // Rows [r0, r0 + n) of an fp8 weight [N][K] dequantized to fp32:

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "backend/cuda/backend_checks.h"
 #include "backend/cuda/check.h"
@@ -134,6 +135,21 @@ WeightMatrix dequantized_f32(const WeightMatrix& m) {
   return d;
 }
 
+// W8A8: the scales of an fp8 matrix [N][K] in the layout of the cuBLASLt
+// FP8 GEMM (ops.h DeviceMatrix::w8a8_scale; linear/w8a8_gemm.cpp has the
+// cuBLAS rules): block-wise [ceil(N/128)][L4], each row of ceil(K/128) block
+// scales padded with zeros to L4 = a multiple of 4 (K-major, column stride
+// a multiple of 4); tensor and channel [N], one per row.
+std::vector<float> w8a8_layout(const std::vector<float>& s, ScaleGranularity g, int64_t N, int64_t K) {
+  if (g == ScaleGranularity::channel) return s;
+  if (g == ScaleGranularity::tensor) return std::vector<float>(static_cast<size_t>(N), s.at(0));
+  const int64_t L = (K + kFp8WeightBlock - 1) / kFp8WeightBlock, L4 = (L + 3) / 4 * 4,
+                nb = (N + kFp8WeightBlock - 1) / kFp8WeightBlock;
+  std::vector<float> out(static_cast<size_t>(nb * L4), 0.0f);
+  for (int64_t r = 0; r < nb; ++r) std::copy_n(s.begin() + r * L, L, out.begin() + r * L4);
+  return out;
+}
+
 // w, or a copy of it whose fp8 matrices that fp8_native refuses are fp32.
 std::shared_ptr<const ModelWeights> with_native_fp8(std::shared_ptr<const ModelWeights> w) {
   bool all = true;
@@ -145,6 +161,7 @@ std::shared_ptr<const ModelWeights> with_native_fp8(std::shared_ptr<const ModelW
   each([&](const WeightMatrix& m) { all = all && fp8_native(m); }, *w);
   if (all) return w;
   auto c = std::make_shared<ModelWeights>(*w);
+  int n = 0;
   each(
       [&](WeightMatrix& m) {
         if (fp8_native(m)) return;
@@ -153,8 +170,13 @@ std::shared_ptr<const ModelWeights> with_native_fp8(std::shared_ptr<const ModelW
                                        "need a column count divisible by 16",
                                        m.cols));
         m = dequantized_f32(m);
+        ++n;
       },
       *c);
+  if (w->fp8_compute == Fp8Compute::w8a8)
+    spdlog::info("fp8 weights, W8A8 on CUDA: {} fp8 matrices with a column count not divisible by 16 are "
+                 "dequantized at upload and run the bf16 GEMM (bf16 weights and activations, not W8A8)",
+                 n);
   return c;
 }
 
@@ -203,9 +225,28 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
       up.copy(MatrixRef{m.data, WeightType::bf16, 1, n / 2}, reinterpret_cast<uint16_t*>(dst));  // raw bytes
     }
   };
-  auto fp8_tensor = [&](void* q, int64_t rows, int64_t cols, const float* scales, ScaleGranularity g) {
+  // W8A8 (--fp8-weight-mode w8a8): each fp8 matrix also gets its scales in
+  // the cuBLASLt layout (w8a8_layout); a matrix whose row count is not a
+  // multiple of 4 (cuBLASLt's scale layouts need it) runs W8A16 (logged).
+  const bool w8a8 = w->fp8_compute == Fp8Compute::w8a8;
+  if (w8a8) {
+    int major = 0, minor = 0;
+    FP8KV_CU(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
+    FP8KV_CU(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_));
+    if (major != 9 || minor != 0)
+      throw InputError(fmt::format("--fp8-weight-mode w8a8 on --backend cuda needs compute capability 9.0 (Hopper: "
+                                   "cuBLASLt's FP8 block and outer-vector scale modes); this GPU is sm_{}{}; "
+                                   "--fp8-weight-mode w8a16 runs these weights",
+                                   major, minor));
+  }
+  auto gemm_scales = [&](const std::vector<float>& host, ScaleGranularity g, int64_t rows, int64_t cols) -> const float* {
+    if (!w8a8 || rows % 4 != 0) return nullptr;
+    return static_cast<const float*>(vec(w8a8_layout(host, g, rows, cols)).data);
+  };
+  auto fp8_tensor = [&](void* q, int64_t rows, int64_t cols, const float* scales, ScaleGranularity g,
+                        const float* gemm) {
     Tensor t{q, ScalarType::u8, rows, cols};
-    t.fp8 = Fp8WeightScales{scales, g, w->fp8_compute};
+    t.fp8 = Fp8WeightScales{scales, g, w->fp8_compute, gemm};
     return t;
   };
   auto mat = [&](const WeightMatrix& m) -> Tensor {
@@ -215,7 +256,8 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
       DeviceBuffer buf = alloc(static_cast<size_t>(m.rows * m.cols));
       put_fp8(m, static_cast<uint8_t*>(buf.data()));
       const Tensor s = vec(*m.scales);
-      Tensor t = fp8_tensor(buf.data(), m.rows, m.cols, static_cast<const float*>(s.data), m.scale_granularity);
+      Tensor t = fp8_tensor(buf.data(), m.rows, m.cols, static_cast<const float*>(s.data), m.scale_granularity,
+                            gemm_scales(*m.scales, m.scale_granularity, m.rows, m.cols));
       b.storage.push_back(std::move(buf));
       return t;
     }
@@ -259,13 +301,15 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
     const ScaleGranularity g = g0 == ScaleGranularity::tensor ? ScaleGranularity::channel : g0;
     std::vector<float> scales;
     std::vector<size_t> offsets;
+    std::vector<std::vector<float>> part_scales;  // each part's, in granularity g
     for (auto [m, t] : parts) {
       check_fp8(*m);
       offsets.push_back(scales.size());
       if (g0 == ScaleGranularity::tensor)
-        scales.insert(scales.end(), static_cast<size_t>(m->rows), m->scales->front());
+        part_scales.emplace_back(static_cast<size_t>(m->rows), m->scales->front());
       else
-        scales.insert(scales.end(), m->scales->begin(), m->scales->end());
+        part_scales.push_back(*m->scales);
+      scales.insert(scales.end(), part_scales.back().begin(), part_scales.back().end());
     }
     DeviceBuffer buf = alloc(static_cast<size_t>(rows * cols));
     const Tensor sd = vec(scales);
@@ -275,10 +319,12 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
     size_t i = 0;
     for (auto [m, t] : parts) {
       put_fp8(*m, base + r0 * cols);
-      *t = fp8_tensor(base + r0 * cols, m->rows, m->cols, sp + offsets[i++], g);
+      *t = fp8_tensor(base + r0 * cols, m->rows, m->cols, sp + offsets[i], g,
+                      gemm_scales(part_scales[i], g, m->rows, m->cols));
+      ++i;
       r0 += m->rows;
     }
-    Tensor all = fp8_tensor(buf.data(), rows, cols, sp, g);
+    Tensor all = fp8_tensor(buf.data(), rows, cols, sp, g, gemm_scales(scales, g, rows, cols));
     b.storage.push_back(std::move(buf));
     return all;
   };
@@ -378,6 +424,40 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
   }
   gemm_->name_shape(b.output.rows, b.output.cols, cuda::LinearProj::lm_head);
   if (any_fp8) gemm_->reserve_fp8_scratch();
+  // W8A8: every matrix's cuBLASLt algorithm now (Gemm::check_w8a8 throws
+  // naming the shape), not at the first prefill.
+  has_w8a8_ = false;
+  if (w8a8) {
+    int w8a8_matrices = 0, w8a8_unaligned = 0;
+    auto check = [&](const Tensor& t) {
+      if (!t.is_fp8_weight()) return;
+      if (!t.fp8.gemm) {
+        ++w8a8_unaligned;
+        return;
+      }
+      gemm_->check_w8a8(matrix(t, "upload_weights"));
+      has_w8a8_ = true;
+      ++w8a8_matrices;
+    };
+    check(b.output);
+    for (const BackendLayerWeights& o : b.layers) {
+      // The matrices the forward pass runs: fused ones where there are.
+      for (const Tensor* t : o.qkv_proj.empty() ? std::initializer_list<const Tensor*>{&o.q_proj, &o.k_proj, &o.v_proj}
+                                                : std::initializer_list<const Tensor*>{&o.qkv_proj})
+        check(*t);
+      for (const Tensor* t : o.gate_up_proj.empty() ? std::initializer_list<const Tensor*>{&o.gate_proj, &o.up_proj}
+                                                    : std::initializer_list<const Tensor*>{&o.gate_up_proj})
+        check(*t);
+      check(o.o_proj);
+      check(o.down_proj);
+    }
+    spdlog::info("fp8 weights, W8A8 on CUDA: {} fp8 matrices run the cuBLASLt FP8 GEMM at >= {} rows (activations "
+                 "quantized to e4m3 from f32, scales 1x128 x 128x128 blocks or per token x per channel; fewer rows: "
+                 "the fp8 GEMV with bf16 activations, W8A16 numerics){}",
+                 w8a8_matrices, cuda::linear_routes().w8a8_min_rows,
+                 w8a8_unaligned ? fmt::format("; {} with a row count not divisible by 4 run W8A16", w8a8_unaligned)
+                                : std::string());
+  }
   up.finish();
   phase.set_detail(fmt::format(", {:.2f} GB matrices copied, {:.1f} GB/s ({}), {:.2f} GB generated on the device",
                                static_cast<double>(up.bytes()) / 1e9,
