@@ -44,6 +44,9 @@ struct Fp8WeightScales {
   // reads (CUDA: cuBLASLt's, backend/cuda/ops/ops.h DeviceMatrix::w8a8_scale);
   // null: none (the CPU, W8A16, or a matrix that runs W8A16 anyway).
   const float* gemm = nullptr;
+  // With gemm: the stride of the e4m3 rows in bytes when that backend padded
+  // them (CUDA W8A8: K rounded up to a multiple of 16, zero columns); 0: K.
+  int64_t gemm_ld = 0;
 };
 
 // Rows [r0, r0 + n) of an fp8 weight [N][K] dequantized to fp32:

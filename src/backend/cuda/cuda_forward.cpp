@@ -55,7 +55,7 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, T
   if (w8a8) {
     if (y.dtype != ScalarType::f32 && y.dtype != ScalarType::bf16)
       bad("linear", fmt::format("y must be f32 or bf16, got {}", shape(y)));
-    grow(w8a8_act_, cuda::Gemm::w8a8_scratch_bytes(x.rows, W.cols, W.block128()));
+    grow(w8a8_act_, cuda::Gemm::w8a8_scratch_bytes(x.rows, W.fp8_row_bytes(), W.block128()));
     float* yf = static_cast<float*>(y.data);
     if (y.dtype == ScalarType::bf16) {
       grow(y_f32_, static_cast<size_t>(y.numel()) * 4);
@@ -273,6 +273,7 @@ void CudaBackend::linear_gated_act(Activation act, const Tensor& x, const Tensor
     // TTFT 8K 1.020x against the fp32 gate|up; accuracy: docs/cuda_backend.md
     // "Prefill/TTFT".
     if (bias.empty() && x.dtype == ScalarType::bf16 && T > gemm_->gemv_max_rows() && w.rows % 2 == 0 &&
+        !matrix(w, "linear_gated_act").fp8_padded() &&
         out.rows == T && out.cols * 2 == w.rows && gate_up.data && gate_up.numel() == T * w.rows &&
         (out.dtype == ScalarType::bf16 || out.dtype == ScalarType::f32) && out.data) {
       auto* gu = static_cast<uint16_t*>(gate_up.data);  // [T][2I] bf16 in the f32 buffer's first half

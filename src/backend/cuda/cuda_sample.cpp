@@ -34,7 +34,7 @@ void CudaBackend::logits(const Tensor& hidden, std::span<const int32_t> rows, co
     // An fp8 LM head in W8A8 mode: the chosen rows quantized straight from
     // the f32 hidden states (as the CPU's linear does), no bf16 copy. Its own
     // scratch (never in a graph).
-    logits_w8a8_.reserve(cuda::Gemm::w8a8_scratch_bytes(n, H, Wo.block128()));
+    logits_w8a8_.reserve(cuda::Gemm::w8a8_scratch_bytes(n, Wo.fp8_row_bytes(), Wo.block128()));
     gemm_->linear_w8a8(cuda::Gemm::W8a8Input{h, true, rows_dev_.as<int32_t>()}, n, Wo, nullptr, y, false, false,
                        logits_w8a8_.get(), logits_w8a8_.bytes(), stream_);
   } else {
@@ -100,7 +100,7 @@ void CudaBackend::sample_step(const Tensor& hidden, const Tensor& output, Tensor
   const cuda::DeviceMatrix Wo = matrix(output, "sample_step");
   if (gemm_->takes_w8a8(n, Wo) && reinterpret_cast<uintptr_t>(h) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0) {
     // W8A8 LM head: as logits() (the sample rows quantized from f32 h).
-    grow(w8a8_act_, cuda::Gemm::w8a8_scratch_bytes(n, H, Wo.block128()));
+    grow(w8a8_act_, cuda::Gemm::w8a8_scratch_bytes(n, Wo.fp8_row_bytes(), Wo.block128()));
     gemm_->linear_w8a8(cuda::Gemm::W8a8Input{h, true, s.sample_rows}, n, Wo, nullptr, y, false, false,
                        w8a8_act_.get(), w8a8_act_.bytes(), stream_);
   } else {

@@ -122,6 +122,16 @@ class PinnedUploader {
 // prefill slices hold anyway (docs/cuda_backend.md "FP8 weights").
 bool fp8_native(const WeightMatrix& m) { return !m.fp8 || m.cols % 16 == 0; }
 
+// In W8A8 mode such a matrix (from a checkpoint, K % 4 == 0, rows % 4 == 0)
+// stays e4m3 instead, each row padded with zero columns to a multiple of 16
+// bytes: the W8A8 GEMM reads it at every row count (the codes of its
+// activations get the same zero columns), so its numerics stay W8A8's.
+bool w8a8_padded(const WeightMatrix& m, Fp8Compute c) {
+  return c == Fp8Compute::w8a8 && m.fp8 && m.cols % 16 != 0 && m.cols % 4 == 0 && m.rows % 4 == 0 && m.data &&
+         !m.dummy;
+}
+int64_t fp8_ld(const WeightMatrix& m, Fp8Compute c) { return w8a8_padded(m, c) ? (m.cols + 15) / 16 * 16 : m.cols; }
+
 WeightMatrix dequantized_f32(const WeightMatrix& m) {
   auto out = std::make_shared<std::vector<float>>(static_cast<size_t>(m.rows * m.cols));
   dequantize_fp8_weight_rows(static_cast<const uint8_t*>(m.data),
@@ -153,18 +163,19 @@ std::vector<float> w8a8_layout(const std::vector<float>& s, ScaleGranularity g, 
 // w, or a copy of it whose fp8 matrices that fp8_native refuses are fp32.
 std::shared_ptr<const ModelWeights> with_native_fp8(std::shared_ptr<const ModelWeights> w) {
   bool all = true;
+  const Fp8Compute mode = w->fp8_compute;
   auto each = [&](auto&& f, auto& weights) {
     for (auto& L : weights.layers)
       for (auto* m : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj, &L.up_proj, &L.down_proj}) f(*m);
     if (weights.lm_head) f(*weights.lm_head);
   };
-  each([&](const WeightMatrix& m) { all = all && fp8_native(m); }, *w);
+  each([&](const WeightMatrix& m) { all = all && (fp8_native(m) || w8a8_padded(m, mode)); }, *w);
   if (all) return w;
   auto c = std::make_shared<ModelWeights>(*w);
   int n = 0;
   each(
       [&](WeightMatrix& m) {
-        if (fp8_native(m)) return;
+        if (fp8_native(m) || w8a8_padded(m, mode)) return;
         if (m.dummy || !m.data)
           throw InputError(fmt::format("--backend cuda: a generated fp8 weight of {} columns: the CUDA fp8 kernels "
                                        "need a column count divisible by 16",
@@ -173,9 +184,10 @@ std::shared_ptr<const ModelWeights> with_native_fp8(std::shared_ptr<const ModelW
         ++n;
       },
       *c);
-  if (w->fp8_compute == Fp8Compute::w8a8)
-    spdlog::info("fp8 weights, W8A8 on CUDA: {} fp8 matrices with a column count not divisible by 16 are "
-                 "dequantized at upload and run the bf16 GEMM (bf16 weights and activations, not W8A8)",
+  if (n > 0 && mode == Fp8Compute::w8a8)
+    spdlog::info("fp8 weights, W8A8 on CUDA: {} fp8 matrices with a column count not divisible by 16 (and not "
+                 "by 4, or a row count not divisible by 4) are dequantized at upload and run the bf16 GEMM (bf16 "
+                 "weights and activations, not W8A8)",
                  n);
   return c;
 }
@@ -209,8 +221,10 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
   // fp8 matrices (docs/cuda_backend.md "FP8 weights"): the e4m3 bytes as
   // they are, the scales as f32 beside them; the linear kernels dequantize.
   bool any_fp8 = false;
+  const Fp8Compute mode = w->fp8_compute;
   auto check_fp8 = [&](const WeightMatrix& m) {
-    if (!fp8_native(m)) bad("upload_weights", "an fp8 matrix with a column count not divisible by 16");
+    if (!fp8_native(m) && !w8a8_padded(m, mode))
+      bad("upload_weights", "an fp8 matrix with a column count not divisible by 16");
     const auto [sr, sc] = fp8_scale_shape(m.scale_granularity, m.rows, m.cols);
     if (!m.scales || static_cast<int64_t>(m.scales->size()) != sr * sc)
       bad("upload_weights", "an fp8 matrix without scales of its shape");
@@ -218,6 +232,14 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
   };
   auto put_fp8 = [&](const WeightMatrix& m, uint8_t* dst) {
     const int64_t n = m.rows * m.cols;
+    if (w8a8_padded(m, mode)) {  // rows of fp8_ld bytes, zero columns past K (small matrices: one plain copy)
+      const int64_t ld = fp8_ld(m, mode);
+      std::vector<uint8_t> padded(static_cast<size_t>(m.rows * ld), 0);
+      const auto* src = static_cast<const uint8_t*>(m.data);
+      for (int64_t r = 0; r < m.rows; ++r) std::memcpy(padded.data() + r * ld, src + r * m.cols, static_cast<size_t>(m.cols));
+      FP8KV_CU(cudaMemcpy(dst, padded.data(), padded.size(), cudaMemcpyHostToDevice));
+      return;
+    }
     if (m.dummy) {
       cuda::dummy_fill_e4m3(dst, m.dummy_key, n, m.dummy_std, m.scales->front(), stream_);
       generated += static_cast<size_t>(n);
@@ -244,20 +266,21 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
     return static_cast<const float*>(vec(w8a8_layout(host, g, rows, cols)).data);
   };
   auto fp8_tensor = [&](void* q, int64_t rows, int64_t cols, const float* scales, ScaleGranularity g,
-                        const float* gemm) {
+                        const float* gemm, int64_t ld) {
     Tensor t{q, ScalarType::u8, rows, cols};
-    t.fp8 = Fp8WeightScales{scales, g, w->fp8_compute, gemm};
+    t.fp8 = Fp8WeightScales{scales, g, w->fp8_compute, gemm, gemm && ld != cols ? ld : 0};
     return t;
   };
   auto mat = [&](const WeightMatrix& m) -> Tensor {
     if (!m.data && !m.dummy) return {};
     if (m.fp8) {
       check_fp8(m);
-      DeviceBuffer buf = alloc(static_cast<size_t>(m.rows * m.cols));
+      const int64_t ld = fp8_ld(m, mode);
+      DeviceBuffer buf = alloc(static_cast<size_t>(m.rows * ld));
       put_fp8(m, static_cast<uint8_t*>(buf.data()));
       const Tensor s = vec(*m.scales);
       Tensor t = fp8_tensor(buf.data(), m.rows, m.cols, static_cast<const float*>(s.data), m.scale_granularity,
-                            gemm_scales(*m.scales, m.scale_granularity, m.rows, m.cols));
+                            gemm_scales(*m.scales, m.scale_granularity, m.rows, m.cols), ld);
       b.storage.push_back(std::move(buf));
       return t;
     }
@@ -311,20 +334,23 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
         part_scales.push_back(*m->scales);
       scales.insert(scales.end(), part_scales.back().begin(), part_scales.back().end());
     }
-    DeviceBuffer buf = alloc(static_cast<size_t>(rows * cols));
+    // Parts share their columns, hence their row stride (padded or not).
+    const int64_t ld = fp8_ld(*parts.begin()->first, mode);
+    DeviceBuffer buf = alloc(static_cast<size_t>(rows * ld));
     const Tensor sd = vec(scales);
     const auto* sp = static_cast<const float*>(sd.data);
     auto* base = static_cast<uint8_t*>(buf.data());
     int64_t r0 = 0;
     size_t i = 0;
     for (auto [m, t] : parts) {
-      put_fp8(*m, base + r0 * cols);
-      *t = fp8_tensor(base + r0 * cols, m->rows, m->cols, sp + offsets[i], g,
-                      gemm_scales(part_scales[i], g, m->rows, m->cols));
+      if (fp8_ld(*m, mode) != ld) bad("upload_weights", "fused fp8 parts differ in their padded row length");
+      put_fp8(*m, base + r0 * ld);
+      *t = fp8_tensor(base + r0 * ld, m->rows, m->cols, sp + offsets[i], g,
+                      gemm_scales(part_scales[i], g, m->rows, m->cols), ld);
       ++i;
       r0 += m->rows;
     }
-    Tensor all = fp8_tensor(buf.data(), rows, cols, sp, g, gemm_scales(scales, g, rows, cols));
+    Tensor all = fp8_tensor(buf.data(), rows, cols, sp, g, gemm_scales(scales, g, rows, cols), ld);
     b.storage.push_back(std::move(buf));
     return all;
   };

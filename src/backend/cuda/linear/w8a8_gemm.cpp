@@ -18,8 +18,9 @@
 //    capability 8.9), Hopper (compute capability 9.0) ..."; "The compute
 //    type must be CUBLAS_COMPUTE_32F. The scale type must be CUDA_R_32F."
 //    Every pointer and leading dimension 16-byte aligned ("pointers and
-//    matrix dimension must support 16-byte alignment"): K % 16 == 0 (the
-//    upload dequantizes other matrices, cuda_weights.cpp), N % 4 (f32 D).
+//    matrix dimension must support 16-byte alignment"): e4m3 rows of a
+//    multiple of 16 bytes (a W with K % 16 != 0 is padded with zero columns
+//    at upload, its codes too: DeviceMatrix::fp8_ld), N % 4 (f32 D).
 //  - Output. D = f32 with C = f32 (or bf16 / bf16): with these scale modes
 //    "the only supported precisions for D are CUDA_R_16F, CUDA_R_16BF, and
 //    CUDA_R_32F" (FP8 D "is not supported when scaling modes are one of
@@ -157,7 +158,7 @@ Gemm::W8a8Plan& Gemm::w8a8_plan(int64_t n, int64_t N, int64_t K, bool block, boo
 
 void Gemm::w8a8_gemm(const uint8_t* codes, const float* act_scale, int64_t n, const DeviceMatrix& W, void* d,
                      bool accumulate, bool out_bf16, cudaStream_t stream) {
-  W8a8Plan& p = w8a8_plan(n, W.rows, W.cols, W.block128(), out_bf16, accumulate);
+  W8a8Plan& p = w8a8_plan(n, W.rows, W.fp8_row_bytes(), W.block128(), out_bf16, accumulate);
   const void* as = W.w8a8_scale;
   const void* bs = act_scale;
   FP8KV_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &as, sizeof(as)));
@@ -168,8 +169,8 @@ void Gemm::w8a8_gemm(const uint8_t* codes, const float* act_scale, int64_t n, co
 }
 
 bool Gemm::takes_w8a8(int64_t T, const DeviceMatrix& W) const {
-  return W.w8a8() && T >= linear_routes().w8a8_min_rows && W.rows > 0 && W.rows % 4 == 0 && W.cols > 0 &&
-         W.cols % 16 == 0;
+  return W.w8a8() && T >= 1 && (W.fp8_padded() || T >= linear_routes().w8a8_min_rows) && W.rows > 0 &&
+         W.rows % 4 == 0 && W.cols > 0 && W.cols % 4 == 0 && W.fp8_row_bytes() % 16 == 0;
 }
 
 size_t Gemm::w8a8_scratch_bytes(int64_t T, int64_t K, bool block128) {
@@ -179,7 +180,7 @@ size_t Gemm::w8a8_scratch_bytes(int64_t T, int64_t K, bool block128) {
 
 void Gemm::check_w8a8(const DeviceMatrix& W) {
   if (!W.w8a8()) return;
-  for (int64_t n : {4, 64}) (void)w8a8_plan(n, W.rows, W.cols, W.block128(), false, false);
+  for (int64_t n : {4, 64}) (void)w8a8_plan(n, W.rows, W.fp8_row_bytes(), W.block128(), false, false);
 }
 
 // T % 4 != 0 (the block-scale layouts need n % 4 == 0): either one GEMM of
@@ -194,23 +195,26 @@ void Gemm::check_w8a8(const DeviceMatrix& W) {
 void Gemm::linear_w8a8(const W8a8Input& x, int64_t T, const DeviceMatrix& W, const float* bias, void* y,
                        bool accumulate, bool out_bf16, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
   if (T == 0) return;
-  const int64_t N = W.rows, K = W.cols;
+  // K: x's row length; Kp: the e4m3 rows' (K, or K rounded up to 16 for a
+  // padded W): the GEMM's k, the codes' row length.
+  const int64_t N = W.rows, K = W.cols, Kp = W.fp8_row_bytes();
   const bool block = W.block128();
-  if (T < 0 || !x.data || !y || !W.w8a8() || N <= 0 || N % 4 != 0 || K <= 0 || K % 16 != 0 || !aligned16(y) ||
-      !aligned16(x.data) || !aligned16(W.fp8) || !aligned16(W.w8a8_scale) || !scratch ||
-      scratch_bytes < w8a8_scratch_bytes(T, K, block) || reinterpret_cast<uintptr_t>(scratch) % 256 != 0 ||
-      (out_bf16 && (bias || accumulate || N % 8 != 0)))
+  if (T < 0 || !x.data || !y || !W.w8a8() || N <= 0 || N % 4 != 0 || K <= 0 || K % 4 != 0 || Kp % 16 != 0 ||
+      Kp < K || Kp >= K + 16 || !aligned16(y) || !aligned16(x.data) || !aligned16(W.fp8) ||
+      !aligned16(W.w8a8_scale) || !scratch || scratch_bytes < w8a8_scratch_bytes(T, Kp, block) ||
+      reinterpret_cast<uintptr_t>(scratch) % 256 != 0 || (out_bf16 && (bias || accumulate || N % 8 != 0)))
     throw std::invalid_argument("cuda::Gemm::linear_w8a8: bad arguments (T=" + std::to_string(T) + " N=" +
-                                std::to_string(N) + " K=" + std::to_string(K) +
-                                "; needs W8A8 scales, N % 4 == 0, K % 16 == 0, 16-byte aligned x, y and W, "
-                                "w8a8_scratch_bytes of scratch; bf16 out without bias or accumulate, N % 8 == 0)");
+                                std::to_string(N) + " K=" + std::to_string(K) + " e4m3 row " + std::to_string(Kp) +
+                                "; needs W8A8 scales, N % 4 == 0, K % 4 == 0, e4m3 rows of a multiple of 16 bytes, "
+                                "16-byte aligned x, y and W, w8a8_scratch_bytes of scratch; bf16 out without bias "
+                                "or accumulate, N % 8 == 0)");
   const int64_t T4 = round_up(T, 4), L = block ? (K + 127) / 128 : 1;
   const size_t ob = out_bf16 ? 2 : 4;
   const size_t slice = dequant_.bytes();
   int64_t n_main = T;
   bool padded = false;
   if (T != T4) {
-    padded = static_cast<size_t>(T4 * N) * ob <= slice && static_cast<int64_t>(2 * ob) * T4 <= K;
+    padded = static_cast<size_t>(T4 * N) * ob <= slice && static_cast<int64_t>(2 * ob) * T4 <= Kp;
     n_main = padded ? T4 : T - T % 4;
   }
   const bool tail = !padded && n_main < T;
@@ -219,15 +223,15 @@ void Gemm::linear_w8a8(const W8a8Input& x, int64_t T, const DeviceMatrix& W, con
                            std::to_string(N) + " need the fp8 slice buffer (reserve_fp8_scratch: " +
                            std::to_string(slice) + " bytes)");
   auto* codes = static_cast<uint8_t*>(scratch);
-  float* sc = reinterpret_cast<float*>(codes + round_up(T4 * K, 256));
+  float* sc = reinterpret_cast<float*>(codes + round_up(T4 * Kp, 256));
   const W8a8ScaleOut so{sc, n_main, sc + round_up(L * n_main, 64)};
-  quantize_rows_e4m3(x.data, x.f32, x.rows, T, T4, K, block ? 128 : K, codes, so, stream);
+  quantize_rows_e4m3(x.data, x.f32, x.rows, T, T4, K, Kp, block ? 128 : K, codes, so, stream);
   void* ys = dequant_.get();
   if (n_main > 0) {
     w8a8_gemm(codes, so.main, n_main, W, padded ? ys : y, accumulate && !padded, out_bf16, stream);
     if (!padded && bias) add_bias_rows(static_cast<float*>(y), bias, n_main, N, stream);
   }
-  if (tail) w8a8_gemm(codes + n_main * K, so.tail, 4, W, ys, false, out_bf16, stream);
+  if (tail) w8a8_gemm(codes + n_main * Kp, so.tail, 4, W, ys, false, out_bf16, stream);
   if (padded || tail) {
     const int64_t r0 = padded ? 0 : n_main, rows = T - r0;
     if (out_bf16)

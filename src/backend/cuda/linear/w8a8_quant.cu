@@ -61,8 +61,8 @@ struct QuantArgs {
   const void* x;
   bool f32;
   const int32_t* rows;  // gather (null: row t)
-  int64_t T, T_pad, K;
-  uint8_t* codes;  // [T_pad][K]
+  int64_t T, T_pad, K, Kc;  // x rows of K elements; codes rows of Kc (>= K, zero past K)
+  uint8_t* codes;  // [T_pad][Kc]
   W8a8ScaleOut s;
 };
 
@@ -72,29 +72,29 @@ __device__ __forceinline__ const void* src_row(const QuantArgs& a, int64_t t) {
                : static_cast<const void*>(static_cast<const uint16_t*>(a.x) + r * a.K);
 }
 
-// 1x128 groups: one warp per group, 4 elements per lane (K % 16 == 0, so a
+// 1x128 groups: one warp per group, 4 elements per lane (K % 4 == 0, so a
 // short last group is whole 4-element pieces). Block b: row b / gb, groups
-// (b % gb) * 8 + warp, gb = ceil(groups / 8).
+// (b % gb) * 8 + warp, gb = ceil(groups / 8) (groups of Kc = groups of K).
 __global__ void __launch_bounds__(256) quant_groups128_kernel(QuantArgs a) {
-  const int64_t groups = (a.K + 127) / 128, gb = (groups + 7) / 8;
+  const int64_t groups = (a.Kc + 127) / 128, gb = (groups + 7) / 8;
   const int64_t t = blockIdx.x / gb;
   const int64_t g = (blockIdx.x % gb) * 8 + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   if (g >= groups) return;
   const int64_t c = g * 128 + lane * 4;
-  const bool live = c < a.K;
-  uint32_t* out = reinterpret_cast<uint32_t*>(a.codes + t * a.K + c);
+  const bool in = c < a.K, out_col = c < a.Kc;
+  uint32_t* out = reinterpret_cast<uint32_t*>(a.codes + t * a.Kc + c);
   if (t >= a.T) {  // padding row of the GEMM: zero codes, scale 0
-    if (live) *out = 0u;
+    if (out_col) *out = 0u;
     if (lane == 0) *scale_slot(a.s, t, g) = 0.0f;
     return;
   }
-  const float4 v = live ? load4(src_row(a, t), a.f32, c) : make_float4(0.f, 0.f, 0.f, 0.f);
+  const float4 v = in ? load4(src_row(a, t), a.f32, c) : make_float4(0.f, 0.f, 0.f, 0.f);
   float amax = amax4(0.0f, v);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   const float s = amax > 0.0f ? __fdiv_rn(amax, kE4m3Max) : 1.0f;
-  if (live) *out = codes4(v, s);
+  if (out_col) *out = in ? codes4(v, s) : 0u;
   if (lane == 0) *scale_slot(a.s, t, g) = s;
 }
 
@@ -102,9 +102,9 @@ __global__ void __launch_bounds__(256) quant_groups128_kernel(QuantArgs a) {
 // (a block reduction of fmaxf: order-free), then the codes.
 __global__ void __launch_bounds__(256) quant_rows_kernel(QuantArgs a) {
   const int64_t t = blockIdx.x;
-  uint8_t* out = a.codes + t * a.K;
+  uint8_t* out = a.codes + t * a.Kc;
   if (t >= a.T) {
-    for (int64_t c = threadIdx.x * 4; c < a.K; c += 256 * 4) *reinterpret_cast<uint32_t*>(out + c) = 0u;
+    for (int64_t c = threadIdx.x * 4; c < a.Kc; c += 256 * 4) *reinterpret_cast<uint32_t*>(out + c) = 0u;
     if (threadIdx.x == 0) *scale_slot(a.s, t, 0) = 0.0f;
     return;
   }
@@ -125,8 +125,8 @@ __global__ void __launch_bounds__(256) quant_rows_kernel(QuantArgs a) {
   }
   __syncthreads();
   const float s = sc;
-  for (int64_t c = threadIdx.x * 4; c < a.K; c += 256 * 4)
-    *reinterpret_cast<uint32_t*>(out + c) = codes4(load4(row, a.f32, c), s);
+  for (int64_t c = threadIdx.x * 4; c < a.Kc; c += 256 * 4)
+    *reinterpret_cast<uint32_t*>(out + c) = c < a.K ? codes4(load4(row, a.f32, c), s) : 0u;
 }
 
 // y[t][n] = (accumulate ? y[t][n] + s[t][n] : s[t][n]) (+ bias[n]): the
@@ -147,18 +147,21 @@ __global__ void finish_kernel(const float* __restrict__ s, int64_t rows, int64_t
 }  // namespace
 
 void quantize_rows_e4m3(const void* x, bool x_f32, const int32_t* rows, int64_t T, int64_t T_pad, int64_t K,
-                        int64_t group, uint8_t* codes, W8a8ScaleOut s, cudaStream_t stream) {
+                        int64_t Kc, int64_t group, uint8_t* codes, W8a8ScaleOut s, cudaStream_t stream) {
   if (T_pad == 0) return;
   const bool block = group == 128;
-  if (!x || !codes || !s.main || T < 0 || T_pad < T || K <= 0 || K % 16 != 0 || (group != 128 && group != K) ||
+  if (!x || !codes || !s.main || T < 0 || T_pad < T || K <= 0 || K % 4 != 0 || Kc % 16 != 0 || Kc < K ||
+      Kc >= K + 16 || (group != 128 && group != K) ||
       s.n_main < 0 || s.n_main > T_pad || (s.n_main < T_pad && (!s.tail || T_pad - s.n_main > 4)) ||
       reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(codes) % 16 != 0)
     throw std::invalid_argument("cuda::quantize_rows_e4m3: bad arguments (T=" + std::to_string(T) + " T_pad=" +
-                                std::to_string(T_pad) + " K=" + std::to_string(K) + " group=" +
-                                std::to_string(group) + "; K % 16 == 0, group 128 or K, 16-byte aligned x and codes)");
-  const QuantArgs a{x, x_f32, rows, T, T_pad, K, codes, s};
+                                std::to_string(T_pad) + " K=" + std::to_string(K) + " Kc=" + std::to_string(Kc) +
+                                " group=" + std::to_string(group) +
+                                "; K % 4 == 0, Kc the multiple of 16 at or above K, group 128 or K, 16-byte aligned "
+                                "x and codes)");
+  const QuantArgs a{x, x_f32, rows, T, T_pad, K, Kc, codes, s};
   if (block) {
-    const int64_t gb = ((K + 127) / 128 + 7) / 8;
+    const int64_t gb = ((Kc + 127) / 128 + 7) / 8;
     quant_groups128_kernel<<<static_cast<unsigned>(T_pad * gb), 256, 0, stream>>>(a);
   } else {
     quant_rows_kernel<<<static_cast<unsigned>(T_pad), 256, 0, stream>>>(a);

@@ -76,7 +76,10 @@ bool cuda_device_available();
 //   block128         [ceil(N/128)][w8a8_scale_ld], K-major, w8a8_scale_ld =
 //                    ceil(K/128) rounded up to a multiple of 4 (pad zeros)
 //   tensor, channel  [N], one per row (a tensor scale repeated)
-// w8a8_scale null: the matrix runs W8A16 in either mode.
+// w8a8_scale null: the matrix runs W8A16 in either mode. fp8_ld: the e4m3
+// rows' stride when the upload padded them (W8A8 only, K % 16 != 0: K
+// rounded up to 16, zero columns; such a matrix has no W8A16 kernel and
+// takes the W8A8 GEMM at every row count); 0: cols.
 struct DeviceMatrix {
   const uint16_t* data = nullptr;
   int64_t rows = 0;
@@ -88,9 +91,12 @@ struct DeviceMatrix {
   int scale_k_step = 0;
   const float* w8a8_scale = nullptr;
   int64_t w8a8_scale_ld = 0;
+  int64_t fp8_ld = 0;
   bool is_fp8() const { return fp8 != nullptr; }
   bool w8a8() const { return fp8 != nullptr && w8a8_scale != nullptr; }
   bool block128() const { return scale_row_shift == 7; }
+  bool fp8_padded() const { return fp8_ld != 0 && fp8_ld != cols; }
+  int64_t fp8_row_bytes() const { return fp8_ld ? fp8_ld : cols; }
 };
 
 // Converts a host matrix (fp32 or bf16 elements, row-major) to bf16 (RNE) and
@@ -151,8 +157,9 @@ class Gemm {
     const int32_t* rows = nullptr;
   };
   // True when a call of T rows on W runs the W8A8 GEMM: W.w8a8(), T >=
-  // linear_routes().w8a8_min_rows, N % 4 == 0 (cuBLASLt's block-scale
-  // layouts) and K % 16 == 0. Fewer rows keep the fp8 GEMV (W8A16).
+  // linear_routes().w8a8_min_rows (any T for a padded W), N % 4 == 0
+  // (cuBLASLt's block-scale layouts) and 16-byte e4m3 rows. Fewer rows keep
+  // the fp8 GEMV (W8A16).
   bool takes_w8a8(int64_t T, const DeviceMatrix& W) const;
   // y[T][N] (+)= dequant(e4m3(x)) * dequant(W)^T (+ bias): x quantized to
   // e4m3 per token, or per 1x128 group for block-wise W (quantize_rows_e4m3:
@@ -166,6 +173,7 @@ class Gemm {
   // graph captures). y 16-byte aligned.
   void linear_w8a8(const W8a8Input& x, int64_t T, const DeviceMatrix& W, const float* bias, void* y, bool accumulate,
                    bool out_bf16, void* scratch, size_t scratch_bytes, cudaStream_t stream);
+  // K: the codes' row length (W.fp8_row_bytes()).
   static size_t w8a8_scratch_bytes(int64_t T, int64_t K, bool block128);
   // At weight upload: asks cuBLASLt for W's W8A8 algorithms (the plans at 4
   // and 64 rows, cached) and throws std::runtime_error naming the shape when
@@ -269,12 +277,13 @@ struct W8a8ScaleOut {
 };
 // W8A8's activation quantization, mirroring quantize_activations_e4m3
 // (numerics/fp8_weights.h) bit for bit: rows t < T of x (bf16, or f32 with
-// x_f32; row t at x + rows[t] * K, rows null: row t) into codes [T_pad][K]
-// e4m3 and one scale per (row, group of `group` columns: 128, or K for per
-// token). Rows [T, T_pad) are the GEMM's padding: codes 0, scale 0. K % 16
-// == 0; x and codes 16-byte aligned.
+// x_f32; K elements, row t at x + rows[t] * K, rows null: row t) into codes
+// [T_pad][Kc] e4m3 (columns [K, Kc) zero: a padded weight's) and one scale
+// per (row, group of `group` columns: 128, or K for per token). Rows [T,
+// T_pad) are the GEMM's padding: codes 0, scale 0. K % 4 == 0, Kc % 16 ==
+// 0, K <= Kc < K + 16; x and codes 16-byte aligned.
 void quantize_rows_e4m3(const void* x, bool x_f32, const int32_t* rows, int64_t T, int64_t T_pad, int64_t K,
-                        int64_t group, uint8_t* codes, W8a8ScaleOut s, cudaStream_t stream);
+                        int64_t Kc, int64_t group, uint8_t* codes, W8a8ScaleOut s, cudaStream_t stream);
 // y[t][n] = (accumulate ? y + s : s)[t][n] (+ bias[n]) for rows of [rows][N]
 // (fp32 adds in that order; a plain copy without bias and accumulate).
 void w8a8_finish_rows(const float* s, int64_t rows, int64_t N, const float* bias, float* y, bool accumulate,
