@@ -468,18 +468,26 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
     check(b.output);
     for (const BackendLayerWeights& o : b.layers) {
       // The matrices the forward pass runs: fused ones where there are.
-      for (const Tensor* t : o.qkv_proj.empty() ? std::initializer_list<const Tensor*>{&o.q_proj, &o.k_proj, &o.v_proj}
-                                                : std::initializer_list<const Tensor*>{&o.qkv_proj})
-        check(*t);
-      for (const Tensor* t : o.gate_up_proj.empty() ? std::initializer_list<const Tensor*>{&o.gate_proj, &o.up_proj}
-                                                    : std::initializer_list<const Tensor*>{&o.gate_up_proj})
-        check(*t);
+      if (o.qkv_proj.empty()) {
+        check(o.q_proj);
+        check(o.k_proj);
+        check(o.v_proj);
+      } else {
+        check(o.qkv_proj);
+      }
+      if (o.gate_up_proj.empty()) {
+        check(o.gate_proj);
+        check(o.up_proj);
+      } else {
+        check(o.gate_up_proj);
+      }
       check(o.o_proj);
       check(o.down_proj);
     }
     spdlog::info("fp8 weights, W8A8 on CUDA: {} fp8 matrices run the cuBLASLt FP8 GEMM at >= {} rows (activations "
                  "quantized to e4m3 from f32, scales 1x128 x 128x128 blocks or per token x per channel; fewer rows: "
-                 "the fp8 GEMV with bf16 activations, W8A16 numerics){}",
+                 "the fp8 GEMV with bf16 activations, W8A16 numerics, except matrices padded to 16-byte rows, which "
+                 "take the W8A8 GEMM at every row count){}",
                  w8a8_matrices, cuda::linear_routes().w8a8_min_rows,
                  w8a8_unaligned ? fmt::format("; {} with a row count not divisible by 4 run W8A16", w8a8_unaligned)
                                 : std::string());
