@@ -1,5 +1,6 @@
 #include "engine/forward.h"
 
+#include <limits>
 #include <stdexcept>
 #include <vector>
 
@@ -28,7 +29,9 @@ RunState::RunState(Backend& be, const ModelConfig& cfg, int max_t, int max_rows,
   v = be.alloc(T * KV * a);
   attn = be.alloc(T * Q * a);
   gate = be.alloc(T * I * a * (fused ? 2 : 1));
-  up = be.alloc(T * I * (fused ? scalar_type_bytes(be.gemm_input_dtype(max_t)) : a));
+  // Fused: the down GEMM's input, in gemm_input_dtype (the widest it can be
+  // at any row count: the route table's W8A8 rows may be moved at run time).
+  up = be.alloc(T * I * (fused ? scalar_type_bytes(be.gemm_input_dtype(std::numeric_limits<int64_t>::max())) : a));
   if (fused) qkv = be.alloc(T * (Q + 2 * KV) * a);
   if (cfg.gdn) {
     const size_t C = static_cast<size_t>(cfg.gdn->conv_dim()), VD = static_cast<size_t>(cfg.gdn->value_dim()),
