@@ -120,13 +120,14 @@ int main(int argc, char** argv) {
           W.w8a8_scale_ld = (s.k + 127) / 128;
         }
       }
-      const int64_t T4 = (T + 3) / 4 * 4, L = (s.k + 127) / 128;
+      const int64_t T4 = (T + cuda::Gemm::kW8a8Rows - 1) / cuda::Gemm::kW8a8Rows * cuda::Gemm::kW8a8Rows,
+                    L = (s.k + 127) / 128;
       auto* codes = w8a8_scratch.as<uint8_t>();
       auto* act_scales = reinterpret_cast<float*>(codes + (T4 * s.k + 255) / 256 * 256);
       auto run = [&, T = T] {
         if (p == "w8a8q")
           cuda::quantize_rows_e4m3(x32.get(), true, nullptr, T, T4, s.k, s.k, 128, codes,
-                                   cuda::W8a8ScaleOut{act_scales, T4, act_scales + L * T4}, st);
+                                   cuda::W8a8ScaleOut{act_scales, T4, act_scales + L * T4, cuda::Gemm::kW8a8Rows}, st);
         else if (w8a8)
           gemm.linear_w8a8(cuda::Gemm::W8a8Input{x32.get(), true, nullptr}, T, W, nullptr, y.as<float>(), false, false,
                            w8a8_scratch.get(), w8a8_scratch.bytes(), st);

@@ -228,7 +228,8 @@ TEST(CudaW8a8, QuantizeRowsIsBitwiseTheHostFunction) {
     for (int64_t group : {int64_t{128}, K}) {
       const int64_t G = (K + group - 1) / group;
       for (int64_t T : {1, 5, 33}) {
-        const int64_t T_pad = round_up(T, 4), S = T + 3;  // S source rows, T gathered
+        const int64_t q4 = cuda::Gemm::kW8a8Rows;
+        const int64_t T_pad = round_up(T, q4), S = T + 3;  // S source rows, T gathered
         const std::vector<float> src = awkward_rows(rng, S, K);
         std::vector<int32_t> rows(static_cast<size_t>(T));
         for (int64_t t = 0; t < T; ++t) rows[t] = static_cast<int32_t>((t * 5 + 2) % S);
@@ -245,19 +246,21 @@ TEST(CudaW8a8, QuantizeRowsIsBitwiseTheHostFunction) {
             quantize_activations_e4m3(seen.data(), T, K, group, q.data(), sc.data());
             cuda::DeviceBuffer dx = f32 ? to_device(src) : to_device(src_b);
             cuda::DeviceBuffer dr = to_device(rows);
-            // n_main: T_pad (one padded GEMM), T - T % 4 (+ a 4-row tail), or T (T % 4 == 0).
-            for (int64_t n_main : {T_pad, T - T % 4}) {
-              if (n_main == T - T % 4 && T % 4 == 0) continue;
+            // n_main: T_pad (one padded GEMM), T - T % q4 (+ a q4-row tail), or T (T % q4 == 0).
+            for (int64_t n_main : {T_pad, T - T % q4}) {
+              if (n_main == T - T % q4 && T % q4 == 0) continue;
               cuda::DeviceBuffer codes(static_cast<size_t>(T_pad * Kc)), main(static_cast<size_t>(G * n_main + 1) * 4),
-                  tail(static_cast<size_t>(G * 4) * 4);
+                  tail(static_cast<size_t>(G * q4) * 4);
               FP8KV_CU(cudaMemset(codes.get(), 0xee, codes.bytes()));
-              const cuda::W8a8ScaleOut so{main.as<float>(), n_main, tail.as<float>()};
+              const cuda::W8a8ScaleOut so{main.as<float>(), n_main, tail.as<float>(), T_pad - n_main};
               cuda::quantize_rows_e4m3(dx.get(), f32, gather ? dr.as<int32_t>() : nullptr, T, T_pad, K, Kc, group,
                                        codes.as<uint8_t>(), so, nullptr);
               const auto got = to_host<uint8_t>(codes, static_cast<size_t>(T_pad * Kc));
               const auto gm = to_host<float>(main, static_cast<size_t>(G * n_main));
-              const auto gt = to_host<float>(tail, static_cast<size_t>(G * 4));
-              auto slot = [&](int64_t t, int64_t g) { return t < n_main ? gm[g * n_main + t] : gt[g * 4 + t - n_main]; };
+              const auto gt = to_host<float>(tail, static_cast<size_t>(G * q4));
+              auto slot = [&](int64_t t, int64_t g) {
+                return t < n_main ? gm[g * n_main + t] : gt[g * (T_pad - n_main) + t - n_main];
+              };
               for (int64_t t = 0; t < T_pad; ++t) {
                 for (int64_t c = 0; c < Kc; ++c) {
                   const uint8_t want = t < T && c < K ? q[t * K + c] : 0;

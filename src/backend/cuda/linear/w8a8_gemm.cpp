@@ -174,13 +174,13 @@ bool Gemm::takes_w8a8(int64_t T, const DeviceMatrix& W) const {
 }
 
 size_t Gemm::w8a8_scratch_bytes(int64_t T, int64_t K, bool block128) {
-  const int64_t T4 = round_up(T, 4), L = block128 ? (K + 127) / 128 : 1;
-  return static_cast<size_t>(round_up(T4 * K, 256) + 4 * (round_up(L * T4, 64) + round_up(4 * L, 64)));
+  const int64_t T4 = round_up(T, kW8a8Rows), L = block128 ? (K + 127) / 128 : 1;
+  return static_cast<size_t>(round_up(T4 * K, 256) + 4 * (round_up(L * T4, 64) + round_up(kW8a8Rows * L, 64)));
 }
 
 void Gemm::check_w8a8(const DeviceMatrix& W) {
   if (!W.w8a8()) return;
-  for (int64_t n : {4, 64}) (void)w8a8_plan(n, W.rows, W.fp8_row_bytes(), W.block128(), false, false);
+  for (int64_t n : {kW8a8Rows, int64_t{64}}) (void)w8a8_plan(n, W.rows, W.fp8_row_bytes(), W.block128(), false, false);
 }
 
 // T % 4 != 0 (the block-scale layouts need n % 4 == 0): either one GEMM of
@@ -208,30 +208,30 @@ void Gemm::linear_w8a8(const W8a8Input& x, int64_t T, const DeviceMatrix& W, con
                                 "; needs W8A8 scales, N % 4 == 0, K % 4 == 0, e4m3 rows of a multiple of 16 bytes, "
                                 "16-byte aligned x, y and W, w8a8_scratch_bytes of scratch; bf16 out without bias "
                                 "or accumulate, N % 8 == 0)");
-  const int64_t T4 = round_up(T, 4), L = block ? (K + 127) / 128 : 1;
+  const int64_t T4 = round_up(T, kW8a8Rows), L = block ? (K + 127) / 128 : 1;
   const size_t ob = out_bf16 ? 2 : 4;
   const size_t slice = dequant_.bytes();
   int64_t n_main = T;
   bool padded = false;
   if (T != T4) {
     padded = static_cast<size_t>(T4 * N) * ob <= slice && static_cast<int64_t>(2 * ob) * T4 <= Kp;
-    n_main = padded ? T4 : T - T % 4;
+    n_main = padded ? T4 : T - T % kW8a8Rows;
   }
   const bool tail = !padded && n_main < T;
-  if ((padded || tail) && static_cast<size_t>((padded ? T4 : 4) * N) * ob > slice)
+  if ((padded || tail) && static_cast<size_t>((padded ? T4 : kW8a8Rows) * N) * ob > slice)
     throw std::logic_error("cuda::Gemm::linear_w8a8: " + std::to_string(T) + " rows (not a multiple of 4) of N=" +
                            std::to_string(N) + " need the fp8 slice buffer (reserve_fp8_scratch: " +
                            std::to_string(slice) + " bytes)");
   auto* codes = static_cast<uint8_t*>(scratch);
   float* sc = reinterpret_cast<float*>(codes + round_up(T4 * Kp, 256));
-  const W8a8ScaleOut so{sc, n_main, sc + round_up(L * n_main, 64)};
+  const W8a8ScaleOut so{sc, n_main, sc + round_up(L * n_main, 64), kW8a8Rows};
   quantize_rows_e4m3(x.data, x.f32, x.rows, T, T4, K, Kp, block ? 128 : K, codes, so, stream);
   void* ys = dequant_.get();
   if (n_main > 0) {
     w8a8_gemm(codes, so.main, n_main, W, padded ? ys : y, accumulate && !padded, out_bf16, stream);
     if (!padded && bias) add_bias_rows(static_cast<float*>(y), bias, n_main, N, stream);
   }
-  if (tail) w8a8_gemm(codes + n_main * Kp, so.tail, 4, W, ys, false, out_bf16, stream);
+  if (tail) w8a8_gemm(codes + n_main * Kp, so.tail, kW8a8Rows, W, ys, false, out_bf16, stream);
   if (padded || tail) {
     const int64_t r0 = padded ? 0 : n_main, rows = T - r0;
     if (out_bf16)

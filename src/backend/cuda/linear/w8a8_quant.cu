@@ -54,7 +54,7 @@ __device__ __forceinline__ uint32_t codes4(const float4& v, float s) {
 }
 
 __device__ __forceinline__ float* scale_slot(const W8a8ScaleOut& s, int64_t t, int64_t g) {
-  return t < s.n_main ? s.main + g * s.n_main + t : s.tail + g * 4 + (t - s.n_main);
+  return t < s.n_main ? s.main + g * s.n_main + t : s.tail + g * s.n_tail + (t - s.n_main);
 }
 
 struct QuantArgs {
@@ -152,7 +152,7 @@ void quantize_rows_e4m3(const void* x, bool x_f32, const int32_t* rows, int64_t 
   const bool block = group == 128;
   if (!x || !codes || !s.main || T < 0 || T_pad < T || K <= 0 || K % 4 != 0 || Kc % 16 != 0 || Kc < K ||
       Kc >= K + 16 || (group != 128 && group != K) ||
-      s.n_main < 0 || s.n_main > T_pad || (s.n_main < T_pad && (!s.tail || T_pad - s.n_main > 4)) ||
+      s.n_main < 0 || s.n_main > T_pad || (s.n_main < T_pad && (!s.tail || T_pad - s.n_main != s.n_tail)) ||
       reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(codes) % 16 != 0)
     throw std::invalid_argument("cuda::quantize_rows_e4m3: bad arguments (T=" + std::to_string(T) + " T_pad=" +
                                 std::to_string(T_pad) + " K=" + std::to_string(K) + " Kc=" + std::to_string(Kc) +

@@ -175,6 +175,9 @@ class Gemm {
                    bool out_bf16, void* scratch, size_t scratch_bytes, cudaStream_t stream);
   // K: the codes' row length (W.fp8_row_bytes()).
   static size_t w8a8_scratch_bytes(int64_t T, int64_t K, bool block128);
+  // The W8A8 GEMMs' row quantum: cuBLASLt's block-scale layouts need the
+  // token count n to be a multiple of 4 ("M and N must be multiples of 4").
+  static constexpr int64_t kW8a8Rows = 4;
   // At weight upload: asks cuBLASLt for W's W8A8 algorithms (the plans at 4
   // and 64 rows, cached) and throws std::runtime_error naming the shape when
   // it has none, so that a GPU or cuBLAS without the FP8 scale modes fails
@@ -266,14 +269,15 @@ void dequantize_fp8_rows_bf16(const DeviceMatrix& W, int64_t r0, int64_t n, uint
 // ---- fp8 weights, W8A8 (linear/w8a8_quant.cu) -------------------------------
 
 // Where quantize_rows_e4m3 writes the scale of row t, group g: t < n_main:
-// main[g * n_main + t], else tail[g * 4 + (t - n_main)]: token-major per
-// group, the layout of cuBLASLt's 1x128 (VEC128_32F) and per-token
+// main[g * n_main + t], else tail[g * n_tail + (t - n_main)]: token-major
+// per group, the layout of cuBLASLt's 1x128 (VEC128_32F) and per-token
 // (OUTER_VEC_32F) scales of B for the GEMM over rows [0, n_main) and the
-// one over the 4 rows after it (Gemm::linear_w8a8).
+// one over the n_tail rows after it (Gemm::linear_w8a8).
 struct W8a8ScaleOut {
   float* main = nullptr;
   int64_t n_main = 0;
   float* tail = nullptr;
+  int64_t n_tail = 0;
 };
 // W8A8's activation quantization, mirroring quantize_activations_e4m3
 // (numerics/fp8_weights.h) bit for bit: rows t < T of x (bf16, or f32 with
