@@ -43,7 +43,10 @@
 //    K-major; the upload copies it with each row padded to L4 = L rounded
 //    up to 4 (DeviceMatrix::w8a8_scale_ld). A partial last block (K % 128
 //    != 0) is the definition's A_{i,(b-1)128+l} for l up to the row's end,
-//    the CPU's short last group.
+//    the CPU's short last group. PyTorch's _scaled_mm pairs them the same
+//    way (aten ScaledBlas.cpp: 1x128 scales "outer-dim-major", 128x128
+//    scales "near-inner-dim-major (with 16-byte aligned strides)"; it hands
+//    cuBLAS the weights as A, TN, fast accumulation refused for both modes).
 //  - Per-channel and per-tensor weights (compressed-tensors, ModelOpt):
 //    OUTER_VEC_32F on both, "D_ij = alpha scale_A^i scale_B^j sum_l a_il
 //    b_lj"; "scale_A and scale_B must be vectors of length M and N": the
