@@ -603,26 +603,21 @@ std::shared_ptr<const ModelWeights> maybe_widen(std::shared_ptr<const ModelWeigh
   return w->widened_to_f32();
 }
 
-// W8A8 runs on the CPU backend only (docs/design.md "FP8-weight
-// checkpoints"); `what` names the checkpoint's declaration. Called before
-// any weight is read or made. Tensor parallelism is checked by
-// check_fp8_block_shards (engine/tp_shard.h), which knows the shards.
-void check_fp8_weights_runnable(const std::string& what, bool cpu, const EngineOptions& o) {
-  if (!cpu && o.fp8_weight_mode == Fp8Compute::w8a8)
-    throw InputError(fmt::format("{}: --fp8-weight-mode w8a8 runs on --backend cpu for now (the CUDA backend runs "
-                                 "fp8 weights as W8A16: --fp8-weight-mode w8a16); got --backend {}",
-                                 what, o.backend));
-}
-
-// The log line that says which fp8 compute mode runs.
-void log_fp8_weights(const WeightQuantConfig& q, Fp8Compute mode) {
-  engine_log()->info("fp8 weights: {}; running {}", q.describe(),
-                     mode == Fp8Compute::w8a8
-                         ? fmt::format("W8A8 (--fp8-weight-mode w8a8: activations quantized dynamically to e4m3 per "
-                                       "{}, saturating)",
-                                       q.granularity == ScaleGranularity::block128 ? "1x128 group" : "token")
-                         : std::string("W8A16 (--fp8-weight-mode w8a16: weights dequantized in the GEMM, fp32 "
-                                       "activations)"));
+// The log line that says which fp8 compute mode runs. W8A8 runs on both
+// backends (docs/design.md "FP8-weight checkpoints"); on CUDA its decode
+// rows keep the fp8 GEMV (W8A16 numerics) and it needs compute capability
+// 9.0, checked at weight upload (CudaBackend::upload_weights, which also
+// logs the matrices that run W8A16 there).
+void log_fp8_weights(const WeightQuantConfig& q, Fp8Compute mode, bool cpu) {
+  engine_log()->info(
+      "fp8 weights: {}; running {}", q.describe(),
+      mode == Fp8Compute::w8a8
+          ? fmt::format("W8A8 (--fp8-weight-mode w8a8: activations quantized dynamically to e4m3 per {}, "
+                        "saturating{})",
+                        q.granularity == ScaleGranularity::block128 ? "1x128 group" : "token",
+                        cpu ? "" : "; cuBLASLt FP8 GEMMs past the decode rows, which run the fp8 GEMV as W8A16")
+          : std::string("W8A16 (--fp8-weight-mode w8a16: weights dequantized in the GEMM, fp32 "
+                        "activations)"));
 }
 }  // namespace
 
@@ -640,10 +635,8 @@ std::unique_ptr<Engine> Engine::create(ModelConfig cfg, std::shared_ptr<const Mo
   const KvDtype d = opts.kv_cache_dtype.dtype.value_or(KvDtype::bf16);
   const bool cpu = resolve_backend_name(opts.backend) == "cpu";
   check_tensor_parallel_early(cfg, opts.tensor_parallel_size);
-  if (weights && weights->has_fp8()) {
-    check_fp8_weights_runnable("the given weights", cpu, opts);
-    if (opts.tensor_parallel_size > 1) check_fp8_block_shards(*weights, cfg, opts.tensor_parallel_size);
-  }
+  if (weights && weights->has_fp8() && opts.tensor_parallel_size > 1)
+    check_fp8_block_shards(*weights, cfg, opts.tensor_parallel_size);
   return std::make_unique<EngineImpl>(std::move(cfg), cpu ? maybe_widen(std::move(weights)) : std::move(weights),
                                       opts, d);
 }
@@ -681,12 +674,7 @@ std::unique_ptr<Engine> load_engine(const std::filesystem::path& dir, const Engi
   const bool cpu = require_backend(opts.backend) == "cpu";
   check_tensor_parallel_early(cfg, opts.tensor_parallel_size);
   const WeightQuantConfig& quant = cfg.weight_quant;
-  if (quant.quantized()) {
-    check_fp8_weights_runnable(fmt::format("{} ({} {}, quant_method {})", dir.string(), quant.source, quant.field,
-                                           weight_quant_method_name(quant.method)),
-                               cpu, opts);
-    log_fp8_weights(quant, opts.fp8_weight_mode);
-  }
+  if (quant.quantized()) log_fp8_weights(quant, opts.fp8_weight_mode, cpu);
   auto widen = [&](std::shared_ptr<const ModelWeights> w) {
     if (!cpu) return w;
     StartupPhase ph("widen bf16 -> fp32 (cpu backend)");

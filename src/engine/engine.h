@@ -76,7 +76,8 @@ struct EngineOptions {
   // FP8-weight checkpoints (model/quant_config.h; docs/design.md "FP8-weight
   // checkpoints"): w8a16 dequantizes the weight inside the GEMM; w8a8
   // quantizes activations dynamically (per token, or per 1x128 group for
-  // block-wise weights). cpu backend only for now.
+  // block-wise weights). Both backends (cuda: compute capability 9.0; its
+  // decode rows keep the fp8 GEMV, docs/cuda_backend.md "FP8 weights").
   Fp8Compute fp8_weight_mode = Fp8Compute::w8a16;
   bool enforce_eager = false;        // cuda: no CUDA graphs
   // Megatron tensor parallelism over this many ranks (vLLM's

@@ -1,5 +1,6 @@
 #include "engine/forward.h"
 
+#include <limits>
 #include <stdexcept>
 #include <vector>
 
@@ -28,7 +29,9 @@ RunState::RunState(Backend& be, const ModelConfig& cfg, int max_t, int max_rows,
   v = be.alloc(T * KV * a);
   attn = be.alloc(T * Q * a);
   gate = be.alloc(T * I * a * (fused ? 2 : 1));
-  up = be.alloc(T * I * (fused ? 2 : a));
+  // Fused: the down GEMM's input, in gemm_input_dtype (the widest it can be
+  // at any row count: the route table's W8A8 rows may be moved at run time).
+  up = be.alloc(T * I * (fused ? scalar_type_bytes(be.gemm_input_dtype(std::numeric_limits<int64_t>::max())) : a));
   if (fused) qkv = be.alloc(T * (Q + 2 * KV) * a);
   if (cfg.gdn) {
     const size_t C = static_cast<size_t>(cfg.gdn->conv_dim()), VD = static_cast<size_t>(cfg.gdn->value_dim()),
@@ -130,12 +133,15 @@ void ForwardPass::run(const StepBatch& b, RunState& rs) {
   st.attn = rs.attn.view(a, T, Q);
   if (fused_) {
     // GEMM-only inputs written as bf16 by the op producing them (norm,
-    // attention, activation): no separate conversion before each GEMM.
-    st.x = rs.x.view(ScalarType::bf16, T, H);
-    st.attn = rs.attn.view(ScalarType::bf16, T, Q);
+    // attention, activation): no separate conversion before each GEMM. f32
+    // where the backend quantizes them itself (Backend::gemm_input_dtype:
+    // CUDA W8A8 rows).
+    const ScalarType gin = be_.gemm_input_dtype(T);
+    st.x = rs.x.view(gin, T, H);
+    st.attn = rs.attn.view(gin, T, Q);
     st.qkv = rs.qkv.view(a, T, Q + 2 * KV);
     st.gate_up = rs.gate.view(a, T, 2 * I);
-    st.act_bf16 = rs.up.view(ScalarType::bf16, T, I);
+    st.act_bf16 = rs.up.view(gin, T, I);
   } else {
     st.gate = rs.gate.view(a, T, I);
     st.up = rs.up.view(a, T, I);

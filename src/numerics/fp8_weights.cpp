@@ -60,17 +60,41 @@ void dequantize_fp8_weight_rows(const uint8_t* q, const Fp8WeightScales& s, int6
   }
 }
 
+namespace {
+// A W8A8 activation group's amax: std::max(amax, |x|) ignores a NaN |x|.
+float group_amax(const float* x, int64_t c0, int64_t c1) {
+  float amax = 0.0f;
+  for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(x[c]));
+  return amax;
+}
+}  // namespace
+
 void round_activations_e4m3(float* x, int64_t T, int64_t K, int64_t group) {
   if (group <= 0) group = K;
   for (int64_t t = 0; t < T; ++t) {
     float* row = x + t * K;
     for (int64_t c0 = 0; c0 < K; c0 += group) {
       const int64_t c1 = std::min(K, c0 + group);
-      float amax = 0.0f;
-      for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(row[c]));
-      if (!(amax > 0.0f)) continue;  // zeros stay zeros (a NaN row stays NaN below: amax NaN skips)
+      const float amax = group_amax(row, c0, c1);
+      if (!(amax > 0.0f)) continue;  // zeros stay zeros, NaNs stay NaN (amax ignores them)
       const float s = amax / kE4m3Max;
       for (int64_t c = c0; c < c1; ++c) row[c] = e4m3_to_f32(f32_to_e4m3(row[c] / s)) * s;
+    }
+  }
+}
+
+void quantize_activations_e4m3(const float* x, int64_t T, int64_t K, int64_t group, uint8_t* q, float* scales) {
+  if (group <= 0) group = K;
+  const int64_t groups = ceil_div(K, group);
+  for (int64_t t = 0; t < T; ++t) {
+    const float* row = x + t * K;
+    uint8_t* qr = q + t * K;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t c0 = g * group, c1 = std::min(K, c0 + group);
+      const float amax = group_amax(row, c0, c1);
+      const float s = amax > 0.0f ? amax / kE4m3Max : 1.0f;
+      scales[t * groups + g] = s;
+      for (int64_t c = c0; c < c1; ++c) qr[c] = f32_to_e4m3(row[c] / s);
     }
   }
 }

@@ -40,6 +40,13 @@ struct Fp8WeightScales {
   const float* data = nullptr;  // shape fp8_scale_shape(granularity, N, K)
   ScaleGranularity granularity = ScaleGranularity::tensor;
   Fp8Compute compute = Fp8Compute::w8a16;
+  // A device backend's copy of the same scales in the layout its W8A8 GEMM
+  // reads (CUDA: cuBLASLt's, backend/cuda/ops/ops.h DeviceMatrix::w8a8_scale);
+  // null: none (the CPU, W8A16, or a matrix that runs W8A16 anyway).
+  const float* gemm = nullptr;
+  // With gemm: the stride of the e4m3 rows in bytes when that backend padded
+  // them (CUDA W8A8: K rounded up to a multiple of 16, zero columns); 0: K.
+  int64_t gemm_ld = 0;
 };
 
 // Rows [r0, r0 + n) of an fp8 weight [N][K] dequantized to fp32:
@@ -54,6 +61,17 @@ void dequantize_fp8_weight_rows(const uint8_t* q, const Fp8WeightScales& s, int6
 // zero. The fp8 GEMM's products e4m3 x e4m3 are exact in fp32, so a W8A16
 // GEMM on these values computes what an fp8 GEMM with fp32 accumulation does.
 void round_activations_e4m3(float* x, int64_t T, int64_t K, int64_t group);
+
+// The same rule as codes and scales (what an fp8 GEMM reads): q [T][K] e4m3
+// codes and scales [T][ceil(K / group)], group (t, g) covering columns
+// [g * group, min(K, (g + 1) * group)) of row t: scale = amax / 448 (IEEE
+// fp32 division, amax ignoring NaNs), q = f32_to_e4m3(x / scale). A group
+// whose amax is not > 0 (zeros, or NaNs only) gets scale 1 and q =
+// f32_to_e4m3(x) (0x00 / 0x80 for +-0, 0x7f for NaN), so e4m3(q) * scale is
+// what round_activations_e4m3 leaves there. For every other group
+// e4m3_to_f32(q) * scale is bitwise round_activations_e4m3's value. The CUDA
+// W8A8 path (backend/cuda/linear/w8a8_quant.cu) mirrors this function.
+void quantize_activations_e4m3(const float* x, int64_t T, int64_t K, int64_t group, uint8_t* q, float* scales);
 
 // The activation group of a weight in W8A8: 128 for block128, K (per token) otherwise.
 inline int64_t fp8_activation_group(ScaleGranularity g, int64_t K) {

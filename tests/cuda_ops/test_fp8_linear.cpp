@@ -11,12 +11,39 @@
 // Dequantize + GEMM: each weight is rounded once to bf16 (relative <= 2^-9),
 // then cuBLASLt's fp32 accumulation of exact bf16 products: |y - ref| <=
 // (2^-9 + gamma_K) * sum_k |x_k w_k|.
+//
+// W8A8 (Gemm::linear_w8a8): the activation quantization kernel equals the
+// host's quantize_activations_e4m3 bit for bit (codes and scales); the GEMM
+// is checked against a double reference built from the same e4m3 codes and
+// scales of both operands (every product exact), so only the accumulation
+// is measured. Its bound: cuBLASLt runs with fast accumulation off, which
+// promotes the tensor cores' partial sums into fp32 registers every 128 k
+// (4 MMAs of k = 32; the 1x128 / 128x128 block scales are applied at that
+// point, and CUTLASS's 2xAcc promotion interval is 4 MMAs). Inside such a
+// chunk the Hopper FP8 tensor core aligns each MMA's 32 products and the
+// accumulator to the largest exponent, keeps the top 14 bits of each and
+// stores the sum with 14 bits too (DeepSeek-V3 report 3.5.2; 13 mantissa
+// bits measured, DeepGEMM issue 176). One MMA step then errs by less than
+// 33 truncations of 2^-13 of its largest addend plus 2^-13 of its sum, each
+// <= S_c = sum over the chunk of |x_k w_k|: <= 34 2^-13 S_c per step, 4
+// steps per chunk. The promotion adds, the scale multiplies and the
+// epilogue are fp32: (L + 3) 2^-24 sum |x_k w_k| (L = ceil(K / 128)):
+//   |y - ref| <= (136 2^-13 + (L + 3) 2^-24) sum_k |x_k w_k|
+// plus 2^-23 |ref| for the bias / accumulate adds (and 2^-8 |ref| for a
+// bf16 output). That worst case is ~1.7% of sum |x w|: it catches a wrong
+// scale layout, padding or row (errors of order 100%), not the last bits;
+// the test prints the worst error against it and against the fp32-only
+// part (what full fp32 accumulation would allow), so the tensor cores'
+// share is visible.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "backend/cuda/check.h"
 #include "backend/cuda/linear/routes.h"
 #include "cuda_ops_util.h"
 #include "numerics/fp8.h"
@@ -154,6 +181,264 @@ TEST(CudaFp8Linear, FitsRejectsBadShapes) {
   EXPECT_FALSE(cuda::gemv_fp8_fits(reinterpret_cast<const uint16_t*>(256), cuda::kGemvMaxRows + 1, m));
   m.scale = nullptr;
   EXPECT_FALSE(cuda::gemv_fp8_fits(reinterpret_cast<const uint16_t*>(256), 1, m));
+}
+
+
+// ---- W8A8 -------------------------------------------------------------------
+
+int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
+
+// Rows with the awkward cases (the host test tests/numerics/
+// test_fp8_activations.cpp has the same): zero rows with -0 and a NaN, a
+// NaN among normals, one huge value, denormal inputs, a group whose amax is
+// a denormal (amax / 448 underflows to 0), values near the fp32 maximum.
+std::vector<float> awkward_rows(std::mt19937_64& rng, int64_t T, int64_t K) {
+  std::vector<float> x = randn(rng, static_cast<size_t>(T * K), 1.0f);
+  for (int64_t t = 0; t < T; ++t) {
+    float* r = x.data() + t * K;
+    switch (t % 9) {
+      case 0: std::fill(r, r + K, 0.0f); r[K / 3] = -0.0f; break;
+      case 1: std::fill(r, r + K, 0.0f); r[K - 1] = std::nanf(""); break;
+      case 2: r[5] = std::nanf(""); break;
+      case 3: r[K / 2] = 3.0e38f; break;
+      case 4: for (int64_t c = 0; c < K; ++c) r[c] *= 1e-39f; break;
+      case 5: for (int64_t c = 0; c < K; ++c) r[c] = (c % 3 ? 1.0f : -1.0f) * 1.4e-45f * static_cast<float>(c % 7); break;
+      case 6: for (int64_t c = 0; c < K; ++c) r[c] *= 1e30f; break;
+      case 7: for (int64_t c = 0; c < K; ++c) r[c] *= static_cast<float>(1 + c % 129); break;  // uneven groups
+      default: break;
+    }
+  }
+  return x;
+}
+
+uint32_t f32_bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// quantize_rows_e4m3 against the host function: codes and scales bitwise,
+// f32 and bf16 inputs, gathered rows, padded codes rows (K % 16 != 0), and
+// the scale layouts of the direct / padded / tail GEMMs.
+TEST(CudaW8a8, QuantizeRowsIsBitwiseTheHostFunction) {
+  FP8KV_NEED_GPU();
+  std::mt19937_64 rng(test_seed());
+  for (int64_t K : {128, 200, 272, 4096}) {
+    const int64_t Kc = round_up(K, 16);
+    for (int64_t group : {int64_t{128}, K}) {
+      const int64_t G = (K + group - 1) / group;
+      for (int64_t T : {1, 5, 33}) {
+        const int64_t q4 = cuda::Gemm::kW8a8Rows;
+        const int64_t T_pad = round_up(T, q4), S = T + 3;  // S source rows, T gathered
+        const std::vector<float> src = awkward_rows(rng, S, K);
+        std::vector<int32_t> rows(static_cast<size_t>(T));
+        for (int64_t t = 0; t < T; ++t) rows[t] = static_cast<int32_t>((t * 5 + 2) % S);
+        for (bool f32 : {true, false}) {
+          for (bool gather : {false, true}) {
+            // The values the kernel sees (bf16 inputs widen exactly).
+            const std::vector<uint16_t> src_b = to_bf16(src);
+            const std::vector<float> seen_src = f32 ? src : from_bf16(src_b);
+            std::vector<float> seen(static_cast<size_t>(T * K));
+            for (int64_t t = 0; t < T; ++t)
+              std::copy_n(seen_src.begin() + (gather ? rows[t] : t) * K, K, seen.begin() + t * K);
+            std::vector<uint8_t> q(static_cast<size_t>(T * K));
+            std::vector<float> sc(static_cast<size_t>(T * G));
+            quantize_activations_e4m3(seen.data(), T, K, group, q.data(), sc.data());
+            cuda::DeviceBuffer dx = f32 ? to_device(src) : to_device(src_b);
+            cuda::DeviceBuffer dr = to_device(rows);
+            // n_main: T_pad (one padded GEMM), T - T % q4 (+ a q4-row tail), or T (T % q4 == 0).
+            for (int64_t n_main : {T_pad, T - T % q4}) {
+              if (n_main == T - T % q4 && T % q4 == 0) continue;
+              cuda::DeviceBuffer codes(static_cast<size_t>(T_pad * Kc)), main(static_cast<size_t>(G * n_main + 1) * 4),
+                  tail(static_cast<size_t>(G * q4) * 4);
+              FP8KV_CU(cudaMemset(codes.get(), 0xee, codes.bytes()));
+              const cuda::W8a8ScaleOut so{main.as<float>(), n_main, tail.as<float>(), T_pad - n_main};
+              cuda::quantize_rows_e4m3(dx.get(), f32, gather ? dr.as<int32_t>() : nullptr, T, T_pad, K, Kc, group,
+                                       codes.as<uint8_t>(), so, nullptr);
+              const auto got = to_host<uint8_t>(codes, static_cast<size_t>(T_pad * Kc));
+              const auto gm = to_host<float>(main, static_cast<size_t>(G * n_main));
+              const auto gt = to_host<float>(tail, static_cast<size_t>(G * q4));
+              auto slot = [&](int64_t t, int64_t g) {
+                return t < n_main ? gm[g * n_main + t] : gt[g * (T_pad - n_main) + t - n_main];
+              };
+              for (int64_t t = 0; t < T_pad; ++t) {
+                for (int64_t c = 0; c < Kc; ++c) {
+                  const uint8_t want = t < T && c < K ? q[t * K + c] : 0;
+                  ASSERT_EQ(got[t * Kc + c], want) << "K=" << K << " group=" << group << " T=" << T << " f32=" << f32
+                                                   << " gather=" << gather << " n_main=" << n_main << " t=" << t
+                                                   << " c=" << c;
+                }
+                for (int64_t g = 0; g < G; ++g) {
+                  const float want = t < T ? sc[t * G + g] : 0.0f;
+                  ASSERT_EQ(f32_bits_of(slot(t, g)), f32_bits_of(want))
+                      << "scale K=" << K << " group=" << group << " T=" << T << " f32=" << f32 << " t=" << t
+                      << " g=" << g << ": " << slot(t, g) << " vs " << want;
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// A DeviceFp8 with the W8A8 fields: the scales in the cuBLASLt layout of
+// ops.h (built here from that description, independently of the upload),
+// and for K % 16 != 0 the e4m3 rows zero-padded to a multiple of 16.
+struct DeviceW8a8 {
+  DeviceFp8 d;
+  cuda::DeviceBuffer q_padded, s_lt;
+  cuda::DeviceMatrix m;
+};
+
+DeviceW8a8 make_w8a8(std::mt19937_64& rng, int64_t N, int64_t K, ScaleGranularity g) {
+  DeviceW8a8 w;
+  w.d = make_fp8(rng, N, K, g);
+  w.m = w.d.m;
+  const std::vector<float>& s = w.d.host.scales;
+  std::vector<float> lt;
+  if (g == ScaleGranularity::block128) {
+    const int64_t L = (K + 127) / 128, L4 = round_up(L, 4), nb = (N + 127) / 128;
+    lt.assign(static_cast<size_t>(nb * L4), 0.0f);
+    for (int64_t r = 0; r < nb; ++r)
+      for (int64_t c = 0; c < L; ++c) lt[r * L4 + c] = s[r * L + c];
+    w.m.w8a8_scale_ld = L4;
+  } else {
+    lt.assign(static_cast<size_t>(N), s[0]);
+    if (g == ScaleGranularity::channel) lt = s;
+  }
+  w.s_lt = to_device(lt);
+  w.m.w8a8_scale = w.s_lt.as<const float>();
+  if (K % 16 != 0) {
+    const int64_t ld = round_up(K, 16);
+    std::vector<uint8_t> p(static_cast<size_t>(N * ld), 0);
+    for (int64_t r = 0; r < N; ++r) std::copy_n(w.d.host.q.begin() + r * K, K, p.begin() + r * ld);
+    w.q_padded = to_device(p);
+    w.m.fp8 = w.q_padded.as<const uint8_t>();
+    w.m.fp8_ld = ld;
+  }
+  return w;
+}
+
+struct W8a8Worst {
+  double bound = 0, fp32 = 0;
+};
+
+// y [T][N] against the double reference from the same quantized operands
+// (header comment: the bound).
+void expect_w8a8_close(const std::vector<float>& y, const std::vector<float>& x_seen, const DeviceW8a8& w, int64_t T,
+                       const std::vector<float>& bias, const std::vector<float>& y0, bool out_bf16, const char* what,
+                       W8a8Worst& worst) {
+  const int64_t N = w.m.rows, K = w.m.cols;
+  const int64_t group = fp8_activation_group(w.m.block128() ? ScaleGranularity::block128 : ScaleGranularity::channel, K);
+  const int64_t G = (K + group - 1) / group, L = (K + 127) / 128;
+  std::vector<uint8_t> q(static_cast<size_t>(T * K));
+  std::vector<float> sx(static_cast<size_t>(T * G));
+  quantize_activations_e4m3(x_seen.data(), T, K, group, q.data(), sx.data());
+  std::vector<double> xa(static_cast<size_t>(T * K));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < K; ++c)
+      xa[t * K + c] = static_cast<double>(e4m3_to_f32(q[t * K + c])) * sx[t * G + c / group];
+  const double tc = 136 * 0x1.0p-13, f32 = static_cast<double>(L + 3) * 0x1.0p-24;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t n = 0; n < N; ++n) {
+      double ref = 0, mag = 0;
+      const double* xr = xa.data() + t * K;
+      const float* wr = w.d.dequant.data() + n * K;
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = xr[k] * wr[k];
+        ref += p;
+        mag += std::fabs(p);
+      }
+      if (!bias.empty()) ref += bias[n];
+      if (!y0.empty()) ref += y0[t * N + n];
+      const double tol = (tc + f32) * mag + 0x1.0p-23 * std::fabs(ref) + (out_bf16 ? 0x1.0p-8 * std::fabs(ref) : 0) +
+                         1e-30;
+      const double err = std::fabs(y[t * N + n] - ref);
+      worst.bound = std::max(worst.bound, err / tol);
+      worst.fp32 = std::max(worst.fp32, err / (f32 * mag + 0x1.0p-23 * std::fabs(ref) + 1e-30));
+      ASSERT_LE(err, tol) << what << " T=" << T << " N=" << N << " K=" << K << " at t=" << t << " n=" << n << ": got "
+                          << y[t * N + n] << ", reference " << ref << " (sum |x w| " << mag << ")";
+    }
+}
+
+TEST(CudaW8a8, GemmMatchesReferenceEveryGranularity) {
+  FP8KV_NEED_GPU();
+  std::mt19937_64 rng(test_seed());
+  // K multiples of 128, one multiple of 16 only (272: a partial last 1x128
+  // group and 128x128 block), one padded (200: rows zero-padded to 208).
+  const Fp8Case cases[] = {{256, 512, ScaleGranularity::block128},  {384, 272, ScaleGranularity::block128},
+                           {128, 1024, ScaleGranularity::channel},  {256, 384, ScaleGranularity::tensor},
+                           {192, 200, ScaleGranularity::block128},  {96, 200, ScaleGranularity::channel},
+                           {512, 4096, ScaleGranularity::block128}};
+  cuda::Gemm gemm;
+  gemm.reserve_fp8_scratch();
+  for (const Fp8Case& c : cases) {
+    DeviceW8a8 w = make_w8a8(rng, c.N, c.K, c.g);
+    gemm.check_w8a8(w.m);
+    // 1, 8: below the W8A8 rows (called directly here); 33: padded or tail;
+    // 1023: tail; 256, 1024: direct.
+    for (int64_t T : {1, 8, 33, 256, 1023, 1024}) {
+      if (c.K >= 4096 && T > 33) continue;  // host reference time
+      std::vector<float> x = randn(rng, static_cast<size_t>(T * c.K), 1.0f);
+      for (int64_t t = 0; t < T; ++t)  // rows of different magnitudes, and a zero row
+        for (int64_t k = 0; k < c.K; ++k) x[t * c.K + k] *= t == 3 ? 0.0f : std::ldexp(1.0f, static_cast<int>(t % 7) - 3);
+      const std::vector<float> bias = randn(rng, static_cast<size_t>(c.N), 0.5f);
+      const std::vector<float> y0 = randn(rng, static_cast<size_t>(T * c.N), 0.5f);
+      cuda::DeviceBuffer scratch(cuda::Gemm::w8a8_scratch_bytes(T, w.m.fp8_row_bytes(), w.m.block128()));
+      W8a8Worst worst;
+      for (bool f32 : {true, false}) {
+        const std::vector<uint16_t> xb = to_bf16(x);
+        const std::vector<float> seen = f32 ? x : from_bf16(xb);
+        cuda::DeviceBuffer dx = f32 ? to_device(x) : to_device(xb), db = to_device(bias);
+        for (int mode = 0; mode < 3; ++mode) {  // plain, bias + accumulate, bf16 out
+          const bool acc = mode == 1, bf16_out = mode == 2;
+          if (bf16_out && (c.N % 8 != 0 || !f32)) continue;
+          cuda::DeviceBuffer dy = acc ? to_device(y0) : cuda::DeviceBuffer(static_cast<size_t>(T * c.N) * 4);
+          gemm.linear_w8a8(cuda::Gemm::W8a8Input{dx.get(), f32, nullptr}, T, w.m, acc ? db.as<float>() : nullptr,
+                           dy.get(), acc, bf16_out, scratch.get(), scratch.bytes(), nullptr);
+          const std::vector<float> y = bf16_out ? from_bf16(to_host<uint16_t>(dy, static_cast<size_t>(T * c.N)))
+                                                : to_host<float>(dy, static_cast<size_t>(T * c.N));
+          expect_w8a8_close(y, seen, w, T, acc ? bias : std::vector<float>{}, acc ? y0 : std::vector<float>{},
+                            bf16_out, acc ? "w8a8 (bias, accumulate)" : bf16_out ? "w8a8 bf16 out" : "w8a8", worst);
+          if (HasFatalFailure()) return;
+        }
+      }
+      std::printf("w8a8 %s N=%lld K=%lld T=%lld: worst error %.4f of the bound, %.2f of the fp32-only part\n",
+                  std::string(scale_granularity_name(c.g)).c_str(), static_cast<long long>(c.N),
+                  static_cast<long long>(c.K), static_cast<long long>(T), worst.bound, worst.fp32);
+    }
+  }
+}
+
+// The dispatch: in W8A8 mode Gemm::linear takes linear_w8a8 from
+// linear_routes().w8a8_min_rows rows on (bitwise its result), the fp8 GEMV
+// below; a padded matrix takes W8A8 at every row count.
+TEST(CudaW8a8, LinearRoutesW8a8RowsAndGemvRows) {
+  FP8KV_NEED_GPU();
+  std::mt19937_64 rng(test_seed());
+  cuda::Gemm gemm;
+  gemm.reserve_fp8_scratch();
+  const int rows = cuda::linear_routes().w8a8_min_rows;
+  for (const Fp8Case& c : {Fp8Case{256, 512, ScaleGranularity::block128}, Fp8Case{64, 200, ScaleGranularity::tensor}}) {
+    DeviceW8a8 w = make_w8a8(rng, c.N, c.K, c.g);
+    for (int64_t T : {int64_t{1}, int64_t{rows - 1}, int64_t{rows}, int64_t{40}}) {
+      const std::vector<uint16_t> xb = to_bf16(randn(rng, static_cast<size_t>(T * c.K), 1.0f));
+      cuda::DeviceBuffer dx = to_device(xb), a(static_cast<size_t>(T * c.N) * 4), b(static_cast<size_t>(T * c.N) * 4);
+      cuda::DeviceBuffer scratch(cuda::Gemm::w8a8_scratch_bytes(T, w.m.fp8_row_bytes(), w.m.block128()));
+      const bool w8a8 = gemm.takes_w8a8(T, w.m);
+      EXPECT_EQ(w8a8, T >= rows || c.K % 16 != 0) << "T=" << T << " K=" << c.K;
+      gemm.linear(dx.as<uint16_t>(), T, w.m, nullptr, a.as<float>(), false, nullptr);
+      if (w8a8)
+        gemm.linear_w8a8(cuda::Gemm::W8a8Input{dx.get(), false, nullptr}, T, w.m, nullptr, b.get(), false, false,
+                         scratch.get(), scratch.bytes(), nullptr);
+      else
+        cuda::gemv_fp8(dx.as<uint16_t>(), T, w.d.m, nullptr, b.as<float>(), false, nullptr);
+      EXPECT_EQ(to_host<uint32_t>(a, static_cast<size_t>(T * c.N)), to_host<uint32_t>(b, static_cast<size_t>(T * c.N)))
+          << "T=" << T << " K=" << c.K;
+    }
+  }
 }
 
 }  // namespace

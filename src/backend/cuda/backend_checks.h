@@ -53,6 +53,12 @@ inline cuda::DeviceMatrix matrix(const Tensor& w, const char* op) {
         m.scale_k_step = 1;
         break;
     }
+    // W8A8: the upload's cuBLASLt-layout copy (cuda_weights.cpp w8a8_layout).
+    if (w.fp8.compute == Fp8Compute::w8a8 && w.fp8.gemm) {
+      m.w8a8_scale = w.fp8.gemm;
+      m.fp8_ld = w.fp8.gemm_ld;
+      if (w.fp8.granularity == ScaleGranularity::block128) m.w8a8_scale_ld = (m.scale_ld + 3) / 4 * 4;
+    }
     return m;
   }
   if (w.dtype != ScalarType::bf16)

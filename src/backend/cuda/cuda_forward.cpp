@@ -34,12 +34,39 @@ void CudaBackend::embedding(const Tensor& table, float scale, Tensor& out) {
   cuda::embedding(matrix(table, "embedding"), s.ids, s.T, scale, f32(out, "embedding", "out"), stream_);
 }
 
+ScalarType CudaBackend::gemm_input_dtype(int64_t T) const {
+  return has_w8a8_ && T >= cuda::linear_routes().w8a8_min_rows ? ScalarType::f32 : ScalarType::bf16;
+}
+
+namespace {
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+}  // namespace
+
 void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
-  OpScope op(this, "linear", w.rows, w.cols, gemm_key(prof_.get(), w), gemm_flops(x.rows, w));
   if (x.cols != w.cols || y.rows != x.rows || y.cols != w.rows)
     bad("linear", fmt::format("x {}, W {}, y {}", shape(x), shape(w), shape(y)));
   const cuda::DeviceMatrix W = matrix(w, "linear");
+  // W8A8 rows (ops.h Gemm::linear_w8a8): the codes come from x as it is
+  // (f32 from the producing op, CudaBackend::gemm_input_dtype); no bf16 copy.
+  const bool w8a8 = gemm_->takes_w8a8(x.rows, W) && (x.dtype == ScalarType::f32 || x.dtype == ScalarType::bf16) &&
+                    aligned16(x.data) && (y.dtype != ScalarType::f32 || aligned16(y.data));
+  OpScope op(this, "linear", w.rows, w.cols, gemm_key(prof_.get(), w, w8a8 ? " w8a8" : ""), gemm_flops(x.rows, w));
   const float* bp = opt_vec(bias, w.rows, "linear", "bias");
+  if (w8a8) {
+    if (y.dtype != ScalarType::f32 && y.dtype != ScalarType::bf16)
+      bad("linear", fmt::format("y must be f32 or bf16, got {}", shape(y)));
+    grow(w8a8_act_, cuda::Gemm::w8a8_scratch_bytes(x.rows, W.fp8_row_bytes(), W.block128()));
+    float* yf = static_cast<float*>(y.data);
+    if (y.dtype == ScalarType::bf16) {
+      grow(y_f32_, static_cast<size_t>(y.numel()) * 4);
+      yf = y_f32_.as<float>();
+    }
+    gemm_->linear_w8a8(cuda::Gemm::W8a8Input{x.data, x.dtype == ScalarType::f32, nullptr}, x.rows, W, bp, yf, false,
+                       false, w8a8_act_.get(), w8a8_act_.bytes(), stream_);
+    if (y.dtype == ScalarType::bf16)
+      cuda::to_bf16_rows(yf, nullptr, y.rows, y.cols, static_cast<uint16_t*>(y.data), stream_);
+    return;
+  }
   const uint16_t* xb = to_bf16_input(x, "linear");
   if (y.dtype == ScalarType::f32) {
     gemm_->linear(xb, x.rows, W, bp, static_cast<float*>(y.data), false, stream_);
@@ -246,6 +273,7 @@ void CudaBackend::linear_gated_act(Activation act, const Tensor& x, const Tensor
     // TTFT 8K 1.020x against the fp32 gate|up; accuracy: docs/cuda_backend.md
     // "Prefill/TTFT".
     if (bias.empty() && x.dtype == ScalarType::bf16 && T > gemm_->gemv_max_rows() && w.rows % 2 == 0 &&
+        !matrix(w, "linear_gated_act").fp8_padded() &&
         out.rows == T && out.cols * 2 == w.rows && gate_up.data && gate_up.numel() == T * w.rows &&
         (out.dtype == ScalarType::bf16 || out.dtype == ScalarType::f32) && out.data) {
       auto* gu = static_cast<uint16_t*>(gate_up.data);  // [T][2I] bf16 in the f32 buffer's first half

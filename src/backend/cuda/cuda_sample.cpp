@@ -29,10 +29,20 @@ void CudaBackend::logits(const Tensor& hidden, std::span<const int32_t> rows, co
   std::memcpy(rh, rows.data(), static_cast<size_t>(n) * 4);
   FP8KV_CU(cudaMemcpyAsync(rows_dev_.get(), rh, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream_));
   rows_host_.copied(stream_);
-  // Its own staging buffer: never in a graph, so its growth does not drop them.
-  logits_x_bf16_.reserve(static_cast<size_t>(n * H) * 2);
-  cuda::to_bf16_rows(h, rows_dev_.as<int32_t>(), n, H, logits_x_bf16_.as<uint16_t>(), stream_);
-  gemm_->linear(logits_x_bf16_.as<uint16_t>(), n, matrix(output, "logits"), nullptr, y, false, stream_);
+  const cuda::DeviceMatrix Wo = matrix(output, "logits");
+  if (gemm_->takes_w8a8(n, Wo) && reinterpret_cast<uintptr_t>(h) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0) {
+    // An fp8 LM head in W8A8 mode: the chosen rows quantized straight from
+    // the f32 hidden states (as the CPU's linear does), no bf16 copy. Its own
+    // scratch (never in a graph).
+    logits_w8a8_.reserve(cuda::Gemm::w8a8_scratch_bytes(n, Wo.fp8_row_bytes(), Wo.block128()));
+    gemm_->linear_w8a8(cuda::Gemm::W8a8Input{h, true, rows_dev_.as<int32_t>()}, n, Wo, nullptr, y, false, false,
+                       logits_w8a8_.get(), logits_w8a8_.bytes(), stream_);
+  } else {
+    // Its own staging buffer: never in a graph, so its growth does not drop them.
+    logits_x_bf16_.reserve(static_cast<size_t>(n * H) * 2);
+    cuda::to_bf16_rows(h, rows_dev_.as<int32_t>(), n, H, logits_x_bf16_.as<uint16_t>(), stream_);
+    gemm_->linear(logits_x_bf16_.as<uint16_t>(), n, Wo, nullptr, y, false, stream_);
+  }
   if (cfg_.final_logit_softcapping)
     cuda::softcap(y, n * V, static_cast<float>(*cfg_.final_logit_softcapping), stream_);
 }
@@ -86,10 +96,18 @@ void CudaBackend::sample_step(const Tensor& hidden, const Tensor& output, Tensor
                                    shape(out), n));
   const float* h = f32(hidden, "sample_step", "hidden");
   float* y = f32(out, "sample_step", "out");
-  grow(step_logits_x_, static_cast<size_t>(n * H) * 2);
   grow(step_sample_ids_, static_cast<size_t>(n) * 4);
-  cuda::to_bf16_rows(h, s.sample_rows, n, H, step_logits_x_.as<uint16_t>(), stream_);
-  gemm_->linear(step_logits_x_.as<uint16_t>(), n, matrix(output, "sample_step"), nullptr, y, false, stream_);
+  const cuda::DeviceMatrix Wo = matrix(output, "sample_step");
+  if (gemm_->takes_w8a8(n, Wo) && reinterpret_cast<uintptr_t>(h) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0) {
+    // W8A8 LM head: as logits() (the sample rows quantized from f32 h).
+    grow(w8a8_act_, cuda::Gemm::w8a8_scratch_bytes(n, Wo.fp8_row_bytes(), Wo.block128()));
+    gemm_->linear_w8a8(cuda::Gemm::W8a8Input{h, true, s.sample_rows}, n, Wo, nullptr, y, false, false,
+                       w8a8_act_.get(), w8a8_act_.bytes(), stream_);
+  } else {
+    grow(step_logits_x_, static_cast<size_t>(n * H) * 2);
+    cuda::to_bf16_rows(h, s.sample_rows, n, H, step_logits_x_.as<uint16_t>(), stream_);
+    gemm_->linear(step_logits_x_.as<uint16_t>(), n, Wo, nullptr, y, false, stream_);
+  }
   if (cfg_.final_logit_softcapping)
     cuda::softcap(y, n * V, static_cast<float>(*cfg_.final_logit_softcapping), stream_);
   cuda::sample_rows(y, static_cast<int>(n), static_cast<int>(V), s.sample_params, step_sample_ids_.as<int32_t>(),

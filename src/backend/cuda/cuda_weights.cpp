@@ -10,6 +10,7 @@
 #include <utility>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "backend/cuda/backend_checks.h"
 #include "backend/cuda/check.h"
@@ -121,6 +122,16 @@ class PinnedUploader {
 // prefill slices hold anyway (docs/cuda_backend.md "FP8 weights").
 bool fp8_native(const WeightMatrix& m) { return !m.fp8 || m.cols % 16 == 0; }
 
+// In W8A8 mode such a matrix (from a checkpoint, K % 4 == 0, rows % 4 == 0)
+// stays e4m3 instead, each row padded with zero columns to a multiple of 16
+// bytes: the W8A8 GEMM reads it at every row count (the codes of its
+// activations get the same zero columns), so its numerics stay W8A8's.
+bool w8a8_padded(const WeightMatrix& m, Fp8Compute c) {
+  return c == Fp8Compute::w8a8 && m.fp8 && m.cols % 16 != 0 && m.cols % 4 == 0 && m.rows % 4 == 0 && m.data &&
+         !m.dummy;
+}
+int64_t fp8_ld(const WeightMatrix& m, Fp8Compute c) { return w8a8_padded(m, c) ? (m.cols + 15) / 16 * 16 : m.cols; }
+
 WeightMatrix dequantized_f32(const WeightMatrix& m) {
   auto out = std::make_shared<std::vector<float>>(static_cast<size_t>(m.rows * m.cols));
   dequantize_fp8_weight_rows(static_cast<const uint8_t*>(m.data),
@@ -134,27 +145,50 @@ WeightMatrix dequantized_f32(const WeightMatrix& m) {
   return d;
 }
 
+// W8A8: the scales of an fp8 matrix [N][K] in the layout of the cuBLASLt
+// FP8 GEMM (ops.h DeviceMatrix::w8a8_scale; linear/w8a8_gemm.cpp has the
+// cuBLAS rules): block-wise [ceil(N/128)][L4], each row of ceil(K/128) block
+// scales padded with zeros to L4 = a multiple of 4 (K-major, column stride
+// a multiple of 4); tensor and channel [N], one per row.
+std::vector<float> w8a8_layout(const std::vector<float>& s, ScaleGranularity g, int64_t N, int64_t K) {
+  if (g == ScaleGranularity::channel) return s;
+  if (g == ScaleGranularity::tensor) return std::vector<float>(static_cast<size_t>(N), s.at(0));
+  const int64_t L = (K + kFp8WeightBlock - 1) / kFp8WeightBlock, L4 = (L + 3) / 4 * 4,
+                nb = (N + kFp8WeightBlock - 1) / kFp8WeightBlock;
+  std::vector<float> out(static_cast<size_t>(nb * L4), 0.0f);
+  for (int64_t r = 0; r < nb; ++r) std::copy_n(s.begin() + r * L, L, out.begin() + r * L4);
+  return out;
+}
+
 // w, or a copy of it whose fp8 matrices that fp8_native refuses are fp32.
 std::shared_ptr<const ModelWeights> with_native_fp8(std::shared_ptr<const ModelWeights> w) {
   bool all = true;
+  const Fp8Compute mode = w->fp8_compute;
   auto each = [&](auto&& f, auto& weights) {
     for (auto& L : weights.layers)
       for (auto* m : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj, &L.up_proj, &L.down_proj}) f(*m);
     if (weights.lm_head) f(*weights.lm_head);
   };
-  each([&](const WeightMatrix& m) { all = all && fp8_native(m); }, *w);
+  each([&](const WeightMatrix& m) { all = all && (fp8_native(m) || w8a8_padded(m, mode)); }, *w);
   if (all) return w;
   auto c = std::make_shared<ModelWeights>(*w);
+  int n = 0;
   each(
       [&](WeightMatrix& m) {
-        if (fp8_native(m)) return;
+        if (fp8_native(m) || w8a8_padded(m, mode)) return;
         if (m.dummy || !m.data)
           throw InputError(fmt::format("--backend cuda: a generated fp8 weight of {} columns: the CUDA fp8 kernels "
                                        "need a column count divisible by 16",
                                        m.cols));
         m = dequantized_f32(m);
+        ++n;
       },
       *c);
+  if (n > 0 && mode == Fp8Compute::w8a8)
+    spdlog::info("fp8 weights, W8A8 on CUDA: {} fp8 matrices with a column count not divisible by 16 (and not "
+                 "by 4, or a row count not divisible by 4) are dequantized at upload and run the bf16 GEMM (bf16 "
+                 "weights and activations, not W8A8)",
+                 n);
   return c;
 }
 
@@ -187,8 +221,10 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
   // fp8 matrices (docs/cuda_backend.md "FP8 weights"): the e4m3 bytes as
   // they are, the scales as f32 beside them; the linear kernels dequantize.
   bool any_fp8 = false;
+  const Fp8Compute mode = w->fp8_compute;
   auto check_fp8 = [&](const WeightMatrix& m) {
-    if (!fp8_native(m)) bad("upload_weights", "an fp8 matrix with a column count not divisible by 16");
+    if (!fp8_native(m) && !w8a8_padded(m, mode))
+      bad("upload_weights", "an fp8 matrix with a column count not divisible by 16");
     const auto [sr, sc] = fp8_scale_shape(m.scale_granularity, m.rows, m.cols);
     if (!m.scales || static_cast<int64_t>(m.scales->size()) != sr * sc)
       bad("upload_weights", "an fp8 matrix without scales of its shape");
@@ -196,6 +232,14 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
   };
   auto put_fp8 = [&](const WeightMatrix& m, uint8_t* dst) {
     const int64_t n = m.rows * m.cols;
+    if (w8a8_padded(m, mode)) {  // rows of fp8_ld bytes, zero columns past K (small matrices: one plain copy)
+      const int64_t ld = fp8_ld(m, mode);
+      std::vector<uint8_t> padded(static_cast<size_t>(m.rows * ld), 0);
+      const auto* src = static_cast<const uint8_t*>(m.data);
+      for (int64_t r = 0; r < m.rows; ++r) std::memcpy(padded.data() + r * ld, src + r * m.cols, static_cast<size_t>(m.cols));
+      FP8KV_CU(cudaMemcpy(dst, padded.data(), padded.size(), cudaMemcpyHostToDevice));
+      return;
+    }
     if (m.dummy) {
       cuda::dummy_fill_e4m3(dst, m.dummy_key, n, m.dummy_std, m.scales->front(), stream_);
       generated += static_cast<size_t>(n);
@@ -203,19 +247,40 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
       up.copy(MatrixRef{m.data, WeightType::bf16, 1, n / 2}, reinterpret_cast<uint16_t*>(dst));  // raw bytes
     }
   };
-  auto fp8_tensor = [&](void* q, int64_t rows, int64_t cols, const float* scales, ScaleGranularity g) {
+  // W8A8 (--fp8-weight-mode w8a8): each fp8 matrix also gets its scales in
+  // the cuBLASLt layout (w8a8_layout); a matrix whose row count is not a
+  // multiple of 4 (cuBLASLt's scale layouts need it) runs W8A16 (logged).
+  const bool w8a8 = w->fp8_compute == Fp8Compute::w8a8;
+  if (w8a8) {
+    int major = 0, minor = 0;
+    FP8KV_CU(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
+    FP8KV_CU(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_));
+    if (major != 9 || minor != 0)
+      throw InputError(fmt::format("--fp8-weight-mode w8a8 on --backend cuda needs compute capability 9.0 (Hopper: "
+                                   "cuBLASLt's FP8 block and outer-vector scale modes); this GPU is sm_{}{}; "
+                                   "--fp8-weight-mode w8a16 runs these weights",
+                                   major, minor));
+  }
+  auto gemm_scales = [&](const std::vector<float>& host, ScaleGranularity g, int64_t rows, int64_t cols) -> const float* {
+    if (!w8a8 || rows % 4 != 0) return nullptr;
+    return static_cast<const float*>(vec(w8a8_layout(host, g, rows, cols)).data);
+  };
+  auto fp8_tensor = [&](void* q, int64_t rows, int64_t cols, const float* scales, ScaleGranularity g,
+                        const float* gemm, int64_t ld) {
     Tensor t{q, ScalarType::u8, rows, cols};
-    t.fp8 = Fp8WeightScales{scales, g, w->fp8_compute};
+    t.fp8 = Fp8WeightScales{scales, g, w->fp8_compute, gemm, gemm && ld != cols ? ld : 0};
     return t;
   };
   auto mat = [&](const WeightMatrix& m) -> Tensor {
     if (!m.data && !m.dummy) return {};
     if (m.fp8) {
       check_fp8(m);
-      DeviceBuffer buf = alloc(static_cast<size_t>(m.rows * m.cols));
+      const int64_t ld = fp8_ld(m, mode);
+      DeviceBuffer buf = alloc(static_cast<size_t>(m.rows * ld));
       put_fp8(m, static_cast<uint8_t*>(buf.data()));
       const Tensor s = vec(*m.scales);
-      Tensor t = fp8_tensor(buf.data(), m.rows, m.cols, static_cast<const float*>(s.data), m.scale_granularity);
+      Tensor t = fp8_tensor(buf.data(), m.rows, m.cols, static_cast<const float*>(s.data), m.scale_granularity,
+                            gemm_scales(*m.scales, m.scale_granularity, m.rows, m.cols), ld);
       b.storage.push_back(std::move(buf));
       return t;
     }
@@ -259,26 +324,33 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
     const ScaleGranularity g = g0 == ScaleGranularity::tensor ? ScaleGranularity::channel : g0;
     std::vector<float> scales;
     std::vector<size_t> offsets;
+    std::vector<std::vector<float>> part_scales;  // each part's, in granularity g
     for (auto [m, t] : parts) {
       check_fp8(*m);
       offsets.push_back(scales.size());
       if (g0 == ScaleGranularity::tensor)
-        scales.insert(scales.end(), static_cast<size_t>(m->rows), m->scales->front());
+        part_scales.emplace_back(static_cast<size_t>(m->rows), m->scales->front());
       else
-        scales.insert(scales.end(), m->scales->begin(), m->scales->end());
+        part_scales.push_back(*m->scales);
+      scales.insert(scales.end(), part_scales.back().begin(), part_scales.back().end());
     }
-    DeviceBuffer buf = alloc(static_cast<size_t>(rows * cols));
+    // Parts share their columns, hence their row stride (padded or not).
+    const int64_t ld = fp8_ld(*parts.begin()->first, mode);
+    DeviceBuffer buf = alloc(static_cast<size_t>(rows * ld));
     const Tensor sd = vec(scales);
     const auto* sp = static_cast<const float*>(sd.data);
     auto* base = static_cast<uint8_t*>(buf.data());
     int64_t r0 = 0;
     size_t i = 0;
     for (auto [m, t] : parts) {
-      put_fp8(*m, base + r0 * cols);
-      *t = fp8_tensor(base + r0 * cols, m->rows, m->cols, sp + offsets[i++], g);
+      if (fp8_ld(*m, mode) != ld) bad("upload_weights", "fused fp8 parts differ in their padded row length");
+      put_fp8(*m, base + r0 * ld);
+      *t = fp8_tensor(base + r0 * ld, m->rows, m->cols, sp + offsets[i], g,
+                      gemm_scales(part_scales[i], g, m->rows, m->cols), ld);
+      ++i;
       r0 += m->rows;
     }
-    Tensor all = fp8_tensor(buf.data(), rows, cols, sp, g);
+    Tensor all = fp8_tensor(buf.data(), rows, cols, sp, g, gemm_scales(scales, g, rows, cols), ld);
     b.storage.push_back(std::move(buf));
     return all;
   };
@@ -378,6 +450,48 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
   }
   gemm_->name_shape(b.output.rows, b.output.cols, cuda::LinearProj::lm_head);
   if (any_fp8) gemm_->reserve_fp8_scratch();
+  // W8A8: every matrix's cuBLASLt algorithm now (Gemm::check_w8a8 throws
+  // naming the shape), not at the first prefill.
+  has_w8a8_ = false;
+  if (w8a8) {
+    int w8a8_matrices = 0, w8a8_unaligned = 0;
+    auto check = [&](const Tensor& t) {
+      if (!t.is_fp8_weight()) return;
+      if (!t.fp8.gemm) {
+        ++w8a8_unaligned;
+        return;
+      }
+      gemm_->check_w8a8(matrix(t, "upload_weights"));
+      has_w8a8_ = true;
+      ++w8a8_matrices;
+    };
+    check(b.output);
+    for (const BackendLayerWeights& o : b.layers) {
+      // The matrices the forward pass runs: fused ones where there are.
+      if (o.qkv_proj.empty()) {
+        check(o.q_proj);
+        check(o.k_proj);
+        check(o.v_proj);
+      } else {
+        check(o.qkv_proj);
+      }
+      if (o.gate_up_proj.empty()) {
+        check(o.gate_proj);
+        check(o.up_proj);
+      } else {
+        check(o.gate_up_proj);
+      }
+      check(o.o_proj);
+      check(o.down_proj);
+    }
+    spdlog::info("fp8 weights, W8A8 on CUDA: {} fp8 matrices run the cuBLASLt FP8 GEMM at >= {} rows (activations "
+                 "quantized to e4m3 from f32, scales 1x128 x 128x128 blocks or per token x per channel; fewer rows: "
+                 "the fp8 GEMV with bf16 activations, W8A16 numerics, except matrices padded to 16-byte rows, which "
+                 "take the W8A8 GEMM at every row count){}",
+                 w8a8_matrices, cuda::linear_routes().w8a8_min_rows,
+                 w8a8_unaligned ? fmt::format("; {} with a row count not divisible by 4 run W8A16", w8a8_unaligned)
+                                : std::string());
+  }
   up.finish();
   phase.set_detail(fmt::format(", {:.2f} GB matrices copied, {:.1f} GB/s ({}), {:.2f} GB generated on the device",
                                static_cast<double>(up.bytes()) / 1e9,

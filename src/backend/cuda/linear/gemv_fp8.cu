@@ -187,7 +187,7 @@ __global__ void dequant_kernel(const uint8_t* __restrict__ W, ScaleIndex sc, int
 }  // namespace
 
 bool gemv_fp8_fits(const uint16_t* x, int64_t T, const DeviceMatrix& W) {
-  return W.is_fp8() && W.scale && T >= 1 && T <= kGemvMaxRows && W.cols % kChunk == 0 &&
+  return W.is_fp8() && W.scale && !W.fp8_padded() && T >= 1 && T <= kGemvMaxRows && W.cols % kChunk == 0 &&
          reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(W.fp8) % 16 == 0 &&
          W.rows <= (int64_t{1} << 31) * kWarps;
 }
@@ -207,7 +207,7 @@ void gemv_fp8(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* 
 
 void dequantize_fp8_rows_bf16(const DeviceMatrix& W, int64_t r0, int64_t n, uint16_t* out, cudaStream_t stream) {
   if (n == 0) return;
-  if (!W.is_fp8() || !W.scale || !out || r0 < 0 || n < 0 || r0 + n > W.rows || W.cols % kChunk != 0 ||
+  if (!W.is_fp8() || !W.scale || W.fp8_padded() || !out || r0 < 0 || n < 0 || r0 + n > W.rows || W.cols % kChunk != 0 ||
       reinterpret_cast<uintptr_t>(W.fp8) % 16 != 0 || reinterpret_cast<uintptr_t>(out) % 16 != 0)
     throw std::invalid_argument("cuda::dequantize_fp8_rows_bf16: needs an fp8 W with scales, rows [" +
                                 std::to_string(r0) + ", " + std::to_string(r0 + n) + ") of " +

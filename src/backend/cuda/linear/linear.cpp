@@ -139,6 +139,7 @@ Gemm::Gemm() : workspace_(kWorkspaceBytes) {
 
 Gemm::~Gemm() {
   for (auto& [key, p] : plans_) delete p;
+  destroy_w8a8_plans();
   if (handle_) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
 }
 
@@ -234,6 +235,8 @@ void Gemm::linear_fp8_sliced(const uint16_t* x, int64_t T, const DeviceMatrix& W
 
 void Gemm::linear_bf16_out(const uint16_t* x, int64_t T, const DeviceMatrix& W, uint16_t* y, cudaStream_t stream) {
   if (T == 0) return;
+  if (W.is_fp8() && W.fp8_padded())
+    throw std::invalid_argument("cuda::Gemm::linear_bf16_out: a padded fp8 W (W8A8 only) takes linear_w8a8");
   if (W.is_fp8() && x && y && T > 0) return linear_fp8_sliced(x, T, W, nullptr, y, false, true, stream);
   if (T < 0 || !x || !W.data || !y || W.rows <= 0 || W.cols <= 0)
     throw std::invalid_argument("cuda::Gemm::linear_bf16_out: bad arguments (null pointer or empty shape)");
@@ -262,6 +265,21 @@ void Gemm::linear(const uint16_t* x, int64_t T, const DeviceMatrix& W, const flo
                   cudaStream_t stream) {
   if (T == 0) return;
   if (W.is_fp8() && x && y && T > 0 && W.rows > 0 && W.cols > 0) {
+    if (takes_w8a8(T, W) && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0) {
+      // This Gemm's own scratch (tests, benches): CudaBackend calls
+      // linear_w8a8 with a buffer it grows outside graph captures.
+      const size_t need = w8a8_scratch_bytes(T, W.fp8_row_bytes(), W.block128());
+      if (w8a8_own_.bytes() < need) {
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        FP8KV_CU(cudaStreamIsCapturing(stream, &cs));
+        if (cs != cudaStreamCaptureStatusNone)
+          throw std::logic_error("cuda::Gemm::linear: the W8A8 scratch would grow during a graph capture");
+        w8a8_own_.reserve(need);
+      }
+      linear_w8a8(W8a8Input{x, false, nullptr}, T, W, bias, y, accumulate, false, w8a8_own_.get(), w8a8_own_.bytes(),
+                  stream);
+      return;
+    }
     if (gemv_fp8_fits(x, T, W))
       gemv_fp8(x, T, W, bias, y, accumulate, stream);
     else

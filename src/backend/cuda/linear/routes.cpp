@@ -88,6 +88,20 @@ LinearRoutes parse_linear_routes(std::string_view spec, std::string_view source)
       r.decode_split_tokens = v;
       continue;
     }
+    if (key == "w8a8rows") {
+      int v = -1;
+      try {
+        size_t used = 0;
+        v = std::stoi(std::string(val), &used);
+        if (used != val.size()) v = -1;
+      } catch (const std::exception&) {
+        v = -1;
+      }
+      if (v < 1 || v > (1 << 20))
+        throw InputError(fmt::format("{}: w8a8rows must be a row count 1..1048576, got '{}'", source, val));
+      r.w8a8_min_rows = v;
+      continue;
+    }
     if (key == "act") {
       if (val != "fused" && val != "separate")
         throw InputError(fmt::format("{}: act must be fused or separate, got '{}'", source, val));
@@ -100,7 +114,7 @@ LinearRoutes parse_linear_routes(std::string_view spec, std::string_view source)
     for (int x = 0; x < kNumKernels; ++x)
       if (val == kKernelNames[x]) k = x;
     if (p < 0)
-      throw InputError(fmt::format("{}: unknown projection '{}' (qkv, o_proj, gate_up, down, lm_head, store, act, sample, dsplit)",
+      throw InputError(fmt::format("{}: unknown projection '{}' (qkv, o_proj, gate_up, down, lm_head, store, act, sample, dsplit, w8a8rows)",
                                    source, key));
     if (k < 0)
       throw InputError(fmt::format("{}: unknown kernel '{}' for {} (auto, lt, simt, mma, simt2, simt4, simt8, simtk)",
@@ -114,10 +128,12 @@ std::string linear_routes_string(const LinearRoutes& r) {
   std::string s;
   for (int p = 0; p < kNumLinearProj; ++p)
     s += fmt::format("{}{}={}", p ? "," : "", kProjNames[p], kKernelNames[static_cast<int>(r.kernel[p])]);
-  // sample= and dsplit= only when not the default, so the canonical strings of earlier runs stay the same.
+  // sample=, dsplit= and w8a8rows= only when not the default, so the canonical strings of earlier runs stay the same.
   return s + (r.fused_store ? ",store=fused" : ",store=separate") + (r.fused_act ? ",act=fused" : ",act=separate") +
          (r.sample_in_graph ? "" : ",sample=separate") +
-         (r.decode_split_tokens ? fmt::format(",dsplit={}", r.decode_split_tokens) : std::string());
+         (r.decode_split_tokens ? fmt::format(",dsplit={}", r.decode_split_tokens) : std::string()) +
+         (r.w8a8_min_rows != LinearRoutes{}.w8a8_min_rows ? fmt::format(",w8a8rows={}", r.w8a8_min_rows)
+                                                          : std::string());
 }
 
 LinearRoutes linear_routes() {

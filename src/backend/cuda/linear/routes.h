@@ -43,12 +43,23 @@ struct LinearRoutes {
   // own choice (fill the GPU; the default). For A/B sweeps of the
   // short-context split (CudaBackend::attention).
   int decode_split_tokens = 0;
+  // fp8 weights in W8A8 mode (--fp8-weight-mode w8a8): calls of at least
+  // this many rows quantize their activations to e4m3 and run the cuBLASLt
+  // FP8 GEMM (Gemm::linear_w8a8, "w8a8rows=N"); fewer rows (decode) keep
+  // the fp8 GEMV, which reads the same e4m3 weights with bf16 activations
+  // (W8A16 numerics; a quantization kernel would only add a launch). 9:
+  // past the fp8 GEMV's rows (kGemvMaxRows, ops.h), where W8A16 runs the
+  // dequantized slices through bf16 cuBLASLt. The backend writes the GEMM
+  // inputs of these rows in f32 (CudaBackend::gemm_input_dtype), so the codes
+  // are the CPU W8A8 linear's.
+  int w8a8_min_rows = 9;
   GemvKernel of(LinearProj p) const { return kernel[static_cast<size_t>(p)]; }
   bool operator==(const LinearRoutes&) const = default;
 };
 
 // "qkv=mma,o_proj=mma,gate_up=simt,down=lt,lm_head=auto,store=fused" (any
-// subset; the rest auto / fused; "" or "default": kDefaultLinearRoutes).
+// subset; the rest auto / fused; "" or "default": kDefaultLinearRoutes);
+// also act=, sample=, dsplit= and w8a8rows= (1..1048576) above.
 // Throws InputError naming `source` and the bad entry.
 LinearRoutes parse_linear_routes(std::string_view spec, std::string_view source);
 std::string linear_routes_string(const LinearRoutes& r);

@@ -70,6 +70,16 @@ bool cuda_device_available();
 //   channel  shift 0, ld 1,           k_step 0  (scale[r])
 //   block128 shift 7, ld ceil(K/128), k_step 1  (scale[r/128][c/128])
 // (numerics/fp8_weights.h; docs/design.md "FP8-weight checkpoints").
+//
+// W8A8 (--fp8-weight-mode w8a8) adds the weight scales in the layout the
+// cuBLASLt FP8 GEMM reads (linear/w8a8_gemm.cpp has the layout decisions):
+//   block128         [ceil(N/128)][w8a8_scale_ld], K-major, w8a8_scale_ld =
+//                    ceil(K/128) rounded up to a multiple of 4 (pad zeros)
+//   tensor, channel  [N], one per row (a tensor scale repeated)
+// w8a8_scale null: the matrix runs W8A16 in either mode. fp8_ld: the e4m3
+// rows' stride when the upload padded them (W8A8 only, K % 16 != 0: K
+// rounded up to 16, zero columns; such a matrix has no W8A16 kernel and
+// takes the W8A8 GEMM at every row count); 0: cols.
 struct DeviceMatrix {
   const uint16_t* data = nullptr;
   int64_t rows = 0;
@@ -79,7 +89,14 @@ struct DeviceMatrix {
   int scale_row_shift = 0;
   int64_t scale_ld = 0;
   int scale_k_step = 0;
+  const float* w8a8_scale = nullptr;
+  int64_t w8a8_scale_ld = 0;
+  int64_t fp8_ld = 0;
   bool is_fp8() const { return fp8 != nullptr; }
+  bool w8a8() const { return fp8 != nullptr && w8a8_scale != nullptr; }
+  bool block128() const { return scale_row_shift == 7; }
+  bool fp8_padded() const { return fp8_ld != 0 && fp8_ld != cols; }
+  int64_t fp8_row_bytes() const { return fp8_ld ? fp8_ld : cols; }
 };
 
 // Converts a host matrix (fp32 or bf16 elements, row-major) to bf16 (RNE) and
@@ -110,12 +127,15 @@ class Gemm {
 
   // y[T][N] = x[T][K] (bf16) * W[N][K]^T (bf16) (+ bias[N], fp32) (+ y when
   // accumulate: the residual add fused into the GEMM as beta = 1), fp32
-  // accumulation and output. T == 0 is a no-op. An fp8 W (W8A16): the fp8
+  // accumulation and output. T == 0 is a no-op. An fp8 W: linear_w8a8 when
+  // takes_w8a8(T, W) (with this Gemm's own scratch), else (W8A16) the fp8
   // GEMV (gemv_fp8) up to kGemvMaxRows rows, else linear_fp8_sliced.
   void linear(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y, bool accumulate,
               cudaStream_t stream);
   // y[T][N] = bf16(x W^T) with fp32 accumulation, no bias, always cuBLASLt
-  // (the prefill gate|up GEMM, CudaBackend::linear_gated_act).
+  // (the prefill gate|up GEMM, CudaBackend::linear_gated_act); an fp8 W runs
+  // W8A16 (linear_fp8_sliced) here: in W8A8 mode the backend's rows that
+  // take the W8A8 GEMM have f32 inputs and never come here.
   void linear_bf16_out(const uint16_t* x, int64_t T, const DeviceMatrix& W, uint16_t* y, cudaStream_t stream);
 
   // Calls with T <= this many rows (and shapes gemv_bf16 takes) run
@@ -127,6 +147,42 @@ class Gemm {
   void reserve_fp8_scratch();
   static constexpr int64_t kDequantSliceElems = int64_t{1} << 23;  // 16 MB of bf16
   int gemv_max_rows() const { return gemv_max_rows_; }
+
+  // ---- W8A8 (linear/w8a8_gemm.cpp; docs/cuda_backend.md "FP8 weights") ----
+  // The activations of a W8A8 call: bf16 or f32 rows of K elements, row t
+  // at data + rows[t] * K (rows null: row t); 16-byte aligned.
+  struct W8a8Input {
+    const void* data = nullptr;
+    bool f32 = false;
+    const int32_t* rows = nullptr;
+  };
+  // True when a call of T rows on W runs the W8A8 GEMM: W.w8a8(), T >=
+  // linear_routes().w8a8_min_rows (any T for a padded W), N % 4 == 0
+  // (cuBLASLt's block-scale layouts) and 16-byte e4m3 rows. Fewer rows keep
+  // the fp8 GEMV (W8A16).
+  bool takes_w8a8(int64_t T, const DeviceMatrix& W) const;
+  // y[T][N] (+)= dequant(e4m3(x)) * dequant(W)^T (+ bias): x quantized to
+  // e4m3 per token, or per 1x128 group for block-wise W (quantize_rows_e4m3:
+  // the CPU's rule bit for bit), then one cuBLASLt FP8 GEMM with the scale
+  // modes of W's granularity, fp32 accumulation (no fast accumulation), f32
+  // out (or bf16 out: then no bias and no accumulate). T % 4 != 0 rows (the
+  // block-scale layouts need a multiple of 4) run through a padded GEMM
+  // into the fp8 slice buffer (reserve_fp8_scratch) and a copy-out.
+  // `scratch` (w8a8_scratch_bytes(T, K, W.block128()) bytes, 256-aligned)
+  // holds the codes and scales: the caller's (CudaBackend grows it outside
+  // graph captures). y 16-byte aligned.
+  void linear_w8a8(const W8a8Input& x, int64_t T, const DeviceMatrix& W, const float* bias, void* y, bool accumulate,
+                   bool out_bf16, void* scratch, size_t scratch_bytes, cudaStream_t stream);
+  // K: the codes' row length (W.fp8_row_bytes()).
+  static size_t w8a8_scratch_bytes(int64_t T, int64_t K, bool block128);
+  // The W8A8 GEMMs' row quantum: cuBLASLt's block-scale layouts need the
+  // token count n to be a multiple of 4 ("M and N must be multiples of 4").
+  static constexpr int64_t kW8a8Rows = 4;
+  // At weight upload: asks cuBLASLt for W's W8A8 algorithms (the plans at 4
+  // and 64 rows, cached) and throws std::runtime_error naming the shape when
+  // it has none, so that a GPU or cuBLAS without the FP8 scale modes fails
+  // at load, not while serving.
+  void check_w8a8(const DeviceMatrix& W);
 
   // Names the projection of weight shape [N][K], so that GEMV-path calls of
   // that shape follow linear_routes() (linear_routes.h). Unnamed shapes, and
@@ -144,7 +200,15 @@ class Gemm {
   // reads it), each slice one cuBLASLt GEMM into its columns of y.
   void linear_fp8_sliced(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, void* y,
                          bool accumulate, bool out_bf16, cudaStream_t stream);
+  struct W8a8Plan;
+  void destroy_w8a8_plans();
+  W8a8Plan& w8a8_plan(int64_t n, int64_t N, int64_t K, bool block, bool out_bf16, bool accumulate);
+  // One cuBLASLt call of linear_w8a8: n columns of codes (n % 4 == 0).
+  void w8a8_gemm(const uint8_t* codes, const float* act_scale, int64_t n, const DeviceMatrix& W, void* d,
+                 bool accumulate, bool out_bf16, cudaStream_t stream);
   DeviceBuffer dequant_;
+  DeviceBuffer w8a8_own_;  // linear()'s W8A8 scratch (tests, benches; CudaBackend passes its own)
+  std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int>, W8a8Plan*> w8a8_plans_;
   void* handle_ = nullptr;  // cublasLtHandle_t
   DeviceBuffer workspace_;
   std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int, int, int, int64_t>, Plan*> plans_;
@@ -201,6 +265,33 @@ void gemv_fp8(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* 
 // Rows [r0, r0 + n) of an fp8 W dequantized to bf16: out[i][c] =
 // bf16_rn(e4m3(W[r0 + i][c]) * scale(r0 + i, c)) (one fp32 multiply, RNE).
 void dequantize_fp8_rows_bf16(const DeviceMatrix& W, int64_t r0, int64_t n, uint16_t* out, cudaStream_t stream);
+
+// ---- fp8 weights, W8A8 (linear/w8a8_quant.cu) -------------------------------
+
+// Where quantize_rows_e4m3 writes the scale of row t, group g: t < n_main:
+// main[g * n_main + t], else tail[g * n_tail + (t - n_main)]: token-major
+// per group, the layout of cuBLASLt's 1x128 (VEC128_32F) and per-token
+// (OUTER_VEC_32F) scales of B for the GEMM over rows [0, n_main) and the
+// one over the n_tail rows after it (Gemm::linear_w8a8).
+struct W8a8ScaleOut {
+  float* main = nullptr;
+  int64_t n_main = 0;
+  float* tail = nullptr;
+  int64_t n_tail = 0;
+};
+// W8A8's activation quantization, mirroring quantize_activations_e4m3
+// (numerics/fp8_weights.h) bit for bit: rows t < T of x (bf16, or f32 with
+// x_f32; K elements, row t at x + rows[t] * K, rows null: row t) into codes
+// [T_pad][Kc] e4m3 (columns [K, Kc) zero: a padded weight's) and one scale
+// per (row, group of `group` columns: 128, or K for per token). Rows [T,
+// T_pad) are the GEMM's padding: codes 0, scale 0. K % 4 == 0, Kc % 16 ==
+// 0, K <= Kc < K + 16; x and codes 16-byte aligned.
+void quantize_rows_e4m3(const void* x, bool x_f32, const int32_t* rows, int64_t T, int64_t T_pad, int64_t K,
+                        int64_t Kc, int64_t group, uint8_t* codes, W8a8ScaleOut s, cudaStream_t stream);
+// y[t][n] = (accumulate ? y + s : s)[t][n] (+ bias[n]) for rows of [rows][N]
+// (fp32 adds in that order; a plain copy without bias and accumulate).
+void w8a8_finish_rows(const float* s, int64_t rows, int64_t N, const float* bias, float* y, bool accumulate,
+                      cudaStream_t stream);
 
 // ---- norms ----------------------------------------------------------------
 

@@ -1,0 +1,184 @@
+// W8A8's activation quantization on the device (ops.h quantize_rows_e4m3)
+// and the copy-out of the W8A8 GEMM's padded rows (w8a8_finish_rows).
+//
+// quantize_rows_e4m3 mirrors quantize_activations_e4m3 (numerics/
+// fp8_weights.h), the codes-and-scales form of the CPU W8A8 linear's
+// round_activations_e4m3, operation for operation: per group (128 columns
+// for block-wise weights, the whole row otherwise) amax = max |x| ignoring
+// NaNs (fmaxf, as std::max(amax, |x|) with amax first), scale = amax / 448
+// (__fdiv_rn: IEEE division; a group without a positive amax gets scale 1),
+// code = e4m3(x / scale) (__fdiv_rn, then cvt.rn.satfinite: round to
+// nearest even, saturating to +-448, NaN -> 0x7f, -0 -> 0x80: the host
+// f32_to_e4m3's rules). No fast math, no reciprocal multiply: the codes and
+// scales equal the host function's bit for bit (tests/cuda_ops/
+// test_fp8_linear.cpp). docs/cuda_backend.md "FP8 weights".
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/ops/ops.h"
+
+namespace fp8kv::cuda {
+
+namespace {
+
+constexpr float kE4m3Max = 448.0f;
+
+__device__ __forceinline__ uint8_t to_e4m3(float v) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+}
+
+// Four consecutive elements of a row (16-byte aligned f32, 8-byte aligned bf16).
+__device__ __forceinline__ float4 load4(const void* row, bool f32, int64_t c) {
+  if (f32) return __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(row) + c));
+  const uint2 v = __ldg(reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(row) + c));
+  return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
+                     __uint_as_float(v.y & 0xffff0000u));
+}
+
+__device__ __forceinline__ float amax4(float a, const float4& v) {
+  a = fmaxf(a, fabsf(v.x));
+  a = fmaxf(a, fabsf(v.y));
+  a = fmaxf(a, fabsf(v.z));
+  return fmaxf(a, fabsf(v.w));
+}
+
+__device__ __forceinline__ uint32_t codes4(const float4& v, float s) {
+  return static_cast<uint32_t>(to_e4m3(__fdiv_rn(v.x, s))) | (static_cast<uint32_t>(to_e4m3(__fdiv_rn(v.y, s))) << 8) |
+         (static_cast<uint32_t>(to_e4m3(__fdiv_rn(v.z, s))) << 16) |
+         (static_cast<uint32_t>(to_e4m3(__fdiv_rn(v.w, s))) << 24);
+}
+
+__device__ __forceinline__ float* scale_slot(const W8a8ScaleOut& s, int64_t t, int64_t g) {
+  return t < s.n_main ? s.main + g * s.n_main + t : s.tail + g * s.n_tail + (t - s.n_main);
+}
+
+struct QuantArgs {
+  const void* x;
+  bool f32;
+  const int32_t* rows;  // gather (null: row t)
+  int64_t T, T_pad, K, Kc;  // x rows of K elements; codes rows of Kc (>= K, zero past K)
+  uint8_t* codes;  // [T_pad][Kc]
+  W8a8ScaleOut s;
+};
+
+__device__ __forceinline__ const void* src_row(const QuantArgs& a, int64_t t) {
+  const int64_t r = a.rows ? a.rows[t] : t;
+  return a.f32 ? static_cast<const void*>(static_cast<const float*>(a.x) + r * a.K)
+               : static_cast<const void*>(static_cast<const uint16_t*>(a.x) + r * a.K);
+}
+
+// 1x128 groups: one warp per group, 4 elements per lane (K % 4 == 0, so a
+// short last group is whole 4-element pieces). Block b: row b / gb, groups
+// (b % gb) * 8 + warp, gb = ceil(groups / 8) (groups of Kc = groups of K).
+__global__ void __launch_bounds__(256) quant_groups128_kernel(QuantArgs a) {
+  const int64_t groups = (a.Kc + 127) / 128, gb = (groups + 7) / 8;
+  const int64_t t = blockIdx.x / gb;
+  const int64_t g = (blockIdx.x % gb) * 8 + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (g >= groups) return;
+  const int64_t c = g * 128 + lane * 4;
+  const bool in = c < a.K, out_col = c < a.Kc;
+  uint32_t* out = reinterpret_cast<uint32_t*>(a.codes + t * a.Kc + c);
+  if (t >= a.T) {  // padding row of the GEMM: zero codes, scale 0
+    if (out_col) *out = 0u;
+    if (lane == 0) *scale_slot(a.s, t, g) = 0.0f;
+    return;
+  }
+  const float4 v = in ? load4(src_row(a, t), a.f32, c) : make_float4(0.f, 0.f, 0.f, 0.f);
+  float amax = amax4(0.0f, v);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float s = amax > 0.0f ? __fdiv_rn(amax, kE4m3Max) : 1.0f;
+  if (out_col) *out = in ? codes4(v, s) : 0u;
+  if (lane == 0) *scale_slot(a.s, t, g) = s;
+}
+
+// Per token: one block of 256 threads per row; the amax over the whole row
+// (a block reduction of fmaxf: order-free), then the codes.
+__global__ void __launch_bounds__(256) quant_rows_kernel(QuantArgs a) {
+  const int64_t t = blockIdx.x;
+  uint8_t* out = a.codes + t * a.Kc;
+  if (t >= a.T) {
+    for (int64_t c = threadIdx.x * 4; c < a.Kc; c += 256 * 4) *reinterpret_cast<uint32_t*>(out + c) = 0u;
+    if (threadIdx.x == 0) *scale_slot(a.s, t, 0) = 0.0f;
+    return;
+  }
+  const void* row = src_row(a, t);
+  float amax = 0.0f;
+  for (int64_t c = threadIdx.x * 4; c < a.K; c += 256 * 4) amax = amax4(amax, load4(row, a.f32, c));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  __shared__ float part[8];
+  __shared__ float sc;
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = amax;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float m = part[0];
+    for (int w = 1; w < 8; ++w) m = fmaxf(m, part[w]);
+    sc = m > 0.0f ? __fdiv_rn(m, kE4m3Max) : 1.0f;
+    *scale_slot(a.s, t, 0) = sc;
+  }
+  __syncthreads();
+  const float s = sc;
+  for (int64_t c = threadIdx.x * 4; c < a.Kc; c += 256 * 4)
+    *reinterpret_cast<uint32_t*>(out + c) = c < a.K ? codes4(load4(row, a.f32, c), s) : 0u;
+}
+
+// y[t][n] = (accumulate ? y[t][n] + s[t][n] : s[t][n]) (+ bias[n]): the
+// order of the direct path (cuBLASLt's alpha * acc + beta * C, then
+// add_bias_rows).
+__global__ void finish_kernel(const float* __restrict__ s, int64_t rows, int64_t N, const float* __restrict__ bias,
+                              float* __restrict__ y, bool accumulate) {
+  const int64_t total = rows * N;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float v = s[i];
+    if (accumulate) v = __fadd_rn(y[i], v);
+    if (bias) v = __fadd_rn(v, bias[i % N]);
+    y[i] = v;
+  }
+}
+
+}  // namespace
+
+void quantize_rows_e4m3(const void* x, bool x_f32, const int32_t* rows, int64_t T, int64_t T_pad, int64_t K,
+                        int64_t Kc, int64_t group, uint8_t* codes, W8a8ScaleOut s, cudaStream_t stream) {
+  if (T_pad == 0) return;
+  const bool block = group == 128;
+  if (!x || !codes || !s.main || T < 0 || T_pad < T || K <= 0 || K % 4 != 0 || Kc % 16 != 0 || Kc < K ||
+      Kc >= K + 16 || (group != 128 && group != K) ||
+      s.n_main < 0 || s.n_main > T_pad || (s.n_main < T_pad && (!s.tail || T_pad - s.n_main != s.n_tail)) ||
+      reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(codes) % 16 != 0)
+    throw std::invalid_argument("cuda::quantize_rows_e4m3: bad arguments (T=" + std::to_string(T) + " T_pad=" +
+                                std::to_string(T_pad) + " K=" + std::to_string(K) + " Kc=" + std::to_string(Kc) +
+                                " group=" + std::to_string(group) +
+                                "; K % 4 == 0, Kc the multiple of 16 at or above K, group 128 or K, 16-byte aligned "
+                                "x and codes)");
+  const QuantArgs a{x, x_f32, rows, T, T_pad, K, Kc, codes, s};
+  if (block) {
+    const int64_t gb = ((Kc + 127) / 128 + 7) / 8;
+    quant_groups128_kernel<<<static_cast<unsigned>(T_pad * gb), 256, 0, stream>>>(a);
+  } else {
+    quant_rows_kernel<<<static_cast<unsigned>(T_pad), 256, 0, stream>>>(a);
+  }
+  FP8KV_CU_LAUNCH();
+}
+
+void w8a8_finish_rows(const float* s, int64_t rows, int64_t N, const float* bias, float* y, bool accumulate,
+                      cudaStream_t stream) {
+  if (rows * N == 0) return;
+  if (!bias && !accumulate) {
+    FP8KV_CU(cudaMemcpyAsync(y, s, static_cast<size_t>(rows * N) * 4, cudaMemcpyDeviceToDevice, stream));
+    return;
+  }
+  const int64_t blocks = std::min<int64_t>((rows * N + 255) / 256, 132 * 8);
+  finish_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(s, rows, N, bias, y, accumulate);
+  FP8KV_CU_LAUNCH();
+}
+
+}  // namespace fp8kv::cuda
