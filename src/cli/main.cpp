@@ -8,6 +8,8 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
 
 #include "cli/commands.h"
 
@@ -55,6 +57,9 @@ std::string parse_error_text(const CLI::App& app, const CLI::ParseError& e) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Every log line goes to stderr, never stdout (--json output stays clean):
+  // spdlog's default logger is the engine's "fp8kv" stderr logger.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("fp8kv"));
   CLI::App app{"fp8kv: LLM inference with a calibrated FP8 KV cache"};
   app.require_subcommand(1);
   // --help shows every option's default value (subcommands inherit this).

@@ -23,18 +23,29 @@ __device__ __forceinline__ float silu_f(float x) { return __fdiv_rn(x, __fadd_rn
 __device__ __forceinline__ float sigmoid_f(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))); }
 __device__ __forceinline__ float round_bf16_f(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
-// One thread per (sequence, channel): the channel's last K-1 inputs in
-// registers, walked over the sequence's tokens.
+// One thread per (sequence, channel, run of kConvRun rows): the K-1 inputs
+// before its first row (from x, or from the state before the sequence's
+// first row) in registers, then its rows in order; each output is the same
+// sum in the same order as the CPU's, so the result does not depend on how
+// the rows are cut into runs. The first run's thread (blockIdx.z == 0)
+// reads the old state and, at its end, writes the new one (the last K-1
+// inputs, from x and the old state): no other run touches the state, since
+// a later run's window starts at row kConvRun - (K-1) >= 0.
+constexpr int kConvRun = 64;
+static_assert(kConvRun >= kGdnMaxConvKernel, "a later run's window must not reach the state");
+
 __global__ void gdn_conv_kernel(GdnSeqs seqs, int64_t C, int K, const float* __restrict__ x,
                                 const float* __restrict__ w, void* state, bool bf16, float* __restrict__ out) {
   const int s = blockIdx.y;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= C) return;
   const int r0 = seqs.q_start[s], n = seqs.q_start[s + 1] - r0;
-  if (n <= 0) return;
+  const int t0 = static_cast<int>(blockIdx.z) * kConvRun;
+  const int t1 = gridDim.z == 1 ? n : min(n, t0 + kConvRun);
+  if (t0 >= n) return;
   const int slot = seqs.slots[s];
   if (slot < 0) {
-    for (int t = 0; t < n; ++t) out[(r0 + t) * C + c] = 0.0f;
+    for (int t = t0; t < t1; ++t) out[(r0 + t) * C + c] = 0.0f;
     return;
   }
   const int P = K - 1;
@@ -42,23 +53,34 @@ __global__ void gdn_conv_kernel(GdnSeqs seqs, int64_t C, int K, const float* __r
   const int64_t base = (static_cast<int64_t>(slot) * C + c) * P;
   auto* s16 = static_cast<__nv_bfloat16*>(state);
   auto* s32 = static_cast<float*>(state);
-  float win[kGdnMaxConvKernel], wc[kGdnMaxConvKernel];
+  auto in_x = [&](int t) {  // row t's input, rounded to the state type
+    const float xi = x[(r0 + t) * C + c];
+    return bf16 ? round_bf16_f(xi) : xi;
+  };
+  float win[kGdnMaxConvKernel], wc[kGdnMaxConvKernel], old[kGdnMaxConvKernel];
 #pragma unroll
   for (int j = 0; j < kGdnMaxConvKernel; ++j) {
     win[j] = 0.0f;
+    old[j] = 0.0f;
     wc[j] = j < K ? w[c * K + j] : 0.0f;
   }
-  if (!fresh) {
+  if (t0 == 0) {
+    if (!fresh) {
+#pragma unroll
+      for (int i = 0; i < kGdnMaxConvKernel - 1; ++i)
+        if (i < P) old[i] = win[i] = bf16 ? __bfloat162float(s16[base + i]) : s32[base + i];
+    }
+  } else {
 #pragma unroll
     for (int i = 0; i < kGdnMaxConvKernel - 1; ++i)
-      if (i < P) win[i] = bf16 ? __bfloat162float(s16[base + i]) : s32[base + i];
+      if (i < P) win[i] = in_x(t0 - P + i);
   }
-  for (int t = 0; t < n; ++t) {
-    const float xi = x[(r0 + t) * C + c];
+  for (int t = t0; t < t1; ++t) {
     // win[0..P-1]: the previous P inputs (oldest first); win[P]: this one.
+    const float xi = in_x(t);
 #pragma unroll
     for (int j = 0; j < kGdnMaxConvKernel; ++j)
-      if (j == P) win[j] = bf16 ? round_bf16_f(xi) : xi;
+      if (j == P) win[j] = xi;
     float acc = 0.0f;
 #pragma unroll
     for (int j = 0; j < kGdnMaxConvKernel; ++j)
@@ -68,13 +90,21 @@ __global__ void gdn_conv_kernel(GdnSeqs seqs, int64_t C, int K, const float* __r
     for (int j = 0; j < kGdnMaxConvKernel - 1; ++j)
       if (j < P) win[j] = win[j + 1];
   }
+  if (t0 != 0) return;
+  // The new state: inputs n - P .. n - 1 of [old state (P), x (n)].
 #pragma unroll
   for (int i = 0; i < kGdnMaxConvKernel - 1; ++i)
     if (i < P) {
+      const int q = n + i;  // index into the concatenation
+      float v = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kGdnMaxConvKernel - 1; ++j)
+        if (j < P && q == j) v = old[j];
+      if (q >= P) v = in_x(q - P);
       if (bf16)
-        s16[base + i] = __float2bfloat16_rn(win[i]);  // exact: win holds bf16 values
+        s16[base + i] = __float2bfloat16_rn(v);  // exact: v holds bf16 values
       else
-        s32[base + i] = win[i];
+        s32[base + i] = v;
     }
 }
 
@@ -662,7 +692,11 @@ void gdn_conv(const GdnDims& d, const GdnSeqs& seqs, const float* x, const float
   if (seqs.num_seqs <= 0) return;
   const int64_t C = d.conv_dim();
   constexpr int kThreads = 128;
-  const dim3 grid(static_cast<unsigned>((C + kThreads - 1) / kThreads), static_cast<unsigned>(seqs.num_seqs));
+  // Runs of kConvRun rows in parallel when the longest sequence is known
+  // (a captured decode step: one run); unknown: one run per sequence.
+  const int runs = seqs.max_query_len > kConvRun ? (seqs.max_query_len + kConvRun - 1) / kConvRun : 1;
+  const dim3 grid(static_cast<unsigned>((C + kThreads - 1) / kThreads), static_cast<unsigned>(seqs.num_seqs),
+                  static_cast<unsigned>(runs));
   gdn_conv_kernel<<<grid, kThreads, 0, stream>>>(seqs, C, d.conv_kernel, x, w, conv_state, state_bf16, out);
   FP8KV_CU_LAUNCH();
 }
