@@ -109,17 +109,22 @@ __global__ void gdn_conv_kernel(GdnSeqs seqs, int64_t C, int K, const float* __r
 }
 
 // One CTA per (value head, sequence); thread d owns column d of the head's
-// state S [Dk][Dv] (shared memory), so every sum over Dk is one thread's
-// sequential loop, in the CPU's order. Shared: S, then q and k of the token.
-// Sequences s >= chunk_begin with two or more rows belong to the chunked
-// kernel (INT_MAX: none do).
+// state S [Dk][Dv], so every sum over Dk is one thread's sequential loop, in
+// the CPU's order. DK > 0 (the key head dims of kGdnRegDk): the column lives
+// in DK registers, loaded and stored with DK independent accesses per
+// thread, and shared memory holds only q and k of the token; DK == 0 (any
+// other Dk): the column lives in shared memory (S, then q and k). Same
+// operations in the same order either way: bitwise equal results.
+template <int DK>
 __global__ void gdn_rule_kernel(GdnSeqs seqs, GdnDims dm, int chunk_begin, const float* __restrict__ qkv,
                                 const float* __restrict__ a, const float* __restrict__ b,
                                 const float* __restrict__ A_log, const float* __restrict__ dt_bias, float* pool,
                                 float* __restrict__ out) {
   extern __shared__ float sm[];
+  constexpr bool REG = DK > 0;
   const int h = blockIdx.x, s = blockIdx.y, d = threadIdx.x;
-  const int Hk = dm.num_k_heads, Hv = dm.num_v_heads, Dk = dm.k_head_dim, Dv = dm.v_head_dim;
+  const int Hk = dm.num_k_heads, Hv = dm.num_v_heads, Dv = dm.v_head_dim;
+  const int Dk = REG ? DK : dm.k_head_dim;
   const int64_t KD = dm.key_dim(), VD = dm.value_dim(), C = dm.conv_dim();
   const int r0 = seqs.q_start[s], n = seqs.q_start[s + 1] - r0;
   if (n <= 0 || (s >= chunk_begin && n >= 2)) return;
@@ -130,13 +135,21 @@ __global__ void gdn_rule_kernel(GdnSeqs seqs, GdnDims dm, int chunk_begin, const
       for (int t = 0; t < n; ++t) out[(r0 + t) * VD + static_cast<int64_t>(h) * Dv + d] = 0.0f;
     return;
   }
+  float Sr[REG ? DK : 1];
   float* Ssh = sm;
-  float* qs = sm + Dk * Dv;
+  float* qs = REG ? sm : sm + Dk * Dv;
   float* ks = qs + Dk;
+  // Element i of this thread's column.
+  auto S_at = [&](int i) -> float& {
+    if constexpr (REG) return Sr[i];
+    else return Ssh[i * Dv + d];
+  };
   float* S = pool + (static_cast<int64_t>(slot) * Hv + h) * Dk * Dv;
   const bool fresh = seqs.context_lens[s] - n == 0;
-  if (col)
-    for (int i = 0; i < Dk; ++i) Ssh[i * Dv + d] = fresh ? 0.0f : S[static_cast<int64_t>(i) * Dv + d];
+  if (col) {
+#pragma unroll
+    for (int i = 0; i < Dk; ++i) S_at(i) = fresh ? 0.0f : S[static_cast<int64_t>(i) * Dv + d];
+  }
   const int kh = h / (Hv / Hk);
   const float scale = __fdiv_rn(1.0f, sqrtf(static_cast<float>(Dk)));
   const float neg_A = -expf(A_log[h]), dtb = dt_bias[h];
@@ -165,23 +178,27 @@ __global__ void gdn_rule_kernel(GdnSeqs seqs, GdnDims dm, int chunk_begin, const
     const float beta = sigmoid_f(b[r * Hv + h]);
     // S *= decay; mem = S^T k; delta = (v - mem) beta; S += k delta^T; o = S^T q.
     float mem = 0.0f;
+#pragma unroll
     for (int i = 0; i < Dk; ++i) {
-      const float sv = __fmul_rn(Ssh[i * Dv + d], decay);
-      Ssh[i * Dv + d] = sv;
+      const float sv = __fmul_rn(S_at(i), decay);
+      S_at(i) = sv;
       mem = __fadd_rn(mem, __fmul_rn(sv, __fmul_rn(ks[i], invk)));
     }
     const float v = row[2 * KD + static_cast<int64_t>(h) * Dv + d];
     const float delta = __fmul_rn(__fsub_rn(v, mem), beta);
     float o = 0.0f;
+#pragma unroll
     for (int i = 0; i < Dk; ++i) {
-      const float sv = __fadd_rn(Ssh[i * Dv + d], __fmul_rn(__fmul_rn(ks[i], invk), delta));
-      Ssh[i * Dv + d] = sv;
+      const float sv = __fadd_rn(S_at(i), __fmul_rn(__fmul_rn(ks[i], invk), delta));
+      S_at(i) = sv;
       o = __fadd_rn(o, __fmul_rn(sv, __fmul_rn(__fmul_rn(qs[i], invq), scale)));
     }
     out[r * VD + static_cast<int64_t>(h) * Dv + d] = o;
   }
-  if (col)
-    for (int i = 0; i < Dk; ++i) S[static_cast<int64_t>(i) * Dv + d] = Ssh[i * Dv + d];
+  if (col) {
+#pragma unroll
+    for (int i = 0; i < Dk; ++i) S[static_cast<int64_t>(i) * Dv + d] = S_at(i);
+  }
 }
 
 // ---- the chunked delta rule -------------------------------------------------------
@@ -762,11 +779,27 @@ void gdn_rule(const GdnDims& d, const GdnSeqs& seqs, const float* qkv, const flo
       plan = gdn_chunk_plan(d, seqs.num_seqs - seq_begin, num_sms, static_cast<size_t>(max_smem));
     }
   }
-  if (smem > 48 * 1024) allow_smem(reinterpret_cast<const void*>(gdn_rule_kernel), smem);
   const int threads = (d.v_head_dim + 31) / 32 * 32;
   const dim3 grid(static_cast<unsigned>(d.num_v_heads), static_cast<unsigned>(seqs.num_seqs));
-  gdn_rule_kernel<<<grid, threads, smem, stream>>>(seqs, d, plan.ok() ? seq_begin : INT_MAX, qkv, a, b, A_log,
-                                                   dt_bias, ssm_state, out);
+  const int chunk_begin = plan.ok() ? seq_begin : INT_MAX;
+  // The recurrent kernel's plan: the state column in registers for the key
+  // head dims of real checkpoints and the tests (16 .. 128), else in shared
+  // memory (any Dk whose state fits).
+  const size_t qk_smem = 2 * static_cast<size_t>(d.k_head_dim) * sizeof(float);
+  switch (d.k_head_dim) {
+    case 16: gdn_rule_kernel<16><<<grid, threads, qk_smem, stream>>>(seqs, d, chunk_begin, qkv, a, b, A_log, dt_bias,
+                                                                     ssm_state, out); break;
+    case 32: gdn_rule_kernel<32><<<grid, threads, qk_smem, stream>>>(seqs, d, chunk_begin, qkv, a, b, A_log, dt_bias,
+                                                                     ssm_state, out); break;
+    case 64: gdn_rule_kernel<64><<<grid, threads, qk_smem, stream>>>(seqs, d, chunk_begin, qkv, a, b, A_log, dt_bias,
+                                                                     ssm_state, out); break;
+    case 128: gdn_rule_kernel<128><<<grid, threads, qk_smem, stream>>>(seqs, d, chunk_begin, qkv, a, b, A_log,
+                                                                       dt_bias, ssm_state, out); break;
+    default:
+      if (smem > 48 * 1024) allow_smem(reinterpret_cast<const void*>(gdn_rule_kernel<0>), smem);
+      gdn_rule_kernel<0><<<grid, threads, smem, stream>>>(seqs, d, chunk_begin, qkv, a, b, A_log, dt_bias, ssm_state,
+                                                          out);
+  }
   FP8KV_CU_LAUNCH();
   if (!plan.ok()) return;
   const int Dvs = d.v_head_dim / plan.split;
