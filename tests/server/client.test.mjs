@@ -3,7 +3,7 @@ import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import OpenAI from "openai";
 import { existsSync } from "node:fs";
-import { startServer, status, metrics, waitIdle, generateCli, MODEL } from "./harness.mjs";
+import { startServer, status, metrics, waitIdle, generateCli, capacity, MODEL } from "./harness.mjs";
 
 const PROMPT = "Once upon a time";
 let srv, client;
@@ -315,8 +315,16 @@ async function streamText(c, body) {
   return { choices: [{ text, finish_reason: finish }], usage };
 }
 
+// A linear-attention (Qwen3.5) model carves a fixed state per sequence out of
+// the budget first: 6 sequences' state, then 9 blocks (one request of 128 tokens).
+async function preemptingPool() {
+  const cap = await capacity(["--max-model-len", "128", "--max-num-seqs", "6", "--kv-memory", "64MiB"]);
+  if (!cap.state_bytes_per_sequence) return ["--kv-memory", "440KiB"];
+  return ["--max-num-seqs", "6", "--kv-memory", String(6 * cap.state_bytes_per_sequence + 9 * cap.page_bytes)];
+}
+
 test("preemptions are counted in /metrics; preempted streams send no token twice", async () => {
-  const s = await startServer(["--served-model-name", "mini", "--max-model-len", "128", "--kv-memory", "440KiB"]);
+  const s = await startServer(["--served-model-name", "mini", "--max-model-len", "128", ...(await preemptingPool())]);
   const body = (i) => ({ model: "mini", prompt: `Story number ${i}: once upon a time`, max_tokens: 60,
                          temperature: 0, ignore_eos: true });
   try {

@@ -8,13 +8,17 @@ import OpenAI from "openai";
 export const BIN = process.env.FP8KV_BIN;
 export const MODEL = process.env.FP8KV_MODEL;
 if (!BIN || !MODEL) throw new Error("set FP8KV_BIN and FP8KV_MODEL");
+// Engine flags that every `serve` and `generate` of the suite gets (and
+// `capacity`, which sizes the pools as they do), e.g. "--kv-cache-dtype fp8":
+// tests/server/run.sh passes them per model.
+export const ENGINE_ARGS = (process.env.FP8KV_ENGINE_ARGS || "").split(/\s+/).filter(Boolean);
 // An AddressSanitizer build: its allocator keeps freed memory in quarantine,
 // so RSS checks do not apply there.
 export const ASAN = (spawnSync("ldd", [BIN]).stdout || "").toString().includes("libasan");
 
 // --threads 1: the CPU engine with one thread is fastest on a loaded CI machine.
 export async function startServer(extra = [], model = MODEL) {
-  const args = ["serve", model, "--port", "0", "--threads", "1", ...extra];
+  const args = ["serve", model, "--port", "0", "--threads", "1", ...ENGINE_ARGS, ...extra];
   const proc = spawn(BIN, args, { stdio: ["ignore", "ignore", "pipe"] });
   let stderr = "";
   const url = await new Promise((resolve, reject) => {
@@ -66,8 +70,14 @@ export async function waitIdle(url, ms = 20000) {
 // idle keep-alive socket meanwhile, and the client would reuse the dead socket.
 export async function generateCli(prompt, maxTokens) {
   const { stdout } = await promisify(execFile)(
-      BIN, ["generate", MODEL, "--prompt", prompt, "--max-tokens", String(maxTokens), "--threads", "1"]);
+      BIN, ["generate", MODEL, "--prompt", prompt, "--max-tokens", String(maxTokens), "--threads", "1", ...ENGINE_ARGS]);
   return stdout.endsWith("\n") ? stdout.slice(0, -1) : stdout;
+}
+
+// `fp8kv capacity MODEL --json` with the suite's engine flags and `args`.
+export async function capacity(args) {
+  const { stdout } = await promisify(execFile)(BIN, ["capacity", MODEL, "--json", ...ENGINE_ARGS, ...args]);
+  return JSON.parse(stdout);
 }
 
 // The error a promise rejects with (fails when it resolves).
