@@ -14,10 +14,6 @@
 # would flag the model, not the cache; the run check is the same.
 # Usage: bash fp8_demo.sh <fp8kv-binary> <source-dir>
 source "$(dirname "$0")/lib.sh"
-# The Gated DeltaNet CPU ops (src/backend/cpu/gdn.cpp) use OpenMP, which
-# --threads does not bound and whose workers spin: on a loaded 2-core machine
-# that made decode 5-10x slower (models/fp8kv-mini-gdn/README.md "Serving").
-export OMP_NUM_THREADS=1
 
 check() {  # dtype, prompt (M: the model, MIN_RATIO: its distinct-token floor)
   "$BIN" generate "$M" --kv-cache-dtype "$1" --prompt "$2" --max-tokens 64 --threads 2 > "$T/gen" 2> "$T/err" \
