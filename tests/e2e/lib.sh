@@ -53,7 +53,7 @@ PY
 now() { date +%s.%N; }
 # The watchdog's operations (docs/tp.md "The watchdog"), and its one line
 # (check_line FILE REGEX NAME: exactly one 'fp8kv: ' line, matching REGEX).
-op_re='(all_reduce|all_gather|the step broadcast|the keepalive|the wait for the next step)( \(layer [0-9]+\))?'
+op_re='(all_reduce|all_gather|the step broadcast|the KV clip counts|the keepalive|the wait for the next step)( \(layer [0-9]+\))?'
 check_line() {  # FILE REGEX NAME
   local n
   n=$(grep -c '^fp8kv: ' "$1")

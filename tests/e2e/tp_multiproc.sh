@@ -3,9 +3,10 @@
 # tensor parallelism"): two `fp8kv` processes (--nnodes 2, --node-rank 0/1,
 # sockets on 127.0.0.1) give bitwise the scores of the single-process TP 2
 # (the same rank-order fp32 sums: backend/comm.h), hence TP 1 within
-# tp.sh's bound; greedy `generate` prints the same text; rank 1 prints
-# nothing and exits 0. Bad rank/world combinations and an unreachable master
-# exit 2 naming the cause; a killed peer ends the other process (no hang).
+# tp.sh's bound; greedy `generate` prints the same text and the same KV
+# clip counts (rank 0 sums both ranks'); rank 1 prints nothing and exits 0.
+# Bad rank/world combinations and an unreachable master exit 2 naming the
+# cause; a killed peer ends the other process (no hang).
 # Usage: bash tp_multiproc.sh <fp8kv-binary> <source-dir>
 source "$(dirname "$0")/lib.sh"
 M="$SRC/models/fp8kv-mini"
@@ -81,6 +82,12 @@ wait $pid1 || fail "generate rank 1: $(cat "$T/gem1")"
 cmp -s "$T/g2" "$T/gm0" || fail "generate text differs: '$(cat "$T/g2")' vs '$(cat "$T/gm0")'"
 [ -s "$T/gm1" ] && fail "generate rank 1 printed: $(head -c 300 "$T/gm1")"
 echo "ok   generate, 2 processes == 1 process: $(head -c 60 "$T/gm0" | tr '\n' ' ')"
+# KV clip counts: rank 0 reports the sum over both processes (gathered on the
+# control channel), the single process's line to the count.
+c2=$(grep "^KV clipped at store" "$T/ge2") || fail "generate --tp 2 printed no clip line: $(cat "$T/ge2")"
+cm=$(grep "^KV clipped at store" "$T/gem0") || fail "generate rank 0 printed no clip line: $(cat "$T/gem0")"
+[ "$cm" = "$c2" ] || fail "clip counts: 2 processes '$cm', 1 process '$c2'"
+echo "ok   KV clip counts, 2 processes == 1 process: $cm"
 
 # Bad combinations (exit 2, before any model work).
 s=(score "$M" --token-ids-file "$T/ids.json" --output "$T/x.json" "${flags[@]}")

@@ -2,17 +2,20 @@
 // engine/tp_shard.h, backend/comm.h): TP = 2 and 4 equal TP = 1
 // within fp32 reordering on every family, for bf16 and fp8 caches; greedy
 // generation gives the same tokens; the collectives are exact and
-// deterministic; a TP size that does not fit the model is refused by name.
+// deterministic; a TP size that does not fit the model is refused by name;
+// the KV clip counts are summed over the ranks, in one process or several.
 #include <gtest/gtest.h>
 
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -436,6 +439,164 @@ TEST(TensorParallelEngine, ObserverNeedsOneRank) {
   } obs;
   EXPECT_THROW(e->set_store_observer(&obs), InputError);
   e->set_store_observer(nullptr);
+}
+
+// ---- KV clip counts under tensor parallelism (docs/design.md
+// "Multi-process tensor parallelism"; docs/robustness.md "KV clipping") ----
+
+// Whether `port` can be bound on the loopback now.
+bool bindable(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// A free port P with P + 1 free too (the control channel, the collectives).
+int free_port_pair() {
+  for (int i = 0; i < 64; ++i) {
+    const int p = free_port();
+    if (p > 0 && p < 65535 && bindable(p + 1)) return p;
+  }
+  return 0;
+}
+
+// Per-head scales that clip part of K and V in every layer of the tiny llama
+// (|k|, |v| are O(1) there: a threshold of 448 s = 0.45 and 1.3).
+KvScales clipping_scales(const ModelConfig& c) {
+  KvScales s = KvScales::unity(c.num_layers);
+  for (auto& l : s.layers) {
+    l.k.values.assign(static_cast<size_t>(c.num_kv_heads), 1e-3f);
+    l.v.values.assign(static_cast<size_t>(c.num_kv_heads), 1e-3f);
+    l.k.values.back() = 3e-3f;
+    l.v.values.back() = 3e-3f;
+  }
+  return s;
+}
+
+// Per layer and stream, the stored K/V elements whose |x / s| lies within a
+// relative `eps` of e4m3's max: the only ones that can clip at one TP size
+// and not at another.
+struct NearTheMax : StoreObserver {
+  NearTheMax(const KvScales& s, double eps) : sc(s), eps(eps), near(s.layers.size()) {}
+  void observe(int layer, const float*, int, const float* k, const float* v, int hkv, int d, int t) override {
+    const double m = kv_dtype_elem_max(KvDtype::fp8_e4m3);
+    for (int st = 0; st < 2; ++st) {
+      const std::vector<float>& s = st == 0 ? sc.layers.at(layer).k.values : sc.layers.at(layer).v.values;
+      const float* x = st == 0 ? k : v;
+      for (int i = 0; i < t; ++i)
+        for (int h = 0; h < hkv; ++h)
+          for (int j = 0; j < d; ++j) {
+            const double y = std::fabs(static_cast<double>(x[(static_cast<size_t>(i) * hkv + h) * d + j]) / s.at(h));
+            if (std::fabs(y - m) <= eps * m) ++near[layer][st];
+          }
+    }
+  }
+  const KvScales& sc;
+  double eps;
+  std::vector<std::array<uint64_t, 2>> near;
+};
+
+// Each rank counts the saturated K/V of its own heads; the engine reports
+// the sum over the ranks, each KV head once. TP 2 and TP 4 (the 2 KV heads
+// replicated on 2 ranks each) in one process, and TP 2 as two engines joined
+// by the multi-process control channel (threads here, processes in
+// tests/e2e/tp_multiproc.sh), report TP 1's counts. Stored elements: exactly
+// (the same tokens and heads). Clipped: two processes give bitwise the
+// simulated ranks' K/V (the same rank-order fp32 sums), so exactly their
+// counts; TP N's K/V differ from TP 1's by the fp32 reordering of the
+// row-parallel sums (a few 1e-6 relative, ScoreEqualsTp1WithinFp32Reordering),
+// so only elements within that of the threshold can flip: at most those
+// TP 1 stored within 1e-4 relative of e4m3's max (margin 10x).
+TEST(TensorParallelEngine, KvClipCountsAreSummedOverRanksAndProcesses) {
+  const ModelConfig cfg = config_of("llama");
+  auto w = ModelWeights::random(cfg, 23, 0.15f, true);
+  const KvScales scales = clipping_scales(cfg);
+  std::mt19937_64 rng(11);
+  std::vector<std::vector<int>> seqs(2);
+  for (int i = 0; i < 2; ++i)
+    for (int t = 0; t < 40 - 12 * i; ++t)
+      seqs[i].push_back(static_cast<int>(rng() % static_cast<uint64_t>(cfg.vocab_size)));
+  ScoreOptions so;
+  so.chunk_size = 7;  // several steps: the warning checks read the counts between them
+  EngineOptions base = tp_opts("fp8_e4m3", 1);
+  base.num_threads = 1;
+  auto run = [&](Engine& e, StoreObserver* obs) {
+    e.set_kv_scales(scales);
+    if (obs) e.set_store_observer(obs);
+    e.score_batch(seqs, so);
+    if (obs) e.set_store_observer(nullptr);
+    const auto c = e.kv_clip_counts();
+    EXPECT_TRUE(c.has_value());
+    return c.value_or(std::vector<KvClipCounts>{});
+  };
+  NearTheMax near(scales, 1e-4);
+  const std::vector<KvClipCounts> tp1 = run(*Engine::create(cfg, w, base), &near);
+  ASSERT_EQ(tp1.size(), static_cast<size_t>(cfg.num_layers));
+  std::map<int, std::vector<KvClipCounts>> in_process;
+  for (int tp : {2, 4}) {
+    EngineOptions o = base;
+    o.tensor_parallel_size = tp;
+    in_process[tp] = run(*Engine::create(cfg, w, o), nullptr);
+  }
+  // Two processes' worth: rank 1 serves in Engine::create until rank 0's
+  // engine is destroyed.
+  std::vector<KvClipCounts> mp;
+  {
+    EngineOptions o = base;
+    o.tensor_parallel_size = 2;
+    o.nnodes = 2;
+    o.master_port = free_port_pair();
+    o.collective_timeout_s = 30;
+    ASSERT_GT(o.master_port, 0);
+    std::exception_ptr follower_error;
+    std::thread follower([&, o]() mutable {
+      o.node_rank = 1;
+      try {
+        EXPECT_TRUE(Engine::create(cfg, w, o) == nullptr);
+      } catch (...) {
+        follower_error = std::current_exception();
+      }
+    });
+    try {
+      mp = run(*Engine::create(cfg, w, o), nullptr);
+    } catch (...) {
+      follower.join();
+      throw;
+    }
+    follower.join();
+    ASSERT_FALSE(follower_error) << "rank 1 failed";
+  }
+  uint64_t clipped = 0, stored = 0;
+  for (size_t l = 0; l < tp1.size(); ++l) {
+    SCOPED_TRACE("layer " + std::to_string(l));
+    ASSERT_EQ(mp.size(), tp1.size());
+    EXPECT_EQ(mp[l].k, in_process[2][l].k);
+    EXPECT_EQ(mp[l].v, in_process[2][l].v);
+    EXPECT_EQ(mp[l].stored, in_process[2][l].stored);
+    for (int tp : {2, 4}) {
+      const KvClipCounts& c = in_process[tp][l];
+      EXPECT_EQ(c.stored, tp1[l].stored) << "tp " << tp;
+      EXPECT_LE(std::max(c.k, tp1[l].k) - std::min(c.k, tp1[l].k), near.near[l][0]) << "tp " << tp;
+      EXPECT_LE(std::max(c.v, tp1[l].v) - std::min(c.v, tp1[l].v), near.near[l][1]) << "tp " << tp;
+    }
+    std::printf("[clips] layer %zu: K %llu V %llu of %llu (tp 1); 2 processes K %llu V %llu of %llu; near the max "
+                "K %llu V %llu\n",
+                l, static_cast<unsigned long long>(tp1[l].k), static_cast<unsigned long long>(tp1[l].v),
+                static_cast<unsigned long long>(tp1[l].stored), static_cast<unsigned long long>(mp[l].k),
+                static_cast<unsigned long long>(mp[l].v), static_cast<unsigned long long>(mp[l].stored),
+                static_cast<unsigned long long>(near.near[l][0]), static_cast<unsigned long long>(near.near[l][1]));
+    clipped += tp1[l].k + tp1[l].v;
+    stored += 2 * tp1[l].stored;
+  }
+  // The scales clip some but not all: a sum that dropped a rank would show.
+  EXPECT_GT(clipped, stored / 10);
+  EXPECT_LT(clipped, stored * 9 / 10);
 }
 
 // Sharding: KV heads replicated when num_kv_heads < TP (vLLM).
