@@ -20,6 +20,7 @@
 #include <random>
 #include <string>
 
+#include "../common/errors.h"
 #include "../common/temp_dir.h"
 #include "engine/dummy_weights.h"
 #include "engine/engine.h"
@@ -78,15 +79,6 @@ std::vector<int> tokens(int n, int vocab, uint64_t seed) {
   std::vector<int> t(n);
   for (auto& x : t) x = 3 + static_cast<int>(rng() % static_cast<uint64_t>(vocab - 3));
   return t;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "no error";
 }
 
 // The bound (test_tp.cpp derives it): TP reorders the fp32 sums of the
@@ -235,13 +227,13 @@ TEST(Qwen3_5TpEngine, LinearHeadsThatDoNotDivideAreRefusedByName) {
   auto w = ModelWeights::random(cfg, 1, 0.1f, true);
   const std::string want =
       "--tensor-parallel-size 4 does not divide linear_num_key_heads 2 and linear_num_value_heads 4";
-  std::string m = error_of([&] { Engine::create(cfg, w, q_opts("bf16", 4)); });
+  std::string m = test_util::input_error_of([&] { Engine::create(cfg, w, q_opts("bf16", 4)); });
   EXPECT_NE(m.find(want), std::string::npos) << m;
   test_util::TempDir tmp;
   atomic_write_file(tmp.path() / "config.json", qwen3_5_json(2, 4).dump());
   EngineOptions o = q_opts("bf16", 4);
   o.load_format = "dummy";
-  m = error_of([&] { Engine::load(tmp.path(), o); });
+  m = test_util::input_error_of([&] { Engine::load(tmp.path(), o); });
   EXPECT_NE(m.find(want), std::string::npos) << m;
   EXPECT_NO_THROW(Engine::create(cfg, w, q_opts("bf16", 2)));  // 2 divides both
 }
@@ -531,11 +523,11 @@ TEST(Fp8TpShard, BlockCutsOffA128BoundaryAreRefused) {
       "--tensor-parallel-size 2: fp8 weight model.layers.0.self_attn.q_proj.weight [160, 160] has 128x128 block "
       "scales, and rank 0's column-parallel shard of it, rows [0, 80), does not start and end on a 128-row block "
       "boundary";
-  std::string m = error_of([&] { check_fp8_block_shards(cfg, 2); });
+  std::string m = test_util::input_error_of([&] { check_fp8_block_shards(cfg, 2); });
   EXPECT_NE(m.find(rows), std::string::npos) << m;
-  m = error_of([&] { check_fp8_block_shards(*dummy_weights(cfg, 1), cfg, 2); });
+  m = test_util::input_error_of([&] { check_fp8_block_shards(*dummy_weights(cfg, 1), cfg, 2); });
   EXPECT_NE(m.find(rows), std::string::npos) << m;
-  m = error_of([&] { shard_weights(dummy_weights(cfg, 1), cfg, TpShard{1, 2}); });
+  m = test_util::input_error_of([&] { shard_weights(dummy_weights(cfg, 1), cfg, TpShard{1, 2}); });
   EXPECT_NE(m.find("rank 1's column-parallel shard of it, rows [80, 160)"), std::string::npos) << m;
   // Row-parallel: only o_proj and down_proj quantized (the others excluded):
   // o_proj [160, 160]'s columns [0, 80) at TP 2.
@@ -548,9 +540,9 @@ TEST(Fp8TpShard, BlockCutsOffA128BoundaryAreRefused) {
       "--tensor-parallel-size 2: fp8 weight model.layers.0.self_attn.o_proj.weight [160, 160] has 128x128 block "
       "scales, and rank 0's row-parallel shard of it, columns [0, 80), does not start and end on a 128-column block "
       "boundary";
-  m = error_of([&] { check_fp8_block_shards(c2, 2); });
+  m = test_util::input_error_of([&] { check_fp8_block_shards(c2, 2); });
   EXPECT_NE(m.find(cols), std::string::npos) << m;
-  m = error_of([&] { check_fp8_block_shards(*dummy_weights(c2, 1), c2, 2); });
+  m = test_util::input_error_of([&] { check_fp8_block_shards(*dummy_weights(c2, 1), c2, 2); });
   EXPECT_NE(m.find(cols), std::string::npos) << m;
   // The same shapes with channel or tensor scales shard anywhere.
   EXPECT_NO_THROW(check_fp8_block_shards(fp8_cfg(Fp8Format::ct_channel, false), 2));
@@ -561,7 +553,7 @@ TEST(Fp8TpShard, BlockCutsOffA128BoundaryAreRefused) {
   atomic_write_file(tmp.path() / "config.json", j.dump());
   EngineOptions o = f_opts(Fp8Compute::w8a16, 2);
   o.load_format = "dummy";
-  m = error_of([&] { Engine::load(tmp.path(), o); });
+  m = test_util::input_error_of([&] { Engine::load(tmp.path(), o); });
   EXPECT_NE(m.find(cols), std::string::npos) << m;
 }
 
