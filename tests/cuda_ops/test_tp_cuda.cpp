@@ -22,6 +22,7 @@
 #include <random>
 #include <nlohmann/json.hpp>
 
+#include "../engine/hf_golden.h"
 #include "cuda_ops_util.h"
 #include "graph_trace.h"
 #include "engine/dummy_weights.h"
@@ -136,12 +137,10 @@ void expect_tp2_matches_tp1(const std::function<std::unique_ptr<Engine>(int tp)>
 TEST(CudaTensorParallel, Qwen3_5Tp2ScoreMatchesTp1) {
   FP8KV_NEED_2_GPUS();
   for (const char* c : {"l1f1_hd256", "l3f1_hd64"}) {
-    const std::filesystem::path dir = std::filesystem::path(FP8KV_SOURCE_DIR) / "tests/golden/models_qwen3_5" / c;
-    std::ifstream in(dir / "golden.json");
-    if (!in) GTEST_SKIP() << dir << " missing (tools/gen_gdn_goldens.py)";
-    const nlohmann::json g = nlohmann::json::parse(in);
-    std::vector<std::vector<int>> seqs;
-    for (const auto& q : g["sequences"]) seqs.push_back(q.get<std::vector<int>>());
+    const std::filesystem::path dir = testing::qwen3_5_golden_dir(c);
+    nlohmann::json g;
+    if (!testing::load_qwen3_5_golden(c, g)) GTEST_SKIP() << dir << " missing (tools/gen_gdn_goldens.py)";
+    const std::vector<std::vector<int>> seqs = testing::golden_sequences(g);
     expect_tp2_matches_tp1(
         [&](int tp) {
           EngineOptions o = opts("bf16", tp);

@@ -186,6 +186,18 @@ inline void write_fp8_checkpoint(const std::filesystem::path& dir, const Fp8Chec
 }
 
 // The tensor named `name` in ts (throws when absent).
+// A CPU engine over an fp8-weight checkpoint: bf16 cache, 64 tokens.
+inline EngineOptions fp8_engine_options(Fp8Compute mode = Fp8Compute::w8a16, int tp = 1) {
+  EngineOptions o;
+  o.backend = "cpu";
+  o.kv_cache_dtype = "bf16";
+  o.max_model_len = 64;
+  o.kv_memory_bytes = 8u << 20;
+  o.fp8_weight_mode = mode;
+  o.tensor_parallel_size = tp;
+  return o;
+}
+
 inline TensorToWrite& find_tensor(std::vector<TensorToWrite>& ts, const std::string& name) {
   for (auto& t : ts)
     if (t.name == name) return t;

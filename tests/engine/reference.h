@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/kv_ops.h"
+#include "engine/engine.h"
 #include "kv/kv_scales.h"
 #include "model/config.h"
 #include "model/weights.h"
@@ -311,6 +312,14 @@ inline KvScales per_head_kv_scales(const ModelConfig& c) {
     }
   }
   return s;
+}
+
+// Engine::create, and per_head_kv_scales for an fp8 cache.
+inline std::unique_ptr<Engine> create_engine(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> w,
+                                             const EngineOptions& o) {
+  auto e = Engine::create(cfg, std::move(w), o);
+  if (kv_dtype_is_fp8(e->kv_dtype())) e->set_kv_scales(per_head_kv_scales(cfg));
+  return e;
 }
 
 }  // namespace fp8kv::testing

@@ -22,6 +22,7 @@
 #include "io/errors.h"
 #include "kv/planner.h"
 #include "numerics/fp8.h"
+#include "hf_golden.h"
 #include "reference.h"
 
 namespace fp8kv {
@@ -29,7 +30,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path golden_dir(const std::string& c) { return fs::path(FP8KV_SOURCE_DIR) / "tests/golden/models_qwen3_5" / c; }
 const char* kCases[] = {"l3f1_hd64", "l2f1_hd64", "l1f1_hd256"};
 
 using Mat = WeightMatrix LayerWeights::*;
@@ -104,10 +104,10 @@ WeightMatrix full(uint64_t seed, uint64_t id, int64_t rows, int64_t cols) {
 TEST(DummyQwen3_5, SameTensorsAndShapesAsTheCheckpointLoader) {
   for (const char* name : kCases) {
     SCOPED_TRACE(name);
-    const ModelConfig cfg = load_model_config(golden_dir(name));
+    const ModelConfig cfg = load_model_config(testing::qwen3_5_golden_dir(name));
     ASSERT_TRUE(cfg.gdn.has_value());
     ASSERT_TRUE(cfg.attn_output_gate);
-    std::shared_ptr<const Checkpoint> ckpt = Checkpoint::open(golden_dir(name));
+    std::shared_ptr<const Checkpoint> ckpt = Checkpoint::open(testing::qwen3_5_golden_dir(name));
     const auto real = ModelWeights::load(ckpt, cfg);
     const auto host = dummy_weights(cfg, 0);
     const auto lazy = dummy_weights(cfg, 0, 0.02f, /*lazy=*/true);
@@ -137,7 +137,7 @@ TEST(DummyQwen3_5, SameTensorsAndShapesAsTheCheckpointLoader) {
 // rather than through dummy_layer_matrix_id, so that a change of the order
 // shows.
 TEST(DummyQwen3_5, MatrixIdsAreAppendedAfterEveryLayers) {
-  const ModelConfig cfg = load_model_config(golden_dir("l3f1_hd64"));
+  const ModelConfig cfg = load_model_config(testing::qwen3_5_golden_dir("l3f1_hd64"));
   ASSERT_FALSE(cfg.tie_word_embeddings);
   const int64_t L = cfg.num_layers, H = cfg.hidden_size, I = cfg.intermediate_size;
   const GatedDeltaNetConfig& g = *cfg.gdn;
@@ -187,7 +187,7 @@ TEST(DummyQwen3_5, MatrixIdsAreAppendedAfterEveryLayers) {
 // conv and projections N(0, 0.02); the zero-centred norms hold 1 as applied
 // (the loader's 1 + w with w = 0).
 TEST(DummyQwen3_5, GatedDeltaNetValuesFollowTheInit) {
-  const ModelConfig cfg = load_model_config(golden_dir("l3f1_hd64"));
+  const ModelConfig cfg = load_model_config(testing::qwen3_5_golden_dir("l3f1_hd64"));
   const auto w = dummy_weights(cfg, 0);
   std::set<float> a_logs;
   double conv_sq = 0.0, conv_sum = 0.0;
@@ -239,8 +239,8 @@ uint64_t count_parameters(const ModelWeights& w) {
 TEST(DummyQwen3_5, ParameterEstimateCountsEveryCheckpointTensor) {
   for (const char* name : kCases) {
     SCOPED_TRACE(name);
-    const ModelConfig cfg = load_model_config(golden_dir(name));
-    const auto ckpt = Checkpoint::open(golden_dir(name));
+    const ModelConfig cfg = load_model_config(testing::qwen3_5_golden_dir(name));
+    const auto ckpt = Checkpoint::open(testing::qwen3_5_golden_dir(name));
     uint64_t n = 0;
     for (const std::string& t : ckpt->tensor_names()) n += static_cast<uint64_t>(ckpt->view(t).numel());
     EXPECT_EQ(estimate_parameters(cfg), n);
@@ -256,7 +256,7 @@ TEST(DummyQwen3_5, EngineRunsFromConfigAloneAndIsDeterministic) {
   for (const char* name : {"l3f1_hd64", "l1f1_hd256"}) {
     SCOPED_TRACE(name);
     test_util::TempDir dir;
-    fs::copy_file(golden_dir(name) / "config.json", dir.path() / "config.json");
+    fs::copy_file(testing::qwen3_5_golden_dir(name) / "config.json", dir.path() / "config.json");
     EngineOptions o;
     o.backend = "cpu";
     o.max_model_len = 64;

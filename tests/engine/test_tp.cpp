@@ -271,9 +271,7 @@ EngineOptions tp_opts(const std::string& dtype, int tp) {
 
 std::unique_ptr<Engine> make(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> w, const std::string& dtype,
                              int tp) {
-  auto e = Engine::create(cfg, std::move(w), tp_opts(dtype, tp));
-  if (kv_dtype_is_fp8(e->kv_dtype())) e->set_kv_scales(testing::per_head_kv_scales(cfg));
-  return e;
+  return testing::create_engine(cfg, std::move(w), tp_opts(dtype, tp));
 }
 
 std::vector<std::vector<float>> logits_of(Engine& e, const std::vector<int>& toks, int chunk) {

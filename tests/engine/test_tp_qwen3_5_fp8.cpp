@@ -26,6 +26,7 @@
 #include "engine/engine.h"
 #include "engine/tp_shard.h"
 #include "fp8_checkpoint.h"
+#include "hf_golden.h"
 #include "io/errors.h"
 #include "io/fs_util.h"
 #include "kv/planner.h"
@@ -127,9 +128,7 @@ EngineOptions q_opts(const std::string& dtype, int tp) {
 
 std::unique_ptr<Engine> q_make(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> w, const std::string& dtype,
                                int tp) {
-  auto e = Engine::create(cfg, std::move(w), q_opts(dtype, tp));
-  if (kv_dtype_is_fp8(e->kv_dtype())) e->set_kv_scales(testing::per_head_kv_scales(cfg));
-  return e;
+  return testing::create_engine(cfg, std::move(w), q_opts(dtype, tp));
 }
 
 class Qwen3_5Tp : public ::testing::TestWithParam<std::string> {};
@@ -333,12 +332,10 @@ TEST(Qwen3_5TpEngine, DummyLoadPerRankMatchesTp1) {
 // at most twice the largest logit move): the bf16-cache bound, top-1 equal.
 TEST(Qwen3_5TpEngine, GoldenCheckpointsTp2MatchTp1) {
   for (const char* c : {"l1f1_hd256", "l3f1_hd64"}) {
-    const std::filesystem::path dir = std::filesystem::path(FP8KV_SOURCE_DIR) / "tests/golden/models_qwen3_5" / c;
-    std::ifstream in(dir / "golden.json");
-    if (!in) GTEST_SKIP() << dir << " missing (tools/gen_gdn_goldens.py)";
-    const nlohmann::json g = nlohmann::json::parse(in);
-    std::vector<std::vector<int>> seqs;
-    for (const auto& q : g["sequences"]) seqs.push_back(q.get<std::vector<int>>());
+    const std::filesystem::path dir = testing::qwen3_5_golden_dir(c);
+    nlohmann::json g;
+    if (!testing::load_qwen3_5_golden(c, g)) GTEST_SKIP() << dir << " missing (tools/gen_gdn_goldens.py)";
+    const std::vector<std::vector<int>> seqs = testing::golden_sequences(g);
     EngineOptions o = q_opts("bf16", 1);
     o.max_model_len = 128;
     o.kv_memory_bytes = 64u << 20;
@@ -371,17 +368,6 @@ void aligned_shape(nlohmann::json& j) {
   j["vocab_size"] = 212;
 }
 
-EngineOptions f_opts(Fp8Compute mode, int tp) {
-  EngineOptions o;
-  o.backend = "cpu";
-  o.kv_cache_dtype = "bf16";
-  o.max_model_len = 64;
-  o.kv_memory_bytes = 8u << 20;
-  o.fp8_weight_mode = mode;
-  o.tensor_parallel_size = tp;
-  return o;
-}
-
 class Fp8Tp : public ::testing::TestWithParam<std::tuple<Fp8Format, Fp8Compute>> {};
 
 // W8A16: every rank's GEMM dequantizes its shard to exactly the values of
@@ -408,17 +394,17 @@ TEST_P(Fp8Tp, ScoreEqualsTp1WithinTheBound) {
   co.edit_config = aligned_shape;
   write_fp8_checkpoint(tmp.path(), co);
   const auto toks = tokens(20, 212, 3);
-  const Logits ref = logits_of(*Engine::load(tmp.path(), f_opts(mode, 1)), toks, 0);
+  const Logits ref = logits_of(*Engine::load(tmp.path(), testing::fp8_engine_options(mode, 1)), toks, 0);
   const bool per_token = mode == Fp8Compute::w8a8 && format != Fp8Format::block;
   double bound = cache_bound("bf16");
   if (mode == Fp8Compute::w8a8) {
-    const Logits a16 = logits_of(*Engine::load(tmp.path(), f_opts(Fp8Compute::w8a16, 1)), toks, 0);
+    const Logits a16 = logits_of(*Engine::load(tmp.path(), testing::fp8_engine_options(Fp8Compute::w8a16, 1)), toks, 0);
     const double D = compare(a16, ref).max_abs;
     EXPECT_GT(D, 0.0);
     bound += 2.0 * D;
   }
   for (int tp : {2, 4}) {
-    const Diff d = compare(ref, logits_of(*Engine::load(tmp.path(), f_opts(mode, tp)), toks, 0));
+    const Diff d = compare(ref, logits_of(*Engine::load(tmp.path(), testing::fp8_engine_options(mode, tp)), toks, 0));
     if (!per_token) {
       EXPECT_EQ(d.top1_mismatches, 0) << "tp " << tp;
     }
@@ -551,7 +537,7 @@ TEST(Fp8TpShard, BlockCutsOffA128BoundaryAreRefused) {
   // `--load-format dummy` refuses before any rank makes its shard.
   test_util::TempDir tmp;
   atomic_write_file(tmp.path() / "config.json", j.dump());
-  EngineOptions o = f_opts(Fp8Compute::w8a16, 2);
+  EngineOptions o = testing::fp8_engine_options(Fp8Compute::w8a16, 2);
   o.load_format = "dummy";
   m = test_util::input_error_of([&] { Engine::load(tmp.path(), o); });
   EXPECT_NE(m.find(cols), std::string::npos) << m;
@@ -569,7 +555,7 @@ TEST(Fp8TpEngine, DummyLoadPerRankMatchesTp1) {
   std::map<std::pair<int, Fp8Compute>, Logits> out;
   for (int tp : {1, 2})
     for (Fp8Compute mode : {Fp8Compute::w8a16, Fp8Compute::w8a8}) {
-      EngineOptions o = f_opts(mode, tp);
+      EngineOptions o = testing::fp8_engine_options(mode, tp);
       o.load_format = "dummy";
       out[{tp, mode}] = logits_of(*Engine::load(tmp.path(), o), toks, 0);
     }
