@@ -24,6 +24,7 @@
 #include "numerics/fp8.h"
 #include "hf_golden.h"
 #include "reference.h"
+#include "weights_compare.h"
 
 namespace fp8kv {
 namespace {
@@ -32,33 +33,8 @@ namespace fs = std::filesystem;
 
 const char* kCases[] = {"l3f1_hd64", "l2f1_hd64", "l1f1_hd256"};
 
-using Mat = WeightMatrix LayerWeights::*;
-using Vec = std::vector<float> LayerWeights::*;
-const std::pair<const char*, Mat> kMats[] = {
-    {"q_proj", &LayerWeights::q_proj},         {"k_proj", &LayerWeights::k_proj},
-    {"v_proj", &LayerWeights::v_proj},         {"o_proj", &LayerWeights::o_proj},
-    {"gate_proj", &LayerWeights::gate_proj},   {"up_proj", &LayerWeights::up_proj},
-    {"down_proj", &LayerWeights::down_proj},   {"in_proj_qkv", &LayerWeights::in_proj_qkv},
-    {"in_proj_z", &LayerWeights::in_proj_z},   {"in_proj_b", &LayerWeights::in_proj_b},
-    {"in_proj_a", &LayerWeights::in_proj_a},   {"out_proj", &LayerWeights::out_proj}};
-const std::pair<const char*, Vec> kVecs[] = {
-    {"input_norm", &LayerWeights::input_norm},
-    {"q_bias", &LayerWeights::q_bias},
-    {"k_bias", &LayerWeights::k_bias},
-    {"v_bias", &LayerWeights::v_bias},
-    {"o_bias", &LayerWeights::o_bias},
-    {"q_norm", &LayerWeights::q_norm},
-    {"k_norm", &LayerWeights::k_norm},
-    {"post_attention_norm", &LayerWeights::post_attention_norm},
-    {"pre_ffn_norm", &LayerWeights::pre_ffn_norm},
-    {"post_ffn_norm", &LayerWeights::post_ffn_norm},
-    {"gate_bias", &LayerWeights::gate_bias},
-    {"up_bias", &LayerWeights::up_bias},
-    {"down_bias", &LayerWeights::down_bias},
-    {"conv1d", &LayerWeights::conv1d},
-    {"A_log", &LayerWeights::A_log},
-    {"dt_bias", &LayerWeights::dt_bias},
-    {"gdn_norm", &LayerWeights::gdn_norm}};
+using testing::kLayerMatrices;
+using testing::kLayerVectors;
 
 bool present(const WeightMatrix& m) { return m.data != nullptr || m.dummy; }
 
@@ -78,9 +54,9 @@ void expect_same_tensors(const ModelWeights& want, const ModelWeights& got, cons
   EXPECT_EQ(want.final_norm.size(), got.final_norm.size()) << tag;
   ASSERT_EQ(want.layers.size(), got.layers.size()) << tag;
   for (size_t l = 0; l < want.layers.size(); ++l) {
-    for (const auto& [n, m] : kMats)
+    for (const auto& [n, m] : kLayerMatrices)
       expect_same_matrix_shape(want.layers[l].*m, got.layers[l].*m, tag + " layer " + std::to_string(l) + " " + n);
-    for (const auto& [n, v] : kVecs)
+    for (const auto& [n, v] : kLayerVectors)
       EXPECT_EQ((want.layers[l].*v).size(), (got.layers[l].*v).size())
           << tag << " layer " << l << " " << n;
   }
@@ -115,7 +91,7 @@ TEST(DummyQwen3_5, SameTensorsAndShapesAsTheCheckpointLoader) {
     expect_same_tensors(*real, *lazy, "lazy");
     int linear = 0;
     for (int l = 0; l < cfg.num_layers; ++l) {
-      for (const auto& [n, m] : kMats) {
+      for (const auto& [n, m] : kLayerMatrices) {
         const WeightMatrix& h = host->layers[l].*m;
         const WeightMatrix& z = lazy->layers[l].*m;
         if (!present(h)) continue;
@@ -123,7 +99,7 @@ TEST(DummyQwen3_5, SameTensorsAndShapesAsTheCheckpointLoader) {
         EXPECT_TRUE(z.bf16 && !z.data && z.dummy) << l << " " << n;
       }
       // Vectors are the same on both paths.
-      for (const auto& [n, v] : kVecs) EXPECT_EQ(host->layers[l].*v, lazy->layers[l].*v) << l << " " << n;
+      for (const auto& [n, v] : kLayerVectors) EXPECT_EQ(host->layers[l].*v, lazy->layers[l].*v) << l << " " << n;
       linear += cfg.is_linear(l);
     }
     EXPECT_GT(linear, 0);
@@ -226,9 +202,9 @@ uint64_t count_parameters(const ModelWeights& w) {
   uint64_t n = static_cast<uint64_t>(w.embed.rows * w.embed.cols + w.final_norm.size());
   if (w.lm_head) n += static_cast<uint64_t>(w.lm_head->rows * w.lm_head->cols);
   for (const LayerWeights& L : w.layers) {
-    for (const auto& [name, m] : kMats)
+    for (const auto& [name, m] : kLayerMatrices)
       if (present(L.*m)) n += static_cast<uint64_t>((L.*m).rows * (L.*m).cols);
-    for (const auto& [name, v] : kVecs) n += (L.*v).size();
+    for (const auto& [name, v] : kLayerVectors) n += (L.*v).size();
   }
   return n;
 }

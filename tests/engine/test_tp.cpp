@@ -32,6 +32,7 @@
 #include "model/weights.h"
 #include "numerics/fp8.h"
 #include "reference.h"
+#include "weights_compare.h"
 
 namespace fp8kv {
 using ::testing::HasSubstr;
@@ -334,13 +335,7 @@ TEST_P(TensorParallel, GreedyGenerationGivesTheSameTokens) {
   const auto [family, dtype] = GetParam();
   const ModelConfig cfg = config_of(family);
   auto w = ModelWeights::random(cfg, 5, 0.15f, true);
-  const std::vector<int> prompt{5, 17, 42, 9, 100, 3};
-  GenerateOptions g;
-  g.max_tokens = 20;
-  g.stop_at_eos = false;
-  const auto ref = make(cfg, w, dtype, 1)->generate(prompt, g).tokens;
-  ASSERT_EQ(ref.size(), 20u);
-  for (int tp : {2, 4}) EXPECT_EQ(make(cfg, w, dtype, tp)->generate(prompt, g).tokens, ref) << "tp " << tp;
+  testing::expect_greedy_same_at_tp([&](int tp) { return make(cfg, w, dtype, tp); }, {5, 17, 42, 9, 100, 3});
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, TensorParallel,
@@ -596,52 +591,11 @@ TEST(TensorParallelEngine, KvClipCountsAreSummedOverRanksAndProcesses) {
 // every matrix (shape, dtype, bytes) and vector, on families with biases,
 // tied embeddings, a vocab-parallel head and replicated KV heads.
 TEST(TpShard, DummyWeightsShardEqualsShardOfFullDummy) {
-  auto same = [](const WeightMatrix& a, const WeightMatrix& b, const std::string& what) {
-    ASSERT_EQ(a.rows, b.rows) << what;
-    ASSERT_EQ(a.cols, b.cols) << what;
-    ASSERT_EQ(a.bf16, b.bf16) << what;
-    EXPECT_EQ(0, std::memcmp(a.data, b.data, a.bytes())) << what;
-  };
   for (const std::string fam : {"llama", "llama_bias", "llama_v212", "qwen2", "gemma3"}) {
     const ModelConfig cfg = config_of(fam);
-    const auto full = dummy_weights(cfg, 3);
-    for (int world : {2, 4}) {
-      if (cfg.num_heads % world || cfg.intermediate_size % world) continue;
-      for (int r = 0; r < world; ++r) {
-        const std::string at = fam + " world " + std::to_string(world) + " rank " + std::to_string(r);
-        const auto want = shard_weights(full, cfg, TpShard{r, world});
-        const auto got = dummy_weights_shard(cfg, TpShard{r, world, true}, 3);
-        same(got->embed, want->embed, at + " embed");
-        ASSERT_EQ(got->lm_head.has_value(), want->lm_head.has_value()) << at;
-        if (want->lm_head) same(*got->lm_head, *want->lm_head, at + " lm_head");
-        EXPECT_EQ(got->final_norm, want->final_norm) << at;
-        EXPECT_EQ(got->embed_scale, want->embed_scale) << at;
-        ASSERT_EQ(got->layers.size(), want->layers.size());
-        for (size_t l = 0; l < want->layers.size(); ++l) {
-          const LayerWeights &g = got->layers[l], &w = want->layers[l];
-          same(g.q_proj, w.q_proj, at + " q");
-          same(g.k_proj, w.k_proj, at + " k");
-          same(g.v_proj, w.v_proj, at + " v");
-          same(g.o_proj, w.o_proj, at + " o");
-          same(g.gate_proj, w.gate_proj, at + " gate");
-          same(g.up_proj, w.up_proj, at + " up");
-          same(g.down_proj, w.down_proj, at + " down");
-          EXPECT_EQ(g.q_bias, w.q_bias) << at;
-          EXPECT_EQ(g.k_bias, w.k_bias) << at;
-          EXPECT_EQ(g.v_bias, w.v_bias) << at;
-          EXPECT_EQ(g.o_bias, w.o_bias) << at;
-          EXPECT_EQ(g.gate_bias, w.gate_bias) << at;
-          EXPECT_EQ(g.up_bias, w.up_bias) << at;
-          EXPECT_EQ(g.down_bias, w.down_bias) << at;
-          EXPECT_EQ(g.input_norm, w.input_norm) << at;
-          EXPECT_EQ(g.post_attention_norm, w.post_attention_norm) << at;
-          EXPECT_EQ(g.pre_ffn_norm, w.pre_ffn_norm) << at;
-          EXPECT_EQ(g.post_ffn_norm, w.post_ffn_norm) << at;
-          EXPECT_EQ(g.q_norm, w.q_norm) << at;
-          EXPECT_EQ(g.k_norm, w.k_norm) << at;
-        }
-      }
-    }
+    for (int world : {2, 4})
+      if (cfg.num_heads % world == 0 && cfg.intermediate_size % world == 0)
+        testing::expect_dummy_shards_equal(cfg, world, fam);
   }
 }
 

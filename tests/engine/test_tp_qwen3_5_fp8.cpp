@@ -27,6 +27,7 @@
 #include "engine/tp_shard.h"
 #include "fp8_checkpoint.h"
 #include "hf_golden.h"
+#include "weights_compare.h"
 #include "io/errors.h"
 #include "io/fs_util.h"
 #include "kv/planner.h"
@@ -38,6 +39,7 @@
 namespace fp8kv {
 namespace {
 
+using testing::expect_dummy_shards_equal;
 using testing::Fp8CheckpointOptions;
 using testing::Fp8Format;
 using testing::write_fp8_checkpoint;
@@ -156,13 +158,7 @@ TEST_P(Qwen3_5Tp, GreedyGenerationGivesTheSameTokens) {
   const std::string dtype = GetParam();
   const ModelConfig cfg = qwen3_5_cfg();
   auto w = ModelWeights::random(cfg, 5, 0.15f, true);
-  const std::vector<int> prompt = tokens(11, cfg.vocab_size, 9);
-  GenerateOptions g;
-  g.max_tokens = 20;
-  g.stop_at_eos = false;
-  const auto ref = q_make(cfg, w, dtype, 1)->generate(prompt, g).tokens;
-  ASSERT_EQ(ref.size(), 20u);
-  for (int tp : {2, 4}) EXPECT_EQ(q_make(cfg, w, dtype, tp)->generate(prompt, g).tokens, ref) << "tp " << tp;
+  testing::expect_greedy_same_at_tp([&](int tp) { return q_make(cfg, w, dtype, tp); }, tokens(11, cfg.vocab_size, 9));
 }
 
 INSTANTIATE_TEST_SUITE_P(Caches, Qwen3_5Tp, ::testing::Values("bf16", "fp8_e4m3"));
@@ -235,56 +231,6 @@ TEST(Qwen3_5TpEngine, LinearHeadsThatDoNotDivideAreRefusedByName) {
   m = test_util::input_error_of([&] { Engine::load(tmp.path(), o); });
   EXPECT_NE(m.find(want), std::string::npos) << m;
   EXPECT_NO_THROW(Engine::create(cfg, w, q_opts("bf16", 2)));  // 2 divides both
-}
-
-void expect_same(const WeightMatrix& a, const WeightMatrix& b, const std::string& what) {
-  ASSERT_EQ(a.rows, b.rows) << what;
-  ASSERT_EQ(a.cols, b.cols) << what;
-  ASSERT_EQ(a.bf16, b.bf16) << what;
-  ASSERT_EQ(a.fp8, b.fp8) << what;
-  if (!a.data && !b.data) return;
-  ASSERT_TRUE(a.data && b.data) << what;
-  EXPECT_EQ(0, std::memcmp(a.data, b.data, a.bytes())) << what;
-  if (a.fp8) {
-    EXPECT_EQ(a.scale_granularity, b.scale_granularity) << what;
-    ASSERT_TRUE(a.scales && b.scales) << what;
-    EXPECT_EQ(*a.scales, *b.scales) << what;
-  }
-}
-
-// Per-rank dummy weights (--load-format dummy, TP > 1) are bitwise the
-// rank's shard of the full dummy model: every matrix (fp8: bytes and
-// scales) and vector, the Gated DeltaNet ones included.
-void expect_dummy_shards_equal(const ModelConfig& cfg, int world, const std::string& tag) {
-  const auto full = dummy_weights(cfg, 3);
-  for (int r = 0; r < world; ++r) {
-    const std::string at = tag + " world " + std::to_string(world) + " rank " + std::to_string(r);
-    const auto want = shard_weights(full, cfg, TpShard{r, world});
-    const auto got = dummy_weights_shard(cfg, TpShard{r, world, true}, 3);
-    expect_same(got->embed, want->embed, at + " embed");
-    ASSERT_EQ(got->lm_head.has_value(), want->lm_head.has_value()) << at;
-    if (want->lm_head) expect_same(*got->lm_head, *want->lm_head, at + " lm_head");
-    ASSERT_EQ(got->layers.size(), want->layers.size());
-    for (size_t l = 0; l < want->layers.size(); ++l) {
-      const LayerWeights &g = got->layers[l], &w = want->layers[l];
-      const std::string al = at + " layer " + std::to_string(l);
-      const std::pair<const char*, WeightMatrix LayerWeights::*> mats[] = {
-          {"q", &LayerWeights::q_proj},          {"k", &LayerWeights::k_proj},
-          {"v", &LayerWeights::v_proj},          {"o", &LayerWeights::o_proj},
-          {"gate", &LayerWeights::gate_proj},    {"up", &LayerWeights::up_proj},
-          {"down", &LayerWeights::down_proj},    {"in_proj_qkv", &LayerWeights::in_proj_qkv},
-          {"in_proj_z", &LayerWeights::in_proj_z}, {"in_proj_b", &LayerWeights::in_proj_b},
-          {"in_proj_a", &LayerWeights::in_proj_a}, {"out_proj", &LayerWeights::out_proj}};
-      for (const auto& [n, m] : mats) expect_same(g.*m, w.*m, al + " " + n);
-      const std::pair<const char*, std::vector<float> LayerWeights::*> vecs[] = {
-          {"input_norm", &LayerWeights::input_norm}, {"post_attention_norm", &LayerWeights::post_attention_norm},
-          {"q_norm", &LayerWeights::q_norm},         {"k_norm", &LayerWeights::k_norm},
-          {"q_bias", &LayerWeights::q_bias},         {"o_bias", &LayerWeights::o_bias},
-          {"conv1d", &LayerWeights::conv1d},         {"A_log", &LayerWeights::A_log},
-          {"dt_bias", &LayerWeights::dt_bias},       {"gdn_norm", &LayerWeights::gdn_norm}};
-      for (const auto& [n, v] : vecs) EXPECT_EQ(g.*v, w.*v) << al << " " << n;
-    }
-  }
 }
 
 TEST(Qwen3_5TpShard, DummyWeightsShardEqualsShardOfFullDummy) {
