@@ -423,5 +423,8 @@ std::unique_ptr<Backend> make_cpu_backend(const ModelConfig& cfg, const BackendO
 std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& cfg, const BackendOptions& opts);
 // True when a usable CUDA device is present (CUDA builds; false otherwise).
 bool cuda_device_available();
+// The CUDA devices this process sees (CUDA builds; 0 otherwise, or when the
+// runtime cannot tell).
+int cuda_device_count();
 
 }  // namespace fp8kv

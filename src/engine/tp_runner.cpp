@@ -15,8 +15,6 @@
 #include "io/errors.h"
 
 #if defined(FP8KV_HAVE_CUDA_BACKEND)
-#include <cuda_runtime.h>
-
 #include "backend/cuda/comm/nccl.h"
 #endif
 
@@ -229,11 +227,7 @@ TpRunner::TpRunner(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> w
       comms_.push_back(make_cpu_socket_communicator(grank_, world, mp.master_addr, mp.master_port + 1, timeout));
     } else {
 #if defined(FP8KV_HAVE_CUDA_BACKEND)
-      int count = 0;
-      if (cudaGetDeviceCount(&count) != cudaSuccess) {
-        cudaGetLastError();
-        count = 0;
-      }
+      const int count = cuda_device_count();
       if (count < 1) throw InputError(fmt::format("--backend {} with --nnodes {}: no CUDA device here", name, world));
       o.device = (bo.device + grank_) % count;  // one host with N GPUs: rank r on GPU r
       comms_.push_back(make_nccl_communicator_tcp(grank_, world, o.device, mp.master_addr, mp.master_port + 1));
@@ -266,11 +260,7 @@ TpRunner::TpRunner(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> w
     comms_ = make_cpu_communicators(world);
   } else {
 #if defined(FP8KV_HAVE_CUDA_BACKEND)
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess) {
-      cudaGetLastError();
-      count = 0;
-    }
+    const int count = cuda_device_count();
     if (bo.device + world > count)
       throw InputError(fmt::format("--tensor-parallel-size {} needs {} CUDA devices from device {}; this machine has {}",
                                    world, world, bo.device, count));

@@ -34,17 +34,9 @@ namespace {
 
 using namespace cudaops_test;
 
-int gpus() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
-#define FP8KV_NEED_2_GPUS() \
-  if (gpus() < 2) GTEST_SKIP() << "tensor parallel needs 2 CUDA devices (found " << gpus() << ")"
+#define FP8KV_NEED_2_GPUS()    \
+  if (cuda::cuda_device_count() < 2) \
+  GTEST_SKIP() << "tensor parallel needs 2 CUDA devices (found " << cuda::cuda_device_count() << ")"
 
 EngineOptions opts(const std::string& dtype, int tp) {
   EngineOptions o;
