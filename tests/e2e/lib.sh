@@ -49,6 +49,23 @@ for _ in range(200):
 PY
 }
 
+# start_serve_pair TAG MODEL ARGS...: one tensor-parallel group of two `serve`
+# processes (--tp 2 --nnodes 2 on a free port pair, rank 1 started first),
+# stderr in $T/TAG.e0 and $T/TAG.e1. Sets pid0, pid1 and port (rank 0's HTTP
+# port) once rank 0 listens; otherwise kills both and fails.
+start_serve_pair() {
+  local tag=$1 model=$2 P; shift 2
+  P=$(free_port_pair); [ -n "$P" ] || fail "$tag: no free port"
+  local mp=(--tp 2 --nnodes 2 --master-port "$P")
+  "$BIN" serve "$model" --port 0 "$@" "${mp[@]}" --node-rank 1 > /dev/null 2> "$T/$tag.e1" &
+  pid1=$!
+  "$BIN" serve "$model" --port 0 "$@" "${mp[@]}" --node-rank 0 > /dev/null 2> "$T/$tag.e0" &
+  pid0=$!
+  for _ in $(seq 1 300); do grep -q "listening on" "$T/$tag.e0" 2>/dev/null && break; sleep 0.1; done
+  port=$(grep -o 'listening on http://[^ ]*' "$T/$tag.e0" | grep -o '[0-9]*$')
+  [ -n "$port" ] || { kill -9 $pid0 $pid1 2>/dev/null; fail "$tag: serve did not start: $(tail -c 400 "$T/$tag.e0")"; }
+}
+
 # ---- tensor-parallel watchdog helpers (tp_watchdog*.sh) ----
 now() { date +%s.%N; }
 # The watchdog's operations (docs/tp.md "The watchdog"), and its one line

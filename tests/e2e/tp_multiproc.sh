@@ -109,14 +109,7 @@ expect_refused "bad --collective-timeout" "--collective-timeout" "$BIN" "${s[@]}
 # serve: SIGTERM on rank 0 ends rank 1 too (exit 0: rank 0's engine says
 # quit); a rank 0 killed with SIGKILL ends rank 1 at once (exit != 0, no hang).
 for sig in TERM KILL; do
-  P=$(free_port)
-  mp=(--tp 2 --nnodes 2 --master-port "$P")
-  "$BIN" serve "$M" --port 0 "${flags[@]}" "${mp[@]}" --node-rank 1 > /dev/null 2> "$T/d1" &
-  pid1=$!
-  "$BIN" serve "$M" --port 0 "${flags[@]}" "${mp[@]}" --node-rank 0 > /dev/null 2> "$T/d0" &
-  pid0=$!
-  for _ in $(seq 1 300); do grep -q "listening on" "$T/d0" 2>/dev/null && break; sleep 0.1; done
-  grep -q "listening on" "$T/d0" || { kill $pid0 $pid1 2>/dev/null; fail "serve rank 0 did not start: $(cat "$T/d0")"; }
+  start_serve_pair "d$sig" "$M" "${flags[@]}"
   sleep 0.5
   kill -$sig $pid0
   wait $pid0 2>/dev/null
@@ -124,10 +117,10 @@ for sig in TERM KILL; do
   wait $pid1; rc=$?
   [ $(( $(date +%s) - start )) -lt 30 ] || fail "rank 1 took too long to end after rank 0's SIG$sig"
   if [ $sig = TERM ]; then
-    [ "$rc" = 0 ] || fail "rank 1 exit $rc after rank 0's SIGTERM: $(tail -c 400 "$T/d1")"
+    [ "$rc" = 0 ] || fail "rank 1 exit $rc after rank 0's SIGTERM: $(tail -c 400 "$T/d$sig.e1")"
   else
     [ "$rc" != 0 ] || fail "rank 1 exit 0 after rank 0 was killed"
-    grep -q "closed the connection\|Connection reset" "$T/d1" || fail "rank 1's error: $(tail -c 400 "$T/d1")"
+    grep -q "closed the connection\|Connection reset" "$T/d$sig.e1" || fail "rank 1's error: $(tail -c 400 "$T/d$sig.e1")"
   fi
   echo "ok   serve: SIG$sig on rank 0 ends rank 1 (exit $rc)"
 done
