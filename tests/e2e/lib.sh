@@ -29,6 +29,39 @@ expect_refused() {
   echo "ok   $name"
 }
 
+# write_report FILE STATUS K:V...: a calibration report as inject reads it
+# (target fp8_e4m3, rule safety:1.3, q_scale 1.0) with one layer per K:V
+# pair; K and V are raw JSON (a test may write null, NaN or a list).
+write_report() {
+  local f=$1 status=$2 i=0 sep="" kv
+  shift 2
+  {
+    printf '{"status": "%s", "target": "fp8_e4m3", "rule": "safety:1.3", "layers": [' "$status"
+    for kv in "$@"; do
+      printf '%s\n {"layer": %d, "k_scale": %s, "v_scale": %s, "q_scale": 1.0}' "$sep" "$i" "${kv%%:*}" "${kv#*:}"
+      sep=","; i=$((i + 1))
+    done
+    printf ']}\n'
+  } > "$f"
+}
+
+# random_ids FILE N VOCAB SEED: a JSON list of N token ids below VOCAB.
+random_ids() {
+  python3 -c "import json, random, sys; random.seed(int(sys.argv[4])); \
+json.dump([random.randrange(int(sys.argv[3])) for _ in range(int(sys.argv[2]))], open(sys.argv[1], 'w'))" "$@"
+}
+
+# score_tp12 MODEL IDS ARGS...: `score` of the ids in IDS at --tp 1 and --tp 2
+# (one process) into $T/s1.json and $T/s2.json, stderr in $T/e1 and $T/e2.
+score_tp12() {
+  local model=$1 ids=$2 tp
+  shift 2
+  for tp in 1 2; do
+    "$BIN" score "$model" --token-ids-file "$ids" --output "$T/s$tp.json" "$@" --tp $tp > /dev/null 2> "$T/e$tp" \
+      || fail "score --tp $tp: $(cat "$T/e$tp")"
+  done
+}
+
 # True when BIN was built with AddressSanitizer (its allocator reserves far
 # more virtual memory than `ulimit -v` allows, so memory-limit checks skip).
 bin_has_asan() { ldd "$BIN" 2>/dev/null | grep -q libasan; }

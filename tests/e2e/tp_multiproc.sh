@@ -12,14 +12,11 @@ source "$(dirname "$0")/lib.sh"
 M="$SRC/models/fp8kv-mini"
 [ -f "$M/config.json" ] || fail "no $M"
 free_port() { free_port_pair; }  # control and collectives (lib.sh)
-python3 -c "import json, random; random.seed(1); json.dump([random.randrange(8192) for _ in range(48)], open('$T/ids.json', 'w'))"
+random_ids "$T/ids.json" 48 8192 1
 flags=(--kv-memory 4MiB --max-model-len 256 --kv-cache-dtype fp8 --threads 1)
 
 # Single process: TP 1 and TP 2 (threads).
-for tp in 1 2; do
-  "$BIN" score "$M" --token-ids-file "$T/ids.json" --output "$T/s$tp.json" "${flags[@]}" --tp $tp \
-    > /dev/null 2> "$T/e$tp" || fail "score --tp $tp: $(cat "$T/e$tp")"
-done
+score_tp12 "$M" "$T/ids.json" "${flags[@]}"
 # Two processes; rank 1 first (start order does not matter).
 P=$(free_port); [ -n "$P" ] || fail "no free port"
 mp=(--tp 2 --nnodes 2 --master-addr 127.0.0.1 --master-port "$P")
