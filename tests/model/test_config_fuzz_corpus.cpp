@@ -23,7 +23,6 @@ namespace fs = std::filesystem;
 TEST(ConfigFuzzCorpus, EveryInputParsedOrRefusedWithInputError) {
   const auto corpus = fp8kv::test_util::fuzz_corpus("fuzz_config");
   ASSERT_GE(corpus.size(), 20u) << "tests/data/fuzz_config";
-  const int files = static_cast<int>(corpus.size());
   int accepted = 0, refused = 0, not_json = 0;
   for (const auto& [path, text] : corpus) {
     const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -50,7 +49,8 @@ TEST(ConfigFuzzCorpus, EveryInputParsedOrRefusedWithInputError) {
   }
   EXPECT_GT(accepted, 0);
   EXPECT_GT(refused, 0);
-  std::printf("fuzz_config corpus: %d files, %d accepted, %d refused, %d not JSON\n", files, accepted, refused, not_json);
+  std::printf("fuzz_config corpus: %zu files, %d accepted, %d refused, %d not JSON\n", corpus.size(), accepted, refused,
+              not_json);
 }
 
 // fuzz_config found (2026-12-01) that a config without rope_scaling took a

@@ -32,7 +32,6 @@ TEST(RequestFuzzCorpus, EveryBodyParsedOrRefusedWithApiError) {
   };
   const auto corpus = fp8kv::test_util::fuzz_corpus("fuzz_request");
   ASSERT_GE(corpus.size(), 20u) << "tests/data/fuzz_request";
-  const int files = static_cast<int>(corpus.size());
   int parsed = 0, refused = 0;
   for (const auto& [path, text] : corpus) {
     const auto body = nlohmann::json::parse(text, nullptr, false);
@@ -56,5 +55,5 @@ TEST(RequestFuzzCorpus, EveryBodyParsedOrRefusedWithApiError) {
   }
   EXPECT_GT(parsed, 0);
   EXPECT_GT(refused, 0);
-  std::printf("fuzz_request corpus: %d files, %d parses, %d refusals\n", files, parsed, refused);
+  std::printf("fuzz_request corpus: %zu files, %d parses, %d refusals\n", corpus.size(), parsed, refused);
 }

@@ -26,7 +26,6 @@ namespace {
 TEST(TemplateFuzzCorpus, EveryInputLoadsAndRendersOrFailsWithItsKind) {
   const auto corpus = fp8kv::test_util::fuzz_corpus("fuzz_template");
   ASSERT_GE(corpus.size(), 20u) << "tests/data/fuzz_template";
-  const int files = static_cast<int>(corpus.size());
   int syntax = 0, rendered = 0, render_errors = 0;
   for (const auto& [path, text] : corpus) {
     std::optional<ChatTemplate> t;
@@ -57,8 +56,8 @@ TEST(TemplateFuzzCorpus, EveryInputLoadsAndRendersOrFailsWithItsKind) {
   EXPECT_GT(syntax, 0);
   EXPECT_GT(rendered, 0);
   EXPECT_GT(render_errors, 0);
-  std::printf("fuzz_template corpus: %d files, %d syntax errors, %d renders, %d render errors\n", files, syntax,
-              rendered, render_errors);
+  std::printf("fuzz_template corpus: %zu files, %d syntax errors, %d renders, %d render errors\n", corpus.size(),
+              syntax, rendered, render_errors);
 }
 
 }  // namespace

@@ -19,7 +19,6 @@ namespace fs = std::filesystem;
 TEST(TokenizerFuzzCorpus, EveryFileLoadsOrIsRefusedWithInputError) {
   const auto corpus = fp8kv::test_util::fuzz_corpus("fuzz_tokenizer");
   ASSERT_GE(corpus.size(), 20u) << "tests/data/fuzz_tokenizer";
-  const int files = static_cast<int>(corpus.size());
   int loaded = 0, refused = 0;
   for (const auto& f : corpus) {
     try {
@@ -43,7 +42,7 @@ TEST(TokenizerFuzzCorpus, EveryFileLoadsOrIsRefusedWithInputError) {
   }
   EXPECT_GE(loaded, 7);  // the real fixtures of tests/data/tokenizers
   EXPECT_GT(refused, 0);
-  std::printf("fuzz_tokenizer corpus: %d files, %d loaded, %d refused\n", files, loaded, refused);
+  std::printf("fuzz_tokenizer corpus: %zu files, %d loaded, %d refused\n", corpus.size(), loaded, refused);
 }
 
 // Found by fuzz_tokenizer (2026-12-01, docs/fuzzing.md): the model vocabulary
