@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../common/random_weights.h"
 #include "io/fs_util.h"
 #include "io/safetensors.h"
 #include "model/config.h"
@@ -123,11 +124,8 @@ inline void write_fp8_checkpoint(const std::filesystem::path& dir, const Fp8Chec
   std::vector<TensorToWrite> ts;
   const ScaleGranularity g = fp8_granularity(o.format);
   for (const auto& spec : expected_tensors(cfg)) {
-    int64_t n = 1;
-    for (auto d : spec.shape) n *= d;
-    std::vector<float> v(static_cast<size_t>(n));
+    std::vector<float> v = test_util::random_weight_values(spec.shape, rng, nd);
     const bool vec = spec.shape.size() == 1;
-    for (auto& x : v) x = vec ? 1.0f + 0.1f * nd(rng) : nd(rng);
     const std::string module = spec.name.substr(0, spec.name.size() - 7);  // minus ".weight"
     if (vec || !fp8_quantizes(o.format, module)) {
       ts.push_back(make_f32_tensor(spec.name, spec.shape, v));

@@ -28,17 +28,8 @@ using namespace fp8kv::eval;
 
 namespace {
 
-struct TempDir : fp8kv::test_util::TempDir {
-  TempDir() : fp8kv::test_util::TempDir("fp8kv_eval_") {}
-};
-
-std::vector<std::vector<int>> random_docs(int n, int len, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<std::vector<int>> c(static_cast<size_t>(n));
-  for (auto& s : c)
-    for (int i = 0; i < len; ++i) s.push_back(static_cast<int>(rng() % 97));
-  return c;
-}
+using fp8kv::test_util::TempDir;
+using fp8kv::testing::random_token_seqs;
 
 EngineOptions small_engine() {
   EngineOptions o;
@@ -47,6 +38,20 @@ EngineOptions small_engine() {
   o.num_threads = 1;
   o.max_num_seqs = 1;
   return o;
+}
+
+// A bf16-cache engine (small_engine's limits) on the checkpoint in dir.
+std::unique_ptr<Engine> bf16_engine(const fs::path& dir) {
+  EngineOptions o = small_engine();
+  o.kv_cache_dtype = "bf16";
+  return Engine::load(dir, o);
+}
+
+// Scores each doc with obs attached (detached after).
+void observe(Engine& e, StoreObserver& obs, const std::vector<std::vector<int>>& docs) {
+  e.set_store_observer(&obs);
+  for (const auto& doc : docs) e.score(doc);
+  e.set_store_observer(nullptr);
 }
 
 const nlohmann::json& arm_named(const nlohmann::json& r, const std::string& name) {
@@ -156,12 +161,9 @@ TEST(EvalOutlier, KvStatsFindsClippingInTheOutlierLayerOnly) {
   TempDir d;
   const fs::path m = d.path() / "m";
   fp8kv::testing::write_tiny_checkpoint(m, {.outlier_layer = 1, .outlier_gain = 400.0f});
-  EngineOptions o = small_engine();
-  o.kv_cache_dtype = "bf16";
-  auto e = Engine::load(m, o);
+  auto e = bf16_engine(m);
   KvStatsObserver obs(kvstats_scales("unity", 3, nullptr), KvDtype::fp8_e4m3);
-  e->set_store_observer(&obs);
-  for (const auto& doc : random_docs(2, 64, 3)) e->score(doc);
+  observe(*e, obs, random_token_seqs(2, 64, 3));
   const auto j = obs.to_json(e->config());
   ASSERT_EQ(j["layers"].size(), 9u);
   for (const auto& l : j["layers"]) {
@@ -185,10 +187,8 @@ TEST(EvalOutlier, KvStatsFindsClippingInTheOutlierLayerOnly) {
   // A scale sized from the measured amax removes the clipping.
   KvStatsObserver big(kvstats_scales(std::to_string(j["layers"][5]["amax"].get<double>() / 400.0), 3, nullptr),
                       KvDtype::fp8_e4m3);
-  e->set_store_observer(&big);
-  for (const auto& doc : random_docs(2, 64, 3)) e->score(doc);
+  observe(*e, big, random_token_seqs(2, 64, 3));
   EXPECT_EQ(big.to_json(e->config())["layers"][5]["clipped"], 0);
-  e->set_store_observer(nullptr);
   EXPECT_THROW(kvstats_scales("-1", 3, nullptr), InputError);
   EXPECT_THROW(kvstats_scales("abc", 3, nullptr), InputError);
 }
@@ -201,13 +201,9 @@ TEST(EvalKvStats, HybridListsTheKvCacheLayersOnly) {
   TempDir d;
   const fs::path m = d.path() / "m";
   fp8kv::testing::write_qwen3_5_checkpoint(m, false);
-  EngineOptions o = small_engine();
-  o.kv_cache_dtype = "bf16";
-  auto e = Engine::load(m, o);
+  auto e = bf16_engine(m);
   KvStatsObserver obs(kvstats_scales("unity", 4, nullptr), KvDtype::fp8_e4m3);
-  e->set_store_observer(&obs);
-  for (const auto& doc : random_docs(2, 40, 5)) e->score(doc);
-  e->set_store_observer(nullptr);
+  observe(*e, obs, random_token_seqs(2, 40, 5));
   const auto j = obs.to_json(e->config());
   ASSERT_EQ(j["layers"].size(), 3u);  // layer 3: q, k, v
   for (const auto& l : j["layers"]) {
@@ -237,7 +233,7 @@ TEST(EvalOutlier, CompareUnityWorseThanCalibratedAndBf16SelfIsZero) {
     // of the effect; e4m3's relative step is scale-free in its normal range).
     CalibrateOptions co;
     co.rule = ScaleRule::parse("modelopt");
-    const CalibrationReport rep = calibrate(*bf16, random_docs(4, 48, 11), co);
+    const CalibrationReport rep = calibrate(*bf16, random_token_seqs(4, 48, 11), co);
     ASSERT_TRUE(rep.complete) << rep.reason;
     InjectOptions io;
     io.model_dir = m;
@@ -250,7 +246,7 @@ TEST(EvalOutlier, CompareUnityWorseThanCalibratedAndBf16SelfIsZero) {
   in.arms = parse_arms("bf16,fp8:unity,fp8:scales=" + cal.string());
   in.arms.push_back(parse_arm("bf16"));  // bf16 again (same spec, different name via copy)
   in.arms.back().name = "bf16-again";
-  in.docs = random_docs(3, 96, 99);
+  in.docs = random_token_seqs(3, 96, 99);
   in.doc_names = {"d0", "d1", "d2"};
   in.context = 64;
   in.stats.buckets = {0, 16, 32};
@@ -298,7 +294,7 @@ TEST(EvalControl, ControlPassAlignsPositions) {
   in.model_dir = m;
   in.engine = small_engine();
   in.arms = parse_arms("bf16");
-  in.docs = random_docs(2, 60, 5);
+  in.docs = random_token_seqs(2, 60, 5);
   in.doc_names = {"a", "b"};
   in.context = 40;
   in.control = true;
