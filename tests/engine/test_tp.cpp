@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -112,6 +113,18 @@ int free_port() {
   return port;
 }
 
+// The RankFailure that f throws; nullopt (and a test failure) when it throws none.
+template <class F>
+std::optional<RankFailure> rank_failure_of(F&& f) {
+  try {
+    f();
+  } catch (const RankFailure& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no RankFailure";
+  return std::nullopt;
+}
+
 // W socket ranks (threads here, processes in the engine) give bitwise the
 // thread simulation's results: both sum rank 0 + rank 1 + ... in fp32.
 TEST(CpuSocketComm, EqualsTheThreadSimulationBitwise) {
@@ -168,19 +181,16 @@ TEST(CpuSocketComm, ADeadPeerFailsTheCallPromptly) {
   c1.reset();
   const auto t0 = std::chrono::steady_clock::now();
   float x = 1.0f;
-  try {
-    c0->all_reduce_sum(&x, 1, ScalarType::f32, nullptr);
-    ADD_FAILURE() << "no error";
-  } catch (const RankFailure& e) {
-    // The watchdog's line (docs/tp.md): the lost peer, the collective, this rank.
-    EXPECT_EQ(e.kind(), RankFailure::Kind::lost);
-    EXPECT_EQ(e.peer(), 1);
-    EXPECT_EQ(e.self(), 0);
-    EXPECT_EQ(e.op(), "all_reduce");
-    EXPECT_EQ(std::string(e.what()), "rank 1 lost during all_reduce: peer closed the connection; rank 0 stops");
-    EXPECT_EQ(std::string(e.at_layer(3).what()),
-              "rank 1 lost during all_reduce (layer 3): peer closed the connection; rank 0 stops");
-  }
+  const auto e = rank_failure_of([&] { c0->all_reduce_sum(&x, 1, ScalarType::f32, nullptr); });
+  ASSERT_TRUE(e);
+  // The watchdog's line (docs/tp.md): the lost peer, the collective, this rank.
+  EXPECT_EQ(e->kind(), RankFailure::Kind::lost);
+  EXPECT_EQ(e->peer(), 1);
+  EXPECT_EQ(e->self(), 0);
+  EXPECT_EQ(e->op(), "all_reduce");
+  EXPECT_EQ(std::string(e->what()), "rank 1 lost during all_reduce: peer closed the connection; rank 0 stops");
+  EXPECT_EQ(std::string(e->at_layer(3).what()),
+            "rank 1 lost during all_reduce (layer 3): peer closed the connection; rank 0 stops");
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
 }
 
@@ -197,30 +207,24 @@ TEST(CpuSocketComm, ASilentPeerFailsTheCallAfterTheTimeout) {
   t.join();
   float x = 1.0f;
   const auto t0 = std::chrono::steady_clock::now();
-  try {
-    c0->all_reduce_sum(&x, 1, ScalarType::f32, nullptr);
-    ADD_FAILURE() << "no error";
-  } catch (const RankFailure& e) {
-    EXPECT_EQ(e.kind(), RankFailure::Kind::stalled);
-    EXPECT_EQ(e.peer(), 1);
-    EXPECT_EQ(std::string(e.what()),
-              "rank 1 stalled during all_reduce: nothing received within the collective timeout (0.3 s, "
-              "--collective-timeout); rank 0 stops");
-  }
+  const auto stalled = rank_failure_of([&] { c0->all_reduce_sum(&x, 1, ScalarType::f32, nullptr); });
+  ASSERT_TRUE(stalled);
+  EXPECT_EQ(stalled->kind(), RankFailure::Kind::stalled);
+  EXPECT_EQ(stalled->peer(), 1);
+  EXPECT_EQ(std::string(stalled->what()),
+            "rank 1 stalled during all_reduce: nothing received within the collective timeout (0.3 s, "
+            "--collective-timeout); rank 0 stops");
   const auto waited = std::chrono::steady_clock::now() - t0;
   EXPECT_GE(waited, timeout);
   EXPECT_LT(waited, std::chrono::seconds(5));
   c0.reset();  // rank 0 exits
   float g[2] = {};
-  try {
-    c1->all_gather(&x, g, 1, ScalarType::f32, nullptr);
-    ADD_FAILURE() << "no error";
-  } catch (const RankFailure& e) {
-    EXPECT_EQ(e.kind(), RankFailure::Kind::lost);
-    EXPECT_EQ(e.peer(), 0);
-    EXPECT_EQ(e.self(), 1);
-    EXPECT_EQ(e.op(), "all_gather");
-  }
+  const auto lost = rank_failure_of([&] { c1->all_gather(&x, g, 1, ScalarType::f32, nullptr); });
+  ASSERT_TRUE(lost);
+  EXPECT_EQ(lost->kind(), RankFailure::Kind::lost);
+  EXPECT_EQ(lost->peer(), 0);
+  EXPECT_EQ(lost->self(), 1);
+  EXPECT_EQ(lost->op(), "all_gather");
 }
 
 TEST(CpuSocketComm, UnreachableMasterIsBoundedAndNamed) {
