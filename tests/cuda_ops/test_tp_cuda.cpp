@@ -178,18 +178,7 @@ TEST(CudaTensorParallel, Fp8BlockWeightsTp2ScoreMatchesTp1) {
 void check_tp_graphs(const std::string& dtype) {
   const GraphTrace g = run_graph_trace("llama", dtype, true, 11, /*tp=*/2),
                    r = run_graph_trace("llama", dtype, false, 11, /*tp=*/2);
-  std::printf("[ tp ] graphs TP 2 %s: %lld captures, %lld replays\n", dtype.c_str(),
-              static_cast<long long>(g.captures), static_cast<long long>(g.replays));
-  EXPECT_GE(g.captures, 3);  // buckets 4, 2, 1
-  EXPECT_GT(g.replays, 30);
-  EXPECT_EQ(r.replays, 0);
-  for (size_t i = 0; i < 3; ++i) {
-    ASSERT_EQ(g.tokens[i], r.tokens[i]) << "request " << i;
-    ASSERT_EQ(g.logprobs[i].size(), r.logprobs[i].size());
-    for (size_t j = 0; j < g.logprobs[i].size(); ++j)
-      EXPECT_EQ(0, std::memcmp(&g.logprobs[i][j], &r.logprobs[i][j], sizeof(float)))
-          << "request " << i << " token " << j << ": graph " << g.logprobs[i][j] << " vs eager " << r.logprobs[i][j];
-  }
+  expect_graphs_equal_eager(g, r, "[ tp ] graphs TP 2 " + dtype);
 }
 
 TEST(CudaTensorParallel, GraphReplayEqualsPaddedEagerTp2Bf16) {
