@@ -278,14 +278,7 @@ def run_case(kind, case, cfg):
     seqs = [[base.BOS] + torch.randint(0, 256, (n - 1,), generator=gen).tolist() for n in SEQ_LENS]
 
     kv = hook.kv
-    kv.fmt, kv.scales, kv.record = "fp32", None, {}
-    variants = {"fp32": []}
-    for s, ids in enumerate(seqs):
-        kv.seq = s
-        lp, top = base.score(model, ids)
-        variants["fp32"].append({"logprobs": lp, "top1_ids": top})
-    rec = kv.record
-    kv.record = None
+    variants, rec = base.score_fp32_recorded(model, kv, seqs)
     scales = base.fp8_scales(rec, len(seqs), L, cfg["num_key_value_heads"], kv_layers=full)
     base.score_cache_variants(model, kv, seqs, scales, variants)
     # The band for conv inputs at a rounding tie: bf16 cache, every near-tie

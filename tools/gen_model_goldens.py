@@ -50,14 +50,16 @@ COMMON = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_
               vocab_size=VOCAB, max_position_embeddings=256, rms_norm_eps=1e-6, eos_token_id=EOS,
               bos_token_id=BOS, initializer_range=0.02, torch_dtype="bfloat16")
 
+# Llama 3's RoPE scaling, scaled down to these models' 32-token original context.
+LLAMA3_ROPE_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                       "original_max_position_embeddings": 32}
+
 # Legacy (transformers 4.x style) config.json contents; transformers 5 reads
 # them and save_pretrained rewrites them in its own form (rope_parameters), so
 # the committed checkpoints exercise the newer config form.
 CASES = {
     "llama": dict(COMMON, architectures=["LlamaForCausalLM"], model_type="llama", num_hidden_layers=2,
-                  rope_theta=10000.0, tie_word_embeddings=False,
-                  rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
+                  rope_theta=10000.0, tie_word_embeddings=False, rope_scaling=LLAMA3_ROPE_SCALING),
     "llama_linear": dict(COMMON, architectures=["LlamaForCausalLM"], model_type="llama", num_hidden_layers=2,
                          rope_theta=10000.0, tie_word_embeddings=False,
                          rope_scaling={"rope_type": "linear", "factor": 2.0}),
@@ -272,6 +274,37 @@ def fp8_scales(rec, num_seqs, num_layers, num_kv_heads, kv_layers=None):
     return scales
 
 
+def score_fp32_recorded(model, hook, seqs, keep_recording=False):
+    """The fp32 pass recording every layer's K/V before rounding (hook: a
+    Hook): ({"fp32": [per sequence {logprobs, top1_ids}]}, the record).
+    Recording stops after it unless keep_recording (the format passes then
+    add their layers >= 1 under a suffix: Hook)."""
+    hook.fmt, hook.scales, hook.record = "fp32", None, {}
+    variants = {"fp32": []}
+    for s, ids in enumerate(seqs):
+        hook.seq = s
+        lp, top = score(model, ids)
+        variants["fp32"].append({"logprobs": lp, "top1_ids": top})
+    rec = hook.record
+    if not keep_recording:
+        hook.record = None
+    return variants, rec
+
+
+def write_tokenizer_files(out_dir):
+    """The byte-level test vocabulary's tokenizer.json and tokenizer_config.json,
+    and a generation_config.json where save_pretrained wrote none."""
+    with open(os.path.join(out_dir, "tokenizer.json"), "w") as f:
+        json.dump(tokenizer_json(), f, ensure_ascii=False)
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": "<|begin|>", "eos_token": "<|endoftext|>", "add_bos_token": False,
+                   "model_max_length": 256}, f)
+    gc_path = os.path.join(out_dir, "generation_config.json")
+    if not os.path.exists(gc_path):
+        with open(gc_path, "w") as f:
+            json.dump({"bos_token_id": BOS, "eos_token_id": EOS}, f)
+
+
 def score_cache_variants(model, hook, seqs, scales, variants):
     """Adds variants bf16, fp8_e4m3, fp8_e5m2: every sequence scored with the
     K/V rounded as that cache stores them (hook: a Hook)."""
@@ -308,13 +341,7 @@ def main():
         seqs = [[BOS] + torch.randint(0, 256, (n - 1,), generator=gen).tolist() for n in SEQ_LENS]
 
         # fp32 pass, recording pre-rounding K/V for the scales and the C++ test.
-        hook.fmt, hook.scales, hook.record = "fp32", None, {}
-        variants = {"fp32": []}
-        for s, ids in enumerate(seqs):
-            hook.seq = s
-            lp, top = score(model, ids)
-            variants["fp32"].append({"logprobs": lp, "top1_ids": top})
-        rec = hook.record
+        variants, rec = score_fp32_recorded(model, hook, seqs, keep_recording=True)
 
         # Non-unity per-layer scales from the observed ranges: K per tensor
         # (0.8 x amax / max: the top values saturate), V per KV head (1.3 x).
@@ -353,15 +380,7 @@ def main():
             json.dump(golden, f)
         from safetensors.torch import save_file
         save_file({k: v.contiguous() for k, v in rec.items()}, os.path.join(out_dir, "kv.safetensors"))
-        with open(os.path.join(out_dir, "tokenizer.json"), "w") as f:
-            json.dump(tokenizer_json(), f, ensure_ascii=False)
-        with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
-            json.dump({"bos_token": "<|begin|>", "eos_token": "<|endoftext|>", "add_bos_token": False,
-                       "model_max_length": 256}, f)
-        gc_path = os.path.join(out_dir, "generation_config.json")
-        if not os.path.exists(gc_path):
-            with open(gc_path, "w") as f:
-                json.dump({"bos_token_id": BOS, "eos_token_id": EOS}, f)
+        write_tokenizer_files(out_dir)
         size = sum(os.path.getsize(os.path.join(out_dir, x)) for x in os.listdir(out_dir))
         d = {fmt: max(abs(a - b) for v, w in zip(variants[fmt], variants["fp32"])
                       for a, b in zip(v["logprobs"][1:], w["logprobs"][1:])) for fmt in variants if fmt != "fp32"}

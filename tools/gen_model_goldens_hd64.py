@@ -50,9 +50,7 @@ C64 = dict(base.COMMON, hidden_size=128, intermediate_size=128, num_attention_he
 
 CASES = {
     "llama": dict(C64, architectures=["LlamaForCausalLM"], model_type="llama", num_hidden_layers=2,
-                  rope_theta=500000.0, tie_word_embeddings=False,
-                  rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
+                  rope_theta=500000.0, tie_word_embeddings=False, rope_scaling=base.LLAMA3_ROPE_SCALING),
     "mistral": dict(C64, architectures=["MistralForCausalLM"], model_type="mistral", num_hidden_layers=2,
                     rope_theta=10000.0, sliding_window=20, tie_word_embeddings=False),
     "qwen2": dict(C64, architectures=["Qwen2ForCausalLM"], model_type="qwen2", num_hidden_layers=2,
@@ -118,14 +116,7 @@ def run_case(case, cfg_dict, hook, hooked):
     gen = torch.Generator().manual_seed(2000 + len(case))
     seqs = [[base.BOS] + torch.randint(0, 256, (n - 1,), generator=gen).tolist() for n in SEQ_LENS]
 
-    hook.fmt, hook.scales, hook.record = "fp32", None, {}
-    variants = {"fp32": []}
-    for s, ids in enumerate(seqs):
-        hook.seq = s
-        lp, top = base.score(model, ids)
-        variants["fp32"].append({"logprobs": lp, "top1_ids": top})
-    rec = hook.record
-    hook.record = None
+    variants, rec = base.score_fp32_recorded(model, hook, seqs)
 
     scales = base.fp8_scales(rec, len(seqs), L, Hkv)
     base.score_cache_variants(model, hook, seqs, scales, variants)
@@ -150,15 +141,7 @@ def run_case(case, cfg_dict, hook, hooked):
     from safetensors.torch import save_file
     save_file({k: v.contiguous() for k, v in rec.items() if ".layer0." in k},
               os.path.join(out_dir, "kv.safetensors"))
-    with open(os.path.join(out_dir, "tokenizer.json"), "w") as f:
-        json.dump(base.tokenizer_json(), f, ensure_ascii=False)
-    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
-        json.dump({"bos_token": "<|begin|>", "eos_token": "<|endoftext|>", "add_bos_token": False,
-                   "model_max_length": 256}, f)
-    gc_path = os.path.join(out_dir, "generation_config.json")
-    if not os.path.exists(gc_path):
-        with open(gc_path, "w") as f:
-            json.dump({"bos_token_id": base.BOS, "eos_token_id": base.EOS}, f)
+    base.write_tokenizer_files(out_dir)
     size = sum(os.path.getsize(os.path.join(out_dir, x)) for x in os.listdir(out_dir))
     d = {fmt: max(gap(v, w)[i] for v, w in zip(variants[fmt], variants["fp32"]) for i in range(len(v["logprobs"]) - 1))
          for fmt in variants if fmt != "fp32"}

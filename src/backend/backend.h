@@ -121,6 +121,21 @@ struct KvLayerStorage {
   float* v_scale = nullptr;
 };
 
+// The storage of KV slot `slot` in a backend that keeps per slot a K and a V
+// buffer (caches[2 slot], caches[2 slot + 1]) and, for the per-token-head
+// dtypes, their scale buffers likewise (scales empty otherwise).
+template <class Buffer>
+KvLayerStorage kv_slot_storage(const KvCacheLayout& layout, const std::vector<Buffer>& caches,
+                               const std::vector<Buffer>& scales, int slot) {
+  const size_t s = static_cast<size_t>(slot) * 2;
+  KvLayerStorage st{layout, caches[s].data(), caches[s + 1].data()};
+  if (!scales.empty()) {
+    st.k_scale = static_cast<float*>(scales[s].data());
+    st.v_scale = static_cast<float*>(scales[s + 1].data());
+  }
+  return st;
+}
+
 struct BackendOptions {
   int num_threads = 0;         // CPU: OpenMP threads (0: default)
   bool enforce_eager = false;  // CUDA: no CUDA graphs
@@ -430,5 +445,8 @@ std::unique_ptr<Backend> make_cpu_backend(const ModelConfig& cfg, const BackendO
 std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& cfg, const BackendOptions& opts);
 // True when a usable CUDA device is present (CUDA builds; false otherwise).
 bool cuda_device_available();
+// The CUDA devices this process sees (CUDA builds; 0 otherwise, or when the
+// runtime cannot tell).
+int cuda_device_count();
 
 }  // namespace fp8kv

@@ -46,12 +46,7 @@ nlohmann::ordered_json special_token_vars(const std::filesystem::path& model_dir
   // Absent: no variables; a FIFO or device would block or never end, so
   // anything but a regular file is refused (docs/robustness.md).
   if (!optional_file(path)) return vars;
-  nlohmann::json cfg;
-  try {
-    cfg = nlohmann::json::parse(read_json_text(path));
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(fmt::format("{}: invalid JSON: {}", (model_dir / "tokenizer_config.json").string(), e.what()));
-  }
+  const nlohmann::json cfg = read_json_file(path);
   for (const char* k : {"bos_token", "eos_token", "unk_token", "pad_token"}) {
     if (!cfg.contains(k)) continue;
     const auto& v = cfg[k];

@@ -2,7 +2,7 @@
 //
 // The CUDA backend plugs in here: a build whose engine module links
 // fp8kv_cuda (backend/cuda/cuda_backend.cpp, which defines
-// make_cuda_backend and cuda_device_available) defines
+// make_cuda_backend, cuda_device_available and cuda_device_count) defines
 // FP8KV_HAVE_CUDA_BACKEND, and `cuda` / `auto` then construct it. Until then
 // `--backend cuda` is refused with one clear line (exit 2 in the CLI).
 #include <string>
@@ -14,6 +14,7 @@ namespace fp8kv {
 
 #ifndef FP8KV_HAVE_CUDA_BACKEND
 bool cuda_device_available() { return false; }
+int cuda_device_count() { return 0; }
 #endif
 
 std::string resolve_backend_name(std::string_view name) {

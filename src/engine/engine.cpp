@@ -637,8 +637,13 @@ std::unique_ptr<Engine> Engine::create(ModelConfig cfg, std::shared_ptr<const Mo
   check_tensor_parallel_early(cfg, opts.tensor_parallel_size);
   if (weights && weights->has_fp8() && opts.tensor_parallel_size > 1)
     check_fp8_block_shards(*weights, cfg, opts.tensor_parallel_size);
-  return std::make_unique<EngineImpl>(std::move(cfg), cpu ? maybe_widen(std::move(weights)) : std::move(weights),
-                                      opts, d);
+  auto e = std::make_unique<EngineImpl>(std::move(cfg), cpu ? maybe_widen(std::move(weights)) : std::move(weights),
+                                        opts, d);
+  if (opts.nnodes > 1 && opts.node_rank > 0) {
+    e->follow();  // a multi-process follower, as in load
+    return nullptr;
+  }
+  return e;
 }
 
 namespace {

@@ -87,7 +87,7 @@ struct EngineOptions {
   // One rank per process (vLLM's --nnodes / --node-rank / --master-addr /
   // --master-port; engine/tp_runner.h TpMultiProcess): nnodes 1 = every
   // rank in this process; else nnodes == tensor_parallel_size. In a process
-  // with node_rank > 0, Engine::load serves rank 0's steps and returns
+  // with node_rank > 0, Engine::load (and create) serves rank 0's steps and returns
   // nullptr once rank 0's engine is destroyed (docs/design.md,
   // "Multi-process tensor parallelism").
   int nnodes = 1;
@@ -212,7 +212,8 @@ class Engine {
   // returns nullptr when rank 0 shuts the group down; the caller then ends
   // its command with success (the work and its output belong to rank 0).
   static std::unique_ptr<Engine> load(const std::filesystem::path& model_dir, const EngineOptions& opts);
-  // From in-memory weights (tests). kv_cache_dtype auto means bf16 here.
+  // From in-memory weights (tests). kv_cache_dtype auto means bf16 here. A
+  // multi-process follower serves rank 0's steps and returns nullptr, as in load.
   static std::unique_ptr<Engine> create(ModelConfig cfg, std::shared_ptr<const ModelWeights> weights,
                                         const EngineOptions& opts);
   virtual ~Engine() = default;
@@ -268,10 +269,11 @@ class Engine {
   virtual int64_t graph_captures() const { return 0; }
   virtual PrefixCacheStats prefix_cache_stats() const { return {}; }
   // KV store saturation per layer (docs/robustness.md "KV clipping";
-  // backend/kv_clips.h), summed over the tensor-parallel ranks since load.
-  // nullopt: not counted (a multi-process group). The
-  // engine also warns once per layer and stream when more than 0.1% of the
-  // elements stored so far clipped.
+  // backend/kv_clips.h), summed over the tensor-parallel ranks since load
+  // (each KV head once). nullopt: not counted. Multi-process TP: every rank's
+  // counts, gathered by this call over the control channel (call it between
+  // steps, on the thread that steps). The engine also warns once per layer
+  // and stream when more than 0.1% of the elements stored so far clipped.
   virtual std::optional<std::vector<KvClipCounts>> kv_clip_counts() const { return std::nullopt; }
 };
 

@@ -15,8 +15,6 @@
 #include "io/errors.h"
 
 #if defined(FP8KV_HAVE_CUDA_BACKEND)
-#include <cuda_runtime.h>
-
 #include "backend/cuda/comm/nccl.h"
 #endif
 
@@ -27,7 +25,7 @@ namespace {
 // The control channel's messages (docs/design.md, "Multi-process tensor
 // parallelism"): one op byte, then little-endian fields as written here.
 // Both ends are this binary (the options check compares the version).
-enum Op : char { kExecute = 'E', kLogits = 'L', kSample = 'S', kScales = 'K', kQuit = 'Q', kPing = 'P' };
+enum Op : char { kExecute = 'E', kLogits = 'L', kSample = 'S', kScales = 'K', kClips = 'C', kQuit = 'Q', kPing = 'P' };
 
 // Marks a leader's call in flight (the keepalive stays off the channel).
 struct InCall {
@@ -59,8 +57,10 @@ struct Writer {
 struct Reader {
   const std::string& s;
   size_t off = 0;
+  int from = 0;  // the rank that wrote it (errors)
   void need(size_t n) const {
-    if (off + n > s.size()) throw std::runtime_error("tensor-parallel control channel: truncated message from rank 0");
+    if (off + n > s.size())
+      throw std::runtime_error(fmt::format("tensor-parallel control channel: truncated message from rank {}", from));
   }
   template <class T>
   T pod() {
@@ -73,7 +73,8 @@ struct Reader {
   template <class T>
   std::vector<T> vec() {
     const uint64_t n = pod<uint64_t>();
-    if (n > s.size()) throw std::runtime_error("tensor-parallel control channel: bad length from rank 0");
+    if (n > s.size())
+      throw std::runtime_error(fmt::format("tensor-parallel control channel: bad length from rank {}", from));
     need(n * sizeof(T));
     std::vector<T> v(n);
     if (n) std::memcpy(v.data(), s.data() + off, n * sizeof(T));
@@ -154,6 +155,21 @@ StreamScale read_stream(Reader& r) {
   return x;
 }
 
+// A rank's KV clip counts ('C' reply): 1 and the per-layer counts, or 0
+// (the rank does not count).
+std::string write_clips(const std::optional<std::vector<KvClipCounts>>& c) {
+  Writer w;
+  w.pod<uint8_t>(c ? 1 : 0);
+  if (c) w.vec(*c);
+  return w.s;
+}
+
+std::optional<std::vector<KvClipCounts>> read_clips(const std::string& msg, int rank) {
+  Reader r{msg, 0, rank};
+  if (r.pod<uint8_t>() == 0) return std::nullopt;
+  return r.vec<KvClipCounts>();
+}
+
 }  // namespace
 
 void check_multi_process(const TpMultiProcess& mp, int world) {
@@ -211,11 +227,7 @@ TpRunner::TpRunner(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> w
       comms_.push_back(make_cpu_socket_communicator(grank_, world, mp.master_addr, mp.master_port + 1, timeout));
     } else {
 #if defined(FP8KV_HAVE_CUDA_BACKEND)
-      int count = 0;
-      if (cudaGetDeviceCount(&count) != cudaSuccess) {
-        cudaGetLastError();
-        count = 0;
-      }
+      const int count = cuda_device_count();
       if (count < 1) throw InputError(fmt::format("--backend {} with --nnodes {}: no CUDA device here", name, world));
       o.device = (bo.device + grank_) % count;  // one host with N GPUs: rank r on GPU r
       comms_.push_back(make_nccl_communicator_tcp(grank_, world, o.device, mp.master_addr, mp.master_port + 1));
@@ -248,11 +260,7 @@ TpRunner::TpRunner(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> w
     comms_ = make_cpu_communicators(world);
   } else {
 #if defined(FP8KV_HAVE_CUDA_BACKEND)
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess) {
-      cudaGetLastError();
-      count = 0;
-    }
+    const int count = cuda_device_count();
     if (bo.device + world > count)
       throw InputError(fmt::format("--tensor-parallel-size {} needs {} CUDA devices from device {}; this machine has {}",
                                    world, world, bo.device, count));
@@ -414,7 +422,7 @@ void TpRunner::check_usable() const {
     std::exception_ptr e;
     {
       std::lock_guard<std::mutex> lk(ctl_mu_);
-      e = keepalive_error_;
+      e = deferred_error_;
     }
     if (e) std::rethrow_exception(e);
   }
@@ -431,6 +439,10 @@ void TpRunner::broadcast(const std::string& msg) {
     broken_ = true;
     throw;
   }
+  note_exchange_locked();
+}
+
+void TpRunner::note_exchange_locked() {
   last_ctl_ = std::chrono::steady_clock::now();
   if (!keepalive_.joinable()) keepalive_ = std::thread([this] { keepalive_loop(); });
 }
@@ -451,7 +463,7 @@ void TpRunner::keepalive_loop() {
           ctl_->all_gather(std::string(1, kPing), "the keepalive");
           last_ctl_ = std::chrono::steady_clock::now();
         } catch (...) {
-          keepalive_error_ = std::current_exception();
+          deferred_error_ = std::current_exception();
           broken_ = true;
         }
       }
@@ -496,6 +508,9 @@ void TpRunner::follow() {
         m.sample(rows, params, ids);
         break;
       }
+      case kClips:  // the leader's kv_clip_counts: this rank's counts, in one all_gather
+        ctl_->all_gather(write_clips(ranks_[0].backend->kv_clip_counts()), "the KV clip counts", timeout_);
+        break;
       case kScales: {
         KvScales s;
         s.layers.resize(r.pod<uint32_t>() & 0xffffff);
@@ -571,17 +586,50 @@ void TpRunner::set_store_observer(StoreObserver* o) {
   for (auto& k : ranks_) k.backend->set_store_observer(o);
 }
 
-std::optional<std::vector<KvClipCounts>> TpRunner::kv_clip_counts() const {
-  if (ctl_) return std::nullopt;
+bool TpRunner::counts_kv_heads(int rank) const {
+  return rank == 0 ||
+         first_kv_head(full_cfg_, TpShard{rank - 1, world_}) != first_kv_head(full_cfg_, TpShard{rank, world_});
+}
+
+std::optional<std::vector<KvClipCounts>> TpRunner::kv_clip_counts() {
+  std::vector<std::optional<std::vector<KvClipCounts>>> per_rank;
+  if (ctl_) {
+    // Between two calls, on the thread that makes them: the followers are in
+    // follow(), waiting for the next message, so 'C' finds every rank at the
+    // same point of the leader's call sequence. One hold of the channel for
+    // both exchanges (no keepalive or other call in between).
+    if (grank_ != 0) throw std::logic_error("TpRunner::kv_clip_counts: a follower answers in follow()");
+    if (broken_) return std::nullopt;
+    std::lock_guard<std::mutex> lk(ctl_mu_);
+    try {
+      ctl_->all_gather(std::string(1, kClips), "the KV clip counts");
+      const std::vector<std::string> all =
+          ctl_->all_gather(write_clips(ranks_[0].backend->kv_clip_counts()), "the KV clip counts");
+      for (int r = 0; r < world_; ++r) per_rank.push_back(read_clips(all.at(static_cast<size_t>(r)), r));
+    } catch (...) {
+      // A diagnostic read does not throw (the server reads it for a gauge):
+      // the group is unusable now, and the next call says why.
+      deferred_error_ = std::current_exception();
+      broken_ = true;
+      return std::nullopt;
+    }
+    note_exchange_locked();
+  } else {
+    for (const auto& k : ranks_) per_rank.push_back(k.backend->kv_clip_counts());
+  }
   std::optional<std::vector<KvClipCounts>> sum;
-  for (const auto& k : ranks_) {
-    std::optional<std::vector<KvClipCounts>> c = k.backend->kv_clip_counts();
+  for (int r = 0; r < world_; ++r) {
+    std::optional<std::vector<KvClipCounts>>& c = per_rank[static_cast<size_t>(r)];
     if (!c) return std::nullopt;
     if (!sum) {
-      sum = std::move(c);
+      sum = std::move(c);  // rank 0 always counts its heads
       continue;
     }
-    for (size_t l = 0; l < sum->size() && l < c->size(); ++l) (*sum)[l] += (*c)[l];
+    if (c->size() != sum->size())
+      throw std::logic_error(fmt::format("TpRunner::kv_clip_counts: rank {} counts {} layers, rank 0 {}", r,
+                                         c->size(), sum->size()));
+    if (!counts_kv_heads(r)) continue;  // a replica of the previous rank's heads
+    for (size_t l = 0; l < sum->size(); ++l) (*sum)[l] += (*c)[l];
   }
   return sum;
 }

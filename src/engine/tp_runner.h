@@ -108,9 +108,15 @@ class TpRunner {
   // world > 1: only nullptr (an observer sees every head; InputError otherwise).
   void set_store_observer(StoreObserver* observer);
   // KV store saturation summed over the ranks (each stores its own KV
-  // heads). nullopt when a rank does not count (Backend::kv_clip_counts), or
-  // in multi-process mode (the followers' counts stay in their processes).
-  std::optional<std::vector<KvClipCounts>> kv_clip_counts() const;
+  // heads; a head replicated on several ranks counts once, so the sum is
+  // TP 1's), per layer. nullopt when a rank does not count
+  // (Backend::kv_clip_counts). Multi-process leader: one control exchange
+  // ('C', then every rank's counts in one all_gather; docs/design.md
+  // "Multi-process tensor parallelism"), so call it between steps, only
+  // when the counts are wanted (the engine's warning checks, the server's
+  // gauge); a failed exchange marks the group broken and returns nullopt
+  // (the next call rethrows the cause). Not on a follower (follow() answers).
+  std::optional<std::vector<KvClipCounts>> kv_clip_counts();
 
   // The ModelRunner calls, run on every rank (rank 0's results returned).
   // One step: the forward pass over `out`, then the rows of `sampling`
@@ -143,6 +149,12 @@ class TpRunner {
   // timeout, so a follower can bound its wait for the next step by the
   // timeout (docs/tp.md "The watchdog"). A failure is kept for the next call.
   void keepalive_loop();
+  // Multi-process leader, ctl_mu_ held: after a control exchange (notes the
+  // time; the first one starts keepalive_loop).
+  void note_exchange_locked();
+  // Whether this rank's KV heads count in kv_clip_counts' sum: the first
+  // rank holding them (a replicated head counts once).
+  bool counts_kv_heads(int rank) const;
 
   int world_ = 1;
   int grank_ = 0;                             // multi-process: this process's rank
@@ -152,7 +164,9 @@ class TpRunner {
   // Multi-process leader: one control exchange at a time (calls, keepalive).
   mutable std::mutex ctl_mu_;
   std::chrono::steady_clock::time_point last_ctl_;  // guarded by ctl_mu_
-  std::exception_ptr keepalive_error_;              // guarded by ctl_mu_
+  // A failure outside a call (the keepalive, a clip-count read); the next
+  // call rethrows it. Guarded by ctl_mu_.
+  std::exception_ptr deferred_error_;
   std::atomic<bool> in_call_{false};                // a call (broadcast + this rank's part) in flight
   std::mutex ka_mu_;
   std::condition_variable ka_cv_;

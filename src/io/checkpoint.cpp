@@ -39,12 +39,7 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const fs::path& dir) {
   if (fs::exists(index, ec)) {
     c->has_index_ = true;
     // The index is authoritative: only the tensors it lists, from the files it names.
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(read_json_text(index));
-    } catch (const nlohmann::json::exception& e) {
-      throw InputError(fmt::format("{}: invalid JSON: {}", index.string(), e.what()));
-    }
+    nlohmann::json j = read_json_file(index);
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
       throw InputError(fmt::format("{}: missing object 'weight_map'", index.string()));
     std::map<std::string, size_t> file_idx;

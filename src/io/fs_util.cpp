@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <openssl/evp.h>
 
 #include "io/errors.h"
@@ -103,6 +104,20 @@ std::string read_json_text(const std::filesystem::path& p) {
   std::string s = read_file(p);
   check_json_depth(s, p.string());
   return s;
+}
+
+nlohmann::json read_json_file(const std::filesystem::path& p) {
+  try {
+    return nlohmann::json::parse(read_json_text(p));
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(fmt::format("{}: invalid JSON: {}", p.string(), e.what()));
+  }
+}
+
+nlohmann::json read_json_object(const std::filesystem::path& p) {
+  nlohmann::json j = read_json_file(p);
+  if (!j.is_object()) throw InputError(fmt::format("{}: expected a JSON object", p.string()));
+  return j;
 }
 
 void atomic_write_file(const std::filesystem::path& p, std::string_view content) {

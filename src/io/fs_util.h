@@ -1,6 +1,7 @@
 // Atomic file replace, sha256, small file helpers.
 #pragma once
 #include <filesystem>
+#include <nlohmann/json_fwd.hpp>
 #include <span>
 #include <string>
 #include <string_view>
@@ -10,6 +11,11 @@ std::string read_file(const std::filesystem::path& p);  // throws InputError nam
 // read_file of a JSON file, its nesting depth checked (io/json_limits.h)
 // before anyone parses it: every JSON file fp8kv reads goes through this.
 std::string read_json_text(const std::filesystem::path& p);
+// read_json_text parsed; invalid JSON is an InputError "P: invalid JSON: ...".
+nlohmann::json read_json_file(const std::filesystem::path& p);
+// read_json_file of a file that must hold an object (else InputError
+// "P: expected a JSON object").
+nlohmann::json read_json_object(const std::filesystem::path& p);
 // An optional input file (generation_config.json, chat_template.jinja, ...):
 // true when `p` is a regular file (or a link to one), false when nothing is
 // there; a path that exists but is something else (a directory, a FIFO, a

@@ -292,13 +292,6 @@ KvScales load_kv_scales_for_run(const Checkpoint& ckpt, const KvScaleShape& shap
 }
 
 namespace {
-nlohmann::json read_json_file(const std::filesystem::path& p) {
-  try {
-    return nlohmann::json::parse(read_json_text(p));
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(fmt::format("{}: invalid JSON: {}", p.string(), e.what()));
-  }
-}
 bool is_fp8_algo(const nlohmann::json& j) {
   if (!j.is_string()) return false;
   std::string s = j.get<std::string>();

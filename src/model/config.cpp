@@ -486,23 +486,12 @@ ModelConfig load_model_config(const std::filesystem::path& dir_or_file) {
   if (const std::string kind = path_kind(file); kind == "missing" || kind.find("symlink") != std::string::npos)
     throw InputError(fmt::format("{}: {} (expected a model directory or a HF config.json)", file.string(),
                                  kind == "missing" ? "not found" : "is " + kind));
-  json j;
-  try {
-    j = json::parse(read_json_text(file));
-  } catch (const json::exception& e) {
-    throw InputError(fmt::format("{}: invalid JSON: {}", file.string(), e.what()));
-  }
+  const json j = read_json_file(file);
   ModelConfig c = parse_model_config(j, file.string());
   c.weight_quant = load_weight_quant_config(file.parent_path(), j, file.string());  // + hf_quant_config.json
   const fs::path gen = file.parent_path() / "generation_config.json";
   if (optional_file(gen)) {  // present but a FIFO or a directory: refused, not skipped
-    json g;
-    try {
-      g = json::parse(read_json_text(gen));
-    } catch (const json::exception& e) {
-      throw InputError(fmt::format("{}: invalid JSON: {}", gen.string(), e.what()));
-    }
-    if (!g.is_object()) throw InputError(fmt::format("{}: expected a JSON object", gen.string()));
+    const json g = read_json_object(gen);
     Reader gr{g, gen.string(), ""};
     if (gr.has("eos_token_id")) c.eos_token_ids = parse_token_ids(gr, "eos_token_id");
   }

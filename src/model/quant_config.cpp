@@ -294,13 +294,7 @@ WeightQuantConfig load_weight_quant_config(const std::filesystem::path& dir, con
                                            const std::string& config_source) {
   const auto hfq = dir / "hf_quant_config.json";
   if (!optional_file(hfq)) return parse_weight_quant_config(config, config_source);
-  json h;
-  try {
-    h = json::parse(read_json_text(hfq));
-  } catch (const json::exception& e) {
-    throw InputError(fmt::format("{}: invalid JSON: {}", hfq.string(), e.what()));
-  }
-  if (!h.is_object()) throw InputError(fmt::format("{}: expected a JSON object", hfq.string()));
+  const json h = read_json_object(hfq);
   return parse_weight_quant_config(config, config_source, &h, hfq.string());
 }
 

@@ -114,32 +114,27 @@ json Generation::chat_logprobs(const std::vector<LogprobEntry>& entries) const {
   return {{"content", content}};
 }
 
-json Generation::completion_response() const {
-  json choice = {{"index", 0},
-                 {"text", text_},
-                 {"logprobs", req_.want_logprobs ? completion_logprobs(logprobs_) : json()},
-                 {"finish_reason", finish_reason_ ? json(*finish_reason_) : json()},
-                 {"stop_reason", stop_reason_json()}};
+json Generation::response(const char* object, json choice, json logprobs) const {
+  choice["index"] = 0;
+  choice["logprobs"] = std::move(logprobs);
+  choice["finish_reason"] = finish_reason_ ? json(*finish_reason_) : json();
+  choice["stop_reason"] = stop_reason_json();
   return {{"id", id_},
-          {"object", "text_completion"},
+          {"object", object},
           {"created", created_},
           {"model", model_},
-          {"choices", json::array({choice})},
+          {"choices", json::array({std::move(choice)})},
           {"usage", usage()}};
 }
 
+json Generation::completion_response() const {
+  return response("text_completion", {{"text", text_}},
+                  req_.want_logprobs ? completion_logprobs(logprobs_) : json());
+}
+
 json Generation::chat_response() const {
-  json choice = {{"index", 0},
-                 {"message", {{"role", "assistant"}, {"content", text_}}},
-                 {"logprobs", req_.want_logprobs ? chat_logprobs(logprobs_) : json()},
-                 {"finish_reason", finish_reason_ ? json(*finish_reason_) : json()},
-                 {"stop_reason", stop_reason_json()}};
-  return {{"id", id_},
-          {"object", "chat.completion"},
-          {"created", created_},
-          {"model", model_},
-          {"choices", json::array({choice})},
-          {"usage", usage()}};
+  return response("chat.completion", {{"message", {{"role", "assistant"}, {"content", text_}}}},
+                  req_.want_logprobs ? chat_logprobs(logprobs_) : json());
 }
 
 std::string Generation::sse(const Delta& d, bool first) {

@@ -55,6 +55,9 @@ class Generation {
   nlohmann::json completion_logprobs(const std::vector<LogprobEntry>& e) const;
   nlohmann::json chat_logprobs(const std::vector<LogprobEntry>& e) const;
   nlohmann::json stop_reason_json() const;
+  // A non-streaming body: the one choice (its endpoint's fields plus index,
+  // logprobs, finish_reason, stop_reason) in the envelope both share.
+  nlohmann::json response(const char* object, nlohmann::json choice, nlohmann::json logprobs) const;
   std::string token_text(int id) const;
 
   const ParsedRequest& req_;

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "io/errors.h"
+#include "io/fs_util.h"
 #include "server/api_error.h"
 
 namespace fp8kv::server {
@@ -22,14 +23,7 @@ SamplingDefaults load_sampling_defaults(const std::filesystem::path& model_dir) 
   const auto path = model_dir / "generation_config.json";
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) return d;
-  std::ifstream in(path);
-  json g;
-  try {
-    g = json::parse(in);
-  } catch (const json::exception& e) {
-    throw InputError(fmt::format("{}: invalid JSON: {}", path.string(), e.what()));
-  }
-  if (!g.is_object()) throw InputError(fmt::format("{}: expected a JSON object", path.string()));
+  const json g = read_json_object(path);  // the depth check of every JSON file fp8kv reads
   auto num = [&](const char* k) -> std::optional<double> {
     if (!g.contains(k) || g[k].is_null()) return std::nullopt;
     if (!g[k].is_number()) throw InputError(fmt::format("{}: {} must be a number", path.string(), k));

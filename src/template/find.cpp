@@ -22,12 +22,7 @@ std::optional<ChatTemplateSource> find_chat_template(const std::filesystem::path
   if (optional_file(jinja)) return ChatTemplateSource{read_file(jinja), jinja.string()};
   fs::path cfg = model_dir / "tokenizer_config.json";
   if (!optional_file(cfg)) return std::nullopt;
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_json_text(cfg));
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(fmt::format("{}: invalid JSON: {}", cfg.string(), e.what()));
-  }
+  const nlohmann::json j = read_json_file(cfg);
   if (!j.is_object() || !j.contains("chat_template") || j["chat_template"].is_null()) return std::nullopt;
   const auto& t = j["chat_template"];
   std::string origin = cfg.string() + ": chat_template";

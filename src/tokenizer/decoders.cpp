@@ -63,19 +63,7 @@ class ReplaceDec final : public Decoder {
   ReplaceDec(std::unique_ptr<Regex> re, std::string content) : re_(std::move(re)), content_(std::move(content)) {}
   void decode_chain(std::vector<std::string>& tokens) const override {
     std::vector<Span> found;
-    for (auto& t : tokens) {
-      re_->find_all(t, found);
-      if (found.empty()) continue;
-      std::string out;
-      size_t prev = 0;
-      for (auto [b, e] : found) {
-        out.append(t, prev, b - prev);
-        out += content_;
-        prev = e;
-      }
-      out.append(t, prev, std::string::npos);
-      t.swap(out);
-    }
+    for (auto& t : tokens) replace_matches(*re_, content_, t, found);
   }
 
  private:
@@ -208,14 +196,6 @@ class SequenceDec final : public Decoder {
   std::vector<std::unique_ptr<Decoder>> v_;
 };
 
-char32_t one_char(const std::string& s, const std::string& ctx, const char* field) {
-  size_t i = 0;
-  if (s.empty() || !utf8::is_valid(s)) throw InputError(fmt::format("{}: \"{}\" must be one character", ctx, field));
-  char32_t c = utf8::next_cp(s, i);
-  if (i != s.size()) throw InputError(fmt::format("{}: \"{}\" must be one character", ctx, field));
-  return c;
-}
-
 size_t req_size(const json& j, const char* key, const std::string& ctx) {
   const json& v = req(j, key, ctx);
   if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<long long>() >= 0))
@@ -230,7 +210,7 @@ std::unique_ptr<Decoder> make_decoder(const json& j, const std::string& ctx) {
   std::string type = req_str(j, "type", ctx);
   if (type == "ByteLevel") return std::make_unique<ByteLevelDec>();
   if (type == "Metaspace") {
-    char32_t repl = one_char(req_str(j, "replacement", ctx), ctx, "replacement");
+    char32_t repl = req_char(j, "replacement", ctx);
     bool strip_first = true;
     if (j.contains("prepend_scheme") && j["prepend_scheme"].is_string())
       strip_first = j["prepend_scheme"].get<std::string>() != "never";
@@ -242,23 +222,13 @@ std::unique_ptr<Decoder> make_decoder(const json& j, const std::string& ctx) {
   if (type == "ByteFallback") return std::make_unique<ByteFallbackDec>();
   if (type == "Fuse") return std::make_unique<FuseDec>();
   if (type == "Strip")
-    return std::make_unique<StripDec>(one_char(req_str(j, "content", ctx), ctx, "content"), req_size(j, "start", ctx),
-                                      req_size(j, "stop", ctx));
+    return std::make_unique<StripDec>(req_char(j, "content", ctx), req_size(j, "start", ctx), req_size(j, "stop", ctx));
   if (type == "BPEDecoder") {
     std::string suffix = "</w>";
     if (j.contains("suffix") && j["suffix"].is_string()) suffix = j["suffix"].get<std::string>();
     return std::make_unique<BpeDec>(suffix);
   }
-  if (type == "Sequence") {
-    const json& arr = req(j, "decoders", ctx);
-    if (!arr.is_array()) throw InputError(fmt::format("{}: \"decoders\" must be an array", ctx));
-    std::vector<std::unique_ptr<Decoder>> v;
-    for (size_t i = 0; i < arr.size(); ++i) {
-      auto d = make_decoder(arr[i], fmt::format("{}.decoders[{}]", ctx, i));
-      if (d) v.push_back(std::move(d));
-    }
-    return std::make_unique<SequenceDec>(std::move(v));
-  }
+  if (type == "Sequence") return std::make_unique<SequenceDec>(make_sequence(j, "decoders", ctx, make_decoder));
   throw InputError(fmt::format("{}: unsupported decoder type \"{}\" (supported: ByteLevel, Metaspace, Replace, "
                                "ByteFallback, Fuse, Strip, BPEDecoder, Sequence)",
                                ctx, type));

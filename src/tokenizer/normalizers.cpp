@@ -24,6 +24,29 @@ std::string req_str(const json& j, const char* key, const std::string& ctx) {
   return v.get<std::string>();
 }
 
+char32_t req_char(const json& j, const char* key, const std::string& ctx) {
+  const std::string s = req_str(j, key, ctx);
+  size_t i = 0;
+  if (s.empty() || !utf8::is_valid(s)) throw InputError(fmt::format("{}: \"{}\" must be one character", ctx, key));
+  const char32_t c = utf8::next_cp(s, i);
+  if (i != s.size()) throw InputError(fmt::format("{}: \"{}\" must be one character", ctx, key));
+  return c;
+}
+
+void replace_matches(const Regex& re, const std::string& content, std::string& s, std::vector<Span>& found) {
+  re.find_all(s, found);
+  if (found.empty()) return;
+  std::string out;
+  size_t prev = 0;
+  for (auto [b, e] : found) {
+    out.append(s, prev, b - prev);
+    out += content;
+    prev = e;
+  }
+  out.append(s, prev, std::string::npos);
+  s.swap(out);
+}
+
 bool opt_bool(const json& j, const char* key, bool dflt, const std::string& ctx) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return dflt;
@@ -85,17 +108,7 @@ class Replace final : public Normalizer {
   Replace(std::unique_ptr<Regex> re, std::string content) : re_(std::move(re)), content_(std::move(content)) {}
   void normalize(std::string& s) const override {
     std::vector<Span> found;
-    re_->find_all(s, found);
-    if (found.empty()) return;
-    std::string out;
-    size_t prev = 0;
-    for (auto [b, e] : found) {
-      out.append(s, prev, b - prev);
-      out += content_;
-      prev = e;
-    }
-    out.append(s, prev, std::string::npos);
-    s.swap(out);
+    replace_matches(*re_, content_, s, found);
   }
 
  private:
@@ -180,16 +193,7 @@ std::unique_ptr<Normalizer> make_normalizer(const json& j, const std::string& ct
   if (type == "Replace") return std::make_unique<Replace>(make_pattern(j, ctx), req_str(j, "content", ctx));
   if (type == "Strip")
     return std::make_unique<Strip>(opt_bool(j, "strip_left", true, ctx), opt_bool(j, "strip_right", true, ctx));
-  if (type == "Sequence") {
-    const json& arr = req(j, "normalizers", ctx);
-    if (!arr.is_array()) throw InputError(fmt::format("{}: \"normalizers\" must be an array", ctx));
-    std::vector<std::unique_ptr<Normalizer>> v;
-    for (size_t i = 0; i < arr.size(); ++i) {
-      auto n = make_normalizer(arr[i], fmt::format("{}.normalizers[{}]", ctx, i));
-      if (n) v.push_back(std::move(n));
-    }
-    return std::make_unique<SequenceNorm>(std::move(v));
-  }
+  if (type == "Sequence") return std::make_unique<SequenceNorm>(make_sequence(j, "normalizers", ctx, make_normalizer));
   throw InputError(fmt::format("{}: unsupported normalizer type \"{}\" (supported: NFC, NFD, NFKC, NFKD, Lowercase, "
                                "StripAccents, Prepend, Replace, Strip, Sequence)",
                                ctx, type));

@@ -1,12 +1,15 @@
 // Internal pipeline stages of a tokenizer.json, each built from its JSON node
 // and mirroring the `tokenizers` component of the same name.
 #pragma once
+#include <fmt/format.h>
+
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "io/errors.h"
 #include "tokenizer/regex.h"
 
 namespace fp8kv::tok {
@@ -78,5 +81,27 @@ std::unique_ptr<Regex> make_pattern(const json& j, const std::string& ctx);
 const json& req(const json& j, const char* key, const std::string& ctx);
 std::string req_str(const json& j, const char* key, const std::string& ctx);
 bool opt_bool(const json& j, const char* key, bool dflt, const std::string& ctx);
+// A string field holding exactly one character (Metaspace's replacement,
+// Strip's content, CharDelimiterSplit's delimiter).
+char32_t req_char(const json& j, const char* key, const std::string& ctx);
+
+// The stages of a `Sequence` node: j[key] must be an array; each element is
+// made by `make` (ctx "CTX.KEY[i]"), and null elements are skipped.
+template <class Stage>
+std::vector<std::unique_ptr<Stage>> make_sequence(const json& j, const char* key, const std::string& ctx,
+                                                  std::unique_ptr<Stage> (*make)(const json&, const std::string&)) {
+  const json& arr = req(j, key, ctx);
+  if (!arr.is_array()) throw InputError(fmt::format("{}: \"{}\" must be an array", ctx, key));
+  std::vector<std::unique_ptr<Stage>> v;
+  for (size_t i = 0; i < arr.size(); ++i) {
+    auto s = make(arr[i], fmt::format("{}.{}[{}]", ctx, key, i));
+    if (s) v.push_back(std::move(s));
+  }
+  return v;
+}
+
+// Replace (normalizer and decoder): every match of `re` in s replaced by
+// `content`; `found` is scratch.
+void replace_matches(const Regex& re, const std::string& content, std::string& s, std::vector<Span>& found);
 
 }  // namespace fp8kv::tok

@@ -118,16 +118,8 @@ std::unique_ptr<PostProcessor> make_post_processor(const json& j, const std::str
   if (type == "RobertaProcessing" || type == "BertProcessing")
     return std::make_unique<AffixProcessor>(std::vector<int>{pair_id(j, "cls", ctx)},
                                             std::vector<int>{pair_id(j, "sep", ctx)});
-  if (type == "Sequence") {
-    const json& arr = req(j, "processors", ctx);
-    if (!arr.is_array()) throw InputError(fmt::format("{}: \"processors\" must be an array", ctx));
-    std::vector<std::unique_ptr<PostProcessor>> v;
-    for (size_t i = 0; i < arr.size(); ++i) {
-      auto p = make_post_processor(arr[i], fmt::format("{}.processors[{}]", ctx, i));
-      if (p) v.push_back(std::move(p));
-    }
-    return std::make_unique<SequenceProcessor>(std::move(v));
-  }
+  if (type == "Sequence")
+    return std::make_unique<SequenceProcessor>(make_sequence(j, "processors", ctx, make_post_processor));
   throw InputError(fmt::format("{}: unsupported post-processor type \"{}\" (supported: TemplateProcessing, "
                                "ByteLevel, RobertaProcessing, BertProcessing, Sequence)",
                                ctx, type));

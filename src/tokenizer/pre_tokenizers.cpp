@@ -254,14 +254,6 @@ class SequencePre final : public PreTokenizer {
   std::vector<std::unique_ptr<PreTokenizer>> v_;
 };
 
-char32_t single_char(const std::string& s, const std::string& ctx, const char* field) {
-  size_t i = 0;
-  if (s.empty() || !utf8::is_valid(s)) throw InputError(fmt::format("{}: \"{}\" must be one character", ctx, field));
-  char32_t c = utf8::next_cp(s, i);
-  if (i != s.size()) throw InputError(fmt::format("{}: \"{}\" must be one character", ctx, field));
-  return c;
-}
-
 }  // namespace
 
 
@@ -276,7 +268,7 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const json& j, const std::strin
     return std::make_unique<SplitPre>(regex_fn(re, opt_bool(j, "invert", false, ctx)), b);
   }
   if (type == "Metaspace") {
-    char32_t repl = single_char(req_str(j, "replacement", ctx), ctx, "replacement");
+    char32_t repl = req_char(j, "replacement", ctx);
     Prepend scheme = Prepend::Always;
     if (j.contains("prepend_scheme") && j["prepend_scheme"].is_string()) {
       std::string s = j["prepend_scheme"].get<std::string>();
@@ -304,7 +296,7 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const json& j, const std::strin
     return std::make_unique<SplitPre>(char_fn(utf8::is_punctuation), b);
   }
   if (type == "CharDelimiterSplit") {
-    char32_t d = single_char(req_str(j, "delimiter", ctx), ctx, "delimiter");
+    char32_t d = req_char(j, "delimiter", ctx);
     return std::make_unique<SplitPre>(char_fn([d](char32_t c) { return c == d; }), SplitBehavior::Removed);
   }
   if (type == "BertPreTokenizer") {
@@ -313,16 +305,8 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const json& j, const std::strin
     v.push_back(std::make_unique<SplitPre>(char_fn(utf8::is_punctuation), SplitBehavior::Isolated));
     return std::make_unique<SequencePre>(std::move(v));
   }
-  if (type == "Sequence") {
-    const json& arr = req(j, "pretokenizers", ctx);
-    if (!arr.is_array()) throw InputError(fmt::format("{}: \"pretokenizers\" must be an array", ctx));
-    std::vector<std::unique_ptr<PreTokenizer>> v;
-    for (size_t i = 0; i < arr.size(); ++i) {
-      auto p = make_pre_tokenizer(arr[i], fmt::format("{}.pretokenizers[{}]", ctx, i));
-      if (p) v.push_back(std::move(p));
-    }
-    return std::make_unique<SequencePre>(std::move(v));
-  }
+  if (type == "Sequence")
+    return std::make_unique<SequencePre>(make_sequence(j, "pretokenizers", ctx, make_pre_tokenizer));
   throw InputError(fmt::format("{}: unsupported pre-tokenizer type \"{}\" (supported: ByteLevel, Split, Metaspace, "
                                "Digits, Whitespace, WhitespaceSplit, Punctuation, BertPreTokenizer, "
                                "CharDelimiterSplit, Sequence)",

@@ -22,17 +22,8 @@ using namespace fp8kv;
 
 namespace {
 
-struct TempDir : fp8kv::test_util::TempDir {
-  TempDir() : fp8kv::test_util::TempDir("fp8kv_calib_") {}
-};
-
-std::vector<std::vector<int>> random_chunks(int n, int len, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<std::vector<int>> c(static_cast<size_t>(n));
-  for (auto& s : c)
-    for (int i = 0; i < len; ++i) s.push_back(static_cast<int>(rng() % 97));
-  return c;
-}
+using fp8kv::test_util::TempDir;
+using fp8kv::testing::random_token_seqs;
 
 // All logits of all positions of the sequences.
 std::vector<float> all_logits(Engine& e, const std::vector<std::vector<int>>& seqs) {
@@ -66,7 +57,7 @@ TEST(CalibrateE2E, FindsPlantedOutlierAndCalibratedFp8IsCloserToBf16) {
   fp8kv::testing::write_tiny_checkpoint(m, {.outlier_layer = 1, .outlier_gain = 2000.0f, .outlier_all_rows = true});
 
   auto bf16 = Engine::load(m, opts("bf16"));
-  const auto corpus = random_chunks(4, 48, 11);
+  const auto corpus = random_token_seqs(4, 48, 11);
   CalibrateOptions co;  // safety:1.3, e4m3
   uint64_t last_done = 0;
   const CalibrationReport rep = calibrate(*bf16, corpus, co, [&](uint64_t done, uint64_t total) {
@@ -105,7 +96,7 @@ TEST(CalibrateE2E, FindsPlantedOutlierAndCalibratedFp8IsCloserToBf16) {
   EXPECT_EQ(scales.layers[1].v.values[0], rep.layers[1].v_scale[0]);
 
   // bf16 reference vs fp8 at unity vs fp8 with the calibrated scales.
-  const auto eval = random_chunks(3, 64, 99);
+  const auto eval = random_token_seqs(3, 64, 99);
   const auto ref = all_logits(*bf16, eval);
   auto unity = Engine::load(m, opts("fp8_e4m3"));
   auto calibrated = Engine::load(out, opts("fp8_e4m3"));
@@ -122,7 +113,7 @@ TEST(CalibrateE2E, RefusesQuantizedEngineAndEmptyCorpusFails) {
   const fs::path m = d.path() / "m";
   fp8kv::testing::write_tiny_checkpoint(m);
   auto fp8 = Engine::load(m, opts("fp8"));
-  EXPECT_THROW(calibrate(*fp8, random_chunks(1, 8, 1), {}), InputError);
+  EXPECT_THROW(calibrate(*fp8, random_token_seqs(1, 8, 1), {}), InputError);
   auto bf16 = Engine::load(m, opts("bf16"));
   const auto rep = calibrate(*bf16, {}, {});
   EXPECT_FALSE(rep.complete);
@@ -157,7 +148,7 @@ TEST(CalibrateE2E, Fp8WeightCheckpointsCalibrateAndInjectInPlace) {
     write_fp8_checkpoint(m, Fp8CheckpointOptions{.format = f});
     const std::string before = sha256sums_manifest(m);
     auto bf16 = Engine::load(m, opts("bf16"));
-    const CalibrationReport rep = calibrate(*bf16, random_chunks(3, 32, 5), CalibrateOptions{});
+    const CalibrationReport rep = calibrate(*bf16, random_token_seqs(3, 32, 5), CalibrateOptions{});
     ASSERT_TRUE(rep.complete) << fp8_format_name(f) << ": " << rep.reason;
     InjectOptions io;
     io.model_dir = m;

@@ -23,9 +23,7 @@ using fp8kv::testing::write_tiny_checkpoint;
 
 namespace {
 
-struct TempDir : fp8kv::test_util::TempDir {
-  TempDir() : fp8kv::test_util::TempDir("fp8kv_inject_") {}
-};
+using fp8kv::test_util::TempDir;
 
 // name -> sha256 of every file in dir (top level).
 std::map<std::string, std::string> snapshot(const fs::path& dir) {

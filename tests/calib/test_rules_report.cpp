@@ -1,4 +1,5 @@
 // Scale rules, the store-point observer's statistics and the report format.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cfloat>
@@ -7,12 +8,14 @@
 #include <random>
 #include <vector>
 
+#include "../common/errors.h"
 #include "calib/observer.h"
 #include "calib/report.h"
 #include "calib/scale_rule.h"
 #include "io/errors.h"
 
 using namespace fp8kv;
+using ::testing::HasSubstr;
 
 TEST(ScaleRule, Parse) {
   EXPECT_EQ(ScaleRule::parse("safety:1.3").kind, ScaleRule::Kind::safety);
@@ -219,12 +222,8 @@ nlohmann::json good_report() {
       {"layer": 1, "k_scale": [1.0, 2.0], "v_scale": 3.0, "q_scale": 1.0}]})");
 }
 void expect_bad(const nlohmann::json& j, const std::string& needle) {
-  try {
-    parse_report_for_inject(j, "R.json", KvScaleShape{2, 4, 2});
-    FAIL() << "expected refusal: " << needle;
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
+  EXPECT_THAT(test_util::input_error_of([&] { parse_report_for_inject(j, "R.json", KvScaleShape{2, 4, 2}); }),
+              HasSubstr(needle));
 }
 }  // namespace
 
@@ -313,12 +312,7 @@ TEST(Report, HybridInjectRefusesEntriesForLinearLayersAndMissingKvLayers) {
   auto entry = [](int l) { return nlohmann::json{{"layer", l}, {"k_scale", 1.0}, {"v_scale", 2.0}, {"q_scale", 1.0}}; };
   nlohmann::json j = {{"status", "complete"}, {"target", "fp8_e4m3"}, {"layers", nlohmann::json::array()}};
   auto refused = [&](const std::string& needle) {
-    try {
-      parse_report_for_inject(j, "R.json", kHybrid);
-      ADD_FAILURE() << "expected refusal: " << needle;
-    } catch (const InputError& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
+    EXPECT_THAT(test_util::input_error_of([&] { parse_report_for_inject(j, "R.json", kHybrid); }), HasSubstr(needle));
   };
   refused("0 layer entries, but the model has 1 layers with a KV cache");
   for (int l = 0; l < 4; ++l) j["layers"].push_back(entry(l));  // a dense-style report: every layer

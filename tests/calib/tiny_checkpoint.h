@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../common/random_weights.h"
 #include "io/fs_util.h"
 #include "io/safetensors.h"
 #include "model/config.h"
@@ -38,6 +39,15 @@ inline nlohmann::json tiny_llama_config() {
           {"torch_dtype", "float32"}};
 }
 
+// n random token sequences of len ids below the tiny vocabulary (97).
+inline std::vector<std::vector<int>> random_token_seqs(int n, int len, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<int>> c(static_cast<size_t>(n));
+  for (auto& s : c)
+    for (int i = 0; i < len; ++i) s.push_back(static_cast<int>(rng() % 97));
+  return c;
+}
+
 struct TinyCheckpointOptions {
   int outlier_layer = -1;     // layer whose v_proj gets a planted outlier row
   float outlier_gain = 0.0f;  // that row is multiplied by this
@@ -56,11 +66,7 @@ inline void write_tiny_checkpoint(const std::filesystem::path& dir, const TinyCh
   std::vector<TensorToWrite> a, b;
   int i = 0;
   for (const auto& spec : expected_tensors(cfg)) {
-    int64_t n = 1;
-    for (auto d : spec.shape) n *= d;
-    std::vector<float> v(static_cast<size_t>(n));
-    const bool norm = spec.shape.size() == 1;
-    for (auto& x : v) x = norm ? 1.0f + 0.1f * nd(rng) : nd(rng);
+    std::vector<float> v = test_util::random_weight_values(spec.shape, rng, nd);
     if (o.outlier_layer >= 0 &&
         spec.name == "model.layers." + std::to_string(o.outlier_layer) + ".self_attn.v_proj.weight") {
       const int64_t rows = spec.shape[0], cols = spec.shape[1];

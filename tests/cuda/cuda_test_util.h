@@ -15,6 +15,7 @@
 
 #include "backend/cpu/kv_ops.h"
 #include "backend/cuda/attention/attention.h"
+#include "backend/cuda/ops/ops.h"
 #include "pth_bound.h"
 
 namespace fp8kv::cudatest {
@@ -31,38 +32,27 @@ inline bool have_gpu() {
 #define FP8KV_REQUIRE_GPU() \
   if (!::fp8kv::cudatest::have_gpu()) GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount failed or 0)"
 
-// Owning device buffer.
-class DevBuf {
+// The backend's owning device buffer (cuda/ops/ops.h) with typed host
+// copies for the tests.
+class DevBuf : public cuda::DeviceBuffer {
  public:
   DevBuf() = default;
-  explicit DevBuf(size_t bytes) : n_(bytes) { if (bytes) check(cudaMalloc(&p_, bytes), "cudaMalloc"); }
+  explicit DevBuf(size_t bytes) : DeviceBuffer(bytes) {}
   template <class T>
   explicit DevBuf(const std::vector<T>& h) : DevBuf(h.size() * sizeof(T)) { upload(h); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  DevBuf(DevBuf&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
-  DevBuf& operator=(DevBuf&& o) noexcept { std::swap(p_, o.p_); std::swap(n_, o.n_); return *this; }
-  ~DevBuf() { if (p_) cudaFree(p_); }
   template <class T>
   void upload(const std::vector<T>& h) {
-    if (h.size() * sizeof(T) > n_) throw std::runtime_error("DevBuf::upload: too large");
-    check(cudaMemcpy(p_, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+    DeviceBuffer::upload(h.data(), h.size() * sizeof(T));
   }
+  // After every kernel queued so far on the device.
   template <class T>
   std::vector<T> download() const {
-    std::vector<T> h(n_ / sizeof(T));
+    std::vector<T> h(bytes() / sizeof(T));
     check(cudaDeviceSynchronize(), "sync before download");
-    check(cudaMemcpy(h.data(), p_, h.size() * sizeof(T), cudaMemcpyDeviceToHost), "download");
+    DeviceBuffer::download(h.data(), h.size() * sizeof(T));
     return h;
   }
-  void fill(uint8_t byte) { check(cudaMemset(p_, byte, n_), "memset"); }
-  void* get() const { return p_; }
-  template <class T> T* as() const { return static_cast<T*>(p_); }
-  size_t bytes() const { return n_; }
-
- private:
-  void* p_ = nullptr;
-  size_t n_ = 0;
+  void fill(uint8_t byte) { check(cudaMemset(get(), byte, bytes()), "memset"); }
 };
 
 // Fresh seed every run (printed so a failure can be replayed via FP8KV_SEED).

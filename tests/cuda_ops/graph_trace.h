@@ -4,10 +4,13 @@
 // one): every token, logprob and the graph counters. Shared by the graph
 // tests at TP 1 (test_cuda_graphs.cpp) and TP 2 (test_tp_cuda.cpp).
 #pragma once
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -62,6 +65,26 @@ inline GraphTrace run_graph_trace(const std::string& model, const std::string& d
   t.replays = e->graph_replays();
   t.captures = e->graph_captures();
   return t;
+}
+
+// A run with graphs (g) against the padded eager run (r) of the same
+// requests: g captured the decode buckets 4, 2, 1 and replayed them, r
+// replayed none, and every token and logprob is bitwise the same. `tag`
+// starts the printed counts line and the failure messages.
+inline void expect_graphs_equal_eager(const GraphTrace& g, const GraphTrace& r, const std::string& tag) {
+  std::printf("%s: %lld captures, %lld replays\n", tag.c_str(), static_cast<long long>(g.captures),
+              static_cast<long long>(g.replays));
+  EXPECT_GE(g.captures, 3);  // buckets 4, 2, 1
+  EXPECT_GT(g.replays, 30);
+  EXPECT_EQ(r.replays, 0);
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_EQ(g.tokens[i], r.tokens[i]) << tag << " request " << i;
+    ASSERT_EQ(g.logprobs[i].size(), r.logprobs[i].size());
+    for (size_t j = 0; j < g.logprobs[i].size(); ++j)
+      EXPECT_EQ(0, std::memcmp(&g.logprobs[i][j], &r.logprobs[i][j], sizeof(float)))
+          << tag << " request " << i << " token " << j << ": graph " << g.logprobs[i][j] << " vs eager "
+          << r.logprobs[i][j];
+  }
 }
 
 }  // namespace fp8kv::cudaops_test

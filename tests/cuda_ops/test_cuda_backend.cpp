@@ -19,6 +19,7 @@
 #include "../cuda/pth_bound.h"
 #include "cuda_ops_util.h"
 #include "io/errors.h"
+#include "kv/kv_cache_manager.h"
 #include "kv/planner.h"
 #include "model/weights.h"
 
@@ -128,12 +129,7 @@ TEST_P(CudaBackendVsCpu, TwoStepsStageByStage) {
   ps.block_size = 16;
   ps.dtype = dtype;
   const KvPlan plan = plan_kv_cache(cfg, ps);
-  KvCacheLayout L;
-  L.num_blocks = static_cast<int>(plan.num_blocks);
-  L.block_size = plan.block_size;
-  L.num_kv_heads = plan.kv_heads_per_rank;
-  L.head_dim = plan.head_dim;
-  L.dtype = dtype;
+  const KvCacheLayout L = kv_layout(plan);
   be.allocate_kv(plan, L);
   KvScales scales = KvScales::unity(cfg.num_layers);
   if (kv_dtype_per_tensor_scaled(dtype)) {

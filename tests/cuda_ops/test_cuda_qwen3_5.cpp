@@ -37,6 +37,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../engine/hf_golden.h"
 #include "cuda_ops_util.h"
 #include "graph_trace.h"
 #include "engine/engine.h"
@@ -47,15 +48,6 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using namespace cudaops_test;
-
-fs::path golden_dir(const std::string& c) { return fs::path(FP8KV_SOURCE_DIR) / "tests/golden/models_qwen3_5" / c; }
-
-bool load_golden(const std::string& c, json& g) {
-  std::ifstream in(golden_dir(c) / "golden.json");
-  if (!in) return false;
-  g = json::parse(in);
-  return true;
-}
 
 EngineOptions options(const std::string& backend, bool eager = false) {
   EngineOptions o;
@@ -89,14 +81,13 @@ TEST_P(CudaQwen3_5, ScoreMatchesCpuEngine) {
   FP8KV_NEED_GPU();
   const std::string name = GetParam();
   json g;
-  if (!load_golden(name, g)) GTEST_SKIP() << golden_dir(name) << " missing (tools/gen_gdn_goldens.py)";
-  std::vector<std::vector<int>> seqs;
-  for (const auto& s : g["sequences"]) seqs.push_back(s.get<std::vector<int>>());
+  if (!testing::load_qwen3_5_golden(name, g)) GTEST_SKIP() << testing::qwen3_5_golden_dir(name) << " missing (tools/gen_gdn_goldens.py)";
+  const std::vector<std::vector<int>> seqs = testing::golden_sequences(g);
   ScoreOptions so;
   so.chunk_size = 48;  // not a multiple of the CPU's 64-token chunks: its chunked form resumes unaligned
   std::vector<ScoreResult> res[2];
   for (int be = 0; be < 2; ++be) {
-    auto e = Engine::load(golden_dir(name), options(be ? "cuda" : "cpu"));
+    auto e = Engine::load(testing::qwen3_5_golden_dir(name), options(be ? "cuda" : "cpu"));
     ASSERT_EQ(e->backend_name(), be ? "cuda" : "cpu");
     res[be] = e->score_batch(seqs, so);
   }
@@ -137,11 +128,11 @@ TEST_P(CudaQwen3_5, GraphDecodeFollowsTransformers) {
   FP8KV_NEED_GPU();
   const std::string name = GetParam();
   json g;
-  if (!load_golden(name, g)) GTEST_SKIP() << golden_dir(name) << " missing (tools/gen_gdn_goldens.py)";
+  if (!testing::load_qwen3_5_golden(name, g)) GTEST_SKIP() << testing::qwen3_5_golden_dir(name) << " missing (tools/gen_gdn_goldens.py)";
   const std::vector<int> prompt = g["decode"]["prompt"].get<std::vector<int>>();
   const std::vector<int> want = g["decode"]["ids"].get<std::vector<int>>();
   const std::vector<double> want_lp = g["decode"]["logprobs"].get<std::vector<double>>();
-  auto e = Engine::load(golden_dir(name), options("cuda"));
+  auto e = Engine::load(testing::qwen3_5_golden_dir(name), options("cuda"));
   GenerateOptions o;
   o.max_tokens = static_cast<int>(want.size());
   o.stop_at_eos = false;
@@ -187,23 +178,11 @@ TEST_P(CudaQwen3_5, GraphDecodeFollowsTransformers) {
 TEST_P(CudaQwen3_5, GraphReplayEqualsPaddedEager) {
   FP8KV_NEED_GPU();
   const std::string name = GetParam();
-  if (!fs::exists(golden_dir(name) / "model.safetensors")) GTEST_SKIP() << golden_dir(name) << " missing";
+  if (!fs::exists(testing::qwen3_5_golden_dir(name) / "model.safetensors")) GTEST_SKIP() << testing::qwen3_5_golden_dir(name) << " missing";
   const uint64_t seed = test_seed();
   const GraphTrace gr = run_graph_trace("models_qwen3_5/" + name, "bf16", true, seed, 1),
                    pe = run_graph_trace("models_qwen3_5/" + name, "bf16", false, seed, 1);
-  std::printf("[ qwen3_5 graphs ] %s: %lld captures, %lld replays\n", name.c_str(),
-              static_cast<long long>(gr.captures), static_cast<long long>(gr.replays));
-  EXPECT_GE(gr.captures, 3);  // buckets 4, 2, 1
-  EXPECT_GT(gr.replays, 30);
-  EXPECT_EQ(pe.replays, 0);
-  for (size_t r = 0; r < 3; ++r) {
-    ASSERT_EQ(gr.tokens[r], pe.tokens[r]) << name << " request " << r;
-    ASSERT_EQ(gr.logprobs[r].size(), pe.logprobs[r].size());
-    for (size_t j = 0; j < gr.logprobs[r].size(); ++j)
-      EXPECT_EQ(0, std::memcmp(&gr.logprobs[r][j], &pe.logprobs[r][j], sizeof(float)))
-          << name << " request " << r << " token " << j << ": graph " << gr.logprobs[r][j] << " vs eager "
-          << pe.logprobs[r][j];
-  }
+  expect_graphs_equal_eager(gr, pe, "[ qwen3_5 graphs ] " + name);
 }
 
 // Prefix caching through state snapshots (docs/design.md "Prefix snapshots
@@ -224,7 +203,7 @@ TEST_P(CudaQwen3_5, GraphReplayEqualsPaddedEager) {
 TEST_P(CudaQwen3_5, PrefixCacheOnAgreesWithOff) {
   FP8KV_NEED_GPU();
   const std::string name = GetParam();
-  if (!fs::exists(golden_dir(name) / "model.safetensors")) GTEST_SKIP() << golden_dir(name) << " missing";
+  if (!fs::exists(testing::qwen3_5_golden_dir(name) / "model.safetensors")) GTEST_SKIP() << testing::qwen3_5_golden_dir(name) << " missing";
   EngineOptions on_o = options("cuda");
   on_o.max_model_len = 256;
   on_o.max_num_batched_tokens = 256;
@@ -232,8 +211,8 @@ TEST_P(CudaQwen3_5, PrefixCacheOnAgreesWithOff) {
   on_o.state_snapshot_interval = 64 / on_o.block_size;  // every 64 tokens
   EngineOptions off_o = on_o;
   off_o.enable_prefix_caching = false;
-  auto on = Engine::load(golden_dir(name), on_o);
-  auto off = Engine::load(golden_dir(name), off_o);
+  auto on = Engine::load(testing::qwen3_5_golden_dir(name), on_o);
+  auto off = Engine::load(testing::qwen3_5_golden_dir(name), off_o);
   ASSERT_TRUE(on->kv_plan().state.snapshots()) << on->kv_plan().prefix_caching_off_reason;
   std::mt19937_64 rng(7);
   auto toks = [&](int n) {

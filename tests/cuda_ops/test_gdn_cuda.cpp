@@ -73,6 +73,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gdn/gdn.h"
 #include "cuda_ops_util.h"
+#include "kv/kv_cache_manager.h"
 #include "kv/planner.h"
 #include "model/weights.h"
 
@@ -639,26 +640,25 @@ ModelConfig qwen3_5_config(int Hk, int Hv, int Dk, int Dv) {
   return parse_model_config(j, "qwen3_5 cuda gdn test config");
 }
 
+// The KV plan of the Gated DeltaNet tests: a bf16 cache and kSlots state slots.
+KvPlan side_plan(const ModelConfig& cfg) {
+  KvPlanSettings ps;
+  ps.kv_memory_bytes = 16u << 20;
+  ps.max_model_len = 256;
+  ps.max_num_seqs = kSlots;
+  ps.max_num_batched_tokens = 128;
+  ps.block_size = 16;
+  return plan_kv_cache(cfg, ps);
+}
+
 // One backend with a state pool of kSlots slots for cfg.
 struct Side {
   std::unique_ptr<Backend> be;
   BackendWeights w;
   Side(std::unique_ptr<Backend> b, const ModelConfig& cfg, std::shared_ptr<const ModelWeights> mw) : be(std::move(b)) {
     w = be->upload_weights(mw);
-    KvPlanSettings ps;
-    ps.kv_memory_bytes = 16u << 20;
-    ps.max_model_len = 256;
-    ps.max_num_seqs = kSlots;
-    ps.max_num_batched_tokens = 128;
-    ps.block_size = 16;
-    const KvPlan plan = plan_kv_cache(cfg, ps);
-    KvCacheLayout L;
-    L.num_blocks = static_cast<int>(plan.num_blocks);
-    L.block_size = plan.block_size;
-    L.num_kv_heads = plan.kv_heads_per_rank;
-    L.head_dim = plan.head_dim;
-    L.dtype = KvDtype::bf16;
-    be->allocate_kv(plan, L);
+    const KvPlan plan = side_plan(cfg);
+    be->allocate_kv(plan, kv_layout(plan));
   }
   Tensor put(const std::vector<float>& h, int64_t rows) {
     DeviceBuffer buf = be->alloc(h.size() * 4);
@@ -729,16 +729,7 @@ TEST_P(GdnOpCuda, MatchesCpuBackendOverSteps) {
   auto mw = ModelWeights::random(cfg, 99, 0.1f, /*bf16=*/true);
   Side cuda(std::make_unique<CudaBackend>(cfg, BackendOptions{}), cfg, mw);
   Side cpu(std::make_unique<CpuBackend>(cfg, BackendOptions{}), cfg, mw);
-  const int G = static_cast<int>(plan_kv_cache(cfg, [] {
-                                   KvPlanSettings ps;
-                                   ps.kv_memory_bytes = 16u << 20;
-                                   ps.max_model_len = 256;
-                                   ps.max_num_seqs = kSlots;
-                                   ps.max_num_batched_tokens = 128;
-                                   ps.block_size = 16;
-                                   return ps;
-                                 }())
-                                   .groups.size());
+  const int G = static_cast<int>(side_plan(cfg).groups.size());
   const GdnShape s{gc.num_k_heads, gc.num_v_heads, gc.k_head_dim, gc.v_head_dim, gc.conv_kernel};
   const int64_t C = s.conv_dim(), VD = s.value_dim(), Hv = s.num_v_heads, Dv = s.v_head_dim;
   const LayerWeights& L0 = mw->layers[0];
@@ -842,13 +833,7 @@ TEST(GdnOpCudaStates, PrefillSplitAtMultipleOf64EqualsOneShot) {
   const float eps = static_cast<float>(cfg.rms_norm_eps);
   auto mw = ModelWeights::random(cfg, 5, 0.1f, /*bf16=*/true);
   Side cuda(std::make_unique<CudaBackend>(cfg, BackendOptions{}), cfg, mw);
-  KvPlanSettings ps;
-  ps.kv_memory_bytes = 16u << 20;
-  ps.max_model_len = 256;
-  ps.max_num_seqs = kSlots;
-  ps.max_num_batched_tokens = 128;
-  ps.block_size = 16;
-  const int G = static_cast<int>(plan_kv_cache(cfg, ps).groups.size());
+  const int G = static_cast<int>(side_plan(cfg).groups.size());
   const int64_t C = gc.conv_dim(), VD = gc.value_dim(), Hv = gc.num_v_heads;
   std::mt19937_64 rng(test_seed());
   const int N = 125;

@@ -41,16 +41,9 @@ TEST(CudaGraphWarmup, EveryBucketCapturedAtLoadAndNoneLater) {
   // decode steps at 3, 2, 1 sequences): every decode step replays.
   const GraphTrace g = run_graph_trace("llama", "fp8_e4m3", true, 7, 1);
   EXPECT_EQ(g.captures, 4) << "a step captured after startup (a scratch buffer grew, or a bucket was missed)";
-  EXPECT_GT(g.replays, 30);
   const GraphTrace r = run_graph_trace("llama", "fp8_e4m3", false, 7, 1);
   EXPECT_EQ(r.captures, 0);  // pad_decode_eager: no graphs at all
-  for (size_t i = 0; i < 3; ++i) {
-    ASSERT_EQ(g.tokens[i], r.tokens[i]) << "request " << i;
-    ASSERT_EQ(g.logprobs[i].size(), r.logprobs[i].size());
-    for (size_t j = 0; j < g.logprobs[i].size(); ++j)
-      EXPECT_EQ(0, std::memcmp(&g.logprobs[i][j], &r.logprobs[i][j], sizeof(float)))
-          << "request " << i << " token " << j;
-  }
+  expect_graphs_equal_eager(g, r, "[ graphs ] after warm-up, llama fp8_e4m3");
 }
 
 TEST(CudaGraphWarmup, EnforceEagerCapturesNothing) {

@@ -22,6 +22,7 @@
 #include <random>
 #include <nlohmann/json.hpp>
 
+#include "../engine/hf_golden.h"
 #include "cuda_ops_util.h"
 #include "graph_trace.h"
 #include "engine/dummy_weights.h"
@@ -33,17 +34,9 @@ namespace {
 
 using namespace cudaops_test;
 
-int gpus() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
-#define FP8KV_NEED_2_GPUS() \
-  if (gpus() < 2) GTEST_SKIP() << "tensor parallel needs 2 CUDA devices (found " << gpus() << ")"
+#define FP8KV_NEED_2_GPUS()    \
+  if (cuda::cuda_device_count() < 2) \
+  GTEST_SKIP() << "tensor parallel needs 2 CUDA devices (found " << cuda::cuda_device_count() << ")"
 
 EngineOptions opts(const std::string& dtype, int tp) {
   EngineOptions o;
@@ -136,12 +129,10 @@ void expect_tp2_matches_tp1(const std::function<std::unique_ptr<Engine>(int tp)>
 TEST(CudaTensorParallel, Qwen3_5Tp2ScoreMatchesTp1) {
   FP8KV_NEED_2_GPUS();
   for (const char* c : {"l1f1_hd256", "l3f1_hd64"}) {
-    const std::filesystem::path dir = std::filesystem::path(FP8KV_SOURCE_DIR) / "tests/golden/models_qwen3_5" / c;
-    std::ifstream in(dir / "golden.json");
-    if (!in) GTEST_SKIP() << dir << " missing (tools/gen_gdn_goldens.py)";
-    const nlohmann::json g = nlohmann::json::parse(in);
-    std::vector<std::vector<int>> seqs;
-    for (const auto& q : g["sequences"]) seqs.push_back(q.get<std::vector<int>>());
+    const std::filesystem::path dir = testing::qwen3_5_golden_dir(c);
+    nlohmann::json g;
+    if (!testing::load_qwen3_5_golden(c, g)) GTEST_SKIP() << dir << " missing (tools/gen_gdn_goldens.py)";
+    const std::vector<std::vector<int>> seqs = testing::golden_sequences(g);
     expect_tp2_matches_tp1(
         [&](int tp) {
           EngineOptions o = opts("bf16", tp);
@@ -187,18 +178,7 @@ TEST(CudaTensorParallel, Fp8BlockWeightsTp2ScoreMatchesTp1) {
 void check_tp_graphs(const std::string& dtype) {
   const GraphTrace g = run_graph_trace("llama", dtype, true, 11, /*tp=*/2),
                    r = run_graph_trace("llama", dtype, false, 11, /*tp=*/2);
-  std::printf("[ tp ] graphs TP 2 %s: %lld captures, %lld replays\n", dtype.c_str(),
-              static_cast<long long>(g.captures), static_cast<long long>(g.replays));
-  EXPECT_GE(g.captures, 3);  // buckets 4, 2, 1
-  EXPECT_GT(g.replays, 30);
-  EXPECT_EQ(r.replays, 0);
-  for (size_t i = 0; i < 3; ++i) {
-    ASSERT_EQ(g.tokens[i], r.tokens[i]) << "request " << i;
-    ASSERT_EQ(g.logprobs[i].size(), r.logprobs[i].size());
-    for (size_t j = 0; j < g.logprobs[i].size(); ++j)
-      EXPECT_EQ(0, std::memcmp(&g.logprobs[i][j], &r.logprobs[i][j], sizeof(float)))
-          << "request " << i << " token " << j << ": graph " << g.logprobs[i][j] << " vs eager " << r.logprobs[i][j];
-  }
+  expect_graphs_equal_eager(g, r, "[ tp ] graphs TP 2 " + dtype);
 }
 
 TEST(CudaTensorParallel, GraphReplayEqualsPaddedEagerTp2Bf16) {

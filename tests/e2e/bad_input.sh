@@ -53,11 +53,7 @@ expect_refused "4 inspect subnormal v_scale" \
   "$T/sub/model.safetensors: model.layers.1.self_attn.v_scale is 1.40129846e-45, a subnormal float32" \
   "$BIN" inspect "$T/sub"
 # ... and a report carrying one is refused by inject before any write.
-cat > "$T/sub_report.json" <<'JSON'
-{"status": "complete", "target": "fp8_e4m3", "rule": "safety:1.3", "layers": [
- {"layer": 0, "k_scale": 1.0, "v_scale": 1.0, "q_scale": 1.0},
- {"layer": 1, "k_scale": 1.0, "v_scale": 1e-40, "q_scale": 1.0}]}
-JSON
+write_report "$T/sub_report.json" complete 1.0:1.0 1.0:1e-40
 expect_refused "4 inject subnormal v_scale" "v_scale is 9.9999461e-41, a subnormal float32" \
   "$BIN" inject "$M" --report "$T/sub_report.json" --output "$T/inj4"
 [ -e "$T/inj4" ] && fail "4: inject wrote its output"
@@ -92,11 +88,7 @@ python3 -c "import json,sys; assert json.load(open(sys.argv[1]))['values_checked
 echo "ok   6 clean model passes --check-values"
 
 # 7. inject --output where the new directory cannot be made.
-cat > "$T/report.json" <<'JSON'
-{"status": "complete", "target": "fp8_e4m3", "rule": "safety:1.3", "layers": [
- {"layer": 0, "k_scale": 1.0, "v_scale": 2.0, "q_scale": 1.0},
- {"layer": 1, "k_scale": 1.0, "v_scale": 3.0, "q_scale": 1.0}]}
-JSON
+write_report "$T/report.json" complete 1.0:2.0 1.0:3.0
 expect_refused "7 inject --output under a file" "--output $T/good.txt/new: $T/good.txt is not a directory" \
   "$BIN" inject "$M" --report "$T/report.json" --output "$T/good.txt/new"
 if [ "$(id -u)" != 0 ]; then

@@ -86,11 +86,7 @@ if [ -d /proc/self ]; then
   t "compare --html under /proc" "--html /proc/r.html: cannot write in /proc" \
     "$BIN" eval compare "$M" --text-file "$T/good.txt" --output "$T/cmp.json" --html /proc/r.html
   [ -e "$T/cmp.json" ] && fail "compare wrote its JSON although --html was bad"
-  cat > "$T/report.json" <<'JSON'
-{"status": "complete", "target": "fp8_e4m3", "rule": "safety:1.3", "layers": [
- {"layer": 0, "k_scale": 1.0, "v_scale": 2.0, "q_scale": 1.0},
- {"layer": 1, "k_scale": 1.0, "v_scale": 3.0, "q_scale": 1.0}]}
-JSON
+  write_report "$T/report.json" complete 1.0:2.0 1.0:3.0
   t "inject --output under /proc" "--output /proc/new: cannot write in /proc" \
     "$BIN" inject "$M" --report "$T/report.json" --output /proc/new
 fi

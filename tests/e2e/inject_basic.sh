@@ -8,14 +8,7 @@ python3 "$HERE/inject_make_checkpoint.py" "$T/m" --sharded || fail "make checkpo
 python3 "$HERE/inject_make_checkpoint.py" "$T/single" || fail "make checkpoint"
 W1=$(sha256sum "$T/m/model-00001-of-00002.safetensors" | cut -d' ' -f1)
 
-report() {  # report FILE V1 [STATUS]
-  cat > "$1" <<JSON
-{"status": "${3:-complete}", "target": "fp8_e4m3", "rule": "safety:1.3", "layers": [
- {"layer": 0, "k_scale": 1.0, "v_scale": 1.0, "q_scale": 1.0},
- {"layer": 1, "k_scale": 1.0, "v_scale": $2, "q_scale": 1.0},
- {"layer": 2, "k_scale": 0.5, "v_scale": 1.0, "q_scale": 1.0}]}
-JSON
-}
+report() { write_report "$1" "${3:-complete}" 1.0:1.0 "1.0:$2" 0.5:1.0; }  # report FILE V1 [STATUS]
 report "$T/r.json" 3.5
 
 # --output: new directory, source untouched.

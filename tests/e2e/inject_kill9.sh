@@ -9,14 +9,7 @@ source "$(dirname "$0")/lib.sh"
 TRIALS=${FP8KV_KILL9_TRIALS:-30}   # per checkpoint kind
 SLOW=15
 
-report() {  # report FILE V1
-  cat > "$1" <<JSON
-{"status": "complete", "target": "fp8_e4m3", "rule": "safety:1.3", "layers": [
- {"layer": 0, "k_scale": 1.0, "v_scale": 1.0, "q_scale": 1.0},
- {"layer": 1, "k_scale": 1.0, "v_scale": $2, "q_scale": 1.0},
- {"layer": 2, "k_scale": 1.0, "v_scale": 1.0, "q_scale": 1.0}]}
-JSON
-}
+report() { write_report "$1" complete 1.0:1.0 "1.0:$2" 1.0:1.0; }  # report FILE V1
 report "$T/a.json" 2.5
 report "$T/b.json" 4.75
 v1() { python3 "$HERE/inject_read_scale.py" "$1" model.layers.1.self_attn.v_scale; }

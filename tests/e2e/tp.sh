@@ -13,12 +13,9 @@
 source "$(dirname "$0")/lib.sh"
 M="$SRC/models/fp8kv-mini"
 [ -f "$M/config.json" ] || fail "no $M"
-python3 -c "import json, random; random.seed(1); json.dump([random.randrange(8192) for _ in range(48)], open('$T/ids.json', 'w'))"
+random_ids "$T/ids.json" 48 8192 1
 flags=(--kv-memory 4MiB --max-model-len 256 --kv-cache-dtype fp8 --threads 2)
-for tp in 1 2; do
-  "$BIN" score "$M" --token-ids-file "$T/ids.json" --output "$T/s$tp.json" "${flags[@]}" --tp $tp \
-    > /dev/null 2> "$T/e$tp" || fail "score --tp $tp: $(cat "$T/e$tp")"
-done
+score_tp12 "$M" "$T/ids.json" "${flags[@]}"
 python3 - "$T" <<'PY' || fail "TP 2 != TP 1"
 import json, sys
 T = sys.argv[1]

@@ -3,22 +3,20 @@
 # tensor parallelism"): two `fp8kv` processes (--nnodes 2, --node-rank 0/1,
 # sockets on 127.0.0.1) give bitwise the scores of the single-process TP 2
 # (the same rank-order fp32 sums: backend/comm.h), hence TP 1 within
-# tp.sh's bound; greedy `generate` prints the same text; rank 1 prints
-# nothing and exits 0. Bad rank/world combinations and an unreachable master
-# exit 2 naming the cause; a killed peer ends the other process (no hang).
+# tp.sh's bound; greedy `generate` prints the same text and the same KV
+# clip counts (rank 0 sums both ranks'); rank 1 prints nothing and exits 0.
+# Bad rank/world combinations and an unreachable master exit 2 naming the
+# cause; a killed peer ends the other process (no hang).
 # Usage: bash tp_multiproc.sh <fp8kv-binary> <source-dir>
 source "$(dirname "$0")/lib.sh"
 M="$SRC/models/fp8kv-mini"
 [ -f "$M/config.json" ] || fail "no $M"
 free_port() { free_port_pair; }  # control and collectives (lib.sh)
-python3 -c "import json, random; random.seed(1); json.dump([random.randrange(8192) for _ in range(48)], open('$T/ids.json', 'w'))"
+random_ids "$T/ids.json" 48 8192 1
 flags=(--kv-memory 4MiB --max-model-len 256 --kv-cache-dtype fp8 --threads 1)
 
 # Single process: TP 1 and TP 2 (threads).
-for tp in 1 2; do
-  "$BIN" score "$M" --token-ids-file "$T/ids.json" --output "$T/s$tp.json" "${flags[@]}" --tp $tp \
-    > /dev/null 2> "$T/e$tp" || fail "score --tp $tp: $(cat "$T/e$tp")"
-done
+score_tp12 "$M" "$T/ids.json" "${flags[@]}"
 # Two processes; rank 1 first (start order does not matter).
 P=$(free_port); [ -n "$P" ] || fail "no free port"
 mp=(--tp 2 --nnodes 2 --master-addr 127.0.0.1 --master-port "$P")
@@ -81,6 +79,12 @@ wait $pid1 || fail "generate rank 1: $(cat "$T/gem1")"
 cmp -s "$T/g2" "$T/gm0" || fail "generate text differs: '$(cat "$T/g2")' vs '$(cat "$T/gm0")'"
 [ -s "$T/gm1" ] && fail "generate rank 1 printed: $(head -c 300 "$T/gm1")"
 echo "ok   generate, 2 processes == 1 process: $(head -c 60 "$T/gm0" | tr '\n' ' ')"
+# KV clip counts: rank 0 reports the sum over both processes (gathered on the
+# control channel), the single process's line to the count.
+c2=$(grep "^KV clipped at store" "$T/ge2") || fail "generate --tp 2 printed no clip line: $(cat "$T/ge2")"
+cm=$(grep "^KV clipped at store" "$T/gem0") || fail "generate rank 0 printed no clip line: $(cat "$T/gem0")"
+[ "$cm" = "$c2" ] || fail "clip counts: 2 processes '$cm', 1 process '$c2'"
+echo "ok   KV clip counts, 2 processes == 1 process: $cm"
 
 # Bad combinations (exit 2, before any model work).
 s=(score "$M" --token-ids-file "$T/ids.json" --output "$T/x.json" "${flags[@]}")
@@ -102,14 +106,7 @@ expect_refused "bad --collective-timeout" "--collective-timeout" "$BIN" "${s[@]}
 # serve: SIGTERM on rank 0 ends rank 1 too (exit 0: rank 0's engine says
 # quit); a rank 0 killed with SIGKILL ends rank 1 at once (exit != 0, no hang).
 for sig in TERM KILL; do
-  P=$(free_port)
-  mp=(--tp 2 --nnodes 2 --master-port "$P")
-  "$BIN" serve "$M" --port 0 "${flags[@]}" "${mp[@]}" --node-rank 1 > /dev/null 2> "$T/d1" &
-  pid1=$!
-  "$BIN" serve "$M" --port 0 "${flags[@]}" "${mp[@]}" --node-rank 0 > /dev/null 2> "$T/d0" &
-  pid0=$!
-  for _ in $(seq 1 300); do grep -q "listening on" "$T/d0" 2>/dev/null && break; sleep 0.1; done
-  grep -q "listening on" "$T/d0" || { kill $pid0 $pid1 2>/dev/null; fail "serve rank 0 did not start: $(cat "$T/d0")"; }
+  start_serve_pair "d$sig" "$M" "${flags[@]}"
   sleep 0.5
   kill -$sig $pid0
   wait $pid0 2>/dev/null
@@ -117,10 +114,10 @@ for sig in TERM KILL; do
   wait $pid1; rc=$?
   [ $(( $(date +%s) - start )) -lt 30 ] || fail "rank 1 took too long to end after rank 0's SIG$sig"
   if [ $sig = TERM ]; then
-    [ "$rc" = 0 ] || fail "rank 1 exit $rc after rank 0's SIGTERM: $(tail -c 400 "$T/d1")"
+    [ "$rc" = 0 ] || fail "rank 1 exit $rc after rank 0's SIGTERM: $(tail -c 400 "$T/d$sig.e1")"
   else
     [ "$rc" != 0 ] || fail "rank 1 exit 0 after rank 0 was killed"
-    grep -q "closed the connection\|Connection reset" "$T/d1" || fail "rank 1's error: $(tail -c 400 "$T/d1")"
+    grep -q "closed the connection\|Connection reset" "$T/d$sig.e1" || fail "rank 1's error: $(tail -c 400 "$T/d$sig.e1")"
   fi
   echo "ok   serve: SIG$sig on rank 0 ends rank 1 (exit $rc)"
 done

@@ -49,41 +49,35 @@ check_line "$T/kill.e0" "^fp8kv: rank 1 lost during $op_re: .*; rank 0 stops$" "
 python3 -c "import sys; sys.exit(0 if $dt < 5 else 1)" || fail "kill: rank 0 took $dt s (a dead peer ends the wait at once)"
 echo "ok   SIGKILL on rank 1: rank 0 exits 1 after $dt s: $(grep '^fp8kv: ' "$T/kill.e0")"
 
-# 2. SIGSTOP on the follower: a stalled collective, --collective-timeout 2.
-start_pair 2 stop
-kill -STOP $pid1
-t0=$(now)
-wait_exit $pid0 12; rc=$?
-dt=$(python3 -c "print(f'{$(now) - $t0:.2f}')")
-[ "$rc" = 1 ] || { kill -9 $pid1; fail "stop: rank 0 exit $rc, expected 1: $(tail -c 400 "$T/stop.e0")"; }
-check_line "$T/stop.e0" \
-  "^fp8kv: rank 1 stalled during $op_re: .*within the collective timeout \(2 s, --collective-timeout\); rank 0 stops$" "stop"
-# It waited for the timeout (not less), and not much more (2-core CI slack).
-python3 -c "import sys; sys.exit(0 if 1.9 <= $dt < 8 else 1)" || { kill -9 $pid1; fail "stop: rank 0 took $dt s, expected about 2"; }
-echo "ok   SIGSTOP on rank 1, --collective-timeout 2: rank 0 exits 1 after $dt s: $(grep '^fp8kv: ' "$T/stop.e0")"
-kill -CONT $pid1
-wait_exit $pid1 10; rc=$?
-[ "$rc" = 1 ] || fail "stop: rank 1 (continued) exit $rc, expected 1: $(tail -c 400 "$T/stop.e1")"
-check_line "$T/stop.e1" "^fp8kv: rank 0 lost during $op_re: .*; rank 1 stops$" "stop, rank 1"
-[ -s "$T/stop.o1" ] && fail "rank 1 printed: $(head -c 200 "$T/stop.o1")"
-echo "ok   rank 1, continued, exits 1: $(grep '^fp8kv: ' "$T/stop.e1")"
-
-# 3. SIGSTOP on the leader: its followers see it stall (they wait for its
-# next step or sit in a collective, both bounded by the timeout).
-start_pair 2 lstop
-kill -STOP $pid0
-t0=$(now)
-wait_exit $pid1 12; rc=$?
-dt=$(python3 -c "print(f'{$(now) - $t0:.2f}')")
-[ "$rc" = 1 ] || { kill -9 $pid0; fail "leader stop: rank 1 exit $rc, expected 1: $(tail -c 400 "$T/lstop.e1")"; }
-check_line "$T/lstop.e1" \
-  "^fp8kv: rank 0 stalled during $op_re: .*within the collective timeout \(2 s, --collective-timeout\); rank 1 stops$" \
-  "leader stop"
-python3 -c "import sys; sys.exit(0 if 1.9 <= $dt < 8 else 1)" || { kill -9 $pid0; fail "leader stop: rank 1 took $dt s"; }
-kill -CONT $pid0
-wait_exit $pid0 10; rc=$?
-[ "$rc" = 1 ] || fail "leader stop: rank 0 (continued) exit $rc, expected 1: $(tail -c 400 "$T/lstop.e0")"
-check_line "$T/lstop.e0" "^fp8kv: rank 1 lost during $op_re: .*; rank 0 stops$" "leader stop, rank 0"
-echo "ok   SIGSTOP on rank 0: rank 1 exits 1 after $dt s: $(grep '^fp8kv: ' "$T/lstop.e1")"
+# 2. and 3. SIGSTOP on one rank S, --collective-timeout 2: a stalled peer.
+# The other rank W exits 1 after the timeout ("rank S stalled during ..."):
+# the leader sits in a collective, the follower in one or in its wait for the
+# next step, both bounded by the timeout. S, continued, exits 1 too ("rank W
+# lost during ..."); rank 1 never prints.
+stop_case() {  # NAME S
+  local name=$1 s=$2 w=$((1 - $2)) spid wpid
+  start_pair 2 "$name"
+  if [ "$s" = 1 ]; then spid=$pid1; wpid=$pid0; else spid=$pid0; wpid=$pid1; fi
+  kill -STOP $spid
+  t0=$(now)
+  wait_exit $wpid 12; rc=$?
+  dt=$(python3 -c "print(f'{$(now) - $t0:.2f}')")
+  [ "$rc" = 1 ] || { kill -9 $spid; fail "$name: rank $w exit $rc, expected 1: $(tail -c 400 "$T/$name.e$w")"; }
+  check_line "$T/$name.e$w" \
+    "^fp8kv: rank $s stalled during $op_re: .*within the collective timeout \(2 s, --collective-timeout\); rank $w stops$" \
+    "$name"
+  # It waited for the timeout (not less), and not much more (2-core CI slack).
+  python3 -c "import sys; sys.exit(0 if 1.9 <= $dt < 8 else 1)" \
+    || { kill -9 $spid; fail "$name: rank $w took $dt s, expected about 2"; }
+  echo "ok   SIGSTOP on rank $s, --collective-timeout 2: rank $w exits 1 after $dt s: $(grep '^fp8kv: ' "$T/$name.e$w")"
+  kill -CONT $spid
+  wait_exit $spid 10; rc=$?
+  [ "$rc" = 1 ] || fail "$name: rank $s (continued) exit $rc, expected 1: $(tail -c 400 "$T/$name.e$s")"
+  check_line "$T/$name.e$s" "^fp8kv: rank $w lost during $op_re: .*; rank $s stops$" "$name, rank $s"
+  [ -s "$T/$name.o1" ] && fail "rank 1 printed: $(head -c 200 "$T/$name.o1")"
+  echo "ok   rank $s, continued, exits 1: $(grep '^fp8kv: ' "$T/$name.e$s")"
+}
+stop_case stop 1
+stop_case lstop 0
 
 echo ok

@@ -15,15 +15,7 @@ M="$SRC/models/fp8kv-mini"
 flags=(--kv-memory 8MiB --max-model-len 4096 --threads 1 --load-format dummy --kv-cache-dtype fp8)
 
 # 1. open requests get 503 (or a 503 error event when streaming) and the server exits 1.
-P=$(free_port_pair)
-mp=(--tp 2 --nnodes 2 --master-port "$P" --collective-timeout 10)
-"$BIN" serve "$M" --port 0 "${flags[@]}" "${mp[@]}" --node-rank 1 > /dev/null 2> "$T/s.e1" &
-pid1=$!
-"$BIN" serve "$M" --port 0 "${flags[@]}" "${mp[@]}" --node-rank 0 > /dev/null 2> "$T/s.e0" &
-pid0=$!
-for _ in $(seq 1 300); do grep -q "listening on" "$T/s.e0" 2>/dev/null && break; sleep 0.1; done
-port=$(grep -o 'listening on http://[^ ]*' "$T/s.e0" | grep -o '[0-9]*$')
-[ -n "$port" ] || { kill -9 $pid0 $pid1 2>/dev/null; fail "serve did not start: $(tail -c 400 "$T/s.e0")"; }
+start_serve_pair s "$M" "${flags[@]}" --collective-timeout 10
 python3 - "$port" "$M" "$T" <<'PY' &
 import http.client, json, sys, threading
 port, model, T = int(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -75,15 +67,7 @@ echo "ok   serve: SIGKILL on rank 1: the server exits 1 after $dt s: $(grep '^fp
 
 # 2. No false alarm: an idle server (no step for 3 x --collective-timeout 1)
 # keeps its follower (the leader's keepalive), then serves a request.
-P=$(free_port_pair)
-mp=(--tp 2 --nnodes 2 --master-port "$P" --collective-timeout 1)
-"$BIN" serve "$M" --port 0 "${flags[@]}" "${mp[@]}" --node-rank 1 > /dev/null 2> "$T/i.e1" &
-pid1=$!
-"$BIN" serve "$M" --port 0 "${flags[@]}" "${mp[@]}" --node-rank 0 > /dev/null 2> "$T/i.e0" &
-pid0=$!
-for _ in $(seq 1 300); do grep -q "listening on" "$T/i.e0" 2>/dev/null && break; sleep 0.1; done
-port=$(grep -o 'listening on http://[^ ]*' "$T/i.e0" | grep -o '[0-9]*$')
-[ -n "$port" ] || { kill -9 $pid0 $pid1 2>/dev/null; fail "idle serve did not start: $(tail -c 400 "$T/i.e0")"; }
+start_serve_pair i "$M" "${flags[@]}" --collective-timeout 1
 sleep 3
 kill -0 $pid1 2>/dev/null || { kill -9 $pid0; fail "idle: rank 1 ended: $(tail -c 400 "$T/i.e1")"; }
 python3 - "$port" "$M" <<'PY' || { kill -9 $pid0 $pid1 2>/dev/null; fail "idle: the request after the idle period failed"; }

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../common/random_weights.h"
 #include "io/fs_util.h"
 #include "io/safetensors.h"
 #include "model/config.h"
@@ -123,11 +124,8 @@ inline void write_fp8_checkpoint(const std::filesystem::path& dir, const Fp8Chec
   std::vector<TensorToWrite> ts;
   const ScaleGranularity g = fp8_granularity(o.format);
   for (const auto& spec : expected_tensors(cfg)) {
-    int64_t n = 1;
-    for (auto d : spec.shape) n *= d;
-    std::vector<float> v(static_cast<size_t>(n));
+    std::vector<float> v = test_util::random_weight_values(spec.shape, rng, nd);
     const bool vec = spec.shape.size() == 1;
-    for (auto& x : v) x = vec ? 1.0f + 0.1f * nd(rng) : nd(rng);
     const std::string module = spec.name.substr(0, spec.name.size() - 7);  // minus ".weight"
     if (vec || !fp8_quantizes(o.format, module)) {
       ts.push_back(make_f32_tensor(spec.name, spec.shape, v));
@@ -186,6 +184,18 @@ inline void write_fp8_checkpoint(const std::filesystem::path& dir, const Fp8Chec
 }
 
 // The tensor named `name` in ts (throws when absent).
+// A CPU engine over an fp8-weight checkpoint: bf16 cache, 64 tokens.
+inline EngineOptions fp8_engine_options(Fp8Compute mode = Fp8Compute::w8a16, int tp = 1) {
+  EngineOptions o;
+  o.backend = "cpu";
+  o.kv_cache_dtype = "bf16";
+  o.max_model_len = 64;
+  o.kv_memory_bytes = 8u << 20;
+  o.fp8_weight_mode = mode;
+  o.tensor_parallel_size = tp;
+  return o;
+}
+
 inline TensorToWrite& find_tensor(std::vector<TensorToWrite>& ts, const std::string& name) {
   for (auto& t : ts)
     if (t.name == name) return t;

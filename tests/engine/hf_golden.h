@@ -48,6 +48,27 @@ inline std::filesystem::path hd64_golden_dir(const std::string& name) {
   return std::filesystem::path(FP8KV_SOURCE_DIR) / "tests/golden/models_hd64" / name;
 }
 
+// The Qwen3.5 hybrid goldens written by tools/gen_gdn_goldens.py.
+inline std::filesystem::path qwen3_5_golden_dir(const std::string& name) {
+  return std::filesystem::path(FP8KV_SOURCE_DIR) / "tests/golden/models_qwen3_5" / name;
+}
+
+// qwen3_5_golden_dir(name)/golden.json into g; false when it is missing (the
+// caller skips).
+inline bool load_qwen3_5_golden(const std::string& name, nlohmann::json& g) {
+  std::ifstream in(qwen3_5_golden_dir(name) / "golden.json");
+  if (!in) return false;
+  g = nlohmann::json::parse(in);
+  return true;
+}
+
+// A golden's teacher-forced token sequences.
+inline std::vector<std::vector<int>> golden_sequences(const nlohmann::json& g) {
+  std::vector<std::vector<int>> seqs;
+  for (const auto& q : g["sequences"]) seqs.push_back(q.get<std::vector<int>>());
+  return seqs;
+}
+
 struct GoldenOutcome {
   double mean_abs_vs_variant = 0.0;  // mean |lp - golden(variant)| over all scored positions
   double mean_abs_vs_fp32 = 0.0;     // mean |lp - golden(fp32)|

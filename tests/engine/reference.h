@@ -4,12 +4,15 @@
 // exactly where the cache stores them (after k_norm and RoPE; V as projected).
 #pragma once
 #include <cmath>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/kv_ops.h"
+#include "engine/engine.h"
 #include "kv/kv_scales.h"
 #include "model/config.h"
 #include "model/weights.h"
@@ -311,6 +314,26 @@ inline KvScales per_head_kv_scales(const ModelConfig& c) {
     }
   }
   return s;
+}
+
+// Engine::create, and per_head_kv_scales for an fp8 cache.
+inline std::unique_ptr<Engine> create_engine(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> w,
+                                             const EngineOptions& o) {
+  auto e = Engine::create(cfg, std::move(w), o);
+  if (kv_dtype_is_fp8(e->kv_dtype())) e->set_kv_scales(per_head_kv_scales(cfg));
+  return e;
+}
+
+// Greedy generation (n tokens, EOS ignored) gives the same tokens at
+// tensor-parallel sizes 2 and 4 as at 1; make(tp) builds the engine.
+inline void expect_greedy_same_at_tp(const std::function<std::unique_ptr<Engine>(int tp)>& make,
+                                     const std::vector<int>& prompt, int n = 20) {
+  GenerateOptions g;
+  g.max_tokens = n;
+  g.stop_at_eos = false;
+  const auto ref = make(1)->generate(prompt, g).tokens;
+  ASSERT_EQ(ref.size(), static_cast<size_t>(n));
+  for (int tp : {2, 4}) EXPECT_EQ(make(tp)->generate(prompt, g).tokens, ref) << "tp " << tp;
 }
 
 }  // namespace fp8kv::testing

@@ -22,43 +22,19 @@
 #include "io/errors.h"
 #include "kv/planner.h"
 #include "numerics/fp8.h"
+#include "hf_golden.h"
 #include "reference.h"
+#include "weights_compare.h"
 
 namespace fp8kv {
 namespace {
 
 namespace fs = std::filesystem;
 
-fs::path golden_dir(const std::string& c) { return fs::path(FP8KV_SOURCE_DIR) / "tests/golden/models_qwen3_5" / c; }
 const char* kCases[] = {"l3f1_hd64", "l2f1_hd64", "l1f1_hd256"};
 
-using Mat = WeightMatrix LayerWeights::*;
-using Vec = std::vector<float> LayerWeights::*;
-const std::pair<const char*, Mat> kMats[] = {
-    {"q_proj", &LayerWeights::q_proj},         {"k_proj", &LayerWeights::k_proj},
-    {"v_proj", &LayerWeights::v_proj},         {"o_proj", &LayerWeights::o_proj},
-    {"gate_proj", &LayerWeights::gate_proj},   {"up_proj", &LayerWeights::up_proj},
-    {"down_proj", &LayerWeights::down_proj},   {"in_proj_qkv", &LayerWeights::in_proj_qkv},
-    {"in_proj_z", &LayerWeights::in_proj_z},   {"in_proj_b", &LayerWeights::in_proj_b},
-    {"in_proj_a", &LayerWeights::in_proj_a},   {"out_proj", &LayerWeights::out_proj}};
-const std::pair<const char*, Vec> kVecs[] = {
-    {"input_norm", &LayerWeights::input_norm},
-    {"q_bias", &LayerWeights::q_bias},
-    {"k_bias", &LayerWeights::k_bias},
-    {"v_bias", &LayerWeights::v_bias},
-    {"o_bias", &LayerWeights::o_bias},
-    {"q_norm", &LayerWeights::q_norm},
-    {"k_norm", &LayerWeights::k_norm},
-    {"post_attention_norm", &LayerWeights::post_attention_norm},
-    {"pre_ffn_norm", &LayerWeights::pre_ffn_norm},
-    {"post_ffn_norm", &LayerWeights::post_ffn_norm},
-    {"gate_bias", &LayerWeights::gate_bias},
-    {"up_bias", &LayerWeights::up_bias},
-    {"down_bias", &LayerWeights::down_bias},
-    {"conv1d", &LayerWeights::conv1d},
-    {"A_log", &LayerWeights::A_log},
-    {"dt_bias", &LayerWeights::dt_bias},
-    {"gdn_norm", &LayerWeights::gdn_norm}};
+using testing::kLayerMatrices;
+using testing::kLayerVectors;
 
 bool present(const WeightMatrix& m) { return m.data != nullptr || m.dummy; }
 
@@ -78,9 +54,9 @@ void expect_same_tensors(const ModelWeights& want, const ModelWeights& got, cons
   EXPECT_EQ(want.final_norm.size(), got.final_norm.size()) << tag;
   ASSERT_EQ(want.layers.size(), got.layers.size()) << tag;
   for (size_t l = 0; l < want.layers.size(); ++l) {
-    for (const auto& [n, m] : kMats)
+    for (const auto& [n, m] : kLayerMatrices)
       expect_same_matrix_shape(want.layers[l].*m, got.layers[l].*m, tag + " layer " + std::to_string(l) + " " + n);
-    for (const auto& [n, v] : kVecs)
+    for (const auto& [n, v] : kLayerVectors)
       EXPECT_EQ((want.layers[l].*v).size(), (got.layers[l].*v).size())
           << tag << " layer " << l << " " << n;
   }
@@ -104,10 +80,10 @@ WeightMatrix full(uint64_t seed, uint64_t id, int64_t rows, int64_t cols) {
 TEST(DummyQwen3_5, SameTensorsAndShapesAsTheCheckpointLoader) {
   for (const char* name : kCases) {
     SCOPED_TRACE(name);
-    const ModelConfig cfg = load_model_config(golden_dir(name));
+    const ModelConfig cfg = load_model_config(testing::qwen3_5_golden_dir(name));
     ASSERT_TRUE(cfg.gdn.has_value());
     ASSERT_TRUE(cfg.attn_output_gate);
-    std::shared_ptr<const Checkpoint> ckpt = Checkpoint::open(golden_dir(name));
+    std::shared_ptr<const Checkpoint> ckpt = Checkpoint::open(testing::qwen3_5_golden_dir(name));
     const auto real = ModelWeights::load(ckpt, cfg);
     const auto host = dummy_weights(cfg, 0);
     const auto lazy = dummy_weights(cfg, 0, 0.02f, /*lazy=*/true);
@@ -115,7 +91,7 @@ TEST(DummyQwen3_5, SameTensorsAndShapesAsTheCheckpointLoader) {
     expect_same_tensors(*real, *lazy, "lazy");
     int linear = 0;
     for (int l = 0; l < cfg.num_layers; ++l) {
-      for (const auto& [n, m] : kMats) {
+      for (const auto& [n, m] : kLayerMatrices) {
         const WeightMatrix& h = host->layers[l].*m;
         const WeightMatrix& z = lazy->layers[l].*m;
         if (!present(h)) continue;
@@ -123,7 +99,7 @@ TEST(DummyQwen3_5, SameTensorsAndShapesAsTheCheckpointLoader) {
         EXPECT_TRUE(z.bf16 && !z.data && z.dummy) << l << " " << n;
       }
       // Vectors are the same on both paths.
-      for (const auto& [n, v] : kVecs) EXPECT_EQ(host->layers[l].*v, lazy->layers[l].*v) << l << " " << n;
+      for (const auto& [n, v] : kLayerVectors) EXPECT_EQ(host->layers[l].*v, lazy->layers[l].*v) << l << " " << n;
       linear += cfg.is_linear(l);
     }
     EXPECT_GT(linear, 0);
@@ -137,7 +113,7 @@ TEST(DummyQwen3_5, SameTensorsAndShapesAsTheCheckpointLoader) {
 // rather than through dummy_layer_matrix_id, so that a change of the order
 // shows.
 TEST(DummyQwen3_5, MatrixIdsAreAppendedAfterEveryLayers) {
-  const ModelConfig cfg = load_model_config(golden_dir("l3f1_hd64"));
+  const ModelConfig cfg = load_model_config(testing::qwen3_5_golden_dir("l3f1_hd64"));
   ASSERT_FALSE(cfg.tie_word_embeddings);
   const int64_t L = cfg.num_layers, H = cfg.hidden_size, I = cfg.intermediate_size;
   const GatedDeltaNetConfig& g = *cfg.gdn;
@@ -187,7 +163,7 @@ TEST(DummyQwen3_5, MatrixIdsAreAppendedAfterEveryLayers) {
 // conv and projections N(0, 0.02); the zero-centred norms hold 1 as applied
 // (the loader's 1 + w with w = 0).
 TEST(DummyQwen3_5, GatedDeltaNetValuesFollowTheInit) {
-  const ModelConfig cfg = load_model_config(golden_dir("l3f1_hd64"));
+  const ModelConfig cfg = load_model_config(testing::qwen3_5_golden_dir("l3f1_hd64"));
   const auto w = dummy_weights(cfg, 0);
   std::set<float> a_logs;
   double conv_sq = 0.0, conv_sum = 0.0;
@@ -226,9 +202,9 @@ uint64_t count_parameters(const ModelWeights& w) {
   uint64_t n = static_cast<uint64_t>(w.embed.rows * w.embed.cols + w.final_norm.size());
   if (w.lm_head) n += static_cast<uint64_t>(w.lm_head->rows * w.lm_head->cols);
   for (const LayerWeights& L : w.layers) {
-    for (const auto& [name, m] : kMats)
+    for (const auto& [name, m] : kLayerMatrices)
       if (present(L.*m)) n += static_cast<uint64_t>((L.*m).rows * (L.*m).cols);
-    for (const auto& [name, v] : kVecs) n += (L.*v).size();
+    for (const auto& [name, v] : kLayerVectors) n += (L.*v).size();
   }
   return n;
 }
@@ -239,8 +215,8 @@ uint64_t count_parameters(const ModelWeights& w) {
 TEST(DummyQwen3_5, ParameterEstimateCountsEveryCheckpointTensor) {
   for (const char* name : kCases) {
     SCOPED_TRACE(name);
-    const ModelConfig cfg = load_model_config(golden_dir(name));
-    const auto ckpt = Checkpoint::open(golden_dir(name));
+    const ModelConfig cfg = load_model_config(testing::qwen3_5_golden_dir(name));
+    const auto ckpt = Checkpoint::open(testing::qwen3_5_golden_dir(name));
     uint64_t n = 0;
     for (const std::string& t : ckpt->tensor_names()) n += static_cast<uint64_t>(ckpt->view(t).numel());
     EXPECT_EQ(estimate_parameters(cfg), n);
@@ -256,7 +232,7 @@ TEST(DummyQwen3_5, EngineRunsFromConfigAloneAndIsDeterministic) {
   for (const char* name : {"l3f1_hd64", "l1f1_hd256"}) {
     SCOPED_TRACE(name);
     test_util::TempDir dir;
-    fs::copy_file(golden_dir(name) / "config.json", dir.path() / "config.json");
+    fs::copy_file(testing::qwen3_5_golden_dir(name) / "config.json", dir.path() / "config.json");
     EngineOptions o;
     o.backend = "cpu";
     o.max_model_len = 64;

@@ -21,17 +21,8 @@ namespace {
 using testing::Fp8CheckpointOptions;
 using testing::Fp8Format;
 using testing::find_tensor;
+using testing::fp8_engine_options;
 using testing::write_fp8_checkpoint;
-
-EngineOptions cpu_options(Fp8Compute mode = Fp8Compute::w8a16) {
-  EngineOptions o;
-  o.backend = "cpu";
-  o.kv_cache_dtype = "bf16";
-  o.max_model_len = 64;
-  o.kv_memory_bytes = 8u << 20;
-  o.fp8_weight_mode = mode;
-  return o;
-}
 
 std::vector<int> test_tokens(int n, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -48,23 +39,28 @@ std::vector<double> logprobs(const std::filesystem::path& dir, const EngineOptio
   return out;
 }
 
-class Fp8Twin : public ::testing::TestWithParam<std::tuple<std::string, Fp8Format>> {};
+// Each test gets the parameters' fp8 checkpoint in fp8_dir().
+class Fp8Twin : public ::testing::TestWithParam<std::tuple<std::string, Fp8Format>> {
+ protected:
+  void SetUp() override {
+    std::tie(opts_.family, opts_.format) = GetParam();
+    write_fp8_checkpoint(fp8_dir(), opts_);
+  }
+  std::filesystem::path fp8_dir() const { return tmp_.path() / "fp8"; }
+  test_util::TempDir tmp_;
+  Fp8CheckpointOptions opts_;
+};
 
 // W8A16 dequantizes each weight tile to exactly the twin's f32 values
 // (e4m3(q) * scale, one fp32 multiply in both) and runs the same sgemm
 // calls on them, so the logprobs are bitwise equal: tolerance 0.
 TEST_P(Fp8Twin, W8A16EqualsDequantizedF32Twin) {
-  const auto [family, format] = GetParam();
-  test_util::TempDir tmp;
-  Fp8CheckpointOptions o;
-  o.family = family;
-  o.format = format;
-  write_fp8_checkpoint(tmp.path() / "fp8", o);
+  Fp8CheckpointOptions o = opts_;
   o.twin = true;
-  write_fp8_checkpoint(tmp.path() / "twin", o);
+  write_fp8_checkpoint(tmp_.path() / "twin", o);
   const auto ids = test_tokens(20, 3);
-  const auto a = logprobs(tmp.path() / "fp8", cpu_options(), ids);
-  const auto b = logprobs(tmp.path() / "twin", cpu_options(), ids);
+  const auto a = logprobs(fp8_dir(), fp8_engine_options(), ids);
+  const auto b = logprobs(tmp_.path() / "twin", fp8_engine_options(), ids);
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "position " << i + 1;
 }
@@ -74,15 +70,9 @@ TEST_P(Fp8Twin, W8A16EqualsDequantizedF32Twin) {
 // (the logprobs move away from W8A16's, all finite); the mean shift is
 // recorded, not bounded (on these random tiny models, 0.07-0.12 nats).
 TEST_P(Fp8Twin, W8A8RunsAndDiffersFromW8A16) {
-  const auto [family, format] = GetParam();
-  test_util::TempDir tmp;
-  Fp8CheckpointOptions o;
-  o.family = family;
-  o.format = format;
-  write_fp8_checkpoint(tmp.path() / "fp8", o);
   const auto ids = test_tokens(20, 4);
-  const auto a = logprobs(tmp.path() / "fp8", cpu_options(Fp8Compute::w8a8), ids);
-  const auto b = logprobs(tmp.path() / "fp8", cpu_options(Fp8Compute::w8a16), ids);
+  const auto a = logprobs(fp8_dir(), fp8_engine_options(Fp8Compute::w8a8), ids);
+  const auto b = logprobs(fp8_dir(), fp8_engine_options(Fp8Compute::w8a16), ids);
   double sum = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     ASSERT_TRUE(std::isfinite(a[i])) << "position " << i + 1;
@@ -171,7 +161,7 @@ TEST(Fp8Dummy, QuantizationConfigMakesFp8DummyWeights) {
     if (std::string(name) == "fp8") j["quantization_config"] = testing::fp8_quant_json(Fp8Format::block);
     atomic_write_file(tmp.path() / name / "config.json", j.dump());
   }
-  EngineOptions o = cpu_options();
+  EngineOptions o = fp8_engine_options();
   o.load_format = "dummy";
   const auto ids = test_tokens(12, 5);
   const auto a = logprobs(tmp.path() / "fp8", o, ids);
@@ -189,7 +179,7 @@ TEST(Fp8Dummy, QuantizationConfigMakesFp8DummyWeights) {
 // ---- refusals: each names the field or tensor and what is supported ----
 
 void expect_refused(const Fp8CheckpointOptions& o, const std::vector<std::string>& needles,
-                    EngineOptions eo = cpu_options()) {
+                    EngineOptions eo = fp8_engine_options()) {
   test_util::TempDir tmp;
   write_fp8_checkpoint(tmp.path(), o);
   try {
@@ -312,7 +302,7 @@ TEST(Fp8Refusal, UnsupportedSchemes) {
 // block-scaled matrix is whole 128 blocks; this checkpoint's q_proj has 160
 // rows, 80 per rank at TP 2: refused before any weight is read.
 TEST(Fp8Refusal, BlockShardsOffA128Boundary) {
-  EngineOptions o = cpu_options();
+  EngineOptions o = fp8_engine_options();
   o.tensor_parallel_size = 2;
   expect_refused(Fp8CheckpointOptions{},
                  {"--tensor-parallel-size 2: fp8 weight model.layers.0.self_attn.q_proj.weight [160, 160] has 128x128 "
@@ -323,7 +313,7 @@ TEST(Fp8Refusal, BlockShardsOffA128Boundary) {
 
 TEST(Fp8Refusal, CudaW8A8ForNow) {
   if (resolve_backend_name("auto") != "cuda") GTEST_SKIP() << "no CUDA device: the cuda refusal is not reachable here";
-  EngineOptions o = cpu_options();
+  EngineOptions o = fp8_engine_options();
   o.backend = "cuda";
   o.fp8_weight_mode = Fp8Compute::w8a8;
   expect_refused(Fp8CheckpointOptions{}, {"--fp8-weight-mode w8a8 runs on --backend cpu for now"}, o);

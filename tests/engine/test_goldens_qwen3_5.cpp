@@ -32,14 +32,6 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-fs::path golden_dir(const std::string& c) { return fs::path(FP8KV_SOURCE_DIR) / "tests/golden/models_qwen3_5" / c; }
-
-bool load_golden(const std::string& c, json& g) {
-  std::ifstream in(golden_dir(c) / "golden.json");
-  if (!in) return false;
-  g = json::parse(in);
-  return true;
-}
 
 EngineOptions options(const std::string& dtype) {
   EngineOptions o;
@@ -62,10 +54,10 @@ class GoldenQwen3_5 : public ::testing::TestWithParam<std::tuple<std::string, st
 TEST_P(GoldenQwen3_5, PrefillMatchesTransformers) {
   const auto [name, variant] = GetParam();
   json g;
-  if (!load_golden(name, g))
-    GTEST_SKIP() << golden_dir(name) << " missing: run `python3 tools/gen_gdn_goldens.py` from the repo root on the "
+  if (!testing::load_qwen3_5_golden(name, g))
+    GTEST_SKIP() << testing::qwen3_5_golden_dir(name) << " missing: run `python3 tools/gen_gdn_goldens.py` from the repo root on the "
                  << "GPU machine (torch + transformers with models/qwen3_5)";
-  auto e = Engine::load(golden_dir(name), options(variant == "fp32" ? "bf16" : variant));
+  auto e = Engine::load(testing::qwen3_5_golden_dir(name), options(variant == "fp32" ? "bf16" : variant));
   const ModelConfig& c = e->config();
   ASSERT_TRUE(c.gdn.has_value());
   e->set_kv_scales(testing::golden_kv_scales(g, variant, c.num_layers));
@@ -113,10 +105,10 @@ class GoldenQwen3_5Decode : public ::testing::TestWithParam<std::string> {};
 TEST_P(GoldenQwen3_5Decode, GreedyStepsMatchTransformers) {
   const std::string name = GetParam();
   json g;
-  if (!load_golden(name, g))
-    GTEST_SKIP() << golden_dir(name) << " missing: run `python3 tools/gen_gdn_goldens.py` from the repo root on the "
+  if (!testing::load_qwen3_5_golden(name, g))
+    GTEST_SKIP() << testing::qwen3_5_golden_dir(name) << " missing: run `python3 tools/gen_gdn_goldens.py` from the repo root on the "
                  << "GPU machine (torch + transformers with models/qwen3_5)";
-  auto e = Engine::load(golden_dir(name), options("bf16"));
+  auto e = Engine::load(testing::qwen3_5_golden_dir(name), options("bf16"));
   const std::vector<int> prompt = g["decode"]["prompt"].get<std::vector<int>>();
   const std::vector<int> want = g["decode"]["ids"].get<std::vector<int>>();
   const std::vector<double> want_lp = g["decode"]["logprobs"].get<std::vector<double>>();

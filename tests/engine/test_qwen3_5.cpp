@@ -5,6 +5,7 @@
 // preemption by recompute. Prefix caching through state snapshots is
 // test_qwen3_5_prefix.cpp; the transformers comparison is
 // test_goldens_qwen3_5.cpp.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../common/errors.h"
 #include "engine/engine.h"
 #include "engine_fixtures.h"
 #include "io/errors.h"
@@ -23,6 +25,7 @@
 #include "model/weights.h"
 
 namespace fp8kv {
+using ::testing::HasSubstr;
 namespace {
 
 ModelConfig tiny_qwen3_5() { return testing::tiny_qwen3_5_config(); }
@@ -156,15 +159,9 @@ TEST(Qwen3_5Engine, TensorParallelNeedsTheLinearHeadsToDivide) {
   Fixture f;
   EngineOptions o = opts();
   o.tensor_parallel_size = 2;
-  try {
-    f.make(o);
-    FAIL() << "expected an InputError";
-  } catch (const InputError& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("--tensor-parallel-size 2 does not divide linear_num_key_heads 1 and linear_num_value_heads 2"),
-              std::string::npos)
-        << m;
-  }
+  EXPECT_THAT(test_util::input_error_of([&] { f.make(o); }),
+              HasSubstr("--tensor-parallel-size 2 does not divide linear_num_key_heads 1 and "
+                        "linear_num_value_heads 2"));
 }
 
 }  // namespace

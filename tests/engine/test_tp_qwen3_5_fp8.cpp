@@ -20,11 +20,14 @@
 #include <random>
 #include <string>
 
+#include "../common/errors.h"
 #include "../common/temp_dir.h"
 #include "engine/dummy_weights.h"
 #include "engine/engine.h"
 #include "engine/tp_shard.h"
 #include "fp8_checkpoint.h"
+#include "hf_golden.h"
+#include "weights_compare.h"
 #include "io/errors.h"
 #include "io/fs_util.h"
 #include "kv/planner.h"
@@ -36,6 +39,7 @@
 namespace fp8kv {
 namespace {
 
+using testing::expect_dummy_shards_equal;
 using testing::Fp8CheckpointOptions;
 using testing::Fp8Format;
 using testing::write_fp8_checkpoint;
@@ -78,15 +82,6 @@ std::vector<int> tokens(int n, int vocab, uint64_t seed) {
   std::vector<int> t(n);
   for (auto& x : t) x = 3 + static_cast<int>(rng() % static_cast<uint64_t>(vocab - 3));
   return t;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "no error";
 }
 
 // The bound (test_tp.cpp derives it): TP reorders the fp32 sums of the
@@ -135,9 +130,7 @@ EngineOptions q_opts(const std::string& dtype, int tp) {
 
 std::unique_ptr<Engine> q_make(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> w, const std::string& dtype,
                                int tp) {
-  auto e = Engine::create(cfg, std::move(w), q_opts(dtype, tp));
-  if (kv_dtype_is_fp8(e->kv_dtype())) e->set_kv_scales(testing::per_head_kv_scales(cfg));
-  return e;
+  return testing::create_engine(cfg, std::move(w), q_opts(dtype, tp));
 }
 
 class Qwen3_5Tp : public ::testing::TestWithParam<std::string> {};
@@ -165,13 +158,7 @@ TEST_P(Qwen3_5Tp, GreedyGenerationGivesTheSameTokens) {
   const std::string dtype = GetParam();
   const ModelConfig cfg = qwen3_5_cfg();
   auto w = ModelWeights::random(cfg, 5, 0.15f, true);
-  const std::vector<int> prompt = tokens(11, cfg.vocab_size, 9);
-  GenerateOptions g;
-  g.max_tokens = 20;
-  g.stop_at_eos = false;
-  const auto ref = q_make(cfg, w, dtype, 1)->generate(prompt, g).tokens;
-  ASSERT_EQ(ref.size(), 20u);
-  for (int tp : {2, 4}) EXPECT_EQ(q_make(cfg, w, dtype, tp)->generate(prompt, g).tokens, ref) << "tp " << tp;
+  testing::expect_greedy_same_at_tp([&](int tp) { return q_make(cfg, w, dtype, tp); }, tokens(11, cfg.vocab_size, 9));
 }
 
 INSTANTIATE_TEST_SUITE_P(Caches, Qwen3_5Tp, ::testing::Values("bf16", "fp8_e4m3"));
@@ -235,65 +222,15 @@ TEST(Qwen3_5TpEngine, LinearHeadsThatDoNotDivideAreRefusedByName) {
   auto w = ModelWeights::random(cfg, 1, 0.1f, true);
   const std::string want =
       "--tensor-parallel-size 4 does not divide linear_num_key_heads 2 and linear_num_value_heads 4";
-  std::string m = error_of([&] { Engine::create(cfg, w, q_opts("bf16", 4)); });
+  std::string m = test_util::input_error_of([&] { Engine::create(cfg, w, q_opts("bf16", 4)); });
   EXPECT_NE(m.find(want), std::string::npos) << m;
   test_util::TempDir tmp;
   atomic_write_file(tmp.path() / "config.json", qwen3_5_json(2, 4).dump());
   EngineOptions o = q_opts("bf16", 4);
   o.load_format = "dummy";
-  m = error_of([&] { Engine::load(tmp.path(), o); });
+  m = test_util::input_error_of([&] { Engine::load(tmp.path(), o); });
   EXPECT_NE(m.find(want), std::string::npos) << m;
   EXPECT_NO_THROW(Engine::create(cfg, w, q_opts("bf16", 2)));  // 2 divides both
-}
-
-void expect_same(const WeightMatrix& a, const WeightMatrix& b, const std::string& what) {
-  ASSERT_EQ(a.rows, b.rows) << what;
-  ASSERT_EQ(a.cols, b.cols) << what;
-  ASSERT_EQ(a.bf16, b.bf16) << what;
-  ASSERT_EQ(a.fp8, b.fp8) << what;
-  if (!a.data && !b.data) return;
-  ASSERT_TRUE(a.data && b.data) << what;
-  EXPECT_EQ(0, std::memcmp(a.data, b.data, a.bytes())) << what;
-  if (a.fp8) {
-    EXPECT_EQ(a.scale_granularity, b.scale_granularity) << what;
-    ASSERT_TRUE(a.scales && b.scales) << what;
-    EXPECT_EQ(*a.scales, *b.scales) << what;
-  }
-}
-
-// Per-rank dummy weights (--load-format dummy, TP > 1) are bitwise the
-// rank's shard of the full dummy model: every matrix (fp8: bytes and
-// scales) and vector, the Gated DeltaNet ones included.
-void expect_dummy_shards_equal(const ModelConfig& cfg, int world, const std::string& tag) {
-  const auto full = dummy_weights(cfg, 3);
-  for (int r = 0; r < world; ++r) {
-    const std::string at = tag + " world " + std::to_string(world) + " rank " + std::to_string(r);
-    const auto want = shard_weights(full, cfg, TpShard{r, world});
-    const auto got = dummy_weights_shard(cfg, TpShard{r, world, true}, 3);
-    expect_same(got->embed, want->embed, at + " embed");
-    ASSERT_EQ(got->lm_head.has_value(), want->lm_head.has_value()) << at;
-    if (want->lm_head) expect_same(*got->lm_head, *want->lm_head, at + " lm_head");
-    ASSERT_EQ(got->layers.size(), want->layers.size());
-    for (size_t l = 0; l < want->layers.size(); ++l) {
-      const LayerWeights &g = got->layers[l], &w = want->layers[l];
-      const std::string al = at + " layer " + std::to_string(l);
-      const std::pair<const char*, WeightMatrix LayerWeights::*> mats[] = {
-          {"q", &LayerWeights::q_proj},          {"k", &LayerWeights::k_proj},
-          {"v", &LayerWeights::v_proj},          {"o", &LayerWeights::o_proj},
-          {"gate", &LayerWeights::gate_proj},    {"up", &LayerWeights::up_proj},
-          {"down", &LayerWeights::down_proj},    {"in_proj_qkv", &LayerWeights::in_proj_qkv},
-          {"in_proj_z", &LayerWeights::in_proj_z}, {"in_proj_b", &LayerWeights::in_proj_b},
-          {"in_proj_a", &LayerWeights::in_proj_a}, {"out_proj", &LayerWeights::out_proj}};
-      for (const auto& [n, m] : mats) expect_same(g.*m, w.*m, al + " " + n);
-      const std::pair<const char*, std::vector<float> LayerWeights::*> vecs[] = {
-          {"input_norm", &LayerWeights::input_norm}, {"post_attention_norm", &LayerWeights::post_attention_norm},
-          {"q_norm", &LayerWeights::q_norm},         {"k_norm", &LayerWeights::k_norm},
-          {"q_bias", &LayerWeights::q_bias},         {"o_bias", &LayerWeights::o_bias},
-          {"conv1d", &LayerWeights::conv1d},         {"A_log", &LayerWeights::A_log},
-          {"dt_bias", &LayerWeights::dt_bias},       {"gdn_norm", &LayerWeights::gdn_norm}};
-      for (const auto& [n, v] : vecs) EXPECT_EQ(g.*v, w.*v) << al << " " << n;
-    }
-  }
 }
 
 TEST(Qwen3_5TpShard, DummyWeightsShardEqualsShardOfFullDummy) {
@@ -341,12 +278,10 @@ TEST(Qwen3_5TpEngine, DummyLoadPerRankMatchesTp1) {
 // at most twice the largest logit move): the bf16-cache bound, top-1 equal.
 TEST(Qwen3_5TpEngine, GoldenCheckpointsTp2MatchTp1) {
   for (const char* c : {"l1f1_hd256", "l3f1_hd64"}) {
-    const std::filesystem::path dir = std::filesystem::path(FP8KV_SOURCE_DIR) / "tests/golden/models_qwen3_5" / c;
-    std::ifstream in(dir / "golden.json");
-    if (!in) GTEST_SKIP() << dir << " missing (tools/gen_gdn_goldens.py)";
-    const nlohmann::json g = nlohmann::json::parse(in);
-    std::vector<std::vector<int>> seqs;
-    for (const auto& q : g["sequences"]) seqs.push_back(q.get<std::vector<int>>());
+    const std::filesystem::path dir = testing::qwen3_5_golden_dir(c);
+    nlohmann::json g;
+    if (!testing::load_qwen3_5_golden(c, g)) GTEST_SKIP() << dir << " missing (tools/gen_gdn_goldens.py)";
+    const std::vector<std::vector<int>> seqs = testing::golden_sequences(g);
     EngineOptions o = q_opts("bf16", 1);
     o.max_model_len = 128;
     o.kv_memory_bytes = 64u << 20;
@@ -379,17 +314,6 @@ void aligned_shape(nlohmann::json& j) {
   j["vocab_size"] = 212;
 }
 
-EngineOptions f_opts(Fp8Compute mode, int tp) {
-  EngineOptions o;
-  o.backend = "cpu";
-  o.kv_cache_dtype = "bf16";
-  o.max_model_len = 64;
-  o.kv_memory_bytes = 8u << 20;
-  o.fp8_weight_mode = mode;
-  o.tensor_parallel_size = tp;
-  return o;
-}
-
 class Fp8Tp : public ::testing::TestWithParam<std::tuple<Fp8Format, Fp8Compute>> {};
 
 // W8A16: every rank's GEMM dequantizes its shard to exactly the values of
@@ -416,17 +340,17 @@ TEST_P(Fp8Tp, ScoreEqualsTp1WithinTheBound) {
   co.edit_config = aligned_shape;
   write_fp8_checkpoint(tmp.path(), co);
   const auto toks = tokens(20, 212, 3);
-  const Logits ref = logits_of(*Engine::load(tmp.path(), f_opts(mode, 1)), toks, 0);
+  const Logits ref = logits_of(*Engine::load(tmp.path(), testing::fp8_engine_options(mode, 1)), toks, 0);
   const bool per_token = mode == Fp8Compute::w8a8 && format != Fp8Format::block;
   double bound = cache_bound("bf16");
   if (mode == Fp8Compute::w8a8) {
-    const Logits a16 = logits_of(*Engine::load(tmp.path(), f_opts(Fp8Compute::w8a16, 1)), toks, 0);
+    const Logits a16 = logits_of(*Engine::load(tmp.path(), testing::fp8_engine_options(Fp8Compute::w8a16, 1)), toks, 0);
     const double D = compare(a16, ref).max_abs;
     EXPECT_GT(D, 0.0);
     bound += 2.0 * D;
   }
   for (int tp : {2, 4}) {
-    const Diff d = compare(ref, logits_of(*Engine::load(tmp.path(), f_opts(mode, tp)), toks, 0));
+    const Diff d = compare(ref, logits_of(*Engine::load(tmp.path(), testing::fp8_engine_options(mode, tp)), toks, 0));
     if (!per_token) {
       EXPECT_EQ(d.top1_mismatches, 0) << "tp " << tp;
     }
@@ -531,11 +455,11 @@ TEST(Fp8TpShard, BlockCutsOffA128BoundaryAreRefused) {
       "--tensor-parallel-size 2: fp8 weight model.layers.0.self_attn.q_proj.weight [160, 160] has 128x128 block "
       "scales, and rank 0's column-parallel shard of it, rows [0, 80), does not start and end on a 128-row block "
       "boundary";
-  std::string m = error_of([&] { check_fp8_block_shards(cfg, 2); });
+  std::string m = test_util::input_error_of([&] { check_fp8_block_shards(cfg, 2); });
   EXPECT_NE(m.find(rows), std::string::npos) << m;
-  m = error_of([&] { check_fp8_block_shards(*dummy_weights(cfg, 1), cfg, 2); });
+  m = test_util::input_error_of([&] { check_fp8_block_shards(*dummy_weights(cfg, 1), cfg, 2); });
   EXPECT_NE(m.find(rows), std::string::npos) << m;
-  m = error_of([&] { shard_weights(dummy_weights(cfg, 1), cfg, TpShard{1, 2}); });
+  m = test_util::input_error_of([&] { shard_weights(dummy_weights(cfg, 1), cfg, TpShard{1, 2}); });
   EXPECT_NE(m.find("rank 1's column-parallel shard of it, rows [80, 160)"), std::string::npos) << m;
   // Row-parallel: only o_proj and down_proj quantized (the others excluded):
   // o_proj [160, 160]'s columns [0, 80) at TP 2.
@@ -548,9 +472,9 @@ TEST(Fp8TpShard, BlockCutsOffA128BoundaryAreRefused) {
       "--tensor-parallel-size 2: fp8 weight model.layers.0.self_attn.o_proj.weight [160, 160] has 128x128 block "
       "scales, and rank 0's row-parallel shard of it, columns [0, 80), does not start and end on a 128-column block "
       "boundary";
-  m = error_of([&] { check_fp8_block_shards(c2, 2); });
+  m = test_util::input_error_of([&] { check_fp8_block_shards(c2, 2); });
   EXPECT_NE(m.find(cols), std::string::npos) << m;
-  m = error_of([&] { check_fp8_block_shards(*dummy_weights(c2, 1), c2, 2); });
+  m = test_util::input_error_of([&] { check_fp8_block_shards(*dummy_weights(c2, 1), c2, 2); });
   EXPECT_NE(m.find(cols), std::string::npos) << m;
   // The same shapes with channel or tensor scales shard anywhere.
   EXPECT_NO_THROW(check_fp8_block_shards(fp8_cfg(Fp8Format::ct_channel, false), 2));
@@ -559,9 +483,9 @@ TEST(Fp8TpShard, BlockCutsOffA128BoundaryAreRefused) {
   // `--load-format dummy` refuses before any rank makes its shard.
   test_util::TempDir tmp;
   atomic_write_file(tmp.path() / "config.json", j.dump());
-  EngineOptions o = f_opts(Fp8Compute::w8a16, 2);
+  EngineOptions o = testing::fp8_engine_options(Fp8Compute::w8a16, 2);
   o.load_format = "dummy";
-  m = error_of([&] { Engine::load(tmp.path(), o); });
+  m = test_util::input_error_of([&] { Engine::load(tmp.path(), o); });
   EXPECT_NE(m.find(cols), std::string::npos) << m;
 }
 
@@ -577,7 +501,7 @@ TEST(Fp8TpEngine, DummyLoadPerRankMatchesTp1) {
   std::map<std::pair<int, Fp8Compute>, Logits> out;
   for (int tp : {1, 2})
     for (Fp8Compute mode : {Fp8Compute::w8a16, Fp8Compute::w8a8}) {
-      EngineOptions o = f_opts(mode, tp);
+      EngineOptions o = testing::fp8_engine_options(mode, tp);
       o.load_format = "dummy";
       out[{tp, mode}] = logits_of(*Engine::load(tmp.path(), o), toks, 0);
     }

@@ -8,6 +8,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "../common/errors.h"
+#include "../common/temp_dir.h"
 #include "io/checkpoint.h"
 #include "io/fs_util.h"
 
@@ -16,24 +18,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path temp_dir(const std::string& tag) {
-  fs::path d = fs::temp_directory_path() / ("fp8kv_test_fs_" + tag + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
 std::span<const std::byte> bytes_of(std::string_view s) {
   return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 void write_text(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary) << s; }
@@ -49,7 +35,8 @@ TEST(FsUtil, Sha256KnownVectors) {
 }
 
 TEST(FsUtil, Sha256FileMatchesInMemoryAcrossChunks) {
-  const fs::path dir = temp_dir("sha");
+  const test_util::TempDir tmp("fp8kv_test_fs_sha_");
+  const fs::path& dir = tmp.path();
   std::string big(3 * (1 << 20) + 12345, '\0');
   for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>((i * 2654435761u) >> 13);
   write_text(dir / "big.bin", big);
@@ -57,12 +44,13 @@ TEST(FsUtil, Sha256FileMatchesInMemoryAcrossChunks) {
   // One million 'a' (FIPS vector), crossing the 1 MiB read chunk boundary.
   write_text(dir / "a.bin", std::string(1000000, 'a'));
   EXPECT_EQ(sha256_file_hex(dir / "a.bin"), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
-  EXPECT_NE(error_of([&] { sha256_file_hex(dir / "none"); }).find("none"), std::string::npos);
+  EXPECT_NE(test_util::input_error_of([&] { sha256_file_hex(dir / "none"); }).find("none"), std::string::npos);
   fs::remove_all(dir);
 }
 
 TEST(FsUtil, AtomicWriteReplacesWithoutTouchingHardLinks) {
-  const fs::path dir = temp_dir("atomic");
+  const test_util::TempDir tmp("fp8kv_test_fs_atomic_");
+  const fs::path& dir = tmp.path();
   const fs::path p = dir / "index.json";
   atomic_write_file(p, "old");
   EXPECT_EQ(read_file(p), "old");
@@ -84,23 +72,25 @@ TEST(FsUtil, AtomicWriteReplacesWithoutTouchingHardLinks) {
   fs::current_path(cwd);
   EXPECT_EQ(read_file(dir / "rel.txt"), "r");
   // Failure names the path and leaves nothing.
-  const std::string err = error_of([&] { atomic_write_file(dir / "missing_dir" / "f", "x"); });
+  const std::string err = test_util::input_error_of([&] { atomic_write_file(dir / "missing_dir" / "f", "x"); });
   EXPECT_NE(err.find("missing_dir"), std::string::npos) << err;
   EXPECT_FALSE(fs::exists(dir / "missing_dir"));
   fs::remove_all(dir);
 }
 
 TEST(FsUtil, ReadFileErrorsNamePath) {
-  const fs::path dir = temp_dir("read");
-  EXPECT_NE(error_of([&] { read_file(dir / "nope.json"); }).find("nope.json"), std::string::npos);
-  EXPECT_NE(error_of([&] { read_file(dir); }).find("directory"), std::string::npos);
+  const test_util::TempDir tmp("fp8kv_test_fs_read_");
+  const fs::path& dir = tmp.path();
+  EXPECT_NE(test_util::input_error_of([&] { read_file(dir / "nope.json"); }).find("nope.json"), std::string::npos);
+  EXPECT_NE(test_util::input_error_of([&] { read_file(dir); }).find("directory"), std::string::npos);
   write_text(dir / "bin", std::string("a\0b", 3));
   EXPECT_EQ(read_file(dir / "bin"), std::string("a\0b", 3));
   fs::remove_all(dir);
 }
 
 TEST(Checkpoint, SingleFile) {
-  const fs::path dir = temp_dir("single");
+  const test_util::TempDir tmp("fp8kv_test_fs_single_");
+  const fs::path& dir = tmp.path();
   write_safetensors(dir / "model.safetensors", {make_f32_tensor("w", {2}, std::vector<float>{1.f, 2.f}),
                                                 make_f32_tensor("b", {1}, std::vector<float>{3.f})});
   auto c = Checkpoint::open(dir);
@@ -110,13 +100,14 @@ TEST(Checkpoint, SingleFile) {
   EXPECT_EQ(c->to_f32("w"), (std::vector<float>{1.f, 2.f}));
   EXPECT_EQ(c->total_tensor_bytes(), 12u);
   EXPECT_EQ(*c->file_of("b"), dir / "model.safetensors");
-  const std::string err = error_of([&] { c->view("zz"); });
+  const std::string err = test_util::input_error_of([&] { c->view("zz"); });
   EXPECT_NE(err.find("missing tensor zz"), std::string::npos) << err;
   fs::remove_all(dir);
 }
 
 TEST(Checkpoint, IndexIsAuthoritativeOverStrayModelFile) {
-  const fs::path dir = temp_dir("index");
+  const test_util::TempDir tmp("fp8kv_test_fs_index_");
+  const fs::path& dir = tmp.path();
   write_safetensors(dir / "model-00001-of-00002.safetensors",
                     {make_f32_tensor("a", {1}, std::vector<float>{1.f}),
                      make_f32_tensor("unlisted", {1}, std::vector<float>{9.f})});
@@ -140,34 +131,35 @@ TEST(Checkpoint, IndexIsAuthoritativeOverStrayModelFile) {
   // Index naming a tensor its shard lacks.
   idx["weight_map"]["c"] = "model-00002-of-00002.safetensors";
   write_text(dir / "model.safetensors.index.json", idx.dump());
-  std::string err = error_of([&] { Checkpoint::open(dir); });
+  std::string err = test_util::input_error_of([&] { Checkpoint::open(dir); });
   EXPECT_NE(err.find("'c'"), std::string::npos) << err;
   EXPECT_NE(err.find("model-00002-of-00002.safetensors"), std::string::npos) << err;
   // Index naming a missing shard.
   idx["weight_map"]["c"] = "model-00003-of-00003.safetensors";
   write_text(dir / "model.safetensors.index.json", idx.dump());
-  err = error_of([&] { Checkpoint::open(dir); });
+  err = test_util::input_error_of([&] { Checkpoint::open(dir); });
   EXPECT_NE(err.find("model-00003-of-00003.safetensors"), std::string::npos) << err;
   // Path escaping the directory.
   idx["weight_map"]["c"] = "../x.safetensors";
   write_text(dir / "model.safetensors.index.json", idx.dump());
-  err = error_of([&] { Checkpoint::open(dir); });
+  err = test_util::input_error_of([&] { Checkpoint::open(dir); });
   EXPECT_NE(err.find("../x.safetensors"), std::string::npos) << err;
   // Invalid index JSON / missing weight_map.
   write_text(dir / "model.safetensors.index.json", "{");
-  EXPECT_NE(error_of([&] { Checkpoint::open(dir); }).find("model.safetensors.index.json"), std::string::npos);
+  EXPECT_NE(test_util::input_error_of([&] { Checkpoint::open(dir); }).find("model.safetensors.index.json"), std::string::npos);
   write_text(dir / "model.safetensors.index.json", "{}");
-  EXPECT_NE(error_of([&] { Checkpoint::open(dir); }).find("weight_map"), std::string::npos);
+  EXPECT_NE(test_util::input_error_of([&] { Checkpoint::open(dir); }).find("weight_map"), std::string::npos);
   fs::remove_all(dir);
 }
 
 TEST(Checkpoint, MissingOrMalformed) {
-  const fs::path dir = temp_dir("bad");
-  std::string err = error_of([&] { Checkpoint::open(dir); });
+  const test_util::TempDir tmp("fp8kv_test_fs_bad_");
+  const fs::path& dir = tmp.path();
+  std::string err = test_util::input_error_of([&] { Checkpoint::open(dir); });
   EXPECT_NE(err.find("no model.safetensors"), std::string::npos) << err;
-  EXPECT_NE(error_of([&] { Checkpoint::open(dir / "nope"); }).find("not a directory"), std::string::npos);
+  EXPECT_NE(test_util::input_error_of([&] { Checkpoint::open(dir / "nope"); }).find("not a directory"), std::string::npos);
   write_text(dir / "model.safetensors", "garbage!");
-  err = error_of([&] { Checkpoint::open(dir); });
+  err = test_util::input_error_of([&] { Checkpoint::open(dir); });
   EXPECT_NE(err.find((dir / "model.safetensors").string()), std::string::npos) << err;
   fs::remove_all(dir);
 }

@@ -8,12 +8,14 @@
 
 #include <string>
 
+#include "../common/errors.h"
 #include "io/errors.h"
 #include "kv/planner.h"
 
 namespace fp8kv {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -226,19 +228,11 @@ TEST(Planner, TensorParallelHeadsPerRank) {
   // tp 16 > 8 kv heads: each head replicated on 2 ranks, 1 head per rank.
   EXPECT_EQ(kv_heads_per_rank(llama31_8b(), 16), 1);
   EXPECT_EQ(kv_heads_per_rank(llama31_8b(), 8), 1);
-  try {
-    kv_heads_per_rank(llama31_8b(), 3);
-    ADD_FAILURE() << "tp 3 accepted";
-  } catch (const InputError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("does not divide num_attention_heads 32"));
-  }
+  EXPECT_THAT(test_util::input_error_of([&] { kv_heads_per_rank(llama31_8b(), 3); }),
+              HasSubstr("does not divide num_attention_heads 32"));
   ModelConfig c = dense(4, 12, 4, 64, 4096);
-  try {
-    kv_heads_per_rank(c, 6);  // 12 % 6 == 0 but 6 > 4 kv heads is not a multiple of 4
-    ADD_FAILURE() << "tp 6 with 4 kv heads accepted";
-  } catch (const InputError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("multiple"));
-  }
+  // 12 % 6 == 0 but 6 > 4 kv heads is not a multiple of 4
+  EXPECT_THAT(test_util::input_error_of([&] { kv_heads_per_rank(c, 6); }), HasSubstr("multiple"));
   ModelConfig d = dense(4, 12, 6, 64, 4096);
   EXPECT_THROW(kv_heads_per_rank(d, 4), InputError);  // 6 % 4 != 0
   EXPECT_EQ(kv_heads_per_rank(d, 3), 2);
@@ -247,13 +241,8 @@ TEST(Planner, TensorParallelHeadsPerRank) {
 TEST(Planner, TooLittleMemorySaysWhatFits) {
   // bf16, max_model_len 131072 needs 8192 x 2 MiB = 16 GiB; 10 GiB holds
   // 5120 blocks = 81920 tokens.
-  try {
-    plan_kv_cache(llama31_8b(), settings(10 * GiB));
-    ADD_FAILURE() << "accepted";
-  } catch (const InputError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("17179869184 bytes"));
-    EXPECT_THAT(e.what(), HasSubstr("largest max_model_len that fits is 81920"));
-  }
+  EXPECT_THAT(test_util::input_error_of([&] { plan_kv_cache(llama31_8b(), settings(10 * GiB)); }),
+              AllOf(HasSubstr("17179869184 bytes"), HasSubstr("largest max_model_len that fits is 81920")));
   EXPECT_EQ(kv_memory_needed(llama31_8b(), settings(0)), 16 * GiB);
   EXPECT_EQ(max_model_len_that_fits(llama31_8b(), settings(10 * GiB)), 81920);
   EXPECT_EQ(max_model_len_that_fits(llama31_8b(), settings(10 * GiB + 2 * MiB - 1)), 81920);
@@ -268,23 +257,14 @@ TEST(Planner, TooLittleMemorySaysWhatFits) {
   s.kv_memory_bytes = 9156 * MiB;
   EXPECT_THROW(plan_kv_cache(gemma3_12b(), s), InputError);
   EXPECT_EQ(max_model_len_that_fits(gemma3_12b(), s), 131072 - 16);
-  try {
-    plan_kv_cache(llama31_8b(), settings(1000));
-    ADD_FAILURE() << "accepted";
-  } catch (const InputError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("not even a 1-token request fits"));
-  }
+  EXPECT_THAT(test_util::input_error_of([&] { plan_kv_cache(llama31_8b(), settings(1000)); }),
+              HasSubstr("not even a 1-token request fits"));
 }
 
 TEST(Planner, BadSettingsAreInputErrors) {
   KvPlanSettings s = settings(80 * GiB);
   s.max_model_len = 131073;
-  try {
-    plan_kv_cache(llama31_8b(), s);
-    ADD_FAILURE() << "accepted";
-  } catch (const InputError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("use at most 131072"));
-  }
+  EXPECT_THAT(test_util::input_error_of([&] { plan_kv_cache(llama31_8b(), s); }), HasSubstr("use at most 131072"));
   s = settings(80 * GiB);
   s.block_size = 0;
   EXPECT_THROW(plan_kv_cache(llama31_8b(), s), InputError);
@@ -350,16 +330,8 @@ TEST(ParseSize, UnitsAndErrors) {
                           "99999999999999999999999GiB", "16777216TiB", "abc"}) {
     EXPECT_THROW(parse_size(bad), InputError) << bad;
   }
-  try {
-    parse_size("80XB");
-  } catch (const InputError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("unknown unit 'xb'"));
-  }
-  try {
-    parse_size("-1GiB");
-  } catch (const InputError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("negative"));
-  }
+  EXPECT_THAT(test_util::input_error_of([&] { parse_size("80XB"); }), HasSubstr("unknown unit 'xb'"));
+  EXPECT_THAT(test_util::input_error_of([&] { parse_size("-1GiB"); }), HasSubstr("negative"));
 }
 
 TEST(Planner, DefaultsAreTheEngineFlagDefaults) {
@@ -378,15 +350,11 @@ TEST(PlannerOverflow, PageProductWrappingToZeroIsRefusedNamingTheFactors) {
   ModelConfig c = dense(64, 1024, 1024, 65536, 131072);
   KvPlanSettings s = settings(80 * GiB);
   s.block_size = 1073741824;
-  try {
-    plan_kv_cache(c, s);
-    ADD_FAILURE() << "accepted";
-  } catch (const InputError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("does not fit in 64 bits"));
-    EXPECT_THAT(e.what(), HasSubstr("--block-size 1073741824"));
-    EXPECT_THAT(e.what(), HasSubstr("num_key_value_heads 1024"));
-    EXPECT_THAT(e.what(), HasSubstr("head_dim 65536"));
-  }
+  EXPECT_THAT(test_util::input_error_of([&] { plan_kv_cache(c, s); }),
+              AllOf(HasSubstr("does not fit in 64 bits"),
+                    HasSubstr("--block-size 1073741824"),
+                    HasSubstr("num_key_value_heads 1024"),
+                    HasSubstr("head_dim 65536")));
   EXPECT_THROW(kv_memory_needed(c, s), InputError);
   EXPECT_THROW(max_model_len_that_fits(c, s), InputError);
   // A product wrapping to a small non-zero value (65 layers: 2^64 + 2^58 ->
@@ -399,12 +367,7 @@ TEST(PlannerOverflow, PageProductWrappingToZeroIsRefusedNamingTheFactors) {
   e.num_heads = e.num_kv_heads = 1 << 20;
   e.head_dim = 1 << 30;
   s.block_size = 16;
-  try {
-    plan_kv_cache(e, s);
-    ADD_FAILURE() << "accepted";
-  } catch (const InputError& err) {
-    EXPECT_THAT(err.what(), HasSubstr("num_hidden_layers 16384"));
-  }
+  EXPECT_THAT(test_util::input_error_of([&] { plan_kv_cache(e, s); }), HasSubstr("num_hidden_layers 16384"));
 }
 
 TEST(PlannerOverflow, OneRequestLargerThan64BitsIsRefused) {
@@ -412,12 +375,8 @@ TEST(PlannerOverflow, OneRequestLargerThan64BitsIsRefused) {
   // 2^27 blocks: 2^64 bytes for one request.
   ModelConfig c = dense(32, 1024, 1024, 65536, 2147483647);
   const KvPlanSettings s = settings(80 * GiB);
-  try {
-    kv_memory_needed(c, s);
-    ADD_FAILURE() << "accepted";
-  } catch (const InputError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("one request of max_model_len does not fit in 64 bits"));
-  }
+  EXPECT_THAT(test_util::input_error_of([&] { kv_memory_needed(c, s); }),
+              HasSubstr("one request of max_model_len does not fit in 64 bits"));
   EXPECT_THROW(plan_kv_cache(c, s), InputError);
 }
 
@@ -425,21 +384,10 @@ TEST(PlannerOverflow, OneRequestLargerThan64BitsIsRefused) {
 // of blocks"); block ids are int32, so the planner refuses naming the budget.
 TEST(PlannerOverflow, MoreBlocksThanInt32NamesTheBudgetFlag) {
   KvPlanSettings s = settings(parse_size("1000000TiB"));
-  try {
-    plan_kv_cache(llama31_8b(), s);
-    ADD_FAILURE() << "accepted";
-  } catch (const InputError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("--kv-memory"));
-    EXPECT_THAT(e.what(), HasSubstr("32-bit"));
-    EXPECT_THAT(e.what(), HasSubstr("2147483647 blocks"));
-  }
+  EXPECT_THAT(test_util::input_error_of([&] { plan_kv_cache(llama31_8b(), s); }),
+              AllOf(HasSubstr("--kv-memory"), HasSubstr("32-bit"), HasSubstr("2147483647 blocks")));
   s.budget_source = "--gpu-memory";
-  try {
-    plan_kv_cache(llama31_8b(), s);
-    ADD_FAILURE() << "accepted";
-  } catch (const InputError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("lower --gpu-memory"));
-  }
+  EXPECT_THAT(test_util::input_error_of([&] { plan_kv_cache(llama31_8b(), s); }), HasSubstr("lower --gpu-memory"));
   // The largest budget that is accepted: exactly 2^31 - 1 pages.
   s = settings(2147483647ull * 2 * MiB);
   EXPECT_EQ(plan_kv_cache(llama31_8b(), s).num_blocks, 2147483647);
@@ -458,24 +406,16 @@ TEST(PlannerBudget, GpuBudgetIsUtilizationMinusWeightsAndActivations) {
   EXPECT_TRUE(b.from_gpu);
   EXPECT_EQ(b.source, "--gpu-memory");
   in.weights_bytes_per_rank = 72 * GiB;
-  try {
-    kv_budget_from_gpu(in, llama31_8b());
-    ADD_FAILURE() << "accepted";
-  } catch (const InputError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("leaves nothing for the KV cache"));
-  }
+  EXPECT_THAT(test_util::input_error_of([&] { kv_budget_from_gpu(in, llama31_8b()); }),
+              HasSubstr("leaves nothing for the KV cache"));
   // With a probe: one request of 131072 tokens needs 16 GiB; 20 GiB of KV
   // budget fits it, 10 GiB does not (and says what would).
   in.weights_bytes_per_rank = 16 * GiB;
   KvPlanSettings probe = settings(0);
   EXPECT_NO_THROW(kv_budget_from_gpu(in, llama31_8b(), &probe));
   in.gpu_memory_bytes = 30 * GiB;
-  try {
-    kv_budget_from_gpu(in, llama31_8b(), &probe);
-    ADD_FAILURE() << "accepted";
-  } catch (const InputError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("or a --max-model-len of at most"));
-  }
+  EXPECT_THAT(test_util::input_error_of([&] { kv_budget_from_gpu(in, llama31_8b(), &probe); }),
+              HasSubstr("or a --max-model-len of at most"));
   in.utilization = 1.5;
   EXPECT_THROW(kv_budget_from_gpu(in, llama31_8b()), InputError);
   EXPECT_EQ(weights_per_rank(16 * GiB, 4), 4 * GiB);
@@ -490,24 +430,17 @@ TEST(PlannerBudget, DefaultCpuBudgetIsCappedAndSaturates) {
   EXPECT_EQ(default_cpu_kv_budget(llama31_8b(), s, 32 * GiB).kv_memory_bytes, 16 * GiB);
   // One request above the machine's memory: refused by arithmetic, naming
   // max_model_len, where it came from, the bytes and what fits (issue 37).
-  try {
-    default_cpu_kv_budget(llama31_8b(), s, 8 * GiB);
-    ADD_FAILURE() << "accepted";
-  } catch (const InputError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("max_model_len 131072 (the model's limit: max_position_embeddings in "
-                                    "config.json; --max-model-len not given) needs 16.00 GiB (17179869184 bytes)"));
-    EXPECT_THAT(e.what(), HasSubstr("more than this machine's physical memory: 8.00 GiB (8589934592 bytes)"));
-    EXPECT_THAT(e.what(), HasSubstr("give --max-model-len 65536 or less"));
-  }
+  EXPECT_THAT(test_util::input_error_of([&] { default_cpu_kv_budget(llama31_8b(), s, 8 * GiB); }),
+              AllOf(HasSubstr("max_model_len 131072 (the model's limit: max_position_embeddings in config.json; "
+                              "--max-model-len not given) needs 16.00 GiB (17179869184 bytes)"),
+                    HasSubstr("more than this machine's physical memory: 8.00 GiB (8589934592 bytes)"),
+                    HasSubstr("give --max-model-len 65536 or less")));
   KvPlanSettings given = s;
   given.max_model_len = 100000;
-  try {
-    default_cpu_kv_budget(llama31_8b(), given, 8 * GiB, "the address-space limit (ulimit -v)");
-    ADD_FAILURE() << "accepted";
-  } catch (const InputError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("max_model_len 100000 (--max-model-len) needs"));
-    EXPECT_THAT(e.what(), HasSubstr("more than the address-space limit (ulimit -v): 8.00 GiB"));
-  }
+  EXPECT_THAT(test_util::input_error_of(
+                  [&] { default_cpu_kv_budget(llama31_8b(), given, 8 * GiB, "the address-space limit (ulimit -v)"); }),
+              AllOf(HasSubstr("max_model_len 100000 (--max-model-len) needs"),
+                    HasSubstr("more than the address-space limit (ulimit -v): 8.00 GiB")));
   s.max_num_seqs = 2;
   EXPECT_EQ(default_cpu_kv_budget(llama31_8b(), s, 0).kv_memory_bytes, 32 * GiB);
   // max_num_seqs x one request past 2^64 saturates instead of wrapping.

@@ -1,15 +1,18 @@
 // The planner on a Qwen3.5 hybrid: only full-attention layers hold KV; the
 // per-sequence state pool (kv/state_plan.h) comes out of the budget first.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "../common/errors.h"
 #include "io/errors.h"
 #include "kv/planner.h"
 #include "model/config.h"
 
 using namespace fp8kv;
+using ::testing::HasSubstr;
 
 namespace {
 
@@ -65,14 +68,8 @@ TEST(PlannerQwen3_5, Fp8DoublesTheAttentionTokensNotTheStatePool) {
 
 TEST(PlannerQwen3_5, BudgetBelowTheStatePoolIsRefusedNamingIt) {
   const ModelConfig c = hybrid();
-  try {
-    plan_kv_cache(c, settings(KvDtype::bf16, 1000));
-    FAIL() << "expected an InputError";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("smaller than the linear-attention state pool: --max-num-seqs 16"),
-              std::string::npos)
-        << e.what();
-  }
+  EXPECT_THAT(test_util::input_error_of([&] { plan_kv_cache(c, settings(KvDtype::bf16, 1000)); }),
+              HasSubstr("smaller than the linear-attention state pool: --max-num-seqs 16"));
   EXPECT_EQ(max_model_len_that_fits(c, settings(KvDtype::bf16, 1000)), 0);
 }
 
@@ -129,14 +126,8 @@ TEST(PlannerQwen3_5, SnapshotIntervalBeyondMaxModelLenIsRefusedNamingTheFlag) {
   KvPlanSettings s = settings(KvDtype::bf16, 64u << 20);
   s.prefix_caching = true;
   s.state_snapshot_interval = 64;  // 64 x 16 = 1024 tokens = max_model_len
-  try {
-    plan_kv_cache(c, s);
-    FAIL() << "expected an InputError";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("--state-snapshot-interval 64 x --block-size 16 = 1024 tokens"),
-              std::string::npos)
-        << e.what();
-  }
+  EXPECT_THAT(test_util::input_error_of([&] { plan_kv_cache(c, s); }),
+              HasSubstr("--state-snapshot-interval 64 x --block-size 16 = 1024 tokens"));
   s.state_snapshot_interval = -1;
   EXPECT_THROW(plan_kv_cache(c, s), InputError);
   // Other models: the flag changes nothing.

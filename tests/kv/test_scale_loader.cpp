@@ -1,5 +1,6 @@
 // KV scale loading: every naming convention, validation by tensor name,
 // coverage by presence, and the auto kv-cache-dtype resolution.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../common/errors.h"
 #include "io/checkpoint.h"
 #include "io/errors.h"
 #include "io/safetensors.h"
@@ -21,6 +23,8 @@
 
 namespace fs = std::filesystem;
 using namespace fp8kv;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
 
 namespace {
 
@@ -356,16 +360,10 @@ TEST(KvScaleLoader, HybridRefusesAScaleForALinearLayer) {
   TempDir d;
   auto ck = make_ckpt(d.path(), {scalar("model.layers.3.self_attn.v_scale", 2.0f),
                                  scalar("model.layers.1.self_attn.v_scale", 2.0f)});
-  try {
-    load_kv_scales(*ck, kHybrid);
-    FAIL() << "a scale for a linear_attention layer was accepted";
-  } catch (const InputError& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("model.safetensors: model.layers.1.self_attn.v_scale names layer 1, a linear_attention layer"),
-              std::string::npos)
-        << m;
-    EXPECT_NE(m.find("KV-cache layers: 3"), std::string::npos) << m;
-  }
+  EXPECT_THAT(test_util::input_error_of([&] { load_kv_scales(*ck, kHybrid); }),
+              AllOf(HasSubstr("model.safetensors: model.layers.1.self_attn.v_scale names layer 1, a linear_attention "
+                              "layer"),
+                    HasSubstr("KV-cache layers: 3")));
   // The dense shape reads the same file without complaint.
   EXPECT_EQ(load_kv_scales(*ck, kShape).layers[1].v.values, std::vector<float>{2.0f});
 }
@@ -417,12 +415,8 @@ TEST(KvCacheDtype, DeclaredFp8Scheme) {
   write_text(d.path() / "hf_quant_config.json", R"({"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": null}})");
   EXPECT_FALSE(checkpoint_declares_fp8_kv(d.path()));
   write_text(d.path() / "hf_quant_config.json", "{not json");
-  try {
-    checkpoint_declares_fp8_kv(d.path());
-    FAIL();
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("hf_quant_config.json"), std::string::npos);
-  }
+  EXPECT_THAT(test_util::input_error_of([&] { checkpoint_declares_fp8_kv(d.path()); }),
+              HasSubstr("hf_quant_config.json"));
 }
 
 // The engine's set_kv_scales and the loader share validate_kv_scales (issue
@@ -435,24 +429,13 @@ TEST(ValidateKvScales, OneRuleNamingFileAndTensor) {
   // A float32 subnormal (reciprocal inf): the engine used to accept it (it
   // only asked for finite and > 0), the loader refused it.
   s.layers[1].v.values = {1.4e-45f};
-  try {
-    validate_kv_scales(s, shape);
-    ADD_FAILURE() << "subnormal accepted";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("KV scales: layer 1 v_scale is"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("subnormal"), std::string::npos) << e.what();
-  }
+  EXPECT_THAT(test_util::input_error_of([&] { validate_kv_scales(s, shape); }),
+              AllOf(HasSubstr("KV scales: layer 1 v_scale is"), HasSubstr("subnormal")));
   s.layers[1].v.source_tensor = "model.layers.1.self_attn.v_scale";
   s.layers[1].v.source_file = "/ckpt/model.safetensors";
   s.layers[1].v.values = {std::numeric_limits<float>::quiet_NaN()};
-  try {
-    validate_kv_scales(s, shape);
-    ADD_FAILURE() << "NaN accepted";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("/ckpt/model.safetensors: model.layers.1.self_attn.v_scale is NaN"),
-              std::string::npos)
-        << e.what();
-  }
+  EXPECT_THAT(test_util::input_error_of([&] { validate_kv_scales(s, shape); }),
+              HasSubstr("/ckpt/model.safetensors: model.layers.1.self_attn.v_scale is NaN"));
   s.layers[1].v.values = {1.0f, 2.0f, 3.0f};  // neither 1 nor 2 KV heads
   EXPECT_THROW(validate_kv_scales(s, shape), InputError);
   s.layers[1].v.values = {1.0f, 2.0f};

@@ -1,5 +1,6 @@
 // ModelConfig parsing against configs shaped like the real Hub ones, with the
 // expected values written from transformers' own rules (see config.cpp).
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -9,10 +10,12 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "../common/errors.h"
 #include "io/errors.h"
 #include "model/config.h"
 
 using namespace fp8kv;
+using ::testing::HasSubstr;
 using nlohmann::json;
 
 namespace {
@@ -371,12 +374,7 @@ TEST(Config, LoadFromDirWithGenerationConfig) {
   std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": 128009})";
   EXPECT_EQ(load_model_config(dir).eos_token_ids, (std::vector<int>{128009}));
   std::ofstream(dir / "config.json") << "{ not json";
-  try {
-    load_model_config(dir);
-    FAIL();
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("config.json"), std::string::npos);
-  }
+  EXPECT_THAT(test_util::input_error_of([&] { load_model_config(dir); }), HasSubstr("config.json"));
   fs::remove_all(dir);
   EXPECT_THROW(load_model_config(dir), InputError);
 }

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <string>
 
+#include "../common/fuzz_corpus.h"
 #include "server/api_error.h"
 #include "server/request.h"
 
@@ -29,35 +30,30 @@ TEST(RequestFuzzCorpus, EveryBodyParsedOrRefusedWithApiError) {
   ctx.chat = [](const nlohmann::ordered_json& m, bool gen, const nlohmann::ordered_json& extra) {
     return m.dump() + (gen ? "<assistant>" : "") + extra.dump();
   };
-  const fs::path dir = fs::path(FP8KV_SOURCE_DIR) / "tests" / "data" / "fuzz_request";
-  ASSERT_TRUE(fs::is_directory(dir)) << dir;
-  int files = 0, parsed = 0, refused = 0;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    if (!e.is_regular_file()) continue;
-    ++files;
-    std::ifstream in(e.path(), std::ios::binary);
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto corpus = fp8kv::test_util::fuzz_corpus("fuzz_request");
+  ASSERT_GE(corpus.size(), 20u) << "tests/data/fuzz_request";
+  int parsed = 0, refused = 0;
+  for (const auto& [path, text] : corpus) {
     const auto body = nlohmann::json::parse(text, nullptr, false);
     if (body.is_discarded()) continue;
     const auto ordered = nlohmann::ordered_json::parse(text, nullptr, false);
     for (bool chat : {false, true}) {
       try {
         const ParsedRequest r = chat ? parse_chat_request(body, ctx, &ordered) : parse_completion_request(body, ctx);
-        EXPECT_FALSE(r.prompt.empty()) << e.path();
-        for (int id : r.prompt) EXPECT_TRUE(id >= 0 && id < ctx.vocab_size) << e.path() << " id " << id;
+        EXPECT_FALSE(r.prompt.empty()) << path;
+        for (int id : r.prompt) EXPECT_TRUE(id >= 0 && id < ctx.vocab_size) << path << " id " << id;
         ++parsed;
       } catch (const ApiError& err) {
-        EXPECT_GE(err.status, 400) << e.path();
-        EXPECT_LT(err.status, 500) << e.path() << ": " << err.what();
+        EXPECT_GE(err.status, 400) << path;
+        EXPECT_LT(err.status, 500) << path << ": " << err.what();
         ++refused;
       } catch (const std::exception& err) {
-        ADD_FAILURE() << e.path() << (chat ? " (chat)" : " (completion)") << ": " << typeid(err).name() << ": "
+        ADD_FAILURE() << path << (chat ? " (chat)" : " (completion)") << ": " << typeid(err).name() << ": "
                       << err.what();
       }
     }
   }
-  EXPECT_GE(files, 20);
   EXPECT_GT(parsed, 0);
   EXPECT_GT(refused, 0);
-  std::printf("fuzz_request corpus: %d files, %d parses, %d refusals\n", files, parsed, refused);
+  std::printf("fuzz_request corpus: %zu files, %d parses, %d refusals\n", corpus.size(), parsed, refused);
 }

@@ -1,12 +1,15 @@
 // ChatTemplate API details and find_chat_template's search order.
 #include <fstream>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "../common/errors.h"
 #include "../common/temp_dir.h"
 #include "template/chat_template.h"
 
 namespace fp8kv::tmpl {
+using ::testing::HasSubstr;
 namespace {
 
 using ojson = nlohmann::ordered_json;
@@ -83,12 +86,8 @@ TEST(FindChatTemplate, NamedTemplateListTakesDefault) {
         R"({"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]})");
   EXPECT_EQ(find_chat_template(d.path())->source, "D");
   write(d.path() / "tokenizer_config.json", R"({"chat_template": [{"name": "tool_use", "template": "T"}]})");
-  try {
-    find_chat_template(d.path());
-    ADD_FAILURE();
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("none named \"default\" (tool_use)"), std::string::npos) << e.what();
-  }
+  EXPECT_THAT(test_util::input_error_of([&] { find_chat_template(d.path()); }),
+              HasSubstr("none named \"default\" (tool_use)"));
   write(d.path() / "tokenizer_config.json", R"({"chat_template": 5})");
   EXPECT_THROW(find_chat_template(d.path()), InputError);
   write(d.path() / "tokenizer_config.json", R"({"chat_template": )");

@@ -14,6 +14,7 @@
 #include <string>
 #include <typeinfo>
 
+#include "../common/fuzz_corpus.h"
 #include "../fuzz/template_inputs.h"
 #include "template/chat_template.h"
 
@@ -23,25 +24,21 @@ namespace fp8kv::tmpl {
 namespace {
 
 TEST(TemplateFuzzCorpus, EveryInputLoadsAndRendersOrFailsWithItsKind) {
-  const fs::path dir = fs::path(FP8KV_SOURCE_DIR) / "tests" / "data" / "fuzz_template";
-  ASSERT_TRUE(fs::is_directory(dir)) << dir;
-  int files = 0, syntax = 0, rendered = 0, render_errors = 0;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    if (!e.is_regular_file()) continue;
-    ++files;
-    std::ifstream in(e.path(), std::ios::binary);
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto corpus = fp8kv::test_util::fuzz_corpus("fuzz_template");
+  ASSERT_GE(corpus.size(), 20u) << "tests/data/fuzz_template";
+  int syntax = 0, rendered = 0, render_errors = 0;
+  for (const auto& [path, text] : corpus) {
     std::optional<ChatTemplate> t;
     try {
-      t.emplace(ChatTemplate::load(text, e.path().filename().string()));
+      t.emplace(ChatTemplate::load(text, path.filename().string()));
     } catch (const TemplateError& err) {
-      EXPECT_EQ(err.kind, TemplateError::Kind::Syntax) << e.path() << ": " << err.what();
-      EXPECT_GE(err.line, 1) << e.path();
-      EXPECT_GE(err.column, 1) << e.path();
+      EXPECT_EQ(err.kind, TemplateError::Kind::Syntax) << path << ": " << err.what();
+      EXPECT_GE(err.line, 1) << path;
+      EXPECT_GE(err.column, 1) << path;
       ++syntax;
       continue;
     } catch (const std::exception& err) {
-      ADD_FAILURE() << e.path() << ": load: " << typeid(err).name() << ": " << err.what();
+      ADD_FAILURE() << path << ": load: " << typeid(err).name() << ": " << err.what();
       continue;
     }
     for (bool gen : {false, true}) {
@@ -49,19 +46,18 @@ TEST(TemplateFuzzCorpus, EveryInputLoadsAndRendersOrFailsWithItsKind) {
         (void)t->render(fuzz::messages(), gen, fuzz::extra());
         ++rendered;
       } catch (const TemplateError& err) {
-        EXPECT_EQ(err.kind, TemplateError::Kind::Render) << e.path() << ": " << err.what();
+        EXPECT_EQ(err.kind, TemplateError::Kind::Render) << path << ": " << err.what();
         ++render_errors;
       } catch (const std::exception& err) {
-        ADD_FAILURE() << e.path() << ": render: " << typeid(err).name() << ": " << err.what();
+        ADD_FAILURE() << path << ": render: " << typeid(err).name() << ": " << err.what();
       }
     }
   }
-  EXPECT_GE(files, 20);
   EXPECT_GT(syntax, 0);
   EXPECT_GT(rendered, 0);
   EXPECT_GT(render_errors, 0);
-  std::printf("fuzz_template corpus: %d files, %d syntax errors, %d renders, %d render errors\n", files, syntax,
-              rendered, render_errors);
+  std::printf("fuzz_template corpus: %zu files, %d syntax errors, %d renders, %d render errors\n", corpus.size(),
+              syntax, rendered, render_errors);
 }
 
 }  // namespace

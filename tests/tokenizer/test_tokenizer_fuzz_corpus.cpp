@@ -10,41 +10,39 @@
 #include <filesystem>
 #include <string>
 
+#include "../common/fuzz_corpus.h"
 #include "io/errors.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fs = std::filesystem;
 
 TEST(TokenizerFuzzCorpus, EveryFileLoadsOrIsRefusedWithInputError) {
-  const fs::path dir = fs::path(FP8KV_SOURCE_DIR) / "tests" / "data" / "fuzz_tokenizer";
-  ASSERT_TRUE(fs::is_directory(dir)) << dir;
-  int files = 0, loaded = 0, refused = 0;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    if (!e.is_regular_file()) continue;
-    ++files;
+  const auto corpus = fp8kv::test_util::fuzz_corpus("fuzz_tokenizer");
+  ASSERT_GE(corpus.size(), 20u) << "tests/data/fuzz_tokenizer";
+  int loaded = 0, refused = 0;
+  for (const auto& f : corpus) {
     try {
-      const auto tok = fp8kv::Tokenizer::from_file(e.path());
+      const auto tok = fp8kv::Tokenizer::from_file(f.path);
       for (const char* t : {"Hello world! It's 2026, isn't it?\n\n  x  ",
                             "\xC3\xA9t\xC3\xA9 \xE2\x96\x81 \xE4\xB8\xAD\xE6\x96\x87 \xF0\x9F\x98\x80 123456", ""}) {
         for (bool special : {false, true}) {
           const auto ids = tok->encode(t, special);
-          for (int id : ids) EXPECT_TRUE(id >= 0 && id < tok->vocab_size()) << e.path() << " id " << id;
+          for (int id : ids) EXPECT_TRUE(id >= 0 && id < tok->vocab_size()) << f.path << " id " << id;
           (void)tok->decode(ids, true);
         }
       }
       ++loaded;
     } catch (const fp8kv::InputError& err) {
-      EXPECT_NE(std::string(err.what()).find(e.path().filename().string()), std::string::npos)
-          << e.path() << ": " << err.what();
+      EXPECT_NE(std::string(err.what()).find(f.path.filename().string()), std::string::npos)
+          << f.path << ": " << err.what();
       ++refused;
     } catch (const std::exception& err) {
-      ADD_FAILURE() << e.path() << ": " << typeid(err).name() << ": " << err.what();
+      ADD_FAILURE() << f.path << ": " << typeid(err).name() << ": " << err.what();
     }
   }
-  EXPECT_GE(files, 20);
   EXPECT_GE(loaded, 7);  // the real fixtures of tests/data/tokenizers
   EXPECT_GT(refused, 0);
-  std::printf("fuzz_tokenizer corpus: %d files, %d loaded, %d refused\n", files, loaded, refused);
+  std::printf("fuzz_tokenizer corpus: %zu files, %d loaded, %d refused\n", corpus.size(), loaded, refused);
 }
 
 // Found by fuzz_tokenizer (2026-12-01, docs/fuzzing.md): the model vocabulary

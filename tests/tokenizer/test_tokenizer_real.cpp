@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "../common/golden.h"
+#include "golden_check.h"
 #include "tokenizer/hf_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 
@@ -57,50 +58,11 @@ const tok::ParsedTokenizerJson* parsed(const std::string& base) {
   return (cache[base] = std::move(t)).get();
 }
 
-std::string show(const std::string& s) {
-  std::string out = json(s).dump(-1, ' ', true, json::error_handler_t::replace);
-  return out.size() > 160 ? out.substr(0, 160) + "...\"" : out;
-}
-std::string show(const std::vector<int>& v) {
-  std::string out = json(v).dump();
-  return out.size() > 160 ? out.substr(0, 160) + "...]" : out;
-}
-
 // Checks one tokenizer against one golden block; returns the mismatches.
 size_t check(const Tokenizer& tok, const json& block, const std::string& name) {
-  size_t bad = 0, n = 0;
-  auto report = [&](const std::string& what) {
-    ++bad;
-    if (bad <= 6) ADD_FAILURE() << name << ": " << what;
-  };
-  for (const json& c : block["cases"]) {
-    std::string text = c["text"];
-    auto want = c["ids"].get<std::vector<int>>();
-    auto want_ns = c["ids_no_special"].get<std::vector<int>>();
-    auto got = tok.encode(text, true), got_ns = tok.encode(text, false);
-    ++n;
-    if (got != want) report("encode " + show(text) + "\n  want " + show(want) + "\n  got  " + show(got));
-    if (got_ns != want_ns)
-      report("encode(no special) " + show(text) + "\n  want " + show(want_ns) + "\n  got  " + show(got_ns));
-    std::string d = tok.decode(want, false), ds = tok.decode(want, true);
-    if (d != c["decoded"].get<std::string>())
-      report("decode " + show(want) + "\n  want " + show(c["decoded"].get<std::string>()) + "\n  got  " + show(d));
-    if (ds != c["decoded_skip"].get<std::string>())
-      report("decode(skip) " + show(want) + "\n  want " + show(c["decoded_skip"].get<std::string>()) + "\n  got  " +
-             show(ds));
-  }
-  for (const json& c : block["decode_cases"]) {
-    auto ids = c["ids"].get<std::vector<int>>();
-    ++n;
-    std::string d = tok.decode(ids, false), ds = tok.decode(ids, true);
-    if (d != c["text"].get<std::string>())
-      report("decode " + show(ids) + "\n  want " + show(c["text"].get<std::string>()) + "\n  got  " + show(d));
-    if (ds != c["text_skip"].get<std::string>())
-      report("decode(skip) " + show(ids) + "\n  want " + show(c["text_skip"].get<std::string>()) + "\n  got  " +
-             show(ds));
-  }
-  EXPECT_GT(n, 90u) << name;
-  return bad;
+  const test_util::GoldenCheck r = test_util::check_tokenizer_golden(tok, block, name, 6, /*incremental=*/false);
+  EXPECT_GT(r.cases, 90u) << name;
+  return r.mismatches;
 }
 
 class RealTokenizer : public ::testing::TestWithParam<std::string> {};

@@ -150,13 +150,7 @@ void CpuBackend::allocate_kv(const KvPlan& plan, const KvCacheLayout& layout) {
 
 KvLayerStorage CpuBackend::kv_layer(int layer) const {
   if (kv_storage_.empty()) throw std::logic_error("CpuBackend::kv_layer before allocate_kv");
-  const size_t s = static_cast<size_t>(map_.slot.at(layer)) * 2;
-  KvLayerStorage st{layout_, kv_storage_[s].data(), kv_storage_[s + 1].data()};
-  if (!kv_scale_storage_.empty()) {
-    st.k_scale = static_cast<float*>(kv_scale_storage_[s].data());
-    st.v_scale = static_cast<float*>(kv_scale_storage_[s + 1].data());
-  }
-  return st;
+  return kv_slot_storage(layout_, kv_storage_, kv_scale_storage_, map_.slot.at(layer));
 }
 
 void CpuBackend::begin_step(const StepBatch& b) {

@@ -51,23 +51,18 @@ void bind_linear_attention_weights(const LayerWeights& L, BackendLayerWeights& o
 }
 
 void CpuBackend::allocate_state(const StatePlan& plan) {
-  if (!plan.empty() && plan.ssm_dtype != StateDtype::f32)
-    throw InputError(fmt::format("the CPU backend keeps the recurrent state in float32 (got {})",
-                                 state_dtype_name(plan.ssm_dtype)));
+  state_index_ = op_checks::f32_state_layer_index(plan, cfg_.num_layers, "the CPU backend");
   state_ = plan;
-  state_index_.assign(cfg_.num_layers, -1);
   conv_state_.clear();
   ssm_state_.clear();
   for (size_t i = 0; i < plan.layers.size(); ++i) {
-    state_index_.at(plan.layers[i]) = static_cast<int>(i);
     conv_state_.push_back(alloc(plan.total_slots() * plan.conv_bytes_per_layer()));  // zero-filled
     ssm_state_.push_back(alloc(plan.total_slots() * plan.ssm_bytes_per_layer()));
   }
 }
 
 void CpuBackend::copy_state_slot(int src, int dst) {
-  if (src < 0 || dst < 0 || src >= state_.total_slots() || dst >= state_.total_slots())
-    bad("copy_state_slot", fmt::format("slots {} -> {} outside the pool of {} slots", src, dst, state_.total_slots()));
+  op_checks::check_state_slots(state_, src, dst, "CpuBackend");
   if (src == dst) return;
   const uint64_t cb = state_.conv_bytes_per_layer(), sb = state_.ssm_bytes_per_layer();
   for (size_t i = 0; i < conv_state_.size(); ++i) {

@@ -1,22 +1,18 @@
 // Argument checks shared by the CPU backend's ops (cpu_backend.cpp,
 // cpu_backend_gdn.cpp): errors name the op and the tensor with its shape.
 #pragma once
-#include <stdexcept>
 #include <string>
 
 #include <fmt/format.h>
 
+#include "backend/common/op_checks.h"
 #include "backend/tensor.h"
 
 namespace fp8kv::cpu_op {
 
-[[noreturn]] inline void bad(const char* op, const std::string& what) {
-  throw std::invalid_argument(fmt::format("CpuBackend::{}: {}", op, what));
-}
+using op_checks::shape;
 
-inline std::string shape(const Tensor& t) {
-  return fmt::format("[{}][{}] {}", t.rows, t.cols, scalar_type_name(t.dtype));
-}
+[[noreturn]] inline void bad(const char* op, const std::string& what) { op_checks::bad("CpuBackend", op, what); }
 
 // t's data as f32; invalid_argument naming the op when t is not f32.
 inline float* f32(const Tensor& t, const char* op, const char* name) {

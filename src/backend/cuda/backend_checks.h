@@ -7,19 +7,16 @@
 #include <stdexcept>
 #include <string>
 
+#include "backend/common/op_checks.h"
 #include "backend/cuda/ops/ops.h"
 #include "backend/cuda/prefill_profile.h"
 #include "backend/tensor.h"
 
 namespace fp8kv::cuda_checks {
 
-[[noreturn]] inline void bad(const char* op, const std::string& what) {
-  throw std::invalid_argument(fmt::format("CudaBackend::{}: {}", op, what));
-}
+using op_checks::shape;
 
-inline std::string shape(const Tensor& t) {
-  return fmt::format("[{}][{}] {}", t.rows, t.cols, scalar_type_name(t.dtype));
-}
+[[noreturn]] inline void bad(const char* op, const std::string& what) { op_checks::bad("CudaBackend", op, what); }
 
 inline float* f32(const Tensor& t, const char* op, const char* name) {
   if (t.dtype != ScalarType::f32) bad(op, fmt::format("{} must be f32, got {}", name, shape(t)));

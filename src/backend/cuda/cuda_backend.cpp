@@ -27,6 +27,7 @@ size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 }  // namespace
 
 bool cuda_device_available() { return cuda::cuda_device_available(); }
+int cuda_device_count() { return cuda::cuda_device_count(); }
 
 std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& cfg, const BackendOptions& opts) {
   return std::make_unique<CudaBackend>(cfg, opts);

@@ -582,13 +582,7 @@ std::optional<std::vector<KvClipCounts>> CudaBackend::kv_clip_counts() const {
 
 KvLayerStorage CudaBackend::kv_layer(int layer) const {
   if (kv_storage_.empty()) throw std::logic_error("CudaBackend::kv_layer before allocate_kv");
-  const size_t s = static_cast<size_t>(layer_slot_.at(layer)) * 2;
-  KvLayerStorage st{layout_, kv_storage_[s].data(), kv_storage_[s + 1].data()};
-  if (!kv_scale_storage_.empty()) {
-    st.k_scale = static_cast<float*>(kv_scale_storage_[s].data());
-    st.v_scale = static_cast<float*>(kv_scale_storage_[s + 1].data());
-  }
-  return st;
+  return kv_slot_storage(layout_, kv_storage_, kv_scale_storage_, layer_slot_.at(layer));
 }
 
 void CudaBackend::set_kv_scales(const KvScales& scales) {

@@ -62,14 +62,16 @@ void DeviceBuffer::download(void* host, size_t bytes, cudaStream_t stream) const
   FP8KV_CU(cudaStreamSynchronize(stream));
 }
 
-bool cuda_device_available() {
+int cuda_device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
     (void)cudaGetLastError();  // clear the sticky "no device" error
-    return false;
+    return 0;
   }
-  return n > 0;
+  return n;
 }
+
+bool cuda_device_available() { return cuda_device_count() > 0; }
 
 void upload_matrix_bf16_to(const MatrixRef& host, uint16_t* dst) {
   const size_t count = static_cast<size_t>(host.rows) * static_cast<size_t>(host.cols);

@@ -60,7 +60,10 @@ class DeviceBuffer {
   size_t n_ = 0;
 };
 
-// True when a CUDA device is usable (cudaGetDeviceCount succeeds and is > 0).
+// The CUDA devices this process sees: cudaGetDeviceCount, or 0 when it fails
+// (its sticky error cleared).
+int cuda_device_count();
+// True when a CUDA device is usable (cuda_device_count() > 0).
 bool cuda_device_available();
 
 // Row-major weight matrix [rows][cols] on the device: bf16 (data), or fp8
