@@ -61,6 +61,13 @@ inline uint64_t test_seed() {
   return std::random_device{}();
 }
 
+// A generator seeded with test_seed(), the seed printed.
+inline std::mt19937_64 seeded_rng() {
+  const uint64_t seed = test_seed();
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  return std::mt19937_64(seed);
+}
+
 enum class ScaleMode { unity, per_tensor, per_head };
 
 // K/V inputs on the device: f32, or (bf16_in) their bf16 bits (bf16-exact values).

@@ -22,11 +22,29 @@ using Dtypes = std::span<const KvDtype>;
 
 // ---- store ---------------------------------------------------------------
 
+// n random bytes (a cache's prior contents).
+std::vector<uint8_t> random_bytes(std::mt19937_64& rng, size_t n) {
+  std::vector<uint8_t> b(n);
+  for (auto& x : b) x = static_cast<uint8_t>(rng());
+  return b;
+}
+
+// The store of T tokens of k / v (f32, or bf16 bits) into the caches at slots.
+cuda::StoreKvArgs store_args(const KvCacheLayout& L, const DevBuf& k_cache, const DevBuf& v_cache, const DevBuf& k,
+                             const DevBuf& v, bool bf16_in, const DevBuf& slots, int T) {
+  cuda::StoreKvArgs a;
+  a.layout = L;
+  a.k_cache = k_cache.get(); a.v_cache = v_cache.get();
+  a.k = k.get(); a.v = v.get();
+  a.input_dtype = bf16_in ? cuda::ActDtype::bf16 : cuda::ActDtype::f32;
+  a.slot_mapping = slots.as<int64_t>();
+  a.num_tokens = T;
+  return a;
+}
+
 TEST(CudaStore, BitExactWithCpuIncludingSpecialValues) {
   FP8KV_REQUIRE_GPU();
-  const uint64_t seed = test_seed();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-  std::mt19937_64 rng(seed);
+  std::mt19937_64 rng = seeded_rng();
   for (KvDtype dt : kDtypes)
     for (int D : {64, 128, 256})
       for (bool bf16_in : {false, true})
@@ -53,9 +71,7 @@ TEST(CudaStore, BitExactWithCpuIncludingSpecialValues) {
             ks.clear(); vs.clear();
             for (int h = 0; h < L.num_kv_heads; ++h) { ks.push_back(ud(rng)); vs.push_back(ud(rng)); }
           }
-          std::vector<uint8_t> kc(L.cache_bytes()), vc(L.cache_bytes());
-          for (auto& x : kc) x = static_cast<uint8_t>(rng());
-          for (auto& x : vc) x = static_cast<uint8_t>(rng());
+          std::vector<uint8_t> kc = random_bytes(rng, L.cache_bytes()), vc = random_bytes(rng, L.cache_bytes());
           DevBuf dkc(kc), dvc(vc), dslots(slots), dks(ks), dvs(vs);
           KvClipCounts cpu_clips;
           store_kv_cpu(L, kc.data(), vc.data(), k.data(), v.data(), slots.data(), T,
@@ -66,13 +82,7 @@ TEST(CudaStore, BitExactWithCpuIncludingSpecialValues) {
           upload_inputs(k, v, bf16_in, dk, dv);
           std::vector<float> zeros_k(L.num_kv_heads, 0.0f);
           DevBuf kmax(zeros_k), vmax(zeros_k);
-          cuda::StoreKvArgs a;
-          a.layout = L;
-          a.k_cache = dkc.get(); a.v_cache = dvc.get();
-          a.k = dk.get(); a.v = dv.get();
-          a.input_dtype = bf16_in ? cuda::ActDtype::bf16 : cuda::ActDtype::f32;
-          a.slot_mapping = dslots.as<int64_t>();
-          a.num_tokens = T;
+          cuda::StoreKvArgs a = store_args(L, dkc, dvc, dk, dv, bf16_in, dslots, T);
           a.k_scale = {dks.as<float>(), static_cast<int>(ks.size())};
           a.v_scale = {dvs.as<float>(), static_cast<int>(vs.size())};
           a.k_absmax = kmax.as<float>();
@@ -117,9 +127,7 @@ TEST(CudaStore, BitExactWithCpuIncludingSpecialValues) {
 // step (int8: s / 2; e4m3: 2^-4 relative, s 2^-10 among its subnormals).
 TEST(CudaStore, PerTokenHeadBitExactWithCpuAndRoundTrips) {
   FP8KV_REQUIRE_GPU();
-  const uint64_t seed = test_seed();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-  std::mt19937_64 rng(seed);
+  std::mt19937_64 rng = seeded_rng();
   for (KvDtype dt : kPthDtypes)
     for (int D : {64, 128, 256})
       for (bool bf16_in : {false, true}) {
@@ -145,9 +153,7 @@ TEST(CudaStore, PerTokenHeadBitExactWithCpuAndRoundTrips) {
               if (r == 4) x[pos(rng)] = NAN;
             }
         const std::vector<int64_t> slots = random_slots(rng, L, T);
-        std::vector<uint8_t> kc(L.cache_bytes()), vc(L.cache_bytes());
-        for (auto& x : kc) x = static_cast<uint8_t>(rng());
-        for (auto& x : vc) x = static_cast<uint8_t>(rng());
+        std::vector<uint8_t> kc = random_bytes(rng, L.cache_bytes()), vc = random_bytes(rng, L.cache_bytes());
         const size_t ns = static_cast<size_t>(L.num_blocks) * L.block_size * H;
         std::vector<float> ksp(ns, NAN), vsp(ns, NAN), one{1.0f};
         DevBuf dkc(kc), dvc(vc), dslots(slots), dksp(ksp), dvsp(vsp), done(one);
@@ -155,13 +161,7 @@ TEST(CudaStore, PerTokenHeadBitExactWithCpuAndRoundTrips) {
                      ScaleRef{one.data(), 1}, ksp.data(), vsp.data());
         DevBuf dk, dv;
         upload_inputs(k, v, bf16_in, dk, dv);
-        cuda::StoreKvArgs a;
-        a.layout = L;
-        a.k_cache = dkc.get(); a.v_cache = dvc.get();
-        a.k = dk.get(); a.v = dv.get();
-        a.input_dtype = bf16_in ? cuda::ActDtype::bf16 : cuda::ActDtype::f32;
-        a.slot_mapping = dslots.as<int64_t>();
-        a.num_tokens = T;
+        cuda::StoreKvArgs a = store_args(L, dkc, dvc, dk, dv, bf16_in, dslots, T);
         a.k_scale_pth = dksp.as<float>();
         a.v_scale_pth = dvsp.as<float>();
         cuda::store_kv(a, nullptr);
@@ -337,28 +337,37 @@ double run_decode_case(std::mt19937_64& rng, const DecodeCase& c, int split_toke
   return worst;
 }
 
-// groups: the GQA ratios of the matrix (the per-token-head run takes two of
-// the three: its kernels are fp8 e4m3's, and gpu.sh's test step has 200 s).
-void decode_matrix(Dtypes dtypes, std::initializer_list<int> groups = {1, 4, 8}) {
-  const uint64_t seed = test_seed();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-  std::mt19937_64 rng(seed);
+// The case matrix of the decode and prefill tests: one_case(rng, dtype,
+// head_dim, group, block_size, n) over dtypes x head_dim 64/128/256 x groups
+// x block size 16/32 (n counts the cases run), each returning its worst
+// |err|/tol; prints the seed and each dtype's worst; stops at a failure.
+template <class F>
+void run_case_matrix(const char* what, Dtypes dtypes, std::initializer_list<int> groups, F&& one_case) {
+  std::mt19937_64 rng = seeded_rng();
   int n = 0;
   for (KvDtype dt : dtypes) {
     double worst = 0;
     for (int D : {64, 128, 256})
       for (int group : groups)
         for (int bs : {16, 32}) {
-          const ScaleMode mode = static_cast<ScaleMode>(n % 3);
-          const int window = (n % 2) ? 0 : (n % 4 == 0 ? 100 : 33);
-          DecodeCase c{dt, D, group, 2, bs, window, mode, n % 5 == 4 ? 30.0f : 0.0f};
-          // Alternate forced small splits (many splits + reduction) and the auto plan.
-          worst = std::max(worst, run_decode_case(rng, c, (n % 2) ? 64 : 0, n % 3 == 0));
+          worst = std::max(worst, one_case(rng, dt, D, group, bs, n));
           ++n;
           if (::testing::Test::HasFailure()) return;
         }
-    std::printf("decode %-8s worst |err|/tol = %.3f\n", std::string(kv_dtype_name(dt)).c_str(), worst);
+    std::printf("%s %-8s worst |err|/tol = %.3f\n", what, std::string(kv_dtype_name(dt)).c_str(), worst);
   }
+}
+
+// groups: the GQA ratios of the matrix (the per-token-head run takes two of
+// the three: its kernels are fp8 e4m3's, and gpu.sh's test step has 200 s).
+void decode_matrix(Dtypes dtypes, std::initializer_list<int> groups = {1, 4, 8}) {
+  run_case_matrix("decode", dtypes, groups, [](std::mt19937_64& rng, KvDtype dt, int D, int group, int bs, int n) {
+    const ScaleMode mode = static_cast<ScaleMode>(n % 3);
+    const int window = (n % 2) ? 0 : (n % 4 == 0 ? 100 : 33);
+    DecodeCase c{dt, D, group, 2, bs, window, mode, n % 5 == 4 ? 30.0f : 0.0f};
+    // Alternate forced small splits (many splits + reduction) and the auto plan.
+    return run_decode_case(rng, c, (n % 2) ? 64 : 0, n % 3 == 0);
+  });
 }
 
 TEST(CudaDecode, MatchesCpuReferenceAcrossShapesDtypesScales) {
@@ -684,24 +693,12 @@ TEST(CudaPlan, F4AutoReplansBeyondOneWave) {
 // The prefill tests run the plan's kernel per case (prefill_plan.h): wgmma
 // at head_dim 128, mma.sync at 64 and 256.
 void prefill_matrix(Dtypes dtypes, std::initializer_list<int> groups = {1, 4, 8}) {
-  const uint64_t seed = test_seed();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-  std::mt19937_64 rng(seed);
-  int n = 0;
-  for (KvDtype dt : dtypes) {
-    double worst = 0;
-    for (int D : {64, 128, 256})
-      for (int group : groups)
-        for (int bs : {16, 32}) {
-          const ScaleMode mode = static_cast<ScaleMode>((n + 1) % 3);
-          const int window = (n % 3 == 0) ? 0 : (n % 3 == 1 ? 50 : 129);
-          worst = std::max(worst, run_prefill_case(rng, PrefillCase{dt, D, group, group == 8 ? 1 : 2, bs, window, mode,
-                                                                    n % 7 == 6 ? 20.0f : 0.0f}));
-          ++n;
-          if (::testing::Test::HasFailure()) return;
-        }
-    std::printf("prefill %-8s worst |err|/tol = %.3f\n", std::string(kv_dtype_name(dt)).c_str(), worst);
-  }
+  run_case_matrix("prefill", dtypes, groups, [](std::mt19937_64& rng, KvDtype dt, int D, int group, int bs, int n) {
+    const ScaleMode mode = static_cast<ScaleMode>((n + 1) % 3);
+    const int window = (n % 3 == 0) ? 0 : (n % 3 == 1 ? 50 : 129);
+    return run_prefill_case(
+        rng, PrefillCase{dt, D, group, group == 8 ? 1 : 2, bs, window, mode, n % 7 == 6 ? 20.0f : 0.0f});
+  });
 }
 TEST(CudaPrefill, MatchesCpuReferenceCausalWindowChunked) {
   FP8KV_REQUIRE_GPU();
@@ -717,9 +714,7 @@ TEST(CudaPrefill, PerTokenHeadMatchesCpuReference) {
 // tile, softcap on and off; and batched == single, bitwise. grid_cap > 0: the
 // persistent kernel on at most that many CTAs (each walks many work items).
 void run_long_prompts(int grid_cap, Dtypes dtypes) {
-  const uint64_t seed = test_seed();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-  std::mt19937_64 rng(seed);
+  std::mt19937_64 rng = seeded_rng();
   const std::vector<std::pair<int, int>> lengths = {{611, 611}, {900, 260}, {129, 129}, {300, 1}};
   int n = 0;
   for (KvDtype dt : dtypes) {
@@ -764,9 +759,7 @@ TEST(CudaPrefill, LongPromptsOnSevenCtas) {
 // dtypes.
 TEST(CudaPrefill, Bf16ActivationsEqualRoundedF32) {
   FP8KV_REQUIRE_GPU();
-  const uint64_t seed = test_seed();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-  std::mt19937_64 rng(seed);
+  std::mt19937_64 rng = seeded_rng();
   const std::vector<int> ctx = {300, 129, 77};
   const std::vector<int> nq = {300, 129, 40};
   for (KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3, KvDtype::fp8_e5m2, KvDtype::fp8_e4m3_pth, KvDtype::int8_pth}) {
