@@ -156,7 +156,7 @@ TEST_P(CudaQwen3_5, GraphDecodeFollowsTransformers) {
               want.size());
   if (i > 0) return;
   // The first token differs: a near tie under the fp32 CPU engine?
-  auto cpu = Engine::load(golden_dir(name), options("cpu"));
+  auto cpu = Engine::load(testing::qwen3_5_golden_dir(name), options("cpu"));
   std::vector<int> a = prompt, b = prompt;
   a.push_back(want[0]);
   b.push_back(got[0]);
