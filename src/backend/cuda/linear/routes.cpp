@@ -29,6 +29,17 @@ const char* const kDefaultLinearRoutes =
 
 namespace {
 
+// A route value that is a whole decimal count, or -1 (not one).
+int parse_count(std::string_view val) {
+  try {
+    size_t used = 0;
+    const int v = std::stoi(std::string(val), &used);
+    return used == val.size() ? v : -1;
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
 constexpr const char* kProjNames[kNumLinearProj] = {"qkv", "o_proj", "gate_up", "down", "lm_head"};
 constexpr const char* kKernelNames[] = {"auto", "lt", "simt", "mma", "simt2", "simt4", "simt8", "simtk"};
 constexpr int kNumKernels = static_cast<int>(std::size(kKernelNames));
@@ -75,28 +86,14 @@ LinearRoutes parse_linear_routes(std::string_view spec, std::string_view source)
       continue;
     }
     if (key == "dsplit") {
-      int v = -1;
-      try {
-        size_t used = 0;
-        v = std::stoi(std::string(val), &used);
-        if (used != val.size()) v = -1;
-      } catch (const std::exception&) {
-        v = -1;
-      }
+      const int v = parse_count(val);
       if (v < 0 || v > (1 << 20))
         throw InputError(fmt::format("{}: dsplit must be a key count 0..1048576 (0: automatic), got '{}'", source, val));
       r.decode_split_tokens = v;
       continue;
     }
     if (key == "w8a8rows") {
-      int v = -1;
-      try {
-        size_t used = 0;
-        v = std::stoi(std::string(val), &used);
-        if (used != val.size()) v = -1;
-      } catch (const std::exception&) {
-        v = -1;
-      }
+      const int v = parse_count(val);
       if (v < 1 || v > (1 << 20))
         throw InputError(fmt::format("{}: w8a8rows must be a row count 1..1048576, got '{}'", source, val));
       r.w8a8_min_rows = v;
