@@ -5,6 +5,8 @@ Runs on the GPU machine (torch, safetensors, transformers; CPU math is enough),
 from the repo root, in one command:
 
     python3 tools/gen_fp8_weight_goldens.py
+    python3 tools/gen_fp8_weight_goldens.py --add-bf16-compute   # adds
+        # transformers' bf16 runs of the saved checkpoints (add_bf16_compute)
 
 Writes tests/golden/fp8_weights/<family>_<format>/ for family in {llama, qwen3}
 and format in
@@ -31,6 +33,11 @@ tensors in bf16), and golden.json:
                    rounded as fp8kv's --fp8-weight-mode w8a8 does (per token, or
                    per 1x128 group for block: scale = amax / 448, x / scale
                    clamped to +-448 then cast to float8_e4m3fn, times scale)
+  w8a16_bf16_compute, w8a8_bf16_compute  (--add-bf16-compute) transformers'
+                   own bf16 run (weights, activations and K/V in bf16, softmax
+                   in fp32) of the checkpoint as saved, dequantized in Python,
+                   without and with the W8A8 rounding: the noise a bf16
+                   engine adds, and what it does to W8A8's e4m3 activation codes
   max_reduction    the longest dot product (for the fp32 tolerance)
 and tests/golden/fp8_weights/fp8kv_mini_block/: models/fp8kv-mini quantized
 block-wise (its tokenizer copied), with w8a16 / w8a8 references on token
@@ -182,6 +189,75 @@ class W8A8:
             h.remove()
 
 
+# ---------------------------------------------------------------- bf16 compute
+def dequantize_saved(sd, fmt, modules):
+    """The saved tensors (q + scales, or bf16) -> fp32 weights, as the engine
+    dequantizes them: float32(q) * scale of the element's block/row/tensor."""
+    out = {}
+    for name, t in sd.items():
+        module = name[:-len(".weight")] if name.endswith(".weight") else None
+        if module in modules:
+            q = t.to(torch.float32)
+            N, K = q.shape
+            if fmt == "block":
+                s = sd[module + ".weight_scale_inv"].to(torch.float32)
+                full = s.repeat_interleave(128, 0).repeat_interleave(128, 1)[:N, :K]
+            else:
+                s = sd[module + ".weight_scale"].to(torch.float32)
+                full = s.reshape(N, 1).expand(N, K) if s.numel() == N and N > 1 else s.reshape(()).expand(N, K)
+            out[name] = q * full
+        elif not name.endswith((".weight_scale_inv", ".weight_scale", ".input_scale")):
+            out[name] = t.to(torch.float32)
+    return out
+
+
+def add_bf16_compute(case):
+    """Adds "w8a16_bf16_compute" and "w8a8_bf16_compute" to a saved case's
+    golden.json, every other key left as it is: the checkpoint dequantized in
+    Python, loaded into a bf16 model (from_config in bf16: bf16 weights and
+    activations, eager attention with an fp32 softmax), scored on the golden's
+    sequences without and with the W8A8 input rounding (round_act, its result
+    cast back to bf16). Returns the mean |w8a8_bf16_compute - w8a8|."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+    d = os.path.join(OUT, case)
+    g = json.load(open(os.path.join(d, "golden.json")))
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    cfg.pop("quantization_config", None)
+    tmp = d + ".tmp_cfg"
+    os.makedirs(tmp, exist_ok=True)
+    with open(os.path.join(tmp, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    config = AutoConfig.from_pretrained(tmp)
+    shutil.rmtree(tmp)
+    try:
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", torch_dtype=torch.float32)
+    except TypeError:
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+    model.eval()
+    sd = dequantize_saved(load_file(os.path.join(d, "model.safetensors")), g["format"], set(g["quantized_modules"]))
+    if "lm_head.weight" not in sd:
+        sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
+    # bf16 parameters, buffers (RoPE's inv_freq) left fp32: what
+    # from_pretrained(dtype=bfloat16) gives.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.data = sd[name].to(torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    # No K/V hook: K and V are bf16 already, as the bf16 cache stores them.
+    group = 128 if g["format"] == "block" else 0
+    g["w8a16_bf16_compute"] = [score(model, s)[0] for s in g["sequences"]]
+    w = W8A8(model, set(g["quantized_modules"]), group)
+    g["w8a8_bf16_compute"] = [score(model, s)[0] for s in g["sequences"]]
+    w.remove()
+    g["bf16_compute_versions"] = {"torch": torch.__version__,
+                                  "transformers": __import__("transformers").__version__}
+    with open(os.path.join(d, "golden.json"), "w") as f:
+        json.dump(g, f)
+    n = sum(len(s) - 1 for s in g["sequences"])
+    return sum(abs(a - b) for x, y in zip(g["w8a8_bf16_compute"], g["w8a8"]) for a, b in zip(x[1:], y[1:])) / n
+
+
 # ---------------------------------------------------------------- one checkpoint
 def with_weights(model, sd):
     with torch.no_grad():
@@ -327,6 +403,11 @@ def summary(name, g):
 
 
 def main():
+    if "--add-bf16-compute" in sys.argv[1:]:
+        for case in sorted(os.listdir(OUT)):
+            if os.path.exists(os.path.join(OUT, case, "golden.json")):
+                log(f"{case:22s} mean |w8a8 bf16 compute - w8a8| {add_bf16_compute(case):.5f}")
+        return
     torch.manual_seed(0)
     os.makedirs(OUT, exist_ok=True)
     for family in FAMILIES:

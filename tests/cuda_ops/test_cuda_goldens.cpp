@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 
 #include <nlohmann/json.hpp>
 
@@ -69,6 +70,17 @@ double mean_gap(const nlohmann::json& a, const nlohmann::json& b) {
   return n ? sum / static_cast<double>(n) : 0.0;
 }
 
+// One golden case's engine: bf16 cache, the goldens' 256-token context.
+std::unique_ptr<Engine> load_fp8_case(const std::filesystem::path& dir, const char* backend, Fp8Compute mode) {
+  EngineOptions o;
+  o.backend = backend;
+  o.kv_cache_dtype = "bf16";
+  o.max_model_len = 256;
+  o.kv_memory_bytes = 64u << 20;
+  o.fp8_weight_mode = mode;
+  return Engine::load(dir, o);
+}
+
 class CudaFp8WeightGolden : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaFp8WeightGolden, W8A16MatchesTransformers) {
@@ -79,13 +91,7 @@ TEST_P(CudaFp8WeightGolden, W8A16MatchesTransformers) {
   if (!fs::exists(dir / "golden.json")) GTEST_SKIP() << "golden files missing in " << dir;
   std::ifstream in(dir / "golden.json");
   const nlohmann::json g = nlohmann::json::parse(in);
-  EngineOptions o;
-  o.backend = "cuda";
-  o.kv_cache_dtype = "bf16";
-  o.max_model_len = 256;
-  o.kv_memory_bytes = 64u << 20;
-  o.fp8_weight_mode = Fp8Compute::w8a16;
-  auto e = Engine::load(dir, o);
+  auto e = load_fp8_case(dir, "cuda", Fp8Compute::w8a16);
   const nlohmann::json& ref = g["w8a16"];
   const double bound = 2.0 * mean_gap(g["w8a16_bf16_weights"], ref);
   double sum = 0;
@@ -101,19 +107,24 @@ TEST_P(CudaFp8WeightGolden, W8A16MatchesTransformers) {
   EXPECT_LE(mean, bound) << name;
 }
 
-// W8A8 (--fp8-weight-mode w8a8): the CUDA engine against the CPU engine,
-// both W8A8, on the same checkpoint and sequences, with the W8A16 line
-// above: mean |logprob(cuda) - logprob(cpu)| <= 2 x the bf16-weights gap.
-// The activation codes are the same on both (the CUDA W8A8 rows quantize
-// the same f32 values with the same rule: test_fp8_linear.cpp's bitwise
-// check; the goldens' prefill of 40 / 56 rows takes the W8A8 GEMM, and
-// their K = 200 down_proj runs it padded, not as bf16), so what remains is
-// the accumulation (Hopper's FP8 tensor cores keep ~14 bits inside each
-// 128-k chunk), the upstream ops' reduction order, and the matrices the
-// checkpoint leaves unquantized (bf16 on CUDA, f32 on the CPU): the
-// differences the W8A16 line covers. Also printed: both against the
-// transformers W8A8 golden.
-TEST_P(CudaFp8WeightGolden, W8A8MatchesCpuW8A8) {
+// W8A8 (--fp8-weight-mode w8a8) against transformers' W8A8 reference (fp32
+// math, each quantized Linear's input rounded to e4m3 per token or per 1x128
+// group). The CUDA engine quantizes with the same rule bitwise
+// (test_fp8_linear.cpp), but its inputs carry bf16-level noise from the ops
+// upstream (bf16 GEMM outputs and attention, FP8 tensor-core accumulation),
+// and an input within that noise of an e4m3 rounding boundary takes the
+// neighbouring code: a whole e4m3 step (2^-3 relative) where the noise was
+// 2^-9. So the fp32 CPU engine's W8A16 line does not carry over (CUDA W8A8
+// sits 0.08-0.13 from the CPU's W8A8). The line comes from transformers' own
+// bf16 run of the same W8A8 algorithm on the same checkpoint (golden
+// "w8a8_bf16_compute", tools/gen_fp8_weight_goldens.py --add-bf16-compute):
+// bf16 weights, activations and K/V, so its codes flip the same way, and the
+// CUDA engine keeps no less precision anywhere (fp32 accumulation, fp32
+// norms and softmax): mean |logprob(cuda) - golden w8a8| <= that run's mean
+// gap to golden w8a8, as the Qwen3.5 goldens' CUDA line is. And W8A8 ran:
+// the CUDA logprobs are nearer golden w8a8 than golden w8a16. Printed too:
+// the CPU engine against both.
+TEST_P(CudaFp8WeightGolden, W8A8WithinBf16ComputeBand) {
   FP8KV_NEED_GPU();
   namespace fs = std::filesystem;
   const std::string name = GetParam();
@@ -121,38 +132,35 @@ TEST_P(CudaFp8WeightGolden, W8A8MatchesCpuW8A8) {
   if (!fs::exists(dir / "golden.json")) GTEST_SKIP() << "golden files missing in " << dir;
   std::ifstream in(dir / "golden.json");
   const nlohmann::json g = nlohmann::json::parse(in);
-  auto engine = [&](const char* backend) {
-    EngineOptions o;
-    o.backend = backend;
-    o.kv_cache_dtype = "bf16";
-    o.max_model_len = 256;
-    o.kv_memory_bytes = 64u << 20;
-    o.fp8_weight_mode = Fp8Compute::w8a8;
-    return Engine::load(dir, o);
-  };
-  auto cuda_e = engine("cuda");
-  auto cpu_e = engine("cpu");
+  ASSERT_TRUE(g.contains("w8a8_bf16_compute"))
+      << dir << ": no w8a8_bf16_compute; run `python3 tools/gen_fp8_weight_goldens.py --add-bf16-compute`";
+  auto cuda_e = load_fp8_case(dir, "cuda", Fp8Compute::w8a8);
+  auto cpu_e = load_fp8_case(dir, "cpu", Fp8Compute::w8a8);
   const nlohmann::json& ref = g["w8a8"];
-  const double bound = 2.0 * mean_gap(g["w8a16_bf16_weights"], g["w8a16"]);
-  double sum = 0, sum_cuda_ref = 0, sum_cpu_ref = 0;
+  const nlohmann::json& w8a16 = g["w8a16"];
+  const double bound = mean_gap(g["w8a8_bf16_compute"], ref);
+  double sum = 0, sum_w8a16 = 0, sum_cpu = 0, sum_cuda_cpu = 0;
   int64_t n = 0;
   for (size_t s = 0; s < g["sequences"].size(); ++s) {
     const auto ids = g["sequences"][s].get<std::vector<int>>();
     const ScoreResult rc = cuda_e->score(ids, {}, nullptr);
     const ScoreResult rp = cpu_e->score(ids, {}, nullptr);
     for (size_t i = 1; i < ids.size(); ++i, ++n) {
-      sum += std::fabs(*rc.logprobs[i] - *rp.logprobs[i]);
-      sum_cuda_ref += std::fabs(*rc.logprobs[i] - ref[s][i].get<double>());
-      sum_cpu_ref += std::fabs(*rp.logprobs[i] - ref[s][i].get<double>());
+      sum += std::fabs(*rc.logprobs[i] - ref[s][i].get<double>());
+      sum_w8a16 += std::fabs(*rc.logprobs[i] - w8a16[s][i].get<double>());
+      sum_cpu += std::fabs(*rp.logprobs[i] - ref[s][i].get<double>());
+      sum_cuda_cpu += std::fabs(*rc.logprobs[i] - *rp.logprobs[i]);
     }
   }
-  const double mean = sum / static_cast<double>(n);
-  std::printf("[ golden ] fp8 weights %s w8a8: mean |dlogprob| cuda vs cpu %.5f, bound %.5f (bf16-weights gap x 2); "
-              "vs transformers w8a8: cuda %.5f, cpu %.5f; W8A8's own effect (golden w8a8 vs w8a16) %.5f\n",
-              name.c_str(), mean, bound, sum_cuda_ref / static_cast<double>(n), sum_cpu_ref / static_cast<double>(n),
-              mean_gap(g["w8a8"], g["w8a16"]));
-  RecordProperty("mean_abs_dlogprob_cuda_vs_cpu_w8a8", std::to_string(mean));
+  const double dn = static_cast<double>(n);
+  const double mean = sum / dn, mean_w8a16 = sum_w8a16 / dn;
+  std::printf("[ golden ] fp8 weights %s w8a8: mean |dlogprob| cuda vs transformers w8a8 %.5f, bound %.5f "
+              "(transformers bf16 w8a8 gap); cuda vs w8a16 %.5f; cpu vs w8a8 %.5f; cuda vs cpu %.5f; "
+              "W8A8's own effect (golden w8a8 vs w8a16) %.5f\n",
+              name.c_str(), mean, bound, mean_w8a16, sum_cpu / dn, sum_cuda_cpu / dn, mean_gap(ref, w8a16));
+  RecordProperty("mean_abs_dlogprob_cuda_vs_w8a8", std::to_string(mean));
   EXPECT_LE(mean, bound) << name;
+  EXPECT_LT(mean, mean_w8a16) << name << ": nearer the W8A16 reference than the W8A8 one";
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaFp8WeightGolden,
