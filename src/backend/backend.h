@@ -267,13 +267,6 @@ class Backend {
   // and qkv_split; linear(x, gate_up_proj) into gate_up [T][2I] and
   // gated_act_fused.
   virtual bool fuses_projections() const { return false; }
-  // The dtype the fused forward pass writes GEMM-only inputs in (the norm
-  // outputs, the attention output, the gated activation) at a step of T
-  // rows: bf16 (the default; the GEMMs round their inputs to bf16 anyway),
-  // or f32 where the backend's GEMM quantizes them itself (CUDA W8A8 rows:
-  // e4m3 codes from the f32 values, the CPU W8A8 linear's codes). Never
-  // narrower for more rows (RunState sizes its buffers for INT64_MAX rows).
-  virtual ScalarType gemm_input_dtype(int64_t /*T*/) const { return ScalarType::bf16; }
   // q [T][Hq*D], k, v [T][Hkv*D] from the row ranges of qkv, with the per-head
   // norms (empty: none) and RoPE of `layer` applied to q and k, as
   // head_rmsnorm + rope would.

@@ -29,9 +29,8 @@ RunState::RunState(Backend& be, const ModelConfig& cfg, int max_t, int max_rows,
   v = be.alloc(T * KV * a);
   attn = be.alloc(T * Q * a);
   gate = be.alloc(T * I * a * (fused ? 2 : 1));
-  // Fused: the down GEMM's input, in gemm_input_dtype (the widest it can be
-  // at any row count: the route table's W8A8 rows may be moved at run time).
-  up = be.alloc(T * I * (fused ? scalar_type_bytes(be.gemm_input_dtype(std::numeric_limits<int64_t>::max())) : a));
+  // Fused: the down GEMM's input, bf16.
+  up = be.alloc(T * I * (fused ? scalar_type_bytes(ScalarType::bf16) : a));
   if (fused) qkv = be.alloc(T * (Q + 2 * KV) * a);
   if (cfg.gdn) {
     const size_t C = static_cast<size_t>(cfg.gdn->conv_dim()), VD = static_cast<size_t>(cfg.gdn->value_dim()),
@@ -133,10 +132,9 @@ void ForwardPass::run(const StepBatch& b, RunState& rs) {
   st.attn = rs.attn.view(a, T, Q);
   if (fused_) {
     // GEMM-only inputs written as bf16 by the op producing them (norm,
-    // attention, activation): no separate conversion before each GEMM. f32
-    // where the backend quantizes them itself (Backend::gemm_input_dtype:
-    // CUDA W8A8 rows).
-    const ScalarType gin = be_.gemm_input_dtype(T);
+    // attention, activation): no separate conversion before each GEMM (the
+    // CUDA W8A8 GEMM quantizes them to e4m3 from bf16).
+    const ScalarType gin = ScalarType::bf16;
     st.x = rs.x.view(gin, T, H);
     st.attn = rs.attn.view(gin, T, Q);
     st.qkv = rs.qkv.view(a, T, Q + 2 * KV);

@@ -115,7 +115,7 @@ struct ForwardPass::Step {
   const StepBatch* batch = nullptr;
   int T = 0;
   Tensor h, x, tmp, q, k, v, attn, gate, up;
-  Tensor qkv, gate_up, act_bf16;  // fused projections only (act_bf16: Backend::gemm_input_dtype, bf16 or f32)
+  Tensor qkv, gate_up, act_bf16;  // fused projections only (act_bf16: the down GEMM's bf16 input)
   Tensor lin_qkv, lin_z, lin_b, lin_a, lin_out, q_gate, attn_gate;  // qwen3_5 only
 };
 

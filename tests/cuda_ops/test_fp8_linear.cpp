@@ -37,6 +37,7 @@
 // share is visible.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -183,6 +184,41 @@ TEST(CudaFp8Linear, FitsRejectsBadShapes) {
   EXPECT_FALSE(cuda::gemv_fp8_fits(reinterpret_cast<const uint16_t*>(256), 1, m));
 }
 
+// The fp8 gate|up GEMV with the activation fused (gemv_fp8_gated_act) writes
+// bitwise what gemv_fp8 followed by the activation kernel writes: every
+// granularity and activation, with and without a bias, at 1 and 2 rows, I
+// not a multiple of a block's 4 columns, K not a whole number of 128-column
+// scale groups (K / 2 small enough that gemv_fp8 runs split 1).
+TEST(CudaFp8Linear, GemvGatedActMatchesTwoKernels) {
+  FP8KV_NEED_GPU();
+  std::mt19937_64 rng(test_seed());
+  const int64_t I = 203, K = 1040;
+  auto db = to_device(randn(rng, 2 * I, 0.5f));
+  for (ScaleGranularity g : {ScaleGranularity::tensor, ScaleGranularity::channel, ScaleGranularity::block128}) {
+    DeviceFp8 w = make_fp8(rng, 2 * I, K, g);
+    for (int T = 1; T <= cuda::kGemvGatedActMaxRows; ++T)
+      for (Activation act : {Activation::silu, Activation::gelu_tanh, Activation::gelu})
+        for (bool bias : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << "g=" << static_cast<int>(g) << " T=" << T
+                                            << " act=" << static_cast<int>(act) << " bias=" << bias);
+          auto dx = to_device(to_bf16(randn(rng, static_cast<size_t>(T * K), 1.0f)));
+          ASSERT_TRUE(cuda::gemv_fp8_gated_act_fits(dx.as<uint16_t>(), T, w.m));
+          const float* bp = bias ? db.as<float>() : nullptr;
+          auto gu = to_device(std::vector<float>(static_cast<size_t>(T * 2 * I), 0.0f));
+          auto two = to_device(std::vector<uint16_t>(static_cast<size_t>(T * I), 0));
+          auto one = to_device(std::vector<uint16_t>(static_cast<size_t>(T * I), 0));
+          cuda::gemv_fp8(dx.as<uint16_t>(), T, w.m, bp, gu.as<float>(), false, nullptr);
+          cuda::gated_act(act, gu.as<float>(), gu.as<float>() + I, 2 * I, T, I, two.get(), true, nullptr);
+          cuda::gemv_fp8_gated_act(act, dx.as<uint16_t>(), T, w.m, bp, one.as<uint16_t>(), nullptr);
+          const auto a = to_host<uint16_t>(two, static_cast<size_t>(T * I));
+          const auto b = to_host<uint16_t>(one, static_cast<size_t>(T * I));
+          EXPECT_EQ(a, b);
+          EXPECT_NE(std::count(a.begin(), a.end(), uint16_t{0}), static_cast<long>(a.size()));  // not all zero
+        }
+    auto dx3 = to_device(to_bf16(randn(rng, static_cast<size_t>(3 * K), 1.0f)));
+    EXPECT_FALSE(cuda::gemv_fp8_gated_act_fits(dx3.as<uint16_t>(), 3, w.m));  // past kGemvGatedActMaxRows
+  }
+}
 
 // ---- W8A8 -------------------------------------------------------------------
 

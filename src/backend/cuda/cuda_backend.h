@@ -84,10 +84,6 @@ class CudaBackend final : public Backend {
 
   // Fused QKV and gate|up GEMMs (weights concatenated at upload).
   bool fuses_projections() const override { return true; }
-  // f32 where the step's rows take the W8A8 GEMM (fp8 weights in W8A8 mode,
-  // T >= linear_routes().w8a8_min_rows), which quantizes from f32 as the
-  // CPU does; else bf16.
-  ScalarType gemm_input_dtype(int64_t T) const override;
   void qkv_split(int layer, const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, float eps, Tensor& q,
                  Tensor& k, Tensor& v) override;
   // qkv_split's argument checks and kernel arguments; store: fused store target (or null).
@@ -247,7 +243,6 @@ class CudaBackend final : public Backend {
   cuda::DeviceBuffer y_f32_;         // GEMM output staging when y is bf16
   cuda::DeviceBuffer w8a8_act_;      // W8A8 activation codes + scales (Gemm::w8a8_scratch_bytes; grown with grow())
   cuda::DeviceBuffer logits_w8a8_;   // the same for logits() (never in a graph: reserve())
-  bool has_w8a8_ = false;            // some uploaded matrix runs the W8A8 GEMM (upload_weights)
   cuda::DeviceBuffer decode_ws_;     // paged_decode workspace
   cuda::DeviceBuffer rows_dev_;      // logits row indices
   cuda::DeviceBuffer logits_x_bf16_; // LM-head input [n][H] bf16

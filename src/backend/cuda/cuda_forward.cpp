@@ -34,10 +34,6 @@ void CudaBackend::embedding(const Tensor& table, float scale, Tensor& out) {
   cuda::embedding(matrix(table, "embedding"), s.ids, s.T, scale, f32(out, "embedding", "out"), stream_);
 }
 
-ScalarType CudaBackend::gemm_input_dtype(int64_t T) const {
-  return has_w8a8_ && T >= cuda::linear_routes().w8a8_min_rows ? ScalarType::f32 : ScalarType::bf16;
-}
-
 namespace {
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 }  // namespace
@@ -47,7 +43,7 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, T
     bad("linear", fmt::format("x {}, W {}, y {}", shape(x), shape(w), shape(y)));
   const cuda::DeviceMatrix W = matrix(w, "linear");
   // W8A8 rows (ops.h Gemm::linear_w8a8): the codes come from x as it is
-  // (f32 from the producing op, CudaBackend::gemm_input_dtype); no bf16 copy.
+  // (bf16 from the producing op in the fused forward pass); no copy.
   const bool w8a8 = gemm_->takes_w8a8(x.rows, W) && (x.dtype == ScalarType::f32 || x.dtype == ScalarType::bf16) &&
                     aligned16(x.data) && (y.dtype != ScalarType::f32 || aligned16(y.data));
   OpScope op(this, "linear", w.rows, w.cols, gemm_key(prof_.get(), w, w8a8 ? " w8a8" : ""), gemm_flops(x.rows, w));
@@ -253,7 +249,20 @@ void CudaBackend::linear_gated_act(Activation act, const Tensor& x, const Tensor
                                    Tensor& gate_up, Tensor& out) {
   OpScope op(this, "linear_gated_act");
   const int64_t T = x.rows;
-  // fp8 weights: the fp8 GEMV, then the activation kernel.
+  // fp8 weights at 1-2 rows: the fp8 GEMV with the activation fused
+  // (ops.h gemv_fp8_gated_act: bitwise the two-kernel result).
+  if (w.is_fp8_weight() && cuda::linear_routes().fused_act && out.dtype == ScalarType::bf16 &&
+      x.dtype == ScalarType::bf16 && x.cols == w.cols && out.rows == T && out.cols * 2 == w.rows && out.data &&
+      T <= gemm_->gemv_max_rows()) {
+    const cuda::DeviceMatrix Wg = matrix(w, "linear_gated_act");
+    const auto* xb = static_cast<const uint16_t*>(x.data);
+    if (cuda::gemv_fp8_gated_act_fits(xb, T, Wg)) {
+      cuda::gemv_fp8_gated_act(act, xb, T, Wg, opt_vec(bias, w.rows, "linear_gated_act", "bias"),
+                               static_cast<uint16_t*>(out.data), stream_);
+      return;
+    }
+  }
+  // Other fp8 weights: the fp8 GEMV, then the activation kernel.
   bool fuse = !w.is_fp8_weight() && cuda::linear_routes().fused_act && out.dtype == ScalarType::bf16 &&
               x.dtype == ScalarType::bf16 &&
               T >= 1 && T <= std::min<int64_t>(cuda::kGemvGatedActMaxRows, gemm_->gemv_max_rows()) &&
@@ -261,6 +270,30 @@ void CudaBackend::linear_gated_act(Activation act, const Tensor& x, const Tensor
   if (fuse) {
     const cuda::GemvKernel k = gemm_->route(T, w.rows, w.cols);
     fuse = k == cuda::GemvKernel::simt || (k == cuda::GemvKernel::auto_ && T < cuda::kGemvMmaMinRows);
+  }
+  // W8A8 rows: the FP8 GEMM writes gate|up in bf16 and the activation reads
+  // bf16, as past the GEMV rows below (the bf16-weight path's rounding of
+  // gate and up before the activation, which transformers' bf16 W8A8 run has
+  // too: docs/design.md "FP8-weight checkpoints"); out stays the dtype the
+  // next GEMM reads.
+  if (!fuse && bias.empty() && (x.dtype == ScalarType::f32 || x.dtype == ScalarType::bf16) &&
+      reinterpret_cast<uintptr_t>(x.data) % 16 == 0 && w.rows % 16 == 0 && out.rows == T &&
+      out.cols * 2 == w.rows && gate_up.data && gate_up.numel() == T * w.rows && out.data &&
+      (out.dtype == ScalarType::bf16 || out.dtype == ScalarType::f32)) {
+    const cuda::DeviceMatrix Wg = matrix(w, "linear_gated_act");
+    if (gemm_->takes_w8a8(T, Wg)) {
+      grow(w8a8_act_, cuda::Gemm::w8a8_scratch_bytes(T, Wg.fp8_row_bytes(), Wg.block128()));
+      auto* gu = static_cast<uint16_t*>(gate_up.data);  // [T][2I] bf16 in the f32 buffer's first half
+      {
+        OpScope ps(this, nullptr, gemm_key(prof_.get(), w, " w8a8 bf16 out"), gemm_flops(T, w));
+        gemm_->linear_w8a8(cuda::Gemm::W8a8Input{x.data, x.dtype == ScalarType::f32, nullptr}, T, Wg, nullptr, gu,
+                           false, true, w8a8_act_.get(), w8a8_act_.bytes(), stream_);
+      }
+      OpScope ps(this, nullptr, "act (bf16 in)");
+      cuda::gated_act_bf16_in(act, gu, gu + out.cols, w.rows, T, out.cols, out.data, out.dtype == ScalarType::bf16,
+                              stream_);
+      return;
+    }
   }
   const cuda::DeviceMatrix W = fuse ? matrix(w, "linear_gated_act") : cuda::DeviceMatrix{};
   const uint16_t* xb = fuse ? static_cast<const uint16_t*>(x.data) : nullptr;

@@ -452,7 +452,6 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
   if (any_fp8) gemm_->reserve_fp8_scratch();
   // W8A8: every matrix's cuBLASLt algorithm now (Gemm::check_w8a8 throws
   // naming the shape), not at the first prefill.
-  has_w8a8_ = false;
   if (w8a8) {
     int w8a8_matrices = 0, w8a8_unaligned = 0;
     auto check = [&](const Tensor& t) {
@@ -462,7 +461,6 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
         return;
       }
       gemm_->check_w8a8(matrix(t, "upload_weights"));
-      has_w8a8_ = true;
       ++w8a8_matrices;
     };
     check(b.output);

@@ -13,6 +13,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/linear/gemv_common.cuh"
+#include "backend/cuda/ops/act.cuh"
 #include "backend/cuda/ops/launch.cuh"
 #include "backend/cuda/ops/ops.h"
 
@@ -47,41 +48,37 @@ struct ScaleIndex {
   }
 };
 
-// S warps per output column n (K split as gemv.cu's SIMT kernel: warp sub
-// takes chunks sub * 32 + lane + j * 32 * S; the S partial sums are added in
-// fixed order through shared memory). Per chunk: the 16 products with each
-// x row summed in fp32, then that sum times the chunk's scale added to the
-// row's accumulator (one fmaf).
+// One warp's part of output column n: lane takes chunks first, first +
+// kStride, ... (kStride = 32 S: the S warps of a column interleave); per
+// chunk the 16 products with each x row summed in fp32, then that sum times
+// the chunk's scale added to the row's accumulator (one fmaf). acc[t]: the
+// lane's partial sums (the caller reduces over lanes and warps).
 template <int T, int S>
-__global__ void __launch_bounds__(kWarps * 32)
-    gemv_fp8_kernel(const uint16_t* __restrict__ x, const uint8_t* __restrict__ W, ScaleIndex sc,
-                    const float* __restrict__ bias, float* __restrict__ y, int64_t N, int64_t K, bool accumulate) {
-  static_assert(kWarps % S == 0, "S must divide the warps of a block");
-  constexpr int kCols = kWarps / S;
+__device__ __forceinline__ void fp8_warp_dot(const uint16_t* __restrict__ x, const uint8_t* __restrict__ W,
+                                             const ScaleIndex& sc, int64_t n, int64_t chunks, int64_t K,
+                                             int64_t first, float (&acc)[T]) {
   constexpr int64_t kStride = 32 * S;
   constexpr int64_t kBatch = kStride * kUnroll;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int sub = warp % S;
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * kCols + warp / S;
-  const bool live = n < N;
-  const int64_t chunks = live ? K / kChunk : 0;
-  const uint4* w = reinterpret_cast<const uint4*>(W + (live ? n : 0) * K);
-  const int64_t first = static_cast<int64_t>(sub) * 32 + lane;
-  float acc[T];
+  const uint4* w = reinterpret_cast<const uint4*>(W + n * K);
 #pragma unroll
   for (int t = 0; t < T; ++t) acc[t] = 0.0f;
+  // A chunk's weights and its scale travel together: both are loaded one
+  // batch ahead (and the first batch before the PDL wait: neither depends
+  // on an earlier kernel).
   uint4 cur[kUnroll], nxt[kUnroll];
-  auto load_w = [&](uint4(&v)[kUnroll], int64_t c0) {
+  float s_cur[kUnroll], s_nxt[kUnroll];
+  auto load_w = [&](uint4(&v)[kUnroll], float(&sv)[kUnroll], int64_t c0) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t c = c0 + u * kStride;
       v[u] = c < chunks ? __ldcs(w + c) : make_uint4(0, 0, 0, 0);  // streamed once
+      sv[u] = c < chunks ? sc.at(n, c) : 0.0f;
     }
   };
-  load_w(cur, first);
+  load_w(cur, s_cur, first);
   wait_for_inputs();
   for (int64_t c0 = first; c0 < chunks; c0 += kBatch) {
-    load_w(nxt, c0 + kBatch);
+    load_w(nxt, s_nxt, c0 + kBatch);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t c = c0 + u * kStride;
@@ -91,7 +88,6 @@ __global__ void __launch_bounds__(kWarps * 32)
       e4m3x4_to_f32(cur[u].y, wf + 4);
       e4m3x4_to_f32(cur[u].z, wf + 8);
       e4m3x4_to_f32(cur[u].w, wf + 12);
-      const float s = sc.at(n, c);
 #pragma unroll
       for (int t = 0; t < T; ++t) {
         const uint4* xr = reinterpret_cast<const uint4*>(x + t * K) + 2 * c;
@@ -101,17 +97,36 @@ __global__ void __launch_bounds__(kWarps * 32)
         float p = 0.0f;
 #pragma unroll
         for (int i = 0; i < kChunk; ++i) p = fmaf(xf[i / 8][i % 8], wf[i], p);
-        acc[t] = fmaf(p, s, acc[t]);
+        acc[t] = fmaf(p, s_cur[u], acc[t]);
       }
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) cur[u] = nxt[u];
+    for (int u = 0; u < kUnroll; ++u) {
+      cur[u] = nxt[u];
+      s_cur[u] = s_nxt[u];
+    }
   }
 #pragma unroll
   for (int t = 0; t < T; ++t) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], o);
   }
+}
+
+// S warps per output column n (K split as gemv.cu's SIMT kernel; the S
+// partial sums are added in fixed order through shared memory).
+template <int T, int S>
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_fp8_kernel(const uint16_t* __restrict__ x, const uint8_t* __restrict__ W, ScaleIndex sc,
+                    const float* __restrict__ bias, float* __restrict__ y, int64_t N, int64_t K, bool accumulate) {
+  static_assert(kWarps % S == 0, "S must divide the warps of a block");
+  constexpr int kCols = kWarps / S;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int sub = warp % S;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kCols + warp / S;
+  const bool live = n < N;
+  float acc[T];
+  fp8_warp_dot<T, S>(x, W, sc, live ? n : 0, live ? K / kChunk : 0, K, static_cast<int64_t>(sub) * 32 + lane, acc);
   if constexpr (S > 1) {
     __shared__ float part[kWarps][T];
     if (lane == 0) {
@@ -136,6 +151,37 @@ __global__ void __launch_bounds__(kWarps * 32)
       if (accumulate) v += y[t * N + n];
       y[t * N + n] = v;
     }
+  }
+}
+
+// The gate|up GEMV with the gated activation fused (gemv.cu's
+// gemv_gated_act_kernel on fp8 weights): warps 0-3 of a block compute gate
+// columns j0..j0+3 and warps 4-7 the up columns I + j0.., one warp per
+// column (gemv_fp8_kernel<T, 1>'s sums, bitwise), and the block writes
+// out[t][j] = bf16(act(gate + b) * (up + b)) with the activation kernel's
+// element math.
+template <int T, Activation A>
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_fp8_gated_act_kernel(const uint16_t* __restrict__ x, const uint8_t* __restrict__ W, ScaleIndex sc,
+                              const float* __restrict__ bias, __nv_bfloat16* __restrict__ out, int64_t I, int64_t K) {
+  constexpr int kCols = kWarps / 2;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kCols + (warp % kCols);
+  const bool live = j < I;
+  const int64_t n = (warp < kCols ? 0 : I) + (live ? j : 0);
+  float acc[T];
+  fp8_warp_dot<T, 1>(x, W, sc, n, live ? K / kChunk : 0, K, lane, acc);
+  __shared__ float part[kWarps][T];
+  if (lane == 0) {
+    const float b = bias && live ? bias[n] : 0.0f;
+#pragma unroll
+    for (int t = 0; t < T; ++t) part[warp][t] = acc[t] + b;
+  }
+  __syncthreads();
+  if (threadIdx.x < kCols * T) {
+    const int c = threadIdx.x % kCols, t = threadIdx.x / kCols;
+    const int64_t jj = static_cast<int64_t>(blockIdx.x) * kCols + c;
+    if (jj < I) out[t * I + jj] = __float2bfloat16_rn(gated_act_value<A>(part[c][t], part[kCols + c][t]));
   }
 }
 
@@ -202,6 +248,41 @@ void gemv_fp8(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* 
   gemv::for_rows(T, [&](auto t) {
     gemv::for_split(split, "gemv_fp8",
                     [&](auto sp) { launch<decltype(t)::value, decltype(sp)::value>(x, W, bias, y, accumulate, stream); });
+  });
+}
+
+bool gemv_fp8_gated_act_fits(const uint16_t* x, int64_t T, const DeviceMatrix& W) {
+  return T >= 1 && T <= kGemvGatedActMaxRows && gemv_fp8_fits(x, T, W) && W.rows % 2 == 0 &&
+         fp8_split(W.rows, W.cols) == 1;
+}
+
+void gemv_fp8_gated_act(Activation act, const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias,
+                        uint16_t* out, cudaStream_t stream) {
+  if (!gemv_fp8_gated_act_fits(x, T, W) || !out)
+    throw std::invalid_argument("cuda::gemv_fp8_gated_act: needs gemv_fp8_gated_act_fits (1 <= T <= " +
+                                std::to_string(kGemvGatedActMaxRows) + ", an even row count, split 1) and out (T=" +
+                                std::to_string(T) + " N=" + std::to_string(W.rows) + ")");
+  const int64_t I = W.rows / 2;
+  const dim3 grid(static_cast<unsigned>((I + kWarps / 2 - 1) / (kWarps / 2))), block(kWarps * 32);
+  auto* o = reinterpret_cast<__nv_bfloat16*>(out);
+  gemv::for_rows(T, [&](auto t) {
+    constexpr int kT = decltype(t)::value;
+    if constexpr (kT <= kGemvGatedActMaxRows) {
+      switch (act) {
+        case Activation::silu:
+          launch_pdl(true, gemv_fp8_gated_act_kernel<kT, Activation::silu>, grid, block, stream, x, W.fp8,
+                     scale_index(W), bias, o, I, W.cols);
+          break;
+        case Activation::gelu_tanh:
+          launch_pdl(true, gemv_fp8_gated_act_kernel<kT, Activation::gelu_tanh>, grid, block, stream, x, W.fp8,
+                     scale_index(W), bias, o, I, W.cols);
+          break;
+        case Activation::gelu:
+          launch_pdl(true, gemv_fp8_gated_act_kernel<kT, Activation::gelu>, grid, block, stream, x, W.fp8,
+                     scale_index(W), bias, o, I, W.cols);
+          break;
+      }
+    }
   });
 }
 

@@ -49,9 +49,7 @@ struct LinearRoutes {
   // the fp8 GEMV, which reads the same e4m3 weights with bf16 activations
   // (W8A16 numerics; a quantization kernel would only add a launch). 9:
   // past the fp8 GEMV's rows (kGemvMaxRows, ops.h), where W8A16 runs the
-  // dequantized slices through bf16 cuBLASLt. The backend writes the GEMM
-  // inputs of these rows in f32 (CudaBackend::gemm_input_dtype), so the codes
-  // are the CPU W8A8 linear's.
+  // dequantized slices through bf16 cuBLASLt.
   int w8a8_min_rows = 9;
   GemvKernel of(LinearProj p) const { return kernel[static_cast<size_t>(p)]; }
   bool operator==(const LinearRoutes&) const = default;

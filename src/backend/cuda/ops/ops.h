@@ -265,6 +265,12 @@ void gemv_gated_act_bf16(Activation act, const uint16_t* x, int64_t T, const Dev
 bool gemv_fp8_fits(const uint16_t* x, int64_t T, const DeviceMatrix& W);
 void gemv_fp8(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y, bool accumulate,
               cudaStream_t stream);
+// The gate|up GEMV with the gated activation fused on an fp8 W (T = 1 or 2,
+// the fused gate_up projection whose gemv_fp8 split is 1): out[T][I] =
+// bf16(act(gate + b) * (up + b)), bitwise gemv_fp8 + gated_act(out_bf16).
+bool gemv_fp8_gated_act_fits(const uint16_t* x, int64_t T, const DeviceMatrix& W);
+void gemv_fp8_gated_act(Activation act, const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias,
+                        uint16_t* out, cudaStream_t stream);
 // Rows [r0, r0 + n) of an fp8 W dequantized to bf16: out[i][c] =
 // bf16_rn(e4m3(W[r0 + i][c]) * scale(r0 + i, c)) (one fp32 multiply, RNE).
 void dequantize_fp8_rows_bf16(const DeviceMatrix& W, int64_t r0, int64_t n, uint16_t* out, cudaStream_t stream);
