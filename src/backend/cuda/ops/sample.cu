@@ -15,6 +15,7 @@
 #include <stdexcept>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/ops/argmax.cuh"
 #include "backend/cuda/ops/ops.h"
 
 namespace fp8kv::cuda {
@@ -44,17 +45,6 @@ __device__ __forceinline__ uint32_t order_key(float v) {
 __device__ __forceinline__ float key_value(uint32_t k) {
   return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
-
-struct ArgMax {
-  float v;
-  int i;
-};
-struct ArgMaxOp {
-  __device__ ArgMax operator()(const ArgMax& a, const ArgMax& b) const {
-    if (a.v > b.v || (a.v == b.v && a.i < b.i)) return a;
-    return b;
-  }
-};
 
 // The kept set: key > kappa, or key == kappa and among the first r such ids.
 struct Cut {
@@ -114,14 +104,7 @@ __global__ void sample_kernel(const float* __restrict__ logits, int V, const Sam
   } else {
     for (int i = threadIdx.x; i < V; i += kThreads) see(x[i], i);
   }
-  const ArgMax b = ArgReduce(tmp.a).Reduce(best, ArgMaxOp());
-  __syncthreads();
-  const int any_nan = IntReduce(tmp.ir).Sum(nan);
-  if (threadIdx.x == 0) {
-    best_s = b;
-    flag_s = any_nan;
-  }
-  __syncthreads();
+  block_argmax<kThreads>(best, nan, tmp.a, tmp.ir, best_s, flag_s);
   const float m = best_s.v;
   if (flag_s || m == -INFINITY) {  // NaN, or no finite logit
     if (threadIdx.x == 0) out[row] = -1;
