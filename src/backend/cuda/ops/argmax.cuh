@@ -17,16 +17,22 @@ struct ArgMaxOp {
   }
 };
 
+// block_argmax's shared scratch (a kernel may overlay it with its other
+// reductions' in a union).
+template <int kThreads>
+union ArgMaxTemp {
+  typename cub::BlockReduce<ArgMax, kThreads>::TempStorage arg;
+  typename cub::BlockReduce<int, kThreads>::TempStorage nan;
+};
+
 // The block's maximum and NaN flag (any thread's) into best_s / nan_s, which
 // every thread may read on return.
 template <int kThreads>
-__device__ __forceinline__ void block_argmax(const ArgMax& best, int nan,
-                                             typename cub::BlockReduce<ArgMax, kThreads>::TempStorage& arg_tmp,
-                                             typename cub::BlockReduce<int, kThreads>::TempStorage& int_tmp,
-                                             ArgMax& best_s, int& nan_s) {
-  const ArgMax b = cub::BlockReduce<ArgMax, kThreads>(arg_tmp).Reduce(best, ArgMaxOp());
+__device__ __forceinline__ void block_argmax(const ArgMax& best, int nan, ArgMaxTemp<kThreads>& tmp, ArgMax& best_s,
+                                             int& nan_s) {
+  const ArgMax b = cub::BlockReduce<ArgMax, kThreads>(tmp.arg).Reduce(best, ArgMaxOp());
   __syncthreads();
-  const int any_nan = cub::BlockReduce<int, kThreads>(int_tmp).Sum(nan);
+  const int any_nan = cub::BlockReduce<int, kThreads>(tmp.nan).Sum(nan);
   if (threadIdx.x == 0) {
     best_s = b;
     nan_s = any_nan;

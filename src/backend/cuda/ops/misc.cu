@@ -119,12 +119,9 @@ constexpr int kRowThreads = 512;
 
 __global__ void row_stats_kernel(const float* __restrict__ logits, int V, const int32_t* __restrict__ ids,
                                  float* __restrict__ logprob, int32_t* __restrict__ argmax) {
-  using ArgReduce = cub::BlockReduce<ArgMax, kRowThreads>;
-  using IntReduce = cub::BlockReduce<int, kRowThreads>;
   using DblReduce = cub::BlockReduce<double, kRowThreads>;
   __shared__ union {
-    typename ArgReduce::TempStorage a;
-    typename IntReduce::TempStorage i;
+    ArgMaxTemp<kRowThreads> am;
     typename DblReduce::TempStorage d;
   } tmp;
   __shared__ ArgMax best_s;
@@ -137,7 +134,7 @@ __global__ void row_stats_kernel(const float* __restrict__ logits, int V, const 
     if (v != v) nan = 1;
     else if (v > best.v || (v == best.v && i < best.i)) best = ArgMax{v, i};
   }
-  block_argmax<kRowThreads>(best, nan, tmp.a, tmp.i, best_s, nan_s);
+  block_argmax<kRowThreads>(best, nan, tmp.am, best_s, nan_s);
   if (argmax && threadIdx.x == 0) argmax[blockIdx.x] = nan_s ? -1 : (best_s.i < V ? best_s.i : 0);
   if (!ids) return;
   const float m = best_s.v;

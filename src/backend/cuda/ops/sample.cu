@@ -54,14 +54,11 @@ struct Cut {
 
 __global__ void sample_kernel(const float* __restrict__ logits, int V, const SampleParams* __restrict__ params,
                               int32_t* __restrict__ out) {
-  using ArgReduce = cub::BlockReduce<ArgMax, kThreads>;
-  using IntReduce = cub::BlockReduce<int, kThreads>;
   using IntScan = cub::BlockScan<int, kThreads>;
   using U64Scan = cub::BlockScan<u64, kThreads>;
   using U64Reduce = cub::BlockReduce<u64, kThreads>;
   __shared__ union {
-    typename ArgReduce::TempStorage a;
-    typename IntReduce::TempStorage ir;
+    ArgMaxTemp<kThreads> am;
     typename IntScan::TempStorage is;
     typename U64Scan::TempStorage us;
     typename U64Reduce::TempStorage ur;
@@ -104,7 +101,7 @@ __global__ void sample_kernel(const float* __restrict__ logits, int V, const Sam
   } else {
     for (int i = threadIdx.x; i < V; i += kThreads) see(x[i], i);
   }
-  block_argmax<kThreads>(best, nan, tmp.a, tmp.ir, best_s, flag_s);
+  block_argmax<kThreads>(best, nan, tmp.am, best_s, flag_s);
   const float m = best_s.v;
   if (flag_s || m == -INFINITY) {  // NaN, or no finite logit
     if (threadIdx.x == 0) out[row] = -1;
