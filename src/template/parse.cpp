@@ -492,28 +492,20 @@ struct Parser {
     return e;
   }
 
-  ExprP parse_or() {
-    ExprP e = parse_and();
-    while (is_name("or")) {
-      auto n = node(Expr::K::Or, cur());
+  // A left-associative chain of the keyword `word` (or, and) over next's operands.
+  ExprP word_loop(ExprP (Parser::*next)(), const char* word, Expr::K k) {
+    ExprP e = (this->*next)();
+    while (is_name(word)) {
+      auto n = node(k, cur());
       ++p;
       n->a = std::move(e);
-      n->b = parse_and();
+      n->b = (this->*next)();
       e = std::move(n);
     }
     return e;
   }
-  ExprP parse_and() {
-    ExprP e = parse_not();
-    while (is_name("and")) {
-      auto n = node(Expr::K::And, cur());
-      ++p;
-      n->a = std::move(e);
-      n->b = parse_not();
-      e = std::move(n);
-    }
-    return e;
-  }
+  ExprP parse_or() { return word_loop(&Parser::parse_and, "or", Expr::K::Or); }
+  ExprP parse_and() { return word_loop(&Parser::parse_not, "and", Expr::K::And); }
   ExprP parse_not() {
     DepthGuard guard(*this);
     if (is_name("not")) {
