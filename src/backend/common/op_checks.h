@@ -43,4 +43,34 @@ inline void check_state_slots(const StatePlan& plan, int src, int dst, const cha
         fmt::format("slots {} -> {} outside the pool of {} slots", src, dst, plan.total_slots()));
 }
 
+// The state pool of a backend that keeps one conv and one SSM state buffer
+// per state layer, each holding every slot: the buffers from alloc(bytes).
+template <class Alloc>
+void allocate_state_rows(const StatePlan& plan, std::vector<DeviceBuffer>& conv, std::vector<DeviceBuffer>& ssm,
+                         Alloc&& alloc) {
+  conv.clear();
+  ssm.clear();
+  for (size_t i = 0; i < plan.layers.size(); ++i) {
+    conv.push_back(alloc(plan.total_slots() * plan.conv_bytes_per_layer()));
+    ssm.push_back(alloc(plan.total_slots() * plan.ssm_bytes_per_layer()));
+  }
+}
+
+// copy_state_slot of a backend that keeps one conv and one SSM state buffer
+// per state layer: the slots checked, then copy(to, from, bytes) for every
+// layer's conv and SSM rows of slot src onto slot dst (nothing when equal).
+template <class Copy>
+void copy_state_slot_rows(const StatePlan& plan, const std::vector<DeviceBuffer>& conv,
+                          const std::vector<DeviceBuffer>& ssm, int src, int dst, const char* backend, Copy&& copy) {
+  check_state_slots(plan, src, dst, backend);
+  if (src == dst) return;
+  const uint64_t cb = plan.conv_bytes_per_layer(), sb = plan.ssm_bytes_per_layer();
+  for (size_t i = 0; i < conv.size(); ++i) {
+    char* c = static_cast<char*>(conv[i].data());
+    char* r = static_cast<char*>(ssm[i].data());
+    copy(c + dst * cb, c + src * cb, cb);
+    copy(r + dst * sb, r + src * sb, sb);
+  }
+}
+
 }  // namespace fp8kv::op_checks

@@ -53,24 +53,12 @@ void bind_linear_attention_weights(const LayerWeights& L, BackendLayerWeights& o
 void CpuBackend::allocate_state(const StatePlan& plan) {
   state_index_ = op_checks::f32_state_layer_index(plan, cfg_.num_layers, "the CPU backend");
   state_ = plan;
-  conv_state_.clear();
-  ssm_state_.clear();
-  for (size_t i = 0; i < plan.layers.size(); ++i) {
-    conv_state_.push_back(alloc(plan.total_slots() * plan.conv_bytes_per_layer()));  // zero-filled
-    ssm_state_.push_back(alloc(plan.total_slots() * plan.ssm_bytes_per_layer()));
-  }
+  op_checks::allocate_state_rows(plan, conv_state_, ssm_state_, [&](size_t n) { return alloc(n); });  // zero-filled
 }
 
 void CpuBackend::copy_state_slot(int src, int dst) {
-  op_checks::check_state_slots(state_, src, dst, "CpuBackend");
-  if (src == dst) return;
-  const uint64_t cb = state_.conv_bytes_per_layer(), sb = state_.ssm_bytes_per_layer();
-  for (size_t i = 0; i < conv_state_.size(); ++i) {
-    char* c = static_cast<char*>(conv_state_[i].data());
-    char* r = static_cast<char*>(ssm_state_[i].data());
-    std::memcpy(c + dst * cb, c + src * cb, cb);
-    std::memcpy(r + dst * sb, r + src * sb, sb);
-  }
+  op_checks::copy_state_slot_rows(state_, conv_state_, ssm_state_, src, dst, "CpuBackend",
+                                  [](char* to, const char* from, uint64_t n) { std::memcpy(to, from, n); });
 }
 
 void CpuBackend::split_q_gate(const Tensor& qg, int D, Tensor& q, Tensor& gate) {

@@ -27,33 +27,23 @@ void expect_shape(const char* op, const char* name, const Tensor& t, int64_t row
 void CudaBackend::allocate_state(const StatePlan& plan) {
   state_index_ = op_checks::f32_state_layer_index(plan, cfg_.num_layers, "the CUDA backend");
   state_ = plan;
-  conv_state_.clear();
-  ssm_state_.clear();
-  for (size_t i = 0; i < plan.layers.size(); ++i) {
-    const size_t cb = plan.total_slots() * plan.conv_bytes_per_layer(),
-                 sb = plan.total_slots() * plan.ssm_bytes_per_layer();
-    conv_state_.push_back(alloc(cb));
-    ssm_state_.push_back(alloc(sb));
+  op_checks::allocate_state_rows(plan, conv_state_, ssm_state_, [&](size_t n) {
+    DeviceBuffer b = alloc(n);
     // Zeroed for tidiness only: a sequence's first step (position 0) starts
     // from zero states inside the kernels, whatever the slot held.
-    FP8KV_CU(cudaMemsetAsync(conv_state_.back().data(), 0, cb, stream_));
-    FP8KV_CU(cudaMemsetAsync(ssm_state_.back().data(), 0, sb, stream_));
-  }
+    FP8KV_CU(cudaMemsetAsync(b.data(), 0, n, stream_));
+    return b;
+  });
   FP8KV_CU(cudaStreamSynchronize(stream_));
 }
 
 void CudaBackend::copy_state_slot(int src, int dst) {
-  op_checks::check_state_slots(state_, src, dst, "CudaBackend");
-  if (src == dst) return;
-  const uint64_t cb = state_.conv_bytes_per_layer(), sb = state_.ssm_bytes_per_layer();
   // Device-to-device on the step stream: ordered after the step that wrote
   // the source and before the next one that reads the destination.
-  for (size_t i = 0; i < conv_state_.size(); ++i) {
-    char* c = static_cast<char*>(conv_state_[i].data());
-    char* r = static_cast<char*>(ssm_state_[i].data());
-    FP8KV_CU(cudaMemcpyAsync(c + dst * cb, c + src * cb, cb, cudaMemcpyDeviceToDevice, stream_));
-    FP8KV_CU(cudaMemcpyAsync(r + dst * sb, r + src * sb, sb, cudaMemcpyDeviceToDevice, stream_));
-  }
+  op_checks::copy_state_slot_rows(state_, conv_state_, ssm_state_, src, dst, "CudaBackend",
+                                  [&](char* to, const char* from, uint64_t n) {
+                                    FP8KV_CU(cudaMemcpyAsync(to, from, n, cudaMemcpyDeviceToDevice, stream_));
+                                  });
 }
 
 void CudaBackend::split_q_gate(const Tensor& qg, int D, Tensor& q, Tensor& gate) {
