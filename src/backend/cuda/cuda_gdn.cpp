@@ -20,7 +20,7 @@ using namespace cuda_checks;
 
 namespace {
 void expect_shape(const char* op, const char* name, const Tensor& t, int64_t rows, int64_t cols) {
-  if (t.rows != rows || t.cols != cols) bad(op, fmt::format("{} is {}, expected [{}][{}]", name, shape(t), rows, cols));
+  op_checks::expect_shape("CudaBackend", op, name, t, rows, cols);
 }
 }  // namespace
 
@@ -67,19 +67,12 @@ void CudaBackend::gated_delta_net(const StepBatch& b, int layer, const BackendLa
   const char* op = "gated_delta_net";
   OpScope scope(this, op, "gated_delta_net");
   const StepView& sv = step(op);
-  if (layer < 0 || layer >= static_cast<int>(state_index_.size()) || state_index_[layer] < 0)
-    bad(op, fmt::format("layer {} has no state (not a linear_attention layer, or allocate_kv not called)", layer));
-  const int li = state_index_[layer];
+  const int li = op_checks::gdn_state_layer("CudaBackend", state_index_, layer);
   const cuda::GdnDims d{state_.num_k_heads, state_.num_v_heads, state_.k_head_dim, state_.v_head_dim,
                         state_.conv_width + 1};
   const int64_t T = sv.T, C = d.conv_dim(), Hv = d.num_v_heads, VD = d.value_dim();
   if (b.num_tokens != sv.T || b.num_seqs != sv.S) bad(op, "the batch is not the one of begin_step");
-  expect_shape(op, "qkv", qkv, T, C);
-  expect_shape(op, "z", z, T, VD);
-  expect_shape(op, "b", bt, T, Hv);
-  expect_shape(op, "a", at, T, Hv);
-  expect_shape(op, "out", out, T, VD);
-  expect_shape(op, "conv1d", w.conv1d, C, d.conv_kernel);
+  op_checks::check_gdn_shapes("CudaBackend", T, C, Hv, VD, d.conv_kernel, qkv, z, bt, at, out, w.conv1d);
   if (!sv.state_slots) bad(op, fmt::format("the step has no state slots for its {} sequences", sv.S));
   // Slots are checked on the host (the kernels trust them); -1 marks a
   // padding sequence of a graph bucket.
