@@ -43,6 +43,8 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float (&f)[8]) {
 // chunks c = first, first + 32 S, ... (< chunks) of w, in order. The loads
 // are double-buffered: the next kUnroll chunks are in flight while the
 // current ones are used. Waits for the inputs (PDL) after the first loads.
+// (gemv_fp8.cu writes the same loop out in its kernel: through this helper
+// its code came out scheduled differently.)
 template <int S, class Body>
 __device__ __forceinline__ void stream_chunks(const uint4* w, int64_t chunks, int64_t first, Body&& body) {
   constexpr int64_t kStride = 32 * S;            // between a lane's consecutive chunks

@@ -20,7 +20,7 @@ namespace fp8kv::cuda {
 
 namespace {
 
-using namespace gemv;  // kWarps, bf16x8_to_f32, stream_chunks, warp_sum, ... (gemv_common.cuh)
+using namespace gemv;  // kWarps, kUnroll, wait_for_inputs, bf16x8_to_f32, warp_sum, ... (gemv_common.cuh)
 constexpr int kChunk = 16;  // e4m3 weights per 16-byte load
 
 // Four e4m3 bytes (little-endian in w) -> four floats (exact: every e4m3
@@ -68,25 +68,45 @@ __global__ void __launch_bounds__(kWarps * 32)
   float acc[T];
 #pragma unroll
   for (int t = 0; t < T; ++t) acc[t] = 0.0f;
-  stream_chunks<S>(w, chunks, first, [&](int64_t c, const uint4& wc) {
-    float wf[kChunk];
-    e4m3x4_to_f32(wc.x, wf);
-    e4m3x4_to_f32(wc.y, wf + 4);
-    e4m3x4_to_f32(wc.z, wf + 8);
-    e4m3x4_to_f32(wc.w, wf + 12);
-    const float s = sc.at(n, c);
+  constexpr int64_t kStride = 32 * S;
+  constexpr int64_t kBatch = kStride * kUnroll;
+  uint4 cur[kUnroll], nxt[kUnroll];
+  auto load_w = [&](uint4(&v)[kUnroll], int64_t c0) {
 #pragma unroll
-    for (int t = 0; t < T; ++t) {
-      const uint4* xr = reinterpret_cast<const uint4*>(x + t * K) + 2 * c;
-      float xf[2][8];
-      bf16x8_to_f32(__ldg(xr), xf[0]);
-      bf16x8_to_f32(__ldg(xr + 1), xf[1]);
-      float p = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kChunk; ++i) p = fmaf(xf[i / 8][i % 8], wf[i], p);
-      acc[t] = fmaf(p, s, acc[t]);
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = c0 + u * kStride;
+      v[u] = c < chunks ? __ldcs(w + c) : make_uint4(0, 0, 0, 0);  // streamed once
     }
-  });
+  };
+  load_w(cur, first);
+  wait_for_inputs();
+  for (int64_t c0 = first; c0 < chunks; c0 += kBatch) {
+    load_w(nxt, c0 + kBatch);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = c0 + u * kStride;
+      if (c >= chunks) break;
+      float wf[kChunk];
+      e4m3x4_to_f32(cur[u].x, wf);
+      e4m3x4_to_f32(cur[u].y, wf + 4);
+      e4m3x4_to_f32(cur[u].z, wf + 8);
+      e4m3x4_to_f32(cur[u].w, wf + 12);
+      const float s = sc.at(n, c);
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        const uint4* xr = reinterpret_cast<const uint4*>(x + t * K) + 2 * c;
+        float xf[2][8];
+        bf16x8_to_f32(__ldg(xr), xf[0]);
+        bf16x8_to_f32(__ldg(xr + 1), xf[1]);
+        float p = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) p = fmaf(xf[i / 8][i % 8], wf[i], p);
+        acc[t] = fmaf(p, s, acc[t]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) cur[u] = nxt[u];
+  }
   warp_sum(acc);
   if constexpr (S > 1) {
     __shared__ float part[kWarps][T];
