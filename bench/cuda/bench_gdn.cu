@@ -21,7 +21,7 @@
 #include "backend/cuda/copy_bandwidth.h"
 #include "backend/cuda/gdn/gdn.h"
 #include "backend/cuda/ops/ops.h"
-#include "event_median.h"
+#include "bench_util.h"
 
 using namespace fp8kv;
 
@@ -51,13 +51,8 @@ struct Case {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const char* json = nullptr;
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], "--json") == 0) json = argv[i + 1];
-  if (!cuda::cuda_device_available()) {
-    std::printf("bench_gdn: no CUDA device\n");
-    return 0;
-  }
+  const char* json = bench::json_flag(argc, argv);
+  if (bench::no_device("bench_gdn")) return 0;
   const cuda::GdnDims d{16, 48, 128, 128, 4};
   const int64_t C = d.conv_dim(), VD = d.value_dim(), Hv = d.num_v_heads;
   const Case cases[] = {{64, 1}, {1, 1024}, {1, 8192}, {4, 2048}};
@@ -81,18 +76,14 @@ int main(int argc, char** argv) {
   FP8KV_CU(cudaGetDevice(&dev));
   FP8KV_CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   FP8KV_CU(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  cudaStream_t st;
-  FP8KV_CU(cudaStreamCreate(&st));
-  cudaEvent_t e0, e1;
-  FP8KV_CU(cudaEventCreate(&e0));
-  FP8KV_CU(cudaEventCreate(&e1));
+  const bench::Timing tm(cudaStreamDefault);
+  cudaStream_t st = tm.st;
   std::printf("Qwen3.5-27B delta rule (Hk 16, Hv 48, Dk = Dv = 128), one layer; copy bandwidth %.0f GB/s\n",
               copy / 1e9);
   std::printf("%-10s %5s %6s %-9s %5s %11s %12s %9s %7s\n", "case", "seqs", "rows", "form", "split", "us", "tok/s",
               "state GB/s", "/copy");
-  FILE* jf = json ? std::fopen(json, "w") : nullptr;
-  if (jf) std::fprintf(jf, "{\"copy_gbps\": %.1f, \"cases\": [\n", copy / 1e9);
-  bool first = true;
+  bench::JsonReport report(json);
+  report.head("{\"copy_gbps\": %.1f, \"cases\": [\n", copy / 1e9);
   for (const Case& c : cases) {
     const int T = c.seqs * c.rows;
     std::vector<int32_t> qs(c.seqs + 1), ctx(c.seqs), slots(c.seqs);
@@ -118,7 +109,7 @@ int main(int argc, char** argv) {
                        pool.as<float>(), out.as<float>(), st, o);
       };
       const int reps = T >= 8192 ? 2 : T >= 1024 ? 5 : 50;
-      const double us = bench::median_call_us(st, e0, e1, reps, run);
+      const double us = bench::median_call_us(st, tm.e0, tm.e1, reps, run);
       const double gbps = 2.0 * state_bytes * c.seqs / (us * 1e-6) / 1e9;
       const char* name = c.rows == 1 ? "decode" : "prefill";
       const int split = chunked ? plan.split : 0;
@@ -129,22 +120,10 @@ int main(int argc, char** argv) {
       else
         std::printf("\n");
       if (!chunked) rec_us = us;
-      if (jf) {
-        std::fprintf(jf,
-                     "%s{\"case\": \"%s\", \"seqs\": %d, \"rows\": %d, \"form\": \"%s\", \"split\": %d, \"us\": %.2f, "
-                     "\"tok_per_s\": %.0f, \"state_gbps\": %.2f}",
-                     first ? "" : ",\n", name, c.seqs, c.rows, chunked ? "chunked" : "recurrent", split, us,
-                     T / (us * 1e-6), gbps);
-        first = false;
-      }
+      report.add("{\"case\": \"%s\", \"seqs\": %d, \"rows\": %d, \"form\": \"%s\", \"split\": %d, \"us\": %.2f, "
+                 "\"tok_per_s\": %.0f, \"state_gbps\": %.2f}",
+                 name, c.seqs, c.rows, chunked ? "chunked" : "recurrent", split, us, T / (us * 1e-6), gbps);
     }
   }
-  if (jf) {
-    std::fprintf(jf, "\n]}\n");
-    std::fclose(jf);
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaStreamDestroy(st);
   return 0;
 }

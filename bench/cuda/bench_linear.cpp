@@ -25,7 +25,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/copy_bandwidth.h"
 #include "backend/cuda/ops/ops.h"
-#include "event_median.h"
+#include "bench_util.h"
 
 using namespace fp8kv;
 
@@ -40,13 +40,8 @@ struct Shape {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const char* json = nullptr;
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], "--json") == 0) json = argv[i + 1];
-  if (!cuda::cuda_device_available()) {
-    std::printf("bench_linear: no CUDA device\n");
-    return 0;
-  }
+  const char* json = bench::json_flag(argc, argv);
+  if (bench::no_device("bench_linear")) return 0;
   const double copy = cuda::d2d_copy_bytes_per_s();
   const Shape shapes[] = {{"qkv", 6144, 4096, 32},
                           {"o_proj", 4096, 4096, 32},
@@ -66,8 +61,8 @@ int main(int argc, char** argv) {
       {32, "lt"},  {32, "fp8"},  {256, "lt"},   {256, "fp8"}, {8192, "lt"}, {8192, "fp8"},
       {1, "w8a8"}, {8, "w8a8"}, {32, "w8a8"}, {256, "w8a8"}, {256, "w8a8q"}, {8192, "w8a8"}, {8192, "w8a8q"}};
   constexpr int kMaxT = 8192;
-  cudaStream_t st;
-  FP8KV_CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  const bench::Timing tm(cudaStreamNonBlocking);
+  cudaStream_t st = tm.st;
   cuda::Gemm gemm;
   // One weight buffer per shape (distinct memory: no L2 reuse across calls).
   std::vector<cuda::DeviceBuffer> w, w8, s8;
@@ -91,15 +86,11 @@ int main(int argc, char** argv) {
   // scales scratch of the largest call.
   cuda::DeviceBuffer x32(kMaxT * max_k * 4), w8a8_scratch(cuda::Gemm::w8a8_scratch_bytes(kMaxT, max_k, true));
   FP8KV_CU(cudaMemset(x32.get(), 0x3c, x32.bytes()));  // ~0.011 in f32
-  cudaEvent_t e0, e1;
-  FP8KV_CU(cudaEventCreate(&e0));
-  FP8KV_CU(cudaEventCreate(&e1));
   std::printf("copy bandwidth %.0f GB/s (read + write)\n", copy / 1e9);
   std::printf("%-8s %6s %6s %4s %-5s %9s %8s %7s %8s\n", "shape", "N", "K", "T", "path", "us", "GB/s", "/copy",
               "TFLOP/s");
-  FILE* jf = json ? std::fopen(json, "w") : nullptr;
-  if (jf) std::fprintf(jf, "{\"copy_gbps\": %.1f, \"cases\": [\n", copy / 1e9);
-  bool first = true;
+  bench::JsonReport report(json);
+  report.head("{\"copy_gbps\": %.1f, \"cases\": [\n", copy / 1e9);
   gemm.set_gemv_max_rows(0);
   for (auto [T, path] : Ts) {
     const std::string p = path;
@@ -140,7 +131,7 @@ int main(int argc, char** argv) {
         else
           gemm.linear(x.as<uint16_t>(), T, W, nullptr, y.as<float>(), false, st);
       };
-      const double us = bench::median_call_us(st, e0, e1, 20, run);
+      const double us = bench::median_call_us(st, tm.e0, tm.e1, 20, run);
       // Weights once plus the activations in and out (w8a8: f32 in; w8a8q:
       // f32 in, e4m3 codes out, no weights).
       const double bytes = p == "w8a8q" ? static_cast<double>(T) * s.k * 5
@@ -151,23 +142,11 @@ int main(int argc, char** argv) {
       std::printf("%-8s %6lld %6lld %4d %-5s %9.2f %8.0f %7.3f %8.1f\n", s.name, static_cast<long long>(s.n),
                   static_cast<long long>(s.k), T, path, us, gbps, gbps * 1e9 / copy, tflops);
       step_us += us * s.per_step;
-      if (jf) {
-        std::fprintf(jf,
-                     "%s{\"shape\": \"%s\", \"n\": %lld, \"k\": %lld, \"t\": %d, \"path\": \"%s\", \"us\": %.3f, "
-                     "\"gbps\": %.1f, \"tflops\": %.2f}",
-                     first ? "" : ",\n", s.name, static_cast<long long>(s.n), static_cast<long long>(s.k), T, path, us,
-                     gbps, tflops);
-        first = false;
-      }
+      report.add("{\"shape\": \"%s\", \"n\": %lld, \"k\": %lld, \"t\": %d, \"path\": \"%s\", \"us\": %.3f, "
+                 "\"gbps\": %.1f, \"tflops\": %.2f}",
+                 s.name, static_cast<long long>(s.n), static_cast<long long>(s.k), T, path, us, gbps, tflops);
     }
     std::printf("T=%d %s: GEMMs of one 8B decode step (32 layers + LM head) %.3f ms\n", T, path, step_us / 1e3);
   }
-  if (jf) {
-    std::fprintf(jf, "\n]}\n");
-    std::fclose(jf);
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaStreamDestroy(st);
   return 0;
 }

@@ -22,7 +22,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/copy_bandwidth.h"
 #include "backend/cuda/ops/ops.h"
-#include "event_median.h"
+#include "bench_util.h"
 
 using namespace fp8kv;
 
@@ -38,10 +38,9 @@ struct Shape {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const char* json = nullptr;
+  const char* json = bench::json_flag(argc, argv);
   std::vector<int64_t> Ts = {8192};
   for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], "--json") == 0) json = argv[i + 1];
     if (std::strcmp(argv[i], "--t") == 0) {
       Ts.clear();
       for (const char* p = argv[i + 1]; *p;) {
@@ -52,17 +51,14 @@ int main(int argc, char** argv) {
       }
     }
   }
-  if (!cuda::cuda_device_available()) {
-    std::printf("bench_prefill_gemm: no CUDA device\n");
-    return 0;
-  }
+  if (bench::no_device("bench_prefill_gemm")) return 0;
   const Shape shapes[] = {{"qkv", 6144, 4096, false, 32},        {"o_proj", 4096, 4096, false, 32},
                           {"gate_up", 28672, 4096, false, 32},   {"gate_up_bf16", 28672, 4096, true, 0},
                           {"down", 4096, 14336, false, 32},      {"square_bf16", 8192, 8192, true, 0}};
   int64_t max_t = 8192;
   for (int64_t t : Ts) max_t = std::max(max_t, t);
-  cudaStream_t st;
-  FP8KV_CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  const bench::Timing tm(cudaStreamNonBlocking);
+  cudaStream_t st = tm.st;
   cuda::Gemm g;
   g.set_gemv_max_rows(0);
   size_t max_k = 0, max_n = 0, max_w = 0;
@@ -87,12 +83,8 @@ int main(int argc, char** argv) {
   };
   fill(w, 122);  // 2^-5 = 0.031 and below
   fill(x, 127);  // 1.x and below
-  cudaEvent_t e0, e1;
-  FP8KV_CU(cudaEventCreate(&e0));
-  FP8KV_CU(cudaEventCreate(&e1));
-  FILE* jf = json ? std::fopen(json, "w") : nullptr;
-  if (jf) std::fprintf(jf, "{\"cases\": [\n");
-  bool first = true;
+  bench::JsonReport report(json);
+  report.head("{\"cases\": [\n");
   std::printf("%-13s %6s %6s %6s %10s %8s\n", "shape", "T", "N", "K", "us", "TFLOP/s");
   for (int64_t T : Ts) {
     double prefill_us = 0;
@@ -106,29 +98,17 @@ int main(int argc, char** argv) {
         else
           g.linear(x.as<uint16_t>(), rows, W, nullptr, y.as<float>(), false, st);
       };
-      const double us = bench::median_call_us(st, e0, e1, 5, run);
+      const double us = bench::median_call_us(st, tm.e0, tm.e1, 5, run);
       const double tflops = 2.0 * rows * s.n * s.k / (us * 1e-6) / 1e12;
       std::printf("%-13s %6lld %6lld %6lld %10.1f %8.1f\n", s.name, static_cast<long long>(rows),
                   static_cast<long long>(s.n), static_cast<long long>(s.k), us, tflops);
       prefill_us += us * s.per_prefill;
-      if (jf) {
-        std::fprintf(jf,
-                     "%s{\"shape\": \"%s\", \"t\": %lld, \"n\": %lld, \"k\": %lld, \"us\": %.3f, "
-                     "\"tflops\": %.2f}",
-                     first ? "" : ",\n", s.name, static_cast<long long>(rows), static_cast<long long>(s.n),
-                     static_cast<long long>(s.k), us, tflops);
-        first = false;
-      }
+      report.add("{\"shape\": \"%s\", \"t\": %lld, \"n\": %lld, \"k\": %lld, \"us\": %.3f, \"tflops\": %.2f}",
+                 s.name, static_cast<long long>(rows), static_cast<long long>(s.n), static_cast<long long>(s.k), us,
+                 tflops);
     }
     std::printf("T=%lld: GEMMs of one prefill step (32 layers, fp32 out) %.2f ms\n", static_cast<long long>(T),
                 prefill_us / 1e3);
   }
-  if (jf) {
-    std::fprintf(jf, "\n]}\n");
-    std::fclose(jf);
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaStreamDestroy(st);
   return 0;
 }

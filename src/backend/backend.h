@@ -46,6 +46,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "backend/comm.h"
@@ -99,6 +100,22 @@ struct BackendLayerWeights {
   Tensor A_log, dt_bias;       // [1][Hv] f32
   Tensor gdn_norm;             // [1][Dv] f32
 };
+
+// A layer's f32 vectors, norms and biases (the Gated DeltaNet ones aside),
+// bound through vec(const std::vector<float>&) -> Tensor: the list both
+// backends bind, in this order (Layer: model/weights.h LayerWeights).
+template <class Layer, class Vec>
+void bind_layer_vectors(const Layer& L, BackendLayerWeights& o, Vec&& vec) {
+  const std::pair<Tensor*, const std::vector<float>*> vectors[] = {
+      {&o.input_norm, &L.input_norm},       {&o.q_bias, &L.q_bias},
+      {&o.k_bias, &L.k_bias},               {&o.v_bias, &L.v_bias},
+      {&o.o_bias, &L.o_bias},               {&o.q_norm, &L.q_norm},
+      {&o.k_norm, &L.k_norm},               {&o.post_attention_norm, &L.post_attention_norm},
+      {&o.pre_ffn_norm, &L.pre_ffn_norm},   {&o.post_ffn_norm, &L.post_ffn_norm},
+      {&o.gate_bias, &L.gate_bias},         {&o.up_bias, &L.up_bias},
+      {&o.down_bias, &L.down_bias}};
+  for (auto [t, v] : vectors) *t = vec(*v);
+}
 
 struct BackendWeights {
   Tensor embed;       // [V][H]

@@ -300,56 +300,70 @@ int run_niah_cmd(const NiahArgs& a) {
   return 0;
 }
 
+// The model positional and the --text-file / --token-ids-file inputs that
+// compare and kvstats take.
+template <class Args>
+void add_model_and_inputs(CLI::App* sub, Args& a) {
+  sub->add_option("model", a.model, "model directory")->required();
+  sub->add_option("--text-file", a.text_files, "document (repeatable)");
+  sub->add_option("--token-ids-file", a.ids_files, "JSON array of ids or of arrays (repeatable)");
+}
+
+// An eval subcommand whose arguments (Args: .eng) live for the program: its
+// own options (add_own(sub, args)), then the engine flags; run(args) is its
+// action.
+template <class Args, class Run, class AddOwn>
+void add_eval_command(CLI::App* ev, const char* name, const char* about, Run run, AddOwn&& add_own) {
+  static Args args;
+  auto* sub = ev->add_subcommand(name, about);
+  add_own(sub, args);
+  args.eng.add(sub, EngineFlags::Shape{false, 1});
+  set_action(sub, [run] { return run(args); });
+}
+
 const Registrar reg([](CLI::App& app) {
   auto* ev = app.add_subcommand("eval", "Paired accuracy evaluation of KV cache configurations (docs/eval.md)");
   ev->require_subcommand(1);
 
-  static CompareArgs ca;
-  auto* c = ev->add_subcommand("compare", "Teacher-forced per-position comparison of arms against a reference");
-  c->add_option("model", ca.model, "model directory")->required();
-  c->add_option("--text-file", ca.text_files, "document (repeatable)");
-  c->add_option("--token-ids-file", ca.ids_files, "JSON array of ids or of arrays (repeatable)");
-  c->add_option("--arms", ca.arms,
-                "bf16, fp8, fp8:unity, fp8:scales=DIR, fp8_e5m2, fp8_per_token_head, int8_per_token_head (first = "
-                "reference)");
-  c->add_option("--context", ca.context, "tokens per scored chunk (default min(max_model_len, 4096))")
-      ->check(at_least(2));
-  c->add_option("--buckets", ca.buckets, "position bucket edges (last bucket open-ended)");
-  c->add_flag("--control", ca.control, "add a control pass: the reference with a short prefix (noise floor)");
-  c->add_option("--control-prefix", ca.control_prefix, "text of the control prefix")->check(utf8_text());
-  c->add_option("--seed", ca.seed, "seed of the bootstrap / Monte Carlo draws (default 0; -1: random, logged)")
-      ->transform(seed_rule());
-  c->add_option("--bootstrap", ca.bootstrap, "bootstrap resamples, 100 to 100000 (default 2000)");
-  c->add_option("--output", ca.output, "REPORT.json (else the report goes to stdout)");
-  c->add_option("--html", ca.html, "REPORT.html");
-  ca.eng.add(c, EngineFlags::Shape{false, 1});
-  set_action(c, [] { return run_compare_cmd(ca); });
+  add_eval_command<CompareArgs>(ev, "compare", "Teacher-forced per-position comparison of arms against a reference",
+                                run_compare_cmd, [](CLI::App* sub, CompareArgs& a) {
+    add_model_and_inputs(sub, a);
+    sub->add_option("--arms", a.arms,
+                    "bf16, fp8, fp8:unity, fp8:scales=DIR, fp8_e5m2, fp8_per_token_head, int8_per_token_head (first = "
+                    "reference)");
+    sub->add_option("--context", a.context, "tokens per scored chunk (default min(max_model_len, 4096))")
+        ->check(at_least(2));
+    sub->add_option("--buckets", a.buckets, "position bucket edges (last bucket open-ended)");
+    sub->add_flag("--control", a.control, "add a control pass: the reference with a short prefix (noise floor)");
+    sub->add_option("--control-prefix", a.control_prefix, "text of the control prefix")->check(utf8_text());
+    sub->add_option("--seed", a.seed, "seed of the bootstrap / Monte Carlo draws (default 0; -1: random, logged)")
+        ->transform(seed_rule());
+    sub->add_option("--bootstrap", a.bootstrap, "bootstrap resamples, 100 to 100000 (default 2000)");
+    sub->add_option("--output", a.output, "REPORT.json (else the report goes to stdout)");
+    sub->add_option("--html", a.html, "REPORT.html");
+  });
 
-  static KvStatsArgs ka;
-  auto* k = ev->add_subcommand("kvstats", "Q/K/V range statistics at the store point, per layer and stream");
-  k->add_option("model", ka.model, "model directory")->required();
-  k->add_option("--text-file", ka.text_files, "document (repeatable)");
-  k->add_option("--token-ids-file", ka.ids_files, "JSON array of ids or of arrays (repeatable)");
-  k->add_option("--scales", ka.scales, "unity | checkpoint | VALUE (every stream)");
-  k->add_option("--target", ka.target, "fp8_e4m3 | fp8_e5m2 | fp8_per_token_head | int8_per_token_head");
-  k->add_option("--context", ka.context, "tokens per chunk (default min(max_model_len, 4096))")->check(at_least(2));
-  k->add_option("--kv-cache-dtype", ka.kv_cache_dtype, "cache the run itself uses (default bf16)");
-  k->add_option("--output", ka.output, "STATS.json (else the stats go to stdout)");
-  ka.eng.add(k, EngineFlags::Shape{false, 1});
-  set_action(k, [] { return run_kvstats_cmd(ka); });
+  add_eval_command<KvStatsArgs>(ev, "kvstats", "Q/K/V range statistics at the store point, per layer and stream",
+                                run_kvstats_cmd, [](CLI::App* sub, KvStatsArgs& a) {
+    add_model_and_inputs(sub, a);
+    sub->add_option("--scales", a.scales, "unity | checkpoint | VALUE (every stream)");
+    sub->add_option("--target", a.target, "fp8_e4m3 | fp8_e5m2 | fp8_per_token_head | int8_per_token_head");
+    sub->add_option("--context", a.context, "tokens per chunk (default min(max_model_len, 4096))")->check(at_least(2));
+    sub->add_option("--kv-cache-dtype", a.kv_cache_dtype, "cache the run itself uses (default bf16)");
+    sub->add_option("--output", a.output, "STATS.json (else the stats go to stdout)");
+  });
 
-  static NiahArgs na;
-  auto* n = ev->add_subcommand("niah", "Paired needle-in-a-haystack retrieval with exact McNemar tests");
-  n->add_option("model", na.model, "model directory")->required();
-  n->add_option("--haystack", na.haystack, "haystack text file")->required();
-  n->add_option("--lengths", na.lengths, "prompt lengths in tokens");
-  n->add_option("--depths", na.depths, "needle depths in percent");
-  n->add_option("--trials", na.trials, "trials per cell");
-  n->add_option("--arms", na.arms, "arms (as compare)");
-  n->add_option("--seed", na.seed, "seed of the passkeys (default 0; -1: random, logged)")->transform(seed_rule());
-  n->add_option("--output", na.output, "NIAH.json");
-  na.eng.add(n, EngineFlags::Shape{false, 1});
-  set_action(n, [] { return run_niah_cmd(na); });
+  add_eval_command<NiahArgs>(ev, "niah", "Paired needle-in-a-haystack retrieval with exact McNemar tests",
+                             run_niah_cmd, [](CLI::App* sub, NiahArgs& a) {
+    sub->add_option("model", a.model, "model directory")->required();
+    sub->add_option("--haystack", a.haystack, "haystack text file")->required();
+    sub->add_option("--lengths", a.lengths, "prompt lengths in tokens");
+    sub->add_option("--depths", a.depths, "needle depths in percent");
+    sub->add_option("--trials", a.trials, "trials per cell");
+    sub->add_option("--arms", a.arms, "arms (as compare)");
+    sub->add_option("--seed", a.seed, "seed of the passkeys (default 0; -1: random, logged)")->transform(seed_rule());
+    sub->add_option("--output", a.output, "NIAH.json");
+  });
 });
 
 }  // namespace

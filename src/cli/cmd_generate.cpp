@@ -80,18 +80,14 @@ int run(const GenerateArgs& a) {
 }
 
 Registrar reg([](CLI::App& app) {
-  static GenerateArgs args;  // lives for the program
-  auto* a = &args;
-  auto* sub = app.add_subcommand("generate", "Generate text from a prompt (greedy by default)");
-  sub->add_option("MODEL_DIR", a->model, "Checkpoint directory")->required();
-  sub->add_option("--prompt", a->prompt, "Prompt text")->required()->check(utf8_text());
-  sub->add_option("--max-tokens", a->max_tokens, "New tokens at most (default 128)")->check(at_least(1));
-  sub->add_option("--temperature", a->temperature, "0: greedy")->check(at_least(0));
-  sub->add_option("--top-p", a->top_p, "Nucleus sampling mass (0, 1]")->check(in_range(0.0, 1.0, /*open_lo=*/true));
-  sub->add_option("--top-k", a->top_k, "Top-k sampling (0: off)")->check(at_least(0));
-  sub->add_option("--seed", a->seed, "Sampling seed (default 0; -1: random, logged)")->transform(seed_rule());
-  a->engine.add(sub);
-  set_action(sub, [a] { return run(*a); });
+  add_model_command<GenerateArgs>(app, "generate", "Generate text from a prompt (greedy by default)", run, [](CLI::App* sub, GenerateArgs& a) {
+    sub->add_option("--prompt", a.prompt, "Prompt text")->required()->check(utf8_text());
+    sub->add_option("--max-tokens", a.max_tokens, "New tokens at most (default 128)")->check(at_least(1));
+    sub->add_option("--temperature", a.temperature, "0: greedy")->check(at_least(0));
+    sub->add_option("--top-p", a.top_p, "Nucleus sampling mass (0, 1]")->check(in_range(0.0, 1.0, /*open_lo=*/true));
+    sub->add_option("--top-k", a.top_k, "Top-k sampling (0: off)")->check(at_least(0));
+    sub->add_option("--seed", a.seed, "Sampling seed (default 0; -1: random, logged)")->transform(seed_rule());
+  });
 });
 
 }  // namespace

@@ -143,19 +143,15 @@ int run(const ScoreArgs& a) {
 }
 
 Registrar reg([](CLI::App& app) {
-  static ScoreArgs args;  // lives for the program
-  auto* a = &args;
-  auto* sub = app.add_subcommand("score", "Teacher-forced per-token logprobs and top-1 ids");
-  sub->add_option("MODEL_DIR", a->model, "Checkpoint directory")->required();
-  sub->add_option("--token-ids-file", a->ids_file, "JSON array of token ids, an array of such arrays, or {\"ids\": [...]} (`fp8kv tokenize` output)");
-  sub->add_option("--text-file", a->text_file, "Text to tokenize and score in chunks of --context tokens");
-  sub->add_option("--context", a->context, "Tokens per scored chunk of --text-file (default min(max_model_len, 4096))")
-      ->check(at_least(2));  // omitted = default; 0 is refused (docs/design.md "One rule per flag")
-  sub->add_option("--output", a->output, "Output JSON file")->required();
-  sub->add_option("--chunk-size", a->chunk_size, "Prefill chunk in tokens (default: --max-num-batched-tokens)")
-      ->check(at_least(1));  // omitted = default; 0 is refused (docs/design.md "One rule per flag")
-  a->engine.add(sub);
-  set_action(sub, [a] { return run(*a); });
+  add_model_command<ScoreArgs>(app, "score", "Teacher-forced per-token logprobs and top-1 ids", run, [](CLI::App* sub, ScoreArgs& a) {
+    sub->add_option("--token-ids-file", a.ids_file, "JSON array of token ids, an array of such arrays, or {\"ids\": [...]} (`fp8kv tokenize` output)");
+    sub->add_option("--text-file", a.text_file, "Text to tokenize and score in chunks of --context tokens");
+    sub->add_option("--context", a.context, "Tokens per scored chunk of --text-file (default min(max_model_len, 4096))")
+        ->check(at_least(2));  // omitted = default; 0 is refused (docs/design.md "One rule per flag")
+    sub->add_option("--output", a.output, "Output JSON file")->required();
+    sub->add_option("--chunk-size", a.chunk_size, "Prefill chunk in tokens (default: --max-num-batched-tokens)")
+        ->check(at_least(1));  // omitted = default; 0 is refused (docs/design.md "One rule per flag")
+  });
 });
 
 }  // namespace

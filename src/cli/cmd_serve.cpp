@@ -174,27 +174,23 @@ int run(ServeArgs& a) {
 }
 
 Registrar reg([](CLI::App& app) {
-  static ServeArgs args;  // lives for the program
-  auto* a = &args;
-  auto* sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server (docs/server.md)");
-  sub->add_option("MODEL_DIR", a->model, "Checkpoint directory")->required();
-  sub->add_option("--host", a->server.host, "Address to bind (default 127.0.0.1)");
-  sub->add_option("--port", a->server.port, "Port (0: a free port, printed on start)");
-  sub->add_option("--api-key", a->server.api_key, "Require Authorization: Bearer KEY (not on /health, /metrics, /version)")
-      ->check(non_empty("a key; an empty key would serve without authentication"));
-  sub->add_option("--served-model-name", a->server.served_model_name, "Model name in the API (default: MODEL_DIR as given)")
-      ->check(utf8_text());
-  sub->add_option("--chat-template", a->chat_template, "Chat template file (Jinja)");
-  sub->add_option("--max-waiting", a->server.max_waiting, "Queued requests beyond the running batch; more get 503");
-  sub->add_option("--shutdown-grace", a->server.shutdown_grace_s, "Seconds running requests get to finish on SIGTERM");
-  sub->add_option("--max-connections", a->server.max_connections,
-                  "Open HTTP connections; the next gets a 503 and is closed (default 4096)");
-  sub->add_option("--allowed-origins", a->allowed_origins,
-                  "CORS: JSON array of allowed origins, '[\"*\"]' for any (default: none, CORS off)");
-  sub->add_option("--allowed-methods", a->allowed_methods, "CORS: JSON array of allowed methods (default '[\"*\"]')");
-  sub->add_option("--allowed-headers", a->allowed_headers, "CORS: JSON array of allowed headers (default '[\"*\"]')");
-  a->engine.add(sub);
-  set_action(sub, [a] { return run(*a); });
+  add_model_command<ServeArgs>(app, "serve", "OpenAI-compatible HTTP server (docs/server.md)", run, [](CLI::App* sub, ServeArgs& a) {
+    sub->add_option("--host", a.server.host, "Address to bind (default 127.0.0.1)");
+    sub->add_option("--port", a.server.port, "Port (0: a free port, printed on start)");
+    sub->add_option("--api-key", a.server.api_key, "Require Authorization: Bearer KEY (not on /health, /metrics, /version)")
+        ->check(non_empty("a key; an empty key would serve without authentication"));
+    sub->add_option("--served-model-name", a.server.served_model_name, "Model name in the API (default: MODEL_DIR as given)")
+        ->check(utf8_text());
+    sub->add_option("--chat-template", a.chat_template, "Chat template file (Jinja)");
+    sub->add_option("--max-waiting", a.server.max_waiting, "Queued requests beyond the running batch; more get 503");
+    sub->add_option("--shutdown-grace", a.server.shutdown_grace_s, "Seconds running requests get to finish on SIGTERM");
+    sub->add_option("--max-connections", a.server.max_connections,
+                    "Open HTTP connections; the next gets a 503 and is closed (default 4096)");
+    sub->add_option("--allowed-origins", a.allowed_origins,
+                    "CORS: JSON array of allowed origins, '[\"*\"]' for any (default: none, CORS off)");
+    sub->add_option("--allowed-methods", a.allowed_methods, "CORS: JSON array of allowed methods (default '[\"*\"]')");
+    sub->add_option("--allowed-headers", a.allowed_headers, "CORS: JSON array of allowed headers (default '[\"*\"]')");
+  });
 });
 
 }  // namespace

@@ -18,29 +18,24 @@
 
 namespace fp8kv::cli {
 
-CLI::Validator at_least(double min) {
+namespace {
+// A lower bound for a number: v > min (strict) or v >= min.
+CLI::Validator lower_bound(double min, bool strict) {
+  const char* op = strict ? ">" : ">=";
   return CLI::Validator(
-      [min](std::string& s) -> std::string {
+      [min, strict, op](std::string& s) -> std::string {
         double v = 0.0;
         if (!CLI::detail::lexical_cast(s, v)) return {};  // not a number: the conversion names it
-        if (!std::isfinite(v)) return fmt::format("must be a finite number >= {} (got {})", min, s);
-        if (v < min) return fmt::format("must be >= {} (got {})", min, s);
+        if (!std::isfinite(v)) return fmt::format("must be a finite number {} {} (got {})", op, min, s);
+        if (strict ? !(v > min) : v < min) return fmt::format("must be {} {} (got {})", op, min, s);
         return {};
       },
-      fmt::format(">={}", min));
+      fmt::format("{}{}", op, min));
 }
+}  // namespace
 
-CLI::Validator greater_than(double min) {
-  return CLI::Validator(
-      [min](std::string& s) -> std::string {
-        double v = 0.0;
-        if (!CLI::detail::lexical_cast(s, v)) return {};  // not a number: the conversion names it
-        if (!std::isfinite(v)) return fmt::format("must be a finite number > {} (got {})", min, s);
-        if (!(v > min)) return fmt::format("must be > {} (got {})", min, s);
-        return {};
-      },
-      fmt::format(">{}", min));
-}
+CLI::Validator at_least(double min) { return lower_bound(min, false); }
+CLI::Validator greater_than(double min) { return lower_bound(min, true); }
 
 CLI::Validator in_range(double lo, double hi, bool open_lo, bool open_hi) {
   const std::string range = fmt::format("{}{}, {}{}", open_lo ? "(" : "[", lo, hi, open_hi ? ")" : "]");
@@ -153,17 +148,19 @@ void set_action(CLI::App* sub, std::function<int()> action) { actions()[sub] = s
 int run_selected(CLI::App& app) {
   for (auto& [sub, action] : actions()) {
     if (!sub->parsed()) continue;
+    // The one line a failed subcommand prints, and its exit code.
+    auto fail = [](const char* prefix, const std::exception& e, int code) {
+      std::fprintf(stderr, "%s%s\n", prefix, e.what());
+      return code;
+    };
     try {
       return action();
     } catch (const UsageError& e) {
-      std::fprintf(stderr, "error: %s\n", e.what());
-      return 2;
+      return fail("error: ", e, 2);
     } catch (const InputError& e) {
-      std::fprintf(stderr, "error: %s\n", e.what());
-      return 2;
+      return fail("error: ", e, 2);
     } catch (const std::invalid_argument& e) {
-      std::fprintf(stderr, "error: %s\n", e.what());
-      return 2;
+      return fail("error: ", e, 2);
     } catch (const std::bad_alloc&) {
       // What is allocated at this size is what the flags and the model ask
       // for (issue 15 items 5, 8): say which knobs set it.
@@ -176,11 +173,9 @@ int run_selected(CLI::App& app) {
     } catch (const RankFailure& e) {
       // The tensor-parallel watchdog: a peer process gone or silent past
       // --collective-timeout. One line; every rank exits 1 (docs/tp.md).
-      std::fprintf(stderr, "fp8kv: %s\n", e.what());
-      return 1;
+      return fail("fp8kv: ", e, 1);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "internal error: %s\n", e.what());
-      return 1;
+      return fail("internal error: ", e, 1);
     }
   }
   std::fprintf(stderr, "error: no subcommand given (see --help)\n");

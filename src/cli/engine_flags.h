@@ -226,4 +226,17 @@ struct EngineFlags {
   }
 };
 
+// A subcommand on one checkpoint whose arguments (Args: .model, .engine)
+// live for the program: MODEL_DIR first, then the command's own options
+// (add_own(sub, args)), then the engine flags; run(args) is its action.
+template <class Args, class Run, class AddOwn>
+void add_model_command(CLI::App& app, const char* name, const char* about, Run run, AddOwn&& add_own) {
+  static Args args;
+  auto* sub = app.add_subcommand(name, about);
+  sub->add_option("MODEL_DIR", args.model, "Checkpoint directory")->required();
+  add_own(sub, args);
+  args.engine.add(sub);
+  set_action(sub, [run] { return run(args); });
+}
+
 }  // namespace fp8kv::cli

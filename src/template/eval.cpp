@@ -492,11 +492,12 @@ class Evaluator {
       if (as_double(b) == 0.0) fail(e, "division by zero");
       return Value::number(as_double(a) / as_double(b));
     }
+    if (op == "+" || op == "-" || op == "*") {  // in int64 or in double, as Python
+      auto apply = [&](auto x, auto y) { return op == "+" ? x + y : op == "-" ? x - y : x * y; };
+      return ints ? Value::integer(apply(as_int(a), as_int(b))) : Value::number(apply(as_double(a), as_double(b)));
+    }
     if (ints) {
       int64_t x = as_int(a), y = as_int(b);
-      if (op == "+") return Value::integer(x + y);
-      if (op == "-") return Value::integer(x - y);
-      if (op == "*") return Value::integer(x * y);
       if (op == "//" || op == "%") {
         if (y == 0) fail(e, "integer division or modulo by zero");
         int64_t q = x / y, r = x % y;
@@ -514,9 +515,6 @@ class Evaluator {
       }
     } else {
       double x = as_double(a), y = as_double(b);
-      if (op == "+") return Value::number(x + y);
-      if (op == "-") return Value::number(x - y);
-      if (op == "*") return Value::number(x * y);
       if (op == "//" || op == "%") {
         if (y == 0.0) fail(e, "float division or modulo by zero");
         double m = std::fmod(x, y);

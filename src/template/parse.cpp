@@ -382,10 +382,7 @@ struct Parser {
     } else if (n == "for") {
       Node node{Node::K::For, tag.line, tag.col};
       node.targets.push_back(expect_name());
-      while (is_op(",")) {
-        ++p;
-        node.targets.push_back(expect_name());
-      }
+      more_names(node.targets);
       if (!is_name("in")) fail(cur(), fmt::format("expected 'in', got {}", describe(cur())));
       ++p;
       node.expr = parse_or_expr(/*no_cond=*/true);
@@ -412,10 +409,7 @@ struct Parser {
         ++p;
         node.attr = expect_name();
       } else {
-        while (is_op(",")) {
-          ++p;
-          node.targets.push_back(expect_name());
-        }
+        more_names(node.targets);
       }
       if (cur().t == T::BlockEnd) {
         if (node.targets.size() != 1 || !node.attr.empty()) fail(cur(), "a block set assigns one name");
@@ -492,28 +486,53 @@ struct Parser {
     return e;
   }
 
-  ExprP parse_or() {
-    ExprP e = parse_and();
-    while (is_name("or")) {
-      auto n = node(Expr::K::Or, cur());
+  // A node of kind k at n named `name` over e (a method call, an attribute, a filter).
+  ExprP named(Expr::K k, const Token& n, const std::string& name, ExprP e) {
+    auto x = node(k, n);
+    x->name = name;
+    x->a = std::move(e);
+    return x;
+  }
+  [[noreturn]] void unsupported(const Token& n, const char* what, const std::string& name) const {
+    fail(n, fmt::format("unsupported {} '{}' (outside the chat-template subset, docs/chat_templates.md)", what, name));
+  }
+
+  // ", NAME" repeated: the further targets of a for or set tag.
+  void more_names(std::vector<std::string>& names) {
+    while (is_op(",")) {
+      ++p;
+      names.push_back(expect_name());
+    }
+  }
+
+  // The comma-separated items of a [...] or {...} literal up to `close` (a
+  // trailing comma allowed), each parsed by item(); consumes close.
+  template <class F>
+  void comma_items(const char* close, F&& item) {
+    bool first = true;
+    while (!is_op(close)) {
+      if (!first) expect_op(",");
+      if (is_op(close)) break;
+      item();
+      first = false;
+    }
+    ++p;
+  }
+
+  // A left-associative chain of the keyword `word` (or, and) over next's operands.
+  ExprP word_loop(ExprP (Parser::*next)(), const char* word, Expr::K k) {
+    ExprP e = (this->*next)();
+    while (is_name(word)) {
+      auto n = node(k, cur());
       ++p;
       n->a = std::move(e);
-      n->b = parse_and();
+      n->b = (this->*next)();
       e = std::move(n);
     }
     return e;
   }
-  ExprP parse_and() {
-    ExprP e = parse_not();
-    while (is_name("and")) {
-      auto n = node(Expr::K::And, cur());
-      ++p;
-      n->a = std::move(e);
-      n->b = parse_not();
-      e = std::move(n);
-    }
-    return e;
-  }
+  ExprP parse_or() { return word_loop(&Parser::parse_and, "or", Expr::K::Or); }
+  ExprP parse_and() { return word_loop(&Parser::parse_not, "and", Expr::K::And); }
   ExprP parse_not() {
     DepthGuard guard(*this);
     if (is_name("not")) {
@@ -665,25 +684,17 @@ struct Parser {
         if (t.v == "[") {
           ++p;
           auto l = node(Expr::K::List, t);
-          while (!is_op("]")) {
-            if (!l->args.empty()) expect_op(",");
-            if (is_op("]")) break;
-            l->args.push_back(parse_expr());
-          }
-          ++p;
+          comma_items("]", [&] { l->args.push_back(parse_expr()); });
           return l;
         }
         if (t.v == "{") {
           ++p;
           auto d = node(Expr::K::Dict, t);
-          while (!is_op("}")) {
-            if (!d->args.empty()) expect_op(",");
-            if (is_op("}")) break;
+          comma_items("}", [&] {
             d->args.push_back(parse_expr());
             expect_op(":");
             d->args.push_back(parse_expr());
-          }
-          ++p;
+          });
           return d;
         }
         break;
@@ -726,20 +737,13 @@ struct Parser {
         }
         std::string name = expect_name();
         if (is_op("(")) {
-          if (!is_known_method(name))
-            fail(n, fmt::format("unsupported method '{}' (outside the chat-template subset, docs/chat_templates.md)",
-                                name));
-          auto c = node(Expr::K::Call, n);
-          c->name = name;
-          c->a = std::move(e);
+          if (!is_known_method(name)) unsupported(n, "method", name);
+          auto c = named(Expr::K::Call, n, name, std::move(e));
           parse_call_args(*c);
           e = std::move(c);
           continue;
         }
-        auto a = node(Expr::K::Attr, n);
-        a->name = name;
-        a->a = std::move(e);
-        e = std::move(a);
+        e = named(Expr::K::Attr, n, name, std::move(e));
       } else if (is_op("[")) {
         ++p;
         ExprP parts[3];
@@ -768,10 +772,7 @@ struct Parser {
         }
       } else if (is_op("(")) {
         if (e->k != Expr::K::Name) fail(t, "only named functions and methods can be called");
-        if (!is_known_function(e->name))
-          fail(*&toks[p - 1],
-               fmt::format("unsupported function '{}' (outside the chat-template subset, docs/chat_templates.md)",
-                           e->name));
+        if (!is_known_function(e->name)) unsupported(toks[p - 1], "function", e->name);
         auto c = node(Expr::K::Call, t);
         c->line = e->line;
         c->col = e->col;
@@ -790,12 +791,8 @@ struct Parser {
         ++p;
         const Token& n = cur();
         std::string name = expect_name();
-        if (!is_known_filter(name))
-          fail(n, fmt::format("unsupported filter '{}' (outside the chat-template subset, docs/chat_templates.md)",
-                              name));
-        auto f = node(Expr::K::Filter, n);
-        f->name = name;
-        f->a = std::move(e);
+        if (!is_known_filter(name)) unsupported(n, "filter", name);
+        auto f = named(Expr::K::Filter, n, name, std::move(e));
         if (is_op("(")) parse_call_args(*f);
         e = std::move(f);
       } else if (is_name("is")) {

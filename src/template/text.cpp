@@ -149,16 +149,9 @@ std::string jinja_title(const std::string& s) {
 }
 
 std::string py_capitalize(const std::string& s) {
-  std::string out;
-  bool first = true;
-  for (size_t i = 0; i < s.size();) {
-    Cp c = decode(s, i);
-    if (c.cp < 0) out += s[i];
-    else append_cp(out, first ? title(c.cp) : lower(c.cp));
-    first = false;
-    i += c.len;
-  }
-  return out;
+  if (s.empty()) return s;
+  const size_t n = decode(s, 0).len;  // the first code point (or invalid byte)
+  return map_cps(s.substr(0, n), title) + map_cps(s.substr(n), lower);
 }
 
 std::vector<std::string> py_split(const std::string& s, const std::optional<std::string>& sep, int64_t maxsplit,

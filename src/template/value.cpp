@@ -23,52 +23,14 @@ void ValueMap::set(const std::string& key, Value v) {
   items.emplace_back(key, std::move(v));
 }
 
-Value Value::undefined(std::string name) {
-  Value v;
-  v.s = std::make_shared<const std::string>(std::move(name));
-  return v;
-}
-Value Value::none() {
-  Value v;
-  v.kind = Kind::None;
-  return v;
-}
-Value Value::boolean(bool b) {
-  Value v;
-  v.kind = Kind::Bool;
-  v.b = b;
-  return v;
-}
-Value Value::integer(int64_t i) {
-  Value v;
-  v.kind = Kind::Int;
-  v.i = i;
-  return v;
-}
-Value Value::number(double f) {
-  Value v;
-  v.kind = Kind::Float;
-  v.f = f;
-  return v;
-}
-Value Value::string(std::string s) {
-  Value v;
-  v.kind = Kind::String;
-  v.s = std::make_shared<const std::string>(std::move(s));
-  return v;
-}
-Value Value::make_list(ValueList l) {
-  Value v;
-  v.kind = Kind::List;
-  v.list = std::make_shared<const ValueList>(std::move(l));
-  return v;
-}
-Value Value::make_map(ValueMap m) {
-  Value v;
-  v.kind = Kind::Map;
-  v.map = std::make_shared<ValueMap>(std::move(m));
-  return v;
-}
+Value Value::undefined(std::string name) { return {.s = std::make_shared<const std::string>(std::move(name))}; }
+Value Value::none() { return {.kind = Kind::None}; }
+Value Value::boolean(bool b) { return {.kind = Kind::Bool, .b = b}; }
+Value Value::integer(int64_t i) { return {.kind = Kind::Int, .i = i}; }
+Value Value::number(double f) { return {.kind = Kind::Float, .f = f}; }
+Value Value::string(std::string s) { return {.kind = Kind::String, .s = std::make_shared<const std::string>(std::move(s))}; }
+Value Value::make_list(ValueList l) { return {.kind = Kind::List, .list = std::make_shared<const ValueList>(std::move(l))}; }
+Value Value::make_map(ValueMap m) { return {.kind = Kind::Map, .map = std::make_shared<ValueMap>(std::move(m))}; }
 
 Value Value::from_json(const nlohmann::ordered_json& j) {
   using T = nlohmann::ordered_json::value_t;

@@ -97,21 +97,14 @@ std::vector<Span> apply_behavior(const std::vector<std::pair<Span, bool>>& match
     case SplitBehavior::Removed:
       splits = matches;
       break;
-    case SplitBehavior::Contiguous: {
-      bool prev = false;
-      for (auto& [sp, m] : matches) {
-        if (m == prev && !splits.empty())
-          splits.back().first.second = sp.second;
-        else
-          splits.push_back({sp, false});
-        prev = m;
-      }
-      break;
-    }
+    case SplitBehavior::Contiguous:
     case SplitBehavior::MergedWithPrevious: {
+      // A span joins the one before it: Contiguous, when both are matches or
+      // both are not; MergedWithPrevious, when it is a match after a non-match.
+      const bool contiguous = b == SplitBehavior::Contiguous;
       bool prev = false;
       for (auto& [sp, m] : matches) {
-        if (m && !prev && !splits.empty())
+        if ((contiguous ? m == prev : m && !prev) && !splits.empty())
           splits.back().first.second = sp.second;
         else
           splits.push_back({sp, false});

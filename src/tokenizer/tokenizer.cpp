@@ -439,38 +439,10 @@ class TokenizerSax {
                          static_cast<uint32_t>(s.size() - sp - 1)});
     return true;
   }
-  bool start_object(std::size_t n) {
-    if (cap_) return cap_open();
-    if (depth_ == 2 && in_model_ && key2_ == "vocab" && !v_.has_vocab) {
-      cap_ = Vocab;
-      v_.has_vocab = true;
-      ++depth_;
-      return dom_.null();
-    }
-    ++depth_;
-    return dom_.start_object(n);
-  }
-  bool end_object() {
-    if (cap_) return cap_close();
-    --depth_;
-    return dom_.end_object();
-  }
-  bool start_array(std::size_t n) {
-    if (cap_) return cap_open();
-    if (depth_ == 2 && in_model_ && key2_ == "merges" && !v_.has_merges) {
-      cap_ = Merges;
-      v_.has_merges = true;
-      ++depth_;
-      return dom_.null();
-    }
-    ++depth_;
-    return dom_.start_array(n);
-  }
-  bool end_array() {
-    if (cap_) return cap_close();
-    --depth_;
-    return dom_.end_array();
-  }
+  bool start_object(std::size_t n) { return open("vocab", Vocab, v_.has_vocab, [&] { return dom_.start_object(n); }); }
+  bool end_object() { return close([&] { return dom_.end_object(); }); }
+  bool start_array(std::size_t n) { return open("merges", Merges, v_.has_merges, [&] { return dom_.start_array(n); }); }
+  bool end_array() { return close([&] { return dom_.end_array(); }); }
   bool key(std::string& k) {
     if (cap_) {
       if (!skip_) key_ = {v_.add(k), static_cast<uint32_t>(k.size())};
@@ -486,6 +458,26 @@ class TokenizerSax {
 
  private:
   enum Cap { None, Vocab, Merges };
+  // A container starts: model.<key> (once: seen) is captured as `cap`, a
+  // null in the DOM; any other goes to the DOM (dom_start).
+  template <class F>
+  bool open(const char* key, Cap cap, bool& seen, F&& dom_start) {
+    if (cap_) return cap_open();
+    if (depth_ == 2 && in_model_ && key2_ == key && !seen) {
+      cap_ = cap;
+      seen = true;
+      ++depth_;
+      return dom_.null();
+    }
+    ++depth_;
+    return dom_start();
+  }
+  template <class F>
+  bool close(F&& dom_end) {
+    if (cap_) return cap_close();
+    --depth_;
+    return dom_end();
+  }
   // A scalar inside the captured container (ok: a valid vocab id).
   bool cap_scalar(bool ok) {
     if (skip_) return true;

@@ -123,17 +123,29 @@ float input_value(int r, size_t i, uint64_t tag) {
   return std::ldexp(m, static_cast<int>((h >> 32) % 7) - 3);
 }
 
+// Element i of b, an f32 or bf16 (rounded from v) array.
+void put_value(Bytes& b, size_t i, ScalarType dt, float v) {
+  if (dt == ScalarType::f32) {
+    std::memcpy(b.data() + 4 * i, &v, 4);
+  } else {
+    const uint16_t h = f32_to_bf16(v);
+    std::memcpy(b.data() + 2 * i, &h, 2);
+  }
+}
+float get_value(const Bytes& b, size_t i, ScalarType dt) {
+  if (dt == ScalarType::f32) {
+    float x;
+    std::memcpy(&x, b.data() + 4 * i, 4);
+    return x;
+  }
+  uint16_t h;
+  std::memcpy(&h, b.data() + 2 * i, 2);
+  return bf16_to_f32(h);
+}
+
 Bytes make_input(int r, size_t count, ScalarType dt, uint64_t tag) {
   Bytes b(count * scalar_type_bytes(dt));
-  for (size_t i = 0; i < count; ++i) {
-    const float v = input_value(r, i, tag);
-    if (dt == ScalarType::f32) {
-      std::memcpy(b.data() + 4 * i, &v, 4);
-    } else {
-      const uint16_t h = f32_to_bf16(v);
-      std::memcpy(b.data() + 2 * i, &h, 2);
-    }
-  }
+  for (size_t i = 0; i < count; ++i) put_value(b, i, dt, input_value(r, i, tag));
   return b;
 }
 
@@ -145,22 +157,10 @@ Bytes reference(int world, size_t count, ScalarType dt, uint64_t tag) {
   for (size_t i = 0; i < count; ++i) {
     float acc = 0;
     for (int r = 0; r < world; ++r) {
-      float x;
-      if (dt == ScalarType::f32) {
-        std::memcpy(&x, in[static_cast<size_t>(r)].data() + 4 * i, 4);
-      } else {
-        uint16_t h;
-        std::memcpy(&h, in[static_cast<size_t>(r)].data() + 2 * i, 2);
-        x = bf16_to_f32(h);
-      }
+      const float x = get_value(in[static_cast<size_t>(r)], i, dt);
       acc = r == 0 ? x : acc + x;
     }
-    if (dt == ScalarType::f32) {
-      std::memcpy(out.data() + 4 * i, &acc, 4);
-    } else {
-      const uint16_t h = f32_to_bf16(acc);
-      std::memcpy(out.data() + 2 * i, &h, 2);
-    }
+    put_value(out, i, dt, acc);
   }
   return out;
 }

@@ -517,6 +517,21 @@ struct PrefillCase {
   float softcap;
 };
 
+// The prefill arguments of scenario s's batch: nq[b] queries of H heads for
+// sequence b, starting at row dqs[b] of dq; the output into dout.
+cuda::PrefillArgs prefill_args(const Scenario& s, int H, const std::vector<int>& nq, const DevBuf& dqs,
+                               const DevBuf& dq, const DevBuf& dout) {
+  cuda::PrefillArgs a;
+  a.kv = s.paged();
+  a.batch = s.batch();
+  a.num_heads = H;
+  a.max_query_len = *std::max_element(nq.begin(), nq.end());
+  a.q_start = dqs.as<int32_t>();
+  a.q = dq.get();
+  a.out = dout.get();
+  return a;
+}
+
 // lengths: (context, query count) pairs; empty: the default mix.
 // check_single: each sequence launched alone gives bitwise its rows of the
 // batched launch.
@@ -545,17 +560,10 @@ double run_prefill_case(std::mt19937_64& rng, const PrefillCase& c, const std::v
   const float sm = 1.0f / std::sqrt(static_cast<float>(D));
   DevBuf dq(q), dqs(qs), dout(q.size() * sizeof(float));
   dout.fill(0xff);
-  cuda::PrefillArgs a;
-  a.kv = s.paged();
-  a.batch = B;
-  a.num_heads = H;
-  a.max_query_len = *std::max_element(nq.begin(), nq.end());
+  cuda::PrefillArgs a = prefill_args(s, H, nq, dqs, dq, dout);
   a.window = c.window;
   a.softmax_scale = sm;
   a.logit_softcap = c.softcap;
-  a.q_start = dqs.as<int32_t>();
-  a.q = dq.get();
-  a.out = dout.get();
   cuda::paged_prefill(a, nullptr);
   const auto out = dout.download<float>();
   if (check_single) {
@@ -777,16 +785,9 @@ TEST(CudaPrefill, Bf16ActivationsEqualRoundedF32) {
     DevBuf dq(q), dqb(qb), dqs(qs), dout(q.size() * sizeof(float)), doutb(q.size() * 2);
     dout.fill(0xff);
     doutb.fill(0xff);
-    cuda::PrefillArgs a;
-    a.kv = s.paged();
-    a.batch = B;
-    a.num_heads = H;
-    a.max_query_len = *std::max_element(nq.begin(), nq.end());
+    cuda::PrefillArgs a = prefill_args(s, H, nq, dqs, dq, dout);
     a.window = dt == KvDtype::fp8_e5m2 ? 100 : 0;
     a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(D));
-    a.q_start = dqs.as<int32_t>();
-    a.q = dq.get();
-    a.out = dout.get();
     cuda::paged_prefill(a, nullptr);
     a.q = dqb.get();
     a.q_dtype = cuda::ActDtype::bf16;

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
@@ -74,6 +75,19 @@ inline ModelConfig small_qwen3_config() {
                       {"layer_types", {"sliding_attention", "full_attention", "sliding_attention"}},
                       {"eos_token_id", 2}};
   return parse_model_config(j, "small qwen3 test config");
+}
+
+// Random token sequences of the given lengths (ids 3 .. vocab_size - 1, one
+// generator seeded with test_seed() drawn in order).
+inline std::vector<std::vector<int>> random_token_seqs(const ModelConfig& cfg, std::initializer_list<int> lens) {
+  std::mt19937_64 rng(test_seed());
+  std::uniform_int_distribution<int> tok(3, cfg.vocab_size - 1);
+  std::vector<std::vector<int>> seqs;
+  for (int n : lens) {
+    seqs.emplace_back();
+    for (int t = 0; t < n; ++t) seqs.back().push_back(tok(rng));
+  }
+  return seqs;
 }
 
 }  // namespace fp8kv::cudaops_test

@@ -23,12 +23,7 @@ TEST(CudaEngine, ScoreMatchesCpuEngine) {
   FP8KV_NEED_GPU();
   const ModelConfig cfg = small_qwen3_config();
   auto w = ModelWeights::random(cfg, 77, 0.08f, /*bf16=*/true);
-  std::mt19937_64 rng(test_seed());
-  std::uniform_int_distribution<int> tok(3, cfg.vocab_size - 1);
-  std::vector<std::vector<int>> seqs(3);
-  const int lens[] = {150, 97, 33};  // cross the 40-token window and 16-token pages
-  for (int i = 0; i < 3; ++i)
-    for (int t = 0; t < lens[i]; ++t) seqs[i].push_back(tok(rng));
+  const auto seqs = random_token_seqs(cfg, {150, 97, 33});  // cross the 40-token window and 16-token pages
   // res[backend][dtype]: backend 0 = cpu, 1 = cuda; dtype 0 = bf16, 1 = fp8_e4m3.
   std::vector<ScoreResult> res[2][2];
   for (int be = 0; be < 2; ++be)
@@ -76,11 +71,7 @@ TEST(CudaEngine, KvClipCountsMatchCpuEngine) {
   FP8KV_NEED_GPU();
   const ModelConfig cfg = small_qwen3_config();
   auto w = ModelWeights::random(cfg, 79, 0.08f, /*bf16=*/true);
-  std::mt19937_64 rng(test_seed());
-  std::uniform_int_distribution<int> tok(3, cfg.vocab_size - 1);
-  std::vector<std::vector<int>> seqs(2);
-  for (int i = 0; i < 2; ++i)
-    for (int t = 0; t < 90 - 30 * i; ++t) seqs[i].push_back(tok(rng));
+  const auto seqs = random_token_seqs(cfg, {90, 60});
   std::vector<KvClipCounts> c[2];
   for (int be = 0; be < 2; ++be) {
     EngineOptions o;

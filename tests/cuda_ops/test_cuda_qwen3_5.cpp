@@ -65,14 +65,7 @@ EngineOptions options(const std::string& backend, bool eager = false) {
 // teacher-forced positions: what bf16 arithmetic moves a logprob on this
 // model (0 when the golden has no "bf16_compute" variant).
 double bf16_gap(const json& g) {
-  if (!g["variants"].contains("bf16_compute")) return 0.0;
-  double sum = 0;
-  int n = 0;
-  for (size_t s = 0; s < g["sequences"].size(); ++s)
-    for (size_t p = 1; p < g["sequences"][s].size(); ++p, ++n)
-      sum += std::fabs(g["variants"]["bf16_compute"][s]["logprobs"][p].get<double>() -
-                       g["variants"]["fp32"][s]["logprobs"][p].get<double>());
-  return n ? sum / n : 0.0;
+  return g["variants"].contains("bf16_compute") ? testing::variant_gap(g, "bf16_compute", "fp32") : 0.0;
 }
 
 class CudaQwen3_5 : public ::testing::TestWithParam<std::string> {};

@@ -11,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "../common/rope_params.h"
 #include "backend/cpu/ops.h"
 #include "backend/cuda/attention/attention.h"
 #include "cuda_ops_util.h"
@@ -530,18 +531,8 @@ TEST(CudaOps, QkvPrepMatchesCpuForEveryRopeType) {
   RopeParams lin = def;
   lin.type = "linear";
   lin.factor = 4.0;
-  RopeParams l3;
-  l3.type = "llama3";
-  l3.theta = 500000.0;
-  l3.factor = 8.0;
-  l3.low_freq_factor = 1.0;
-  l3.high_freq_factor = 4.0;
-  l3.original_max_position_embeddings = 1024;
-  RopeParams yarn;
-  yarn.type = "yarn";
-  yarn.theta = 1000000.0;
-  yarn.factor = 4.0;
-  yarn.original_max_position_embeddings = 2048;
+  RopeParams l3 = test_util::llama3_rope(1024);
+  RopeParams yarn = test_util::yarn_rope(1000000.0, 2048);
   RopeParams dyn = def;
   dyn.type = "dynamic";
   RopeParams partial = def;

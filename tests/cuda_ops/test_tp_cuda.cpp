@@ -53,12 +53,7 @@ TEST(CudaTensorParallel, Tp2ScoreMatchesTp1) {
   FP8KV_NEED_2_GPUS();
   const ModelConfig cfg = small_qwen3_config();
   auto w = ModelWeights::random(cfg, 77, 0.08f, /*bf16=*/true);
-  std::mt19937_64 rng(test_seed());
-  std::uniform_int_distribution<int> tok(3, cfg.vocab_size - 1);
-  std::vector<std::vector<int>> seqs(3);
-  const int lens[] = {150, 97, 33};
-  for (int i = 0; i < 3; ++i)
-    for (int t = 0; t < lens[i]; ++t) seqs[i].push_back(tok(rng));
+  const auto seqs = random_token_seqs(cfg, {150, 97, 33});
   for (const char* dtype : {"bf16", "fp8_e4m3"}) {
     ScoreOptions so;
     so.chunk_size = 48;
@@ -160,11 +155,7 @@ TEST(CudaTensorParallel, Fp8BlockWeightsTp2ScoreMatchesTp1) {
   const ModelConfig cfg = parse_model_config(j, "fp8 block TP test config");
   std::shared_ptr<const ModelWeights> w = dummy_weights(cfg, 21, 0.08f);
   ASSERT_TRUE(w->has_fp8());
-  std::mt19937_64 rng(test_seed());
-  std::uniform_int_distribution<int> tok(3, cfg.vocab_size - 1);
-  std::vector<std::vector<int>> seqs(2);
-  for (auto& s : seqs)
-    for (int t = 0; t < 90; ++t) s.push_back(tok(rng));
+  const auto seqs = random_token_seqs(cfg, {90, 90});
   expect_tp2_matches_tp1([&](int tp) { return Engine::create(cfg, w, opts("bf16", tp)); }, seqs, "fp8 block W8A16");
 }
 

@@ -69,6 +69,18 @@ inline std::vector<std::vector<int>> golden_sequences(const nlohmann::json& g) {
   return seqs;
 }
 
+// Mean |logprob(variant a) - logprob(variant b)| over a golden's
+// teacher-forced positions (all but each sequence's first); 0 without any.
+inline double variant_gap(const nlohmann::json& g, const char* a, const char* b) {
+  double sum = 0;
+  int n = 0;
+  for (size_t s = 0; s < g["sequences"].size(); ++s)
+    for (size_t p = 1; p < g["sequences"][s].size(); ++p, ++n)
+      sum += std::fabs(g["variants"][a][s]["logprobs"][p].get<double>() -
+                       g["variants"][b][s]["logprobs"][p].get<double>());
+  return n ? sum / n : 0.0;
+}
+
 struct GoldenOutcome {
   double mean_abs_vs_variant = 0.0;  // mean |lp - golden(variant)| over all scored positions
   double mean_abs_vs_fp32 = 0.0;     // mean |lp - golden(fp32)|

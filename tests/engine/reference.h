@@ -6,6 +6,7 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -314,6 +315,27 @@ inline KvScales per_head_kv_scales(const ModelConfig& c) {
     }
   }
   return s;
+}
+
+// The engine tests' small paged setup: blocks of 4 tokens, max_model_len 96.
+inline EngineOptions small_engine_options(const std::string& dtype, uint64_t kv_memory_bytes,
+                                          int max_num_batched_tokens) {
+  EngineOptions o;
+  o.kv_cache_dtype = dtype;
+  o.block_size = 4;
+  o.max_model_len = 96;
+  o.kv_memory_bytes = kv_memory_bytes;
+  o.max_num_batched_tokens = max_num_batched_tokens;
+  return o;
+}
+
+// The logits rows of scoring toks (chunk: ScoreOptions::chunk_size).
+inline std::vector<std::vector<float>> logits_of(Engine& e, const std::vector<int>& toks, int chunk) {
+  std::vector<std::vector<float>> rows;
+  ScoreOptions o;
+  o.chunk_size = chunk;
+  e.score(toks, o, [&](int, std::span<const float> l) { rows.emplace_back(l.begin(), l.end()); });
+  return rows;
 }
 
 // Engine::create, and per_head_kv_scales for an fp8 cache.

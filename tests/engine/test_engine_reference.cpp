@@ -15,6 +15,7 @@ namespace fp8kv {
 namespace {
 
 using testing::reference_logits;
+using testing::logits_of;
 using testing::tiny_config;
 
 std::vector<int> random_tokens(int n, int vocab, uint64_t seed) {
@@ -139,14 +140,6 @@ std::vector<int> toks_for(const ModelConfig& c, int n, uint64_t seed) {
   return t;
 }
 
-std::vector<std::vector<float>> logits_of(Engine& e, const std::vector<int>& toks, int chunk) {
-  std::vector<std::vector<float>> rows;
-  ScoreOptions o;
-  o.chunk_size = chunk;
-  e.score(toks, o, [&](int, std::span<const float> l) { rows.emplace_back(l.begin(), l.end()); });
-  return rows;
-}
-
 double max_abs_diff(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
   EXPECT_EQ(a.size(), b.size());
   double m = 0.0;
@@ -155,15 +148,7 @@ double max_abs_diff(const std::vector<std::vector<float>>& a, const std::vector<
   return m;
 }
 
-EngineOptions opts2(const std::string& dtype) {
-  EngineOptions o;
-  o.kv_cache_dtype = dtype;
-  o.block_size = 4;
-  o.max_model_len = 96;
-  o.kv_memory_bytes = 4u << 20;
-  o.max_num_batched_tokens = 64;
-  return o;
-}
+EngineOptions opts2(const std::string& dtype) { return testing::small_engine_options(dtype, 4u << 20, 64); }
 
 class Consistency : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 

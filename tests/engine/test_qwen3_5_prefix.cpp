@@ -73,6 +73,17 @@ EngineOptions opts(bool caching, int interval = kInterval) {
   return o;
 }
 
+// The plan settings of o's shape (block size, lengths, batch), for sizing
+// o.kv_memory_bytes from kv_memory_needed.
+KvPlanSettings shape_settings(const EngineOptions& o) {
+  KvPlanSettings s;
+  s.block_size = o.block_size;
+  s.max_model_len = o.max_model_len;
+  s.max_num_seqs = o.max_num_seqs;
+  s.max_num_batched_tokens = o.max_num_batched_tokens;
+  return s;
+}
+
 struct Fixture {
   ModelConfig cfg = tiny_qwen3_5();
   std::shared_ptr<const ModelWeights> w = ModelWeights::random(cfg, 42, 0.15f, /*bf16=*/true);
@@ -206,12 +217,7 @@ TEST(Qwen3_5Prefix, SmallSnapshotPoolEvictsAndStaysCorrect) {
   EngineOptions o = opts(true);
   o.max_model_len = 160;
   o.max_num_seqs = 2;
-  KvPlanSettings s;
-  s.block_size = o.block_size;
-  s.max_model_len = o.max_model_len;
-  s.max_num_seqs = o.max_num_seqs;
-  s.max_num_batched_tokens = o.max_num_batched_tokens;
-  o.kv_memory_bytes = kv_memory_needed(f.cfg, s) * 2;
+  o.kv_memory_bytes = kv_memory_needed(f.cfg, shape_settings(o)) * 2;
   EngineOptions o_off = o;
   o_off.enable_prefix_caching = false;
   auto on = f.make(o);
@@ -244,11 +250,7 @@ TEST(Qwen3_5Prefix, PreemptionKeepsSnapshots) {
   Fixture f;
   EngineOptions o = opts(true);
   o.max_model_len = 160;
-  KvPlanSettings s;
-  s.block_size = o.block_size;
-  s.max_model_len = o.max_model_len;
-  s.max_num_seqs = o.max_num_seqs;
-  s.max_num_batched_tokens = o.max_num_batched_tokens;
+  KvPlanSettings s = shape_settings(o);
   s.prefix_caching = true;
   s.state_snapshot_interval = kInterval;
   o.kv_memory_bytes = kv_memory_needed(f.cfg, s) + 16 * 1024;  // about one request: the others wait or are preempted

@@ -40,6 +40,7 @@ using ::testing::HasSubstr;
 namespace {
 
 using testing::tiny_config_json;
+using testing::logits_of;
 
 // ---- the comm timeout (the one reader of FP8KV_COMM_TIMEOUT_S) ----
 
@@ -264,12 +265,7 @@ ModelConfig config_of(const std::string& family) {
 }
 
 EngineOptions tp_opts(const std::string& dtype, int tp) {
-  EngineOptions o;
-  o.kv_cache_dtype = dtype;
-  o.block_size = 4;
-  o.max_model_len = 96;
-  o.kv_memory_bytes = 1u << 20;
-  o.max_num_batched_tokens = 32;
+  EngineOptions o = testing::small_engine_options(dtype, 1u << 20, 32);
   o.tensor_parallel_size = tp;
   return o;
 }
@@ -277,14 +273,6 @@ EngineOptions tp_opts(const std::string& dtype, int tp) {
 std::unique_ptr<Engine> make(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> w, const std::string& dtype,
                              int tp) {
   return testing::create_engine(cfg, std::move(w), tp_opts(dtype, tp));
-}
-
-std::vector<std::vector<float>> logits_of(Engine& e, const std::vector<int>& toks, int chunk) {
-  std::vector<std::vector<float>> rows;
-  ScoreOptions o;
-  o.chunk_size = chunk;
-  e.score(toks, o, [&](int, std::span<const float> l) { rows.emplace_back(l.begin(), l.end()); });
-  return rows;
 }
 
 class TensorParallel : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};

@@ -27,6 +27,7 @@
 #include "engine/tp_shard.h"
 #include "fp8_checkpoint.h"
 #include "hf_golden.h"
+#include "reference.h"
 #include "weights_compare.h"
 #include "io/errors.h"
 #include "io/fs_util.h"
@@ -40,6 +41,7 @@ namespace fp8kv {
 namespace {
 
 using testing::expect_dummy_shards_equal;
+using testing::logits_of;
 using testing::Fp8CheckpointOptions;
 using testing::Fp8Format;
 using testing::write_fp8_checkpoint;
@@ -47,14 +49,6 @@ using testing::write_fp8_checkpoint;
 // ---- shared helpers ----
 
 using Logits = std::vector<std::vector<float>>;
-
-Logits logits_of(Engine& e, const std::vector<int>& toks, int chunk) {
-  Logits rows;
-  ScoreOptions o;
-  o.chunk_size = chunk;
-  e.score(toks, o, [&](int, std::span<const float> l) { rows.emplace_back(l.begin(), l.end()); });
-  return rows;
-}
 
 struct Diff {
   double max_abs = 0.0;

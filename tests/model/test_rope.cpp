@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "../common/rope_params.h"
 #include "model/rope.h"
 
 namespace fp8kv {
@@ -34,13 +35,7 @@ TEST(Rope, DefaultAndLinear) {
 }
 
 TEST(Rope, Llama3) {
-  RopeParams p;
-  p.type = "llama3";
-  p.theta = 500000.0;
-  p.factor = 8.0;
-  p.low_freq_factor = 1.0;
-  p.high_freq_factor = 4.0;
-  p.original_max_position_embeddings = 8192;
+  const RopeParams p = test_util::llama3_rope(8192);
   auto f = base_freq(500000.0, 128);
   const double lw = 8192 / 1.0, hw = 8192 / 4.0;
   for (auto& x : f) {
@@ -56,11 +51,7 @@ TEST(Rope, Llama3) {
 }
 
 TEST(Rope, YarnRampAndAttentionFactor) {
-  RopeParams p;
-  p.type = "yarn";
-  p.theta = 10000.0;
-  p.factor = 4.0;
-  p.original_max_position_embeddings = 64;
+  const RopeParams p = test_util::yarn_rope(10000.0, 64);
   const int dim = 16;
   RopeTable t(p, dim, 256);
   EXPECT_NEAR(t.attention_factor(), 0.1 * std::log(4.0) + 1.0, 1e-6);

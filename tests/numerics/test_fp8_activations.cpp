@@ -4,8 +4,8 @@
 // round_activations_e4m3 (the values the CPU linear computes with).
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -17,11 +17,7 @@ using namespace fp8kv;
 
 namespace {
 
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
+uint32_t bits(float f) { return std::bit_cast<uint32_t>(f); }
 
 // Rows with the awkward cases: zeros (and -0), a NaN among normal values, a
 // huge value (every other element of its group flushes to small codes),

@@ -3,9 +3,9 @@
 // reciprocal (the quantizer divides by the scale).
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 
 #include "numerics/scale_check.h"
@@ -13,11 +13,7 @@
 using namespace fp8kv;
 
 namespace {
-float from_bits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+float from_bits(uint32_t u) { return std::bit_cast<float>(u); }
 bool refused_with(float x, const char* needle) {
   const auto e = scale_value_error(x);
   return e && e->find(needle) != std::string::npos;

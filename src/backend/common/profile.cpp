@@ -1,11 +1,11 @@
 #include "backend/common/profile.h"
 
-#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <optional>
 #include <string>
 
+#include "backend/common/list_items.h"
 #include "io/errors.h"
 
 namespace fp8kv {
@@ -37,12 +37,7 @@ ProfileConfig parse_profile_config(std::string_view spec) {
     c.step = c.prefill = c.startup = true;
     return c;
   }
-  size_t i = 0;
-  while (i <= spec.size()) {
-    const size_t j = std::min(spec.find(',', i), spec.size());
-    const std::string_view item = spec.substr(i, j - i);
-    i = j + 1;
-    if (item.empty()) continue;
+  for_each_list_item(spec, [&](std::string_view item) {
     const size_t eq = item.find('=');
     const std::string_view key = item.substr(0, eq);
     const bool has_value = eq != std::string_view::npos;
@@ -59,7 +54,7 @@ ProfileConfig parse_profile_config(std::string_view spec) {
       throw InputError("FP8KV_PROFILE='" + std::string(spec) + "': unknown part '" + std::string(item) +
                        "' (1, all, or a comma list of step[=N], prefill[=ROWS], startup)");
     }
-  }
+  });
   return c;
 }
 

@@ -107,26 +107,14 @@ BackendWeights CpuBackend::upload_weights(std::shared_ptr<const ModelWeights> w)
   b.layers.reserve(w->layers.size());
   for (const LayerWeights& L : w->layers) {
     BackendLayerWeights o;
-    o.input_norm = vector_tensor(L.input_norm);
+    bind_layer_vectors(L, o, vector_tensor);
     o.q_proj = matrix_tensor(L.q_proj, fc);
     o.k_proj = matrix_tensor(L.k_proj, fc);
     o.v_proj = matrix_tensor(L.v_proj, fc);
     o.o_proj = matrix_tensor(L.o_proj, fc);
-    o.q_bias = vector_tensor(L.q_bias);
-    o.k_bias = vector_tensor(L.k_bias);
-    o.v_bias = vector_tensor(L.v_bias);
-    o.o_bias = vector_tensor(L.o_bias);
-    o.q_norm = vector_tensor(L.q_norm);
-    o.k_norm = vector_tensor(L.k_norm);
-    o.post_attention_norm = vector_tensor(L.post_attention_norm);
-    o.pre_ffn_norm = vector_tensor(L.pre_ffn_norm);
-    o.post_ffn_norm = vector_tensor(L.post_ffn_norm);
     o.gate_proj = matrix_tensor(L.gate_proj, fc);
     o.up_proj = matrix_tensor(L.up_proj, fc);
     o.down_proj = matrix_tensor(L.down_proj, fc);
-    o.gate_bias = vector_tensor(L.gate_bias);
-    o.up_bias = vector_tensor(L.up_bias);
-    o.down_bias = vector_tensor(L.down_bias);
     bind_linear_attention_weights(L, o);
     b.layers.push_back(o);
   }

@@ -20,7 +20,7 @@ using cpu_op::f32;
 using cpu_op::shape;
 
 void expect_shape(const char* op, const char* name, const Tensor& t, int64_t rows, int64_t cols) {
-  if (t.rows != rows || t.cols != cols) bad(op, fmt::format("{} is {}, expected [{}][{}]", name, shape(t), rows, cols));
+  op_checks::expect_shape("CpuBackend", op, name, t, rows, cols);
 }
 
 Tensor view(const WeightMatrix& m, const char* name) {
@@ -53,24 +53,12 @@ void bind_linear_attention_weights(const LayerWeights& L, BackendLayerWeights& o
 void CpuBackend::allocate_state(const StatePlan& plan) {
   state_index_ = op_checks::f32_state_layer_index(plan, cfg_.num_layers, "the CPU backend");
   state_ = plan;
-  conv_state_.clear();
-  ssm_state_.clear();
-  for (size_t i = 0; i < plan.layers.size(); ++i) {
-    conv_state_.push_back(alloc(plan.total_slots() * plan.conv_bytes_per_layer()));  // zero-filled
-    ssm_state_.push_back(alloc(plan.total_slots() * plan.ssm_bytes_per_layer()));
-  }
+  op_checks::allocate_state_rows(plan, conv_state_, ssm_state_, [&](size_t n) { return alloc(n); });  // zero-filled
 }
 
 void CpuBackend::copy_state_slot(int src, int dst) {
-  op_checks::check_state_slots(state_, src, dst, "CpuBackend");
-  if (src == dst) return;
-  const uint64_t cb = state_.conv_bytes_per_layer(), sb = state_.ssm_bytes_per_layer();
-  for (size_t i = 0; i < conv_state_.size(); ++i) {
-    char* c = static_cast<char*>(conv_state_[i].data());
-    char* r = static_cast<char*>(ssm_state_[i].data());
-    std::memcpy(c + dst * cb, c + src * cb, cb);
-    std::memcpy(r + dst * sb, r + src * sb, sb);
-  }
+  op_checks::copy_state_slot_rows(state_, conv_state_, ssm_state_, src, dst, "CpuBackend",
+                                  [](char* to, const char* from, uint64_t n) { std::memcpy(to, from, n); });
 }
 
 void CpuBackend::split_q_gate(const Tensor& qg, int D, Tensor& q, Tensor& gate) {
@@ -90,17 +78,10 @@ void CpuBackend::mul_sigmoid(Tensor& x, const Tensor& gate) {
 void CpuBackend::gated_delta_net(const StepBatch& b, int layer, const BackendLayerWeights& w, const Tensor& qkv,
                                  const Tensor& z, const Tensor& bt, const Tensor& at, float eps, Tensor& out) {
   const char* op = "gated_delta_net";
-  if (layer < 0 || layer >= static_cast<int>(state_index_.size()) || state_index_[layer] < 0)
-    bad(op, fmt::format("layer {} has no state (not a linear_attention layer, or allocate_kv not called)", layer));
-  const int li = state_index_[layer];
+  const int li = op_checks::gdn_state_layer("CpuBackend", state_index_, layer);
   const GdnShape s{state_.num_k_heads, state_.num_v_heads, state_.k_head_dim, state_.v_head_dim, state_.conv_width + 1};
   const int64_t T = b.num_tokens, C = s.conv_dim(), Hv = s.num_v_heads, VD = s.value_dim();
-  expect_shape(op, "qkv", qkv, T, C);
-  expect_shape(op, "z", z, T, VD);
-  expect_shape(op, "b", bt, T, Hv);
-  expect_shape(op, "a", at, T, Hv);
-  expect_shape(op, "out", out, T, VD);
-  expect_shape(op, "conv1d", w.conv1d, C, s.conv_kernel);
+  op_checks::check_gdn_shapes("CpuBackend", T, C, Hv, VD, s.conv_kernel, qkv, z, bt, at, out, w.conv1d);
   if (static_cast<int>(b.state_slots.size()) != b.num_seqs)
     bad(op, fmt::format("the step has {} state slots for {} sequences", b.state_slots.size(), b.num_seqs));
   const ConvStateType ct = state_.conv_dtype == StateDtype::bf16 ? ConvStateType::bf16 : ConvStateType::f32;

@@ -301,4 +301,16 @@ inline void fill_paged_params(PagedKvParams& p, const Args& a) {
   p.softcap = a.logit_softcap;
 }
 
+// The prefill kernels' parameters (P: the per-token-head ones, which the
+// others' kernels read as their base): the shared fields, the per-token-head
+// scales, the query starts and the tiles of q_tile queries.
+template <class P, class Args>
+inline void fill_prefill_params(P& p, const Args& a, int q_tile) {
+  fill_paged_params(p, a);
+  p.k_scale_pth = a.kv.k_scale_pth;
+  p.v_scale_pth = a.kv.v_scale_pth;
+  p.q_start = a.q_start;
+  p.num_q_tiles = (a.max_query_len + q_tile - 1) / q_tile;
+}
+
 }  // namespace fp8kv::cuda::detail

@@ -20,40 +20,30 @@ using namespace cuda_checks;
 
 namespace {
 void expect_shape(const char* op, const char* name, const Tensor& t, int64_t rows, int64_t cols) {
-  if (t.rows != rows || t.cols != cols) bad(op, fmt::format("{} is {}, expected [{}][{}]", name, shape(t), rows, cols));
+  op_checks::expect_shape("CudaBackend", op, name, t, rows, cols);
 }
 }  // namespace
 
 void CudaBackend::allocate_state(const StatePlan& plan) {
   state_index_ = op_checks::f32_state_layer_index(plan, cfg_.num_layers, "the CUDA backend");
   state_ = plan;
-  conv_state_.clear();
-  ssm_state_.clear();
-  for (size_t i = 0; i < plan.layers.size(); ++i) {
-    const size_t cb = plan.total_slots() * plan.conv_bytes_per_layer(),
-                 sb = plan.total_slots() * plan.ssm_bytes_per_layer();
-    conv_state_.push_back(alloc(cb));
-    ssm_state_.push_back(alloc(sb));
+  op_checks::allocate_state_rows(plan, conv_state_, ssm_state_, [&](size_t n) {
+    DeviceBuffer b = alloc(n);
     // Zeroed for tidiness only: a sequence's first step (position 0) starts
     // from zero states inside the kernels, whatever the slot held.
-    FP8KV_CU(cudaMemsetAsync(conv_state_.back().data(), 0, cb, stream_));
-    FP8KV_CU(cudaMemsetAsync(ssm_state_.back().data(), 0, sb, stream_));
-  }
+    FP8KV_CU(cudaMemsetAsync(b.data(), 0, n, stream_));
+    return b;
+  });
   FP8KV_CU(cudaStreamSynchronize(stream_));
 }
 
 void CudaBackend::copy_state_slot(int src, int dst) {
-  op_checks::check_state_slots(state_, src, dst, "CudaBackend");
-  if (src == dst) return;
-  const uint64_t cb = state_.conv_bytes_per_layer(), sb = state_.ssm_bytes_per_layer();
   // Device-to-device on the step stream: ordered after the step that wrote
   // the source and before the next one that reads the destination.
-  for (size_t i = 0; i < conv_state_.size(); ++i) {
-    char* c = static_cast<char*>(conv_state_[i].data());
-    char* r = static_cast<char*>(ssm_state_[i].data());
-    FP8KV_CU(cudaMemcpyAsync(c + dst * cb, c + src * cb, cb, cudaMemcpyDeviceToDevice, stream_));
-    FP8KV_CU(cudaMemcpyAsync(r + dst * sb, r + src * sb, sb, cudaMemcpyDeviceToDevice, stream_));
-  }
+  op_checks::copy_state_slot_rows(state_, conv_state_, ssm_state_, src, dst, "CudaBackend",
+                                  [&](char* to, const char* from, uint64_t n) {
+                                    FP8KV_CU(cudaMemcpyAsync(to, from, n, cudaMemcpyDeviceToDevice, stream_));
+                                  });
 }
 
 void CudaBackend::split_q_gate(const Tensor& qg, int D, Tensor& q, Tensor& gate) {
@@ -77,19 +67,12 @@ void CudaBackend::gated_delta_net(const StepBatch& b, int layer, const BackendLa
   const char* op = "gated_delta_net";
   OpScope scope(this, op, "gated_delta_net");
   const StepView& sv = step(op);
-  if (layer < 0 || layer >= static_cast<int>(state_index_.size()) || state_index_[layer] < 0)
-    bad(op, fmt::format("layer {} has no state (not a linear_attention layer, or allocate_kv not called)", layer));
-  const int li = state_index_[layer];
+  const int li = op_checks::gdn_state_layer("CudaBackend", state_index_, layer);
   const cuda::GdnDims d{state_.num_k_heads, state_.num_v_heads, state_.k_head_dim, state_.v_head_dim,
                         state_.conv_width + 1};
   const int64_t T = sv.T, C = d.conv_dim(), Hv = d.num_v_heads, VD = d.value_dim();
   if (b.num_tokens != sv.T || b.num_seqs != sv.S) bad(op, "the batch is not the one of begin_step");
-  expect_shape(op, "qkv", qkv, T, C);
-  expect_shape(op, "z", z, T, VD);
-  expect_shape(op, "b", bt, T, Hv);
-  expect_shape(op, "a", at, T, Hv);
-  expect_shape(op, "out", out, T, VD);
-  expect_shape(op, "conv1d", w.conv1d, C, d.conv_kernel);
+  op_checks::check_gdn_shapes("CudaBackend", T, C, Hv, VD, d.conv_kernel, qkv, z, bt, at, out, w.conv1d);
   if (!sv.state_slots) bad(op, fmt::format("the step has no state slots for its {} sequences", sv.S));
   // Slots are checked on the host (the kernels trust them); -1 marks a
   // padding sequence of a graph bucket.

@@ -403,7 +403,7 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
   };
   for (const LayerWeights& L : w->layers) {
     BackendLayerWeights o;
-    o.input_norm = vec(L.input_norm);
+    bind_layer_vectors(L, o, vec);
     if (!L.in_proj_qkv.data && !L.in_proj_qkv.dummy)  // a linear_attention layer has no attention tensors
       o.qkv_proj = fused({{&L.q_proj, &o.q_proj}, {&L.k_proj, &o.k_proj}, {&L.v_proj, &o.v_proj}});
     o.in_proj_qkv = gdn_mat(L.in_proj_qkv, "in_proj_qkv");
@@ -420,22 +420,10 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
       o.conv1d.cols = static_cast<int64_t>(L.conv1d.size()) / L.in_proj_qkv.rows;
     }
     o.o_proj = mat(L.o_proj);
-    o.q_bias = vec(L.q_bias);
-    o.k_bias = vec(L.k_bias);
-    o.v_bias = vec(L.v_bias);
     o.qkv_bias = fused_bias({{&L.q_bias, L.q_proj.rows}, {&L.k_bias, L.k_proj.rows}, {&L.v_bias, L.v_proj.rows}});
-    o.o_bias = vec(L.o_bias);
-    o.q_norm = vec(L.q_norm);
-    o.k_norm = vec(L.k_norm);
-    o.post_attention_norm = vec(L.post_attention_norm);
-    o.pre_ffn_norm = vec(L.pre_ffn_norm);
-    o.post_ffn_norm = vec(L.post_ffn_norm);
     o.gate_up_proj = fused({{&L.gate_proj, &o.gate_proj}, {&L.up_proj, &o.up_proj}});
     o.down_proj = mat(L.down_proj);
-    o.gate_bias = vec(L.gate_bias);
-    o.up_bias = vec(L.up_bias);
     o.gate_up_bias = fused_bias({{&L.gate_bias, L.gate_proj.rows}, {&L.up_bias, L.up_proj.rows}});
-    o.down_bias = vec(L.down_bias);
     b.layers.push_back(o);
   }
   // Per-projection GEMV routes (linear_routes.h): the shapes this model's

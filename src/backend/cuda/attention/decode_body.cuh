@@ -290,13 +290,7 @@ __device__ __forceinline__ void decode_body(const DecodeParamsOf<DT>& p) {
           for (int j = 0; j < J; ++j) {
             const int ks_ = c * J + j;
             uint32_t b0, b1;
-            if constexpr (DT == kBf16) {
-              b0 = w[2 * j];
-              b1 = w[2 * j + 1];
-            } else {
-              b0 = fp8x2_to_f16x2<DT>(w[j]);
-              b1 = fp8x2_to_f16x2<DT>(w[j] >> 16);
-            }
+            k_operand<DT, J>(w, j, b0, b1);  // (j < J: this chunk's k-step j)
             mma16816<DT>(s[nt], qa[ks_][0], 0u, qa[ks_][1], 0u, b0, b1);
           }
         }
@@ -341,31 +335,7 @@ __device__ __forceinline__ void decode_body(const DecodeParamsOf<DT>& p) {
         for (int im = 0; im < MPU; ++im) {
           const int i = u * MPU + im;  // m-tile
           uint32_t a0, a1, a2, a3;
-          if constexpr (DT == kBf16) {
-            a0 = __byte_perm(vw[0][im], vw[1][im], 0x5410u);
-            a1 = __byte_perm(vw[0][im], vw[1][im], 0x7632u);
-            a2 = __byte_perm(vw[2][im], vw[3][im], 0x5410u);
-            a3 = __byte_perm(vw[2][im], vw[3][im], 0x7632u);
-          } else {
-            const uint32_t bb = 2 * (im & 1);  // byte of element 2i within its word
-            const int wi = im / 2;
-            if constexpr (DT == kE5m2) {
-              const uint32_t sl = bb | (bb << 4) | ((bb + 4) << 8) | ((bb + 4) << 12);
-              const uint32_t sh = (bb + 1) | ((bb + 1) << 4) | ((bb + 5) << 8) | ((bb + 5) << 12);
-              a0 = __byte_perm(vw[0][wi], vw[1][wi], sl) & 0xff00ff00u;
-              a1 = __byte_perm(vw[0][wi], vw[1][wi], sh) & 0xff00ff00u;
-              a2 = __byte_perm(vw[2][wi], vw[3][wi], sl) & 0xff00ff00u;
-              a3 = __byte_perm(vw[2][wi], vw[3][wi], sh) & 0xff00ff00u;
-            } else {
-              const uint32_t sel = bb | ((bb + 4) << 4) | ((bb + 1) << 8) | ((bb + 5) << 12);
-              const uint32_t w01 = __byte_perm(vw[0][wi], vw[1][wi], sel);
-              const uint32_t w23 = __byte_perm(vw[2][wi], vw[3][wi], sel);
-              a0 = fp8x2_to_f16x2<DT>(w01);
-              a1 = fp8x2_to_f16x2<DT>(w01 >> 16);
-              a2 = fp8x2_to_f16x2<DT>(w23);
-              a3 = fp8x2_to_f16x2<DT>(w23 >> 16);
-            }
-          }
+          v_operand<DT, UW>(vw, im, a0, a1, a2, a3);  // this unit's m-tile im
           mma16816<DT>(o[i], a0, a1, a2, a3, pa0, pa2);
         }
       }
@@ -386,14 +356,7 @@ __device__ __forceinline__ void decode_body(const DecodeParamsOf<DT>& p) {
 #pragma unroll
         for (int ks_ = 0; ks_ < KS; ++ks_) {
           uint32_t b0, b1;
-          if constexpr (DT == kBf16) {
-            b0 = kw_[nt][(ks_ / J) * 4 + 2 * (ks_ % J)];
-            b1 = kw_[nt][(ks_ / J) * 4 + 2 * (ks_ % J) + 1];
-          } else {
-            const uint32_t w = kw_[nt][(ks_ / J) * 4 + (ks_ % J)];
-            b0 = fp8x2_to_f16x2<DT>(w);
-            b1 = fp8x2_to_f16x2<DT>(w >> 16);
-          }
+          k_operand<DT, J>(kw_[nt], ks_, b0, b1);
           // A rows 8-15 (a1, a3) only feed S rows 8-15, never read: opaque values
           // instead of zeros (which cost 16 moves per tile).
           uint32_t z1, z3;
@@ -446,12 +409,7 @@ __device__ __forceinline__ void decode_body(const DecodeParamsOf<DT>& p) {
             for (int w = 0; w < VW; ++w) vw_[i][w] = 0u;
         }
       }
-#pragma unroll
-      for (int i = 0; i < MT; ++i) {
-        uint32_t a0, a1, a2, a3;
-        v_operand<DT, VW>(vw_, i, a0, a1, a2, a3);
-        mma16816<DT>(o[i], a0, a1, a2, a3, pa0, pa2);
-      }
+      pv_mma<DT>(o, vw_, pa0, pa2);
     };
     if constexpr (kPrefetch) {
       // Ping-pong: tile ow in (kc, vc) while tile ow + 1 loads into (kx, vx).
@@ -503,14 +461,7 @@ __device__ __forceinline__ void decode_body(const DecodeParamsOf<DT>& p) {
 #pragma unroll
         for (int ks_ = 0; ks_ < KS; ++ks_) {
           uint32_t b0, b1;
-          if constexpr (DT == kBf16) {
-            b0 = kw[nt][(ks_ / J) * 4 + 2 * (ks_ % J)];
-            b1 = kw[nt][(ks_ / J) * 4 + 2 * (ks_ % J) + 1];
-          } else {
-            const uint32_t w = kw[nt][(ks_ / J) * 4 + (ks_ % J)];
-            b0 = fp8x2_to_f16x2<DT>(w);
-            b1 = fp8x2_to_f16x2<DT>(w >> 16);
-          }
+          k_operand<DT, J>(kw[nt], ks_, b0, b1);
           mma16816<DT>(s[nt], qa[ks_][0], 0u, qa[ks_][1], 0u, b0, b1);
         }
       }
@@ -542,35 +493,16 @@ __device__ __forceinline__ void decode_body(const DecodeParamsOf<DT>& p) {
 #pragma unroll
           for (int w = 0; w < VW; ++w) vw[i][w] = 0u;
       }
-      // O^T += V^T P^T: A = V^T (rows: dims, k: keys 2t,2t+1 | 2t+8,2t+9),
-      // B = P^T, which is exactly this thread's probabilities (pa0, pa2).
-#pragma unroll
-      for (int i = 0; i < MT; ++i) {
-        uint32_t a0, a1, a2, a3;
-        v_operand<DT, VW>(vw, i, a0, a1, a2, a3);
-        mma16816<DT>(o[i], a0, a1, a2, a3, pa0, pa2);
-      }
+      pv_mma<DT>(o, vw, pa0, pa2);
       if (has_next) {
         if constexpr (kPrefetch) {
-#pragma unroll
-          for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-            for (int w = 0; w < KW; ++w) kw[nt][w] = kn[nt][w];
-#pragma unroll
-          for (int i = 0; i < 4; ++i)
-#pragma unroll
-            for (int w = 0; w < VW; ++w) vw[i][w] = vn[i][w];
+          copy_words(kw, kn);
+          copy_words(vw, vn);
           sc = scn;
           if constexpr (kPrefetch2) {
             scn = sc2;
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-              for (int w = 0; w < KW; ++w) kn[nt][w] = k2[nt][w];
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-              for (int w = 0; w < VW; ++w) vn[i][w] = v2[i][w];
+            copy_words(kn, k2);
+            copy_words(vn, v2);
           }
         } else {
           load_tile(it + TS, kw, vw, sc);

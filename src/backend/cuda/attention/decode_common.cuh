@@ -161,8 +161,22 @@ __device__ __forceinline__ void pth_scales(float sc, int t, float (&ks)[2][2], f
   }
 }
 
+// The B operand (K^T) of Q K^T's k-step ks from this thread's K words w of
+// one key row (4 words per 16-byte chunk, J k-steps per chunk).
+template <int DT, int J, int N>
+__device__ __forceinline__ void k_operand(const uint32_t (&w)[N], int ks, uint32_t& b0, uint32_t& b1) {
+  if constexpr (DT == kBf16) {
+    b0 = w[(ks / J) * 4 + 2 * (ks % J)];
+    b1 = w[(ks / J) * 4 + 2 * (ks % J) + 1];
+  } else {
+    const uint32_t x = w[(ks / J) * 4 + (ks % J)];
+    b0 = fp8x2_to_f16x2<DT>(x);
+    b1 = fp8x2_to_f16x2<DT>(x >> 16);
+  }
+}
+
 // The A operand (V^T) of O^T's m-tile i from this thread's V words vw[key][w]
-// of keys 2t, 2t+1, 2t+8, 2t+9 (the reg and FAST loops).
+// of keys 2t, 2t+1, 2t+8, 2t+9 (all three loops; the ring's vw: one V unit).
 template <int DT, int VW>
 __device__ __forceinline__ void v_operand(const uint32_t (&vw)[4][VW], int i, uint32_t& a0, uint32_t& a1, uint32_t& a2,
                                           uint32_t& a3) {
@@ -190,6 +204,27 @@ __device__ __forceinline__ void v_operand(const uint32_t (&vw)[4][VW], int i, ui
       a3 = fp8x2_to_f16x2<DT>(w23 >> 16);
     }
   }
+}
+
+// O^T += V^T P^T: A = V^T (rows: dims, k: keys 2t,2t+1 | 2t+8,2t+9),
+// B = P^T, which is exactly this thread's probabilities (pa0, pa2).
+template <int DT, int MT, int VW>
+__device__ __forceinline__ void pv_mma(float (&o)[MT][4], const uint32_t (&vw)[4][VW], uint32_t pa0, uint32_t pa2) {
+#pragma unroll
+  for (int i = 0; i < MT; ++i) {
+    uint32_t a0, a1, a2, a3;
+    v_operand<DT, VW>(vw, i, a0, a1, a2, a3);
+    mma16816<DT>(o[i], a0, a1, a2, a3, pa0, pa2);
+  }
+}
+
+// dst = src, word by word (register tiles).
+template <int R, int N>
+__device__ __forceinline__ void copy_words(uint32_t (&dst)[R][N], const uint32_t (&src)[R][N]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int w = 0; w < N; ++w) dst[i][w] = src[i][w];
 }
 
 // The 4 warps' partials of one CTA combined in a fixed order: the output

@@ -377,11 +377,7 @@ void launch_prefill_t(const PrefillPthParams& p, dim3 grid, cudaStream_t stream)
 
 void launch_prefill_mma(const PrefillArgs& a, cudaStream_t stream) {
   PrefillPthParams p{};
-  fill_paged_params(p, a);
-  p.k_scale_pth = a.kv.k_scale_pth;
-  p.v_scale_pth = a.kv.v_scale_pth;
-  p.q_start = a.q_start;
-  p.num_q_tiles = (a.max_query_len + kQTile - 1) / kQTile;
+  fill_prefill_params(p, a, kQTile);
   const dim3 grid(p.num_q_tiles, a.num_heads, a.batch);
   const bool planned = launch_planned<PrefillPath::mma>(a.kv.layout.head_dim, a.kv.layout.dtype,
                                                         [&]<int D, int DT>() { launch_prefill_t<D, DT>(p, grid, stream); });

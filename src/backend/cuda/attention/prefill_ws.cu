@@ -555,11 +555,7 @@ void set_prefill_max_ctas_for_tests(int max_ctas) { g_max_ctas_for_tests.store(s
 
 void launch_prefill_ws(const PrefillArgs& a, cudaStream_t stream) {
   WgPthParams p{};
-  fill_paged_params(p, a);
-  p.k_scale_pth = a.kv.k_scale_pth;
-  p.v_scale_pth = a.kv.v_scale_pth;
-  p.q_start = a.q_start;
-  p.num_q_tiles = (a.max_query_len + kWsBM - 1) / kWsBM;
+  fill_prefill_params(p, a, kWsBM);
   p.batch = a.batch;
   const int64_t items = static_cast<int64_t>(a.num_heads) * p.num_q_tiles * a.batch;
   if (items > INT_MAX) throw std::invalid_argument("paged_prefill: too many (head, query tile, sequence) items");

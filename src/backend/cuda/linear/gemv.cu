@@ -20,7 +20,7 @@ namespace fp8kv::cuda {
 
 namespace {
 
-using namespace gemv;  // kWarps, kUnroll, wait_for_inputs, bf16x8_to_f32 (gemv_common.cuh)
+using namespace gemv;  // kWarps, bf16x8_to_f32, stream_chunks, warp_sum, ... (gemv_common.cuh)
 
 // One warp's part of the dot products of W's row w (chunks = K / 8 16-byte
 // chunks, 0 for a dead warp) with the T rows of x: the lane's chunks are
@@ -30,45 +30,20 @@ using namespace gemv;  // kWarps, kUnroll, wait_for_inputs, bf16x8_to_f32 (gemv_
 template <int T, int S>
 __device__ __forceinline__ void warp_dot(const uint16_t* __restrict__ x, const uint4* __restrict__ w, int64_t chunks,
                                          int64_t K, int64_t first, float (&acc)[T]) {
-  constexpr int64_t kStride = 32 * S;            // between a lane's consecutive chunks
-  constexpr int64_t kBatch = kStride * kUnroll;  // chunks per loop iteration (all S warps)
 #pragma unroll
   for (int t = 0; t < T; ++t) acc[t] = 0.0f;
-  uint4 cur[kUnroll], nxt[kUnroll];
-  auto load_w = [&](uint4(&v)[kUnroll], int64_t c0) {
+  stream_chunks<S>(w, chunks, first, [&](int64_t c, const uint4& wc) {
+    float wf[8];
+    bf16x8_to_f32(wc, wf);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t c = c0 + u * kStride;
-      // Streamed once: do not keep W in L1.
-      v[u] = c < chunks ? __ldcs(w + c) : make_uint4(0, 0, 0, 0);
+    for (int t = 0; t < T; ++t) {
+      float xf[8];
+      bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(x + t * K) + c), xf);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[t] = fmaf(xf[i], wf[i], acc[t]);
     }
-  };
-  load_w(cur, first);
-  wait_for_inputs();
-  for (int64_t c0 = first; c0 < chunks; c0 += kBatch) {
-    load_w(nxt, c0 + kBatch);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t c = c0 + u * kStride;
-      if (c >= chunks) break;
-      float wf[8];
-      bf16x8_to_f32(cur[u], wf);
-#pragma unroll
-      for (int t = 0; t < T; ++t) {
-        float xf[8];
-        bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(x + t * K) + c), xf);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[t] = fmaf(xf[i], wf[i], acc[t]);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) cur[u] = nxt[u];
-  }
-#pragma unroll
-  for (int t = 0; t < T; ++t) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], o);
-  }
+  });
+  warp_sum(acc);
 }
 
 // S warps share one output column n (split K, for shapes with few columns
@@ -100,29 +75,11 @@ __global__ void __launch_bounds__(kWarps * 32)
                  static_cast<int64_t>(sub) * 32 + lane, acc);
   if constexpr (S > 1) {
     __shared__ float part[kWarps][T];
-    if (lane == 0) {
-#pragma unroll
-      for (int t = 0; t < T; ++t) part[warp][t] = acc[t];
-    }
-    __syncthreads();
+    split_publish(part, acc, lane, warp);
     if (sub != 0 || !live) return;
-#pragma unroll
-    for (int t = 0; t < T; ++t) {
-      float v = part[warp][t];
-#pragma unroll
-      for (int s = 1; s < S; ++s) v += part[warp + s][t];
-      acc[t] = v;
-    }
+    split_gather<S>(part, acc, warp);
   }
-  if (lane == 0) {
-    const float b = bias ? bias[n] : 0.0f;
-#pragma unroll
-    for (int t = 0; t < T; ++t) {
-      float v = acc[t] + b;
-      if (accumulate) v += y[t * N + n];
-      y[t * N + n] = v;
-    }
-  }
+  if (lane == 0) store_column(acc, bias, y, N, n, accumulate);
 }
 
 // The gate|up GEMV with the gated activation fused (T rows): W = [gate; up]

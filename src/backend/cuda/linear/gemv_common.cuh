@@ -1,6 +1,7 @@
 // What the bf16 and the fp8 decode GEMVs (gemv.cu, gemv_fp8.cu) share: the
 // block shape, the PDL wait of the weight-streaming kernels, the bf16 ->
-// fp32 unpacking of a 16-byte chunk, and the host dispatch from run-time
+// fp32 unpacking of a 16-byte chunk, the SIMT kernels' weight stream, warp
+// and split-K sums and column store, and the host dispatch from run-time
 // rows / split to the kernels' template arguments.
 #pragma once
 #include <cuda_runtime.h>
@@ -35,6 +36,87 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float (&f)[8]) {
   for (int i = 0; i < 4; ++i) {
     f[2 * i] = __uint_as_float(w[i] << 16);
     f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+// The SIMT kernels' weight stream: body(c, chunk) for this lane's 16-byte
+// chunks c = first, first + 32 S, ... (< chunks) of w, in order. The loads
+// are double-buffered: the next kUnroll chunks are in flight while the
+// current ones are used. Waits for the inputs (PDL) after the first loads.
+// (gemv_fp8.cu writes the same loop out in its kernel: through this helper
+// its code came out scheduled differently.)
+template <int S, class Body>
+__device__ __forceinline__ void stream_chunks(const uint4* w, int64_t chunks, int64_t first, Body&& body) {
+  constexpr int64_t kStride = 32 * S;            // between a lane's consecutive chunks
+  constexpr int64_t kBatch = kStride * kUnroll;  // chunks per loop iteration (all S warps)
+  uint4 cur[kUnroll], nxt[kUnroll];
+  auto load_w = [&](uint4(&v)[kUnroll], int64_t c0) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = c0 + u * kStride;
+      // Streamed once: do not keep W in L1.
+      v[u] = c < chunks ? __ldcs(w + c) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  load_w(cur, first);
+  wait_for_inputs();
+  for (int64_t c0 = first; c0 < chunks; c0 += kBatch) {
+    load_w(nxt, c0 + kBatch);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = c0 + u * kStride;
+      if (c >= chunks) break;
+      body(c, cur[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) cur[u] = nxt[u];
+  }
+}
+
+// acc[t] summed over the warp (every lane holds the sums).
+template <int T>
+__device__ __forceinline__ void warp_sum(float (&acc)[T]) {
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], o);
+  }
+}
+
+// Split K (S warps per column: warp = its warp sub, sub = 0..S-1), in two
+// halves around the kernel's return of the warps that are done: each warp's
+// sums into the shared `part` (lane 0), then the block's barrier ...
+template <int T>
+__device__ __forceinline__ void split_publish(float (&part)[kWarps][T], const float (&acc)[T], int lane, int warp) {
+  if (lane == 0) {
+#pragma unroll
+    for (int t = 0; t < T; ++t) part[warp][t] = acc[t];
+  }
+  __syncthreads();
+}
+
+// ... and in sub 0's warp the S sums added in fixed order (sub 0, 1, ...).
+template <int S, int T>
+__device__ __forceinline__ void split_gather(const float (&part)[kWarps][T], float (&acc)[T], int warp) {
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    float v = part[warp][t];
+#pragma unroll
+    for (int s = 1; s < S; ++s) v += part[warp + s][t];
+    acc[t] = v;
+  }
+}
+
+// Column n of y[T][N] = acc (+ bias[n]) (+ y when accumulating).
+template <int T>
+__device__ __forceinline__ void store_column(const float (&acc)[T], const float* __restrict__ bias,
+                                             float* __restrict__ y, int64_t N, int64_t n, bool accumulate) {
+  const float b = bias ? bias[n] : 0.0f;
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    float v = acc[t] + b;
+    if (accumulate) v += y[t * N + n];
+    y[t * N + n] = v;
   }
 }
 

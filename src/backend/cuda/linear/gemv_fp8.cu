@@ -21,7 +21,7 @@ namespace fp8kv::cuda {
 
 namespace {
 
-using namespace gemv;  // kWarps, kUnroll, wait_for_inputs, bf16x8_to_f32 (gemv_common.cuh)
+using namespace gemv;  // kWarps, kUnroll, wait_for_inputs, bf16x8_to_f32, warp_sum, ... (gemv_common.cuh)
 constexpr int kChunk = 16;  // e4m3 weights per 16-byte load
 
 // Four e4m3 bytes (little-endian in w) -> four floats (exact: every e4m3
@@ -106,11 +106,7 @@ __device__ __forceinline__ void fp8_warp_dot(const uint16_t* __restrict__ x, con
       s_cur[u] = s_nxt[u];
     }
   }
-#pragma unroll
-  for (int t = 0; t < T; ++t) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], o);
-  }
+  warp_sum(acc);
 }
 
 // S warps per output column n (K split as gemv.cu's SIMT kernel; the S
@@ -129,29 +125,11 @@ __global__ void __launch_bounds__(kWarps * 32)
   fp8_warp_dot<T, S>(x, W, sc, live ? n : 0, live ? K / kChunk : 0, K, static_cast<int64_t>(sub) * 32 + lane, acc);
   if constexpr (S > 1) {
     __shared__ float part[kWarps][T];
-    if (lane == 0) {
-#pragma unroll
-      for (int t = 0; t < T; ++t) part[warp][t] = acc[t];
-    }
-    __syncthreads();
+    split_publish(part, acc, lane, warp);
     if (sub != 0) return;
-#pragma unroll
-    for (int t = 0; t < T; ++t) {
-      float v = part[warp][t];
-#pragma unroll
-      for (int s = 1; s < S; ++s) v += part[warp + s][t];
-      acc[t] = v;
-    }
+    split_gather<S>(part, acc, warp);
   }
-  if (lane == 0 && live) {
-    const float b = bias ? bias[n] : 0.0f;
-#pragma unroll
-    for (int t = 0; t < T; ++t) {
-      float v = acc[t] + b;
-      if (accumulate) v += y[t * N + n];
-      y[t * N + n] = v;
-    }
-  }
+  if (lane == 0 && live) store_column(acc, bias, y, N, n, accumulate);
 }
 
 // The gate|up GEMV with the gated activation fused (gemv.cu's

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "backend/common/list_items.h"
 #include "io/errors.h"
 
 namespace fp8kv::cuda {
@@ -60,64 +61,48 @@ void init_locked() {
 LinearRoutes parse_linear_routes(std::string_view spec, std::string_view source) {
   if (spec.empty() || spec == "default") spec = kDefaultLinearRoutes;
   LinearRoutes r;
-  size_t i = 0;
-  while (i <= spec.size()) {
-    const size_t j = std::min(spec.find(',', i), spec.size());
-    const std::string_view item = spec.substr(i, j - i);
-    i = j + 1;
-    if (item.empty()) {
-      if (j == spec.size()) break;
-      continue;
-    }
+  for_each_list_item(spec, [&](std::string_view item) {
     const size_t eq = item.find('=');
     if (eq == std::string_view::npos)
       throw InputError(fmt::format("{}: '{}' is not PROJECTION=KERNEL (e.g. down=lt)", source, item));
     const std::string_view key = item.substr(0, eq), val = item.substr(eq + 1);
+    // key=on or key=off (the two words given); InputError for another value.
+    auto two_way = [&](std::string_view on, std::string_view off) {
+      if (val != on && val != off)
+        throw InputError(fmt::format("{}: {} must be {} or {}, got '{}'", source, key, on, off, val));
+      return val == on;
+    };
+    // key=N for a count N in lo..2^20; InputError naming `what` for another value.
+    auto count = [&](int lo, std::string_view what) {
+      const int v = parse_count(val);
+      if (v < lo || v > (1 << 20)) throw InputError(fmt::format("{}: {} must be {}, got '{}'", source, key, what, val));
+      return v;
+    };
     if (key == "store") {
-      if (val != "fused" && val != "separate")
-        throw InputError(fmt::format("{}: store must be fused or separate, got '{}'", source, val));
-      r.fused_store = val == "fused";
-      continue;
+      r.fused_store = two_way("fused", "separate");
+    } else if (key == "sample") {
+      r.sample_in_graph = two_way("graph", "separate");
+    } else if (key == "dsplit") {
+      r.decode_split_tokens = count(0, "a key count 0..1048576 (0: automatic)");
+    } else if (key == "w8a8rows") {
+      r.w8a8_min_rows = count(1, "a row count 1..1048576");
+    } else if (key == "act") {
+      r.fused_act = two_way("fused", "separate");
+    } else {
+      int p = -1, k = -1;
+      for (int x = 0; x < kNumLinearProj; ++x)
+        if (key == kProjNames[x]) p = x;
+      for (int x = 0; x < kNumKernels; ++x)
+        if (val == kKernelNames[x]) k = x;
+      if (p < 0)
+        throw InputError(fmt::format("{}: unknown projection '{}' (qkv, o_proj, gate_up, down, lm_head, store, act, sample, dsplit, w8a8rows)",
+                                     source, key));
+      if (k < 0)
+        throw InputError(fmt::format("{}: unknown kernel '{}' for {} (auto, lt, simt, mma, simt2, simt4, simt8, simtk)",
+                                     source, val, key));
+      r.kernel[static_cast<size_t>(p)] = static_cast<GemvKernel>(k);
     }
-    if (key == "sample") {
-      if (val != "graph" && val != "separate")
-        throw InputError(fmt::format("{}: sample must be graph or separate, got '{}'", source, val));
-      r.sample_in_graph = val == "graph";
-      continue;
-    }
-    if (key == "dsplit") {
-      const int v = parse_count(val);
-      if (v < 0 || v > (1 << 20))
-        throw InputError(fmt::format("{}: dsplit must be a key count 0..1048576 (0: automatic), got '{}'", source, val));
-      r.decode_split_tokens = v;
-      continue;
-    }
-    if (key == "w8a8rows") {
-      const int v = parse_count(val);
-      if (v < 1 || v > (1 << 20))
-        throw InputError(fmt::format("{}: w8a8rows must be a row count 1..1048576, got '{}'", source, val));
-      r.w8a8_min_rows = v;
-      continue;
-    }
-    if (key == "act") {
-      if (val != "fused" && val != "separate")
-        throw InputError(fmt::format("{}: act must be fused or separate, got '{}'", source, val));
-      r.fused_act = val == "fused";
-      continue;
-    }
-    int p = -1, k = -1;
-    for (int x = 0; x < kNumLinearProj; ++x)
-      if (key == kProjNames[x]) p = x;
-    for (int x = 0; x < kNumKernels; ++x)
-      if (val == kKernelNames[x]) k = x;
-    if (p < 0)
-      throw InputError(fmt::format("{}: unknown projection '{}' (qkv, o_proj, gate_up, down, lm_head, store, act, sample, dsplit, w8a8rows)",
-                                   source, key));
-    if (k < 0)
-      throw InputError(fmt::format("{}: unknown kernel '{}' for {} (auto, lt, simt, mma, simt2, simt4, simt8, simtk)",
-                                   source, val, key));
-    r.kernel[static_cast<size_t>(p)] = static_cast<GemvKernel>(k);
-  }
+  });
   return r;
 }
 

@@ -9,6 +9,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/ops/ops.h"
 #include "backend/cuda/ops/act.cuh"
+#include "backend/cuda/ops/argmax.cuh"
 #include "backend/cuda/ops/launch.cuh"
 
 namespace fp8kv::cuda {
@@ -116,25 +117,11 @@ __global__ void add_bias_strided_kernel(float* y, const float* bias, int64_t T, 
 
 constexpr int kRowThreads = 512;
 
-struct ArgMax {
-  float v;
-  int i;
-};
-struct ArgMaxOp {
-  __device__ ArgMax operator()(const ArgMax& a, const ArgMax& b) const {
-    if (a.v > b.v || (a.v == b.v && a.i < b.i)) return a;
-    return b;
-  }
-};
-
 __global__ void row_stats_kernel(const float* __restrict__ logits, int V, const int32_t* __restrict__ ids,
                                  float* __restrict__ logprob, int32_t* __restrict__ argmax) {
-  using ArgReduce = cub::BlockReduce<ArgMax, kRowThreads>;
-  using IntReduce = cub::BlockReduce<int, kRowThreads>;
   using DblReduce = cub::BlockReduce<double, kRowThreads>;
   __shared__ union {
-    typename ArgReduce::TempStorage a;
-    typename IntReduce::TempStorage i;
+    ArgMaxTemp<kRowThreads> am;
     typename DblReduce::TempStorage d;
   } tmp;
   __shared__ ArgMax best_s;
@@ -147,14 +134,7 @@ __global__ void row_stats_kernel(const float* __restrict__ logits, int V, const 
     if (v != v) nan = 1;
     else if (v > best.v || (v == best.v && i < best.i)) best = ArgMax{v, i};
   }
-  const ArgMax b = ArgReduce(tmp.a).Reduce(best, ArgMaxOp());
-  __syncthreads();
-  const int any_nan = IntReduce(tmp.i).Sum(nan);
-  if (threadIdx.x == 0) {
-    best_s = b;
-    nan_s = any_nan;
-  }
-  __syncthreads();
+  block_argmax<kRowThreads>(best, nan, tmp.am, best_s, nan_s);
   if (argmax && threadIdx.x == 0) argmax[blockIdx.x] = nan_s ? -1 : (best_s.i < V ? best_s.i : 0);
   if (!ids) return;
   const float m = best_s.v;

@@ -15,6 +15,7 @@
 #include <stdexcept>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/ops/argmax.cuh"
 #include "backend/cuda/ops/ops.h"
 
 namespace fp8kv::cuda {
@@ -45,17 +46,6 @@ __device__ __forceinline__ float key_value(uint32_t k) {
   return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
-struct ArgMax {
-  float v;
-  int i;
-};
-struct ArgMaxOp {
-  __device__ ArgMax operator()(const ArgMax& a, const ArgMax& b) const {
-    if (a.v > b.v || (a.v == b.v && a.i < b.i)) return a;
-    return b;
-  }
-};
-
 // The kept set: key > kappa, or key == kappa and among the first r such ids.
 struct Cut {
   uint32_t kappa = 0;  // 0: every non-NaN logit (all their keys are > 0)
@@ -64,14 +54,11 @@ struct Cut {
 
 __global__ void sample_kernel(const float* __restrict__ logits, int V, const SampleParams* __restrict__ params,
                               int32_t* __restrict__ out) {
-  using ArgReduce = cub::BlockReduce<ArgMax, kThreads>;
-  using IntReduce = cub::BlockReduce<int, kThreads>;
   using IntScan = cub::BlockScan<int, kThreads>;
   using U64Scan = cub::BlockScan<u64, kThreads>;
   using U64Reduce = cub::BlockReduce<u64, kThreads>;
   __shared__ union {
-    typename ArgReduce::TempStorage a;
-    typename IntReduce::TempStorage ir;
+    ArgMaxTemp<kThreads> am;
     typename IntScan::TempStorage is;
     typename U64Scan::TempStorage us;
     typename U64Reduce::TempStorage ur;
@@ -114,14 +101,7 @@ __global__ void sample_kernel(const float* __restrict__ logits, int V, const Sam
   } else {
     for (int i = threadIdx.x; i < V; i += kThreads) see(x[i], i);
   }
-  const ArgMax b = ArgReduce(tmp.a).Reduce(best, ArgMaxOp());
-  __syncthreads();
-  const int any_nan = IntReduce(tmp.ir).Sum(nan);
-  if (threadIdx.x == 0) {
-    best_s = b;
-    flag_s = any_nan;
-  }
-  __syncthreads();
+  block_argmax<kThreads>(best, nan, tmp.am, best_s, flag_s);
   const float m = best_s.v;
   if (flag_s || m == -INFINITY) {  // NaN, or no finite logit
     if (threadIdx.x == 0) out[row] = -1;
