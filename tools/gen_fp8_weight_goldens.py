@@ -7,6 +7,7 @@ from the repo root, in one command:
     python3 tools/gen_fp8_weight_goldens.py
     python3 tools/gen_fp8_weight_goldens.py --add-bf16-compute   # adds
         # transformers' bf16 runs of the saved checkpoints (add_bf16_compute)
+    python3 tools/gen_fp8_weight_goldens.py --mini-only   # fp8kv_mini_block alone
 
 Writes tests/golden/fp8_weights/<family>_<format>/ for family in {llama, qwen3}
 and format in
@@ -407,6 +408,9 @@ def main():
         for case in sorted(os.listdir(OUT)):
             if os.path.exists(os.path.join(OUT, case, "golden.json")):
                 log(f"{case:22s} mean |w8a8 bf16 compute - w8a8| {add_bf16_compute(case):.5f}")
+        return
+    if "--mini-only" in sys.argv[1:]:
+        summary(*make_mini())
         return
     torch.manual_seed(0)
     os.makedirs(OUT, exist_ok=True)
