@@ -300,7 +300,7 @@ int run_niah_cmd(const NiahArgs& a) {
   return 0;
 }
 
-const Registrar reg([](CLI::App& app) {
+const Registrar reg_eval([](CLI::App& app) {
   auto* ev = app.add_subcommand("eval", "Paired accuracy evaluation of KV cache configurations (docs/eval.md)");
   ev->require_subcommand(1);
 

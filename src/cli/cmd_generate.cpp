@@ -22,7 +22,7 @@ struct GenerateArgs {
   EngineFlags engine;
 };
 
-int run(const GenerateArgs& a) {
+int run_generate(const GenerateArgs& a) {
   if (a.prompt.empty()) throw UsageError("--prompt is empty");
   auto tok = Tokenizer::load(a.engine.tokenizer_path(a.model));
   const std::vector<int> ids = tok->encode(a.prompt, true);
@@ -79,7 +79,7 @@ int run(const GenerateArgs& a) {
   return 0;
 }
 
-Registrar reg([](CLI::App& app) {
+Registrar reg_generate([](CLI::App& app) {
   static GenerateArgs args;  // lives for the program
   auto* a = &args;
   auto* sub = app.add_subcommand("generate", "Generate text from a prompt (greedy by default)");
@@ -91,7 +91,7 @@ Registrar reg([](CLI::App& app) {
   sub->add_option("--top-k", a->top_k, "Top-k sampling (0: off)")->check(at_least(0));
   sub->add_option("--seed", a->seed, "Sampling seed (default 0; -1: random, logged)")->transform(seed_rule());
   a->engine.add(sub);
-  set_action(sub, [a] { return run(*a); });
+  set_action(sub, [a] { return run_generate(*a); });
 });
 
 }  // namespace

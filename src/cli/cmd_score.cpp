@@ -72,7 +72,7 @@ std::vector<std::vector<int>> read_ids_file(const std::string& path) {
   return seqs;
 }
 
-int run(const ScoreArgs& a) {
+int run_score(const ScoreArgs& a) {
   if (a.ids_file.empty() == a.text_file.empty()) throw UsageError("give exactly one of --token-ids-file and --text-file");
   if (!a.ids_file.empty() && a.context != 0) throw UsageError("--context applies to --text-file only");
   check_output_file(a.output, "--output");
@@ -142,7 +142,7 @@ int run(const ScoreArgs& a) {
   return 0;
 }
 
-Registrar reg([](CLI::App& app) {
+Registrar reg_score([](CLI::App& app) {
   static ScoreArgs args;  // lives for the program
   auto* a = &args;
   auto* sub = app.add_subcommand("score", "Teacher-forced per-token logprobs and top-1 ids");
@@ -155,7 +155,7 @@ Registrar reg([](CLI::App& app) {
   sub->add_option("--chunk-size", a->chunk_size, "Prefill chunk in tokens (default: --max-num-batched-tokens)")
       ->check(at_least(1));  // omitted = default; 0 is refused (docs/design.md "One rule per flag")
   a->engine.add(sub);
-  set_action(sub, [a] { return run(*a); });
+  set_action(sub, [a] { return run_score(*a); });
 });
 
 }  // namespace

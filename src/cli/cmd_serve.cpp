@@ -92,7 +92,7 @@ struct ServeArgs {
   EngineFlags engine;
 };
 
-int run(ServeArgs& a) {
+int run_serve(ServeArgs& a) {
   // Threads exist before main (OpenBLAS starts its pool at load), so signals
   // cannot be masked away from them: a handler writes the signal number to a
   // pipe that one thread waits on (the self-pipe pattern).
@@ -173,7 +173,7 @@ int run(ServeArgs& a) {
   return 0;
 }
 
-Registrar reg([](CLI::App& app) {
+Registrar reg_serve([](CLI::App& app) {
   static ServeArgs args;  // lives for the program
   auto* a = &args;
   auto* sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server (docs/server.md)");
@@ -194,7 +194,7 @@ Registrar reg([](CLI::App& app) {
   sub->add_option("--allowed-methods", a->allowed_methods, "CORS: JSON array of allowed methods (default '[\"*\"]')");
   sub->add_option("--allowed-headers", a->allowed_headers, "CORS: JSON array of allowed headers (default '[\"*\"]')");
   a->engine.add(sub);
-  set_action(sub, [a] { return run(*a); });
+  set_action(sub, [a] { return run_serve(*a); });
 });
 
 }  // namespace
