@@ -279,7 +279,7 @@ std::unique_ptr<Engine> make(const ModelConfig& cfg, std::shared_ptr<const Model
   return testing::create_engine(cfg, std::move(w), tp_opts(dtype, tp));
 }
 
-std::vector<std::vector<float>> logits_of(Engine& e, const std::vector<int>& toks, int chunk) {
+std::vector<std::vector<float>> tp_logits_of(Engine& e, const std::vector<int>& toks, int chunk) {
   std::vector<std::vector<float>> rows;
   ScoreOptions o;
   o.chunk_size = chunk;
@@ -311,12 +311,12 @@ TEST_P(TensorParallel, ScoreEqualsTp1WithinFp32Reordering) {
   std::vector<int> toks(40);
   for (auto& t : toks) t = static_cast<int>(rng() % static_cast<uint64_t>(cfg.vocab_size));
   auto e1 = make(cfg, w, dtype, 1);
-  const auto ref = logits_of(*e1, toks, 7);
+  const auto ref = tp_logits_of(*e1, toks, 7);
   const double tol = dtype == "bf16" ? 1e-2 : 5e-2;
   for (int tp : {2, 4}) {
     auto e = make(cfg, w, dtype, tp);
     EXPECT_EQ(e->kv_plan().tensor_parallel_size, tp);
-    const auto got = logits_of(*e, toks, 7);
+    const auto got = tp_logits_of(*e, toks, 7);
     ASSERT_EQ(got.size(), ref.size());
     double m = 0.0;
     for (size_t i = 0; i < ref.size(); ++i) {

@@ -48,7 +48,7 @@ using testing::write_fp8_checkpoint;
 
 using Logits = std::vector<std::vector<float>>;
 
-Logits logits_of(Engine& e, const std::vector<int>& toks, int chunk) {
+Logits fp8_logits_of(Engine& e, const std::vector<int>& toks, int chunk) {
   Logits rows;
   ScoreOptions o;
   o.chunk_size = chunk;
@@ -142,10 +142,10 @@ TEST_P(Qwen3_5Tp, ScoreEqualsTp1WithinTheBound) {
   const ModelConfig cfg = qwen3_5_cfg();
   auto w = ModelWeights::random(cfg, 17, 0.15f, true);
   const auto toks = tokens(40, cfg.vocab_size, 3);
-  const Logits ref = logits_of(*q_make(cfg, w, dtype, 1), toks, 7);
+  const Logits ref = fp8_logits_of(*q_make(cfg, w, dtype, 1), toks, 7);
   for (int tp : {2, 4}) {
     auto e = q_make(cfg, w, dtype, tp);
-    const Diff d = compare(ref, logits_of(*e, toks, 7));
+    const Diff d = compare(ref, fp8_logits_of(*e, toks, 7));
     EXPECT_EQ(d.top1_mismatches, 0) << "tp " << tp;
     EXPECT_LE(d.max_abs, cache_bound(dtype)) << dtype << " tp " << tp;
     std::printf("[tp] qwen3_5 %s tp=%d max|dlogit| = %.3g\n", dtype.c_str(), tp, d.max_abs);
@@ -264,9 +264,9 @@ TEST(Qwen3_5TpEngine, DummyLoadPerRankMatchesTp1) {
   EngineOptions o = q_opts("bf16", 1);
   o.load_format = "dummy";
   const auto toks = tokens(24, 64, 4);
-  const Logits ref = logits_of(*Engine::load(tmp.path(), o), toks, 0);
+  const Logits ref = fp8_logits_of(*Engine::load(tmp.path(), o), toks, 0);
   o.tensor_parallel_size = 2;
-  const Diff d = compare(ref, logits_of(*Engine::load(tmp.path(), o), toks, 0));
+  const Diff d = compare(ref, fp8_logits_of(*Engine::load(tmp.path(), o), toks, 0));
   EXPECT_EQ(d.top1_mismatches, 0);
   EXPECT_LE(d.max_abs, cache_bound("bf16"));
 }
@@ -340,17 +340,17 @@ TEST_P(Fp8Tp, ScoreEqualsTp1WithinTheBound) {
   co.edit_config = aligned_shape;
   write_fp8_checkpoint(tmp.path(), co);
   const auto toks = tokens(20, 212, 3);
-  const Logits ref = logits_of(*Engine::load(tmp.path(), testing::fp8_engine_options(mode, 1)), toks, 0);
+  const Logits ref = fp8_logits_of(*Engine::load(tmp.path(), testing::fp8_engine_options(mode, 1)), toks, 0);
   const bool per_token = mode == Fp8Compute::w8a8 && format != Fp8Format::block;
   double bound = cache_bound("bf16");
   if (mode == Fp8Compute::w8a8) {
-    const Logits a16 = logits_of(*Engine::load(tmp.path(), testing::fp8_engine_options(Fp8Compute::w8a16, 1)), toks, 0);
+    const Logits a16 = fp8_logits_of(*Engine::load(tmp.path(), testing::fp8_engine_options(Fp8Compute::w8a16, 1)), toks, 0);
     const double D = compare(a16, ref).max_abs;
     EXPECT_GT(D, 0.0);
     bound += 2.0 * D;
   }
   for (int tp : {2, 4}) {
-    const Diff d = compare(ref, logits_of(*Engine::load(tmp.path(), testing::fp8_engine_options(mode, tp)), toks, 0));
+    const Diff d = compare(ref, fp8_logits_of(*Engine::load(tmp.path(), testing::fp8_engine_options(mode, tp)), toks, 0));
     if (!per_token) {
       EXPECT_EQ(d.top1_mismatches, 0) << "tp " << tp;
     }
@@ -503,7 +503,7 @@ TEST(Fp8TpEngine, DummyLoadPerRankMatchesTp1) {
     for (Fp8Compute mode : {Fp8Compute::w8a16, Fp8Compute::w8a8}) {
       EngineOptions o = testing::fp8_engine_options(mode, tp);
       o.load_format = "dummy";
-      out[{tp, mode}] = logits_of(*Engine::load(tmp.path(), o), toks, 0);
+      out[{tp, mode}] = fp8_logits_of(*Engine::load(tmp.path(), o), toks, 0);
     }
   for (Fp8Compute mode : {Fp8Compute::w8a16, Fp8Compute::w8a8}) {
     const Diff d = compare(out[{1, mode}], out[{2, mode}]);
