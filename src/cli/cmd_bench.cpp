@@ -115,7 +115,7 @@ void check_request_memory(const bench::BenchSettings& s, const std::string& mode
                                  latency ? "--batch-size" : "--num-prompts"));
 }
 
-int run(BenchArgs a, const std::string& mode) {
+int run_bench(BenchArgs a, const std::string& mode) {
   a.s.mode = mode;
   EngineOptions o = a.engine.options();
   // Without --max-model-len the engine is sized for the run's requests
@@ -217,7 +217,7 @@ void add_common(CLI::App* sub, BenchArgs* a) {
   a->engine.add(sub);
 }
 
-Registrar reg([](CLI::App& app) {
+Registrar reg_bench([](CLI::App& app) {
   static BenchArgs lat, thr;  // live for the program
   CLI::App* parent = bench_parent(app);
   auto* l = parent->add_subcommand("latency", "Latency of one batch: TTFT, ms per decode step, tok/s, bandwidth");
@@ -226,7 +226,7 @@ Registrar reg([](CLI::App& app) {
   l->add_option("--num-iters-warmup", lat.s.num_iters_warmup, "Untimed iterations first")
       ->check(at_least(0));
   l->add_option("--num-iters", lat.s.num_iters, "Timed iterations")->check(at_least(1));
-  set_action(l, [] { return run(lat, "latency"); });
+  set_action(l, [] { return run_bench(lat, "latency"); });
 
   auto* t = parent->add_subcommand("throughput", "Throughput of --num-prompts requests submitted at once");
   add_common(t, &thr);
@@ -234,7 +234,7 @@ Registrar reg([](CLI::App& app) {
   t->add_option("--num-prompts", thr.s.num_prompts, "Requests in all")->check(at_least(1));
   t->add_option("--num-iters-warmup", thr.s.num_iters_warmup, "0: no warm-up round; >= 1: one short round")
       ->check(at_least(0));
-  set_action(t, [] { return run(thr, "throughput"); });
+  set_action(t, [] { return run_bench(thr, "throughput"); });
 });
 
 }  // namespace

@@ -123,7 +123,7 @@ void check_result_path(const BenchServeArgs& a) {
   check_output_file(file.string(), "--result-filename");
 }
 
-int run(BenchServeArgs a) {
+int run_bench_serve(BenchServeArgs a) {
   check_result_path(a);
   if (a.dataset_name != "random")
     throw UsageError(fmt::format("--dataset-name: only 'random' is supported, not '{}'", a.dataset_name));
@@ -199,7 +199,7 @@ int run(BenchServeArgs a) {
   return j["failed"].get<int>() == 0 ? 0 : 1;
 }
 
-Registrar reg([](CLI::App& app) {
+Registrar reg_bench_serve([](CLI::App& app) {
   static BenchServeArgs a;  // lives for the program
   auto* s = bench_parent(app)->add_subcommand(
       "serve", "Load a running server with streamed random-prompt completions (vllm bench serve's flags and results)");
@@ -233,7 +233,7 @@ Registrar reg([](CLI::App& app) {
   s->add_option("--result-filename", a.result_filename, "Result file name (default fp8kv-RATEqps-MODEL-DATE.json)")
       ->check(non_empty("a file name"));
   s->add_flag("--json", a.json, "Print the result JSON instead of the table");
-  set_action(s, [] { return run(a); });
+  set_action(s, [] { return run_bench_serve(a); });
 });
 
 }  // namespace

@@ -143,7 +143,7 @@ int run_calibrate(const CalibrateArgs& a) {
   return 0;
 }
 
-const Registrar reg([](CLI::App& app) {
+const Registrar reg_calibrate([](CLI::App& app) {
   auto args = std::make_shared<CalibrateArgs>();
   CLI::App* sub = app.add_subcommand("calibrate", "measure per-layer Q/K/V ranges at the KV store point and derive scales");
   sub->add_option("model", args->model, "checkpoint directory")->required();

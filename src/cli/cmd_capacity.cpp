@@ -340,7 +340,7 @@ int run_capacity(const CapacityArgs& a) {
   return 0;
 }
 
-const Registrar reg([](CLI::App& app) {
+const Registrar reg_capacity([](CLI::App& app) {
   auto args = std::make_shared<CapacityArgs>();
   CLI::App* sub = app.add_subcommand(
       "capacity", "KV cache capacity (blocks, tokens, max concurrency) for a model and serving settings");

@@ -321,7 +321,7 @@ void add_eval_command(CLI::App* ev, const char* name, const char* about, Run run
   set_action(sub, [run] { return run(args); });
 }
 
-const Registrar reg([](CLI::App& app) {
+const Registrar reg_eval([](CLI::App& app) {
   auto* ev = app.add_subcommand("eval", "Paired accuracy evaluation of KV cache configurations (docs/eval.md)");
   ev->require_subcommand(1);
 

@@ -22,7 +22,7 @@ struct GenerateArgs {
   EngineFlags engine;
 };
 
-int run(const GenerateArgs& a) {
+int run_generate(const GenerateArgs& a) {
   if (a.prompt.empty()) throw UsageError("--prompt is empty");
   auto tok = Tokenizer::load(a.engine.tokenizer_path(a.model));
   const std::vector<int> ids = tok->encode(a.prompt, true);
@@ -79,8 +79,8 @@ int run(const GenerateArgs& a) {
   return 0;
 }
 
-Registrar reg([](CLI::App& app) {
-  add_model_command<GenerateArgs>(app, "generate", "Generate text from a prompt (greedy by default)", run, [](CLI::App* sub, GenerateArgs& a) {
+Registrar reg_generate([](CLI::App& app) {
+  add_model_command<GenerateArgs>(app, "generate", "Generate text from a prompt (greedy by default)", run_generate, [](CLI::App* sub, GenerateArgs& a) {
     sub->add_option("--prompt", a.prompt, "Prompt text")->required()->check(utf8_text());
     sub->add_option("--max-tokens", a.max_tokens, "New tokens at most (default 128)")->check(at_least(1));
     sub->add_option("--temperature", a.temperature, "0: greedy")->check(at_least(0));

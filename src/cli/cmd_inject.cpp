@@ -56,7 +56,7 @@ int run_inject(const InjectArgs& a) {
   return 0;
 }
 
-const Registrar reg([](CLI::App& app) {
+const Registrar reg_inject([](CLI::App& app) {
   auto args = std::make_shared<InjectArgs>();
   CLI::App* sub = app.add_subcommand("inject", "write calibrated KV scales (a calibrate report) into a checkpoint");
   sub->add_option("model", args->model, "checkpoint directory")->required();

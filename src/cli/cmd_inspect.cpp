@@ -245,7 +245,7 @@ int run_inspect(const std::string& model_dir, bool json_out, bool values) {
   return 0;
 }
 
-const Registrar reg([](CLI::App& app) {
+const Registrar reg_inspect([](CLI::App& app) {
   auto* sub = app.add_subcommand("inspect", "Show a model's architecture, layer types, KV size; check it loads");
   auto dir = std::make_shared<std::string>();
   auto json_out = std::make_shared<bool>(false);

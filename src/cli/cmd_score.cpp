@@ -72,7 +72,7 @@ std::vector<std::vector<int>> read_ids_file(const std::string& path) {
   return seqs;
 }
 
-int run(const ScoreArgs& a) {
+int run_score(const ScoreArgs& a) {
   if (a.ids_file.empty() == a.text_file.empty()) throw UsageError("give exactly one of --token-ids-file and --text-file");
   if (!a.ids_file.empty() && a.context != 0) throw UsageError("--context applies to --text-file only");
   check_output_file(a.output, "--output");
@@ -142,8 +142,8 @@ int run(const ScoreArgs& a) {
   return 0;
 }
 
-Registrar reg([](CLI::App& app) {
-  add_model_command<ScoreArgs>(app, "score", "Teacher-forced per-token logprobs and top-1 ids", run, [](CLI::App* sub, ScoreArgs& a) {
+Registrar reg_score([](CLI::App& app) {
+  add_model_command<ScoreArgs>(app, "score", "Teacher-forced per-token logprobs and top-1 ids", run_score, [](CLI::App* sub, ScoreArgs& a) {
     sub->add_option("--token-ids-file", a.ids_file, "JSON array of token ids, an array of such arrays, or {\"ids\": [...]} (`fp8kv tokenize` output)");
     sub->add_option("--text-file", a.text_file, "Text to tokenize and score in chunks of --context tokens");
     sub->add_option("--context", a.context, "Tokens per scored chunk of --text-file (default min(max_model_len, 4096))")

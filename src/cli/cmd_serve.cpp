@@ -92,7 +92,7 @@ struct ServeArgs {
   EngineFlags engine;
 };
 
-int run(ServeArgs& a) {
+int run_serve(ServeArgs& a) {
   // Threads exist before main (OpenBLAS starts its pool at load), so signals
   // cannot be masked away from them: a handler writes the signal number to a
   // pipe that one thread waits on (the self-pipe pattern).
@@ -173,8 +173,8 @@ int run(ServeArgs& a) {
   return 0;
 }
 
-Registrar reg([](CLI::App& app) {
-  add_model_command<ServeArgs>(app, "serve", "OpenAI-compatible HTTP server (docs/server.md)", run, [](CLI::App* sub, ServeArgs& a) {
+Registrar reg_serve([](CLI::App& app) {
+  add_model_command<ServeArgs>(app, "serve", "OpenAI-compatible HTTP server (docs/server.md)", run_serve, [](CLI::App* sub, ServeArgs& a) {
     sub->add_option("--host", a.server.host, "Address to bind (default 127.0.0.1)");
     sub->add_option("--port", a.server.port, "Port (0: a free port, printed on start)");
     sub->add_option("--api-key", a.server.api_key, "Require Authorization: Bearer KEY (not on /health, /metrics, /version)")

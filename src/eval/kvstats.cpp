@@ -17,17 +17,17 @@ constexpr const char* kStreams[3] = {"q", "k", "v"};
 
 const StreamScale& stream_scale(const LayerKvScales& l, int s) { return s == 0 ? l.q : s == 1 ? l.k : l.v; }
 
-double finite(double x, const std::string& what) {
+double require_finite(double x, const std::string& what) {
   if (!std::isfinite(x)) throw std::runtime_error("eval kvstats: non-finite " + what);
   return x;
 }
 
 nlohmann::json stream_json(const KvStreamStats& s, const std::string& what) {
-  return {{"amax", finite(s.range.amax(), what + " amax")},
-          {"p9999", finite(s.range.percentile(0.9999), what + " p99.99")},
+  return {{"amax", require_finite(s.range.amax(), what + " amax")},
+          {"p9999", require_finite(s.range.percentile(0.9999), what + " p99.99")},
           {"clip_frac", s.quant.clip_frac()},
           {"flush_frac", s.quant.flush_frac()},
-          {"rt_err", finite(s.quant.rt_rel_err(), what + " rt_err")},
+          {"rt_err", require_finite(s.quant.rt_rel_err(), what + " rt_err")},
           {"count", s.quant.count},
           {"clipped", s.quant.clipped},
           {"flushed", s.quant.flushed},

@@ -202,11 +202,11 @@ class SplitPre final : public PreTokenizer {
   SplitBehavior b_;
 };
 
-enum class Prepend { Always, First, Never };
+enum class PrependScheme { Always, First, Never };
 
 class MetaspacePre final : public PreTokenizer {
  public:
-  MetaspacePre(char32_t repl, Prepend scheme, bool split) : repl_(repl), scheme_(scheme), split_(split) {
+  MetaspacePre(char32_t repl, PrependScheme scheme, bool split) : repl_(repl), scheme_(scheme), split_(split) {
     utf8::append_cp(repl_str_, repl);
   }
   void pre_tokenize(std::vector<Piece>& pieces) const override {
@@ -220,7 +220,7 @@ class MetaspacePre final : public PreTokenizer {
           r.push_back(c);
       }
       bool starts = r.compare(0, repl_str_.size(), repl_str_) == 0;
-      if (!starts && (scheme_ == Prepend::Always || (scheme_ == Prepend::First && p.at_start))) r = repl_str_ + r;
+      if (!starts && (scheme_ == PrependScheme::Always || (scheme_ == PrependScheme::First && p.at_start))) r = repl_str_ + r;
       p.text.swap(r);
     }
     if (split_) {
@@ -232,7 +232,7 @@ class MetaspacePre final : public PreTokenizer {
  private:
   char32_t repl_;
   std::string repl_str_;
-  Prepend scheme_;
+  PrependScheme scheme_;
   bool split_;
 };
 
@@ -262,15 +262,15 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const json& j, const std::strin
   }
   if (type == "Metaspace") {
     char32_t repl = req_char(j, "replacement", ctx);
-    Prepend scheme = Prepend::Always;
+    PrependScheme scheme = PrependScheme::Always;
     if (j.contains("prepend_scheme") && j["prepend_scheme"].is_string()) {
       std::string s = j["prepend_scheme"].get<std::string>();
-      if (s == "always") scheme = Prepend::Always;
-      else if (s == "first") scheme = Prepend::First;
-      else if (s == "never") scheme = Prepend::Never;
+      if (s == "always") scheme = PrependScheme::Always;
+      else if (s == "first") scheme = PrependScheme::First;
+      else if (s == "never") scheme = PrependScheme::Never;
       else throw InputError(fmt::format("{}: unknown prepend_scheme \"{}\"", ctx, s));
     } else if (j.contains("add_prefix_space")) {
-      scheme = opt_bool(j, "add_prefix_space", true, ctx) ? Prepend::Always : Prepend::Never;
+      scheme = opt_bool(j, "add_prefix_space", true, ctx) ? PrependScheme::Always : PrependScheme::Never;
     }
     return std::make_unique<MetaspacePre>(repl, scheme, opt_bool(j, "split", true, ctx));
   }

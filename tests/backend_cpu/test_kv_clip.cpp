@@ -23,7 +23,7 @@
 namespace fp8kv {
 namespace {
 
-KvCacheLayout layout(KvDtype d) {
+KvCacheLayout clip_layout(KvDtype d) {
   KvCacheLayout L;
   L.num_blocks = 4;
   L.block_size = 4;
@@ -70,7 +70,7 @@ uint64_t expected_clips(const std::vector<float>& x, const std::vector<int64_t>&
 TEST(KvClip, CountEqualsIndependentCountAndBytesAreThePlainConversion) {
   for (const KvDtype d : {KvDtype::fp8_e4m3, KvDtype::fp8_e5m2}) {
     SCOPED_TRACE(std::string(kv_dtype_name(d)));
-    const KvCacheLayout L = layout(d);
+    const KvCacheLayout L = clip_layout(d);
     const float M = kv_dtype_elem_max(d);
     std::mt19937 rng(7);
     const std::vector<float> ks = {0.01f, 0.03f}, vs = {1e-3f, 2e-4f};  // per KV head
@@ -129,7 +129,7 @@ TEST(KvClip, CountEqualsIndependentCountAndBytesAreThePlainConversion) {
 TEST(KvClip, Bf16AndPerTokenHeadCachesNeverCount) {
   for (const KvDtype d : {KvDtype::bf16, KvDtype::fp8_e4m3_pth, KvDtype::int8_pth}) {
     SCOPED_TRACE(std::string(kv_dtype_name(d)));
-    const KvCacheLayout L = layout(d);
+    const KvCacheLayout L = clip_layout(d);
     std::mt19937 rng(11);
     const std::vector<int64_t> slots = {1, 2, 3};
     const size_t n = slots.size() * L.num_kv_heads * L.head_dim;

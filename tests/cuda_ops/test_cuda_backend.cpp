@@ -104,7 +104,7 @@ std::vector<float> matrix_f32(const WeightMatrix& m) {
   return out;
 }
 
-struct Seq {
+struct SeqSpan {
   int start = 0, n = 0;
 };
 
@@ -157,7 +157,7 @@ TEST_P(CudaBackendVsCpu, TwoStepsStageByStage) {
   auto page = [&](int g, int s, int j) { return pool[(g * 4 + s) * B + j]; };
   std::uniform_int_distribution<int> tok(3, V - 1);
 
-  const std::vector<std::vector<Seq>> steps = {{{0, 37}, {0, 20}}, {{37, 1}, {20, 1}, {0, 5}}};
+  const std::vector<std::vector<SeqSpan>> steps = {{{0, 37}, {0, 20}}, {{37, 1}, {20, 1}, {0, 5}}};
   const std::vector<int> num_decodes = {0, 2};
   const std::vector<std::vector<int>> seq_ids = {{0, 1}, {0, 1, 2}};
 
@@ -172,7 +172,7 @@ TEST_P(CudaBackendVsCpu, TwoStepsStageByStage) {
     b.slot_mapping.assign(G, {});
     b.block_tables.assign(G, std::vector<int32_t>(static_cast<size_t>(b.num_seqs) * B, -1));
     for (int s = 0; s < b.num_seqs; ++s) {
-      const Seq q = steps[st][s];
+      const SeqSpan q = steps[st][s];
       const int sid = seq_ids[st][s];
       for (int i = 0; i < q.n; ++i) {
         b.token_ids.push_back(tok(rng));

@@ -156,9 +156,9 @@ TEST(CudaOps, OpScopeFeedsBothProfiles) {
   const auto plain = generate();
   const ProfileConfig saved = profile_config();
   set_profile_config_for_testing(parse_profile_config("prefill,step=2"));
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   const auto profiled = generate();
-  const std::string err = testing::internal::GetCapturedStderr();
+  const std::string err = ::testing::internal::GetCapturedStderr();
   set_profile_config_for_testing(saved);
   EXPECT_EQ(profiled.tokens, plain.tokens) << "profiling changed the generated tokens";
   for (const char* want : {"prefill profile: step T=100", "gemm N=1024 K=256", "TFLOP/s", "attention (prefill)",

@@ -318,8 +318,8 @@ inline KvScales per_head_kv_scales(const ModelConfig& c) {
 }
 
 // The engine tests' small paged setup: blocks of 4 tokens, max_model_len 96.
-inline EngineOptions small_engine_options(const std::string& dtype, uint64_t kv_memory_bytes,
-                                          int max_num_batched_tokens) {
+inline EngineOptions small_paged_options(const std::string& dtype, uint64_t kv_memory_bytes,
+                                         int max_num_batched_tokens) {
   EngineOptions o;
   o.kv_cache_dtype = dtype;
   o.block_size = 4;

@@ -148,7 +148,7 @@ double max_abs_diff(const std::vector<std::vector<float>>& a, const std::vector<
   return m;
 }
 
-EngineOptions opts2(const std::string& dtype) { return testing::small_engine_options(dtype, 4u << 20, 64); }
+EngineOptions opts2(const std::string& dtype) { return testing::small_paged_options(dtype, 4u << 20, 64); }
 
 class Consistency : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 

@@ -28,11 +28,11 @@ namespace fp8kv {
 using ::testing::HasSubstr;
 namespace {
 
-ModelConfig tiny_qwen3_5() { return testing::tiny_qwen3_5_config(); }
+ModelConfig tiny_hybrid() { return testing::tiny_qwen3_5_config(); }
 
-std::vector<int> random_tokens(int n, uint64_t seed) { return testing::random_tokens(tiny_qwen3_5(), n, seed); }
+std::vector<int> hybrid_tokens(int n, uint64_t seed) { return testing::random_tokens(tiny_hybrid(), n, seed); }
 
-EngineOptions opts(int max_num_seqs = 8) {
+EngineOptions hybrid_opts(int max_num_seqs = 8) {
   EngineOptions o;
   o.backend = "cpu";
   o.kv_cache_dtype = "bf16";
@@ -44,10 +44,10 @@ EngineOptions opts(int max_num_seqs = 8) {
   return o;
 }
 
-struct Fixture {
-  ModelConfig cfg = tiny_qwen3_5();
+struct HybridFixture {
+  ModelConfig cfg = tiny_hybrid();
   std::shared_ptr<const ModelWeights> w = ModelWeights::random(cfg, 42, 0.15f, /*bf16=*/true);
-  std::unique_ptr<Engine> make(const EngineOptions& o = opts()) { return Engine::create(cfg, w, o); }
+  std::unique_ptr<Engine> make(const EngineOptions& o = hybrid_opts()) { return Engine::create(cfg, w, o); }
 };
 
 double max_logprob_diff(const ScoreResult& a, const ScoreResult& b) {
@@ -57,8 +57,8 @@ double max_logprob_diff(const ScoreResult& a, const ScoreResult& b) {
 }
 
 TEST(Qwen3_5Engine, PlanCountsTheStatePoolAndOnlyAttentionLayers) {
-  Fixture f;
-  EngineOptions o = opts();
+  HybridFixture f;
+  EngineOptions o = hybrid_opts();
   o.enable_prefix_caching = false;  // no snapshot pool (test_qwen3_5_prefix.cpp counts that one)
   auto e = f.make(o);
   const KvPlan& p = e->kv_plan();
@@ -73,9 +73,9 @@ TEST(Qwen3_5Engine, PlanCountsTheStatePoolAndOnlyAttentionLayers) {
 }
 
 TEST(Qwen3_5Engine, ChunkedPrefillAt64IsBitwiseOneShotAndOtherwiseClose) {
-  Fixture f;
+  HybridFixture f;
   auto e = f.make();
-  const auto toks = random_tokens(150, 1);
+  const auto toks = hybrid_tokens(150, 1);
   const ScoreResult one = e->score(toks);
   ScoreOptions c64;
   c64.chunk_size = 64;
@@ -94,9 +94,9 @@ TEST(Qwen3_5Engine, ChunkedPrefillAt64IsBitwiseOneShotAndOtherwiseClose) {
 }
 
 TEST(Qwen3_5Engine, DecodeAgreesWithPrefillAndSlotsAreReused) {
-  Fixture f;
+  HybridFixture f;
   auto e = f.make();
-  const auto prompt = random_tokens(37, 2);
+  const auto prompt = hybrid_tokens(37, 2);
   GenerateOptions g;
   g.max_tokens = 12;
   g.stop_at_eos = false;
@@ -104,7 +104,7 @@ TEST(Qwen3_5Engine, DecodeAgreesWithPrefillAndSlotsAreReused) {
   ASSERT_EQ(r1.tokens.size(), 12u);
   // Another sequence in between, then the first again: a reused slot starts
   // from zero states, so the tokens repeat exactly.
-  (void)e->generate(random_tokens(20, 3), g);
+  (void)e->generate(hybrid_tokens(20, 3), g);
   const GenerateResult r2 = e->generate(prompt, g);
   EXPECT_EQ(r1.tokens, r2.tokens);
   // The decode steps (recurrent form) against prefill of the same tokens
@@ -117,8 +117,8 @@ TEST(Qwen3_5Engine, DecodeAgreesWithPrefillAndSlotsAreReused) {
 }
 
 TEST(Qwen3_5Engine, BatchedEqualsAloneAndPreemptionRecomputes) {
-  Fixture f;
-  const std::vector<std::vector<int>> prompts = {random_tokens(30, 4), random_tokens(45, 5), random_tokens(12, 6)};
+  HybridFixture f;
+  const std::vector<std::vector<int>> prompts = {hybrid_tokens(30, 4), hybrid_tokens(45, 5), hybrid_tokens(12, 6)};
   GenerateOptions g;
   g.max_tokens = 20;
   g.stop_at_eos = false;
@@ -128,7 +128,7 @@ TEST(Qwen3_5Engine, BatchedEqualsAloneAndPreemptionRecomputes) {
     for (const auto& p : prompts) alone.push_back(e->generate(p, g).tokens);
   }
   for (bool tight : {false, true}) {
-    EngineOptions o = opts();
+    EngineOptions o = hybrid_opts();
     if (tight) {  // a pool for about one request of 66 tokens: the others are preempted and recomputed
       KvPlanSettings s;
       s.block_size = o.block_size;
@@ -156,8 +156,8 @@ TEST(Qwen3_5Engine, BatchedEqualsAloneAndPreemptionRecomputes) {
 // (test_tp_qwen3_5_fp8.cpp runs it): this model's single key head cannot
 // be split over 2 ranks, and the refusal names both linear head fields.
 TEST(Qwen3_5Engine, TensorParallelNeedsTheLinearHeadsToDivide) {
-  Fixture f;
-  EngineOptions o = opts();
+  HybridFixture f;
+  EngineOptions o = hybrid_opts();
   o.tensor_parallel_size = 2;
   EXPECT_THAT(test_util::input_error_of([&] { f.make(o); }),
               HasSubstr("--tensor-parallel-size 2 does not divide linear_num_key_heads 1 and "

@@ -91,7 +91,7 @@ struct Fixture {
 };
 
 // Each wave's prompts submitted at once and run until idle; waves in order.
-std::vector<Out> run_waves(Engine& e, const std::vector<std::vector<std::vector<int>>>& waves, int max_tokens) {
+std::vector<Out> run_prefix_waves(Engine& e, const std::vector<std::vector<std::vector<int>>>& waves, int max_tokens) {
   std::vector<Out> out;
   for (const auto& wave : waves)
     for (auto& o : testing::run_until_idle(e, wave, max_tokens)) out.push_back(std::move(o));
@@ -133,8 +133,8 @@ TEST(Qwen3_5Prefix, OnEqualsOffBitwiseAndHitsEndAtSnapshots) {
     const int max_tokens = 6;
     auto on = f.make(opts(true));
     auto off = f.make(opts(false));
-    const auto x = run_waves(*on, waves, max_tokens);
-    const auto y = run_waves(*off, waves, max_tokens);
+    const auto x = run_prefix_waves(*on, waves, max_tokens);
+    const auto y = run_prefix_waves(*off, waves, max_tokens);
     for (size_t i = 0; i < x.size(); ++i) {
       EXPECT_EQ(x[i].tokens, y[i].tokens) << "shared " << c.shared << " request " << i;
       EXPECT_EQ(x[i].logprobs, y[i].logprobs) << "shared " << c.shared << " request " << i;  // bitwise
@@ -153,8 +153,8 @@ TEST(Qwen3_5Prefix, OnEqualsOffBitwiseAndHitsEndAtSnapshots) {
   const std::vector<std::vector<std::vector<int>>> waves = {{p, q}, {q, p}, {p}, {p}};
   auto on = f.make(opts(true));
   auto off = f.make(opts(false));
-  const auto x = run_waves(*on, waves, 5);
-  const auto y = run_waves(*off, waves, 5);
+  const auto x = run_prefix_waves(*on, waves, 5);
+  const auto y = run_prefix_waves(*off, waves, 5);
   for (size_t i = 0; i < x.size(); ++i) {
     EXPECT_EQ(x[i].tokens, y[i].tokens) << "request " << i;
     EXPECT_EQ(x[i].logprobs, y[i].logprobs) << "request " << i;
@@ -196,8 +196,8 @@ TEST(Qwen3_5Prefix, UnalignedBoundariesAgreeWithinTheChunkingBound) {
   const std::vector<std::vector<std::vector<int>>> waves = {{a}, {b}, {a}};
   auto on = f.make(opts(true, /*interval=*/3));  // every 12 tokens: splits the delta rule's 64-token chunks
   auto off = f.make(opts(false));
-  const auto x = run_waves(*on, waves, 6);
-  const auto y = run_waves(*off, waves, 6);
+  const auto x = run_prefix_waves(*on, waves, 6);
+  const auto y = run_prefix_waves(*off, waves, 6);
   double worst = 0.0;
   for (size_t i = 0; i < x.size(); ++i) {
     EXPECT_EQ(x[i].tokens, y[i].tokens) << "request " << i;
@@ -231,8 +231,8 @@ TEST(Qwen3_5Prefix, SmallSnapshotPoolEvictsAndStaysCorrect) {
   for (int round = 0; round < 2; ++round)
     for (int i = 0; i < 6; ++i) waves.push_back({concat(prefixes[i], random_tokens(3 + i, 60 + 10 * round + i))});
   waves.push_back({concat(prefixes[5], random_tokens(4, 99))});  // the newest prefix: still snapshotted
-  const auto x = run_waves(*on, waves, 4);
-  const auto y = run_waves(*off, waves, 4);
+  const auto x = run_prefix_waves(*on, waves, 4);
+  const auto y = run_prefix_waves(*off, waves, 4);
   for (size_t i = 0; i < x.size(); ++i) {
     EXPECT_EQ(x[i].tokens, y[i].tokens) << "request " << i;
     EXPECT_EQ(x[i].logprobs, y[i].logprobs) << "request " << i;

@@ -265,7 +265,7 @@ ModelConfig config_of(const std::string& family) {
 }
 
 EngineOptions tp_opts(const std::string& dtype, int tp) {
-  EngineOptions o = testing::small_engine_options(dtype, 1u << 20, 32);
+  EngineOptions o = testing::small_paged_options(dtype, 1u << 20, 32);
   o.tensor_parallel_size = tp;
   return o;
 }

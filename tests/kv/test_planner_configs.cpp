@@ -11,13 +11,13 @@
 namespace fp8kv {
 namespace {
 
-constexpr uint64_t GiB = 1ull << 30;
+constexpr uint64_t kGiB = 1ull << 30;
 
 ModelConfig load(const std::string& name) {
   return load_model_config(std::string(FP8KV_SOURCE_DIR) + "/tests/data/configs/" + name);
 }
 
-KvPlan plan(const ModelConfig& c, KvDtype d, uint64_t mem = 80 * GiB) {
+KvPlan plan(const ModelConfig& c, KvDtype d, uint64_t mem = 80 * kGiB) {
   KvPlanSettings s;
   s.kv_memory_bytes = mem;
   s.dtype = d;
@@ -49,7 +49,7 @@ TEST(PlannerConfigs, Qwen3_8B_NoSlidingWindow) {
   EXPECT_EQ(b.blocks_per_request, 2560);
   // page = 16 x 147456 = 2359296 B; 80 GiB / page = 36408 (floor)
   EXPECT_EQ(b.page_bytes, 2359296u);
-  EXPECT_EQ(b.num_blocks, static_cast<int64_t>(80 * GiB / 2359296));
+  EXPECT_EQ(b.num_blocks, static_cast<int64_t>(80 * kGiB / 2359296));
   EXPECT_EQ(b.tokens, b.num_blocks * 16);
   const KvPlan f = plan(c, KvDtype::fp8_e4m3);
   EXPECT_TRUE(f.num_blocks == 2 * b.num_blocks || f.num_blocks == 2 * b.num_blocks + 1);
@@ -57,7 +57,7 @@ TEST(PlannerConfigs, Qwen3_8B_NoSlidingWindow) {
 
 TEST(PlannerConfigs, Mistral7B_AllLayersSlide) {
   const ModelConfig c = load("mistral-7b-v0.1");
-  const KvPlan b = plan(c, KvDtype::bf16, 16 * GiB);
+  const KvPlan b = plan(c, KvDtype::bf16, 16 * kGiB);
   ASSERT_EQ(b.groups.size(), 1u);
   EXPECT_EQ(b.groups[0].window, 4096);
   EXPECT_EQ(b.groups[0].layers.size(), 32u);
@@ -93,7 +93,7 @@ TEST(PlannerConfigs, Gemma3_12B_AtTheEngineDefault8192BatchedTokens) {
   // The default both the engine and `fp8kv capacity` use: the sliding groups
   // reserve min(1023 + 8192, 131072) = 9215 tokens -> cdiv(9215, 16) + 1 = 577.
   KvPlanSettings s;
-  s.kv_memory_bytes = 80 * GiB;
+  s.kv_memory_bytes = 80 * kGiB;
   const KvPlan b = plan_kv_cache(load("gemma-3-12b"), s);
   EXPECT_EQ(b.max_num_batched_tokens, 8192);
   EXPECT_EQ(b.groups[0].blocks_per_request, 577);

@@ -27,7 +27,7 @@ ModelConfig hybrid() {
                             "config.json");
 }
 
-KvPlanSettings settings(KvDtype d, uint64_t mem) {
+KvPlanSettings qwen_settings(KvDtype d, uint64_t mem) {
   KvPlanSettings s;
   s.kv_memory_bytes = mem;
   s.max_model_len = 1024;
@@ -41,7 +41,7 @@ KvPlanSettings settings(KvDtype d, uint64_t mem) {
 
 TEST(PlannerQwen3_5, StatePoolIsCarvedBeforeTheBlocks) {
   const ModelConfig c = hybrid();
-  const KvPlan p = plan_kv_cache(c, settings(KvDtype::bf16, 64u << 20));
+  const KvPlan p = plan_kv_cache(c, qwen_settings(KvDtype::bf16, 64u << 20));
   // Layers 3 and 7 are full attention: one group of both.
   ASSERT_EQ(p.groups.size(), 1u);
   EXPECT_EQ(p.groups[0].layers, (std::vector<int>{3, 7}));
@@ -52,15 +52,15 @@ TEST(PlannerQwen3_5, StatePoolIsCarvedBeforeTheBlocks) {
   EXPECT_EQ(p.state.pool_bytes(), 16 * per_seq);
   EXPECT_EQ(p.num_blocks, static_cast<int64_t>(((64u << 20) - 16 * per_seq) / p.page_bytes));
   // The one-request minimum includes the state pool.
-  EXPECT_EQ(kv_memory_needed(c, settings(KvDtype::bf16, 0)), p.blocks_per_request * p.page_bytes + 16 * per_seq);
+  EXPECT_EQ(kv_memory_needed(c, qwen_settings(KvDtype::bf16, 0)), p.blocks_per_request * p.page_bytes + 16 * per_seq);
   EXPECT_NE(kv_plan_log_line(p).find("state pool: 16 slots x " + std::to_string(per_seq) + " bytes"),
             std::string::npos);
 }
 
 TEST(PlannerQwen3_5, Fp8DoublesTheAttentionTokensNotTheStatePool) {
   const ModelConfig c = hybrid();
-  const KvPlan b = plan_kv_cache(c, settings(KvDtype::bf16, 64u << 20));
-  const KvPlan f = plan_kv_cache(c, settings(KvDtype::fp8_e4m3, 64u << 20));
+  const KvPlan b = plan_kv_cache(c, qwen_settings(KvDtype::bf16, 64u << 20));
+  const KvPlan f = plan_kv_cache(c, qwen_settings(KvDtype::fp8_e4m3, 64u << 20));
   EXPECT_EQ(f.state.pool_bytes(), b.state.pool_bytes());
   EXPECT_EQ(f.page_bytes * 2, b.page_bytes);
   EXPECT_NEAR(static_cast<double>(f.tokens) / static_cast<double>(b.tokens), 2.0, 1e-3);
@@ -68,9 +68,9 @@ TEST(PlannerQwen3_5, Fp8DoublesTheAttentionTokensNotTheStatePool) {
 
 TEST(PlannerQwen3_5, BudgetBelowTheStatePoolIsRefusedNamingIt) {
   const ModelConfig c = hybrid();
-  EXPECT_THAT(test_util::input_error_of([&] { plan_kv_cache(c, settings(KvDtype::bf16, 1000)); }),
+  EXPECT_THAT(test_util::input_error_of([&] { plan_kv_cache(c, qwen_settings(KvDtype::bf16, 1000)); }),
               HasSubstr("smaller than the linear-attention state pool: --max-num-seqs 16"));
-  EXPECT_EQ(max_model_len_that_fits(c, settings(KvDtype::bf16, 1000)), 0);
+  EXPECT_EQ(max_model_len_that_fits(c, qwen_settings(KvDtype::bf16, 1000)), 0);
 }
 
 // Prefix caching's state snapshots (docs/design.md "Prefix snapshots of the
@@ -78,7 +78,7 @@ TEST(PlannerQwen3_5, BudgetBelowTheStatePoolIsRefusedNamingIt) {
 // as the KV blocks, one snapshot per interval of blocks.
 TEST(PlannerQwen3_5, SnapshotPoolSharesTheBudget) {
   const ModelConfig c = hybrid();
-  KvPlanSettings s = settings(KvDtype::bf16, 64u << 20);
+  KvPlanSettings s = qwen_settings(KvDtype::bf16, 64u << 20);
   const KvPlan off = plan_kv_cache(c, s);
   EXPECT_EQ(off.state.snapshot_slots, 0);
   EXPECT_EQ(off.state.snapshot_interval, 0);
@@ -123,7 +123,7 @@ TEST(PlannerQwen3_5, SnapshotPoolSharesTheBudget) {
 
 TEST(PlannerQwen3_5, SnapshotIntervalBeyondMaxModelLenIsRefusedNamingTheFlag) {
   const ModelConfig c = hybrid();
-  KvPlanSettings s = settings(KvDtype::bf16, 64u << 20);
+  KvPlanSettings s = qwen_settings(KvDtype::bf16, 64u << 20);
   s.prefix_caching = true;
   s.state_snapshot_interval = 64;  // 64 x 16 = 1024 tokens = max_model_len
   EXPECT_THAT(test_util::input_error_of([&] { plan_kv_cache(c, s); }),

