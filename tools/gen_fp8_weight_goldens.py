@@ -56,7 +56,7 @@ import torch
 from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gen_model_goldens import Hook, make_model, modeling_module, score, tokenizer_json  # noqa: E402
+from gen_model_goldens import Hook, fp32_model_from_dict, make_model, modeling_module, score, tokenizer_json  # noqa: E402
 
 OUT = os.path.join("tests", "golden", "fp8_weights")
 FP8_MAX = 448.0
@@ -220,21 +220,11 @@ def add_bf16_compute(case):
     sequences without and with the W8A8 input rounding (round_act, its result
     cast back to bf16). Returns the mean |w8a8_bf16_compute - w8a8|."""
     from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoModelForCausalLM
     d = os.path.join(OUT, case)
     g = json.load(open(os.path.join(d, "golden.json")))
     cfg = json.load(open(os.path.join(d, "config.json")))
     cfg.pop("quantization_config", None)
-    tmp = d + ".tmp_cfg"
-    os.makedirs(tmp, exist_ok=True)
-    with open(os.path.join(tmp, "config.json"), "w") as f:
-        json.dump(cfg, f)
-    config = AutoConfig.from_pretrained(tmp)
-    shutil.rmtree(tmp)
-    try:
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", torch_dtype=torch.float32)
-    except TypeError:
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+    model = fp32_model_from_dict(cfg)
     model.eval()
     sd = dequantize_saved(load_file(os.path.join(d, "model.safetensors")), g["format"], set(g["quantized_modules"]))
     if "lm_head.weight" not in sd:

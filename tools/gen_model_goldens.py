@@ -193,16 +193,22 @@ def init_weights(model, gen):
                 p.copy_(torch.randn(p.shape, generator=gen) * std)
 
 
-def make_model(case, cfg_dict, out_dir):
+def fp32_model_from_dict(cfg_dict):
+    """An fp32 eager-attention model with random init from a config dict."""
     tmp = tempfile.mkdtemp()
     with open(os.path.join(tmp, "config.json"), "w") as f:
         json.dump(cfg_dict, f)
     config = AutoConfig.from_pretrained(tmp)
     shutil.rmtree(tmp)
     try:
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", torch_dtype=torch.float32)
+        return AutoModelForCausalLM.from_config(config, attn_implementation="eager", torch_dtype=torch.float32)
     except TypeError:
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+        return AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+
+
+def make_model(case, cfg_dict, out_dir):
+    model = fp32_model_from_dict(cfg_dict)
+    config = model.config
     gen = torch.Generator().manual_seed(sum(map(ord, case)))
     init_weights(model, gen)
     if getattr(config, "tie_word_embeddings", False):
