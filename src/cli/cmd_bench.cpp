@@ -30,7 +30,6 @@
 #include "numerics/version.h"
 #ifdef FP8KV_HAVE_CUDA
 #include "backend/cuda/copy_bandwidth.h"
-#include "backend/cuda/linear/routes.h"
 #endif
 
 namespace fp8kv::cli {
@@ -40,53 +39,8 @@ struct BenchArgs {
   std::string model;
   bench::BenchSettings s;
   bool json = false;
-  // --gemv-routes "SPEC;SPEC": after the main run, the same benchmark again
-  // per set of per-projection GEMV routes (backend/cuda/linear/routes.h), in
-  // this process (one model load for an A/B of the decode GEMV kernels).
-  std::string gemv_routes;
   EngineFlags engine;
 };
-
-// "A;B;C" -> {"A", "B", "C"} (empty entries dropped).
-[[maybe_unused]] std::vector<std::string> split_route_sets(const std::string& specs) {  // used in CUDA builds only
-  std::vector<std::string> out;
-  size_t i = 0;
-  while (i <= specs.size()) {
-    const size_t j = std::min(specs.find(';', i), specs.size());
-    if (j > i) out.push_back(specs.substr(i, j - i));
-    i = j + 1;
-  }
-  return out;
-}
-
-// The --gemv-routes comparison: one row per route set (CUDA only).
-nlohmann::json run_route_sets(Engine& engine, const bench::BenchSettings& s, double copy, const std::string& specs,
-                              const std::string& backend) {
-  nlohmann::json rows = nlohmann::json::array();
-  if (specs.empty()) return rows;
-  if (backend != "cuda") throw InputError("--gemv-routes: needs the cuda backend (--backend cuda)");
-#ifdef FP8KV_HAVE_CUDA
-  const cuda::LinearRoutes saved = cuda::linear_routes();
-  for (const std::string& spec : split_route_sets(specs)) {
-    const cuda::LinearRoutes r = cuda::parse_linear_routes(spec, "--gemv-routes");
-    cuda::set_linear_routes(r);  // captured graphs are re-captured with these kernels
-    const bench::BenchResult x = bench::run_bench(engine, s, copy);
-    rows.push_back({{"routes", cuda::linear_routes_string(r)},
-                    {"decode_ms_per_step", x.decode_ms_per_step},
-                    {"decode_tokens_per_s", x.decode_tokens_per_s},
-                    {"floor_fraction", x.floor_fraction},
-                    {"full_batch_decode_ms_per_step", x.full_batch_decode_ms_per_step},
-                    {"full_batch_decode_tokens_per_s", x.full_batch_decode_tokens_per_s}});
-    std::fprintf(stderr, "gemv routes %s: %.3f ms/step, %.1f tok/s, floor %.3f\n",
-                 cuda::linear_routes_string(r).c_str(), x.decode_ms_per_step, x.decode_tokens_per_s, x.floor_fraction);
-  }
-  cuda::set_linear_routes(saved);
-#else
-  (void)engine, (void)s, (void)copy;
-  throw InputError("--gemv-routes: this build has no CUDA backend");
-#endif
-  return rows;
-}
 
 // "cuda" when the engine runs on the GPU (--backend cuda, or auto with a
 // CUDA build and a device present), else "cpu".
@@ -139,11 +93,6 @@ int run_bench(BenchArgs a, const std::string& mode) {
   check_request_memory(a.s, mode);
   if (mode == "latency") o.max_num_seqs = std::max(o.max_num_seqs, a.s.batch_size);
   const std::string backend = resolved_backend(o.backend);
-  if (!a.gemv_routes.empty() && backend != "cuda")  // before the model load
-    throw InputError("--gemv-routes: needs the cuda backend (--backend cuda)");
-#ifdef FP8KV_HAVE_CUDA
-  for (const std::string& spec : split_route_sets(a.gemv_routes)) (void)cuda::parse_linear_routes(spec, "--gemv-routes");
-#endif
   auto engine = Engine::load(a.model, o);
   if (!engine) return 0;  // a multi-process follower: rank 0 did the work (Engine::load)
 
@@ -168,10 +117,6 @@ int run_bench(BenchArgs a, const std::string& mode) {
   j["block_size"] = o.block_size;
   j["threads"] = o.num_threads;
   j["fp8kv_version"] = version_string();
-#ifdef FP8KV_HAVE_CUDA
-  if (backend == "cuda") j["gemv_routes"] = cuda::linear_routes_string(cuda::linear_routes());
-#endif
-  if (!a.gemv_routes.empty()) j["gemv_route_runs"] = run_route_sets(*engine, a.s, copy, a.gemv_routes, backend);
   if (a.json) {
     std::printf("%s\n", dump_json(j).c_str());
   } else {
@@ -211,9 +156,6 @@ void add_common(CLI::App* sub, BenchArgs* a) {
   sub->add_flag("--ignore-eos", a->s.ignore_eos, "Generate --output-len tokens even past EOS");
   sub->add_option("--seed", a->s.seed, "Seed of the random prompts (default 0; -1: random, logged)")->transform(seed_rule());
   sub->add_flag("--json", a->json, "Print the result as JSON");
-  sub->add_option("--gemv-routes", a->gemv_routes,
-                  "cuda: after the run, rerun per GEMV route set, e.g. \"down=lt;down=simt,qkv=mma\" "
-                  "(projections qkv, o_proj, gate_up, down, lm_head; kernels auto, lt, simt, mma)");
   a->engine.add(sub);
 }
 

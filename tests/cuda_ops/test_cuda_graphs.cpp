@@ -18,7 +18,6 @@
 #include <random>
 #include <vector>
 
-#include "backend/cuda/linear/routes.h"
 #include "cuda_ops_util.h"
 #include "graph_trace.h"
 #include "engine/engine.h"

@@ -449,14 +449,14 @@ TEST(CudaW8a8, GemmMatchesReferenceEveryGranularity) {
 }
 
 // The dispatch: in W8A8 mode Gemm::linear takes linear_w8a8 from
-// linear_routes().w8a8_min_rows rows on (bitwise its result), the fp8 GEMV
-// below; a padded matrix takes W8A8 at every row count.
-TEST(CudaW8a8, LinearRoutesW8a8RowsAndGemvRows) {
+// kW8a8MinRows rows on (bitwise its result), the fp8 GEMV below; a padded
+// matrix takes W8A8 at every row count.
+TEST(CudaW8a8, W8a8RowsAndGemvRows) {
   FP8KV_NEED_GPU();
   std::mt19937_64 rng(test_seed());
   cuda::Gemm gemm;
   gemm.reserve_fp8_scratch();
-  const int rows = cuda::linear_routes().w8a8_min_rows;
+  const int rows = cuda::kW8a8MinRows;
   for (const Fp8Case& c : {Fp8Case{256, 512, ScaleGranularity::block128}, Fp8Case{64, 200, ScaleGranularity::tensor}}) {
     DeviceW8a8 w = make_w8a8(rng, c.N, c.K, c.g);
     for (int64_t T : {int64_t{1}, int64_t{rows - 1}, int64_t{rows}, int64_t{40}}) {

@@ -193,55 +193,15 @@ TEST(CudaOps, GemmBf16OutAndActBf16In) {
   }
 }
 
-// ---- per-projection GEMV routes (linear_routes.h) ---------------------------
+// ---- per-projection GEMV routes (routes.h) ---------------------------------
 
-TEST(CudaOps, LinearRoutesParse) {  // host only: runs without a GPU too
-  using cuda::GemvKernel;
-  using cuda::LinearProj;
-  const cuda::LinearRoutes r = cuda::parse_linear_routes("down=lt,qkv=mma", "test");
-  EXPECT_EQ(r.of(LinearProj::down), GemvKernel::lt);
-  EXPECT_EQ(r.of(LinearProj::qkv), GemvKernel::mma);
-  EXPECT_EQ(r.of(LinearProj::o_proj), GemvKernel::auto_);  // unnamed: auto
-  EXPECT_EQ(cuda::linear_routes_string(r),
-            "qkv=mma,o_proj=auto,gate_up=auto,down=lt,lm_head=auto,store=fused,act=fused");
-  EXPECT_FALSE(cuda::parse_linear_routes("act=separate", "test").fused_act);
-  EXPECT_FALSE(cuda::parse_linear_routes("store=separate", "test").fused_store);
-  EXPECT_TRUE(cuda::parse_linear_routes("", "test").sample_in_graph);
-  EXPECT_FALSE(cuda::parse_linear_routes("sample=separate", "test").sample_in_graph);
-  EXPECT_EQ(cuda::parse_linear_routes("", "test").decode_split_tokens, 0);
-  EXPECT_EQ(cuda::parse_linear_routes("dsplit=256", "test").decode_split_tokens, 256);
-  EXPECT_THROW(cuda::parse_linear_routes("dsplit=12x", "test"), InputError);
-  EXPECT_THROW(cuda::parse_linear_routes("dsplit=-1", "test"), InputError);
-  EXPECT_EQ(cuda::linear_routes_string(cuda::parse_linear_routes("dsplit=512", "test")),
-            "qkv=auto,o_proj=auto,gate_up=auto,down=auto,lm_head=auto,store=fused,act=fused,dsplit=512");
-  EXPECT_EQ(cuda::linear_routes_string(cuda::parse_linear_routes("down=lt,sample=separate", "test")),
-            "qkv=auto,o_proj=auto,gate_up=auto,down=lt,lm_head=auto,store=fused,act=fused,sample=separate");
-  // The canonical string parses back to the same routes; "" and "default" are the default.
-  EXPECT_EQ(cuda::parse_linear_routes(cuda::linear_routes_string(r), "test"), r);
-  EXPECT_EQ(cuda::parse_linear_routes("", "test"), cuda::parse_linear_routes(cuda::kDefaultLinearRoutes, "test"));
-  EXPECT_EQ(cuda::parse_linear_routes("default", "test"), cuda::parse_linear_routes("", "test"));
-  EXPECT_EQ(cuda::parse_linear_routes("gate_up=simt,", "test").of(LinearProj::gate_up), GemvKernel::simt);
-  // norm= / prep= (the fused GEMV epilogues) no longer exist.
-  for (const char* bad : {"down", "down=fast", "ffn=lt", "=lt", "down=lt,qkv", "store=lt", "act=silu", "sample=host",
-                          "norm=fused", "prep=fused"}) {
-    try {
-      (void)cuda::parse_linear_routes(bad, "--gemv-routes");
-      ADD_FAILURE() << "accepted " << bad;
-    } catch (const InputError& e) {
-      EXPECT_NE(std::string(e.what()).find("--gemv-routes"), std::string::npos) << e.what();
-    }
-  }
-}
-
-// A named shape runs the kernel its projection's route names (bitwise the
-// output of that kernel called directly, or of cuBLASLt); unnamed shapes and
-// shapes named for two projections take gemv_bf16's choice; T past the GEMV
-// rows always cuBLASLt; a route change bumps the generation (graphs re-capture).
-TEST(CudaOps, LinearRoutesDispatch) {
+// A named shape runs the kernel of its projection's entry in kGemvRoutes
+// (bitwise that kernel called directly); unnamed shapes and shapes named for
+// two projections take gemv_bf16's choice; T past the GEMV rows cuBLASLt.
+TEST(CudaOps, GemvRoutesDispatch) {
   FP8KV_NEED_GPU();
   using cuda::GemvKernel;
   using cuda::LinearProj;
-  const cuda::LinearRoutes saved = cuda::linear_routes();
   std::mt19937_64 rng(test_seed());
   const int N = 96, K = 512;
   const std::vector<float> w = randn(rng, static_cast<size_t>(N) * K, 0.05f);
@@ -254,41 +214,37 @@ TEST(CudaOps, LinearRoutesDispatch) {
     f(dy.as<float>());
     return to_host<float>(dy, N);
   };
-  cuda::Gemm direct;
-  direct.set_gemv_max_rows(0);  // cuBLASLt
-  const auto y_lt = y_of([&](float* y) { direct.linear(dx.as<uint16_t>(), 1, W, nullptr, y, false, nullptr); });
   const auto y_simt = y_of([&](float* y) { cuda::gemv_bf16_simt(dx.as<uint16_t>(), 1, W, nullptr, y, false, nullptr); });
   const auto y_mma = y_of([&](float* y) { cuda::gemv_bf16_mma(dx.as<uint16_t>(), 1, W, nullptr, y, false, nullptr); });
-  const auto y_simt4 =
-      y_of([&](float* y) { cuda::gemv_bf16_simt_split(dx.as<uint16_t>(), 1, W, nullptr, y, false, 4, nullptr); });
+  const auto y_simt8 =
+      y_of([&](float* y) { cuda::gemv_bf16_simt_split(dx.as<uint16_t>(), 1, W, nullptr, y, false, 8, nullptr); });
   const auto y_simtk =
       y_of([&](float* y) { cuda::gemv_bf16_simt_split(dx.as<uint16_t>(), 1, W, nullptr, y, false, 0, nullptr); });
   const auto y_simt1 =
       y_of([&](float* y) { cuda::gemv_bf16_simt_split(dx.as<uint16_t>(), 1, W, nullptr, y, false, 1, nullptr); });
   EXPECT_EQ(y_simt1, y_simt);  // split 1 is the one-warp kernel, bitwise
-  ASSERT_NE(y_simt, y_mma);  // the kernels sum in different orders: the check below can tell them apart
+  ASSERT_NE(y_simt, y_mma);    // the kernels sum in different orders: the checks below can tell them apart
+  ASSERT_NE(y_simt, y_simt8);
 
-  cuda::Gemm gemm;
-  gemm.set_gemv_max_rows(1);
-  gemm.name_shape(N, K, LinearProj::down);
-  for (const auto& [spec, want_kernel, want] :
-       std::vector<std::tuple<std::string, GemvKernel, std::vector<float>>>{
-           {"down=lt", GemvKernel::lt, y_lt}, {"down=simt", GemvKernel::simt, y_simt},
-           {"down=mma", GemvKernel::mma, y_mma}, {"down=auto", GemvKernel::auto_, y_simt},
-           {"down=simt4", GemvKernel::simt4, y_simt4}, {"down=simtk", GemvKernel::simtk, y_simtk}}) {
-    SCOPED_TRACE(spec);
-    const uint64_t gen = cuda::linear_routes_generation();
-    cuda::set_linear_routes(cuda::parse_linear_routes(spec, "test"));
-    EXPECT_NE(cuda::linear_routes_generation(), gen);  // each spec differs from the one before
-    EXPECT_EQ(gemm.route(1, N, K), want_kernel);
+  auto want_of = [&](GemvKernel k) -> const std::vector<float>& {
+    return k == GemvKernel::simt_or_mma ? y_simt : k == GemvKernel::simt_split ? y_simtk : y_simt8;  // 1 row: SIMT
+  };
+  for (int p = 0; p < cuda::kNumLinearProj; ++p) {
+    const LinearProj proj = static_cast<LinearProj>(p);
+    SCOPED_TRACE(p);
+    cuda::Gemm gemm;
+    gemm.set_gemv_max_rows(1);
+    gemm.name_shape(N, K, proj);
+    const GemvKernel k = cuda::gemv_route(proj);
+    ASSERT_NE(k, GemvKernel::lt);
+    EXPECT_EQ(gemm.route(1, N, K), k);
     EXPECT_EQ(gemm.route(2, N, K), GemvKernel::lt);  // past gemv_max_rows
     const auto y = y_of([&](float* yp) { gemm.linear(dx.as<uint16_t>(), 1, W, nullptr, yp, false, nullptr); });
-    EXPECT_EQ(y, want);
+    EXPECT_EQ(y, want_of(k));
+    EXPECT_EQ(gemm.route(1, N + 1, K), GemvKernel::simt_or_mma);  // unnamed shape
+    gemm.name_shape(N, K, proj == LinearProj::qkv ? LinearProj::down : LinearProj::qkv);  // now named twice
+    EXPECT_EQ(gemm.route(1, N, K), GemvKernel::simt_or_mma);
   }
-  EXPECT_EQ(gemm.route(1, N + 1, K), GemvKernel::auto_);  // unnamed shape
-  gemm.name_shape(N, K, LinearProj::qkv);                 // now named twice
-  EXPECT_EQ(gemm.route(1, N, K), GemvKernel::auto_);
-  cuda::set_linear_routes(saved);
 }
 
 // ---- rmsnorm -------------------------------------------------------------------

@@ -258,12 +258,10 @@ class CudaBackend final : public Backend {
   struct Graph {
     cudaGraphExec_t exec = nullptr;
     uint64_t gen = 0;
-    uint64_t routes_gen = 0;  // cuda::linear_routes_generation() at capture
   };
   bool enforce_eager_ = false;
   bool capturing_ = false;
   uint64_t buffers_gen_ = 0;
-  uint64_t routes_gen_at_capture_ = 0;
   std::map<int64_t, Graph> graphs_;
   // FP8KV_PROFILE's prefill and step parts (prefill_profile.h,
   // step_profile.h); null when off.

@@ -154,11 +154,11 @@ void CudaBackend::qkv_split(int layer, const Tensor& qkv, const Tensor& q_norm, 
 void CudaBackend::qkv_split_store(const StepBatch& b, int layer, const Tensor& qkv, const Tensor& q_norm,
                                   const Tensor& k_norm, float eps, Tensor& q, Tensor& k, Tensor& v) {
   OpScope op(this, "qkv_split_store");
-  // "store=separate" in the routes (bench --gemv-routes): the separate store
-  // kernel (A/B and fallback). The observer gets host copies of q/k/v at
-  // store_kv; per-token-head dtypes store through store_kv too (a row's scale
-  // needs its amax first; the fused store writes element by element).
-  if (!cuda::linear_routes().fused_store || observer_ || kv_dtype_per_token_head(layout_.dtype)) {
+  // The separate store kernel where the fused one cannot serve: the observer
+  // gets host copies of q/k/v at store_kv; per-token-head dtypes store
+  // through store_kv too (a row's scale needs its amax first; the fused
+  // store writes element by element).
+  if (observer_ || kv_dtype_per_token_head(layout_.dtype)) {
     Backend::qkv_split_store(b, layer, qkv, q_norm, k_norm, eps, q, k, v);
     return;
   }
@@ -251,7 +251,7 @@ void CudaBackend::linear_gated_act(Activation act, const Tensor& x, const Tensor
   const int64_t T = x.rows;
   // fp8 weights at 1-2 rows: the fp8 GEMV with the activation fused
   // (ops.h gemv_fp8_gated_act: bitwise the two-kernel result).
-  if (w.is_fp8_weight() && cuda::linear_routes().fused_act && out.dtype == ScalarType::bf16 &&
+  if (w.is_fp8_weight() && out.dtype == ScalarType::bf16 &&
       x.dtype == ScalarType::bf16 && x.cols == w.cols && out.rows == T && out.cols * 2 == w.rows && out.data &&
       T <= gemm_->gemv_max_rows()) {
     const cuda::DeviceMatrix Wg = matrix(w, "linear_gated_act");
@@ -263,13 +263,12 @@ void CudaBackend::linear_gated_act(Activation act, const Tensor& x, const Tensor
     }
   }
   // Other fp8 weights: the fp8 GEMV, then the activation kernel.
-  bool fuse = !w.is_fp8_weight() && cuda::linear_routes().fused_act && out.dtype == ScalarType::bf16 &&
+  bool fuse = !w.is_fp8_weight() && out.dtype == ScalarType::bf16 &&
               x.dtype == ScalarType::bf16 &&
               T >= 1 && T <= std::min<int64_t>(cuda::kGemvGatedActMaxRows, gemm_->gemv_max_rows()) &&
               x.cols == w.cols && w.rows % 2 == 0 && out.rows == T && out.cols * 2 == w.rows;
   if (fuse) {
-    const cuda::GemvKernel k = gemm_->route(T, w.rows, w.cols);
-    fuse = k == cuda::GemvKernel::simt || (k == cuda::GemvKernel::auto_ && T < cuda::kGemvMmaMinRows);
+    fuse = gemm_->route(T, w.rows, w.cols) == cuda::GemvKernel::simt_or_mma && T < cuda::kGemvMmaMinRows;
   }
   // W8A8 rows: the FP8 GEMM writes gate|up in bf16 and the activation reads
   // bf16, as past the GEMV rows below (the bf16-weight path's rounding of
@@ -420,9 +419,8 @@ void CudaBackend::attention(const StepBatch& b, int layer, const Tensor& q, Tens
     a.q_dtype = cuda::ActDtype::f32;
     a.out = op;
     a.out_dtype = odt;
-    // split_tokens: plan_decode's choice, or the routes' dsplit (A/B sweeps).
     a.plan = cuda::plan_decode(s.num_decodes, Hq, Hkv, D, s.decode_plan_context, window, cuda::device_sm_count(),
-                               cuda::linear_routes().decode_split_tokens, /*ctas_per_sm=*/0, layout_.dtype);
+                               /*split_tokens=*/0, /*ctas_per_sm=*/0, layout_.dtype);
     grow(decode_ws_, std::max<size_t>(a.plan.workspace_bytes, 16));
     a.workspace = decode_ws_.get();
     OpScope ps(this, nullptr, "attention (decode rows)");

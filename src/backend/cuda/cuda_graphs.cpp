@@ -46,7 +46,7 @@ void CudaBackend::reserve_decode_scratch(int max_seqs, int max_context) {
   for (int w : windows)
     for (int b = 1; b <= max_seqs; ++b)
       most = std::max(most, cuda::plan_decode(b, cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim, max_context, w,
-                                              cuda::device_sm_count(), cuda::linear_routes().decode_split_tokens,
+                                              cuda::device_sm_count(), /*split_tokens=*/0,
                                               /*ctas_per_sm=*/0, layout_.dtype)
                                 .workspace_bytes);
   grow(decode_ws_, most);
@@ -63,7 +63,7 @@ bool CudaBackend::replay_graph(int64_t key) {
   if (!supports_graphs()) return false;
   auto it = graphs_.find(key);
   if (it == graphs_.end()) return false;
-  if (it->second.gen != buffers_gen_ || it->second.routes_gen != cuda::linear_routes_generation()) {
+  if (it->second.gen != buffers_gen_) {
     cudaGraphExecDestroy(it->second.exec);
     graphs_.erase(it);
     return false;
@@ -79,7 +79,6 @@ void CudaBackend::begin_graph_capture(int64_t /*key*/) {
   // Thread-local mode: other threads' unrelated CUDA calls do not break it.
   FP8KV_CU(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   capturing_ = true;
-  routes_gen_at_capture_ = cuda::linear_routes_generation();
 }
 
 void CudaBackend::end_graph_capture(int64_t key) {
@@ -92,7 +91,7 @@ void CudaBackend::end_graph_capture(int64_t key) {
   cudaGraphDestroy(graph);
   FP8KV_CU(e);
   if (auto it = graphs_.find(key); it != graphs_.end()) cudaGraphExecDestroy(it->second.exec);
-  graphs_[key] = Graph{exec, buffers_gen_, routes_gen_at_capture_};
+  graphs_[key] = Graph{exec, buffers_gen_};
 }
 
 void CudaBackend::abort_graph_capture() {

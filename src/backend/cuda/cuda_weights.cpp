@@ -426,7 +426,7 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
     o.gate_up_bias = fused_bias({{&L.gate_bias, L.gate_proj.rows}, {&L.up_bias, L.up_proj.rows}});
     b.layers.push_back(o);
   }
-  // Per-projection GEMV routes (linear_routes.h): the shapes this model's
+  // Per-projection GEMV routes (routes.h): the shapes this model's
   // fused projections and LM head run at.
   for (const BackendLayerWeights& o : b.layers) {
     if (!o.qkv_proj.empty()) {  // not a Gated DeltaNet layer (whose projections keep the default routes)
@@ -474,7 +474,7 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
                  "quantized to e4m3 from f32, scales 1x128 x 128x128 blocks or per token x per channel; fewer rows: "
                  "the fp8 GEMV with bf16 activations, W8A16 numerics, except matrices padded to 16-byte rows, which "
                  "take the W8A8 GEMM at every row count){}",
-                 w8a8_matrices, cuda::linear_routes().w8a8_min_rows,
+                 w8a8_matrices, cuda::kW8a8MinRows,
                  w8a8_unaligned ? fmt::format("; {} with a row count not divisible by 4 run W8A16", w8a8_unaligned)
                                 : std::string());
   }

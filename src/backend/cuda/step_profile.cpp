@@ -8,7 +8,6 @@
 #include <utility>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/linear/routes.h"
 
 namespace fp8kv::cuda {
 
@@ -38,14 +37,6 @@ StepProfile::~StepProfile() {
 }
 
 void StepProfile::begin_step(cudaStream_t stream) {
-  if (routes_gen_ != linear_routes_generation()) {  // a new route set: report, restart
-    report(true);
-    routes_gen_ = linear_routes_generation();
-    n_ = n_idle_ = n_host_gap_ = 0;
-    graph_us_ = tail_us_ = idle_us_ = host_gap_us_ = host_launch_us_ = 0;
-    routes_.clear();
-  }
-  if (routes_.empty()) routes_ = linear_routes_string(linear_routes());
   t_begin_ = std::chrono::steady_clock::now();
   if (have_synced_ && sampled_)
     host_gap_us_ += std::chrono::duration<double, std::micro>(t_begin_ - t_synced_).count(), ++n_host_gap_;
@@ -132,9 +123,9 @@ void StepProfile::report(bool final_report) const {
   fmt::print(stderr,
              "step profile{}: {} replayed steps, per step (us): graph {:.1f} (begin_step's copy + replay, on the "
              "device), logits+sample tail {:.1f}, device idle before the step {:.1f} ({} steps); period {:.1f}; "
-             "host: sample's sync -> begin_step {:.1f}, begin_step + launch {:.1f}; routes {}\n",
+             "host: sample's sync -> begin_step {:.1f}, begin_step + launch {:.1f}\n",
              final_report ? "" : " (running)", n_, graph_us_ / n, tail_us_ / n, idle, n_idle_,
-             graph_us_ / n + tail_us_ / n + idle, gap, host_launch_us_ / n, routes_);
+             graph_us_ / n + tail_us_ / n + idle, gap, host_launch_us_ / n);
 }
 
 }  // namespace fp8kv::cuda

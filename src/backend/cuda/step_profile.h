@@ -4,8 +4,7 @@
 // idle time before the step, with the host's gaps, printed to stderr every
 // 32 steps and at the end; and one eager, op-timed copy of the N-th replayed
 // step (the runner runs it before the replay: Backend::op_profile_due), with
-// one line per op label. The counters restart when the GEMV routes change
-// (bench --gemv-routes). Events only: the kernels and their results are
+// one line per op label. Events only: the kernels and their results are
 // those of an unprofiled run.
 #pragma once
 #include <cuda_runtime.h>
@@ -41,7 +40,7 @@ class StepProfile {
   // label: "op" or, with n > 0, "op NxK" (a GEMM's weight shape).
   void op_mark(const char* op, int64_t n, int64_t k, cudaStream_t stream);
 
-  // The per-step averages so far (final_report: the end of a route set or of the run).
+  // The per-step averages so far (final_report: the end of the run).
   void report(bool final_report) const;
 
  private:
@@ -59,8 +58,6 @@ class StepProfile {
   std::vector<cudaEvent_t> op_events_;
   std::vector<std::string> op_labels_;
   size_t op_used_ = 0;
-  uint64_t routes_gen_ = 0;  // linear_routes_generation() of the counted steps
-  std::string routes_;       // their routes
 };
 
 }  // namespace fp8kv::cuda

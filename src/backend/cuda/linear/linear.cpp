@@ -259,8 +259,8 @@ void Gemm::name_shape(int64_t N, int64_t K, LinearProj proj) {
 GemvKernel Gemm::route(int64_t T, int64_t N, int64_t K) const {
   if (T > gemv_max_rows_) return GemvKernel::lt;
   const auto it = shape_proj_.find(std::make_pair(N, K));
-  if (it == shape_proj_.end() || it->second < 0) return GemvKernel::auto_;
-  return linear_routes().of(static_cast<LinearProj>(it->second));
+  if (it == shape_proj_.end() || it->second < 0) return GemvKernel::simt_or_mma;
+  return gemv_route(static_cast<LinearProj>(it->second));
 }
 
 void Gemm::linear(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y, bool accumulate,
@@ -293,13 +293,9 @@ void Gemm::linear(const uint16_t* x, int64_t T, const DeviceMatrix& W, const flo
   if (T <= gemv_max_rows_ && gemv_bf16_fits(x, T, W)) {
     switch (route(T, W.rows, W.cols)) {
       case GemvKernel::lt: break;  // cuBLASLt below
-      case GemvKernel::simt: gemv_bf16_simt(x, T, W, bias, y, accumulate, stream); return;
-      case GemvKernel::mma: gemv_bf16_mma(x, T, W, bias, y, accumulate, stream); return;
-      case GemvKernel::simt2: gemv_bf16_simt_split(x, T, W, bias, y, accumulate, 2, stream); return;
-      case GemvKernel::simt4: gemv_bf16_simt_split(x, T, W, bias, y, accumulate, 4, stream); return;
-      case GemvKernel::simt8: gemv_bf16_simt_split(x, T, W, bias, y, accumulate, 8, stream); return;
-      case GemvKernel::simtk: gemv_bf16_simt_split(x, T, W, bias, y, accumulate, 0, stream); return;
-      case GemvKernel::auto_: gemv_bf16(x, T, W, bias, y, accumulate, stream); return;
+      case GemvKernel::simt_or_mma: gemv_bf16(x, T, W, bias, y, accumulate, stream); return;
+      case GemvKernel::simt_split: gemv_bf16_simt_split(x, T, W, bias, y, accumulate, 0, stream); return;
+      case GemvKernel::simt_split8: gemv_bf16_simt_split(x, T, W, bias, y, accumulate, 8, stream); return;
     }
   }
   Plan& p = plan(T, W.rows, W.cols, bias != nullptr, accumulate, pointer_alignment(x), pointer_alignment(W.data),

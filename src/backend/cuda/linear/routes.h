@@ -1,76 +1,50 @@
-// Which kernel runs each decode projection when a Gemm takes the GEMV path
-// (T <= Gemm::gemv_max_rows(), ops.h): cuBLASLt, the SIMT GEMV or the
-// tensor-core (mma) GEMV, chosen per projection because the fastest one
-// could differ by shape (bench_linear: mma for qkv / o_proj, cuBLASLt for
-// down at T = 1; in the engine the SIMT kernels won everywhere).
-// docs/cuda_backend.md "The GEMV route table".
+// The GEMV route table: which kernel runs each decode projection when a Gemm
+// takes the GEMV path (T <= Gemm::gemv_max_rows(), ops.h). Data, not a
+// switch: production has this one table, and a route that wins an A/B later
+// replaces its entry here (docs/design.md "The plan table and no switches in
+// src").
 //
-// Production runs kDefaultLinearRoutes. A plain C++ header (no CUDA types),
-// so that `fp8kv bench latency --gemv-routes` can time other route sets
-// against it in one process; nothing else changes the routes.
+// Measured in the engine (batch 1 1K fp8 with CUDA graphs, one route
+// changed at a time): the SIMT GEMV on every projection was at least as fast
+// as the mma GEMV and cuBLASLt (bench_linear's standalone wins for mma on qkv
+// / o_proj and cuBLASLt on down did not carry over to the PDL chain). The
+// projections whose SIMT GEMV was furthest from copy bandwidth (qkv 0.79,
+// o_proj 0.63, down 0.66 of it) split K over several warps per output
+// column: qkv and o_proj by gemv_simt_auto_split's choice (4 warps at the 8B
+// shape), down over 8 (the best of 1, 2, auto and 8 warps and cuBLASLt):
+// 4.586 ms/step against 4.769 with gemv_bf16's own choice everywhere.
+// docs/cuda_backend.md "The GEMV route table".
 #pragma once
 #include <array>
 #include <cstdint>
-#include <string>
-#include <string_view>
 
 namespace fp8kv::cuda {
 
 enum class LinearProj : uint8_t { qkv, o_proj, gate_up, down, lm_head };
 inline constexpr int kNumLinearProj = 5;
-// auto: gemv_bf16's own choice (SIMT below kGemvMmaMinRows rows, else mma).
-// simt2 / simt4 / simt8: the SIMT kernel with K split over 2 / 4 / 8 warps per
-// output column; simtk: the split gemv_simt_auto_split picks for the shape
-// (ops.h gemv_bf16_simt_split).
-enum class GemvKernel : uint8_t { auto_, lt, simt, mma, simt2, simt4, simt8, simtk };
 
-struct LinearRoutes {
-  std::array<GemvKernel, kNumLinearProj> kernel{};  // all auto
-  // Not a GEMM, but switched the same way: the KV store fused into the
-  // qkv split kernel ("store=fused", the default) or its own kernel
-  // ("store=separate"); CudaBackend::qkv_split_store.
-  bool fused_store = true;
-  // The gated activation fused into the gate|up GEMV at T <= 2 ("act=fused",
-  // the default) or its own kernel ("act=separate");
-  // CudaBackend::linear_gated_act.
-  bool fused_act = true;
-  // Logits rows + sampling inside the decode step's CUDA graph
-  // ("sample=graph", the default) or after it ("sample=separate");
-  // CudaBackend::samples_in_step (docs/cuda_backend.md "CUDA graphs").
-  bool sample_in_graph = true;
-  // Not a GEMM either: keys per split of the decode attention plan
-  // ("dsplit=N", N > 0 rounded up to 64 by plan_decode), or 0: plan_decode's
-  // own choice (fill the GPU; the default). For A/B sweeps of the
-  // short-context split (CudaBackend::attention).
-  int decode_split_tokens = 0;
-  // fp8 weights in W8A8 mode (--fp8-weight-mode w8a8): calls of at least
-  // this many rows quantize their activations to e4m3 and run the cuBLASLt
-  // FP8 GEMM (Gemm::linear_w8a8, "w8a8rows=N"); fewer rows (decode) keep
-  // the fp8 GEMV, which reads the same e4m3 weights with bf16 activations
-  // (W8A16 numerics; a quantization kernel would only add a launch). 9:
-  // past the fp8 GEMV's rows (kGemvMaxRows, ops.h), where W8A16 runs the
-  // dequantized slices through bf16 cuBLASLt.
-  int w8a8_min_rows = 9;
-  GemvKernel of(LinearProj p) const { return kernel[static_cast<size_t>(p)]; }
-  bool operator==(const LinearRoutes&) const = default;
+enum class GemvKernel : uint8_t {
+  lt,           // cuBLASLt (every call past the GEMV rows)
+  simt_or_mma,  // gemv_bf16's own choice: SIMT below kGemvMmaMinRows rows, else mma
+  simt_split,   // gemv_bf16_simt_split, K split as gemv_simt_auto_split picks
+  simt_split8,  // gemv_bf16_simt_split, K split over 8 warps
 };
 
-// "qkv=mma,o_proj=mma,gate_up=simt,down=lt,lm_head=auto,store=fused" (any
-// subset; the rest auto / fused; "" or "default": kDefaultLinearRoutes);
-// also act=, sample=, dsplit= and w8a8rows= (1..1048576) above.
-// Throws InputError naming `source` and the bad entry.
-LinearRoutes parse_linear_routes(std::string_view spec, std::string_view source);
-std::string linear_routes_string(const LinearRoutes& r);
+inline constexpr std::array<GemvKernel, kNumLinearProj> kGemvRoutes = {
+    GemvKernel::simt_split,   // qkv
+    GemvKernel::simt_split,   // o_proj
+    GemvKernel::simt_or_mma,  // gate_up (at 1-2 rows fused with the activation: CudaBackend::linear_gated_act)
+    GemvKernel::simt_split8,  // down
+    GemvKernel::simt_or_mma,  // lm_head
+};
+inline constexpr GemvKernel gemv_route(LinearProj p) { return kGemvRoutes[static_cast<size_t>(p)]; }
 
-// The built-in default (the per-projection winners measured in the engine).
-extern const char* const kDefaultLinearRoutes;
-
-// Process-wide routes every Gemm follows: kDefaultLinearRoutes until
-// set_linear_routes (bench --gemv-routes, tests) replaces them and bumps
-// linear_routes_generation(), which invalidates captured CUDA graphs
-// (CudaBackend re-captures with the new kernels).
-LinearRoutes linear_routes();
-void set_linear_routes(const LinearRoutes& r);
-uint64_t linear_routes_generation();
+// fp8 weights in W8A8 mode (--fp8-weight-mode w8a8): calls of at least this
+// many rows quantize their activations to e4m3 and run the cuBLASLt FP8 GEMM
+// (Gemm::linear_w8a8); fewer rows (decode) keep the fp8 GEMV, which reads the
+// same e4m3 weights with bf16 activations (W8A16 numerics; a quantization
+// kernel would only add a launch). 9: past the fp8 GEMV's rows (kGemvMaxRows,
+// ops.h), where W8A16 runs the dequantized slices through bf16 cuBLASLt.
+inline constexpr int kW8a8MinRows = 9;
 
 }  // namespace fp8kv::cuda

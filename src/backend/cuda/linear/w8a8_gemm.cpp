@@ -172,7 +172,7 @@ void Gemm::w8a8_gemm(const uint8_t* codes, const float* act_scale, int64_t n, co
 }
 
 bool Gemm::takes_w8a8(int64_t T, const DeviceMatrix& W) const {
-  return W.w8a8() && T >= 1 && (W.fp8_padded() || T >= linear_routes().w8a8_min_rows) && W.rows > 0 &&
+  return W.w8a8() && T >= 1 && (W.fp8_padded() || T >= kW8a8MinRows) && W.rows > 0 &&
          W.rows % 4 == 0 && W.cols > 0 && W.cols % 4 == 0 && W.fp8_row_bytes() % 16 == 0;
 }
 

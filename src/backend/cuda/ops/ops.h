@@ -160,7 +160,7 @@ class Gemm {
     const int32_t* rows = nullptr;
   };
   // True when a call of T rows on W runs the W8A8 GEMM: W.w8a8(), T >=
-  // linear_routes().w8a8_min_rows (any T for a padded W), N % 4 == 0
+  // kW8a8MinRows (routes.h; any T for a padded W), N % 4 == 0
   // (cuBLASLt's block-scale layouts) and 16-byte e4m3 rows. Fewer rows keep
   // the fp8 GEMV (W8A16).
   bool takes_w8a8(int64_t T, const DeviceMatrix& W) const;
@@ -188,7 +188,7 @@ class Gemm {
   void check_w8a8(const DeviceMatrix& W);
 
   // Names the projection of weight shape [N][K], so that GEMV-path calls of
-  // that shape follow linear_routes() (linear_routes.h). Unnamed shapes, and
+  // that shape follow kGemvRoutes (routes.h). Unnamed shapes, and
   // a shape named for two projections, take gemv_bf16's own choice.
   void name_shape(int64_t N, int64_t K, LinearProj proj);
   // The kernel a call of T rows with W [N][K] runs (lt: cuBLASLt).
@@ -240,7 +240,7 @@ void gemv_bf16_mma(const uint16_t* x, int64_t T, const DeviceMatrix& W, const fl
 // is gemv_bf16_simt bitwise), or split <= 0: gemv_simt_auto_split(N, K).
 void gemv_bf16_simt_split(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y,
                           bool accumulate, int split, cudaStream_t stream);
-// The split the SIMT kernel takes for W[N][K] when asked for "simtk": enough
+// The split the SIMT kernel takes for W[N][K] by default (split <= 0): enough
 // warps to fill the GPU twice (N * split >= 16384) while each lane keeps at
 // least 4 16-byte chunks of its row (8B shape: qkv, o_proj, down 4; gate_up,
 // LM head 1).
