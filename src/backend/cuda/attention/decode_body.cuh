@@ -136,34 +136,6 @@ __device__ __forceinline__ void decode_body(const DecodeParamsOf<DT>& p) {
   if (!C::USE_RING && !FAST && T0 < ntiles) load_tile(T0, kw, vw, sc);
   uint32_t kn[2][KW], vn[4][VW];  // tile it + kWarps (in flight), two-ahead variant only
   if (kPrefetch2 && T0 + TS < ntiles) load_tile(T0 + TS, kn, vn, scn);
-  // L2 prefetch of this warp's next p.l2_prefetch tiles (register path);
-  // fixed off (DecodeParams), the code kept until an A/B removes it.
-  constexpr int LPR = D * EB >= 128 ? D * EB / 128 : 1;  // 128-byte lines per key row
-  const int pf = C::USE_RING ? 0 : p.l2_prefetch;
-  int pf_bt = 0;
-  auto prefetch_tile = [&](int k) {  // this warp's k-th tile (k >= 1, increasing by one per call)
-    if (k >= nmine) return;          // warp-uniform
-    if (k == 1 || (k & 31) == 0) {
-      const int kk = (k & ~31) + lane;
-      pf_bt = kk < nmine ? bt[(s_begin + (warp + kk * kWarps) * kTile) / p.block_size] : 0;
-    }
-    const int64_t blk = __shfl_sync(0xffffffffu, pf_bt, k & 31);
-    const int j0 = s_begin + (warp + k * kWarps) * kTile;
-    const int64_t row0 = blk * p.block_size + j0 % p.block_size;
-    if (p.l2_prefetch_pair) {
-      // Lane -> row lane & 15 of K (lanes 0-15) or V, KV heads 2m and 2m+1 at once.
-      const uint8_t* base = lane < 16 ? p.k_cache : p.v_cache;
-      prefetch_bulk_l2<2 * D * EB>(base + (row0 + (lane & 15)) * row_bytes + (kvh & ~1) * D * EB);
-      return;
-    }
-#pragma unroll
-    for (int u = 0; u < LPR; ++u) {  // 2 (K, V) x 16 rows x LPR lines = 32 LPR lines
-      const int i = u * 32 + lane;
-      const int row = (i / LPR) % kTile, line = i % LPR;
-      const uint8_t* base = i < 16 * LPR ? p.k_cache : p.v_cache;
-      prefetch_l2(base + (row0 + row) * row_bytes + head_off + line * 128);
-    }
-  };
   // FAST: per-thread byte offsets inside a tile (32-bit), hoisted; the 64-bit
   // offset of each tile, 32 tiles at a time (one per lane), fetched 32 ahead.
   static_assert(!FAST || !kPrefetch2, "FAST: at most one tile ahead in registers");
@@ -218,7 +190,6 @@ __device__ __forceinline__ void decode_body(const DecodeParamsOf<DT>& p) {
     asm volatile("griddepcontrol.wait;" ::: "memory");
     if (T0 < ntiles) f_load(0, kw, vw, sc);
   }
-  for (int k = 1; k < pf; ++k) prefetch_tile(k);  // (after the wait: L2 prefetches of K/V)
   // Q fragments (A operand, rows = heads, 8..15 zero) in the permuted dim order:
   // k-step s, slot pair {2t, 2t+1} -> dims base, base+1; {2t+8, 2t+9} -> base+2, base+3.
   uint32_t qa[KS][2];
@@ -415,7 +386,6 @@ __device__ __forceinline__ void decode_body(const DecodeParamsOf<DT>& p) {
       // Ping-pong: tile ow in (kc, vc) while tile ow + 1 loads into (kx, vx).
       auto step = [&](int it, int ow, uint32_t (&kc)[2][KW], uint32_t (&vc)[4][VW], float& scc,
                       uint32_t (&kx)[2][KW], uint32_t (&vx)[4][VW], float& scx) {
-        if (pf > 0) prefetch_tile(ow + pf);
         if (it + TS < ntiles) f_load(ow + 1, kx, vx, scx);
         math(s_begin + it * kTile, kc, vc, -1, scc);
       };
@@ -426,7 +396,6 @@ __device__ __forceinline__ void decode_body(const DecodeParamsOf<DT>& p) {
       }
     } else {
       for (int it = T0, ow = 0; it < ntiles; it += TS, ++ow) {
-        if (pf > 0) prefetch_tile(ow + pf);
         const bool next = it + TS < ntiles;
         if constexpr (LEAN) {
           // F4: one register stage refilled as it frees (K after the scores, V last).
@@ -445,7 +414,6 @@ __device__ __forceinline__ void decode_body(const DecodeParamsOf<DT>& p) {
     for (int it = T0, ow = 0; it < ntiles; it += TS, ++ow) {
       const int j0 = s_begin + it * kTile;
       const bool has_next = it + TS < ntiles;
-      if (pf > 0) prefetch_tile(ow + pf);
       uint32_t k2[2][KW], v2[4][VW];
       float sc2 = 0.0f;
       if constexpr (kPrefetch2) {

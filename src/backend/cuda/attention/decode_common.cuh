@@ -34,13 +34,6 @@ struct DecodeParams : PagedKvParams {
   int gchunks;       // head chunks per KV head: ceil(group / kMaxGroup)
   int split_tokens;  // keys per split (multiple of 64)
   int max_splits;    // grid size along the split axis
-  // Fixed off (0 / false): the L2 prefetch of the reg loop and the reduce
-  // kernel's early launch of its dependents. Removing them changes the machine
-  // code of 9 of the 10 decode kernels, so that awaits an A/B on the GPU.
-  int l2_prefetch;
-  bool l2_prefetch_pair;
-  bool fuse;  // unused; kept for the field layout (see above)
-  bool pdl;
   float* part_o;    // [batch][num_heads][max_splits][D]; splits > 1 only
   float* part_lse;  // [batch][num_heads][max_splits] (log2 domain)
 };
@@ -69,13 +62,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void prefetch_l2(const void* a) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
-}
-template <int N>
-__device__ __forceinline__ void prefetch_bulk_l2(const void* a) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "n"(N) : "memory");
 }
 __device__ __forceinline__ uint4 lds16(uint32_t a) {
   uint4 v;

@@ -35,7 +35,6 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Dec
   const int head = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, c0 = blockIdx.z * D;
   const int ctx = p.context_lens[b];
   asm volatile("griddepcontrol.wait;" ::: "memory");  // the decode kernel's results are visible
-  if (p.pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   int first, tstart, nsplits;
   seq_range(p, ctx, first, tstart, nsplits);
   if (nsplits <= 1) return;
