@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/backend.h"  // cuda_device_available
+#include "backend/backend.h"  // resolve_backend
 #include "bench/copy_bandwidth.h"
 #include "bench/runner.h"
 #include "cli/commands.h"
@@ -61,10 +61,10 @@ struct BenchArgs {
 
 // The --gemv-routes comparison: one row per route set (CUDA only).
 nlohmann::json run_route_sets(Engine& engine, const bench::BenchSettings& s, double copy, const std::string& specs,
-                              const std::string& backend) {
+                              BackendKind backend) {
   nlohmann::json rows = nlohmann::json::array();
   if (specs.empty()) return rows;
-  if (backend != "cuda") throw InputError("--gemv-routes: needs the cuda backend (--backend cuda)");
+  if (backend != BackendKind::cuda) throw InputError("--gemv-routes: needs the cuda backend (--backend cuda)");
 #ifdef FP8KV_HAVE_CUDA
   const cuda::LinearRoutes saved = cuda::linear_routes();
   for (const std::string& spec : split_route_sets(specs)) {
@@ -86,16 +86,6 @@ nlohmann::json run_route_sets(Engine& engine, const bench::BenchSettings& s, dou
   throw InputError("--gemv-routes: this build has no CUDA backend");
 #endif
   return rows;
-}
-
-// "cuda" when the engine runs on the GPU (--backend cuda, or auto with a
-// CUDA build and a device present), else "cpu".
-std::string resolved_backend(const std::string& requested) {
-  if (requested == "cuda") return "cuda";
-#ifdef FP8KV_HAVE_CUDA
-  if (requested == "auto" && cuda_device_available()) return "cuda";
-#endif
-  return "cpu";
 }
 
 // Refuses, before the model loads, a request count whose token ids alone
@@ -138,8 +128,10 @@ int run_bench(BenchArgs a, const std::string& mode) {
   }
   check_request_memory(a.s, mode);
   if (mode == "latency") o.max_num_seqs = std::max(o.max_num_seqs, a.s.batch_size);
-  const std::string backend = resolved_backend(o.backend);
-  if (!a.gemv_routes.empty() && backend != "cuda")  // before the model load
+  // cuda when the engine runs on the GPU (--backend cuda, or auto with the
+  // CUDA backend built and a device present), else cpu.
+  const BackendKind backend = resolve_backend(o.backend);
+  if (!a.gemv_routes.empty() && backend != BackendKind::cuda)  // before the model load
     throw InputError("--gemv-routes: needs the cuda backend (--backend cuda)");
 #ifdef FP8KV_HAVE_CUDA
   for (const std::string& spec : split_route_sets(a.gemv_routes)) (void)cuda::parse_linear_routes(spec, "--gemv-routes");
@@ -148,7 +140,7 @@ int run_bench(BenchArgs a, const std::string& mode) {
   if (!engine) return 0;  // a multi-process follower: rank 0 did the work (Engine::load)
 
   double copy = 0.0;
-  if (backend == "cuda") {
+  if (backend == BackendKind::cuda) {
 #ifdef FP8KV_HAVE_CUDA
     copy = cuda::d2d_copy_bytes_per_s();
 #endif
@@ -160,7 +152,7 @@ int run_bench(BenchArgs a, const std::string& mode) {
   const bench::BenchResult r = bench::run_bench(*engine, a.s, copy);
   nlohmann::json j = bench::to_json(r, a.s);
   j["model"] = a.model;
-  j["backend"] = backend;
+  j["backend"] = std::string(backend_kind_name(backend));
   j["kv_cache_dtype"] = std::string(kv_dtype_name(engine->kv_dtype()));
   j["max_model_len"] = engine->max_model_len();
   j["max_num_seqs"] = o.max_num_seqs;
@@ -169,15 +161,16 @@ int run_bench(BenchArgs a, const std::string& mode) {
   j["threads"] = o.num_threads;
   j["fp8kv_version"] = version_string();
 #ifdef FP8KV_HAVE_CUDA
-  if (backend == "cuda") j["gemv_routes"] = cuda::linear_routes_string(cuda::linear_routes());
+  if (backend == BackendKind::cuda) j["gemv_routes"] = cuda::linear_routes_string(cuda::linear_routes());
 #endif
   if (!a.gemv_routes.empty()) j["gemv_route_runs"] = run_route_sets(*engine, a.s, copy, a.gemv_routes, backend);
   if (a.json) {
     std::printf("%s\n", dump_json(j).c_str());
   } else {
     std::printf("bench %s: %s, backend %s, kv %s, input %d, output %d, %s %d\n", mode.c_str(), a.model.c_str(),
-                backend.c_str(), j["kv_cache_dtype"].get<std::string>().c_str(), a.s.input_len, a.s.output_len,
-                mode == "latency" ? "batch" : "prompts", mode == "latency" ? a.s.batch_size : a.s.num_prompts);
+                j["backend"].get<std::string>().c_str(), j["kv_cache_dtype"].get<std::string>().c_str(),
+                a.s.input_len, a.s.output_len, mode == "latency" ? "batch" : "prompts",
+                mode == "latency" ? a.s.batch_size : a.s.num_prompts);
     std::printf("output tok/s        %12.2f\n", r.output_tokens_per_s);
     std::printf("total tok/s         %12.2f\n", r.total_tokens_per_s);
     std::printf("decode tok/s        %12.2f\n", r.decode_tokens_per_s);
