@@ -49,6 +49,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/backend_choice.h"
 #include "backend/comm.h"
 #include "backend/kv_clips.h"
 #include "backend/step_batch.h"
@@ -437,17 +438,20 @@ class Backend {
 
 // ---- construction (one place: engine/backend_factory.cpp) ----------------
 
-// "cpu" | "cuda" | "auto" (cuda when the build has CUDA and a GPU is
-// present, else cpu). Throws InputError: unknown name; cuda without a CUDA
-// build or without a GPU (one clear line).
-std::unique_ptr<Backend> make_backend(std::string_view name, const ModelConfig& cfg, const BackendOptions& opts);
-// The name "auto" resolves to on this machine ("cpu" or "cuda").
-std::string resolve_backend_name(std::string_view name);
-// resolve_backend_name, then the checks make_backend does before it builds
+// Builds the backend `choice` resolves to (require_backend's checks first:
+// InputError, one clear line, for cuda without a CUDA build or without a GPU).
+std::unique_ptr<Backend> make_backend(BackendChoice choice, const ModelConfig& cfg, const BackendOptions& opts);
+// The same for a resolved backend (engine/tp_runner.cpp resolves once, then
+// builds one per rank).
+std::unique_ptr<Backend> make_backend(BackendKind kind, const ModelConfig& cfg, const BackendOptions& opts);
+// What `choice` resolves to on this machine: auto_ -> cuda when the build has
+// the CUDA backend and a GPU is present, else cpu. No checks.
+BackendKind resolve_backend(BackendChoice choice);
+// resolve_backend, then the checks make_backend does before it builds
 // one (a CUDA device is present, the build has the backend): InputError
 // naming --backend otherwise. The engine calls it before it loads or makes
 // weights, so `--backend cuda` on a machine without a GPU fails at once.
-std::string require_backend(std::string_view name);
+BackendKind require_backend(BackendChoice choice);
 
 // Per-backend factories (defined in backend/cpu/cpu_backend.cpp and, in CUDA
 // builds, backend/cuda/cuda_backend.cpp).

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/backend.h"  // cuda_device_available
+#include "backend/backend.h"  // resolve_backend
 #include "bench/copy_bandwidth.h"
 #include "bench/runner.h"
 #include "cli/commands.h"
@@ -41,16 +41,6 @@ struct BenchArgs {
   bool json = false;
   EngineFlags engine;
 };
-
-// "cuda" when the engine runs on the GPU (--backend cuda, or auto with a
-// CUDA build and a device present), else "cpu".
-std::string resolved_backend(const std::string& requested) {
-  if (requested == "cuda") return "cuda";
-#ifdef FP8KV_HAVE_CUDA
-  if (requested == "auto" && cuda_device_available()) return "cuda";
-#endif
-  return "cpu";
-}
 
 // Refuses, before the model loads, a request count whose token ids alone
 // cannot fit in memory (each request keeps its prompt, and its sequence the
@@ -92,12 +82,14 @@ int run_bench(BenchArgs a, const std::string& mode) {
   }
   check_request_memory(a.s, mode);
   if (mode == "latency") o.max_num_seqs = std::max(o.max_num_seqs, a.s.batch_size);
-  const std::string backend = resolved_backend(o.backend);
+  // cuda when the engine runs on the GPU (--backend cuda, or auto with the
+  // CUDA backend built and a device present), else cpu.
+  const BackendKind backend = resolve_backend(o.backend);
   auto engine = Engine::load(a.model, o);
   if (!engine) return 0;  // a multi-process follower: rank 0 did the work (Engine::load)
 
   double copy = 0.0;
-  if (backend == "cuda") {
+  if (backend == BackendKind::cuda) {
 #ifdef FP8KV_HAVE_CUDA
     copy = cuda::d2d_copy_bytes_per_s();
 #endif
@@ -109,7 +101,7 @@ int run_bench(BenchArgs a, const std::string& mode) {
   const bench::BenchResult r = bench::run_bench(*engine, a.s, copy);
   nlohmann::json j = bench::to_json(r, a.s);
   j["model"] = a.model;
-  j["backend"] = backend;
+  j["backend"] = std::string(backend_kind_name(backend));
   j["kv_cache_dtype"] = std::string(kv_dtype_name(engine->kv_dtype()));
   j["max_model_len"] = engine->max_model_len();
   j["max_num_seqs"] = o.max_num_seqs;
@@ -121,8 +113,9 @@ int run_bench(BenchArgs a, const std::string& mode) {
     std::printf("%s\n", dump_json(j).c_str());
   } else {
     std::printf("bench %s: %s, backend %s, kv %s, input %d, output %d, %s %d\n", mode.c_str(), a.model.c_str(),
-                backend.c_str(), j["kv_cache_dtype"].get<std::string>().c_str(), a.s.input_len, a.s.output_len,
-                mode == "latency" ? "batch" : "prompts", mode == "latency" ? a.s.batch_size : a.s.num_prompts);
+                j["backend"].get<std::string>().c_str(), j["kv_cache_dtype"].get<std::string>().c_str(),
+                a.s.input_len, a.s.output_len, mode == "latency" ? "batch" : "prompts",
+                mode == "latency" ? a.s.batch_size : a.s.num_prompts);
     std::printf("output tok/s        %12.2f\n", r.output_tokens_per_s);
     std::printf("total tok/s         %12.2f\n", r.total_tokens_per_s);
     std::printf("decode tok/s        %12.2f\n", r.decode_tokens_per_s);

@@ -51,6 +51,20 @@ inline std::string kv_cache_dtype_help() {
   return "KV cache dtype: " + kv_cache_dtype_choices() + "; fp8 = fp8_e4m3 (default auto)";
 }
 
+// --backend and --load-format, parsed once into their enums (code below the
+// CLI never compares option strings). UsageError (exit 2) naming the flag.
+inline BackendChoice parse_backend_flag(const std::string& text) {
+  if (text == "auto") return BackendChoice::auto_;
+  if (text == "cpu") return BackendChoice::cpu;
+  if (text == "cuda") return BackendChoice::cuda;
+  throw UsageError(fmt::format("--backend must be auto, cpu or cuda (got '{}')", text));
+}
+inline LoadFormat parse_load_format_flag(const std::string& text) {
+  if (text == "auto") return LoadFormat::auto_;
+  if (text == "dummy") return LoadFormat::dummy;
+  throw UsageError(fmt::format("--load-format must be auto or dummy (got '{}')", text));
+}
+
 // Which flags a command takes: calibrate always observes a bf16 cache and
 // eval compare/niah take the dtype from --arms, so they omit --kv-cache-dtype.
 struct EngineFlagsShape {
@@ -159,10 +173,8 @@ struct EngineFlags {
     at_least_1("--max-num-batched-tokens", max_num_batched_tokens);
     at_least_1("--tensor-parallel-size", tensor_parallel_size);
     if (threads < 0) throw UsageError(fmt::format("--threads must be >= 0 (got {}; 0: all hardware threads)", threads));
-    if (backend != "auto" && backend != "cpu" && backend != "cuda")
-      throw UsageError(fmt::format("--backend must be auto, cpu or cuda (got '{}')", backend));
-    if (load_format != "auto" && load_format != "dummy")
-      throw UsageError(fmt::format("--load-format must be auto or dummy (got '{}')", load_format));
+    const BackendChoice backend_choice = parse_backend_flag(backend);
+    const LoadFormat load_format_choice = parse_load_format_flag(load_format);
     if (fp8_weight_mode != "w8a16" && fp8_weight_mode != "w8a8")
       throw UsageError(fmt::format("--fp8-weight-mode must be w8a16 or w8a8 (got '{}')", fp8_weight_mode));
     EngineOptions o;
@@ -180,13 +192,13 @@ struct EngineFlags {
       if (!(gpu_memory_utilization > 0.0 && gpu_memory_utilization <= 1.0))
         throw UsageError(fmt::format("--gpu-memory-utilization must be in (0, 1] (got {})", gpu_memory_utilization));
       if (!kv_memory.empty()) throw UsageError("give --kv-memory or --gpu-memory-utilization, not both");
-      if (backend == "cpu")
+      if (backend_choice == BackendChoice::cpu)
         throw UsageError("--gpu-memory-utilization applies to --backend cuda only (use --kv-memory on the CPU)");
       o.gpu_memory_utilization = gpu_memory_utilization;
     }
     o.max_num_seqs = max_num_seqs;
     o.max_num_batched_tokens = max_num_batched_tokens;
-    o.backend = backend;
+    o.backend = backend_choice;
     o.num_threads = threads;
     // The CPUs this process may run on (affinity mask, cgroup quota): more
     // threads than that only oversubscribe (backend/cpu/thread_pool.h).
@@ -196,7 +208,7 @@ struct EngineFlags {
                    hw, hw);
       o.num_threads = hw;
     }
-    o.load_format = load_format;
+    o.load_format = load_format_choice;
     o.enforce_eager = enforce_eager;
     o.tensor_parallel_size = tensor_parallel_size;
     if (nnodes < 1) throw UsageError(fmt::format("--nnodes must be >= 1 (got {})", nnodes));

@@ -5,8 +5,6 @@
 // make_cuda_backend, cuda_device_available and cuda_device_count) defines
 // FP8KV_HAVE_CUDA_BACKEND, and `cuda` / `auto` then construct it. Until then
 // `--backend cuda` is refused with one clear line (exit 2 in the CLI).
-#include <string>
-
 #include "backend/backend.h"
 #include "io/errors.h"
 
@@ -17,18 +15,21 @@ bool cuda_device_available() { return false; }
 int cuda_device_count() { return 0; }
 #endif
 
-std::string resolve_backend_name(std::string_view name) {
-  if (name == "cpu" || name == "cuda") return std::string(name);
-  if (name != "auto") throw InputError("--backend must be auto, cpu or cuda (got '" + std::string(name) + "')");
+BackendKind resolve_backend(BackendChoice choice) {
+  switch (choice) {
+    case BackendChoice::cpu: return BackendKind::cpu;
+    case BackendChoice::cuda: return BackendKind::cuda;
+    case BackendChoice::auto_: break;
+  }
 #ifdef FP8KV_HAVE_CUDA_BACKEND
-  if (cuda_device_available()) return "cuda";
+  if (cuda_device_available()) return BackendKind::cuda;
 #endif
-  return "cpu";
+  return BackendKind::cpu;
 }
 
-std::string require_backend(std::string_view name) {
-  const std::string n = resolve_backend_name(name);
-  if (n == "cuda") {
+namespace {
+BackendKind require_kind(BackendKind k) {
+  if (k == BackendKind::cuda) {
 #if defined(FP8KV_HAVE_CUDA_BACKEND)
     if (!cuda_device_available()) throw InputError("--backend cuda: no CUDA device is available; use --backend cpu");
 #elif defined(FP8KV_HAVE_CUDA)
@@ -37,16 +38,23 @@ std::string require_backend(std::string_view name) {
     throw InputError("--backend cuda: this build has no CUDA backend (configure with -DFP8KV_CUDA=ON); use --backend cpu");
 #endif
   }
-  return n;
+  return k;
 }
+}  // namespace
 
-std::unique_ptr<Backend> make_backend(std::string_view name, const ModelConfig& cfg, const BackendOptions& opts) {
+BackendKind require_backend(BackendChoice choice) { return require_kind(resolve_backend(choice)); }
+
+std::unique_ptr<Backend> make_backend(BackendKind kind, const ModelConfig& cfg, const BackendOptions& opts) {
 #if defined(FP8KV_HAVE_CUDA_BACKEND)
-  if (require_backend(name) == "cuda") return make_cuda_backend(cfg, opts);
+  if (require_kind(kind) == BackendKind::cuda) return make_cuda_backend(cfg, opts);
 #else
-  (void)require_backend(name);
+  (void)require_kind(kind);
 #endif
   return make_cpu_backend(cfg, opts);
+}
+
+std::unique_ptr<Backend> make_backend(BackendChoice choice, const ModelConfig& cfg, const BackendOptions& opts) {
+  return make_backend(resolve_backend(choice), cfg, opts);
 }
 
 }  // namespace fp8kv

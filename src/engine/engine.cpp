@@ -633,7 +633,7 @@ void check_tensor_parallel_early(const ModelConfig& cfg, int tp) {
 std::unique_ptr<Engine> Engine::create(ModelConfig cfg, std::shared_ptr<const ModelWeights> weights,
                                        const EngineOptions& opts) {
   const KvDtype d = opts.kv_cache_dtype.dtype.value_or(KvDtype::bf16);
-  const bool cpu = resolve_backend_name(opts.backend) == "cpu";
+  const bool cpu = resolve_backend(opts.backend) == BackendKind::cpu;
   check_tensor_parallel_early(cfg, opts.tensor_parallel_size);
   if (weights && weights->has_fp8() && opts.tensor_parallel_size > 1)
     check_fp8_block_shards(*weights, cfg, opts.tensor_parallel_size);
@@ -668,15 +668,13 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
 
 namespace {
 std::unique_ptr<Engine> load_engine(const std::filesystem::path& dir, const EngineOptions& opts) {
-  if (opts.load_format != "auto" && opts.load_format != "dummy")
-    throw InputError("--load-format must be auto or dummy (got '" + opts.load_format + "')");
   ModelConfig cfg = load_model_config(dir);
   const KvDtype d = resolve_kv_cache_dtype(opts.kv_cache_dtype, dir);
   // Before weights are read or made (tens of GB for --load-format dummy).
   // Only the CPU backend widens bf16 matrices to fp32 (maybe_widen): a device
   // backend uploads bf16, so widening would only cost host time and memory
   // (an 8B model: 32 GB written, then converted back at upload).
-  const bool cpu = require_backend(opts.backend) == "cpu";
+  const bool cpu = require_backend(opts.backend) == BackendKind::cpu;
   check_tensor_parallel_early(cfg, opts.tensor_parallel_size);
   const WeightQuantConfig& quant = cfg.weight_quant;
   if (quant.quantized()) log_fp8_weights(quant, opts.fp8_weight_mode, cpu);
@@ -685,7 +683,7 @@ std::unique_ptr<Engine> load_engine(const std::filesystem::path& dir, const Engi
     StartupPhase ph("widen bf16 -> fp32 (cpu backend)");
     return maybe_widen(std::move(w));
   };
-  if (opts.load_format == "dummy") {
+  if (opts.load_format == LoadFormat::dummy) {
     // Random weights from config.json alone (no safetensors read); unity KV scales.
     engine_log()->info("--load-format dummy: random weights (N(0, 0.02), norms 1{}) for {}",
                        cfg.gdn ? "; Gated DeltaNet: conv1d N(0, 0.02), A = exp(A_log) uniform in [1, 16), dt_bias 1"

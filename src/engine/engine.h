@@ -23,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backend/backend_choice.h"
 #include "backend/kv_clips.h"
 #include "backend/store_observer.h"
 #include "kv/kv_scales.h"
@@ -50,6 +51,12 @@ struct KvCacheDtypeSetting {
   bool operator==(const KvCacheDtypeSetting&) const = default;
 };
 
+// --load-format, parsed once by the CLI (cli/engine_flags.h).
+enum class LoadFormat : uint8_t {
+  auto_,  // the checkpoint's weights
+  dummy,  // random weights from config.json alone (no safetensors read)
+};
+
 struct EngineOptions {
   // auto: bf16 unless the checkpoint declares an fp8 KV scheme (config.json
   // quantization_config.kv_cache_scheme, or hf_quant_config.json
@@ -71,8 +78,11 @@ struct EngineOptions {
   int num_threads = 0;               // 0: OpenMP default
   int max_num_seqs = 256;            // sequences in one step (continuous batching; vLLM's default)
   int max_num_batched_tokens = 8192; // tokens in one step; also the max prefill chunk (vLLM's default)
-  std::string backend = "auto";      // auto (cuda when built with it and a GPU is present, else cpu) | cpu | cuda
-  std::string load_format = "auto";  // auto: the checkpoint's weights | dummy: random weights from config.json alone
+  // --backend and --load-format, parsed once by the CLI (cli/engine_flags.h).
+  // backend: auto_ (cuda when built with it and a GPU is present, else cpu) | cpu | cuda.
+  BackendChoice backend = BackendChoice::auto_;
+  // load_format: auto_ (the checkpoint's weights) | dummy (random weights from config.json alone).
+  LoadFormat load_format = LoadFormat::auto_;
   // FP8-weight checkpoints (model/quant_config.h; docs/design.md "FP8-weight
   // checkpoints"): w8a16 dequantizes the weight inside the GEMM; w8a8
   // quantizes activations dynamically (per token, or per 1x128 group for

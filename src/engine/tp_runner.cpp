@@ -189,7 +189,7 @@ void check_multi_process(const TpMultiProcess& mp, int world) {
                                  mp.master_port));
 }
 
-TpRunner::TpRunner(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> weights, std::string_view backend,
+TpRunner::TpRunner(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> weights, BackendChoice backend,
                    const BackendOptions& bo, int world, int max_num_batched_tokens, int max_num_seqs,
                    const TpMultiProcess& mp, const RankWeightsFn& rank_weights)
     : world_(world), full_cfg_(cfg) {
@@ -200,7 +200,8 @@ TpRunner::TpRunner(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> w
     // One rank per process: the control channel first (its failures are the
     // user's: a wrong address, a missing peer), then the collectives.
     grank_ = mp.node_rank;
-    const std::string name = resolve_backend_name(backend);
+    const BackendKind kind = resolve_backend(backend);
+    const std::string_view name = backend_kind_name(kind);
     const auto timeout = std::chrono::milliseconds(static_cast<long long>(mp.collective_timeout_s * 1000.0 + 0.5));
     timeout_ = timeout;
     try {
@@ -223,7 +224,7 @@ TpRunner::TpRunner(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> w
                                      all[r], all[0]));
     const ModelConfig rc = shard_config(cfg, world);
     BackendOptions o = bo;
-    if (name == "cpu") {
+    if (kind == BackendKind::cpu) {
       comms_.push_back(make_cpu_socket_communicator(grank_, world, mp.master_addr, mp.master_port + 1, timeout));
     } else {
 #if defined(FP8KV_HAVE_CUDA_BACKEND)
@@ -238,7 +239,7 @@ TpRunner::TpRunner(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> w
     ranks_.resize(1);
     errors_.resize(1);
     Rank& k = ranks_[0];
-    k.backend = make_backend(name, rc, o);
+    k.backend = make_backend(kind, rc, o);
     k.backend->set_communicator(comms_[0].get());
     const TpShard shard{grank_, world, !weights};
     k.runner = std::make_unique<ModelRunner>(cfg, *k.backend, weights ? std::move(weights) : rank_weights(shard),
@@ -254,9 +255,10 @@ TpRunner::TpRunner(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> w
                                                      max_num_seqs);
     return;
   }
-  const std::string name = resolve_backend_name(backend);
+  // The communicators exist before any backend does: the resolved kind picks them.
+  const BackendKind kind = resolve_backend(backend);
   const ModelConfig rc = shard_config(cfg, world);
-  if (name == "cpu") {
+  if (kind == BackendKind::cpu) {
     comms_ = make_cpu_communicators(world);
   } else {
 #if defined(FP8KV_HAVE_CUDA_BACKEND)
@@ -269,7 +271,7 @@ TpRunner::TpRunner(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> w
     comms_ = make_nccl_communicators(devices);
 #else
     throw InputError(fmt::format("--tensor-parallel-size {} with --backend {}: this build has no CUDA backend", world,
-                                 name));
+                                 backend_kind_name(kind)));
 #endif
   }
   for (int r = 1; r < world; ++r) workers_.emplace_back([this, r] { worker_loop(r); });
@@ -278,13 +280,13 @@ TpRunner::TpRunner(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> w
     // (a CUDA rank's device stays current there).
     const std::function<void(int)> build = [&](int r) {
       BackendOptions o = bo;
-      o.device = bo.device + (name == "cpu" ? 0 : r);
+      o.device = bo.device + (kind == BackendKind::cpu ? 0 : r);
       // Simulated ranks are the parallelism (2-core CI): one OpenMP thread on
       // each worker rank. Rank 0 runs on the caller's thread, whose OpenMP
       // setting is left as the caller made it.
-      if (name == "cpu" && o.num_threads == 0 && r > 0) o.num_threads = 1;
+      if (kind == BackendKind::cpu && o.num_threads == 0 && r > 0) o.num_threads = 1;
       Rank& k = ranks_[r];
-      k.backend = make_backend(name, rc, o);
+      k.backend = make_backend(kind, rc, o);
       k.backend->set_communicator(comms_[r].get());
       const TpShard shard{r, world, !weights};
       k.runner = std::make_unique<ModelRunner>(cfg, *k.backend, weights ? weights : rank_weights(shard),

@@ -68,11 +68,11 @@ void check_multi_process(const TpMultiProcess& mp, int world);
 
 class TpRunner {
  public:
-  // backend: "cpu" | "cuda" | "auto". world > 1 on the CPU simulates the
+  // backend: auto_ | cpu | cuda (resolve_backend). world > 1 on the CPU simulates the
   // ranks (backend/comm.h); on CUDA rank r uses device r
   // (bo.device + r) and NCCL. `weights` null: each rank calls rank_weights. Throws InputError when world does not fit the
   // model (engine/tp_shard.h check_tensor_parallel) or the machine.
-  TpRunner(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> weights, std::string_view backend,
+  TpRunner(const ModelConfig& cfg, std::shared_ptr<const ModelWeights> weights, BackendChoice backend,
            const BackendOptions& bo, int world, int max_num_batched_tokens, int max_num_seqs,
            const TpMultiProcess& mp = {}, const RankWeightsFn& rank_weights = {});
   ~TpRunner();

@@ -46,7 +46,7 @@ BenchRun run_bench_of(int max_num_batched_tokens) {
   BenchRun out;
   out.cfg = testing::tiny_config("llama");
   EngineOptions o;
-  o.backend = "cpu";
+  o.backend = BackendChoice::cpu;
   o.kv_cache_dtype = "bf16";
   o.block_size = 4;
   o.max_model_len = 32;

@@ -29,7 +29,7 @@ struct GraphTrace {
 inline GraphTrace run_graph_trace(const std::string& model, const std::string& dtype, bool graphs, uint64_t seed,
                                   int tp) {
   EngineOptions o;
-  o.backend = "cuda";
+  o.backend = BackendChoice::cuda;
   o.kv_cache_dtype = dtype;
   o.max_model_len = 128;
   o.kv_memory_bytes = 32u << 20;

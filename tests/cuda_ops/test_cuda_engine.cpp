@@ -29,7 +29,7 @@ TEST(CudaEngine, ScoreMatchesCpuEngine) {
   for (int be = 0; be < 2; ++be)
     for (int dt = 0; dt < 2; ++dt) {
       EngineOptions o;
-      o.backend = be ? "cuda" : "cpu";
+      o.backend = be ? BackendChoice::cuda : BackendChoice::cpu;
       o.kv_cache_dtype = dt ? "fp8_e4m3" : "bf16";
       o.kv_memory_bytes = 8u << 20;
       o.max_model_len = 512;
@@ -75,7 +75,7 @@ TEST(CudaEngine, KvClipCountsMatchCpuEngine) {
   std::vector<KvClipCounts> c[2];
   for (int be = 0; be < 2; ++be) {
     EngineOptions o;
-    o.backend = be ? "cuda" : "cpu";
+    o.backend = be ? BackendChoice::cuda : BackendChoice::cpu;
     o.kv_cache_dtype = "fp8_e4m3";
     o.kv_memory_bytes = 8u << 20;
     o.max_model_len = 512;
@@ -89,7 +89,7 @@ TEST(CudaEngine, KvClipCountsMatchCpuEngine) {
     so.chunk_size = 40;
     eng->score_batch(seqs, so);
     const auto counts = eng->kv_clip_counts();
-    ASSERT_TRUE(counts.has_value()) << o.backend;
+    ASSERT_TRUE(counts.has_value()) << backend_choice_name(o.backend);
     c[be] = *counts;
   }
   ASSERT_EQ(c[0].size(), c[1].size());
@@ -117,7 +117,7 @@ TEST(CudaEngine, GreedyGenerateRuns) {
   const ModelConfig cfg = small_qwen3_config();
   auto w = ModelWeights::random(cfg, 78, 0.08f, true);
   EngineOptions o;
-  o.backend = "cuda";
+  o.backend = BackendChoice::cuda;
   o.kv_cache_dtype = "fp8";
   o.kv_memory_bytes = 8u << 20;
   o.max_model_len = 512;

@@ -36,7 +36,7 @@ TEST_P(CudaGoldenHd64, CudaMatchesTransformers) {
   // 20 cases pass with hf_golden.h's derived layer-0 K/V bound for bf16
   // GEMMs (docs/cuda_backend.md "Run L" and the eighth session's section).
   const auto [name, variant] = GetParam();
-  const testing::GoldenOutcome r = testing::check_hf_golden(name, variant, "cuda");
+  const testing::GoldenOutcome r = testing::check_hf_golden(name, variant, BackendChoice::cuda);
   std::printf("[ golden ] %s %s cuda: mean |dlogprob| vs golden %.5f, vs fp32 %.5f (max %.4f)\n", name.c_str(),
               variant.c_str(), r.mean_abs_vs_variant, r.mean_abs_vs_fp32, r.max_abs_vs_variant);
   RecordProperty("mean_abs_dlogprob_vs_fp32", std::to_string(r.mean_abs_vs_fp32));
@@ -71,7 +71,7 @@ double mean_gap(const nlohmann::json& a, const nlohmann::json& b) {
 }
 
 // One golden case's engine: bf16 cache, the goldens' 256-token context.
-std::unique_ptr<Engine> load_fp8_case(const std::filesystem::path& dir, const char* backend, Fp8Compute mode) {
+std::unique_ptr<Engine> load_fp8_case(const std::filesystem::path& dir, BackendChoice backend, Fp8Compute mode) {
   EngineOptions o;
   o.backend = backend;
   o.kv_cache_dtype = "bf16";
@@ -91,7 +91,7 @@ TEST_P(CudaFp8WeightGolden, W8A16MatchesTransformers) {
   if (!fs::exists(dir / "golden.json")) GTEST_SKIP() << "golden files missing in " << dir;
   std::ifstream in(dir / "golden.json");
   const nlohmann::json g = nlohmann::json::parse(in);
-  auto e = load_fp8_case(dir, "cuda", Fp8Compute::w8a16);
+  auto e = load_fp8_case(dir, BackendChoice::cuda, Fp8Compute::w8a16);
   const nlohmann::json& ref = g["w8a16"];
   const double bound = 2.0 * mean_gap(g["w8a16_bf16_weights"], ref);
   double sum = 0;
@@ -136,13 +136,13 @@ TEST_P(CudaFp8WeightGolden, W8A8WithinBf16ComputeBand) {
   const nlohmann::json g = nlohmann::json::parse(in);
   ASSERT_TRUE(g.contains("w8a8_bf16_compute"))
       << dir << ": no w8a8_bf16_compute; run `python3 tools/gen_fp8_weight_goldens.py --add-bf16-compute`";
-  auto cuda_e = load_fp8_case(dir, "cuda", Fp8Compute::w8a8);
-  auto cpu_e = load_fp8_case(dir, "cpu", Fp8Compute::w8a8);
+  auto cuda_e = load_fp8_case(dir, BackendChoice::cuda, Fp8Compute::w8a8);
+  auto cpu_e = load_fp8_case(dir, BackendChoice::cpu, Fp8Compute::w8a8);
   const nlohmann::json& ref = g["w8a8"];
   const nlohmann::json& w8a16 = g["w8a16"];
   const double bound = 1.5 * mean_gap(g["w8a8_bf16_compute"], ref);
   const double effect = mean_gap(ref, w8a16);
-  auto w8a16_e = load_fp8_case(dir, "cuda", Fp8Compute::w8a16);
+  auto w8a16_e = load_fp8_case(dir, BackendChoice::cuda, Fp8Compute::w8a16);
   double sum = 0, sum_w8a16 = 0, sum_cpu = 0, sum_cuda_cpu = 0, sum_modes = 0;
   int64_t n = 0;
   for (size_t s = 0; s < g["sequences"].size(); ++s) {

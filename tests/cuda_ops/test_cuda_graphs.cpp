@@ -74,7 +74,7 @@ TEST(CudaGraphs, Buckets) {
                      {"intermediate_size", 32}, {"num_hidden_layers", 1}, {"num_attention_heads", 2},
                      {"num_key_value_heads", 1}, {"vocab_size", 32}, {"max_position_embeddings", 64}},
       "bucket test config");
-  auto be = make_backend("cpu", cfg, BackendOptions{});
+  auto be = make_backend(BackendChoice::cpu, cfg, BackendOptions{});
   ModelRunner mr(cfg, *be, ModelWeights::random(cfg, 1, 0.1f, false), 64, 40);
   const std::pair<int, int> want[] = {{1, 1}, {2, 2}, {3, 4}, {4, 4}, {5, 8}, {9, 16}, {17, 24}, {33, 40}, {40, 40}, {41, 0}};
   for (auto [s, b] : want) EXPECT_EQ(mr.graph_bucket(s), b) << s;

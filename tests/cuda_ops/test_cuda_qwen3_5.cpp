@@ -49,7 +49,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using namespace cudaops_test;
 
-EngineOptions options(const std::string& backend, bool eager = false) {
+EngineOptions options(BackendChoice backend, bool eager = false) {
   EngineOptions o;
   o.backend = backend;
   o.kv_cache_dtype = "bf16";
@@ -80,7 +80,7 @@ TEST_P(CudaQwen3_5, ScoreMatchesCpuEngine) {
   so.chunk_size = 48;  // not a multiple of the CPU's 64-token chunks: its chunked form resumes unaligned
   std::vector<ScoreResult> res[2];
   for (int be = 0; be < 2; ++be) {
-    auto e = Engine::load(testing::qwen3_5_golden_dir(name), options(be ? "cuda" : "cpu"));
+    auto e = Engine::load(testing::qwen3_5_golden_dir(name), options(be ? BackendChoice::cuda : BackendChoice::cpu));
     ASSERT_EQ(e->backend_name(), be ? "cuda" : "cpu");
     res[be] = e->score_batch(seqs, so);
   }
@@ -125,7 +125,7 @@ TEST_P(CudaQwen3_5, GraphDecodeFollowsTransformers) {
   const std::vector<int> prompt = g["decode"]["prompt"].get<std::vector<int>>();
   const std::vector<int> want = g["decode"]["ids"].get<std::vector<int>>();
   const std::vector<double> want_lp = g["decode"]["logprobs"].get<std::vector<double>>();
-  auto e = Engine::load(testing::qwen3_5_golden_dir(name), options("cuda"));
+  auto e = Engine::load(testing::qwen3_5_golden_dir(name), options(BackendChoice::cuda));
   GenerateOptions o;
   o.max_tokens = static_cast<int>(want.size());
   o.stop_at_eos = false;
@@ -149,7 +149,7 @@ TEST_P(CudaQwen3_5, GraphDecodeFollowsTransformers) {
               want.size());
   if (i > 0) return;
   // The first token differs: a near tie under the fp32 CPU engine?
-  auto cpu = Engine::load(testing::qwen3_5_golden_dir(name), options("cpu"));
+  auto cpu = Engine::load(testing::qwen3_5_golden_dir(name), options(BackendChoice::cpu));
   std::vector<int> a = prompt, b = prompt;
   a.push_back(want[0]);
   b.push_back(got[0]);
@@ -197,7 +197,7 @@ TEST_P(CudaQwen3_5, PrefixCacheOnAgreesWithOff) {
   FP8KV_NEED_GPU();
   const std::string name = GetParam();
   if (!fs::exists(testing::qwen3_5_golden_dir(name) / "model.safetensors")) GTEST_SKIP() << testing::qwen3_5_golden_dir(name) << " missing";
-  EngineOptions on_o = options("cuda");
+  EngineOptions on_o = options(BackendChoice::cuda);
   on_o.max_model_len = 256;
   on_o.max_num_batched_tokens = 256;
   on_o.enable_prefix_caching = true;

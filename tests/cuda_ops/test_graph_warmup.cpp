@@ -22,7 +22,7 @@ using namespace cudaops_test;
 
 std::unique_ptr<Engine> load(bool eager) {
   EngineOptions o;
-  o.backend = "cuda";
+  o.backend = BackendChoice::cuda;
   o.kv_cache_dtype = "fp8_e4m3";
   o.max_model_len = 128;
   o.kv_memory_bytes = 32u << 20;
@@ -49,7 +49,7 @@ TEST(CudaGraphWarmup, EveryBucketCapturedAtLoadAndNoneLater) {
 TEST(CudaGraphWarmup, EnforceEagerCapturesNothing) {
   FP8KV_NEED_GPU();
   EngineOptions o;
-  o.backend = "cuda";
+  o.backend = BackendChoice::cuda;
   o.max_model_len = 128;
   o.kv_memory_bytes = 32u << 20;
   o.max_num_seqs = 8;

@@ -116,8 +116,8 @@ TEST(CudaOps, StartupDummyOnDeviceEngine) {
   // generator on the host (engine/dummy_weights.h), uploaded.
   for (int dev = 0; dev < 2; ++dev) {
     EngineOptions o;
-    o.backend = "cuda";
-    o.load_format = "dummy";
+    o.backend = BackendChoice::cuda;
+    o.load_format = LoadFormat::dummy;
     o.kv_cache_dtype = "bf16";
     o.kv_memory_bytes = 8u << 20;
     o.max_model_len = 512;
@@ -143,7 +143,7 @@ TEST(CudaOps, OpScopeFeedsBothProfiles) {
   for (int t = 0; t < 100; ++t) prompt.push_back(3 + (t * 11) % 500);
   auto generate = [&] {
     EngineOptions o;
-    o.backend = "cuda";
+    o.backend = BackendChoice::cuda;
     o.kv_cache_dtype = "fp8_e4m3";
     o.kv_memory_bytes = 8u << 20;
     o.max_model_len = 512;

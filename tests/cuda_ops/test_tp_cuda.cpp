@@ -40,7 +40,7 @@ using namespace cudaops_test;
 
 EngineOptions opts(const std::string& dtype, int tp) {
   EngineOptions o;
-  o.backend = "cuda";
+  o.backend = BackendChoice::cuda;
   o.kv_cache_dtype = dtype;
   o.kv_memory_bytes = 8u << 20;
   o.max_model_len = 512;

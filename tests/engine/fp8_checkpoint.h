@@ -187,7 +187,7 @@ inline void write_fp8_checkpoint(const std::filesystem::path& dir, const Fp8Chec
 // A CPU engine over an fp8-weight checkpoint: bf16 cache, 64 tokens.
 inline EngineOptions fp8_engine_options(Fp8Compute mode = Fp8Compute::w8a16, int tp = 1) {
   EngineOptions o;
-  o.backend = "cpu";
+  o.backend = BackendChoice::cpu;
   o.kv_cache_dtype = "bf16";
   o.max_model_len = 64;
   o.kv_memory_bytes = 8u << 20;

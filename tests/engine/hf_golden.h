@@ -4,7 +4,7 @@
 // is a parameter (EngineOptions::backend).
 //
 // Tolerances (docs/bench.md "HF goldens, head_dim 64/256"):
-// - backend "cpu" (the reference): per-position logprob within the fp32
+// - backend cpu (the reference): per-position logprob within the fp32
 //   tolerance of test_goldens.cpp, scaled by the longest dot product: fp32
 //   dot products of length K have relative error <= K * 2^-24 of sum |a_i b_i|
 //   (test_engine_reference.cpp); the hd16/32 goldens use 1e-4 + 1e-4 |lp| for
@@ -208,7 +208,7 @@ inline KvScales golden_kv_scales(const nlohmann::json& g, const std::string& var
 }
 
 // variant: fp32 | bf16 | fp8_e4m3 | fp8_e5m2 (fp32 runs with a bf16 cache).
-inline GoldenOutcome check_hf_golden(const std::string& name, const std::string& variant, const std::string& backend) {
+inline GoldenOutcome check_hf_golden(const std::string& name, const std::string& variant, BackendChoice backend) {
   namespace fs = std::filesystem;
   using nlohmann::json;
   GoldenOutcome out;
@@ -221,7 +221,7 @@ inline GoldenOutcome check_hf_golden(const std::string& name, const std::string&
   std::ifstream in(dir / "golden.json");
   const json g = json::parse(in);
   auto kvf = SafetensorsFile::open(dir / "kv.safetensors");
-  const bool reference = backend == "cpu";
+  const bool reference = backend == BackendChoice::cpu;
 
   EngineOptions o;
   o.kv_cache_dtype = variant == "fp32" ? "bf16" : variant;
@@ -309,11 +309,12 @@ inline GoldenOutcome check_hf_golden(const std::string& name, const std::string&
     const double limit = (variant == "fp32" || variant == "bf16")
                              ? std::min(1.5 * g["hf_bf16_gap"]["mean_abs"].get<double>(), 0.02)
                              : 1.5 * sum_fmt_fp32 / std::max<int64_t>(count, 1);
-    EXPECT_LE(out.mean_abs_vs_fp32, limit) << name << " " << variant << " on " << backend;
+    EXPECT_LE(out.mean_abs_vs_fp32, limit) << name << " " << variant << " on " << backend_choice_name(backend);
   }
   std::fprintf(stderr, "%s %s [%s]: mean|dlp| vs golden %.2e (max %.2e), vs fp32 %.2e, %lld layer-0 flips\n",
-               name.c_str(), variant.c_str(), backend.c_str(), out.mean_abs_vs_variant, out.max_abs_vs_variant,
-               out.mean_abs_vs_fp32, static_cast<long long>(out.flips));
+               name.c_str(), variant.c_str(), std::string(backend_choice_name(backend)).c_str(),
+               out.mean_abs_vs_variant, out.max_abs_vs_variant, out.mean_abs_vs_fp32,
+               static_cast<long long>(out.flips));
   return out;
 }
 

@@ -26,7 +26,7 @@ TEST(CpuBackend, KvStorageMatchesThePlan) {
   const ModelConfig c = parse_model_config(j, "test");
   const KvPlan plan = testing::plan_for_requests(c, testing::small_plan_settings(64, 16, KvDtype::fp8_e4m3, 16), 3);
   ASSERT_GE(plan.groups.size(), 2u);
-  auto be = make_backend("cpu", c, {});
+  auto be = make_backend(BackendChoice::cpu, c, {});
   be->allocate_kv(plan, kv_layout(plan));
   const KvLayerMap map = kv_layer_map(plan, c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
@@ -42,18 +42,22 @@ TEST(CpuBackend, KvStorageMatchesThePlan) {
 
 TEST(BackendFactory, NamesResolveAndCudaIsRefusedClearly) {
   const ModelConfig c = tiny_config("llama");
-  EXPECT_EQ(make_backend("cpu", c, {})->name(), "cpu");
+  EXPECT_EQ(make_backend(BackendChoice::cpu, c, {})->name(), "cpu");
+  EXPECT_EQ(resolve_backend(BackendChoice::cpu), BackendKind::cpu);
+  EXPECT_EQ(resolve_backend(BackendChoice::cuda), BackendKind::cuda);  // resolving checks nothing; require does
   if (!cuda_device_available()) {
-    EXPECT_EQ(resolve_backend_name("auto"), "cpu");
-    EXPECT_EQ(make_backend("auto", c, {})->name(), "cpu");
+    EXPECT_EQ(resolve_backend(BackendChoice::auto_), BackendKind::cpu);
+    EXPECT_EQ(make_backend(BackendChoice::auto_, c, {})->name(), "cpu");
+    EXPECT_THROW(require_backend(BackendChoice::cuda), InputError);
     try {
-      make_backend("cuda", c, {});
+      make_backend(BackendChoice::cuda, c, {});
       ADD_FAILURE() << "cuda without a CUDA backend must throw";
     } catch (const InputError& e) {
       EXPECT_NE(std::string(e.what()).find("--backend cuda"), std::string::npos) << e.what();
     }
   }
-  EXPECT_THROW(make_backend("tpu", c, {}), InputError);
+  // An unknown --backend name is the CLI's refusal now (cli/engine_flags.h;
+  // tests/e2e/engine_flags.sh): BackendChoice cannot hold one.
 }
 
 void write_config(const std::filesystem::path& dir, const std::string& family) {
@@ -69,7 +73,7 @@ TEST(DummyLoad, RunsFromConfigAloneAndIsDeterministic) {
   o.max_model_len = 64;
   o.kv_memory_bytes = 8u << 20;
   EXPECT_THROW(Engine::load(dir.path(), o), InputError);  // auto: needs the safetensors
-  o.load_format = "dummy";
+  o.load_format = LoadFormat::dummy;
   auto a = Engine::load(dir.path(), o);
   auto b = Engine::load(dir.path(), o);
   GenerateOptions g;
@@ -81,8 +85,8 @@ TEST(DummyLoad, RunsFromConfigAloneAndIsDeterministic) {
   EXPECT_EQ(ra.tokens, rb.tokens);
   const ScoreResult sa = a->score(prompt);
   for (size_t i = 1; i < prompt.size(); ++i) EXPECT_TRUE(std::isfinite(*sa.logprobs[i]));
-  o.load_format = "safetensors";
-  EXPECT_THROW(Engine::load(dir.path(), o), InputError);
+  // An unknown --load-format is the CLI's refusal (cli/engine_flags.h;
+  // tests/e2e/engine_flags.sh): LoadFormat cannot hold one.
 }
 
 TEST(DummyLoad, WeightStatistics) {

@@ -234,12 +234,12 @@ TEST(DummyQwen3_5, EngineRunsFromConfigAloneAndIsDeterministic) {
     test_util::TempDir dir;
     fs::copy_file(testing::qwen3_5_golden_dir(name) / "config.json", dir.path() / "config.json");
     EngineOptions o;
-    o.backend = "cpu";
+    o.backend = BackendChoice::cpu;
     o.max_model_len = 64;
     o.kv_memory_bytes = 8u << 20;
     o.max_num_seqs = 4;
     EXPECT_THROW(Engine::load(dir.path(), o), InputError);  // auto: needs the safetensors
-    o.load_format = "dummy";
+    o.load_format = LoadFormat::dummy;
     auto a = Engine::load(dir.path(), o);
     auto b = Engine::load(dir.path(), o);
     ASSERT_TRUE(a->config().gdn.has_value());

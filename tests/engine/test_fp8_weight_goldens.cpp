@@ -45,7 +45,7 @@ TEST_P(Fp8WeightGolden, MatchesTransformers) {
   std::ifstream in(dir / "golden.json");
   const json g = json::parse(in);
   EngineOptions o;
-  o.backend = "cpu";
+  o.backend = BackendChoice::cpu;
   o.kv_cache_dtype = "bf16";
   o.max_model_len = 256;  // the checkpoints' max_position_embeddings; sequences are 40 and 56 tokens
   o.kv_memory_bytes = 64u << 20;

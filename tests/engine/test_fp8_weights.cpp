@@ -162,7 +162,7 @@ TEST(Fp8Dummy, QuantizationConfigMakesFp8DummyWeights) {
     atomic_write_file(tmp.path() / name / "config.json", j.dump());
   }
   EngineOptions o = fp8_engine_options();
-  o.load_format = "dummy";
+  o.load_format = LoadFormat::dummy;
   const auto ids = test_tokens(12, 5);
   const auto a = logprobs(tmp.path() / "fp8", o, ids);
   const auto b = logprobs(tmp.path() / "bf16", o, ids);
@@ -312,9 +312,10 @@ TEST(Fp8Refusal, BlockShardsOffA128Boundary) {
 }
 
 TEST(Fp8Refusal, CudaW8A8ForNow) {
-  if (resolve_backend_name("auto") != "cuda") GTEST_SKIP() << "no CUDA device: the cuda refusal is not reachable here";
+  if (resolve_backend(BackendChoice::auto_) != BackendKind::cuda)
+    GTEST_SKIP() << "no CUDA device: the cuda refusal is not reachable here";
   EngineOptions o = fp8_engine_options();
-  o.backend = "cuda";
+  o.backend = BackendChoice::cuda;
   o.fp8_weight_mode = Fp8Compute::w8a8;
   expect_refused(Fp8CheckpointOptions{}, {"--fp8-weight-mode w8a8 runs on --backend cpu for now"}, o);
 }

@@ -13,7 +13,7 @@ class GoldenHd64 : public ::testing::TestWithParam<std::tuple<std::string, std::
 
 TEST_P(GoldenHd64, CpuMatchesTransformers) {
   const auto [name, variant] = GetParam();
-  const testing::GoldenOutcome r = testing::check_hf_golden(name, variant, "cpu");
+  const testing::GoldenOutcome r = testing::check_hf_golden(name, variant, BackendChoice::cpu);
   // Flips at layer 0 sit on rounding boundaries: rare (well under 1% of the
   // 2 x T x kv_heads x head_dim elements per sequence).
   EXPECT_LT(r.flips, 2 * 112 * 256 / 100) << name << " " << variant;

@@ -35,7 +35,7 @@ using nlohmann::json;
 
 EngineOptions options(const std::string& dtype) {
   EngineOptions o;
-  o.backend = "cpu";
+  o.backend = BackendChoice::cpu;
   o.kv_cache_dtype = dtype;
   o.max_model_len = 128;
   o.kv_memory_bytes = 64u << 20;

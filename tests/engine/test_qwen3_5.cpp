@@ -34,7 +34,7 @@ std::vector<int> hybrid_tokens(int n, uint64_t seed) { return testing::random_to
 
 EngineOptions hybrid_opts(int max_num_seqs = 8) {
   EngineOptions o;
-  o.backend = "cpu";
+  o.backend = BackendChoice::cpu;
   o.kv_cache_dtype = "bf16";
   o.block_size = 4;
   o.max_model_len = 256;

@@ -61,7 +61,7 @@ constexpr int kInterval = 16;  // blocks: a boundary every 64 tokens
 
 EngineOptions opts(bool caching, int interval = kInterval) {
   EngineOptions o;
-  o.backend = "cpu";
+  o.backend = BackendChoice::cpu;
   o.kv_cache_dtype = "bf16";
   o.block_size = kBlock;
   o.max_model_len = 256;

@@ -111,7 +111,7 @@ ModelConfig qwen3_5_cfg(int lin_k = 4, int lin_v = 8) {
 
 EngineOptions q_opts(const std::string& dtype, int tp) {
   EngineOptions o;
-  o.backend = "cpu";
+  o.backend = BackendChoice::cpu;
   o.kv_cache_dtype = dtype;
   o.block_size = 4;
   o.max_model_len = 96;
@@ -221,7 +221,7 @@ TEST(Qwen3_5TpEngine, LinearHeadsThatDoNotDivideAreRefusedByName) {
   test_util::TempDir tmp;
   atomic_write_file(tmp.path() / "config.json", qwen3_5_json(2, 4).dump());
   EngineOptions o = q_opts("bf16", 4);
-  o.load_format = "dummy";
+  o.load_format = LoadFormat::dummy;
   m = test_util::input_error_of([&] { Engine::load(tmp.path(), o); });
   EXPECT_NE(m.find(want), std::string::npos) << m;
   EXPECT_NO_THROW(Engine::create(cfg, w, q_opts("bf16", 2)));  // 2 divides both
@@ -256,7 +256,7 @@ TEST(Qwen3_5TpEngine, DummyLoadPerRankMatchesTp1) {
   test_util::TempDir tmp;
   atomic_write_file(tmp.path() / "config.json", qwen3_5_json().dump());
   EngineOptions o = q_opts("bf16", 1);
-  o.load_format = "dummy";
+  o.load_format = LoadFormat::dummy;
   const auto toks = tokens(24, 64, 4);
   const Logits ref = logits_of(*Engine::load(tmp.path(), o), toks, 0);
   o.tensor_parallel_size = 2;
@@ -478,7 +478,7 @@ TEST(Fp8TpShard, BlockCutsOffA128BoundaryAreRefused) {
   test_util::TempDir tmp;
   atomic_write_file(tmp.path() / "config.json", j.dump());
   EngineOptions o = testing::fp8_engine_options(Fp8Compute::w8a16, 2);
-  o.load_format = "dummy";
+  o.load_format = LoadFormat::dummy;
   m = test_util::input_error_of([&] { Engine::load(tmp.path(), o); });
   EXPECT_NE(m.find(cols), std::string::npos) << m;
 }
@@ -496,7 +496,7 @@ TEST(Fp8TpEngine, DummyLoadPerRankMatchesTp1) {
   for (int tp : {1, 2})
     for (Fp8Compute mode : {Fp8Compute::w8a16, Fp8Compute::w8a8}) {
       EngineOptions o = testing::fp8_engine_options(mode, tp);
-      o.load_format = "dummy";
+      o.load_format = LoadFormat::dummy;
       out[{tp, mode}] = logits_of(*Engine::load(tmp.path(), o), toks, 0);
     }
   for (Fp8Compute mode : {Fp8Compute::w8a16, Fp8Compute::w8a8}) {
