@@ -255,7 +255,11 @@ nlohmann::json to_json(const BenchResult& r, const BenchSettings& s) {
   }
   j["ignore_eos"] = s.ignore_eos;
   j["seed"] = s.seed;
-  j["weight_bytes_per_param"] = s.weight_elem_bytes;
+  // The bytes per parameter of the weights not stored in fp8 (all of them for
+  // a bf16 checkpoint; embedding, LM head and norms for an FP8-weight one,
+  // whose projections the floor counts at 1 byte plus their scales:
+  // weight_bytes_per_step).
+  j["unquantized_weight_bytes_per_param"] = s.weight_elem_bytes;
   return j;
 }
 
