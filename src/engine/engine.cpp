@@ -130,7 +130,13 @@ class EngineImpl final : public Engine {
                                          rank_weights);
     ph_runner.done();
     backend_ = &runner_->backend();  // rank 0's
-    if (!backend_->uses_host_memory()) weights_.reset();
+    // A device backend holds its own copy: the host weights are let go (an
+    // in-memory caller's stay reachable while the caller holds them, and
+    // load() hands a re-open of the checkpoint: diagnosis_weights()).
+    if (!backend_->uses_host_memory()) {
+      caller_weights_ = weights_;
+      weights_.reset();
+    }
     if (o.gpu_memory_utilization > 0.0 && backend_->uses_host_memory())
       throw InputError("--gpu-memory-utilization applies to the cuda backend only (use --kv-memory on the CPU)");
     if (o.gpu_memory_utilization > 0.0 && o.kv_memory_bytes > 0)
@@ -236,6 +242,10 @@ class EngineImpl final : public Engine {
   const KvScales& kv_scales() const override { return scales_; }
   // A multi-process follower's whole life after construction (engine/tp_runner.h).
   void follow() { runner_->follow(); }
+  // How a device-backend engine gets host weights back for the non-finite
+  // diagnosis: load() re-opens the checkpoint (mapped views; only after a
+  // failure).
+  void set_weights_reload(std::function<std::shared_ptr<const ModelWeights>()> f) { reload_weights_ = std::move(f); }
   void set_store_observer(StoreObserver* o) override {
     runner_->set_store_observer(o);
     kv_->set_prefix_caching(prefix_caching_on(opts_.enable_prefix_caching) && o == nullptr);  // the observer sees every token
@@ -367,13 +377,15 @@ class EngineImpl final : public Engine {
     } catch (const InputError&) {
       throw;
     } catch (const std::runtime_error& e) {
-      if (std::string_view(e.what()).find("non-finite") == std::string_view::npos || !weights_) throw;
-      if (auto bad = weights_->first_non_finite())
+      if (std::string_view(e.what()).find("non-finite") == std::string_view::npos) throw;
+      const std::shared_ptr<const ModelWeights> w = diagnosis_weights();
+      if (const std::optional<std::string>& bad = first_bad_weight())
         throw InputError(fmt::format("{}: {} (the first non-finite weight in forward order: that layer's output is "
                                      "where the values go non-finite; `fp8kv inspect --check-values` lists such "
                                      "tensors)",
                                      e.what(), *bad));
-      if (overflow_stage_ != kNotDiagnosed) throw InputError(overflow_message(e.what(), overflow_stage_));
+      if (overflow_stage_ != kNotDiagnosed) throw InputError(overflow_message(e.what(), overflow_stage_, w.get()));
+      if (!w) throw;
       throw std::runtime_error(fmt::format("{} (every weight is finite: the activations overflowed)", e.what()));
     }
   }
@@ -469,14 +481,17 @@ class EngineImpl final : public Engine {
     }
   }
 
-  // Non-finite logits on the CPU with every weight finite (step() checks the
-  // weights first): the step is run again with the forward pass checking the
-  // residual stream after every stage (ForwardPass::set_check_stages), and
-  // the first stage that held NaN/inf is kept for step()'s message. Only
-  // after a failure, so ordinary steps pay nothing; the re-run's KV writes
-  // are those of the failed step (the engine stops here anyway).
+  // Non-finite logits with every weight finite (step() names a NaN/inf
+  // weight first): the step is run again, eagerly (no CUDA graph), with the
+  // forward pass checking the residual stream after every stage
+  // (ForwardPass::set_check_stages: a download per stage, so a device
+  // backend's stages are checked too), and the first stage that held NaN/inf
+  // is kept for step()'s message. Only after a failure, so ordinary steps
+  // pay nothing; the re-run's KV writes are those of the failed step (the
+  // engine stops here anyway). Without host weights (dummy weights on a
+  // device) the stage is still named, without its largest weight.
   void diagnose_overflow(const SchedulerOutput& out, const StepSampling& sampling) {
-    if (!weights_ || weights_->first_non_finite()) return;  // no host weights, or a NaN/inf weight to name
+    if (first_bad_weight()) return;  // a NaN/inf weight to name
     ModelRunner& r0 = runner_->runner(0);
     r0.set_check_stages(true);
     try {
@@ -487,9 +502,41 @@ class EngineImpl final : public Engine {
     r0.set_check_stages(false);
   }
 
-  std::string overflow_message(const std::string& what, int stage) const {
+  // The host weights the non-finite diagnosis reads: the CPU backend's own,
+  // an in-memory caller's while it still holds them, or the checkpoint
+  // re-opened once (set_weights_reload); null when there are none (dummy
+  // weights made for a device) or the checkpoint cannot be read again.
+  std::shared_ptr<const ModelWeights> diagnosis_weights() {
+    if (weights_) return weights_;
+    if (auto w = caller_weights_.lock()) return w;
+    if (!reloaded_ && reload_weights_) {
+      reloaded_ = true;
+      try {
+        reload_ = reload_weights_();
+      } catch (const std::exception& e) {
+        engine_log()->warn("the non-finite diagnosis could not re-open the checkpoint: {}", e.what());
+      }
+    }
+    return reload_;
+  }
+
+  // diagnosis_weights()' first NaN/inf weight in forward order (a full
+  // scan, done once), or nullopt.
+  const std::optional<std::string>& first_bad_weight() {
+    if (!bad_weight_scanned_) {
+      if (const std::shared_ptr<const ModelWeights> w = diagnosis_weights()) {
+        bad_weight_ = w->first_non_finite();
+        bad_weight_scanned_ = true;
+      }
+    }
+    return bad_weight_;
+  }
+
+  std::string overflow_message(const std::string& what, int stage, const ModelWeights* w) const {
     const int L = cfg_.num_layers;
-    const std::string largest = weights_->largest_value(stage == ForwardPass::kNoStage ? L + 1 : stage);
+    const std::string largest =
+        w ? fmt::format("; its largest weight: {}", w->largest_value(stage == ForwardPass::kNoStage ? L + 1 : stage))
+          : "";
     std::string where;
     if (stage == ForwardPass::kStageEmbedding)
       where = fmt::format("every weight is finite, but the embedding's output{} overflowed float32",
@@ -502,8 +549,8 @@ class EngineImpl final : public Engine {
       where = "every weight and every layer's output is finite, but the final norm's output overflowed float32";
     else
       where = "every weight and the final norm's output are finite, but the output projection overflowed float32";
-    return fmt::format("{}: {}; its largest weight: {}. The checkpoint's values are out of range: fix or re-export it",
-                       what, where, largest);
+    return fmt::format("{}: {}{}. The checkpoint's values are out of range: fix or re-export it", what, where,
+                       largest);
   }
 
   static void add_logprobs(StepEvent& ev, std::span<const float> row, int top) {
@@ -531,6 +578,12 @@ class EngineImpl final : public Engine {
   std::unique_ptr<KvCacheManager> kv_;
   KvScales scales_;
   std::shared_ptr<const ModelWeights> weights_;  // CPU only: the non-finite diagnosis reads them
+  std::weak_ptr<const ModelWeights> caller_weights_;  // a device backend's in-memory weights (create())
+  std::function<std::shared_ptr<const ModelWeights>()> reload_weights_;  // load(): re-open the checkpoint
+  std::shared_ptr<const ModelWeights> reload_;
+  bool reloaded_ = false;
+  std::optional<std::string> bad_weight_;
+  bool bad_weight_scanned_ = false;
   // One warning per layer and stream, the first time more than 0.1% of the
   // elements it stored so far saturated (only the per-tensor-scaled fp8
   // dtypes can clip: backend/cpu/kv_ops.h). No load-time check can know
@@ -743,6 +796,11 @@ std::unique_ptr<Engine> load_engine(const std::filesystem::path& dir, const Engi
     engine = std::make_unique<EngineImpl>(std::move(cfg), widen(std::move(w)), opts, d);
   }
   engine->set_kv_scales(std::move(scales));
+  if (!cpu)
+    engine->set_weights_reload([dir, cfg = load_model_config(dir)] {
+      std::shared_ptr<ModelWeights> w = ModelWeights::load(Checkpoint::open(dir), cfg);
+      return std::shared_ptr<const ModelWeights>(std::move(w));
+    });
   return engine;
 }
 

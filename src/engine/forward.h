@@ -77,6 +77,7 @@ class ForwardPass {
   // kNoStage when every stage was finite (the logits overflowed in lm_head).
   static constexpr int kNoStage = -2;
   int first_nonfinite_stage() const { return first_nonfinite_stage_; }
+  bool checking_stages() const { return check_stages_; }
 
  private:
   // check_stages_: records `stage` when t (or t2) holds a NaN or inf and no earlier stage did.

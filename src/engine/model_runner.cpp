@@ -225,7 +225,9 @@ void ModelRunner::run_step() {
   const bool decode_only = batch_.num_seqs > 0 && batch_.num_decodes == batch_.num_seqs;
   const int bucket = decode_only ? graph_bucket(batch_.num_seqs) : 0;
   // Tensor-parallel ranks run eagerly unless a test turns graphs on (engine/tp_shard.h; docs/tp.md).
-  const bool graphs = bucket > 0 && be_.supports_graphs() && (tp_.world == 1 || tp_graphs_);
+  // The non-finite diagnosis checks each stage of an eager run.
+  const bool graphs =
+      bucket > 0 && be_.supports_graphs() && (tp_.world == 1 || tp_graphs_) && !fwd_.checking_stages();
   const int S = batch_.num_seqs;
   // Sampling inside the step: padded decode steps where every sequence
   // samples (its only row), on one rank (execute's StepSampling).

@@ -135,7 +135,7 @@ class ModelRunner {
   Backend& backend() { return be_; }
   // The non-finite diagnosis (ForwardPass::set_check_stages): the engine
   // re-runs a failed step with it on, on rank 0, and reads the first stage
-  // whose output held NaN/inf. The CPU engine only (no graph replays).
+  // whose output held NaN/inf. While on, steps run eagerly (no graph replay).
   void set_check_stages(bool on) { fwd_.set_check_stages(on); }
   int first_nonfinite_stage() const { return fwd_.first_nonfinite_stage(); }
 

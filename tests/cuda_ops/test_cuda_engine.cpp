@@ -10,8 +10,17 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include <gmock/gmock.h>
+
+#include <cstring>
+#include <limits>
+
+#include <unistd.h>
+
+#include "../engine/fp8_checkpoint.h"
 #include "cuda_ops_util.h"
 #include "engine/engine.h"
+#include "io/errors.h"
 #include "model/weights.h"
 
 namespace fp8kv {
@@ -137,6 +146,67 @@ TEST(CudaEngine, GreedyGenerateRuns) {
   const auto d = eng->generate(prompt, g);
   EXPECT_EQ(c.tokens, d.tokens);  // seeded sampling replays
   for (int t : c.tokens) EXPECT_TRUE(t >= 0 && t < cfg.vocab_size);
+}
+
+// Finite but absurd weights on the CUDA engine (docs/robustness.md "Finite
+// but absurd weights"): the failed step is re-run eagerly with each stage's
+// output downloaded, and the error (InputError: exit 2) names the stage and
+// its largest weight, read from the caller's in-memory weights (create()) or
+// from the checkpoint re-opened (load()); a NaN weight is named as the CPU
+// engine names it.
+std::string cuda_failure(const std::function<std::unique_ptr<Engine>(const EngineOptions&)>& make) {
+  EngineOptions o;
+  o.backend = BackendChoice::cuda;
+  o.kv_cache_dtype = "bf16";
+  o.kv_memory_bytes = 8u << 20;
+  o.max_model_len = 64;
+  auto e = make(o);
+  GenerateOptions g;
+  g.max_tokens = 3;
+  const std::vector<int> prompt = {5, 9, 13, 17, 21};
+  try {
+    e->generate(prompt, g);
+  } catch (const InputError& err) {
+    return err.what();
+  }
+  return "";
+}
+
+TEST(CudaEngine, AbsurdWeightsNameTheStage) {
+  FP8KV_NEED_GPU();
+  using ::testing::HasSubstr;
+  const ModelConfig cfg = small_qwen3_config();
+  auto w = ModelWeights::random(cfg, 7, 0.15f, /*bf16=*/true);
+  EXPECT_EQ(cuda_failure([&](const EngineOptions& o) { return Engine::create(cfg, w, o); }), "");
+  for (int i = 0; i < 8; ++i) w->layers[1].post_attention_norm[static_cast<size_t>(i)] = 3.39e38f;
+  const std::string m = cuda_failure([&](const EngineOptions& o) { return Engine::create(cfg, w, o); });
+  EXPECT_THAT(m, HasSubstr("every weight is finite, but layer 1's output overflowed float32"));
+  EXPECT_THAT(m, HasSubstr("its largest weight: model.layers.1.post_attention_layernorm.weight holds 3.39e+38"));
+}
+
+TEST(CudaEngine, AbsurdCheckpointIsReopenedToNameTheWeight) {
+  FP8KV_NEED_GPU();
+  using ::testing::HasSubstr;
+  const auto dir = std::filesystem::temp_directory_path() / ("fp8kv_cuda_absurd_" + std::to_string(::getpid()));
+  const auto write = [&](float value) {
+    std::filesystem::remove_all(dir);
+    testing::Fp8CheckpointOptions c;
+    c.twin = true;  // an f32 checkpoint (no quantization config)
+    c.mutate = [value](std::vector<TensorToWrite>& ts, nlohmann::json&, nlohmann::json&) {
+      TensorToWrite& t = testing::find_tensor(ts, "model.layers.1.post_attention_layernorm.weight");
+      for (int i = 0; i < 8; ++i) std::memcpy(t.data.data() + 4 * i, &value, 4);
+    };
+    testing::write_fp8_checkpoint(dir, c);
+  };
+  const auto load = [&](const EngineOptions& o) { return Engine::load(dir, o); };
+  write(3.39e38f);
+  std::string m = cuda_failure(load);
+  EXPECT_THAT(m, HasSubstr("layer 1's output overflowed float32"));
+  EXPECT_THAT(m, HasSubstr("its largest weight: model.layers.1.post_attention_layernorm.weight holds 3.39e+38"));
+  write(std::numeric_limits<float>::quiet_NaN());
+  m = cuda_failure(load);
+  EXPECT_THAT(m, HasSubstr("model.layers.1.post_attention_layernorm.weight (layer 1) holds NaN"));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
