@@ -114,7 +114,9 @@ __global__ void gdn_conv_kernel(GdnSeqs seqs, int64_t C, int K, const float* __r
 // in DK registers, loaded and stored with DK independent accesses per
 // thread, and shared memory holds only q and k of the token; DK == 0 (any
 // other Dk): the column lives in shared memory (S, then q and k). Same
-// operations in the same order either way: bitwise equal results.
+// operations in the same order either way: bitwise equal results. q and k
+// are normalized once per token by the block (the l2 sums by one thread
+// each, in the CPU's order), not by every thread.
 template <int DK>
 __global__ void gdn_rule_kernel(GdnSeqs seqs, GdnDims dm, int chunk_begin, const float* __restrict__ qkv,
                                 const float* __restrict__ a, const float* __restrict__ b,
@@ -137,8 +139,11 @@ __global__ void gdn_rule_kernel(GdnSeqs seqs, GdnDims dm, int chunk_begin, const
   }
   float Sr[REG ? DK : 1];
   float* Ssh = sm;
+  // q and k of the token, normalized in place (qh = q / |q| * scale, kh = k / |k|),
+  // then 1 / |q| and 1 / |k|.
   float* qs = REG ? sm : sm + Dk * Dv;
   float* ks = qs + Dk;
+  float* inv = ks + Dk;
   // Element i of this thread's column.
   auto S_at = [&](int i) -> float& {
     if constexpr (REG) return Sr[i];
@@ -162,36 +167,50 @@ __global__ void gdn_rule_kernel(GdnSeqs seqs, GdnDims dm, int chunk_begin, const
       ks[i] = row[KD + static_cast<int64_t>(kh) * Dk + i];
     }
     __syncthreads();
-    if (!col) continue;
-    // l2norm_into: x / sqrt(sum x^2 + 1e-6), then * scale (q) or * 1 (k: exact).
-    float ssq = 0.0f, ssk = 0.0f;
-    for (int i = 0; i < Dk; ++i) {
-      ssq = __fadd_rn(ssq, __fmul_rn(qs[i], qs[i]));
-      ssk = __fadd_rn(ssk, __fmul_rn(ks[i], ks[i]));
+    // l2norm_into: x / sqrt(sum x^2 + 1e-6), then * scale (q) or * 1 (k:
+    // exact); the sums sequential (the CPU's), one thread each.
+    if (threadIdx.x == 0 || threadIdx.x == 32) {
+      const float* x = threadIdx.x ? ks : qs;
+      float ss = 0.0f;
+      for (int i = 0; i < Dk; ++i) ss = __fadd_rn(ss, __fmul_rn(x[i], x[i]));
+      inv[threadIdx.x ? 1 : 0] = __fdiv_rn(1.0f, sqrtf(__fadd_rn(ss, 1e-6f)));
     }
-    const float invq = __fdiv_rn(1.0f, sqrtf(__fadd_rn(ssq, 1e-6f)));
-    const float invk = __fdiv_rn(1.0f, sqrtf(__fadd_rn(ssk, 1e-6f)));
+    __syncthreads();
+    {
+      const float invq = inv[0], invk = inv[1];
+      for (int i = threadIdx.x; i < Dk; i += blockDim.x) {
+        qs[i] = __fmul_rn(__fmul_rn(qs[i], invq), scale);
+        ks[i] = __fmul_rn(ks[i], invk);
+      }
+    }
+    __syncthreads();
+    if (!col) continue;
     // gdn_gates (torch's softplus, threshold 20).
     const float xg = __fadd_rn(a[r * Hv + h], dtb);
     const float sp = xg > 20.0f ? xg : log1pf(expf(xg));
     const float decay = expf(__fmul_rn(neg_A, sp));
     const float beta = sigmoid_f(b[r * Hv + h]);
     // S *= decay; mem = S^T k; delta = (v - mem) beta; S += k delta^T; o = S^T q.
+    // (REG: the loops go 8 rows at a time, the compiler barrier between
+    // groups keeps it from loading every q / k element ahead at once, which
+    // would hold Dk registers more than the column and spill at Dk = 128.)
     float mem = 0.0f;
 #pragma unroll
     for (int i = 0; i < Dk; ++i) {
       const float sv = __fmul_rn(S_at(i), decay);
       S_at(i) = sv;
-      mem = __fadd_rn(mem, __fmul_rn(sv, __fmul_rn(ks[i], invk)));
+      mem = __fadd_rn(mem, __fmul_rn(sv, ks[i]));
+      if (REG && i % 8 == 7) asm volatile("" ::: "memory");
     }
     const float v = row[2 * KD + static_cast<int64_t>(h) * Dv + d];
     const float delta = __fmul_rn(__fsub_rn(v, mem), beta);
     float o = 0.0f;
 #pragma unroll
     for (int i = 0; i < Dk; ++i) {
-      const float sv = __fadd_rn(S_at(i), __fmul_rn(__fmul_rn(ks[i], invk), delta));
+      const float sv = __fadd_rn(S_at(i), __fmul_rn(ks[i], delta));
       S_at(i) = sv;
-      o = __fadd_rn(o, __fmul_rn(sv, __fmul_rn(__fmul_rn(qs[i], invq), scale)));
+      o = __fadd_rn(o, __fmul_rn(sv, qs[i]));
+      if (REG && i % 8 == 7) asm volatile("" ::: "memory");
     }
     out[r * VD + static_cast<int64_t>(h) * Dv + d] = o;
   }
@@ -750,7 +769,7 @@ void gdn_rule(const GdnDims& d, const GdnSeqs& seqs, const float* qkv, const flo
               const GdnRuleOptions& opt) {
   check_dims(d, "gdn_rule");
   if (seqs.num_seqs <= 0) return;
-  const size_t smem = (static_cast<size_t>(d.k_head_dim) * d.v_head_dim + 2 * static_cast<size_t>(d.k_head_dim)) *
+  const size_t smem = (static_cast<size_t>(d.k_head_dim) * d.v_head_dim + 2 * static_cast<size_t>(d.k_head_dim) + 2) *
                       sizeof(float);
   int dev = 0, max_smem = 0, num_sms = 0;
   FP8KV_CU(cudaGetDevice(&dev));
@@ -785,7 +804,7 @@ void gdn_rule(const GdnDims& d, const GdnSeqs& seqs, const float* qkv, const flo
   // The recurrent kernel's plan: the state column in registers for the key
   // head dims of real checkpoints and the tests (16 .. 128), else in shared
   // memory (any Dk whose state fits).
-  const size_t qk_smem = 2 * static_cast<size_t>(d.k_head_dim) * sizeof(float);
+  const size_t qk_smem = (2 * static_cast<size_t>(d.k_head_dim) + 2) * sizeof(float);
   switch (d.k_head_dim) {
     case 16: gdn_rule_kernel<16><<<grid, threads, qk_smem, stream>>>(seqs, d, chunk_begin, qkv, a, b, A_log, dt_bias,
                                                                      ssm_state, out); break;
