@@ -432,7 +432,7 @@ TEST_P(GdnRuleChunkedCuda, MatchesCpuChunkedFormAtEverySplit) {
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   const cuda::GdnChunkPlan plan = cuda::gdn_chunk_plan(d, 5, sms, static_cast<size_t>(max_smem_optin()));
   ASSERT_TRUE(plan.ok()) << tag << ": the chunked kernel does not take the shape";
-  std::printf("%s: planned split %d (ld_t %d, %zu bytes of shared memory)\n", tag.c_str(), plan.split, plan.ld_t,
+  std::printf("%s: planned split %d (ld_v %d, %zu bytes of shared memory)\n", tag.c_str(), plan.split, plan.ld_v,
               plan.smem);
   std::vector<int> row_seq(b.T), slot_seq(kRuleSlots, -1);
   for (size_t si = 0; si < b.seqs.size(); ++si) {
@@ -566,21 +566,25 @@ TEST(GdnChunkPlan, FollowsTheShapes) {
   const cuda::GdnDims q27{16, 48, 128, 128, 4};  // Qwen3.5-27B
   cuda::GdnChunkPlan p = cuda::gdn_chunk_plan(q27, 1, 132, kSmem);
   EXPECT_EQ(p.split, 2);  // 96 CTAs: 48 would leave most SMs idle, 192 take two waves
-  EXPECT_EQ(p.ld_t, 68);
-  EXPECT_EQ(p.smem, 188176u);
+  EXPECT_EQ(p.ld_v, 64);  // a multiple of 32: swizzled, not padded
+  EXPECT_EQ(p.smem, 165648u);
   p = cuda::gdn_chunk_plan(q27, 2, 132, kSmem);
   EXPECT_EQ(p.split, 1);
-  EXPECT_EQ(p.ld_t, 64);  // the padded stride does not fit at split 1
-  EXPECT_EQ(p.smem, 231184u);
+  EXPECT_EQ(p.ld_v, 128);
+  EXPECT_EQ(p.smem, 214800u);
   EXPECT_EQ(cuda::gdn_chunk_plan(cuda::GdnDims{8, 24, 128, 128, 4}, 1, 132, kSmem).split, 4);  // TP 2
+  EXPECT_EQ(cuda::gdn_chunk_plan_at(cuda::GdnDims{2, 4, 32, 48, 4}, 1, kSmem).ld_v, 56);  // Dvs 48: padded (24 mod 32)
+  EXPECT_EQ(cuda::gdn_chunk_plan_at(cuda::GdnDims{2, 4, 32, 48, 4}, 3, kSmem).ld_v, 24);  // Dvs 16: padded
   // Shapes it does not take: the recurrent form runs every row.
-  EXPECT_FALSE(cuda::gdn_chunk_plan(cuda::GdnDims{16, 48, 130, 128, 4}, 1, 132, kSmem).ok());  // Dk % 4
-  EXPECT_FALSE(cuda::gdn_chunk_plan(cuda::GdnDims{16, 48, 128, 126, 4}, 1, 132, kSmem).ok());  // Dv % 4
+  EXPECT_FALSE(cuda::gdn_chunk_plan(cuda::GdnDims{16, 48, 136, 128, 4}, 1, 132, kSmem).ok());  // Dk % 16
+  EXPECT_FALSE(cuda::gdn_chunk_plan(cuda::GdnDims{16, 48, 128, 124, 4}, 1, 132, kSmem).ok());  // Dv % 8
   EXPECT_FALSE(cuda::gdn_chunk_plan(cuda::GdnDims{16, 48, 256, 128, 4}, 1, 132, kSmem).ok());  // too big
-  EXPECT_TRUE(cuda::gdn_chunk_plan(cuda::GdnDims{16, 48, 208, 128, 4}, 1, 132, kSmem).ok());   // the largest Dk
+  EXPECT_TRUE(cuda::gdn_chunk_plan(cuda::GdnDims{16, 48, 224, 128, 4}, 1, 132, kSmem).ok());   // the largest Dk
+  EXPECT_FALSE(cuda::gdn_chunk_plan(cuda::GdnDims{16, 48, 240, 128, 4}, 1, 132, kSmem).ok());
   EXPECT_FALSE(cuda::gdn_chunk_plan_at(q27, 3, kSmem).ok());  // 128 / 3
   EXPECT_FALSE(cuda::gdn_chunk_plan_at(q27, 1, 200000).ok());
-  EXPECT_TRUE(cuda::gdn_chunk_plan_at(cuda::GdnDims{2, 4, 32, 48, 4}, 12, kSmem).ok());  // 4 columns per CTA
+  EXPECT_TRUE(cuda::gdn_chunk_plan_at(cuda::GdnDims{2, 4, 32, 48, 4}, 6, kSmem).ok());    // 8 columns per CTA
+  EXPECT_FALSE(cuda::gdn_chunk_plan_at(cuda::GdnDims{2, 4, 32, 48, 4}, 12, kSmem).ok());  // 4: under one MMA tile
 }
 
 // ---- gated RMSNorm, split_q_gate, mul_sigmoid -------------------------------------
