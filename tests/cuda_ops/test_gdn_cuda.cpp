@@ -161,7 +161,7 @@ class GdnConvCuda : public ::testing::TestWithParam<bool> {};
 TEST_P(GdnConvCuda, MatchesCpuAndCarriesItsState) {
   FP8KV_NEED_GPU();
   const bool bf16 = GetParam();
-  const ConvStateType st = bf16 ? ConvStateType::bf16 : ConvStateType::f32;
+  const GdnStateType st = bf16 ? GdnStateType::bf16 : GdnStateType::f32;
   const cuda::GdnDims d{2, 4, 16, 24, 4};
   const int64_t C = d.conv_dim(), P = d.conv_kernel - 1, E = bf16 ? 2 : 4;
   std::mt19937_64 rng(test_seed());
@@ -764,7 +764,7 @@ TEST_P(GdnOpCuda, MatchesCpuBackendOverSteps) {
       }
       M_S = std::max(M_S, max_abs(ssm_st[q.slot]));
       gdn_causal_conv(qkv.data() + t0 * C, q.n, C, s.conv_kernel, L0.conv1d.data(), conv_st[q.slot].data(),
-                      ConvStateType::bf16, conv.data() + t0 * C);
+                      GdnStateType::bf16, conv.data() + t0 * C);
       std::vector<float> S_rec = ssm_st[q.slot], o_rec(VD);  // the recurrent run: max |S| along it
       for (int t = 0; t < q.n; ++t) {
         gdn_rule_recurrent(s, conv.data() + (t0 + t) * C, 1, g.data() + (t0 + t) * Hv, beta.data() + (t0 + t) * Hv,
