@@ -32,16 +32,6 @@ inline std::vector<int> state_layer_index(const StatePlan& plan, int num_layers)
   return index;
 }
 
-// state_layer_index of a backend that keeps float32 recurrent states
-// (allocate_state): InputError naming the backend ("the CUDA backend") for
-// another state dtype.
-inline std::vector<int> f32_state_layer_index(const StatePlan& plan, int num_layers, const char* backend) {
-  if (!plan.empty() && plan.ssm_dtype != StateDtype::f32)
-    throw InputError(fmt::format("{} keeps the recurrent state in float32 (got {})", backend,
-                                 state_dtype_name(plan.ssm_dtype)));
-  return state_layer_index(plan, num_layers);
-}
-
 // copy_state_slot's slots, both in the pool (invalid_argument otherwise).
 inline void check_state_slots(const StatePlan& plan, int src, int dst, const char* backend) {
   if (src < 0 || dst < 0 || src >= plan.total_slots() || dst >= plan.total_slots())
