@@ -106,7 +106,7 @@ int main(int argc, char** argv) {
       o.recurrent_only = !chunked;
       auto run = [&] {
         cuda::gdn_rule(d, seqs, qkv.as<float>(), a.as<float>(), b.as<float>(), A_log.as<float>(), dt.as<float>(),
-                       pool.as<float>(), out.as<float>(), st, o);
+                       pool.get(), /*state_bf16=*/false, out.as<float>(), st, o);
       };
       const int reps = T >= 8192 ? 2 : T >= 1024 ? 5 : 50;
       const double us = bench::median_call_us(st, tm.e0, tm.e1, reps, run);

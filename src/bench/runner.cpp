@@ -85,8 +85,10 @@ void run_round(Engine& e, const BenchSettings& s, int n, std::mt19937_64& rng, T
     if (k.decode) {
       t->decode_step_s.push_back(seconds(a, b));
       const double w = static_cast<double>(decode_weight_bytes(c, static_cast<int>(contexts.size()), s.weight_elem_bytes));
-      const double kv = static_cast<double>(decode_kv_bytes(c, e.kv_dtype(), contexts) +
-                                            decode_state_bytes(c, static_cast<int>(contexts.size())));
+      const StatePlan& sp = e.kv_plan().state;  // its dtypes (empty without linear-attention layers)
+      const double kv = static_cast<double>(
+          decode_kv_bytes(c, e.kv_dtype(), contexts) +
+          decode_state_bytes(c, static_cast<int>(contexts.size()), sp.conv_dtype, sp.ssm_dtype));
       t->decode_weight_sum += w;
       t->decode_kv_sum += kv;
       t->decode_bytes_sum += w + kv;

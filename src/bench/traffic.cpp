@@ -34,9 +34,9 @@ uint64_t decode_kv_bytes(const ModelConfig& c, KvDtype d, std::span<const int> c
   return tokens * per_token;
 }
 
-uint64_t decode_state_bytes(const ModelConfig& c, int batch) {
+uint64_t decode_state_bytes(const ModelConfig& c, int batch, StateDtype conv_dtype, StateDtype ssm_dtype) {
   if (!c.gdn || batch <= 0) return 0;
-  const StatePlan p = plan_state(c, batch, 1, StateDtype::bf16, StateDtype::f32);
+  const StatePlan p = plan_state(c, batch, 1, conv_dtype, ssm_dtype);
   return 2 * p.pool_bytes();  // each state read and written once per step
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <span>
 
+#include "kv/state_plan.h"
 #include "model/config.h"
 #include "numerics/fp8.h"
 
@@ -26,10 +27,10 @@ uint64_t streamed_weight_params(const ModelConfig& c);
 uint64_t decode_weight_bytes(const ModelConfig& c, int batch, int weight_elem_bytes = 2);
 
 // The per-sequence states of the linear-attention (Gated DeltaNet) layers a
-// decode step of `batch` sequences reads and writes (conv state bf16,
-// recurrent state f32, the defaults): 2 x the state pool of `batch` slots;
-// 0 for a model without such layers.
-uint64_t decode_state_bytes(const ModelConfig& c, int batch);
+// decode step of `batch` sequences reads and writes, in the engine's state
+// dtypes (--mamba-cache-dtype, --mamba-ssm-cache-dtype; KvPlan::state): 2 x
+// the state pool of `batch` slots; 0 for a model without such layers.
+uint64_t decode_state_bytes(const ModelConfig& c, int batch, StateDtype conv_dtype, StateDtype ssm_dtype);
 
 // K and V read by one decode step (full and sliding attention layers only); contexts[i] = tokens sequence i attends
 // over in a full-attention layer (its length including the new token); the

@@ -103,6 +103,13 @@ int run_bench(BenchArgs a, const std::string& mode) {
   j["model"] = a.model;
   j["backend"] = std::string(backend_kind_name(backend));
   j["kv_cache_dtype"] = std::string(kv_dtype_name(engine->kv_dtype()));
+  // Linear-attention models: the state dtypes the decode step streams (null for other models).
+  const StatePlan& sp = engine->kv_plan().state;
+  auto state_dtype = [&](StateDtype d) {
+    return sp.empty() ? nlohmann::json(nullptr) : nlohmann::json(std::string(state_dtype_name(d)));
+  };
+  j["state_conv_dtype"] = state_dtype(sp.conv_dtype);
+  j["state_ssm_dtype"] = state_dtype(sp.ssm_dtype);
   j["max_model_len"] = engine->max_model_len();
   j["max_num_seqs"] = o.max_num_seqs;
   j["max_num_batched_tokens"] = o.max_num_batched_tokens;

@@ -44,6 +44,11 @@ struct CapacityArgs {
   int tensor_parallel_size = 1;
   bool enable_prefix_caching = kEngineDefaults.enable_prefix_caching;
   int state_snapshot_interval = 0;  // 0: automatic, as the engine
+  std::string mamba_cache_dtype = kEngineDefaults.mamba_cache_dtype;
+  std::string mamba_ssm_cache_dtype = kEngineDefaults.mamba_ssm_cache_dtype;
+  // The two above, parsed once (run_capacity).
+  StateDtype conv_state_dtype = StateDtype::bf16;
+  StateDtype ssm_state_dtype = StateDtype::f32;
   bool compare = false;
   bool json_out = false;
 };
@@ -91,6 +96,8 @@ KvPlanSettings settings_for(const CapacityArgs& a, KvDtype d, uint64_t kv_memory
   s.tensor_parallel_size = a.tensor_parallel_size;
   s.prefix_caching = a.enable_prefix_caching;  // a state pool's snapshots share the budget, as in the engine
   s.state_snapshot_interval = a.state_snapshot_interval;
+  s.conv_state_dtype = a.conv_state_dtype;  // the state pool's bytes, as in the engine
+  s.ssm_state_dtype = a.ssm_state_dtype;
   return s;
 }
 
@@ -102,6 +109,11 @@ std::string group_type_label(const KvGroupPlan& g) {
 int64_t group_pool_share(const KvPlan& p, const KvGroupPlan& g) {
   const unsigned __int128 n = static_cast<unsigned __int128>(p.num_blocks) * static_cast<uint64_t>(g.blocks_per_request);
   return static_cast<int64_t>(n / static_cast<uint64_t>(p.blocks_per_request));
+}
+
+// A state pool's dtype name, null without a state pool.
+json state_dtype_json(const StatePlan& s, StateDtype d) {
+  return s.empty() ? json(nullptr) : json(std::string(state_dtype_name(d)));
 }
 
 json plan_json(const KvPlan& p) {
@@ -142,6 +154,9 @@ json plan_json(const KvPlan& p) {
       {"state_pool_bytes", p.state.pool_bytes()},
       {"state_slots", p.state.num_slots},
       {"state_layers", p.state.layers},
+      // Their dtypes (--mamba-cache-dtype, --mamba-ssm-cache-dtype); null without a state pool.
+      {"state_conv_dtype", state_dtype_json(p.state, p.state.conv_dtype)},
+      {"state_ssm_dtype", state_dtype_json(p.state, p.state.ssm_dtype)},
       // Prefix caching's state snapshots (0 when off or without a state pool).
       {"state_snapshot_interval", p.state.snapshot_interval},
       {"state_snapshot_slots", p.state.snapshot_slots},
@@ -273,7 +288,7 @@ void print_text(const CapacityArgs& a, const ModelConfig& cfg, const KvBudget& b
   std::fputs(o.c_str(), stdout);
 }
 
-int run_capacity(const CapacityArgs& a) {
+int run_capacity(CapacityArgs a) {
   if (a.kv_memory.empty() == a.gpu_memory.empty())
     throw UsageError("give exactly one of --kv-memory SIZE (the KV budget itself) or --gpu-memory SIZE");
   // Same words as the engine flags (cli/engine_flags.h): a flag means the same in every command.
@@ -281,6 +296,9 @@ int run_capacity(const CapacityArgs& a) {
   if (!a.gpu_memory.empty()) parse_size_flag("--gpu-memory", a.gpu_memory);
   if (!(a.gpu_memory_utilization > 0.0 && a.gpu_memory_utilization <= 1.0))
     throw UsageError(fmt::format("--gpu-memory-utilization must be in (0, 1] (got {})", a.gpu_memory_utilization));
+  // Parsed once, before any file is read, as the engine flags are.
+  a.conv_state_dtype = parse_mamba_cache_dtype_flag(a.mamba_cache_dtype);
+  a.ssm_state_dtype = parse_mamba_ssm_cache_dtype_flag(a.mamba_ssm_cache_dtype);
   const fs::path model(a.model);
   const ModelConfig cfg = load_model_config(model);
   std::error_code ec;
@@ -367,6 +385,8 @@ const Registrar reg_capacity([](CLI::App& app) {
   sub->add_option("--state-snapshot-interval", args->state_snapshot_interval,
                   "as the engine: blocks between state snapshots (default automatic)")
       ->check(at_least(1));
+  sub->add_option("--mamba-cache-dtype", args->mamba_cache_dtype, mamba_cache_dtype_help());
+  sub->add_option("--mamba-ssm-cache-dtype", args->mamba_ssm_cache_dtype, mamba_ssm_cache_dtype_help());
   sub->add_flag("--compare", args->compare, "bf16 vs fp8 over a grid of max_model_len x max_num_batched_tokens");
   sub->add_flag("--json", args->json_out, "print JSON");
   set_action(sub, [args] { return run_capacity(*args); });

@@ -9,6 +9,7 @@
 //   --collective-timeout
 //   --enable-prefix-caching / --no-enable-prefix-caching (default on)
 //   --state-snapshot-interval (linear-attention models with prefix caching)
+//   --mamba-cache-dtype --mamba-ssm-cache-dtype (linear-attention models)
 // The same flag means the same everywhere: values are checked here (exit 2
 // with "--flag must be ..." messages), --threads above the hardware threads
 // is capped with a warning. Header-only so any cmd_*.cpp can use it.
@@ -65,6 +66,42 @@ inline LoadFormat parse_load_format_flag(const std::string& text) {
   throw UsageError(fmt::format("--load-format must be auto or dummy (got '{}')", text));
 }
 
+// --mamba-cache-dtype (the conv state) and --mamba-ssm-cache-dtype (the
+// recurrent state) of linear-attention models, vLLM's names, parsed once into
+// StateDtype (kv/state_plan.h). Values: auto, bfloat16, float32; auto is
+// bfloat16 for the conv state and float32 for the recurrent state, fp8kv's
+// defaults (vLLM's auto is the model dtype, and its --mamba-ssm-cache-dtype
+// auto follows --mamba-cache-dtype). vLLM's float16 is refused as not
+// supported. UsageError (exit 2) naming the flag. Models without
+// linear-attention layers accept and ignore both (as vLLM).
+inline StateDtype parse_state_dtype_flag(const std::string& text, const char* flag, StateDtype auto_dtype) {
+  const char* accepted = auto_dtype == StateDtype::bf16 ? "auto, bfloat16 or float32" : "auto, float32 or bfloat16";
+  if (text == "auto") return auto_dtype;
+  if (text == "bfloat16") return StateDtype::bf16;
+  if (text == "float32") return StateDtype::f32;
+  if (text == "float16")
+    throw UsageError(fmt::format("{}: float16 (a vLLM value) is not supported by fp8kv; give {}", flag, accepted));
+  throw UsageError(fmt::format("{} must be {} (got '{}')", flag, accepted, text));
+}
+inline StateDtype parse_mamba_cache_dtype_flag(const std::string& text) {
+  return parse_state_dtype_flag(text, "--mamba-cache-dtype", StateDtype::bf16);
+}
+inline StateDtype parse_mamba_ssm_cache_dtype_flag(const std::string& text) {
+  return parse_state_dtype_flag(text, "--mamba-ssm-cache-dtype", StateDtype::f32);
+}
+inline const char* mamba_cache_dtype_help() {
+  return "Linear-attention models (Qwen3.5): the conv state's dtype, auto (= bfloat16), bfloat16 or float32; the conv "
+         "inputs are rounded to it. vLLM's flag, but its auto is the model dtype and it also sets the recurrent state "
+         "unless --mamba-ssm-cache-dtype is given; here it is the conv state's only. Ignored by other models (default "
+         "auto)";
+}
+inline const char* mamba_ssm_cache_dtype_help() {
+  return "Linear-attention models (Qwen3.5): the recurrent (SSM) state's dtype, auto (= float32), float32 or bfloat16 "
+         "(half the state pool's bytes; the state is rounded to bf16 once per step, at its end). vLLM's flag, but its "
+         "auto follows --mamba-cache-dtype (the model dtype); here auto is float32. Ignored by other models (default "
+         "auto)";
+}
+
 // Which flags a command takes: calibrate always observes a bf16 cache and
 // eval compare/niah take the dtype from --arms, so they omit --kv-cache-dtype.
 struct EngineFlagsShape {
@@ -90,6 +127,8 @@ struct EngineFlags {
   bool enforce_eager = false;
   bool enable_prefix_caching = true;
   int state_snapshot_interval = 0;  // 0: not given (automatic)
+  std::string mamba_cache_dtype = "auto";
+  std::string mamba_ssm_cache_dtype = "auto";
   std::string tokenizer;  // empty: the model directory
   int tensor_parallel_size = 1;
   int nnodes = 1;
@@ -139,6 +178,8 @@ struct EngineFlags {
                     "KV blocks; a prefix hit resumes from the longest snapshotted boundary (default: the least N, a "
                     "multiple of 64 tokens, at which a snapshot costs no more than the KV blocks it covers)")
         ->check(at_least(1));
+    sub->add_option("--mamba-cache-dtype", mamba_cache_dtype, mamba_cache_dtype_help());
+    sub->add_option("--mamba-ssm-cache-dtype", mamba_ssm_cache_dtype, mamba_ssm_cache_dtype_help());
     sub->add_option("--tokenizer", tokenizer, "Tokenizer directory or tokenizer.json (default: the model directory)");
     sub->add_option("--tensor-parallel-size,--tp", tensor_parallel_size,
                     "Tensor-parallel ranks: GPUs 0..N-1 on cuda, simulated ranks (threads) on cpu (default 1)");
@@ -180,6 +221,8 @@ struct EngineFlags {
     EngineOptions o;
     o.fp8_weight_mode = fp8_weight_mode == "w8a8" ? Fp8Compute::w8a8 : Fp8Compute::w8a16;
     o.kv_cache_dtype = parse_kv_cache_dtype_flag(kv_cache_dtype);
+    o.conv_state_dtype = parse_mamba_cache_dtype_flag(mamba_cache_dtype);
+    o.ssm_state_dtype = parse_mamba_ssm_cache_dtype_flag(mamba_ssm_cache_dtype);
     o.max_model_len = max_model_len;
     o.block_size = block_size;
     if (!kv_memory.empty()) {

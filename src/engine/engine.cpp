@@ -154,6 +154,8 @@ class EngineImpl final : public Engine {
     s.tensor_parallel_size = o.tensor_parallel_size;  // per-rank bytes, total tokens
     s.prefix_caching = o.enable_prefix_caching;        // a state pool's snapshots share the budget
     s.state_snapshot_interval = o.state_snapshot_interval;
+    s.conv_state_dtype = o.conv_state_dtype;  // the state pool's bytes (linear-attention models)
+    s.ssm_state_dtype = o.ssm_state_dtype;
     const KvBudget budget = kv_budget(o, s);
     s.kv_memory_bytes = budget.kv_memory_bytes;
     s.budget_source = budget.source;

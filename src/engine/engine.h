@@ -126,6 +126,14 @@ struct EngineOptions {
   // snapshot pool shares the KV budget (docs/design.md "Prefix snapshots of
   // the linear-attention state").
   int state_snapshot_interval = 0;
+  // Models with linear_attention layers: the element types of the
+  // per-sequence state pool (kv/state_plan.h; docs/design.md "Qwen3.5
+  // hybrids"): the conv state (--mamba-cache-dtype, bf16 by default) and the
+  // recurrent state (--mamba-ssm-cache-dtype, f32 by default; bf16 is
+  // rounded once per step, when the step stores it). No effect on other
+  // models.
+  StateDtype conv_state_dtype = StateDtype::bf16;
+  StateDtype ssm_state_dtype = StateDtype::f32;
 };
 
 // Prefix cache counters, in tokens (vLLM's prefix_cache_queries / hits).

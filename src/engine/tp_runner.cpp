@@ -542,10 +542,21 @@ void TpRunner::set_kv(KvCacheManager& kv) {
 void TpRunner::allocate_kv(const KvPlan& plan, const KvCacheLayout& layout) {
   if (ctl_) {
     // Rank 0's scheduler hands out the block ids: every rank holds rank 0's
-    // pool size (each process planned from its own memory).
+    // pool size (each process planned from its own memory). A state pool's
+    // dtypes must be rank 0's: each rank rounds its own heads' states.
+    const std::string dtypes =
+        plan.state.empty() ? std::string()
+                           : fmt::format("conv {}, recurrent {}", state_dtype_name(plan.state.conv_dtype),
+                                         state_dtype_name(plan.state.ssm_dtype));
     std::unique_lock<std::mutex> lk(ctl_mu_);
-    const auto all = ctl_->all_gather(std::to_string(plan.num_blocks), "KV pool size");
+    const auto all = ctl_->all_gather(fmt::format("{} {}", plan.num_blocks, dtypes), "KV pool size");
     lk.unlock();
+    auto dtypes_of = [](const std::string& m) { return m.substr(m.find(' ') + 1); };
+    for (size_t r = 1; r < all.size(); ++r)
+      if (dtypes_of(all[r]) != dtypes_of(all[0]))
+        throw InputError(fmt::format("multi-process tensor parallelism: rank {} keeps the linear-attention states as "
+                                     "{} but rank 0 as {} (--mamba-cache-dtype, --mamba-ssm-cache-dtype)",
+                                     r, dtypes_of(all[r]), dtypes_of(all[0])));
     KvPlan p = plan;
     KvCacheLayout l = layout;
     p.num_blocks = std::stoll(all[0]);

@@ -21,8 +21,9 @@
 
 namespace fp8kv {
 
-// Element types of the states (vLLM's --mamba-cache-dtype /
-// --mamba-ssm-cache-dtype): the conv state bf16, the recurrent state f32 by default.
+// Element types of the states, set by --mamba-cache-dtype (the conv state,
+// bf16 by default) and --mamba-ssm-cache-dtype (the recurrent state, f32 by
+// default; cli/engine_flags.h, docs/design.md "Qwen3.5 hybrids").
 enum class StateDtype : uint8_t { f32, bf16 };
 std::string_view state_dtype_name(StateDtype d);  // "float32" | "bfloat16"
 inline uint64_t state_dtype_bytes(StateDtype d) { return d == StateDtype::f32 ? 4 : 2; }

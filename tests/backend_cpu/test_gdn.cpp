@@ -1,17 +1,22 @@
 // The Gated DeltaNet CPU reference (backend/cpu/gdn.h): the chunked form
 // (prefill) equals the recurrent form (decode, the rule's definition) within
 // a bound derived from fp32 rounding; chunk alignment makes split prefills
-// bitwise equal to one-shot ones; the conv state carries exactly.
+// bitwise equal to one-shot ones; the conv state carries exactly; a bf16
+// recurrent state is the f32 step rounded once at its end (bitwise), and
+// over many steps stays within the bound its roundings imply.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <string>
 #include <tuple>
 #include <random>
 #include <vector>
 
 #include "backend/cpu/gdn.h"
+#include "numerics/fp8.h"
 
 using namespace fp8kv;
 
@@ -118,6 +123,152 @@ TEST(Gdn, SplitAtAChunkBoundaryIsBitwiseOneShot) {
   EXPECT_EQ(S1, S2);
 }
 
+// ---- a bf16 recurrent state (gdn_rule_step) ----
+
+namespace {
+
+// A state of n elements, N(0, 0.3) rounded to bf16: the values (f32, each
+// bf16-representable) and their bf16 bits.
+struct GdnBf16State {
+  std::vector<float> values;
+  std::vector<uint16_t> bits;
+};
+GdnBf16State gdn_bf16_state(int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 0.3f);
+  GdnBf16State s;
+  for (int64_t i = 0; i < n; ++i) {
+    s.bits.push_back(f32_to_bf16(nd(rng)));
+    s.values.push_back(bf16_to_f32(s.bits.back()));
+  }
+  return s;
+}
+
+bool gdn_same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+// The exact case: from a state whose values are bf16-representable, a step
+// on the bf16 state computes bitwise what the same step computes on an f32
+// state holding those values (widening is exact, the step is the same f32
+// code), and stores exactly that step's final state rounded to bf16 (one
+// rounding, at the end: no rounding inside the step). A step at position 0
+// starts from zeros whatever the slot holds (NaN here).
+TEST(Gdn, Bf16StateStepIsTheF32StepRoundedOnce) {
+  for (auto [Dk, Dv, Hk, Hv] : {std::tuple{16, 24, 2, 4}, std::tuple{64, 64, 1, 2}}) {
+    const Inputs in = make_inputs(Hk, Hv, Dk, Dv, 170, 21 + Dk);
+    const GdnShape& s = in.s;
+    const int64_t SE = s.ssm_state_elems();
+    const GdnBf16State init = gdn_bf16_state(SE, 5 + Dk);
+    struct Case {
+      int64_t pos0, row0, n;  // the step's position, its first input row, its rows
+    };
+    // Chunked from a carried state at an unaligned position (over two chunk
+    // boundaries), one recurrent row, a fresh chunked prefill.
+    for (const Case c : {Case{37, 0, 133}, Case{9, 140, 1}, Case{0, 100, 70}}) {
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      std::vector<float> S32 = c.pos0 == 0 ? std::vector<float>(SE, nan) : init.values;
+      std::vector<uint16_t> S16 = c.pos0 == 0 ? std::vector<uint16_t>(SE, f32_to_bf16(nan)) : init.bits;
+      std::vector<float> o32(c.n * s.value_dim()), o16(o32.size());
+      const float* qkv = in.qkv.data() + c.row0 * s.conv_dim();
+      const float* g = in.g.data() + c.row0 * s.num_v_heads;
+      const float* beta = in.beta.data() + c.row0 * s.num_v_heads;
+      gdn_rule_step(s, c.pos0, qkv, c.n, g, beta, S32.data(), GdnStateType::f32, o32.data());
+      gdn_rule_step(s, c.pos0, qkv, c.n, g, beta, S16.data(), GdnStateType::bf16, o16.data());
+      const std::string tag = "Dk " + std::to_string(Dk) + ", pos0 " + std::to_string(c.pos0) + ", " +
+                              std::to_string(c.n) + " rows";
+      EXPECT_TRUE(gdn_same_bits(o16, o32)) << tag << ": the outputs differ from the f32 state's";
+      size_t bad = 0;
+      for (int64_t i = 0; i < SE; ++i) bad += S16[i] != f32_to_bf16(S32[i]) ? 1 : 0;
+      EXPECT_EQ(bad, 0u) << tag << ": stored state elements that are not the f32 step's rounded to bf16";
+      EXPECT_GT(max_abs(S32), 0.0f) << tag;
+    }
+  }
+}
+
+// Many steps on a bf16 state against the same steps on an f32 state, from
+// zero, within a bound derived from the roundings (no fit to what is seen):
+//  - A rounding to bf16 (8 significant bits, round to nearest even) moves
+//    an element by at most 2^-8 of its magnitude (half an ulp; 2^-8 / (1 +
+//    2^-8) at worst), so a column of a head's state [Dk] (over Dk for one
+//    Dv index) by at most 2^-8 of its 2-norm.
+//  - Between roundings both sides apply the same token maps, S -> d (I -
+//    beta k k^T) S + beta k v^T with |k| <= 1 and beta, d in (0, 1]: in
+//    exact arithmetic the difference of two states goes through d (I - beta
+//    k k^T), which does not grow a column's 2-norm. Each side's f32 step
+//    differs from exact arithmetic by at most f_i per element,
+//    derived_bound's terms for the step's chunks (above: it bounds either
+//    form's rounding, computed with the f32 side's largest state and v).
+//  - So with D_{i-1} the bound on a column's 2-norm difference after step
+//    i - 1 (D_0 = 0: both start from zeros) and N_i the largest column
+//    2-norm of the f32 side's state after step i, before step i's rounding
+//    the difference is at most P_i = D_{i-1} + 2 sqrt(Dk) f_i, and after it
+//    D_i = P_i + 2^-8 (N_i + P_i) (the bf16 side's column is at most N_i +
+//    P_i long).
+//  - An output o = S^T q (|q| <= 1/sqrt(Dk)) of step i differs by at most
+//    D_{i-1} / sqrt(Dk) + 2 f_i (the state it starts from, then either
+//    side's rounding of the step); the final states elementwise by D_last.
+TEST(Gdn, Bf16StateOverStepsWithinTheRoundingBound) {
+  const Inputs in = make_inputs(2, 4, 32, 32, 200, 17);
+  const GdnShape& s = in.s;
+  const int64_t SE = s.ssm_state_elems(), VD = s.value_dim(), Dk = s.k_head_dim, Dv = s.v_head_dim;
+  const double u = std::ldexp(1.0, -24), r = std::ldexp(1.0, -8);
+  const std::vector<int64_t> steps = {37, 1, 1, 27, 64, 1, 50, 19};  // 200 rows: decodes, aligned and unaligned chunks
+  std::vector<float> S32(SE, 0.0f), o32(in.T * VD), o16(o32.size());
+  std::vector<uint16_t> S16(SE, 0);
+  const float M_v = max_abs(in.qkv);
+  double D = 0.0, N_max = 0.0, worst_out = 0.0, worst_ratio = 0.0;
+  int64_t row = 0;
+  for (const int64_t n : steps) {
+    const float* qkv = in.qkv.data() + row * s.conv_dim();
+    const float* g = in.g.data() + row * s.num_v_heads;
+    const float* beta = in.beta.data() + row * s.num_v_heads;
+    const float M_S_before = max_abs(S32);
+    gdn_rule_step(s, row, qkv, n, g, beta, S32.data(), GdnStateType::f32, o32.data() + row * VD);
+    gdn_rule_step(s, row, qkv, n, g, beta, S16.data(), GdnStateType::bf16, o16.data() + row * VD);
+    // f_i: derived_bound's terms for this step's chunks (aligned to multiples of 64).
+    int chunks = 0;
+    for (int64_t t = 0; t < n; ++chunks) t += std::min<int64_t>(n - t, kGdnChunk - (row + t) % kGdnChunk);
+    const double M = std::max(M_S_before, max_abs(S32)) + M_v;
+    const double f = (kGdnChunk + 4.0 * Dk + 8) * (chunks + 1) * u * M;
+    const double out_tol = D / std::sqrt(static_cast<double>(Dk)) + 2 * f;
+    for (int64_t i = row * VD; i < (row + n) * VD; ++i) {
+      const double d = std::fabs(static_cast<double>(o16[i]) - o32[i]);
+      ASSERT_LE(d, out_tol) << "row " << i / VD << " (step at " << row << ", " << n << " rows)";
+      worst_out = std::max(worst_out, d);
+      worst_ratio = std::max(worst_ratio, d / out_tol);
+    }
+    double N = 0.0;
+    for (int h = 0; h < s.num_v_heads; ++h)
+      for (int64_t c = 0; c < Dv; ++c) {
+        double ss = 0.0;
+        for (int64_t a = 0; a < Dk; ++a) ss += std::pow(static_cast<double>(S32[(h * Dk + a) * Dv + c]), 2);
+        N = std::max(N, std::sqrt(ss));
+      }
+    N_max = std::max(N_max, N);
+    const double P = D + 2 * std::sqrt(static_cast<double>(Dk)) * f;
+    D = P + r * (N + P);
+    row += n;
+  }
+  ASSERT_EQ(row, in.T);
+  double worst_state = 0.0;
+  for (int64_t i = 0; i < SE; ++i)
+    worst_state = std::max(worst_state, std::fabs(static_cast<double>(bf16_to_f32(S16[i])) - S32[i]));
+  EXPECT_LE(worst_state, D);
+  std::printf("bf16 vs f32 state over %zu steps: outputs max %.3g (at most %.2f of their bound), final state max %.3g "
+              "(bound %.3g), largest output %.3g\n",
+              steps.size(), worst_out, worst_ratio, worst_state, D, max_abs(o32));
+  // The roundings happened (the sides differ). The bound is what 8
+  // roundings allow, about 8 x 2^-8 = 3.1% of the longest state column plus
+  // the f32 terms: below 5% of it, so a state that lost its content (a
+  // wrong slot, stride or element size) is caught. The exact semantics (one
+  // rounding, at the end of a step) is Bf16StateStepIsTheF32StepRoundedOnce's.
+  EXPECT_GT(worst_state, 0.0);
+  EXPECT_LT(D, 0.05 * N_max);
+}
+
 TEST(Gdn, CausalConvCarriesItsState) {
   const int64_t T = 9, C = 5;
   const int K = 4;
@@ -126,8 +277,8 @@ TEST(Gdn, CausalConvCarriesItsState) {
   std::vector<float> x(T * C), w(C * K);
   for (auto& v : x) v = nd(rng);
   for (auto& v : w) v = nd(rng);
-  for (ConvStateType st : {ConvStateType::f32, ConvStateType::bf16}) {
-    const size_t eb = st == ConvStateType::bf16 ? 2 : 4;
+  for (GdnStateType st : {GdnStateType::f32, GdnStateType::bf16}) {
+    const size_t eb = st == GdnStateType::bf16 ? 2 : 4;
     std::vector<unsigned char> s1(C * (K - 1) * eb, 0), s2(s1);
     std::vector<float> o1(T * C), o2(T * C);
     gdn_causal_conv(x.data(), T, C, K, w.data(), s1.data(), st, o1.data());
@@ -142,7 +293,7 @@ TEST(Gdn, CausalConvCarriesItsState) {
         for (int j = 0; j < K; ++j) {
           const int64_t p = t - (K - 1) + j;
           float xv = p >= 0 ? x[p * C + c] : 0.0f;
-          if (st == ConvStateType::bf16) {
+          if (st == GdnStateType::bf16) {
             uint32_t u;
             std::memcpy(&u, &xv, 4);
             u = (u + 0x7fff + ((u >> 16) & 1)) & 0xffff0000u;  // round to nearest even bf16

@@ -91,9 +91,18 @@ TEST(Traffic, Qwen3_5CountsItsLayersAndStates) {
     const uint64_t conv = static_cast<uint64_t>(g.conv_dim()) * (g.conv_kernel - 1) * 2;  // bf16
     const uint64_t ssm = static_cast<uint64_t>(g.num_v_heads) * g.k_head_dim * g.v_head_dim * 4;  // f32
     const uint64_t linear = static_cast<uint64_t>(c.num_layers - c.num_attention_layers());
-    EXPECT_EQ(bench::decode_state_bytes(c, 2), 2 * 2 * linear * (conv + ssm)) << dir;
+    EXPECT_EQ(bench::decode_state_bytes(c, 2, StateDtype::bf16, StateDtype::f32), 2 * 2 * linear * (conv + ssm))
+        << dir;
+    // --mamba-ssm-cache-dtype bfloat16 halves the recurrent state's bytes;
+    // --mamba-cache-dtype float32 doubles the conv state's.
+    EXPECT_EQ(bench::decode_state_bytes(c, 2, StateDtype::bf16, StateDtype::bf16), 2 * 2 * linear * (conv + ssm / 2))
+        << dir;
+    EXPECT_EQ(bench::decode_state_bytes(c, 2, StateDtype::f32, StateDtype::f32), 2 * 2 * linear * (2 * conv + ssm))
+        << dir;
   }
-  EXPECT_EQ(bench::decode_state_bytes(load_model_config(kSrc / "tests/data/configs/llama-3.1-8b"), 4), 0u);
+  EXPECT_EQ(bench::decode_state_bytes(load_model_config(kSrc / "tests/data/configs/llama-3.1-8b"), 4, StateDtype::bf16,
+                                      StateDtype::f32),
+            0u);
 }
 
 // Llama-3.1-8B: 8,030,261,248 parameters, of which the 128256 x 4096 input

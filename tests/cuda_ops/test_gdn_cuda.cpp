@@ -181,7 +181,7 @@ class GdnConvCuda : public ::testing::TestWithParam<bool> {};
 TEST_P(GdnConvCuda, MatchesCpuAndCarriesItsState) {
   FP8KV_NEED_GPU();
   const bool bf16 = GetParam();
-  const ConvStateType st = bf16 ? ConvStateType::bf16 : ConvStateType::f32;
+  const GdnStateType st = bf16 ? GdnStateType::bf16 : GdnStateType::f32;
   const cuda::GdnDims d{2, 4, 16, 24, 4};
   const int64_t C = d.conv_dim(), P = d.conv_kernel - 1, E = bf16 ? 2 : 4;
   std::mt19937_64 rng(test_seed());
@@ -285,7 +285,7 @@ TEST_P(GdnRuleCuda, MatchesCpuRecurrentForm) {
   cuda::GdnRuleOptions opt;
   opt.recurrent_only = true;  // the prefill rows too (the chunked form: GdnRuleChunkedCuda)
   cuda::gdn_rule(d, db.seqs, dqkv.as<float>(), da.as<float>(), db_.as<float>(), dA.as<float>(), ddt.as<float>(),
-                 dpool.as<float>(), dout.as<float>(), nullptr, opt);
+                 dpool.get(), /*state_bf16=*/false, dout.as<float>(), nullptr, opt);
   const std::vector<float> got = to_host<float>(dout, b.T * VD), got_pool = to_host<float>(dpool, init.size());
   const std::string tag = "Dk " + std::to_string(rc.Dk) + " Dv " + std::to_string(rc.Dv);
   expect_within(got, ref, VD, [&](size_t) { return tol; }, "rule outputs [row][Hv*Dv], " + tag);
@@ -412,7 +412,7 @@ RuleRun cuda_rule(const cuda::GdnDims& d, const Batch& b, const RuleInputs& in, 
   const size_t on = static_cast<size_t>(b.T) * d.value_dim();
   cuda::DeviceBuffer dout = to_device(std::vector<float>(on, NAN));
   cuda::gdn_rule(d, db.seqs, dqkv.as<float>(), da.as<float>(), dbb.as<float>(), dA.as<float>(), ddt.as<float>(),
-                 dpool.as<float>(), dout.as<float>(), nullptr, opt);
+                 dpool.get(), /*state_bf16=*/false, dout.as<float>(), nullptr, opt);
   return RuleRun{to_host<float>(dout, on), to_host<float>(dpool, in.init.size())};
 }
 
@@ -551,7 +551,7 @@ TEST_P(GdnRuleChunkedCuda, SplitAtMultipleOf64IsBitwise) {
     cuda::GdnRuleOptions opt;
     opt.chunk_split = chunk_split;
     cuda::gdn_rule(d, db.seqs, dqkv.as<float>(), da.as<float>(), dbb.as<float>(), dA.as<float>(), ddt.as<float>(),
-                   dpool.as<float>(), dout.as<float>(), nullptr, opt);
+                   dpool.get(), /*state_bf16=*/false, dout.as<float>(), nullptr, opt);
     return to_host<float>(dout, static_cast<size_t>(b.T) * VD);
   };
   auto rows = [&](const std::vector<float>& o, int r0, int n) {
@@ -580,6 +580,110 @@ TEST_P(GdnRuleChunkedCuda, SplitAtMultipleOf64IsBitwise) {
   const std::vector<float> dec = call({{{1, 187, 0}, 187}, {{1, 187, 1}, 187}});
   EXPECT_EQ(first_bit_diff(rows(dec, 0, 1), rows(dec, 1, 1)), static_cast<size_t>(VD))
       << tag << ": a decode after the two prefills differs";
+}
+
+// ---- a bf16 recurrent state (--mamba-ssm-cache-dtype bfloat16) ----
+
+// gdn_rule on a pool of bf16 states `bits` (the rest as cuda_rule): the
+// outputs and the pool's bits after the call.
+struct RuleRunBf16 {
+  std::vector<float> out;
+  std::vector<uint16_t> pool;
+};
+RuleRunBf16 cuda_rule_bf16(const cuda::GdnDims& d, const Batch& b, const RuleInputs& in,
+                           const std::vector<uint16_t>& bits, const cuda::GdnRuleOptions& opt) {
+  DevBatch db(b);
+  set_hints(db.seqs, b);
+  cuda::DeviceBuffer dqkv = to_device(in.qkv), da = to_device(in.a), dbb = to_device(in.b),
+                     dA = to_device(in.A_log), ddt = to_device(in.dt), dpool = to_device(bits);
+  const size_t on = static_cast<size_t>(b.T) * d.value_dim();
+  cuda::DeviceBuffer dout = to_device(std::vector<float>(on, NAN));
+  cuda::gdn_rule(d, db.seqs, dqkv.as<float>(), da.as<float>(), dbb.as<float>(), dA.as<float>(), ddt.as<float>(),
+                 dpool.get(), /*state_bf16=*/true, dout.as<float>(), nullptr, opt);
+  return RuleRunBf16{to_host<float>(dout, on), to_host<uint16_t>(dpool, bits.size())};
+}
+
+// Both kernels on a bf16 pool, the batch of MatchesCpuChunkedFormAtEverySplit
+// (decodes, fresh and continuing prefills over chunk boundaries, padding),
+// from states rounded to bf16:
+//  - exact, on the device: the outputs are bitwise those of the same call on
+//    an f32 pool holding the same values (the state is widened on the read,
+//    the step is the f32 kernels' step), and every stored state is that
+//    call's f32 state rounded to nearest even (one rounding, at the end);
+//    the same with every row in the recurrent kernel;
+//  - against the CPU backend's bf16 state (gdn_rule_step): the outputs
+//    within the f32 bound of each sequence (R(n) + 11 B_c: the two sides start
+//    from the same values), the states within what rounding adds to it: the
+//    f32 states a (CUDA) and b (CPU) differ by at most t, and rounding moves
+//    each by at most 2^-8 of its magnitude, |a| <= |b| + t, so |RNE(a) -
+//    RNE(b)| <= t + 2^-8 (2 |b| + t).
+TEST_P(GdnRuleChunkedCuda, Bf16StateIsTheF32StepRoundedOnce) {
+  FP8KV_NEED_GPU();
+  const RuleCase rc = GetParam();
+  const cuda::GdnDims d{rc.Hk, rc.Hv, rc.Dk, rc.Dv, 4};
+  const GdnShape s{rc.Hk, rc.Hv, rc.Dk, rc.Dv, 4};
+  const int64_t C = s.conv_dim(), VD = d.value_dim(), Hv = s.num_v_heads, SE = s.ssm_state_elems();
+  constexpr int kRuleSlots = 7;  // slot 6 is in no sequence
+  const Batch b({{1, 9, 2}, {1, 0, 5}, {1, 0, -1}, {140, 0, 0}, {120, 37, 3}, {2, 63, 1}, {70, 0, -1}, {5, 33, 4}});
+  std::mt19937_64 rng(test_seed());
+  RuleInputs in = rule_inputs(s, b.T, kRuleSlots, rng);
+  std::vector<uint16_t> bits(in.init.size());
+  for (size_t i = 0; i < bits.size(); ++i) {
+    bits[i] = f32_to_bf16(in.init[i]);
+    in.init[i] = bf16_to_f32(bits[i]);  // the f32 pool holds the bf16 values
+  }
+  const std::string tag = "Dk " + std::to_string(rc.Dk) + " Dv " + std::to_string(rc.Dv);
+  for (const bool recurrent_only : {false, true}) {
+    cuda::GdnRuleOptions opt;
+    opt.recurrent_only = recurrent_only;
+    const RuleRun f32 = cuda_rule(d, b, in, opt, /*hints=*/true);
+    const RuleRunBf16 bf = cuda_rule_bf16(d, b, in, bits, opt);
+    const std::string what = tag + (recurrent_only ? ", every row recurrent" : "");
+    const size_t od = first_bit_diff(bf.out, f32.out);
+    EXPECT_EQ(od, bf.out.size()) << what << ": outputs differ from the f32 pool's first at [" << od / VD << "]["
+                                 << od % VD << "]";
+    size_t bad = 0, first = bf.pool.size();
+    for (size_t i = 0; i < bf.pool.size(); ++i)
+      if (bf.pool[i] != f32_to_bf16(f32.pool[i])) {
+        ++bad;
+        first = std::min(first, i);
+      }
+    EXPECT_EQ(bad, 0u) << what << ": " << bad << " stored elements are not the f32 call's state rounded to bf16, the "
+                       << "first at [" << first / SE << "][" << first % SE << "]";
+  }
+  // The CPU backend's rule on the same bf16 pool, sequence by sequence.
+  const RuleRef ref = cpu_rule(s, b, in);  // f32 states from the same values: outputs and bounds
+  std::vector<float> g(in.a.size()), beta(in.a.size()), cpu_out(static_cast<size_t>(b.T) * VD, 0.0f);
+  gdn_gates(in.a.data(), in.b.data(), b.T, static_cast<int>(Hv), in.A_log.data(), in.dt.data(), g.data(), beta.data());
+  std::vector<uint16_t> cpu_pool = bits;
+  for (size_t si = 0; si < b.seqs.size(); ++si) {
+    const Seq& q = b.seqs[si];
+    if (q.slot < 0) continue;
+    const int64_t t0 = b.q_start[si];
+    gdn_rule_step(s, q.pos0, in.qkv.data() + t0 * C, q.n, g.data() + t0 * Hv, beta.data() + t0 * Hv,
+                  cpu_pool.data() + q.slot * SE, GdnStateType::bf16, cpu_out.data() + t0 * VD);
+  }
+  ASSERT_EQ(first_bit_diff(cpu_out, ref.out), cpu_out.size()) << "the CPU's bf16 state changed its outputs";
+  const RuleRunBf16 got = cuda_rule_bf16(d, b, in, bits, {});
+  std::vector<int> row_seq(b.T), slot_seq(kRuleSlots, -1);
+  for (size_t si = 0; si < b.seqs.size(); ++si) {
+    for (int r = b.q_start[si]; r < b.q_start[si + 1]; ++r) row_seq[r] = static_cast<int>(si);
+    if (b.seqs[si].slot >= 0) slot_seq[b.seqs[si].slot] = static_cast<int>(si);
+  }
+  expect_within(got.out, cpu_out, VD, [&](size_t i) { return ref.tol[row_seq[i / VD]]; },
+                "bf16 state: rule outputs [row][Hv*Dv], " + tag);
+  std::vector<float> got_s(got.pool.size()), cpu_s(got.pool.size());
+  for (size_t i = 0; i < got.pool.size(); ++i) {
+    got_s[i] = bf16_to_f32(got.pool[i]);
+    cpu_s[i] = bf16_to_f32(cpu_pool[i]);
+  }
+  const double r = std::ldexp(1.0, -8);
+  expect_within(got_s, cpu_s, SE, [&](size_t i) {
+    const int si = slot_seq[i / SE];
+    if (si < 0) return 0.0;  // untouched: bitwise
+    const double t = ref.tol[si];
+    return t + r * (2 * std::fabs(ref.pool[i]) + t);
+  }, "bf16 state: rule states [slot][Hv*Dk*Dv], " + tag);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GdnRuleChunkedCuda,
@@ -673,9 +777,11 @@ ModelConfig qwen3_5_config(int Hk, int Hv, int Dk, int Dv) {
   return parse_model_config(j, "qwen3_5 cuda gdn test config");
 }
 
-// The KV plan of the Gated DeltaNet tests: a bf16 cache and kSlots state slots.
-KvPlan side_plan(const ModelConfig& cfg) {
+// The KV plan of the Gated DeltaNet tests: a bf16 cache and kSlots state
+// slots, the recurrent state f32 or (ssm_bf16) bf16.
+KvPlan side_plan(const ModelConfig& cfg, bool ssm_bf16 = false) {
   KvPlanSettings ps;
+  ps.ssm_state_dtype = ssm_bf16 ? StateDtype::bf16 : StateDtype::f32;
   ps.kv_memory_bytes = 16u << 20;
   ps.max_model_len = 256;
   ps.max_num_seqs = kSlots;
@@ -688,9 +794,11 @@ KvPlan side_plan(const ModelConfig& cfg) {
 struct Side {
   std::unique_ptr<Backend> be;
   BackendWeights w;
-  Side(std::unique_ptr<Backend> b, const ModelConfig& cfg, std::shared_ptr<const ModelWeights> mw) : be(std::move(b)) {
+  Side(std::unique_ptr<Backend> b, const ModelConfig& cfg, std::shared_ptr<const ModelWeights> mw,
+       bool ssm_bf16 = false)
+      : be(std::move(b)) {
     w = be->upload_weights(mw);
-    const KvPlan plan = side_plan(cfg);
+    const KvPlan plan = side_plan(cfg, ssm_bf16);
     be->allocate_kv(plan, kv_layout(plan));
   }
   Tensor put(const std::vector<float>& h, int64_t rows) {
@@ -745,23 +853,30 @@ StepBatch step_batch(const Batch& b, int num_groups) {
   return sb;
 }
 
-class GdnOpCuda : public ::testing::TestWithParam<RuleCase> {};
+// The shape and the recurrent state's dtype (true: bf16).
+class GdnOpCuda : public ::testing::TestWithParam<std::tuple<RuleCase, bool>> {};
 
 // Two steps through CudaBackend and CpuBackend: step 1 runs a fresh
 // one-row sequence and three fresh prefills (70 rows over a chunk boundary,
 // 5 rows, 37 rows); step 2 decodes the first two beside a padding decode,
 // continues the 5-row prefill with 9 rows at an unaligned position and the
 // 37-row one with 100 rows over two chunk boundaries (both backends: the
-// chunked form from a carried state).
+// chunked form from a carried state). A step's states differ between the
+// backends by the step's bound, and with a bf16 state by the rounding of two
+// f32 values that far apart (Bf16StateIsTheF32StepRoundedOnce); step 2's
+// bounds carry that difference: a state column c apart moves an output by
+// at most |c| |q| <= c_elem sqrt(Dk) / sqrt(Dk) = c_elem, and the step's
+// final state by at most |c| <= sqrt(Dk) c_elem (the token maps do not
+// grow a column).
 TEST_P(GdnOpCuda, MatchesCpuBackendOverSteps) {
   FP8KV_NEED_GPU();
-  const RuleCase rc = GetParam();
+  const auto [rc, ssm_bf16] = GetParam();
   const ModelConfig cfg = qwen3_5_config(rc.Hk, rc.Hv, rc.Dk, rc.Dv);
   const GatedDeltaNetConfig& gc = *cfg.gdn;
   const float eps = static_cast<float>(cfg.rms_norm_eps);
   auto mw = ModelWeights::random(cfg, 99, 0.1f, /*bf16=*/true);
-  Side cuda(std::make_unique<CudaBackend>(cfg, BackendOptions{}), cfg, mw);
-  Side cpu(std::make_unique<CpuBackend>(cfg, BackendOptions{}), cfg, mw);
+  Side cuda(std::make_unique<CudaBackend>(cfg, BackendOptions{}), cfg, mw, ssm_bf16);
+  Side cpu(std::make_unique<CpuBackend>(cfg, BackendOptions{}), cfg, mw, ssm_bf16);
   const int G = static_cast<int>(side_plan(cfg).groups.size());
   const GdnShape s{gc.num_k_heads, gc.num_v_heads, gc.k_head_dim, gc.v_head_dim, gc.conv_kernel};
   const int64_t C = s.conv_dim(), VD = s.value_dim(), Hv = s.num_v_heads, Dv = s.v_head_dim;
@@ -770,6 +885,7 @@ TEST_P(GdnOpCuda, MatchesCpuBackendOverSteps) {
   // Host model of the states for the bound (what CpuBackend computes).
   std::vector<std::vector<uint16_t>> conv_st(kSlots, std::vector<uint16_t>(s.conv_state_elems(), 0));
   std::vector<std::vector<float>> ssm_st(kSlots, std::vector<float>(s.ssm_state_elems(), 0.0f));
+  std::vector<double> carry(kSlots, 0.0);  // per slot: |CUDA state - CPU state| per element, after the last step
   const std::vector<Batch> steps = {Batch({{1, 0, 1}, {70, 0, 0}, {5, 0, 3}, {37, 0, 4}}),
                                     Batch({{1, 1, 1}, {1, 70, 0}, {1, 0, -1}, {9, 5, 3}, {100, 37, 4}})};
   for (size_t st = 0; st < steps.size(); ++st) {
@@ -787,6 +903,7 @@ TEST_P(GdnOpCuda, MatchesCpuBackendOverSteps) {
     gdn_gates(at.data(), bt.data(), T, static_cast<int>(Hv), L0.A_log.data(), L0.dt_bias.data(), g.data(), beta.data());
     float M_S = 0.0f, M_v = 0.0f;
     std::vector<double> seq_tol(b.seqs.size());
+    std::vector<float> seq_M_S(b.seqs.size(), 0.0f);  // the largest element of the sequence's f32 state after the step
     for (size_t si = 0; si < b.seqs.size(); ++si) {
       const Seq& q = b.seqs[si];
       const int64_t t0 = b.q_start[si];
@@ -794,10 +911,11 @@ TEST_P(GdnOpCuda, MatchesCpuBackendOverSteps) {
       if (q.pos0 == 0) {
         std::fill(conv_st[q.slot].begin(), conv_st[q.slot].end(), 0);
         std::fill(ssm_st[q.slot].begin(), ssm_st[q.slot].end(), 0.0f);
+        carry[q.slot] = 0.0;
       }
       M_S = std::max(M_S, max_abs(ssm_st[q.slot]));
       gdn_causal_conv(qkv.data() + t0 * C, q.n, C, s.conv_kernel, L0.conv1d.data(), conv_st[q.slot].data(),
-                      ConvStateType::bf16, conv.data() + t0 * C);
+                      GdnStateType::bf16, conv.data() + t0 * C);
       std::vector<float> S_rec = ssm_st[q.slot], o_rec(VD);  // the recurrent run: max |S| along it
       for (int t = 0; t < q.n; ++t) {
         gdn_rule_recurrent(s, conv.data() + (t0 + t) * C, 1, g.data() + (t0 + t) * Hv, beta.data() + (t0 + t) * Hv,
@@ -810,6 +928,9 @@ TEST_P(GdnOpCuda, MatchesCpuBackendOverSteps) {
       else
         gdn_rule_chunked(s, q.pos0, conv.data() + t0 * C, q.n, g.data() + t0 * Hv, beta.data() + t0 * Hv, S,
                          core.data() + t0 * VD);
+      seq_M_S[si] = max_abs(ssm_st[q.slot]);
+      if (ssm_bf16)  // gdn_rule_step's store: the f32 step's state rounded once (its start values are bf16 values)
+        for (float& x : ssm_st[q.slot]) x = round_bf16(x);
       for (int64_t t = 0; t < q.n; ++t)
         for (int64_t i = 2 * s.key_dim(); i < C; ++i) M_v = std::max(M_v, std::fabs(conv[(t0 + t) * C + i]));
     }
@@ -820,7 +941,10 @@ TEST_P(GdnOpCuda, MatchesCpuBackendOverSteps) {
       if (q.slot < 0) continue;  // exact zeros
       double t = q.n * 64 * kU * (std::sqrt(static_cast<double>(s.k_head_dim)) * M_S + M_v);
       if (q.n > 1) t += chunked_bound(s.k_head_dim, q.pos0, q.n, M_S + M_v);
-      seq_tol[si] = t;
+      seq_tol[si] = t + carry[q.slot];  // the outputs: this step's bound and the carried states'
+      // The states after the step (f32: before a bf16 store's rounding), then rounded.
+      const double f = t + std::sqrt(static_cast<double>(s.k_head_dim)) * carry[q.slot];
+      carry[q.slot] = ssm_bf16 ? f + std::ldexp(1.0, -8) * (2 * seq_M_S[si] + f) : f;
     }
     // The CPU backend is this host model (the same functions): bitwise.
     std::vector<float> y_ref(T * VD);
@@ -842,13 +966,17 @@ TEST_P(GdnOpCuda, MatchesCpuBackendOverSteps) {
     };
     expect_within(got, want, VD,
                   tol, "gated_delta_net step " + std::to_string(st) + " (Dk " + std::to_string(rc.Dk) + ", Dv " +
-                           std::to_string(rc.Dv) + ") out [row][Hv*Dv]");
+                           std::to_string(rc.Dv) + (ssm_bf16 ? ", bf16 state" : "") + ") out [row][Hv*Dv]");
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, GdnOpCuda, ::testing::Values(RuleCase{2, 4, 32, 48}, RuleCase{1, 2, 128, 128}),
+INSTANTIATE_TEST_SUITE_P(Shapes, GdnOpCuda,
+                         ::testing::Combine(::testing::Values(RuleCase{2, 4, 32, 48}, RuleCase{1, 2, 128, 128}),
+                                            ::testing::Bool()),
                          [](const auto& info) {
-                           return "Dk" + std::to_string(info.param.Dk) + "_Dv" + std::to_string(info.param.Dv);
+                           const RuleCase& rc = std::get<0>(info.param);
+                           return "Dk" + std::to_string(rc.Dk) + "_Dv" + std::to_string(rc.Dv) +
+                                  (std::get<1>(info.param) ? "_bf16_state" : "_f32_state");
                          });
 
 // The whole op: a 124-row prefill in one slot == 64 rows then 60 in

@@ -165,6 +165,44 @@ assert "state snapshots (prefix caching): every %d blocks" % n in on["log_line"]
 PY
 run_ok q35_text "$CFG/qwen3.5-27b" --kv-memory 80GiB --max-num-seqs 16 --max-model-len 32768
 grep -qF "state snapshots (prefix caching): every" "$T/q35_text.out" || fail "capacity text lacks the snapshot line"
+# The state dtypes (--mamba-cache-dtype: conv, --mamba-ssm-cache-dtype:
+# recurrent; docs/design.md "Qwen3.5 hybrids"): the state pool counts their
+# bytes, the JSON and the KV line name them.
+run_ok q35_bf16_ssm "$CFG/qwen3.5-27b" --kv-memory 80GiB --max-num-seqs 16 --max-model-len 32768 --json \
+  --no-enable-prefix-caching --mamba-ssm-cache-dtype bfloat16
+run_ok q35_f32_conv "$CFG/qwen3.5-27b" --kv-memory 80GiB --max-num-seqs 16 --max-model-len 32768 --json \
+  --no-enable-prefix-caching --mamba-cache-dtype float32 --mamba-ssm-cache-dtype auto
+python3 - "$T/q35_off.out" "$T/q35_bf16_ssm.out" "$T/q35_f32_conv.out" <<'PY' || fail "qwen3.5 state dtype JSON"
+import json, sys
+off, bf, f32c = (json.load(open(p)) for p in sys.argv[1:4])
+conv, ssm = 10240 * 3, 48 * 128 * 128  # elements per linear layer
+assert (off["state_conv_dtype"], off["state_ssm_dtype"]) == ("bfloat16", "float32"), off  # auto, auto
+assert off["state_bytes_per_sequence"] == 48 * (conv * 2 + ssm * 4)
+assert (bf["state_conv_dtype"], bf["state_ssm_dtype"]) == ("bfloat16", "bfloat16"), bf
+assert bf["state_bytes_per_sequence"] == 48 * (conv * 2 + ssm * 2), bf["state_bytes_per_sequence"]
+assert (f32c["state_conv_dtype"], f32c["state_ssm_dtype"]) == ("float32", "float32"), f32c
+assert f32c["state_bytes_per_sequence"] == 48 * (conv * 4 + ssm * 4), f32c["state_bytes_per_sequence"]
+for j in (off, bf, f32c):
+    assert j["state_pool_bytes"] == 16 * j["state_bytes_per_sequence"]
+    assert j["num_blocks"] == ((80 << 30) - j["state_pool_bytes"]) // j["page_bytes"], j["num_blocks"]
+assert bf["num_blocks"] > off["num_blocks"] > f32c["num_blocks"]
+assert "conv bfloat16, recurrent bfloat16" in bf["log_line"], bf["log_line"]
+PY
+run_ok q35_bf16_text "$CFG/qwen3.5-27b" --kv-memory 80GiB --max-num-seqs 16 --mamba-ssm-cache-dtype bfloat16
+grep -qF "recurrent [48][128][128] bfloat16" "$T/q35_bf16_text.out" || fail "capacity text lacks the state dtype"
+# A dense model takes and ignores them (as vLLM): the same plan, no state fields.
+run_ok llama_mamba "$CFG/llama-3.1-8b" --kv-memory 80GiB --kv-cache-dtype bf16 --json --mamba-cache-dtype float32 \
+  --mamba-ssm-cache-dtype bfloat16
+python3 - "$T/llama_bf16.out" "$T/llama_mamba.out" <<'PY' || fail "dense model with state dtypes"
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert b["state_conv_dtype"] is None and b["state_ssm_dtype"] is None and b["state_pool_bytes"] == 0, b
+assert (a["num_blocks"], a["tokens"], a["log_line"]) == (b["num_blocks"], b["tokens"], b["log_line"])
+PY
+run_bad q35_ssm_fp16 "--mamba-ssm-cache-dtype: float16 (a vLLM value) is not supported by fp8kv" \
+  "$CFG/qwen3.5-27b" --kv-memory 80GiB --mamba-ssm-cache-dtype float16
+run_bad q35_conv_bad "--mamba-cache-dtype must be auto, bfloat16 or float32 (got 'fp8')" \
+  "$CFG/qwen3.5-27b" --kv-memory 80GiB --mamba-cache-dtype fp8
 run_bad q35_interval0 "--state-snapshot-interval" "$CFG/qwen3.5-27b" --kv-memory 80GiB --state-snapshot-interval 0
 run_bad q35_interval_long "--state-snapshot-interval 3000 x --block-size 16 = 48000 tokens" \
   "$CFG/qwen3.5-27b" --kv-memory 80GiB --max-num-seqs 16 --max-model-len 32768 --state-snapshot-interval 3000

@@ -43,6 +43,9 @@ for cmd in generate score calibrate kvstats compare niah bench serve; do
   refused "must be in (0, 1]" run_cmd $cmd --gpu-memory-utilization 1.5
   refused "load-format must be auto or dummy" run_cmd $cmd --load-format bogus
   refused "backend must be auto, cpu or cuda" run_cmd $cmd --backend tpu
+  refused "--mamba-cache-dtype must be auto, bfloat16 or float32 (got 'fp8')" run_cmd $cmd --mamba-cache-dtype fp8
+  refused "--mamba-ssm-cache-dtype: float16 (a vLLM value) is not supported" run_cmd $cmd --mamba-ssm-cache-dtype float16
+  refused "--mamba-ssm-cache-dtype must be auto, float32 or bfloat16 (got '')" run_cmd $cmd --mamba-ssm-cache-dtype ""
 done
 # capacity takes --kv-memory and --block-size too: same words (issue 15 items 9, 11).
 refused "--kv-memory must be > 0" "$BIN" capacity "$T/m" --kv-memory 0
@@ -112,4 +115,11 @@ expect_rc 2 "$BIN" generate "$T/cfgonly" --prompt "Hello" --max-tokens 2 --load-
 
 # New flags are accepted where they apply.
 expect_rc 0 run_cmd score --max-num-seqs 4 --max-num-batched-tokens 16 --enforce-eager
+
+# The linear-attention state dtypes on a model without such layers (this
+# Llama): accepted and ignored, as vLLM does: the same scores.
+expect_rc 0 run_cmd score
+cp "$T/s.json" "$T/s_default.json"
+expect_rc 0 run_cmd score --mamba-cache-dtype float32 --mamba-ssm-cache-dtype bfloat16
+cmp -s "$T/s.json" "$T/s_default.json" || fail "--mamba-*-cache-dtype changed a dense model's scores"
 echo "engine_flags: ok"

@@ -5,8 +5,9 @@
 # (the same rank-order fp32 sums: backend/comm.h), hence TP 1 within
 # tp.sh's bound; greedy `generate` prints the same text and the same KV
 # clip counts (rank 0 sums both ranks'); rank 1 prints nothing and exits 0.
-# Bad rank/world combinations and an unreachable master exit 2 naming the
-# cause; a killed peer ends the other process (no hang).
+# Bad rank/world combinations, an unreachable master and ranks with other
+# linear-attention state dtypes exit 2 naming the cause; a killed peer ends
+# the other process (no hang).
 # Usage: bash tp_multiproc.sh <fp8kv-binary> <source-dir>
 source "$(dirname "$0")/lib.sh"
 M="$SRC/models/fp8kv-mini"
@@ -102,6 +103,18 @@ expect_refused "unreachable master" "127.0.0.1:$P" \
 expect_refused "missing peer" "timed out" \
   "$BIN" "${s[@]}" --tp 2 --nnodes 2 --node-rank 0 --master-port "$P" --collective-timeout 2
 expect_refused "bad --collective-timeout" "--collective-timeout" "$BIN" "${s[@]}" --collective-timeout 0
+# The linear-attention state dtypes must be rank 0's (models/fp8kv-mini-gdn):
+# both processes exit 2 naming the flags when the pools are allocated.
+G="$SRC/models/fp8kv-mini-gdn"
+P=$(free_port)
+mp=(generate "$G" --prompt "The" --max-tokens 2 --threads 1 --tp 2 --nnodes 2 --master-port "$P" --collective-timeout 20)
+"$BIN" "${mp[@]}" --node-rank 1 > /dev/null 2> "$T/sd1" &
+pid1=$!
+expect_refused "state dtypes differ" "rank 1 keeps the linear-attention states as conv bfloat16, recurrent float32 \
+but rank 0 as conv bfloat16, recurrent bfloat16 (--mamba-cache-dtype, --mamba-ssm-cache-dtype)" \
+  "$BIN" "${mp[@]}" --node-rank 0 --mamba-ssm-cache-dtype bfloat16
+wait $pid1; rc=$?
+[ "$rc" = 2 ] || fail "rank 1 exit $rc with other state dtypes than rank 0's: $(tail -c 400 "$T/sd1")"
 
 # serve: SIGTERM on rank 0 ends rank 1 too (exit 0: rank 0's engine says
 # quit); a rank 0 killed with SIGKILL ends rank 1 at once (exit != 0, no hang).

@@ -188,6 +188,29 @@ TEST(Qwen3_5Prefix, DecodeSnapshotsServeTheNextTurn) {
   EXPECT_EQ(on->prefix_cache_stats().hits - before, 64);
 }
 
+// A bf16 recurrent state (--mamba-ssm-cache-dtype bfloat16) is rounded once
+// per step, so the cut at a snapshot boundary rounds it there: the cache on
+// is not the cache off bitwise any more (within the bf16 state's bound,
+// test_qwen3_5.cpp). What stays exact is the snapshot: a byte copy of the
+// bf16 state (and conv state) at the boundary, so a later request that hits
+// it computes bitwise what the request that made it computed after the
+// boundary, and generates the same tokens with the same logprobs.
+TEST(Qwen3_5Prefix, Bf16StateHitRepeatsTheSnapshottingRequest) {
+  Fixture f;
+  EngineOptions o = opts(true);
+  o.ssm_state_dtype = StateDtype::bf16;
+  auto on = f.make(o);
+  const KvPlan& p = on->kv_plan();
+  ASSERT_TRUE(p.state.snapshots());
+  EXPECT_EQ(p.state.ssm_bytes_per_layer(), 2u * 8 * 8 * 2);  // [2][8][8] bf16
+  const auto a = random_tokens(150, 51);
+  const auto x = run_prefix_waves(*on, {{a}, {a}}, 8);
+  ASSERT_EQ(x.size(), 2u);
+  EXPECT_EQ(on->prefix_cache_stats().hits, 128);  // the boundary at 128 (<= 149 tokens)
+  EXPECT_EQ(x[1].tokens, x[0].tokens);
+  EXPECT_EQ(x[1].logprobs, x[0].logprobs);  // bitwise
+}
+
 TEST(Qwen3_5Prefix, UnalignedBoundariesAgreeWithinTheChunkingBound) {
   Fixture f;
   const auto base = random_tokens(120, 31);

@@ -57,6 +57,50 @@ TEST(PlannerQwen3_5, StatePoolIsCarvedBeforeTheBlocks) {
             std::string::npos);
 }
 
+// --mamba-cache-dtype / --mamba-ssm-cache-dtype: the state pool counts
+// each state at its dtype's size, and so do the one-request minimum, the
+// blocks carved after it and the snapshots (a smaller state: a shorter
+// automatic snapshot interval).
+TEST(PlannerQwen3_5, StateDtypesSetTheStatePoolBytes) {
+  const ModelConfig c = hybrid();
+  uint64_t f32_f32 = 0, bf16_bf16 = 0;
+  for (const StateDtype conv : {StateDtype::bf16, StateDtype::f32})
+    for (const StateDtype ssm : {StateDtype::f32, StateDtype::bf16}) {
+      KvPlanSettings s = qwen_settings(KvDtype::bf16, 64u << 20);
+      s.conv_state_dtype = conv;
+      s.ssm_state_dtype = ssm;
+      const KvPlan p = plan_kv_cache(c, s);
+      const uint64_t cb = conv == StateDtype::bf16 ? 2 : 4, sb = ssm == StateDtype::bf16 ? 2 : 4;
+      // 6 linear layers x (conv [256][3] + recurrent [4][32][32]).
+      const uint64_t per_seq = 6u * (256 * 3 * cb + 4 * 32 * 32 * sb);
+      EXPECT_EQ(p.state.conv_bytes_per_layer(), 256u * 3 * cb);
+      EXPECT_EQ(p.state.ssm_bytes_per_layer(), 4u * 32 * 32 * sb);
+      EXPECT_EQ(p.state.bytes_per_sequence(), per_seq);
+      EXPECT_EQ(p.state.pool_bytes(), 16 * per_seq);
+      EXPECT_EQ(p.num_blocks, static_cast<int64_t>(((64u << 20) - 16 * per_seq) / p.page_bytes));
+      s.kv_memory_bytes = 0;
+      EXPECT_EQ(kv_memory_needed(c, s), p.blocks_per_request * p.page_bytes + 16 * per_seq);
+      EXPECT_NE(kv_plan_log_line(p).find(fmt::format("conv {}, recurrent {}", state_dtype_name(conv),
+                                                     state_dtype_name(ssm))),
+                std::string::npos)
+          << kv_plan_log_line(p);
+      if (conv == StateDtype::f32 && ssm == StateDtype::f32) f32_f32 = per_seq;
+      if (conv == StateDtype::bf16 && ssm == StateDtype::bf16) bf16_bf16 = per_seq;
+    }
+  EXPECT_EQ(2 * bf16_bf16, f32_f32);
+  // Snapshots: a bf16 recurrent state halves most of a snapshot, so the
+  // automatic interval (the least multiple of 64 tokens whose KV pages cost
+  // a snapshot) does not grow.
+  KvPlanSettings s = qwen_settings(KvDtype::bf16, 64u << 20);
+  s.prefix_caching = true;
+  const KvPlan f = plan_kv_cache(c, s);
+  s.ssm_state_dtype = StateDtype::bf16;
+  const KvPlan b = plan_kv_cache(c, s);
+  EXPECT_LE(b.state.snapshot_interval, f.state.snapshot_interval);
+  EXPECT_EQ(b.state.snapshot_pool_bytes(),
+            static_cast<uint64_t>(b.state.snapshot_slots) * b.state.bytes_per_sequence());
+}
+
 TEST(PlannerQwen3_5, Fp8DoublesTheAttentionTokensNotTheStatePool) {
   const ModelConfig c = hybrid();
   const KvPlan b = plan_kv_cache(c, qwen_settings(KvDtype::bf16, 64u << 20));

@@ -24,13 +24,9 @@ inline std::string shape(const Tensor& t) {
   return fmt::format("[{}][{}] {}", t.rows, t.cols, scalar_type_name(t.dtype));
 }
 
-// The recurrent-state pool of a backend that keeps float32 states
-// (allocate_state): InputError naming the backend ("the CPU backend") for
-// another state dtype; per layer its index in plan.layers, -1 without state.
-inline std::vector<int> f32_state_layer_index(const StatePlan& plan, int num_layers, const char* backend) {
-  if (!plan.empty() && plan.ssm_dtype != StateDtype::f32)
-    throw InputError(fmt::format("{} keeps the recurrent state in float32 (got {})", backend,
-                                 state_dtype_name(plan.ssm_dtype)));
+// Per model layer, its index in plan.layers (the layers with a state in
+// the pool), -1 for a layer without one.
+inline std::vector<int> state_layer_index(const StatePlan& plan, int num_layers) {
   std::vector<int> index(static_cast<size_t>(num_layers), -1);
   for (size_t i = 0; i < plan.layers.size(); ++i) index.at(plan.layers[i]) = static_cast<int>(i);
   return index;
@@ -44,7 +40,7 @@ inline void check_state_slots(const StatePlan& plan, int src, int dst, const cha
 }
 
 // gated_delta_net's checks both backends make: the layer's index among the
-// state layers (state_index from f32_state_layer_index; invalid_argument
+// state layers (state_index from state_layer_index; invalid_argument
 // when it has none) ...
 inline int gdn_state_layer(const char* backend, const std::vector<int>& state_index, int layer) {
   if (layer < 0 || layer >= static_cast<int>(state_index.size()) || state_index[layer] < 0)

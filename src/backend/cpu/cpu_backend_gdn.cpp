@@ -30,6 +30,8 @@ Tensor view(const WeightMatrix& m, const char* name) {
     throw InputError(fmt::format("linear_attn.{}: fp8 weights are not supported for Gated DeltaNet layers yet", name));
   return Tensor{const_cast<void*>(m.data), m.bf16 ? ScalarType::bf16 : ScalarType::f32, m.rows, m.cols};
 }
+GdnStateType gdn_state_type(StateDtype d) { return d == StateDtype::bf16 ? GdnStateType::bf16 : GdnStateType::f32; }
+
 Tensor view(const std::vector<float>& v, int64_t rows) {
   if (v.empty()) return {};
   const int64_t n = static_cast<int64_t>(v.size());
@@ -51,7 +53,7 @@ void bind_linear_attention_weights(const LayerWeights& L, BackendLayerWeights& o
 }
 
 void CpuBackend::allocate_state(const StatePlan& plan) {
-  state_index_ = op_checks::f32_state_layer_index(plan, cfg_.num_layers, "the CPU backend");
+  state_index_ = op_checks::state_layer_index(plan, cfg_.num_layers);
   state_ = plan;
   op_checks::allocate_state_rows(plan, conv_state_, ssm_state_, [&](size_t n) { return alloc(n); });  // zero-filled
 }
@@ -84,8 +86,8 @@ void CpuBackend::gated_delta_net(const StepBatch& b, int layer, const BackendLay
   op_checks::check_gdn_shapes("CpuBackend", T, C, Hv, VD, s.conv_kernel, qkv, z, bt, at, out, w.conv1d);
   if (static_cast<int>(b.state_slots.size()) != b.num_seqs)
     bad(op, fmt::format("the step has {} state slots for {} sequences", b.state_slots.size(), b.num_seqs));
-  const ConvStateType ct = state_.conv_dtype == StateDtype::bf16 ? ConvStateType::bf16 : ConvStateType::f32;
-  const uint64_t conv_bytes = state_.conv_bytes_per_layer(), ssm_elems = s.ssm_state_elems();
+  const GdnStateType ct = gdn_state_type(state_.conv_dtype), st = gdn_state_type(state_.ssm_dtype);
+  const uint64_t conv_bytes = state_.conv_bytes_per_layer(), ssm_bytes = state_.ssm_bytes_per_layer();
   std::vector<float> conv(static_cast<size_t>(T * C)), g(static_cast<size_t>(T * Hv)), beta(g.size()),
       core(static_cast<size_t>(T * VD));
   gdn_gates(f32(at, op, "a"), f32(bt, op, "b"), T, static_cast<int>(Hv), f32(w.A_log, op, "A_log"),
@@ -99,18 +101,13 @@ void CpuBackend::gated_delta_net(const StepBatch& b, int layer, const BackendLay
       bad(op, fmt::format("state slot {} outside the pool of {} slots", slot, state_.num_slots));
     if (slot == -1) continue;  // a padding sequence (ModelRunner::pad_batch): zero rows, no state
     void* cs = static_cast<char*>(conv_state_[li].data()) + slot * conv_bytes;
-    float* S = static_cast<float*>(ssm_state_[li].data()) + slot * ssm_elems;
-    if (pos0 == 0) {  // a new sequence (or a recompute after preemption): zero states
-      std::memset(cs, 0, conv_bytes);
-      std::memset(S, 0, ssm_elems * sizeof(float));
-    }
+    void* S = static_cast<char*>(ssm_state_[li].data()) + slot * ssm_bytes;
+    // A new sequence (or a recompute after preemption) starts from zero
+    // states: the conv state here, the recurrent one in gdn_rule_step.
+    if (pos0 == 0) std::memset(cs, 0, conv_bytes);
     float* cv = conv.data() + t0 * C;
     gdn_causal_conv(x + t0 * C, n, C, s.conv_kernel, f32(w.conv1d, op, "conv1d"), cs, ct, cv);
-    float* o = core.data() + t0 * VD;
-    if (n == 1)
-      gdn_rule_recurrent(s, cv, n, g.data() + t0 * Hv, beta.data() + t0 * Hv, S, o);
-    else
-      gdn_rule_chunked(s, pos0, cv, n, g.data() + t0 * Hv, beta.data() + t0 * Hv, S, o);
+    gdn_rule_step(s, pos0, cv, n, g.data() + t0 * Hv, beta.data() + t0 * Hv, S, st, core.data() + t0 * VD);
   }
   gdn_gated_rmsnorm(core.data(), f32(z, op, "z"), T, static_cast<int>(Hv), s.v_head_dim, f32(w.gdn_norm, op, "norm"),
                     eps, f32(out, op, "out"));

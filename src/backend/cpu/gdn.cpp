@@ -13,12 +13,12 @@ namespace {
 
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
 
-float conv_round(float x, ConvStateType st) { return st == ConvStateType::bf16 ? round_bf16(x) : x; }
-float state_get(const void* s, int64_t i, ConvStateType st) {
-  return st == ConvStateType::bf16 ? bf16_to_f32(static_cast<const uint16_t*>(s)[i]) : static_cast<const float*>(s)[i];
+float conv_round(float x, GdnStateType st) { return st == GdnStateType::bf16 ? round_bf16(x) : x; }
+float state_get(const void* s, int64_t i, GdnStateType st) {
+  return st == GdnStateType::bf16 ? bf16_to_f32(static_cast<const uint16_t*>(s)[i]) : static_cast<const float*>(s)[i];
 }
-void state_set(void* s, int64_t i, float v, ConvStateType st) {
-  if (st == ConvStateType::bf16)
+void state_set(void* s, int64_t i, float v, GdnStateType st) {
+  if (st == GdnStateType::bf16)
     static_cast<uint16_t*>(s)[i] = f32_to_bf16(v);
   else
     static_cast<float*>(s)[i] = v;
@@ -55,7 +55,7 @@ void load_token(const GdnShape& s, const float* qkv, int64_t t, int h, TokenQkv&
 
 }  // namespace
 
-void gdn_causal_conv(const float* x, int64_t T, int64_t C, int K, const float* w, void* state, ConvStateType st,
+void gdn_causal_conv(const float* x, int64_t T, int64_t C, int K, const float* w, void* state, GdnStateType st,
                      float* out) {
   const int P = K - 1;  // state length
   parallel_for(C, 64, [&](int64_t c0, int64_t c1) {
@@ -186,6 +186,35 @@ void gdn_rule_chunked(const GdnShape& s, int64_t pos0, const float* qkv, int64_t
       }
     }
   });
+}
+
+void gdn_rule_step(const GdnShape& s, int64_t pos0, const float* qkv, int64_t T, const float* g, const float* beta,
+                   void* state, GdnStateType st, float* out) {
+  if (T <= 0) return;
+  const int64_t n = s.ssm_state_elems();
+  float* S = static_cast<float*>(state);
+  std::vector<float> wide;
+  if (st == GdnStateType::bf16) {
+    wide.assign(static_cast<size_t>(n), 0.0f);
+    const uint16_t* from = static_cast<const uint16_t*>(state);
+    if (pos0 != 0)
+      parallel_for(n, 4096, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) wide[i] = bf16_to_f32(from[i]);
+      });
+    S = wide.data();
+  } else if (pos0 == 0) {
+    std::fill(S, S + n, 0.0f);
+  }
+  if (T == 1)
+    gdn_rule_recurrent(s, qkv, T, g, beta, S, out);
+  else
+    gdn_rule_chunked(s, pos0, qkv, T, g, beta, S, out);
+  if (st == GdnStateType::bf16) {
+    uint16_t* to = static_cast<uint16_t*>(state);
+    parallel_for(n, 4096, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) to[i] = f32_to_bf16(wide[i]);
+    });
+  }
 }
 
 void gdn_gated_rmsnorm(const float* x, const float* z, int64_t T, int Hv, int Dv, const float* w, float eps, float* y) {

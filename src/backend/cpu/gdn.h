@@ -5,17 +5,23 @@
 // Shapes: C = conv channels (q | k | v: 2*Hk*Dk + Hv*Dv), K = conv kernel,
 // Hk / Hv = key / value heads (Hv a multiple of Hk: key head h serves value
 // heads [h*Hv/Hk, (h+1)*Hv/Hk), transformers' repeat_interleave), Dk / Dv
-// the head dims. The recurrent state of a sequence is S [Hv][Dk][Dv] f32; the
-// conv state is the last K-1 conv inputs [C][K-1] (oldest first).
+// the head dims. The recurrent state of a sequence is S [Hv][Dk][Dv]; the
+// conv state is the last K-1 conv inputs [C][K-1] (oldest first). The rule
+// itself runs in f32 (gdn_rule_recurrent, gdn_rule_chunked); the pool may keep
+// either state in bf16 (gdn_causal_conv, gdn_rule_step).
 #pragma once
 #include <cstdint>
 
 namespace fp8kv {
 
-// Conv-state element type: the conv inputs are rounded to it before the conv
-// reads them, in prefill as in decode, so chunked and one-shot prefill see the
-// same values (bf16: what a bf16 model's in_proj_qkv writes anyway).
-enum class ConvStateType : uint8_t { f32, bf16 };
+// Element type of a state in the pool (--mamba-cache-dtype for the conv
+// state, --mamba-ssm-cache-dtype for the recurrent state). The conv inputs
+// are rounded to the conv state's type before the conv reads them, in prefill
+// as in decode, so chunked and one-shot prefill see the same values (bf16:
+// what a bf16 model's in_proj_qkv writes anyway). A bf16 recurrent state is
+// widened to f32 when a step starts and rounded back (round to nearest even)
+// once when it ends (gdn_rule_step).
+enum class GdnStateType : uint8_t { f32, bf16 };
 
 struct GdnShape {
   int num_k_heads = 0, num_v_heads = 0, k_head_dim = 0, v_head_dim = 0, conv_kernel = 0;
@@ -34,7 +40,7 @@ inline constexpr int kGdnChunk = 64;
 // Depthwise causal conv1d + SiLU over T tokens of one sequence, carrying the
 // conv state: x [T][C] (f32, rounded to `st` first), w [C][K], state
 // [C][K-1] of type `st` (updated to the last K-1 inputs), out [T][C].
-void gdn_causal_conv(const float* x, int64_t T, int64_t C, int K, const float* w, void* state, ConvStateType st,
+void gdn_causal_conv(const float* x, int64_t T, int64_t C, int K, const float* w, void* state, GdnStateType st,
                      float* out);
 
 // Per-token gates: g[t][h] = -exp(A_log[h]) * softplus(a[t][h] + dt_bias[h])
@@ -55,6 +61,17 @@ void gdn_rule_recurrent(const GdnShape& s, const float* qkv, int64_t T, const fl
 // state update per chunk (transformers' torch_chunk_gated_delta_rule).
 void gdn_rule_chunked(const GdnShape& s, int64_t pos0, const float* qkv, int64_t T, const float* g,
                       const float* beta, float* S, float* out);
+
+// One step of one sequence (its T >= 1 new rows from absolute position pos0)
+// on its pool state `state` [Hv][Dk][Dv] of type st, as the CPU backend runs
+// it: pos0 == 0 starts from a zero state; one row runs the recurrent form,
+// more the chunked form. A bf16 state is widened to f32 first, the step runs
+// in f32 exactly as on an f32 state, and the result is rounded to bf16 (round
+// to nearest even) once, when it is stored back: so the outputs of the step
+// equal those of an f32 state holding the same values, and the stored state
+// is the f32 step's rounded to bf16.
+void gdn_rule_step(const GdnShape& s, int64_t pos0, const float* qkv, int64_t T, const float* g, const float* beta,
+                   void* state, GdnStateType st, float* out);
 
 // Gated RMSNorm per (token, value head) over Dv: y = w * rmsnorm(x) * silu(z)
 // (Qwen3_5RMSNormGated: a plain weight, not 1 + w). x, z, y [T][Hv*Dv]; y may alias x.

@@ -25,7 +25,7 @@ void expect_shape(const char* op, const char* name, const Tensor& t, int64_t row
 }  // namespace
 
 void CudaBackend::allocate_state(const StatePlan& plan) {
-  state_index_ = op_checks::f32_state_layer_index(plan, cfg_.num_layers, "the CUDA backend");
+  state_index_ = op_checks::state_layer_index(plan, cfg_.num_layers);
   state_ = plan;
   op_checks::allocate_state_rows(plan, conv_state_, ssm_state_, [&](size_t n) {
     DeviceBuffer b = alloc(n);
@@ -97,8 +97,8 @@ void CudaBackend::gated_delta_net(const StepBatch& b, int layer, const BackendLa
   cuda::gdn_conv(d, seqs, f32(qkv, op, "qkv"), f32(w.conv1d, op, "conv1d"), conv_state_[li].data(),
                  state_.conv_dtype == StateDtype::bf16, conv, stream_);
   float* o = f32(out, op, "out");
-  cuda::gdn_rule(d, seqs, conv, f32(at, op, "a"), f32(bt, op, "b"), A_log, dt_bias,
-                 static_cast<float*>(ssm_state_[li].data()), o, stream_);
+  cuda::gdn_rule(d, seqs, conv, f32(at, op, "a"), f32(bt, op, "b"), A_log, dt_bias, ssm_state_[li].data(),
+                 state_.ssm_dtype == StateDtype::bf16, o, stream_);
   cuda::gdn_gated_rmsnorm(o, f32(z, op, "z"), T, static_cast<int>(Hv), d.v_head_dim, norm, eps, o, stream_);
 }
 

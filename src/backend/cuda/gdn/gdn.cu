@@ -11,6 +11,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "backend/cuda/check.h"
@@ -23,6 +24,22 @@ namespace {
 __device__ __forceinline__ float silu_f(float x) { return __fdiv_rn(x, __fadd_rn(1.0f, expf(-x))); }
 __device__ __forceinline__ float sigmoid_f(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))); }
 __device__ __forceinline__ float round_bf16_f(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+// A recurrent-state element of the pool (State: float, or __nv_bfloat16 for
+// --mamba-ssm-cache-dtype bfloat16), read widened to f32 when a step starts
+// and written rounded to nearest even when it ends (the CPU's gdn_rule_step),
+// so a step computes in f32 what it computes on an f32 state holding the
+// same values. The f32 instantiations are the kernels as they were before
+// bf16 states.
+__device__ __forceinline__ float state_f32(float x) { return x; }
+__device__ __forceinline__ float state_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <class State>
+__device__ __forceinline__ State state_from_f32(float x) {
+  if constexpr (std::is_same_v<State, float>)
+    return x;
+  else
+    return __float2bfloat16_rn(x);
+}
 
 // One thread per (sequence, channel, run of kConvRun rows): the K-1 inputs
 // before its first row (from x, or from the state before the sequence's
@@ -117,11 +134,13 @@ __global__ void gdn_conv_kernel(GdnSeqs seqs, int64_t C, int K, const float* __r
 // other Dk): the column lives in shared memory (S, then q and k). Same
 // operations in the same order either way: bitwise equal results. q and k
 // are normalized once per token by the block (the l2 sums by one thread
-// each, in the CPU's order), not by every thread.
-template <int DK>
+// each, in the CPU's order), not by every thread. State: the pool's
+// element type (float or bf16: widened on the read, rounded to nearest on
+// the write).
+template <int DK, class State>
 __global__ void gdn_rule_kernel(GdnSeqs seqs, GdnDims dm, int chunk_begin, const float* __restrict__ qkv,
                                 const float* __restrict__ a, const float* __restrict__ b,
-                                const float* __restrict__ A_log, const float* __restrict__ dt_bias, float* pool,
+                                const float* __restrict__ A_log, const float* __restrict__ dt_bias, State* pool,
                                 float* __restrict__ out) {
   extern __shared__ float sm[];
   constexpr bool REG = DK > 0;
@@ -150,11 +169,11 @@ __global__ void gdn_rule_kernel(GdnSeqs seqs, GdnDims dm, int chunk_begin, const
     if constexpr (REG) return Sr[i];
     else return Ssh[i * Dv + d];
   };
-  float* S = pool + (static_cast<int64_t>(slot) * Hv + h) * Dk * Dv;
+  State* S = pool + (static_cast<int64_t>(slot) * Hv + h) * Dk * Dv;
   const bool fresh = seqs.context_lens[s] - n == 0;
   if (col) {
 #pragma unroll
-    for (int i = 0; i < Dk; ++i) S_at(i) = fresh ? 0.0f : S[static_cast<int64_t>(i) * Dv + d];
+    for (int i = 0; i < Dk; ++i) S_at(i) = fresh ? 0.0f : state_f32(S[static_cast<int64_t>(i) * Dv + d]);
   }
   const int kh = h / (Hv / Hk);
   const float scale = __fdiv_rn(1.0f, sqrtf(static_cast<float>(Dk)));
@@ -217,7 +236,7 @@ __global__ void gdn_rule_kernel(GdnSeqs seqs, GdnDims dm, int chunk_begin, const
   }
   if (col) {
 #pragma unroll
-    for (int i = 0; i < Dk; ++i) S[static_cast<int64_t>(i) * Dv + d] = S_at(i);
+    for (int i = 0; i < Dk; ++i) S[static_cast<int64_t>(i) * Dv + d] = state_from_f32<State>(S_at(i));
   }
 }
 
@@ -348,7 +367,7 @@ struct ChunkArgs {
   const float* b;
   const float* A_log;
   const float* dt_bias;
-  float* pool;
+  void* pool;  // [slots][Hv][Dk][Dv] of the kernel's State
   float* out;
 };
 
@@ -445,6 +464,8 @@ __device__ __forceinline__ void forward_subst(float (&x)[kChunk], const float* L
   }
 }
 
+// State: the pool's element type.
+template <class State>
 __global__ void __launch_bounds__(kChunkThreads, 1) gdn_rule_chunked_kernel(ChunkArgs p) {
   extern __shared__ float4 sm4[];
   float* sm = reinterpret_cast<float*>(sm4);
@@ -484,10 +505,10 @@ __global__ void __launch_bounds__(kChunkThreads, 1) gdn_rule_chunked_kernel(Chun
 
   const int pos0 = p.seqs.context_lens[s] - n;
   const bool fresh = pos0 == 0;
-  float* S = p.pool + (static_cast<int64_t>(slot) * Hv + h) * Dk * Dv + cs;
+  State* S = static_cast<State*>(p.pool) + (static_cast<int64_t>(slot) * Hv + h) * Dk * Dv + cs;
   for (int e = tid; e < Dk * Dvs; e += kChunkThreads) {
     const int a = e / Dvs, d = e % Dvs;
-    Ssh[kmaj(a, d, ldv, swv)] = fresh ? 0.0f : S[static_cast<int64_t>(a) * Dv + d];
+    Ssh[kmaj(a, d, ldv, swv)] = fresh ? 0.0f : state_f32(S[static_cast<int64_t>(a) * Dv + d]);
   }
   const int kh = h / (Hv / Hk);
   const float scale = __fdiv_rn(1.0f, sqrtf(static_cast<float>(Dk)));
@@ -751,9 +772,11 @@ __global__ void __launch_bounds__(kChunkThreads, 1) gdn_rule_chunked_kernel(Chun
   __syncthreads();
   for (int e = tid; e < Dk * Dvs; e += kChunkThreads) {
     const int a = e / Dvs, d = e % Dvs;
-    S[static_cast<int64_t>(a) * Dv + d] = Ssh[kmaj(a, d, ldv, swv)];
+    S[static_cast<int64_t>(a) * Dv + d] = state_from_f32<State>(Ssh[kmaj(a, d, ldv, swv)]);
   }
 }
+
+using ChunkKernel = void (*)(ChunkArgs);
 
 // The plan's estimate of one CTA's time per chunk, in f32 multiply-add
 // slots of a CUDA core: the forward substitution of the Dk + Dvs columns
@@ -838,6 +861,34 @@ void allow_smem(const void* kernel, size_t bytes) {
   a = bytes;
 }
 
+// The recurrent kernel's launch (gdn_rule) on a pool of State: the state
+// column in registers for the key head dims of real checkpoints and the
+// tests (16 .. 128), else in shared memory (any Dk whose state fits; smem:
+// its bytes).
+template <class State>
+void launch_rule_kernel(dim3 grid, int threads, size_t smem, cudaStream_t stream, const GdnSeqs& seqs,
+                        const GdnDims& d, int chunk_begin, const float* qkv, const float* a, const float* b,
+                        const float* A_log, const float* dt_bias, void* pool, float* out) {
+  State* ssm_state = static_cast<State*>(pool);
+  // The state column in registers for the key head dims of real checkpoints
+  // and the tests (16 .. 128), else in shared memory (any Dk whose state fits).
+  const size_t qk_smem = (2 * static_cast<size_t>(d.k_head_dim) + 2) * sizeof(float);
+  switch (d.k_head_dim) {
+    case 16: gdn_rule_kernel<16, State><<<grid, threads, qk_smem, stream>>>(seqs, d, chunk_begin, qkv, a, b, A_log,
+                                                                            dt_bias, ssm_state, out); break;
+    case 32: gdn_rule_kernel<32, State><<<grid, threads, qk_smem, stream>>>(seqs, d, chunk_begin, qkv, a, b, A_log,
+                                                                            dt_bias, ssm_state, out); break;
+    case 64: gdn_rule_kernel<64, State><<<grid, threads, qk_smem, stream>>>(seqs, d, chunk_begin, qkv, a, b, A_log,
+                                                                            dt_bias, ssm_state, out); break;
+    case 128: gdn_rule_kernel<128, State><<<grid, threads, qk_smem, stream>>>(seqs, d, chunk_begin, qkv, a, b, A_log,
+                                                                              dt_bias, ssm_state, out); break;
+    default:
+      if (smem > 48 * 1024) allow_smem(reinterpret_cast<const void*>(gdn_rule_kernel<0, State>), smem);
+      gdn_rule_kernel<0, State><<<grid, threads, smem, stream>>>(seqs, d, chunk_begin, qkv, a, b, A_log, dt_bias,
+                                                                 ssm_state, out);
+  }
+}
+
 }  // namespace
 
 void gdn_conv(const GdnDims& d, const GdnSeqs& seqs, const float* x, const float* w, void* conv_state,
@@ -883,8 +934,8 @@ GdnChunkPlan gdn_chunk_plan(const GdnDims& d, int multi_seqs, int num_sms, size_
 }
 
 void gdn_rule(const GdnDims& d, const GdnSeqs& seqs, const float* qkv, const float* a, const float* b,
-              const float* A_log, const float* dt_bias, float* ssm_state, float* out, cudaStream_t stream,
-              const GdnRuleOptions& opt) {
+              const float* A_log, const float* dt_bias, void* ssm_state, bool state_bf16, float* out,
+              cudaStream_t stream, const GdnRuleOptions& opt) {
   check_dims(d, "gdn_rule");
   if (seqs.num_seqs <= 0) return;
   const size_t smem = (static_cast<size_t>(d.k_head_dim) * d.v_head_dim + 2 * static_cast<size_t>(d.k_head_dim) + 2) *
@@ -919,30 +970,19 @@ void gdn_rule(const GdnDims& d, const GdnSeqs& seqs, const float* qkv, const flo
   const int threads = (d.v_head_dim + 31) / 32 * 32;
   const dim3 grid(static_cast<unsigned>(d.num_v_heads), static_cast<unsigned>(seqs.num_seqs));
   const int chunk_begin = plan.ok() ? seq_begin : INT_MAX;
-  // The recurrent kernel's plan: the state column in registers for the key
-  // head dims of real checkpoints and the tests (16 .. 128), else in shared
-  // memory (any Dk whose state fits).
-  const size_t qk_smem = (2 * static_cast<size_t>(d.k_head_dim) + 2) * sizeof(float);
-  switch (d.k_head_dim) {
-    case 16: gdn_rule_kernel<16><<<grid, threads, qk_smem, stream>>>(seqs, d, chunk_begin, qkv, a, b, A_log, dt_bias,
-                                                                     ssm_state, out); break;
-    case 32: gdn_rule_kernel<32><<<grid, threads, qk_smem, stream>>>(seqs, d, chunk_begin, qkv, a, b, A_log, dt_bias,
-                                                                     ssm_state, out); break;
-    case 64: gdn_rule_kernel<64><<<grid, threads, qk_smem, stream>>>(seqs, d, chunk_begin, qkv, a, b, A_log, dt_bias,
-                                                                     ssm_state, out); break;
-    case 128: gdn_rule_kernel<128><<<grid, threads, qk_smem, stream>>>(seqs, d, chunk_begin, qkv, a, b, A_log,
-                                                                       dt_bias, ssm_state, out); break;
-    default:
-      if (smem > 48 * 1024) allow_smem(reinterpret_cast<const void*>(gdn_rule_kernel<0>), smem);
-      gdn_rule_kernel<0><<<grid, threads, smem, stream>>>(seqs, d, chunk_begin, qkv, a, b, A_log, dt_bias, ssm_state,
-                                                          out);
-  }
+  if (state_bf16)
+    launch_rule_kernel<__nv_bfloat16>(grid, threads, smem, stream, seqs, d, chunk_begin, qkv, a, b, A_log, dt_bias,
+                                      ssm_state, out);
+  else
+    launch_rule_kernel<float>(grid, threads, smem, stream, seqs, d, chunk_begin, qkv, a, b, A_log, dt_bias, ssm_state,
+                              out);
   FP8KV_CU_LAUNCH();
   if (!plan.ok()) return;
-  if (plan.smem > 48 * 1024) allow_smem(reinterpret_cast<const void*>(gdn_rule_chunked_kernel), plan.smem);
+  const ChunkKernel kern = state_bf16 ? gdn_rule_chunked_kernel<__nv_bfloat16> : gdn_rule_chunked_kernel<float>;
+  if (plan.smem > 48 * 1024) allow_smem(reinterpret_cast<const void*>(kern), plan.smem);
   const ChunkArgs args{seqs, d, plan.split, plan.ld_v, seq_begin, qkv, a, b, A_log, dt_bias, ssm_state, out};
   const dim3 cgrid(static_cast<unsigned>(d.num_v_heads * plan.split), static_cast<unsigned>(seqs.num_seqs - seq_begin));
-  gdn_rule_chunked_kernel<<<cgrid, kChunkThreads, plan.smem, stream>>>(args);
+  kern<<<cgrid, kChunkThreads, plan.smem, stream>>>(args);
   FP8KV_CU_LAUNCH();
 }
 

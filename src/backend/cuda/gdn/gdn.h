@@ -22,6 +22,10 @@
 //    head's state [Dk][Dv] f32 in shared memory while the CTA walks the
 //    sequence's rows one by one, read from and written back to the pool once
 //    per step.
+//  - Both kernels read the pool's state when a sequence's step starts and
+//    write it when it ends, f32 or bf16 (--mamba-ssm-cache-dtype): a bf16
+//    state is widened to f32 on the read and rounded to nearest even on the
+//    write, so it is rounded once per step, as the CPU's gdn_rule_step.
 //  - Chunked (gdn_rule_chunked_kernel, the CPU's gdn_rule_chunked): chunks of
 //    kGdnCudaChunk = 64 rows ending at multiples of 64 in absolute positions
 //    (the first may be shorter), the UT transform by forward substitution of
@@ -135,13 +139,14 @@ struct GdnRuleOptions {
 // recurrent form for sequences of one row, the chunked form for longer
 // ones: the header comment): conv output qkv [T][C] (q, k l2-normalized
 // here, q scaled by 1/sqrt(Dk)), a, b [T][Hv], A_log, dt_bias [Hv],
-// ssm_state the layer's pool [slots][Hv][Dk][Dv] f32; out [T][Hv*Dv]
+// ssm_state the layer's pool [slots][Hv][Dk][Dv] (bf16 bits when
+// state_bf16, else f32; the rule runs in f32 either way); out [T][Hv*Dv]
 // (before the gated norm). Throws std::invalid_argument when the state of
 // one head does not fit in shared memory (the recurrent kernel's need), or
 // when opt.chunk_split is not a valid split for the shape (gdn_chunk_plan_at).
 void gdn_rule(const GdnDims& d, const GdnSeqs& seqs, const float* qkv, const float* a, const float* b,
-              const float* A_log, const float* dt_bias, float* ssm_state, float* out, cudaStream_t stream,
-              const GdnRuleOptions& opt = {});
+              const float* A_log, const float* dt_bias, void* ssm_state, bool state_bf16, float* out,
+              cudaStream_t stream, const GdnRuleOptions& opt = {});
 
 // gdn_gated_rmsnorm: y = w * rmsnorm(x) * silu(z) per (token, value head)
 // over Dv; x, z, y [T][Hv*Dv]; y may alias x.
