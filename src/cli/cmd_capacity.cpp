@@ -298,7 +298,7 @@ int run_capacity(CapacityArgs a) {
     throw UsageError(fmt::format("--gpu-memory-utilization must be in (0, 1] (got {})", a.gpu_memory_utilization));
   // Parsed once, before any file is read, as the engine flags are.
   a.conv_state_dtype = parse_mamba_cache_dtype_flag(a.mamba_cache_dtype);
-  a.ssm_state_dtype = parse_mamba_ssm_cache_dtype_flag(a.mamba_ssm_cache_dtype);
+  a.ssm_state_dtype = parse_mamba_ssm_cache_dtype_flag(a.mamba_ssm_cache_dtype, a.mamba_cache_dtype);
   const fs::path model(a.model);
   const ModelConfig cfg = load_model_config(model);
   std::error_code ec;

@@ -68,12 +68,13 @@ inline LoadFormat parse_load_format_flag(const std::string& text) {
 
 // --mamba-cache-dtype (the conv state) and --mamba-ssm-cache-dtype (the
 // recurrent state) of linear-attention models, vLLM's names, parsed once into
-// StateDtype (kv/state_plan.h). Values: auto, bfloat16, float32; auto is
-// bfloat16 for the conv state and float32 for the recurrent state, fp8kv's
-// defaults (vLLM's auto is the model dtype, and its --mamba-ssm-cache-dtype
-// auto follows --mamba-cache-dtype). vLLM's float16 is refused as not
-// supported. UsageError (exit 2) naming the flag. Models without
-// linear-attention layers accept and ignore both (as vLLM).
+// StateDtype (kv/state_plan.h). Values: auto, bfloat16, float32. As in vLLM,
+// --mamba-cache-dtype sets both states and --mamba-ssm-cache-dtype, when not
+// auto, overrides the recurrent one; both auto give fp8kv's defaults, a
+// bfloat16 conv state and a float32 recurrent state (vLLM's auto is the
+// model dtype). vLLM's float16 is refused as not supported. UsageError (exit
+// 2) naming the flag. Models without linear-attention layers accept and
+// ignore both (as vLLM).
 inline StateDtype parse_state_dtype_flag(const std::string& text, const char* flag, StateDtype auto_dtype) {
   const char* accepted = auto_dtype == StateDtype::bf16 ? "auto, bfloat16 or float32" : "auto, float32 or bfloat16";
   if (text == "auto") return auto_dtype;
@@ -86,20 +87,21 @@ inline StateDtype parse_state_dtype_flag(const std::string& text, const char* fl
 inline StateDtype parse_mamba_cache_dtype_flag(const std::string& text) {
   return parse_state_dtype_flag(text, "--mamba-cache-dtype", StateDtype::bf16);
 }
-inline StateDtype parse_mamba_ssm_cache_dtype_flag(const std::string& text) {
+// The recurrent state's: its own flag, else --mamba-cache-dtype's when that
+// is given, else float32.
+inline StateDtype parse_mamba_ssm_cache_dtype_flag(const std::string& text, const std::string& conv_text) {
+  if (text == "auto" && conv_text != "auto") return parse_mamba_cache_dtype_flag(conv_text);
   return parse_state_dtype_flag(text, "--mamba-ssm-cache-dtype", StateDtype::f32);
 }
 inline const char* mamba_cache_dtype_help() {
-  return "Linear-attention models (Qwen3.5): the conv state's dtype, auto (= bfloat16), bfloat16 or float32; the conv "
-         "inputs are rounded to it. vLLM's flag, but its auto is the model dtype and it also sets the recurrent state "
-         "unless --mamba-ssm-cache-dtype is given; here it is the conv state's only. Ignored by other models (default "
-         "auto)";
+  return "Linear-attention models (Qwen3.5): the state dtype, auto (= bfloat16 for the conv state, float32 for the "
+         "recurrent one), bfloat16 or float32; as in vLLM it sets the recurrent state too unless "
+         "--mamba-ssm-cache-dtype is given (vLLM's auto is the model dtype). Ignored by other models (default auto)";
 }
 inline const char* mamba_ssm_cache_dtype_help() {
-  return "Linear-attention models (Qwen3.5): the recurrent (SSM) state's dtype, auto (= float32), float32 or bfloat16 "
-         "(half the state pool's bytes; the state is rounded to bf16 once per step, at its end). vLLM's flag, but its "
-         "auto follows --mamba-cache-dtype (the model dtype); here auto is float32. Ignored by other models (default "
-         "auto)";
+  return "Linear-attention models (Qwen3.5): the recurrent (SSM) state's dtype, auto, float32 or bfloat16 (half the "
+         "state pool's bytes; the state is rounded to bf16 once per step, at its end). auto follows "
+         "--mamba-cache-dtype when that is given, as in vLLM, else float32. Ignored by other models (default auto)";
 }
 
 // Which flags a command takes: calibrate always observes a bf16 cache and
@@ -222,7 +224,7 @@ struct EngineFlags {
     o.fp8_weight_mode = fp8_weight_mode == "w8a8" ? Fp8Compute::w8a8 : Fp8Compute::w8a16;
     o.kv_cache_dtype = parse_kv_cache_dtype_flag(kv_cache_dtype);
     o.conv_state_dtype = parse_mamba_cache_dtype_flag(mamba_cache_dtype);
-    o.ssm_state_dtype = parse_mamba_ssm_cache_dtype_flag(mamba_ssm_cache_dtype);
+    o.ssm_state_dtype = parse_mamba_ssm_cache_dtype_flag(mamba_ssm_cache_dtype, mamba_cache_dtype);
     o.max_model_len = max_model_len;
     o.block_size = block_size;
     if (!kv_memory.empty()) {

@@ -188,6 +188,16 @@ for j in (off, bf, f32c):
 assert bf["num_blocks"] > off["num_blocks"] > f32c["num_blocks"]
 assert "conv bfloat16, recurrent bfloat16" in bf["log_line"], bf["log_line"]
 PY
+# As in vLLM, --mamba-cache-dtype sets both states unless --mamba-ssm-cache-dtype is given.
+run_ok q35_conv_both "$CFG/qwen3.5-27b" --kv-memory 80GiB --max-num-seqs 16 --json --mamba-cache-dtype bfloat16
+run_ok q35_conv_ssm "$CFG/qwen3.5-27b" --kv-memory 80GiB --max-num-seqs 16 --json --mamba-cache-dtype bfloat16 \
+  --mamba-ssm-cache-dtype float32
+python3 - "$T/q35_conv_both.out" "$T/q35_conv_ssm.out" <<'PY' || fail "--mamba-cache-dtype sets both states"
+import json, sys
+both, own = (json.load(open(p)) for p in sys.argv[1:3])
+assert (both["state_conv_dtype"], both["state_ssm_dtype"]) == ("bfloat16", "bfloat16"), both
+assert (own["state_conv_dtype"], own["state_ssm_dtype"]) == ("bfloat16", "float32"), own
+PY
 run_ok q35_bf16_text "$CFG/qwen3.5-27b" --kv-memory 80GiB --max-num-seqs 16 --mamba-ssm-cache-dtype bfloat16
 grep -qF "recurrent [48][128][128] bfloat16" "$T/q35_bf16_text.out" || fail "capacity text lacks the state dtype"
 # A dense model takes and ignores them (as vLLM): the same plan, no state fields.
