@@ -192,6 +192,7 @@ TEST(CudaEngine, AbsurdCheckpointIsReopenedToNameTheWeight) {
     std::filesystem::remove_all(dir);
     testing::Fp8CheckpointOptions c;
     c.twin = true;  // an f32 checkpoint (no quantization config)
+    c.edit_config = [](nlohmann::json& j) { j["head_dim"] = 64; };  // a head_dim the CUDA kernels take
     c.mutate = [value](std::vector<TensorToWrite>& ts, nlohmann::json&, nlohmann::json&) {
       TensorToWrite& t = testing::find_tensor(ts, "model.layers.1.post_attention_layernorm.weight");
       for (int i = 0; i < 8; ++i) std::memcpy(t.data.data() + 4 * i, &value, 4);

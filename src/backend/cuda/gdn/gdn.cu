@@ -1,7 +1,6 @@
 // Gated DeltaNet kernels (gdn.h): the conv, the recurrent rule and the norm
 // one thread per output column in the CPU reference's operation order
-// (backend/cpu/gdn.cpp); the chunked rule's products on the tensor cores in
-// 3xTF32 (its comment).
+// (backend/cpu/gdn.cpp); the chunked rule register-tiled (its comment).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -133,10 +132,9 @@ __global__ void gdn_conv_kernel(GdnSeqs seqs, int64_t C, int K, const float* __r
 // thread, and shared memory holds only q and k of the token; DK == 0 (any
 // other Dk): the column lives in shared memory (S, then q and k). Same
 // operations in the same order either way: bitwise equal results. q and k
-// are normalized once per token by the block (the l2 sums by one thread
-// each, in the CPU's order), not by every thread. State: the pool's
-// element type (float or bf16: widened on the read, rounded to nearest on
-// the write).
+// are normalized once per token by the block (the l2 sums by threads 0 and
+// 1, in the CPU's order), not by every thread. State: the pool's element
+// type (float or bf16: widened on the read, rounded to nearest on the write).
 template <int DK, class State>
 __global__ void gdn_rule_kernel(GdnSeqs seqs, GdnDims dm, int chunk_begin, const float* __restrict__ qkv,
                                 const float* __restrict__ a, const float* __restrict__ b,
@@ -159,7 +157,7 @@ __global__ void gdn_rule_kernel(GdnSeqs seqs, GdnDims dm, int chunk_begin, const
   }
   float Sr[REG ? DK : 1];
   float* Ssh = sm;
-  // q and k of the token, normalized in place (qh = q / |q| * scale, kh = k / |k|),
+  // q and k of the token, normalized in place (q / |q| * scale, k / |k|),
   // then 1 / |q| and 1 / |k|.
   float* qs = REG ? sm : sm + Dk * Dv;
   float* ks = qs + Dk;
@@ -188,12 +186,12 @@ __global__ void gdn_rule_kernel(GdnSeqs seqs, GdnDims dm, int chunk_begin, const
     }
     __syncthreads();
     // l2norm_into: x / sqrt(sum x^2 + 1e-6), then * scale (q) or * 1 (k:
-    // exact); the sums sequential (the CPU's), one thread each.
-    if (threadIdx.x == 0 || threadIdx.x == 32) {
+    // exact); each sum sequential (the CPU's), thread 0 q's, thread 1 k's.
+    if (threadIdx.x < 2) {
       const float* x = threadIdx.x ? ks : qs;
       float ss = 0.0f;
       for (int i = 0; i < Dk; ++i) ss = __fadd_rn(ss, __fmul_rn(x[i], x[i]));
-      inv[threadIdx.x ? 1 : 0] = __fdiv_rn(1.0f, sqrtf(__fadd_rn(ss, 1e-6f)));
+      inv[threadIdx.x] = __fdiv_rn(1.0f, sqrtf(__fadd_rn(ss, 1e-6f)));
     }
     __syncthreads();
     {
@@ -240,128 +238,57 @@ __global__ void gdn_rule_kernel(GdnSeqs seqs, GdnDims dm, int chunk_begin, const
   }
 }
 
-// ---- 3xTF32 on the tensor cores ---------------------------------------------------
-//
-// The chunked rule's products run on the tensor cores in 3xTF32 (CUTLASS's
-// "fast accurate" f32): an f32 x splits into hi = tf32(x) (cvt.rna: 11
-// significant bits, |x - hi| <= 2^-11 |x|) and lo = tf32(x - hi) (x - hi is
-// exact in f32), so x = hi + lo within 2^-22 |x|. A product a b is taken as
-// lo_a hi_b + hi_a lo_b + hi_a hi_b, three m16n8k8 TF32 MMAs accumulating in
-// f32 in that order (each tf32 product is exact in f32), within 12 x 2^-24
-// |a b| of the exact product (lo_a lo_b, which it leaves out, and the two
-// splits' remainders). tests/cuda_ops/test_gdn_cuda.cpp bounds the whole.
-
-// The tf32 bit patterns of x's two parts.
-__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
-  const float rest = __fsub_rn(x, __uint_as_float(hi));  // exact
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(rest));
-}
-
-// c += a b on one 16 x 8 x 8 tile (mma.sync m16n8k8, tf32 in, f32
-// accumulators). The PTX ISA's fragments, g = lane / 4, t = lane % 4:
-// a = A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]; b = B[t][g], B[t+4][g];
-// c = C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1].
-__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
 // ---- the chunked delta rule -------------------------------------------------------
 //
-// One CTA of kChunkThreads (8 warps) per (value head h, Dv slice, sequence):
-// the slice is columns [c0, c0 + Dvs) of the head's state, Dvs = Dv / split.
-// The CTA keeps its slice of S [Dk][Dvs] in shared memory for the whole
-// sequence (one read and one write of the pool per step) and walks the
-// sequence's chunks; per chunk, with n <= 64 rows (rows n..63 of every
-// buffer zero):
-//  1. q, k rows -> QT, KT [Dk][64] (transposed), the gates (one warp: g,
+// One CTA of kChunkThreads per (value head h, Dv slice, sequence): the slice
+// is columns [c0, c0 + Dvs) of the head's state, Dvs = Dv / split. The CTA
+// keeps its slice of S [Dk][Dvs] in shared memory for the whole sequence
+// (one read and one write of the pool per step) and walks the sequence's
+// chunks; per chunk, with n <= 64 rows (rows n..63 of every buffer zero):
+//  1. q, k rows -> QT, KT [Dk][ld_t] (transposed), the gates (one warp: g,
 //     beta, cum = running sum of g, exp(cum), exp(last - cum)), the l2 norms
 //     (one thread per row, the CPU's sequential sum), then q, k normalized,
 //     W^T = (k beta) exp(cum), U = v beta [64][Dvs].
-//  2. L = beta_i (k_i . k_j) exp(cum_i - cum_j) (j < i) -> LA [64][64].
+//  2. L = beta_i (k_i . k_j) exp(cum_i - cum_j) (j < i) -> LT [64][64] and
+//     A = (q_i . k_j) exp(cum_i - cum_j) (j <= i) -> AT [64][64]: the 136
+//     4x4 tiles on or below the diagonal of each, one per thread.
 //  3. Forward substitution of (I + L) X = B for every column of U and W, one
 //     thread per column, the column in 64 registers (right-looking: when
 //     x_j is final every x_i, i > j, takes its term, so each x_i takes its
 //     terms in the CPU's order j = 0, 1, ... with 63 - j independent
 //     multiply-adds per step instead of one dependent chain).
-//  4. v_new = U - W S (into U); A = (q_i . k_j) exp(cum_i - cum_j) (j <= i)
-//     -> LA (L is dead).
-//  5. o = exp(cum_i) (q_i S) + sum_{j <= i} A_ij v_new_j -> out; KD [Dk][64]
-//     = k_i exp(last - cum_i) over W^T (dead).
+//  4. v_new = U - W S (into U).
+//  5. o = exp(cum_i) (q_i S) + sum_{j <= i} A_ij v_new_j -> out; KD [64][Dk]
+//     = k_i exp(last - cum_i) (over W^T, dead).
 //  6. S = exp(last) S + sum_i KD_i v_new_i^T.
-// The products of 2, 4, 5 and 6 are warp-level 3xTF32 MMAs (above) on tiles
-// of 16 rows x 8 columns: L and A only the 20 tiles that reach the diagonal
-// or below it, A v_new for row tile r only j < 16 (r + 1) (A_ij = 0 for
-// j > i), the state update only over the chunk's rows (rounded up to 8).
-// Every output element is one f32 accumulator that takes its reduction index
-// in order, 8 per k-step, each k-step's three MMAs in the order above; which
-// warp computes an element, and where in its tile, does not change that (a
-// column keeps its place in its 8-column tile at every split, Dvs being a
-// multiple of 8). So the results are bitwise independent of the split, and a
-// prefill split at a multiple of 64 gives the one-shot prefill's bits (its
-// chunks are the same).
-// Layouts (floats). Element (k, x) of a k-major buffer, k the reduction index
-// of its products, sits at k ld + (x ^ swz (k % 4)), so the 32 lanes of a
-// fragment load (k = t or t + 4 above a multiple of 8, x = g above a multiple
-// of 8) hit 32 different banks: ld a multiple of 32 with swz = 8 (an XOR
-// swizzle of 8-float groups), or ld = 8 or 24 mod 32 with swz = 0 (padding).
-// S [Dk][ldv] (k = a), QT, KT, WT [Dk][64] (k = a), U [64][ldv] (k = row),
-// LA [64][64] (k = column j), then the per-row vectors; ldv = Dvs, swizzled,
-// when Dvs is a multiple of 32, else Dvs padded to 8 or 24 mod 32 (chunk_ld_v).
-// KD [Dk][64] (over WT) is the state update's m-major A operand: element
-// (a, i) at a 64 + (i ^ 4 (a % 8)), conflict-free for its fragment loads
-// (row a = g above a multiple of 8, column i = t or t + 4). For Dk = Dv = 128:
-// 214,800 bytes at split 1, 165,648 at split 2, 141,072 at split 4, so one
-// CTA per SM.
+// Products 4, 5, 6 give each thread TM x 4 outputs (TM = 4 or 2: the
+// template arguments, so that all 8 warps have tiles), every output one
+// register summed in the order of its reduction index with fused
+// multiply-adds; the operands are stored so that each step's loads are 16-
+// or 8-byte vectors that a warp shares (at most 4 and 8 distinct words). So
+// a column's arithmetic does not depend on the split or on which thread
+// computes it: results are bitwise independent of the split.
+// Shared memory (floats): S Dk Dvs + QT, KT, WT 3 Dk ld_t + U 64 Dvs + LT,
+// AT 2 x 64 x 64 + the per-row vectors; for Dk = Dv = 128: 225.8 KB at split
+// 1 (ld_t 64: the padded 68 would not fit), 183.8 KB at split 2, 159.8 KB at
+// split 4 (ld_t 68), so one CTA per SM.
 
 constexpr int kChunk = kGdnCudaChunk;
 constexpr int kChunkThreads = 256;
 constexpr int kChunkWarps = kChunkThreads / 32;
-constexpr int kVecFloats = 7 * kChunk + 4;  // g, beta, cum, exp(cum), exp(last - cum), 1/|q|, 1/|k|; exp(last)
+constexpr int kTriTiles = (kChunk / 4) * (kChunk / 4 + 1) / 2;  // 4x4 tiles on or below the diagonal: 136
+constexpr int kVecFloats = 7 * kChunk + 4;                      // g, beta, cum, exp(cum), exp(last - cum), 1/|q|, 1/|k|; exp(last)
 
-// The row stride of the [*][Dvs] buffers (S, U; Dvs a multiple of 8).
-int chunk_ld_v(int Dvs) { return Dvs % 32 == 16 ? Dvs + 8 : Dvs; }
-
-size_t chunk_smem_bytes(int Dk, int Dvs) {
-  const size_t k = static_cast<size_t>(Dk), v = static_cast<size_t>(chunk_ld_v(Dvs)), c = kChunk;
-  return sizeof(float) * (k * v + 3 * k * c + c * v + c * c + kVecFloats);
+size_t chunk_smem_bytes(int Dk, int Dvs, int ldt) {
+  const size_t k = static_cast<size_t>(Dk), v = static_cast<size_t>(Dvs);
+  return sizeof(float) * (k * v + 3 * k * static_cast<size_t>(ldt) + static_cast<size_t>(kChunk) * v +
+                          2 * static_cast<size_t>(kChunk) * kChunk + kVecFloats);
 }
-
-// The 20 tiles of 16 x 8 of a 64 x 64 matrix on or below the diagonal (row
-// tile r: column tiles 0 .. 2r + 1) dealt to the 8 warps, one row tile each
-// (its A fragments loaded once per k-step): warp w takes column tiles
-// [first, first + count) of row tile `row`, nibble w of each constant.
-// Row tile 3's 8 as 3 + 3 + 2, row tile 2's 6 as 3 + 3, 1's 4 as 2 + 2, 0's 2.
-constexpr uint32_t kTriRow = 0x01122333u, kTriFirst = 0x02030630u, kTriCount = 0x22233233u;
-constexpr int kTriMax = 3;  // the most column tiles of one warp
-
-constexpr bool tri_deal_covers() {
-  for (int r = 0; r < 4; ++r) {
-    int covered[8] = {};
-    for (int w = 0; w < kChunkWarps; ++w) {
-      const int row = (kTriRow >> (4 * w)) & 15, first = (kTriFirst >> (4 * w)) & 15, n = (kTriCount >> (4 * w)) & 15;
-      if (n > kTriMax) return false;
-      if (row == r)
-        for (int j = first; j < first + n; ++j) {
-          if (j >= 2 * r + 2) return false;
-          ++covered[j];
-        }
-    }
-    for (int j = 0; j < 8; ++j)
-      if (covered[j] != (j < 2 * r + 2 ? 1 : 0)) return false;
-  }
-  return true;
-}
-static_assert(tri_deal_covers(), "each lower tile of L and A exactly once");
 
 struct ChunkArgs {
   GdnSeqs seqs;
   GdnDims dm;
-  int split, ldv, seq_begin;
+  int split, ldt, seq_begin;
   const float* qkv;
   const float* a;
   const float* b;
@@ -371,90 +298,60 @@ struct ChunkArgs {
   float* out;
 };
 
-// Offset of element (k, x) of a k-major buffer of row stride ld (the layouts above).
-__device__ __forceinline__ int kmaj(int k, int x, int ld, int swz) { return k * ld + (x ^ (swz * (k & 3))); }
-
-// The lane's offset of element (t, x0 + g) of a k-major buffer at `base`,
-// x0 a multiple of 8; element (t + 8 s + 4 h, x0 + g) is (8 s + 4 h) ld
-// further (the swizzle depends on k % 4 = t only).
-__device__ __forceinline__ int frag_at(int base, int ld, int swz, int x0, int g, int t) {
-  return base + t * ld + ((x0 ^ (swz * t)) + g);
+// acc[r][c] += sum_k A[k][r] B[k][c] over k in [0, K), in the order of k,
+// one fused multiply-add per term. A and B point at the tile's first row
+// and column of row-major arrays [K][lda] and [K][ldb] (TM and 4
+// consecutive values per k, 16-byte aligned).
+template <int TM>
+__device__ __forceinline__ void tile_fma(const float* A, int lda, const float* B, int ldb, int K, float (&acc)[TM][4]) {
+#pragma unroll 4
+  for (int k = 0; k < K; ++k) {
+    float av[TM];
+    if constexpr (TM == 4) {
+      const float4 t = *reinterpret_cast<const float4*>(A + static_cast<ptrdiff_t>(k) * lda);
+      av[0] = t.x;
+      av[1] = t.y;
+      av[2] = t.z;
+      av[3] = t.w;
+    } else {
+      const float2 t = *reinterpret_cast<const float2*>(A + static_cast<ptrdiff_t>(k) * lda);
+      av[0] = t.x;
+      av[1] = t.y;
+    }
+    const float4 bv = *reinterpret_cast<const float4*>(B + static_cast<ptrdiff_t>(k) * ldb);
+#pragma unroll
+    for (int r = 0; r < TM; ++r) {
+      acc[r][0] = fmaf(av[r], bv.x, acc[r][0]);
+      acc[r][1] = fmaf(av[r], bv.y, acc[r][1]);
+      acc[r][2] = fmaf(av[r], bv.z, acc[r][2]);
+      acc[r][3] = fmaf(av[r], bv.w, acc[r][3]);
+    }
+  }
 }
 
-// A fragments of rows [m0, m0 + 16) of a k-major buffer, k-step s.
-struct FragKMajor {
-  int o0, o8, ld;
-  __device__ FragKMajor(int base, int ld_, int swz, int m0, int g, int t)
-      : o0(frag_at(base, ld_, swz, m0, g, t)), o8(frag_at(base, ld_, swz, m0 + 8, g, t)), ld(ld_) {}
-  __device__ void operator()(const float* sm, int s, float (&a)[4]) const {
-    const int k = 8 * s * ld;
-    a[0] = sm[o0 + k];
-    a[1] = sm[o8 + k];
-    a[2] = sm[o0 + k + 4 * ld];
-    a[3] = sm[o8 + k + 4 * ld];
-  }
-};
-
-// A fragments of rows [m0, m0 + 16) of KD (m-major [Dk][64], element (a, i)
-// at a 64 + (i ^ 4 (a % 8))), k-step s: rows m0 + g and m0 + 8 + g (a % 8 =
-// g), columns 8 s + t and 8 s + 4 + t at ((8 s) ^ 4 g) + t and
-// ((8 s + 4) ^ 4 g) + t.
-struct FragKD {
-  int r0, r8, g4, t;
-  __device__ FragKD(int base, int m0, int g, int t_)
-      : r0(base + (m0 + g) * kChunk), r8(base + (m0 + 8 + g) * kChunk), g4(4 * g), t(t_) {}
-  __device__ void operator()(const float* sm, int s, float (&a)[4]) const {
-    const int c0 = ((8 * s) ^ g4) + t, c4 = ((8 * s + 4) ^ g4) + t;
-    a[0] = sm[r0 + c0];
-    a[1] = sm[r8 + c0];
-    a[2] = sm[r0 + c4];
-    a[3] = sm[r8 + c4];
-  }
-};
-
-// acc[j] += A x B for one warp: A's rows [m0, m0 + 16) (the fragment loader
-// `a`), B's columns [8 n, 8 n + 8) for n = n0 + j n_step, j < nts <= NT, B
-// k-major at (b_base, b_ld, b_swz); k-steps [0, ksteps), 8 reduction indices
-// each, in order. Every product in 3xTF32.
-template <int NT, class FragA>
-__device__ __forceinline__ void warp_mma(float (&acc)[NT][4], const float* sm, const FragA& a, int b_base, int b_ld,
-                                         int b_swz, int n0, int n_step, int nts, int ksteps) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  int bo[NT];
-#pragma unroll
-  for (int j = 0; j < NT; ++j) bo[j] = frag_at(b_base, b_ld, b_swz, 8 * (n0 + j * n_step), g, t);
-#pragma unroll 2
-  for (int s = 0; s < ksteps; ++s) {
-    float av[4];
-    a(sm, s, av);
-    uint32_t ah[4], al[4];
-#pragma unroll
-    for (int v = 0; v < 4; ++v) split_tf32(av[v], ah[v], al[v]);
-    const int k0 = 8 * s * b_ld, k4 = k0 + 4 * b_ld;
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-      if (j < nts) {
-        uint32_t bh[2], bl[2];
-        split_tf32(sm[bo[j] + k0], bh[0], bl[0]);
-        split_tf32(sm[bo[j] + k4], bh[1], bl[1]);
-        mma_tf32(acc[j], al, bh);
-        mma_tf32(acc[j], ah, bl);
-        mma_tf32(acc[j], ah, bh);
-      }
+// The TM x 4 output tiles of an M x N product (M a multiple of TM, N of 4),
+// dealt out as warp tiles of 4 TM rows x 32 columns (lanes: 4 row groups x
+// 8 column groups): f(row0, col0) per tile.
+template <int TM, class F>
+__device__ __forceinline__ void for_tiles(int M, int N, F&& f) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wrows = 4 * TM, wcols = (N + 31) / 32, wts = (M + wrows - 1) / wrows * wcols;
+  for (int wt = warp; wt < wts; wt += kChunkWarps) {
+    const int r0 = (wt / wcols) * wrows + (lane / 8) * TM, c0 = (wt % wcols) * 32 + (lane % 8) * 4;
+    if (r0 < M && c0 < N) f(r0, c0);
   }
 }
 
 // x <- (I + L)^{-1} x for one column x[64] (registers), L strictly lower
-// triangular in LA (L_ij at kmaj(j, i, 64, 8)). x_i takes -L_ij x_j for
-// j = 0, 1, ..., i-1 in that order (the CPU's); rows from n on are zero and
-// stay zero.
-__device__ __forceinline__ void forward_subst(float (&x)[kChunk], const float* LA, int n) {
+// triangular, LT[j][i] = L_ij. x_i takes -L_ij x_j for j = 0, 1, ..., i-1
+// in that order (the CPU's); rows from n on are zero and stay zero.
+__device__ __forceinline__ void forward_subst(float (&x)[kChunk], const float* LT, int n) {
 #pragma unroll
   for (int j = 0; j < kChunk - 1; ++j) {
     if (j + 1 < n) {
 #pragma unroll
       for (int q = (j + 1) / 4; q < kChunk / 4; ++q) {
-        const float4 l = *reinterpret_cast<const float4*>(LA + kmaj(j, 4 * q, kChunk, 8));
+        const float4 l = *reinterpret_cast<const float4*>(LT + j * kChunk + 4 * q);
         if (4 * q + 0 > j) x[4 * q + 0] = fmaf(-l.x, x[j], x[4 * q + 0]);
         if (4 * q + 1 > j) x[4 * q + 1] = fmaf(-l.y, x[j], x[4 * q + 1]);
         if (4 * q + 2 > j) x[4 * q + 2] = fmaf(-l.z, x[j], x[4 * q + 2]);
@@ -464,13 +361,14 @@ __device__ __forceinline__ void forward_subst(float (&x)[kChunk], const float* L
   }
 }
 
-// State: the pool's element type.
-template <class State>
+// TV, TS: the rows per thread tile of the 64 x Dvs products (4, 5) and of
+// the Dk x Dvs state update (6); State: the pool's element type.
+template <int TV, int TS, class State>
 __global__ void __launch_bounds__(kChunkThreads, 1) gdn_rule_chunked_kernel(ChunkArgs p) {
   extern __shared__ float4 sm4[];
   float* sm = reinterpret_cast<float*>(sm4);
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  const int split = p.split, ldv = p.ldv, swv = ldv % 32 == 0 ? 8 : 0;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int split = p.split, ldt = p.ldt;
   const int h = blockIdx.x / split, part = blockIdx.x % split, s = p.seq_begin + blockIdx.y;
   const int Hk = p.dm.num_k_heads, Hv = p.dm.num_v_heads, Dk = p.dm.k_head_dim, Dv = p.dm.v_head_dim;
   const int Dvs = Dv / split, cs = part * Dvs;  // this CTA's columns [cs, cs + Dvs)
@@ -485,64 +383,33 @@ __global__ void __launch_bounds__(kChunkThreads, 1) gdn_rule_chunked_kernel(Chun
       out[static_cast<int64_t>(r0 + e / Dvs) * VD + ocol + e % Dvs] = 0.0f;
     return;
   }
-  // Buffer offsets in floats (the layouts above).
-  const int oS = 0, oQ = oS + Dk * ldv, oK = oQ + Dk * kChunk, oW = oK + Dk * kChunk, oU = oW + Dk * kChunk,
-            oLA = oU + kChunk * ldv, oVec = oLA + kChunk * kChunk;
-  float* Ssh = sm + oS;   // [Dk][ldv]
-  float* QT = sm + oQ;    // [Dk][64]: q^T
-  float* KT = sm + oK;    // [Dk][64]: k^T
-  float* WT = sm + oW;    // [Dk][64]: W^T; from step 5 KD
-  float* U = sm + oU;     // [64][ldv]
-  float* LA = sm + oLA;   // [64][64]: L, from step 4 A
-  float* gv = sm + oVec;  // [64] g
-  float* bet = gv + kChunk;    // [64] beta
-  float* cum = bet + kChunk;   // [64] running sum of g
-  float* ev = cum + kChunk;    // [64] exp(cum)
-  float* dl = ev + kChunk;     // [64] exp(last - cum), 0 past the chunk
-  float* invq = dl + kChunk;   // [64]
-  float* invk = invq + kChunk; // [64]
-  float* misc = invk + kChunk; // [0] exp(last)
+  float* Ssh = sm;                                     // [Dk][Dvs]
+  float* QT = Ssh + Dk * Dvs;                          // [Dk][ldt]: q^T
+  float* KT = QT + Dk * ldt;                           // [Dk][ldt]: k^T
+  float* WT = KT + Dk * ldt;                           // [Dk][ldt]: W^T; from step 5 KD [64][Dk]
+  float* U = WT + Dk * ldt;                            // [64][Dvs]
+  float* LT = U + kChunk * Dvs;                        // [64][64]
+  float* AT = LT + kChunk * kChunk;                    // [64][64]
+  float* gv = AT + kChunk * kChunk;                    // [64] g
+  float* bet = gv + kChunk;                            // [64] beta
+  float* cum = bet + kChunk;                           // [64] running sum of g
+  float* ev = cum + kChunk;                            // [64] exp(cum)
+  float* dl = ev + kChunk;                             // [64] exp(last - cum), 0 past the chunk
+  float* invq = dl + kChunk;                           // [64]
+  float* invk = invq + kChunk;                         // [64]
+  float* misc = invk + kChunk;                         // [0] exp(last)
+  float* KDm = WT;
 
   const int pos0 = p.seqs.context_lens[s] - n;
   const bool fresh = pos0 == 0;
   State* S = static_cast<State*>(p.pool) + (static_cast<int64_t>(slot) * Hv + h) * Dk * Dv + cs;
-  for (int e = tid; e < Dk * Dvs; e += kChunkThreads) {
-    const int a = e / Dvs, d = e % Dvs;
-    Ssh[kmaj(a, d, ldv, swv)] = fresh ? 0.0f : state_f32(S[static_cast<int64_t>(a) * Dv + d]);
-  }
+  for (int e = tid; e < Dk * Dvs; e += kChunkThreads)
+    Ssh[e] = fresh ? 0.0f : state_f32(S[static_cast<int64_t>(e / Dvs) * Dv + e % Dvs]);
   const int kh = h / (Hv / Hk);
   const float scale = __fdiv_rn(1.0f, sqrtf(static_cast<float>(Dk)));
   const float neg_A = -expf(p.A_log[h]), dtb = p.dt_bias[h];
   const float* __restrict__ qkv = p.qkv;
   const int wba = (Dk + 31) / 32, nwb = wba * 4;  // warp blocks of 32 (Dk) x 16 (rows) per matrix
-  // The warps' tiles. 64 x Dvs products (4, 5): row tile vr, the column
-  // tiles vp, vp + 2, ... (vn of them). The Dk x Dvs state update (6): units
-  // (row tile, column tiles p0, p0 + P, ...) over Dk / 16 row tiles, P
-  // interleaved sets of column tiles so that the 8 warps have work.
-  const int ntv = Dvs / 8, vr = warp % 4, vp = warp / 4, vn = (ntv - vp + 1) / 2;
-  const int srows = Dk / 16, sP = srows >= kChunkWarps ? 1 : min(ntv, kChunkWarps / srows);
-  // L and A: the warp's tiles of the triangle (kTri*).
-  const int tr = (kTriRow >> (4 * warp)) & 15, tf = (kTriFirst >> (4 * warp)) & 15, tn = (kTriCount >> (4 * warp)) & 15;
-  // L (beta_i (k_i . k_j) exp(cum_i - cum_j), j < i; the CPU: b[i] * dot *
-  // exp(cum[i] - cum[j])) or A ((q_i . k_j) exp(cum_i - cum_j), j <= i) into LA.
-  auto triangle = [&](bool isA) {
-    float acc[kTriMax][4] = {};
-    warp_mma<kTriMax>(acc, sm, FragKMajor(isA ? oQ : oK, kChunk, 8, 16 * tr, g, t), oK, kChunk, 8, tf, 1, tn, Dk / 8);
-#pragma unroll
-    for (int j = 0; j < kTriMax; ++j)
-      if (j < tn) {
-#pragma unroll
-        for (int v = 0; v < 4; ++v) {
-          const int i = 16 * tr + g + 8 * (v / 2), c = 8 * (tf + j) + 2 * t + v % 2;
-          float x = 0.0f;
-          if (isA ? c <= i : c < i) {
-            const float e = expf(__fsub_rn(cum[i], cum[c]));
-            x = isA ? __fmul_rn(acc[j][v], e) : __fmul_rn(__fmul_rn(bet[i], acc[j][v]), e);
-          }
-          LA[kmaj(c, i, kChunk, 8)] = x;
-        }
-      }
-  };
 
   for (int t0 = 0; t0 < n;) {
     // Chunks end at absolute multiples of 64 (the CPU's rule).
@@ -554,15 +421,15 @@ __global__ void __launch_bounds__(kChunkThreads, 1) gdn_rule_chunked_kernel(Chun
     // KT by 4x4 register blocks (lanes: 8 column blocks x 4 row blocks).
     if (warp == kChunkWarps - 1) {
       for (int i = lane; i < kChunk; i += 32) {
-        float gi = 0.0f, bt = 0.0f;
+        float g = 0.0f, bt = 0.0f;
         if (i < nc) {
           const int64_t r = row0 + i;
           const float xg = __fadd_rn(p.a[r * Hv + h], dtb);
           const float sp = xg > 20.0f ? xg : log1pf(expf(xg));  // torch's softplus
-          gi = __fmul_rn(neg_A, sp);
+          g = __fmul_rn(neg_A, sp);
           bt = sigmoid_f(p.b[r * Hv + h]);
         }
-        gv[i] = gi;
+        gv[i] = g;
         bet[i] = bt;
       }
       __syncwarp();
@@ -599,8 +466,8 @@ __global__ void __launch_bounds__(kChunkThreads, 1) gdn_rule_chunked_kernel(Chun
       }
       float* T = m ? KT : QT;
 #pragma unroll
-      for (int c = 0; c < 4; ++c)  // row a0 + c: (a0 + c) % 4 = c
-        *reinterpret_cast<float4*>(T + kmaj(a0 + c, i0, kChunk, 8)) = make_float4(v[0][c], v[1][c], v[2][c], v[3][c]);
+      for (int c = 0; c < 4; ++c)
+        *reinterpret_cast<float4*>(T + (a0 + c) * ldt + i0) = make_float4(v[0][c], v[1][c], v[2][c], v[3][c]);
     }
     __syncthreads();
 
@@ -609,12 +476,9 @@ __global__ void __launch_bounds__(kChunkThreads, 1) gdn_rule_chunked_kernel(Chun
       const float* T = tid < kChunk ? QT : KT;
       const int i = tid % kChunk;
       float ss = 0.0f;
-      for (int a = 0; a < Dk; a += 4) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const float x = T[kmaj(a + c, i, kChunk, 8)];
-          ss = __fadd_rn(ss, __fmul_rn(x, x));
-        }
+      for (int a = 0; a < Dk; ++a) {
+        const float x = T[a * ldt + i];
+        ss = __fadd_rn(ss, __fmul_rn(x, x));
       }
       (tid < kChunk ? invq : invk)[i] = __fdiv_rn(1.0f, sqrtf(__fadd_rn(ss, 1e-6f)));
     }
@@ -626,7 +490,7 @@ __global__ void __launch_bounds__(kChunkThreads, 1) gdn_rule_chunked_kernel(Chun
       const int i = tid % kChunk;
       const float iq = invq[i], ik = invk[i], bi = bet[i], ei = ev[i];
       for (int a = tid / kChunk; a < Dk; a += kChunkThreads / kChunk) {
-        const int x = kmaj(a, i, kChunk, 8);
+        const int x = a * ldt + i;
         const float kn = __fmul_rn(KT[x], ik);
         QT[x] = __fmul_rn(__fmul_rn(QT[x], iq), scale);
         KT[x] = kn;
@@ -634,163 +498,178 @@ __global__ void __launch_bounds__(kChunkThreads, 1) gdn_rule_chunked_kernel(Chun
       }
       const float* vsrc = qkv + 2 * KD + ocol;
       for (int e = tid; e < kChunk * Dvs; e += kChunkThreads) {
-        const int r = e / Dvs, d = e % Dvs;
-        U[kmaj(r, d, ldv, swv)] = r < nc ? __fmul_rn(vsrc[(row0 + r) * C + d], bet[r]) : 0.0f;
+        const int r = e / Dvs;
+        U[e] = r < nc ? __fmul_rn(vsrc[(row0 + r) * C + e % Dvs], bet[r]) : 0.0f;
       }
     }
     __syncthreads();
 
-    // 2. L.
-    triangle(false);
+    // 2. L and A, 4x4 tiles on or below the diagonal (jobs [0, 136): L from
+    // K K^T, [136, 272): A from Q K^T).
+    for (int job = tid; job < 2 * kTriTiles; job += kChunkThreads) {
+      const bool isA = job >= kTriTiles;
+      const int t = isA ? job - kTriTiles : job;
+      int ti = 0;
+      while ((ti + 1) * (ti + 2) / 2 <= t) ++ti;
+      const int tj = t - ti * (ti + 1) / 2;
+      float acc[4][4] = {};
+      tile_fma<4>((isA ? QT : KT) + 4 * ti, ldt, KT + 4 * tj, ldt, Dk, acc);
+      float* dst = isA ? AT : LT;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int j = 4 * tj + c;
+        float o[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int i = 4 * ti + r;
+          o[r] = 0.0f;
+          if (isA) {
+            if (j <= i) o[r] = __fmul_rn(acc[r][c], expf(__fsub_rn(cum[i], cum[j])));
+          } else if (j < i) {
+            o[r] = __fmul_rn(__fmul_rn(bet[i], acc[r][c]), expf(__fsub_rn(cum[i], cum[j])));
+          }
+        }
+        *reinterpret_cast<float4*>(dst + j * kChunk + 4 * ti) = make_float4(o[0], o[1], o[2], o[3]);
+      }
+    }
     __syncthreads();
 
     // 3. U <- (I + L)^{-1} U, W <- (I + L)^{-1} W, one column per thread.
     for (int c = tid; c < Dvs + Dk; c += kChunkThreads) {
       float x[kChunk];
-      if (c < Dvs) {
+      const bool isU = c < Dvs;
+      float* wrow = WT + (isU ? 0 : (c - Dvs) * ldt);
+      if (isU) {
 #pragma unroll
-        for (int i = 0; i < kChunk; ++i) x[i] = U[kmaj(i, c, ldv, swv)];
-        forward_subst(x, LA, nc);
-#pragma unroll
-        for (int i = 0; i < kChunk; ++i) U[kmaj(i, c, ldv, swv)] = x[i];
+        for (int i = 0; i < kChunk; ++i) x[i] = U[i * Dvs + c];
       } else {
-        // Row a of W^T: its float4 q at a 64 + (4 q ^ 8 (a % 4)).
-        const int a = c - Dvs, sw = 8 * (a & 3);
-        float* wrow = WT + a * kChunk;
 #pragma unroll
         for (int q = 0; q < kChunk / 4; ++q) {
-          const float4 v = *reinterpret_cast<const float4*>(wrow + ((4 * q) ^ sw));
-          x[4 * q] = v.x;
-          x[4 * q + 1] = v.y;
-          x[4 * q + 2] = v.z;
-          x[4 * q + 3] = v.w;
+          const float4 t = reinterpret_cast<const float4*>(wrow)[q];
+          x[4 * q] = t.x;
+          x[4 * q + 1] = t.y;
+          x[4 * q + 2] = t.z;
+          x[4 * q + 3] = t.w;
         }
-        forward_subst(x, LA, nc);
+      }
+      forward_subst(x, LT, nc);
+      if (isU) {
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) U[i * Dvs + c] = x[i];
+      } else {
 #pragma unroll
         for (int q = 0; q < kChunk / 4; ++q)
-          *reinterpret_cast<float4*>(wrow + ((4 * q) ^ sw)) =
-              make_float4(x[4 * q], x[4 * q + 1], x[4 * q + 2], x[4 * q + 3]);
+          reinterpret_cast<float4*>(wrow)[q] = make_float4(x[4 * q], x[4 * q + 1], x[4 * q + 2], x[4 * q + 3]);
       }
     }
     __syncthreads();
 
-    // 4. v_new = U - W S (the CPU: ws = sum_a W_ia S_ad, then U -= ws); then A
-    // over L (read in step 3).
-    if (16 * vr < nc)
-      for (int j0 = 0; j0 < vn; j0 += 8) {
-        const int nts = min(8, vn - j0);
-        float acc[8][4] = {};
-        warp_mma<8>(acc, sm, FragKMajor(oW, kChunk, 8, 16 * vr, g, t), oS, ldv, swv, vp + 2 * j0, 2, nts, Dk / 8);
+    // 4. v_new = U - W S (the CPU: ws = sum_a W_ia S_ad, then U -= ws).
+    for_tiles<TV>(kChunk, Dvs, [&](int i0, int d0) {
+      if (i0 >= nc) return;
+      float acc[TV][4] = {};
+      tile_fma<TV>(WT + i0, ldt, Ssh + d0, Dvs, Dk, acc);
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
-          if (j < nts) {
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-              const int i = 16 * vr + g + 8 * hh, c = 8 * (vp + 2 * (j0 + j)) + 2 * t;
-              float2* u = reinterpret_cast<float2*>(U + kmaj(i, c, ldv, swv));  // i % 4 = g % 4: c, c + 1 adjacent
-              float2 x = *u;
-              x.x = __fsub_rn(x.x, acc[j][2 * hh]);
-              x.y = __fsub_rn(x.y, acc[j][2 * hh + 1]);
-              *u = x;
-            }
-          }
+      for (int r = 0; r < TV; ++r) {
+        float4* u = reinterpret_cast<float4*>(U + (i0 + r) * Dvs + d0);
+        float4 x = *u;
+        x.x = __fsub_rn(x.x, acc[r][0]);
+        x.y = __fsub_rn(x.y, acc[r][1]);
+        x.z = __fsub_rn(x.z, acc[r][2]);
+        x.w = __fsub_rn(x.w, acc[r][3]);
+        *u = x;
       }
-    triangle(true);
+    });
     __syncthreads();
 
     // 5. The outputs: o_i = (q_i S) exp(cum_i), then + A_ij v_new_j for j =
-    // 0..i in order (row tile vr: j < 16 (vr + 1); A_ij = 0 for j > i). Then
-    // KD = k_i exp(last - cum_i) over W^T (the CPU: ka = k[i][a] * di).
-    if (16 * vr < nc) {
-      const int ks_a = min(2 * vr + 2, (nc + 7) / 8);
-      for (int j0 = 0; j0 < vn; j0 += 8) {
-        const int nts = min(8, vn - j0);
-        float acc[8][4] = {};
-        warp_mma<8>(acc, sm, FragKMajor(oQ, kChunk, 8, 16 * vr, g, t), oS, ldv, swv, vp + 2 * j0, 2, nts, Dk / 8);
+    // 0..i in order (A_ij = 0 for j > i inside the tile). Then KD = k_i
+    // exp(last - cum_i), [64][Dk], over W^T, by 4x4 register transposes.
+    for_tiles<TV>(kChunk, Dvs, [&](int i0, int d0) {
+      if (i0 >= nc) return;
+      float acc[TV][4] = {};
+      tile_fma<TV>(QT + i0, ldt, Ssh + d0, Dvs, Dk, acc);
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+      for (int r = 0; r < TV; ++r) {
+        const float e = ev[i0 + r];
 #pragma unroll
-          for (int v = 0; v < 4; ++v) acc[j][v] = __fmul_rn(acc[j][v], ev[16 * vr + g + 8 * (v / 2)]);
-        warp_mma<8>(acc, sm, FragKMajor(oLA, kChunk, 8, 16 * vr, g, t), oU, ldv, swv, vp + 2 * j0, 2, nts, ks_a);
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          if (j < nts) {
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-              const int i = 16 * vr + g + 8 * hh, c = 8 * (vp + 2 * (j0 + j)) + 2 * t;
-              if (i < nc) {
-                float* o = out + (row0 + i) * VD + ocol + c;
-                o[0] = acc[j][2 * hh];
-                o[1] = acc[j][2 * hh + 1];
-              }
-            }
-          }
+        for (int c = 0; c < 4; ++c) acc[r][c] = __fmul_rn(acc[r][c], e);
       }
-    }
-    for (int e = tid; e < Dk * kChunk; e += kChunkThreads) {
-      const int a = e / kChunk, i = e % kChunk;
-      WT[a * kChunk + (i ^ (4 * (a & 7)))] = __fmul_rn(KT[kmaj(a, i, kChunk, 8)], dl[i]);
+      tile_fma<TV>(AT + i0, kChunk, U + d0, Dvs, min(i0 + TV, nc), acc);
+#pragma unroll
+      for (int r = 0; r < TV; ++r)
+        if (i0 + r < nc) {
+          float* o = out + (row0 + i0 + r) * VD + ocol + d0;
+#pragma unroll
+          for (int c = 0; c < 4; ++c) o[c] = acc[r][c];
+        }
+    });
+    for (int wb = warp; wb < nwb; wb += kChunkWarps) {
+      const int a0 = ((wb / 4) * 8 + lane % 8) * 4, i0 = ((wb % 4) * 4 + lane / 8) * 4;
+      if (a0 >= Dk) continue;
+      float4 col[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) col[c] = *reinterpret_cast<const float4*>(KT + (a0 + c) * ldt + i0);
+      const float kx[4][4] = {{col[0].x, col[1].x, col[2].x, col[3].x},
+                              {col[0].y, col[1].y, col[2].y, col[3].y},
+                              {col[0].z, col[1].z, col[2].z, col[3].z},
+                              {col[0].w, col[1].w, col[2].w, col[3].w}};
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float d = dl[i0 + r];
+        *reinterpret_cast<float4*>(KDm + (i0 + r) * Dk + a0) =
+            make_float4(__fmul_rn(kx[r][0], d), __fmul_rn(kx[r][1], d), __fmul_rn(kx[r][2], d), __fmul_rn(kx[r][3], d));
+      }
     }
     __syncthreads();
 
     // 6. S = exp(last) S, then += KD_i v_new_i^T for i = 0..n-1 in order.
     {
       const float el = misc[0];
-      for (int u = warp; u < srows * sP; u += kChunkWarps) {
-        const int sr = u / sP, sc = u % sP, sn = (ntv - sc + sP - 1) / sP;
-        for (int j0 = 0; j0 < sn; j0 += 8) {
-          const int nts = min(8, sn - j0);
-          float acc[8][4];
+      for_tiles<TS>(Dk, Dvs, [&](int a0, int d0) {
+        float acc[TS][4];
 #pragma unroll
-          for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-              float2 x = make_float2(0.0f, 0.0f);
-              if (j < nts) {
-                const int a = 16 * sr + g + 8 * hh, c = 8 * (sc + sP * (j0 + j)) + 2 * t;
-                x = *reinterpret_cast<const float2*>(Ssh + kmaj(a, c, ldv, swv));  // a % 4 = g % 4
-              }
-              acc[j][2 * hh] = __fmul_rn(x.x, el);
-              acc[j][2 * hh + 1] = __fmul_rn(x.y, el);
-            }
-          warp_mma<8>(acc, sm, FragKD(oW, 16 * sr, g, t), oU, ldv, swv, sc + sP * j0, sP, nts, (nc + 7) / 8);
-#pragma unroll
-          for (int j = 0; j < 8; ++j)
-            if (j < nts) {
-#pragma unroll
-              for (int hh = 0; hh < 2; ++hh) {
-                const int a = 16 * sr + g + 8 * hh, c = 8 * (sc + sP * (j0 + j)) + 2 * t;
-                *reinterpret_cast<float2*>(Ssh + kmaj(a, c, ldv, swv)) =
-                    make_float2(acc[j][2 * hh], acc[j][2 * hh + 1]);
-              }
-            }
+        for (int r = 0; r < TS; ++r) {
+          const float4 x = *reinterpret_cast<const float4*>(Ssh + (a0 + r) * Dvs + d0);
+          acc[r][0] = __fmul_rn(x.x, el);
+          acc[r][1] = __fmul_rn(x.y, el);
+          acc[r][2] = __fmul_rn(x.z, el);
+          acc[r][3] = __fmul_rn(x.w, el);
         }
-      }
+        tile_fma<TS>(KDm + a0, Dk, U + d0, Dvs, nc, acc);
+#pragma unroll
+        for (int r = 0; r < TS; ++r)
+          *reinterpret_cast<float4*>(Ssh + (a0 + r) * Dvs + d0) = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+      });
     }
     t0 += nc;
   }
   __syncthreads();
-  for (int e = tid; e < Dk * Dvs; e += kChunkThreads) {
-    const int a = e / Dvs, d = e % Dvs;
-    S[static_cast<int64_t>(a) * Dv + d] = state_from_f32<State>(Ssh[kmaj(a, d, ldv, swv)]);
-  }
+  for (int e = tid; e < Dk * Dvs; e += kChunkThreads)
+    S[static_cast<int64_t>(e / Dvs) * Dv + e % Dvs] = state_from_f32<State>(Ssh[e]);
 }
 
 using ChunkKernel = void (*)(ChunkArgs);
 
-// The plan's estimate of one CTA's time per chunk, in f32 multiply-add
-// slots of a CUDA core: the forward substitution of the Dk + Dvs columns
-// (every CTA repeats W's) on the CUDA cores, plus the 3xTF32 products at
-// three tensor-core multiply-adds each, a quarter slot apiece (an SM: 128
-// f32 FMAs per clock; mma.sync tf32 taken at ~512 multiply-adds per clock,
-// half the H100's dense peak): L and A (20 tiles of 16 x 8 each, Dk deep),
-// W S and Q S (64 x Dvs, Dk deep), A v_new (row tile r: 16 (r + 1) deep) and
-// the state update (Dk x Dvs, 64 deep).
+// Rows per thread tile of an M x N product: 4 where that still gives every
+// warp a tile, else 2.
+int chunk_tile_rows(int M, int N) { return ((M + 15) / 16) * ((N + 31) / 32) >= kChunkWarps ? 4 : 2; }
+
+template <class State>
+ChunkKernel chunk_kernel(int tv, int ts) {
+  if (tv == 4) return ts == 4 ? gdn_rule_chunked_kernel<4, 4, State> : gdn_rule_chunked_kernel<4, 2, State>;
+  return ts == 4 ? gdn_rule_chunked_kernel<2, 4, State> : gdn_rule_chunked_kernel<2, 2, State>;
+}
+
+// Multiply-adds of one CTA per chunk (the plan's cost): the K K^T and Q K^T
+// tiles and the forward substitution of W (every CTA), plus per column of
+// its slice the substitution of U, W S, Q S, A v_new and the state update.
 double chunk_cost(const GdnDims& d, int split) {
   const double Dk = d.k_head_dim, Dvs = static_cast<double>(d.v_head_dim) / split, c = kChunk;
+  const double tri = 2.0 * kTriTiles * 16 * Dk;
   const double fwd = (Dk + Dvs) * c * (c - 1) / 2;
-  const double mma = 2 * 20 * 16 * 8 * Dk + 2 * c * Dvs * Dk + 16 * Dvs * 16 * (1 + 2 + 3 + 4) + Dk * Dvs * c;
-  return fwd + 3 * mma / 4;
+  const double cols = Dvs * (3 * c * Dk + c * (c + 4) / 2);
+  return tri + fwd + cols;
 }
 
 // One CTA per (token, head) row: thread 0 sums the squares in order (the
@@ -870,8 +749,6 @@ void launch_rule_kernel(dim3 grid, int threads, size_t smem, cudaStream_t stream
                         const GdnDims& d, int chunk_begin, const float* qkv, const float* a, const float* b,
                         const float* A_log, const float* dt_bias, void* pool, float* out) {
   State* ssm_state = static_cast<State*>(pool);
-  // The state column in registers for the key head dims of real checkpoints
-  // and the tests (16 .. 128), else in shared memory (any Dk whose state fits).
   const size_t qk_smem = (2 * static_cast<size_t>(d.k_head_dim) + 2) * sizeof(float);
   switch (d.k_head_dim) {
     case 16: gdn_rule_kernel<16, State><<<grid, threads, qk_smem, stream>>>(seqs, d, chunk_begin, qkv, a, b, A_log,
@@ -908,12 +785,12 @@ void gdn_conv(const GdnDims& d, const GdnSeqs& seqs, const float* x, const float
 
 GdnChunkPlan gdn_chunk_plan_at(const GdnDims& d, int split, size_t max_smem) {
   const int Dk = d.k_head_dim, Dv = d.v_head_dim;
-  // Dk: the state update's 16-row tiles (and the 8-deep k-steps over Dk);
-  // Dv / split: 8-column tiles.
-  if (split <= 0 || Dk <= 0 || Dv <= 0 || Dk % 16 != 0 || Dv % split != 0 || (Dv / split) % 8 != 0) return {};
-  const size_t bytes = chunk_smem_bytes(Dk, Dv / split);
-  if (bytes > max_smem) return {};
-  return GdnChunkPlan{split, chunk_ld_v(Dv / split), bytes};
+  if (split <= 0 || Dk <= 0 || Dv <= 0 || Dk % 4 != 0 || Dv % split != 0 || (Dv / split) % 4 != 0) return {};
+  for (const int ldt : {kChunk + 4, kChunk}) {
+    const size_t bytes = chunk_smem_bytes(Dk, Dv / split, ldt);
+    if (bytes <= max_smem) return GdnChunkPlan{split, ldt, bytes};
+  }
+  return {};
 }
 
 GdnChunkPlan gdn_chunk_plan(const GdnDims& d, int multi_seqs, int num_sms, size_t max_smem) {
@@ -960,8 +837,8 @@ void gdn_rule(const GdnDims& d, const GdnSeqs& seqs, const float* qkv, const flo
         throw std::invalid_argument(
             "cuda::gdn_rule: the chunked delta rule does not take split " + std::to_string(opt.chunk_split) +
             " for Dk " + std::to_string(d.k_head_dim) + " x Dv " + std::to_string(d.v_head_dim) +
-            " (Dk must be a multiple of 16 and Dv / split of 8, and its " +
-            std::to_string(chunk_smem_bytes(d.k_head_dim, std::max(d.v_head_dim / opt.chunk_split, 1))) +
+            " (Dk and Dv / split must be multiples of 4, and its " +
+            std::to_string(chunk_smem_bytes(d.k_head_dim, std::max(d.v_head_dim / opt.chunk_split, 1), kChunk)) +
             " bytes of buffers must fit in the " + std::to_string(max_smem) + " bytes of shared memory of one block)");
     } else {
       plan = gdn_chunk_plan(d, seqs.num_seqs - seq_begin, num_sms, static_cast<size_t>(max_smem));
@@ -978,9 +855,11 @@ void gdn_rule(const GdnDims& d, const GdnSeqs& seqs, const float* qkv, const flo
                               out);
   FP8KV_CU_LAUNCH();
   if (!plan.ok()) return;
-  const ChunkKernel kern = state_bf16 ? gdn_rule_chunked_kernel<__nv_bfloat16> : gdn_rule_chunked_kernel<float>;
+  const int Dvs = d.v_head_dim / plan.split;
+  const int tv = chunk_tile_rows(kChunk, Dvs), ts = chunk_tile_rows(d.k_head_dim, Dvs);
+  const ChunkKernel kern = state_bf16 ? chunk_kernel<__nv_bfloat16>(tv, ts) : chunk_kernel<float>(tv, ts);
   if (plan.smem > 48 * 1024) allow_smem(reinterpret_cast<const void*>(kern), plan.smem);
-  const ChunkArgs args{seqs, d, plan.split, plan.ld_v, seq_begin, qkv, a, b, A_log, dt_bias, ssm_state, out};
+  const ChunkArgs args{seqs, d, plan.split, plan.ld_t, seq_begin, qkv, a, b, A_log, dt_bias, ssm_state, out};
   const dim3 cgrid(static_cast<unsigned>(d.num_v_heads * plan.split), static_cast<unsigned>(seqs.num_seqs - seq_begin));
   kern<<<cgrid, kChunkThreads, plan.smem, stream>>>(args);
   FP8KV_CU_LAUNCH();

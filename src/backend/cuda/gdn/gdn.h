@@ -4,8 +4,7 @@
 // run the CPU's formula and rounding order (IEEE mul/add/div, no
 // contraction, sequential sums where the CPU sums sequentially); only the
 // transcendental functions (expf, log1pf) differ by a few ulps. The chunked
-// delta rule runs the CPU's chunked algorithm, its products in 3xTF32 on the
-// tensor cores and the rest with fused multiply-adds.
+// delta rule runs the CPU's chunked algorithm with fused multiply-adds.
 //
 // All kernels run over the whole step: sequence s owns rows
 // [q_start[s], q_start[s+1]) of the activations, starts at absolute position
@@ -31,31 +30,25 @@
 //    (the first may be shorter), the UT transform by forward substitution of
 //    (I + L), one pass over the state per chunk (v_new = U - W S, the
 //    outputs exp(cum) (Q S) + (masked decayed Q K^T) v_new, S = exp(last) S
-//    + sum_i exp(last - cum_i) k_i v_new_i^T). The products (K K^T and
-//    Q K^T on or below the diagonal, W S, Q S, the causal A v_new, the
-//    state update) are warp-level mma.sync m16n8k8 TF32 tiles in 3xTF32:
-//    each f32 operand split into a tf32 hi and a tf32 lo (x - hi), a b
-//    taken as lo_a hi_b + hi_a lo_b + hi_a hi_b with f32 accumulation, so
-//    within 12 x 2^-24 |a b| per term (a single TF32 or bf16 MMA would move
-//    the outputs by ~1e-3 and break the f32 bounds of the tests); the
-//    forward substitution stays f32 on the CUDA cores. One CTA (8 warps) per
+//    + sum_i exp(last - cum_i) k_i v_new_i^T). f32 on CUDA cores
+//    (register-tiled SIMT products, no tensor cores: TF32 or bf16 MMAs would
+//    move the outputs by ~1e-3 and break the f32 bounds of the tests; tensor
+//    cores for the intra-chunk products are the next step). One CTA per
 //    (value head, Dv slice, sequence): gdn_chunk_plan splits Dv among
 //    `split` CTAs (the columns of the state evolve independently given k,
 //    beta and g; each CTA recomputes the chunk's W and L) to fill the SMs
-//    when sequences x Hv is small. Every output element is one accumulator
-//    taking its reduction index in a fixed order, and a column keeps its
-//    place in its 8-column MMA tile at every split, so the results are
-//    bitwise independent of the split, and a prefill split at a multiple of
-//    64 gives the bits of the one-shot one.
+//    when sequences x Hv is small. Every column's arithmetic is the same
+//    whatever the split, so the results are bitwise independent of it, and
+//    a prefill split at a multiple of 64 gives the bits of the one-shot one.
 //  - Host rule (gdn_rule): a step with no sequence of two or more rows
 //    (GdnSeqs::max_query_len <= 1: every decode step, the ones CUDA graphs
 //    capture) launches the recurrent kernel only, so decode pays nothing for
 //    the chunked form. Otherwise both kernels are launched and each skips,
 //    at run time, the sequences the other owns (the lengths are read from
-//    device memory). Shapes the chunked kernel does not take (Dk not a
-//    multiple of 16, no split leaving Dv / split a multiple of 8, or none
-//    whose buffers fit the shared memory of one block; for Dv = 128 on an
-//    H100 it takes Dk up to 224) run every row in the recurrent form.
+//    device memory). Shapes the chunked kernel does not take (Dk or Dv not a
+//    multiple of 4, or no split of Dv whose buffers fit the shared memory of
+//    one block; for Dv = 128 on an H100 it takes Dk up to 208) run every row
+//    in the recurrent form.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -94,28 +87,25 @@ struct GdnSeqs {
 inline constexpr int kGdnCudaChunk = 64;
 
 // The chunked kernel's launch plan: split = CTAs sharing one value head's Dv
-// columns (each takes Dvs = Dv / split of them), ld_v = the row stride of its
-// [Dk][Dvs] and [64][Dvs] buffers (S, U: Dvs, XOR-swizzled, when Dvs is a
-// multiple of 32, else padded to 8 or 24 mod 32, so that the MMA fragment
-// loads are free of bank conflicts), smem = its dynamic shared memory in
-// bytes. split 0: the chunked kernel does not take the shape.
+// columns (each takes Dv / split of them), ld_t = the row stride of its
+// transposed [Dk][64] buffers (68: padded against bank conflicts, where it
+// fits; else 64), smem = its dynamic shared memory in bytes. split 0: the
+// chunked kernel does not take the shape.
 struct GdnChunkPlan {
-  int split = 0, ld_v = 0;
+  int split = 0, ld_t = 0;
   size_t smem = 0;
   bool ok() const { return split > 0; }
 };
 
-// The plan for dims d at a given split (0: not valid, i.e. Dk not a multiple
-// of 16, Dv / split not a multiple of 8, or over max_smem bytes of shared
-// memory).
+// The plan for dims d at a given split (0: not valid, i.e. Dk or Dv / split
+// not a multiple of 4, or over max_smem bytes of shared memory).
 GdnChunkPlan gdn_chunk_plan_at(const GdnDims& d, int split, size_t max_smem);
 // The automatic plan for `multi_seqs` sequences of two or more rows on a
 // device with num_sms SMs and max_smem bytes of opt-in shared memory per
 // block (a pure function of the shapes): among the splits 1, 2, 4, 8 that
 // leave at least 32 columns per CTA (split 1 always counts) and fit, the
-// least estimated time = ceil(CTAs / SMs) waves x one CTA's time per chunk
-// (the W, L and A work every CTA repeats, plus its columns' share: the
-// forward substitution on the CUDA cores, the products on the tensor cores);
+// least estimated time = ceil(CTAs / SMs) waves x one CTA's multiply-adds
+// per chunk (the W and L work every CTA repeats, plus its columns' share);
 // ties go to the smaller split. For Qwen3.5-27B's heads (Hv 48, Dk = Dv =
 // 128) on 132 SMs: split 2 for one prefill (96 CTAs), 1 for two (96 CTAs).
 GdnChunkPlan gdn_chunk_plan(const GdnDims& d, int multi_seqs, int num_sms, size_t max_smem);
