@@ -130,29 +130,25 @@ struct StorePthParams : StoreParams {
   float* v_scale_pth;
 };
 
-// Tokens tok0 .. tok0 + kU - 1 of a store: this thread's E-element chunk
-// (at elem of a row of `row` elements) of their K and V rows when `load`
-// (ZERO: zeros otherwise) and their slots (-1 past num_tokens).
-template <bool ZERO, int E>
-__device__ __forceinline__ void load_tokens(const StoreParams& p, int tok0, int64_t row, int elem, bool load,
-                                            float (&xk)[kU][E], float (&xv)[kU][E], int64_t (&slot)[kU]) {
-  static_assert(E % 8 == 0, "whole 8-element loads");
+// Tokens tok0 .. tok0 + kU - 1 of a store: this thread's 8-element chunk
+// (at elem) of their K and V rows when `load` (ZERO: zeros otherwise) and
+// their slots (-1 past num_tokens).
+template <bool ZERO>
+__device__ __forceinline__ void load_tokens(const StoreParams& p, int tok0, int chunks, int elem, bool load,
+                                            float (&xk)[kU][8], float (&xv)[kU][8], int64_t (&slot)[kU]) {
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
     const int tok = tok0 + u;
     slot[u] = -1;
     if constexpr (ZERO) {
 #pragma unroll
-      for (int i = 0; i < E; ++i) xk[u][i] = xv[u][i] = 0.0f;
+      for (int i = 0; i < 8; ++i) xk[u][i] = xv[u][i] = 0.0f;
     }
     if (tok < p.num_tokens) {
-      const int64_t src = static_cast<int64_t>(tok) * row + elem;
+      const int64_t src = static_cast<int64_t>(tok) * chunks * 8 + elem;
       if (load) {
-#pragma unroll
-        for (int h = 0; h < E / 8; ++h) {
-          load8(p.k, src + 8 * h, p.bf16_in, *reinterpret_cast<float(*)[8]>(&xk[u][8 * h]));
-          load8(p.v, src + 8 * h, p.bf16_in, *reinterpret_cast<float(*)[8]>(&xv[u][8 * h]));
-        }
+        load8(p.k, src, p.bf16_in, xk[u]);
+        load8(p.v, src, p.bf16_in, xv[u]);
       }
       slot[u] = p.slots[tok];
     }
@@ -192,7 +188,7 @@ __global__ void __launch_bounds__(256) store_kernel(const StoreParams p) {
     for (int tok0 = blockIdx.x * kU; tok0 < p.num_tokens; tok0 += gridDim.x * kU) {
       float xk[kU][8], xv[kU][8];
       int64_t slot[kU];
-      load_tokens<false, 8>(p, tok0, static_cast<int64_t>(chunks) * 8, elem, true, xk, xv, slot);
+      load_tokens<false>(p, tok0, chunks, elem, true, xk, xv, slot);
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
         if (slot[u] < 0 || slot[u] >= p.capacity) continue;  // skipped or out of range (host cannot check)
@@ -225,56 +221,36 @@ __global__ void __launch_bounds__(256) store_kernel(const StoreParams p) {
   }
 }
 
-// s = max(amax / M, FLT_MIN) for amax in [0, inf] (M = 448 or 127), equal
-// to the IEEE division's: the quotient by RN(1 / M) corrected twice with the
-// exact FMA residual, as quant8's. Checked exhaustively over every finite
-// amax >= 0 for both M by tools/check_pth_scale_division.cpp (after the
-// FLT_MIN floor; below it the residual may underflow, but the floor hides
-// that). inf stays inf (quant8_pth's IEEE path).
-template <int DT>
-__device__ __forceinline__ float pth_scale(float amax) {
-  constexpr float kM = DT == kI8Pth ? 127.0f : 448.0f;
-  constexpr float kR = DT == kI8Pth ? 0x1.020408p-7f : 0x1.24924ap-9f;  // RN(1 / M)
-  if (amax == INFINITY) return amax;
-  const float q0 = __fmul_rn(amax, kR);
-  const float q1 = __fmaf_rn(__fmaf_rn(-q0, kM, amax), kR, q0);
-  return fmaxf(__fmaf_rn(__fmaf_rn(-q1, kM, amax), kR, q1), FLT_MIN);
-}
-
 // Per-token-head store (DT kE4m3Pth or kI8Pth; grid and block as store_kernel):
 // each (token, KV head) row of K and of V gets its own scale
 // s = max(amax / M, FLT_MIN) (amax = max |x| of the row, NaN ignored; M = 448
-// or 127; pth_scale), and its codes are quant8's of x / s.
+// or 127, an IEEE division), and its codes are quant8's of x / s.
 //   p.k, p.v, p.slots, p.k_cache, p.v_cache, p.capacity  as store_kernel
 //   p.k_scale_pth, p.v_scale_pth  [capacity][num_kv_heads] f32
 //                  (= [num_blocks][block_size][num_kv_heads]), written
-// One thread takes E = 16 consecutive elements of a row (8 when head_dim is
-// 8), so the row's work (amax shuffles, the scale and its reciprocal, the
-// scale's store) is spread over twice the elements of store_kernel's
-// chunks. The G = head_dim / E threads of one row are G consecutive lanes of
-// a warp (G divides 32, blockDim.x is a multiple of 32), so amax is G-lane
-// xor shuffles; the warps walk the chunks warp-uniformly so that every lane
-// shuffles.
-template <int DT, int E>
+// The G = head_dim / 8 threads of one row are G consecutive lanes of a warp (G
+// divides 32, blockDim.x is a multiple of 32), so amax is G-lane xor shuffles;
+// the warps walk the chunks warp-uniformly so that every lane shuffles.
+template <int DT>
 __global__ void __launch_bounds__(256) store_pth_kernel(const StorePthParams p) {
   static_assert(dt_pth(DT), "per-token-head dtypes only");
-  const int chunks = p.num_kv_heads * p.head_dim / E;
-  const int64_t row = static_cast<int64_t>(chunks) * E;
-  const int G = p.head_dim / E;
+  constexpr float kM = DT == kI8Pth ? 127.0f : 448.0f;
+  const int chunks = p.num_kv_heads * p.head_dim / 8;
+  const int G = p.head_dim / 8;
   const int lane = threadIdx.x & 31;
   for (int c0 = threadIdx.x - lane; c0 < chunks; c0 += blockDim.x) {
-    const int c = c0 + lane, elem = c * E, head = c / G;
+    const int c = c0 + lane, elem = c * 8, head = c / G;
     const bool active = c < chunks;  // inactive lanes are whole G-lane groups
     for (int tok0 = blockIdx.x * kU; tok0 < p.num_tokens; tok0 += gridDim.x * kU) {
-      float xk[kU][E], xv[kU][E];
+      float xk[kU][8], xv[kU][8];
       int64_t slot[kU];
-      load_tokens<true, E>(p, tok0, row, elem, active, xk, xv, slot);
+      load_tokens<true>(p, tok0, chunks, elem, active, xk, xv, slot);
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
         if (slot[u] < 0 || slot[u] >= p.capacity) continue;  // the same token for the whole block
         float ak = 0.0f, av = 0.0f;
 #pragma unroll
-        for (int i = 0; i < E; ++i) {
+        for (int i = 0; i < 8; ++i) {
           ak = fmaxf(ak, fabsf(xk[u][i]));
           av = fmaxf(av, fabsf(xv[u][i]));
         }
@@ -283,23 +259,14 @@ __global__ void __launch_bounds__(256) store_pth_kernel(const StorePthParams p) 
           av = fmaxf(av, __shfl_xor_sync(0xffffffffu, av, o));
         }
         if (!active) continue;
-        const float sk = pth_scale<DT>(ak), sv = pth_scale<DT>(av);
+        const float sk = fmaxf(__fdiv_rn(ak, kM), FLT_MIN), sv = fmaxf(__fdiv_rn(av, kM), FLT_MIN);
         if (c % G == 0) {
           p.k_scale_pth[slot[u] * p.num_kv_heads + head] = sk;
           p.v_scale_pth[slot[u] * p.num_kv_heads + head] = sv;
         }
-        const int64_t dst = slot[u] * row + elem;
-        if constexpr (E == 16) {
-          const uint2 k0 = quant8_pth<DT>(*reinterpret_cast<const float(*)[8]>(&xk[u][0]), sk);
-          const uint2 k1 = quant8_pth<DT>(*reinterpret_cast<const float(*)[8]>(&xk[u][8]), sk);
-          const uint2 v0 = quant8_pth<DT>(*reinterpret_cast<const float(*)[8]>(&xv[u][0]), sv);
-          const uint2 v1 = quant8_pth<DT>(*reinterpret_cast<const float(*)[8]>(&xv[u][8]), sv);
-          *reinterpret_cast<uint4*>(p.k_cache + dst) = make_uint4(k0.x, k0.y, k1.x, k1.y);
-          *reinterpret_cast<uint4*>(p.v_cache + dst) = make_uint4(v0.x, v0.y, v1.x, v1.y);
-        } else {
-          *reinterpret_cast<uint2*>(p.k_cache + dst) = quant8_pth<DT>(xk[u], sk);
-          *reinterpret_cast<uint2*>(p.v_cache + dst) = quant8_pth<DT>(xv[u], sv);
-        }
+        const int64_t dst = slot[u] * chunks * 8 + elem;
+        *reinterpret_cast<uint2*>(p.k_cache + dst) = quant8_pth<DT>(xk[u], sk);
+        *reinterpret_cast<uint2*>(p.v_cache + dst) = quant8_pth<DT>(xv[u], sv);
       }
     }
   }
@@ -380,10 +347,7 @@ void store_kv(const StoreKvArgs& a, cudaStream_t stream) {
   static_cast<StoreParams&>(pp) = p;
   pp.k_scale_pth = a.k_scale_pth;
   pp.v_scale_pth = a.v_scale_pth;
-  // Elements per thread: 8 (store_kernel), 16 for the per-token-head
-  // kernel where head_dim allows.
-  const int ept = pth && L.head_dim >= 16 ? 16 : 8;
-  const int chunks = L.num_kv_heads * L.head_dim / ept;
+  const int chunks = L.num_kv_heads * L.head_dim / 8;
   const int threads = std::min(256, (chunks + 31) / 32 * 32);
   // Up to 2048 threads per SM resident, a few waves of token groups.
   const int grid = std::min((a.num_tokens + kU - 1) / kU, device_sm_count() * (2048 / threads) * 4);
@@ -391,14 +355,8 @@ void store_kv(const StoreKvArgs& a, cudaStream_t stream) {
     case KvDtype::bf16: store_kernel<kBf16><<<grid, threads, 0, stream>>>(p); break;
     case KvDtype::fp8_e4m3: store_kernel<kE4m3><<<grid, threads, 0, stream>>>(p); break;
     case KvDtype::fp8_e5m2: store_kernel<kE5m2><<<grid, threads, 0, stream>>>(p); break;
-    case KvDtype::fp8_e4m3_pth:
-      if (ept == 16) store_pth_kernel<kE4m3Pth, 16><<<grid, threads, 0, stream>>>(pp);
-      else store_pth_kernel<kE4m3Pth, 8><<<grid, threads, 0, stream>>>(pp);
-      break;
-    case KvDtype::int8_pth:
-      if (ept == 16) store_pth_kernel<kI8Pth, 16><<<grid, threads, 0, stream>>>(pp);
-      else store_pth_kernel<kI8Pth, 8><<<grid, threads, 0, stream>>>(pp);
-      break;
+    case KvDtype::fp8_e4m3_pth: store_pth_kernel<kE4m3Pth><<<grid, threads, 0, stream>>>(pp); break;
+    case KvDtype::int8_pth: store_pth_kernel<kI8Pth><<<grid, threads, 0, stream>>>(pp); break;
   }
   FP8KV_CUDA_CHECK(cudaGetLastError());
   const bool bf16_in = a.input_dtype == ActDtype::bf16;
