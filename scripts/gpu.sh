@@ -34,6 +34,11 @@ one logs.tgz plus the summary come back in $OUT):
            8K) and throughput on the Llama-3.1-8B shape with a block-wise
            quantization_config against bf16 weights, one binary, interleaved
            (speed = fp8 / bf16)
+  gdn      Qwen3.5 (Gated DeltaNet hybrids, issue 33): bench_gdn (the delta
+           rule at the 27B shape; the previous build's too when packed),
+           then fp8kv bench latency on the Qwen3.5-27B text shape, dummy bf16
+           weights, fp8 KV: TTFT of 1K and 8K prompts and batch-1 decode at
+           1K, old and new interleaved when a previous build is packed
   serve    fp8kv serve on models/fp8kv-mini + bench serve (smoke), prefix
            caching on vs off (same greedy texts); the 8B shape too when
            TOKENIZER is set
@@ -89,6 +94,13 @@ ENGINE_CASES=(
   "lat_b1_1k|latency --batch-size 1 --input-len 1024 --output-len 64 --num-iters-warmup 1 --num-iters 3"
   "thr_256x1k|throughput --num-prompts 256 --input-len 1024 --output-len 128 --num-iters-warmup 0"
 )
+# Qwen3.5 rows (issue 33): the 27B text shape, dummy bf16 weights, fp8 KV.
+MODEL_27B_GDN=tests/data/configs/qwen3.5-27b
+GDN_CASES=(
+  "ttft_1k|latency --batch-size 1 --input-len 1024 --output-len 2 --num-iters-warmup 1 --num-iters 3 --max-num-seqs 16"
+  "ttft_8k|latency --batch-size 1 --input-len 8192 --output-len 2 --num-iters-warmup 1 --num-iters 2 --max-num-seqs 16"
+  "lat_b1_1k|latency --batch-size 1 --input-len 1024 --output-len 32 --num-iters-warmup 1 --num-iters 3 --max-num-seqs 8 --max-model-len 2048"
+)
 # FP8-weight speed rows (issue 32's table): the Llama-3.1-8B shape with a
 # block-wise quantization_config ("new") against the same shape with bf16
 # weights ("old"), one binary, interleaved; fp8 KV everywhere.
@@ -101,7 +113,7 @@ FP8W_CASES=(
 )
 TARGETS=(fp8kv test_cuda test_cuda_ops bench_attention bench_linear bench_allreduce bench_gdn)
 # Seconds each step may run (the watchdog's limit).
-declare -A STEP_S=([test]=300 [kernels]=260 [engine]=300 [serve]=200 [tp]=420 [goldens]=300 [fp8w]=420
+declare -A STEP_S=([test]=300 [kernels]=260 [engine]=300 [serve]=200 [tp]=420 [goldens]=300 [fp8w]=420 [gdn]=420
   [train]=570 [train_smoke]=240)
 # Steps that run Python only (no packed binaries, no .wt to carry).
 NO_BINARIES=" goldens train train_smoke "
@@ -292,6 +304,36 @@ step_fp8w() {
     done
   done
   python3 tools/ab_table.py engine "$d" | sed 's/^engine  /fp8w    /' >>"$G/rows.txt"
+}
+
+step_gdn() {
+  local d=$G/gdn sides=new c name args v i
+  [ -n "$(bin $PREV fp8kv)" ] && sides="new old"
+  # shellcheck disable=SC2034  # read through ${!b}
+  local BIN_new=$NEW BIN_old=$PREV
+  for v in $sides; do
+    local b=BIN_$v
+    [ -n "$(bin "${!b}" bench_gdn)" ] || continue
+    timeout 60 "${!b}/bench_gdn" --json "$d/bench_gdn.$v.jsonl" >"$d/bench_gdn.$v.log" 2>&1 || echo "bench_gdn $v: rc $?"
+    echo "== bench_gdn ($v)"; cat "$d/bench_gdn.$v.log"
+  done
+  mkdir -p "$d/engine"
+  local t0; t0=$(date +%s)
+  for i in $(seq 1 "${REPS:-2}"); do
+    local order=$sides
+    (( i % 2 == 0 )) && [ "$sides" != new ] && order="old new"
+    for c in "${GDN_CASES[@]}"; do
+      name=${c%%|*}; args=${c#*|}
+      for v in $order; do
+        [ $(( $(date +%s) - t0 )) -lt 300 ] || { echo "gdn: stop (time)"; break 3; }
+        local b=BIN_$v
+        # shellcheck disable=SC2086
+        timeout 120 "${!b}/fp8kv" bench $args $MODEL_27B_GDN "${ENGINE_COMMON[@]}" >"$d/engine/$name.$v.$i.json" \
+          2>"$d/engine/$name.$v.$i.log" || { echo "gdn: $v $name: rc $?"; tail -3 "$d/engine/$name.$v.$i.log"; }
+      done
+    done
+  done
+  python3 tools/ab_table.py engine "$d/engine" | sed 's/^engine  /gdn     /' >>"$G/rows.txt"
 }
 
 step_serve() {
@@ -541,7 +583,7 @@ case ${1:-} in
     for a in "$@"; do
       case $a in
         all) steps+=(test kernels engine serve); [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ] && steps+=(tp) ;;
-        test|kernels|engine|fp8w|serve|tp|goldens|train|train_smoke) steps+=("$a") ;;
+        test|kernels|engine|fp8w|gdn|serve|tp|goldens|train|train_smoke) steps+=("$a") ;;
         *) echo "gpu.sh: unknown subcommand '$a'" >&2; usage >&2; exit 2 ;;
       esac
     done
