@@ -3,7 +3,8 @@
 // layer): prefill of 1 x 1024, 1 x 8192 and 4 x 2048 tokens in the
 // recurrent form (every row: GdnRuleOptions::recurrent_only, the kernel
 // prefill ran before the chunked one) against the chunked form (gdn_rule's
-// own choice, split from gdn_chunk_plan), and a batch-64 decode step for
+// own choice, split from gdn_chunk_plan, then every other split the plan
+// considers, to check its choice), and a batch-64 decode step for
 // the recurrent kernel's state bandwidth. Each prefill continues a sequence
 // at position 64, so both forms read and write the state once.
 // Prints one line per case: median time per call (CUDA events, 3 warm-ups,
@@ -65,7 +66,7 @@ int main(int argc, char** argv) {
   const size_t state_bytes = static_cast<size_t>(Hv) * d.k_head_dim * d.v_head_dim * 4;  // one sequence
   cuda::DeviceBuffer qkv(static_cast<size_t>(max_T) * C * 4), a(static_cast<size_t>(max_T) * Hv * 4),
       b(static_cast<size_t>(max_T) * Hv * 4), A_log(Hv * 4), dt(Hv * 4), pool(max_S * state_bytes),
-      out(static_cast<size_t>(max_T) * VD * 4);
+      out(static_cast<size_t>(max_T) * VD * 4), scratch(cuda::gdn_rule_scratch_bytes(d, max_T));
   fill(qkv, 1, -1.0f, 1.0f);  // conv outputs (q and k are normalized in the kernels)
   fill(a, 2, -2.0f, 2.0f);
   fill(b, 3, -2.0f, 2.0f);
@@ -97,32 +98,44 @@ int main(int argc, char** argv) {
     FP8KV_CU(cudaMemcpy(dctx.get(), ctx.data(), ctx.size() * 4, cudaMemcpyHostToDevice));
     FP8KV_CU(cudaMemcpy(dsl.get(), slots.data(), slots.size() * 4, cudaMemcpyHostToDevice));
     const cuda::GdnSeqs seqs{c.seqs, dqs.as<int32_t>(), dctx.as<int32_t>(), dsl.as<int32_t>(), c.rows,
-                             c.rows == 1 ? c.seqs : 0};
+                             c.rows == 1 ? c.seqs : 0, T};
     const cuda::GdnChunkPlan plan = cuda::gdn_chunk_plan(d, c.seqs, sms, static_cast<size_t>(max_smem));
+    // Runs: the recurrent form (split 0), the planned split, the other splits.
+    std::vector<int> runs = {0};
+    if (c.rows > 1 && plan.ok()) {  // decode: the recurrent kernel only
+      runs.push_back(plan.split);
+      for (const int sp : {1, 2, 4, 8})
+        if (sp != plan.split && d.v_head_dim / sp >= 32 &&
+            cuda::gdn_chunk_plan_at(d, sp, static_cast<size_t>(max_smem)).ok())
+          runs.push_back(sp);
+    }
     double rec_us = 0;
-    for (const bool chunked : {false, true}) {
-      if (chunked && c.rows == 1) continue;  // decode: the recurrent kernel only
+    for (size_t ri = 0; ri < runs.size(); ++ri) {
+      const bool chunked = runs[ri] > 0;
       cuda::GdnRuleOptions o;
       o.recurrent_only = !chunked;
+      o.chunk_split = runs[ri];
       auto run = [&] {
         cuda::gdn_rule(d, seqs, qkv.as<float>(), a.as<float>(), b.as<float>(), A_log.as<float>(), dt.as<float>(),
-                       pool.get(), /*state_bf16=*/false, out.as<float>(), st, o);
+                       pool.get(), /*state_bf16=*/false, out.as<float>(), scratch.get(), scratch.bytes(), st, o);
       };
       const int reps = T >= 8192 ? 2 : T >= 1024 ? 5 : 50;
       const double us = bench::median_call_us(st, tm.e0, tm.e1, reps, run);
       const double gbps = 2.0 * state_bytes * c.seqs / (us * 1e-6) / 1e9;
       const char* name = c.rows == 1 ? "decode" : "prefill";
-      const int split = chunked ? plan.split : 0;
+      const int split = runs[ri];
+      const char* planned = ri == 1 ? ", planned" : "";
       std::printf("%-10s %5d %6d %-9s %5d %11.1f %12.0f %9.1f %7.3f", name, c.seqs, c.rows,
                   chunked ? "chunked" : "recurrent", split, us, T / (us * 1e-6), gbps, gbps * 1e9 / copy);
       if (chunked)
-        std::printf("  %.2fx the recurrent form\n", rec_us / us);
+        std::printf("  %.2fx the recurrent form%s\n", rec_us / us, planned);
       else
         std::printf("\n");
       if (!chunked) rec_us = us;
-      report.add("{\"case\": \"%s\", \"seqs\": %d, \"rows\": %d, \"form\": \"%s\", \"split\": %d, \"us\": %.2f, "
-                 "\"tok_per_s\": %.0f, \"state_gbps\": %.2f}",
-                 name, c.seqs, c.rows, chunked ? "chunked" : "recurrent", split, us, T / (us * 1e-6), gbps);
+      report.add("{\"case\": \"%s\", \"seqs\": %d, \"rows\": %d, \"form\": \"%s\", \"split\": %d, "
+                 "\"planned\": %s, \"us\": %.2f, \"tok_per_s\": %.0f, \"state_gbps\": %.2f}",
+                 name, c.seqs, c.rows, chunked ? "chunked" : "recurrent", split, ri == 1 ? "true" : "false", us,
+                 T / (us * 1e-6), gbps);
     }
   }
   return 0;

@@ -146,8 +146,14 @@ struct DevBatch {
   explicit DevBatch(const Batch& b)
       : qs(to_device(b.q_start)), ctx(to_device(b.context_lens)), sl(to_device(b.slots)) {
     seqs = cuda::GdnSeqs{static_cast<int>(b.seqs.size()), qs.as<int32_t>(), ctx.as<int32_t>(), sl.as<int32_t>()};
+    seqs.num_tokens = b.T;
   }
 };
+
+// The chunked delta rule's scratch for T rows (cuda::gdn_rule_scratch_bytes).
+cuda::DeviceBuffer rule_scratch(const cuda::GdnDims& d, int64_t T) {
+  return cuda::DeviceBuffer(std::max<size_t>(cuda::gdn_rule_scratch_bytes(d, T), 256));
+}
 
 // decode (continuing), fresh prefill over a chunk boundary, continuing
 // prefill, a fresh one-token sequence, a padding sequence.
@@ -265,7 +271,7 @@ TEST_P(GdnRuleCuda, MatchesCpuRecurrentForm) {
   cuda::GdnRuleOptions opt;
   opt.recurrent_only = true;  // the prefill rows too (the chunked form: GdnRuleChunkedCuda)
   cuda::gdn_rule(d, db.seqs, dqkv.as<float>(), da.as<float>(), db_.as<float>(), dA.as<float>(), ddt.as<float>(),
-                 dpool.get(), /*state_bf16=*/false, dout.as<float>(), nullptr, opt);
+                 dpool.get(), /*state_bf16=*/false, dout.as<float>(), /*scratch=*/nullptr, 0, nullptr, opt);
   const std::vector<float> got = to_host<float>(dout, b.T * VD), got_pool = to_host<float>(dpool, init.size());
   const std::string tag = "Dk " + std::to_string(rc.Dk) + " Dv " + std::to_string(rc.Dv);
   expect_within(got, ref, VD, [&](size_t) { return tol; }, "rule outputs [row][Hv*Dv], " + tag);
@@ -382,9 +388,9 @@ RuleRun cuda_rule(const cuda::GdnDims& d, const Batch& b, const RuleInputs& in, 
   cuda::DeviceBuffer dqkv = to_device(in.qkv), da = to_device(in.a), dbb = to_device(in.b),
                      dA = to_device(in.A_log), ddt = to_device(in.dt), dpool = to_device(in.init);
   const size_t on = static_cast<size_t>(b.T) * d.value_dim();
-  cuda::DeviceBuffer dout = to_device(std::vector<float>(on, NAN));
+  cuda::DeviceBuffer dout = to_device(std::vector<float>(on, NAN)), scratch = rule_scratch(d, b.T);
   cuda::gdn_rule(d, db.seqs, dqkv.as<float>(), da.as<float>(), dbb.as<float>(), dA.as<float>(), ddt.as<float>(),
-                 dpool.get(), /*state_bf16=*/false, dout.as<float>(), nullptr, opt);
+                 dpool.get(), /*state_bf16=*/false, dout.as<float>(), scratch.get(), scratch.bytes(), nullptr, opt);
   return RuleRun{to_host<float>(dout, on), to_host<float>(dpool, in.init.size())};
 }
 
@@ -406,35 +412,31 @@ int max_smem_optin() {
 
 class GdnRuleChunkedCuda : public ::testing::TestWithParam<RuleCase> {};
 
-// A batch mixing decode rows (continuing, fresh, padding) and prefills: a
-// fresh one over three chunks (140 rows), one continuing at position 37
-// over [37, 64), [64, 128), [128, 157), two rows on either side of the
-// boundary at 64 (two one-row chunks), a padding prefill, a short one
-// inside a chunk. gdn_rule as CudaBackend calls it (its hints: the chunked
-// kernel for the multi-row sequences, at the planned split), against the
-// CPU backend's forms within R(n) + 2 B_c; then the chunked kernel over the
-// whole batch (no hints: it skips the one-row sequences at run time) at
-// every split the shape allows: bitwise the same outputs and states.
-TEST_P(GdnRuleChunkedCuda, MatchesCpuChunkedFormAtEverySplit) {
-  FP8KV_NEED_GPU();
-  const RuleCase rc = GetParam();
+// gdn_rule on batch b (pool of `slots` slots) as CudaBackend calls it (its
+// hints: the chunked kernels for the multi-row sequences after the leading
+// decodes, at the planned split), against the CPU backend's forms within
+// R(n) + 2 B_c; padding rows exact zeros, slots in no sequence untouched;
+// then the chunked kernels over the whole batch (no hints: they skip the
+// one-row sequences at run time) at every split the shape allows: bitwise
+// the same outputs and states.
+void check_chunked_batch(const RuleCase& rc, const Batch& b, int slots) {
   const cuda::GdnDims d{rc.Hk, rc.Hv, rc.Dk, rc.Dv, 4};
   const GdnShape s{rc.Hk, rc.Hv, rc.Dk, rc.Dv, 4};
   const int64_t VD = d.value_dim(), SE = s.ssm_state_elems();
-  constexpr int kRuleSlots = 7;  // slot 6 is in no sequence
-  const Batch b({{1, 9, 2}, {1, 0, 5}, {1, 0, -1}, {140, 0, 0}, {120, 37, 3}, {2, 63, 1}, {70, 0, -1}, {5, 33, 4}});
   std::mt19937_64 rng(test_seed());
-  const RuleInputs in = rule_inputs(s, b.T, kRuleSlots, rng);
+  const RuleInputs in = rule_inputs(s, b.T, slots, rng);
   const RuleRef ref = cpu_rule(s, b, in);
   const RuleRun got = cuda_rule(d, b, in, {}, /*hints=*/true);
   const std::string tag = "Dk " + std::to_string(rc.Dk) + " Dv " + std::to_string(rc.Dv);
-  int sms = 0;
+  int sms = 0, lead = 0;  // gdn_rule plans for the sequences after the leading decodes
+  while (lead < static_cast<int>(b.seqs.size()) && b.seqs[lead].n == 1) ++lead;
+  const int multi = static_cast<int>(b.seqs.size()) - lead;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  const cuda::GdnChunkPlan plan = cuda::gdn_chunk_plan(d, 5, sms, static_cast<size_t>(max_smem_optin()));
+  const cuda::GdnChunkPlan plan = cuda::gdn_chunk_plan(d, multi, sms, static_cast<size_t>(max_smem_optin()));
   ASSERT_TRUE(plan.ok()) << tag << ": the chunked kernel does not take the shape";
   std::printf("%s: planned split %d (ld_t %d, %zu bytes of shared memory)\n", tag.c_str(), plan.split, plan.ld_t,
               plan.smem);
-  std::vector<int> row_seq(b.T), slot_seq(kRuleSlots, -1);
+  std::vector<int> row_seq(b.T), slot_seq(slots, -1);
   for (size_t si = 0; si < b.seqs.size(); ++si) {
     for (int r = b.q_start[si]; r < b.q_start[si + 1]; ++r) row_seq[r] = static_cast<int>(si);
     if (b.seqs[si].slot >= 0) slot_seq[b.seqs[si].slot] = static_cast<int>(si);
@@ -445,12 +447,18 @@ TEST_P(GdnRuleChunkedCuda, MatchesCpuChunkedFormAtEverySplit) {
     const int si = slot_seq[i / SE];
     return si < 0 ? 0.0 : ref.tol[si];
   }, "rule states [slot][Hv*Dk*Dv], " + tag);
-  // Padding rows are zeros (exact, from the NaN fill), the untouched slot bitwise.
-  for (size_t si : {size_t{2}, size_t{6}})
+  // Padding rows are zeros (exact, from the NaN fill), the untouched slots bitwise.
+  for (size_t si = 0; si < b.seqs.size(); ++si) {
+    if (b.seqs[si].slot >= 0) continue;
     for (int64_t i = b.q_start[si] * VD; i < b.q_start[si + 1] * VD; ++i)
       ASSERT_EQ(got.out[i], 0.0f) << tag << ": padding sequence " << si << ", element " << i;
-  EXPECT_TRUE(std::equal(got.pool.begin() + 6 * SE, got.pool.end(), in.init.begin() + 6 * SE)) << "slot 6 was written";
-  // The bound is not vacuous: the largest, a 140-row prefill's (R grows
+  }
+  for (int sl = 0; sl < slots; ++sl) {
+    if (slot_seq[sl] >= 0) continue;
+    EXPECT_TRUE(std::equal(got.pool.begin() + sl * SE, got.pool.begin() + (sl + 1) * SE, in.init.begin() + sl * SE))
+        << "slot " << sl << " was written";
+  }
+  // The bound is not vacuous: the largest, the longest prefill's (R grows
   // linearly in the rows), below a quarter of the largest output.
   const double worst_tol = *std::max_element(ref.tol.begin(), ref.tol.end());
   std::printf("%s: largest bound %.3g = %.1f%% of the largest output\n", tag.c_str(), worst_tol,
@@ -476,6 +484,39 @@ TEST_P(GdnRuleChunkedCuda, MatchesCpuChunkedFormAtEverySplit) {
   cuda::GdnRuleOptions bad;
   bad.chunk_split = 5;
   EXPECT_THROW(cuda_rule(d, b, in, bad, false), std::invalid_argument);
+}
+
+// A batch mixing decode rows (continuing, fresh, padding) and prefills: a
+// fresh one over three chunks (140 rows), one continuing at position 37
+// over [37, 64), [64, 128), [128, 157), two rows on either side of the
+// boundary at 64 (two one-row chunks), a padding prefill, a short one
+// inside a chunk (check_chunked_batch).
+TEST_P(GdnRuleChunkedCuda, MatchesCpuChunkedFormAtEverySplit) {
+  FP8KV_NEED_GPU();
+  // Slot 6 is in no sequence.
+  check_chunked_batch(GetParam(),
+                      Batch({{1, 9, 2}, {1, 0, 5}, {1, 0, -1}, {140, 0, 0}, {120, 37, 3}, {2, 63, 1}, {70, 0, -1},
+                             {5, 33, 4}}),
+                      7);
+}
+
+// The prep kernel's chunk enumeration (one CTA per 64-row block of the
+// step, taking the chunks that start in it): several chunk starts in one
+// block, chunks and sequences across block boundaries, decodes and padding
+// between prefills (no leading decodes: the chunked kernels take every
+// sequence and skip the one-row ones at run time). The 162 rows, blocks
+// [0, 64), [64, 128), [128, 162): a 3-row prefill at position 62 (chunks of
+// 2 and 1 rows), a decode, a fresh 2-row one, 5 rows at 60 (4 + 1), 70 rows
+// at 100 across blocks 0-2 (28 + 42), a padding decode, a 4-row padding
+// prefill, a fresh 65-row one (64 + 1), 2 rows at 127 (1 + 1), 9 rows at
+// 10 (check_chunked_batch).
+TEST_P(GdnRuleChunkedCuda, MixedLengthsAcrossRowBlocks) {
+  FP8KV_NEED_GPU();
+  // Slot 8 is in no sequence.
+  check_chunked_batch(GetParam(),
+                      Batch({{3, 62, 0}, {1, 5, 1}, {2, 0, 2}, {5, 60, 3}, {70, 100, 4}, {1, 0, -1}, {4, 0, -1},
+                             {65, 0, 5}, {2, 127, 6}, {9, 10, 7}}),
+                      9);
 }
 
 // A prefill split at multiples of 64 == the one-shot prefill, bitwise: rows
@@ -518,11 +559,11 @@ TEST_P(GdnRuleChunkedCuda, SplitAtMultipleOf64IsBitwise) {
     DevBatch db(b);
     set_hints(db.seqs, b);
     cuda::DeviceBuffer dqkv = to_device(qkv), da = to_device(a), dbb = to_device(bb),
-                       dout(static_cast<size_t>(b.T) * VD * 4);
+                       dout(static_cast<size_t>(b.T) * VD * 4), scratch = rule_scratch(d, b.T);
     cuda::GdnRuleOptions opt;
     opt.chunk_split = chunk_split;
     cuda::gdn_rule(d, db.seqs, dqkv.as<float>(), da.as<float>(), dbb.as<float>(), dA.as<float>(), ddt.as<float>(),
-                   dpool.get(), /*state_bf16=*/false, dout.as<float>(), nullptr, opt);
+                   dpool.get(), /*state_bf16=*/false, dout.as<float>(), scratch.get(), scratch.bytes(), nullptr, opt);
     return to_host<float>(dout, static_cast<size_t>(b.T) * VD);
   };
   auto rows = [&](const std::vector<float>& o, int r0, int n) {
@@ -568,9 +609,9 @@ RuleRunBf16 cuda_rule_bf16(const cuda::GdnDims& d, const Batch& b, const RuleInp
   cuda::DeviceBuffer dqkv = to_device(in.qkv), da = to_device(in.a), dbb = to_device(in.b),
                      dA = to_device(in.A_log), ddt = to_device(in.dt), dpool = to_device(bits);
   const size_t on = static_cast<size_t>(b.T) * d.value_dim();
-  cuda::DeviceBuffer dout = to_device(std::vector<float>(on, NAN));
+  cuda::DeviceBuffer dout = to_device(std::vector<float>(on, NAN)), scratch = rule_scratch(d, b.T);
   cuda::gdn_rule(d, db.seqs, dqkv.as<float>(), da.as<float>(), dbb.as<float>(), dA.as<float>(), ddt.as<float>(),
-                 dpool.get(), /*state_bf16=*/true, dout.as<float>(), nullptr, opt);
+                 dpool.get(), /*state_bf16=*/true, dout.as<float>(), scratch.get(), scratch.bytes(), nullptr, opt);
   return RuleRunBf16{to_host<float>(dout, on), to_host<uint16_t>(dpool, bits.size())};
 }
 
@@ -669,22 +710,33 @@ TEST(GdnChunkPlan, FollowsTheShapes) {
   constexpr size_t kSmem = 232448;
   const cuda::GdnDims q27{16, 48, 128, 128, 4};  // Qwen3.5-27B
   cuda::GdnChunkPlan p = cuda::gdn_chunk_plan(q27, 1, 132, kSmem);
-  EXPECT_EQ(p.split, 2);  // 96 CTAs: 48 would leave most SMs idle, 192 take two waves
+  // 192 CTAs, two per SM: 48 or 96 would leave SMs idle or run 64 columns each.
+  EXPECT_EQ(p.split, 4);
   EXPECT_EQ(p.ld_t, 68);
-  EXPECT_EQ(p.smem, 188176u);
-  p = cuda::gdn_chunk_plan(q27, 2, 132, kSmem);
-  EXPECT_EQ(p.split, 1);
-  EXPECT_EQ(p.ld_t, 64);  // the padded stride does not fit at split 1
-  EXPECT_EQ(p.smem, 231184u);
+  EXPECT_EQ(p.smem, 111376u);
+  EXPECT_EQ(p.ctas_per_sm, 2);
+  EXPECT_EQ(p.prep_ld_t, 68);
+  EXPECT_EQ(p.prep_smem, 87824u);
+  EXPECT_EQ(cuda::gdn_chunk_plan(q27, 4, 132, kSmem).split, 4);
+  p = cuda::gdn_chunk_plan_at(q27, 1, kSmem);
+  EXPECT_EQ(p.ld_t, 68);
+  EXPECT_EQ(p.smem, 185104u);
+  EXPECT_EQ(p.ctas_per_sm, 1);
+  p = cuda::gdn_chunk_plan_at(q27, 2, kSmem);
+  EXPECT_EQ(p.smem, 135952u);
+  EXPECT_EQ(p.ctas_per_sm, 1);
   EXPECT_EQ(cuda::gdn_chunk_plan(cuda::GdnDims{8, 24, 128, 128, 4}, 1, 132, kSmem).split, 4);  // TP 2
   // Shapes it does not take: the recurrent form runs every row.
   EXPECT_FALSE(cuda::gdn_chunk_plan(cuda::GdnDims{16, 48, 130, 128, 4}, 1, 132, kSmem).ok());  // Dk % 4
   EXPECT_FALSE(cuda::gdn_chunk_plan(cuda::GdnDims{16, 48, 128, 126, 4}, 1, 132, kSmem).ok());  // Dv % 4
-  EXPECT_FALSE(cuda::gdn_chunk_plan(cuda::GdnDims{16, 48, 256, 128, 4}, 1, 132, kSmem).ok());  // too big
-  EXPECT_TRUE(cuda::gdn_chunk_plan(cuda::GdnDims{16, 48, 208, 128, 4}, 1, 132, kSmem).ok());   // the largest Dk
+  EXPECT_FALSE(cuda::gdn_chunk_plan(cuda::GdnDims{16, 48, 324, 128, 4}, 1, 132, kSmem).ok());  // too big
+  EXPECT_TRUE(cuda::gdn_chunk_plan(cuda::GdnDims{16, 48, 320, 128, 4}, 1, 132, kSmem).ok());   // the largest Dk
   EXPECT_FALSE(cuda::gdn_chunk_plan_at(q27, 3, kSmem).ok());  // 128 / 3
-  EXPECT_FALSE(cuda::gdn_chunk_plan_at(q27, 1, 200000).ok());
+  EXPECT_FALSE(cuda::gdn_chunk_plan_at(q27, 1, 180000).ok());
   EXPECT_TRUE(cuda::gdn_chunk_plan_at(cuda::GdnDims{2, 4, 32, 48, 4}, 12, kSmem).ok());  // 4 columns per CTA
+  // The scratch: 4 Hv (Dk + Dv + 64 + 5) bytes per row, 256-byte aligned pieces.
+  EXPECT_EQ(cuda::gdn_rule_scratch_bytes(q27, 8192), size_t{8192} * 48 * (128 + 128 + 64 + 5) * 4);
+  EXPECT_EQ(cuda::gdn_rule_scratch_bytes(q27, 1), size_t{4} * 48 * 128 * 2 + 48 * 64 * 4 + 1024);
 }
 
 // ---- gated RMSNorm, split_q_gate, mul_sigmoid -------------------------------------

@@ -91,14 +91,18 @@ void CudaBackend::gated_delta_net(const StepBatch& b, int layer, const BackendLa
   // more rows after the decodes (begin_step checked that those have one row
   // each).
   const int max_rows = std::max(sv.num_decodes > 0 ? 1 : 0, sv.max_prefill_query);
-  const cuda::GdnSeqs seqs{sv.S, sv.q_start, sv.context_lens, sv.state_slots, max_rows, sv.num_decodes};
+  const cuda::GdnSeqs seqs{sv.S, sv.q_start, sv.context_lens, sv.state_slots, max_rows, sv.num_decodes, T};
   grow(gdn_conv_out_, static_cast<size_t>(std::max<int64_t>(T * C, 1)) * 4);
+  // The chunked form's scratch (a step with a sequence of two or more rows;
+  // a decode step, what graphs capture, neither needs nor touches it).
+  if (max_rows >= 2) grow(gdn_rule_scratch_, cuda::gdn_rule_scratch_bytes(d, T));
   float* conv = gdn_conv_out_.as<float>();
   cuda::gdn_conv(d, seqs, f32(qkv, op, "qkv"), f32(w.conv1d, op, "conv1d"), conv_state_[li].data(),
                  state_.conv_dtype == StateDtype::bf16, conv, stream_);
   float* o = f32(out, op, "out");
   cuda::gdn_rule(d, seqs, conv, f32(at, op, "a"), f32(bt, op, "b"), A_log, dt_bias, ssm_state_[li].data(),
-                 state_.ssm_dtype == StateDtype::bf16, o, stream_);
+                 state_.ssm_dtype == StateDtype::bf16, o, gdn_rule_scratch_.get(), gdn_rule_scratch_.bytes(),
+                 stream_);
   cuda::gdn_gated_rmsnorm(o, f32(z, op, "z"), T, static_cast<int>(Hv), d.v_head_dim, norm, eps, o, stream_);
 }
 

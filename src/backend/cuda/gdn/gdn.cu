@@ -240,26 +240,43 @@ __global__ void gdn_rule_kernel(GdnSeqs seqs, GdnDims dm, int chunk_begin, const
 
 // ---- the chunked delta rule -------------------------------------------------------
 //
-// One CTA of kChunkThreads per (value head h, Dv slice, sequence): the slice
-// is columns [c0, c0 + Dvs) of the head's state, Dvs = Dv / split. The CTA
-// keeps its slice of S [Dk][Dvs] in shared memory for the whole sequence
-// (one read and one write of the pool per step) and walks the sequence's
-// chunks; per chunk, with n <= 64 rows (rows n..63 of every buffer zero):
+// Two kernels per step. Within a chunk of n <= 64 rows (rows n..63 of every
+// buffer zero), steps 1-3 do not depend on the state, so a prep kernel runs
+// them for every chunk of the step at once; the sequential kernel walks each
+// sequence's chunks through the state (steps 4-6).
+//
+// Prep (gdn_chunk_prep_kernel): one CTA of kChunkThreads per (block of 64
+// rows of the step's T rows, value head h); it takes every chunk whose first
+// row lies in its block (a block holds one chunk start per sequence it
+// overlaps and one per multiple of 64 of the positions: ceil(T / 64) blocks
+// cover every chunk once). Per chunk:
 //  1. q, k rows -> QT, KT [Dk][ld_t] (transposed), the gates (one warp: g,
 //     beta, cum = running sum of g, exp(cum), exp(last - cum)), the l2 norms
-//     (one thread per row, the CPU's sequential sum), then q, k normalized,
-//     W^T = (k beta) exp(cum), U = v beta [64][Dvs].
+//     (one thread per row, the CPU's sequential sum), then q, k normalized.
 //  2. L = beta_i (k_i . k_j) exp(cum_i - cum_j) (j < i) -> LT [64][64] and
-//     A = (q_i . k_j) exp(cum_i - cum_j) (j <= i) -> AT [64][64]: the 136
-//     4x4 tiles on or below the diagonal of each, one per thread.
-//  3. Forward substitution of (I + L) X = B for every column of U and W, one
-//     thread per column, the column in 64 registers (right-looking: when
-//     x_j is final every x_i, i > j, takes its term, so each x_i takes its
-//     terms in the CPU's order j = 0, 1, ... with 63 - j independent
-//     multiply-adds per step instead of one dependent chain).
+//     A = (q_i . k_j) exp(cum_i - cum_j) (j <= i) -> the scratch: the 136 4x4
+//     tiles on or below the diagonal of each, one per thread.
+//  3. Forward substitution of (I + L) X = B for every column of U = v beta
+//     (Dv columns) and W = (k beta) exp(cum) (Dk columns), one thread per
+//     column, the column in 64 registers (right-looking: when x_j is final
+//     every x_i, i > j, takes its term, so each x_i takes its terms in the
+//     CPU's order j = 0, 1, ... with 63 - j independent multiply-adds per
+//     step instead of one dependent chain) -> the scratch.
+// The scratch (ChunkScratch, per value head and row of the step): W [Dk], U
+// [Dv], row j of A^T (A_ij for the chunk's i in [0, 64)), and exp(cum),
+// exp(last - cum), 1 / |q|, 1 / |k|, exp(last).
+//
+// Sequential (gdn_rule_chunked_kernel): one CTA of kChunkThreads per (value
+// head h, Dv slice, sequence): the slice is columns [c0, c0 + Dvs) of the
+// head's state, Dvs = Dv / split. The CTA keeps its slice of S [Dk][Dvs] in
+// shared memory for the whole sequence (one read and one write of the pool
+// per step) and walks the sequence's chunks; per chunk:
+//  0. QT = ((q 1/|q|) scale)^T from qkv, W^T [Dk][ld_t], U [64][Dvs], A^T
+//     [64][64] and the row vectors from the scratch (q normalized by the
+//     prep's expression, so QT holds the prep's bits).
 //  4. v_new = U - W S (into U).
 //  5. o = exp(cum_i) (q_i S) + sum_{j <= i} A_ij v_new_j -> out; KD [64][Dk]
-//     = k_i exp(last - cum_i) (over W^T, dead).
+//     = (k_i 1/|k_i|) exp(last - cum_i) from qkv (over W^T, dead).
 //  6. S = exp(last) S + sum_i KD_i v_new_i^T.
 // Products 4, 5, 6 give each thread TM x 4 outputs (TM = 4 or 2: the
 // template arguments, so that all 8 warps have tiles), every output one
@@ -268,27 +285,63 @@ __global__ void gdn_rule_kernel(GdnSeqs seqs, GdnDims dm, int chunk_begin, const
 // or 8-byte vectors that a warp shares (at most 4 and 8 distinct words). So
 // a column's arithmetic does not depend on the split or on which thread
 // computes it: results are bitwise independent of the split.
-// Shared memory (floats): S Dk Dvs + QT, KT, WT 3 Dk ld_t + U 64 Dvs + LT,
-// AT 2 x 64 x 64 + the per-row vectors; for Dk = Dv = 128: 225.8 KB at split
-// 1 (ld_t 64: the padded 68 would not fit), 183.8 KB at split 2, 159.8 KB at
-// split 4 (ld_t 68), so one CTA per SM.
+// Shared memory (floats): prep 2 Dk ld_t + LT 64 x 64 + 7 x 64 + 4 (87.8 KB
+// for Dk = 128: two CTAs per SM); sequential S Dk Dvs + QT, WT 2 Dk ld_t +
+// U 64 Dvs + AT 64 x 64 + 3 x 64 + 4; for Dk = Dv = 128 (ld_t 68): 185.1 KB
+// at split 1, 136.0 KB at split 2, 111.4 KB at split 4 (two CTAs per SM).
 
 constexpr int kChunk = kGdnCudaChunk;
 constexpr int kChunkThreads = 256;
 constexpr int kChunkWarps = kChunkThreads / 32;
 constexpr int kTriTiles = (kChunk / 4) * (kChunk / 4 + 1) / 2;  // 4x4 tiles on or below the diagonal: 136
-constexpr int kVecFloats = 7 * kChunk + 4;                      // g, beta, cum, exp(cum), exp(last - cum), 1/|q|, 1/|k|; exp(last)
+constexpr int kPrepVecFloats = 7 * kChunk + 4;  // g, beta, cum, exp(cum), exp(last - cum), 1/|q|, 1/|k|; exp(last)
+constexpr int kSeqVecFloats = 3 * kChunk + 4;   // exp(cum), exp(last - cum), 1/|k|; exp(last)
+constexpr int kRowVecs = 5;  // the scratch's per-row vectors: exp(cum), exp(last - cum), 1/|q|, 1/|k|, exp(last)
+constexpr size_t kSmemReservedPerBlock = 1024;  // shared memory the runtime reserves per resident block
+
+size_t prep_smem_bytes(int Dk, int ldt) {
+  return sizeof(float) * (2 * static_cast<size_t>(Dk) * ldt + static_cast<size_t>(kChunk) * kChunk + kPrepVecFloats);
+}
 
 size_t chunk_smem_bytes(int Dk, int Dvs, int ldt) {
   const size_t k = static_cast<size_t>(Dk), v = static_cast<size_t>(Dvs);
-  return sizeof(float) * (k * v + 3 * k * static_cast<size_t>(ldt) + static_cast<size_t>(kChunk) * v +
-                          2 * static_cast<size_t>(kChunk) * kChunk + kVecFloats);
+  return sizeof(float) * (k * v + 2 * k * static_cast<size_t>(ldt) + static_cast<size_t>(kChunk) * v +
+                          static_cast<size_t>(kChunk) * kChunk + kSeqVecFloats);
+}
+
+// The prep kernel's outputs over the step's T rows, per value head h and
+// row r (pieces 256-byte aligned, in this order):
+struct ChunkScratch {
+  float* W = nullptr;    // [Hv][T][Dk]: row i of the chunk's (I + L)^{-1} (k beta exp(cum))
+  float* U = nullptr;    // [Hv][T][Dv]: row i of (I + L)^{-1} (v beta)
+  float* A = nullptr;    // [Hv][T][64]: row j of the chunk's A^T (A_ij at i; 0 for i < j)
+  float* vec = nullptr;  // [kRowVecs][Hv][T]
+  int64_t T = 0;
+};
+
+size_t align256(size_t x) { return (x + 255) / 256 * 256; }
+
+// The scratch's layout for dims d and T rows at `base` (nullptr: offsets
+// from 0); returns its size in bytes.
+size_t chunk_scratch_layout(const GdnDims& d, int64_t T, void* base, ChunkScratch* sc) {
+  const size_t rows = static_cast<size_t>(std::max<int64_t>(T, 0)) * static_cast<size_t>(d.num_v_heads);
+  const size_t w = align256(rows * d.k_head_dim * sizeof(float)), u = align256(rows * d.v_head_dim * sizeof(float)),
+               a = align256(rows * kChunk * sizeof(float)), v = align256(rows * kRowVecs * sizeof(float));
+  if (sc) {
+    char* p = static_cast<char*>(base);
+    sc->W = reinterpret_cast<float*>(p);
+    sc->U = reinterpret_cast<float*>(p + w);
+    sc->A = reinterpret_cast<float*>(p + w + u);
+    sc->vec = reinterpret_cast<float*>(p + w + u + a);
+    sc->T = T;
+  }
+  return w + u + a + v;
 }
 
 struct ChunkArgs {
   GdnSeqs seqs;
   GdnDims dm;
-  int split, ldt, seq_begin;
+  int split, ldt, prep_ldt, seq_begin;
   const float* qkv;
   const float* a;
   const float* b;
@@ -296,6 +349,7 @@ struct ChunkArgs {
   const float* dt_bias;
   void* pool;  // [slots][Hv][Dk][Dv] of the kernel's State
   float* out;
+  ChunkScratch sc;
 };
 
 // acc[r][c] += sum_k A[k][r] B[k][c] over k in [0, K), in the order of k,
@@ -361,61 +415,70 @@ __device__ __forceinline__ void forward_subst(float (&x)[kChunk], const float* L
   }
 }
 
-// TV, TS: the rows per thread tile of the 64 x Dvs products (4, 5) and of
-// the Dk x Dvs state update (6); State: the pool's element type.
-template <int TV, int TS, class State>
-__global__ void __launch_bounds__(kChunkThreads, 1) gdn_rule_chunked_kernel(ChunkArgs p) {
+// Steps 1-3 of every chunk whose first row lies in rows [64 blockIdx.x,
+// 64 blockIdx.x + 64) of the step, for value head blockIdx.y (the header
+// comment). A chunk belongs to a sequence the sequential kernel takes (from
+// seq_begin on, two or more rows, not padding); its first row is the
+// sequence's first or sits at a position that is a multiple of 64.
+__global__ void __launch_bounds__(kChunkThreads, 2) gdn_chunk_prep_kernel(ChunkArgs p) {
   extern __shared__ float4 sm4[];
   float* sm = reinterpret_cast<float*>(sm4);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int split = p.split, ldt = p.ldt;
-  const int h = blockIdx.x / split, part = blockIdx.x % split, s = p.seq_begin + blockIdx.y;
+  const int ldt = p.prep_ldt, h = blockIdx.y;
   const int Hk = p.dm.num_k_heads, Hv = p.dm.num_v_heads, Dk = p.dm.k_head_dim, Dv = p.dm.v_head_dim;
-  const int Dvs = Dv / split, cs = part * Dvs;  // this CTA's columns [cs, cs + Dvs)
-  const int64_t KD = p.dm.key_dim(), VD = p.dm.value_dim(), C = p.dm.conv_dim();
-  const int r0 = p.seqs.q_start[s], n = p.seqs.q_start[s + 1] - r0;
-  if (n < 2) return;  // the recurrent kernel's
-  const int slot = p.seqs.slots[s];
-  float* __restrict__ out = p.out;
-  const int64_t ocol = static_cast<int64_t>(h) * Dv + cs;
-  if (slot < 0) {  // padding: zero rows, no state
-    for (int e = tid; e < n * Dvs; e += kChunkThreads)
-      out[static_cast<int64_t>(r0 + e / Dvs) * VD + ocol + e % Dvs] = 0.0f;
-    return;
-  }
-  float* Ssh = sm;                                     // [Dk][Dvs]
-  float* QT = Ssh + Dk * Dvs;                          // [Dk][ldt]: q^T
-  float* KT = QT + Dk * ldt;                           // [Dk][ldt]: k^T
-  float* WT = KT + Dk * ldt;                           // [Dk][ldt]: W^T; from step 5 KD [64][Dk]
-  float* U = WT + Dk * ldt;                            // [64][Dvs]
-  float* LT = U + kChunk * Dvs;                        // [64][64]
-  float* AT = LT + kChunk * kChunk;                    // [64][64]
-  float* gv = AT + kChunk * kChunk;                    // [64] g
-  float* bet = gv + kChunk;                            // [64] beta
-  float* cum = bet + kChunk;                           // [64] running sum of g
-  float* ev = cum + kChunk;                            // [64] exp(cum)
-  float* dl = ev + kChunk;                             // [64] exp(last - cum), 0 past the chunk
-  float* invq = dl + kChunk;                           // [64]
-  float* invk = invq + kChunk;                         // [64]
-  float* misc = invk + kChunk;                         // [0] exp(last)
-  float* KDm = WT;
+  const int64_t KD = p.dm.key_dim(), C = p.dm.conv_dim(), T = p.sc.T;
+  const int* __restrict__ q_start = p.seqs.q_start;
+  const int rb = static_cast<int>(blockIdx.x) * kChunk;
+  const int re = static_cast<int>(min(static_cast<int64_t>(rb) + kChunk, T));
+  float* QT = sm;                    // [Dk][ldt]: q^T
+  float* KT = QT + Dk * ldt;         // [Dk][ldt]: k^T
+  float* LT = KT + Dk * ldt;         // [64][64]
+  float* gv = LT + kChunk * kChunk;  // [64] g
+  float* bet = gv + kChunk;          // [64] beta
+  float* cum = bet + kChunk;         // [64] running sum of g
+  float* ev = cum + kChunk;          // [64] exp(cum)
+  float* dl = ev + kChunk;           // [64] exp(last - cum), 0 past the chunk
+  float* invq = dl + kChunk;         // [64]
+  float* invk = invq + kChunk;       // [64]
+  float* misc = invk + kChunk;       // [0] exp(last)
 
-  const int pos0 = p.seqs.context_lens[s] - n;
-  const bool fresh = pos0 == 0;
-  State* S = static_cast<State*>(p.pool) + (static_cast<int64_t>(slot) * Hv + h) * Dk * Dv + cs;
-  for (int e = tid; e < Dk * Dvs; e += kChunkThreads)
-    Ssh[e] = fresh ? 0.0f : state_f32(S[static_cast<int64_t>(e / Dvs) * Dv + e % Dvs]);
   const int kh = h / (Hv / Hk);
   const float scale = __fdiv_rn(1.0f, sqrtf(static_cast<float>(Dk)));
   const float neg_A = -expf(p.A_log[h]), dtb = p.dt_bias[h];
   const float* __restrict__ qkv = p.qkv;
   const int wba = (Dk + 31) / 32, nwb = wba * 4;  // warp blocks of 32 (Dk) x 16 (rows) per matrix
+  const int64_t hT = static_cast<int64_t>(h) * T;
+  float* __restrict__ Wg = p.sc.W;
+  float* __restrict__ Ug = p.sc.U;
+  float* __restrict__ Ag = p.sc.A;
+  float* __restrict__ vg = p.sc.vec + hT;  // + k Hv T: vector k
 
-  for (int t0 = 0; t0 < n;) {
+  // The sequence holding row rb: the last s with q_start[s] <= rb.
+  int s = 0;
+  {
+    int hi = p.seqs.num_seqs - 1;
+    while (s < hi) {
+      const int mid = (s + hi + 1) / 2;
+      if (q_start[mid] <= rb) s = mid;
+      else hi = mid - 1;
+    }
+  }
+  for (int row0 = rb; row0 < re;) {
+    while (s + 1 < p.seqs.num_seqs && q_start[s + 1] <= row0) ++s;  // skips empty sequences
+    if (q_start[s + 1] <= row0) break;  // past the step's rows (q_start[num_seqs] = T)
+    const int r0 = q_start[s], n = q_start[s + 1] - r0, t = row0 - r0;
+    if (s < p.seq_begin || n < 2 || p.seqs.slots[s] < 0) {  // the recurrent kernel's, or padding
+      row0 = r0 + n;
+      continue;
+    }
     // Chunks end at absolute multiples of 64 (the CPU's rule).
-    const int nc = min(n - t0, kChunk - (pos0 + t0) % kChunk);
-    const int64_t row0 = r0 + t0;
-    __syncthreads();  // the previous chunk's buffers are read (and S is loaded)
+    const int rem = kChunk - (p.seqs.context_lens[s] - n + t) % kChunk;
+    if (t != 0 && rem != kChunk) {  // inside a chunk: on to the next chunk start
+      row0 += min(rem, n - t);
+      continue;
+    }
+    const int nc = min(n - t, rem);
+    __syncthreads();  // the previous chunk's buffers are read
 
     // 1a. The gates (the last warp), then q and k rows transposed into QT,
     // KT by 4x4 register blocks (lanes: 8 column blocks x 4 row blocks).
@@ -464,57 +527,60 @@ __global__ void __launch_bounds__(kChunkThreads, 1) gdn_rule_chunked_kernel(Chun
           for (int c = 0; c < 4; ++c) v[r][c] = 0.0f;
         }
       }
-      float* T = m ? KT : QT;
+      float* Tm = m ? KT : QT;
 #pragma unroll
       for (int c = 0; c < 4; ++c)
-        *reinterpret_cast<float4*>(T + (a0 + c) * ldt + i0) = make_float4(v[0][c], v[1][c], v[2][c], v[3][c]);
+        *reinterpret_cast<float4*>(Tm + (a0 + c) * ldt + i0) = make_float4(v[0][c], v[1][c], v[2][c], v[3][c]);
     }
     __syncthreads();
 
     // 1b. 1 / sqrt(sum x^2 + 1e-6) per q and k row: the CPU's sequential sum.
     if (tid < 2 * kChunk) {
-      const float* T = tid < kChunk ? QT : KT;
+      const float* Tm = tid < kChunk ? QT : KT;
       const int i = tid % kChunk;
       float ss = 0.0f;
       for (int a = 0; a < Dk; ++a) {
-        const float x = T[a * ldt + i];
+        const float x = Tm[a * ldt + i];
         ss = __fadd_rn(ss, __fmul_rn(x, x));
       }
       (tid < kChunk ? invq : invk)[i] = __fdiv_rn(1.0f, sqrtf(__fadd_rn(ss, 1e-6f)));
     }
     __syncthreads();
 
-    // 1c. q (x inv) scale, k x inv (the CPU's * 1.0f is exact), W^T = (k
-    // beta) exp(cum), U = v beta.
+    // 1c. q (x inv) scale, k x inv (the CPU's * 1.0f is exact); the chunk's
+    // row vectors to the scratch.
     {
       const int i = tid % kChunk;
-      const float iq = invq[i], ik = invk[i], bi = bet[i], ei = ev[i];
+      const float iq = invq[i], ik = invk[i];
       for (int a = tid / kChunk; a < Dk; a += kChunkThreads / kChunk) {
         const int x = a * ldt + i;
         const float kn = __fmul_rn(KT[x], ik);
         QT[x] = __fmul_rn(__fmul_rn(QT[x], iq), scale);
         KT[x] = kn;
-        WT[x] = __fmul_rn(__fmul_rn(kn, bi), ei);
       }
-      const float* vsrc = qkv + 2 * KD + ocol;
-      for (int e = tid; e < kChunk * Dvs; e += kChunkThreads) {
-        const int r = e / Dvs;
-        U[e] = r < nc ? __fmul_rn(vsrc[(row0 + r) * C + e % Dvs], bet[r]) : 0.0f;
+      if (tid < nc) {
+        const int64_t HT = static_cast<int64_t>(Hv) * T, r = row0 + tid;
+        vg[r] = ev[tid];
+        vg[HT + r] = dl[tid];
+        vg[2 * HT + r] = iq;
+        vg[3 * HT + r] = ik;
+        vg[4 * HT + r] = misc[0];
       }
     }
     __syncthreads();
 
     // 2. L and A, 4x4 tiles on or below the diagonal (jobs [0, 136): L from
-    // K K^T, [136, 272): A from Q K^T).
+    // K K^T into LT, [136, 272): A from Q K^T into the scratch, rows j < nc);
+    // tiles of rows i >= nc are zeros (what their zero q, k rows and beta
+    // give). Then A^T's entries above the diagonal tiles: zeros.
     for (int job = tid; job < 2 * kTriTiles; job += kChunkThreads) {
       const bool isA = job >= kTriTiles;
-      const int t = isA ? job - kTriTiles : job;
+      const int tt = isA ? job - kTriTiles : job;
       int ti = 0;
-      while ((ti + 1) * (ti + 2) / 2 <= t) ++ti;
-      const int tj = t - ti * (ti + 1) / 2;
+      while ((ti + 1) * (ti + 2) / 2 <= tt) ++ti;
+      const int tj = tt - ti * (ti + 1) / 2;
       float acc[4][4] = {};
-      tile_fma<4>((isA ? QT : KT) + 4 * ti, ldt, KT + 4 * tj, ldt, Dk, acc);
-      float* dst = isA ? AT : LT;
+      if (4 * ti < nc) tile_fma<4>((isA ? QT : KT) + 4 * ti, ldt, KT + 4 * tj, ldt, Dk, acc);
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int j = 4 * tj + c;
@@ -523,43 +589,161 @@ __global__ void __launch_bounds__(kChunkThreads, 1) gdn_rule_chunked_kernel(Chun
         for (int r = 0; r < 4; ++r) {
           const int i = 4 * ti + r;
           o[r] = 0.0f;
+          if (4 * ti >= nc) continue;
           if (isA) {
             if (j <= i) o[r] = __fmul_rn(acc[r][c], expf(__fsub_rn(cum[i], cum[j])));
           } else if (j < i) {
             o[r] = __fmul_rn(__fmul_rn(bet[i], acc[r][c]), expf(__fsub_rn(cum[i], cum[j])));
           }
         }
-        *reinterpret_cast<float4*>(dst + j * kChunk + 4 * ti) = make_float4(o[0], o[1], o[2], o[3]);
+        if (!isA)
+          *reinterpret_cast<float4*>(LT + j * kChunk + 4 * ti) = make_float4(o[0], o[1], o[2], o[3]);
+        else if (j < nc)
+          *reinterpret_cast<float4*>(Ag + (hT + row0 + j) * kChunk + 4 * ti) = make_float4(o[0], o[1], o[2], o[3]);
       }
+    }
+    for (int e = tid; e < nc * (kChunk / 4); e += kChunkThreads) {
+      const int j = e / (kChunk / 4), q = e % (kChunk / 4);
+      if (q < j / 4)
+        *reinterpret_cast<float4*>(Ag + (hT + row0 + j) * kChunk + 4 * q) = make_float4(0.f, 0.f, 0.f, 0.f);
     }
     __syncthreads();
 
-    // 3. U <- (I + L)^{-1} U, W <- (I + L)^{-1} W, one column per thread.
-    for (int c = tid; c < Dvs + Dk; c += kChunkThreads) {
+    // 3. U = (I + L)^{-1} (v beta) (columns [0, Dv)), W = (I + L)^{-1} ((k
+    // beta) exp(cum)) (columns [Dv, Dv + Dk)), one column per thread; rows
+    // i < nc to the scratch.
+    for (int c = tid; c < Dv + Dk; c += kChunkThreads) {
       float x[kChunk];
-      const bool isU = c < Dvs;
-      float* wrow = WT + (isU ? 0 : (c - Dvs) * ldt);
+      const bool isU = c < Dv;
       if (isU) {
+        const float* vsrc = qkv + 2 * KD + static_cast<int64_t>(h) * Dv + c;
 #pragma unroll
-        for (int i = 0; i < kChunk; ++i) x[i] = U[i * Dvs + c];
+        for (int i = 0; i < kChunk; ++i) x[i] = i < nc ? __fmul_rn(vsrc[(row0 + i) * C], bet[i]) : 0.0f;
       } else {
+        const float4* krow = reinterpret_cast<const float4*>(KT + (c - Dv) * ldt);
 #pragma unroll
         for (int q = 0; q < kChunk / 4; ++q) {
-          const float4 t = reinterpret_cast<const float4*>(wrow)[q];
-          x[4 * q] = t.x;
-          x[4 * q + 1] = t.y;
-          x[4 * q + 2] = t.z;
-          x[4 * q + 3] = t.w;
+          const float4 kn = krow[q];
+          x[4 * q] = __fmul_rn(__fmul_rn(kn.x, bet[4 * q]), ev[4 * q]);
+          x[4 * q + 1] = __fmul_rn(__fmul_rn(kn.y, bet[4 * q + 1]), ev[4 * q + 1]);
+          x[4 * q + 2] = __fmul_rn(__fmul_rn(kn.z, bet[4 * q + 2]), ev[4 * q + 2]);
+          x[4 * q + 3] = __fmul_rn(__fmul_rn(kn.w, bet[4 * q + 3]), ev[4 * q + 3]);
         }
       }
       forward_subst(x, LT, nc);
-      if (isU) {
+      const int ld = isU ? Dv : Dk;
+      float* dst = (isU ? Ug + (hT + row0) * Dv + c : Wg + (hT + row0) * Dk + (c - Dv));
 #pragma unroll
-        for (int i = 0; i < kChunk; ++i) U[i * Dvs + c] = x[i];
-      } else {
+      for (int i = 0; i < kChunk; ++i)
+        if (i < nc) dst[static_cast<int64_t>(i) * ld] = x[i];
+    }
+    row0 += nc;
+  }
+}
+
+// Steps 4-6 (the header comment). TV, TS: the rows per thread tile of the
+// 64 x Dvs products (4, 5) and of the Dk x Dvs state update (6); State: the
+// pool's element type.
+template <int TV, int TS, class State>
+__global__ void __launch_bounds__(kChunkThreads, 2) gdn_rule_chunked_kernel(ChunkArgs p) {
+  extern __shared__ float4 sm4[];
+  float* sm = reinterpret_cast<float*>(sm4);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int split = p.split, ldt = p.ldt;
+  const int h = blockIdx.x / split, part = blockIdx.x % split, s = p.seq_begin + blockIdx.y;
+  const int Hk = p.dm.num_k_heads, Hv = p.dm.num_v_heads, Dk = p.dm.k_head_dim, Dv = p.dm.v_head_dim;
+  const int Dvs = Dv / split, cs = part * Dvs;  // this CTA's columns [cs, cs + Dvs)
+  const int64_t KD = p.dm.key_dim(), VD = p.dm.value_dim(), C = p.dm.conv_dim(), T = p.sc.T;
+  const int r0 = p.seqs.q_start[s], n = p.seqs.q_start[s + 1] - r0;
+  if (n < 2) return;  // the recurrent kernel's
+  const int slot = p.seqs.slots[s];
+  float* __restrict__ out = p.out;
+  const int64_t ocol = static_cast<int64_t>(h) * Dv + cs;
+  if (slot < 0) {  // padding: zero rows, no state
+    for (int e = tid; e < n * Dvs; e += kChunkThreads)
+      out[static_cast<int64_t>(r0 + e / Dvs) * VD + ocol + e % Dvs] = 0.0f;
+    return;
+  }
+  float* Ssh = sm;                   // [Dk][Dvs]
+  float* QT = Ssh + Dk * Dvs;        // [Dk][ldt]: q^T
+  float* WT = QT + Dk * ldt;         // [Dk][ldt]: W^T; from step 5 KD [64][Dk]
+  float* U = WT + Dk * ldt;          // [64][Dvs]
+  float* AT = U + kChunk * Dvs;      // [64][64]
+  float* ev = AT + kChunk * kChunk;  // [64] exp(cum), 0 past the chunk
+  float* dl = ev + kChunk;           // [64] exp(last - cum), 0 past the chunk
+  float* invk = dl + kChunk;         // [64]
+  float* misc = invk + kChunk;       // [0] exp(last)
+  float* KDm = WT;
+
+  const int pos0 = p.seqs.context_lens[s] - n;
+  const bool fresh = pos0 == 0;
+  State* S = static_cast<State*>(p.pool) + (static_cast<int64_t>(slot) * Hv + h) * Dk * Dv + cs;
+  for (int e = tid; e < Dk * Dvs; e += kChunkThreads)
+    Ssh[e] = fresh ? 0.0f : state_f32(S[static_cast<int64_t>(e / Dvs) * Dv + e % Dvs]);
+  const int kh = h / (Hv / Hk);
+  const float scale = __fdiv_rn(1.0f, sqrtf(static_cast<float>(Dk)));
+  const float* __restrict__ qkv = p.qkv;
+  const int wba = (Dk + 31) / 32, nwb = wba * 4;  // warp blocks of 32 (Dk) x 16 (rows) per matrix
+  const int64_t hT = static_cast<int64_t>(h) * T, HT = static_cast<int64_t>(Hv) * T;
+  const float* __restrict__ Wg = p.sc.W + hT * Dk;       // + row Dk
+  const float* __restrict__ Ug = p.sc.U + hT * Dv + cs;  // + row Dv
+  const float* __restrict__ Ag = p.sc.A + hT * kChunk;   // + row 64
+  const float* __restrict__ vg = p.sc.vec + hT;          // + k HT + row: vector k
+
+  for (int t0 = 0; t0 < n;) {
+    // Chunks end at absolute multiples of 64 (the CPU's rule).
+    const int nc = min(n - t0, kChunk - (pos0 + t0) % kChunk);
+    const int64_t row0 = r0 + t0;
+    __syncthreads();  // the previous chunk's buffers are read (and S is loaded)
+
+    // 0. The chunk's operands: QT = ((q 1/|q|) scale)^T from qkv and W^T from
+    // the scratch, transposed by 4x4 register blocks (lanes: 8 column blocks
+    // x 4 row blocks); U, A^T (rows j < nc: the only ones step 5 reads) and
+    // the row vectors from the scratch; rows from nc on zero.
+    for (int wb = warp; wb < 2 * nwb; wb += kChunkWarps) {
+      const int m = wb / nwb, w = wb % nwb;  // m 0: q, 1: W
+      const int a0 = ((w / 4) * 8 + lane % 8) * 4, i0 = ((w % 4) * 4 + lane / 8) * 4;
+      if (a0 >= Dk) continue;
+      float v[4][4];
 #pragma unroll
-        for (int q = 0; q < kChunk / 4; ++q)
-          reinterpret_cast<float4*>(wrow)[q] = make_float4(x[4 * q], x[4 * q + 1], x[4 * q + 2], x[4 * q + 3]);
+      for (int r = 0; r < 4; ++r) {
+        const int64_t row = row0 + i0 + r;
+        if (i0 + r >= nc) {
+#pragma unroll
+          for (int c = 0; c < 4; ++c) v[r][c] = 0.0f;
+        } else if (m == 0) {
+          const float* src = qkv + row * C + static_cast<int64_t>(kh) * Dk + a0;
+          const float iq = vg[2 * HT + row];
+#pragma unroll
+          for (int c = 0; c < 4; ++c) v[r][c] = __fmul_rn(__fmul_rn(src[c], iq), scale);
+        } else {
+          const float4 x = *reinterpret_cast<const float4*>(Wg + row * Dk + a0);
+          v[r][0] = x.x;
+          v[r][1] = x.y;
+          v[r][2] = x.z;
+          v[r][3] = x.w;
+        }
+      }
+      float* Tm = m ? WT : QT;
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        *reinterpret_cast<float4*>(Tm + (a0 + c) * ldt + i0) = make_float4(v[0][c], v[1][c], v[2][c], v[3][c]);
+    }
+    {
+      const int q4 = Dvs / 4;
+      for (int e = tid; e < kChunk * q4; e += kChunkThreads) {
+        const int i = e / q4, c = 4 * (e % q4);
+        *reinterpret_cast<float4*>(U + i * Dvs + c) =
+            i < nc ? *reinterpret_cast<const float4*>(Ug + (row0 + i) * Dv + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+      for (int e = tid; e < nc * (kChunk / 4); e += kChunkThreads)
+        reinterpret_cast<float4*>(AT)[e] = reinterpret_cast<const float4*>(Ag + row0 * kChunk)[e];
+      if (tid < kChunk) {
+        const bool in = tid < nc;
+        ev[tid] = in ? vg[row0 + tid] : 0.0f;
+        dl[tid] = in ? vg[HT + row0 + tid] : 0.0f;
+        invk[tid] = in ? vg[3 * HT + row0 + tid] : 0.0f;
+        if (tid == 0) misc[0] = vg[4 * HT + row0];
       }
     }
     __syncthreads();
@@ -583,8 +767,8 @@ __global__ void __launch_bounds__(kChunkThreads, 1) gdn_rule_chunked_kernel(Chun
     __syncthreads();
 
     // 5. The outputs: o_i = (q_i S) exp(cum_i), then + A_ij v_new_j for j =
-    // 0..i in order (A_ij = 0 for j > i inside the tile). Then KD = k_i
-    // exp(last - cum_i), [64][Dk], over W^T, by 4x4 register transposes.
+    // 0..i in order (A_ij = 0 for j > i inside the tile). Then KD = (k_i
+    // 1/|k_i|) exp(last - cum_i), [64][Dk], from qkv over W^T.
     for_tiles<TV>(kChunk, Dvs, [&](int i0, int d0) {
       if (i0 >= nc) return;
       float acc[TV][4] = {};
@@ -604,22 +788,16 @@ __global__ void __launch_bounds__(kChunkThreads, 1) gdn_rule_chunked_kernel(Chun
           for (int c = 0; c < 4; ++c) o[c] = acc[r][c];
         }
     });
-    for (int wb = warp; wb < nwb; wb += kChunkWarps) {
-      const int a0 = ((wb / 4) * 8 + lane % 8) * 4, i0 = ((wb % 4) * 4 + lane / 8) * 4;
-      if (a0 >= Dk) continue;
-      float4 col[4];
-#pragma unroll
-      for (int c = 0; c < 4; ++c) col[c] = *reinterpret_cast<const float4*>(KT + (a0 + c) * ldt + i0);
-      const float kx[4][4] = {{col[0].x, col[1].x, col[2].x, col[3].x},
-                              {col[0].y, col[1].y, col[2].y, col[3].y},
-                              {col[0].z, col[1].z, col[2].z, col[3].z},
-                              {col[0].w, col[1].w, col[2].w, col[3].w}};
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const float d = dl[i0 + r];
-        *reinterpret_cast<float4*>(KDm + (i0 + r) * Dk + a0) =
-            make_float4(__fmul_rn(kx[r][0], d), __fmul_rn(kx[r][1], d), __fmul_rn(kx[r][2], d), __fmul_rn(kx[r][3], d));
+    for (int e = tid; e < kChunk * (Dk / 4); e += kChunkThreads) {
+      const int i = e / (Dk / 4), a0 = 4 * (e % (Dk / 4));
+      float4 kd = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (i < nc) {
+        const float* src = qkv + (row0 + i) * C + KD + static_cast<int64_t>(kh) * Dk + a0;
+        const float ik = invk[i], d = dl[i];
+        kd = make_float4(__fmul_rn(__fmul_rn(src[0], ik), d), __fmul_rn(__fmul_rn(src[1], ik), d),
+                         __fmul_rn(__fmul_rn(src[2], ik), d), __fmul_rn(__fmul_rn(src[3], ik), d));
       }
+      *reinterpret_cast<float4*>(KDm + i * Dk + a0) = kd;
     }
     __syncthreads();
 
@@ -661,15 +839,14 @@ ChunkKernel chunk_kernel(int tv, int ts) {
   return ts == 4 ? gdn_rule_chunked_kernel<2, 4, State> : gdn_rule_chunked_kernel<2, 2, State>;
 }
 
-// Multiply-adds of one CTA per chunk (the plan's cost): the K K^T and Q K^T
-// tiles and the forward substitution of W (every CTA), plus per column of
-// its slice the substitution of U, W S, Q S, A v_new and the state update.
+// The sequential kernel's work per CTA and chunk (the plan's cost), in
+// multiply-adds: per column of its slice W S, Q S, A v_new and the state
+// update, plus the chunk's loads (q, W, k, A^T: one unit per element).
 double chunk_cost(const GdnDims& d, int split) {
   const double Dk = d.k_head_dim, Dvs = static_cast<double>(d.v_head_dim) / split, c = kChunk;
-  const double tri = 2.0 * kTriTiles * 16 * Dk;
-  const double fwd = (Dk + Dvs) * c * (c - 1) / 2;
-  const double cols = Dvs * (3 * c * Dk + c * (c + 4) / 2);
-  return tri + fwd + cols;
+  const double cols = Dvs * (3 * c * Dk + c * (c + 1) / 2);
+  const double loads = c * (3 * Dk + c);
+  return cols + loads;
 }
 
 // One CTA per (token, head) row: thread 0 sums the squares in order (the
@@ -786,9 +963,29 @@ void gdn_conv(const GdnDims& d, const GdnSeqs& seqs, const float* x, const float
 GdnChunkPlan gdn_chunk_plan_at(const GdnDims& d, int split, size_t max_smem) {
   const int Dk = d.k_head_dim, Dv = d.v_head_dim;
   if (split <= 0 || Dk <= 0 || Dv <= 0 || Dk % 4 != 0 || Dv % split != 0 || (Dv / split) % 4 != 0) return {};
+  GdnChunkPlan p;
+  for (const int ldt : {kChunk + 4, kChunk}) {
+    const size_t bytes = prep_smem_bytes(Dk, ldt);
+    if (bytes <= max_smem) {
+      p.prep_ld_t = ldt;
+      p.prep_smem = bytes;
+      break;
+    }
+  }
+  if (p.prep_ld_t == 0) return {};
   for (const int ldt : {kChunk + 4, kChunk}) {
     const size_t bytes = chunk_smem_bytes(Dk, Dv / split, ldt);
-    if (bytes <= max_smem) return GdnChunkPlan{split, ldt, bytes};
+    if (bytes <= max_smem) {
+      p.split = split;
+      p.ld_t = ldt;
+      p.smem = bytes;
+      // Resident CTAs per SM: the SM's shared memory is the block opt-in
+      // plus one block's reservation; at most 2 (the launch bounds'
+      // registers).
+      p.ctas_per_sm = static_cast<int>(
+          std::min<size_t>(2, (max_smem + kSmemReservedPerBlock) / (bytes + kSmemReservedPerBlock)));
+      return p;
+    }
   }
   return {};
 }
@@ -801,7 +998,10 @@ GdnChunkPlan gdn_chunk_plan(const GdnDims& d, int multi_seqs, int num_sms, size_
     if (split > 1 && d.v_head_dim / split < 32) break;
     const GdnChunkPlan p = gdn_chunk_plan_at(d, split, max_smem);
     if (!p.ok()) continue;
-    const double t = std::ceil(ctas * split / std::max(num_sms, 1)) * chunk_cost(d, split);
+    // m CTAs per SM, run r at a time; r co-resident CTAs take 1 + (r - 1) / 2
+    // times one CTA's time (an estimate: the kernel is latency-bound).
+    const double m = std::ceil(ctas * split / std::max(num_sms, 1)), r = p.ctas_per_sm;
+    const double t = std::ceil(m / r) * (1.0 + 0.5 * (std::min(r, m) - 1.0)) * chunk_cost(d, split);
     if (!best.ok() || t < best_t) {
       best = p;
       best_t = t;
@@ -810,9 +1010,11 @@ GdnChunkPlan gdn_chunk_plan(const GdnDims& d, int multi_seqs, int num_sms, size_
   return best;
 }
 
+size_t gdn_rule_scratch_bytes(const GdnDims& d, int64_t T) { return chunk_scratch_layout(d, T, nullptr, nullptr); }
+
 void gdn_rule(const GdnDims& d, const GdnSeqs& seqs, const float* qkv, const float* a, const float* b,
-              const float* A_log, const float* dt_bias, void* ssm_state, bool state_bf16, float* out,
-              cudaStream_t stream, const GdnRuleOptions& opt) {
+              const float* A_log, const float* dt_bias, void* ssm_state, bool state_bf16, float* out, void* scratch,
+              size_t scratch_bytes, cudaStream_t stream, const GdnRuleOptions& opt) {
   check_dims(d, "gdn_rule");
   if (seqs.num_seqs <= 0) return;
   const size_t smem = (static_cast<size_t>(d.k_head_dim) * d.v_head_dim + 2 * static_cast<size_t>(d.k_head_dim) + 2) *
@@ -826,7 +1028,7 @@ void gdn_rule(const GdnDims& d, const GdnSeqs& seqs, const float* qkv, const flo
                                 std::to_string(d.v_head_dim) + " f32, " + std::to_string(smem) +
                                 " bytes with q and k) does not fit in the " + std::to_string(max_smem) +
                                 " bytes of shared memory of one block (or Dv > 1024)");
-  // The chunked kernel takes the sequences of two or more rows from
+  // The chunked kernels take the sequences of two or more rows from
   // seq_begin on, unless the step has none (a decode step: not launched).
   const int seq_begin = std::clamp(seqs.num_decodes, 0, seqs.num_seqs);
   GdnChunkPlan plan;
@@ -844,6 +1046,17 @@ void gdn_rule(const GdnDims& d, const GdnSeqs& seqs, const float* qkv, const flo
       plan = gdn_chunk_plan(d, seqs.num_seqs - seq_begin, num_sms, static_cast<size_t>(max_smem));
     }
   }
+  ChunkScratch sc;
+  if (plan.ok()) {
+    if (seqs.num_tokens < 0)
+      throw std::invalid_argument(
+          "cuda::gdn_rule: a step with sequences of two or more rows needs GdnSeqs::num_tokens");
+    const size_t need = chunk_scratch_layout(d, seqs.num_tokens, scratch, &sc);
+    if (!scratch || scratch_bytes < need)
+      throw std::invalid_argument("cuda::gdn_rule: the chunked delta rule needs " + std::to_string(need) +
+                                  " bytes of scratch for " + std::to_string(seqs.num_tokens) + " rows, given " +
+                                  std::to_string(scratch ? scratch_bytes : 0));
+  }
   const int threads = (d.v_head_dim + 31) / 32 * 32;
   const dim3 grid(static_cast<unsigned>(d.num_v_heads), static_cast<unsigned>(seqs.num_seqs));
   const int chunk_begin = plan.ok() ? seq_begin : INT_MAX;
@@ -854,12 +1067,19 @@ void gdn_rule(const GdnDims& d, const GdnSeqs& seqs, const float* qkv, const flo
     launch_rule_kernel<float>(grid, threads, smem, stream, seqs, d, chunk_begin, qkv, a, b, A_log, dt_bias, ssm_state,
                               out);
   FP8KV_CU_LAUNCH();
-  if (!plan.ok()) return;
+  if (!plan.ok() || seqs.num_tokens == 0) return;
+  const ChunkArgs args{seqs, d, plan.split, plan.ld_t, plan.prep_ld_t, seq_begin, qkv, a, b, A_log, dt_bias,
+                       ssm_state, out, sc};
+  // Steps 1-3 of every chunk, then the sequences' walks through the state.
+  if (plan.prep_smem > 48 * 1024) allow_smem(reinterpret_cast<const void*>(gdn_chunk_prep_kernel), plan.prep_smem);
+  const dim3 pgrid(static_cast<unsigned>((seqs.num_tokens + kChunk - 1) / kChunk),
+                   static_cast<unsigned>(d.num_v_heads));
+  gdn_chunk_prep_kernel<<<pgrid, kChunkThreads, plan.prep_smem, stream>>>(args);
+  FP8KV_CU_LAUNCH();
   const int Dvs = d.v_head_dim / plan.split;
   const int tv = chunk_tile_rows(kChunk, Dvs), ts = chunk_tile_rows(d.k_head_dim, Dvs);
   const ChunkKernel kern = state_bf16 ? chunk_kernel<__nv_bfloat16>(tv, ts) : chunk_kernel<float>(tv, ts);
   if (plan.smem > 48 * 1024) allow_smem(reinterpret_cast<const void*>(kern), plan.smem);
-  const ChunkArgs args{seqs, d, plan.split, plan.ld_t, seq_begin, qkv, a, b, A_log, dt_bias, ssm_state, out};
   const dim3 cgrid(static_cast<unsigned>(d.num_v_heads * plan.split), static_cast<unsigned>(seqs.num_seqs - seq_begin));
   kern<<<cgrid, kChunkThreads, plan.smem, stream>>>(args);
   FP8KV_CU_LAUNCH();

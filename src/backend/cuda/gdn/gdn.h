@@ -21,34 +21,41 @@
 //    head's state [Dk][Dv] f32 in shared memory while the CTA walks the
 //    sequence's rows one by one, read from and written back to the pool once
 //    per step.
-//  - Both kernels read the pool's state when a sequence's step starts and
+//  - Both rule kernels (recurrent, chunked) read the pool's state when a sequence's step starts and
 //    write it when it ends, f32 or bf16 (--mamba-ssm-cache-dtype): a bf16
 //    state is widened to f32 on the read and rounded to nearest even on the
 //    write, so it is rounded once per step, as the CPU's gdn_rule_step.
-//  - Chunked (gdn_rule_chunked_kernel, the CPU's gdn_rule_chunked): chunks of
-//    kGdnCudaChunk = 64 rows ending at multiples of 64 in absolute positions
-//    (the first may be shorter), the UT transform by forward substitution of
-//    (I + L), one pass over the state per chunk (v_new = U - W S, the
-//    outputs exp(cum) (Q S) + (masked decayed Q K^T) v_new, S = exp(last) S
-//    + sum_i exp(last - cum_i) k_i v_new_i^T). f32 on CUDA cores
-//    (register-tiled SIMT products, no tensor cores: TF32 or bf16 MMAs would
-//    move the outputs by ~1e-3 and break the f32 bounds of the tests; tensor
-//    cores for the intra-chunk products are the next step). One CTA per
-//    (value head, Dv slice, sequence): gdn_chunk_plan splits Dv among
-//    `split` CTAs (the columns of the state evolve independently given k,
-//    beta and g; each CTA recomputes the chunk's W and L) to fill the SMs
-//    when sequences x Hv is small. Every column's arithmetic is the same
-//    whatever the split, so the results are bitwise independent of it, and
-//    a prefill split at a multiple of 64 gives the bits of the one-shot one.
+//  - Chunked (the CPU's gdn_rule_chunked): chunks of kGdnCudaChunk = 64
+//    rows ending at multiples of 64 in absolute positions (the first may be
+//    shorter), the UT transform by forward substitution of (I + L), one pass
+//    over the state per chunk (v_new = U - W S, the outputs exp(cum) (Q S) +
+//    (masked decayed Q K^T) v_new, S = exp(last) S + sum_i exp(last - cum_i)
+//    k_i v_new_i^T). f32 on CUDA cores (register-tiled SIMT products, no
+//    tensor cores: TF32 or bf16 MMAs would move the outputs by ~1e-3 and
+//    break the f32 bounds of the tests). Two kernels: what does not depend
+//    on the state (the gates, the l2 norms, L, A = the masked decayed Q K^T,
+//    and W, U after the substitution) for every chunk of the step at once
+//    (gdn_chunk_prep_kernel: one CTA per (64-row block of the step's rows,
+//    value head), taking the chunks that start in its block) into a scratch
+//    buffer (gdn_rule_scratch_bytes); then the walk through the state
+//    (gdn_rule_chunked_kernel: one CTA per (value head, Dv slice, sequence),
+//    S's slice in shared memory, per chunk v_new, the outputs and the state
+//    update). gdn_chunk_plan splits Dv among `split` CTAs (the columns of
+//    the state evolve independently given the prep's W, U and A) to fill
+//    the SMs when sequences x Hv is small. Every column's arithmetic is the
+//    same whatever the split, so the results are bitwise independent of it,
+//    and a prefill split at a multiple of 64 gives the bits of the one-shot
+//    one.
 //  - Host rule (gdn_rule): a step with no sequence of two or more rows
 //    (GdnSeqs::max_query_len <= 1: every decode step, the ones CUDA graphs
 //    capture) launches the recurrent kernel only, so decode pays nothing for
-//    the chunked form. Otherwise both kernels are launched and each skips,
-//    at run time, the sequences the other owns (the lengths are read from
-//    device memory). Shapes the chunked kernel does not take (Dk or Dv not a
-//    multiple of 4, or no split of Dv whose buffers fit the shared memory of
-//    one block; for Dv = 128 on an H100 it takes Dk up to 208) run every row
-//    in the recurrent form.
+//    the chunked form. Otherwise the recurrent kernel and the chunked
+//    form's two are launched and each form skips, at run time, the
+//    sequences the other owns (the lengths are read from device memory);
+//    only such a step uses the scratch. Shapes the chunked kernels do not
+//    take (Dk or Dv not a multiple of 4, or no split of Dv whose buffers fit
+//    the shared memory of one block; for Dv = 128 on an H100 they take Dk up
+//    to 320) run every row in the recurrent form.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -80,20 +87,30 @@ struct GdnSeqs {
   // the chunked kernel's grid starts after them, and the plan counts only
   // the rest. 0 when unknown.
   int num_decodes = 0;
+  // The step's rows, q_start[num_seqs] (StepBatch::num_tokens), or -1:
+  // unknown. Required (and must be exact) when the chunked form runs: it
+  // sizes the prep kernel's grid and the scratch's layout.
+  int64_t num_tokens = -1;
 };
 
 // Rows per chunk of the chunked delta rule: the CPU's kGdnChunk
 // (backend/cpu/gdn.h; tests/cuda_ops/test_gdn_cuda.cpp checks they agree).
 inline constexpr int kGdnCudaChunk = 64;
 
-// The chunked kernel's launch plan: split = CTAs sharing one value head's Dv
-// columns (each takes Dv / split of them), ld_t = the row stride of its
-// transposed [Dk][64] buffers (68: padded against bank conflicts, where it
-// fits; else 64), smem = its dynamic shared memory in bytes. split 0: the
-// chunked kernel does not take the shape.
+// The chunked kernels' launch plan: split = sequential CTAs sharing one
+// value head's Dv columns (each takes Dv / split of them), ld_t = the row
+// stride of its transposed [Dk][64] buffers (68: padded against bank
+// conflicts, where it fits; else 64), smem = its dynamic shared memory in
+// bytes, ctas_per_sm = how many of its CTAs one SM holds by shared memory
+// (1 or 2); prep_ld_t, prep_smem: the same for the prep kernel (which does
+// not depend on the split). split 0: the chunked kernels do not take the
+// shape.
 struct GdnChunkPlan {
   int split = 0, ld_t = 0;
   size_t smem = 0;
+  int ctas_per_sm = 0;
+  int prep_ld_t = 0;
+  size_t prep_smem = 0;
   bool ok() const { return split > 0; }
 };
 
@@ -104,10 +121,16 @@ GdnChunkPlan gdn_chunk_plan_at(const GdnDims& d, int split, size_t max_smem);
 // device with num_sms SMs and max_smem bytes of opt-in shared memory per
 // block (a pure function of the shapes): among the splits 1, 2, 4, 8 that
 // leave at least 32 columns per CTA (split 1 always counts) and fit, the
-// least estimated time = ceil(CTAs / SMs) waves x one CTA's multiply-adds
-// per chunk (the W and L work every CTA repeats, plus its columns' share);
-// ties go to the smaller split. For Qwen3.5-27B's heads (Hv 48, Dk = Dv =
-// 128) on 132 SMs: split 2 for one prefill (96 CTAs), 1 for two (96 CTAs).
+// least estimated time of the sequential kernel. An SM gets m = ceil(CTAs /
+// SMs) CTAs and runs them r = ctas_per_sm at a time (its shared memory is
+// taken as max_smem + 1 KB, the per-block reservation); r co-resident CTAs
+// are estimated to take 1 + (r - 1) / 2 times one CTA's time (the kernel is
+// latency-bound); one CTA's time per chunk is its multiply-adds (per column
+// of its slice W S, Q S, A v_new and the state update, plus one unit per
+// loaded element of q, W, k and A). So the estimate is ceil(m / r) x (1 +
+// (min(r, m) - 1) / 2) x cost; ties go to the smaller split. For
+// Qwen3.5-27B's heads (Hv 48, Dk = Dv = 128) on an H100 (132 SMs, 227 KB):
+// split 4 (111.4 KB, two CTAs per SM) for one to four prefills.
 GdnChunkPlan gdn_chunk_plan(const GdnDims& d, int multi_seqs, int num_sms, size_t max_smem);
 
 // The largest conv kernel width the conv kernel takes.
@@ -131,12 +154,24 @@ struct GdnRuleOptions {
 // here, q scaled by 1/sqrt(Dk)), a, b [T][Hv], A_log, dt_bias [Hv],
 // ssm_state the layer's pool [slots][Hv][Dk][Dv] (bf16 bits when
 // state_bf16, else f32; the rule runs in f32 either way); out [T][Hv*Dv]
-// (before the gated norm). Throws std::invalid_argument when the state of
-// one head does not fit in shared memory (the recurrent kernel's need), or
-// when opt.chunk_split is not a valid split for the shape (gdn_chunk_plan_at).
+// (before the gated norm). scratch: scratch_bytes of device memory, at
+// least gdn_rule_scratch_bytes(d, seqs.num_tokens) when the chunked form
+// runs (a step with a sequence of two or more rows after the decodes, a
+// shape it takes); a decode step (max_query_len <= 1) does not touch it
+// (nullptr is fine). Throws std::invalid_argument when the state of one
+// head does not fit in shared memory (the recurrent kernel's need), when
+// opt.chunk_split is not a valid split for the shape (gdn_chunk_plan_at),
+// or when the chunked form runs without num_tokens or enough scratch.
 void gdn_rule(const GdnDims& d, const GdnSeqs& seqs, const float* qkv, const float* a, const float* b,
-              const float* A_log, const float* dt_bias, void* ssm_state, bool state_bf16, float* out,
-              cudaStream_t stream, const GdnRuleOptions& opt = {});
+              const float* A_log, const float* dt_bias, void* ssm_state, bool state_bf16, float* out, void* scratch,
+              size_t scratch_bytes, cudaStream_t stream, const GdnRuleOptions& opt = {});
+
+// The chunked form's scratch for T rows: per value head and row, the prep
+// kernel's W [Dk], U [Dv] (after the substitution), row of A^T [64] and 5
+// row vectors (exp(cum), exp(last - cum), 1 / |q|, 1 / |k|, exp(last)), f32,
+// as four 256-byte aligned pieces: 4 T Hv (Dk + Dv + 64 + 5) bytes plus the
+// alignment (Qwen3.5-27B, Hv 48, Dk = Dv = 128: 62.4 KB per row).
+size_t gdn_rule_scratch_bytes(const GdnDims& d, int64_t T);
 
 // gdn_gated_rmsnorm: y = w * rmsnorm(x) * silu(z) per (token, value head)
 // over Dv; x, z, y [T][Hv*Dv]; y may alias x.
