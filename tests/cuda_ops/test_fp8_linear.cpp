@@ -3,11 +3,26 @@
 // a double-precision reference of the same bf16 x and the exactly
 // dequantized weight (numerics/fp8_weights.h dequantize_fp8_weight_rows).
 //
-// Tolerances. GEMV: fp32 products of exact values (bf16 x e4m3 fits fp32's
-// mantissa) summed in fp32, one multiply by the scale per 16-column chunk,
-// so |y - ref| <= gamma_K * sum_k |x_k w_k| with gamma_K = K u / (1 - K u),
-// u = 2^-24 (the textbook dot-product bound; K covers every rounding on a
-// path: 16 chunk adds, the scale multiply, the chunk and warp adds).
+// Tolerances. GEMV (gemv_fp8, tensor cores): each e4m3 weight enters a bf16
+// mma.sync as e4m3 * 2^-120 (exact), each product with a bf16 x is exact,
+// and one mma k16 step adds its 16 products and the fp32 accumulator C as a
+// fused sum: every addend truncated below 2^(E - F), E the largest addend's
+// exponent but at least -126 (an empty C counts as 2^-126), F >= 23
+// fraction bits (MMA-Sim, the bit-accurate model of Xie et al., has 25 on
+// Hopper; 23 is assumed here), then the sum rounded toward zero to fp32
+// with gradual underflow. A product's significand is >= 1/8 (a subnormal
+// e4m3 as a subnormal bf16, 0.mmm with mmm >= 1), so 2^E <= max(8 M, 2^-126)
+// with M the largest addend, and one step errs by at most 17 2^-23 (8 M) +
+// 2^-23 |D| + 18 2^-149 <= 137 2^-23 S_g + 18 2^-149, S_g = the 128-column
+// group's sum |x_k e4m3_k 2^-120| (which bounds M and |D| to first order).
+// A group is 8 steps into a fresh accumulator: <= 1096 2^-23 S_g + 144
+// 2^-149; times 2^120 (exact) and the group's scale s_g, summed over the
+// groups: 1096 2^-23 sum_k |x_k w_k| + 144 2^-29 sum_g s_g. Then fp32 (u =
+// 2^-24): one fmaf per group (L = ceil(K / 128) of them) and up to 7 adds
+// of the split-K partials, each <= u sum |x w|:
+//   |y - ref| <= (2192 + L + 7) u sum_k |x_k w_k| + 144 2^-29 sum_g s_g
+// (~1.3e-4 relative: tighter than the SIMT kernel's K u at K = 4096, looser
+// at K = 256; a wrong scale, row, k permutation or tail is off by ~100%).
 // Dequantize + GEMM: each weight is rounded once to bf16 (relative <= 2^-9),
 // then cuBLASLt's fp32 accumulation of exact bf16 products: |y - ref| <=
 // (2^-9 + gamma_K) * sum_k |x_k w_k|.
@@ -45,6 +60,7 @@
 #include <vector>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/linear/e4m3_bf16.h"
 #include "backend/cuda/linear/routes.h"
 #include "cuda_ops_util.h"
 #include "numerics/fp8.h"
@@ -92,9 +108,16 @@ DeviceFp8 make_fp8(std::mt19937_64& rng, int64_t N, int64_t K, ScaleGranularity 
   return d;
 }
 
-// Checks y [T][N] against the fp64 reference with bound coef(K) * sum |x w|.
+// Row n's scale of 128-column group g (the DeviceMatrix layout, ops.h).
+double group_scale(const DeviceFp8& d, int64_t n, int64_t g) {
+  return d.host.scales[static_cast<size_t>((n >> d.m.scale_row_shift) * d.m.scale_ld + g * d.m.scale_k_step)];
+}
+
+// Checks y [T][N] against the fp64 reference with bound rel * sum |x w| (+
+// abs_per_group * sum_g s_g: the GEMV's absolute floor, header comment).
 void expect_close(const std::vector<float>& y, const std::vector<float>& xf, const DeviceFp8& d, int64_t T,
-                  const std::vector<float>& bias, const std::vector<float>& y0, double rel, const char* what) {
+                  const std::vector<float>& bias, const std::vector<float>& y0, double rel, const char* what,
+                  double abs_per_group = 0.0) {
   const int64_t N = d.m.rows, K = d.m.cols;
   double worst = 0.0;
   for (int64_t t = 0; t < T; ++t)
@@ -107,8 +130,10 @@ void expect_close(const std::vector<float>& y, const std::vector<float>& xf, con
       }
       if (!bias.empty()) ref += bias[n];
       if (!y0.empty()) ref += y0[t * N + n];
+      double floor = 0.0;
+      for (int64_t g = 0; abs_per_group > 0.0 && g < (K + 127) / 128; ++g) floor += abs_per_group * group_scale(d, n, g);
       // + 2 roundings of the bias / accumulate adds.
-      const double tol = rel * mag + 2 * 0x1.0p-24 * std::fabs(ref) + 1e-30;
+      const double tol = rel * mag + floor + 2 * 0x1.0p-24 * std::fabs(ref) + 1e-30;
       const double err = std::fabs(y[t * N + n] - ref);
       worst = std::max(worst, err / tol);
       ASSERT_LE(err, tol) << what << " T=" << T << " N=" << N << " K=" << K << " at t=" << t << " n=" << n
@@ -118,17 +143,39 @@ void expect_close(const std::vector<float>& y, const std::vector<float>& xf, con
               static_cast<long long>(N), static_cast<long long>(K), worst);
 }
 
+uint32_t f32_bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
 double gamma(int64_t K) {
   const double u = 0x1.0p-24;
   return static_cast<double>(K) * u / (1.0 - static_cast<double>(K) * u);
 }
 
+// The fp8 GEMV's bound (header comment): relative part and absolute floor
+// per 128-column group (times the group's scale).
+double gemv_rel(int64_t K) { return static_cast<double>(2192 + (K + 127) / 128 + 7) * 0x1.0p-24; }
+constexpr double kGemvAbsPerGroup = 144 * 0x1.0p-29;
+
 TEST(CudaFp8Linear, GemvAndSlicedGemmMatchReferenceEveryGranularity) {
   FP8KV_NEED_GPU();
   std::mt19937_64 rng(test_seed());
+  // Every split of the GEMV (gemv_fp8_split, checked below): 1 (200 x 384
+  // and smaller), 2 (256 x 512), 4 (3000 x 1024), 8 (64 x 4096, 300 x 2064).
+  // K not a multiple of 128 (384, 2064: a partial last scale group; 272: a
+  // last group of one 16-byte piece) and N not a multiple of the 16-row tile
+  // (200, 130, 300, 3000).
   const Fp8Case cases[] = {{256, 512, ScaleGranularity::block128},  {200, 384, ScaleGranularity::block128},
                            {96, 272, ScaleGranularity::block128},   {130, 256, ScaleGranularity::channel},
-                           {64, 4096, ScaleGranularity::tensor},    {3000, 1024, ScaleGranularity::block128}};
+                           {64, 4096, ScaleGranularity::tensor},    {3000, 1024, ScaleGranularity::block128},
+                           {300, 2064, ScaleGranularity::channel}};
+  EXPECT_EQ(cuda::gemv_fp8_split(200, 384), 1);
+  EXPECT_EQ(cuda::gemv_fp8_split(256, 512), 2);
+  EXPECT_EQ(cuda::gemv_fp8_split(3000, 1024), 4);
+  EXPECT_EQ(cuda::gemv_fp8_split(64, 4096), 8);
+  EXPECT_EQ(cuda::gemv_fp8_split(300, 2064), 8);
   cuda::Gemm gemm;
   gemm.reserve_fp8_scratch();
   for (const Fp8Case& c : cases) {
@@ -140,13 +187,14 @@ TEST(CudaFp8Linear, GemvAndSlicedGemmMatchReferenceEveryGranularity) {
       const std::vector<float> y0 = randn(rng, static_cast<size_t>(T * c.N), 0.5f);
       cuda::DeviceBuffer dx = to_device(xb), db = to_device(bias);
       // GEMV rows go through gemv_fp8; more rows through the dequantized slices.
-      const double rel = T <= cuda::kGemvMaxRows ? gamma(c.K) : 0x1.0p-9 + gamma(c.K);
+      const bool gemv = T <= cuda::kGemvMaxRows;
+      const double rel = gemv ? gemv_rel(c.K) : 0x1.0p-9 + gamma(c.K);
       for (bool acc : {false, true}) {
         cuda::DeviceBuffer dy = to_device(acc ? y0 : std::vector<float>(static_cast<size_t>(T * c.N), 0.0f));
         gemm.linear(dx.as<uint16_t>(), T, d.m, acc ? db.as<float>() : nullptr, dy.as<float>(), acc, nullptr);
         expect_close(to_host<float>(dy, static_cast<size_t>(T * c.N)), xf, d, T,
                      acc ? bias : std::vector<float>{}, acc ? y0 : std::vector<float>{}, rel,
-                     acc ? "fp8 linear (bias, accumulate)" : "fp8 linear");
+                     acc ? "fp8 linear (bias, accumulate)" : "fp8 linear", gemv ? kGemvAbsPerGroup : 0.0);
         if (HasFatalFailure()) return;
       }
     }
@@ -170,6 +218,25 @@ TEST(CudaFp8Linear, DequantizeRowsIsBitwiseTheHostRounding) {
   }
 }
 
+// The GEMV's e4m3 -> bf16 bit trick (backend/cuda/linear/e4m3_bf16.h, its
+// host path: the same selectors and mask, PRMT emulated): for every byte
+// pair of a word, each finite e4m3 value comes out as exactly e4m3 *
+// 2^-120 in bf16 (signed zeros, subnormals and +-448 included); the NaN
+// bytes come out as +-480 * 2^-120 (the kernel's documented difference).
+TEST(CudaFp8Linear, E4m3ToBf16BitTrickIsExact) {
+  namespace e = cuda::e4m3;
+  for (uint32_t b = 0; b < 256; ++b) {
+    const float want = (b & 0x7f) == 0x7f ? ((b & 0x80) ? -480.0f : 480.0f) : e4m3_to_f32(static_cast<uint8_t>(b));
+    for (int pos = 0; pos < 4; ++pos) {
+      const uint32_t w = (0x5aa5c33cu & ~(0xffu << (8 * pos))) | (b << (8 * pos));  // other bytes: noise
+      const uint32_t h = pos < 2 ? e::to_bf16x2_biased<0>(w) : e::to_bf16x2_biased<1>(w);
+      const uint16_t bits = static_cast<uint16_t>(pos % 2 ? h >> 16 : h & 0xffffu);
+      const float got = std::ldexp(bf16_to_f32(bits), e::kBiasExp);
+      ASSERT_EQ(f32_bits_of(got), f32_bits_of(want)) << "byte " << b << " at " << pos << ": " << got << " vs " << want;
+    }
+  }
+}
+
 TEST(CudaFp8Linear, FitsRejectsBadShapes) {
   cuda::DeviceMatrix m;
   m.rows = 4;
@@ -182,24 +249,38 @@ TEST(CudaFp8Linear, FitsRejectsBadShapes) {
   EXPECT_FALSE(cuda::gemv_fp8_fits(reinterpret_cast<const uint16_t*>(256), cuda::kGemvMaxRows + 1, m));
   m.scale = nullptr;
   EXPECT_FALSE(cuda::gemv_fp8_fits(reinterpret_cast<const uint16_t*>(256), 1, m));
+  // The fused gate|up kernel holds a gate and an up tile of S warps each in
+  // a block of 8 warps: not at split 8.
+  m.scale = reinterpret_cast<const float*>(256);
+  m.rows = 64;
+  m.cols = 1024;
+  ASSERT_EQ(cuda::gemv_fp8_split(m.rows, m.cols), 4);
+  EXPECT_TRUE(cuda::gemv_fp8_gated_act_fits(reinterpret_cast<const uint16_t*>(256), 1, m));
+  m.cols = 4096;
+  ASSERT_EQ(cuda::gemv_fp8_split(m.rows, m.cols), 8);
+  EXPECT_FALSE(cuda::gemv_fp8_gated_act_fits(reinterpret_cast<const uint16_t*>(256), 1, m));
 }
 
 // The fp8 gate|up GEMV with the activation fused (gemv_fp8_gated_act) writes
 // bitwise what gemv_fp8 followed by the activation kernel writes: every
 // granularity and activation, with and without a bias, at 1 and 2 rows, I
-// not a multiple of a block's 4 columns, K not a whole number of 128-column
-// scale groups (K / 2 small enough that gemv_fp8 runs split 1).
+// not a multiple of the 16-row tile (so each up row sits at another place
+// of its tile than in gemv_fp8's tiles of the [2I][K] matrix), K not a
+// whole number of 128-column scale groups, and each split the fused kernel
+// takes (1, 2, 4: both kernels take gemv_fp8_split of the same matrix).
 TEST(CudaFp8Linear, GemvGatedActMatchesTwoKernels) {
   FP8KV_NEED_GPU();
   std::mt19937_64 rng(test_seed());
-  const int64_t I = 203, K = 1040;
+  const int64_t I = 203;
   auto db = to_device(randn(rng, 2 * I, 0.5f));
+  for (const auto& [K, split] : {std::pair<int64_t, int>{272, 1}, {528, 2}, {1040, 4}})
   for (ScaleGranularity g : {ScaleGranularity::tensor, ScaleGranularity::channel, ScaleGranularity::block128}) {
+    ASSERT_EQ(cuda::gemv_fp8_split(2 * I, K), split) << "K=" << K;
     DeviceFp8 w = make_fp8(rng, 2 * I, K, g);
     for (int T = 1; T <= cuda::kGemvGatedActMaxRows; ++T)
       for (Activation act : {Activation::silu, Activation::gelu_tanh, Activation::gelu})
         for (bool bias : {false, true}) {
-          SCOPED_TRACE(::testing::Message() << "g=" << static_cast<int>(g) << " T=" << T
+          SCOPED_TRACE(::testing::Message() << "K=" << K << " g=" << static_cast<int>(g) << " T=" << T
                                             << " act=" << static_cast<int>(act) << " bias=" << bias);
           auto dx = to_device(to_bf16(randn(rng, static_cast<size_t>(T * K), 1.0f)));
           ASSERT_TRUE(cuda::gemv_fp8_gated_act_fits(dx.as<uint16_t>(), T, w.m));
@@ -245,12 +326,6 @@ std::vector<float> awkward_rows(std::mt19937_64& rng, int64_t T, int64_t K) {
     }
   }
   return x;
-}
-
-uint32_t f32_bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
 }
 
 // quantize_rows_e4m3 against the host function: codes and scales bitwise,

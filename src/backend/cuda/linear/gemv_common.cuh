@@ -1,8 +1,8 @@
 // What the bf16 and the fp8 decode GEMVs (gemv.cu, gemv_fp8.cu) share: the
 // block shape, the PDL wait of the weight-streaming kernels, the bf16 ->
-// fp32 unpacking of a 16-byte chunk, the SIMT kernels' weight stream, warp
-// and split-K sums and column store, and the host dispatch from run-time
-// rows / split to the kernels' template arguments.
+// fp32 unpacking of a 16-byte chunk, the bf16 mma.sync, the SIMT kernels'
+// weight stream, warp and split-K sums and column store, and the host
+// dispatch from run-time rows / split to the kernels' template arguments.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -43,8 +43,6 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float (&f)[8]) {
 // chunks c = first, first + 32 S, ... (< chunks) of w, in order. The loads
 // are double-buffered: the next kUnroll chunks are in flight while the
 // current ones are used. Waits for the inputs (PDL) after the first loads.
-// (gemv_fp8.cu writes the same loop out in its kernel: through this helper
-// its code came out scheduled differently.)
 template <int S, class Body>
 __device__ __forceinline__ void stream_chunks(const uint4* w, int64_t chunks, int64_t first, Body&& body) {
   constexpr int64_t kStride = 32 * S;            // between a lane's consecutive chunks
@@ -71,6 +69,18 @@ __device__ __forceinline__ void stream_chunks(const uint4* w, int64_t chunks, in
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) cur[u] = nxt[u];
   }
+}
+
+// d += A B for one mma.sync.m16n8k16 (bf16 in, fp32 accumulate): a0..a3 the
+// A fragment (rows g / g + 8, k slots 2q.. / 2q + 8..), b0, b1 the B
+// fragment (column g), lane = 4 g + q (the PTX ISA's fragment layout).
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // acc[t] summed over the warp (every lane holds the sums).

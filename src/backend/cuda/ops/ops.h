@@ -257,17 +257,24 @@ void gemv_gated_act_bf16(Activation act, const uint16_t* x, int64_t T, const Dev
 // ---- fp8 weights (W8A16) --------------------------------------------------
 
 // The decode GEMV on an fp8 weight (W.is_fp8()): y[T][N] (+)= x[T][K] (bf16)
-// * W^T (+ bias), 1 <= T <= kGemvMaxRows. Each lane streams 16-byte chunks of
-// e4m3 (16 weights of one 128-column scale group), sums them against x in
-// fp32, and multiplies the chunk's sum by the chunk's scale. K split over
-// gemv_simt_auto_split(N, K) warps per output column, added in fixed order.
-// gemv_fp8_fits: K % 16 == 0, 16-byte aligned x and W.
+// * W^T (+ bias), 1 <= T <= kGemvMaxRows, on the tensor cores: a warp tile
+// of 16 output rows, the e4m3 bytes turned into bf16 fragments in registers
+// (e4m3 * 2^-120, exact), one bf16 mma.sync (fp32 accumulate) per 16 k, each
+// 128-column group's sum times its scale in fp32. K split over
+// gemv_fp8_split(N, K) warps per tile, added in fixed order
+// (deterministic). gemv_fp8_fits: K % 16 == 0, 16-byte aligned x and W.
 bool gemv_fp8_fits(const uint16_t* x, int64_t T, const DeviceMatrix& W);
 void gemv_fp8(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, float* y, bool accumulate,
               cudaStream_t stream);
+// The warps per 16-row tile gemv_fp8 takes for W[N][K] (1, 2, 4 or 8): the
+// split doubles while tiles x split < 4096 warps and each warp keeps at
+// least 2 of the 128-column groups (8B shape: qkv, o_proj, down 8; gate_up
+// 4; LM head 1). For tests and benches.
+int gemv_fp8_split(int64_t N, int64_t K);
 // The gate|up GEMV with the gated activation fused on an fp8 W (T = 1 or 2,
-// the fused gate_up projection whose gemv_fp8 split is 1): out[T][I] =
-// bf16(act(gate + b) * (up + b)), bitwise gemv_fp8 + gated_act(out_bf16).
+// the fused gate_up projection whose gemv_fp8 split is at most 4):
+// out[T][I] = bf16(act(gate + b) * (up + b)), bitwise gemv_fp8 +
+// gated_act(out_bf16).
 bool gemv_fp8_gated_act_fits(const uint16_t* x, int64_t T, const DeviceMatrix& W);
 void gemv_fp8_gated_act(Activation act, const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias,
                         uint16_t* out, cudaStream_t stream);
