@@ -193,11 +193,18 @@ int64_t first_bad(const WeightMatrix& m, const char** kind) {
   const int64_t n = m.rows * m.cols;
   if (m.fp8) {  // e4m3 has no infinities; NaN is S.1111.111
     const uint8_t* q = static_cast<const uint8_t*>(m.data);
-    for (int64_t i = 0; i < n; ++i)
-      if ((q[i] & 0x7f) == 0x7f) {
-        *kind = "NaN";
-        return i;
-      }
+    constexpr int64_t kBlock = 4096;  // a branch-free pass per block (vectorized), then the index
+    for (int64_t b = 0; b < n; b += kBlock) {
+      const int64_t e = std::min(n, b + kBlock);
+      bool any = false;
+      for (int64_t i = b; i < e; ++i) any |= (q[i] & 0x7f) == 0x7f;
+      if (!any) continue;
+      for (int64_t i = b; i < e; ++i)
+        if ((q[i] & 0x7f) == 0x7f) {
+          *kind = "NaN";
+          return i;
+        }
+    }
     return -1;
   }
   for (int64_t i = 0; i < n; ++i) {
@@ -243,12 +250,16 @@ LayerTensors layer_tensors(const LayerWeights& w) {
 }
 }  // namespace
 
-std::optional<std::string> ModelWeights::first_non_finite() const {
+std::optional<std::string> ModelWeights::first_non_finite() const { return first_bad_tensor(false); }
+std::optional<std::string> ModelWeights::first_nan_fp8() const { return first_bad_tensor(true); }
+
+std::optional<std::string> ModelWeights::first_bad_tensor(bool fp8_only) const {
   const char* kind = "";
   auto found = [&](const std::string& name, int64_t i) {
     return std::optional<std::string>(fmt::format("{} holds {} at element {}", name, kind, i));
   };
-  if (embed.data)
+  auto scan = [&](const WeightMatrix& m) { return m.data && (!fp8_only || m.fp8); };
+  if (scan(embed))
     if (int64_t i = first_bad(embed, &kind); i >= 0) return found("model.embed_tokens.weight (the embedding)", i);
   for (size_t l = 0; l < layers.size(); ++l) {
     const LayerWeights& L = layers[l];
@@ -256,13 +267,15 @@ std::optional<std::string> ModelWeights::first_non_finite() const {
     const std::string tag = fmt::format(" (layer {})", l);
     const LayerTensors t = layer_tensors(L);
     for (const auto& [n, m] : t.mats)
-      if (m->data)
+      if (scan(*m))
         if (int64_t i = first_bad(*m, &kind); i >= 0) return found(p + n + tag, i);
-    for (const auto& [n, v] : t.vecs)
-      if (int64_t i = first_bad(*v, &kind); i >= 0) return found(p + n + tag, i);
+    if (!fp8_only)
+      for (const auto& [n, v] : t.vecs)
+        if (int64_t i = first_bad(*v, &kind); i >= 0) return found(p + n + tag, i);
   }
-  if (int64_t i = first_bad(final_norm, &kind); i >= 0) return found("model.norm.weight (the final norm)", i);
-  if (lm_head && lm_head->data)
+  if (!fp8_only)
+    if (int64_t i = first_bad(final_norm, &kind); i >= 0) return found("model.norm.weight (the final norm)", i);
+  if (lm_head && scan(*lm_head))
     if (int64_t i = first_bad(*lm_head, &kind); i >= 0) return found("lm_head.weight", i);
   return std::nullopt;
 }

@@ -100,6 +100,12 @@ class ModelWeights {
   // (layer 1) holds NaN at element 5"; nullopt when every value is finite.
   // Used only after non-finite logits (a full scan, not on the hot path).
   std::optional<std::string> first_non_finite() const;
+  // The first fp8 (e4m3) matrix, in the same order, holding a NaN byte
+  // (S.1111.111), named as first_non_finite does; nullopt when there is none
+  // or every fp8 matrix is a dummy. A scan of every fp8 byte: the CUDA
+  // backend runs it at upload, since its fp8 GEMV reads NaN bytes as finite
+  // values (docs/design.md "FP8-weight checkpoints").
+  std::optional<std::string> first_nan_fp8() const;
   // The tensor of one forward stage holding the largest |value|, as
   // "model.layers.1.input_layernorm.weight holds 3.39e+38 at element 0" (an
   // fp8 matrix: its largest scale). stage -1: the embedding; 0..L-1: layer
@@ -110,6 +116,10 @@ class ModelWeights {
 
   // Random weights (normal(0, std), norms around 1) for tests; bf16 or fp32 matrices.
   static std::shared_ptr<ModelWeights> random(const ModelConfig& cfg, uint64_t seed, float std, bool bf16);
+
+ private:
+  // first_non_finite (fp8_only false) or first_nan_fp8 (true).
+  std::optional<std::string> first_bad_tensor(bool fp8_only) const;
 };
 
 }  // namespace fp8kv

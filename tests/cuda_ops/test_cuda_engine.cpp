@@ -210,5 +210,35 @@ TEST(CudaEngine, AbsurdCheckpointIsReopenedToNameTheWeight) {
   std::filesystem::remove_all(dir);
 }
 
+// An e4m3 NaN byte in an fp8 weight: the fp8 GEMV would read it as a finite
+// value, so the CUDA backend refuses the checkpoint at upload (InputError:
+// exit 2), naming the tensor and the element.
+TEST(CudaEngine, Fp8NanWeightByteIsRefusedAtUpload) {
+  FP8KV_NEED_GPU();
+  using ::testing::HasSubstr;
+  const auto dir = std::filesystem::temp_directory_path() / ("fp8kv_cuda_fp8nan_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  testing::Fp8CheckpointOptions c;
+  c.edit_config = [](nlohmann::json& j) { j["head_dim"] = 64; };
+  c.mutate = [](std::vector<TensorToWrite>& ts, nlohmann::json&, nlohmann::json&) {
+    testing::find_tensor(ts, "model.layers.1.mlp.gate_proj.weight").data[5] = std::byte{0x7f};
+  };
+  testing::write_fp8_checkpoint(dir, c);
+  EngineOptions o;
+  o.backend = BackendChoice::cuda;
+  o.kv_cache_dtype = "bf16";
+  o.kv_memory_bytes = 8u << 20;
+  o.max_model_len = 64;
+  std::string m;
+  try {
+    Engine::load(dir, o);
+  } catch (const InputError& e) {
+    m = e.what();
+  }
+  EXPECT_THAT(m, HasSubstr("model.layers.1.mlp.gate_proj.weight (layer 1) holds NaN at element 5"));
+  EXPECT_THAT(m, HasSubstr("e4m3 NaN byte"));
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace fp8kv

@@ -199,6 +199,13 @@ std::shared_ptr<const ModelWeights> with_native_fp8(std::shared_ptr<const ModelW
 BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w) {
   StartupPhase phase("weights upload (cuda)");
   w = with_native_fp8(std::move(w));
+  // The fp8 GEMV reads e4m3 NaN bytes as finite values (docs/design.md
+  // "FP8-weight checkpoints"), so a checkpoint holding them is refused here,
+  // by name, instead of decoding finite nonsense.
+  if (const auto nan = w->first_nan_fp8())
+    throw InputError(fmt::format("fp8 weights: {} (an e4m3 NaN byte, S.1111.111: the checkpoint is damaged; "
+                                 "`fp8kv inspect --check-values` lists every such tensor)",
+                                 *nan));
   BackendWeights b;
   PinnedUploader up(stream_);
   // A host matrix through the staging buffers, or a dummy one generated here.

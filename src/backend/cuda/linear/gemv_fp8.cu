@@ -59,11 +59,9 @@
 // units of x times the e4m3 value) with gradual underflow, not flushed: an
 // error floor below 2^-23 per 128-column group (times its scale), far below
 // fp32 rounding for any group whose sum |x * e4m3| is not tiny. NaN weight
-// bytes (S.1111.111) become the finite +-480 here, where the SIMT kernel
-// (and the dequantize / W8A8 paths) propagate NaN: the loader does not scan
-// fp8 bytes (docs/design.md: NaN weights are named when a run's logits go
-// non-finite), so a checkpoint with NaN weight bytes gives finite decode
-// outputs from this kernel.
+// bytes (S.1111.111) would become the finite +-480 here, where the dequantize
+// and W8A8 paths propagate NaN: the upload refuses a checkpoint holding them
+// (cuda_weights.cpp, ModelWeights::first_nan_fp8; docs/design.md).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
