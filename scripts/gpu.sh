@@ -35,7 +35,9 @@ one logs.tgz plus the summary come back in $OUT):
            quantization_config against bf16 weights, one binary, interleaved
            (speed = fp8 / bf16)
   gdn      Qwen3.5 (Gated DeltaNet hybrids, issue 33): bench_gdn (the delta
-           rule at the 27B shape; the previous build's too when packed),
+           rule at the 27B shape; the previous build's too when packed) and
+           its peers (tools/bench_gdn_peer.py: transformers' torch path, FLA
+           when installed),
            then fp8kv bench latency on the Qwen3.5-27B text shape, dummy bf16
            weights, fp8 KV: TTFT of 1K and 8K prompts and batch-1 decode at
            1K, old and new interleaved when a previous build is packed
@@ -113,7 +115,7 @@ FP8W_CASES=(
 )
 TARGETS=(fp8kv test_cuda test_cuda_ops bench_attention bench_linear bench_allreduce bench_gdn)
 # Seconds each step may run (the watchdog's limit).
-declare -A STEP_S=([test]=300 [kernels]=260 [engine]=300 [serve]=200 [tp]=420 [goldens]=300 [fp8w]=420 [gdn]=420
+declare -A STEP_S=([test]=300 [kernels]=260 [engine]=300 [serve]=200 [tp]=420 [goldens]=300 [fp8w]=420 [gdn]=540
   [train]=570 [train_smoke]=240)
 # Steps that run Python only (no packed binaries, no .wt to carry).
 NO_BINARIES=" goldens train train_smoke "
@@ -317,6 +319,14 @@ step_gdn() {
     timeout 60 "${!b}/bench_gdn" --json "$d/bench_gdn.$v.jsonl" >"$d/bench_gdn.$v.log" 2>&1 || echo "bench_gdn $v: rc $?"
     echo "== bench_gdn ($v)"; cat "$d/bench_gdn.$v.log"
   done
+  # The peers on the same cases (issue 33): transformers' torch path, and FLA's
+  # Triton kernels when the machine's Python has them (a "skipped" line if not).
+  if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+    timeout 120 python3 tools/bench_gdn_peer.py >"$d/peer.jsonl" 2>"$d/peer.err" || echo "bench_gdn_peer: rc $?"
+    echo "== bench_gdn_peer"; cat "$d/peer.jsonl"; tail -3 "$d/peer.err"
+  else
+    echo "no torch with CUDA: no delta-rule peer"
+  fi
   mkdir -p "$d/engine"
   local t0; t0=$(date +%s)
   for i in $(seq 1 "${REPS:-2}"); do
