@@ -22,28 +22,14 @@ beta in (0, 1)), so the times, not the values, are the point. CUDA events,
 3 warm-ups, the median of 5 (bench_gdn's method).
 """
 import json
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_sdpa import median_ms  # noqa: E402  (CUDA events, warm-ups, the median)
 
 HK, HV, DK, DV = 16, 48, 128, 128
 CASES = [(1, 1024), (1, 8192), (4, 2048)]
-
-
-def median_ms(fn, warmup=3, reps=5):
-    import torch
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    ts.sort()
-    return ts[len(ts) // 2]
 
 
 def inputs(seqs, rows, dtype):
@@ -103,7 +89,7 @@ def main():
                      use_qk_l2norm_in_kernel=True)
 
             with torch.no_grad():
-                ms = median_ms(run_torch)
+                ms = median_ms(lambda _: run_torch(), 3, 5)
             emit({"kind": "gdn_peer", "impl": "transformers_torch", "module": module, "seqs": seqs, "rows": rows,
                   "us": ms * 1e3, "tok_per_s": seqs * rows / (ms * 1e-3)})
             del q, k, v, gate, beta, state
@@ -116,7 +102,7 @@ def main():
                          use_qk_l2norm_in_kernel=True)
 
             with torch.no_grad():
-                ms = median_ms(run_fla)
+                ms = median_ms(lambda _: run_fla(), 3, 5)
             emit({"kind": "gdn_peer", "impl": "fla", "seqs": seqs, "rows": rows, "us": ms * 1e3,
                   "tok_per_s": seqs * rows / (ms * 1e-3)})
             del q, k, v, gate, beta, state
