@@ -79,31 +79,23 @@ def main():
     if rule is None:
         emit({"kind": "gdn_peer", "impl": "transformers_torch",
               "skipped": "transformers has no torch_chunk_gated_delta_rule (models/qwen3_5 or qwen3_next)"})
+    # (impl, extra JSON fields, q/k/v dtype, call): one loop over the cases for both.
+    impls = []
+    if rule is not None:
+        impls.append(("transformers_torch", {"module": module}, torch.float32,
+                      lambda q, k, v, g, b, s: rule(q, k, v, g=g, beta=b, chunk_size=64, initial_state=s,
+                                                    output_final_state=True, use_qk_l2norm_in_kernel=True)))
+    if fla_rule is not None:
+        impls.append(("fla", {}, torch.bfloat16,
+                      lambda q, k, v, g, b, s: fla_rule(q, k, v, g=g, beta=b, initial_state=s,
+                                                        output_final_state=True, use_qk_l2norm_in_kernel=True)))
     for seqs, rows in CASES:
-        if rule is not None:
-            q, k, v, gate, beta, state = inputs(seqs, rows, torch.float32)
+        for impl, extra, dtype, call in impls:
+            q, k, v, gate, beta, state = inputs(seqs, rows, dtype)
             q, k = q.repeat_interleave(rep, dim=2), k.repeat_interleave(rep, dim=2)
-
-            def run_torch():
-                rule(q, k, v, g=gate, beta=beta, chunk_size=64, initial_state=state, output_final_state=True,
-                     use_qk_l2norm_in_kernel=True)
-
             with torch.no_grad():
-                ms = median_ms(lambda _: run_torch(), 3, 5)
-            emit({"kind": "gdn_peer", "impl": "transformers_torch", "module": module, "seqs": seqs, "rows": rows,
-                  "us": ms * 1e3, "tok_per_s": seqs * rows / (ms * 1e-3)})
-            del q, k, v, gate, beta, state
-        if fla_rule is not None:
-            q, k, v, gate, beta, state = inputs(seqs, rows, torch.bfloat16)
-            q, k = q.repeat_interleave(rep, dim=2), k.repeat_interleave(rep, dim=2)
-
-            def run_fla():
-                fla_rule(q, k, v, g=gate, beta=beta, initial_state=state, output_final_state=True,
-                         use_qk_l2norm_in_kernel=True)
-
-            with torch.no_grad():
-                ms = median_ms(lambda _: run_fla(), 3, 5)
-            emit({"kind": "gdn_peer", "impl": "fla", "seqs": seqs, "rows": rows, "us": ms * 1e3,
+                ms = median_ms(lambda _: call(q, k, v, gate, beta, state), 3, 5)
+            emit({"kind": "gdn_peer", "impl": impl, **extra, "seqs": seqs, "rows": rows, "us": ms * 1e3,
                   "tok_per_s": seqs * rows / (ms * 1e-3)})
             del q, k, v, gate, beta, state
         torch.cuda.empty_cache()
