@@ -937,11 +937,22 @@ ChunkKernel chunk_kernel(int tv, int ts) {
 // The sequential kernel's work per CTA and chunk (the plan's cost), in
 // multiply-adds: per column of its slice W S, Q S, A v_new and the state
 // update, plus the chunk's loads (q, W, k, A^T: one unit per element).
+// One CTA's estimated time per chunk, in multiply-add units: its columns'
+// products and its loads, plus the chunk's fixed latency (the dependent
+// steps and barriers every chunk waits through whatever its width):
+// kChunkLatencyUnits, fitted on an H100 from bench_gdn's 1 x 8K rows at
+// split 1 and 2, each CTA alone on its SM (5,658.6 and 3,615.0 us for 128
+// chunks: 1.20e-3 us per unit over the chunks, and 1,537 us that do not
+// scale with the columns, i.e. 1.28e6 units). Without it the estimate took
+// split 4 (two CTAs per SM) for one to four 27B prefills, measured 1.09x to
+// 1.12x slower than split 2 once the loads overlap.
+constexpr double kChunkLatencyUnits = 1.28e6;
+
 double chunk_cost(const GdnDims& d, int split) {
   const double Dk = d.k_head_dim, Dvs = static_cast<double>(d.v_head_dim) / split, c = kChunk;
   const double cols = Dvs * (3 * c * Dk + c * (c + 1) / 2);
   const double loads = c * (3 * Dk + c);
-  return cols + loads;
+  return cols + loads + kChunkLatencyUnits;
 }
 
 // One CTA per (token, head) row: thread 0 sums the squares in order (the
