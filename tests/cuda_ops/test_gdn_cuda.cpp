@@ -710,14 +710,18 @@ TEST(GdnChunkPlan, FollowsTheShapes) {
   constexpr size_t kSmem = 232448;
   const cuda::GdnDims q27{16, 48, 128, 128, 4};  // Qwen3.5-27B
   cuda::GdnChunkPlan p = cuda::gdn_chunk_plan(q27, 1, 132, kSmem);
-  // 192 CTAs, two per SM: 48 or 96 would leave SMs idle or run 64 columns each.
-  EXPECT_EQ(p.split, 4);
+  // 96 CTAs of 64 columns, one per SM: split 4's 192 would put two on 60
+  // SMs, and a chunk's fixed latency does not shrink with the columns.
+  EXPECT_EQ(p.split, 2);
   EXPECT_EQ(p.ld_t, 68);
-  EXPECT_EQ(p.smem, 111376u);
-  EXPECT_EQ(p.ctas_per_sm, 2);
+  EXPECT_EQ(p.smem, 135952u);
+  EXPECT_EQ(p.ctas_per_sm, 1);
   EXPECT_EQ(p.prep_ld_t, 68);
   EXPECT_EQ(p.prep_smem, 87824u);
-  EXPECT_EQ(cuda::gdn_chunk_plan(q27, 4, 132, kSmem).split, 4);
+  EXPECT_EQ(cuda::gdn_chunk_plan(q27, 4, 132, kSmem).split, 2);
+  p = cuda::gdn_chunk_plan_at(q27, 4, kSmem);
+  EXPECT_EQ(p.smem, 111376u);
+  EXPECT_EQ(p.ctas_per_sm, 2);
   p = cuda::gdn_chunk_plan_at(q27, 1, kSmem);
   EXPECT_EQ(p.ld_t, 68);
   EXPECT_EQ(p.smem, 185104u);

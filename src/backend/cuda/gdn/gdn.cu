@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -278,6 +279,20 @@ __global__ void gdn_rule_kernel(GdnSeqs seqs, GdnDims dm, int chunk_begin, const
 //  5. o = exp(cum_i) (q_i S) + sum_{j <= i} A_ij v_new_j -> out; KD [64][Dk]
 //     = (k_i 1/|k_i|) exp(last - cum_i) from qkv (over W^T, dead).
 //  6. S = exp(last) S + sum_i KD_i v_new_i^T.
+// The chunk's loads overlap rather than wait in turn: A^T and the row
+// vectors go to shared memory by cp.async during the previous chunk's step
+// 6 (their buffers are dead then; the first chunk's before the walk), U by
+// cp.async at the start of step 0, and each thread issues every q and W
+// load of its transpose blocks (16-byte pieces of rows: 8 of q and 8 of W
+// at Dk = 128, all its blocks for Dk <= 128) before it writes the first
+// into QT or W^T; one wait for all, then the barrier. The k rows of KD go
+// raw from qkv into W^T's buffer (dead after step 4) by cp.async before
+// step 5's products, and each thread scales the elements it copied after
+// them. So a chunk waits for global memory about once, in step 0. (U is
+// not staged during step 6, which reads it: a second U buffer would cost
+// the second CTA per SM at split 4. q and k rows go in 4-byte pieces where
+// qkv is not 16-byte aligned.) Every buffer holds the same bits when a
+// product reads it, and the arithmetic is unchanged.
 // Products 4, 5, 6 give each thread TM x 4 outputs (TM = 4 or 2: the
 // template arguments, so that all 8 warps have tiles), every output one
 // register summed in the order of its reduction index with fused
@@ -293,6 +308,8 @@ __global__ void gdn_rule_kernel(GdnSeqs seqs, GdnDims dm, int chunk_begin, const
 constexpr int kChunk = kGdnCudaChunk;
 constexpr int kChunkThreads = 256;
 constexpr int kChunkWarps = kChunkThreads / 32;
+constexpr int kStageBlocks = 2;  // q and W warp blocks per warp whose loads step 0 issues together
+static_assert(kChunkWarps % 4 == 0, "step 0: a warp's blocks share their rows");
 constexpr int kTriTiles = (kChunk / 4) * (kChunk / 4 + 1) / 2;  // 4x4 tiles on or below the diagonal: 136
 constexpr int kPrepVecFloats = 7 * kChunk + 4;  // g, beta, cum, exp(cum), exp(last - cum), 1/|q|, 1/|k|; exp(last)
 constexpr int kSeqVecFloats = 3 * kChunk + 4;   // exp(cum), exp(last - cum), 1/|k|; exp(last)
@@ -351,6 +368,19 @@ struct ChunkArgs {
   float* out;
   ChunkScratch sc;
 };
+
+// Asynchronous copies global -> shared of 16 bytes (both addresses 16-byte
+// aligned) or 4: issued without waiting; cp_async_wait_all makes the
+// thread's copies visible to itself, a barrier after it to the CTA.
+__device__ __forceinline__ void cp_async16(float* dst, const float* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async4(float* dst, const float* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 // acc[r][c] += sum_k A[k][r] B[k][c] over k in [0, K), in the order of k,
 // one fused multiply-add per term. A and B point at the tile's first row
@@ -683,6 +713,10 @@ __global__ void __launch_bounds__(kChunkThreads, 2) gdn_rule_chunked_kernel(Chun
   const int kh = h / (Hv / Hk);
   const float scale = __fdiv_rn(1.0f, sqrtf(static_cast<float>(Dk)));
   const float* __restrict__ qkv = p.qkv;
+  const int64_t qcol = static_cast<int64_t>(kh) * Dk;  // the key head's q columns (its k columns: KD + qcol)
+  // q and k rows in 16-byte pieces where qkv is 16-byte aligned (C, KD and
+  // Dk are multiples of 4 at every shape the plan takes), else in floats.
+  const bool qkv16 = reinterpret_cast<uintptr_t>(qkv) % 16 == 0 && C % 4 == 0;
   const int wba = (Dk + 31) / 32, nwb = wba * 4;  // warp blocks of 32 (Dk) x 16 (rows) per matrix
   const int64_t hT = static_cast<int64_t>(h) * T, HT = static_cast<int64_t>(Hv) * T;
   const float* __restrict__ Wg = p.sc.W + hT * Dk;       // + row Dk
@@ -690,62 +724,107 @@ __global__ void __launch_bounds__(kChunkThreads, 2) gdn_rule_chunked_kernel(Chun
   const float* __restrict__ Ag = p.sc.A + hT * kChunk;   // + row 64
   const float* __restrict__ vg = p.sc.vec + hT;          // + k HT + row: vector k
 
-  for (int t0 = 0; t0 < n;) {
-    // Chunks end at absolute multiples of 64 (the CPU's rule).
-    const int nc = min(n - t0, kChunk - (pos0 + t0) % kChunk);
-    const int64_t row0 = r0 + t0;
-    __syncthreads();  // the previous chunk's buffers are read (and S is loaded)
+  // The rows of the chunk that starts at row t: chunks end at absolute
+  // multiples of 64 (the CPU's rule).
+  auto chunk_rows = [&](int t) { return min(n - t, kChunk - (pos0 + t) % kChunk); };
+  // A^T (rows j < nc: the only ones step 5 reads) and the row vectors (0
+  // from nc on) of the chunk at row t, into AT, ev, dl, invk and misc by
+  // cp.async; waited for at the end of the chunk's step 0.
+  auto stage_at_vecs = [&](int t) {
+    const int ncs = chunk_rows(t);
+    const int64_t rs = r0 + t;
+    for (int e = tid; e < ncs * (kChunk / 4); e += kChunkThreads) cp_async16(AT + 4 * e, Ag + rs * kChunk + 4 * e);
+    if (tid < kChunk) {
+      if (tid < ncs) {
+        cp_async4(ev + tid, vg + rs + tid);
+        cp_async4(dl + tid, vg + HT + rs + tid);
+        cp_async4(invk + tid, vg + 3 * HT + rs + tid);
+      } else {
+        ev[tid] = 0.0f;
+        dl[tid] = 0.0f;
+        invk[tid] = 0.0f;
+      }
+      if (tid == 0) cp_async4(misc, vg + 4 * HT + rs);
+    }
+  };
 
-    // 0. The chunk's operands: QT = ((q 1/|q|) scale)^T from qkv and W^T from
-    // the scratch, transposed by 4x4 register blocks (lanes: 8 column blocks
-    // x 4 row blocks); U, A^T (rows j < nc: the only ones step 5 reads) and
-    // the row vectors from the scratch; rows from nc on zero.
-    for (int wb = warp; wb < 2 * nwb; wb += kChunkWarps) {
-      const int m = wb / nwb, w = wb % nwb;  // m 0: q, 1: W
-      const int a0 = ((w / 4) * 8 + lane % 8) * 4, i0 = ((w % 4) * 4 + lane / 8) * 4;
-      if (a0 >= Dk) continue;
-      float v[4][4];
+  // Step 0's QT and W^T for the chunk of nc rows at row0 (vec16: q rows
+  // in 16-byte pieces; a constant, so that each form is straight-line code).
+  auto stage_qw = [&](int64_t row0, int nc, auto vec16) {
+    for (int wq = warp; wq < nwb; wq += kStageBlocks * kChunkWarps) {
+      // Block wq + j kChunkWarps: rows i0 + r, columns a0 + 32 (kChunkWarps / 4) j (+ c).
+      const int a0 = ((wq / 4) * 8 + lane % 8) * 4, i0 = ((wq % 4) * 4 + lane / 8) * 4;
+      float4 qv[kStageBlocks][4], wv[kStageBlocks][4];  // q (raw) and W
+      float iq[4];                                      // 1 / |q| of the rows
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int64_t row = row0 + i0 + r;
-        if (i0 + r >= nc) {
+        iq[r] = i0 + r < nc ? vg[2 * HT + row] : 0.0f;
 #pragma unroll
-          for (int c = 0; c < 4; ++c) v[r][c] = 0.0f;
-        } else if (m == 0) {
-          const float* src = qkv + row * C + static_cast<int64_t>(kh) * Dk + a0;
-          const float iq = vg[2 * HT + row];
-#pragma unroll
-          for (int c = 0; c < 4; ++c) v[r][c] = __fmul_rn(__fmul_rn(src[c], iq), scale);
-        } else {
-          const float4 x = *reinterpret_cast<const float4*>(Wg + row * Dk + a0);
-          v[r][0] = x.x;
-          v[r][1] = x.y;
-          v[r][2] = x.z;
-          v[r][3] = x.w;
+        for (int j = 0; j < kStageBlocks; ++j) {
+          const int a = a0 + 32 * (kChunkWarps / 4) * j;
+          qv[j][r] = wv[j][r] = make_float4(0.f, 0.f, 0.f, 0.f);
+          if (wq + j * kChunkWarps < nwb && a < Dk && i0 + r < nc) {
+            const float* src = qkv + row * C + qcol + a;
+            qv[j][r] = decltype(vec16)::value ? *reinterpret_cast<const float4*>(src)
+                                              : make_float4(src[0], src[1], src[2], src[3]);
+            wv[j][r] = *reinterpret_cast<const float4*>(Wg + row * Dk + a);
+          }
         }
       }
-      float* Tm = m ? WT : QT;
 #pragma unroll
-      for (int c = 0; c < 4; ++c)
-        *reinterpret_cast<float4*>(Tm + (a0 + c) * ldt + i0) = make_float4(v[0][c], v[1][c], v[2][c], v[3][c]);
+      for (int j = 0; j < kStageBlocks; ++j) {
+        const int a = a0 + 32 * (kChunkWarps / 4) * j;
+        if (wq + j * kChunkWarps >= nwb || a >= Dk) continue;
+        float qn[4][4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const float x[4] = {qv[j][r].x, qv[j][r].y, qv[j][r].z, qv[j][r].w};
+#pragma unroll
+          for (int c = 0; c < 4; ++c) qn[r][c] = i0 + r < nc ? __fmul_rn(__fmul_rn(x[c], iq[r]), scale) : 0.0f;
+        }
+        const float4* wr = wv[j];
+        *reinterpret_cast<float4*>(QT + (a + 0) * ldt + i0) = make_float4(qn[0][0], qn[1][0], qn[2][0], qn[3][0]);
+        *reinterpret_cast<float4*>(QT + (a + 1) * ldt + i0) = make_float4(qn[0][1], qn[1][1], qn[2][1], qn[3][1]);
+        *reinterpret_cast<float4*>(QT + (a + 2) * ldt + i0) = make_float4(qn[0][2], qn[1][2], qn[2][2], qn[3][2]);
+        *reinterpret_cast<float4*>(QT + (a + 3) * ldt + i0) = make_float4(qn[0][3], qn[1][3], qn[2][3], qn[3][3]);
+        *reinterpret_cast<float4*>(WT + (a + 0) * ldt + i0) = make_float4(wr[0].x, wr[1].x, wr[2].x, wr[3].x);
+        *reinterpret_cast<float4*>(WT + (a + 1) * ldt + i0) = make_float4(wr[0].y, wr[1].y, wr[2].y, wr[3].y);
+        *reinterpret_cast<float4*>(WT + (a + 2) * ldt + i0) = make_float4(wr[0].z, wr[1].z, wr[2].z, wr[3].z);
+        *reinterpret_cast<float4*>(WT + (a + 3) * ldt + i0) = make_float4(wr[0].w, wr[1].w, wr[2].w, wr[3].w);
+      }
     }
+  };
+
+  stage_at_vecs(0);
+  for (int t0 = 0; t0 < n;) {
+    const int nc = chunk_rows(t0);
+    const int64_t row0 = r0 + t0;
+    __syncthreads();  // the previous chunk's buffers are read (and S is loaded)
+
+    // 0. The chunk's operands (A^T and the row vectors are in flight since
+    // the previous chunk's step 6, or the start): U from the scratch by
+    // cp.async (rows from nc on zero); QT = ((q 1/|q|) scale)^T from qkv and
+    // W^T from the scratch, transposed by 4x4 register blocks (lanes: 8
+    // column blocks x 4 row blocks; rows from nc on zero). A warp takes q
+    // and W blocks kStageBlocks at a time (all of them for Dk <= 128) and
+    // issues every load of them before the first transpose, so a chunk's
+    // loads wait for memory once.
     {
       const int q4 = Dvs / 4;
       for (int e = tid; e < kChunk * q4; e += kChunkThreads) {
         const int i = e / q4, c = 4 * (e % q4);
-        *reinterpret_cast<float4*>(U + i * Dvs + c) =
-            i < nc ? *reinterpret_cast<const float4*>(Ug + (row0 + i) * Dv + c) : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-      for (int e = tid; e < nc * (kChunk / 4); e += kChunkThreads)
-        reinterpret_cast<float4*>(AT)[e] = reinterpret_cast<const float4*>(Ag + row0 * kChunk)[e];
-      if (tid < kChunk) {
-        const bool in = tid < nc;
-        ev[tid] = in ? vg[row0 + tid] : 0.0f;
-        dl[tid] = in ? vg[HT + row0 + tid] : 0.0f;
-        invk[tid] = in ? vg[3 * HT + row0 + tid] : 0.0f;
-        if (tid == 0) misc[0] = vg[4 * HT + row0];
+        if (i < nc)
+          cp_async16(U + i * Dvs + c, Ug + (row0 + i) * Dv + c);
+        else
+          *reinterpret_cast<float4*>(U + i * Dvs + c) = make_float4(0.f, 0.f, 0.f, 0.f);
       }
     }
+    if (qkv16)
+      stage_qw(row0, nc, std::true_type{});
+    else
+      stage_qw(row0, nc, std::false_type{});
+    cp_async_wait_all();
     __syncthreads();
 
     // 4. v_new = U - W S (the CPU: ws = sum_a W_ia S_ad, then U -= ws).
@@ -766,9 +845,26 @@ __global__ void __launch_bounds__(kChunkThreads, 2) gdn_rule_chunked_kernel(Chun
     });
     __syncthreads();
 
-    // 5. The outputs: o_i = (q_i S) exp(cum_i), then + A_ij v_new_j for j =
-    // 0..i in order (A_ij = 0 for j > i inside the tile). Then KD = (k_i
-    // 1/|k_i|) exp(last - cum_i), [64][Dk], from qkv over W^T.
+    // 5. The k rows of KD [64][Dk] (rows from nc on zero) go from qkv into
+    // KDm (over W^T, dead) by cp.async during the outputs: o_i = (q_i S)
+    // exp(cum_i), then + A_ij v_new_j for j = 0..i in order (A_ij = 0 for j
+    // > i inside the tile). Then each thread scales the k elements it copied
+    // in place: KD = (k_i 1/|k_i|) exp(last - cum_i).
+    for (int e = tid; e < kChunk * (Dk / 4); e += kChunkThreads) {
+      const int i = e / (Dk / 4), a0 = 4 * (e % (Dk / 4));
+      float* dst = KDm + i * Dk + a0;
+      if (i >= nc) {
+        *reinterpret_cast<float4*>(dst) = make_float4(0.f, 0.f, 0.f, 0.f);
+      } else {
+        const float* src = qkv + (row0 + i) * C + KD + qcol + a0;
+        if (qkv16) {
+          cp_async16(dst, src);
+        } else {
+#pragma unroll
+          for (int c = 0; c < 4; ++c) cp_async4(dst + c, src + c);
+        }
+      }
+    }
     for_tiles<TV>(kChunk, Dvs, [&](int i0, int d0) {
       if (i0 >= nc) return;
       float acc[TV][4] = {};
@@ -788,38 +884,37 @@ __global__ void __launch_bounds__(kChunkThreads, 2) gdn_rule_chunked_kernel(Chun
           for (int c = 0; c < 4; ++c) o[c] = acc[r][c];
         }
     });
-    for (int e = tid; e < kChunk * (Dk / 4); e += kChunkThreads) {
+    cp_async_wait_all();
+    for (int e = tid; e < nc * (Dk / 4); e += kChunkThreads) {
       const int i = e / (Dk / 4), a0 = 4 * (e % (Dk / 4));
-      float4 kd = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (i < nc) {
-        const float* src = qkv + (row0 + i) * C + KD + static_cast<int64_t>(kh) * Dk + a0;
-        const float ik = invk[i], d = dl[i];
-        kd = make_float4(__fmul_rn(__fmul_rn(src[0], ik), d), __fmul_rn(__fmul_rn(src[1], ik), d),
-                         __fmul_rn(__fmul_rn(src[2], ik), d), __fmul_rn(__fmul_rn(src[3], ik), d));
-      }
-      *reinterpret_cast<float4*>(KDm + i * Dk + a0) = kd;
+      float4* x = reinterpret_cast<float4*>(KDm + i * Dk + a0);
+      const float ik = invk[i], d = dl[i];
+      const float4 k = *x;
+      *x = make_float4(__fmul_rn(__fmul_rn(k.x, ik), d), __fmul_rn(__fmul_rn(k.y, ik), d),
+                       __fmul_rn(__fmul_rn(k.z, ik), d), __fmul_rn(__fmul_rn(k.w, ik), d));
     }
+    const float el = misc[0];  // exp(last), read before step 6 stages the next chunk's
     __syncthreads();
 
-    // 6. S = exp(last) S, then += KD_i v_new_i^T for i = 0..n-1 in order.
-    {
-      const float el = misc[0];
-      for_tiles<TS>(Dk, Dvs, [&](int a0, int d0) {
-        float acc[TS][4];
+    // 6. The next chunk's A^T and row vectors are staged (their buffers are
+    // dead) during S = exp(last) S, then += KD_i v_new_i^T for i = 0..n-1 in
+    // order.
+    if (t0 + nc < n) stage_at_vecs(t0 + nc);
+    for_tiles<TS>(Dk, Dvs, [&](int a0, int d0) {
+      float acc[TS][4];
 #pragma unroll
-        for (int r = 0; r < TS; ++r) {
-          const float4 x = *reinterpret_cast<const float4*>(Ssh + (a0 + r) * Dvs + d0);
-          acc[r][0] = __fmul_rn(x.x, el);
-          acc[r][1] = __fmul_rn(x.y, el);
-          acc[r][2] = __fmul_rn(x.z, el);
-          acc[r][3] = __fmul_rn(x.w, el);
-        }
-        tile_fma<TS>(KDm + a0, Dk, U + d0, Dvs, nc, acc);
+      for (int r = 0; r < TS; ++r) {
+        const float4 x = *reinterpret_cast<const float4*>(Ssh + (a0 + r) * Dvs + d0);
+        acc[r][0] = __fmul_rn(x.x, el);
+        acc[r][1] = __fmul_rn(x.y, el);
+        acc[r][2] = __fmul_rn(x.z, el);
+        acc[r][3] = __fmul_rn(x.w, el);
+      }
+      tile_fma<TS>(KDm + a0, Dk, U + d0, Dvs, nc, acc);
 #pragma unroll
-        for (int r = 0; r < TS; ++r)
-          *reinterpret_cast<float4*>(Ssh + (a0 + r) * Dvs + d0) = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
-      });
-    }
+      for (int r = 0; r < TS; ++r)
+        *reinterpret_cast<float4*>(Ssh + (a0 + r) * Dvs + d0) = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+    });
     t0 += nc;
   }
   __syncthreads();
@@ -842,11 +937,22 @@ ChunkKernel chunk_kernel(int tv, int ts) {
 // The sequential kernel's work per CTA and chunk (the plan's cost), in
 // multiply-adds: per column of its slice W S, Q S, A v_new and the state
 // update, plus the chunk's loads (q, W, k, A^T: one unit per element).
+// One CTA's estimated time per chunk, in multiply-add units: its columns'
+// products and its loads, plus the chunk's fixed latency (the dependent
+// steps and barriers every chunk waits through whatever its width):
+// kChunkLatencyUnits, fitted on an H100 from bench_gdn's 1 x 8K rows at
+// split 1 and 2, each CTA alone on its SM (5,658.6 and 3,615.0 us for 128
+// chunks: 1.20e-3 us per unit over the chunks, and 1,537 us that do not
+// scale with the columns, i.e. 1.28e6 units). Without it the estimate took
+// split 4 (two CTAs per SM) for one to four 27B prefills, measured 1.09x to
+// 1.12x slower than split 2 once the loads overlap.
+constexpr double kChunkLatencyUnits = 1.28e6;
+
 double chunk_cost(const GdnDims& d, int split) {
   const double Dk = d.k_head_dim, Dvs = static_cast<double>(d.v_head_dim) / split, c = kChunk;
   const double cols = Dvs * (3 * c * Dk + c * (c + 1) / 2);
   const double loads = c * (3 * Dk + c);
-  return cols + loads;
+  return cols + loads + kChunkLatencyUnits;
 }
 
 // One CTA per (token, head) row: thread 0 sums the squares in order (the

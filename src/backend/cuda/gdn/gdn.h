@@ -127,10 +127,12 @@ GdnChunkPlan gdn_chunk_plan_at(const GdnDims& d, int split, size_t max_smem);
 // are estimated to take 1 + (r - 1) / 2 times one CTA's time (the kernel is
 // latency-bound); one CTA's time per chunk is its multiply-adds (per column
 // of its slice W S, Q S, A v_new and the state update, plus one unit per
-// loaded element of q, W, k and A). So the estimate is ceil(m / r) x (1 +
-// (min(r, m) - 1) / 2) x cost; ties go to the smaller split. For
+// loaded element of q, W, k and A) plus a fixed per-chunk latency measured
+// in the same units (gdn.cu chunk_cost). So the estimate is ceil(m / r) x
+// (1 + (min(r, m) - 1) / 2) x cost; ties go to the smaller split. For
 // Qwen3.5-27B's heads (Hv 48, Dk = Dv = 128) on an H100 (132 SMs, 227 KB):
-// split 4 (111.4 KB, two CTAs per SM) for one to four prefills.
+// split 2 (136 KB, one CTA per SM) for one to four prefills; split 4 at TP
+// 2 (24 heads).
 GdnChunkPlan gdn_chunk_plan(const GdnDims& d, int multi_seqs, int num_sms, size_t max_smem);
 
 // The largest conv kernel width the conv kernel takes.
