@@ -326,6 +326,18 @@ class Backend {
     linear(x, w, bias, gate_up);
     gated_act_fused(act, gate_up, out);
   }
+  // The fused MLP: linear_gated_act(act, x, w, bias, gate_up, out), then
+  // y = linear(out, w_down, down_bias) (before any all_reduce). What the
+  // fused forward pass runs. A backend may hand the down GEMM the
+  // activation in another form than out, with the same bits in y (CUDA's
+  // W8A8 rows: the activation kernel writes the down GEMM's e4m3 codes, not
+  // out); gate_up and out are then scratch whose contents are undefined.
+  virtual void linear_gated_act_linear(Activation act, const Tensor& x, const Tensor& w, const Tensor& bias,
+                                       Tensor& gate_up, Tensor& out, const Tensor& w_down, const Tensor& down_bias,
+                                       Tensor& y) {
+    linear_gated_act(act, x, w, bias, gate_up, out);
+    linear(out, w_down, down_bias, y);
+  }
 
   // A residual projection (o_proj, down_proj) and the residual add + norm
   // that follows it: tmp = linear(x, w, bias), summed over the tensor-

@@ -4,9 +4,11 @@
 //   x = norm(h); h += attn(x); x = norm(h); h += mlp(x)
 // Each residual projection (o_proj, down_proj) is one op with the residual
 // add and the norm that follow it (Backend::linear_add_rmsnorm: linear,
-// all_reduce, add_rmsnorm unless the backend fuses them): the MLP output
-// joins h at the next layer's first norm, or the final norm (in place) after
-// the last layer.
+// all_reduce, add_rmsnorm unless the backend fuses them; with fused
+// projections the down projection is the last GEMM of
+// Backend::linear_gated_act_linear, then all_reduce and add_rmsnorm): the
+// MLP output joins h at the next layer's first norm, or the final norm (in
+// place) after the last layer.
 #include "engine/forward.h"
 
 namespace fp8kv {
@@ -17,10 +19,8 @@ void ForwardPass::llama_layer(int layer, Step& st) {
   attention_core(layer, st);
   be_.linear_add_rmsnorm(st.attn, L.o_proj, L.o_bias, st.tmp, st.h, L.post_attention_norm, eps_,
                          st.x);  // post_attention_norm: HF name for the pre-MLP norm
-  const Tensor& down_in = mlp_core(layer, st);
   const bool last = layer + 1 == cfg_.num_layers;
-  be_.linear_add_rmsnorm(down_in, L.down_proj, L.down_bias, st.tmp, st.h,
-                         last ? w_.final_norm : w_.layers[layer + 1].input_norm, eps_, last ? st.h : st.x);
+  mlp_add_rmsnorm(layer, last ? w_.final_norm : w_.layers[layer + 1].input_norm, last ? st.h : st.x, st);
 }
 
 }  // namespace fp8kv

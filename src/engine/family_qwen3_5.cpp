@@ -49,10 +49,8 @@ void ForwardPass::qwen3_5_layer(int layer, Step& st) {
   const Tensor& mixed = linear ? gated_delta_net(layer, st) : gated_attention(layer, st);
   be_.linear_add_rmsnorm(mixed, linear ? L.out_proj : L.o_proj, linear ? Tensor{} : L.o_bias, st.tmp, st.h,
                          L.post_attention_norm, eps_, st.x);
-  const Tensor& down_in = mlp_core(layer, st);
   const bool last = layer + 1 == cfg_.num_layers;
-  be_.linear_add_rmsnorm(down_in, L.down_proj, L.down_bias, st.tmp, st.h,
-                         last ? w_.final_norm : w_.layers[layer + 1].input_norm, eps_, last ? st.h : st.x);
+  mlp_add_rmsnorm(layer, last ? w_.final_norm : w_.layers[layer + 1].input_norm, last ? st.h : st.x, st);
 }
 
 }  // namespace fp8kv

@@ -96,20 +96,35 @@ void ForwardPass::attention(int layer, Step& st) {
 
 const Tensor& ForwardPass::mlp_core(int layer, Step& st) {
   const BackendLayerWeights& L = w_.layers[layer];
-  if (fused_) {  // gate|up in one GEMM; the activation writes the down GEMM's bf16 input
-    be_.linear_gated_act(act_, st.x, L.gate_up_proj, L.gate_up_bias, st.gate_up, st.act_bf16);
-    return st.act_bf16;
-  }
   be_.linear(st.x, L.gate_proj, L.gate_bias, st.gate);
   be_.linear(st.x, L.up_proj, L.up_bias, st.up);
   be_.gated_act(act_, st.gate, st.up, st.gate);
   return st.gate;
 }
 
+void ForwardPass::mlp_down(int layer, Step& st) {
+  const BackendLayerWeights& L = w_.layers[layer];
+  if (fused_)  // gate|up in one GEMM, the activation, the down GEMM: one op (the backend may hand the
+               // activation to the down GEMM in its own form: CUDA's W8A8 codes)
+    be_.linear_gated_act_linear(act_, st.x, L.gate_up_proj, L.gate_up_bias, st.gate_up, st.act_bf16, L.down_proj,
+                                L.down_bias, st.tmp);
+  else
+    be_.linear(mlp_core(layer, st), L.down_proj, L.down_bias, st.tmp);
+}
+
 void ForwardPass::mlp(int layer, Step& st) {
-  const Tensor& in = mlp_core(layer, st);
-  be_.linear(in, w_.layers[layer].down_proj, w_.layers[layer].down_bias, st.tmp);
+  mlp_down(layer, st);
   be_.all_reduce(st.tmp);  // row-parallel down_proj
+}
+
+void ForwardPass::mlp_add_rmsnorm(int layer, const Tensor& norm_w, Tensor& y, Step& st) {
+  if (fused_) {  // linear_add_rmsnorm's ops (linear, all_reduce, add_rmsnorm) with the fused MLP's linear
+    mlp(layer, st);
+    be_.add_rmsnorm(st.h, st.tmp, norm_w, eps_, y);
+    return;
+  }
+  const BackendLayerWeights& L = w_.layers[layer];
+  be_.linear_add_rmsnorm(mlp_core(layer, st), L.down_proj, L.down_bias, st.tmp, st.h, norm_w, eps_, y);
 }
 
 void ForwardPass::run(const StepBatch& b, RunState& rs) {

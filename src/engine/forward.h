@@ -23,8 +23,10 @@ namespace fp8kv {
 // V = vocab_size, act = Backend::activation_dtype().
 // With fused projections (Backend::fuses_projections, the CUDA backend):
 // gate holds gate|up [T][2I], up holds act(gate) * up as bf16 [T][I] (the
-// down GEMM's input), qkv [T][(Hq+2Hkv)*D] the fused QKV output, and x and
-// attn (only ever GEMM inputs) are bf16.
+// down GEMM's input, scratch of Backend::linear_gated_act_linear: a backend
+// that hands the down GEMM the activation in its own form leaves it
+// unwritten), qkv [T][(Hq+2Hkv)*D] the fused QKV output, and x and attn
+// (only ever GEMM inputs) are bf16.
 struct RunState {
   RunState(Backend& be, const ModelConfig& cfg, int max_tokens, int max_logits_rows, bool fused = false);
   int max_tokens = 0;
@@ -97,9 +99,16 @@ class ForwardPass {
   void attention(int layer, Step& st);
   // attention without o_proj: x -> attn [T][Hq*D].
   void attention_core(int layer, Step& st);
-  // x [T][H] (already normed) -> MLP output [T][H] in tmp.
+  // x [T][H] (already normed) -> MLP output [T][H] in tmp (summed over the
+  // tensor-parallel ranks).
   void mlp(int layer, Step& st);
-  // mlp without down_proj: x -> the down GEMM's input (act_bf16 or gate), returned.
+  // mlp before the all_reduce: Backend::linear_gated_act_linear with fused
+  // projections, else mlp_core then linear.
+  void mlp_down(int layer, Step& st);
+  // mlp, then h += tmp; y = norm(h) (norm_w): the residual projection's
+  // op (Backend::linear_add_rmsnorm, or its ops around the fused MLP).
+  void mlp_add_rmsnorm(int layer, const Tensor& norm_w, Tensor& y, Step& st);
+  // The unfused MLP without down_proj: x -> act(gate) * up in gate, returned.
   const Tensor& mlp_core(int layer, Step& st);
 
   ModelConfig cfg_;

@@ -394,6 +394,78 @@ TEST(CudaW8a8, QuantizeRowsIsBitwiseTheHostFunction) {
   }
 }
 
+std::string first_diff(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b, int64_t ld) {
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i])
+      return "row " + std::to_string(static_cast<int64_t>(i) / ld) + " col " + std::to_string(static_cast<int64_t>(i) % ld) +
+             ": " + std::to_string(a[i]) + " vs " + std::to_string(b[i]);
+  return "none";
+}
+
+// gated_act_quantize_e4m3 (the down projection's quantization fused into the
+// MLP activation) against the two kernels it replaces, gated_act_bf16_in
+// into out (bf16 or f32) and quantize_rows_e4m3 of out: codes (every byte of
+// [T_pad][Kc], the padding rows and columns included) and scales (both
+// scale layouts, the padded and the tail GEMM's) bitwise. I = 14336 (the
+// Llama-3.1-8B MLP), 272 (a partial last group), 200 (Kc = 208: a padded
+// down weight); 1x128 groups and per token; gate / up with the awkward
+// values (NaN, -0, huge, denormal) of awkward_rows.
+TEST(CudaW8a8, GatedActQuantizeIsBitwiseTwoKernels) {
+  FP8KV_NEED_GPU();
+  std::mt19937_64 rng(test_seed());
+  const int64_t q4 = cuda::Gemm::kW8a8Rows;
+  for (int64_t K : {int64_t{14336}, int64_t{272}, int64_t{200}}) {
+    const int64_t Kc = round_up(K, 16);
+    for (int64_t T : {9, 17, 64, 300}) {
+      const int64_t T_pad = round_up(T, q4);
+      std::vector<float> gu_f = awkward_rows(rng, T, 2 * K);
+      for (int64_t t = 0; t < T; ++t)  // up: plain normals (the awkward values sit in gate and up alike otherwise)
+        if (t % 2 == 1) {
+          const std::vector<float> u = randn(rng, static_cast<size_t>(K), 2.0f);
+          std::copy(u.begin(), u.end(), gu_f.begin() + t * 2 * K + K);
+        }
+      cuda::DeviceBuffer gu = to_device(to_bf16(gu_f));
+      const auto* g = gu.as<uint16_t>();
+      for (int64_t group : {int64_t{128}, K}) {
+        const int64_t G = (K + group - 1) / group;
+        for (Activation act : {Activation::silu, Activation::gelu_tanh, Activation::gelu})
+          for (bool out_bf16 : {true, false})
+            for (int64_t n_main : {T_pad, T - T % q4}) {
+              if (n_main == T - T % q4 && T % q4 == 0) continue;
+              SCOPED_TRACE(::testing::Message() << "K=" << K << " T=" << T << " group=" << group << " act="
+                                                << static_cast<int>(act) << " out_bf16=" << out_bf16
+                                                << " n_main=" << n_main);
+              cuda::DeviceBuffer out(static_cast<size_t>(T * K) * (out_bf16 ? 2 : 4));
+              cuda::DeviceBuffer c1(static_cast<size_t>(T_pad * Kc)), c2(static_cast<size_t>(T_pad * Kc));
+              cuda::DeviceBuffer m1(static_cast<size_t>(G * n_main + 1) * 4), m2(static_cast<size_t>(G * n_main + 1) * 4);
+              cuda::DeviceBuffer t1(static_cast<size_t>(G * q4) * 4), t2(static_cast<size_t>(G * q4) * 4);
+              // Different garbage in each: a byte either kernel leaves unwritten differs.
+              for (auto* b : {&c1, &m1, &t1}) FP8KV_CU(cudaMemset(b->get(), 0xee, b->bytes()));
+              for (auto* b : {&c2, &m2, &t2}) FP8KV_CU(cudaMemset(b->get(), 0x11, b->bytes()));
+              const cuda::W8a8ScaleOut s1{m1.as<float>(), n_main, t1.as<float>(), T_pad - n_main};
+              const cuda::W8a8ScaleOut s2{m2.as<float>(), n_main, t2.as<float>(), T_pad - n_main};
+              cuda::gated_act_bf16_in(act, g, g + K, 2 * K, T, K, out.get(), out_bf16, nullptr);
+              cuda::quantize_rows_e4m3(out.get(), !out_bf16, nullptr, T, T_pad, K, Kc, group, c1.as<uint8_t>(), s1,
+                                       nullptr);
+              cuda::gated_act_quantize_e4m3(act, g, g + K, 2 * K, out_bf16, T, T_pad, K, Kc, group,
+                                            c2.as<uint8_t>(), s2, nullptr);
+              const auto a = to_host<uint8_t>(c1, static_cast<size_t>(T_pad * Kc));
+              const auto b = to_host<uint8_t>(c2, static_cast<size_t>(T_pad * Kc));
+              ASSERT_TRUE(a == b) << "codes differ, first at " << first_diff(a, b, Kc);
+              EXPECT_GT(std::count_if(a.begin(), a.end(), [](uint8_t v) { return v != 0 && v != 0x80; }),
+                        static_cast<long>(a.size() / 8));  // real codes (awkward rows aside)
+              EXPECT_EQ(to_host<uint32_t>(m1, static_cast<size_t>(G * n_main)),
+                        to_host<uint32_t>(m2, static_cast<size_t>(G * n_main)));
+              if (n_main < T_pad) {
+                EXPECT_EQ(to_host<uint32_t>(t1, static_cast<size_t>(G * q4)),
+                          to_host<uint32_t>(t2, static_cast<size_t>(G * q4)));
+              }
+            }
+      }
+    }
+  }
+}
+
 // A DeviceFp8 with the W8A8 fields: the scales in the cuBLASLt layout of
 // ops.h (built here from that description, independently of the upload),
 // and for K % 16 != 0 the e4m3 rows zero-padded to a multiple of 16.
@@ -519,6 +591,70 @@ TEST(CudaW8a8, GemmMatchesReferenceEveryGranularity) {
       std::printf("w8a8 %s N=%lld K=%lld T=%lld: worst error %.4f of the bound, %.2f of the fp32-only part\n",
                   std::string(scale_granularity_name(c.g)).c_str(), static_cast<long long>(c.N),
                   static_cast<long long>(c.K), static_cast<long long>(T), worst.bound, worst.fp32);
+    }
+  }
+}
+
+// The whole W8A8 MLP as CudaBackend::linear_gated_act_linear runs it (gate|up
+// GEMM to bf16, gated_act_quantize_e4m3 into w8a8_codes' layout for the
+// down weight, linear_w8a8_codes) against the unfused ops (the same gate|up
+// output, gated_act_bf16_in into out, linear_w8a8 on out): y bitwise.
+// T = 9, 17 (padded GEMMs), 33 on I = 200 (a tail GEMM: 2 * 4 * 36 > 208),
+// 64 (direct), 300; block-wise and per-channel weights, I a multiple of
+// 128, a partial last group (272) and a padded down weight (200); with and
+// without the down bias.
+TEST(CudaW8a8, FusedMlpEqualsUnfusedOps) {
+  FP8KV_NEED_GPU();
+  std::mt19937_64 rng(test_seed());
+  cuda::Gemm gemm;
+  gemm.reserve_fp8_scratch();
+  struct MlpCase {
+    int64_t H, I;
+    ScaleGranularity g;
+  };
+  for (const MlpCase& c : {MlpCase{256, 512, ScaleGranularity::block128}, MlpCase{256, 272, ScaleGranularity::block128},
+                           MlpCase{128, 200, ScaleGranularity::block128}, MlpCase{256, 512, ScaleGranularity::channel},
+                           MlpCase{128, 200, ScaleGranularity::tensor}}) {
+    const int64_t H = c.H, I = c.I;
+    DeviceW8a8 wgu = make_w8a8(rng, 2 * I, H, c.g), wd = make_w8a8(rng, H, I, c.g);
+    gemm.check_w8a8(wgu.m);
+    gemm.check_w8a8(wd.m);
+    cuda::DeviceBuffer bias = to_device(randn(rng, static_cast<size_t>(H), 0.5f));
+    for (int64_t T : {9, 17, 33, 64, 300}) {
+      ASSERT_TRUE(gemm.takes_w8a8(T, wgu.m));
+      ASSERT_TRUE(gemm.takes_w8a8(T, wd.m));
+      cuda::DeviceBuffer x = to_device(to_bf16(randn(rng, static_cast<size_t>(T * H), 1.0f)));
+      cuda::DeviceBuffer gu(static_cast<size_t>(T * 2 * I) * 2);
+      cuda::DeviceBuffer scratch(std::max(cuda::Gemm::w8a8_scratch_bytes(T, wgu.m.fp8_row_bytes(), wgu.m.block128()),
+                                          cuda::Gemm::w8a8_scratch_bytes(T, wd.m.fp8_row_bytes(), wd.m.block128())));
+      gemm.linear_w8a8(cuda::Gemm::W8a8Input{x.get(), false, nullptr}, T, wgu.m, nullptr, gu.get(), false, true,
+                       scratch.get(), scratch.bytes(), nullptr);
+      const auto* g = gu.as<uint16_t>();
+      for (Activation act : {Activation::silu, Activation::gelu_tanh})
+        for (bool out_bf16 : {true, false})
+          for (bool with_bias : {false, true}) {
+            SCOPED_TRACE(::testing::Message() << "H=" << H << " I=" << I << " g=" << static_cast<int>(c.g) << " T=" << T
+                                              << " act=" << static_cast<int>(act) << " out_bf16=" << out_bf16
+                                              << " bias=" << with_bias);
+            const float* bp = with_bias ? bias.as<float>() : nullptr;
+            cuda::DeviceBuffer out(static_cast<size_t>(T * I) * (out_bf16 ? 2 : 4));
+            cuda::DeviceBuffer y1(static_cast<size_t>(T * H) * 4), y2(static_cast<size_t>(T * H) * 4);
+            cuda::gated_act_bf16_in(act, g, g + I, 2 * I, T, I, out.get(), out_bf16, nullptr);
+            gemm.linear_w8a8(cuda::Gemm::W8a8Input{out.get(), !out_bf16, nullptr}, T, wd.m, bp, y1.get(), false, false,
+                             scratch.get(), scratch.bytes(), nullptr);
+            FP8KV_CU(cudaMemset(scratch.get(), 0x5a, scratch.bytes()));  // no codes of the unfused run survive
+            const cuda::Gemm::W8a8Codes q = gemm.w8a8_codes(T, wd.m, false, scratch.get());
+            ASSERT_EQ(q.T_pad, round_up(T, cuda::Gemm::kW8a8Rows));
+            ASSERT_EQ(q.Kc, wd.m.fp8_row_bytes());
+            ASSERT_EQ(q.group, c.g == ScaleGranularity::block128 ? 128 : I);
+            cuda::gated_act_quantize_e4m3(act, g, g + I, 2 * I, out_bf16, q.T, q.T_pad, q.K, q.Kc, q.group, q.codes,
+                                          q.scales, nullptr);
+            gemm.linear_w8a8_codes(T, wd.m, bp, y2.get(), false, false, scratch.get(), scratch.bytes(), nullptr);
+            const auto a = to_host<uint32_t>(y1, static_cast<size_t>(T * H));
+            const auto b = to_host<uint32_t>(y2, static_cast<size_t>(T * H));
+            ASSERT_EQ(a, b);
+            EXPECT_NE(std::count(a.begin(), a.end(), 0u), static_cast<long>(a.size()));  // not all zero
+          }
     }
   }
 }

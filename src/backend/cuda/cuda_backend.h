@@ -97,6 +97,11 @@ class CudaBackend final : public Backend {
   void gated_act_fused(Activation act, const Tensor& gate_up, Tensor& out) override;
   void linear_gated_act(Activation act, const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& gate_up,
                         Tensor& out) override;
+  // W8A8 rows on both GEMMs: the activation kernel writes the down GEMM's
+  // e4m3 codes (ops.h gated_act_quantize_e4m3), not out; otherwise
+  // linear_gated_act, then linear.
+  void linear_gated_act_linear(Activation act, const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& gate_up,
+                               Tensor& out, const Tensor& w_down, const Tensor& down_bias, Tensor& y) override;
   // Without an observer: the store fused into the split kernel (ops.h
   // QkvPrepArgs::FusedStore), one launch per layer less.
   void qkv_split_store(const StepBatch& batch, int layer, const Tensor& qkv, const Tensor& q_norm,
@@ -196,6 +201,17 @@ class CudaBackend final : public Backend {
 
   const StepView& step(const char* op) const;
   const uint16_t* to_bf16_input(const Tensor& x, const char* op);
+  // W8A8 (ops.h Gemm::linear_w8a8). linear_takes_w8a8: linear(x, W, y)
+  // runs the W8A8 GEMM. linear_w8a8_into: that GEMM into y (f32, or bf16
+  // through y_f32_) with bias bp, quantizing x into w8a8_act_ (sized by the
+  // caller), or with x null on the codes already there (Gemm::w8a8_codes).
+  bool linear_takes_w8a8(const Tensor& x, const cuda::DeviceMatrix& W, const Tensor& y) const;
+  void linear_w8a8_into(const Tensor* x, const cuda::DeviceMatrix& W, const float* bp, Tensor& y);
+  // linear_gated_act's W8A8 branch: its conditions (past the fused-GEMV
+  // rows), and its gate|up GEMM into gate_up's first half as bf16 [T][2I].
+  bool gate_up_takes_w8a8(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& gate_up,
+                          const Tensor& out) const;
+  void gate_up_w8a8(const Tensor& x, const Tensor& w, const cuda::DeviceMatrix& Wg, uint16_t* gu);
   // Grows a scratch buffer that captured graphs may point into: a
   // reallocation invalidates every graph (buffers_gen_), and is refused
   // while capturing (the runner's eager warm-up sizes everything first).

@@ -38,29 +38,40 @@ namespace {
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 }  // namespace
 
+bool CudaBackend::linear_takes_w8a8(const Tensor& x, const cuda::DeviceMatrix& W, const Tensor& y) const {
+  return gemm_->takes_w8a8(x.rows, W) && (x.dtype == ScalarType::f32 || x.dtype == ScalarType::bf16) &&
+         aligned16(x.data) && (y.dtype != ScalarType::f32 || aligned16(y.data));
+}
+
+void CudaBackend::linear_w8a8_into(const Tensor* x, const cuda::DeviceMatrix& W, const float* bp, Tensor& y) {
+  if (y.dtype != ScalarType::f32 && y.dtype != ScalarType::bf16)
+    bad("linear", fmt::format("y must be f32 or bf16, got {}", shape(y)));
+  float* yf = static_cast<float*>(y.data);
+  if (y.dtype == ScalarType::bf16) {
+    grow(y_f32_, static_cast<size_t>(y.numel()) * 4);
+    yf = y_f32_.as<float>();
+  }
+  if (x)
+    gemm_->linear_w8a8(cuda::Gemm::W8a8Input{x->data, x->dtype == ScalarType::f32, nullptr}, y.rows, W, bp, yf, false,
+                       false, w8a8_act_.get(), w8a8_act_.bytes(), stream_);
+  else
+    gemm_->linear_w8a8_codes(y.rows, W, bp, yf, false, false, w8a8_act_.get(), w8a8_act_.bytes(), stream_);
+  if (y.dtype == ScalarType::bf16)
+    cuda::to_bf16_rows(yf, nullptr, y.rows, y.cols, static_cast<uint16_t*>(y.data), stream_);
+}
+
 void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
   if (x.cols != w.cols || y.rows != x.rows || y.cols != w.rows)
     bad("linear", fmt::format("x {}, W {}, y {}", shape(x), shape(w), shape(y)));
   const cuda::DeviceMatrix W = matrix(w, "linear");
   // W8A8 rows (ops.h Gemm::linear_w8a8): the codes come from x as it is
   // (bf16 from the producing op in the fused forward pass); no copy.
-  const bool w8a8 = gemm_->takes_w8a8(x.rows, W) && (x.dtype == ScalarType::f32 || x.dtype == ScalarType::bf16) &&
-                    aligned16(x.data) && (y.dtype != ScalarType::f32 || aligned16(y.data));
+  const bool w8a8 = linear_takes_w8a8(x, W, y);
   OpScope op(this, "linear", w.rows, w.cols, gemm_key(prof_.get(), w, w8a8 ? " w8a8" : ""), gemm_flops(x.rows, w));
   const float* bp = opt_vec(bias, w.rows, "linear", "bias");
   if (w8a8) {
-    if (y.dtype != ScalarType::f32 && y.dtype != ScalarType::bf16)
-      bad("linear", fmt::format("y must be f32 or bf16, got {}", shape(y)));
     grow(w8a8_act_, cuda::Gemm::w8a8_scratch_bytes(x.rows, W.fp8_row_bytes(), W.block128()));
-    float* yf = static_cast<float*>(y.data);
-    if (y.dtype == ScalarType::bf16) {
-      grow(y_f32_, static_cast<size_t>(y.numel()) * 4);
-      yf = y_f32_.as<float>();
-    }
-    gemm_->linear_w8a8(cuda::Gemm::W8a8Input{x.data, x.dtype == ScalarType::f32, nullptr}, x.rows, W, bp, yf, false,
-                       false, w8a8_act_.get(), w8a8_act_.bytes(), stream_);
-    if (y.dtype == ScalarType::bf16)
-      cuda::to_bf16_rows(yf, nullptr, y.rows, y.cols, static_cast<uint16_t*>(y.data), stream_);
+    linear_w8a8_into(&x, W, bp, y);
     return;
   }
   const uint16_t* xb = to_bf16_input(x, "linear");
@@ -275,24 +286,13 @@ void CudaBackend::linear_gated_act(Activation act, const Tensor& x, const Tensor
   // gate and up before the activation, which transformers' bf16 W8A8 run has
   // too: docs/design.md "FP8-weight checkpoints"); out stays the dtype the
   // next GEMM reads.
-  if (!fuse && bias.empty() && (x.dtype == ScalarType::f32 || x.dtype == ScalarType::bf16) &&
-      reinterpret_cast<uintptr_t>(x.data) % 16 == 0 && w.rows % 16 == 0 && out.rows == T &&
-      out.cols * 2 == w.rows && gate_up.data && gate_up.numel() == T * w.rows && out.data &&
-      (out.dtype == ScalarType::bf16 || out.dtype == ScalarType::f32)) {
-    const cuda::DeviceMatrix Wg = matrix(w, "linear_gated_act");
-    if (gemm_->takes_w8a8(T, Wg)) {
-      grow(w8a8_act_, cuda::Gemm::w8a8_scratch_bytes(T, Wg.fp8_row_bytes(), Wg.block128()));
-      auto* gu = static_cast<uint16_t*>(gate_up.data);  // [T][2I] bf16 in the f32 buffer's first half
-      {
-        OpScope ps(this, nullptr, gemm_key(prof_.get(), w, " w8a8 bf16 out"), gemm_flops(T, w));
-        gemm_->linear_w8a8(cuda::Gemm::W8a8Input{x.data, x.dtype == ScalarType::f32, nullptr}, T, Wg, nullptr, gu,
-                           false, true, w8a8_act_.get(), w8a8_act_.bytes(), stream_);
-      }
-      OpScope ps(this, nullptr, "act (bf16 in)");
-      cuda::gated_act_bf16_in(act, gu, gu + out.cols, w.rows, T, out.cols, out.data, out.dtype == ScalarType::bf16,
-                              stream_);
-      return;
-    }
+  if (!fuse && gate_up_takes_w8a8(x, w, bias, gate_up, out)) {
+    auto* gu = static_cast<uint16_t*>(gate_up.data);  // [T][2I] bf16 in the f32 buffer's first half
+    gate_up_w8a8(x, w, matrix(w, "linear_gated_act"), gu);
+    OpScope ps(this, nullptr, "act (bf16 in)");
+    cuda::gated_act_bf16_in(act, gu, gu + out.cols, w.rows, T, out.cols, out.data, out.dtype == ScalarType::bf16,
+                            stream_);
+    return;
   }
   const cuda::DeviceMatrix W = fuse ? matrix(w, "linear_gated_act") : cuda::DeviceMatrix{};
   const uint16_t* xb = fuse ? static_cast<const uint16_t*>(x.data) : nullptr;
@@ -323,6 +323,68 @@ void CudaBackend::linear_gated_act(Activation act, const Tensor& x, const Tensor
   }
   cuda::gemv_gated_act_bf16(act, xb, T, W, opt_vec(bias, w.rows, "linear_gated_act", "bias"),
                             static_cast<uint16_t*>(out.data), stream_);
+}
+
+bool CudaBackend::gate_up_takes_w8a8(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& gate_up,
+                                     const Tensor& out) const {
+  const int64_t T = x.rows;
+  return w.is_fp8_weight() && bias.empty() && (x.dtype == ScalarType::f32 || x.dtype == ScalarType::bf16) &&
+         aligned16(x.data) && x.cols == w.cols && w.rows % 16 == 0 && out.rows == T && out.cols * 2 == w.rows &&
+         gate_up.data && gate_up.numel() == T * w.rows && out.data &&
+         (out.dtype == ScalarType::bf16 || out.dtype == ScalarType::f32) &&
+         gemm_->takes_w8a8(T, matrix(w, "linear_gated_act"));
+}
+
+void CudaBackend::gate_up_w8a8(const Tensor& x, const Tensor& w, const cuda::DeviceMatrix& Wg, uint16_t* gu) {
+  const int64_t T = x.rows;
+  grow(w8a8_act_, cuda::Gemm::w8a8_scratch_bytes(T, Wg.fp8_row_bytes(), Wg.block128()));
+  OpScope ps(this, nullptr, gemm_key(prof_.get(), w, " w8a8 bf16 out"), gemm_flops(T, w));
+  gemm_->linear_w8a8(cuda::Gemm::W8a8Input{x.data, x.dtype == ScalarType::f32, nullptr}, T, Wg, nullptr, gu, false,
+                     true, w8a8_act_.get(), w8a8_act_.bytes(), stream_);
+}
+
+// The fused MLP on W8A8 rows: the gate|up GEMM of linear_gated_act's W8A8
+// branch, then one kernel computes the activation and quantizes it into the
+// down GEMM's codes and scales, where Gemm::linear_w8a8 would put them
+// (ops.h gated_act_quantize_e4m3: bitwise gated_act_bf16_in into out's
+// dtype + quantize_rows_e4m3), and the down GEMM runs on those codes
+// (Gemm::linear_w8a8_codes): linear's W8A8 GEMM without out written and
+// read back (2 bytes each way per element in bf16: ~0.47 GB per layer at
+// 8K x 14336). The same conditions as the two ops' W8A8 branches (and
+// past the fused-GEMV rows), else linear_gated_act then linear. Per-token
+// and 1x128-group down weights alike (the kernel takes both groupings).
+void CudaBackend::linear_gated_act_linear(Activation act, const Tensor& x, const Tensor& w, const Tensor& bias,
+                                          Tensor& gate_up, Tensor& out, const Tensor& w_down,
+                                          const Tensor& down_bias, Tensor& y) {
+  const int64_t T = x.rows;
+  bool fused = T > gemm_->gemv_max_rows() && w_down.is_fp8_weight() && out.cols == w_down.cols && y.rows == T &&
+               y.cols == w_down.rows && (y.dtype == ScalarType::f32 || y.dtype == ScalarType::bf16) &&
+               gate_up_takes_w8a8(x, w, bias, gate_up, out);
+  const cuda::DeviceMatrix Wd = fused ? matrix(w_down, "linear") : cuda::DeviceMatrix{};
+  fused = fused && linear_takes_w8a8(out, Wd, y) && reinterpret_cast<uintptr_t>(gate_up.data) % 16 == 0;
+  if (!fused) {
+    Backend::linear_gated_act_linear(act, x, w, bias, gate_up, out, w_down, down_bias, y);
+    return;
+  }
+  const cuda::DeviceMatrix Wg = matrix(w, "linear_gated_act");
+  // Both GEMMs' codes live in w8a8_act_ (stream order: the gate|up GEMM has
+  // read its codes before the activation kernel writes the down GEMM's):
+  // sized once for both, so no reallocation between them.
+  grow(w8a8_act_, std::max(cuda::Gemm::w8a8_scratch_bytes(T, Wg.fp8_row_bytes(), Wg.block128()),
+                           cuda::Gemm::w8a8_scratch_bytes(T, Wd.fp8_row_bytes(), Wd.block128())));
+  {
+    OpScope op(this, "linear_gated_act");
+    auto* gu = static_cast<uint16_t*>(gate_up.data);  // [T][2I] bf16 in the f32 buffer's first half
+    gate_up_w8a8(x, w, Wg, gu);
+    OpScope ps(this, nullptr, "act+quant (bf16 in)");
+    // linear_w8a8_into below runs the f32-out GEMM: out_bf16 false.
+    const cuda::Gemm::W8a8Codes c = gemm_->w8a8_codes(T, Wd, false, w8a8_act_.get());
+    cuda::gated_act_quantize_e4m3(act, gu, gu + out.cols, w.rows, out.dtype == ScalarType::bf16, c.T, c.T_pad, c.K,
+                                  c.Kc, c.group, c.codes, c.scales, stream_);
+  }
+  OpScope op(this, "linear", w_down.rows, w_down.cols, gemm_key(prof_.get(), w_down, " w8a8 codes in"),
+             gemm_flops(T, w_down));
+  linear_w8a8_into(nullptr, Wd, opt_vec(down_bias, w_down.rows, "linear", "bias"), y);
 }
 
 void CudaBackend::add(Tensor& x, const Tensor& y) {

@@ -186,6 +186,22 @@ void Gemm::check_w8a8(const DeviceMatrix& W) {
   for (int64_t n : {kW8a8Rows, int64_t{64}}) (void)w8a8_plan(n, W.rows, W.fp8_row_bytes(), W.block128(), false, false);
 }
 
+void Gemm::check_w8a8_call(int64_t T, const DeviceMatrix& W, const float* bias, const void* y, bool accumulate,
+                           bool out_bf16, const void* scratch, size_t scratch_bytes) const {
+  // K: x's row length; Kp: the e4m3 rows' (K, or K rounded up to 16 for a
+  // padded W): the GEMM's k, the codes' row length.
+  const int64_t N = W.rows, K = W.cols, Kp = W.fp8_row_bytes();
+  if (T < 0 || !y || !W.w8a8() || N <= 0 || N % 4 != 0 || K <= 0 || K % 4 != 0 || Kp % 16 != 0 || Kp < K ||
+      Kp >= K + 16 || !aligned16(y) || !aligned16(W.fp8) || !aligned16(W.w8a8_scale) || !scratch ||
+      scratch_bytes < w8a8_scratch_bytes(T, Kp, W.block128()) || reinterpret_cast<uintptr_t>(scratch) % 256 != 0 ||
+      (out_bf16 && (bias || accumulate || N % 8 != 0)))
+    throw std::invalid_argument("cuda::Gemm::linear_w8a8: bad arguments (T=" + std::to_string(T) + " N=" +
+                                std::to_string(N) + " K=" + std::to_string(K) + " e4m3 row " + std::to_string(Kp) +
+                                "; needs W8A8 scales, N % 4 == 0, K % 4 == 0, e4m3 rows of a multiple of 16 bytes, "
+                                "16-byte aligned x, y and W, w8a8_scratch_bytes of scratch; bf16 out without bias "
+                                "or accumulate, N % 8 == 0)");
+}
+
 // T % 4 != 0 (the block-scale layouts need n % 4 == 0): either one GEMM of
 // T rounded up to 4 rows into the fp8 slice buffer (dequant_) and a copy of
 // T rows out (when that copy moves fewer bytes than the weight: 2 T4
@@ -195,46 +211,60 @@ void Gemm::check_w8a8(const DeviceMatrix& W) {
 // discarded. The bias of rows GEMMed into y is added by add_bias_rows, of
 // copied rows by w8a8_finish_rows; accumulate likewise (cuBLASLt's beta = 1
 // into y, or the copy's add): the same fp32 operations either way.
+int64_t Gemm::w8a8_main_rows(int64_t T, const DeviceMatrix& W, bool out_bf16) const {
+  const int64_t T4 = round_up(T, kW8a8Rows);
+  if (T == T4) return T;
+  const size_t ob = out_bf16 ? 2 : 4;
+  const bool padded =
+      static_cast<size_t>(T4 * W.rows) * ob <= dequant_.bytes() && static_cast<int64_t>(2 * ob) * T4 <= W.fp8_row_bytes();
+  if (!padded && static_cast<size_t>(kW8a8Rows * W.rows) * ob > dequant_.bytes())
+    throw std::logic_error("cuda::Gemm::linear_w8a8: " + std::to_string(T) + " rows (not a multiple of 4) of N=" +
+                           std::to_string(W.rows) + " need the fp8 slice buffer (reserve_fp8_scratch: " +
+                           std::to_string(dequant_.bytes()) + " bytes)");
+  return padded ? T4 : T - T % kW8a8Rows;
+}
+
+Gemm::W8a8Codes Gemm::w8a8_codes(int64_t T, const DeviceMatrix& W, bool out_bf16, void* scratch) const {
+  const int64_t Kp = W.fp8_row_bytes(), T4 = round_up(T, kW8a8Rows), L = W.block128() ? (W.cols + 127) / 128 : 1;
+  const int64_t n_main = w8a8_main_rows(T, W, out_bf16);
+  auto* codes = static_cast<uint8_t*>(scratch);
+  float* sc = reinterpret_cast<float*>(codes + round_up(T4 * Kp, 256));
+  W8a8Codes c;
+  c.codes = codes;
+  c.T = T;
+  c.T_pad = T4;
+  c.K = W.cols;
+  c.Kc = Kp;
+  c.group = W.block128() ? 128 : W.cols;
+  c.scales = W8a8ScaleOut{sc, n_main, sc + round_up(L * n_main, 64), kW8a8Rows};
+  return c;
+}
+
 void Gemm::linear_w8a8(const W8a8Input& x, int64_t T, const DeviceMatrix& W, const float* bias, void* y,
                        bool accumulate, bool out_bf16, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
   if (T == 0) return;
-  // K: x's row length; Kp: the e4m3 rows' (K, or K rounded up to 16 for a
-  // padded W): the GEMM's k, the codes' row length.
-  const int64_t N = W.rows, K = W.cols, Kp = W.fp8_row_bytes();
-  const bool block = W.block128();
-  if (T < 0 || !x.data || !y || !W.w8a8() || N <= 0 || N % 4 != 0 || K <= 0 || K % 4 != 0 || Kp % 16 != 0 ||
-      Kp < K || Kp >= K + 16 || !aligned16(y) || !aligned16(x.data) || !aligned16(W.fp8) ||
-      !aligned16(W.w8a8_scale) || !scratch || scratch_bytes < w8a8_scratch_bytes(T, Kp, block) ||
-      reinterpret_cast<uintptr_t>(scratch) % 256 != 0 || (out_bf16 && (bias || accumulate || N % 8 != 0)))
-    throw std::invalid_argument("cuda::Gemm::linear_w8a8: bad arguments (T=" + std::to_string(T) + " N=" +
-                                std::to_string(N) + " K=" + std::to_string(K) + " e4m3 row " + std::to_string(Kp) +
-                                "; needs W8A8 scales, N % 4 == 0, K % 4 == 0, e4m3 rows of a multiple of 16 bytes, "
-                                "16-byte aligned x, y and W, w8a8_scratch_bytes of scratch; bf16 out without bias "
-                                "or accumulate, N % 8 == 0)");
-  const int64_t T4 = round_up(T, kW8a8Rows), L = block ? (K + 127) / 128 : 1;
-  const size_t ob = out_bf16 ? 2 : 4;
-  const size_t slice = dequant_.bytes();
-  int64_t n_main = T;
-  bool padded = false;
-  if (T != T4) {
-    padded = static_cast<size_t>(T4 * N) * ob <= slice && static_cast<int64_t>(2 * ob) * T4 <= Kp;
-    n_main = padded ? T4 : T - T % kW8a8Rows;
-  }
-  const bool tail = !padded && n_main < T;
-  if ((padded || tail) && static_cast<size_t>((padded ? T4 : kW8a8Rows) * N) * ob > slice)
-    throw std::logic_error("cuda::Gemm::linear_w8a8: " + std::to_string(T) + " rows (not a multiple of 4) of N=" +
-                           std::to_string(N) + " need the fp8 slice buffer (reserve_fp8_scratch: " +
-                           std::to_string(slice) + " bytes)");
-  auto* codes = static_cast<uint8_t*>(scratch);
-  float* sc = reinterpret_cast<float*>(codes + round_up(T4 * Kp, 256));
-  const W8a8ScaleOut so{sc, n_main, sc + round_up(L * n_main, 64), kW8a8Rows};
-  quantize_rows_e4m3(x.data, x.f32, x.rows, T, T4, K, Kp, block ? 128 : K, codes, so, stream);
+  if (!x.data || !aligned16(x.data))
+    throw std::invalid_argument("cuda::Gemm::linear_w8a8: x must be a 16-byte aligned device pointer");
+  check_w8a8_call(T, W, bias, y, accumulate, out_bf16, scratch, scratch_bytes);
+  const W8a8Codes c = w8a8_codes(T, W, out_bf16, scratch);
+  quantize_rows_e4m3(x.data, x.f32, x.rows, c.T, c.T_pad, c.K, c.Kc, c.group, c.codes, c.scales, stream);
+  linear_w8a8_codes(T, W, bias, y, accumulate, out_bf16, scratch, scratch_bytes, stream);
+}
+
+void Gemm::linear_w8a8_codes(int64_t T, const DeviceMatrix& W, const float* bias, void* y, bool accumulate,
+                             bool out_bf16, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+  if (T == 0) return;
+  check_w8a8_call(T, W, bias, y, accumulate, out_bf16, scratch, scratch_bytes);
+  const int64_t N = W.rows, Kp = W.fp8_row_bytes();
+  const W8a8Codes c = w8a8_codes(T, W, out_bf16, scratch);
+  const int64_t n_main = c.scales.n_main;
+  const bool padded = n_main > T, tail = n_main < T;
   void* ys = dequant_.get();
   if (n_main > 0) {
-    w8a8_gemm(codes, so.main, n_main, W, padded ? ys : y, accumulate && !padded, out_bf16, stream);
+    w8a8_gemm(c.codes, c.scales.main, n_main, W, padded ? ys : y, accumulate && !padded, out_bf16, stream);
     if (!padded && bias) add_bias_rows(static_cast<float*>(y), bias, n_main, N, stream);
   }
-  if (tail) w8a8_gemm(codes + n_main * Kp, so.tail, kW8a8Rows, W, ys, false, out_bf16, stream);
+  if (tail) w8a8_gemm(c.codes + n_main * Kp, c.scales.tail, kW8a8Rows, W, ys, false, out_bf16, stream);
   if (padded || tail) {
     const int64_t r0 = padded ? 0 : n_main, rows = T - r0;
     if (out_bf16)

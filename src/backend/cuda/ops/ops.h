@@ -118,6 +118,18 @@ void upload_f32(const std::vector<float>& host, DeviceBuffer& dst);
 constexpr int kGemvMaxRows = 8;
 constexpr int kGemvDefaultRows = 1;
 
+// Where quantize_rows_e4m3 writes the scale of row t, group g: t < n_main:
+// main[g * n_main + t], else tail[g * n_tail + (t - n_main)]: token-major
+// per group, the layout of cuBLASLt's 1x128 (VEC128_32F) and per-token
+// (OUTER_VEC_32F) scales of B for the GEMM over rows [0, n_main) and the
+// one over the n_tail rows after it (Gemm::linear_w8a8).
+struct W8a8ScaleOut {
+  float* main = nullptr;
+  int64_t n_main = 0;
+  float* tail = nullptr;
+  int64_t n_tail = 0;
+};
+
 // One cuBLASLt handle, a workspace, and a cache of matmul plans (descriptors
 // + heuristic algorithm) per shape and pointer alignment. Not thread-safe:
 // one Gemm per stream.
@@ -178,6 +190,24 @@ class Gemm {
                    bool out_bf16, void* scratch, size_t scratch_bytes, cudaStream_t stream);
   // K: the codes' row length (W.fp8_row_bytes()).
   static size_t w8a8_scratch_bytes(int64_t T, int64_t K, bool block128);
+  // Where linear_w8a8(x, T, W, ..., out_bf16, scratch, ...) keeps the codes
+  // and scales in `scratch`: the arguments of its quantize_rows_e4m3 call
+  // (codes [T_pad][Kc], T_pad = T rounded up to kW8a8Rows, Kc =
+  // W.fp8_row_bytes(), K = W.cols, group 128 or K, the scale layout of its
+  // direct / padded / tail GEMMs). A function of (T, W, out_bf16) and the
+  // scratch pointer only.
+  struct W8a8Codes {
+    uint8_t* codes = nullptr;
+    int64_t T = 0, T_pad = 0, K = 0, Kc = 0, group = 0;
+    W8a8ScaleOut scales;
+  };
+  W8a8Codes w8a8_codes(int64_t T, const DeviceMatrix& W, bool out_bf16, void* scratch) const;
+  // linear_w8a8's GEMMs on codes already in `scratch`, where
+  // w8a8_codes(T, W, out_bf16, scratch) says (gated_act_quantize_e4m3 writes
+  // them there): linear_w8a8 = quantize_rows_e4m3 into w8a8_codes, then
+  // this. Same arguments and rules as linear_w8a8, without x.
+  void linear_w8a8_codes(int64_t T, const DeviceMatrix& W, const float* bias, void* y, bool accumulate,
+                         bool out_bf16, void* scratch, size_t scratch_bytes, cudaStream_t stream);
   // The W8A8 GEMMs' row quantum: cuBLASLt's block-scale layouts need the
   // token count n to be a multiple of 4 ("M and N must be multiples of 4").
   static constexpr int64_t kW8a8Rows = 4;
@@ -206,6 +236,12 @@ class Gemm {
   struct W8a8Plan;
   void destroy_w8a8_plans();
   W8a8Plan& w8a8_plan(int64_t n, int64_t N, int64_t K, bool block, bool out_bf16, bool accumulate);
+  // linear_w8a8's checks of everything but x (throws std::invalid_argument).
+  void check_w8a8_call(int64_t T, const DeviceMatrix& W, const float* bias, const void* y, bool accumulate,
+                       bool out_bf16, const void* scratch, size_t scratch_bytes) const;
+  // The rows of linear_w8a8's first GEMM: T, T rounded up to kW8a8Rows (the
+  // padded GEMM), or T - T % kW8a8Rows (then a kW8a8Rows-row tail GEMM).
+  int64_t w8a8_main_rows(int64_t T, const DeviceMatrix& W, bool out_bf16) const;
   // One cuBLASLt call of linear_w8a8: n columns of codes (n % 4 == 0).
   void w8a8_gemm(const uint8_t* codes, const float* act_scale, int64_t n, const DeviceMatrix& W, void* d,
                  bool accumulate, bool out_bf16, cudaStream_t stream);
@@ -284,17 +320,7 @@ void dequantize_fp8_rows_bf16(const DeviceMatrix& W, int64_t r0, int64_t n, uint
 
 // ---- fp8 weights, W8A8 (linear/w8a8_quant.cu) -------------------------------
 
-// Where quantize_rows_e4m3 writes the scale of row t, group g: t < n_main:
-// main[g * n_main + t], else tail[g * n_tail + (t - n_main)]: token-major
-// per group, the layout of cuBLASLt's 1x128 (VEC128_32F) and per-token
-// (OUTER_VEC_32F) scales of B for the GEMM over rows [0, n_main) and the
-// one over the n_tail rows after it (Gemm::linear_w8a8).
-struct W8a8ScaleOut {
-  float* main = nullptr;
-  int64_t n_main = 0;
-  float* tail = nullptr;
-  int64_t n_tail = 0;
-};
+// (W8a8ScaleOut, the scales' layout, is above Gemm.)
 // W8A8's activation quantization, mirroring quantize_activations_e4m3
 // (numerics/fp8_weights.h) bit for bit: rows t < T of x (bf16, or f32 with
 // x_f32; K elements, row t at x + rows[t] * K, rows null: row t) into codes
@@ -304,6 +330,19 @@ struct W8a8ScaleOut {
 // 0, K <= Kc < K + 16; x and codes 16-byte aligned.
 void quantize_rows_e4m3(const void* x, bool x_f32, const int32_t* rows, int64_t T, int64_t T_pad, int64_t K,
                         int64_t Kc, int64_t group, uint8_t* codes, W8a8ScaleOut s, cudaStream_t stream);
+// The down projection's quantization fused into the MLP's gated activation
+// (CudaBackend::linear_gated_act_linear): the codes and scales that
+// gated_act_bf16_in(act, gate, up, in_stride, T, K, out, out_bf16) followed
+// by quantize_rows_e4m3(out, !out_bf16, nullptr, T, T_pad, K, Kc, group,
+// codes, s) write, bit for bit, without writing out: each element is
+// act(gate) * up in gated_act's f32 math (act.cuh), rounded to bf16 (RNE)
+// when out_bf16, then quantized by the same kernels as quantize_rows_e4m3
+// (group 128 or K: per 1x128 group or per token). gate / up: bf16 rows
+// in_stride elements apart (in_stride % 4 == 0, >= K), 8-byte aligned; the
+// other rules as quantize_rows_e4m3.
+void gated_act_quantize_e4m3(Activation act, const uint16_t* gate, const uint16_t* up, int64_t in_stride,
+                             bool out_bf16, int64_t T, int64_t T_pad, int64_t K, int64_t Kc, int64_t group,
+                             uint8_t* codes, W8a8ScaleOut s, cudaStream_t stream);
 // y[t][n] = (accumulate ? y + s : s)[t][n] (+ bias[n]) for rows of [rows][N]
 // (fp32 adds in that order; a plain copy without bias and accumulate).
 void w8a8_finish_rows(const float* s, int64_t rows, int64_t N, const float* bias, float* y, bool accumulate,
