@@ -8,6 +8,9 @@ from the repo root, in one command:
     python3 tools/gen_fp8_weight_goldens.py --add-bf16-compute   # adds
         # transformers' bf16 runs of the saved checkpoints (add_bf16_compute)
     python3 tools/gen_fp8_weight_goldens.py --mini-only   # fp8kv_mini_block alone
+    python3 tools/gen_fp8_weight_goldens.py --only NAME   # that one case alone
+        # (e.g. qwen3_5_block; any case name below); with --add-bf16-compute,
+        # adds the bf16 runs to that saved case alone
 
 Writes tests/golden/fp8_weights/<family>_<format>/ for family in {llama, qwen3}
 and format in
@@ -40,11 +43,31 @@ tensors in bf16), and golden.json:
                    without and with the W8A8 rounding: the noise a bf16
                    engine adds, and what it does to W8A8's e4m3 activation codes
   max_reduction    the longest dot product (for the fp32 tolerance)
-and tests/golden/fp8_weights/fp8kv_mini_block/: models/fp8kv-mini quantized
-block-wise (its tokenizer copied), with w8a16 / w8a8 references on token
-sequences of the bundled model's own eval text, for CPU-vs-CUDA perplexity.
+tests/golden/fp8_weights/qwen3_5_block/: a tiny Qwen3.5 hybrid (Gated DeltaNet
+layers, linear, linear, full; Qwen3_5ForCausalLM built and initialised as
+tools/gen_gdn_goldens.py does, whose functions it imports; it needs
+transformers with models/qwen3_5, >= 5.2, and without it the default run
+skips the case, saying so) in the block format, every Linear quantized, the
+Gated DeltaNet projections (linear_attn.in_proj_qkv / in_proj_z / in_proj_b /
+in_proj_a / out_proj) included, except lm_head and
+layers.1.linear_attn.in_proj_z (modules_to_not_convert); conv1d, A_log,
+dt_bias and the norms bf16. Its
+references add, as tools/gen_gdn_goldens.py's do, in_proj_qkv's output (the
+conv input) rounded to bf16 (the engine's default conv state), and
+  w8a16_tie_flip, w8a8_tie_flip  w8a16 / w8a8 with every conv input within
+                   TIE_BITS of a bf16 rounding midpoint rounded to the other
+                   neighbour (the band for inputs the engine's f32 sums put
+                   on the other side)
+max_reduction counts out_proj's value_dim, and the case carries its
+w8a16_bf16_compute / w8a8_bf16_compute at once (the CUDA test needs them);
+sequences of 48 and 100 tokens (100 > 64: two chunks of the chunked delta
+rule). And tests/golden/fp8_weights/fp8kv_mini_block/: models/fp8kv-mini
+quantized block-wise (its tokenizer copied), with w8a16 / w8a8 references on
+token sequences of the bundled model's own eval text, for CPU-vs-CUDA
+perplexity.
 
-Read by tests/engine/test_fp8_weight_goldens.cpp. Deterministic (seeded).
+Read by tests/engine/test_fp8_weight_goldens.cpp and tests/cuda_ops/test_cuda_goldens.cpp.
+Deterministic (seeded).
 """
 import json
 import math
@@ -53,9 +76,11 @@ import shutil
 import sys
 
 import torch
+import transformers
 from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gen_gdn_goldens as gdn  # noqa: E402
 from gen_model_goldens import Hook, fp32_model_from_dict, make_model, modeling_module, score, tokenizer_json  # noqa: E402
 
 OUT = os.path.join("tests", "golden", "fp8_weights")
@@ -75,7 +100,24 @@ FAMILIES = {
 }
 FORMATS = ["block", "ct_channel", "ct_tensor", "modelopt"]
 PROJ = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-        "mlp.up_proj", "mlp.down_proj"]
+        "mlp.up_proj", "mlp.down_proj", "linear_attn.in_proj_qkv", "linear_attn.in_proj_z", "linear_attn.in_proj_b",
+        "linear_attn.in_proj_a", "linear_attn.out_proj"]
+# The block format's excluded projection (beside lm_head).
+BLOCK_EXCLUDED = "layers.1.mlp.down_proj"
+
+# The Qwen3.5 case: gen_gdn_goldens' tiny model at hidden 128. Linear layers:
+# key_dim 2 x 32 = 64, value_dim 4 x 48 = 192, so in_proj_qkv has N = 320
+# (blocks 128, 128, 64), in_proj_z N = 192 and out_proj K = 192 a partial
+# second block, in_proj_b / in_proj_a N = 4 (one partial block); the MLPs and
+# the full-attention layer as COMMON's. One Gated DeltaNet projection is
+# excluded (layer 1's in_proj_z): a linear layer mixing fp8 and bf16
+# projections on one input.
+QWEN3_5_CASE = "qwen3_5_block"
+QWEN3_5 = dict(gdn.COMMON, hidden_size=128, intermediate_size=200, num_attention_heads=2, num_key_value_heads=1,
+               head_dim=64, linear_num_key_heads=2, linear_key_head_dim=32, linear_num_value_heads=4,
+               linear_value_head_dim=48, num_hidden_layers=3, layer_types=[gdn.LIN, gdn.LIN, gdn.FULL])
+QWEN3_5_EXCLUDED = "layers.1.linear_attn.in_proj_z"
+QWEN3_5_SEQ_LENS = [48, 100]  # as gen_gdn_goldens: 100 > 64 spans two chunks of the chunked delta rule
 
 
 def log(*a):
@@ -83,10 +125,10 @@ def log(*a):
 
 
 # ---------------------------------------------------------------- formats
-def quant_config(fmt):
+def quant_config(fmt, block_excluded=BLOCK_EXCLUDED):
     if fmt == "block":
         return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                "weight_block_size": [128, 128], "modules_to_not_convert": ["lm_head", "layers.1.mlp.down_proj"]}
+                "weight_block_size": [128, 128], "modules_to_not_convert": ["lm_head", block_excluded]}
     if fmt in ("ct_channel", "ct_tensor"):
         ch = fmt == "ct_channel"
         acts = ({"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True, "symmetric": True} if ch else
@@ -101,12 +143,12 @@ def quant_config(fmt):
                              "exclude_modules": ["lm_head", "model.layers.1.self_attn.*"]}}
 
 
-def quantized(fmt, module):
+def quantized(fmt, module, block_excluded=BLOCK_EXCLUDED):
     """Which modules the format's config quantizes (its own matching rule, spelled out)."""
     if module == "lm_head":
         return fmt == "ct_tensor"
     if fmt == "block":
-        return "layers.1.mlp.down_proj" not in module
+        return block_excluded not in module
     if fmt == "ct_channel":
         return module != "model.layers.0.self_attn.o_proj"
     if fmt == "modelopt":
@@ -218,13 +260,20 @@ def add_bf16_compute(case):
     Python, loaded into a bf16 model (from_config in bf16: bf16 weights and
     activations, eager attention with an fp32 softmax), scored on the golden's
     sequences without and with the W8A8 input rounding (round_act, its result
-    cast back to bf16). Returns the mean |w8a8_bf16_compute - w8a8|."""
+    cast back to bf16). The Qwen3.5 case builds its model as it was made
+    (qwen3_5_fp32_model), needs no conv-input hook (in_proj_qkv's output is
+    bf16 already, as the bf16 conv state stores it) and runs the delta rule
+    in fp32 (transformers' torch paths upcast). Returns the mean
+    |w8a8_bf16_compute - w8a8|."""
     from safetensors.torch import load_file
     d = os.path.join(OUT, case)
     g = json.load(open(os.path.join(d, "golden.json")))
-    cfg = json.load(open(os.path.join(d, "config.json")))
-    cfg.pop("quantization_config", None)
-    model = fp32_model_from_dict(cfg)
+    if g.get("family") == "qwen3_5":
+        model = qwen3_5_fp32_model()
+    else:
+        cfg = json.load(open(os.path.join(d, "config.json")))
+        cfg.pop("quantization_config", None)
+        model = fp32_model_from_dict(cfg)
     model.eval()
     sd = dequantize_saved(load_file(os.path.join(d, "model.safetensors")), g["format"], set(g["quantized_modules"]))
     if "lm_head.weight" not in sd:
@@ -276,14 +325,16 @@ def references(model, seqs, hook, quant_modules, group, deq_sd, deq_bf16_sd):
     return ref
 
 
-def quantize_state(sd, fmt, tied):
-    """sd: name -> fp32 tensor. Returns (tensors to save, dequantized fp32 sd, quantized module names)."""
+def quantize_state(sd, fmt, tied, block_excluded=BLOCK_EXCLUDED):
+    """sd: name -> fp32 tensor. Returns (tensors to save, dequantized fp32 sd, quantized module names).
+    Quantizes the 2-D weights of PROJ (the Gated DeltaNet projections
+    included; conv1d is 3-D) and an untied lm_head, as the format selects."""
     gran = granularity(fmt)
     save, deq, qmods = {}, {}, []
     for name, w in sd.items():
         module = name[:-len(".weight")] if name.endswith(".weight") else None
         is_proj = module is not None and (any(module.endswith(p) for p in PROJ) or (module == "lm_head" and not tied))
-        if is_proj and w.dim() == 2 and quantized(fmt, module):
+        if is_proj and w.dim() == 2 and quantized(fmt, module, block_excluded):
             q, s, d = quantize(w.float(), gran, torch.bfloat16 if fmt == "ct_channel" else None)
             save[name] = q.contiguous()
             save.update(scale_tensors(fmt, module, s))
@@ -295,11 +346,11 @@ def quantize_state(sd, fmt, tied):
     return save, deq, qmods
 
 
-def write_checkpoint(out_dir, cfg_dict, fmt, save):
+def write_checkpoint(out_dir, cfg_dict, fmt, save, block_excluded=BLOCK_EXCLUDED):
     os.makedirs(out_dir, exist_ok=True)
     cfg = dict(cfg_dict)
     if fmt != "modelopt":
-        cfg["quantization_config"] = quant_config(fmt)
+        cfg["quantization_config"] = quant_config(fmt, block_excluded)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
     if fmt == "modelopt":
@@ -309,7 +360,11 @@ def write_checkpoint(out_dir, cfg_dict, fmt, save):
 
 
 def max_reduction(c):
-    return max(c["hidden_size"], c["num_attention_heads"] * c["head_dim"], c["intermediate_size"], c["head_dim"])
+    # Qwen3.5: out_proj reduces over value_dim (Hv x Dv); the delta rule's dots
+    # (Dk, the 64-row chunk) are shorter than 128 here.
+    value_dim = c.get("linear_num_value_heads", 0) * c.get("linear_value_head_dim", 0)
+    return max(c["hidden_size"], c["num_attention_heads"] * c["head_dim"], c["intermediate_size"], c["head_dim"],
+               value_dim)
 
 
 def make_case(family, fmt):
@@ -381,6 +436,113 @@ def make_mini():
     return "fp8kv_mini_block", golden
 
 
+def have_qwen3_5():
+    return gdn.have("qwen3_5") and hasattr(transformers, "Qwen3_5ForCausalLM")
+
+
+def qwen3_5_fp32_model():
+    """The Qwen3.5 case's Qwen3_5ForCausalLM, fp32, eager attention (as
+    gen_gdn_goldens.run_case builds it), random-initialised."""
+    cls = transformers.Qwen3_5ForCausalLM
+    config = gdn.make_config("qwen3_5", QWEN3_5)
+    try:
+        model = cls._from_config(config, attn_implementation="eager", torch_dtype=torch.float32)
+    except TypeError:
+        model = cls._from_config(config, attn_implementation="eager", dtype=torch.float32)
+    model = model.to(torch.float32).eval()
+    model.config._attn_implementation = "eager"
+    return model
+
+
+def make_qwen3_5_case():
+    """qwen3_5_block: gen_gdn_goldens' weights (init_weights: bf16-rounded),
+    quantized block-wise, references on the dequantized weights with
+    gen_gdn_goldens.Qwen35Hook (K/V of the full-attention layer rounded at
+    the cache write through gen_model_goldens.Hook, in_proj_qkv's output
+    rounded to bf16), plus the tie-flip passes and the bf16-compute runs."""
+    if not have_qwen3_5():
+        raise RuntimeError(f"{QWEN3_5_CASE} needs transformers with models/qwen3_5 (>= 5.2); this is "
+                           f"transformers {transformers.__version__}")
+    name = QWEN3_5_CASE
+    out_dir = os.path.join(OUT, name)
+    if os.path.isdir(out_dir):
+        shutil.rmtree(out_dir)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    model = qwen3_5_fp32_model()
+    gdn.init_weights(model, torch.Generator().manual_seed(sum(map(ord, name))))
+    hook = gdn.Qwen35Hook(model, "qwen3_5")
+    params = dict(model.named_parameters())
+    # The Qwen3.5 names fp8kv loads (the model's own with models/qwen3_5);
+    # bf16 -> fp32 is exact on the rounded weights.
+    sd = {k: v.float() for k, v in gdn.qwen3_5_state_dict("qwen3_5", model, QWEN3_5).items() if k in params}
+    assert set(sd) == set(params), sorted(set(params) ^ set(sd))
+    save, deq, qmods = quantize_state(sd, "block", tied=QWEN3_5["tie_word_embeddings"],
+                                      block_excluded=QWEN3_5_EXCLUDED)
+    for p in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"):  # layer 0's, every one
+        assert f"model.layers.0.linear_attn.{p}" in qmods, p
+    assert "model.layers.1.linear_attn.in_proj_z" not in qmods and "lm_head" not in qmods
+    deq_bf16 = {k: v.to(torch.bfloat16).to(torch.float32) for k, v in deq.items()}
+    write_checkpoint(out_dir, gdn.config_json(QWEN3_5), "block", save, block_excluded=QWEN3_5_EXCLUDED)
+    gen = torch.Generator().manual_seed(sum(map(ord, name)))
+    seqs = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in QWEN3_5_SEQ_LENS]
+    kv = hook.kv
+    ref = references(model, seqs, kv, set(qmods), 128, deq, deq_bf16)  # leaves the deq weights in
+    # The band for conv inputs at a bf16 rounding tie: bf16 cache, every
+    # near-tie conv input rounded the other way (the test adds the gap).
+    hook.flip, kv.fmt = True, "bf16"
+    ref["w8a16_tie_flip"] = [score(model, s)[0] for s in seqs]
+    w = W8A8(model, set(qmods), 128)
+    ref["w8a8_tie_flip"] = [score(model, s)[0] for s in seqs]
+    w.remove()
+    # Unrounded from here: the wrapped eager_attention_forward stays
+    # installed in the modeling module, and the bf16 run below must see its
+    # own bf16 K/V as they are.
+    hook.flip, kv.fmt = False, "fp32"
+    golden = dict(ref, sequences=seqs, max_reduction=max_reduction(QWEN3_5), format="block", family="qwen3_5",
+                  quantized_modules=qmods, reference_model=type(model).__name__, tie_bits=gdn.TIE_BITS,
+                  transformers=transformers.__version__, torch=torch.__version__)
+    with open(os.path.join(out_dir, "golden.json"), "w") as f:
+        json.dump(golden, f)
+    with open(os.path.join(out_dir, "tokenizer.json"), "w") as f:
+        json.dump(tokenizer_json(), f, ensure_ascii=False)
+    torch.use_deterministic_algorithms(deterministic)
+    log(f"{name:22s} mean |w8a8 bf16 compute - w8a8| {add_bf16_compute(name):.5f}")
+    size = sum(os.path.getsize(os.path.join(out_dir, x)) for x in os.listdir(out_dir))
+    log(f"{name:22s} {size} bytes")
+    with open(os.path.join(out_dir, "golden.json")) as f:
+        return name, json.load(f)
+
+
+def case_names():
+    return [f"{family}_{fmt}" for family in FAMILIES for fmt in FORMATS] + [QWEN3_5_CASE, "fp8kv_mini_block"]
+
+
+def make_named(name):
+    if name == QWEN3_5_CASE:
+        return make_qwen3_5_case()
+    if name == "fp8kv_mini_block":
+        return make_mini()
+    family, fmt = name.split("_", 1)
+    return make_case(family, fmt)
+
+
+def only_arg():
+    """--only NAME (or --only=NAME): the one case to make; None without."""
+    argv = sys.argv[1:]
+    for i, a in enumerate(argv):
+        if a.startswith("--only="):
+            name = a[len("--only="):]
+        elif a == "--only":
+            name = argv[i + 1] if i + 1 < len(argv) else ""
+        else:
+            continue
+        if name not in case_names():
+            sys.exit(f"--only: unknown case '{name}'; cases: {', '.join(case_names())}")
+        return name
+    return None
+
+
 def summary(name, g):
     def gap(a, b):
         return max(abs(x - y) for sa, sb in zip(g[a], g[b]) for x, y in zip(sa[1:], sb[1:]))
@@ -391,22 +553,40 @@ def summary(name, g):
     log(f"{name:22s} mean lp {mean_lp('w8a16'):8.4f}  max|w8a8-w8a16| {gap('w8a8', 'w8a16'):.4f}  "
         f"max|bf16 weights - w8a16| {gap('w8a16_bf16_weights', 'w8a16'):.4f}  "
         f"max|fp32 kv - bf16 kv| {gap('w8a16_fp32_kv', 'w8a16'):.5f}  ppl {math.exp(-mean_lp('w8a16')):.3f}")
+    if "w8a16_tie_flip" in g:
+        log(f"{name:22s} max|tie flip - ref| w8a16 {gap('w8a16_tie_flip', 'w8a16'):.5f}  "
+            f"w8a8 {gap('w8a8_tie_flip', 'w8a8'):.5f}")
 
 
 def main():
+    only = only_arg()
     if "--add-bf16-compute" in sys.argv[1:]:
-        for case in sorted(os.listdir(OUT)):
-            if os.path.exists(os.path.join(OUT, case, "golden.json")):
+        for case in [only] if only else sorted(os.listdir(OUT)):
+            if case == QWEN3_5_CASE and not have_qwen3_5():
+                log(f"{case:22s} skipped: transformers {transformers.__version__} has no models/qwen3_5 (>= 5.2)")
+                if only:
+                    sys.exit(1)
+            elif os.path.exists(os.path.join(OUT, case, "golden.json")):
                 log(f"{case:22s} mean |w8a8 bf16 compute - w8a8| {add_bf16_compute(case):.5f}")
+            elif only:
+                sys.exit(f"{os.path.join(OUT, case)}: no golden.json; make it first (--only {case})")
         return
     if "--mini-only" in sys.argv[1:]:
         summary(*make_mini())
         return
     torch.manual_seed(0)
     os.makedirs(OUT, exist_ok=True)
+    if only:
+        summary(*make_named(only))
+        return
     for family in FAMILIES:
         for fmt in FORMATS:
             summary(*make_case(family, fmt))
+    if have_qwen3_5():
+        summary(*make_qwen3_5_case())
+    else:
+        log(f"{QWEN3_5_CASE}: skipped: transformers {transformers.__version__} has no models/qwen3_5 (>= 5.2); "
+            f"run `python3 tools/gen_fp8_weight_goldens.py --only {QWEN3_5_CASE}` where it has")
     if "--no-mini" not in sys.argv:
         summary(*make_mini())
 

@@ -328,7 +328,7 @@ std::shared_ptr<ModelWeights> dummy_weights(const ModelConfig& c, uint64_t seed,
       LayerWeights& L = w->layers[i];
       // As the checkpoint loader binds them (model/weights.cpp Binder):
       // every projection the config does not exclude, the Gated DeltaNet
-      // ones included (the backends refuse fp8 there, as for a checkpoint).
+      // ones included.
       const std::pair<const char*, WeightMatrix*> mats[] = {
           {"self_attn.q_proj", &L.q_proj},
           {"self_attn.k_proj", &L.k_proj},

@@ -281,17 +281,6 @@ std::optional<ScaleGranularity> declared_fp8(const ModelConfig& cfg, int layer, 
   return q.granularity;
 }
 
-// Gated DeltaNet matrices are never fp8 (the backends refuse them, with
-// the same words, at upload).
-void refuse_fp8_gdn(const LayerWeights& L) {
-  for (const auto& [name, m] : {std::pair<const char*, const WeightMatrix*>{"in_proj_qkv", &L.in_proj_qkv},
-                                {"in_proj_z", &L.in_proj_z}, {"in_proj_b", &L.in_proj_b},
-                                {"in_proj_a", &L.in_proj_a}, {"out_proj", &L.out_proj}})
-    if (m->fp8)
-      throw InputError(
-          fmt::format("linear_attn.{}: fp8 weights are not supported for Gated DeltaNet layers yet", name));
-}
-
 }  // namespace
 
 void check_fp8_block_shards(const ModelWeights& w, const ModelConfig& cfg, int world) {
@@ -301,7 +290,6 @@ void check_fp8_block_shards(const ModelWeights& w, const ModelConfig& cfg, int w
     const TpShard t{r, world};
     for (int l = 0; l < cfg.num_layers; ++l) {
       const LayerWeights& L = w.layers.at(static_cast<size_t>(l));
-      if (linear_layer(cfg, l)) refuse_fp8_gdn(L);
       for (const MatrixCut& c : layer_cuts(cfg, l, t)) {
         const WeightMatrix& m = L.*c.m;
         if (m.fp8 && m.scale_granularity == ScaleGranularity::block128)
@@ -325,8 +313,6 @@ void check_fp8_block_shards(const ModelConfig& cfg, int world) {
       for (const MatrixCut& c : layer_cuts(cfg, l, TpShard{r, world})) {
         const std::optional<ScaleGranularity> g = declared_fp8(cfg, l, c.module);
         if (!g) continue;
-        if (linear_layer(cfg, l) && std::string_view(c.module).starts_with("linear_attn."))
-          throw InputError(fmt::format("{}: fp8 weights are not supported for Gated DeltaNet layers yet", c.module));
         if (*g == ScaleGranularity::block128) check_block_cut(matrix_name(cfg, l, c.module), c, TpShard{r, world});
       }
     }
@@ -354,7 +340,6 @@ std::shared_ptr<const ModelWeights> shard_weights(std::shared_ptr<const ModelWei
     const LayerWeights& L = w->layers[li];
     LayerWeights s = L;  // norms (and anything not sharded below) replicated
     const bool linear = linear_layer(cfg, l);
-    if (linear) refuse_fp8_gdn(L);
     for (const MatrixCut& c : layer_cuts(cfg, l, t)) s.*c.m = cut_matrix(L.*c.m, c, matrix_name(cfg, l, c.module), t);
     if (linear) {
       // Per value head: A_log, dt_bias; conv1d [C][K] with in_proj_qkv's

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <functional>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -38,13 +39,22 @@ inline const char* fp8_format_name(Fp8Format f) {
 }
 
 // Sizes with partial 128-blocks: K = 160 (blocks 128 + 32), N = 288, 160, 80.
+// qwen3_5: a Gated DeltaNet layer, then a full-attention one; in_proj_qkv
+// N = 320 (2 x 2 x 32 + 4 x 48), in_proj_z 192, in_proj_a / in_proj_b 4 (one
+// partial block), out_proj K = 192.
 inline nlohmann::json fp8_test_config(const std::string& family) {
   nlohmann::json j = tiny_config_json(family);
   j["hidden_size"] = 160;
   j["intermediate_size"] = 288;
   j["head_dim"] = 40;
   j["num_hidden_layers"] = 2;
-  if (j.contains("layer_types")) j["layer_types"] = {"full_attention", "sliding_attention"};
+  if (family == "qwen3_5") {
+    j["layer_types"] = {"linear_attention", "full_attention"};
+    j["linear_key_head_dim"] = 32;
+    j["linear_value_head_dim"] = 48;
+  } else if (j.contains("layer_types")) {
+    j["layer_types"] = {"full_attention", "sliding_attention"};
+  }
   return j;
 }
 
@@ -106,6 +116,9 @@ struct Fp8CheckpointOptions {
   Fp8Format format = Fp8Format::block;
   bool twin = false;  // write the f32 twin instead
   uint64_t seed = 7;
+  // Modules (substrings of the name) kept bf16 and listed in the block
+  // format's modules_to_not_convert, beside its own exclusions.
+  std::vector<std::string> keep_bf16;
   // Edits config.json before the tensors are made (their shapes follow it),
   // e.g. a shape whose tensor-parallel shards are whole 128-row blocks.
   std::function<void(nlohmann::json& config)> edit_config;
@@ -118,6 +131,15 @@ inline void write_fp8_checkpoint(const std::filesystem::path& dir, const Fp8Chec
   nlohmann::json cfg_json = fp8_test_config(o.family);
   if (o.edit_config) o.edit_config(cfg_json);
   nlohmann::json quant = fp8_quant_json(o.format);
+  if (!o.keep_bf16.empty()) {
+    if (o.format != Fp8Format::block) throw std::logic_error("write_fp8_checkpoint: keep_bf16 is for the block format");
+    for (const auto& m : o.keep_bf16) quant["modules_to_not_convert"].push_back(m);
+  }
+  auto kept = [&](const std::string& module) {
+    for (const auto& m : o.keep_bf16)
+      if (module.find(m) != std::string::npos) return true;
+    return false;
+  };
   const ModelConfig cfg = parse_model_config(cfg_json, "fp8 test config");
   std::mt19937_64 rng(o.seed);
   std::normal_distribution<float> nd(0.0f, 0.08f);
@@ -125,9 +147,9 @@ inline void write_fp8_checkpoint(const std::filesystem::path& dir, const Fp8Chec
   const ScaleGranularity g = fp8_granularity(o.format);
   for (const auto& spec : expected_tensors(cfg)) {
     std::vector<float> v = test_util::random_weight_values(spec.shape, rng, nd);
-    const bool vec = spec.shape.size() == 1;
+    const bool vec = spec.shape.size() != 2;  // norms, Gated DeltaNet vectors, the 3-D conv1d
     const std::string module = spec.name.substr(0, spec.name.size() - 7);  // minus ".weight"
-    if (vec || !fp8_quantizes(o.format, module)) {
+    if (vec || !fp8_quantizes(o.format, module) || kept(module)) {
       ts.push_back(make_f32_tensor(spec.name, spec.shape, v));
       continue;
     }

@@ -65,6 +65,18 @@ inline nlohmann::json tiny_config_json(const std::string& family) {
     j["rope_local_base_freq"] = 10000.0;
     j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 8.0}};
     j["layer_types"] = {"sliding_attention", "sliding_attention", "full_attention"};
+  } else if (family == "qwen3_5") {  // Gated DeltaNet hybrid: two linear_attention layers, one full
+    j["architectures"] = {"Qwen3_5ForCausalLM"};
+    j["model_type"] = "qwen3_5_text";
+    j["head_dim"] = 16;
+    j.erase("rope_theta");
+    j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.5}};
+    j["linear_conv_kernel_dim"] = 4;
+    j["linear_key_head_dim"] = 8;
+    j["linear_value_head_dim"] = 8;
+    j["linear_num_key_heads"] = 2;
+    j["linear_num_value_heads"] = 4;
+    j["layer_types"] = {"linear_attention", "linear_attention", "full_attention"};
   }
   return j;
 }

@@ -87,7 +87,7 @@ TEST_P(Fp8Twin, W8A8RunsAndDiffersFromW8A16) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, Fp8Twin,
-                         ::testing::Combine(::testing::Values("llama", "qwen3"),
+                         ::testing::Combine(::testing::Values("llama", "qwen3", "qwen3_5"),
                                             ::testing::Values(Fp8Format::block, Fp8Format::ct_channel,
                                                               Fp8Format::ct_tensor, Fp8Format::modelopt)),
                          [](const auto& info) {

@@ -364,6 +364,84 @@ INSTANTIATE_TEST_SUITE_P(Formats, Fp8Tp,
                                   std::string(fp8_compute_name(std::get<1>(info.param)));
                          });
 
+// Qwen3.5 with fp8 Gated DeltaNet projections: the aligned shape with 4 key
+// and 4 value heads of 128 (in_proj_qkv [1536, 160]: q, k and v cut into
+// whole 128-row blocks at TP 2 and 4; in_proj_z [512, 160]; out_proj's
+// columns 512), in_proj_a / in_proj_b kept bf16 (4 rows: a shard would cut
+// inside one block, refused below). Block scales, both modes, the bound of
+// Fp8Tp above (the same arithmetic argument: the Gated DeltaNet layer's
+// projections are linear ops like the others, and its rule is per head).
+void aligned_qwen3_5_shape(nlohmann::json& j) {
+  aligned_shape(j);
+  j["linear_key_head_dim"] = 128;
+  j["linear_value_head_dim"] = 128;
+  j["linear_num_key_heads"] = 4;
+  j["linear_num_value_heads"] = 4;
+}
+
+// fp8_engine_options with 4 sequences (the state pool of 256 would not fit
+// the 8 MiB budget).
+EngineOptions qwen3_5_fp8_options(Fp8Compute mode, int tp) {
+  EngineOptions o = testing::fp8_engine_options(mode, tp);
+  o.max_num_seqs = 4;
+  return o;
+}
+
+class Qwen3_5Fp8Tp : public ::testing::TestWithParam<Fp8Compute> {};
+
+TEST_P(Qwen3_5Fp8Tp, ScoreEqualsTp1WithinTheBound) {
+  const Fp8Compute mode = GetParam();
+  test_util::TempDir tmp;
+  Fp8CheckpointOptions co;
+  co.family = "qwen3_5";
+  co.format = Fp8Format::block;
+  co.edit_config = aligned_qwen3_5_shape;
+  co.keep_bf16 = {"in_proj_a", "in_proj_b"};
+  write_fp8_checkpoint(tmp.path(), co);
+  const auto toks = tokens(20, 212, 5);
+  const Logits ref = logits_of(*Engine::load(tmp.path(), qwen3_5_fp8_options(mode, 1)), toks, 0);
+  double bound = cache_bound("bf16");
+  if (mode == Fp8Compute::w8a8) {
+    const Logits a16 = logits_of(*Engine::load(tmp.path(), qwen3_5_fp8_options(Fp8Compute::w8a16, 1)), toks, 0);
+    const double D = compare(a16, ref).max_abs;
+    EXPECT_GT(D, 0.0);
+    bound += 2.0 * D;
+  }
+  for (int tp : {2, 4}) {
+    const Diff d = compare(ref, logits_of(*Engine::load(tmp.path(), qwen3_5_fp8_options(mode, tp)), toks, 0));
+    EXPECT_EQ(d.top1_mismatches, 0) << "tp " << tp;
+    EXPECT_LE(d.max_abs, bound) << "tp " << tp;
+    std::printf("[tp] qwen3_5 fp8 block %s tp=%d max|dlogit| = %.3g (bound %.3g)\n",
+                std::string(fp8_compute_name(mode)).c_str(), tp, d.max_abs, bound);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, Qwen3_5Fp8Tp, ::testing::Values(Fp8Compute::w8a16, Fp8Compute::w8a8),
+                         [](const auto& info) { return std::string(fp8_compute_name(info.param)); });
+
+// in_proj_a / in_proj_b quantized block-wise: their 4 rows cut at row 2 at TP 2, inside
+// one 128-row block; refused naming the matrix, from the checkpoint and from
+// the config alone (dummy weights). TP 1 runs it.
+TEST(Qwen3_5Fp8TpShard, SubBlockCutOfInProjABIsRefused) {
+  test_util::TempDir tmp;
+  Fp8CheckpointOptions co;
+  co.family = "qwen3_5";
+  co.format = Fp8Format::block;
+  co.edit_config = aligned_qwen3_5_shape;
+  write_fp8_checkpoint(tmp.path(), co);
+  std::string m =
+      test_util::input_error_of([&] { Engine::load(tmp.path(), qwen3_5_fp8_options(Fp8Compute::w8a16, 2)); });
+  EXPECT_NE(m.find("linear_attn.in_proj_"), std::string::npos) << m;
+  EXPECT_NE(m.find("rows [0, 2)"), std::string::npos) << m;
+  nlohmann::json j = testing::fp8_test_config("qwen3_5");
+  aligned_qwen3_5_shape(j);
+  j["quantization_config"] = testing::fp8_quant_json(Fp8Format::block);
+  const ModelConfig cfg = parse_model_config(j, "config.json");
+  m = test_util::input_error_of([&] { check_fp8_block_shards(cfg, 2); });
+  EXPECT_NE(m.find("linear_attn.in_proj_"), std::string::npos) << m;
+  EXPECT_NO_THROW(Engine::load(tmp.path(), qwen3_5_fp8_options(Fp8Compute::w8a16, 1)));
+}
+
 // The config of the aligned shape with a quantization_config of `format`
 // (the checkpoint writer's, minus its exclusions unless kept).
 ModelConfig fp8_cfg(Fp8Format format, bool aligned = true) {

@@ -115,7 +115,12 @@ BackendWeights CpuBackend::upload_weights(std::shared_ptr<const ModelWeights> w)
     o.gate_proj = matrix_tensor(L.gate_proj, fc);
     o.up_proj = matrix_tensor(L.up_proj, fc);
     o.down_proj = matrix_tensor(L.down_proj, fc);
-    bind_linear_attention_weights(L, o);
+    o.in_proj_qkv = matrix_tensor(L.in_proj_qkv, fc);
+    o.in_proj_z = matrix_tensor(L.in_proj_z, fc);
+    o.in_proj_b = matrix_tensor(L.in_proj_b, fc);
+    o.in_proj_a = matrix_tensor(L.in_proj_a, fc);
+    o.out_proj = matrix_tensor(L.out_proj, fc);
+    bind_linear_attention_vectors(L, o);
     b.layers.push_back(o);
   }
   b.host_owner = std::move(w);

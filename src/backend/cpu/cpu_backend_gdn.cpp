@@ -9,7 +9,6 @@
 #include "backend/cpu/cpu_backend_gdn.h"
 #include "backend/cpu/gdn.h"
 #include "backend/cpu/op_checks.h"
-#include "io/errors.h"
 
 namespace fp8kv {
 
@@ -23,13 +22,6 @@ void expect_shape(const char* op, const char* name, const Tensor& t, int64_t row
   op_checks::expect_shape("CpuBackend", op, name, t, rows, cols);
 }
 
-Tensor view(const WeightMatrix& m, const char* name) {
-  if (!m.data) return {};
-  const size_t wide = static_cast<size_t>(m.rows * m.cols) * (m.bf16 ? 2 : 4);
-  if (m.bytes() != wide)  // an fp8 matrix (1 byte per value)
-    throw InputError(fmt::format("linear_attn.{}: fp8 weights are not supported for Gated DeltaNet layers yet", name));
-  return Tensor{const_cast<void*>(m.data), m.bf16 ? ScalarType::bf16 : ScalarType::f32, m.rows, m.cols};
-}
 GdnStateType gdn_state_type(StateDtype d) { return d == StateDtype::bf16 ? GdnStateType::bf16 : GdnStateType::f32; }
 
 Tensor view(const std::vector<float>& v, int64_t rows) {
@@ -40,12 +32,7 @@ Tensor view(const std::vector<float>& v, int64_t rows) {
 
 }  // namespace
 
-void bind_linear_attention_weights(const LayerWeights& L, BackendLayerWeights& o) {
-  o.in_proj_qkv = view(L.in_proj_qkv, "in_proj_qkv");
-  o.in_proj_z = view(L.in_proj_z, "in_proj_z");
-  o.in_proj_b = view(L.in_proj_b, "in_proj_b");
-  o.in_proj_a = view(L.in_proj_a, "in_proj_a");
-  o.out_proj = view(L.out_proj, "out_proj");
+void bind_linear_attention_vectors(const LayerWeights& L, BackendLayerWeights& o) {
   o.A_log = view(L.A_log, 1);
   o.dt_bias = view(L.dt_bias, 1);
   o.gdn_norm = view(L.gdn_norm, 1);

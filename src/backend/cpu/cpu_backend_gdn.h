@@ -6,10 +6,10 @@
 
 namespace fp8kv {
 
-// Sets o's linear-attention Tensors (zero-copy views) from L's, when L is a
-// Gated DeltaNet layer; leaves them empty otherwise. Throws InputError for a
-// projection stored other than bf16 or f32 (fp8 Gated DeltaNet projections
-// are not supported yet).
-void bind_linear_attention_weights(const LayerWeights& L, BackendLayerWeights& o);
+// Sets o's linear-attention vectors (zero-copy views: conv1d, A_log,
+// dt_bias, the gated norm) from L's, when L is a Gated DeltaNet layer;
+// leaves them empty otherwise. The layer's projections are bound with the
+// other matrices (any stored dtype, fp8 with its scales included).
+void bind_linear_attention_vectors(const LayerWeights& L, BackendLayerWeights& o);
 
 }  // namespace fp8kv

@@ -401,23 +401,16 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
     return vec(all);
   };
   b.layers.reserve(w->layers.size());
-  // A Gated DeltaNet matrix as bf16 (fp8 ones are refused, as on the CPU).
-  auto gdn_mat = [&](const WeightMatrix& m, const char* name) -> Tensor {
-    if (!m.data && !m.dummy) return {};
-    if (m.fp8)
-      throw InputError(fmt::format("linear_attn.{}: fp8 weights are not supported for Gated DeltaNet layers yet", name));
-    return mat(m);
-  };
   for (const LayerWeights& L : w->layers) {
     BackendLayerWeights o;
     bind_layer_vectors(L, o, vec);
     if (!L.in_proj_qkv.data && !L.in_proj_qkv.dummy)  // a linear_attention layer has no attention tensors
       o.qkv_proj = fused({{&L.q_proj, &o.q_proj}, {&L.k_proj, &o.k_proj}, {&L.v_proj, &o.v_proj}});
-    o.in_proj_qkv = gdn_mat(L.in_proj_qkv, "in_proj_qkv");
-    o.in_proj_z = gdn_mat(L.in_proj_z, "in_proj_z");
-    o.in_proj_b = gdn_mat(L.in_proj_b, "in_proj_b");
-    o.in_proj_a = gdn_mat(L.in_proj_a, "in_proj_a");
-    o.out_proj = gdn_mat(L.out_proj, "out_proj");
+    o.in_proj_qkv = mat(L.in_proj_qkv);
+    o.in_proj_z = mat(L.in_proj_z);
+    o.in_proj_b = mat(L.in_proj_b);
+    o.in_proj_a = mat(L.in_proj_a);
+    o.out_proj = mat(L.out_proj);
     o.A_log = vec(L.A_log);
     o.dt_bias = vec(L.dt_bias);
     o.gdn_norm = vec(L.gdn_norm);
@@ -476,6 +469,7 @@ BackendWeights CudaBackend::upload_weights(std::shared_ptr<const ModelWeights> w
       }
       check(o.o_proj);
       check(o.down_proj);
+      for (const Tensor* t : {&o.in_proj_qkv, &o.in_proj_z, &o.in_proj_b, &o.in_proj_a, &o.out_proj}) check(*t);
     }
     spdlog::info("fp8 weights, W8A8 on CUDA: {} fp8 matrices run the cuBLASLt FP8 GEMM at >= {} rows (activations "
                  "quantized to e4m3 from f32, scales 1x128 x 128x128 blocks or per token x per channel; fewer rows: "
