@@ -111,33 +111,39 @@ struct ActSrc {
   }
 };
 
-// 1x128 groups: one warp per group, 4 elements per lane (K % 4 == 0, so a
-// short last group is whole 4-element pieces). Block b: row b / gb, groups
-// (b % gb) * 8 + warp, gb = ceil(groups / 8) (groups of Kc = groups of K).
-// amax: fmaxf from 0 over |v| (a NaN is ignored; max is order-free, so the
-// shuffle tree gives the host's sequential result).
+// 1x128 groups: half a warp per group, 8 elements per lane (two 4-element
+// pieces, loaded before either is used: twice the bytes in flight of one
+// piece per lane), so a warp takes two groups. K % 4 == 0, so a short last
+// group is whole 4-element pieces. Block b: row b / gb, groups (b % gb) * 16
+// + warp * 2 + lane / 16, gb = ceil(groups / 16) (groups of Kc = groups of
+// K). amax: fmaxf from 0 over |v| within the half warp (a NaN is ignored;
+// max is order-free, so the shuffle tree gives the host's sequential
+// result).
 template <class Src>
 __global__ void __launch_bounds__(256) quant_groups128_kernel(Src src, QuantOut a) {
-  const int64_t groups = (a.Kc + 127) / 128, gb = (groups + 7) / 8;
+  const int64_t groups = (a.Kc + 127) / 128, gb = (groups + 15) / 16;
   const int64_t t = blockIdx.x / gb;
-  const int64_t g = (blockIdx.x % gb) * 8 + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
-  if (g >= groups) return;
-  const int64_t c = g * 128 + lane * 4;
-  const bool in = c < a.K, out_col = c < a.Kc;
-  uint32_t* out = reinterpret_cast<uint32_t*>(a.codes + t * a.Kc + c);
+  const int64_t g = (blockIdx.x % gb) * 16 + (threadIdx.x / 32) * 2 + lane / 16;
+  if (g >= groups) return;  // whole half warps: the shuffles below stay within live lanes
+  const int64_t c = g * 128 + (lane & 15) * 8;
+  const bool in0 = c < a.K, in1 = c + 4 < a.K, out_col = c < a.Kc;
+  uint2* out = reinterpret_cast<uint2*>(a.codes + t * a.Kc + c);
   if (t >= a.T) {  // padding row of the GEMM: zero codes, scale 0
-    if (out_col) *out = 0u;
-    if (lane == 0) *scale_slot(a.s, t, g) = 0.0f;
+    if (out_col) *out = make_uint2(0u, 0u);
+    if ((lane & 15) == 0) *scale_slot(a.s, t, g) = 0.0f;
     return;
   }
-  const float4 v = in ? src.load(src.row(t), c) : make_float4(0.f, 0.f, 0.f, 0.f);
-  float amax = amax4(0.0f, v);
+  const auto row = src.row(t);
+  const float4 v0 = in0 ? src.load(row, c) : make_float4(0.f, 0.f, 0.f, 0.f);
+  const float4 v1 = in1 ? src.load(row, c + 4) : make_float4(0.f, 0.f, 0.f, 0.f);
+  float amax = amax4(amax4(0.0f, v0), v1);
+  const unsigned mask = lane < 16 ? 0x0000ffffu : 0xffff0000u;
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(mask, amax, o));
   const float s = amax > 0.0f ? __fdiv_rn(amax, kE4m3Max) : 1.0f;
-  if (out_col) *out = in ? codes4(v, s) : 0u;
-  if (lane == 0) *scale_slot(a.s, t, g) = s;
+  if (out_col) *out = make_uint2(in0 ? codes4(v0, s) : 0u, in1 ? codes4(v1, s) : 0u);
+  if ((lane & 15) == 0) *scale_slot(a.s, t, g) = s;
 }
 
 // Per token: one block of 256 threads per row; the amax over the whole row
@@ -190,7 +196,7 @@ void check_quant_out(const char* fn, const QuantOut& a, int64_t group) {
 template <class Src>
 void launch_quant(const Src& src, const QuantOut& a, int64_t group, cudaStream_t stream) {
   if (group == 128) {
-    const int64_t gb = ((a.Kc + 127) / 128 + 7) / 8;
+    const int64_t gb = ((a.Kc + 127) / 128 + 15) / 16;
     quant_groups128_kernel<Src><<<static_cast<unsigned>(a.T_pad * gb), 256, 0, stream>>>(src, a);
   } else {
     quant_rows_kernel<Src><<<static_cast<unsigned>(a.T_pad), 256, 0, stream>>>(src, a);
