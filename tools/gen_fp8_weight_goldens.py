@@ -443,15 +443,7 @@ def have_qwen3_5():
 def qwen3_5_fp32_model():
     """The Qwen3.5 case's Qwen3_5ForCausalLM, fp32, eager attention (as
     gen_gdn_goldens.run_case builds it), random-initialised."""
-    cls = transformers.Qwen3_5ForCausalLM
-    config = gdn.make_config("qwen3_5", QWEN3_5)
-    try:
-        model = cls._from_config(config, attn_implementation="eager", torch_dtype=torch.float32)
-    except TypeError:
-        model = cls._from_config(config, attn_implementation="eager", dtype=torch.float32)
-    model = model.to(torch.float32).eval()
-    model.config._attn_implementation = "eager"
-    return model
+    return gdn.fp32_model("qwen3_5", QWEN3_5)
 
 
 def make_qwen3_5_case():

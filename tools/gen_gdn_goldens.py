@@ -251,10 +251,8 @@ def state_scales(model, ids):
     return res
 
 
-def run_case(kind, case, cfg):
-    torch.use_deterministic_algorithms(True)
-    out_dir = os.path.join(OUT, case)
-    os.makedirs(out_dir, exist_ok=True)
+def fp32_model(kind, cfg):
+    """The case's model class on cfg, fp32, eager attention, default-initialised."""
     config = make_config(kind, cfg)
     cls = transformers.Qwen3_5ForCausalLM if kind == "qwen3_5" else transformers.Qwen3NextForCausalLM
     try:
@@ -263,6 +261,14 @@ def run_case(kind, case, cfg):
         model = cls._from_config(config, attn_implementation="eager", dtype=torch.float32)
     model = model.to(torch.float32).eval()
     model.config._attn_implementation = "eager"
+    return model
+
+
+def run_case(kind, case, cfg):
+    torch.use_deterministic_algorithms(True)
+    out_dir = os.path.join(OUT, case)
+    os.makedirs(out_dir, exist_ok=True)
+    model = fp32_model(kind, cfg)
     gen = torch.Generator().manual_seed(sum(map(ord, case)))
     init_weights(model, gen)
     from safetensors.torch import save_file
