@@ -419,9 +419,10 @@ TEST_P(Qwen3_5Fp8Tp, ScoreEqualsTp1WithinTheBound) {
 INSTANTIATE_TEST_SUITE_P(Modes, Qwen3_5Fp8Tp, ::testing::Values(Fp8Compute::w8a16, Fp8Compute::w8a8),
                          [](const auto& info) { return std::string(fp8_compute_name(info.param)); });
 
-// in_proj_a / in_proj_b quantized block-wise: their 4 rows cut at row 2 at TP 2, inside
-// one 128-row block; refused naming the matrix, from the checkpoint and from
-// the config alone (dummy weights). TP 1 runs it.
+// in_proj_a / in_proj_b quantized block-wise: their 4 rows cut at row 2 at
+// TP 2, inside one 128-row block; refused naming the matrix, from the
+// checkpoint and from the config alone (the check --load-format dummy runs
+// before making shards). TP 1 runs it.
 TEST(Qwen3_5Fp8TpShard, SubBlockCutOfInProjABIsRefused) {
   test_util::TempDir tmp;
   Fp8CheckpointOptions co;
