@@ -238,6 +238,16 @@ class Backend {
   virtual void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) = 0;
   // Fused residual: h += x; y = rmsnorm(h) * w. h f32; y may alias h.
   virtual void add_rmsnorm(Tensor& h, const Tensor& x, const Tensor& w, float eps, Tensor& y) = 0;
+  // add_rmsnorm whose y is read next by one linear-family op on the weight
+  // next_w (linear, linear_qkv_split_store, linear_gated_act(_linear)) and
+  // by nothing else. A backend may hand that GEMM y in its own form, with
+  // the same bits in the GEMM's output (CUDA's W8A8 rows: the norm kernel
+  // writes the GEMM's e4m3 codes and scales, not y); y's contents are then
+  // undefined, and another reader is a logic_error. next_w empty: add_rmsnorm.
+  virtual void add_rmsnorm_for(Tensor& h, const Tensor& x, const Tensor& w, float eps, Tensor& y,
+                               const Tensor& /*next_w*/) {
+    add_rmsnorm(h, x, w, eps, y);
+  }
   // In place, per head: x [T][heads*head_dim] normalized over each head's
   // head_dim elements with w [1][head_dim] (Qwen3 / Gemma 3 QK-norm).
   virtual void head_rmsnorm(Tensor& x, int head_dim, const Tensor& w, float eps) = 0;

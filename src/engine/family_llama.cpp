@@ -8,7 +8,8 @@
 // projections the down projection is the last GEMM of
 // Backend::linear_gated_act_linear, then all_reduce and add_rmsnorm): the
 // MLP output joins h at the next layer's first norm, or the final norm (in
-// place) after the last layer.
+// place) after the last layer. With fused projections each norm in front
+// of a GEMM is Backend::add_rmsnorm_for, told the GEMM's weight.
 #include "engine/forward.h"
 
 namespace fp8kv {
@@ -17,10 +18,18 @@ void ForwardPass::llama_layer(int layer, Step& st) {
   const BackendLayerWeights& L = w_.layers[layer];
   if (layer == 0) be_.rmsnorm(st.h, L.input_norm, eps_, st.x);  // later layers: the previous down_proj's op
   attention_core(layer, st);
-  be_.linear_add_rmsnorm(st.attn, L.o_proj, L.o_bias, st.tmp, st.h, L.post_attention_norm, eps_,
-                         st.x);  // post_attention_norm: HF name for the pre-MLP norm
+  // post_attention_norm: HF name for the pre-MLP norm. Fused projections:
+  // the norm knows its reader, the gate|up GEMM (Backend::add_rmsnorm_for).
+  if (fused_) {
+    be_.linear(st.attn, L.o_proj, L.o_bias, st.tmp);
+    be_.all_reduce(st.tmp);
+    be_.add_rmsnorm_for(st.h, st.tmp, L.post_attention_norm, eps_, st.x, L.gate_up_proj);
+  } else {
+    be_.linear_add_rmsnorm(st.attn, L.o_proj, L.o_bias, st.tmp, st.h, L.post_attention_norm, eps_, st.x);
+  }
   const bool last = layer + 1 == cfg_.num_layers;
-  mlp_add_rmsnorm(layer, last ? w_.final_norm : w_.layers[layer + 1].input_norm, last ? st.h : st.x, st);
+  mlp_add_rmsnorm(layer, last ? w_.final_norm : w_.layers[layer + 1].input_norm, last ? st.h : st.x, st,
+                  last ? Tensor{} : w_.layers[layer + 1].qkv_proj);
 }
 
 }  // namespace fp8kv

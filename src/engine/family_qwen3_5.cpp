@@ -50,7 +50,7 @@ void ForwardPass::qwen3_5_layer(int layer, Step& st) {
   be_.linear_add_rmsnorm(mixed, linear ? L.out_proj : L.o_proj, linear ? Tensor{} : L.o_bias, st.tmp, st.h,
                          L.post_attention_norm, eps_, st.x);
   const bool last = layer + 1 == cfg_.num_layers;
-  mlp_add_rmsnorm(layer, last ? w_.final_norm : w_.layers[layer + 1].input_norm, last ? st.h : st.x, st);
+  mlp_add_rmsnorm(layer, last ? w_.final_norm : w_.layers[layer + 1].input_norm, last ? st.h : st.x, st, {});
 }
 
 }  // namespace fp8kv

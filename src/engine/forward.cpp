@@ -117,10 +117,10 @@ void ForwardPass::mlp(int layer, Step& st) {
   be_.all_reduce(st.tmp);  // row-parallel down_proj
 }
 
-void ForwardPass::mlp_add_rmsnorm(int layer, const Tensor& norm_w, Tensor& y, Step& st) {
+void ForwardPass::mlp_add_rmsnorm(int layer, const Tensor& norm_w, Tensor& y, Step& st, const Tensor& next_w) {
   if (fused_) {  // linear_add_rmsnorm's ops (linear, all_reduce, add_rmsnorm) with the fused MLP's linear
     mlp(layer, st);
-    be_.add_rmsnorm(st.h, st.tmp, norm_w, eps_, y);
+    be_.add_rmsnorm_for(st.h, st.tmp, norm_w, eps_, y, next_w);
     return;
   }
   const BackendLayerWeights& L = w_.layers[layer];

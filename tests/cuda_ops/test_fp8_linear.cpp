@@ -466,6 +466,74 @@ TEST(CudaW8a8, GatedActQuantizeIsBitwiseTwoKernels) {
   }
 }
 
+// rmsnorm_residual_e4m3 (the W8A8 GEMM's quantization fused into the norm
+// in front of it: CudaBackend::add_rmsnorm_for) against the two kernels it
+// replaces, rmsnorm_residual into out (bf16 or f32) and quantize_rows_e4m3
+// of out: the residual h, the codes and the scales bitwise. n = 4096 and
+// 5120 (the 8B and 27B hidden sizes: 16 and 20 elements per thread), 8192
+// (the widest), 1040 (per token only: n % 128 != 0); with and without the
+// residual delta; rows of plain normals, outlier columns and the awkward
+// values (NaN, -0, huge, denormal) of awkward_rows.
+TEST(CudaW8a8, NormQuantizeIsBitwiseTwoKernels) {
+  FP8KV_NEED_GPU();
+  std::mt19937_64 rng(test_seed());
+  for (int n : {4096, 5120, 8192, 1040}) {
+    for (int64_t T : {12, 64, 300}) {
+      std::vector<float> h = randn(rng, static_cast<size_t>(T * n), 1.0f);
+      for (int64_t t = 0; t < T; t += 7) h[t * n + (t * 37) % n] *= 300.0f;  // outlier columns
+      const std::vector<float> odd = awkward_rows(rng, 2, n);
+      std::copy(odd.begin(), odd.end(), h.begin() + (T - 2) * n);
+      const std::vector<float> delta = randn(rng, static_cast<size_t>(T * n), 0.5f);
+      std::vector<float> w = randn(rng, static_cast<size_t>(n), 1.0f);
+      cuda::DeviceBuffer dd = to_device(delta), dw = to_device(w);
+      for (int64_t group : {int64_t{128}, int64_t{n}}) {
+        if (group == 128 && n % 128 != 0) continue;
+        const int64_t G = n / group;
+        for (bool out_bf16 : {true, false})
+          for (bool with_delta : {true, false}) {
+            SCOPED_TRACE(::testing::Message() << "n=" << n << " T=" << T << " group=" << group
+                                              << " out_bf16=" << out_bf16 << " delta=" << with_delta);
+            cuda::DeviceBuffer h1 = to_device(h), h2 = to_device(h);
+            cuda::DeviceBuffer out(static_cast<size_t>(T * n) * (out_bf16 ? 2 : 4));
+            cuda::DeviceBuffer c1(static_cast<size_t>(T * n)), c2(static_cast<size_t>(T * n));
+            cuda::DeviceBuffer s1(static_cast<size_t>(G * T) * 4), s2(static_cast<size_t>(G * T) * 4);
+            for (auto* b : {&c1, &s1}) FP8KV_CU(cudaMemset(b->get(), 0xee, b->bytes()));
+            for (auto* b : {&c2, &s2}) FP8KV_CU(cudaMemset(b->get(), 0x11, b->bytes()));
+            const float* dp = with_delta ? dd.as<float>() : nullptr;
+            cuda::rmsnorm_residual(h1.as<float>(), dp, nullptr, dw.as<float>(), 1e-5f, T, n, out.get(), out_bf16,
+                                   nullptr);
+            cuda::quantize_rows_e4m3(out.get(), !out_bf16, nullptr, T, T, n, n, group, c1.as<uint8_t>(),
+                                     cuda::W8a8ScaleOut{s1.as<float>(), T, nullptr, 0}, nullptr);
+            cuda::rmsnorm_residual_e4m3(h2.as<float>(), dp, dw.as<float>(), 1e-5f, T, n, out_bf16, group,
+                                        c2.as<uint8_t>(), cuda::W8a8ScaleOut{s2.as<float>(), T, nullptr, 0},
+                                        nullptr);
+            EXPECT_EQ(to_host<uint32_t>(h1, static_cast<size_t>(T * n)),
+                      to_host<uint32_t>(h2, static_cast<size_t>(T * n)));
+            const auto a = to_host<uint8_t>(c1, static_cast<size_t>(T * n));
+            const auto b = to_host<uint8_t>(c2, static_cast<size_t>(T * n));
+            ASSERT_TRUE(a == b) << "codes differ, first at " << first_diff(a, b, n);
+            EXPECT_GT(std::count_if(a.begin(), a.end(), [](uint8_t v) { return v != 0 && v != 0x80; }),
+                      static_cast<long>(a.size() / 2));
+            EXPECT_EQ(to_host<uint32_t>(s1, static_cast<size_t>(G * T)),
+                      to_host<uint32_t>(s2, static_cast<size_t>(G * T)));
+          }
+      }
+    }
+  }
+  // Refused: a group of 128 on n % 128 != 0, n past 8192, padding rows.
+  cuda::DeviceBuffer h(64 * 4), w(64 * 4), c(64), s(64);
+  const cuda::W8a8ScaleOut so{s.as<float>(), 1, nullptr, 0};
+  EXPECT_THROW(cuda::rmsnorm_residual_e4m3(h.as<float>(), nullptr, w.as<float>(), 1e-5f, 1, 48, true, 128,
+                                           c.as<uint8_t>(), so, nullptr),
+               std::invalid_argument);
+  EXPECT_THROW(cuda::rmsnorm_residual_e4m3(h.as<float>(), nullptr, w.as<float>(), 1e-5f, 1, 8208, true, 8208,
+                                           c.as<uint8_t>(), so, nullptr),
+               std::invalid_argument);
+  EXPECT_THROW(cuda::rmsnorm_residual_e4m3(h.as<float>(), nullptr, w.as<float>(), 1e-5f, 2, 48, true, 48,
+                                           c.as<uint8_t>(), so, nullptr),
+               std::invalid_argument);
+}
+
 // A DeviceFp8 with the W8A8 fields: the scales in the cuBLASLt layout of
 // ops.h (built here from that description, independently of the upload),
 // and for K % 16 != 0 the e4m3 rows zero-padded to a multiple of 16.

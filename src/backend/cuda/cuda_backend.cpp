@@ -169,6 +169,7 @@ void CudaBackend::synchronize() { FP8KV_CU(cudaStreamSynchronize(stream_)); }
 // ---- step ------------------------------------------------------------------------
 
 void CudaBackend::begin_step(const StepBatch& b) {
+  norm_codes_ = {};
   if (sprof_) sprof_->begin_step(stream_);
   const int T = b.num_tokens, S = b.num_seqs, G = b.num_groups, B = b.max_blocks_per_seq, nd = b.num_decodes;
   if (static_cast<int>(b.token_ids.size()) != T || static_cast<int>(b.positions.size()) != T ||

@@ -70,10 +70,12 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, T
   OpScope op(this, "linear", w.rows, w.cols, gemm_key(prof_.get(), w, w8a8 ? " w8a8" : ""), gemm_flops(x.rows, w));
   const float* bp = opt_vec(bias, w.rows, "linear", "bias");
   if (w8a8) {
-    grow(w8a8_act_, cuda::Gemm::w8a8_scratch_bytes(x.rows, W.fp8_row_bytes(), W.block128()));
-    linear_w8a8_into(&x, W, bp, y);
+    const bool codes = take_norm_codes(x, W);  // the norm in front wrote them (add_rmsnorm_for)
+    if (!codes) grow(w8a8_act_, cuda::Gemm::w8a8_scratch_bytes(x.rows, W.fp8_row_bytes(), W.block128()));
+    linear_w8a8_into(codes ? nullptr : &x, W, bp, y);
     return;
   }
+  reads_input(x, "linear");
   const uint16_t* xb = to_bf16_input(x, "linear");
   if (y.dtype == ScalarType::f32) {
     gemm_->linear(xb, x.rows, W, bp, static_cast<float*>(y.data), false, stream_);
@@ -88,6 +90,8 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, T
 
 void CudaBackend::rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) {
   OpScope op(this, "rmsnorm", "rmsnorm");
+  reads_input(x, "rmsnorm");
+  norm_codes_ = {};
   same_shape("rmsnorm", x, y);
   if (y.dtype != ScalarType::f32 && y.dtype != ScalarType::bf16) bad("rmsnorm", "y must be f32 or bf16");
   const float* wp = opt_vec(w, x.cols, "rmsnorm", "w");
@@ -99,6 +103,8 @@ void CudaBackend::rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y
 
 void CudaBackend::add_rmsnorm(Tensor& h, const Tensor& x, const Tensor& w, float eps, Tensor& y) {
   OpScope op(this, "add_rmsnorm", "add+rmsnorm");
+  reads_input(x, "add_rmsnorm");
+  norm_codes_ = {};
   same_shape("add_rmsnorm", h, x);
   same_shape("add_rmsnorm", h, y);
   if (y.dtype != ScalarType::f32 && y.dtype != ScalarType::bf16) bad("add_rmsnorm", "y must be f32 or bf16");
@@ -106,6 +112,49 @@ void CudaBackend::add_rmsnorm(Tensor& h, const Tensor& x, const Tensor& w, float
   if (!wp) bad("add_rmsnorm", "w is empty");
   cuda::rmsnorm_residual(f32(h, "add_rmsnorm", "h"), f32(x, "add_rmsnorm", "x"), nullptr, wp, eps, h.rows,
                          static_cast<int>(h.cols), y.data, y.dtype == ScalarType::bf16, stream_);
+}
+
+void CudaBackend::add_rmsnorm_for(Tensor& h, const Tensor& x, const Tensor& w, float eps, Tensor& y,
+                                  const Tensor& next_w) {
+  const int64_t T = h.rows;
+  bool codes = next_w.is_fp8_weight() && T > gemm_->gemv_max_rows() && T % cuda::Gemm::kW8a8Rows == 0 &&
+               (y.dtype == ScalarType::bf16 || y.dtype == ScalarType::f32) && next_w.cols == h.cols &&
+               h.cols % 16 == 0 && h.cols <= 8192 && h.dtype == ScalarType::f32 && x.dtype == ScalarType::f32 &&
+               x.rows == T && x.cols == h.cols && y.rows == T && y.cols == h.cols && !w.empty();
+  const cuda::DeviceMatrix W = codes ? matrix(next_w, "add_rmsnorm_for") : cuda::DeviceMatrix{};
+  // The reader's W8A8 branch: linear_takes_w8a8 (the QKV GEMM; the gate|up
+  // GEMM's gate_up_takes_w8a8 adds conditions on its other operands, checked
+  // when it takes the codes) on e4m3 rows of n bytes.
+  codes = codes && linear_takes_w8a8(y, W, Tensor{}) && !W.fp8_padded() && (!W.block128() || h.cols % 128 == 0);
+  if (!codes) {
+    add_rmsnorm(h, x, w, eps, y);
+    return;
+  }
+  OpScope op(this, "add_rmsnorm", "add+rmsnorm+quant");
+  reads_input(x, "add_rmsnorm_for");
+  const float* wp = opt_vec(w, h.cols, "add_rmsnorm_for", "w");
+  grow(w8a8_act_, cuda::Gemm::w8a8_scratch_bytes(T, W.fp8_row_bytes(), W.block128()));
+  const cuda::Gemm::W8a8Codes c = gemm_->w8a8_codes(T, W, false, w8a8_act_.get());
+  cuda::rmsnorm_residual_e4m3(f32(h, "add_rmsnorm_for", "h"), f32(x, "add_rmsnorm_for", "x"), wp, eps, T,
+                              static_cast<int>(h.cols), y.dtype == ScalarType::bf16, c.group, c.codes, c.scales,
+                              stream_);
+  norm_codes_ = NormCodes{y.data, W.fp8, T};
+}
+
+bool CudaBackend::take_norm_codes(const Tensor& x, const cuda::DeviceMatrix& W) {
+  if (!norm_codes_.x || norm_codes_.x != x.data) return false;
+  if (norm_codes_.w != W.fp8 || norm_codes_.T != x.rows)
+    throw std::logic_error(fmt::format("CudaBackend: the norm wrote W8A8 codes of its output ({} rows) for another "
+                                       "GEMM than the one reading it ({} rows of W [{}][{}])",
+                                       norm_codes_.T, x.rows, W.rows, W.cols));
+  norm_codes_ = {};
+  return true;
+}
+
+void CudaBackend::reads_input(const Tensor& x, const char* op) const {
+  if (norm_codes_.x && norm_codes_.x == x.data)
+    throw std::logic_error(std::string("CudaBackend::") + op +
+                           ": its input holds only the W8A8 codes the norm wrote for a GEMM (add_rmsnorm_for)");
 }
 
 void CudaBackend::head_rmsnorm(Tensor& x, int head_dim, const Tensor& w, float eps) {
@@ -260,6 +309,10 @@ void CudaBackend::linear_gated_act(Activation act, const Tensor& x, const Tensor
                                    Tensor& gate_up, Tensor& out) {
   OpScope op(this, "linear_gated_act");
   const int64_t T = x.rows;
+  // Codes the norm wrote for this GEMM (add_rmsnorm_for): taken by the W8A8
+  // branch (gate_up_w8a8) or by linear (Backend::linear_gated_act); the
+  // GEMV rows (never written as codes) and linear_bf16_out read x.
+  if (T <= gemm_->gemv_max_rows()) reads_input(x, "linear_gated_act");
   // fp8 weights at 1-2 rows: the fp8 GEMV with the activation fused
   // (ops.h gemv_fp8_gated_act: bitwise the two-kernel result).
   if (w.is_fp8_weight() && out.dtype == ScalarType::bf16 &&
@@ -308,6 +361,7 @@ void CudaBackend::linear_gated_act(Activation act, const Tensor& x, const Tensor
         !matrix(w, "linear_gated_act").fp8_padded() &&
         out.rows == T && out.cols * 2 == w.rows && gate_up.data && gate_up.numel() == T * w.rows &&
         (out.dtype == ScalarType::bf16 || out.dtype == ScalarType::f32) && out.data) {
+      reads_input(x, "linear_gated_act");
       auto* gu = static_cast<uint16_t*>(gate_up.data);  // [T][2I] bf16 in the f32 buffer's first half
       {
         OpScope ps(this, nullptr, gemm_key(prof_.get(), w, " bf16 out"), gemm_flops(T, w));
@@ -337,10 +391,15 @@ bool CudaBackend::gate_up_takes_w8a8(const Tensor& x, const Tensor& w, const Ten
 
 void CudaBackend::gate_up_w8a8(const Tensor& x, const Tensor& w, const cuda::DeviceMatrix& Wg, uint16_t* gu) {
   const int64_t T = x.rows;
-  grow(w8a8_act_, cuda::Gemm::w8a8_scratch_bytes(T, Wg.fp8_row_bytes(), Wg.block128()));
-  OpScope ps(this, nullptr, gemm_key(prof_.get(), w, " w8a8 bf16 out"), gemm_flops(T, w));
-  gemm_->linear_w8a8(cuda::Gemm::W8a8Input{x.data, x.dtype == ScalarType::f32, nullptr}, T, Wg, nullptr, gu, false,
-                     true, w8a8_act_.get(), w8a8_act_.bytes(), stream_);
+  const bool codes = take_norm_codes(x, Wg);  // the norm in front wrote them (add_rmsnorm_for)
+  if (!codes) grow(w8a8_act_, cuda::Gemm::w8a8_scratch_bytes(T, Wg.fp8_row_bytes(), Wg.block128()));
+  OpScope ps(this, nullptr, gemm_key(prof_.get(), w, codes ? " w8a8 bf16 out, codes in" : " w8a8 bf16 out"),
+             gemm_flops(T, w));
+  if (codes)
+    gemm_->linear_w8a8_codes(T, Wg, nullptr, gu, false, true, w8a8_act_.get(), w8a8_act_.bytes(), stream_);
+  else
+    gemm_->linear_w8a8(cuda::Gemm::W8a8Input{x.data, x.dtype == ScalarType::f32, nullptr}, T, Wg, nullptr, gu, false,
+                       true, w8a8_act_.get(), w8a8_act_.bytes(), stream_);
 }
 
 // The fused MLP on W8A8 rows: the gate|up GEMM of linear_gated_act's W8A8

@@ -2,6 +2,7 @@
 // prep (per-head QK-norm + RoPE). Formulas as backend/cpu/ops.cpp, with
 // explicit IEEE mul/add (no contraction) where the CPU has none.
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cub/block/block_reduce.cuh>
@@ -90,6 +91,69 @@ __global__ void rmsnorm_residual_reg_kernel(float* h, const float* __restrict__ 
                                     tmp, bcast);
 }
 
+// rmsnorm_residual_reg_kernel's row, then the row quantized as
+// quantize_rows_e4m3 would quantize the out it writes (w8a8_quant.cu, the
+// same operations): each element y = rmsnorm(h) * w, rounded to bf16 when
+// out_bf16; per group (128 columns, or the whole row) amax = fmaxf from 0
+// over |y| (order-free, a NaN ignored), scale = amax / 448 (IEEE division;
+// 1 without a positive amax), code = e4m3_satfinite(y / scale). Thread j's
+// element i = j + 256 k lies in group i / 128 = 2k + j / 128: warps 0-3 hold
+// group 2k, warps 4-7 group 2k + 1. No padding rows (T_pad = T), codes rows
+// of n bytes, group 128 needs n % 128 == 0.
+template <int kPer>
+__global__ void rmsnorm_residual_e4m3_kernel(float* h, const float* __restrict__ delta, const float* __restrict__ w,
+                                             float eps, int n, bool out_bf16, bool group128, uint8_t* codes,
+                                             W8a8ScaleOut so) {
+  __shared__ NormReduce::TempStorage tmp;
+  __shared__ float bcast;
+  __shared__ float red[kPer][kNormThreads / 32];
+  pdl_trigger();
+  pdl_wait();
+  const int64_t r = blockIdx.x;
+  float hv[kPer];
+  const float inv = residual_row_inv<kPer>(h + r * n, delta ? delta + r * n : nullptr, nullptr, eps, n, hv, tmp, bcast);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = threadIdx.x + j * kNormThreads;
+    float y = 0.0f;
+    if (i < n) {
+      y = __fmul_rn(__fmul_rn(hv[j], inv), w[i]);
+      if (out_bf16) y = __bfloat162float(__float2bfloat16_rn(y));
+    }
+    hv[j] = y;
+    float a = fabsf(y);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    if (lane == 0) red[j][warp] = a;
+  }
+  __syncthreads();
+  float row_amax = 0.0f;
+  if (!group128) {
+#pragma unroll
+    for (int j = 0; j < kPer; ++j)
+#pragma unroll
+      for (int q = 0; q < kNormThreads / 32; ++q) row_amax = fmaxf(row_amax, red[j][q]);
+  }
+  uint8_t* out = codes + r * n;
+  const int half = warp / 4;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = threadIdx.x + j * kNormThreads;
+    if (i >= n) break;
+    float amax = row_amax;
+    if (group128) {
+      amax = 0.0f;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) amax = fmaxf(amax, red[j][half * 4 + q]);
+    }
+    const float s = amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
+    out[i] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fdiv_rn(hv[j], s), __NV_SATFINITE, __NV_E4M3));
+    if (group128 && (threadIdx.x & 127) == 0) so.main[static_cast<int64_t>(i / 128) * so.n_main + r] = s;
+    if (!group128 && threadIdx.x == 0 && j == 0) so.main[r] = s;
+  }
+}
+
 __global__ void rmsnorm_rows_kernel(const float* __restrict__ h, const int32_t* __restrict__ row_index,
                                     const float* __restrict__ w, float eps, int n, __nv_bfloat16* __restrict__ out) {
   __shared__ NormReduce::TempStorage tmp;
@@ -137,6 +201,25 @@ void rmsnorm_residual(float* h, const float* delta, const float* delta_w, const 
     launch_pdl(pdl, rmsnorm_residual_reg_kernel<32>, g, b, stream, h, delta, delta_w, w, eps, n, out, out_bf16);
   else
     launch_pdl(pdl, rmsnorm_residual_kernel, g, b, stream, h, delta, delta_w, w, eps, n, out, out_bf16);
+}
+
+void rmsnorm_residual_e4m3(float* h, const float* delta, const float* w, float eps, int64_t rows, int n,
+                           bool out_bf16, int64_t group, uint8_t* codes, W8a8ScaleOut s, cudaStream_t stream) {
+  if (rows == 0) return;
+  if (!h || !w || !codes || !s.main || n <= 0 || rows < 0 || n % 16 != 0 || n > 32 * kNormThreads ||
+      (group != 128 && group != n) || (group == 128 && n % 128 != 0) || s.n_main != rows ||
+      reinterpret_cast<uintptr_t>(codes) % 16 != 0)
+    throw std::invalid_argument("cuda::rmsnorm_residual_e4m3: bad arguments (rows=" + std::to_string(rows) +
+                                " n=" + std::to_string(n) + " group=" + std::to_string(group) +
+                                "; n % 16 == 0, n <= 8192, group 128 (n % 128 == 0) or n, one scale row per row)");
+  const dim3 g(static_cast<unsigned>(rows)), b(kNormThreads);
+  const bool pdl = pdl_small_kernels(), g128 = group == 128;
+  if (n <= 8 * kNormThreads)
+    launch_pdl(pdl, rmsnorm_residual_e4m3_kernel<8>, g, b, stream, h, delta, w, eps, n, out_bf16, g128, codes, s);
+  else if (n <= 16 * kNormThreads)
+    launch_pdl(pdl, rmsnorm_residual_e4m3_kernel<16>, g, b, stream, h, delta, w, eps, n, out_bf16, g128, codes, s);
+  else
+    launch_pdl(pdl, rmsnorm_residual_e4m3_kernel<32>, g, b, stream, h, delta, w, eps, n, out_bf16, g128, codes, s);
 }
 
 void rmsnorm_rows(const float* h, const int32_t* row_index, int num_rows, const float* w, float eps, int n,

@@ -22,16 +22,15 @@ __device__ __forceinline__ float inv_rms(float ss, int n, float eps) {
 
 // Row hr [n] (fp32, in place) of a block of kNormThreads threads:
 //   if dr:  d = dr, and if delta_w: d = rmsnorm(d) * delta_w; hr += d
-//   out = rmsnorm(hr) * w  (bf16 when out_bf16, else fp32; may alias hr)
-// Thread j owns elements j, j + 256, ... (n <= kPer * kNormThreads); its
-// fp32 sums and the block reduction see the same values in the same order
-// for every kPer that fits n, so the bits do not depend on kPer.
+// leaves the row in hv (thread j owns elements j, j + 256, ...; zero past n)
+// and returns 1 / rms(hr). Its fp32 sums and the block reduction see the
+// same values in the same order for every kPer that fits n (n <= kPer *
+// kNormThreads), so the bits do not depend on kPer. tmp / bcast are free
+// again on return.
 template <int kPer>
-__device__ __forceinline__ void rmsnorm_residual_row(float* hr, const float* __restrict__ dr,
-                                                     const float* __restrict__ delta_w, const float* __restrict__ w,
-                                                     float eps, int n, void* out_row, bool out_bf16,
-                                                     NormReduce::TempStorage& tmp, float& bcast) {
-  float hv[kPer];
+__device__ __forceinline__ float residual_row_inv(float* hr, const float* __restrict__ dr,
+                                                  const float* __restrict__ delta_w, float eps, int n,
+                                                  float (&hv)[kPer], NormReduce::TempStorage& tmp, float& bcast) {
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int i = threadIdx.x + j * kNormThreads;
@@ -77,6 +76,19 @@ __device__ __forceinline__ void rmsnorm_residual_row(float* hr, const float* __r
   if (threadIdx.x == 0) bcast = total;
   __syncthreads();
   const float inv = inv_rms(bcast, n, eps);
+  __syncthreads();  // tmp / bcast free for the caller
+  return inv;
+}
+
+// residual_row_inv, then out = rmsnorm(hr) * w (bf16 when out_bf16, else
+// fp32; may alias hr).
+template <int kPer>
+__device__ __forceinline__ void rmsnorm_residual_row(float* hr, const float* __restrict__ dr,
+                                                     const float* __restrict__ delta_w, const float* __restrict__ w,
+                                                     float eps, int n, void* out_row, bool out_bf16,
+                                                     NormReduce::TempStorage& tmp, float& bcast) {
+  float hv[kPer];
+  const float inv = residual_row_inv<kPer>(hr, dr, delta_w, eps, n, hv, tmp, bcast);
   // out may alias h: h's element i was written above by this same thread.
   if (out_bf16) {
     __nv_bfloat16* o = static_cast<__nv_bfloat16*>(out_row);

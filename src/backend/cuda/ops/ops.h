@@ -359,6 +359,16 @@ void w8a8_finish_rows(const float* s, int64_t rows, int64_t N, const float* bias
 void rmsnorm_residual(float* h, const float* delta, const float* delta_w, const float* w, float eps, int64_t rows,
                       int n, void* out, bool out_bf16, cudaStream_t stream);
 
+// rmsnorm_residual(h, delta, nullptr, w, eps, rows, n, out, out_bf16)
+// followed by quantize_rows_e4m3(out, !out_bf16, nullptr, rows, rows, n, n,
+// group, codes, s), bit for bit (h, codes, scales), without writing out:
+// the W8A8 GEMM's input written by the norm in front of it
+// (CudaBackend::add_rmsnorm_for). n % 16 == 0 (codes rows of n bytes), n <=
+// 8192; group 128 (n % 128 == 0) or n; no padding rows (s.n_main == rows);
+// codes 16-byte aligned.
+void rmsnorm_residual_e4m3(float* h, const float* delta, const float* w, float eps, int64_t rows, int n,
+                           bool out_bf16, int64_t group, uint8_t* codes, W8a8ScaleOut s, cudaStream_t stream);
+
 // out[i] = bf16(rmsnorm(h[row_index[i]]) * w) for i < num_rows (row_index
 // null: row i). For the final norm of the rows whose logits are needed.
 void rmsnorm_rows(const float* h, const int32_t* row_index, int num_rows, const float* w, float eps, int n,
