@@ -352,16 +352,17 @@ class Backend {
   // A residual projection (o_proj, down_proj) and the residual add + norm
   // that follows it: tmp = linear(x, w, bias), summed over the tensor-
   // parallel ranks (all_reduce), then add_rmsnorm(h, tmp, norm_w, eps, y):
-  // h += tmp; y = rmsnorm(h) * norm_w (y may alias h). tmp holds the
-  // projection's output afterwards. A backend may fuse the three with the
+  // h += tmp; y = rmsnorm(h) * norm_w (y may alias h); with next_w,
+  // add_rmsnorm_for(..., next_w). tmp holds the projection's output
+  // afterwards. A backend may fuse the three with the
   // same bits (none does: CUDA's norm in the decode GEMV's last block measured
   // slower, docs/cuda_backend.md "Deleted variants"; the op stays, the
   // interface being additive only).
   virtual void linear_add_rmsnorm(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& tmp, Tensor& h,
-                                  const Tensor& norm_w, float eps, Tensor& y) {
+                                  const Tensor& norm_w, float eps, Tensor& y, const Tensor& next_w = {}) {
     linear(x, w, bias, tmp);
     all_reduce(tmp);
-    add_rmsnorm(h, tmp, norm_w, eps, y);
+    add_rmsnorm_for(h, tmp, norm_w, eps, y, next_w);
   }
 
   // ---- CUDA graphs (optional; the defaults mean "not supported") ----

@@ -20,16 +20,11 @@ void ForwardPass::llama_layer(int layer, Step& st) {
   attention_core(layer, st);
   // post_attention_norm: HF name for the pre-MLP norm. Fused projections:
   // the norm knows its reader, the gate|up GEMM (Backend::add_rmsnorm_for).
-  if (fused_) {
-    be_.linear(st.attn, L.o_proj, L.o_bias, st.tmp);
-    be_.all_reduce(st.tmp);
-    be_.add_rmsnorm_for(st.h, st.tmp, L.post_attention_norm, eps_, st.x, L.gate_up_proj);
-  } else {
-    be_.linear_add_rmsnorm(st.attn, L.o_proj, L.o_bias, st.tmp, st.h, L.post_attention_norm, eps_, st.x);
-  }
+  be_.linear_add_rmsnorm(st.attn, L.o_proj, L.o_bias, st.tmp, st.h, L.post_attention_norm, eps_, st.x,
+                         fused_mlp_ ? L.gate_up_proj : Tensor{});
   const bool last = layer + 1 == cfg_.num_layers;
   mlp_add_rmsnorm(layer, last ? w_.final_norm : w_.layers[layer + 1].input_norm, last ? st.h : st.x, st,
-                  last ? Tensor{} : w_.layers[layer + 1].qkv_proj);
+                  last || !fused_ ? Tensor{} : w_.layers[layer + 1].qkv_proj);
 }
 
 }  // namespace fp8kv

@@ -47,8 +47,11 @@ void ForwardPass::qwen3_5_layer(int layer, Step& st) {
   if (layer == 0) be_.rmsnorm(st.h, L.input_norm, eps_, st.x);  // later layers: the previous down_proj's op
   const bool linear = cfg_.is_linear(layer);
   const Tensor& mixed = linear ? gated_delta_net(layer, st) : gated_attention(layer, st);
+  // With fused gate|up the pre-MLP norm knows its reader (Backend::
+  // add_rmsnorm_for); the input norms feed several GEMMs (q/k/v or the
+  // four Gated DeltaNet projections).
   be_.linear_add_rmsnorm(mixed, linear ? L.out_proj : L.o_proj, linear ? Tensor{} : L.o_bias, st.tmp, st.h,
-                         L.post_attention_norm, eps_, st.x);
+                         L.post_attention_norm, eps_, st.x, fused_mlp_ ? L.gate_up_proj : Tensor{});
   const bool last = layer + 1 == cfg_.num_layers;
   mlp_add_rmsnorm(layer, last ? w_.final_norm : w_.layers[layer + 1].input_norm, last ? st.h : st.x, st, {});
 }

@@ -16,7 +16,7 @@ Activation activation_for(const std::string& name) {
   throw InputError("hidden_act '" + name + "' is not supported (silu, gelu_pytorch_tanh, gelu)");
 }
 
-RunState::RunState(Backend& be, const ModelConfig& cfg, int max_t, int max_rows, bool fused)
+RunState::RunState(Backend& be, const ModelConfig& cfg, int max_t, int max_rows, bool fused, bool fused_qkv)
     : max_tokens(max_t), max_logits_rows(max_rows) {
   const size_t T = static_cast<size_t>(max_t), a = scalar_type_bytes(be.activation_dtype());
   const size_t H = cfg.hidden_size, Q = static_cast<size_t>(cfg.num_heads) * cfg.head_dim,
@@ -31,7 +31,7 @@ RunState::RunState(Backend& be, const ModelConfig& cfg, int max_t, int max_rows,
   gate = be.alloc(T * I * a * (fused ? 2 : 1));
   // Fused: the down GEMM's input, bf16.
   up = be.alloc(T * I * (fused ? scalar_type_bytes(ScalarType::bf16) : a));
-  if (fused) qkv = be.alloc(T * (Q + 2 * KV) * a);
+  if (fused_qkv) qkv = be.alloc(T * (Q + 2 * KV) * a);
   if (cfg.gdn) {
     const size_t C = static_cast<size_t>(cfg.gdn->conv_dim()), VD = static_cast<size_t>(cfg.gdn->value_dim()),
                  Hv = static_cast<size_t>(cfg.gdn->num_v_heads);
@@ -55,8 +55,9 @@ ForwardPass::ForwardPass(const ModelConfig& cfg, Backend& backend, const Backend
       act_(activation_for(cfg.hidden_act)),
       eps_(static_cast<float>(cfg.rms_norm_eps)) {
   if (static_cast<int>(w_.layers.size()) != cfg.num_layers) throw std::logic_error("ForwardPass: layer count mismatch");
-  fused_ = be_.fuses_projections() && !w_.layers.empty() && !w_.layers[0].qkv_proj.empty() &&
-           !w_.layers[0].gate_up_proj.empty();
+  fused_mlp_ = be_.fuses_projections() && !w_.layers.empty();
+  for (const BackendLayerWeights& L : w_.layers) fused_mlp_ = fused_mlp_ && !L.gate_up_proj.empty();
+  fused_ = fused_mlp_ && !w_.layers[0].qkv_proj.empty() && cfg.family != ModelFamily::qwen3_5;
 }
 
 Tensor ForwardPass::hidden(const RunState& rs, const ModelConfig& cfg, int T) {
@@ -104,7 +105,7 @@ const Tensor& ForwardPass::mlp_core(int layer, Step& st) {
 
 void ForwardPass::mlp_down(int layer, Step& st) {
   const BackendLayerWeights& L = w_.layers[layer];
-  if (fused_)  // gate|up in one GEMM, the activation, the down GEMM: one op (the backend may hand the
+  if (fused_mlp_)  // gate|up in one GEMM, the activation, the down GEMM: one op (the backend may hand the
                // activation to the down GEMM in its own form: CUDA's W8A8 codes)
     be_.linear_gated_act_linear(act_, st.x, L.gate_up_proj, L.gate_up_bias, st.gate_up, st.act_bf16, L.down_proj,
                                 L.down_bias, st.tmp);
@@ -118,7 +119,7 @@ void ForwardPass::mlp(int layer, Step& st) {
 }
 
 void ForwardPass::mlp_add_rmsnorm(int layer, const Tensor& norm_w, Tensor& y, Step& st, const Tensor& next_w) {
-  if (fused_) {  // linear_add_rmsnorm's ops (linear, all_reduce, add_rmsnorm) with the fused MLP's linear
+  if (fused_mlp_) {  // linear_add_rmsnorm's ops (linear, all_reduce, add_rmsnorm) with the fused MLP's linear
     mlp(layer, st);
     be_.add_rmsnorm_for(st.h, st.tmp, norm_w, eps_, y, next_w);
     return;
@@ -145,14 +146,16 @@ void ForwardPass::run(const StepBatch& b, RunState& rs) {
   st.k = rs.k.view(a, T, KV);
   st.v = rs.v.view(a, T, KV);
   st.attn = rs.attn.view(a, T, Q);
+  // GEMM-only inputs written as bf16 by the op producing them (norm,
+  // attention, activation): no separate conversion before each GEMM (the
+  // CUDA W8A8 GEMM quantizes them to e4m3 from bf16).
+  const ScalarType gin = ScalarType::bf16;
   if (fused_) {
-    // GEMM-only inputs written as bf16 by the op producing them (norm,
-    // attention, activation): no separate conversion before each GEMM (the
-    // CUDA W8A8 GEMM quantizes them to e4m3 from bf16).
-    const ScalarType gin = ScalarType::bf16;
-    st.x = rs.x.view(gin, T, H);
     st.attn = rs.attn.view(gin, T, Q);
     st.qkv = rs.qkv.view(a, T, Q + 2 * KV);
+  }
+  if (fused_mlp_) {
+    st.x = rs.x.view(gin, T, H);
     st.gate_up = rs.gate.view(a, T, 2 * I);
     st.act_bf16 = rs.up.view(gin, T, I);
   } else {

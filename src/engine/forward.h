@@ -22,13 +22,15 @@ namespace fp8kv {
 // Hq = num_heads, Hkv = num_kv_heads, D = head_dim, I = intermediate_size,
 // V = vocab_size, act = Backend::activation_dtype().
 // With fused projections (Backend::fuses_projections, the CUDA backend):
-// gate holds gate|up [T][2I], up holds act(gate) * up as bf16 [T][I] (the
-// down GEMM's input, scratch of Backend::linear_gated_act_linear: a backend
-// that hands the down GEMM the activation in its own form leaves it
-// unwritten), qkv [T][(Hq+2Hkv)*D] the fused QKV output, and x and attn
-// (only ever GEMM inputs) are bf16.
+// fused_mlp: gate holds gate|up [T][2I], up holds act(gate) * up as bf16
+// [T][I] (the down GEMM's input, scratch of
+// Backend::linear_gated_act_linear: a backend that hands the down GEMM the
+// activation in its own form leaves it unwritten), and x (only ever GEMM
+// inputs) is bf16; fused_qkv (which implies fused_mlp): qkv
+// [T][(Hq+2Hkv)*D] the fused QKV output, and attn is bf16 too.
 struct RunState {
-  RunState(Backend& be, const ModelConfig& cfg, int max_tokens, int max_logits_rows, bool fused = false);
+  RunState(Backend& be, const ModelConfig& cfg, int max_tokens, int max_logits_rows, bool fused_mlp = false,
+           bool fused_qkv = false);
   int max_tokens = 0;
   int max_logits_rows = 0;
   DeviceBuffer h;       // [T][H] f32: the residual stream; after run(), the final-normed hidden states
@@ -54,8 +56,13 @@ struct RunState {
 class ForwardPass {
  public:
   ForwardPass(const ModelConfig& cfg, Backend& backend, const BackendWeights& weights);
-  // True when the backend fuses projections and uploaded fused weights.
+  // True when the backend fuses projections and uploaded fused weights:
+  // gate|up of every layer (fused_mlp), and q|k|v too (fused: the
+  // families without a token mixer of their own; not Qwen3.5, whose
+  // linear_attention layers have no q|k|v and whose gated q_proj carries
+  // the output gate).
   bool fused() const { return fused_; }
+  bool fused_mlp() const { return fused_mlp_; }
 
   // Runs every layer over the step's tokens (begin_step already called),
   // storing their K/V in the cache; leaves the final-normed hidden states
@@ -103,7 +110,7 @@ class ForwardPass {
   // tensor-parallel ranks).
   void mlp(int layer, Step& st);
   // mlp before the all_reduce: Backend::linear_gated_act_linear with fused
-  // projections, else mlp_core then linear.
+  // gate|up, else mlp_core then linear.
   void mlp_down(int layer, Step& st);
   // mlp, then h += tmp; y = norm(h) (norm_w): the residual projection's
   // op (Backend::linear_add_rmsnorm, or its ops around the fused MLP).
@@ -119,6 +126,7 @@ class ForwardPass {
   Activation act_;
   float eps_;
   bool fused_ = false;
+  bool fused_mlp_ = false;
   bool check_stages_ = false;
   int first_nonfinite_stage_ = kNoStage;
 };

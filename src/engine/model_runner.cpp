@@ -13,7 +13,8 @@ ModelRunner::ModelRunner(const ModelConfig& cfg, Backend& backend, std::shared_p
       be_(backend),
       weights_(backend.upload_weights(shard_weights(std::move(weights), cfg, tp))),
       fwd_(cfg_, be_, weights_),
-      rs_(be_, cfg_, max_num_batched_tokens, backend.max_logits_rows(max_num_seqs), fwd_.fused()) {
+      rs_(be_, cfg_, max_num_batched_tokens, backend.max_logits_rows(max_num_seqs), fwd_.fused_mlp(),
+          fwd_.fused()) {
   if (tp.world > 1 && backend.tp_world() != tp.world)
     throw std::logic_error("ModelRunner: tensor parallel without a matching Communicator on the backend");
   max_num_batched_tokens_ = max_num_batched_tokens;
