@@ -7,7 +7,9 @@
 // square 8192^3 GEMM with bf16 output gives the attainable peak on this box
 // next to the 790 TFLOP/s. Prints one line per (shape, T) with us
 // and TFLOP/s, and the implied GEMM time of one prefill (32 layers) per T
-// (docs/cuda_backend.md "Prefill/TTFT").
+// (docs/cuda_backend.md "Prefill/TTFT"); then W8A16 (block-wise e4m3
+// weights) at three dequantization slice sizes. The q35_ rows are the Qwen3.5-27B
+// text model's projections (reference only, not in the 32-layer total).
 //   bench_prefill_gemm [--t 8192,1024] [--json FILE]
 #include <cuda_runtime.h>
 
@@ -54,7 +56,15 @@ int main(int argc, char** argv) {
   if (bench::no_device("bench_prefill_gemm")) return 0;
   const Shape shapes[] = {{"qkv", 6144, 4096, false, 32},        {"o_proj", 4096, 4096, false, 32},
                           {"gate_up", 28672, 4096, false, 32},   {"gate_up_bf16", 28672, 4096, true, 0},
-                          {"down", 4096, 14336, false, 32},      {"square_bf16", 8192, 8192, true, 0}};
+                          {"down", 4096, 14336, false, 32},      {"square_bf16", 8192, 8192, true, 0},
+                          // Qwen3.5-27B (reference only): the Gated DeltaNet input projections
+                          // apart and fused (qkv|z|b|a: 16480 rows; 16512: padded to 129 x 128).
+                          {"q35_in_qkv", 10240, 5120, false, 0}, {"q35_in_z", 6144, 5120, false, 0},
+                          {"q35_in_b", 48, 5120, false, 0},      {"q35_in_ba", 96, 5120, false, 0},
+                          {"q35_in_qkvz", 16384, 5120, false, 0}, {"q35_in_all", 16480, 5120, false, 0},
+                          {"q35_in_all_pad", 16512, 5120, false, 0}, {"q35_q_gate", 12288, 5120, false, 0},
+                          {"q35_out_proj", 5120, 6144, false, 0}, {"q35_gate_up_bf16", 34816, 5120, true, 0},
+                          {"q35_down", 5120, 17408, false, 0}};
   int64_t max_t = 8192;
   for (int64_t t : Ts) max_t = std::max(max_t, t);
   const bench::Timing tm(cudaStreamNonBlocking);
@@ -109,6 +119,45 @@ int main(int argc, char** argv) {
     }
     std::printf("T=%lld: GEMMs of one prefill step (32 layers, fp32 out) %.2f ms\n", static_cast<long long>(T),
                 prefill_us / 1e3);
+  }
+  // W8A16 (block-wise e4m3 weights past the GEMV rows: dequantized slices,
+  // one cuBLASLt GEMM each) at slice sizes of 8M (the engine's), 32M and
+  // 128M elements, the first T, beside the bf16 weights' time above.
+  const Shape fp8_shapes[] = {{"gate_up_bf16", 28672, 4096, true, 0},   {"down", 4096, 14336, false, 0},
+                              {"q35_in_qkv", 10240, 5120, false, 0},      {"q35_gate_up_bf16", 34816, 5120, true, 0},
+                              {"q35_down", 5120, 17408, false, 0}};
+  cuda::DeviceBuffer w8(max_w), s8(max_w / (128 * 128) * 4 + 4096);
+  FP8KV_CU(cudaMemset(w8.get(), 0x30, w8.bytes()));  // 0.5 in e4m3
+  {
+    const std::vector<float> sc(s8.bytes() / 4, 0.02f);
+    s8.upload(sc.data(), sc.size() * 4);
+  }
+  std::printf("%-17s %6s %6s %6s %9s %10s %8s\n", "w8a16", "T", "N", "K", "slice", "us", "TFLOP/s");
+  for (int64_t slice : {int64_t{1} << 23, int64_t{1} << 25, int64_t{1} << 27}) {
+    cuda::Gemm gs;
+    gs.set_gemv_max_rows(0);
+    gs.set_dequant_slice_elems(slice);
+    gs.reserve_fp8_scratch();
+    const int64_t rows = Ts.front();
+    for (const Shape& s : fp8_shapes) {
+      const cuda::DeviceMatrix W{nullptr, s.n, s.k, w8.as<const uint8_t>(), s8.as<const float>(), 7, (s.k + 127) / 128,
+                                 1};
+      auto run = [&] {
+        if (s.bf16_out)
+          gs.linear_bf16_out(x.as<uint16_t>(), rows, W, y.as<uint16_t>(), st);
+        else
+          gs.linear(x.as<uint16_t>(), rows, W, nullptr, y.as<float>(), false, st);
+      };
+      const double us = bench::median_call_us(st, tm.e0, tm.e1, 5, run);
+      const double tflops = 2.0 * rows * s.n * s.k / (us * 1e-6) / 1e12;
+      std::printf("%-17s %6lld %6lld %6lld %8lldM %10.1f %8.1f\n", s.name, static_cast<long long>(rows),
+                  static_cast<long long>(s.n), static_cast<long long>(s.k), static_cast<long long>(slice >> 20), us,
+                  tflops);
+      report.add("{\"shape\": \"%s w8a16\", \"t\": %lld, \"n\": %lld, \"k\": %lld, \"slice\": %lld, \"us\": %.3f, "
+                 "\"tflops\": %.2f}",
+                 s.name, static_cast<long long>(rows), static_cast<long long>(s.n), static_cast<long long>(s.k),
+                 static_cast<long long>(slice), us, tflops);
+    }
   }
   return 0;
 }

@@ -161,6 +161,10 @@ class Gemm {
   // upload: never inside a CUDA graph capture).
   void reserve_fp8_scratch();
   static constexpr int64_t kDequantSliceElems = int64_t{1} << 23;  // 16 MB of bf16
+  // The slice linear_fp8_sliced dequantizes at a time, in elements
+  // (kDequantSliceElems). The setter is for bench_prefill_gemm (before
+  // reserve_fp8_scratch).
+  void set_dequant_slice_elems(int64_t n) { slice_elems_ = n; }
   int gemv_max_rows() const { return gemv_max_rows_; }
 
   // ---- W8A8 (linear/w8a8_gemm.cpp; docs/cuda_backend.md "FP8 weights") ----
@@ -246,6 +250,7 @@ class Gemm {
   void w8a8_gemm(const uint8_t* codes, const float* act_scale, int64_t n, const DeviceMatrix& W, void* d,
                  bool accumulate, bool out_bf16, cudaStream_t stream);
   DeviceBuffer dequant_;
+  int64_t slice_elems_ = kDequantSliceElems;
   DeviceBuffer w8a8_own_;  // linear()'s W8A8 scratch (tests, benches; CudaBackend passes its own)
   std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int>, W8a8Plan*> w8a8_plans_;
   void* handle_ = nullptr;  // cublasLtHandle_t
