@@ -96,19 +96,21 @@ int main(int argc, char** argv) {
   bench::JsonReport report(json);
   report.head("{\"cases\": [\n");
   std::printf("%-13s %6s %6s %6s %10s %8s\n", "shape", "T", "N", "K", "us", "TFLOP/s");
+  // Median us of one call of W [s.n][s.k] on `rows` rows through gm (bf16 out for s.bf16_out).
+  auto time_gemm = [&](cuda::Gemm& gm, const cuda::DeviceMatrix& W, const Shape& s, int64_t rows) {
+    return bench::median_call_us(st, tm.e0, tm.e1, 5, [&] {
+      if (s.bf16_out)
+        gm.linear_bf16_out(x.as<uint16_t>(), rows, W, y.as<uint16_t>(), st);
+      else
+        gm.linear(x.as<uint16_t>(), rows, W, nullptr, y.as<float>(), false, st);
+    });
+  };
   for (int64_t T : Ts) {
     double prefill_us = 0;
     for (const Shape& s : shapes) {
       const int64_t rows = std::string(s.name) == "square_bf16" ? 8192 : T;
       if (std::string(s.name) == "square_bf16" && T != Ts.front()) continue;
-      const cuda::DeviceMatrix W{w.as<const uint16_t>(), s.n, s.k};
-      auto run = [&] {
-        if (s.bf16_out)
-          g.linear_bf16_out(x.as<uint16_t>(), rows, W, y.as<uint16_t>(), st);
-        else
-          g.linear(x.as<uint16_t>(), rows, W, nullptr, y.as<float>(), false, st);
-      };
-      const double us = bench::median_call_us(st, tm.e0, tm.e1, 5, run);
+      const double us = time_gemm(g, cuda::DeviceMatrix{w.as<const uint16_t>(), s.n, s.k}, s, rows);
       const double tflops = 2.0 * rows * s.n * s.k / (us * 1e-6) / 1e12;
       std::printf("%-13s %6lld %6lld %6lld %10.1f %8.1f\n", s.name, static_cast<long long>(rows),
                   static_cast<long long>(s.n), static_cast<long long>(s.k), us, tflops);
@@ -142,13 +144,7 @@ int main(int argc, char** argv) {
     for (const Shape& s : fp8_shapes) {
       const cuda::DeviceMatrix W{nullptr, s.n, s.k, w8.as<const uint8_t>(), s8.as<const float>(), 7, (s.k + 127) / 128,
                                  1};
-      auto run = [&] {
-        if (s.bf16_out)
-          gs.linear_bf16_out(x.as<uint16_t>(), rows, W, y.as<uint16_t>(), st);
-        else
-          gs.linear(x.as<uint16_t>(), rows, W, nullptr, y.as<float>(), false, st);
-      };
-      const double us = bench::median_call_us(st, tm.e0, tm.e1, 5, run);
+      const double us = time_gemm(gs, W, s, rows);
       const double tflops = 2.0 * rows * s.n * s.k / (us * 1e-6) / 1e12;
       std::printf("%-17s %6lld %6lld %6lld %8lldM %10.1f %8.1f\n", s.name, static_cast<long long>(rows),
                   static_cast<long long>(s.n), static_cast<long long>(s.k), static_cast<long long>(slice >> 20), us,

@@ -202,17 +202,21 @@ Gemm::Plan& Gemm::plan(int64_t T, int64_t N, int64_t K, bool bias, bool accumula
   return *p;
 }
 
-void Gemm::reserve_fp8_scratch() { dequant_.reserve(static_cast<size_t>(slice_elems_) * 2); }
+void Gemm::reserve_fp8_scratch() {
+  dequant_.reserve(static_cast<size_t>(slice_elems_ ? slice_elems_ : kDequantSliceElemsLarge) * 2);
+}
 
 void Gemm::linear_fp8_sliced(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, void* y,
                              bool accumulate, bool out_bf16, cudaStream_t stream) {
-  if (dequant_.bytes() < static_cast<size_t>(slice_elems_) * 2)
+  const int64_t slice_elems =
+      slice_elems_ ? slice_elems_ : T >= kLargeSliceRows ? kDequantSliceElemsLarge : kDequantSliceElems;
+  if (dequant_.bytes() < static_cast<size_t>(slice_elems) * 2)
     throw std::logic_error("cuda::Gemm: fp8 weight past the GEMV rows before reserve_fp8_scratch");
-  if (W.cols > slice_elems_)
+  if (W.cols > slice_elems)
     throw std::invalid_argument("cuda::Gemm: fp8 weight row of " + std::to_string(W.cols) + " columns is longer than "
                                 "the dequantization slice");
   // Whole 128-row blocks per slice (at least one row).
-  int64_t rows = std::max<int64_t>(1, slice_elems_ / W.cols);
+  int64_t rows = std::max<int64_t>(1, slice_elems / W.cols);
   if (rows >= 128) rows -= rows % 128;
   auto* slice = dequant_.as<uint16_t>();
   const size_t out_bytes = out_bf16 ? 2 : 4;

@@ -160,10 +160,17 @@ class Gemm {
   // The slice buffer fp8 weights need past the GEMV rows (once, at weight
   // upload: never inside a CUDA graph capture).
   void reserve_fp8_scratch();
-  static constexpr int64_t kDequantSliceElems = int64_t{1} << 23;  // 16 MB of bf16
-  // The slice linear_fp8_sliced dequantizes at a time, in elements
-  // (kDequantSliceElems). The setter is for bench_prefill_gemm (before
-  // reserve_fp8_scratch).
+  // The slice linear_fp8_sliced dequantizes at a time, in elements: at
+  // fewer than kLargeSliceRows rows 8M (16 MB of bf16, which stays in L2 for
+  // the GEMM reading it), else 128M (256 MB: whole matrices up to 128M
+  // weights, one GEMM of full width instead of 16 slices re-reading x; T =
+  // 8192 bench_prefill_gemm on an H100: W8A16 down 1,270 vs 1,530 us, the
+  // 27B gate|up 3,820 vs 4,466, faster than bf16 weights' 1,354 / 4,013).
+  static constexpr int64_t kDequantSliceElems = int64_t{1} << 23;
+  static constexpr int64_t kDequantSliceElemsLarge = int64_t{1} << 27;
+  static constexpr int64_t kLargeSliceRows = 1024;
+  // Bench only (bench_prefill_gemm, before reserve_fp8_scratch): one slice
+  // size at every row count instead of the plan above.
   void set_dequant_slice_elems(int64_t n) { slice_elems_ = n; }
   int gemv_max_rows() const { return gemv_max_rows_; }
 
@@ -232,9 +239,9 @@ class Gemm {
   struct Plan;
   Plan& plan(int64_t T, int64_t N, int64_t K, bool bias, bool accumulate, int align_x, int align_w, int align_y,
              bool out_bf16 = false, int64_t ldy = 0);
-  // An fp8 W past the GEMV rows: W dequantized to bf16 in row slices of at
-  // most kDequantSliceElems elements (the slice stays in L2 for the GEMM that
-  // reads it), each slice one cuBLASLt GEMM into its columns of y.
+  // An fp8 W past the GEMV rows: W dequantized to bf16 in row slices (of at
+  // most kDequantSliceElems or kDequantSliceElemsLarge elements, by T),
+  // each slice one cuBLASLt GEMM into its columns of y.
   void linear_fp8_sliced(const uint16_t* x, int64_t T, const DeviceMatrix& W, const float* bias, void* y,
                          bool accumulate, bool out_bf16, cudaStream_t stream);
   struct W8a8Plan;
@@ -250,7 +257,7 @@ class Gemm {
   void w8a8_gemm(const uint8_t* codes, const float* act_scale, int64_t n, const DeviceMatrix& W, void* d,
                  bool accumulate, bool out_bf16, cudaStream_t stream);
   DeviceBuffer dequant_;
-  int64_t slice_elems_ = kDequantSliceElems;
+  int64_t slice_elems_ = 0;  // 0: the plan of kDequantSliceElems / kDequantSliceElemsLarge
   DeviceBuffer w8a8_own_;  // linear()'s W8A8 scratch (tests, benches; CudaBackend passes its own)
   std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int>, W8a8Plan*> w8a8_plans_;
   void* handle_ = nullptr;  // cublasLtHandle_t
