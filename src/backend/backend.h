@@ -238,14 +238,15 @@ class Backend {
   virtual void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) = 0;
   // Fused residual: h += x; y = rmsnorm(h) * w. h f32; y may alias h.
   virtual void add_rmsnorm(Tensor& h, const Tensor& x, const Tensor& w, float eps, Tensor& y) = 0;
-  // add_rmsnorm whose y is read next by one linear-family op on the weight
-  // next_w (linear, linear_qkv_split_store, linear_gated_act(_linear)) and
-  // by nothing else. A backend may hand that GEMM y in its own form, with
-  // the same bits in the GEMM's output (CUDA's W8A8 rows: the norm kernel
-  // writes the GEMM's e4m3 codes and scales, not y); y's contents are then
-  // undefined, and another reader is a logic_error. next_w empty: add_rmsnorm.
+  // add_rmsnorm whose y is read next by linear-family ops on the weights
+  // next_ws (linear, linear_qkv_split_store, linear_gated_act(_linear)), one
+  // each, before any other op that quantizes activations, and by nothing
+  // else. A backend may hand those GEMMs y in its own form, with the same
+  // bits in their outputs (CUDA's W8A8 rows: the norm kernel writes the
+  // GEMMs' e4m3 codes and scales, not y); y's contents are then undefined,
+  // and another reader is a logic_error. next_ws empty: add_rmsnorm.
   virtual void add_rmsnorm_for(Tensor& h, const Tensor& x, const Tensor& w, float eps, Tensor& y,
-                               const Tensor& /*next_w*/) {
+                               std::span<const Tensor> /*next_ws*/) {
     add_rmsnorm(h, x, w, eps, y);
   }
   // In place, per head: x [T][heads*head_dim] normalized over each head's
@@ -352,17 +353,17 @@ class Backend {
   // A residual projection (o_proj, down_proj) and the residual add + norm
   // that follows it: tmp = linear(x, w, bias), summed over the tensor-
   // parallel ranks (all_reduce), then add_rmsnorm(h, tmp, norm_w, eps, y):
-  // h += tmp; y = rmsnorm(h) * norm_w (y may alias h); with next_w,
-  // add_rmsnorm_for(..., next_w). tmp holds the projection's output
+  // h += tmp; y = rmsnorm(h) * norm_w (y may alias h); with next_ws,
+  // add_rmsnorm_for(..., next_ws). tmp holds the projection's output
   // afterwards. A backend may fuse the three with the
   // same bits (none does: CUDA's norm in the decode GEMV's last block measured
   // slower, docs/cuda_backend.md "Deleted variants"; the op stays, the
   // interface being additive only).
   virtual void linear_add_rmsnorm(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& tmp, Tensor& h,
-                                  const Tensor& norm_w, float eps, Tensor& y, const Tensor& next_w = {}) {
+                                  const Tensor& norm_w, float eps, Tensor& y, std::span<const Tensor> next_ws = {}) {
     linear(x, w, bias, tmp);
     all_reduce(tmp);
-    add_rmsnorm_for(h, tmp, norm_w, eps, y, next_w);
+    add_rmsnorm_for(h, tmp, norm_w, eps, y, next_ws);
   }
 
   // ---- CUDA graphs (optional; the defaults mean "not supported") ----

@@ -21,10 +21,14 @@ void ForwardPass::llama_layer(int layer, Step& st) {
   // post_attention_norm: HF name for the pre-MLP norm. Fused projections:
   // the norm knows its reader, the gate|up GEMM (Backend::add_rmsnorm_for).
   be_.linear_add_rmsnorm(st.attn, L.o_proj, L.o_bias, st.tmp, st.h, L.post_attention_norm, eps_, st.x,
-                         fused_mlp_ ? L.gate_up_proj : Tensor{});
+                         std::span<const Tensor>(&L.gate_up_proj, fused_mlp_ ? 1 : 0));
   const bool last = layer + 1 == cfg_.num_layers;
-  mlp_add_rmsnorm(layer, last ? w_.final_norm : w_.layers[layer + 1].input_norm, last ? st.h : st.x, st,
-                  last || !fused_ ? Tensor{} : w_.layers[layer + 1].qkv_proj);
+  if (last) {
+    mlp_add_rmsnorm(layer, w_.final_norm, st.h, st, {});
+    return;
+  }
+  const BackendLayerWeights& N = w_.layers[layer + 1];
+  mlp_add_rmsnorm(layer, N.input_norm, st.x, st, std::span<const Tensor>(&N.qkv_proj, fused_ ? 1 : 0));
 }
 
 }  // namespace fp8kv

@@ -8,7 +8,11 @@
 // multiplied by sigmoid(gate) before o_proj; q/k get per-head RMSNorms and
 // partial RoPE (rope_full.partial_rotary_factor). The norms are zero-centred
 // (1 + w, applied at load: gemma_norm_plus_one), except the Gated DeltaNet's
-// gated norm (a plain weight).
+// gated norm (a plain weight). With fused gate|up (Backend::fuses_projections)
+// each residual norm is told the GEMMs reading its output
+// (Backend::add_rmsnorm_for).
+#include <array>
+
 #include "engine/forward.h"
 
 namespace fp8kv {
@@ -51,9 +55,27 @@ void ForwardPass::qwen3_5_layer(int layer, Step& st) {
   // add_rmsnorm_for); the input norms feed several GEMMs (q/k/v or the
   // four Gated DeltaNet projections).
   be_.linear_add_rmsnorm(mixed, linear ? L.out_proj : L.o_proj, linear ? Tensor{} : L.o_bias, st.tmp, st.h,
-                         L.post_attention_norm, eps_, st.x, fused_mlp_ ? L.gate_up_proj : Tensor{});
-  const bool last = layer + 1 == cfg_.num_layers;
-  mlp_add_rmsnorm(layer, last ? w_.final_norm : w_.layers[layer + 1].input_norm, last ? st.h : st.x, st, {});
+                         L.post_attention_norm, eps_, st.x,
+                         std::span<const Tensor>(&L.gate_up_proj, fused_mlp_ ? 1 : 0));
+  if (layer + 1 == cfg_.num_layers) {
+    mlp_add_rmsnorm(layer, w_.final_norm, st.h, st, {});
+    return;
+  }
+  // The next layer's input norm feeds its projections: the four Gated
+  // DeltaNet ones, or q, k and v (bf16 x with fused gate|up, as above).
+  const BackendLayerWeights& N = w_.layers[layer + 1];
+  std::array<Tensor, 4> next{};
+  size_t n = 0;
+  if (fused_mlp_) {
+    if (cfg_.is_linear(layer + 1)) {
+      next = {N.in_proj_qkv, N.in_proj_z, N.in_proj_b, N.in_proj_a};
+      n = 4;
+    } else {
+      next = {N.q_proj, N.k_proj, N.v_proj, Tensor{}};
+      n = 3;
+    }
+  }
+  mlp_add_rmsnorm(layer, N.input_norm, st.x, st, std::span<const Tensor>(next.data(), n));
 }
 
 }  // namespace fp8kv

@@ -118,10 +118,11 @@ void ForwardPass::mlp(int layer, Step& st) {
   be_.all_reduce(st.tmp);  // row-parallel down_proj
 }
 
-void ForwardPass::mlp_add_rmsnorm(int layer, const Tensor& norm_w, Tensor& y, Step& st, const Tensor& next_w) {
+void ForwardPass::mlp_add_rmsnorm(int layer, const Tensor& norm_w, Tensor& y, Step& st,
+                                  std::span<const Tensor> next_ws) {
   if (fused_mlp_) {  // linear_add_rmsnorm's ops (linear, all_reduce, add_rmsnorm) with the fused MLP's linear
     mlp(layer, st);
-    be_.add_rmsnorm_for(st.h, st.tmp, norm_w, eps_, y, next_w);
+    be_.add_rmsnorm_for(st.h, st.tmp, norm_w, eps_, y, next_ws);
     return;
   }
   const BackendLayerWeights& L = w_.layers[layer];

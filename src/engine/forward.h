@@ -114,9 +114,9 @@ class ForwardPass {
   void mlp_down(int layer, Step& st);
   // mlp, then h += tmp; y = norm(h) (norm_w): the residual projection's
   // op (Backend::linear_add_rmsnorm, or its ops around the fused MLP).
-  // next_w: the weight of the GEMM that reads y next (Backend::add_rmsnorm_for;
+  // next_ws: the weights of the GEMMs that read y next (Backend::add_rmsnorm_for;
   // empty: none, or another reader).
-  void mlp_add_rmsnorm(int layer, const Tensor& norm_w, Tensor& y, Step& st, const Tensor& next_w);
+  void mlp_add_rmsnorm(int layer, const Tensor& norm_w, Tensor& y, Step& st, std::span<const Tensor> next_ws);
   // The unfused MLP without down_proj: x -> act(gate) * up in gate, returned.
   const Tensor& mlp_core(int layer, Step& st);
 

@@ -15,6 +15,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <array>
 #include <atomic>
 #include <map>
 #include <memory>
@@ -68,13 +69,15 @@ class CudaBackend final : public Backend {
   void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) override;
   void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& y) override;
   void add_rmsnorm(Tensor& h, const Tensor& x, const Tensor& w, float eps, Tensor& y) override;
-  // W8A8 rows of next_w (past the GEMV rows, T % 4 == 0, Hopper's FP8 GEMM
-  // would quantize y): the norm kernel writes the GEMM's codes and scales
+  // W8A8 rows of every next_ws weight (past the GEMV rows, T % 4 == 0,
+  // Hopper's FP8 GEMM would quantize y; one code layout for all: the same K
+  // and scale grouping): the norm kernel writes the GEMMs' codes and scales
   // into w8a8_act_ (ops.h rmsnorm_residual_e4m3: bitwise add_rmsnorm +
   // quantize_rows_e4m3), not y, and leaves a hand-over record (norm_codes_)
-  // that the GEMM takes (take_norm_codes). Otherwise add_rmsnorm.
+  // that each of those GEMMs takes once (take_norm_codes). Otherwise
+  // add_rmsnorm.
   void add_rmsnorm_for(Tensor& h, const Tensor& x, const Tensor& w, float eps, Tensor& y,
-                       const Tensor& next_w) override;
+                       std::span<const Tensor> next_ws) override;
   void head_rmsnorm(Tensor& x, int head_dim, const Tensor& w, float eps) override;
   void rope(int layer, Tensor& q, Tensor& k) override;
   void gated_act(Activation act, const Tensor& gate, const Tensor& up, Tensor& out) override;
@@ -220,20 +223,23 @@ class CudaBackend final : public Backend {
                           const Tensor& out) const;
   void gate_up_w8a8(const Tensor& x, const Tensor& w, const cuda::DeviceMatrix& Wg, uint16_t* gu);
   // add_rmsnorm_for's hand-over: the codes in w8a8_act_ are y's (x: y's
-  // data) for the W8A8 GEMM of W (its e4m3 bytes) on T rows, out_bf16 the
-  // layout's (w8a8_codes). take_norm_codes(x, W, out_bf16): true when x
-  // holds such codes for this GEMM (the record is then spent); throws
-  // std::logic_error when x's codes were written for another GEMM.
+  // data) for the W8A8 GEMMs of the weights w[0, n) (their e4m3 bytes) on T
+  // rows. take_norm_codes(x, W): true when x holds such codes for this GEMM
+  // (W leaves the list; the record is spent when the list is empty); throws
+  // std::logic_error when x's codes were written for other GEMMs.
   // reads_input(x, op): an op about to read x's values; throws while x holds
-  // codes only. Cleared by begin_step and the other norms.
+  // codes only. writes_codes(op): an op about to quantize into w8a8_act_;
+  // throws while codes wait for a GEMM. Cleared by begin_step and the norms.
   struct NormCodes {
     const void* x = nullptr;
-    const void* w = nullptr;
+    std::array<const void*, 4> w{};
+    int n = 0;
     int64_t T = 0;
   };
   NormCodes norm_codes_;
   bool take_norm_codes(const Tensor& x, const cuda::DeviceMatrix& W);
   void reads_input(const Tensor& x, const char* op) const;
+  void writes_codes(const char* op) const;
   // Grows a scratch buffer that captured graphs may point into: a
   // reallocation invalidates every graph (buffers_gen_), and is refused
   // while capturing (the runner's eager warm-up sizes everything first).

@@ -71,7 +71,10 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, T
   const float* bp = opt_vec(bias, w.rows, "linear", "bias");
   if (w8a8) {
     const bool codes = take_norm_codes(x, W);  // the norm in front wrote them (add_rmsnorm_for)
-    if (!codes) grow(w8a8_act_, cuda::Gemm::w8a8_scratch_bytes(x.rows, W.fp8_row_bytes(), W.block128()));
+    if (!codes) {
+      writes_codes("linear");
+      grow(w8a8_act_, cuda::Gemm::w8a8_scratch_bytes(x.rows, W.fp8_row_bytes(), W.block128()));
+    }
     linear_w8a8_into(codes ? nullptr : &x, W, bp, y);
     return;
   }
@@ -115,17 +118,24 @@ void CudaBackend::add_rmsnorm(Tensor& h, const Tensor& x, const Tensor& w, float
 }
 
 void CudaBackend::add_rmsnorm_for(Tensor& h, const Tensor& x, const Tensor& w, float eps, Tensor& y,
-                                  const Tensor& next_w) {
+                                  std::span<const Tensor> next_ws) {
   const int64_t T = h.rows;
-  bool codes = next_w.is_fp8_weight() && T > gemm_->gemv_max_rows() && T % cuda::Gemm::kW8a8Rows == 0 &&
-               (y.dtype == ScalarType::bf16 || y.dtype == ScalarType::f32) && next_w.cols == h.cols &&
+  bool codes = !next_ws.empty() && next_ws.size() <= norm_codes_.w.size() && T > gemm_->gemv_max_rows() &&
+               T % cuda::Gemm::kW8a8Rows == 0 && (y.dtype == ScalarType::bf16 || y.dtype == ScalarType::f32) &&
                h.cols % 16 == 0 && h.cols <= 8192 && h.dtype == ScalarType::f32 && x.dtype == ScalarType::f32 &&
                x.rows == T && x.cols == h.cols && y.rows == T && y.cols == h.cols && !w.empty();
-  const cuda::DeviceMatrix W = codes ? matrix(next_w, "add_rmsnorm_for") : cuda::DeviceMatrix{};
-  // The reader's W8A8 branch: linear_takes_w8a8 (the QKV GEMM; the gate|up
-  // GEMM's gate_up_takes_w8a8 adds conditions on its other operands, checked
-  // when it takes the codes) on e4m3 rows of n bytes.
-  codes = codes && linear_takes_w8a8(y, W, Tensor{}) && !W.fp8_padded() && (!W.block128() || h.cols % 128 == 0);
+  // Every reader's W8A8 branch: linear_takes_w8a8 (the gate|up GEMM's
+  // gate_up_takes_w8a8 adds conditions on its other operands, checked when
+  // it takes the codes) on e4m3 rows of n bytes, all with one code layout.
+  std::array<cuda::DeviceMatrix, 4> Ws{};
+  for (size_t i = 0; codes && i < next_ws.size(); ++i) {
+    codes = next_ws[i].is_fp8_weight() && next_ws[i].cols == h.cols;
+    if (!codes) break;
+    Ws[i] = matrix(next_ws[i], "add_rmsnorm_for");
+    codes = linear_takes_w8a8(y, Ws[i], Tensor{}) && !Ws[i].fp8_padded() &&
+            (!Ws[i].block128() || h.cols % 128 == 0) && Ws[i].block128() == Ws[0].block128();
+  }
+  const cuda::DeviceMatrix& W = Ws[0];
   if (!codes) {
     add_rmsnorm(h, x, w, eps, y);
     return;
@@ -133,22 +143,38 @@ void CudaBackend::add_rmsnorm_for(Tensor& h, const Tensor& x, const Tensor& w, f
   OpScope op(this, "add_rmsnorm", "add+rmsnorm+quant");
   reads_input(x, "add_rmsnorm_for");
   const float* wp = opt_vec(w, h.cols, "add_rmsnorm_for", "w");
-  grow(w8a8_act_, cuda::Gemm::w8a8_scratch_bytes(T, W.fp8_row_bytes(), W.block128()));
+  // Sized for the widest GEMM input of T rows: no op grows (reallocates) it
+  // while the codes wait (linear_gated_act_linear sizes it for its down GEMM
+  // before the gate|up GEMM takes them).
+  int64_t kmax = std::max<int64_t>({cfg_.hidden_size, cfg_.intermediate_size,
+                                    static_cast<int64_t>(cfg_.num_heads) * cfg_.head_dim});
+  if (cfg_.gdn) kmax = std::max<int64_t>(kmax, cfg_.gdn->value_dim());
+  grow(w8a8_act_, cuda::Gemm::w8a8_scratch_bytes(T, (kmax + 15) / 16 * 16, true));
   const cuda::Gemm::W8a8Codes c = gemm_->w8a8_codes(T, W, false, w8a8_act_.get());
   cuda::rmsnorm_residual_e4m3(f32(h, "add_rmsnorm_for", "h"), f32(x, "add_rmsnorm_for", "x"), wp, eps, T,
                               static_cast<int>(h.cols), y.dtype == ScalarType::bf16, c.group, c.codes, c.scales,
                               stream_);
-  norm_codes_ = NormCodes{y.data, W.fp8, T};
+  norm_codes_ = NormCodes{y.data, {}, static_cast<int>(next_ws.size()), T};
+  for (size_t i = 0; i < next_ws.size(); ++i) norm_codes_.w[i] = Ws[i].fp8;
 }
 
 bool CudaBackend::take_norm_codes(const Tensor& x, const cuda::DeviceMatrix& W) {
-  if (!norm_codes_.x || norm_codes_.x != x.data) return false;
-  if (norm_codes_.w != W.fp8 || norm_codes_.T != x.rows)
-    throw std::logic_error(fmt::format("CudaBackend: the norm wrote W8A8 codes of its output ({} rows) for another "
-                                       "GEMM than the one reading it ({} rows of W [{}][{}])",
-                                       norm_codes_.T, x.rows, W.rows, W.cols));
-  norm_codes_ = {};
+  NormCodes& r = norm_codes_;
+  if (!r.x || r.x != x.data) return false;
+  const auto it = std::find(r.w.begin(), r.w.begin() + r.n, static_cast<const void*>(W.fp8));
+  if (it == r.w.begin() + r.n || r.T != x.rows)
+    throw std::logic_error(fmt::format("CudaBackend: the norm wrote W8A8 codes of its output ({} rows) for other "
+                                       "GEMMs than the one reading it ({} rows of W [{}][{}])",
+                                       r.T, x.rows, W.rows, W.cols));
+  *it = r.w[--r.n];  // W leaves the list
+  if (r.n == 0) r = {};
   return true;
+}
+
+void CudaBackend::writes_codes(const char* op) const {
+  if (norm_codes_.x)
+    throw std::logic_error(std::string("CudaBackend::") + op + ": would overwrite the W8A8 codes the norm wrote for " +
+                           std::to_string(norm_codes_.n) + " GEMM(s) not yet run (add_rmsnorm_for)");
 }
 
 void CudaBackend::reads_input(const Tensor& x, const char* op) const {
@@ -392,7 +418,10 @@ bool CudaBackend::gate_up_takes_w8a8(const Tensor& x, const Tensor& w, const Ten
 void CudaBackend::gate_up_w8a8(const Tensor& x, const Tensor& w, const cuda::DeviceMatrix& Wg, uint16_t* gu) {
   const int64_t T = x.rows;
   const bool codes = take_norm_codes(x, Wg);  // the norm in front wrote them (add_rmsnorm_for)
-  if (!codes) grow(w8a8_act_, cuda::Gemm::w8a8_scratch_bytes(T, Wg.fp8_row_bytes(), Wg.block128()));
+  if (!codes) {
+    writes_codes("linear_gated_act");
+    grow(w8a8_act_, cuda::Gemm::w8a8_scratch_bytes(T, Wg.fp8_row_bytes(), Wg.block128()));
+  }
   OpScope ps(this, nullptr, gemm_key(prof_.get(), w, codes ? " w8a8 bf16 out, codes in" : " w8a8 bf16 out"),
              gemm_flops(T, w));
   if (codes)

@@ -20,6 +20,8 @@ namespace fp8kv {
 
 void CudaBackend::grow(cuda::DeviceBuffer& buf, size_t bytes) {
   if (bytes <= buf.bytes()) return;
+  if (&buf == &w8a8_act_ && norm_codes_.x)  // a reallocation would lose them (add_rmsnorm_for sizes it first)
+    throw std::logic_error("CudaBackend: the W8A8 activation buffer would grow while a norm's codes wait for a GEMM");
   if (capturing_)
     throw std::logic_error(fmt::format("CudaBackend: a scratch buffer would grow to {} bytes during graph capture "
                                        "(the eager warm-up must size it)",

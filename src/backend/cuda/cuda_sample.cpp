@@ -100,6 +100,7 @@ void CudaBackend::sample_step(const Tensor& hidden, const Tensor& output, Tensor
   const cuda::DeviceMatrix Wo = matrix(output, "sample_step");
   if (gemm_->takes_w8a8(n, Wo) && reinterpret_cast<uintptr_t>(h) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0) {
     // W8A8 LM head: as logits() (the sample rows quantized from f32 h).
+    writes_codes("sample_step");
     grow(w8a8_act_, cuda::Gemm::w8a8_scratch_bytes(n, Wo.fp8_row_bytes(), Wo.block128()));
     gemm_->linear_w8a8(cuda::Gemm::W8a8Input{h, true, s.sample_rows}, n, Wo, nullptr, y, false, false,
                        w8a8_act_.get(), w8a8_act_.bytes(), stream_);
