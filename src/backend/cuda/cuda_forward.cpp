@@ -142,6 +142,7 @@ void CudaBackend::add_rmsnorm_for(Tensor& h, const Tensor& x, const Tensor& w, f
   }
   OpScope op(this, "add_rmsnorm", "add+rmsnorm+quant");
   reads_input(x, "add_rmsnorm_for");
+  norm_codes_ = {};  // this norm's codes replace any earlier ones
   const float* wp = opt_vec(w, h.cols, "add_rmsnorm_for", "w");
   // Sized for the widest GEMM input of T rows: no op grows (reallocates) it
   // while the codes wait (linear_gated_act_linear sizes it for its down GEMM
