@@ -16,7 +16,7 @@ Activation activation_for(const std::string& name) {
   throw InputError("hidden_act '" + name + "' is not supported (silu, gelu_pytorch_tanh, gelu)");
 }
 
-RunState::RunState(Backend& be, const ModelConfig& cfg, int max_t, int max_rows, bool fused, bool fused_qkv)
+RunState::RunState(Backend& be, const ModelConfig& cfg, int max_t, int max_rows, bool fused_mlp, bool fused_qkv)
     : max_tokens(max_t), max_logits_rows(max_rows) {
   const size_t T = static_cast<size_t>(max_t), a = scalar_type_bytes(be.activation_dtype());
   const size_t H = cfg.hidden_size, Q = static_cast<size_t>(cfg.num_heads) * cfg.head_dim,
@@ -28,9 +28,9 @@ RunState::RunState(Backend& be, const ModelConfig& cfg, int max_t, int max_rows,
   k = be.alloc(T * KV * a);
   v = be.alloc(T * KV * a);
   attn = be.alloc(T * Q * a);
-  gate = be.alloc(T * I * a * (fused ? 2 : 1));
+  gate = be.alloc(T * I * a * (fused_mlp ? 2 : 1));
   // Fused: the down GEMM's input, bf16.
-  up = be.alloc(T * I * (fused ? scalar_type_bytes(ScalarType::bf16) : a));
+  up = be.alloc(T * I * (fused_mlp ? scalar_type_bytes(ScalarType::bf16) : a));
   if (fused_qkv) qkv = be.alloc(T * (Q + 2 * KV) * a);
   if (cfg.gdn) {
     const size_t C = static_cast<size_t>(cfg.gdn->conv_dim()), VD = static_cast<size_t>(cfg.gdn->value_dim()),
