@@ -1,6 +1,7 @@
 // Gated DeltaNet kernels (gdn.h): the conv, the recurrent rule and the norm
 // one thread per output column in the CPU reference's operation order
-// (backend/cpu/gdn.cpp); the chunked rule register-tiled (its comment).
+// (backend/cpu/gdn.cpp); the chunked rule's state pass on TF32 tensor cores
+// (its comment).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -265,65 +266,52 @@ __global__ void gdn_rule_kernel(GdnSeqs seqs, GdnDims dm, int chunk_begin, const
 //     step instead of one dependent chain) -> the scratch.
 // The scratch (ChunkScratch, per value head and row of the step): W [Dk], U
 // [Dv], row j of A^T (A_ij for the chunk's i in [0, 64)), and exp(cum),
-// exp(last - cum), 1 / |q|, 1 / |k|, exp(last).
+// exp(last - cum), 1 / |q|, 1 / |k|, exp(last). W and A^T are stored rounded
+// to TF32 (the sequential kernel's MMA operands), U in f32.
 //
 // Sequential (gdn_rule_chunked_kernel): one CTA of kChunkThreads per (value
 // head h, Dv slice, sequence): the slice is columns [c0, c0 + Dvs) of the
-// head's state, Dvs = Dv / split. The CTA keeps its slice of S [Dk][Dvs] in
-// shared memory for the whole sequence (one read and one write of the pool
-// per step) and walks the sequence's chunks; per chunk:
-//  0. QT = ((q 1/|q|) scale)^T from qkv, W^T [Dk][ld_t], U [64][Dvs], A^T
-//     [64][64] and the row vectors from the scratch (q normalized by the
-//     prep's expression, so QT holds the prep's bits).
-//  4. v_new = U - W S (into U).
-//  5. o = exp(cum_i) (q_i S) + sum_{j <= i} A_ij v_new_j -> out; KD [64][Dk]
-//     = (k_i 1/|k_i|) exp(last - cum_i) from qkv (over W^T, dead).
-//  6. S = exp(last) S + sum_i KD_i v_new_i^T.
-// The chunk's loads overlap rather than wait in turn: A^T and the row
-// vectors go to shared memory by cp.async during the previous chunk's step
-// 6 (their buffers are dead then; the first chunk's before the walk), U by
-// cp.async at the start of step 0, and each thread issues every q and W
-// load of its transpose blocks (16-byte pieces of rows: 8 of q and 8 of W
-// at Dk = 128, all its blocks for Dk <= 128) before it writes the first
-// into QT or W^T; one wait for all, then the barrier. The k rows of KD go
-// raw from qkv into W^T's buffer (dead after step 4) by cp.async before
-// step 5's products, and each thread scales the elements it copied after
-// them. So a chunk waits for global memory about once, in step 0. (U is
-// not staged during step 6, which reads it: a second U buffer would cost
-// the second CTA per SM at split 4. q and k rows go in 4-byte pieces where
-// qkv is not 16-byte aligned.) Every buffer holds the same bits when a
-// product reads it, and the arithmetic is unchanged.
-// Products 4, 5, 6 give each thread TM x 4 outputs (TM = 4 or 2: the
-// template arguments, so that all 8 warps have tiles), every output one
-// register summed in the order of its reduction index with fused
-// multiply-adds; the operands are stored so that each step's loads are 16-
-// or 8-byte vectors that a warp shares (at most 4 and 8 distinct words). So
-// a column's arithmetic does not depend on the split or on which thread
-// computes it: results are bitwise independent of the split.
+// head's state, Dvs = Dv / split. The products run on TF32 tensor cores
+// (mma.sync m16n8k8, f32 accumulators): each operand is rounded to TF32
+// (round to nearest) when it is stored in shared memory, so a fragment load
+// is a plain 32-bit load. The state S [Dk][Dvs] lives in f32 registers for
+// the whole sequence (each warp owns 32 x 32 tiles of it as accumulator
+// fragments; one read and one write of the pool per step) and its TF32
+// copy Sr in shared memory. Per chunk:
+//  4. v_new = U - W Sr (written over U, rounded to TF32);
+//  5. o_i = exp(cum_i) (q_i Sr) + sum_{j <= i} A_ij v_new_j -> out (warps of
+//     rows i take the A^T columns j < i + 16 only);
+//  6. S = exp(last) S + KD^T v_new (in the registers), Sr = TF32(S), with
+//     KD [64][Dk] = (k_i 1/|k_i|) exp(last - cum_i).
+// The operands come by cp.async without transposes: q and k rows from qkv
+// (each thread scales and rounds the pieces it copied once they land, with
+// row scales it loaded when it issued them), W, U and A^T rows from the
+// scratch. Three barriers per chunk, and each buffer is refilled for the
+// next chunk as soon as its last reader is past one: W and U (two U
+// buffers) after step 4, q, A^T and exp(cum) after step 5; KD is loaded
+// during steps 4 and 5. Row strides are padded so that every fragment load
+// and accumulator store is free of bank conflicts (SeqLayout). A column's
+// arithmetic is the same whatever the split (the MMAs' reduction order over
+// k does not depend on the columns), so the results are bitwise independent
+// of it. Against the CPU's f32 rule the outputs move by ~1e-3 relative
+// (tests/cuda_ops/test_gdn_cuda.cpp: the statistical bound).
 // Shared memory (floats): prep 2 Dk ld_t + LT 64 x 64 + 7 x 64 + 4 (87.8 KB
-// for Dk = 128: two CTAs per SM); sequential S Dk Dvs + QT, WT 2 Dk ld_t +
-// U 64 Dvs + AT 64 x 64 + 3 x 64 + 4; for Dk = Dv = 128 (ld_t 68): 185.1 KB
-// at split 1, 136.0 KB at split 2, 111.4 KB at split 4 (two CTAs per SM).
+// for Dk = 128: two CTAs per SM); sequential SeqLayout: Sr Dk ldS + q, W 2 x
+// 64 ldQ + KD 64 ldK + U 2 x 64 ldS + A^T 64 x 72 + 68; for Dk = Dv = 128:
+// 194.8 KB at split 2, 162.1 KB at split 4 (one CTA per SM).
 
 constexpr int kChunk = kGdnCudaChunk;
 constexpr int kChunkThreads = 256;
 constexpr int kChunkWarps = kChunkThreads / 32;
-constexpr int kStageBlocks = 2;  // q and W warp blocks per warp whose loads step 0 issues together
-static_assert(kChunkWarps % 4 == 0, "step 0: a warp's blocks share their rows");
 constexpr int kTriTiles = (kChunk / 4) * (kChunk / 4 + 1) / 2;  // 4x4 tiles on or below the diagonal: 136
 constexpr int kPrepVecFloats = 7 * kChunk + 4;  // g, beta, cum, exp(cum), exp(last - cum), 1/|q|, 1/|k|; exp(last)
-constexpr int kSeqVecFloats = 3 * kChunk + 4;   // exp(cum), exp(last - cum), 1/|k|; exp(last)
+constexpr int kLdAT = kChunk + 8;               // the sequential kernel's A^T row stride (% 32 = 8)
+constexpr int kMmaMaxDk = 128;                  // the largest Dk the sequential kernel takes
+constexpr int kMaxPieces = kChunk * kMmaMaxDk / 4 / kChunkThreads;  // 16-byte pieces of a q or k chunk per thread
 constexpr int kRowVecs = 5;  // the scratch's per-row vectors: exp(cum), exp(last - cum), 1/|q|, 1/|k|, exp(last)
-constexpr size_t kSmemReservedPerBlock = 1024;  // shared memory the runtime reserves per resident block
 
 size_t prep_smem_bytes(int Dk, int ldt) {
   return sizeof(float) * (2 * static_cast<size_t>(Dk) * ldt + static_cast<size_t>(kChunk) * kChunk + kPrepVecFloats);
-}
-
-size_t chunk_smem_bytes(int Dk, int Dvs, int ldt) {
-  const size_t k = static_cast<size_t>(Dk), v = static_cast<size_t>(Dvs);
-  return sizeof(float) * (k * v + 2 * k * static_cast<size_t>(ldt) + static_cast<size_t>(kChunk) * v +
-                          static_cast<size_t>(kChunk) * kChunk + kSeqVecFloats);
 }
 
 // The prep kernel's outputs over the step's T rows, per value head h and
@@ -358,7 +346,7 @@ size_t chunk_scratch_layout(const GdnDims& d, int64_t T, void* base, ChunkScratc
 struct ChunkArgs {
   GdnSeqs seqs;
   GdnDims dm;
-  int split, ldt, prep_ldt, seq_begin;
+  int split, prep_ldt, seq_begin;
   const float* qkv;
   const float* a;
   const float* b;
@@ -368,6 +356,61 @@ struct ChunkArgs {
   float* out;
   ChunkScratch sc;
 };
+
+// x rounded to TF32 (10 mantissa bits), to nearest with ties away from zero:
+// the value an MMA operand holds (the tensor cores read only those bits).
+__device__ __forceinline__ float tf32_rna(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return __uint_as_float(r);
+}
+
+// d += a b, one m16n8k8 TF32 MMA with f32 accumulators (PTX ISA fragment
+// layouts; g = lane / 4, t = lane % 4): a = A(g, t), A(g + 8, t), A(g, t + 4),
+// A(g + 8, t + 4); b = B(t, g), B(t + 4, g); d = D(g, 2t), D(g, 2t + 1),
+// D(g + 8, 2t), D(g + 8, 2t + 1).
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// One warp's (16 MT) x (8 NT) tile of a product: acc[mt][nt] += sum over k in
+// [0, K) (K a multiple of 8, in steps of 8) of A(16 mt + m, k) B(k, 8 nt + n),
+// for the first mts row tiles and nts column tiles (the rest untouched).
+// A(m, k) = A[m am + k ak] (row-major: am = ld, ak = 1; column-major: am =
+// 1, ak = ld), B(k, n) = B[k ldb + n]; both hold TF32 values (rounded when
+// they were stored), and the strides are chosen so that the fragment loads
+// are free of bank conflicts (ld % 32 = 4 for a row-major A, 8 otherwise).
+template <int MT, int NT>
+__device__ __forceinline__ void warp_mma(const float* A, int am, int ak, const float* B, int ldb, int K, int mts,
+                                         int nts, float (&acc)[MT][NT][4]) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  for (int k0 = 0; k0 < K; k0 += 8) {
+    uint32_t a[MT][4], b[NT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const float* p = A + (16 * mt + g) * am + (k0 + t) * ak;
+      a[mt][0] = __float_as_uint(p[0]);
+      a[mt][1] = __float_as_uint(p[8 * am]);
+      a[mt][2] = __float_as_uint(p[4 * ak]);
+      a[mt][3] = __float_as_uint(p[8 * am + 4 * ak]);
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const float* q = B + (k0 + t) * ldb + 8 * nt + g;
+      b[nt][0] = __float_as_uint(q[0]);
+      b[nt][1] = __float_as_uint(q[4 * ldb]);
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+        if (mt < mts && nt < nts) mma_tf32(acc[mt][nt], a[mt], b[nt]);
+  }
+}
 
 // Asynchronous copies global -> shared of 16 bytes (both addresses 16-byte
 // aligned) or 4: issued without waiting; cp_async_wait_all makes the
@@ -410,19 +453,6 @@ __device__ __forceinline__ void tile_fma(const float* A, int lda, const float* B
       acc[r][2] = fmaf(av[r], bv.z, acc[r][2]);
       acc[r][3] = fmaf(av[r], bv.w, acc[r][3]);
     }
-  }
-}
-
-// The TM x 4 output tiles of an M x N product (M a multiple of TM, N of 4),
-// dealt out as warp tiles of 4 TM rows x 32 columns (lanes: 4 row groups x
-// 8 column groups): f(row0, col0) per tile.
-template <int TM, class F>
-__device__ __forceinline__ void for_tiles(int M, int N, F&& f) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int wrows = 4 * TM, wcols = (N + 31) / 32, wts = (M + wrows - 1) / wrows * wcols;
-  for (int wt = warp; wt < wts; wt += kChunkWarps) {
-    const int r0 = (wt / wcols) * wrows + (lane / 8) * TM, c0 = (wt % wcols) * 32 + (lane % 8) * 4;
-    if (r0 < M && c0 < N) f(r0, c0);
   }
 }
 
@@ -628,8 +658,9 @@ __global__ void __launch_bounds__(kChunkThreads, 2) gdn_chunk_prep_kernel(ChunkA
         }
         if (!isA)
           *reinterpret_cast<float4*>(LT + j * kChunk + 4 * ti) = make_float4(o[0], o[1], o[2], o[3]);
-        else if (j < nc)
-          *reinterpret_cast<float4*>(Ag + (hT + row0 + j) * kChunk + 4 * ti) = make_float4(o[0], o[1], o[2], o[3]);
+        else if (j < nc)  // A^T: an MMA operand of the sequential kernel, TF32
+          *reinterpret_cast<float4*>(Ag + (hT + row0 + j) * kChunk + 4 * ti) =
+              make_float4(tf32_rna(o[0]), tf32_rna(o[1]), tf32_rna(o[2]), tf32_rna(o[3]));
       }
     }
     for (int e = tid; e < nc * (kChunk / 4); e += kChunkThreads) {
@@ -664,22 +695,43 @@ __global__ void __launch_bounds__(kChunkThreads, 2) gdn_chunk_prep_kernel(ChunkA
       const int ld = isU ? Dv : Dk;
       float* dst = (isU ? Ug + (hT + row0) * Dv + c : Wg + (hT + row0) * Dk + (c - Dv));
 #pragma unroll
-      for (int i = 0; i < kChunk; ++i)
-        if (i < nc) dst[static_cast<int64_t>(i) * ld] = x[i];
+      for (int i = 0; i < kChunk; ++i)  // W: an MMA operand of the sequential kernel, TF32; U: f32
+        if (i < nc) dst[static_cast<int64_t>(i) * ld] = isU ? x[i] : tf32_rna(x[i]);
     }
     row0 += nc;
   }
 }
 
-// Steps 4-6 (the header comment). TV, TS: the rows per thread tile of the
-// 64 x Dvs products (4, 5) and of the Dk x Dvs state update (6); State: the
-// pool's element type.
-template <int TV, int TS, class State>
-__global__ void __launch_bounds__(kChunkThreads, 2) gdn_rule_chunked_kernel(ChunkArgs p) {
+// The sequential kernel's shared-memory layout for Dk x Dvs (floats; every
+// row stride a multiple of 4, so rows are 16-byte aligned for cp.async).
+struct SeqLayout {
+  int ldS, ldQ, ldK;  // Sr, V, U: % 32 = 8; Q, W: % 32 = 4; KD: % 32 = 8
+  size_t sr, q, w, kd, u0, u1, at, ev, floats;
+  __host__ __device__ SeqLayout(int Dk, int Dvs) {
+    const int dk32 = (Dk + 31) / 32 * 32, dv32 = (Dvs + 31) / 32 * 32;
+    ldS = dv32 + 8;
+    ldQ = dk32 + 4;
+    ldK = dk32 + 8;
+    sr = 0;
+    q = sr + static_cast<size_t>(Dk) * ldS;
+    w = q + static_cast<size_t>(kChunk) * ldQ;
+    kd = w + static_cast<size_t>(kChunk) * ldQ;
+    u0 = kd + static_cast<size_t>(kChunk) * ldK;
+    u1 = u0 + static_cast<size_t>(kChunk) * ldS;
+    at = u1 + static_cast<size_t>(kChunk) * ldS;
+    ev = at + static_cast<size_t>(kChunk) * kLdAT;
+    floats = ev + kChunk + 4;  // exp(cum) [64], exp(last)
+  }
+};
+
+// Steps 4-6 (the header comment) on TF32 tensor cores. TPW: the state tiles
+// (32 x 32) per warp; State: the pool's element type.
+template <int TPW, class State>
+__global__ void __launch_bounds__(kChunkThreads, 1) gdn_rule_chunked_kernel(ChunkArgs p) {
   extern __shared__ float4 sm4[];
   float* sm = reinterpret_cast<float*>(sm4);
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int split = p.split, ldt = p.ldt;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+  const int split = p.split;
   const int h = blockIdx.x / split, part = blockIdx.x % split, s = p.seq_begin + blockIdx.y;
   const int Hk = p.dm.num_k_heads, Hv = p.dm.num_v_heads, Dk = p.dm.k_head_dim, Dv = p.dm.v_head_dim;
   const int Dvs = Dv / split, cs = part * Dvs;  // this CTA's columns [cs, cs + Dvs)
@@ -694,263 +746,282 @@ __global__ void __launch_bounds__(kChunkThreads, 2) gdn_rule_chunked_kernel(Chun
       out[static_cast<int64_t>(r0 + e / Dvs) * VD + ocol + e % Dvs] = 0.0f;
     return;
   }
-  float* Ssh = sm;                   // [Dk][Dvs]
-  float* QT = Ssh + Dk * Dvs;        // [Dk][ldt]: q^T
-  float* WT = QT + Dk * ldt;         // [Dk][ldt]: W^T; from step 5 KD [64][Dk]
-  float* U = WT + Dk * ldt;          // [64][Dvs]
-  float* AT = U + kChunk * Dvs;      // [64][64]
-  float* ev = AT + kChunk * kChunk;  // [64] exp(cum), 0 past the chunk
-  float* dl = ev + kChunk;           // [64] exp(last - cum), 0 past the chunk
-  float* invk = dl + kChunk;         // [64]
-  float* misc = invk + kChunk;       // [0] exp(last)
-  float* KDm = WT;
+  const SeqLayout L(Dk, Dvs);
+  const int ldS = L.ldS, ldQ = L.ldQ, ldK = L.ldK;
+  float* Sr = sm + L.sr;  // [Dk][ldS]: the state, TF32
+  float* Qs = sm + L.q;   // [64][ldQ]: q (1/|q|) scale, TF32
+  float* Ws = sm + L.w;   // [64][ldQ]: W (TF32 from the prep)
+  float* Ks = sm + L.kd;  // [64][ldK]: KD = (k 1/|k|) exp(last - cum), TF32
+  float* Ub[2] = {sm + L.u0, sm + L.u1};  // [64][ldS]: U, then v_new (TF32) in place
+  float* AT = sm + L.at;  // [64][kLdAT]: A^T (TF32 from the prep)
+  float* ev = sm + L.ev;  // [64] exp(cum), 0 past the chunk; [64]: exp(last)
 
   const int pos0 = p.seqs.context_lens[s] - n;
-  const bool fresh = pos0 == 0;
-  State* S = static_cast<State*>(p.pool) + (static_cast<int64_t>(slot) * Hv + h) * Dk * Dv + cs;
-  for (int e = tid; e < Dk * Dvs; e += kChunkThreads)
-    Ssh[e] = fresh ? 0.0f : state_f32(S[static_cast<int64_t>(e / Dvs) * Dv + e % Dvs]);
   const int kh = h / (Hv / Hk);
   const float scale = __fdiv_rn(1.0f, sqrtf(static_cast<float>(Dk)));
   const float* __restrict__ qkv = p.qkv;
   const int64_t qcol = static_cast<int64_t>(kh) * Dk;  // the key head's q columns (its k columns: KD + qcol)
-  // q and k rows in 16-byte pieces where qkv is 16-byte aligned (C, KD and
-  // Dk are multiples of 4 at every shape the plan takes), else in floats.
   const bool qkv16 = reinterpret_cast<uintptr_t>(qkv) % 16 == 0 && C % 4 == 0;
-  const int wba = (Dk + 31) / 32, nwb = wba * 4;  // warp blocks of 32 (Dk) x 16 (rows) per matrix
   const int64_t hT = static_cast<int64_t>(h) * T, HT = static_cast<int64_t>(Hv) * T;
   const float* __restrict__ Wg = p.sc.W + hT * Dk;       // + row Dk
   const float* __restrict__ Ug = p.sc.U + hT * Dv + cs;  // + row Dv
   const float* __restrict__ Ag = p.sc.A + hT * kChunk;   // + row 64
   const float* __restrict__ vg = p.sc.vec + hT;          // + k HT + row: vector k
+  const int dq = Dk / 4;                                 // 16-byte pieces of a q, k or W row
+  const int uq = Dvs / 4;                                // ... of a U row
 
-  // The rows of the chunk that starts at row t: chunks end at absolute
-  // multiples of 64 (the CPU's rule).
+  // The state tiles of this warp (32 x 32 each; rows a, columns d of the
+  // slice): S in f32 registers for the whole sequence, Sr its TF32 copy.
+  const int stn = (Dvs + 31) / 32, stm = (Dk + 31) / 32;
+  float S[TPW][2][4][4];
+  State* Sg = static_cast<State*>(p.pool) + (static_cast<int64_t>(slot) * Hv + h) * Dk * Dv + cs;
+  const bool fresh = pos0 == 0;
+#pragma unroll
+  for (int j = 0; j < TPW; ++j) {
+    const int tile = warp + kChunkWarps * j, a0 = (tile / stn) * 32, d0 = (tile % stn) * 32;
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int a = a0 + 16 * mt + g + 8 * (e / 2), d = d0 + 8 * nt + 2 * t4 + e % 2;
+          const bool in = tile < stm * stn && a < Dk && d < Dvs;
+          S[j][mt][nt][e] = in && !fresh ? state_f32(Sg[static_cast<int64_t>(a) * Dv + d]) : 0.0f;
+          if (in) Sr[a * ldS + d] = tf32_rna(S[j][mt][nt][e]);
+        }
+  }
+
   auto chunk_rows = [&](int t) { return min(n - t, kChunk - (pos0 + t) % kChunk); };
-  // A^T (rows j < nc: the only ones step 5 reads) and the row vectors (0
-  // from nc on) of the chunk at row t, into AT, ev, dl, invk and misc by
-  // cp.async; waited for at the end of the chunk's step 0.
-  auto stage_at_vecs = [&](int t) {
-    const int ncs = chunk_rows(t);
-    const int64_t rs = r0 + t;
-    for (int e = tid; e < ncs * (kChunk / 4); e += kChunkThreads) cp_async16(AT + 4 * e, Ag + rs * kChunk + 4 * e);
-    if (tid < kChunk) {
-      if (tid < ncs) {
-        cp_async4(ev + tid, vg + rs + tid);
-        cp_async4(dl + tid, vg + HT + rs + tid);
-        cp_async4(invk + tid, vg + 3 * HT + rs + tid);
-      } else {
-        ev[tid] = 0.0f;
-        dl[tid] = 0.0f;
-        invk[tid] = 0.0f;
-      }
-      if (tid == 0) cp_async4(misc, vg + 4 * HT + rs);
+  // cp.async of rows [0, nc) of a [rows][pieces] source at src (row stride
+  // sld floats) into dst (stride dld); rows nc..63 zeroed.
+  auto stage = [&](float* dst, int dld, const float* src, int64_t sld, int pieces, int nc) {
+    for (int e = tid; e < kChunk * pieces; e += kChunkThreads) {
+      const int i = e / pieces, c = 4 * (e % pieces);
+      if (i < nc)
+        cp_async16(dst + i * dld + c, src + i * sld + c);
+      else
+        *reinterpret_cast<float4*>(dst + i * dld + c) = make_float4(0.f, 0.f, 0.f, 0.f);
     }
   };
-
-  // Step 0's QT and W^T for the chunk of nc rows at row0 (vec16: q rows
-  // in 16-byte pieces; a constant, so that each form is straight-line code).
-  auto stage_qw = [&](int64_t row0, int nc, auto vec16) {
-    for (int wq = warp; wq < nwb; wq += kStageBlocks * kChunkWarps) {
-      // Block wq + j kChunkWarps: rows i0 + r, columns a0 + 32 (kChunkWarps / 4) j (+ c).
-      const int a0 = ((wq / 4) * 8 + lane % 8) * 4, i0 = ((wq % 4) * 4 + lane / 8) * 4;
-      float4 qv[kStageBlocks][4], wv[kStageBlocks][4];  // q (raw) and W
-      float iq[4];                                      // 1 / |q| of the rows
+  // q or k rows [0, nc) of the chunk at row0 into dst (raw; the issuing
+  // thread scales its own pieces once they land), rows nc..63 zeroed; f:
+  // each piece's row scale loaded now, into f[k] for the thread's k-th piece.
+  auto stage_qk = [&](float* dst, int dld, int64_t row0, int nc, int64_t col, float (&f)[kMaxPieces],
+                      auto&& row_scale) {
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int64_t row = row0 + i0 + r;
-        iq[r] = i0 + r < nc ? vg[2 * HT + row] : 0.0f;
-#pragma unroll
-        for (int j = 0; j < kStageBlocks; ++j) {
-          const int a = a0 + 32 * (kChunkWarps / 4) * j;
-          qv[j][r] = wv[j][r] = make_float4(0.f, 0.f, 0.f, 0.f);
-          if (wq + j * kChunkWarps < nwb && a < Dk && i0 + r < nc) {
-            const float* src = qkv + row * C + qcol + a;
-            qv[j][r] = decltype(vec16)::value ? *reinterpret_cast<const float4*>(src)
-                                              : make_float4(src[0], src[1], src[2], src[3]);
-            wv[j][r] = *reinterpret_cast<const float4*>(Wg + row * Dk + a);
-          }
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < kStageBlocks; ++j) {
-        const int a = a0 + 32 * (kChunkWarps / 4) * j;
-        if (wq + j * kChunkWarps >= nwb || a >= Dk) continue;
-        float qn[4][4];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const float x[4] = {qv[j][r].x, qv[j][r].y, qv[j][r].z, qv[j][r].w};
-#pragma unroll
-          for (int c = 0; c < 4; ++c) qn[r][c] = i0 + r < nc ? __fmul_rn(__fmul_rn(x[c], iq[r]), scale) : 0.0f;
-        }
-        const float4* wr = wv[j];
-        *reinterpret_cast<float4*>(QT + (a + 0) * ldt + i0) = make_float4(qn[0][0], qn[1][0], qn[2][0], qn[3][0]);
-        *reinterpret_cast<float4*>(QT + (a + 1) * ldt + i0) = make_float4(qn[0][1], qn[1][1], qn[2][1], qn[3][1]);
-        *reinterpret_cast<float4*>(QT + (a + 2) * ldt + i0) = make_float4(qn[0][2], qn[1][2], qn[2][2], qn[3][2]);
-        *reinterpret_cast<float4*>(QT + (a + 3) * ldt + i0) = make_float4(qn[0][3], qn[1][3], qn[2][3], qn[3][3]);
-        *reinterpret_cast<float4*>(WT + (a + 0) * ldt + i0) = make_float4(wr[0].x, wr[1].x, wr[2].x, wr[3].x);
-        *reinterpret_cast<float4*>(WT + (a + 1) * ldt + i0) = make_float4(wr[0].y, wr[1].y, wr[2].y, wr[3].y);
-        *reinterpret_cast<float4*>(WT + (a + 2) * ldt + i0) = make_float4(wr[0].z, wr[1].z, wr[2].z, wr[3].z);
-        *reinterpret_cast<float4*>(WT + (a + 3) * ldt + i0) = make_float4(wr[0].w, wr[1].w, wr[2].w, wr[3].w);
-      }
-    }
-  };
-
-  stage_at_vecs(0);
-  for (int t0 = 0; t0 < n;) {
-    const int nc = chunk_rows(t0);
-    const int64_t row0 = r0 + t0;
-    __syncthreads();  // the previous chunk's buffers are read (and S is loaded)
-
-    // 0. The chunk's operands (A^T and the row vectors are in flight since
-    // the previous chunk's step 6, or the start): U from the scratch by
-    // cp.async (rows from nc on zero); QT = ((q 1/|q|) scale)^T from qkv and
-    // W^T from the scratch, transposed by 4x4 register blocks (lanes: 8
-    // column blocks x 4 row blocks; rows from nc on zero). A warp takes q
-    // and W blocks kStageBlocks at a time (all of them for Dk <= 128) and
-    // issues every load of them before the first transpose, so a chunk's
-    // loads wait for memory once.
-    {
-      const int q4 = Dvs / 4;
-      for (int e = tid; e < kChunk * q4; e += kChunkThreads) {
-        const int i = e / q4, c = 4 * (e % q4);
-        if (i < nc)
-          cp_async16(U + i * Dvs + c, Ug + (row0 + i) * Dv + c);
-        else
-          *reinterpret_cast<float4*>(U + i * Dvs + c) = make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-    }
-    if (qkv16)
-      stage_qw(row0, nc, std::true_type{});
-    else
-      stage_qw(row0, nc, std::false_type{});
-    cp_async_wait_all();
-    __syncthreads();
-
-    // 4. v_new = U - W S (the CPU: ws = sum_a W_ia S_ad, then U -= ws).
-    for_tiles<TV>(kChunk, Dvs, [&](int i0, int d0) {
-      if (i0 >= nc) return;
-      float acc[TV][4] = {};
-      tile_fma<TV>(WT + i0, ldt, Ssh + d0, Dvs, Dk, acc);
-#pragma unroll
-      for (int r = 0; r < TV; ++r) {
-        float4* u = reinterpret_cast<float4*>(U + (i0 + r) * Dvs + d0);
-        float4 x = *u;
-        x.x = __fsub_rn(x.x, acc[r][0]);
-        x.y = __fsub_rn(x.y, acc[r][1]);
-        x.z = __fsub_rn(x.z, acc[r][2]);
-        x.w = __fsub_rn(x.w, acc[r][3]);
-        *u = x;
-      }
-    });
-    __syncthreads();
-
-    // 5. The k rows of KD [64][Dk] (rows from nc on zero) go from qkv into
-    // KDm (over W^T, dead) by cp.async during the outputs: o_i = (q_i S)
-    // exp(cum_i), then + A_ij v_new_j for j = 0..i in order (A_ij = 0 for j
-    // > i inside the tile). Then each thread scales the k elements it copied
-    // in place: KD = (k_i 1/|k_i|) exp(last - cum_i).
-    for (int e = tid; e < kChunk * (Dk / 4); e += kChunkThreads) {
-      const int i = e / (Dk / 4), a0 = 4 * (e % (Dk / 4));
-      float* dst = KDm + i * Dk + a0;
-      if (i >= nc) {
-        *reinterpret_cast<float4*>(dst) = make_float4(0.f, 0.f, 0.f, 0.f);
-      } else {
-        const float* src = qkv + (row0 + i) * C + KD + qcol + a0;
+    for (int k = 0; k < kMaxPieces; ++k) {
+      const int e = tid + kChunkThreads * k, i = e / dq, c = 4 * (e % dq);
+      if (e >= kChunk * dq) break;
+      float* d = dst + i * dld + c;
+      if (i < nc) {
+        const float* src = qkv + (row0 + i) * C + col + c;
         if (qkv16) {
-          cp_async16(dst, src);
+          cp_async16(d, src);
         } else {
 #pragma unroll
-          for (int c = 0; c < 4; ++c) cp_async4(dst + c, src + c);
+          for (int x = 0; x < 4; ++x) cp_async4(d + x, src + x);
         }
+        f[k] = row_scale(row0 + i);
+      } else {
+        *reinterpret_cast<float4*>(d) = make_float4(0.f, 0.f, 0.f, 0.f);
       }
     }
-    for_tiles<TV>(kChunk, Dvs, [&](int i0, int d0) {
-      if (i0 >= nc) return;
-      float acc[TV][4] = {};
-      tile_fma<TV>(QT + i0, ldt, Ssh + d0, Dvs, Dk, acc);
+  };
+  // Each thread's own landed q pieces (rows < nc): (x (1/|q|)) scale, TF32.
+  auto scale_q = [&](int nc, const float (&f)[kMaxPieces]) {
 #pragma unroll
-      for (int r = 0; r < TV; ++r) {
-        const float e = ev[i0 + r];
-#pragma unroll
-        for (int c = 0; c < 4; ++c) acc[r][c] = __fmul_rn(acc[r][c], e);
-      }
-      tile_fma<TV>(AT + i0, kChunk, U + d0, Dvs, min(i0 + TV, nc), acc);
-#pragma unroll
-      for (int r = 0; r < TV; ++r)
-        if (i0 + r < nc) {
-          float* o = out + (row0 + i0 + r) * VD + ocol + d0;
-#pragma unroll
-          for (int c = 0; c < 4; ++c) o[c] = acc[r][c];
-        }
-    });
-    cp_async_wait_all();
-    for (int e = tid; e < nc * (Dk / 4); e += kChunkThreads) {
-      const int i = e / (Dk / 4), a0 = 4 * (e % (Dk / 4));
-      float4* x = reinterpret_cast<float4*>(KDm + i * Dk + a0);
-      const float ik = invk[i], d = dl[i];
-      const float4 k = *x;
-      *x = make_float4(__fmul_rn(__fmul_rn(k.x, ik), d), __fmul_rn(__fmul_rn(k.y, ik), d),
-                       __fmul_rn(__fmul_rn(k.z, ik), d), __fmul_rn(__fmul_rn(k.w, ik), d));
+    for (int k = 0; k < kMaxPieces; ++k) {
+      const int e = tid + kChunkThreads * k, i = e / dq, c = 4 * (e % dq);
+      if (e >= kChunk * dq) break;
+      if (i >= nc) continue;
+      float4* x = reinterpret_cast<float4*>(Qs + i * ldQ + c);
+      const float4 v = *x;
+      *x = make_float4(tf32_rna(__fmul_rn(__fmul_rn(v.x, f[k]), scale)), tf32_rna(__fmul_rn(__fmul_rn(v.y, f[k]), scale)),
+                       tf32_rna(__fmul_rn(__fmul_rn(v.z, f[k]), scale)), tf32_rna(__fmul_rn(__fmul_rn(v.w, f[k]), scale)));
     }
-    const float el = misc[0];  // exp(last), read before step 6 stages the next chunk's
-    __syncthreads();
+  };
+  // A^T and exp(cum), exp(last) of the chunk at row t (rows from nc on zero).
+  auto stage_at_ev = [&](int t, int nc) {
+    const int64_t rs = r0 + t;
+    stage(AT, kLdAT, Ag + rs * kChunk, kChunk, kChunk / 4, nc);
+    if (tid < kChunk) {
+      if (tid < nc)
+        cp_async4(ev + tid, vg + rs + tid);
+      else
+        ev[tid] = 0.0f;
+    }
+    if (tid == 0) cp_async4(ev + kChunk, vg + 4 * HT + rs);
+  };
 
-    // 6. The next chunk's A^T and row vectors are staged (their buffers are
-    // dead) during S = exp(last) S, then += KD_i v_new_i^T for i = 0..n-1 in
-    // order.
-    if (t0 + nc < n) stage_at_vecs(t0 + nc);
-    for_tiles<TS>(Dk, Dvs, [&](int a0, int d0) {
-      float acc[TS][4];
+  float fq[kMaxPieces], fk[kMaxPieces], fk2[kMaxPieces];
+  {
+    const int nc = chunk_rows(0);
+    stage_qk(Qs, ldQ, r0, nc, qcol, fq, [&](int64_t r) { return vg[2 * HT + r]; });
+    stage(Ws, ldQ, Wg + static_cast<int64_t>(r0) * Dk, Dk, dq, nc);
+    stage(Ub[0], ldS, Ug + static_cast<int64_t>(r0) * Dv, Dv, uq, nc);
+    stage_at_ev(0, nc);
+  }
+  const int p45 = 4 * stn;  // the 16 x 32 tiles of the 64 x Dvs products (steps 4 and 5)
+  int buf = 0;
+  for (int t0 = 0; t0 < n;) {
+    const int nc = chunk_rows(t0), nc8 = (nc + 7) / 8 * 8;
+    const int64_t row0 = r0 + t0;
+    float* U = Ub[buf];
+    cp_async_wait_all();
+    scale_q(nc, fq);
+    __syncthreads();  // the chunk's operands (and the state's TF32 copy) are in place; KD's buffer is free
+
+    // The k rows of KD, raw, with their scales 1/|k| and exp(last - cum).
+    stage_qk(Ks, ldK, row0, nc, KD + qcol, fk, [&](int64_t r) { return vg[3 * HT + r]; });
 #pragma unroll
-      for (int r = 0; r < TS; ++r) {
-        const float4 x = *reinterpret_cast<const float4*>(Ssh + (a0 + r) * Dvs + d0);
-        acc[r][0] = __fmul_rn(x.x, el);
-        acc[r][1] = __fmul_rn(x.y, el);
-        acc[r][2] = __fmul_rn(x.z, el);
-        acc[r][3] = __fmul_rn(x.w, el);
+    for (int k = 0; k < kMaxPieces; ++k) {
+      const int e = tid + kChunkThreads * k, i = e / dq;
+      fk2[k] = e < kChunk * dq && i < nc ? vg[HT + row0 + i] : 0.0f;
+    }
+
+    // 4. v_new = U - W S (in U, TF32).
+    for (int tile = warp; tile < p45; tile += kChunkWarps) {
+      const int i0 = (tile / stn) * 16, d0 = (tile % stn) * 32, nts = min(4, (Dvs - d0) / 8);
+      if (i0 >= nc) continue;
+      float acc[1][4][4] = {};
+      warp_mma<1, 4>(Ws + i0 * ldQ, ldQ, 1, Sr + d0, ldS, Dk, 1, nts, acc);
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+        if (nt < nts)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            float2* u = reinterpret_cast<float2*>(U + (i0 + g + 8 * hf) * ldS + d0 + 8 * nt + 2 * t4);
+            const float2 x = *u;
+            *u = make_float2(tf32_rna(__fsub_rn(x.x, acc[0][nt][2 * hf])), tf32_rna(__fsub_rn(x.y, acc[0][nt][2 * hf + 1])));
+          }
+    }
+    __syncthreads();  // v_new is in place; W's buffer is free
+
+    const bool more = t0 + nc < n;
+    const int nn = more ? chunk_rows(t0 + nc) : 0;
+    if (more) {
+      stage(Ws, ldQ, Wg + (row0 + nc) * Dk, Dk, dq, nn);
+      stage(Ub[buf ^ 1], ldS, Ug + (row0 + nc) * Dv, Dv, uq, nn);
+    }
+
+    // 5. o_i = exp(cum_i) (q_i S) + sum_{j <= i} A_ij v_new_j.
+    for (int tile = warp; tile < p45; tile += kChunkWarps) {
+      const int i0 = (tile / stn) * 16, d0 = (tile % stn) * 32, nts = min(4, (Dvs - d0) / 8);
+      if (i0 >= nc) continue;
+      float acc[1][4][4] = {};
+      warp_mma<1, 4>(Qs + i0 * ldQ, ldQ, 1, Sr + d0, ldS, Dk, 1, nts, acc);
+      const float e0 = ev[i0 + g], e1 = ev[i0 + g + 8];
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        acc[0][nt][0] = __fmul_rn(acc[0][nt][0], e0);
+        acc[0][nt][1] = __fmul_rn(acc[0][nt][1], e0);
+        acc[0][nt][2] = __fmul_rn(acc[0][nt][2], e1);
+        acc[0][nt][3] = __fmul_rn(acc[0][nt][3], e1);
       }
-      tile_fma<TS>(KDm + a0, Dk, U + d0, Dvs, nc, acc);
+      warp_mma<1, 4>(AT + i0, 1, kLdAT, U + d0, ldS, min(i0 + 16, nc8), 1, nts, acc);
 #pragma unroll
-      for (int r = 0; r < TS; ++r)
-        *reinterpret_cast<float4*>(Ssh + (a0 + r) * Dvs + d0) = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
-    });
+      for (int nt = 0; nt < 4; ++nt)
+        if (nt < nts)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int i = i0 + g + 8 * hf;
+            if (i < nc)
+              *reinterpret_cast<float2*>(out + (row0 + i) * VD + ocol + d0 + 8 * nt + 2 * t4) =
+                  make_float2(acc[0][nt][2 * hf], acc[0][nt][2 * hf + 1]);
+          }
+    }
+    cp_async_wait_all();
+    {
+      // KD = (k 1/|k|) exp(last - cum): each thread its own pieces.
+#pragma unroll
+      for (int k = 0; k < kMaxPieces; ++k) {
+        const int e = tid + kChunkThreads * k, i = e / dq, c = 4 * (e % dq);
+        if (e >= kChunk * dq) break;
+        if (i >= nc) continue;
+        float4* x = reinterpret_cast<float4*>(Ks + i * ldK + c);
+        const float4 v = *x;
+        *x = make_float4(tf32_rna(__fmul_rn(__fmul_rn(v.x, fk[k]), fk2[k])),
+                         tf32_rna(__fmul_rn(__fmul_rn(v.y, fk[k]), fk2[k])),
+                         tf32_rna(__fmul_rn(__fmul_rn(v.z, fk[k]), fk2[k])),
+                         tf32_rna(__fmul_rn(__fmul_rn(v.w, fk[k]), fk2[k])));
+      }
+    }
+    const float el = ev[kChunk];  // exp(last), read before the next chunk's is staged
+    __syncthreads();  // KD is in place; Q, A^T and exp(cum) are free
+
+    if (more) {
+      stage_qk(Qs, ldQ, row0 + nc, nn, qcol, fq, [&](int64_t r) { return vg[2 * HT + r]; });
+      stage_at_ev(t0 + nc, nn);
+    }
+
+    // 6. S = exp(last) S + sum_i KD_i v_new_i^T (registers), then its TF32 copy.
+#pragma unroll
+    for (int j = 0; j < TPW; ++j) {
+      const int tile = warp + kChunkWarps * j, a0 = (tile / stn) * 32, d0 = (tile % stn) * 32;
+      if (tile >= stm * stn) continue;
+      const int mts = min(2, (Dk - a0) / 16), nts = min(4, (Dvs - d0) / 8);
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) S[j][mt][nt][e] = __fmul_rn(S[j][mt][nt][e], el);
+      warp_mma<2, 4>(Ks + a0, 1, ldK, U + d0, ldS, nc8, mts, nts, S[j]);
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+          if (mt < mts && nt < nts)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+              *reinterpret_cast<float2*>(Sr + (a0 + 16 * mt + g + 8 * hf) * ldS + d0 + 8 * nt + 2 * t4) =
+                  make_float2(tf32_rna(S[j][mt][nt][2 * hf]), tf32_rna(S[j][mt][nt][2 * hf + 1]));
+    }
+    buf ^= 1;
     t0 += nc;
   }
-  __syncthreads();
-  for (int e = tid; e < Dk * Dvs; e += kChunkThreads)
-    S[static_cast<int64_t>(e / Dvs) * Dv + e % Dvs] = state_from_f32<State>(Ssh[e]);
+#pragma unroll
+  for (int j = 0; j < TPW; ++j) {
+    const int tile = warp + kChunkWarps * j, a0 = (tile / stn) * 32, d0 = (tile % stn) * 32;
+    if (tile >= stm * stn) continue;
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int a = a0 + 16 * mt + g + 8 * (e / 2), d = d0 + 8 * nt + 2 * t4 + e % 2;
+          if (a < Dk && d < Dvs) Sg[static_cast<int64_t>(a) * Dv + d] = state_from_f32<State>(S[j][mt][nt][e]);
+        }
+  }
 }
+
+// The sequential kernel's state tiles (32 x 32) per warp for Dk x Dvs.
+int state_tiles_per_warp(int Dk, int Dvs) { return ((Dk + 31) / 32 * ((Dvs + 31) / 32) + kChunkWarps - 1) / kChunkWarps; }
 
 using ChunkKernel = void (*)(ChunkArgs);
 
-// Rows per thread tile of an M x N product: 4 where that still gives every
-// warp a tile, else 2.
-int chunk_tile_rows(int M, int N) { return ((M + 15) / 16) * ((N + 31) / 32) >= kChunkWarps ? 4 : 2; }
-
 template <class State>
-ChunkKernel chunk_kernel(int tv, int ts) {
-  if (tv == 4) return ts == 4 ? gdn_rule_chunked_kernel<4, 4, State> : gdn_rule_chunked_kernel<4, 2, State>;
-  return ts == 4 ? gdn_rule_chunked_kernel<2, 4, State> : gdn_rule_chunked_kernel<2, 2, State>;
+ChunkKernel chunk_kernel(int tpw) {
+  return tpw == 1 ? gdn_rule_chunked_kernel<1, State> : gdn_rule_chunked_kernel<2, State>;
 }
 
 // The sequential kernel's work per CTA and chunk (the plan's cost), in
-// multiply-adds: per column of its slice W S, Q S, A v_new and the state
-// update, plus the chunk's loads (q, W, k, A^T: one unit per element).
-// One CTA's estimated time per chunk, in multiply-add units: its columns'
-// products and its loads, plus the chunk's fixed latency (the dependent
-// steps and barriers every chunk waits through whatever its width):
-// kChunkLatencyUnits, fitted on an H100 from bench_gdn's 1 x 8K rows at
-// split 1 and 2, each CTA alone on its SM (5,658.6 and 3,615.0 us for 128
-// chunks: 1.20e-3 us per unit over the chunks, and 1,537 us that do not
-// scale with the columns, i.e. 1.28e6 units). Without it the estimate took
-// split 4 (two CTAs per SM) for one to four 27B prefills, measured 1.09x to
-// 1.12x slower than split 2 once the loads overlap.
+// f32 multiply-add units: per column of its slice W S, Q S, A v_new and the
+// state update (on the tensor cores: kMmaSpeedup of them per unit), plus the
+// chunk's loads (q, W, k, A^T: one unit per element), plus the chunk's fixed
+// latency (the dependent steps and barriers every chunk waits through
+// whatever its width): kChunkLatencyUnits, fitted on an H100 for the SIMT
+// kernel this one replaced (1.20e-3 us per unit). The latency dominates, so
+// the plan takes the fewest waves of CTAs (split 2 for one 27B prefill,
+// split 4 at TP 2).
 constexpr double kChunkLatencyUnits = 1.28e6;
+constexpr double kMmaSpeedup = 8.0;
 
 double chunk_cost(const GdnDims& d, int split) {
   const double Dk = d.k_head_dim, Dvs = static_cast<double>(d.v_head_dim) / split, c = kChunk;
-  const double cols = Dvs * (3 * c * Dk + c * (c + 1) / 2);
+  const double cols = Dvs * (3 * c * Dk + c * (c + 1) / 2) / kMmaSpeedup;
   const double loads = c * (3 * Dk + c);
   return cols + loads + kChunkLatencyUnits;
 }
@@ -1068,7 +1139,9 @@ void gdn_conv(const GdnDims& d, const GdnSeqs& seqs, const float* x, const float
 
 GdnChunkPlan gdn_chunk_plan_at(const GdnDims& d, int split, size_t max_smem) {
   const int Dk = d.k_head_dim, Dv = d.v_head_dim;
-  if (split <= 0 || Dk <= 0 || Dv <= 0 || Dk % 4 != 0 || Dv % split != 0 || (Dv / split) % 4 != 0) return {};
+  if (split <= 0 || Dk <= 0 || Dv <= 0 || Dk % 16 != 0 || Dk > kMmaMaxDk || Dv % split != 0 || (Dv / split) % 8 != 0 ||
+      state_tiles_per_warp(Dk, Dv / split) > 2)
+    return {};
   GdnChunkPlan p;
   for (const int ldt : {kChunk + 4, kChunk}) {
     const size_t bytes = prep_smem_bytes(Dk, ldt);
@@ -1079,21 +1152,13 @@ GdnChunkPlan gdn_chunk_plan_at(const GdnDims& d, int split, size_t max_smem) {
     }
   }
   if (p.prep_ld_t == 0) return {};
-  for (const int ldt : {kChunk + 4, kChunk}) {
-    const size_t bytes = chunk_smem_bytes(Dk, Dv / split, ldt);
-    if (bytes <= max_smem) {
-      p.split = split;
-      p.ld_t = ldt;
-      p.smem = bytes;
-      // Resident CTAs per SM: the SM's shared memory is the block opt-in
-      // plus one block's reservation; at most 2 (the launch bounds'
-      // registers).
-      p.ctas_per_sm = static_cast<int>(
-          std::min<size_t>(2, (max_smem + kSmemReservedPerBlock) / (bytes + kSmemReservedPerBlock)));
-      return p;
-    }
-  }
-  return {};
+  const size_t bytes = sizeof(float) * SeqLayout(Dk, Dv / split).floats;
+  if (bytes > max_smem) return {};
+  p.split = split;
+  p.smem = bytes;
+  // One CTA per SM (its launch bounds let it take more than half the registers).
+  p.ctas_per_sm = 1;
+  return p;
 }
 
 GdnChunkPlan gdn_chunk_plan(const GdnDims& d, int multi_seqs, int num_sms, size_t max_smem) {
@@ -1145,8 +1210,9 @@ void gdn_rule(const GdnDims& d, const GdnSeqs& seqs, const float* qkv, const flo
         throw std::invalid_argument(
             "cuda::gdn_rule: the chunked delta rule does not take split " + std::to_string(opt.chunk_split) +
             " for Dk " + std::to_string(d.k_head_dim) + " x Dv " + std::to_string(d.v_head_dim) +
-            " (Dk and Dv / split must be multiples of 4, and its " +
-            std::to_string(chunk_smem_bytes(d.k_head_dim, std::max(d.v_head_dim / opt.chunk_split, 1), kChunk)) +
+            " (Dk must be a multiple of 16 up to " + std::to_string(kMmaMaxDk) +
+            ", Dv / split a multiple of 8 with at most 16 state tiles of 32 x 32, and its " +
+            std::to_string(sizeof(float) * SeqLayout(d.k_head_dim, std::max(d.v_head_dim / opt.chunk_split, 8)).floats) +
             " bytes of buffers must fit in the " + std::to_string(max_smem) + " bytes of shared memory of one block)");
     } else {
       plan = gdn_chunk_plan(d, seqs.num_seqs - seq_begin, num_sms, static_cast<size_t>(max_smem));
@@ -1174,7 +1240,7 @@ void gdn_rule(const GdnDims& d, const GdnSeqs& seqs, const float* qkv, const flo
                               out);
   FP8KV_CU_LAUNCH();
   if (!plan.ok() || seqs.num_tokens == 0) return;
-  const ChunkArgs args{seqs, d, plan.split, plan.ld_t, plan.prep_ld_t, seq_begin, qkv, a, b, A_log, dt_bias,
+  const ChunkArgs args{seqs, d, plan.split, plan.prep_ld_t, seq_begin, qkv, a, b, A_log, dt_bias,
                        ssm_state, out, sc};
   // Steps 1-3 of every chunk, then the sequences' walks through the state.
   if (plan.prep_smem > 48 * 1024) allow_smem(reinterpret_cast<const void*>(gdn_chunk_prep_kernel), plan.prep_smem);
@@ -1182,9 +1248,8 @@ void gdn_rule(const GdnDims& d, const GdnSeqs& seqs, const float* qkv, const flo
                    static_cast<unsigned>(d.num_v_heads));
   gdn_chunk_prep_kernel<<<pgrid, kChunkThreads, plan.prep_smem, stream>>>(args);
   FP8KV_CU_LAUNCH();
-  const int Dvs = d.v_head_dim / plan.split;
-  const int tv = chunk_tile_rows(kChunk, Dvs), ts = chunk_tile_rows(d.k_head_dim, Dvs);
-  const ChunkKernel kern = state_bf16 ? chunk_kernel<__nv_bfloat16>(tv, ts) : chunk_kernel<float>(tv, ts);
+  const int tpw = state_tiles_per_warp(d.k_head_dim, d.v_head_dim / plan.split);
+  const ChunkKernel kern = state_bf16 ? chunk_kernel<__nv_bfloat16>(tpw) : chunk_kernel<float>(tpw);
   if (plan.smem > 48 * 1024) allow_smem(reinterpret_cast<const void*>(kern), plan.smem);
   const dim3 cgrid(static_cast<unsigned>(d.num_v_heads * plan.split), static_cast<unsigned>(seqs.num_seqs - seq_begin));
   kern<<<cgrid, kChunkThreads, plan.smem, stream>>>(args);

@@ -30,16 +30,18 @@
 //    shorter), the UT transform by forward substitution of (I + L), one pass
 //    over the state per chunk (v_new = U - W S, the outputs exp(cum) (Q S) +
 //    (masked decayed Q K^T) v_new, S = exp(last) S + sum_i exp(last - cum_i)
-//    k_i v_new_i^T). f32 on CUDA cores (register-tiled SIMT products, no
-//    tensor cores: TF32 or bf16 MMAs would move the outputs by ~1e-3 and
-//    break the f32 bounds of the tests). Two kernels: what does not depend
+//    k_i v_new_i^T). The state-independent part in f32 on CUDA cores, the
+//    state pass's products on TF32 tensor cores with f32 accumulators and
+//    an f32 state (outputs within ~1e-3 relative of the CPU's f32 rule, as
+//    FLA's bf16 kernels are of theirs; the tests' bound is statistical).
+//    Two kernels: what does not depend
 //    on the state (the gates, the l2 norms, L, A = the masked decayed Q K^T,
 //    and W, U after the substitution) for every chunk of the step at once
 //    (gdn_chunk_prep_kernel: one CTA per (64-row block of the step's rows,
 //    value head), taking the chunks that start in its block) into a scratch
 //    buffer (gdn_rule_scratch_bytes); then the walk through the state
 //    (gdn_rule_chunked_kernel: one CTA per (value head, Dv slice, sequence),
-//    S's slice in shared memory, per chunk v_new, the outputs and the state
+//    S's slice in registers, per chunk v_new, the outputs and the state
 //    update). gdn_chunk_plan splits Dv among `split` CTAs (the columns of
 //    the state evolve independently given the prep's W, U and A) to fill
 //    the SMs when sequences x Hv is small. Every column's arithmetic is the
@@ -53,9 +55,10 @@
 //    form's two are launched and each form skips, at run time, the
 //    sequences the other owns (the lengths are read from device memory);
 //    only such a step uses the scratch. Shapes the chunked kernels do not
-//    take (Dk or Dv not a multiple of 4, or no split of Dv whose buffers fit
-//    the shared memory of one block; for Dv = 128 on an H100 they take Dk up
-//    to 320) run every row in the recurrent form.
+//    take (Dk not a multiple of 16 or above 128, or no split of Dv into
+//    multiples of 8 whose buffers fit the shared memory of one block; Dv =
+//    128 takes split 2 and up on an H100) run every row in the recurrent
+//    form.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -98,15 +101,14 @@ struct GdnSeqs {
 inline constexpr int kGdnCudaChunk = 64;
 
 // The chunked kernels' launch plan: split = sequential CTAs sharing one
-// value head's Dv columns (each takes Dv / split of them), ld_t = the row
-// stride of its transposed [Dk][64] buffers (68: padded against bank
-// conflicts, where it fits; else 64), smem = its dynamic shared memory in
-// bytes, ctas_per_sm = how many of its CTAs one SM holds by shared memory
-// (1 or 2); prep_ld_t, prep_smem: the same for the prep kernel (which does
-// not depend on the split). split 0: the chunked kernels do not take the
-// shape.
+// value head's Dv columns (each takes Dv / split of them), smem = its
+// dynamic shared memory in bytes, ctas_per_sm = how many of its CTAs one SM
+// holds (1: its registers); prep_ld_t = the row stride of the prep kernel's
+// transposed [Dk][64] buffers (68: padded against bank conflicts, where it
+// fits; else 64), prep_smem its shared memory (neither depends on the
+// split). split 0: the chunked kernels do not take the shape.
 struct GdnChunkPlan {
-  int split = 0, ld_t = 0;
+  int split = 0;
   size_t smem = 0;
   int ctas_per_sm = 0;
   int prep_ld_t = 0;
@@ -122,17 +124,14 @@ GdnChunkPlan gdn_chunk_plan_at(const GdnDims& d, int split, size_t max_smem);
 // block (a pure function of the shapes): among the splits 1, 2, 4, 8 that
 // leave at least 32 columns per CTA (split 1 always counts) and fit, the
 // least estimated time of the sequential kernel. An SM gets m = ceil(CTAs /
-// SMs) CTAs and runs them r = ctas_per_sm at a time (its shared memory is
-// taken as max_smem + 1 KB, the per-block reservation); r co-resident CTAs
-// are estimated to take 1 + (r - 1) / 2 times one CTA's time (the kernel is
-// latency-bound); one CTA's time per chunk is its multiply-adds (per column
-// of its slice W S, Q S, A v_new and the state update, plus one unit per
-// loaded element of q, W, k and A) plus a fixed per-chunk latency measured
-// in the same units (gdn.cu chunk_cost). So the estimate is ceil(m / r) x
+// SMs) CTAs and runs them r = ctas_per_sm (1) at a time; one CTA's time
+// per chunk is its multiply-adds (per column of its slice W S, Q S,
+// A v_new and the state update, at the tensor cores' rate, plus one unit
+// per loaded element of q, W, k and A) plus a fixed per-chunk latency in
+// the same units (gdn.cu chunk_cost). So the estimate is ceil(m / r) x
 // (1 + (min(r, m) - 1) / 2) x cost; ties go to the smaller split. For
 // Qwen3.5-27B's heads (Hv 48, Dk = Dv = 128) on an H100 (132 SMs, 227 KB):
-// split 2 (136 KB, one CTA per SM) for one to four prefills; split 4 at TP
-// 2 (24 heads).
+// split 2 (195 KB) for one to four prefills; split 4 at TP 2 (24 heads).
 GdnChunkPlan gdn_chunk_plan(const GdnDims& d, int multi_seqs, int num_sms, size_t max_smem);
 
 // The largest conv kernel width the conv kernel takes.
