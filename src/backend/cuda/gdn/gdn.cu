@@ -388,6 +388,7 @@ template <int MT, int NT>
 __device__ __forceinline__ void warp_mma(const float* A, int am, int ak, const float* B, int ldb, int K, int mts,
                                          int nts, float (&acc)[MT][NT][4]) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll 2
   for (int k0 = 0; k0 < K; k0 += 8) {
     uint32_t a[MT][4], b[NT][2];
 #pragma unroll
@@ -752,7 +753,8 @@ __global__ void __launch_bounds__(kChunkThreads, 1) gdn_rule_chunked_kernel(Chun
   float* Qs = sm + L.q;   // [64][ldQ]: q (1/|q|) scale, TF32
   float* Ws = sm + L.w;   // [64][ldQ]: W (TF32 from the prep)
   float* Ks = sm + L.kd;  // [64][ldK]: KD = (k 1/|k|) exp(last - cum), TF32
-  float* Ub[2] = {sm + L.u0, sm + L.u1};  // [64][ldS]: U, then v_new (TF32) in place
+  float* const Ub0 = sm + L.u0;  // [64][ldS]: U, then v_new (TF32) in place; two buffers
+  float* const Ub1 = sm + L.u1;
   float* AT = sm + L.at;  // [64][kLdAT]: A^T (TF32 from the prep)
   float* ev = sm + L.ev;  // [64] exp(cum), 0 past the chunk; [64]: exp(last)
 
@@ -859,7 +861,7 @@ __global__ void __launch_bounds__(kChunkThreads, 1) gdn_rule_chunked_kernel(Chun
     const int nc = chunk_rows(0);
     stage_qk(Qs, ldQ, r0, nc, qcol, fq, [&](int64_t r) { return vg[2 * HT + r]; });
     stage(Ws, ldQ, Wg + static_cast<int64_t>(r0) * Dk, Dk, dq, nc);
-    stage(Ub[0], ldS, Ug + static_cast<int64_t>(r0) * Dv, Dv, uq, nc);
+    stage(Ub0, ldS, Ug + static_cast<int64_t>(r0) * Dv, Dv, uq, nc);
     stage_at_ev(0, nc);
   }
   const int p45 = 4 * stn;  // the 16 x 32 tiles of the 64 x Dvs products (steps 4 and 5)
@@ -867,7 +869,7 @@ __global__ void __launch_bounds__(kChunkThreads, 1) gdn_rule_chunked_kernel(Chun
   for (int t0 = 0; t0 < n;) {
     const int nc = chunk_rows(t0), nc8 = (nc + 7) / 8 * 8;
     const int64_t row0 = r0 + t0;
-    float* U = Ub[buf];
+    float* const U = buf ? Ub1 : Ub0;
     cp_async_wait_all();
     scale_q(nc, fq);
     __syncthreads();  // the chunk's operands (and the state's TF32 copy) are in place; KD's buffer is free
@@ -902,7 +904,7 @@ __global__ void __launch_bounds__(kChunkThreads, 1) gdn_rule_chunked_kernel(Chun
     const int nn = more ? chunk_rows(t0 + nc) : 0;
     if (more) {
       stage(Ws, ldQ, Wg + (row0 + nc) * Dk, Dk, dq, nn);
-      stage(Ub[buf ^ 1], ldS, Ug + (row0 + nc) * Dv, Dv, uq, nn);
+      stage(buf ? Ub0 : Ub1, ldS, Ug + (row0 + nc) * Dv, Dv, uq, nn);
     }
 
     // 5. o_i = exp(cum_i) (q_i S) + sum_{j <= i} A_ij v_new_j.
