@@ -15,6 +15,7 @@
 #include <random>
 #include <vector>
 
+#include "../common/gdn_tf32.h"
 #include "backend/cpu/gdn.h"
 #include "numerics/fp8.h"
 
@@ -304,6 +305,149 @@ TEST(Gdn, CausalConvCarriesItsState) {
         const double want = acc / (1 + std::exp(-acc));
         EXPECT_NEAR(o1[t * C + c], want, 1e-5 * (1 + std::fabs(want))) << t << " " << c;
       }
+  }
+}
+
+// A host model of the CUDA state pass's TF32 roundings (backend/cuda/gdn/
+// gdn.h): the chunked rule with the operands the kernel rounds rounded the
+// same way (q normalized and scaled, W and A after the prep, v_new, KD =
+// k exp(last - cum), the state's copy in the products; U, the state and
+// every sum in f32), against the CPU's f32 chunked rule on the CUDA tests'
+// input distribution (tests/cuda_ops/test_gdn_cuda.cpp rule_inputs: a
+// fresh 140-row prefill, 120 rows continuing from a random state at
+// position 37, and 1,000 rows from position 5). Its relative RMS error
+// must meet the statistical bound the CUDA tests use; the test prints how
+// far below it lies (0.6 u_t, flat in the chunks: the bound's model checked
+// on the host, where CI runs).
+namespace {
+
+// The model for one sequence of T rows from position pos0 and state S
+// (all heads), outputs into out [T][Hv*Dv].
+void tf32_model_chunked(const GdnShape& s, int64_t pos0, const float* qkv, int64_t T, const float* g,
+                        const float* beta, float* S, float* out) {
+  using test_util::tf32_rna;
+  const int Hv = s.num_v_heads, Dk = s.k_head_dim, Dv = s.v_head_dim, C = kGdnChunk;
+  const int64_t VD = s.value_dim();
+  auto l2 = [&](const float* x, float scale, float* y, bool round) {
+    float ss = 0.0f;
+    for (int a = 0; a < Dk; ++a) ss += x[a] * x[a];
+    const float inv = 1.0f / std::sqrt(ss + 1e-6f);
+    for (int a = 0; a < Dk; ++a) y[a] = round ? tf32_rna(x[a] * inv * scale) : x[a] * inv * scale;
+  };
+  for (int h = 0; h < Hv; ++h) {
+    const int kh = h / (Hv / s.num_k_heads);
+    float* Sh = S + static_cast<int64_t>(h) * Dk * Dv;
+    std::vector<float> q(C * Dk), qr(C * Dk), k(C * Dk), W(C * Dk), U(C * Dv), A(C * C), Sr(Dk * Dv), cum(C), b(C);
+    for (int64_t t0 = 0; t0 < T;) {
+      const int n = static_cast<int>(std::min<int64_t>(T - t0, C - (pos0 + t0) % C));
+      float run = 0.0f;
+      for (int i = 0; i < n; ++i) {
+        const float* row = qkv + (t0 + i) * s.conv_dim();
+        l2(row + kh * Dk, 1.0f / std::sqrt(static_cast<float>(Dk)), &q[i * Dk], false);
+        l2(row + kh * Dk, 1.0f / std::sqrt(static_cast<float>(Dk)), &qr[i * Dk], true);
+        l2(row + s.key_dim() + kh * Dk, 1.0f, &k[i * Dk], false);
+        b[i] = beta[(t0 + i) * Hv + h];
+        run += g[(t0 + i) * Hv + h];
+        cum[i] = run;
+        const float* v = row + 2 * s.key_dim() + static_cast<int64_t>(h) * Dv;
+        for (int d = 0; d < Dv; ++d) U[i * Dv + d] = v[d] * b[i];
+        for (int a = 0; a < Dk; ++a) W[i * Dk + a] = k[i * Dk + a] * b[i] * std::exp(cum[i]);
+      }
+      for (int i = 0; i < n; ++i)
+        for (int j = 0; j < i; ++j) {
+          float kk = 0.0f;
+          for (int a = 0; a < Dk; ++a) kk += k[i * Dk + a] * k[j * Dk + a];
+          const float lij = b[i] * kk * std::exp(cum[i] - cum[j]);
+          for (int d = 0; d < Dv; ++d) U[i * Dv + d] -= lij * U[j * Dv + d];
+          for (int a = 0; a < Dk; ++a) W[i * Dk + a] -= lij * W[j * Dk + a];
+        }
+      for (int i = 0; i < n; ++i) {
+        for (int a = 0; a < Dk; ++a) W[i * Dk + a] = tf32_rna(W[i * Dk + a]);
+        for (int j = 0; j <= i; ++j) {
+          float qk = 0.0f;
+          for (int a = 0; a < Dk; ++a) qk += q[i * Dk + a] * k[j * Dk + a];
+          A[i * C + j] = tf32_rna(qk * std::exp(cum[i] - cum[j]));
+        }
+      }
+      for (int x = 0; x < Dk * Dv; ++x) Sr[x] = tf32_rna(Sh[x]);
+      for (int i = 0; i < n; ++i)  // v_new, TF32
+        for (int d = 0; d < Dv; ++d) {
+          float ws = 0.0f;
+          for (int a = 0; a < Dk; ++a) ws += W[i * Dk + a] * Sr[a * Dv + d];
+          U[i * Dv + d] = tf32_rna(U[i * Dv + d] - ws);
+        }
+      for (int i = 0; i < n; ++i) {
+        float* o = out + (t0 + i) * VD + static_cast<int64_t>(h) * Dv;
+        for (int d = 0; d < Dv; ++d) {
+          float acc = 0.0f;
+          for (int a = 0; a < Dk; ++a) acc += qr[i * Dk + a] * Sr[a * Dv + d];
+          acc *= std::exp(cum[i]);
+          for (int j = 0; j <= i; ++j) acc += A[i * C + j] * U[j * Dv + d];
+          o[d] = acc;
+        }
+      }
+      const float last = cum[n - 1], el = std::exp(last);
+      for (int x = 0; x < Dk * Dv; ++x) Sh[x] *= el;
+      for (int i = 0; i < n; ++i) {
+        const float di = std::exp(last - cum[i]);
+        for (int a = 0; a < Dk; ++a) {
+          const float kd = tf32_rna(k[i * Dk + a] * di);
+          for (int d = 0; d < Dv; ++d) Sh[a * Dv + d] += kd * U[i * Dv + d];
+        }
+      }
+      t0 += n;
+    }
+  }
+}
+
+double rel_rms(const float* got, const float* want, size_t n) {
+  double dd = 0, ww = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double d = static_cast<double>(got[i]) - want[i];
+    dd += d * d;
+    ww += static_cast<double>(want[i]) * want[i];
+  }
+  return std::sqrt(dd / ww);
+}
+
+}  // namespace
+
+TEST(Gdn, Tf32ModelOfTheCudaStatePassMeetsItsBound) {
+  for (auto [Dk, Dv, Hk, Hv] : {std::tuple{32, 48, 2, 4}, std::tuple{128, 128, 1, 2}}) {
+    for (auto [pos0, T] : {std::pair<int64_t, int64_t>{0, 140}, std::pair<int64_t, int64_t>{37, 120}, std::pair<int64_t, int64_t>{5, 1000}}) {
+      const GdnShape s{Hk, Hv, Dk, Dv, 4};
+      std::mt19937_64 rng(11 + Dk + pos0);
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      std::vector<float> qkv(static_cast<size_t>(T * s.conv_dim())), a(static_cast<size_t>(T) * Hv), bb(a.size()),
+          A_log(Hv), dt(Hv), S0(s.ssm_state_elems(), 0.0f);
+      for (auto& x : qkv) x = nd(rng);
+      for (auto& x : a) x = nd(rng);
+      for (auto& x : bb) x = nd(rng);
+      std::uniform_real_distribution<float> ud(0.01f, 16.0f);
+      for (auto& x : A_log) x = std::log(ud(rng)) - 3.0f;
+      for (auto& x : dt) x = 0.5f * nd(rng);
+      if (pos0 > 0)
+        for (auto& x : S0) x = 0.3f * nd(rng);
+      std::vector<float> g(a.size()), beta(a.size());
+      gdn_gates(a.data(), bb.data(), T, Hv, A_log.data(), dt.data(), g.data(), beta.data());
+      const int64_t O = T * s.value_dim();
+      std::vector<float> S_ref(S0), S_mod(S0), o_ref(O), o_mod(O);
+      gdn_rule_chunked(s, pos0, qkv.data(), T, g.data(), beta.data(), S_ref.data(), o_ref.data());
+      tf32_model_chunked(s, pos0, qkv.data(), T, g.data(), beta.data(), S_mod.data(), o_mod.data());
+      int chunks = 0;
+      for (int64_t t = 0; t < T; ++chunks) t += std::min<int64_t>(T - t, kGdnChunk - (pos0 + t) % kGdnChunk);
+      const double bound = test_util::tf32_rel_rms_bound(chunks);
+      const double eo = rel_rms(o_mod.data(), o_ref.data(), o_mod.size());
+      const double es = rel_rms(S_mod.data(), S_ref.data(), S_mod.size());
+      std::printf("Dk %d Dv %d, %lld rows at %lld (%d chunks): relative RMS error outputs %.3g, state %.3g; bound %.3g "
+                  "(%.1fx / %.1fx below)\n",
+                  Dk, Dv, static_cast<long long>(T), static_cast<long long>(pos0), chunks, eo, es, bound, bound / eo,
+                  bound / es);
+      EXPECT_LE(eo, bound);
+      EXPECT_LE(es, bound);
+      // The model rounds something: its error is not zero.
+      EXPECT_GT(eo, 0.0);
+    }
   }
 }
 

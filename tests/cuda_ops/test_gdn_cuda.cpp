@@ -35,16 +35,18 @@
 //    fifth of the outputs here, so these sequences are checked by a
 //    statistical bound instead, per sequence (outputs) and per slot
 //    (states): the relative RMS error sqrt(sum d^2 / sum ref^2) at most
-//    tf32_rel_rms_bound(chunks) = 8 sqrt(2 (chunks + 1)) u_t, chunks the
-//    chunks the state went through. The model: a rounding is an independent
-//    relative error of RMS u_t / sqrt(3); an output's chain within a chunk
-//    holds at most six rounded operands (q and the state in Q S; A, v_new,
-//    and W and the state inside v_new), so sqrt(6 / 3) u_t for sums without
-//    cancellation; the state carries its error into the next chunk (the
-//    token maps do not grow a column), independent chunk to chunk:
-//    sqrt(chunks + 1); 8 is the allowance for cancellation (sums whose terms
-//    are larger than their result) and is not derived. The largest
-//    elementwise error is also held to 6 x that bound x the largest
+//    tf32_rel_rms_bound(chunks) = 2 sqrt(2 (chunks + 1)) u_t, chunks the
+//    chunks the state went through (tests/common/gdn_tf32.h). The model: a
+//    rounding is an independent relative error of RMS u_t / sqrt(3); an
+//    output's chain within a chunk holds at most six rounded operands (q
+//    and the state in Q S; A, v_new, and W and the state inside v_new), so
+//    sqrt(6 / 3) u_t for sums without cancellation; the state carries its
+//    error into the next chunk (the token maps do not grow a column),
+//    independent chunk to chunk: sqrt(chunks + 1); 2 is an allowance for
+//    cancellation, not derived. A host model of the kernel's roundings
+//    (tests/backend_cpu/test_gdn.cpp) measures 0.6 u_t on these inputs,
+//    flat in the chunks: 9x below the bound at 3 chunks. The largest
+//    elementwise error is also held to 6 x the bound x the largest
 //    reference element. The tests print what they measure beside the bound.
 //  - Bitwise: the chunked kernel gives every column the same operations
 //    whatever the Dv split (checked at every split the shape allows), and
@@ -75,6 +77,7 @@
 #include "backend/cpu/gdn.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gdn/gdn.h"
+#include "../common/gdn_tf32.h"
 #include "cuda_ops_util.h"
 #include "kv/kv_cache_manager.h"
 #include "kv/planner.h"
@@ -93,10 +96,7 @@ float max_abs(const std::vector<float>& v) {
   return m;
 }
 
-constexpr double kUt = 0x1.0p-11;  // TF32's unit roundoff (10 mantissa bits, round to nearest)
-
-// The statistical bound of the chunked form's TF32 products (header comment).
-double tf32_rel_rms_bound(int chunks) { return 8 * std::sqrt(2.0 * (chunks + 1)) * kUt; }
+using test_util::tf32_rel_rms_bound;  // the chunked form's statistical bound (header comment)
 
 // got vs want over the elements idx: relative RMS error <= bound and the
 // largest error <= 6 bound max |want| (header comment); prints both.
