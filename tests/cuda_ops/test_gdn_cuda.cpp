@@ -1027,8 +1027,8 @@ TEST_P(GdnOpCuda, MatchesCpuBackendOverSteps) {
     for (size_t si = 0; si < b.seqs.size(); ++si) {
       const Seq& q = b.seqs[si];
       if (q.slot < 0) continue;  // exact zeros
-      double t = q.n * 64 * kU * (std::sqrt(static_cast<double>(s.k_head_dim)) * M_S + M_v);
-      if (q.n > 1) t += 2 * (kGdnChunk + 4.0 * s.k_head_dim + 8) * (chunks_of(q.pos0, q.n) + 1) * kU * (M_S + M_v);
+      // (A sequence of two or more rows puts its slot under the statistical bound.)
+      const double t = q.n * 64 * kU * (std::sqrt(static_cast<double>(s.k_head_dim)) * M_S + M_v);
       seq_tol[si] = t + carry[q.slot];  // the outputs: this step's bound and the carried states'
       // The states after the step (f32: before a bf16 store's rounding), then rounded.
       const double f = t + std::sqrt(static_cast<double>(s.k_head_dim)) * carry[q.slot];

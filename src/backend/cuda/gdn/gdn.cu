@@ -1011,13 +1011,14 @@ ChunkKernel chunk_kernel(int tpw) {
 
 // The sequential kernel's work per CTA and chunk (the plan's cost), in
 // f32 multiply-add units: per column of its slice W S, Q S, A v_new and the
-// state update (on the tensor cores: kMmaSpeedup of them per unit), plus the
+// state update (on the tensor cores: kMmaSpeedup of them per unit, an
+// estimate of TF32 MMA against f32 FMA throughput, not a fit), plus the
 // chunk's loads (q, W, k, A^T: one unit per element), plus the chunk's fixed
 // latency (the dependent steps and barriers every chunk waits through
 // whatever its width): kChunkLatencyUnits, fitted on an H100 for the SIMT
-// kernel this one replaced (1.20e-3 us per unit). The latency dominates, so
-// the plan takes the fewest waves of CTAs (split 2 for one 27B prefill,
-// split 4 at TP 2).
+// kernel this one replaced (1.20e-3 us per unit), not refitted. The latency
+// dominates, so the plan takes the fewest waves of CTAs: split 2 for one
+// 27B prefill (split 4 measured 1.50x slower at 1 x 8K), split 4 at TP 2.
 constexpr double kChunkLatencyUnits = 1.28e6;
 constexpr double kMmaSpeedup = 8.0;
 
