@@ -325,6 +325,7 @@ namespace {
 // (all heads), outputs into out [T][Hv*Dv].
 void tf32_model_chunked(const GdnShape& s, int64_t pos0, const float* qkv, int64_t T, const float* g,
                         const float* beta, float* S, float* out) {
+  using test_util::f16_of_tf32;
   using test_util::tf32_rna;
   const int Hv = s.num_v_heads, Dk = s.k_head_dim, Dv = s.v_head_dim, C = kGdnChunk;
   const int64_t VD = s.value_dim();
@@ -332,7 +333,7 @@ void tf32_model_chunked(const GdnShape& s, int64_t pos0, const float* qkv, int64
     float ss = 0.0f;
     for (int a = 0; a < Dk; ++a) ss += x[a] * x[a];
     const float inv = 1.0f / std::sqrt(ss + 1e-6f);
-    for (int a = 0; a < Dk; ++a) y[a] = round ? tf32_rna(x[a] * inv * scale) : x[a] * inv * scale;
+    for (int a = 0; a < Dk; ++a) y[a] = round ? f16_of_tf32(tf32_rna(x[a] * inv * scale)) : x[a] * inv * scale;
   };
   for (int h = 0; h < Hv; ++h) {
     const int kh = h / (Hv / s.num_k_heads);
@@ -366,7 +367,7 @@ void tf32_model_chunked(const GdnShape& s, int64_t pos0, const float* qkv, int64
         for (int j = 0; j <= i; ++j) {
           float qk = 0.0f;
           for (int a = 0; a < Dk; ++a) qk += q[i * Dk + a] * k[j * Dk + a];
-          A[i * C + j] = tf32_rna(qk * std::exp(cum[i] - cum[j]));
+          A[i * C + j] = f16_of_tf32(tf32_rna(qk * std::exp(cum[i] - cum[j])));
         }
       }
       for (int x = 0; x < Dk * Dv; ++x) Sr[x] = tf32_rna(Sh[x]);
@@ -391,7 +392,7 @@ void tf32_model_chunked(const GdnShape& s, int64_t pos0, const float* qkv, int64
       for (int i = 0; i < n; ++i) {
         const float di = std::exp(last - cum[i]);
         for (int a = 0; a < Dk; ++a) {
-          const float kd = tf32_rna(k[i * Dk + a] * di);
+          const float kd = f16_of_tf32(tf32_rna(k[i * Dk + a] * di));
           for (int d = 0; d < Dv; ++d) Sh[a * Dv + d] += kd * U[i * Dv + d];
         }
       }

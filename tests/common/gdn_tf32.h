@@ -27,4 +27,12 @@ inline float tf32_rna(float x) {
   return x;
 }
 
+// A TF32 value x (|x| <= 1) as the kernel stores q, KD and A^T: an f16,
+// exact from 2^-14 up; below, rounded to f16's subnormal grid of 2^-24
+// (to nearest even, as __floats2half2_rn).
+inline float f16_of_tf32(float x) {
+  if (std::fabs(x) >= 0x1.0p-14f) return x;
+  return static_cast<float>(std::nearbyint(static_cast<double>(x) * 0x1.0p24) * 0x1.0p-24);
+}
+
 }  // namespace fp8kv::test_util

@@ -593,7 +593,7 @@ TEST_P(GdnRuleChunkedCuda, MixedLengthsAcrossRowBlocks) {
 // [0, 37) then [37, 187) in one slot (each call alone in its batch) against
 // [0, 37), [37, 64), [64, 128), [128, 187) in another, each call beside
 // other sequences (a decode, a padding prefill, a fresh prefill) and at
-// splits 2, 1, 2, 1 (the one-shot calls: the planned split). Same output
+// two splits in turn (the one-shot calls: the planned split). Same output
 // bits, same final state bits; then one decode row in both slots agrees
 // bitwise.
 TEST_P(GdnRuleChunkedCuda, SplitAtMultipleOf64IsBitwise) {
@@ -645,10 +645,13 @@ TEST_P(GdnRuleChunkedCuda, SplitAtMultipleOf64IsBitwise) {
   append(one, call({{{37, 0, 0}, 0}}));
   append(one, call({{{150, 37, 0}, 37}}));
   // Slot 1: 37 rows, 27, 64, 59 (slot 2: a continuing decode; slot 3: a fresh prefill).
-  append(split, rows(call({{{1, 5, 2}, -1}, {{37, 0, 1}, 0}}, 2), 1, 37));
-  append(split, rows(call({{{27, 37, 1}, 37}, {{3, 0, -1}, -1}}, 1), 0, 27));
-  append(split, rows(call({{{1, 6, 2}, -1}, {{64, 64, 1}, 64}, {{70, 0, 3}, -1}}, 2), 1, 64));
-  append(split, rows(call({{{59, 128, 1}, 128}}, 1), 0, 59));
+  // Two splits the kernel takes for the shape (Dv / split <= 64): 1 and 2,
+  // or 2 and 4.
+  const int sa = cuda::gdn_chunk_plan_at(d, 1, 232448).ok() ? 1 : 2, sb = 2 * sa;
+  append(split, rows(call({{{1, 5, 2}, -1}, {{37, 0, 1}, 0}}, sb), 1, 37));
+  append(split, rows(call({{{27, 37, 1}, 37}, {{3, 0, -1}, -1}}, sa), 0, 27));
+  append(split, rows(call({{{1, 6, 2}, -1}, {{64, 64, 1}, 64}, {{70, 0, 3}, -1}}, sb), 1, 64));
+  append(split, rows(call({{{59, 128, 1}, 128}}, sa), 0, 59));
   const std::string tag = "Dk " + std::to_string(rc.Dk) + " Dv " + std::to_string(rc.Dv);
   ASSERT_EQ(one.size(), split.size());
   const size_t od = first_bit_diff(split, one);
@@ -775,14 +778,14 @@ TEST(GdnChunkPlan, FollowsTheShapes) {
   // and a chunk's fixed latency does not shrink with the columns; split 1
   // does not fit.
   EXPECT_EQ(p.split, 2);
-  EXPECT_EQ(p.smem, 194832u);  // 4 (128 x 72 + 2 x 64 x 132 + 64 x 136 + 3 x 64 x 72 + 68)
+  EXPECT_EQ(p.smem, 151824u);  // 4 (128 x 72 + 64 x 68 + 64 x 132 + 32 x 136 + 2 x 64 x 72 + 32 x 72 + 68)
   EXPECT_EQ(p.ctas_per_sm, 1);
   EXPECT_EQ(p.prep_ld_t, 68);
-  EXPECT_EQ(p.prep_smem, 87824u);
+  EXPECT_EQ(p.prep_smem, 104208u);
   EXPECT_EQ(cuda::gdn_chunk_plan(q27, 4, 132, kSmem).split, 2);
   p = cuda::gdn_chunk_plan_at(q27, 4, kSmem);
-  EXPECT_EQ(p.smem, 162064u);
-  EXPECT_FALSE(cuda::gdn_chunk_plan_at(q27, 1, kSmem).ok());  // 260,368 bytes
+  EXPECT_EQ(p.smem, 119056u);
+  EXPECT_FALSE(cuda::gdn_chunk_plan_at(q27, 1, kSmem).ok());  // 128 columns: two state tiles per warp
   EXPECT_EQ(cuda::gdn_chunk_plan(cuda::GdnDims{8, 24, 128, 128, 4}, 1, 132, kSmem).split, 4);  // TP 2
   // Shapes it does not take: the recurrent form runs every row.
   EXPECT_FALSE(cuda::gdn_chunk_plan(cuda::GdnDims{16, 48, 136, 128, 4}, 1, 132, kSmem).ok());  // Dk % 16
@@ -790,12 +793,13 @@ TEST(GdnChunkPlan, FollowsTheShapes) {
   EXPECT_FALSE(cuda::gdn_chunk_plan(cuda::GdnDims{16, 48, 144, 128, 4}, 1, 132, kSmem).ok());  // Dk > 128
   EXPECT_TRUE(cuda::gdn_chunk_plan(cuda::GdnDims{1, 4, 16, 32, 4}, 1, 132, kSmem).ok());       // the smallest goldens'
   EXPECT_FALSE(cuda::gdn_chunk_plan_at(q27, 3, kSmem).ok());  // 128 / 3
-  EXPECT_FALSE(cuda::gdn_chunk_plan_at(q27, 2, 180000).ok());
+  EXPECT_FALSE(cuda::gdn_chunk_plan_at(q27, 2, 150000).ok());
   EXPECT_TRUE(cuda::gdn_chunk_plan_at(cuda::GdnDims{2, 4, 32, 48, 4}, 6, kSmem).ok());    // 8 columns per CTA
   EXPECT_FALSE(cuda::gdn_chunk_plan_at(cuda::GdnDims{2, 4, 32, 48, 4}, 12, kSmem).ok());  // 4
-  // The scratch: 4 Hv (Dk + Dv + 64 + 5) bytes per row, 256-byte aligned pieces.
-  EXPECT_EQ(cuda::gdn_rule_scratch_bytes(q27, 8192), size_t{8192} * 48 * (128 + 128 + 64 + 5) * 4);
-  EXPECT_EQ(cuda::gdn_rule_scratch_bytes(q27, 1), size_t{4} * 48 * 128 * 2 + 48 * 64 * 4 + 1024);
+  // The scratch: 4 (Hv (2 Dk + Dv + 64 + 2) + Hk Dk / 2) bytes per row,
+  // 256-byte aligned pieces.
+  EXPECT_EQ(cuda::gdn_rule_scratch_bytes(q27, 8192), size_t{8192} * (48 * (2 * 128 + 128 + 64 + 2) + 16 * 64) * 4);
+  EXPECT_EQ(cuda::gdn_rule_scratch_bytes(q27, 1), size_t{4} * (48 * 128 * 3 + 48 * 64 + 16 * 64) + 512);
 }
 
 // ---- gated RMSNorm, split_q_gate, mul_sigmoid -------------------------------------

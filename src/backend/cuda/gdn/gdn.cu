@@ -3,6 +3,7 @@
 // (backend/cpu/gdn.cpp); the chunked rule's state pass on TF32 tensor cores
 // (its comment).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <algorithm>
 #include <climits>
@@ -258,16 +259,18 @@ __global__ void gdn_rule_kernel(GdnSeqs seqs, GdnDims dm, int chunk_begin, const
 //  2. L = beta_i (k_i . k_j) exp(cum_i - cum_j) (j < i) -> LT [64][64] and
 //     A = (q_i . k_j) exp(cum_i - cum_j) (j <= i) -> the scratch: the 136 4x4
 //     tiles on or below the diagonal of each, one per thread.
+//     A^T (TF32) -> shared memory, then as f16 pairs (pair rows, below) to
+//     the scratch, with KD = (k / |k|) exp(last - cum) and q / |q| scale.
 //  3. Forward substitution of (I + L) X = B for every column of U = v beta
 //     (Dv columns) and W = (k beta) exp(cum) (Dk columns), one thread per
 //     column, the column in 64 registers (right-looking: when x_j is final
 //     every x_i, i > j, takes its term, so each x_i takes its terms in the
 //     CPU's order j = 0, 1, ... with 63 - j independent multiply-adds per
 //     step instead of one dependent chain) -> the scratch.
-// The scratch (ChunkScratch, per value head and row of the step): W [Dk], U
-// [Dv], row j of A^T (A_ij for the chunk's i in [0, 64)), and exp(cum),
-// exp(last - cum), 1 / |q|, 1 / |k|, exp(last). W and A^T are stored rounded
-// to TF32 (the sequential kernel's MMA operands), U in f32.
+// The scratch (ChunkScratch): per value head and row of the step W [Dk]
+// (TF32), U [Dv] (f32), A^T and KD (f16 pairs), exp(cum) and exp(last); per
+// key head and row q (f16 pairs). Every MMA operand the prep writes holds a
+// TF32 value.
 //
 // Sequential (gdn_rule_chunked_kernel): one CTA of kChunkThreads per (value
 // head h, Dv slice, sequence): the slice is columns [c0, c0 + Dvs) of the
@@ -279,26 +282,33 @@ __global__ void gdn_rule_kernel(GdnSeqs seqs, GdnDims dm, int chunk_begin, const
 // fragments; one read and one write of the pool per step) and its TF32
 // copy Sr in shared memory. Per chunk:
 //  4. v_new = U - W Sr (written over U, rounded to TF32);
-//  5. o_i = exp(cum_i) (q_i Sr) + sum_{j <= i} A_ij v_new_j -> out (warps of
-//     rows i take the A^T columns j < i + 16 only);
+//  5. o_i = exp(cum_i) (q_i Sr) + sum_{j <= i} A_ij v_new_j -> out (the warp
+//     of rows i takes the A^T columns j < i + 16 only);
 //  6. S = exp(last) S + KD^T v_new (in the registers), Sr = TF32(S), with
 //     KD [64][Dk] = (k_i 1/|k_i|) exp(last - cum_i).
-// The operands come by cp.async without transposes: q and k rows from qkv
-// (each thread scales and rounds the pieces it copied once they land, with
-// row scales it loaded when it issued them), W, U and A^T rows from the
-// scratch. Three barriers per chunk, and each buffer is refilled for the
-// next chunk as soon as its last reader is past one: W and U (two U
-// buffers) after step 4, q, A^T and exp(cum) after step 5; KD is loaded
-// during steps 4 and 5. Row strides are padded so that every fragment load
-// and accumulator store is free of bank conflicts (SeqLayout). A column's
-// arithmetic is the same whatever the split (the MMAs' reduction order over
-// k does not depend on the columns), so the results are bitwise independent
-// of it. Against the CPU's f32 rule the outputs move by ~1e-3 relative
-// (tests/cuda_ops/test_gdn_cuda.cpp: the statistical bound).
-// Shared memory (floats): prep 2 Dk ld_t + LT 64 x 64 + 7 x 64 + 4 (87.8 KB
-// for Dk = 128: two CTAs per SM); sequential SeqLayout: Sr Dk ldS + q, W 2 x
-// 64 ldQ + KD 64 ldK + U 2 x 64 ldS + A^T 64 x 72 + 68; for Dk = Dv = 128:
-// 194.8 KB at split 2, 162.1 KB at split 4 (one CTA per SM).
+// The operands come by cp.async from the scratch, as the prep laid them
+// out, in two groups per chunk: q, W and U (what the first phase reads)
+// and A^T, KD, exp(cum) and exp(last) (what only the second reads); q, KD
+// and A^T as f16 pairs (half the bytes of f32), widened exactly to f32 in
+// the fragment loads. Two phases
+// per chunk, three barriers: (1) v_new (step 4) and q S (step 5's first
+// half, kept in registers), which read Sr; (2) the rest of step 5 and step
+// 6 (the state in registers, then its TF32 copy, which no warp reads after
+// phase 1). The next chunk's first group is issued as phase 2 starts (its
+// buffers are free; two U buffers) and its second when phase 2 ends, so
+// each group lands during a phase. Row strides are padded so that every
+// fragment load and accumulator store is free of bank conflicts
+// (SeqLayout). A column's arithmetic is the same whatever the split (the
+// MMAs' reduction order over k does not depend on the columns), so the
+// results are bitwise independent of it. Against the CPU's f32 rule the
+// outputs move by ~1e-3 relative (tests/cuda_ops/test_gdn_cuda.cpp: the
+// statistical bound). Dk <= 128 and Dv / split <= 64: a warp owns at most
+// one 32 x 32 state tile and one 16 x 32 output tile.
+// Shared memory (32-bit words): prep 2 Dk ld_t + LT and A^T 2 x 64 x 64 +
+// 7 x 64 + 4 (104.2 KB for Dk = 128: two CTAs per SM); sequential SeqLayout:
+// Sr Dk ldS + q 64 x 68 + W 64 ldW + KD 32 ldK + U 2 x 64 ldS + A^T 32 x 72
+// + 68; for Dk = Dv = 128: 151.8 KB at split 2, 119.1 KB at split 4 (one
+// CTA per SM).
 
 constexpr int kChunk = kGdnCudaChunk;
 constexpr int kChunkThreads = 256;
@@ -307,11 +317,30 @@ constexpr int kTriTiles = (kChunk / 4) * (kChunk / 4 + 1) / 2;  // 4x4 tiles on 
 constexpr int kPrepVecFloats = 7 * kChunk + 4;  // g, beta, cum, exp(cum), exp(last - cum), 1/|q|, 1/|k|; exp(last)
 constexpr int kLdAT = kChunk + 8;               // the sequential kernel's A^T row stride (% 32 = 8)
 constexpr int kMmaMaxDk = 128;                  // the largest Dk the sequential kernel takes
-constexpr int kMaxPieces = kChunk * kMmaMaxDk / 4 / kChunkThreads;  // 16-byte pieces of a q or k chunk per thread
-constexpr int kRowVecs = 5;  // the scratch's per-row vectors: exp(cum), exp(last - cum), 1/|q|, 1/|k|, exp(last)
+constexpr int kMmaMaxDvs = 64;                  // ... and Dv / split: one state tile and one output tile per warp
+constexpr int kRowVecs = 2;  // the scratch's per-row vectors: exp(cum), exp(last)
 
 size_t prep_smem_bytes(int Dk, int ldt) {
-  return sizeof(float) * (2 * static_cast<size_t>(Dk) * ldt + static_cast<size_t>(kChunk) * kChunk + kPrepVecFloats);
+  return sizeof(float) *
+         (2 * static_cast<size_t>(Dk) * ldt + 2 * static_cast<size_t>(kChunk) * kChunk + kPrepVecFloats);
+}
+
+// Pair rows. An MMA operand that is at most 1 in magnitude (q, KD, A^T) is
+// stored as two f16 per 32-bit word, each the operand's TF32 value (exact in
+// f16 from 2^-14 up; below, f16's subnormal grid of 2^-24 stands in for
+// TF32's relative one: an absolute error <= 2^-25, against 2^-12 relative for
+// TF32 rounding), paired as one m16n8k8 fragment register pair reads them:
+// the values at k and k + 4 of each group of 8 along the MMA's k. For a
+// chunk's rows j (k along the rows: KD, A^T) pair row p holds rows j =
+// 8 (p / 4) + p % 4 (low half) and j + 4 (high half); a chunk of nc rows has
+// pair_rows(nc) <= nc of them, so they fit in the scratch rows of its own
+// rows. For q (k along the columns) word w of a row holds columns 8 (w / 4) +
+// w % 4 and that + 4.
+__host__ __device__ constexpr int pair_rows(int nc) { return 4 * (nc / 8) + (nc % 8 < 4 ? nc % 8 : 4); }
+__device__ __forceinline__ int pair_lo(int p) { return 8 * (p / 4) + p % 4; }
+__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
 }
 
 // The prep kernel's outputs over the step's T rows, per value head h and
@@ -319,8 +348,10 @@ size_t prep_smem_bytes(int Dk, int ldt) {
 struct ChunkScratch {
   float* W = nullptr;    // [Hv][T][Dk]: row i of the chunk's (I + L)^{-1} (k beta exp(cum))
   float* U = nullptr;    // [Hv][T][Dv]: row i of (I + L)^{-1} (v beta)
-  float* A = nullptr;    // [Hv][T][64]: row j of the chunk's A^T (A_ij at i; 0 for i < j)
-  float* vec = nullptr;  // [kRowVecs][Hv][T]
+  uint32_t* A = nullptr;   // [Hv][T][64]: pair row p of the chunk's A^T (A_ij at i; 0 for i < j), f16 pairs
+  uint32_t* KD = nullptr;  // [Hv][T][Dk]: pair row p of the chunk's KD = (k / |k|) exp(last - cum), f16 pairs
+  uint32_t* Q = nullptr;   // [Hk][T][Dk / 2]: row i of q / |q| scale, f16 pairs (by key head)
+  float* vec = nullptr;    // [kRowVecs][Hv][T]
   int64_t T = 0;
 };
 
@@ -330,17 +361,22 @@ size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 // from 0); returns its size in bytes.
 size_t chunk_scratch_layout(const GdnDims& d, int64_t T, void* base, ChunkScratch* sc) {
   const size_t rows = static_cast<size_t>(std::max<int64_t>(T, 0)) * static_cast<size_t>(d.num_v_heads);
+  const size_t krows = static_cast<size_t>(std::max<int64_t>(T, 0)) * static_cast<size_t>(d.num_k_heads);
   const size_t w = align256(rows * d.k_head_dim * sizeof(float)), u = align256(rows * d.v_head_dim * sizeof(float)),
-               a = align256(rows * kChunk * sizeof(float)), v = align256(rows * kRowVecs * sizeof(float));
+               a = align256(rows * kChunk * sizeof(uint32_t)), kd = align256(rows * d.k_head_dim * sizeof(uint32_t)),
+               q = align256(krows * (d.k_head_dim / 2) * sizeof(uint32_t)),
+               v = align256(rows * kRowVecs * sizeof(float));
   if (sc) {
     char* p = static_cast<char*>(base);
     sc->W = reinterpret_cast<float*>(p);
     sc->U = reinterpret_cast<float*>(p + w);
-    sc->A = reinterpret_cast<float*>(p + w + u);
-    sc->vec = reinterpret_cast<float*>(p + w + u + a);
+    sc->A = reinterpret_cast<uint32_t*>(p + w + u);
+    sc->KD = reinterpret_cast<uint32_t*>(p + w + u + a);
+    sc->Q = reinterpret_cast<uint32_t*>(p + w + u + a + kd);
+    sc->vec = reinterpret_cast<float*>(p + w + u + a + kd + q);
     sc->T = T;
   }
-  return w + u + a + v;
+  return w + u + a + kd + q + v;
 }
 
 struct ChunkArgs {
@@ -380,25 +416,19 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
 // One warp's (16 MT) x (8 NT) tile of a product: acc[mt][nt] += sum over k in
 // [0, K) (K a multiple of 8, in steps of 8) of A(16 mt + m, k) B(k, 8 nt + n),
 // for the first mts row tiles and nts column tiles (the rest untouched).
-// A(m, k) = A[m am + k ak] (row-major: am = ld, ak = 1; column-major: am =
-// 1, ak = ld), B(k, n) = B[k ldb + n]; both hold TF32 values (rounded when
-// they were stored), and the strides are chosen so that the fragment loads
-// are free of bank conflicts (ld % 32 = 4 for a row-major A, 8 otherwise).
-template <int MT, int NT>
-__device__ __forceinline__ void warp_mma(const float* A, int am, int ak, const float* B, int ldb, int K, int mts,
-                                         int nts, float (&acc)[MT][NT][4]) {
+// load_a(mt, k0, a) fills row tile mt's A fragment at k0 (the loaders
+// below); B(k, n) = B[k ldb + n] holds TF32 values (rounded when they were
+// stored). The strides are chosen so that the fragment loads are free of
+// bank conflicts (the loaders say which).
+template <int MT, int NT, class LoadA>
+__device__ __forceinline__ void warp_mma(LoadA&& load_a, const float* B, int ldb, int K, int mts, int nts,
+                                         float (&acc)[MT][NT][4]) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll 2
   for (int k0 = 0; k0 < K; k0 += 8) {
     uint32_t a[MT][4], b[NT][2];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      const float* p = A + (16 * mt + g) * am + (k0 + t) * ak;
-      a[mt][0] = __float_as_uint(p[0]);
-      a[mt][1] = __float_as_uint(p[8 * am]);
-      a[mt][2] = __float_as_uint(p[4 * ak]);
-      a[mt][3] = __float_as_uint(p[8 * am + 4 * ak]);
-    }
+    for (int mt = 0; mt < MT; ++mt) load_a(mt, k0, a[mt]);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       const float* q = B + (k0 + t) * ldb + 8 * nt + g;
@@ -413,6 +443,43 @@ __device__ __forceinline__ void warp_mma(const float* A, int am, int ak, const f
   }
 }
 
+// A fragment loaders (g = lane / 4, t = lane % 4). f32_rows: A(m, k) =
+// A[m ld + k], TF32 values (ld % 32 = 4). Pair loaders (pair rows, above):
+// pairs_rows: row m of A is a q row, word k0 / 2 + t of it holds A(m, k0 +
+// t) and A(m, k0 + t + 4) (ld words, % 32 = 4); pairs_cols: A(m, k) = X(k,
+// m) for row-paired X, pair row k0 / 2 + t, word m (ld words, % 32 = 8).
+__device__ __forceinline__ void unpack_pair(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w));
+  lo = __float_as_uint(f.x);
+  hi = __float_as_uint(f.y);
+}
+__device__ __forceinline__ auto f32_rows(const float* A, int ld) {
+  return [A, ld](int mt, int k0, uint32_t(&a)[4]) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const float* p = A + (16 * mt + g) * ld + k0 + t;
+    a[0] = __float_as_uint(p[0]);
+    a[1] = __float_as_uint(p[8 * ld]);
+    a[2] = __float_as_uint(p[4]);
+    a[3] = __float_as_uint(p[8 * ld + 4]);
+  };
+}
+__device__ __forceinline__ auto pairs_rows(const uint32_t* A, int ld) {
+  return [A, ld](int mt, int k0, uint32_t(&a)[4]) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const uint32_t* p = A + (16 * mt + g) * ld + k0 / 2 + t;
+    unpack_pair(p[0], a[0], a[2]);
+    unpack_pair(p[8 * ld], a[1], a[3]);
+  };
+}
+__device__ __forceinline__ auto pairs_cols(const uint32_t* X, int ld) {
+  return [X, ld](int mt, int k0, uint32_t(&a)[4]) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const uint32_t* p = X + (k0 / 2 + t) * ld + 16 * mt + g;
+    unpack_pair(p[0], a[0], a[2]);
+    unpack_pair(p[8], a[1], a[3]);
+  };
+}
+
 // Asynchronous copies global -> shared of 16 bytes (both addresses 16-byte
 // aligned) or 4: issued without waiting; cp_async_wait_all makes the
 // thread's copies visible to itself, a barrier after it to the CTA.
@@ -424,7 +491,12 @@ __device__ __forceinline__ void cp_async4(float* dst, const float* src) {
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
 }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most N of the thread's committed groups are pending.
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
 
 // acc[r][c] += sum_k A[k][r] B[k][c] over k in [0, K), in the order of k,
 // one fused multiply-add per term. A and B point at the tile's first row
@@ -493,8 +565,9 @@ __global__ void __launch_bounds__(kChunkThreads, 2) gdn_chunk_prep_kernel(ChunkA
   const int re = static_cast<int>(min(static_cast<int64_t>(rb) + kChunk, T));
   float* QT = sm;                    // [Dk][ldt]: q^T
   float* KT = QT + Dk * ldt;         // [Dk][ldt]: k^T
-  float* LT = KT + Dk * ldt;         // [64][64]
-  float* gv = LT + kChunk * kChunk;  // [64] g
+  float* LT = KT + Dk * ldt;          // [64][64]
+  float* ATs = LT + kChunk * kChunk;  // [64][64]: A^T, TF32 (entries of the tiles above the diagonal unwritten)
+  float* gv = ATs + kChunk * kChunk;  // [64] g
   float* bet = gv + kChunk;          // [64] beta
   float* cum = bet + kChunk;         // [64] running sum of g
   float* ev = cum + kChunk;          // [64] exp(cum)
@@ -511,7 +584,10 @@ __global__ void __launch_bounds__(kChunkThreads, 2) gdn_chunk_prep_kernel(ChunkA
   const int64_t hT = static_cast<int64_t>(h) * T;
   float* __restrict__ Wg = p.sc.W;
   float* __restrict__ Ug = p.sc.U;
-  float* __restrict__ Ag = p.sc.A;
+  uint32_t* __restrict__ Ag = p.sc.A + hT * kChunk;
+  uint32_t* __restrict__ KDg = p.sc.KD + hT * Dk;
+  // q is the key head's: written by the first of its value heads.
+  uint32_t* __restrict__ Qg = h % (Hv / Hk) == 0 ? p.sc.Q + static_cast<int64_t>(kh) * T * (Dk / 2) : nullptr;
   float* __restrict__ vg = p.sc.vec + hT;  // + k Hv T: vector k
 
   // The sequence holding row rb: the last s with q_start[s] <= rb.
@@ -622,10 +698,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) gdn_chunk_prep_kernel(ChunkA
       if (tid < nc) {
         const int64_t HT = static_cast<int64_t>(Hv) * T, r = row0 + tid;
         vg[r] = ev[tid];
-        vg[HT + r] = dl[tid];
-        vg[2 * HT + r] = iq;
-        vg[3 * HT + r] = ik;
-        vg[4 * HT + r] = misc[0];
+        vg[HT + r] = misc[0];
       }
     }
     __syncthreads();
@@ -657,19 +730,58 @@ __global__ void __launch_bounds__(kChunkThreads, 2) gdn_chunk_prep_kernel(ChunkA
             o[r] = __fmul_rn(__fmul_rn(bet[i], acc[r][c]), expf(__fsub_rn(cum[i], cum[j])));
           }
         }
+        float* dst = (isA ? ATs : LT) + j * kChunk + 4 * ti;
         if (!isA)
-          *reinterpret_cast<float4*>(LT + j * kChunk + 4 * ti) = make_float4(o[0], o[1], o[2], o[3]);
-        else if (j < nc)  // A^T: an MMA operand of the sequential kernel, TF32
-          *reinterpret_cast<float4*>(Ag + (hT + row0 + j) * kChunk + 4 * ti) =
-              make_float4(tf32_rna(o[0]), tf32_rna(o[1]), tf32_rna(o[2]), tf32_rna(o[3]));
+          *reinterpret_cast<float4*>(dst) = make_float4(o[0], o[1], o[2], o[3]);
+        else  // A^T: an MMA operand of the sequential kernel, TF32
+          *reinterpret_cast<float4*>(dst) = make_float4(tf32_rna(o[0]), tf32_rna(o[1]), tf32_rna(o[2]), tf32_rna(o[3]));
       }
     }
-    for (int e = tid; e < nc * (kChunk / 4); e += kChunkThreads) {
-      const int j = e / (kChunk / 4), q = e % (kChunk / 4);
-      if (q < j / 4)
-        *reinterpret_cast<float4*>(Ag + (hT + row0 + j) * kChunk + 4 * q) = make_float4(0.f, 0.f, 0.f, 0.f);
-    }
     __syncthreads();
+
+    // 2b. The sequential kernel's f16 pair rows (above), 16 bytes per thread
+    // and store: A^T (the tiles above the diagonal 0) and KD =
+    // TF32((k / |k|) exp(last - cum)) (rows past nc 0: so are their
+    // exp(last - cum)), pair rows [0, pair_rows(nc)); q / |q| scale (TF32),
+    // rows [0, nc).
+    {
+      const int np = pair_rows(nc);
+      for (int e = tid; e < np * (kChunk / 4); e += kChunkThreads) {
+        const int pr = e / (kChunk / 4), i = 4 * (e % (kChunk / 4)), j = pair_lo(pr);
+        uint32_t w[4];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const float lo = (i + c) / 4 >= j / 4 ? ATs[j * kChunk + i + c] : 0.0f;
+          const float hi = (i + c) / 4 >= (j + 4) / 4 ? ATs[(j + 4) * kChunk + i + c] : 0.0f;
+          w[c] = pack_pair(lo, hi);
+        }
+        *reinterpret_cast<uint4*>(Ag + static_cast<int64_t>(row0 + pr) * kChunk + i) = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+      // Lanes: 8 pair rows x 4 column groups (two-way bank conflicts on KT).
+      const int kq = Dk / 4;
+      for (int e = tid; e < 32 * kq; e += kChunkThreads) {
+        const int pr = e % 8 + 8 * (e / (8 * kq)), a = 4 * ((e / 8) % kq), j = pair_lo(pr);
+        if (pr >= np) continue;
+        uint32_t w[4];
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          w[c] = pack_pair(tf32_rna(__fmul_rn(KT[(a + c) * ldt + j], dl[j])),
+                           tf32_rna(__fmul_rn(KT[(a + c) * ldt + j + 4], dl[j + 4])));
+        *reinterpret_cast<uint4*>(KDg + static_cast<int64_t>(row0 + pr) * Dk + a) = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+      if (Qg) {
+        for (int e = tid; e < kChunk * (Dk / 8); e += kChunkThreads) {
+          const int i = e % kChunk, c8 = e / kChunk;
+          if (i >= nc) continue;
+          uint32_t w[4];
+#pragma unroll
+          for (int c = 0; c < 4; ++c)
+            w[c] = pack_pair(tf32_rna(QT[(8 * c8 + c) * ldt + i]), tf32_rna(QT[(8 * c8 + c + 4) * ldt + i]));
+          *reinterpret_cast<uint4*>(Qg + static_cast<int64_t>(row0 + i) * (Dk / 2) + 4 * c8) =
+              make_uint4(w[0], w[1], w[2], w[3]);
+        }
+      }
+    }
 
     // 3. U = (I + L)^{-1} (v beta) (columns [0, Dv)), W = (I + L)^{-1} ((k
     // beta) exp(cum)) (columns [Dv, Dv + Dk)), one column per thread; rows
@@ -706,28 +818,32 @@ __global__ void __launch_bounds__(kChunkThreads, 2) gdn_chunk_prep_kernel(ChunkA
 // The sequential kernel's shared-memory layout for Dk x Dvs (floats; every
 // row stride a multiple of 4, so rows are 16-byte aligned for cp.async).
 struct SeqLayout {
-  int ldS, ldQ, ldK;  // Sr, V, U: % 32 = 8; Q, W: % 32 = 4; KD: % 32 = 8
+  // In 32-bit words: Sr, U: % 32 = 8 (f32); W: % 32 = 4 (f32); q: % 32 = 4,
+  // KD, A^T: % 32 = 8 (f16 pairs).
+  int ldS, ldW, ldQ, ldK;
   size_t sr, q, w, kd, u0, u1, at, ev, floats;
   __host__ __device__ SeqLayout(int Dk, int Dvs) {
     const int dk32 = (Dk + 31) / 32 * 32, dv32 = (Dvs + 31) / 32 * 32;
     ldS = dv32 + 8;
-    ldQ = dk32 + 4;
+    ldW = dk32 + 4;
+    ldQ = (Dk / 2 + 31) / 32 * 32 + 4;
     ldK = dk32 + 8;
     sr = 0;
-    q = sr + static_cast<size_t>(Dk) * ldS;
-    w = q + static_cast<size_t>(kChunk) * ldQ;
-    kd = w + static_cast<size_t>(kChunk) * ldQ;
-    u0 = kd + static_cast<size_t>(kChunk) * ldK;
+    q = sr + static_cast<size_t>(Dk) * ldS;         // [64][ldQ]
+    w = q + static_cast<size_t>(kChunk) * ldQ;      // [64][ldW]
+    kd = w + static_cast<size_t>(kChunk) * ldW;     // [32][ldK]
+    u0 = kd + static_cast<size_t>(kChunk / 2) * ldK;
     u1 = u0 + static_cast<size_t>(kChunk) * ldS;
-    at = u1 + static_cast<size_t>(kChunk) * ldS;
-    ev = at + static_cast<size_t>(kChunk) * kLdAT;
+    at = u1 + static_cast<size_t>(kChunk) * ldS;    // [32][kLdAT]
+    ev = at + static_cast<size_t>(kChunk / 2) * kLdAT;
     floats = ev + kChunk + 4;  // exp(cum) [64], exp(last)
   }
 };
 
-// Steps 4-6 (the header comment) on TF32 tensor cores. TPW: the state tiles
-// (32 x 32) per warp; State: the pool's element type.
-template <int TPW, class State>
+// Steps 4-6 (the header comment) on TF32 tensor cores; State: the pool's
+// element type. Dvs <= 64 and Dk <= 128 (the plan's limits), so each warp
+// owns at most one 32 x 32 state tile and one 16 x 32 output tile.
+template <class State>
 __global__ void __launch_bounds__(kChunkThreads, 1) gdn_rule_chunked_kernel(ChunkArgs p) {
   extern __shared__ float4 sm4[];
   float* sm = reinterpret_cast<float*>(sm4);
@@ -736,7 +852,7 @@ __global__ void __launch_bounds__(kChunkThreads, 1) gdn_rule_chunked_kernel(Chun
   const int h = blockIdx.x / split, part = blockIdx.x % split, s = p.seq_begin + blockIdx.y;
   const int Hk = p.dm.num_k_heads, Hv = p.dm.num_v_heads, Dk = p.dm.k_head_dim, Dv = p.dm.v_head_dim;
   const int Dvs = Dv / split, cs = part * Dvs;  // this CTA's columns [cs, cs + Dvs)
-  const int64_t KD = p.dm.key_dim(), VD = p.dm.value_dim(), C = p.dm.conv_dim(), T = p.sc.T;
+  const int64_t VD = p.dm.value_dim(), T = p.sc.T;
   const int r0 = p.seqs.q_start[s], n = p.seqs.q_start[s + 1] - r0;
   if (n < 2) return;  // the recurrent kernel's
   const int slot = p.seqs.slots[s];
@@ -748,39 +864,41 @@ __global__ void __launch_bounds__(kChunkThreads, 1) gdn_rule_chunked_kernel(Chun
     return;
   }
   const SeqLayout L(Dk, Dvs);
-  const int ldS = L.ldS, ldQ = L.ldQ, ldK = L.ldK;
+  const int ldS = L.ldS, ldW = L.ldW, ldQ = L.ldQ, ldK = L.ldK;
   float* Sr = sm + L.sr;  // [Dk][ldS]: the state, TF32
-  float* Qs = sm + L.q;   // [64][ldQ]: q (1/|q|) scale, TF32
-  float* Ws = sm + L.w;   // [64][ldQ]: W (TF32 from the prep)
-  float* Ks = sm + L.kd;  // [64][ldK]: KD = (k 1/|k|) exp(last - cum), TF32
+  uint32_t* Qs = reinterpret_cast<uint32_t*>(sm + L.q);   // [64][ldQ]: q / |q| scale, f16 pairs
+  float* Ws = sm + L.w;                                    // [64][ldW]: W (TF32 from the prep)
+  uint32_t* Ks = reinterpret_cast<uint32_t*>(sm + L.kd);  // [32][ldK]: KD pair rows
   float* const Ub0 = sm + L.u0;  // [64][ldS]: U, then v_new (TF32) in place; two buffers
   float* const Ub1 = sm + L.u1;
-  float* AT = sm + L.at;  // [64][kLdAT]: A^T (TF32 from the prep)
+  uint32_t* AT = reinterpret_cast<uint32_t*>(sm + L.at);  // [32][kLdAT]: A^T pair rows
   float* ev = sm + L.ev;  // [64] exp(cum), 0 past the chunk; [64]: exp(last)
 
   const int pos0 = p.seqs.context_lens[s] - n;
   const int kh = h / (Hv / Hk);
-  const float scale = __fdiv_rn(1.0f, sqrtf(static_cast<float>(Dk)));
-  const float* __restrict__ qkv = p.qkv;
-  const int64_t qcol = static_cast<int64_t>(kh) * Dk;  // the key head's q columns (its k columns: KD + qcol)
-  const bool qkv16 = reinterpret_cast<uintptr_t>(qkv) % 16 == 0 && C % 4 == 0;
   const int64_t hT = static_cast<int64_t>(h) * T, HT = static_cast<int64_t>(Hv) * T;
-  const float* __restrict__ Wg = p.sc.W + hT * Dk;       // + row Dk
-  const float* __restrict__ Ug = p.sc.U + hT * Dv + cs;  // + row Dv
-  const float* __restrict__ Ag = p.sc.A + hT * kChunk;   // + row 64
-  const float* __restrict__ vg = p.sc.vec + hT;          // + k HT + row: vector k
-  const int dq = Dk / 4;                                 // 16-byte pieces of a q, k or W row
-  const int uq = Dvs / 4;                                // ... of a U row
+  const float* __restrict__ Wg = p.sc.W + hT * Dk;                                     // + row Dk
+  const float* __restrict__ Ug = p.sc.U + hT * Dv + cs;                                // + row Dv
+  const float* __restrict__ Ag = reinterpret_cast<const float*>(p.sc.A + hT * kChunk);  // + row 64
+  const float* __restrict__ KDg = reinterpret_cast<const float*>(p.sc.KD + hT * Dk);    // + row Dk
+  const float* __restrict__ Qg =
+      reinterpret_cast<const float*>(p.sc.Q + static_cast<int64_t>(kh) * T * (Dk / 2));  // + row Dk / 2
+  const float* __restrict__ vg = p.sc.vec + hT;  // + k HT + row: vector k
+  const int dq = Dk / 4;                         // 16-byte pieces of a W or KD row
+  const int uq = Dvs / 4;                        // ... of a U row
 
-  // The state tiles of this warp (32 x 32 each; rows a, columns d of the
-  // slice): S in f32 registers for the whole sequence, Sr its TF32 copy.
+  // This warp's tiles: rows a0.., columns d0.. of the 32 x 32 state tile
+  // (S in f32 registers for the whole sequence, Sr its TF32 copy), rows
+  // i0.., columns e0.. of the 16 x 32 tile of steps 4 and 5.
   const int stn = (Dvs + 31) / 32, stm = (Dk + 31) / 32;
-  float S[TPW][2][4][4];
+  const bool has_s = warp < stm * stn, has_o = warp < 4 * stn;
+  const int a0 = (warp / stn) * 32, d0 = (warp % stn) * 32, i0 = (warp / stn) * 16;
+  const int smt = has_s ? min(2, (Dk - a0) / 16) : 0, snt = has_s ? min(4, (Dvs - d0) / 8) : 0;
+  const int ont = has_o ? min(4, (Dvs - d0) / 8) : 0;
+  float S[2][4][4] = {};
   State* Sg = static_cast<State*>(p.pool) + (static_cast<int64_t>(slot) * Hv + h) * Dk * Dv + cs;
-  const bool fresh = pos0 == 0;
-#pragma unroll
-  for (int j = 0; j < TPW; ++j) {
-    const int tile = warp + kChunkWarps * j, a0 = (tile / stn) * 32, d0 = (tile % stn) * 32;
+  // f(x, pool element) for each element x of the warp's state tile.
+  auto each_state = [&](auto&& f) {
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -788,17 +906,20 @@ __global__ void __launch_bounds__(kChunkThreads, 1) gdn_rule_chunked_kernel(Chun
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int a = a0 + 16 * mt + g + 8 * (e / 2), d = d0 + 8 * nt + 2 * t4 + e % 2;
-          const bool in = tile < stm * stn && a < Dk && d < Dvs;
-          S[j][mt][nt][e] = in && !fresh ? state_f32(Sg[static_cast<int64_t>(a) * Dv + d]) : 0.0f;
-          if (in) Sr[a * ldS + d] = tf32_rna(S[j][mt][nt][e]);
+          if (mt < smt && nt < snt) f(S[mt][nt][e], Sg[static_cast<int64_t>(a) * Dv + d], Sr[a * ldS + d]);
         }
-  }
+  };
+  const bool fresh = pos0 == 0;
+  each_state([&](float& x, const State& pool, float& copy) {
+    x = fresh ? 0.0f : state_f32(pool);
+    copy = tf32_rna(x);
+  });
 
   auto chunk_rows = [&](int t) { return min(n - t, kChunk - (pos0 + t) % kChunk); };
   // cp.async of rows [0, nc) of a [rows][pieces] source at src (row stride
   // sld floats) into dst (stride dld); rows nc..63 zeroed.
-  auto stage = [&](float* dst, int dld, const float* src, int64_t sld, int pieces, int nc) {
-    for (int e = tid; e < kChunk * pieces; e += kChunkThreads) {
+  auto stage_rows = [&](float* dst, int dld, const float* src, int64_t sld, int pieces, int nc, int rows) {
+    for (int e = tid; e < rows * pieces; e += kChunkThreads) {
       const int i = e / pieces, c = 4 * (e % pieces);
       if (i < nc)
         cp_async16(dst + i * dld + c, src + i * sld + c);
@@ -806,207 +927,123 @@ __global__ void __launch_bounds__(kChunkThreads, 1) gdn_rule_chunked_kernel(Chun
         *reinterpret_cast<float4*>(dst + i * dld + c) = make_float4(0.f, 0.f, 0.f, 0.f);
     }
   };
-  // q or k rows [0, nc) of the chunk at row0 into dst (raw; the issuing
-  // thread scales its own pieces once they land), rows nc..63 zeroed; f:
-  // each piece's row scale loaded now, into f[k] for the thread's k-th piece.
-  auto stage_qk = [&](float* dst, int dld, int64_t row0, int nc, int64_t col, float (&f)[kMaxPieces],
-                      auto&& row_scale) {
-#pragma unroll
-    for (int k = 0; k < kMaxPieces; ++k) {
-      const int e = tid + kChunkThreads * k, i = e / dq, c = 4 * (e % dq);
-      if (e >= kChunk * dq) break;
-      float* d = dst + i * dld + c;
-      if (i < nc) {
-        const float* src = qkv + (row0 + i) * C + col + c;
-        if (qkv16) {
-          cp_async16(d, src);
-        } else {
-#pragma unroll
-          for (int x = 0; x < 4; ++x) cp_async4(d + x, src + x);
-        }
-        f[k] = row_scale(row0 + i);
-      } else {
-        *reinterpret_cast<float4*>(d) = make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-    }
+  auto stage = [&](float* dst, int dld, const float* src, int64_t sld, int pieces, int nc) {
+    stage_rows(dst, dld, src, sld, pieces, nc, kChunk);
   };
-  // Each thread's own landed q pieces (rows < nc): (x (1/|q|)) scale, TF32.
-  auto scale_q = [&](int nc, const float (&f)[kMaxPieces]) {
-#pragma unroll
-    for (int k = 0; k < kMaxPieces; ++k) {
-      const int e = tid + kChunkThreads * k, i = e / dq, c = 4 * (e % dq);
-      if (e >= kChunk * dq) break;
-      if (i >= nc) continue;
-      float4* x = reinterpret_cast<float4*>(Qs + i * ldQ + c);
-      const float4 v = *x;
-      *x = make_float4(tf32_rna(__fmul_rn(__fmul_rn(v.x, f[k]), scale)), tf32_rna(__fmul_rn(__fmul_rn(v.y, f[k]), scale)),
-                       tf32_rna(__fmul_rn(__fmul_rn(v.z, f[k]), scale)), tf32_rna(__fmul_rn(__fmul_rn(v.w, f[k]), scale)));
-    }
-  };
-  // A^T and exp(cum), exp(last) of the chunk at row t (rows from nc on zero).
-  auto stage_at_ev = [&](int t, int nc) {
+  // The chunk at row t (nc rows) in two cp.async groups: G1 = q, W, U (into
+  // ubuf): what the first phase reads; G2 = A^T, KD, exp(cum), exp(last):
+  // what only the second phase reads. (Words are copied as floats.)
+  auto stage_g1 = [&](int t, int nc, float* ubuf) {
     const int64_t rs = r0 + t;
-    stage(AT, kLdAT, Ag + rs * kChunk, kChunk, kChunk / 4, nc);
+    stage(reinterpret_cast<float*>(Qs), ldQ, Qg + rs * (Dk / 2), Dk / 2, Dk / 8, nc);
+    stage(Ws, ldW, Wg + rs * Dk, Dk, dq, nc);
+    stage(ubuf, ldS, Ug + rs * Dv, Dv, uq, nc);
+    cp_async_commit();
+  };
+  auto stage_g2 = [&](int t, int nc) {
+    const int64_t rs = r0 + t;
+    const int np = pair_rows(nc);
+    stage_rows(reinterpret_cast<float*>(AT), kLdAT, Ag + rs * kChunk, kChunk, kChunk / 4, np, kChunk / 2);
+    stage_rows(reinterpret_cast<float*>(Ks), ldK, KDg + rs * Dk, Dk, dq, np, kChunk / 2);
     if (tid < kChunk) {
       if (tid < nc)
         cp_async4(ev + tid, vg + rs + tid);
       else
         ev[tid] = 0.0f;
     }
-    if (tid == 0) cp_async4(ev + kChunk, vg + 4 * HT + rs);
+    if (tid == 0) cp_async4(ev + kChunk, vg + HT + rs);
+    cp_async_commit();
   };
 
-  float fq[kMaxPieces], fk[kMaxPieces], fk2[kMaxPieces];
-  {
-    const int nc = chunk_rows(0);
-    stage_qk(Qs, ldQ, r0, nc, qcol, fq, [&](int64_t r) { return vg[2 * HT + r]; });
-    stage(Ws, ldQ, Wg + static_cast<int64_t>(r0) * Dk, Dk, dq, nc);
-    stage(Ub0, ldS, Ug + static_cast<int64_t>(r0) * Dv, Dv, uq, nc);
-    stage_at_ev(0, nc);
-  }
-  const int p45 = 4 * stn;  // the 16 x 32 tiles of the 64 x Dvs products (steps 4 and 5)
+  stage_g1(0, chunk_rows(0), Ub0);
+  stage_g2(0, chunk_rows(0));
   int buf = 0;
   for (int t0 = 0; t0 < n;) {
     const int nc = chunk_rows(t0), nc8 = (nc + 7) / 8 * 8;
     const int64_t row0 = r0 + t0;
     float* const U = buf ? Ub1 : Ub0;
-    cp_async_wait_all();
-    scale_q(nc, fq);
-    __syncthreads();  // the chunk's operands (and the state's TF32 copy) are in place; KD's buffer is free
+    cp_async_wait_group<1>();  // G1 of this chunk (its G2 may still be in flight)
+    __syncthreads();  // q, W, U and the state's TF32 copy are in place
 
-    // The k rows of KD, raw, with their scales 1/|k| and exp(last - cum).
-    stage_qk(Ks, ldK, row0, nc, KD + qcol, fk, [&](int64_t r) { return vg[3 * HT + r]; });
-#pragma unroll
-    for (int k = 0; k < kMaxPieces; ++k) {
-      const int e = tid + kChunkThreads * k, i = e / dq;
-      fk2[k] = e < kChunk * dq && i < nc ? vg[HT + row0 + i] : 0.0f;
-    }
-
-    // 4. v_new = U - W S (in U, TF32).
-    for (int tile = warp; tile < p45; tile += kChunkWarps) {
-      const int i0 = (tile / stn) * 16, d0 = (tile % stn) * 32, nts = min(4, (Dvs - d0) / 8);
-      if (i0 >= nc) continue;
+    // Phase 1: v_new = U - W S (over U, TF32) and q S (kept for step 5).
+    float qs[1][4][4] = {};
+    if (has_o && i0 < nc) {
       float acc[1][4][4] = {};
-      warp_mma<1, 4>(Ws + i0 * ldQ, ldQ, 1, Sr + d0, ldS, Dk, 1, nts, acc);
+      warp_mma<1, 4>(f32_rows(Ws + i0 * ldW, ldW), Sr + d0, ldS, Dk, 1, ont, acc);
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
-        if (nt < nts)
+        if (nt < ont)
 #pragma unroll
           for (int hf = 0; hf < 2; ++hf) {
             float2* u = reinterpret_cast<float2*>(U + (i0 + g + 8 * hf) * ldS + d0 + 8 * nt + 2 * t4);
             const float2 x = *u;
-            *u = make_float2(tf32_rna(__fsub_rn(x.x, acc[0][nt][2 * hf])), tf32_rna(__fsub_rn(x.y, acc[0][nt][2 * hf + 1])));
+            *u = make_float2(tf32_rna(__fsub_rn(x.x, acc[0][nt][2 * hf])),
+                             tf32_rna(__fsub_rn(x.y, acc[0][nt][2 * hf + 1])));
           }
+      warp_mma<1, 4>(pairs_rows(Qs + i0 * ldQ, ldQ), Sr + d0, ldS, Dk, 1, ont, qs);
     }
-    __syncthreads();  // v_new is in place; W's buffer is free
+    cp_async_wait_group<0>();  // G2: A^T, KD, exp(cum), exp(last)
+    __syncthreads();  // v_new, KD, A^T, exp(cum) in place; q, W and Sr are free
 
     const bool more = t0 + nc < n;
     const int nn = more ? chunk_rows(t0 + nc) : 0;
-    if (more) {
-      stage(Ws, ldQ, Wg + (row0 + nc) * Dk, Dk, dq, nn);
-      stage(buf ? Ub0 : Ub1, ldS, Ug + (row0 + nc) * Dv, Dv, uq, nn);
-    }
+    if (more) stage_g1(t0 + nc, nn, buf ? Ub0 : Ub1);
 
-    // 5. o_i = exp(cum_i) (q_i S) + sum_{j <= i} A_ij v_new_j.
-    for (int tile = warp; tile < p45; tile += kChunkWarps) {
-      const int i0 = (tile / stn) * 16, d0 = (tile % stn) * 32, nts = min(4, (Dvs - d0) / 8);
-      if (i0 >= nc) continue;
-      float acc[1][4][4] = {};
-      warp_mma<1, 4>(Qs + i0 * ldQ, ldQ, 1, Sr + d0, ldS, Dk, 1, nts, acc);
+    // Phase 2: o = exp(cum) (q S) + A v_new -> out; S = exp(last) S + KD^T
+    // v_new (registers), Sr = TF32(S).
+    if (has_o && i0 < nc) {
       const float e0 = ev[i0 + g], e1 = ev[i0 + g + 8];
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
-        acc[0][nt][0] = __fmul_rn(acc[0][nt][0], e0);
-        acc[0][nt][1] = __fmul_rn(acc[0][nt][1], e0);
-        acc[0][nt][2] = __fmul_rn(acc[0][nt][2], e1);
-        acc[0][nt][3] = __fmul_rn(acc[0][nt][3], e1);
+        qs[0][nt][0] = __fmul_rn(qs[0][nt][0], e0);
+        qs[0][nt][1] = __fmul_rn(qs[0][nt][1], e0);
+        qs[0][nt][2] = __fmul_rn(qs[0][nt][2], e1);
+        qs[0][nt][3] = __fmul_rn(qs[0][nt][3], e1);
       }
-      warp_mma<1, 4>(AT + i0, 1, kLdAT, U + d0, ldS, min(i0 + 16, nc8), 1, nts, acc);
+      warp_mma<1, 4>(pairs_cols(AT + i0, kLdAT), U + d0, ldS, min(i0 + 16, nc8), 1, ont, qs);
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
-        if (nt < nts)
+        if (nt < ont)
 #pragma unroll
           for (int hf = 0; hf < 2; ++hf) {
             const int i = i0 + g + 8 * hf;
             if (i < nc)
               *reinterpret_cast<float2*>(out + (row0 + i) * VD + ocol + d0 + 8 * nt + 2 * t4) =
-                  make_float2(acc[0][nt][2 * hf], acc[0][nt][2 * hf + 1]);
+                  make_float2(qs[0][nt][2 * hf], qs[0][nt][2 * hf + 1]);
           }
     }
-    cp_async_wait_all();
-    {
-      // KD = (k 1/|k|) exp(last - cum): each thread its own pieces.
-#pragma unroll
-      for (int k = 0; k < kMaxPieces; ++k) {
-        const int e = tid + kChunkThreads * k, i = e / dq, c = 4 * (e % dq);
-        if (e >= kChunk * dq) break;
-        if (i >= nc) continue;
-        float4* x = reinterpret_cast<float4*>(Ks + i * ldK + c);
-        const float4 v = *x;
-        *x = make_float4(tf32_rna(__fmul_rn(__fmul_rn(v.x, fk[k]), fk2[k])),
-                         tf32_rna(__fmul_rn(__fmul_rn(v.y, fk[k]), fk2[k])),
-                         tf32_rna(__fmul_rn(__fmul_rn(v.z, fk[k]), fk2[k])),
-                         tf32_rna(__fmul_rn(__fmul_rn(v.w, fk[k]), fk2[k])));
-      }
-    }
-    const float el = ev[kChunk];  // exp(last), read before the next chunk's is staged
-    __syncthreads();  // KD is in place; Q, A^T and exp(cum) are free
-
-    if (more) {
-      stage_qk(Qs, ldQ, row0 + nc, nn, qcol, fq, [&](int64_t r) { return vg[2 * HT + r]; });
-      stage_at_ev(t0 + nc, nn);
-    }
-
-    // 6. S = exp(last) S + sum_i KD_i v_new_i^T (registers), then its TF32 copy.
-#pragma unroll
-    for (int j = 0; j < TPW; ++j) {
-      const int tile = warp + kChunkWarps * j, a0 = (tile / stn) * 32, d0 = (tile % stn) * 32;
-      if (tile >= stm * stn) continue;
-      const int mts = min(2, (Dk - a0) / 16), nts = min(4, (Dvs - d0) / 8);
+    if (has_s) {
+      const float el = ev[kChunk];
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) S[j][mt][nt][e] = __fmul_rn(S[j][mt][nt][e], el);
-      warp_mma<2, 4>(Ks + a0, 1, ldK, U + d0, ldS, nc8, mts, nts, S[j]);
+          for (int e = 0; e < 4; ++e) S[mt][nt][e] = __fmul_rn(S[mt][nt][e], el);
+      warp_mma<2, 4>(pairs_cols(Ks + a0, ldK), U + d0, ldS, nc8, smt, snt, S);
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
-          if (mt < mts && nt < nts)
+          if (mt < smt && nt < snt)
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf)
               *reinterpret_cast<float2*>(Sr + (a0 + 16 * mt + g + 8 * hf) * ldS + d0 + 8 * nt + 2 * t4) =
-                  make_float2(tf32_rna(S[j][mt][nt][2 * hf]), tf32_rna(S[j][mt][nt][2 * hf + 1]));
+                  make_float2(tf32_rna(S[mt][nt][2 * hf]), tf32_rna(S[mt][nt][2 * hf + 1]));
     }
+    __syncthreads();  // A^T, exp(cum), KD and v_new are free
+    if (more) stage_g2(t0 + nc, nn);
     buf ^= 1;
     t0 += nc;
   }
-#pragma unroll
-  for (int j = 0; j < TPW; ++j) {
-    const int tile = warp + kChunkWarps * j, a0 = (tile / stn) * 32, d0 = (tile % stn) * 32;
-    if (tile >= stm * stn) continue;
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int a = a0 + 16 * mt + g + 8 * (e / 2), d = d0 + 8 * nt + 2 * t4 + e % 2;
-          if (a < Dk && d < Dvs) Sg[static_cast<int64_t>(a) * Dv + d] = state_from_f32<State>(S[j][mt][nt][e]);
-        }
-  }
+  each_state([&](float x, State& pool, float&) { pool = state_from_f32<State>(x); });
 }
-
-// The sequential kernel's state tiles (32 x 32) per warp for Dk x Dvs.
-int state_tiles_per_warp(int Dk, int Dvs) { return ((Dk + 31) / 32 * ((Dvs + 31) / 32) + kChunkWarps - 1) / kChunkWarps; }
 
 using ChunkKernel = void (*)(ChunkArgs);
 
 template <class State>
-ChunkKernel chunk_kernel(int tpw) {
-  return tpw == 1 ? gdn_rule_chunked_kernel<1, State> : gdn_rule_chunked_kernel<2, State>;
+ChunkKernel chunk_kernel() {
+  return gdn_rule_chunked_kernel<State>;
 }
 
 // The sequential kernel's work per CTA and chunk (the plan's cost), in
@@ -1143,7 +1180,7 @@ void gdn_conv(const GdnDims& d, const GdnSeqs& seqs, const float* x, const float
 GdnChunkPlan gdn_chunk_plan_at(const GdnDims& d, int split, size_t max_smem) {
   const int Dk = d.k_head_dim, Dv = d.v_head_dim;
   if (split <= 0 || Dk <= 0 || Dv <= 0 || Dk % 16 != 0 || Dk > kMmaMaxDk || Dv % split != 0 || (Dv / split) % 8 != 0 ||
-      state_tiles_per_warp(Dk, Dv / split) > 2)
+      Dv / split > kMmaMaxDvs)
     return {};
   GdnChunkPlan p;
   for (const int ldt : {kChunk + 4, kChunk}) {
@@ -1214,7 +1251,7 @@ void gdn_rule(const GdnDims& d, const GdnSeqs& seqs, const float* qkv, const flo
             "cuda::gdn_rule: the chunked delta rule does not take split " + std::to_string(opt.chunk_split) +
             " for Dk " + std::to_string(d.k_head_dim) + " x Dv " + std::to_string(d.v_head_dim) +
             " (Dk must be a multiple of 16 up to " + std::to_string(kMmaMaxDk) +
-            ", Dv / split a multiple of 8 with at most 16 state tiles of 32 x 32, and its " +
+            ", Dv / split a multiple of 8 up to " + std::to_string(kMmaMaxDvs) + ", and its " +
             std::to_string(sizeof(float) * SeqLayout(d.k_head_dim, std::max(d.v_head_dim / opt.chunk_split, 8)).floats) +
             " bytes of buffers must fit in the " + std::to_string(max_smem) + " bytes of shared memory of one block)");
     } else {
@@ -1251,8 +1288,7 @@ void gdn_rule(const GdnDims& d, const GdnSeqs& seqs, const float* qkv, const flo
                    static_cast<unsigned>(d.num_v_heads));
   gdn_chunk_prep_kernel<<<pgrid, kChunkThreads, plan.prep_smem, stream>>>(args);
   FP8KV_CU_LAUNCH();
-  const int tpw = state_tiles_per_warp(d.k_head_dim, d.v_head_dim / plan.split);
-  const ChunkKernel kern = state_bf16 ? chunk_kernel<__nv_bfloat16>(tpw) : chunk_kernel<float>(tpw);
+  const ChunkKernel kern = state_bf16 ? chunk_kernel<__nv_bfloat16>() : chunk_kernel<float>();
   if (plan.smem > 48 * 1024) allow_smem(reinterpret_cast<const void*>(kern), plan.smem);
   const dim3 cgrid(static_cast<unsigned>(d.num_v_heads * plan.split), static_cast<unsigned>(seqs.num_seqs - seq_begin));
   kern<<<cgrid, kChunkThreads, plan.smem, stream>>>(args);

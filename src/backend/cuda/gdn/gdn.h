@@ -56,8 +56,8 @@
 //    sequences the other owns (the lengths are read from device memory);
 //    only such a step uses the scratch. Shapes the chunked kernels do not
 //    take (Dk not a multiple of 16 or above 128, or no split of Dv into
-//    multiples of 8 whose buffers fit the shared memory of one block; Dv =
-//    128 takes split 2 and up on an H100) run every row in the recurrent
+//    multiples of 8 up to 64 whose buffers fit the shared memory of one
+//    block; Dv = 128 takes split 2 and up) run every row in the recurrent
 //    form.
 #pragma once
 #include <cuda_runtime.h>
@@ -168,10 +168,11 @@ void gdn_rule(const GdnDims& d, const GdnSeqs& seqs, const float* qkv, const flo
               size_t scratch_bytes, cudaStream_t stream, const GdnRuleOptions& opt = {});
 
 // The chunked form's scratch for T rows: per value head and row, the prep
-// kernel's W [Dk], U [Dv] (after the substitution), row of A^T [64] and 5
-// row vectors (exp(cum), exp(last - cum), 1 / |q|, 1 / |k|, exp(last)), f32,
-// as four 256-byte aligned pieces: 4 T Hv (Dk + Dv + 64 + 5) bytes plus the
-// alignment (Qwen3.5-27B, Hv 48, Dk = Dv = 128: 62.4 KB per row).
+// kernel's W [Dk], U [Dv] (after the substitution), a row of A^T's pairs
+// [64], KD's pairs [Dk] and 2 row vectors (exp(cum), exp(last)); per key
+// head and row q's pairs [Dk / 2]; 32-bit words, as six 256-byte aligned
+// pieces: 4 T (Hv (2 Dk + Dv + 66) + Hk Dk / 2) bytes plus the alignment
+// (Qwen3.5-27B, Hv 48, Hk 16, Dk = Dv = 128: 90.5 KB per row).
 size_t gdn_rule_scratch_bytes(const GdnDims& d, int64_t T);
 
 // gdn_gated_rmsnorm: y = w * rmsnorm(x) * silu(z) per (token, value head)
