@@ -290,11 +290,10 @@ __global__ void gdn_rule_kernel(GdnSeqs seqs, GdnDims dm, int chunk_begin, const
 // out, in two groups per chunk: q, W and U (what the first phase reads)
 // and A^T, KD, exp(cum) and exp(last) (what only the second reads); q, KD
 // and A^T as f16 pairs (half the bytes of f32), widened exactly to f32 in
-// the fragment loads. Two phases
-// per chunk, three barriers: (1) v_new (step 4) and q S (step 5's first
-// half, kept in registers), which read Sr; (2) the rest of step 5 and step
-// 6 (the state in registers, then its TF32 copy, which no warp reads after
-// phase 1). The next chunk's first group is issued as phase 2 starts (its
+// the fragment loads. Two phases per chunk, three barriers: (1) v_new
+// (step 4) and q S (step 5's first half, kept in registers), which read
+// Sr; (2) the rest of step 5 and step 6 (the state in registers, then its
+// TF32 copy, which no warp reads after phase 1). The next chunk's first group is issued as phase 2 starts (its
 // buffers are free; two U buffers) and its second when phase 2 ends, so
 // each group lands during a phase. Row strides are padded so that every
 // fragment load and accumulator store is free of bank conflicts
