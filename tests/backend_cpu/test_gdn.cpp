@@ -310,9 +310,10 @@ TEST(Gdn, CausalConvCarriesItsState) {
 
 // A host model of the CUDA state pass's TF32 roundings (backend/cuda/gdn/
 // gdn.h): the chunked rule with the operands the kernel rounds rounded the
-// same way (q normalized and scaled, W and A after the prep, v_new, KD =
-// k exp(last - cum), the state's copy in the products; U, the state and
-// every sum in f32), against the CPU's f32 chunked rule on the CUDA tests'
+// same way (q and k normalized, the prep's L and A products reading them;
+// W and A after the prep, v_new, KD = k exp(last - cum), the state's copy
+// in the state pass's products; q, KD and A through their f16 pairs; U,
+// the state and every sum in f32), against the CPU's f32 chunked rule on the CUDA tests'
 // input distribution (tests/cuda_ops/test_gdn_cuda.cpp rule_inputs: a
 // fresh 140-row prefill, 120 rows continuing from a random state at
 // position 37, and 1,000 rows from position 5). Its relative RMS error
@@ -329,11 +330,13 @@ void tf32_model_chunked(const GdnShape& s, int64_t pos0, const float* qkv, int64
   using test_util::tf32_rna;
   const int Hv = s.num_v_heads, Dk = s.k_head_dim, Dv = s.v_head_dim, C = kGdnChunk;
   const int64_t VD = s.value_dim();
-  auto l2 = [&](const float* x, float scale, float* y, bool round) {
+  // q and k normalized, rounded to TF32 (the prep's L and A products
+  // read them so); q S reads q's f16 pair copy.
+  auto l2 = [&](const float* x, float scale, float* y) {
     float ss = 0.0f;
     for (int a = 0; a < Dk; ++a) ss += x[a] * x[a];
     const float inv = 1.0f / std::sqrt(ss + 1e-6f);
-    for (int a = 0; a < Dk; ++a) y[a] = round ? f16_of_tf32(tf32_rna(x[a] * inv * scale)) : x[a] * inv * scale;
+    for (int a = 0; a < Dk; ++a) y[a] = tf32_rna(x[a] * inv * scale);
   };
   for (int h = 0; h < Hv; ++h) {
     const int kh = h / (Hv / s.num_k_heads);
@@ -344,9 +347,9 @@ void tf32_model_chunked(const GdnShape& s, int64_t pos0, const float* qkv, int64
       float run = 0.0f;
       for (int i = 0; i < n; ++i) {
         const float* row = qkv + (t0 + i) * s.conv_dim();
-        l2(row + kh * Dk, 1.0f / std::sqrt(static_cast<float>(Dk)), &q[i * Dk], false);
-        l2(row + kh * Dk, 1.0f / std::sqrt(static_cast<float>(Dk)), &qr[i * Dk], true);
-        l2(row + s.key_dim() + kh * Dk, 1.0f, &k[i * Dk], false);
+        l2(row + kh * Dk, 1.0f / std::sqrt(static_cast<float>(Dk)), &q[i * Dk]);
+        for (int a = 0; a < Dk; ++a) qr[i * Dk + a] = f16_of_tf32(q[i * Dk + a]);
+        l2(row + s.key_dim() + kh * Dk, 1.0f, &k[i * Dk]);
         b[i] = beta[(t0 + i) * Hv + h];
         run += g[(t0 + i) * Hv + h];
         cum[i] = run;

@@ -780,8 +780,8 @@ TEST(GdnChunkPlan, FollowsTheShapes) {
   EXPECT_EQ(p.split, 2);
   EXPECT_EQ(p.smem, 151824u);  // 4 (128 x 72 + 64 x 68 + 64 x 132 + 32 x 136 + 2 x 64 x 72 + 32 x 72 + 68)
   EXPECT_EQ(p.ctas_per_sm, 1);
-  EXPECT_EQ(p.prep_ld_t, 68);
-  EXPECT_EQ(p.prep_smem, 104208u);
+  EXPECT_EQ(p.prep_ld_t, 72);
+  EXPECT_EQ(p.prep_smem, 108304u);
   EXPECT_EQ(cuda::gdn_chunk_plan(q27, 4, 132, kSmem).split, 2);
   p = cuda::gdn_chunk_plan_at(q27, 4, kSmem);
   EXPECT_EQ(p.smem, 119056u);

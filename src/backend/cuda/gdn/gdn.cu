@@ -255,10 +255,11 @@ __global__ void gdn_rule_kernel(GdnSeqs seqs, GdnDims dm, int chunk_begin, const
 // cover every chunk once). Per chunk:
 //  1. q, k rows -> QT, KT [Dk][ld_t] (transposed), the gates (one warp: g,
 //     beta, cum = running sum of g, exp(cum), exp(last - cum)), the l2 norms
-//     (one thread per row, the CPU's sequential sum), then q, k normalized.
+//     (one thread per row, the CPU's sequential sum), then q, k normalized
+//     and rounded to TF32.
 //  2. L = beta_i (k_i . k_j) exp(cum_i - cum_j) (j < i) -> LT [64][64] and
-//     A = (q_i . k_j) exp(cum_i - cum_j) (j <= i) -> the scratch: the 136 4x4
-//     tiles on or below the diagonal of each, one per thread.
+//     A = (q_i . k_j) exp(cum_i - cum_j) (j <= i), the products on TF32
+//     tensor cores (the m16n8 tiles on or below the diagonal of each);
 //     A^T (TF32) -> shared memory, then as f16 pairs (pair rows, below) to
 //     the scratch, with KD = (k / |k|) exp(last - cum) and q / |q| scale.
 //  3. Forward substitution of (I + L) X = B for every column of U = v beta
@@ -303,8 +304,8 @@ __global__ void gdn_rule_kernel(GdnSeqs seqs, GdnDims dm, int chunk_begin, const
 // outputs move by ~1e-3 relative (tests/cuda_ops/test_gdn_cuda.cpp: the
 // statistical bound). Dk <= 128 and Dv / split <= 64: a warp owns at most
 // one 32 x 32 state tile and one 16 x 32 output tile.
-// Shared memory (32-bit words): prep 2 Dk ld_t + LT and A^T 2 x 64 x 64 +
-// 7 x 64 + 4 (104.2 KB for Dk = 128: two CTAs per SM); sequential SeqLayout:
+// Shared memory (32-bit words): prep 2 Dk ld_t (ld_t = 72) + LT and A^T 2 x
+// 64 x 64 + 7 x 64 + 4 (108.3 KB for Dk = 128: two CTAs per SM); sequential SeqLayout:
 // Sr Dk ldS + q 64 x 68 + W 64 ldW + KD 32 ldK + U 2 x 64 ldS + A^T 32 x 72
 // + 68; for Dk = Dv = 128: 151.8 KB at split 2, 119.1 KB at split 4 (one
 // CTA per SM).
@@ -312,7 +313,6 @@ __global__ void gdn_rule_kernel(GdnSeqs seqs, GdnDims dm, int chunk_begin, const
 constexpr int kChunk = kGdnCudaChunk;
 constexpr int kChunkThreads = 256;
 constexpr int kChunkWarps = kChunkThreads / 32;
-constexpr int kTriTiles = (kChunk / 4) * (kChunk / 4 + 1) / 2;  // 4x4 tiles on or below the diagonal: 136
 constexpr int kPrepVecFloats = 7 * kChunk + 4;  // g, beta, cum, exp(cum), exp(last - cum), 1/|q|, 1/|k|; exp(last)
 constexpr int kLdAT = kChunk + 8;               // the sequential kernel's A^T row stride (% 32 = 8)
 constexpr int kMmaMaxDk = 128;                  // the largest Dk the sequential kernel takes
@@ -462,6 +462,16 @@ __device__ __forceinline__ auto f32_rows(const float* A, int ld) {
     a[3] = __float_as_uint(p[8 * ld + 4]);
   };
 }
+__device__ __forceinline__ auto f32_cols(const float* A, int ld) {  // A(m, k) = A[k ld + m] (ld % 32 = 8)
+  return [A, ld](int mt, int k0, uint32_t(&a)[4]) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const float* p = A + (k0 + t) * ld + 16 * mt + g;
+    a[0] = __float_as_uint(p[0]);
+    a[1] = __float_as_uint(p[8]);
+    a[2] = __float_as_uint(p[4 * ld]);
+    a[3] = __float_as_uint(p[4 * ld + 8]);
+  };
+}
 __device__ __forceinline__ auto pairs_rows(const uint32_t* A, int ld) {
   return [A, ld](int mt, int k0, uint32_t(&a)[4]) {
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -495,37 +505,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait_group() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-// acc[r][c] += sum_k A[k][r] B[k][c] over k in [0, K), in the order of k,
-// one fused multiply-add per term. A and B point at the tile's first row
-// and column of row-major arrays [K][lda] and [K][ldb] (TM and 4
-// consecutive values per k, 16-byte aligned).
-template <int TM>
-__device__ __forceinline__ void tile_fma(const float* A, int lda, const float* B, int ldb, int K, float (&acc)[TM][4]) {
-#pragma unroll 4
-  for (int k = 0; k < K; ++k) {
-    float av[TM];
-    if constexpr (TM == 4) {
-      const float4 t = *reinterpret_cast<const float4*>(A + static_cast<ptrdiff_t>(k) * lda);
-      av[0] = t.x;
-      av[1] = t.y;
-      av[2] = t.z;
-      av[3] = t.w;
-    } else {
-      const float2 t = *reinterpret_cast<const float2*>(A + static_cast<ptrdiff_t>(k) * lda);
-      av[0] = t.x;
-      av[1] = t.y;
-    }
-    const float4 bv = *reinterpret_cast<const float4*>(B + static_cast<ptrdiff_t>(k) * ldb);
-#pragma unroll
-    for (int r = 0; r < TM; ++r) {
-      acc[r][0] = fmaf(av[r], bv.x, acc[r][0]);
-      acc[r][1] = fmaf(av[r], bv.y, acc[r][1]);
-      acc[r][2] = fmaf(av[r], bv.z, acc[r][2]);
-      acc[r][3] = fmaf(av[r], bv.w, acc[r][3]);
-    }
-  }
 }
 
 // x <- (I + L)^{-1} x for one column x[64] (registers), L strictly lower
@@ -690,8 +669,8 @@ __global__ void __launch_bounds__(kChunkThreads, 2) gdn_chunk_prep_kernel(ChunkA
       const float iq = invq[i], ik = invk[i];
       for (int a = tid / kChunk; a < Dk; a += kChunkThreads / kChunk) {
         const int x = a * ldt + i;
-        const float kn = __fmul_rn(KT[x], ik);
-        QT[x] = __fmul_rn(__fmul_rn(QT[x], iq), scale);
+        const float kn = tf32_rna(__fmul_rn(KT[x], ik));
+        QT[x] = tf32_rna(__fmul_rn(__fmul_rn(QT[x], iq), scale));
         KT[x] = kn;
       }
       if (tid < nc) {
@@ -702,38 +681,35 @@ __global__ void __launch_bounds__(kChunkThreads, 2) gdn_chunk_prep_kernel(ChunkA
     }
     __syncthreads();
 
-    // 2. L and A, 4x4 tiles on or below the diagonal (jobs [0, 136): L from
-    // K K^T into LT, [136, 272): A from Q K^T into the scratch, rows j < nc);
-    // tiles of rows i >= nc are zeros (what their zero q, k rows and beta
-    // give). Then A^T's entries above the diagonal tiles: zeros.
-    for (int job = tid; job < 2 * kTriTiles; job += kChunkThreads) {
-      const bool isA = job >= kTriTiles;
-      const int tt = isA ? job - kTriTiles : job;
-      int ti = 0;
-      while ((ti + 1) * (ti + 2) / 2 <= tt) ++ti;
-      const int tj = tt - ti * (ti + 1) / 2;
-      float acc[4][4] = {};
-      if (4 * ti < nc) tile_fma<4>((isA ? QT : KT) + 4 * ti, ldt, KT + 4 * tj, ldt, Dk, acc);
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int j = 4 * tj + c;
-        float o[4];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int i = 4 * ti + r;
-          o[r] = 0.0f;
-          if (4 * ti >= nc) continue;
-          if (isA) {
-            if (j <= i) o[r] = __fmul_rn(acc[r][c], expf(__fsub_rn(cum[i], cum[j])));
-          } else if (j < i) {
-            o[r] = __fmul_rn(__fmul_rn(bet[i], acc[r][c]), expf(__fsub_rn(cum[i], cum[j])));
-          }
+    // 2. L = beta_i (k_i . k_j) exp(cum_i - cum_j) (j < i) -> LT and A =
+    // (q_i . k_j) exp(cum_i - cum_j) (j <= i) -> ATs, the products on TF32
+    // tensor cores (q and k TF32 since 1c): the 20 m16n8 tiles of each
+    // that hold an entry on or below the diagonal (row tile mt: column
+    // tiles nt <= 2 mt + 1), five per warp (warps 0-3: L, 4-7: A). Row
+    // tiles from nc on are zeros (what their zero q, k rows and beta give);
+    // entries above the diagonal are written 0 where a tile holds them.
+    {
+      const bool isA = warp >= kChunkWarps / 2;
+      const int g = lane / 4, t4 = lane % 4;
+      for (int k5 = 0; k5 < 5; ++k5) {
+        const int tile = 5 * (warp % 4) + k5;
+        int mt = 0, base = 0;
+        while (base + 2 * mt + 2 <= tile) {
+          base += 2 * mt + 2;
+          ++mt;
         }
-        float* dst = (isA ? ATs : LT) + j * kChunk + 4 * ti;
-        if (!isA)
-          *reinterpret_cast<float4*>(dst) = make_float4(o[0], o[1], o[2], o[3]);
-        else  // A^T: an MMA operand of the sequential kernel, TF32
-          *reinterpret_cast<float4*>(dst) = make_float4(tf32_rna(o[0]), tf32_rna(o[1]), tf32_rna(o[2]), tf32_rna(o[3]));
+        const int nt = tile - base;
+        float acc[1][1][4] = {};
+        if (16 * mt < nc) warp_mma<1, 1>(f32_cols((isA ? QT : KT) + 16 * mt, ldt), KT + 8 * nt, ldt, Dk, 1, 1, acc);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = 16 * mt + g + 8 * (e / 2), j = 8 * nt + 2 * t4 + e % 2;
+          const float x = acc[0][0][e], d = expf(__fsub_rn(cum[i], cum[j]));
+          if (isA)  // A^T: an MMA operand of the sequential kernel, TF32
+            ATs[j * kChunk + i] = j <= i ? tf32_rna(__fmul_rn(x, d)) : 0.0f;
+          else
+            LT[j * kChunk + i] = j < i ? __fmul_rn(__fmul_rn(bet[i], x), d) : 0.0f;
+        }
       }
     }
     __syncthreads();
@@ -750,8 +726,8 @@ __global__ void __launch_bounds__(kChunkThreads, 2) gdn_chunk_prep_kernel(ChunkA
         uint32_t w[4];
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-          const float lo = (i + c) / 4 >= j / 4 ? ATs[j * kChunk + i + c] : 0.0f;
-          const float hi = (i + c) / 4 >= (j + 4) / 4 ? ATs[(j + 4) * kChunk + i + c] : 0.0f;
+          const float lo = i + c >= j ? ATs[j * kChunk + i + c] : 0.0f;
+          const float hi = i + c >= j + 4 ? ATs[(j + 4) * kChunk + i + c] : 0.0f;
           w[c] = pack_pair(lo, hi);
         }
         *reinterpret_cast<uint4*>(Ag + static_cast<int64_t>(row0 + pr) * kChunk + i) = make_uint4(w[0], w[1], w[2], w[3]);
@@ -1182,7 +1158,7 @@ GdnChunkPlan gdn_chunk_plan_at(const GdnDims& d, int split, size_t max_smem) {
       Dv / split > kMmaMaxDvs)
     return {};
   GdnChunkPlan p;
-  for (const int ldt : {kChunk + 4, kChunk}) {
+  for (const int ldt : {kChunk + 8, kChunk}) {
     const size_t bytes = prep_smem_bytes(Dk, ldt);
     if (bytes <= max_smem) {
       p.prep_ld_t = ldt;
