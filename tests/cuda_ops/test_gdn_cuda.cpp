@@ -817,6 +817,20 @@ TEST(GdnSmallOpsCuda, GatedRmsnormSplitAndSigmoidMatchCpu) {
   cuda::gdn_gated_rmsnorm(dx.as<float>(), dz.as<float>(), T, Hv, Dv, dw.as<float>(), eps, dx.as<float>(), nullptr);
   const std::vector<float> got = to_host<float>(dx, x.size());  // in place (y aliases x)
   expect_within(got, ref, Hv * Dv, [&](size_t i) { return 10 * kU * std::fabs(ref[i]) + 1e-37; }, "gated rmsnorm");
+  // Many blocks of rows, the last one partial (21 rows above; 32 per block
+  // at Dv 128), out of place.
+  {
+    const int T2 = 77, Hv2 = 5, Dv2 = 128;
+    const std::vector<float> x2 = randn(rng, T2 * Hv2 * Dv2, 1.0f), z2 = randn(rng, x2.size(), 1.5f),
+                             w2 = randn(rng, Dv2, 0.2f);
+    std::vector<float> ref2(x2.size());
+    gdn_gated_rmsnorm(x2.data(), z2.data(), T2, Hv2, Dv2, w2.data(), eps, ref2.data());
+    cuda::DeviceBuffer dx2 = to_device(x2), dz2 = to_device(z2), dw2 = to_device(w2), dy2(x2.size() * 4);
+    cuda::gdn_gated_rmsnorm(dx2.as<float>(), dz2.as<float>(), T2, Hv2, Dv2, dw2.as<float>(), eps, dy2.as<float>(),
+                            nullptr);
+    expect_within(to_host<float>(dy2, x2.size()), ref2, Hv2 * Dv2,
+                  [&](size_t i) { return 10 * kU * std::fabs(ref2[i]) + 1e-37; }, "gated rmsnorm, 385 rows");
+  }
 
   const std::vector<float> qg = randn(rng, T * Hq * 2 * D, 1.0f);
   std::vector<float> q(T * Hq * D), gate(q.size());

@@ -1041,22 +1041,38 @@ double chunk_cost(const GdnDims& d, int split) {
   return cols + loads + kChunkLatencyUnits;
 }
 
-// One CTA per (token, head) row: thread 0 sums the squares in order (the
-// CPU's), then every thread scales its elements.
-__global__ void gdn_gated_rmsnorm_kernel(const float* x, const float* __restrict__ z, int Dv,
+// Rows per block of the gated norm: R rows of Dv staged in shared memory
+// (row stride Dv + 1: thread r's sequential walk along its row is free of
+// bank conflicts) with their R inverse norms, at most 48 KB.
+int gated_norm_rows(int Dv) { return std::max(1, std::min(32, (12288 - 32) / (Dv + 1))); }
+
+// The gated norm of R rows per block: the rows loaded coalesced into shared
+// memory; thread r < R sums row r's squares sequentially (the CPU's order,
+// no contraction); then every thread writes y = w (x inv) silu(z) for the
+// block's elements, coalesced. y may alias x (each block reads its rows
+// before it writes them).
+__global__ void gdn_gated_rmsnorm_kernel(const float* x, const float* __restrict__ z, int64_t rows, int Dv, int R,
                                          const float* __restrict__ w, float eps, float* y) {
-  __shared__ float inv;
-  const int64_t r = blockIdx.x;
-  const float* xr = x + r * Dv;
-  if (threadIdx.x == 0) {
+  extern __shared__ float xs[];  // [R][Dv + 1], then inv [R]
+  float* inv = xs + R * (Dv + 1);
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * R;
+  const int nr = static_cast<int>(min(static_cast<int64_t>(R), rows - r0));
+  const int n = nr * Dv;
+  const float* xb = x + r0 * Dv;
+  for (int e = threadIdx.x; e < n; e += blockDim.x) xs[(e / Dv) * (Dv + 1) + e % Dv] = xb[e];
+  __syncthreads();
+  if (threadIdx.x < nr) {
+    const float* xr = xs + threadIdx.x * (Dv + 1);
     float ss = 0.0f;
     for (int i = 0; i < Dv; ++i) ss = __fadd_rn(ss, __fmul_rn(xr[i], xr[i]));
-    inv = __fdiv_rn(1.0f, sqrtf(__fadd_rn(__fdiv_rn(ss, static_cast<float>(Dv)), eps)));
+    inv[threadIdx.x] = __fdiv_rn(1.0f, sqrtf(__fadd_rn(__fdiv_rn(ss, static_cast<float>(Dv)), eps)));
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < Dv; i += blockDim.x) {
-    const float xv = xr[i], zv = z[r * Dv + i];
-    y[r * Dv + i] = __fmul_rn(__fmul_rn(w[i], __fmul_rn(xv, inv)), silu_f(zv));
+  const float* zb = z + r0 * Dv;
+  float* yb = y + r0 * Dv;
+  for (int e = threadIdx.x; e < n; e += blockDim.x) {
+    const int r = e / Dv, i = e % Dv;
+    yb[e] = __fmul_rn(__fmul_rn(w[i], __fmul_rn(xs[r * (Dv + 1) + i], inv[r])), silu_f(zb[e]));
   }
 }
 
@@ -1274,9 +1290,13 @@ void gdn_gated_rmsnorm(const float* x, const float* z, int64_t T, int Hv, int Dv
                        float* y, cudaStream_t stream) {
   const int64_t rows = T * Hv;
   if (rows <= 0) return;
-  if (rows > 0x7fffffff) throw std::invalid_argument("cuda::gdn_gated_rmsnorm: too many rows");
-  const int threads = Dv >= 128 ? 128 : (Dv + 31) / 32 * 32;
-  gdn_gated_rmsnorm_kernel<<<static_cast<unsigned>(rows), threads, 0, stream>>>(x, z, Dv, w, eps, y);
+  if (Dv <= 0) throw std::invalid_argument("cuda::gdn_gated_rmsnorm: Dv must be positive");
+  const int R = gated_norm_rows(Dv);
+  const int64_t blocks = (rows + R - 1) / R;
+  if (blocks > 0x7fffffff) throw std::invalid_argument("cuda::gdn_gated_rmsnorm: too many rows");
+  const size_t smem = sizeof(float) * (static_cast<size_t>(R) * (Dv + 1) + R);
+  if (smem > 48 * 1024) throw std::invalid_argument("cuda::gdn_gated_rmsnorm: Dv " + std::to_string(Dv) + " is too large");
+  gdn_gated_rmsnorm_kernel<<<static_cast<unsigned>(blocks), 128, smem, stream>>>(x, z, rows, Dv, R, w, eps, y);
   FP8KV_CU_LAUNCH();
 }
 
