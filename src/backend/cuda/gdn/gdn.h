@@ -104,9 +104,10 @@ inline constexpr int kGdnCudaChunk = 64;
 // value head's Dv columns (each takes Dv / split of them), smem = its
 // dynamic shared memory in bytes, ctas_per_sm = how many of its CTAs one SM
 // holds (1: its registers); prep_ld_t = the row stride of the prep kernel's
-// transposed [Dk][64] buffers (68: padded against bank conflicts, where it
-// fits; else 64), prep_smem its shared memory (neither depends on the
-// split). split 0: the chunked kernels do not take the shape.
+// transposed [Dk][64] buffers (72: padded so that its tensor-core fragment
+// loads are free of bank conflicts, where it fits; else 64), prep_smem its
+// shared memory (neither depends on the split). split 0: the chunked
+// kernels do not take the shape.
 struct GdnChunkPlan {
   int split = 0;
   size_t smem = 0;
