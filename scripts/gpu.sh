@@ -41,6 +41,10 @@ one logs.tgz plus the summary come back in $OUT):
            then fp8kv bench latency on the Qwen3.5-27B text shape, dummy bf16
            weights, fp8 KV: TTFT of 1K and 8K prompts and batch-1 decode at
            1K, old and new interleaved when a previous build is packed
+  gdn32    Qwen3.5-27B text shape, dummy bf16 weights, batch 32 x 16K in /
+           64 out: decode tok/s with an fp8 KV cache against bf16 (issue
+           33's >= 1.2x; bf16 KV needs ~34 GB beside the 54 GB of weights:
+           an H200's work), one binary
   serve    fp8kv serve on models/fp8kv-mini + bench serve (smoke), prefix
            caching on vs off (same greedy texts); the 8B shape too when
            TOKENIZER is set
@@ -115,7 +119,7 @@ FP8W_CASES=(
 )
 TARGETS=(fp8kv test_cuda test_cuda_ops bench_attention bench_linear bench_allreduce bench_gdn)
 # Seconds each step may run (the watchdog's limit).
-declare -A STEP_S=([test]=300 [kernels]=260 [engine]=300 [serve]=200 [tp]=420 [goldens]=300 [fp8w]=420 [gdn]=540
+declare -A STEP_S=([test]=300 [kernels]=260 [engine]=300 [serve]=200 [tp]=420 [goldens]=300 [fp8w]=420 [gdn]=540 [gdn32]=400
   [train]=570 [train_smoke]=240)
 # Steps that run Python only (no packed binaries, no .wt to carry).
 NO_BINARIES=" goldens train train_smoke "
@@ -344,6 +348,28 @@ step_gdn() {
     done
   done
   python3 tools/ab_table.py engine "$d/engine" | sed 's/^engine  /gdn     /' >>"$G/rows.txt"
+}
+
+step_gdn32() {
+  local d=$G/gdn32 kv
+  for kv in fp8 bf16; do
+    timeout 180 "$NEW/fp8kv" bench latency $MODEL_27B_GDN --load-format dummy --backend cuda --kv-cache-dtype $kv \
+      --ignore-eos --json --batch-size 32 --input-len 16384 --output-len 64 --num-iters-warmup 0 --num-iters 1 \
+      --max-num-seqs 32 --max-model-len 16448 >"$d/$kv.json" 2>"$d/$kv.log" || { echo "gdn32 $kv: rc $?"; tail -3 "$d/$kv.log"; }
+  done
+  python3 - "$d" >>"$G/rows.txt" <<'PY'
+import json, sys
+d = sys.argv[1]
+def get(kv, key):
+    try:
+        return json.load(open(f"{d}/{kv}.json")).get(key)
+    except (OSError, ValueError):
+        return None
+for key in ("decode_tokens_per_s", "ttft_ms"):
+    f, b = get("fp8", key), get("bf16", key)
+    ratio = f"{f / b:.3f}" if f and b else ""
+    print(f"{'gdn32':<8} {'b32/16K ' + key:<30} {f if f is not None else '-':>12} {b if b is not None else '-':>12} {ratio:>9}  fp8 / bf16 KV")
+PY
 }
 
 step_serve() {
@@ -593,7 +619,7 @@ case ${1:-} in
     for a in "$@"; do
       case $a in
         all) steps+=(test kernels engine serve); [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ] && steps+=(tp) ;;
-        test|kernels|engine|fp8w|gdn|serve|tp|goldens|train|train_smoke) steps+=("$a") ;;
+        test|kernels|engine|fp8w|gdn|gdn32|serve|tp|goldens|train|train_smoke) steps+=("$a") ;;
         *) echo "gpu.sh: unknown subcommand '$a'" >&2; usage >&2; exit 2 ;;
       esac
     done
