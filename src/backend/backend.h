@@ -434,6 +434,14 @@ class Backend {
   virtual void mul_sigmoid(Tensor& /*x*/, const Tensor& /*gate*/) {
     throw std::logic_error("Backend::mul_sigmoid: this backend does not run qwen3_5");
   }
+  // The same with the gates inside the fused q|k|v projection's rows (a
+  // backend that fuses projections): qkv [T][2 Hq D + 2 Hkv D], per q head D
+  // query values then D gate values, then k and v, as qkv_split read them;
+  // y [T][Hq D] = x * sigmoid(gate), f32 (may alias x) or bf16 (the o_proj
+  // GEMM's input, rounded once). split_q_gate + mul_sigmoid's values.
+  virtual void mul_sigmoid_qkv_gate(const Tensor& /*x*/, const Tensor& /*qkv*/, int /*head_dim*/, Tensor& /*y*/) {
+    throw std::logic_error("Backend::mul_sigmoid_qkv_gate: this backend does not fuse projections");
+  }
   // The token mixer of Gated DeltaNet layer `layer` for every sequence of
   // the step, from the projections of the normed input: qkv [T][C], z
   // [T][Hv*Dv], b and a [T][Hv]; out [T][Hv*Dv] (before out_proj). Per

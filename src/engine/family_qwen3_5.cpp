@@ -8,7 +8,9 @@
 // multiplied by sigmoid(gate) before o_proj; q/k get per-head RMSNorms and
 // partial RoPE (rope_full.partial_rotary_factor). The norms are zero-centred
 // (1 + w, applied at load: gemma_norm_plus_one), except the Gated DeltaNet's
-// gated norm (a plain weight). With fused gate|up (Backend::fuses_projections)
+// gated norm (a plain weight). With fused projections (Backend::
+// fuses_projections) the MLP is gate|up fused, a full_attention layer's
+// q|k|v one GEMM whose gates stay in its output (mul_sigmoid_qkv_gate), and
 // each residual norm is told the GEMMs reading its output
 // (Backend::add_rmsnorm_for).
 #include <array>
@@ -32,6 +34,11 @@ const Tensor& ForwardPass::gated_attention(int layer, Step& st) {
   if (!cfg_.attn_output_gate) {
     attention_core(layer, st);
     return st.attn;
+  }
+  if (fused_) {  // attention_core's one q|k|v GEMM and prep; the gates stay in qkv
+    attention_core(layer, st);
+    be_.mul_sigmoid_qkv_gate(st.attn, st.qkv, cfg_.head_dim, st.attn_gate);  // bf16: o_proj's input
+    return st.attn_gate;
   }
   be_.linear(st.x, L.q_proj, L.q_bias, st.q_gate);
   be_.split_q_gate(st.q_gate, cfg_.head_dim, st.q, st.attn_gate);
@@ -70,6 +77,9 @@ void ForwardPass::qwen3_5_layer(int layer, Step& st) {
     if (cfg_.is_linear(layer + 1)) {
       next = {N.in_proj_qkv, N.in_proj_z, N.in_proj_b, N.in_proj_a};
       n = 4;
+    } else if (fused_) {
+      next = {N.qkv_proj, Tensor{}, Tensor{}, Tensor{}};
+      n = 1;
     } else {
       next = {N.q_proj, N.k_proj, N.v_proj, Tensor{}};
       n = 3;

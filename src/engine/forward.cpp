@@ -31,7 +31,8 @@ RunState::RunState(Backend& be, const ModelConfig& cfg, int max_t, int max_rows,
   gate = be.alloc(T * I * a * (fused_mlp ? 2 : 1));
   // Fused: the down GEMM's input, bf16.
   up = be.alloc(T * I * (fused_mlp ? scalar_type_bytes(ScalarType::bf16) : a));
-  if (fused_qkv) qkv = be.alloc(T * (Q + 2 * KV) * a);
+  // A gated q projection (attn_output_gate) writes each head's gate beside its query.
+  if (fused_qkv) qkv = be.alloc(T * ((cfg.attn_output_gate ? 2 : 1) * Q + 2 * KV) * a);
   if (cfg.gdn) {
     const size_t C = static_cast<size_t>(cfg.gdn->conv_dim()), VD = static_cast<size_t>(cfg.gdn->value_dim()),
                  Hv = static_cast<size_t>(cfg.gdn->num_v_heads);
@@ -41,7 +42,9 @@ RunState::RunState(Backend& be, const ModelConfig& cfg, int max_t, int max_rows,
     lin_a = be.alloc(T * Hv * a);
     lin_out = be.alloc(T * VD * a);
   }
-  if (cfg.attn_output_gate) {
+  if (cfg.attn_output_gate && fused_qkv) {  // the gates stay in qkv; attn_gate is o_proj's bf16 input
+    attn_gate = be.alloc(T * Q * scalar_type_bytes(ScalarType::bf16));
+  } else if (cfg.attn_output_gate) {
     q_gate = be.alloc(T * 2 * Q * a);
     attn_gate = be.alloc(T * Q * a);
   }
@@ -57,7 +60,10 @@ ForwardPass::ForwardPass(const ModelConfig& cfg, Backend& backend, const Backend
   if (static_cast<int>(w_.layers.size()) != cfg.num_layers) throw std::logic_error("ForwardPass: layer count mismatch");
   fused_mlp_ = be_.fuses_projections() && !w_.layers.empty();
   for (const BackendLayerWeights& L : w_.layers) fused_mlp_ = fused_mlp_ && !L.gate_up_proj.empty();
-  fused_ = fused_mlp_ && !w_.layers[0].qkv_proj.empty() && cfg.family != ModelFamily::qwen3_5;
+  // q|k|v fused on every attention layer (a Qwen3.5 linear_attention layer
+  // has none; its gated q projection keeps the gates in qkv).
+  fused_ = fused_mlp_;
+  for (int l = 0; l < cfg.num_layers; ++l) fused_ = fused_ && (cfg.is_linear(l) || !w_.layers[l].qkv_proj.empty());
 }
 
 Tensor ForwardPass::hidden(const RunState& rs, const ModelConfig& cfg, int T) {
@@ -152,8 +158,10 @@ void ForwardPass::run(const StepBatch& b, RunState& rs) {
   // CUDA W8A8 GEMM quantizes them to e4m3 from bf16).
   const ScalarType gin = ScalarType::bf16;
   if (fused_) {
-    st.attn = rs.attn.view(gin, T, Q);
-    st.qkv = rs.qkv.view(a, T, Q + 2 * KV);
+    // A gated q projection: attention writes act, mul_sigmoid_qkv_gate the
+    // bf16 o_proj input (attn_gate); the gates stay in qkv.
+    st.attn = rs.attn.view(cfg_.attn_output_gate ? a : gin, T, Q);
+    st.qkv = rs.qkv.view(a, T, (cfg_.attn_output_gate ? 2 : 1) * Q + 2 * KV);
   }
   if (fused_mlp_) {
     st.x = rs.x.view(gin, T, H);
@@ -172,7 +180,9 @@ void ForwardPass::run(const StepBatch& b, RunState& rs) {
     st.lin_a = rs.lin_a.view(a, T, Hv);
     st.lin_out = rs.lin_out.view(a, T, VD);
   }
-  if (cfg_.attn_output_gate) {
+  if (cfg_.attn_output_gate && fused_) {
+    st.attn_gate = rs.attn_gate.view(gin, T, Q);
+  } else if (cfg_.attn_output_gate) {
     st.q_gate = rs.q_gate.view(a, T, 2 * Q);
     st.attn_gate = rs.attn_gate.view(a, T, Q);
   }

@@ -27,7 +27,9 @@ namespace fp8kv {
 // Backend::linear_gated_act_linear: a backend that hands the down GEMM the
 // activation in its own form leaves it unwritten), and x (only ever GEMM
 // inputs) is bf16; fused_qkv (which implies fused_mlp): qkv
-// [T][(Hq+2Hkv)*D] the fused QKV output, and attn is bf16 too.
+// [T][(Hq+2Hkv)*D] the fused QKV output, and attn is bf16 too (with
+// attn_output_gate: qkv [T][(2Hq+2Hkv)*D], attn act, attn_gate the bf16
+// gated output).
 struct RunState {
   RunState(Backend& be, const ModelConfig& cfg, int max_tokens, int max_logits_rows, bool fused_mlp = false,
            bool fused_qkv = false);
@@ -42,14 +44,14 @@ struct RunState {
   DeviceBuffer attn;    // [T][Hq*D] act: attention output before o_proj
   DeviceBuffer gate;    // [T][I] act: gate projection, then act(gate) * up
   DeviceBuffer up;      // [T][I] act (fused: bf16)
-  DeviceBuffer qkv;     // [T][(Hq+2Hkv)*D] act, fused only
+  DeviceBuffer qkv;     // [T][(Hq+2Hkv)*D] act, fused only ([T][(2Hq+2Hkv)*D] with attn_output_gate)
   // qwen3_5 only (C = conv channels, VD = Hv*Dv, GatedDeltaNetConfig):
   DeviceBuffer lin_qkv;    // [T][C] act: in_proj_qkv's output
   DeviceBuffer lin_z;      // [T][VD] act: in_proj_z's output (the norm's gate)
   DeviceBuffer lin_b, lin_a;  // [T][Hv] act
   DeviceBuffer lin_out;    // [T][VD] act: the token mixer's output (out_proj's input)
-  DeviceBuffer q_gate;     // [T][2*Hq*D] act: q_proj's output with the output gate
-  DeviceBuffer attn_gate;  // [T][Hq*D] act: the output gate
+  DeviceBuffer q_gate;     // [T][2*Hq*D] act: q_proj's output with the output gate (not fused)
+  DeviceBuffer attn_gate;  // [T][Hq*D] act: the output gate (fused: bf16, the gated attention output)
   DeviceBuffer logits;  // [max_logits_rows][V] f32
 };
 
@@ -57,10 +59,9 @@ class ForwardPass {
  public:
   ForwardPass(const ModelConfig& cfg, Backend& backend, const BackendWeights& weights);
   // True when the backend fuses projections and uploaded fused weights:
-  // gate|up of every layer (fused_mlp), and q|k|v too (fused: the
-  // families without a token mixer of their own; not Qwen3.5, whose
-  // linear_attention layers have no q|k|v and whose gated q_proj carries
-  // the output gate).
+  // gate|up of every layer (fused_mlp), and q|k|v too (fused: every
+  // attention layer has qkv_proj; a Qwen3.5 linear_attention layer has
+  // none, and its gated q_proj leaves the output gates in qkv).
   bool fused() const { return fused_; }
   bool fused_mlp() const { return fused_mlp_; }
 

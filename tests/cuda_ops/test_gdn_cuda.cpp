@@ -845,6 +845,36 @@ TEST(GdnSmallOpsCuda, GatedRmsnormSplitAndSigmoidMatchCpu) {
   cuda::mul_sigmoid(dq.as<float>(), dg.as<float>(), static_cast<int64_t>(q.size()), nullptr);
   expect_within(to_host<float>(dq, q.size()), m, Hq * D, [&](size_t i) { return 10 * kU * std::fabs(m[i]) + 1e-37; },
                 "mul_sigmoid");
+  const std::vector<float> got_m = to_host<float>(dq, q.size());
+
+  // The gates read in place from fused q|k|v rows ([Hq][2][D] then k, v of
+  // Hkv = 2 heads): the same values as split + mul_sigmoid, into f32 and
+  // into bf16 (rounded once: bf16 of the f32 result).
+  const int Hkv = 2;
+  const int64_t row = 2 * Hq * D + 2 * Hkv * D;
+  std::vector<float> qkv(T * row);
+  std::vector<float> rest = randn(rng, qkv.size(), 1.0f);
+  for (int t = 0; t < T; ++t)
+    for (int64_t c = 0; c < row; ++c)
+      qkv[t * row + c] = c < 2 * Hq * D ? qg[t * 2 * Hq * D + c] : rest[t * row + c];
+  cuda::DeviceBuffer dqkv = to_device(qkv), dxq = to_device(q), dyf(q.size() * 4), dyb(q.size() * 2);
+  cuda::mul_sigmoid_heads(dxq.as<float>(), T, Hq * D, D, dqkv.as<float>() + D, row, 2 * D, dyf.get(), false, nullptr);
+  cuda::mul_sigmoid_heads(dxq.as<float>(), T, Hq * D, D, dqkv.as<float>() + D, row, 2 * D, dyb.get(), true, nullptr);
+  EXPECT_EQ(to_host<float>(dyf, q.size()), got_m) << "mul_sigmoid_heads (f32) against mul_sigmoid";
+  const std::vector<uint16_t> got_b = to_host<uint16_t>(dyb, q.size());
+  for (size_t i = 0; i < q.size(); ++i)
+    ASSERT_EQ(got_b[i], f32_to_bf16(got_m[i])) << "mul_sigmoid_heads (bf16) element " << i;
+  // Unaligned strides (an odd row length): the scalar kernel, same values.
+  {
+    const int64_t row1 = row + 1;
+    std::vector<float> qkv1(T * row1, 0.0f);
+    for (int t = 0; t < T; ++t)
+      for (int64_t c = 0; c < row; ++c) qkv1[t * row1 + c] = qkv[t * row + c];
+    cuda::DeviceBuffer dqkv1 = to_device(qkv1), dy1(q.size() * 4);
+    cuda::mul_sigmoid_heads(dxq.as<float>(), T, Hq * D, D, dqkv1.as<float>() + D, row1, 2 * D, dy1.get(), false,
+                            nullptr);
+    EXPECT_EQ(to_host<float>(dy1, q.size()), got_m) << "mul_sigmoid_heads, scalar";
+  }
 }
 
 // ---- the whole op through the backends ----------------------------------------------

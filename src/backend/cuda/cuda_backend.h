@@ -122,6 +122,7 @@ class CudaBackend final : public Backend {
   // plan.state), the step's state slots come with the step upload.
   void split_q_gate(const Tensor& qg, int head_dim, Tensor& q, Tensor& gate) override;
   void mul_sigmoid(Tensor& x, const Tensor& gate) override;
+  void mul_sigmoid_qkv_gate(const Tensor& x, const Tensor& qkv, int head_dim, Tensor& y) override;
   void gated_delta_net(const StepBatch& batch, int layer, const BackendLayerWeights& w, const Tensor& qkv,
                        const Tensor& z, const Tensor& b, const Tensor& a, float eps, Tensor& out) override;
   // Prefix snapshots: cudaMemcpyAsync per layer on the step stream (outside any graph).

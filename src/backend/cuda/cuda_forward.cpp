@@ -288,7 +288,10 @@ cuda::QkvPrepArgs CudaBackend::qkv_split_args(int layer, const Tensor& qkv, cons
   const StepView& s = step("qkv_split");
   const int D = cfg_.head_dim;
   const int64_t Q = static_cast<int64_t>(cfg_.num_heads) * D, KV = static_cast<int64_t>(cfg_.num_kv_heads) * D;
-  if (qkv.rows != s.T || qkv.cols != Q + 2 * KV || q.rows != s.T || k.rows != s.T || v.rows != s.T || q.cols != Q ||
+  // A gated q projection (attn_output_gate, Qwen3.5): each q head's D query
+  // values, then its D gate values (left in qkv for attn_output_gate).
+  const int64_t QG = cfg_.attn_output_gate ? 2 * Q : Q;
+  if (qkv.rows != s.T || qkv.cols != QG + 2 * KV || q.rows != s.T || k.rows != s.T || v.rows != s.T || q.cols != Q ||
       k.cols != KV || v.cols != KV)
     bad("qkv_split", fmt::format("qkv {}, q {}, k {}, v {} for {} tokens", shape(qkv), shape(q), shape(k), shape(v), s.T));
   const bool sliding = cfg_.is_sliding(layer);
@@ -300,9 +303,10 @@ cuda::QkvPrepArgs CudaBackend::qkv_split_args(int layer, const Tensor& qkv, cons
   a.num_kv_heads = cfg_.num_kv_heads;
   a.head_dim = D;
   a.q_in = in;
-  a.k_in = in + Q;
-  a.v_in = in + Q + KV;
-  a.q_stride = a.k_stride = a.v_stride = Q + 2 * KV;
+  a.k_in = in + QG;
+  a.v_in = in + QG + KV;
+  a.q_stride = a.k_stride = a.v_stride = QG + 2 * KV;
+  a.q_head_stride = QG / cfg_.num_heads;
   a.q_norm_w = opt_vec(q_norm, D, "qkv_split", "q_norm");
   a.k_norm_w = opt_vec(k_norm, D, "qkv_split", "k_norm");
   a.eps = eps;

@@ -62,6 +62,20 @@ void CudaBackend::mul_sigmoid(Tensor& x, const Tensor& gate) {
   cuda::mul_sigmoid(f32(x, "mul_sigmoid", "x"), f32(gate, "mul_sigmoid", "gate"), x.numel(), stream_);
 }
 
+void CudaBackend::mul_sigmoid_qkv_gate(const Tensor& x, const Tensor& qkv, int D, Tensor& y) {
+  const char* op = "mul_sigmoid_qkv_gate";
+  OpScope scope(this, op, "mul_sigmoid");
+  const int64_t Q = static_cast<int64_t>(cfg_.num_heads) * D, KV = static_cast<int64_t>(cfg_.num_kv_heads) * D;
+  if (D != cfg_.head_dim || !cfg_.attn_output_gate) bad(op, fmt::format("head_dim {} of a model without its gated q", D));
+  expect_shape(op, "x", x, qkv.rows, Q);
+  expect_shape(op, "qkv", qkv, x.rows, 2 * Q + 2 * KV);
+  expect_shape(op, "y", y, x.rows, Q);
+  if (y.dtype != ScalarType::f32 && y.dtype != ScalarType::bf16) bad(op, "y must be f32 or bf16");
+  if (!y.data) bad(op, "y is empty");
+  cuda::mul_sigmoid_heads(f32(x, op, "x"), x.rows, static_cast<int>(Q), D, f32(qkv, op, "qkv") + D, qkv.cols, 2 * D,
+                          y.data, y.dtype == ScalarType::bf16, stream_);
+}
+
 void CudaBackend::gated_delta_net(const StepBatch& b, int layer, const BackendLayerWeights& w, const Tensor& qkv,
                                   const Tensor& z, const Tensor& bt, const Tensor& at, float eps, Tensor& out) {
   const char* op = "gated_delta_net";

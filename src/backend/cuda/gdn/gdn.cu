@@ -1088,10 +1088,47 @@ __global__ void split_q_gate_kernel(const float* __restrict__ qg, int64_t rows, 
   }
 }
 
-__global__ void mul_sigmoid_kernel(float* x, const float* __restrict__ gate, int64_t n) {
-  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < n;
-       j += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    x[j] = __fmul_rn(x[j], sigmoid_f(gate[j]));
+// y[r][c] = x[r][c] * sigmoid(gate[r * gate_row_stride + h * gate_head_stride
+// + i]) with c = h D + i (y f32, may be x, or bf16 rounded to nearest); V
+// consecutive columns per thread (V = 4: D and the strides multiples of 4,
+// the bases 16-byte aligned).
+template <int V, bool OutBf16>
+__global__ void mul_sigmoid_kernel(const float* x, int64_t rows, int cols, const float* __restrict__ gate,
+                                   int64_t gate_row_stride, int D, int64_t gate_head_stride, void* y) {
+  const int nv = cols / V;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const float* xr = x + r * cols;
+    const float* gr = gate + r * gate_row_stride;
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < nv; j += gridDim.x * blockDim.x) {
+      const int c = j * V, h = c / D;
+      const float* g = gr + h * gate_head_stride + (c - h * D);
+      float v[V], gv[V];
+      if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(v) = *reinterpret_cast<const float4*>(xr + c);
+        *reinterpret_cast<float4*>(gv) = *reinterpret_cast<const float4*>(g);
+      } else {
+        v[0] = xr[c];
+        gv[0] = *g;
+      }
+#pragma unroll
+      for (int e = 0; e < V; ++e) v[e] = __fmul_rn(v[e], sigmoid_f(gv[e]));
+      if constexpr (OutBf16) {
+        __nv_bfloat16* yr = static_cast<__nv_bfloat16*>(y) + r * cols + c;
+        if constexpr (V == 4) {
+          *reinterpret_cast<__nv_bfloat162*>(yr) = __floats2bfloat162_rn(v[0], v[1]);
+          *reinterpret_cast<__nv_bfloat162*>(yr + 2) = __floats2bfloat162_rn(v[2], v[3]);
+        } else {
+          *yr = __float2bfloat16_rn(v[0]);
+        }
+      } else {
+        float* yr = static_cast<float*>(y) + r * cols + c;
+        if constexpr (V == 4)
+          *reinterpret_cast<float4*>(yr) = *reinterpret_cast<const float4*>(v);
+        else
+          *yr = v[0];
+      }
+    }
+  }
 }
 
 unsigned grid_1d(int64_t n, int threads) {
@@ -1308,8 +1345,28 @@ void split_q_gate(const float* qg, int64_t T, int Hq, int D, float* q, float* ga
 }
 
 void mul_sigmoid(float* x, const float* gate, int64_t n, cudaStream_t stream) {
-  if (n <= 0) return;
-  mul_sigmoid_kernel<<<grid_1d(n, 256), 256, 0, stream>>>(x, gate, n);
+  if (n > INT_MAX) throw std::invalid_argument("cuda::mul_sigmoid: more than INT_MAX elements");
+  mul_sigmoid_heads(x, 1, static_cast<int>(n), static_cast<int>(n), gate, n, 0, x, false, stream);
+}
+
+void mul_sigmoid_heads(const float* x, int64_t rows, int cols, int D, const float* gate, int64_t gate_row_stride,
+                       int64_t gate_head_stride, void* y, bool y_bf16, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  if (!x || !gate || !y || D <= 0 || cols % D != 0)
+    throw std::invalid_argument("cuda::mul_sigmoid_heads: bad arguments (cols " + std::to_string(cols) + ", D " +
+                                std::to_string(D) + ")");
+  const bool v4 = D % 4 == 0 && gate_row_stride % 4 == 0 && gate_head_stride % 4 == 0 &&
+                  reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(gate) % 16 == 0 &&
+                  reinterpret_cast<uintptr_t>(y) % 16 == 0;
+  const dim3 grid(std::min(grid_1d(v4 ? cols / 4 : cols, 256), 1024u),
+                  static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+  auto go = [&](auto kernel) {
+    kernel<<<grid, 256, 0, stream>>>(x, rows, cols, gate, gate_row_stride, D, gate_head_stride, y);
+  };
+  if (v4)
+    y_bf16 ? go(mul_sigmoid_kernel<4, true>) : go(mul_sigmoid_kernel<4, false>);
+  else
+    y_bf16 ? go(mul_sigmoid_kernel<1, true>) : go(mul_sigmoid_kernel<1, false>);
   FP8KV_CU_LAUNCH();
 }
 

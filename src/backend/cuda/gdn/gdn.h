@@ -185,5 +185,12 @@ void gdn_gated_rmsnorm(const float* x, const float* z, int64_t T, int Hv, int Dv
 void split_q_gate(const float* qg, int64_t T, int Hq, int D, float* q, float* gate, cudaStream_t stream);
 // mul_sigmoid_cpu: x[i] *= sigmoid(gate[i]).
 void mul_sigmoid(float* x, const float* gate, int64_t n, cudaStream_t stream);
+// The same per head: y [rows][cols] = x * sigmoid(gate), column c = h D + i
+// taking gate[r * gate_row_stride + h * gate_head_stride + i] (the gated q
+// projection's gates inside the fused q|k|v rows: gate = qkv + D, row stride
+// 2 Hq D + 2 Hkv D, head stride 2 D); y f32 (may be x) or bf16 (y_bf16,
+// rounded to nearest).
+void mul_sigmoid_heads(const float* x, int64_t rows, int cols, int D, const float* gate, int64_t gate_row_stride,
+                       int64_t gate_head_stride, void* y, bool y_bf16, cudaStream_t stream);
 
 }  // namespace fp8kv::cuda

@@ -400,6 +400,10 @@ struct QkvPrepArgs {
   const float* k_in = nullptr;
   const float* v_in = nullptr;  // null: no v copy
   int64_t q_stride = 0, k_stride = 0, v_stride = 0;
+  // q head h of a row starts at q_in + h * q_head_stride (0: head_dim). A
+  // gated q projection (Qwen3.5) interleaves each head's query and output
+  // gate: q_head_stride = 2 * head_dim.
+  int64_t q_head_stride = 0;
   const float* q_norm_w = nullptr;  // [head_dim]
   const float* k_norm_w = nullptr;  // [head_dim]
   float eps = 1e-6f;

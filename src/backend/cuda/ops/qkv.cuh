@@ -69,7 +69,7 @@ __device__ __forceinline__ void qkv_prep_head(const QkvPrepArgs& a, int t, int h
   const float* nw;
   int kv_head = -1;
   if (hh < nq) {
-    in = a.q_in + static_cast<int64_t>(t) * a.q_stride + static_cast<int64_t>(hh) * D;
+    in = a.q_in + static_cast<int64_t>(t) * a.q_stride + static_cast<int64_t>(hh) * (a.q_head_stride ? a.q_head_stride : D);
     out = a.q_out + (static_cast<int64_t>(t) * nq + hh) * D;
     nw = a.q_norm_w;
   } else if (hh < nq + nk) {
