@@ -8,10 +8,11 @@
 //             Gemma-3-12B's (16 q heads, 8 KV heads, head_dim 256)
 //   plans   : the auto plan at assumed CTAs per SM (FP8KV_BENCH_CTAS, plan tuning)
 //   splits  : fp8 d128 decode at forced split sizes (plan tuning)
-//   (argument: all | store | read | prefill | decode | decode128 (d128 rows only) |
+//   (argument: all | store | read | prefill | prefill256 | decode | decode128 (d128 rows only) |
 //    decode256 (d256 rows only) | probe (bf16 B=64/4K, 32/4K, 64/1K, then B=32/64K, then the three again) |
 //    plans | splits)
 //   prefill : 8K causal prefill from the paged cache, head_dim 128 (the plan's wgmma kernel)
+//   prefill256 : the same at head_dim 256, 24 / 4 heads (Qwen3.5-27B's full_attention layers)
 //   store   : store of 64K tokens, bf16 input, bf16, fp8 and the per-token-head caches
 //   (decode, prefill and store also run the per-token-head dtypes beside per-tensor fp8)
 // Working sets are rotated among several caches so that each launch reads
@@ -544,35 +545,37 @@ void bench_plans(double copy_gbs, const float* scales) {
     for (int c : cps) bench_decode_one(copy_gbs, scales, s.dt, s.H, s.Hkv, s.D, s.B, s.C, 0, "plan", c);
 }
 
-// 8K causal prefill at head_dim 128, each cache dtype (the kernel is the
-// plan's: prefill_plan.h).
-void bench_prefill(const float* scales) {
+// 8K causal prefill, each cache dtype (the kernel is the plan's:
+// prefill_plan.h): head_dim 128 with 32 / 8 heads (Llama-3-8B), or head_dim
+// 256 with 24 / 4 (Qwen3.5-27B's full_attention layers).
+void bench_prefill(const float* scales, int D = kD, int H = kH, int Hkv = kHkv) {
   const int S = 8192;
   for (KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3, KvDtype::fp8_e5m2, KvDtype::fp8_e4m3_pth, KvDtype::int8_pth}) {
-    CacheSet cs(dt, 1, S, size_t(256) << 20);
+    CacheSet cs(dt, 1, S, size_t(256) << 20, Hkv, D);
     void *q, *out;
     int32_t* qs;
-    CK(cudaMalloc(&q, size_t(S) * kH * kD * 2));
-    CK(cudaMalloc(&out, size_t(S) * kH * kD * 2));
-    fill(q, size_t(S) * kH * kD * 2, 7, true);
+    CK(cudaMalloc(&q, size_t(S) * H * D * 2));
+    CK(cudaMalloc(&out, size_t(S) * H * D * 2));
+    fill(q, size_t(S) * H * D * 2, 7, true);
     const int32_t qs_h[2] = {0, S};
     CK(cudaMalloc(&qs, 8));
     CK(cudaMemcpy(qs, qs_h, 8, cudaMemcpyHostToDevice));
     PrefillArgs a;
     a.batch = 1;
-    a.num_heads = kH;
+    a.num_heads = H;
     a.max_query_len = S;
-    a.softmax_scale = 0.088388f;
+    a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(D));
     a.q_start = qs;
     a.q = q;
     a.q_dtype = ActDtype::bf16;
     a.out = out;
     a.out_dtype = ActDtype::bf16;
     const double ms = median_ms([&](int i) { a.kv = cs.paged(i, scales); paged_prefill(a, nullptr); }, 3, 20);
-    const double flops = 4.0 * kH * kD * (double(S) * (S + 1) / 2);
-    const char* kernel = prefill_plan(kD, dt).path == PrefillPath::wgmma_ws ? "wgmma_ws" : "mma";
-    std::printf("{\"kind\":\"prefill\",\"dtype\":\"%s\",\"kernel\":\"%s\",\"seq\":%d,\"ms\":%.4f,\"TFLOPs\":%.1f}\n",
-                std::string(kv_dtype_name(dt)).c_str(), kernel, S, ms, flops / (ms * 1e-3) / 1e12);
+    const double flops = 4.0 * H * D * (double(S) * (S + 1) / 2);
+    const char* kernel = prefill_plan(D, dt).path == PrefillPath::wgmma_ws ? "wgmma_ws" : "mma";
+    std::printf("{\"kind\":\"prefill\",\"dtype\":\"%s\",\"kernel\":\"%s\",\"head_dim\":%d,\"seq\":%d,\"ms\":%.4f,"
+                "\"TFLOPs\":%.1f}\n",
+                std::string(kv_dtype_name(dt)).c_str(), kernel, D, S, ms, flops / (ms * 1e-3) / 1e12);
     std::fflush(stdout);
     CK(cudaFree(q));
     CK(cudaFree(out));
@@ -650,6 +653,7 @@ int main(int argc, char** argv) {
   if (only == "read" || only == "read-sweep") bench_read(only == "read-sweep");
 
   if (only == "prefill") bench_prefill(scales);
+  if (only == "prefill256") bench_prefill(scales, 256, 24, 4);
 
   if (only == "all" || only == "decode" || only == "decode128") bench_decode(copy_gbs, scales, only != "decode128");
   if (only == "decode256") bench_decode(copy_gbs, scales, true, false);

@@ -699,7 +699,7 @@ TEST(CudaPlan, F4AutoReplansBeyondOneWave) {
 }
 
 // The prefill tests run the plan's kernel per case (prefill_plan.h): wgmma
-// at head_dim 128, mma.sync at 64 and 256.
+// at head_dim 128 and 256, mma.sync at 64.
 void prefill_matrix(Dtypes dtypes, std::initializer_list<int> groups = {1, 4, 8}) {
   run_case_matrix("prefill", dtypes, groups, [](std::mt19937_64& rng, KvDtype dt, int D, int group, int bs, int n) {
     const ScaleMode mode = static_cast<ScaleMode>((n + 1) % 3);
@@ -717,18 +717,19 @@ TEST(CudaPrefill, PerTokenHeadMatchesCpuReference) {
   prefill_matrix(kPthDtypes, {4, 8});
 }
 
-// head_dim 128 (the wgmma kernel's): prompts of several 128-query tiles and
-// many 128-key tiles, a chunk deep into its context, a window wider than a
-// tile, softcap on and off; and batched == single, bitwise. grid_cap > 0: the
-// persistent kernel on at most that many CTAs (each walks many work items).
-void run_long_prompts(int grid_cap, Dtypes dtypes) {
+// head_dim 128 and 256 (the wgmma kernel's): prompts of several 128-query
+// tiles and many key tiles (128 keys at D = 128; 64 / 48 at 256), a chunk
+// deep into its context, a window wider than a tile, softcap on and off; and
+// batched == single, bitwise. grid_cap > 0: the persistent kernel on at most
+// that many CTAs (each walks many work items).
+void run_long_prompts(int grid_cap, Dtypes dtypes, int D = 128) {
   std::mt19937_64 rng = seeded_rng();
   const std::vector<std::pair<int, int>> lengths = {{611, 611}, {900, 260}, {129, 129}, {300, 1}};
   int n = 0;
   for (KvDtype dt : dtypes) {
     double worst = 0;
     for (int window : {0, 200}) {
-      const PrefillCase c{dt, 128, 4, 2, n % 2 ? 32 : 16, window, static_cast<ScaleMode>(n % 3), n % 2 ? 0.0f : 30.0f};
+      const PrefillCase c{dt, D, 4, 2, n % 2 ? 32 : 16, window, static_cast<ScaleMode>(n % 3), n % 2 ? 0.0f : 30.0f};
       worst = std::max(worst, run_prefill_case(rng, c, lengths, true));
       ++n;
       // Progress per case (a slow CPU reference and a hung kernel look alike under a timeout).
@@ -736,7 +737,7 @@ void run_long_prompts(int grid_cap, Dtypes dtypes) {
       std::fflush(stdout);
       if (::testing::Test::HasFailure()) return;
     }
-    std::printf("prefill-long grid cap %d %-8s worst |err|/tol = %.3f\n", grid_cap,
+    std::printf("prefill-long D %d grid cap %d %-8s worst |err|/tol = %.3f\n", D, grid_cap,
                 std::string(kv_dtype_name(dt)).c_str(), worst);
   }
 }
@@ -744,6 +745,11 @@ void run_long_prompts(int grid_cap, Dtypes dtypes) {
 TEST(CudaPrefill, LongPromptsBatchedEqualsSingle) {
   FP8KV_REQUIRE_GPU();
   run_long_prompts(0, kDtypes);
+}
+TEST(CudaPrefill, LongPromptsHeadDim256BatchedEqualsSingle) {
+  FP8KV_REQUIRE_GPU();
+  run_long_prompts(0, kDtypes, 256);
+  run_long_prompts(0, kPthDtypes, 256);
 }
 TEST(CudaPrefill, PerTokenHeadLongPromptsBatchedEqualsSingle) {
   FP8KV_REQUIRE_GPU();
@@ -759,20 +765,22 @@ TEST(CudaPrefill, LongPromptsOnSevenCtas) {
   } reset;
   cuda::set_prefill_max_ctas_for_tests(7);
   run_long_prompts(7, kDtypes);
+  run_long_prompts(7, kDtypes, 256);
 }
 
 // bf16 activations (the engine's; the other prefill tests pass f32): q in
 // bf16 and out in bf16 give bitwise the bf16 rounding of the f32 run on the
 // same (bf16-exact) q. Covers the wgmma kernel's 16-byte Q loads for both q
-// dtypes.
+// dtypes, at head_dim 128 and 256 (two batches of loads).
 TEST(CudaPrefill, Bf16ActivationsEqualRoundedF32) {
   FP8KV_REQUIRE_GPU();
   std::mt19937_64 rng = seeded_rng();
   const std::vector<int> ctx = {300, 129, 77};
   const std::vector<int> nq = {300, 129, 40};
+  for (int D : {128, 256})
   for (KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3, KvDtype::fp8_e5m2, KvDtype::fp8_e4m3_pth, KvDtype::int8_pth}) {
-    Scenario s = make_scenario(rng, 128, 2, 16, dt, ScaleMode::per_head, ctx, /*bf16_input=*/true);
-    const int B = s.batch(), H = 8, D = 128;
+    Scenario s = make_scenario(rng, D, 2, 16, dt, ScaleMode::per_head, ctx, /*bf16_input=*/true);
+    const int B = s.batch(), H = 8;
     std::vector<int32_t> qs(B + 1, 0);
     for (int b = 0; b < B; ++b) qs[b + 1] = qs[b] + nq[b];
     std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -799,7 +807,7 @@ TEST(CudaPrefill, Bf16ActivationsEqualRoundedF32) {
     size_t bad = 0;
     for (size_t i = 0; i < o32.size(); ++i) bad += o16[i] != f32_to_bf16(o32[i]);
     EXPECT_EQ(bad, 0u) << kv_dtype_name(dt) << ": bf16 q/out differs from the rounded f32 run";
-    std::printf("prefill-bf16act %-8s mismatches %zu of %zu\n", std::string(kv_dtype_name(dt)).c_str(), bad,
+    std::printf("prefill-bf16act D %d %-8s mismatches %zu of %zu\n", D, std::string(kv_dtype_name(dt)).c_str(), bad,
                 o32.size());
   }
 }

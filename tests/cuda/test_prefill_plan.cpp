@@ -1,6 +1,6 @@
 // The prefill plan table (backend/cuda/attention/prefill_plan.h), host only:
 // exactly one row per (head_dim, cache dtype) case that paged_prefill
-// accepts, the wgmma kernel only where it is built (head_dim 128), and a
+// accepts, the wgmma kernel only where it is built (head_dim 128 and 256), and a
 // reason on every row. And the decode plan's rows per case.
 #include <gtest/gtest.h>
 
@@ -26,15 +26,17 @@ TEST(CudaPrefillPlan, OneRowPerCase) {
       EXPECT_EQ(r.dtype, dt);
       EXPECT_TRUE(r.why != nullptr && std::string(r.why).size() > 10) << "head_dim " << D << ": no reason given";
       if (r.path == cuda::PrefillPath::wgmma_ws) {
-        EXPECT_EQ(D, 128) << "the wgmma kernel is head_dim 128 only";
+        EXPECT_TRUE(D == 128 || D == 256) << "the wgmma kernel is head_dim 128 and 256 only";
       }
     }
   EXPECT_EQ(std::size(cuda::kPrefillPlan), 15u);
 }
 
-TEST(CudaPrefillPlan, HeadDim128RunsWgmma) {
-  for (KvDtype dt : kAllDtypes)
-    EXPECT_EQ(cuda::prefill_plan(128, dt).path, cuda::PrefillPath::wgmma_ws) << kv_dtype_name(dt);
+TEST(CudaPrefillPlan, HeadDim128And256RunWgmma) {
+  for (int D : {128, 256})
+    for (KvDtype dt : kAllDtypes)
+      EXPECT_EQ(cuda::prefill_plan(D, dt).path, cuda::PrefillPath::wgmma_ws) << D << " " << kv_dtype_name(dt);
+  for (KvDtype dt : kAllDtypes) EXPECT_EQ(cuda::prefill_plan(64, dt).path, cuda::PrefillPath::mma) << kv_dtype_name(dt);
 }
 
 // The decode plan table (decode_plan.h): one row per case; the per-token-head

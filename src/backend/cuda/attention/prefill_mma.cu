@@ -1,12 +1,11 @@
 // Paged prefill / chunked-prefill attention (FlashAttention-2 style on
-// mma.sync m16n8k16), the plan's path for head_dim 64 and 256
-// (prefill_plan.h; head_dim 128 runs the wgmma kernel, prefill_ws.cu).
+// mma.sync m16n8k16), the plan's path for head_dim 64 (prefill_plan.h;
+// head_dim 128 and 256 run the wgmma kernel, prefill_ws.cu).
 // One CTA = 64 queries of one head of one sequence,
 // 4 warps x 16 query rows; K/V tiles of KT keys are gathered through the
 // block table, fp8 dequantized (exactly, to f16) into shared memory, and read
 // with ldmatrix. The next tile's global loads are issued into registers
-// before the current tile's math (register-staged pipeline). At D = 256 the Q
-// fragments live in shared memory (registers would spill).
+// before the current tile's math (register-staged pipeline).
 // fp8 and int8 caches: f16 MMAs (Q, P rounded to f16); bf16 caches: bf16 MMAs.
 // k_scale folds into the score scale, v_scale multiplies the output once;
 // per-token-head scales multiply score columns and P columns (see the kernel).
@@ -47,30 +46,17 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
 }
 
-template <int D>
-__host__ __device__ constexpr int kv_tile() { return D == 256 ? 32 : 64; }
-template <int D>
-__host__ __device__ constexpr bool q_in_smem() { return D == 256; }
-// Dynamic shared memory: K and V tiles (f16/bf16, padded rows), plus the Q
-// fragments of the 4 warps when they live in shared memory.
-// bf16 at D = 256: K/V tiles go global -> shared by cp.async into two
-// buffers (no register stage: 64 registers fewer; bf16 needs no conversion).
-template <int D, int DT>
-__host__ __device__ constexpr bool kv_async() { return D == 256 && DT == kBf16; }
+constexpr int kKvTile = 64;  // keys per K/V tile
+// Dynamic shared memory: K and V tiles (f16/bf16, padded rows), plus the
+// per-token-head scales of a tile.
 template <int D, int DT>
 __host__ __device__ constexpr int prefill_smem() {
-  return (kv_async<D, DT>() ? 2 : 1) * 2 * kv_tile<D>() * (D + 8) * 2 +
-         (q_in_smem<D>() ? (kThreads / 32) * (D / 16) * 32 * 16 : 0) + (dt_pth(DT) ? 2 * kv_tile<D>() * 4 : 0);
-}
-
-__device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, bool valid) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+  return 2 * kKvTile * (D + 8) * 2 + (dt_pth(DT) ? 2 * kKvTile * 4 : 0);
 }
 
 // Paged prefill attention (grid: num_q_tiles x num_heads x batch, 128
 // threads, prefill_smem<D, DT>() bytes of dynamic shared memory).
-//   D: head dim (64 or 256 by the plan); DT: cache element code (kBf16, kE4m3, kE5m2).
+//   D: head dim (64 by the plan); DT: cache element code (kBf16, kE4m3, kE5m2, per-token-head).
 //   p.q            [total_q][num_heads][D], f32 or bf16 (p.q_bf16); total_q = q_start[batch]
 //   p.out          [total_q][num_heads][D], f32 or bf16 (p.out_bf16)
 //   p.k_cache, p.v_cache  [num_blocks][block_size][num_kv_heads][D], DT
@@ -89,8 +75,9 @@ __device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, boo
 // head h of sequence b.
 template <int D, int DT>
 __global__ void __launch_bounds__(kThreads) prefill_mma_kernel(const PrefillParamsOf<DT> p) {
+  static_assert(D == 64, "prefill_mma_kernel: the plan runs it at head_dim 64 only");
   constexpr bool PTH = dt_pth(DT);
-  constexpr int KT = kv_tile<D>();
+  constexpr int KT = kKvTile;
   constexpr int EB = DT == kBf16 ? 2 : 1;
   constexpr int CH = D * EB / 16;             // 16-byte chunks per key row (global)
   constexpr int LOADS = KT * CH / kThreads;   // chunks per thread per tensor
@@ -98,13 +85,10 @@ __global__ void __launch_bounds__(kThreads) prefill_mma_kernel(const PrefillPara
   constexpr int KS = D / 16;
   constexpr int NT = KT / 8;                  // score n-tiles per warp
   constexpr int ONT = D / 8;                  // output n-tiles
-  constexpr bool kQInSmem = q_in_smem<D>();
-  constexpr bool kAsync = kv_async<D, DT>();
-  constexpr int kBufs = kAsync ? 2 : 1;
   static_assert(KT * CH % kThreads == 0, "tile/thread mismatch");
 
   extern __shared__ __align__(16) uint16_t smem[];
-  uint16_t* sk = smem;               // buffer 0; buffer 1 (kAsync) at + 2 * KT * PITCH
+  uint16_t* sk = smem;
   uint16_t* sv = smem + KT * PITCH;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -118,8 +102,7 @@ __global__ void __launch_bounds__(kThreads) prefill_mma_kernel(const PrefillPara
   const int64_t row_bytes = static_cast<int64_t>(p.num_kv_heads) * D * EB;
   const int64_t head_off = static_cast<int64_t>(kvh) * D * EB;
   const int32_t* bt = p.block_tables + static_cast<int64_t>(b) * p.max_blocks_per_seq;
-  // Byte offset of key j's row (PageMap's arithmetic without its power-of-two
-  // path: PageMap's extra registers make prefill_kernel<256> spill).
+  // Byte offset of key j's row (PageMap's arithmetic without its power-of-two path).
   auto slot_off = [&](int j) {
     return (static_cast<int64_t>(bt[j / p.block_size]) * p.block_size + j % p.block_size) * row_bytes + head_off;
   };
@@ -135,11 +118,8 @@ __global__ void __launch_bounds__(kThreads) prefill_mma_kernel(const PrefillPara
   const int kv_hi = cta_last_q + 1;
   const int tile_lo = kv_lo / KT * KT;
 
-  // Q fragments: in registers, or (D = 256, kQInSmem) in this warp's slice of
-  // shared memory in fragment order (one conflict-free 16-byte read per
-  // k-step), which frees 64 registers: D = 256 spilled with Q in registers.
-  uint32_t qa[kQInSmem ? 1 : KS][4];
-  uint4* sq = reinterpret_cast<uint4*>(smem + kBufs * 2 * KT * PITCH) + warp * KS * 32;
+  // Q fragments, in registers.
+  uint32_t qa[KS][4];
 #pragma unroll
   for (int ks = 0; ks < KS; ++ks) {
     uint32_t f[4];
@@ -156,16 +136,12 @@ __global__ void __launch_bounds__(kThreads) prefill_mma_kernel(const PrefillPara
         }
         f[half * 2 + rr] = pack2<DT>(x0, x1);
       }
-    if constexpr (kQInSmem) {
-      sq[ks * 32 + lane] = make_uint4(f[0], f[1], f[2], f[3]);  // read back by this thread only
-    } else {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) qa[ks % (kQInSmem ? 1 : KS)][i] = f[i];
-    }
+    for (int i = 0; i < 4; ++i) qa[ks][i] = f[i];
   }
   const float ks_ = DT == kBf16 || PTH ? 1.0f : p.k_scale[p.k_scale_count == 1 ? 0 : kvh];
   // Per-token-head: the tile's K scales at ssc[key], V scales at ssc[KT + key].
-  float* ssc = reinterpret_cast<float*>(smem + kBufs * 2 * KT * PITCH) + (kQInSmem ? (kThreads / 32) * KS * 32 * 4 : 0);
+  float* ssc = reinterpret_cast<float*>(smem + 2 * KT * PITCH);
   float rks = 0.0f, rvs = 0.0f;  // thread tid < KT: key tid's scales of the next tile (0 outside the range)
   const bool softcap = p.softcap > 0.0f;
   const float score_mul = softcap ? p.softmax_scale * ks_ / p.softcap : p.softmax_scale * ks_ * kLog2e;
@@ -176,7 +152,7 @@ __global__ void __launch_bounds__(kThreads) prefill_mma_kernel(const PrefillPara
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
   // Register stage: this thread's chunks of the next K and V tile.
-  uint4 rk[LOADS], rv[LOADS];  // unused (eliminated) when kAsync
+  uint4 rk[LOADS], rv[LOADS];
   auto load_tile = [&](int j0) {
 #pragma unroll
     for (int i = 0; i < LOADS; ++i) {
@@ -234,45 +210,14 @@ __global__ void __launch_bounds__(kThreads) prefill_mma_kernel(const PrefillPara
     }
   };
 
-  // kAsync: copies of tile j0 (one commit group per call) into buffer `buf`,
-  // zero-filled outside [kv_lo, kv_hi) (unwritten slots may hold NaN).
-  auto issue_tile = [&](int j0, int buf) {
-#pragma unroll
-    for (int i = 0; i < LOADS; ++i) {
-      const int c = tid + i * kThreads, key = c / CH, ch = c % CH, j = j0 + key;
-      const bool ok = j >= kv_lo && j < kv_hi;
-      int64_t off = 0;
-      if (ok) {
-        off = slot_off(j) + ch * 16;
-      }
-      uint16_t* kb = sk + buf * 2 * KT * PITCH;
-      cp_async16_zfill(kb + key * PITCH + ch * 8, p.k_cache + off, ok);
-      cp_async16_zfill(kb + KT * PITCH + key * PITCH + ch * 8, p.v_cache + off, ok);
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-  };
-
-  if constexpr (kAsync) issue_tile(tile_lo, 0);
-  else load_tile(tile_lo);
-  int buf = 0;
+  load_tile(tile_lo);
   for (int j0 = tile_lo; j0 < kv_hi; j0 += KT) {
     __syncthreads();  // previous tile's readers are done
-    if constexpr (kAsync) {
-      // Next tile into the other buffer (read two iterations ago), then wait
-      // for this one: its copies are in the older commit group.
-      if (j0 + KT < kv_hi) issue_tile(j0 + KT, buf ^ 1);
-      else asm volatile("cp.async.commit_group;" ::: "memory");
-      asm volatile("cp.async.wait_group 1;" ::: "memory");
-    } else {
-      store_tile();
-    }
+    store_tile();
     __syncthreads();
-    if constexpr (!kAsync) {
-      if (j0 + KT < kv_hi) load_tile(j0 + KT);  // in flight during the math below
-    }
-    const uint16_t* skb = sk + buf * 2 * KT * PITCH;
-    const uint16_t* svb = sv + buf * 2 * KT * PITCH;
-    buf ^= kBufs - 1;
+    if (j0 + KT < kv_hi) load_tile(j0 + KT);  // in flight during the math below
+    const uint16_t* skb = sk;
+    const uint16_t* svb = sv;
 
     float s[NT][4];
 #pragma unroll
@@ -280,13 +225,8 @@ __global__ void __launch_bounds__(kThreads) prefill_mma_kernel(const PrefillPara
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) {
       uint32_t q[4];
-      if constexpr (kQInSmem) {
-        const uint4 q4 = sq[ks * 32 + lane];
-        q[0] = q4.x; q[1] = q4.y; q[2] = q4.z; q[3] = q4.w;
-      } else {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) q[i] = qa[ks % (kQInSmem ? 1 : KS)][i];
-      }
+      for (int i = 0; i < 4; ++i) q[i] = qa[ks][i];
 #pragma unroll
       for (int nb = 0; nb < NT / 2; ++nb) {
         uint32_t bk[4];

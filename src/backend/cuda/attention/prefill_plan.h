@@ -17,7 +17,8 @@ namespace fp8kv::cuda {
 enum class PrefillPath : uint8_t {
   // prefill_ws_kernel (prefill_ws.cu): Hopper wgmma, warp-specialized (one
   // producer warpgroup gathers K/V, two consumer warpgroups of 64 queries),
-  // persistent grid of one 384-thread CTA per SM; head_dim 128 only.
+  // persistent grid of one 384-thread CTA per SM; head_dim 128 and 256
+  // (WsShape: tiles of 128 keys at D = 128, 64 / 48 (bf16 / fp8) at 256).
   wgmma_ws,
   // prefill_mma_kernel (prefill_mma.cu): mma.sync m16n8k16, FlashAttention-2
   // style, one 128-thread CTA per 64 queries of one head.
@@ -32,22 +33,22 @@ struct PrefillPlanRow {
 };
 
 inline constexpr PrefillPlanRow kPrefillPlan[] = {
-    {64, KvDtype::bf16, PrefillPath::mma, "fallback: the wgmma kernel is written for head_dim 128"},
-    {64, KvDtype::fp8_e4m3, PrefillPath::mma, "fallback: the wgmma kernel is written for head_dim 128"},
-    {64, KvDtype::fp8_e5m2, PrefillPath::mma, "fallback: the wgmma kernel is written for head_dim 128"},
+    {64, KvDtype::bf16, PrefillPath::mma, "fallback: the wgmma kernel is written for head_dim 128 and 256"},
+    {64, KvDtype::fp8_e4m3, PrefillPath::mma, "fallback: the wgmma kernel is written for head_dim 128 and 256"},
+    {64, KvDtype::fp8_e5m2, PrefillPath::mma, "fallback: the wgmma kernel is written for head_dim 128 and 256"},
     {128, KvDtype::bf16, PrefillPath::wgmma_ws, "bf16 MMAs straight from the cache; consumers ping-pong"},
     {128, KvDtype::fp8_e4m3, PrefillPath::wgmma_ws, "producer converts fp8 -> f16 tiles; f16 MMAs"},
     {128, KvDtype::fp8_e5m2, PrefillPath::wgmma_ws, "producer converts fp8 -> f16 tiles; f16 MMAs"},
-    {256, KvDtype::bf16, PrefillPath::mma, "fallback: the wgmma kernel is written for head_dim 128"},
-    {256, KvDtype::fp8_e4m3, PrefillPath::mma, "fallback: the wgmma kernel is written for head_dim 128"},
-    {256, KvDtype::fp8_e5m2, PrefillPath::mma, "fallback: the wgmma kernel is written for head_dim 128"},
+    {256, KvDtype::bf16, PrefillPath::wgmma_ws, "64-key tiles, 2 stages (Q alone is 64 KB); consumers ping-pong"},
+    {256, KvDtype::fp8_e4m3, PrefillPath::wgmma_ws, "48-key tiles (2 stages and the fp8 staging ring in 209 KB)"},
+    {256, KvDtype::fp8_e5m2, PrefillPath::wgmma_ws, "48-key tiles, as fp8 e4m3"},
     // Per-token-head: K scales on the score columns, V scales on P's columns.
-    {64, KvDtype::fp8_e4m3_pth, PrefillPath::mma, "fallback: the wgmma kernel is written for head_dim 128"},
-    {64, KvDtype::int8_pth, PrefillPath::mma, "fallback: the wgmma kernel is written for head_dim 128"},
+    {64, KvDtype::fp8_e4m3_pth, PrefillPath::mma, "fallback: the wgmma kernel is written for head_dim 128 and 256"},
+    {64, KvDtype::int8_pth, PrefillPath::mma, "fallback: the wgmma kernel is written for head_dim 128 and 256"},
     {128, KvDtype::fp8_e4m3_pth, PrefillPath::wgmma_ws, "as fp8 e4m3; the tile's 128 K and V scales staged beside it"},
     {128, KvDtype::int8_pth, PrefillPath::wgmma_ws, "as fp8 e4m3 (int8 -> f16 exact); scales as e4m3 per token head"},
-    {256, KvDtype::fp8_e4m3_pth, PrefillPath::mma, "fallback: the wgmma kernel is written for head_dim 128"},
-    {256, KvDtype::int8_pth, PrefillPath::mma, "fallback: the wgmma kernel is written for head_dim 128"},
+    {256, KvDtype::fp8_e4m3_pth, PrefillPath::wgmma_ws, "48-key tiles, as fp8 e4m3, scales beside the stage"},
+    {256, KvDtype::int8_pth, PrefillPath::wgmma_ws, "48-key tiles, as fp8 e4m3 (int8 -> f16 exact)"},
 };
 
 // The row of a case; throws std::invalid_argument for a case with no row.

@@ -1,8 +1,9 @@
 // Paged prefill / chunked-prefill attention on Hopper wgmma, head_dim 128
-// (the plan's path for every head_dim-128 cache: prefill_plan.h).
+// and 256 (the plan's path for those caches: prefill_plan.h; the tile shape
+// per head dim is WsShape, prefill_ws.cuh).
 //
 // Warp-specialized, 384 threads. Warpgroup 0 is the producer (setmaxnreg 56):
-// it gathers K/V tiles of 128 keys through the block table with cp.async
+// it gathers K/V tiles of KT keys through the block table with cp.async
 // into an NS-stage ring of 16-bit 128B-swizzled tiles (fp8: into a 2-stage
 // staging ring of raw bytes, then converts its own chunks exactly to f16 in
 // the ring stage) and signals full[stage] (mbarrier, 128 arrivals, after
@@ -43,32 +44,36 @@ namespace {
 using namespace detail;
 
 // Paged prefill attention, one persistent CTA per SM (grid: min(items, SMs)
-// x 1 x 1, 384 threads, ws_smem<DT>() bytes of dynamic shared memory).
-//   DT: cache element code (kBf16, kE4m3, kE5m2); head_dim is 128.
-//   p.q            [total_q][num_heads][128], f32 or bf16 (p.q_bf16); total_q = q_start[batch]
-//   p.out          [total_q][num_heads][128], f32 or bf16 (p.out_bf16)
-//   p.k_cache, p.v_cache  [num_blocks][block_size][num_kv_heads][128], DT
+// x 1 x 1, 384 threads, WsShape<D, DT>::smem() bytes of dynamic shared memory).
+//   D: head dim (128 or 256); DT: cache element code (kBf16, kE4m3, kE5m2, per-token-head).
+//   p.q            [total_q][num_heads][D], f32 or bf16 (p.q_bf16); total_q = q_start[batch]
+//   p.out          [total_q][num_heads][D], f32 or bf16 (p.out_bf16)
+//   p.k_cache, p.v_cache  [num_blocks][block_size][num_kv_heads][D], DT
 //   p.block_tables [batch][max_blocks_per_seq]
 //   p.context_lens [batch]: sequence b's keys are positions [0, context_lens[b])
 //   p.q_start      [batch + 1]: its queries are rows [q_start[b], q_start[b + 1]),
 //                  at the last positions of its context
 //   p.k_scale, p.v_scale  [1] or [num_kv_heads] (per-tensor-scaled fp8 only)
 //   p.k_scale_pth, p.v_scale_pth  [num_blocks][block_size][num_kv_heads] f32 (per-token-head DT,
-//                  WgPthParams): the producer loads a tile's 128 K and V scales a tile
+//                  WgPthParams): the producer loads a tile's KT K and V scales a tile
 //                  ahead and stores them beside its stage (sc_empty: the consumers' release
 //                  after the tile's softmax); the consumers multiply the score columns by
 //                  the K scales and P's columns by the V scales (not the sum l)
 //   p.window       0: causal; else query at position i sees keys j with i - j < window
 //   p.softmax_scale, p.softcap (0: off); p.group = num_heads / num_kv_heads
 //   p.num_q_tiles  ceil(max_query_len / 128); items = num_heads x batch x num_q_tiles
-template <int DT>
+template <int D, int DT>
 __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParamsOf<DT> p) {
+  using Shape = WsShape<D, DT>;
   constexpr bool PTH = dt_pth(DT);
   constexpr int EB = DT == kBf16 ? 2 : 1;
-  constexpr int kD = kWsD, KT = kWsKT, kBM = kWsBM;
-  constexpr int NS = ws_stages<DT>();
-  constexpr int kTileBytes = kWsTileBytes;
-  constexpr int kRawBytes = kWsRawBytes;
+  constexpr int kD = D, KT = Shape::KT, kBM = kWsBM;
+  constexpr int NS = Shape::NS;
+  constexpr int kTileBytes = Shape::kTileBytes;
+  constexpr int kRawBytes = Shape::kRawBytes;
+  // 16-byte chunks of a key's row: CH of a 16-bit tile row, RCH of a raw fp8 row.
+  constexpr int CH = kD / 8, RCH = kD / 16;
+  static_assert(128 % CH == 0 && KT % 16 == 0 && KT <= 128, "prefill_ws_kernel: tile shape");
   // bf16: the two consumers take turns issuing their MMAs (ping-pong), so
   // one's softmax overlaps the other's MMAs. fp8: no ping-pong.
   constexpr bool PP = DT == kBf16;
@@ -79,7 +84,7 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParamsOf<DT>
   uint8_t* sRaw = sKV + NS * 2 * kTileBytes;    // fp8 staging r: K at + r * 2 * kRawBytes, V at + kRawBytes
   uint32_t bar0 = smem_u32(sRaw + (DT == kBf16 ? 0 : 2 * 2 * kRawBytes));
   // Per-token-head: the barriers in the alignment pad when it has room
-  // (ws_smem), the scales [stage][K|V][KT] after the staging ring.
+  // (WsShape::smem), the scales [stage][K|V][KT] after the staging ring.
   float* scl = nullptr;
   if constexpr (PTH) {
     const bool in_pad = smem - smem_raw >= 128;
@@ -152,12 +157,15 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParamsOf<DT>
         auto issue = [&](int it) {
           const int j0 = w.tile_lo + it * KT;
           const uint32_t dk = smem_u32(sKV + ((gbase + it) % NS) * 2 * kTileBytes), dv = dk + kTileBytes;
-          // Keys j and j + 8 per step: j % 16 < 8 (j0 is a multiple of 16), so
-          // both sit in one page (pages are multiples of 16 tokens): one
-          // block-table lookup for two keys.
+          // Keys j and j + 8 per step: j % 16 < 8 (key = 16 group + kk, kk <
+          // 8), so both sit in one page (pages are multiples of 16 tokens):
+          // one block-table lookup for two keys. Unit c = tid + 128 i: chunk
+          // c % CH (= tid % CH) of key kk = (c / CH) % 8 of 16-key group c /
+          // (8 CH), i.e. key tid / CH + 16 (u / 8) + u % 8 with u = 128 i / CH.
+          const int kb = tid / CH, ch = tid % CH;
 #pragma unroll 4
-          for (int i = 0; i < KT * 16 / 128; i += 2) {
-            const int c = tid + i * 128, key = c / 16, ch = c % 16, j = j0 + key;
+          for (int i = 0; i < KT * CH / 256; ++i) {
+            const int u = 128 / CH * i, key = kb + 16 * (u / 8) + u % 8, j = j0 + key;
             const bool ok0 = j >= w.kv_lo && j < w.kv_hi, ok1 = j + 8 >= w.kv_lo && j + 8 < w.kv_hi;
             int64_t off = 0;
             if (ok0 || ok1) off = pm.slot_off(j) + ch * 16;
@@ -197,8 +205,13 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParamsOf<DT>
         // ahead (right after the copies of the current one), so no
         // block-table load sits between the copies of consecutive tiles (0
         // for a group outside [kv_lo, kv_hi): never used).
-        constexpr int NG = KT / 32;
-        auto group_of = [&](int gi) { return (tid >> 6) + 2 * gi; };
+        // Copy unit c = tid + 128 i (i < NG): chunk c % RCH (= tid % RCH) of
+        // key (q >> 3) 16 + (q & 7), q = c / RCH, i.e. key rkey0 + (256 /
+        // RCH) i, and of that key + 8.
+        constexpr int NG = KT * RCH / 256;
+        static_assert(128 % (8 * RCH) == 0 && NG * 256 == KT * RCH, "prefill_ws_kernel: fp8 copy units");
+        const int rkey0 = ((tid / RCH) >> 3) * 16 + ((tid / RCH) & 7), rch = tid % RCH;
+        auto group_of = [&](int gi) { return rkey0 / 16 + 16 / RCH * gi; };
         auto load_ids = [&](int it, int32_t(&ids)[NG]) {
           const int j0 = w.tile_lo + it * KT;
 #pragma unroll
@@ -219,22 +232,22 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParamsOf<DT>
           // page and one block-table lookup. The conversion below walks the
           // same (key, chunk) pairs, so a thread converts only its own copies.
 #pragma unroll 4
-          for (int i = 0; i < KT * 4 / 128; ++i) {
-            const int c = tid + i * 128, q = c / 8, ch = c % 8, key = (q >> 3) * 16 + (q & 7), j = j0 + key;
+          for (int i = 0; i < NG; ++i) {
+            const int ch = rch, key = rkey0 + 256 / RCH * i, j = j0 + key;
             const bool ok0 = j >= w.kv_lo && j < w.kv_hi, ok1 = j + 8 >= w.kv_lo && j + 8 < w.kv_hi;
             int64_t off = 0;
             if (ok0 || ok1) off = pm.slot_off_in(ids[i], j) + ch * 16;
             const int64_t off0 = ok0 ? off : 0, off1 = ok1 ? off + 8 * pm.row_bytes : 0;
-            cp_async16(dk + key * 128 + ch * 16, p.k_cache + off0, ok0);
-            cp_async16(dv + key * 128 + ch * 16, p.v_cache + off0, ok0);
-            cp_async16(dk + (key + 8) * 128 + ch * 16, p.k_cache + off1, ok1);
-            cp_async16(dv + (key + 8) * 128 + ch * 16, p.v_cache + off1, ok1);
+            cp_async16(dk + key * kD + ch * 16, p.k_cache + off0, ok0);
+            cp_async16(dv + key * kD + ch * 16, p.v_cache + off0, ok0);
+            cp_async16(dk + (key + 8) * kD + ch * 16, p.k_cache + off1, ok1);
+            cp_async16(dv + (key + 8) * kD + ch * 16, p.v_cache + off1, ok1);
           }
           cp_async_commit();
           if constexpr (PTH) {
             const int j = j0 + tid;
             nks = nvs = 0.0f;
-            if (j >= w.kv_lo && j < w.kv_hi) {
+            if (tid < KT && j >= w.kv_lo && j < w.kv_hi) {
               const int64_t idx =
                   (static_cast<int64_t>(pm.bt[pm.block_of(j)]) * pm.block_size + pm.in_block(j)) * p.num_kv_heads +
                   w.kvh;
@@ -259,19 +272,20 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParamsOf<DT>
           for (int kv = 0; kv < 2; ++kv) {
             mbar_wait(kv == 0 ? empty(st) : empty_v(st), ((g / NS) & 1) ^ 1);
             // The chunks this thread copied, addressed as per-thread bases plus
-            // compile-time offsets: chunk i is key key0 + dk (dk = 32 (i / 2) +
-            // 8 (i % 2), a multiple of 8, so the swizzle's key % 8 is key0's),
-            // channel tid % 8 as in the copy. (Recomputing each chunk's address
-            // costs ~25 integer instructions per chunk and serializes the LDS.)
-            const int key0 = (tid >> 6) * 16 + ((tid >> 3) & 7), ch = tid & 7;
-            const uint8_t* rsrc = rk + kv * kRawBytes + key0 * 128 + ch * 16;
+            // compile-time offsets: chunk i is key key0 + dk (dk = (256 / RCH)
+            // (i / 2) + 8 (i % 2), a multiple of 8, so the swizzle's key % 8 is
+            // key0's), channel tid % RCH as in the copy. (Recomputing each
+            // chunk's address costs ~25 integer instructions per chunk and
+            // serializes the LDS.)
+            const int key0 = rkey0, ch = rch;
+            const uint8_t* rsrc = rk + kv * kRawBytes + key0 * kD + ch * 16;
             uint8_t* d = dst + kv * kTileBytes;
             uint8_t* d0 = d + swz_chunk(KT, key0, 2 * ch);
             uint8_t* d1 = d + swz_chunk(KT, key0, 2 * ch + 1);
 #pragma unroll
-            for (int i = 0; i < KT * 8 / 128; ++i) {
-              const int dk = 32 * (i >> 1) + 8 * (i & 1);
-              const uint4 w4 = *reinterpret_cast<const uint4*>(rsrc + dk * 128);
+            for (int i = 0; i < 2 * NG; ++i) {
+              const int dk = (256 / RCH) * (i >> 1) + 8 * (i & 1);
+              const uint4 w4 = *reinterpret_cast<const uint4*>(rsrc + dk * kD);
               const uint32_t wd[4] = {w4.x, w4.y, w4.z, w4.w};
               uint32_t hw[8];
 #pragma unroll
@@ -285,8 +299,10 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParamsOf<DT>
             if constexpr (PTH) {
               if (kv == 0) {  // the tile's scales, published with its K half
                 mbar_wait(sc_empty(g & 1), ((g >> 1) & 1) ^ 1);
-                scl[(g & 1) * 2 * KT + tid] = cks;
-                scl[(g & 1) * 2 * KT + KT + tid] = cvs;
+                if (tid < KT) {
+                  scl[(g & 1) * 2 * KT + tid] = cks;
+                  scl[(g & 1) * 2 * KT + KT + tid] = cvs;
+                }
               }
             }
             fence_proxy_async();
@@ -343,8 +359,10 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParamsOf<DT>
     // Q rows cw * 64 .. + 63 -> shared memory (swizzled, MMA type), rows past
     // nq zero. (This warpgroup's MMAs of the previous item have completed.)
     // 16-byte aligned q: 16-byte loads, all 8 chunks of a thread in flight at
-    // once (the same values as the scalar path: bf16 -> float -> MMA type).
-    constexpr int kQIt = 64 * (kD / 8) / 128;
+    // once (the same values as the scalar path: bf16 -> float -> MMA type);
+    // at D = 256, two batches of 8 (16 f32 chunk pairs would hold 128
+    // registers).
+    constexpr int kQIt = 64 * (kD / 8) / 128, kQB = kQIt < 8 ? kQIt : 8;
     auto q_chunk = [&](int k, int& row, int& ch, int64_t& off) {
       const int c = (ct & 127) + k * 128;
       row = cw * 64 + c / (kD / 8);
@@ -353,50 +371,56 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParamsOf<DT>
       off = qi < w.nq ? (static_cast<int64_t>(w.q0 + qi) * p.num_heads + w.h) * kD + ch * 8 : -1;
     };
     if ((reinterpret_cast<uintptr_t>(p.q) & 15) == 0 && p.q_bf16) {
-      uint4 raw[kQIt];
 #pragma unroll
-      for (int k = 0; k < kQIt; ++k) {
-        int row, ch;
-        int64_t off;
-        q_chunk(k, row, ch, off);
-        raw[k] = off >= 0 ? __ldg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.q) + off))
-                          : make_uint4(0, 0, 0, 0);
-      }
+      for (int k0 = 0; k0 < kQIt; k0 += kQB) {
+        uint4 raw[kQB];
 #pragma unroll
-      for (int k = 0; k < kQIt; ++k) {
-        int row, ch;
-        int64_t off;
-        q_chunk(k, row, ch, off);
-        uint4 v = raw[k];
-        if constexpr (DT != kBf16) {
-          uint32_t* u = reinterpret_cast<uint32_t*>(&v);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u[e]));
-            u[e] = pack2<DT>(f.x, f.y);
-          }
+        for (int k = 0; k < kQB; ++k) {
+          int row, ch;
+          int64_t off;
+          q_chunk(k0 + k, row, ch, off);
+          raw[k] = off >= 0 ? __ldg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.q) + off))
+                            : make_uint4(0, 0, 0, 0);
         }
-        *reinterpret_cast<uint4*>(sQ + swz_chunk(kBM, row, ch)) = v;
+#pragma unroll
+        for (int k = 0; k < kQB; ++k) {
+          int row, ch;
+          int64_t off;
+          q_chunk(k0 + k, row, ch, off);
+          uint4 v = raw[k];
+          if constexpr (DT != kBf16) {
+            uint32_t* u = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u[e]));
+              u[e] = pack2<DT>(f.x, f.y);
+            }
+          }
+          *reinterpret_cast<uint4*>(sQ + swz_chunk(kBM, row, ch)) = v;
+        }
       }
     } else if ((reinterpret_cast<uintptr_t>(p.q) & 15) == 0) {
-      float4 raw[kQIt][2];
 #pragma unroll
-      for (int k = 0; k < kQIt; ++k) {
-        int row, ch;
-        int64_t off;
-        q_chunk(k, row, ch, off);
-        const float4* src = reinterpret_cast<const float4*>(static_cast<const float*>(p.q) + (off >= 0 ? off : 0));
-        raw[k][0] = off >= 0 ? __ldg(src) : make_float4(0, 0, 0, 0);
-        raw[k][1] = off >= 0 ? __ldg(src + 1) : make_float4(0, 0, 0, 0);
-      }
+      for (int k0 = 0; k0 < kQIt; k0 += kQB) {
+        float4 raw[kQB][2];
 #pragma unroll
-      for (int k = 0; k < kQIt; ++k) {
-        int row, ch;
-        int64_t off;
-        q_chunk(k, row, ch, off);
-        *reinterpret_cast<uint4*>(sQ + swz_chunk(kBM, row, ch)) =
-            make_uint4(pack2<DT>(raw[k][0].x, raw[k][0].y), pack2<DT>(raw[k][0].z, raw[k][0].w),
-                       pack2<DT>(raw[k][1].x, raw[k][1].y), pack2<DT>(raw[k][1].z, raw[k][1].w));
+        for (int k = 0; k < kQB; ++k) {
+          int row, ch;
+          int64_t off;
+          q_chunk(k0 + k, row, ch, off);
+          const float4* src = reinterpret_cast<const float4*>(static_cast<const float*>(p.q) + (off >= 0 ? off : 0));
+          raw[k][0] = off >= 0 ? __ldg(src) : make_float4(0, 0, 0, 0);
+          raw[k][1] = off >= 0 ? __ldg(src + 1) : make_float4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int k = 0; k < kQB; ++k) {
+          int row, ch;
+          int64_t off;
+          q_chunk(k0 + k, row, ch, off);
+          *reinterpret_cast<uint4*>(sQ + swz_chunk(kBM, row, ch)) =
+              make_uint4(pack2<DT>(raw[k][0].x, raw[k][0].y), pack2<DT>(raw[k][0].z, raw[k][0].w),
+                         pack2<DT>(raw[k][1].x, raw[k][1].y), pack2<DT>(raw[k][1].z, raw[k][1].w));
+        }
       }
     } else {
       for (int c = ct & 127; c < 64 * (kD / 8); c += 128) {
@@ -422,9 +446,9 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParamsOf<DT>
     const float score_mul = softcap ? p.softmax_scale * ks_ / p.softcap : p.softmax_scale * ks_ * kLog2e;
     const int kv_lo = w.kv_lo;
 
-    float o[64];
+    float o[kD / 2];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+    for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
     // Scale, mask, online softmax of tile j0 (probabilities left in s; o is
@@ -482,7 +506,7 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParamsOf<DT>
     float alpha[2];
     mbar_wait(full(g0 % NS), (g0 / NS) & 1);
     turn_begin();
-    qk_issue<DT>(s, qa, kBM * 128, ktile(g0));
+    qk_issue<kD, KT, DT>(s, qa, kBM * 128, ktile(g0));
     turn_end();
     wgmma_wait<0>();
     reg_fence(s);
@@ -495,8 +519,8 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParamsOf<DT>
       mbar_wait(full(gi % NS), (gi / NS) & 1);
       if constexpr (kSplit) mbar_wait(full_v((gi - 1) % NS), ((gi - 1) / NS) & 1);
       turn_begin();
-      qk_issue<DT, false>(s, qa, kBM * 128, ktile(gi));
-      pv_issue<DT>(o, pa, ktile(gi - 1) + kTileBytes);
+      qk_issue<kD, KT, DT, false>(s, qa, kBM * 128, ktile(gi));
+      pv_issue<kD, KT, DT>(o, pa, ktile(gi - 1) + kTileBytes);
       turn_end();
       wgmma_wait<1>();  // S(it); O += P V(it - 1) may still run
       reg_fence(s);
@@ -519,7 +543,7 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParamsOf<DT>
     const int gl = g0 + ntiles - 1;
     if constexpr (kSplit) mbar_wait(full_v(gl % NS), (gl / NS) & 1);
     turn_begin();
-    pv_issue<DT>(o, pa, ktile(gl) + kTileBytes);
+    pv_issue<kD, KT, DT>(o, pa, ktile(gl) + kTileBytes);
     turn_end();
     wgmma_wait<0>();
     reg_fence(o);
@@ -538,12 +562,12 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParamsOf<DT>
 }
 
 
-template <int DT>
+template <int D, int DT>
 void launch_ws_t(const WgPthParams& p, dim3 grid, cudaStream_t stream) {
-  constexpr int smem = ws_smem<DT>();
+  constexpr int smem = WsShape<D, DT>::smem();
   // Per device, not per process: TP ranks are threads on different GPUs.
-  detail::set_func_attribute_once(prefill_ws_kernel<DT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  prefill_ws_kernel<DT><<<grid, 384, smem, stream>>>(static_cast<const WgParamsOf<DT>&>(p));
+  detail::set_func_attribute_once(prefill_ws_kernel<D, DT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  prefill_ws_kernel<D, DT><<<grid, 384, smem, stream>>>(static_cast<const WgParamsOf<DT>&>(p));
   FP8KV_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -566,8 +590,7 @@ void launch_prefill_ws(const PrefillArgs& a, cudaStream_t stream) {
   if (const int cap = g_max_ctas_for_tests.load(); cap > 0) sms = std::min(sms, cap);
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(items, sms)));
   const bool planned = launch_planned<PrefillPath::wgmma_ws>(a.kv.layout.head_dim, a.kv.layout.dtype, [&]<int D, int DT>() {
-    static_assert(D == kWsD, "prefill_ws_kernel is written for head_dim 128");
-    launch_ws_t<DT>(p, grid, stream);
+    launch_ws_t<D, DT>(p, grid, stream);
   });
   if (!planned) throw std::logic_error("launch_prefill_ws: the plan gives this case to another kernel");
 }

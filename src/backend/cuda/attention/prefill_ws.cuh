@@ -1,5 +1,5 @@
 // Building blocks of the warp-specialized wgmma prefill kernel
-// (prefill_ws.cu, head_dim 128): its parameters, shared-memory layout,
+// (prefill_ws.cu, head_dim 128 and 256): its parameters, shared-memory layout,
 // cp.async helpers and the two tensor-core steps S = Q K^T and O += P V.
 #pragma once
 #include <type_traits>
@@ -9,36 +9,41 @@
 
 namespace fp8kv::cuda::detail {
 
-constexpr int kWsD = 128;   // head dim
-constexpr int kWsKT = 128;  // keys per K/V tile
+// The kernel's shape per (head dim, cache dtype). Q is kWsBM = 128 rows (2
+// consumer warpgroups x 64); a K or V tile is KT keys of D 16-bit values,
+// stored as D / 64 swizzled panels of KT rows x 128 bytes.
+//   D = 128: KT = 128; stages bf16 3, fp8 2 (plus a 2-stage staging ring of
+//            raw bytes).
+//   D = 256: Q alone is 64 KB. bf16: KT = 64, 2 stages (193 KB). fp8: KT =
+//            48 (a tile is 24 KB), 2 stages and the 2-stage staging ring
+//            (209 KB; KT = 64 would need 257 KB).
 constexpr int kWsBM = 128;  // queries per work item: 2 consumer warpgroups x 64 rows
-constexpr int kWsTileBytes = kWsKT * kWsD * 2;  // one 16-bit K or V tile
-constexpr int kWsRawBytes = kWsKT * kWsD;       // one fp8 K or V tile (staging)
+template <int D, int DT>
+struct WsShape {
+  static_assert(D == 128 || D == 256, "prefill_ws_kernel: head_dim 128 or 256");
+  static constexpr int KT = D == 128 ? 128 : (DT == kBf16 ? 64 : 48);  // keys per K/V tile
+  static constexpr int NS = D == 128 && DT == kBf16 ? 3 : 2;           // ring stages of 16-bit K+V tiles
+  static constexpr int kTileBytes = KT * D * 2;                        // one 16-bit K or V tile
+  static constexpr int kRawBytes = KT * D;                             // one fp8 K or V tile (staging)
+  static constexpr int kPthScaleBytes = 2 * 2 * KT * 4;                // [stage][K|V][KT] f32
+  // Dynamic shared memory: 1024 (alignment of the swizzled tiles) + Q +
+  // the ring + the fp8 staging ring + 4 x NS mbarriers (8 bytes each, 4 x 4
+  // reserved). Per-token-head dtypes add the per-key scales of the 2
+  // stages after the staging ring and two barriers; at D = 128, 227 KB hold
+  // that only when the 128 bytes of barriers move into the alignment pad:
+  // they sit there when the pad has 128 bytes, else before the scales (the
+  // pad of an 8-byte-aligned base is at most 1016 bytes).
+  static constexpr int smem() {
+    if constexpr (dt_pth(DT)) return 1016 + kWsBM * D * 2 + NS * 2 * kTileBytes + 2 * 2 * kRawBytes + kPthScaleBytes;
+    return 1024 + kWsBM * D * 2 + NS * 2 * kTileBytes + (DT == kBf16 ? 0 : 2 * 2 * kRawBytes) + 4 * 4 * 8;
+  }
+};
 // Registers per thread after setmaxnreg: 56 * 128 + 224 * 256 = 168 * 384,
 // the 384-thread CTA's budget at one CTA per SM.
 constexpr int kWsProducerRegs = 56, kWsConsumerRegs = 224;
-
-// Ring stages of 16-bit K+V tiles: bf16 3, fp8 2 (fp8 also has a 2-stage
-// staging ring of raw bytes).
-template <int DT>
-__host__ __device__ constexpr int ws_stages() { return DT == kBf16 ? 3 : 2; }
-// Dynamic shared memory: 1024 (alignment of the swizzled tiles) + Q (128 rows)
-// + the ring + the fp8 staging ring + 4 x NS mbarriers (8 bytes each, 4 x 4
-// reserved).
-// Per-token-head dtypes add the per-key scales of the 2 stages ([stage][K|V]
-// [128] f32, 2 KB after the staging ring) and two barriers. 227 KB only hold
-// that when the 128 bytes of barriers move into the alignment pad: they sit
-// there when the pad has 128 bytes, else before the scales; the pad of an
-// 8-byte-aligned base is at most 1016 bytes.
-constexpr int kWsPthScaleBytes = 2 * 2 * kWsKT * 4;
-template <int DT>
-__host__ __device__ constexpr int ws_smem() {
-  if constexpr (dt_pth(DT))
-    return 1016 + kWsBM * kWsD * 2 + ws_stages<DT>() * 2 * kWsTileBytes + 2 * 2 * kWsRawBytes + kWsPthScaleBytes;
-  return 1024 + kWsBM * kWsD * 2 + ws_stages<DT>() * 2 * kWsTileBytes + (DT == kBf16 ? 0 : 2 * 2 * kWsRawBytes) +
-         4 * 4 * 8;
-}
-static_assert(ws_smem<kBf16>() <= 227 * 1024 && ws_smem<kE4m3>() <= 227 * 1024 && ws_smem<kE4m3Pth>() <= 227 * 1024,
+static_assert(WsShape<128, kBf16>::smem() <= 227 * 1024 && WsShape<128, kE4m3>::smem() <= 227 * 1024 &&
+                  WsShape<128, kE4m3Pth>::smem() <= 227 * 1024 && WsShape<256, kBf16>::smem() <= 227 * 1024 &&
+                  WsShape<256, kE4m3>::smem() <= 227 * 1024 && WsShape<256, kE4m3Pth>::smem() <= 227 * 1024,
               "ws shared memory");
 
 struct WgParams : PagedKvParams {
@@ -65,37 +70,46 @@ __device__ __forceinline__ uint8_t* align1024(uint8_t* p) {
   return p + ((1024 - (smem_u32(p) & 1023)) & 1023);
 }
 
-// S(64 x 128 keys) = Q(64 rows at qa, panel stride q_panel) K(128 keys at ka)^T,
-// 8 x wgmma m64n128k16 from shared memory (K-major). Issues and commits: s is
-// in flight until a wgmma wait.
+// S(64 x KT keys) = Q(64 rows at qa, panel stride q_panel) K(KT keys at ka)^T,
+// D / 16 x wgmma m64nKTk16 from shared memory (K-major). Issues and commits:
+// s is in flight until a wgmma wait.
 // kZero = false: s holds finite values already (the first wgmma ignores
 // them: scale-d 0), so no zeroing instructions.
-template <int DT, bool kZero = true>
-__device__ __forceinline__ void qk_issue(float (&s)[kWsKT / 2], uint32_t qa, uint32_t q_panel, uint32_t ka) {
+template <int D, int KT, int DT, bool kZero = true>
+__device__ __forceinline__ void qk_issue(float (&s)[KT / 2], uint32_t qa, uint32_t q_panel, uint32_t ka) {
   if constexpr (kZero) {
 #pragma unroll
-    for (int i = 0; i < kWsKT / 2; ++i) s[i] = 0.0f;
+    for (int i = 0; i < KT / 2; ++i) s[i] = 0.0f;
   }
   wgmma_fence();
 #pragma unroll
-  for (int ks = 0; ks < kWsD / 16; ++ks) {
+  for (int ks = 0; ks < D / 16; ++ks) {
     const uint64_t da = gmma_desc(qa + (ks / 4) * q_panel + (ks % 4) * 32, 16, 1024);
-    const uint64_t db = gmma_desc(ka + (ks / 4) * (kWsKT * 128) + (ks % 4) * 32, 16, 1024);
-    wgmma_m64n128_ss<DT>(s, da, db, ks > 0 ? 1 : 0);
+    const uint64_t db = gmma_desc(ka + (ks / 4) * (KT * 128) + (ks % 4) * 32, 16, 1024);
+    if constexpr (KT == 128)
+      wgmma_m64n128_ss<DT>(s, da, db, ks > 0 ? 1 : 0);
+    else if constexpr (KT == 64)
+      wgmma_m64n64_ss<DT>(s, da, db, ks > 0 ? 1 : 0);
+    else
+      wgmma_m64n48_ss<DT>(s, da, db, ks > 0 ? 1 : 0);
   }
   wgmma_commit();
 }
 
-// O(64 x 128) += P(64 x 128 keys, registers: pa[kk] = keys 16kk..16kk+15)
-// V(128 keys at va, N-major): 8 x wgmma m64n128k16. Issues and commits.
-template <int DT>
-__device__ __forceinline__ void pv_issue(float (&o)[64], uint32_t (&pa)[kWsKT / 16][4], uint32_t va) {
+// O(64 x D) += P(64 x KT keys, registers: pa[kk] = keys 16kk..16kk+15)
+// V(KT keys at va, N-major: D / 64 panels of KT rows): KT / 16 x wgmma
+// m64nDk16. Issues and commits.
+template <int D, int KT, int DT>
+__device__ __forceinline__ void pv_issue(float (&o)[D / 2], uint32_t (&pa)[KT / 16][4], uint32_t va) {
   reg_fence(o);
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < kWsKT / 16; ++kk) {
-    const uint64_t db = gmma_desc(va + kk * 16 * 128, kWsKT * 128, 1024);
-    wgmma_m64n128_rs_t<DT>(o, pa[kk], db, 1);
+  for (int kk = 0; kk < KT / 16; ++kk) {
+    const uint64_t db = gmma_desc(va + kk * 16 * 128, KT * 128, 1024);
+    if constexpr (D == 128)
+      wgmma_m64n128_rs_t<DT>(o, pa[kk], db, 1);
+    else
+      wgmma_m64n256_rs_t<DT>(o, pa[kk], db, 1);
   }
   wgmma_commit();
 }
