@@ -121,7 +121,7 @@ void paged_decode(const DecodeArgs& args, cudaStream_t stream);
 
 // ---- prefill / chunked prefill --------------------------------------------
 // The kernel per (head_dim, cache dtype) is the plan's (prefill_plan.h):
-// wgmma (warp-specialized, persistent) at head_dim 128, mma.sync at 64 / 256.
+// wgmma (warp-specialized, persistent) at head_dim 128 and 256, mma.sync at 64.
 
 // Sequence b's queries are rows [q_start[b], q_start[b+1]) of q, at positions
 // [context_len - n, context_len), n = q_start[b+1] - q_start[b]; their K/V

@@ -1,6 +1,6 @@
 // paged_prefill: checks the arguments and launches the kernel that the plan
-// (prefill_plan.h) gives the case: prefill_ws.cu (wgmma, head_dim 128) or
-// prefill_mma.cu (mma.sync, head_dim 64 and 256).
+// (prefill_plan.h) gives the case: prefill_ws.cu (wgmma, head_dim 128 and 256) or
+// prefill_mma.cu (mma.sync, head_dim 64).
 #include <stdexcept>
 #include <string>
 
