@@ -23,7 +23,7 @@ one logs.tgz plus the summary come back in $OUT):
   test     test_cuda (fixed FP8KV_SEED) and test_cuda_ops; with a previous
            build packed, its test_cuda too, and the `decode-hash` lines
            compared launch by launch (bitwise equality of the decode outputs)
-  kernels  bench_attention: decode rows, store, 8K prefill, each beside the
+  kernels  bench_attention: decode rows, store, 8K prefill (d128 and d256), each beside the
            copy-bandwidth ceiling; PyTorch SDPA as the peer when torch is
            there; bench_linear (GEMV vs cuBLASLt). Old and new interleaved,
            one fresh process per sample, medians, new/old speed
@@ -240,12 +240,12 @@ step_kernels() {
     [ $(( $(date +%s) - t0 )) -lt 170 ] || { echo "kernels: stop after $((rep - 1)) pairs (time)"; break; }
     local order=$sides
     (( rep % 2 == 0 )) && [ "$sides" != new ] && order="old new"
-    for r in "${DECODE_ROWS[@]}" store prefill; do
+    for r in "${DECODE_ROWS[@]}" store prefill prefill256; do
       for v in $order; do
         local b=BIN_$v args
         # shellcheck disable=SC2206
         args=(shape $r)
-        [ "$r" = store ] || [ "$r" = prefill ] && args=("$r")
+        [ "$r" = store ] || [ "${r#prefill}" != "$r" ] && args=("$r")
         timeout 60 "${!b}" "${args[@]}" >>"$d/$v.jsonl" 2>>"$d/$v.err" || echo "kernels: $v $r: rc $?"
       done
     done

@@ -51,7 +51,9 @@ def kernel_samples(lines):
         elif k == "store":
             s[f"store {j['dtype']} {j['tokens'] // 1024}K tok"].append((j["ms"], None, None))
         elif k == "prefill":
-            s[f"prefill {j['dtype']} {j['seq'] // 1024}K causal"].append((j["ms"], None, None))
+            d = j.get("head_dim", 128)  # rows before head_dim was printed are d128
+            s[f"prefill {j['dtype']} {j['seq'] // 1024}K causal" + ("" if d == 128 else f" d{d}")].append(
+                (j["ms"], None, None))
     return s, copy
 
 
@@ -85,7 +87,7 @@ def kernels(d):
             s = sdpa.get((dd, b, ctx))
             if s:
                 note.append(f"time/SDPA bf16 {n_ms / s:.2f}")
-        elif parts[0] == "prefill" and "prefill" in sdpa:
+        elif parts[0] == "prefill" and parts[-1] == "causal" and "prefill" in sdpa:  # SDPA's prefill is d128
             note.append(f"time/SDPA bf16 {n_ms / sdpa['prefill']:.2f}")
         if parts[1].endswith("_per_token_head"):  # beside the per-tensor fp8 row of the same shape
             ref = new.get(" ".join([parts[0], "fp8_e4m3"] + parts[2:]))
