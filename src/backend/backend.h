@@ -444,7 +444,8 @@ class Backend {
   }
   // The token mixer of Gated DeltaNet layer `layer` for every sequence of
   // the step, from the projections of the normed input: qkv [T][C], z
-  // [T][Hv*Dv], b and a [T][Hv]; out [T][Hv*Dv] (before out_proj). Per
+  // [T][Hv*Dv], b and a [T][Hv]; out [T][Hv*Dv] (before out_proj; f32, or
+  // bf16 rounded once on a backend that fuses projections). Per
   // sequence s, in the state slot batch.state_slots[s]: the causal conv
   // (its state carried), SiLU, l2-normalized q and k, the gates, the delta
   // rule (one new token: the recurrent form; more: the chunked form), the

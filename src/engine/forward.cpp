@@ -178,7 +178,7 @@ void ForwardPass::run(const StepBatch& b, RunState& rs) {
     st.lin_z = rs.lin_z.view(a, T, VD);
     st.lin_b = rs.lin_b.view(a, T, Hv);
     st.lin_a = rs.lin_a.view(a, T, Hv);
-    st.lin_out = rs.lin_out.view(a, T, VD);
+    st.lin_out = rs.lin_out.view(fused_mlp_ ? gin : a, T, VD);  // fused: out_proj's bf16 input
   }
   if (cfg_.attn_output_gate && fused_) {
     st.attn_gate = rs.attn_gate.view(gin, T, Q);

@@ -814,7 +814,7 @@ TEST(GdnSmallOpsCuda, GatedRmsnormSplitAndSigmoidMatchCpu) {
   std::vector<float> ref(x.size());
   gdn_gated_rmsnorm(x.data(), z.data(), T, Hv, Dv, w.data(), eps, ref.data());
   cuda::DeviceBuffer dx = to_device(x), dz = to_device(z), dw = to_device(w);
-  cuda::gdn_gated_rmsnorm(dx.as<float>(), dz.as<float>(), T, Hv, Dv, dw.as<float>(), eps, dx.as<float>(), nullptr);
+  cuda::gdn_gated_rmsnorm(dx.as<float>(), dz.as<float>(), T, Hv, Dv, dw.as<float>(), eps, dx.get(), false, nullptr);
   const std::vector<float> got = to_host<float>(dx, x.size());  // in place (y aliases x)
   expect_within(got, ref, Hv * Dv, [&](size_t i) { return 10 * kU * std::fabs(ref[i]) + 1e-37; }, "gated rmsnorm");
   // Many blocks of rows, the last one partial (21 rows above; 32 per block
@@ -826,10 +826,37 @@ TEST(GdnSmallOpsCuda, GatedRmsnormSplitAndSigmoidMatchCpu) {
     std::vector<float> ref2(x2.size());
     gdn_gated_rmsnorm(x2.data(), z2.data(), T2, Hv2, Dv2, w2.data(), eps, ref2.data());
     cuda::DeviceBuffer dx2 = to_device(x2), dz2 = to_device(z2), dw2 = to_device(w2), dy2(x2.size() * 4);
-    cuda::gdn_gated_rmsnorm(dx2.as<float>(), dz2.as<float>(), T2, Hv2, Dv2, dw2.as<float>(), eps, dy2.as<float>(),
+    cuda::gdn_gated_rmsnorm(dx2.as<float>(), dz2.as<float>(), T2, Hv2, Dv2, dw2.as<float>(), eps, dy2.get(), false,
                             nullptr);
-    expect_within(to_host<float>(dy2, x2.size()), ref2, Hv2 * Dv2,
-                  [&](size_t i) { return 10 * kU * std::fabs(ref2[i]) + 1e-37; }, "gated rmsnorm, 385 rows");
+    const std::vector<float> got2 = to_host<float>(dy2, x2.size());
+    expect_within(got2, ref2, Hv2 * Dv2, [&](size_t i) { return 10 * kU * std::fabs(ref2[i]) + 1e-37; },
+                  "gated rmsnorm, 385 rows");
+    // bf16 out (out_proj's input): the f32 result rounded once.
+    cuda::DeviceBuffer dyb2(x2.size() * 2);
+    cuda::gdn_gated_rmsnorm(dx2.as<float>(), dz2.as<float>(), T2, Hv2, Dv2, dw2.as<float>(), eps, dyb2.get(), true,
+                            nullptr);
+    const std::vector<uint16_t> gotb2 = to_host<uint16_t>(dyb2, x2.size());
+    for (size_t i = 0; i < x2.size(); ++i)
+      ASSERT_EQ(gotb2[i], f32_to_bf16(got2[i])) << "gated rmsnorm (bf16) element " << i;
+    // Rows that are not 16-byte aligned (x one float in) and a Dv that is
+    // not a multiple of 4: the scalar kernel, the same values.
+    for (const int Dv3 : {Dv2, 130}) {
+      const int64_t n3 = static_cast<int64_t>(T2) * Hv2 * Dv3;
+      const std::vector<float> x3 = randn(rng, n3 + 1, 1.0f), z3 = randn(rng, n3, 1.5f), w3 = randn(rng, Dv3, 0.2f);
+      std::vector<float> ref3(n3);
+      gdn_gated_rmsnorm(x3.data() + 1, z3.data(), T2, Hv2, Dv3, w3.data(), eps, ref3.data());
+      cuda::DeviceBuffer dx3 = to_device(x3), dz3 = to_device(z3), dw3 = to_device(w3), dy3(n3 * 4), dyb3(n3 * 2);
+      cuda::gdn_gated_rmsnorm(dx3.as<float>() + 1, dz3.as<float>(), T2, Hv2, Dv3, dw3.as<float>(), eps, dy3.get(),
+                              false, nullptr);
+      cuda::gdn_gated_rmsnorm(dx3.as<float>() + 1, dz3.as<float>(), T2, Hv2, Dv3, dw3.as<float>(), eps, dyb3.get(),
+                              true, nullptr);
+      const std::vector<float> got3 = to_host<float>(dy3, n3);
+      expect_within(got3, ref3, Hv2 * Dv3, [&](size_t i) { return 10 * kU * std::fabs(ref3[i]) + 1e-37; },
+                    "gated rmsnorm, scalar rows");
+      const std::vector<uint16_t> gotb3 = to_host<uint16_t>(dyb3, n3);
+      for (int64_t i = 0; i < n3; ++i)
+        ASSERT_EQ(gotb3[i], f32_to_bf16(got3[i])) << "gated rmsnorm (bf16, scalar) element " << i << ", Dv " << Dv3;
+    }
   }
 
   const std::vector<float> qg = randn(rng, T * Hq * 2 * D, 1.0f);

@@ -277,6 +277,7 @@ class CudaBackend final : public Backend {
   std::vector<int> state_index_;
   std::vector<DeviceBuffer> conv_state_, ssm_state_;
   cuda::DeviceBuffer gdn_conv_out_;             // [T][C] f32 conv output (grown with grow())
+  cuda::DeviceBuffer gdn_core_out_;             // [T][VD] f32 delta-rule output when out is bf16 (grown)
   cuda::DeviceBuffer gdn_rule_scratch_;         // the chunked delta rule's (gdn_rule_scratch_bytes; grown with grow())
   // Step upload: one host staging buffer, one device buffer.
   std::vector<uint8_t> step_host_;

@@ -113,11 +113,22 @@ void CudaBackend::gated_delta_net(const StepBatch& b, int layer, const BackendLa
   float* conv = gdn_conv_out_.as<float>();
   cuda::gdn_conv(d, seqs, f32(qkv, op, "qkv"), f32(w.conv1d, op, "conv1d"), conv_state_[li].data(),
                  state_.conv_dtype == StateDtype::bf16, conv, stream_);
-  float* o = f32(out, op, "out");
+  // out f32: the rule writes it and the norm runs in place; out bf16
+  // (out_proj's input with fused projections): the rule writes f32 scratch
+  // and the norm rounds its result once into out.
+  const bool out_bf16 = out.dtype == ScalarType::bf16;
+  if (!out_bf16 && out.dtype != ScalarType::f32) bad(op, "out must be f32 or bf16");
+  if (!out.data) bad(op, "out is empty");
+  float* o = out_bf16 ? nullptr : f32(out, op, "out");
+  if (out_bf16) {
+    grow(gdn_core_out_, static_cast<size_t>(std::max<int64_t>(T * VD, 1)) * 4);
+    o = gdn_core_out_.as<float>();
+  }
   cuda::gdn_rule(d, seqs, conv, f32(at, op, "a"), f32(bt, op, "b"), A_log, dt_bias, ssm_state_[li].data(),
                  state_.ssm_dtype == StateDtype::bf16, o, gdn_rule_scratch_.get(), gdn_rule_scratch_.bytes(),
                  stream_);
-  cuda::gdn_gated_rmsnorm(o, f32(z, op, "z"), T, static_cast<int>(Hv), d.v_head_dim, norm, eps, o, stream_);
+  cuda::gdn_gated_rmsnorm(o, f32(z, op, "z"), T, static_cast<int>(Hv), d.v_head_dim, norm, eps, out.data, out_bf16,
+                          stream_);
 }
 
 }  // namespace fp8kv

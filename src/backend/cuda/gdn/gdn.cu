@@ -52,6 +52,7 @@ __device__ __forceinline__ State state_from_f32(float x) {
 // inputs, from x and the old state): no other run touches the state, since
 // a later run's window starts at row kConvRun - (K-1) >= 0.
 constexpr int kConvRun = 64;
+constexpr int kConvBatch = 8;
 static_assert(kConvRun >= kGdnMaxConvKernel, "a later run's window must not reach the state");
 
 __global__ void gdn_conv_kernel(GdnSeqs seqs, int64_t C, int K, const float* __restrict__ x,
@@ -95,20 +96,29 @@ __global__ void gdn_conv_kernel(GdnSeqs seqs, int64_t C, int K, const float* __r
     for (int i = 0; i < kGdnMaxConvKernel - 1; ++i)
       if (i < P) win[i] = in_x(t0 - P + i);
   }
-  for (int t = t0; t < t1; ++t) {
-    // win[0..P-1]: the previous P inputs (oldest first); win[P]: this one.
-    const float xi = in_x(t);
+  // kConvBatch rows' inputs are loaded before any of them is computed, so
+  // each thread has that many loads in flight (one at a time left the
+  // kernel latency-bound).
+  for (int tb = t0; tb < t1; tb += kConvBatch) {
+    float xb[kConvBatch];
 #pragma unroll
-    for (int j = 0; j < kGdnMaxConvKernel; ++j)
-      if (j == P) win[j] = xi;
-    float acc = 0.0f;
+    for (int u = 0; u < kConvBatch; ++u) xb[u] = tb + u < t1 ? in_x(tb + u) : 0.0f;
 #pragma unroll
-    for (int j = 0; j < kGdnMaxConvKernel; ++j)
-      if (j < K) acc = __fadd_rn(acc, __fmul_rn(wc[j], win[j]));
-    out[(r0 + t) * C + c] = silu_f(acc);
+    for (int u = 0; u < kConvBatch; ++u) {
+      if (tb + u >= t1) break;
+      // win[0..P-1]: the previous P inputs (oldest first); win[P]: this one.
 #pragma unroll
-    for (int j = 0; j < kGdnMaxConvKernel - 1; ++j)
-      if (j < P) win[j] = win[j + 1];
+      for (int j = 0; j < kGdnMaxConvKernel; ++j)
+        if (j == P) win[j] = xb[u];
+      float acc = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kGdnMaxConvKernel; ++j)
+        if (j < K) acc = __fadd_rn(acc, __fmul_rn(wc[j], win[j]));
+      out[(r0 + tb + u) * C + c] = silu_f(acc);
+#pragma unroll
+      for (int j = 0; j < kGdnMaxConvKernel - 1; ++j)
+        if (j < P) win[j] = win[j + 1];
+    }
   }
   if (t0 != 0) return;
   // The new state: inputs n - P .. n - 1 of [old state (P), x (n)].
@@ -1041,38 +1051,88 @@ double chunk_cost(const GdnDims& d, int split) {
   return cols + loads + kChunkLatencyUnits;
 }
 
-// Rows per block of the gated norm: R rows of Dv staged in shared memory
-// (row stride Dv + 1: thread r's sequential walk along its row is free of
-// bank conflicts) with their R inverse norms, at most 48 KB.
-int gated_norm_rows(int Dv) { return std::max(1, std::min(32, (12288 - 32) / (Dv + 1))); }
+// The gated norm's rows: V-float vectors (V = 4 when Dv % 4 == 0 and the
+// pointers are 16-byte aligned, else 1), nv = Dv / V per row, staged in
+// shared memory at a row stride of nv | 1 vectors. An odd stride keeps
+// thread r's sequential walk along its row free of bank conflicts (32
+// threads on scalars, each quarter warp's 8 on float4s); a warp's
+// consecutive vectors of one row are conflict-free at any stride. R rows
+// per block with their R inverse norms, at most 48 KB.
+int gated_norm_stride(int nv) { return nv | 1; }
+int gated_norm_rows(int Dv, int V) {
+  const int S = gated_norm_stride(Dv / V) * V;
+  return std::max(1, std::min(32, (12288 - 32) / S));
+}
 
-// The gated norm of R rows per block: the rows loaded coalesced into shared
-// memory; thread r < R sums row r's squares sequentially (the CPU's order,
-// no contraction); then every thread writes y = w (x inv) silu(z) for the
-// block's elements, coalesced. y may alias x (each block reads its rows
-// before it writes them).
+// The gated norm of R rows per block: each warp loads whole rows, coalesced,
+// into shared memory (kRowsInFlight rows' loads issued before any is
+// stored); thread r < R sums row r's squares sequentially (the CPU's order,
+// no contraction); then each warp writes y = w (x inv) silu(z) for its
+// rows, f32 or bf16 rounded once (out_proj's input). y may alias x (each
+// block reads its rows before it writes them).
+template <int V>
+using NormVec = std::conditional_t<V == 4, float4, float>;
+template <int V>
+__device__ __forceinline__ float vec_at(const NormVec<V>& v, int e) {
+  if constexpr (V == 4)
+    return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w;
+  else
+    return v;
+}
+constexpr int kNormRowsInFlight = 8;
+
+template <int V, bool OutBf16>
 __global__ void gdn_gated_rmsnorm_kernel(const float* x, const float* __restrict__ z, int64_t rows, int Dv, int R,
-                                         const float* __restrict__ w, float eps, float* y) {
-  extern __shared__ float xs[];  // [R][Dv + 1], then inv [R]
-  float* inv = xs + R * (Dv + 1);
+                                         const float* __restrict__ w, float eps, void* y) {
+  using Vec = NormVec<V>;
+  extern __shared__ float smem[];
+  const int nv = Dv / V, S = nv | 1;
+  Vec* xs = reinterpret_cast<Vec*>(smem);  // [R][S]
+  float* inv = smem + static_cast<size_t>(R) * S * V;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * R;
   const int nr = static_cast<int>(min(static_cast<int64_t>(R), rows - r0));
-  const int n = nr * Dv;
-  const float* xb = x + r0 * Dv;
-  for (int e = threadIdx.x; e < n; e += blockDim.x) xs[(e / Dv) * (Dv + 1) + e % Dv] = xb[e];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+  const Vec* xb = reinterpret_cast<const Vec*>(x + r0 * Dv);
+  for (int j = lane; j < nv; j += 32) {
+#pragma unroll kNormRowsInFlight
+    for (int r = warp; r < nr; r += nw) xs[r * S + j] = xb[static_cast<int64_t>(r) * nv + j];
+  }
   __syncthreads();
   if (threadIdx.x < nr) {
-    const float* xr = xs + threadIdx.x * (Dv + 1);
+    const Vec* xr = xs + threadIdx.x * S;
     float ss = 0.0f;
-    for (int i = 0; i < Dv; ++i) ss = __fadd_rn(ss, __fmul_rn(xr[i], xr[i]));
+    for (int j = 0; j < nv; ++j) {
+      const Vec v = xr[j];
+#pragma unroll
+      for (int e = 0; e < V; ++e) ss = __fadd_rn(ss, __fmul_rn(vec_at<V>(v, e), vec_at<V>(v, e)));
+    }
     inv[threadIdx.x] = __fdiv_rn(1.0f, sqrtf(__fadd_rn(__fdiv_rn(ss, static_cast<float>(Dv)), eps)));
   }
   __syncthreads();
-  const float* zb = z + r0 * Dv;
-  float* yb = y + r0 * Dv;
-  for (int e = threadIdx.x; e < n; e += blockDim.x) {
-    const int r = e / Dv, i = e % Dv;
-    yb[e] = __fmul_rn(__fmul_rn(w[i], __fmul_rn(xs[r * (Dv + 1) + i], inv[r])), silu_f(zb[e]));
+  const Vec* zb = reinterpret_cast<const Vec*>(z + r0 * Dv);
+  const Vec* wv = reinterpret_cast<const Vec*>(w);
+  for (int j = lane; j < nv; j += 32) {
+    const Vec wj = wv[j];
+#pragma unroll kNormRowsInFlight
+    for (int r = warp; r < nr; r += nw) {
+      const int64_t at = static_cast<int64_t>(r) * nv + j;
+      const Vec xv = xs[r * S + j], zv = zb[at];
+      float o[V];
+#pragma unroll
+      for (int e = 0; e < V; ++e)
+        o[e] = __fmul_rn(__fmul_rn(vec_at<V>(wj, e), __fmul_rn(vec_at<V>(xv, e), inv[r])), silu_f(vec_at<V>(zv, e)));
+      if constexpr (OutBf16) {
+        __nv_bfloat16* yo = static_cast<__nv_bfloat16*>(y) + (r0 * Dv + at * V);
+        if constexpr (V == 4) {
+          *reinterpret_cast<__nv_bfloat162*>(yo) = __floats2bfloat162_rn(o[0], o[1]);
+          *reinterpret_cast<__nv_bfloat162*>(yo + 2) = __floats2bfloat162_rn(o[2], o[3]);
+        } else {
+          *yo = __float2bfloat16_rn(o[0]);
+        }
+      } else {
+        reinterpret_cast<Vec*>(static_cast<float*>(y) + r0 * Dv)[at] = *reinterpret_cast<const Vec*>(o);
+      }
+    }
   }
 }
 
@@ -1324,16 +1384,24 @@ void gdn_rule(const GdnDims& d, const GdnSeqs& seqs, const float* qkv, const flo
 }
 
 void gdn_gated_rmsnorm(const float* x, const float* z, int64_t T, int Hv, int Dv, const float* w, float eps,
-                       float* y, cudaStream_t stream) {
+                       void* y, bool y_bf16, cudaStream_t stream) {
   const int64_t rows = T * Hv;
   if (rows <= 0) return;
   if (Dv <= 0) throw std::invalid_argument("cuda::gdn_gated_rmsnorm: Dv must be positive");
-  const int R = gated_norm_rows(Dv);
+  const auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const int V = Dv % 4 == 0 && a16(x) && a16(z) && a16(w) && a16(y) ? 4 : 1;
+  const int R = gated_norm_rows(Dv, V);
   const int64_t blocks = (rows + R - 1) / R;
   if (blocks > 0x7fffffff) throw std::invalid_argument("cuda::gdn_gated_rmsnorm: too many rows");
-  const size_t smem = sizeof(float) * (static_cast<size_t>(R) * (Dv + 1) + R);
+  const size_t smem = sizeof(float) * (static_cast<size_t>(R) * gated_norm_stride(Dv / V) * V + R);
   if (smem > 48 * 1024) throw std::invalid_argument("cuda::gdn_gated_rmsnorm: Dv " + std::to_string(Dv) + " is too large");
-  gdn_gated_rmsnorm_kernel<<<static_cast<unsigned>(blocks), 128, smem, stream>>>(x, z, rows, Dv, R, w, eps, y);
+  auto go = [&](auto kernel) {
+    kernel<<<static_cast<unsigned>(blocks), 128, smem, stream>>>(x, z, rows, Dv, R, w, eps, y);
+  };
+  if (V == 4)
+    y_bf16 ? go(gdn_gated_rmsnorm_kernel<4, true>) : go(gdn_gated_rmsnorm_kernel<4, false>);
+  else
+    y_bf16 ? go(gdn_gated_rmsnorm_kernel<1, true>) : go(gdn_gated_rmsnorm_kernel<1, false>);
   FP8KV_CU_LAUNCH();
 }
 

@@ -177,9 +177,10 @@ void gdn_rule(const GdnDims& d, const GdnSeqs& seqs, const float* qkv, const flo
 size_t gdn_rule_scratch_bytes(const GdnDims& d, int64_t T);
 
 // gdn_gated_rmsnorm: y = w * rmsnorm(x) * silu(z) per (token, value head)
-// over Dv; x, z, y [T][Hv*Dv]; y may alias x.
+// over Dv; x, z, y [T][Hv*Dv]; y f32 (may alias x) or, y_bf16, bf16 rounded
+// once from the f32 result (out_proj's input).
 void gdn_gated_rmsnorm(const float* x, const float* z, int64_t T, int Hv, int Dv, const float* w, float eps,
-                       float* y, cudaStream_t stream);
+                       void* y, bool y_bf16, cudaStream_t stream);
 
 // split_q_gate_cpu: qg [T][Hq][2][D] -> q, gate [T][Hq*D].
 void split_q_gate(const float* qg, int64_t T, int Hq, int D, float* q, float* gate, cudaStream_t stream);
