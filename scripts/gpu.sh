@@ -41,6 +41,10 @@ one logs.tgz plus the summary come back in $OUT):
            then fp8kv bench latency on the Qwen3.5-27B text shape, dummy bf16
            weights, fp8 KV: TTFT of 1K and 8K prompts and batch-1 decode at
            1K, old and new interleaved when a previous build is packed
+  gdnprof  ncu of the Gated DeltaNet kernels (gdn_*) over the 27B shape's 8K
+           prompt (fp8kv bench latency, one iteration), new and previous
+           build: per kernel, us per layer of the prompt's two prefill steps
+           (--clock-control none; needs ncu)
   gdn32    Qwen3.5-27B text shape, dummy bf16 weights, batch 32 x 16K in /
            64 out: decode tok/s with an fp8 KV cache against bf16 (issue
            33's >= 1.2x; bf16 KV needs ~34 GB beside the 54 GB of weights:
@@ -119,7 +123,7 @@ FP8W_CASES=(
 )
 TARGETS=(fp8kv test_cuda test_cuda_ops bench_attention bench_linear bench_allreduce bench_gdn)
 # Seconds each step may run (the watchdog's limit).
-declare -A STEP_S=([test]=300 [kernels]=260 [engine]=300 [serve]=200 [tp]=420 [goldens]=300 [fp8w]=420 [gdn]=540 [gdn32]=400
+declare -A STEP_S=([test]=300 [kernels]=260 [engine]=300 [serve]=200 [tp]=420 [goldens]=300 [fp8w]=420 [gdn]=540 [gdnprof]=260 [gdn32]=400
   [train]=570 [train_smoke]=240)
 # Steps that run Python only (no packed binaries, no .wt to carry).
 NO_BINARIES=" goldens train train_smoke "
@@ -348,6 +352,23 @@ step_gdn() {
     done
   done
   python3 tools/ab_table.py engine "$d/engine" | sed 's/^engine  /gdn     /' >>"$G/rows.txt"
+}
+
+step_gdnprof() {
+  local d=$G/gdnprof v
+  command -v ncu >/dev/null || { row gdnprof "(step)" "" "" "" "no ncu on this machine"; return; }
+  # shellcheck disable=SC2034  # read through ${!b}
+  local BIN_new=$NEW BIN_old=$PREV
+  for v in new old; do
+    local b=BIN_$v
+    [ -n "$(bin "${!b}" fp8kv)" ] || continue
+    timeout 120 ncu --clock-control none -k regex:gdn_ --metrics gpu__time_duration.sum --csv --print-units base \
+      "${!b}/fp8kv" bench latency $MODEL_27B_GDN --load-format dummy --backend cuda --kv-cache-dtype fp8 \
+      --max-num-seqs 16 --batch-size 1 --input-len 8192 --output-len 2 --num-iters-warmup 0 --num-iters 1 \
+      >"$d/$v.csv" 2>"$d/$v.log" || echo "gdnprof $v: rc $?"
+  done
+  # One launch of each kernel per linear_attention layer and step: 48 layers.
+  python3 tools/ab_table.py ncu "$d" 48 >>"$G/rows.txt"
 }
 
 step_gdn32() {
@@ -619,7 +640,7 @@ case ${1:-} in
     for a in "$@"; do
       case $a in
         all) steps+=(test kernels engine serve); [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ] && steps+=(tp) ;;
-        test|kernels|engine|fp8w|gdn|gdn32|serve|tp|goldens|train|train_smoke) steps+=("$a") ;;
+        test|kernels|engine|fp8w|gdn|gdnprof|gdn32|serve|tp|goldens|train|train_smoke) steps+=("$a") ;;
         *) echo "gpu.sh: unknown subcommand '$a'" >&2; usage >&2; exit 2 ;;
       esac
     done

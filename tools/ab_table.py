@@ -4,6 +4,11 @@
   ab_table.py kernels DIR      DIR/new.jsonl, old.jsonl (bench_attention lines), sdpa.jsonl
   ab_table.py engine DIR       DIR/NAME.new.I.json, NAME.old.I.json (fp8kv bench --json)
   ab_table.py hashes NEW OLD   two test_cuda logs: their `decode-hash` lines
+  ab_table.py ncu DIR LAYERS   DIR/new.csv, old.csv (ncu --csv --metrics
+                               gpu__time_duration.sum): per kernel, its launches
+                               in steps of LAYERS (one per layer), the two
+                               longest steps after the startup warm-up's, in
+                               us per layer
 
 Each sample is a fresh process, old and new interleaved (docs/design.md
 "Performance method"); a row is the median of its samples. "speed n/o" is
@@ -11,10 +16,12 @@ old time / new time, or new / old tok/s: below 0.98 the row says SLOWER.
 kernels and engine also write DIR/table.txt (the same rows).
 """
 import collections
+import csv
 import glob
 import json
 import math
 import os
+import re
 import statistics
 import sys
 
@@ -173,6 +180,56 @@ def hashes(new_log, old_log):
     return [row("test", "decode outputs vs previous", str(len(new)), str(len(old)), "", note)]
 
 
+def ncu_launches(path):
+    """(kernel base name, us) per launch, in launch order, from an ncu --csv file."""
+    out = []
+    try:
+        with open(path, newline="") as f:
+            hdr = None
+            for r in csv.reader(f):
+                if "Kernel Name" in r and "Metric Value" in r:
+                    hdr = r
+                    continue
+                if not hdr or len(r) != len(hdr):
+                    continue
+                d = dict(zip(hdr, r))
+                if d.get("Metric Name") != "gpu__time_duration.sum":
+                    continue
+                name = re.sub(r"[<(].*$", "", d["Kernel Name"]).split("::")[-1].strip()
+                name = name.split()[-1] if name else d["Kernel Name"]
+                out.append((name, float(d["Metric Value"].replace(",", "")) / 1000.0))
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def ncu_steps(launches, layers):
+    """Per kernel: the mean us of each step (consecutive groups of `layers` launches)."""
+    by = collections.OrderedDict()
+    for name, us in launches:
+        by.setdefault(name, []).append(us)
+    return {n: [sum(xs[i:i + layers]) / len(xs[i:i + layers]) for i in range(0, len(xs), layers)]
+            for n, xs in by.items()}
+
+
+def ncu(d, layers):
+    new = ncu_steps(ncu_launches(os.path.join(d, "new.csv")), layers)
+    old = ncu_steps(ncu_launches(os.path.join(d, "old.csv")), layers)
+    rows = []
+    for name, steps in new.items():
+        # The two longest steps after the first (the engine's warm-up
+        # prefill at startup): a prompt's prefill steps, in launch order.
+        top = sorted(sorted(range(1, len(steps)), key=lambda i: -steps[i])[:2])
+        for k, i in enumerate(top):
+            o = old.get(name, [])
+            ov = o[i] if i < len(o) and len(o) == len(steps) else None
+            speed = f"{ov / steps[i]:.3f}" if ov else ""
+            note = f"us per layer, step {i + 1} of {len(steps)}" + (" SLOWER" if ov and ov / steps[i] < SLOWER else "")
+            rows.append(row("gdnprof", f"{name[:24]} #{k + 1}", f"{steps[i]:.1f}", f"{ov:.1f}" if ov else "", speed,
+                            note))
+    return rows
+
+
 def main():
     what = sys.argv[1] if len(sys.argv) > 1 else ""
     if what in ("kernels", "engine") and len(sys.argv) == 3:
@@ -181,6 +238,8 @@ def main():
             f.write(row("step", "case", "new", "old", "speed n/o", "note") + "\n" + "\n".join(rows) + "\n")
     elif what == "hashes" and len(sys.argv) == 4:
         rows = hashes(sys.argv[2], sys.argv[3])
+    elif what == "ncu" and len(sys.argv) == 4:
+        rows = ncu(sys.argv[2], int(sys.argv[3]))
     else:
         sys.exit(__doc__)
     print("\n".join(rows))
