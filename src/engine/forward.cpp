@@ -40,7 +40,7 @@ RunState::RunState(Backend& be, const ModelConfig& cfg, int max_t, int max_rows,
     lin_z = be.alloc(T * VD * a);
     lin_b = be.alloc(T * Hv * a);
     lin_a = be.alloc(T * Hv * a);
-    lin_out = be.alloc(T * VD * a);
+    lin_out = be.alloc(T * VD * (fused_mlp ? scalar_type_bytes(ScalarType::bf16) : a));  // fused: out_proj's bf16 input
   }
   if (cfg.attn_output_gate && fused_qkv) {  // the gates stay in qkv; attn_gate is o_proj's bf16 input
     attn_gate = be.alloc(T * Q * scalar_type_bytes(ScalarType::bf16));

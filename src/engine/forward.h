@@ -49,7 +49,7 @@ struct RunState {
   DeviceBuffer lin_qkv;    // [T][C] act: in_proj_qkv's output
   DeviceBuffer lin_z;      // [T][VD] act: in_proj_z's output (the norm's gate)
   DeviceBuffer lin_b, lin_a;  // [T][Hv] act
-  DeviceBuffer lin_out;    // [T][VD] act: the token mixer's output (out_proj's input)
+  DeviceBuffer lin_out;    // [T][VD] act (fused_mlp: bf16): the token mixer's output (out_proj's input)
   DeviceBuffer q_gate;     // [T][2*Hq*D] act: q_proj's output with the output gate (not fused)
   DeviceBuffer attn_gate;  // [T][Hq*D] act: the output gate (fused: bf16, the gated attention output)
   DeviceBuffer logits;  // [max_logits_rows][V] f32
