@@ -119,10 +119,12 @@ void CudaBackend::gated_delta_net(const StepBatch& b, int layer, const BackendLa
   const bool out_bf16 = out.dtype == ScalarType::bf16;
   if (!out_bf16 && out.dtype != ScalarType::f32) bad(op, "out must be f32 or bf16");
   if (!out.data) bad(op, "out is empty");
-  float* o = out_bf16 ? nullptr : f32(out, op, "out");
+  float* o = nullptr;
   if (out_bf16) {
     grow(gdn_core_out_, static_cast<size_t>(std::max<int64_t>(T * VD, 1)) * 4);
     o = gdn_core_out_.as<float>();
+  } else {
+    o = f32(out, op, "out");
   }
   cuda::gdn_rule(d, seqs, conv, f32(at, op, "a"), f32(bt, op, "b"), A_log, dt_bias, ssm_state_[li].data(),
                  state_.ssm_dtype == StateDtype::bf16, o, gdn_rule_scratch_.get(), gdn_rule_scratch_.bytes(),

@@ -1058,14 +1058,14 @@ double chunk_cost(const GdnDims& d, int split) {
 // threads on scalars, each quarter warp's 8 on float4s); a warp's
 // consecutive vectors of one row are conflict-free at any stride. R rows
 // per block with their R inverse norms, at most 48 KB.
-int gated_norm_stride(int nv) { return nv | 1; }
+__host__ __device__ constexpr int gated_norm_stride(int nv) { return nv | 1; }
 int gated_norm_rows(int Dv, int V) {
   const int S = gated_norm_stride(Dv / V) * V;
   return std::max(1, std::min(32, (12288 - 32) / S));
 }
 
 // The gated norm of R rows per block: each warp loads whole rows, coalesced,
-// into shared memory (kRowsInFlight rows' loads issued before any is
+// into shared memory (kNormRowsInFlight rows' loads issued before any is
 // stored); thread r < R sums row r's squares sequentially (the CPU's order,
 // no contraction); then each warp writes y = w (x inv) silu(z) for its
 // rows, f32 or bf16 rounded once (out_proj's input). y may alias x (each
@@ -1086,7 +1086,7 @@ __global__ void gdn_gated_rmsnorm_kernel(const float* x, const float* __restrict
                                          const float* __restrict__ w, float eps, void* y) {
   using Vec = NormVec<V>;
   extern __shared__ float smem[];
-  const int nv = Dv / V, S = nv | 1;
+  const int nv = Dv / V, S = gated_norm_stride(nv);
   Vec* xs = reinterpret_cast<Vec*>(smem);  // [R][S]
   float* inv = smem + static_cast<size_t>(R) * S * V;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * R;
