@@ -340,9 +340,7 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParamsOf<DT>
       s[4 * n] *= x; s[4 * n + 1] *= y; s[4 * n + 2] *= x; s[4 * n + 3] *= y;
     }
   };
-  // (PTH: P's key columns times the V scales of tile gi first.)
-  auto pack_p = [&](float (&s)[KT / 2], uint32_t (&pa)[KT / 16][4], int gi) {
-    if constexpr (PTH) scale_cols(s, gi, 1);
+  auto pack_p = [&](float (&s)[KT / 2], uint32_t (&pa)[KT / 16][4]) {
 #pragma unroll
     for (int kk = 0; kk < KT / 16; ++kk) {
       pa[kk][0] = pack2<DT>(s[8 * kk + 0], s[8 * kk + 1]);
@@ -453,7 +451,10 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParamsOf<DT>
 
     // Scale, mask, online softmax of tile j0 (probabilities left in s; o is
     // not touched: alpha returns the rescale factors).
-    // (PTH: the score columns times the K scales of tile gi first.)
+    // PTH: the score columns times the K scales of tile gi first; at the end
+    // P's columns times its V scales (after the sum l), while the previous
+    // tile's P V still runs, so the multiplies stay off the path between
+    // that MMA's wait and the next issue. Then the tile's scales are released.
     auto softmax = [&](float (&s)[KT / 2], int j0, float (&alpha)[2], int gi) {
       if constexpr (PTH) scale_cols(s, gi, 0);
       float mul = score_mul;
@@ -498,6 +499,10 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParamsOf<DT>
           }
         l[rr] = l[rr] * alpha[rr] + sum;
       }
+      if constexpr (PTH) {
+        scale_cols(s, gi, 1);
+        mbar_arrive(sc_empty(gi & 1));
+      }
     };
 
     const int ntiles = w.ntiles, g0 = gbase;
@@ -512,8 +517,7 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParamsOf<DT>
     reg_fence(s);
     if constexpr (kSplit) mbar_arrive(empty(g0 % NS));
     softmax(s, w.tile_lo, alpha, g0);
-    pack_p(s, pa, g0);
-    if constexpr (PTH) mbar_arrive(sc_empty(g0 & 1));
+    pack_p(s, pa);
     for (int it = 1; it < ntiles; ++it) {
       const int gi = g0 + it;
       mbar_wait(full(gi % NS), (gi / NS) & 1);
@@ -537,8 +541,7 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParamsOf<DT>
         o[4 * i + 2] *= alpha[1];
         o[4 * i + 3] *= alpha[1];
       }
-      pack_p(s, pa, gi);
-      if constexpr (PTH) mbar_arrive(sc_empty(gi & 1));
+      pack_p(s, pa);
     }
     const int gl = g0 + ntiles - 1;
     if constexpr (kSplit) mbar_wait(full_v(gl % NS), (gl / NS) & 1);
