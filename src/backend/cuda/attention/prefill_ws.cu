@@ -11,9 +11,9 @@
 // (setmaxnreg 224), 64 query rows each: per tile, S(i) = Q K(i)^T and
 // O += P(i-1) V(i-1) are issued together, the softmax of tile i runs while
 // P V is on the tensor cores, then the stage of tile i-1 is released
-// (empty[stage], 256 arrivals). bf16 caches: named barriers order the two
-// consumers' MMA issue (ping-pong), so one warpgroup's softmax overlaps the
-// other's MMAs. Both consumers process every tile of the CTA's key range (a
+// (empty[stage], 256 arrivals). bf16 and per-token-head caches: named
+// barriers order the two consumers' MMA issue (ping-pong), so one
+// warpgroup's softmax overlaps the other's MMAs. Both consumers process every tile of the CTA's key range (a
 // tile that a row cannot see is masked to p = 0 exactly), so their barrier
 // counts match. Softmax: exp2 by ex2.approx.ftz with the score scale folded
 // into one FFMA; softcap and masking branch per tile.
@@ -74,9 +74,11 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(const WgParamsOf<DT>
   // 16-byte chunks of a key's row: CH of a 16-bit tile row, RCH of a raw fp8 row.
   constexpr int CH = kD / 8, RCH = kD / 16;
   static_assert(128 % CH == 0 && KT % 16 == 0 && KT <= 128, "prefill_ws_kernel: tile shape");
-  // bf16: the two consumers take turns issuing their MMAs (ping-pong), so
-  // one's softmax overlaps the other's MMAs. fp8: no ping-pong.
-  constexpr bool PP = DT == kBf16;
+  // bf16 and per-token-head: the two consumers take turns issuing their
+  // MMAs (ping-pong), so one's softmax overlaps the other's MMAs (the
+  // per-token-head softmax has two multiplies more per score). Per-tensor
+  // fp8: no ping-pong (measured even).
+  constexpr bool PP = DT == kBf16 || PTH;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = align1024(smem_raw);
   uint8_t* sQ = smem;
