@@ -199,13 +199,15 @@ constexpr int kSlots = 5;  // slot 4 is never touched
 
 // ---- the conv ------------------------------------------------------------------
 
-class GdnConvCuda : public ::testing::TestWithParam<bool> {};
+// (state type bf16, conv kernel size K): K = 4 runs the kernel sized at
+// compile time, other sizes the one sized at run time.
+class GdnConvCuda : public ::testing::TestWithParam<std::tuple<bool, int>> {};
 
 TEST_P(GdnConvCuda, MatchesCpuAndCarriesItsState) {
   FP8KV_NEED_GPU();
-  const bool bf16 = GetParam();
+  const auto [bf16, K] = GetParam();
   const GdnStateType st = bf16 ? GdnStateType::bf16 : GdnStateType::f32;
-  const cuda::GdnDims d{2, 4, 16, 24, 4};
+  const cuda::GdnDims d{2, 4, 16, 24, K};
   const int64_t C = d.conv_dim(), P = d.conv_kernel - 1, E = bf16 ? 2 : 4;
   std::mt19937_64 rng(test_seed());
   const Batch b = mixed_batch();
@@ -250,8 +252,11 @@ TEST_P(GdnConvCuda, MatchesCpuAndCarriesItsState) {
                                          << first_diff % (C * P * E) / (P * E) << ")";
 }
 
-INSTANTIATE_TEST_SUITE_P(StateTypes, GdnConvCuda, ::testing::Values(true, false),
-                         [](const auto& info) { return std::string(info.param ? "bf16" : "f32"); });
+INSTANTIATE_TEST_SUITE_P(StateTypes, GdnConvCuda, ::testing::Combine(::testing::Bool(), ::testing::Values(4, 6)),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) ? "bf16" : "f32") + "_K" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
 
 // ---- the delta rule ------------------------------------------------------------
 

@@ -50,13 +50,18 @@ __device__ __forceinline__ State state_from_f32(float x) {
 // the rows are cut into runs. The first run's thread (blockIdx.z == 0)
 // reads the old state and, at its end, writes the new one (the last K-1
 // inputs, from x and the old state): no other run touches the state, since
-// a later run's window starts at row kConvRun - (K-1) >= 0.
+// a later run's window starts at row kConvRun - (K-1) >= 0. KC: the
+// kernel size at compile time (4, Qwen3.5's: no runtime selects in the
+// window), or 0 (K up to kGdnMaxConvKernel at run time).
 constexpr int kConvRun = 64;
 constexpr int kConvBatch = 8;
 static_assert(kConvRun >= kGdnMaxConvKernel, "a later run's window must not reach the state");
 
-__global__ void gdn_conv_kernel(GdnSeqs seqs, int64_t C, int K, const float* __restrict__ x,
+template <int KC>
+__global__ void gdn_conv_kernel(GdnSeqs seqs, int64_t C, int k_arg, const float* __restrict__ x,
                                 const float* __restrict__ w, void* state, bool bf16, float* __restrict__ out) {
+  constexpr int KM = KC > 0 ? KC : kGdnMaxConvKernel;  // the windows' size
+  const int K = KC > 0 ? KC : k_arg;
   const int s = blockIdx.y;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= C) return;
@@ -78,9 +83,9 @@ __global__ void gdn_conv_kernel(GdnSeqs seqs, int64_t C, int K, const float* __r
     const float xi = x[(r0 + t) * C + c];
     return bf16 ? round_bf16_f(xi) : xi;
   };
-  float win[kGdnMaxConvKernel], wc[kGdnMaxConvKernel], old[kGdnMaxConvKernel];
+  float win[KM], wc[KM], old[KM];
 #pragma unroll
-  for (int j = 0; j < kGdnMaxConvKernel; ++j) {
+  for (int j = 0; j < KM; ++j) {
     win[j] = 0.0f;
     old[j] = 0.0f;
     wc[j] = j < K ? w[c * K + j] : 0.0f;
@@ -88,12 +93,12 @@ __global__ void gdn_conv_kernel(GdnSeqs seqs, int64_t C, int K, const float* __r
   if (t0 == 0) {
     if (!fresh) {
 #pragma unroll
-      for (int i = 0; i < kGdnMaxConvKernel - 1; ++i)
+      for (int i = 0; i < KM - 1; ++i)
         if (i < P) old[i] = win[i] = bf16 ? __bfloat162float(s16[base + i]) : s32[base + i];
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < kGdnMaxConvKernel - 1; ++i)
+    for (int i = 0; i < KM - 1; ++i)
       if (i < P) win[i] = in_x(t0 - P + i);
   }
   // kConvBatch rows' inputs are loaded before any of them is computed, so
@@ -108,27 +113,27 @@ __global__ void gdn_conv_kernel(GdnSeqs seqs, int64_t C, int K, const float* __r
       if (tb + u >= t1) break;
       // win[0..P-1]: the previous P inputs (oldest first); win[P]: this one.
 #pragma unroll
-      for (int j = 0; j < kGdnMaxConvKernel; ++j)
+      for (int j = 0; j < KM; ++j)
         if (j == P) win[j] = xb[u];
       float acc = 0.0f;
 #pragma unroll
-      for (int j = 0; j < kGdnMaxConvKernel; ++j)
+      for (int j = 0; j < KM; ++j)
         if (j < K) acc = __fadd_rn(acc, __fmul_rn(wc[j], win[j]));
       out[(r0 + tb + u) * C + c] = silu_f(acc);
 #pragma unroll
-      for (int j = 0; j < kGdnMaxConvKernel - 1; ++j)
+      for (int j = 0; j < KM - 1; ++j)
         if (j < P) win[j] = win[j + 1];
     }
   }
   if (t0 != 0) return;
   // The new state: inputs n - P .. n - 1 of [old state (P), x (n)].
 #pragma unroll
-  for (int i = 0; i < kGdnMaxConvKernel - 1; ++i)
+  for (int i = 0; i < KM - 1; ++i)
     if (i < P) {
       const int q = n + i;  // index into the concatenation
       float v = 0.0f;
 #pragma unroll
-      for (int j = 0; j < kGdnMaxConvKernel - 1; ++j)
+      for (int j = 0; j < KM - 1; ++j)
         if (j < P && q == j) v = old[j];
       if (q >= P) v = in_x(q - P);
       if (bf16)
@@ -1261,7 +1266,10 @@ void gdn_conv(const GdnDims& d, const GdnSeqs& seqs, const float* x, const float
   const int runs = seqs.max_query_len > kConvRun ? (seqs.max_query_len + kConvRun - 1) / kConvRun : 1;
   const dim3 grid(static_cast<unsigned>((C + kThreads - 1) / kThreads), static_cast<unsigned>(seqs.num_seqs),
                   static_cast<unsigned>(runs));
-  gdn_conv_kernel<<<grid, kThreads, 0, stream>>>(seqs, C, d.conv_kernel, x, w, conv_state, state_bf16, out);
+  if (d.conv_kernel == 4)
+    gdn_conv_kernel<4><<<grid, kThreads, 0, stream>>>(seqs, C, d.conv_kernel, x, w, conv_state, state_bf16, out);
+  else
+    gdn_conv_kernel<0><<<grid, kThreads, 0, stream>>>(seqs, C, d.conv_kernel, x, w, conv_state, state_bf16, out);
   FP8KV_CU_LAUNCH();
 }
 
