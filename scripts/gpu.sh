@@ -27,6 +27,9 @@ one logs.tgz plus the summary come back in $OUT):
            copy-bandwidth ceiling; PyTorch SDPA as the peer when torch is
            there; bench_linear (GEMV vs cuBLASLt). Old and new interleaved,
            one fresh process per sample, medians, new/old speed
+  prefill  the kernels step's store and 8K prefill rows alone (every cache
+           dtype; per-token-head rows with time / per-tensor fp8), old and
+           new interleaved: a prefill or store change's A/B in ~1 minute
   engine   fp8kv bench latency (batch 1, 1K in / 64 out) and throughput
            (256 x 1K in / 128 out) on the Llama-3.1-8B shape, dummy weights,
            fp8 KV cache; old and new interleaved when a previous build is packed
@@ -123,7 +126,7 @@ FP8W_CASES=(
 )
 TARGETS=(fp8kv test_cuda test_cuda_ops bench_attention bench_linear bench_allreduce bench_gdn)
 # Seconds each step may run (the watchdog's limit).
-declare -A STEP_S=([test]=300 [kernels]=260 [engine]=300 [serve]=200 [tp]=420 [goldens]=300 [fp8w]=420 [gdn]=540 [gdnprof]=260 [gdn32]=400
+declare -A STEP_S=([test]=300 [kernels]=260 [prefill]=150 [engine]=300 [serve]=200 [tp]=420 [goldens]=300 [fp8w]=420 [gdn]=540 [gdnprof]=260 [gdn32]=400
   [train]=570 [train_smoke]=240)
 # Steps that run Python only (no packed binaries, no .wt to carry).
 NO_BINARIES=" goldens train train_smoke "
@@ -231,8 +234,11 @@ step_test() {
   fi
 }
 
-step_kernels() {
-  local d=$G/kernels sides=new r v t0
+step_kernels() { kernel_rows kernels "${DECODE_ROWS[@]}" store prefill prefill256; }
+step_prefill() { kernel_rows prefill store prefill prefill256; }
+
+kernel_rows() {  # STEP ROW...: bench_attention rows, old/new interleaved; the decode rows' peers and bench_linear with kernels
+  local step=$1 d=$G/$1 sides=new r v t0; shift
   [ -n "$(bin $PREV bench_attention)" ] && sides="new old"
   # shellcheck disable=SC2034  # read through ${!b}
   local BIN_new=$NEW/bench_attention BIN_old=$PREV/bench_attention
@@ -244,7 +250,7 @@ step_kernels() {
     [ $(( $(date +%s) - t0 )) -lt 170 ] || { echo "kernels: stop after $((rep - 1)) pairs (time)"; break; }
     local order=$sides
     (( rep % 2 == 0 )) && [ "$sides" != new ] && order="old new"
-    for r in "${DECODE_ROWS[@]}" store prefill prefill256; do
+    for r in "$@"; do
       for v in $order; do
         local b=BIN_$v args
         # shellcheck disable=SC2206
@@ -255,6 +261,10 @@ step_kernels() {
     done
   done
   kill $smi 2>/dev/null
+  if [ "$step" != kernels ]; then
+    python3 tools/ab_table.py kernels "$d" | sed "s/^kernels /$(printf '%-8s' "$step")/" >>"$G/rows.txt"
+    return
+  fi
   if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
     local sh=() dd bb cc
     for r in "${DECODE_ROWS[@]}"; do
@@ -640,7 +650,7 @@ case ${1:-} in
     for a in "$@"; do
       case $a in
         all) steps+=(test kernels engine serve); [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ] && steps+=(tp) ;;
-        test|kernels|engine|fp8w|gdn|gdnprof|gdn32|serve|tp|goldens|train|train_smoke) steps+=("$a") ;;
+        test|kernels|prefill|engine|fp8w|gdn|gdnprof|gdn32|serve|tp|goldens|train|train_smoke) steps+=("$a") ;;
         *) echo "gpu.sh: unknown subcommand '$a'" >&2; usage >&2; exit 2 ;;
       esac
     done
