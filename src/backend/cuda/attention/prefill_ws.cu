@@ -13,9 +13,9 @@
 // P V is on the tensor cores, then the stage of tile i-1 is released
 // (empty[stage], 256 arrivals). bf16 and per-token-head caches: named
 // barriers order the two consumers' MMA issue (ping-pong), so one
-// warpgroup's softmax overlaps the other's MMAs. Both consumers process every tile of the CTA's key range (a
-// tile that a row cannot see is masked to p = 0 exactly), so their barrier
-// counts match. Softmax: exp2 by ex2.approx.ftz with the score scale folded
+// warpgroup's softmax overlaps the other's MMAs. Both consumers process
+// every tile of the CTA's key range (a tile that a row cannot see is masked
+// to p = 0 exactly), so their barrier counts match. Softmax: exp2 by ex2.approx.ftz with the score scale folded
 // into one FFMA; softcap and masking branch per tile.
 //
 // Persistent grid: one CTA per SM (225 KB of shared memory) walks work items
