@@ -247,7 +247,7 @@ kernel_rows() {  # STEP ROW...: bench_attention rows, old/new interleaved; the d
   local smi=$!
   t0=$(date +%s)
   for rep in $(seq 1 "$reps"); do
-    [ $(( $(date +%s) - t0 )) -lt 170 ] || { echo "kernels: stop after $((rep - 1)) pairs (time)"; break; }
+    [ $(( $(date +%s) - t0 )) -lt 170 ] || { echo "$step: stop after $((rep - 1)) pairs (time)"; break; }
     local order=$sides
     (( rep % 2 == 0 )) && [ "$sides" != new ] && order="old new"
     for r in "$@"; do
@@ -256,7 +256,7 @@ kernel_rows() {  # STEP ROW...: bench_attention rows, old/new interleaved; the d
         # shellcheck disable=SC2206
         args=(shape $r)
         [ "$r" = store ] || [ "${r#prefill}" != "$r" ] && args=("$r")
-        timeout 60 "${!b}" "${args[@]}" >>"$d/$v.jsonl" 2>>"$d/$v.err" || echo "kernels: $v $r: rc $?"
+        timeout 60 "${!b}" "${args[@]}" >>"$d/$v.jsonl" 2>>"$d/$v.err" || echo "$step: $v $r: rc $?"
       done
     done
   done
